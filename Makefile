@@ -1,0 +1,47 @@
+# raftlet developer entry points. Every target that runs Python first makes sure the venv in
+# $(VENV) exists and holds the project (editable) with its test and dev extras.
+
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SEEDS ?= 2000
+
+.PHONY: install test proto lint sim bench demo clean distclean
+
+install: $(STAMP)
+
+# Re-run when pyproject.toml changes; a deleted venv takes the stamp with it.
+$(STAMP): pyproject.toml
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --disable-pip-version-check -e '.[test,dev]'
+	touch $@
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q
+
+# Regenerates proto/*_pb2*.py(i) in place; commit the result.
+proto: $(STAMP)
+	$(PYTHON) tools/gen_proto.py --out .
+
+lint: $(STAMP)
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy consensus
+
+sim: $(STAMP)
+	$(PYTHON) -m tests.sim.run --seeds $(SEEDS)
+
+bench: $(STAMP)
+	@found=0; for f in bench/*.py; do \
+		[ -e "$$f" ] || continue; found=1; \
+		echo "== $$f"; $(PYTHON) "$$f" || exit 1; \
+	done; [ $$found = 1 ] || echo "no benchmarks in bench/ yet"
+
+demo: $(STAMP)
+	$(PYTHON) -m tests.sim.demo
+
+clean:
+	rm -rf build dist out *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

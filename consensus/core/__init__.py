@@ -1,0 +1,51 @@
+"""consensus.core — a deterministic, sans-I/O Raft state machine.
+
+Nothing here reads a clock, starts a thread, or touches a file or socket, and
+nothing here imports the rest of raftlet.  The driver (consensus/raft_consensus.py)
+and the simulator (tests/sim) feed it ticks and messages and carry out the
+``Ready`` it returns.  See docs/ARCHITECTURE.md for the rules a driver must keep.
+"""
+
+from consensus.core.config import Config
+from consensus.core.errors import ConfigError, NotLeader, ProposalDropped, TermMismatch
+from consensus.core.progress import Progress, ProgressState
+from consensus.core.raft import Raft
+from consensus.core.raft_log import RaftLog
+from consensus.core.rawnode import RawNode, Status
+from consensus.core.storage import MemoryStorage, Storage
+from consensus.core.types import (
+    NO_NODE,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    Ready,
+    Role,
+    SoftState,
+)
+
+__all__ = [
+    "NO_NODE",
+    "Config",
+    "ConfigError",
+    "Entry",
+    "EntryType",
+    "HardState",
+    "MemoryStorage",
+    "Message",
+    "MessageType",
+    "NotLeader",
+    "Progress",
+    "ProgressState",
+    "ProposalDropped",
+    "Raft",
+    "RaftLog",
+    "RawNode",
+    "Ready",
+    "Role",
+    "SoftState",
+    "Status",
+    "Storage",
+    "TermMismatch",
+]

@@ -1,0 +1,55 @@
+"""Configuration of one Raft node, validated in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from consensus.core.errors import ConfigError
+
+__all__ = ["Config"]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    # This node's id and the ids of every voter in the group (itself included).
+    id: str
+    voters: tuple[str, ...]
+    # A follower that hears nothing for a random number of ticks in
+    # [election_tick, 2 * election_tick) campaigns (paper §5.2).
+    election_tick: int = 10
+    # A leader sends heartbeats every heartbeat_tick ticks.
+    heartbeat_tick: int = 1
+    # Pre-vote (thesis §9.6): a node first asks whether it could win before it
+    # bumps its term, so a partitioned node rejoining does not depose a leader.
+    pre_vote: bool = True
+    # Check-quorum (thesis §6.2): a leader that has not heard from a majority
+    # within an election timeout steps down; followers that heard from a leader
+    # within the timeout ignore vote requests (a leader lease).
+    check_quorum: bool = True
+    # At most this many APPEND messages in flight per follower in replicate state.
+    max_inflight_msgs: int = 256
+    # Cap on the entry bytes of one APPEND message (at least one entry is sent).
+    max_size_per_msg: int = 1 << 20
+    # Index already applied to the state machine before this start (the store's
+    # applied index): committed entries are delivered from applied + 1.
+    applied: int = 0
+    # Seed of the randomized election timeout; None draws from the OS.
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if not self.id:
+            raise ConfigError("id must be non-empty")
+        if self.id not in self.voters:
+            raise ConfigError(f"id {self.id!r} is not among the voters {self.voters!r}")
+        if len(set(self.voters)) != len(self.voters):
+            raise ConfigError(f"duplicate voters in {self.voters!r}")
+        if self.heartbeat_tick <= 0:
+            raise ConfigError("heartbeat_tick must be positive")
+        if self.election_tick <= self.heartbeat_tick:
+            raise ConfigError("election_tick must be greater than heartbeat_tick")
+        if self.max_inflight_msgs <= 0:
+            raise ConfigError("max_inflight_msgs must be positive")
+        if self.max_size_per_msg <= 0:
+            raise ConfigError("max_size_per_msg must be positive")
+        if self.applied < 0:
+            raise ConfigError("applied must be >= 0")

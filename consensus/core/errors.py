@@ -1,0 +1,38 @@
+"""Typed errors the core raises to its driver (never for a peer's bad message:
+those are answered or dropped, because a remote node must not crash us)."""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "NotLeader", "ProposalDropped", "TermMismatch"]
+
+
+class ConfigError(ValueError):
+    """The core was configured inconsistently (see ``Config.validate``)."""
+
+
+class ProposalDropped(Exception):
+    """A proposal was not appended to the log; nothing about it is durable."""
+
+
+class NotLeader(ProposalDropped):
+    """This node is not the leader; ``leader_id`` is the known leader or ''."""
+
+    def __init__(self, leader_id: str, term: int) -> None:
+        super().__init__(f"not the leader (term {term}, leader {leader_id or 'unknown'})")
+        self.leader_id = leader_id
+        self.term = term
+
+
+class TermMismatch(ProposalDropped):
+    """The proposal was bound to a term the leader is no longer in.
+
+    This is what makes a lock-free leadership check safe: a check that read a
+    stale (term, role) snapshot binds its write to that term, and the append
+    under the lock refuses it if the term has since moved.
+    """
+
+    def __init__(self, expected_term: int, current_term: int, leader_id: str) -> None:
+        super().__init__(f"term moved from {expected_term} to {current_term}")
+        self.expected_term = expected_term
+        self.current_term = current_term
+        self.leader_id = leader_id

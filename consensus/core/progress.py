@@ -1,0 +1,121 @@
+"""What the leader knows of each follower (etcd's tracker.Progress).
+
+A follower is in one of two states:
+- PROBE: the leader does not know where the follower's log matches its own.  It
+  sends one APPEND at a time (``probe_sent``) and backs ``next`` off on rejection.
+- REPLICATE: the logs match up to ``match``; the leader streams APPENDs
+  optimistically (``next`` advances on send), at most ``max_inflight`` unacknowledged.
+
+Invariant: 0 <= match < next.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+__all__ = ["Inflights", "Progress", "ProgressState"]
+
+
+class ProgressState(enum.Enum):
+    PROBE = "PROBE"
+    REPLICATE = "REPLICATE"
+
+
+class Inflights:
+    """Last indexes of the APPENDs sent but not yet acknowledged, oldest first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._last_indexes: deque[int] = deque()
+
+    def __len__(self) -> int:
+        return len(self._last_indexes)
+
+    def add(self, last_index: int) -> None:
+        if self.full():
+            raise OverflowError("inflight window is full")
+        self._last_indexes.append(last_index)
+
+    def free_le(self, index: int) -> None:
+        """Forget every APPEND whose last entry is at or below ``index``."""
+        while self._last_indexes and self._last_indexes[0] <= index:
+            self._last_indexes.popleft()
+
+    def free_first_one(self) -> None:
+        if self._last_indexes:
+            self._last_indexes.popleft()
+
+    def full(self) -> bool:
+        return len(self._last_indexes) >= self.capacity
+
+    def reset(self) -> None:
+        self._last_indexes.clear()
+
+
+class Progress:
+    def __init__(self, match: int, next_index: int, max_inflight: int) -> None:
+        self.match = match
+        self.next = next_index
+        self.state = ProgressState.PROBE
+        # PROBE only: an APPEND is outstanding; send no other until it is answered.
+        self.probe_sent = False
+        # Heard from since the last check-quorum round (thesis §6.2).
+        self.recent_active = False
+        self.inflights = Inflights(max_inflight)
+
+    def __repr__(self) -> str:
+        return f"Progress(match={self.match}, next={self.next}, state={self.state.value})"
+
+    def become_probe(self) -> None:
+        self.state = ProgressState.PROBE
+        self.next = self.match + 1
+        self.probe_sent = False
+        self.inflights.reset()
+
+    def become_replicate(self) -> None:
+        self.state = ProgressState.REPLICATE
+        self.next = self.match + 1
+        self.probe_sent = False
+        self.inflights.reset()
+
+    def is_paused(self) -> bool:
+        if self.state is ProgressState.PROBE:
+            return self.probe_sent
+        return self.inflights.full()
+
+    def sent_entries(self, last_index: int | None) -> None:
+        """Record an APPEND just sent whose last entry is ``last_index`` (None: empty)."""
+        if self.state is ProgressState.REPLICATE:
+            if last_index is not None:
+                self.next = last_index + 1
+                self.inflights.add(last_index)
+        else:
+            self.probe_sent = True
+
+    def maybe_update(self, index: int) -> bool:
+        """The follower acknowledged a match up to ``index``; False if nothing new."""
+        updated = False
+        if self.match < index:
+            self.match = index
+            updated = True
+            self.probe_sent = False
+        self.next = max(self.next, index + 1)
+        return updated
+
+    def maybe_decrease_to(self, rejected: int, match_hint: int) -> bool:
+        """The follower rejected an APPEND whose previous index was ``rejected``.
+
+        ``match_hint`` is the highest index that may still match.  Returns False
+        when the rejection is stale (answers an APPEND we no longer care about).
+        """
+        if self.state is ProgressState.REPLICATE:
+            if rejected <= self.match:
+                return False
+            self.next = self.match + 1
+            return True
+        if self.next - 1 != rejected:
+            return False
+        self.next = max(min(rejected, match_hint + 1), self.match + 1)
+        self.probe_sent = False
+        return True

@@ -1,0 +1,463 @@
+"""The Raft state machine: roles, terms, elections and replication.
+
+Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design):
+- All input arrives through ``tick()``, ``step()``, ``campaign()`` and ``propose()``;
+  all output is appended to ``msgs`` or visible in the log and hard state.  No
+  I/O, threads or clocks: time is a tick count, randomness one seeded generator.
+- Terms only grow.  A message from a higher term makes us a follower of that term
+  first (§5.1), except vote requests ignored under a leader lease and pre-votes,
+  which never change anyone's term.
+- One vote per term (§5.2), granted only to a log at least as up to date as ours
+  (§5.4.1).  ``vote`` and ``term`` reach the hard state the driver persists
+  before any vote or response leaves (see ``Ready``).
+- A leader never overwrites its log, appends a NO_OP when elected, and commits
+  only entries of its own term by counting replicas (§5.4.2, Figure 8).  It counts
+  itself only for entries it has persisted (``on_persisted``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from consensus.core.config import Config
+from consensus.core.errors import NotLeader, ProposalDropped, TermMismatch
+from consensus.core.progress import Progress, ProgressState
+from consensus.core.quorum import VoteResult, committed_index, vote_result
+from consensus.core.raft_log import RaftLog
+from consensus.core.storage import Storage
+from consensus.core.types import (
+    NO_NODE,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    Role,
+    SoftState,
+)
+
+__all__ = ["Raft"]
+
+_VOTE_RESPONSE = {
+    MessageType.VOTE: MessageType.VOTE_RESPONSE,
+    MessageType.PRE_VOTE: MessageType.PRE_VOTE_RESPONSE,
+}
+
+
+class Raft:
+    def __init__(self, config: Config, storage: Storage) -> None:
+        config.validate()
+        self.config = config
+        self.id = config.id
+        self.voters: tuple[str, ...] = config.voters
+        self._rand = random.Random(config.seed)
+        hard = storage.initial_state()
+        self.log = RaftLog(storage, hard.commit, config.applied)
+        self.term = 0
+        self.vote = NO_NODE
+        self.lead = NO_NODE
+        self.role = Role.FOLLOWER
+        self.prs: dict[str, Progress] = {}
+        self.votes: dict[str, bool] = {}
+        self.msgs: list[Message] = []
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_timeout = config.election_tick
+        # Target of a leadership transfer in progress, or NO_NODE.
+        self.lead_transferee = NO_NODE
+        self.become_follower(hard.term, NO_NODE)
+        self.vote = hard.vote
+
+    # --- snapshots of state --------------------------------------------------------
+
+    def hard_state(self) -> HardState:
+        return HardState(term=self.term, vote=self.vote, commit=self.log.committed)
+
+    def soft_state(self) -> SoftState:
+        leader = self.role is Role.LEADER
+        return SoftState(
+            role=self.role,
+            term=self.term,
+            leader_id=self.lead,
+            leader_ready=leader and self.log.term(self.log.committed) == self.term,
+            transferring=leader and self.lead_transferee != NO_NODE,
+        )
+
+    def read_messages(self) -> list[Message]:
+        out, self.msgs = self.msgs, []
+        return out
+
+    # --- role transitions -----------------------------------------------------------
+
+    def _reset(self, term: int) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = NO_NODE
+        self.lead = NO_NODE
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_timeout = self._rand.randrange(
+            self.config.election_tick, 2 * self.config.election_tick
+        )
+        self.lead_transferee = NO_NODE
+        self.votes = {}
+        last = self.log.last_index()
+        self.prs = {v: Progress(0, last + 1, self.config.max_inflight_msgs) for v in self.voters}
+
+    def become_follower(self, term: int, lead: str) -> None:
+        self._reset(term)
+        self.lead = lead
+        self.role = Role.FOLLOWER
+
+    def become_pre_candidate(self) -> None:
+        if self.role is Role.LEADER:
+            raise AssertionError("a leader cannot become a pre-candidate")
+        # Unlike a candidate, a pre-candidate keeps its term and vote (thesis §9.6).
+        self.votes = {}
+        self.lead = NO_NODE
+        self.role = Role.PRE_CANDIDATE
+
+    def become_candidate(self) -> None:
+        if self.role is Role.LEADER:
+            raise AssertionError("a leader cannot become a candidate")
+        self._reset(self.term + 1)
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+
+    def become_leader(self) -> None:
+        if self.role is Role.FOLLOWER:
+            raise AssertionError("a follower cannot become leader without an election")
+        self._reset(self.term)
+        self.lead = self.id
+        self.role = Role.LEADER
+        for pr in self.prs.values():
+            pr.recent_active = True
+        # Its own progress moves only as its entries become durable; everything
+        # already durable locally counts now.
+        self.prs[self.id].match = self.log.stable_index()
+        self.prs[self.id].become_replicate()
+        self.log.append([Entry(self.term, self.log.last_index() + 1, EntryType.NO_OP)])
+
+    # --- inputs --------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        if self.role is Role.LEADER:
+            self._tick_heartbeat()
+        else:
+            self._tick_election()
+
+    def _tick_election(self) -> None:
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.randomized_election_timeout:
+            self.election_elapsed = 0
+            self.campaign()
+
+    def _tick_heartbeat(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.config.election_tick:
+            self.election_elapsed = 0
+            if self.config.check_quorum and not self._quorum_active():
+                self.become_follower(self.term, NO_NODE)
+                return
+            # A transfer that did not finish within an election timeout is abandoned.
+            self.lead_transferee = NO_NODE
+        if self.heartbeat_elapsed >= self.config.heartbeat_tick:
+            self.heartbeat_elapsed = 0
+            self._bcast_heartbeat()
+
+    def _quorum_active(self) -> bool:
+        """Whether a majority was heard from since the last check; resets the marks."""
+        active = {v: True for v, pr in self.prs.items() if pr.recent_active or v == self.id}
+        for v, pr in self.prs.items():
+            pr.recent_active = v == self.id
+        return vote_result(self.voters, active) is VoteResult.WON
+
+    def campaign(self, transfer: bool = False) -> None:
+        """Start an election: a pre-vote round first, unless disabled or asked by
+        the leader to take over (``transfer``)."""
+        if self.role is Role.LEADER:
+            return
+        if self.config.pre_vote and not transfer:
+            self.become_pre_candidate()
+            if self._poll(self.id, MessageType.PRE_VOTE_RESPONSE, True) is VoteResult.WON:
+                self._campaign_for_real(transfer=False)
+            else:
+                self._request_votes(MessageType.PRE_VOTE, self.term + 1, transfer=False)
+        else:
+            self._campaign_for_real(transfer)
+
+    def _campaign_for_real(self, transfer: bool) -> None:
+        self.become_candidate()
+        if self._poll(self.id, MessageType.VOTE_RESPONSE, True) is VoteResult.WON:
+            self.become_leader()
+            self._bcast_append()
+        else:
+            self._request_votes(MessageType.VOTE, self.term, transfer)
+
+    def _request_votes(self, kind: MessageType, term: int, transfer: bool) -> None:
+        for v in self.voters:
+            if v != self.id:
+                self._send(
+                    Message(
+                        kind,
+                        self.id,
+                        v,
+                        term,
+                        log_term=self.log.last_term(),
+                        index=self.log.last_index(),
+                        transfer=transfer,
+                    )
+                )
+
+    def _poll(self, node: str, kind: MessageType, granted: bool) -> VoteResult:
+        self.votes.setdefault(node, granted)
+        return vote_result(self.voters, self.votes)
+
+    def propose(self, datas: Sequence[bytes], expected_term: int | None = None) -> list[Entry]:
+        """Append proposals to the leader's log and start replicating them."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.lead, self.term)
+        if expected_term is not None and expected_term != self.term:
+            raise TermMismatch(expected_term, self.term, self.lead)
+        if self.lead_transferee != NO_NODE:
+            raise ProposalDropped(f"leadership is being transferred to {self.lead_transferee}")
+        last = self.log.last_index()
+        entries = [Entry(self.term, last + 1 + i, EntryType.NORMAL, d) for i, d in enumerate(datas)]
+        self.log.append(entries)
+        self._bcast_append()
+        return entries
+
+    def transfer_leadership(self, target: str) -> None:
+        """Hand leadership to ``target`` (thesis §3.10): stop accepting proposals,
+        bring the target up to date, then tell it to campaign at once."""
+        if self.role is not Role.LEADER or target == self.id or target not in self.voters:
+            return
+        if self.lead_transferee == target:
+            return
+        self.lead_transferee = target
+        self.election_elapsed = 0
+        if self.prs[target].match == self.log.last_index():
+            self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
+        else:
+            self._send_append(target)
+
+    def on_persisted(self, index: int, term: int) -> None:
+        """Entries up to (index, term) are durable locally."""
+        if not self.log.stable_to(index, term):
+            return
+        leader = self.role is Role.LEADER
+        if leader and self.prs[self.id].maybe_update(index) and self._maybe_commit():
+            self._bcast_append()
+
+    # --- step -------------------------------------------------------------------------
+
+    def step(self, m: Message) -> None:
+        if m.dst != self.id or m.src not in self.voters or m.src == self.id:
+            return  # not for us, or from a non-member: drop, never crash
+        if m.term > self.term:
+            if m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
+                in_lease = (
+                    self.config.check_quorum
+                    and self.lead != NO_NODE
+                    and self.election_elapsed < self.config.election_tick
+                )
+                if in_lease and not m.transfer:
+                    # We heard from a live leader within the timeout: a candidate
+                    # that cannot hear it must not depose it (thesis §6.2).
+                    return
+            if m.type is MessageType.PRE_VOTE or (
+                m.type is MessageType.PRE_VOTE_RESPONSE and not m.reject
+            ):
+                pass  # pre-vote traffic never changes a term
+            elif m.type in (MessageType.APPEND, MessageType.HEARTBEAT):
+                self.become_follower(m.term, m.src)
+            else:
+                self.become_follower(m.term, NO_NODE)
+        elif m.term < self.term:
+            if m.type in (MessageType.APPEND, MessageType.HEARTBEAT):
+                # Tell a stale leader our term so it steps down; with pre-vote and
+                # check-quorum it might otherwise never learn it (etcd's rationale).
+                self._send(Message(MessageType.APPEND_RESPONSE, self.id, m.src, self.term))
+            elif m.type is MessageType.PRE_VOTE:
+                self._send(
+                    Message(MessageType.PRE_VOTE_RESPONSE, self.id, m.src, self.term, reject=True)
+                )
+            return
+
+        if m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
+            self._handle_vote_request(m)
+        elif self.role is Role.LEADER:
+            self._step_leader(m)
+        elif self.role in (Role.CANDIDATE, Role.PRE_CANDIDATE):
+            self._step_candidate(m)
+        else:
+            self._step_follower(m)
+
+    def _handle_vote_request(self, m: Message) -> None:
+        can_vote = (
+            self.vote == m.src
+            or (self.vote == NO_NODE and self.lead == NO_NODE)
+            or (m.type is MessageType.PRE_VOTE and m.term > self.term)
+        )
+        resp = _VOTE_RESPONSE[m.type]
+        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+            # A granted pre-vote answers in the term the candidate would use.
+            self._send(Message(resp, self.id, m.src, m.term))
+            if m.type is MessageType.VOTE:
+                self.election_elapsed = 0
+                self.vote = m.src
+        else:
+            self._send(Message(resp, self.id, m.src, self.term, reject=True))
+
+    def _step_leader(self, m: Message) -> None:
+        pr = self.prs[m.src]
+        if m.type is MessageType.APPEND_RESPONSE:
+            pr.recent_active = True
+            if m.reject:
+                hint = m.reject_hint
+                if m.log_term > 0:
+                    # Skip every entry of a term the follower does not have.
+                    hint, _ = self.log.find_conflict_by_term(hint, m.log_term)
+                if pr.maybe_decrease_to(m.index, hint):
+                    if pr.state is ProgressState.REPLICATE:
+                        pr.become_probe()
+                    self._send_append(m.src)
+                return
+            was_paused = pr.is_paused()
+            if not pr.maybe_update(m.index):
+                return
+            if pr.state is ProgressState.PROBE:
+                pr.become_replicate()
+            else:
+                pr.inflights.free_le(m.index)
+            if self._maybe_commit():
+                self._bcast_append()
+            elif was_paused:
+                self._send_append(m.src)
+            while self._send_append(m.src, send_if_empty=False):
+                pass
+            if m.src == self.lead_transferee and pr.match == self.log.last_index():
+                self._send(Message(MessageType.TIMEOUT_NOW, self.id, m.src, self.term))
+        elif m.type is MessageType.HEARTBEAT_RESPONSE:
+            pr.recent_active = True
+            pr.probe_sent = False
+            if pr.state is ProgressState.REPLICATE and pr.inflights.full():
+                pr.inflights.free_first_one()
+            if pr.match < self.log.last_index():
+                self._send_append(m.src)
+
+    def _step_candidate(self, m: Message) -> None:
+        my_response = (
+            MessageType.PRE_VOTE_RESPONSE
+            if self.role is Role.PRE_CANDIDATE
+            else MessageType.VOTE_RESPONSE
+        )
+        if m.type is MessageType.APPEND:
+            self.become_follower(m.term, m.src)
+            self._handle_append(m)
+        elif m.type is MessageType.HEARTBEAT:
+            self.become_follower(m.term, m.src)
+            self._handle_heartbeat(m)
+        elif m.type is my_response:
+            result = self._poll(m.src, m.type, granted=not m.reject)
+            if result is VoteResult.WON:
+                if self.role is Role.PRE_CANDIDATE:
+                    self._campaign_for_real(transfer=False)
+                else:
+                    self.become_leader()
+                    self._bcast_append()
+            elif result is VoteResult.LOST:
+                self.become_follower(self.term, NO_NODE)
+
+    def _step_follower(self, m: Message) -> None:
+        if m.type is MessageType.APPEND:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self._handle_append(m)
+        elif m.type is MessageType.HEARTBEAT:
+            self.election_elapsed = 0
+            self.lead = m.src
+            self._handle_heartbeat(m)
+        elif m.type is MessageType.TIMEOUT_NOW:
+            self.campaign(transfer=True)
+
+    def _handle_append(self, m: Message) -> None:
+        if m.index < self.log.committed:
+            self._send(
+                Message(
+                    MessageType.APPEND_RESPONSE, self.id, m.src, self.term, index=self.log.committed
+                )
+            )
+            return
+        last_new = self.log.maybe_append(m.index, m.log_term, m.commit, m.entries)
+        if last_new is not None:
+            self._send(
+                Message(MessageType.APPEND_RESPONSE, self.id, m.src, self.term, index=last_new)
+            )
+            return
+        # Suggest the last index that may match: at most our last index, and
+        # skipping all our entries of terms newer than the leader's prev term.
+        hint_index, hint_term = self.log.find_conflict_by_term(
+            min(m.index, self.log.last_index()), m.log_term
+        )
+        self._send(
+            Message(
+                MessageType.APPEND_RESPONSE,
+                self.id,
+                m.src,
+                self.term,
+                index=m.index,
+                reject=True,
+                reject_hint=hint_index,
+                log_term=hint_term,
+            )
+        )
+
+    def _handle_heartbeat(self, m: Message) -> None:
+        self.log.commit_to(min(m.commit, self.log.last_index()))
+        self._send(Message(MessageType.HEARTBEAT_RESPONSE, self.id, m.src, self.term))
+
+    # --- leader helpers -----------------------------------------------------------------
+
+    def _maybe_commit(self) -> bool:
+        match = {v: pr.match for v, pr in self.prs.items()}
+        return self.log.maybe_commit(committed_index(self.voters, match), self.term)
+
+    def _bcast_append(self) -> None:
+        for v in self.voters:
+            if v != self.id:
+                self._send_append(v)
+
+    def _bcast_heartbeat(self) -> None:
+        for v in self.voters:
+            if v != self.id:
+                commit = min(self.prs[v].match, self.log.committed)
+                self._send(Message(MessageType.HEARTBEAT, self.id, v, self.term, commit=commit))
+
+    def _send_append(self, to: str, send_if_empty: bool = True) -> bool:
+        pr = self.prs[to]
+        if pr.is_paused():
+            return False
+        entries = self.log.entries(pr.next, self.config.max_size_per_msg)
+        if not entries and not send_if_empty:
+            return False
+        prev = pr.next - 1
+        self._send(
+            Message(
+                MessageType.APPEND,
+                self.id,
+                to,
+                self.term,
+                log_term=self.log.term(prev),
+                index=prev,
+                entries=tuple(entries),
+                commit=self.log.committed,
+            )
+        )
+        pr.sent_entries(entries[-1].index if entries else None)
+        return True
+
+    def _send(self, m: Message) -> None:
+        self.msgs.append(m)

@@ -1,0 +1,140 @@
+"""RawNode: the driver-facing API of the core (etcd's RawNode).
+
+A driver loops: feed inputs (``tick``, ``step``, ``propose``, ``campaign``), take a
+``Ready`` when ``has_ready()``, carry it out in the order its docstring gives, then
+acknowledge with ``on_persisted`` / ``on_applied`` (or ``advance``).  Readies may be
+pipelined: a new one can be taken before the previous one is persisted, as long
+as persistence happens, and is acknowledged, in the order they were taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from consensus.core.config import Config
+from consensus.core.progress import ProgressState
+from consensus.core.raft import Raft
+from consensus.core.storage import Storage
+from consensus.core.types import Entry, HardState, Message, MessageType, Ready, SoftState
+
+__all__ = ["RawNode", "Status"]
+
+# Only the leader's outbound replication may leave before local persistence
+# (thesis §10.2.1); anything else speaks for a term, vote or log we must not
+# forget after a crash.
+_SEND_NOW = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.TIMEOUT_NOW})
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    id: str
+    hard_state: HardState
+    soft_state: SoftState
+    applied: int
+    last_index: int
+    # follower id -> (match, next, state); empty unless leader
+    progress: dict[str, tuple[int, int, ProgressState]]
+
+
+class RawNode:
+    def __init__(self, config: Config, storage: Storage) -> None:
+        self.raft = Raft(config, storage)
+        self._prev_hard = self.raft.hard_state()
+        self._prev_soft = self.raft.soft_state()
+
+    # --- inputs --------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.raft.tick()
+
+    def step(self, message: Message) -> None:
+        self.raft.step(message)
+
+    def campaign(self) -> None:
+        self.raft.campaign()
+
+    def propose(self, data: bytes, expected_term: int | None = None) -> Entry:
+        return self.raft.propose([data], expected_term)[0]
+
+    def propose_batch(
+        self, datas: Sequence[bytes], expected_term: int | None = None
+    ) -> list[Entry]:
+        if not datas:
+            return []
+        return self.raft.propose(datas, expected_term)
+
+    def transfer_leadership(self, target: str) -> None:
+        self.raft.transfer_leadership(target)
+
+    # --- outputs ---------------------------------------------------------------------
+
+    def soft_state(self) -> SoftState:
+        return self.raft.soft_state()
+
+    def hard_state(self) -> HardState:
+        return self.raft.hard_state()
+
+    def has_ready(self) -> bool:
+        r = self.raft
+        return (
+            bool(r.msgs)
+            or r.log.has_unstable_to_persist()
+            or r.log.has_committed_to_apply()
+            or r.hard_state() != self._prev_hard
+            or r.soft_state() != self._prev_soft
+        )
+
+    def ready(self) -> Ready:
+        """Everything pending since the last call, each item handed out once."""
+        r = self.raft
+        hard = r.hard_state()
+        soft = r.soft_state()
+        hard_changed = hard != self._prev_hard
+        must_sync = hard.term != self._prev_hard.term or hard.vote != self._prev_hard.vote
+        entries = tuple(r.log.unstable_to_persist())
+        committed = tuple(r.log.committed_to_apply())
+        messages = r.read_messages()
+        ready = Ready(
+            soft_state=soft,
+            hard_state=hard if hard_changed else None,
+            entries=entries,
+            messages=tuple(m for m in messages if m.type in _SEND_NOW),
+            persisted_messages=tuple(m for m in messages if m.type not in _SEND_NOW),
+            committed_entries=committed,
+            must_sync=must_sync or bool(entries),
+            soft_state_changed=soft != self._prev_soft,
+        )
+        self._prev_hard = hard
+        self._prev_soft = soft
+        return ready
+
+    def on_persisted(self, ready: Ready) -> None:
+        """``ready.hard_state`` and ``ready.entries`` are durable."""
+        if ready.entries:
+            last = ready.entries[-1]
+            self.raft.on_persisted(last.index, last.term)
+
+    def on_applied(self, index: int) -> None:
+        self.raft.log.applied_to(index)
+
+    def advance(self, ready: Ready) -> None:
+        self.on_persisted(ready)
+        if ready.committed_entries:
+            self.on_applied(ready.committed_entries[-1].index)
+
+    def status(self) -> Status:
+        r = self.raft
+        progress = (
+            {v: (pr.match, pr.next, pr.state) for v, pr in r.prs.items() if v != r.id}
+            if r.role.value == "LEADER"
+            else {}
+        )
+        return Status(
+            id=r.id,
+            hard_state=r.hard_state(),
+            soft_state=r.soft_state(),
+            applied=r.log.applied,
+            last_index=r.log.last_index(),
+            progress=progress,
+        )

@@ -1,0 +1,100 @@
+"""The durable log as the core sees it: read-only, behind a small Protocol.
+
+The driver owns writes (it persists what a ``Ready`` says, then tells the core);
+the core only reads what is already durable.  ``MemoryStorage`` is the in-memory
+implementation used by tests and the simulator, where "durable" means "survives a
+simulated crash".
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Protocol
+
+from consensus.core.types import Entry, HardState
+
+__all__ = ["MemoryStorage", "Storage"]
+
+
+class Storage(Protocol):
+    def initial_state(self) -> HardState:
+        """The hard state last persisted."""
+        ...
+
+    def last_index(self) -> int:
+        """Index of the last durable entry (0 when empty)."""
+        ...
+
+    def term(self, index: int) -> int:
+        """Term of the durable entry at ``index`` (0 for index 0).
+
+        Raises IndexError when ``index`` is beyond ``last_index()``.
+        """
+        ...
+
+    def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
+        """Entries with lo <= index < hi, at least one if any, at most ``max_size``
+        bytes (by ``Entry.size``) after the first."""
+        ...
+
+
+def limit_size(entries: Sequence[Entry], max_size: int | None) -> list[Entry]:
+    """The longest prefix within ``max_size`` bytes, but never empty if ``entries`` is not."""
+    if max_size is None:
+        return list(entries)
+    out: list[Entry] = []
+    total = 0
+    for e in entries:
+        total += e.size()
+        if out and total > max_size:
+            break
+        out.append(e)
+    return out
+
+
+class MemoryStorage:
+    """A Storage kept in memory; ``append``/``set_hard_state`` are the "writes"."""
+
+    def __init__(self) -> None:
+        self._entries: list[Entry] = []  # _entries[i].index == i + 1
+        self._hard_state = HardState()
+
+    def initial_state(self) -> HardState:
+        return self._hard_state
+
+    def last_index(self) -> int:
+        return len(self._entries)
+
+    def term(self, index: int) -> int:
+        if index == 0:
+            return 0
+        if index < 0 or index > len(self._entries):
+            raise IndexError(f"index {index} out of range [0, {len(self._entries)}]")
+        return self._entries[index - 1].term
+
+    def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
+        if lo < 1 or hi > len(self._entries) + 1 or lo > hi:
+            raise IndexError(f"entries [{lo}, {hi}) out of range, last is {len(self._entries)}")
+        return limit_size(self._entries[lo - 1 : hi - 1], max_size)
+
+    # --- writes (the driver's side) -----------------------------------------
+
+    def set_hard_state(self, hard_state: HardState) -> None:
+        self._hard_state = hard_state
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Append, replacing any existing suffix from ``entries[0].index`` on."""
+        if not entries:
+            return
+        first = entries[0].index
+        if first < 1 or first > len(self._entries) + 1:
+            raise IndexError(f"append at {first} leaves a gap after {len(self._entries)}")
+        for a, b in itertools.pairwise(entries):
+            if b.index != a.index + 1:
+                raise ValueError(f"entries not contiguous: {a.index} then {b.index}")
+        del self._entries[first - 1 :]
+        self._entries.extend(entries)
+
+    def all_entries(self) -> list[Entry]:
+        return list(self._entries)

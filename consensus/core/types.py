@@ -1,0 +1,159 @@
+"""Values that flow in and out of the Raft core.
+
+Every value here is an immutable dataclass: the core hands them to the driver and
+the driver may pass them to other threads (peer senders, the log appender) without
+copying. Indexes start at 1; index 0 / term 0 is the empty log's sentinel.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = [
+    "NO_NODE",
+    "Entry",
+    "EntryType",
+    "HardState",
+    "Message",
+    "MessageType",
+    "Ready",
+    "Role",
+    "SoftState",
+]
+
+# The empty node id: "voted for nobody" / "no known leader".
+NO_NODE = ""
+
+
+class Role(enum.Enum):
+    FOLLOWER = "FOLLOWER"
+    PRE_CANDIDATE = "PRE_CANDIDATE"
+    CANDIDATE = "CANDIDATE"
+    LEADER = "LEADER"
+
+
+class EntryType(enum.Enum):
+    NORMAL = "NORMAL"
+    # Appended by every new leader (paper §5.4.2, §8): committing it commits
+    # every earlier entry and lets the leader serve writes ("leader ready").
+    NO_OP = "NO_OP"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    term: int
+    index: int
+    type: EntryType = EntryType.NORMAL
+    data: bytes = b""
+
+    def size(self) -> int:
+        """Approximate wire size, used for the per-message byte cap."""
+        return len(self.data) + 24
+
+
+class MessageType(enum.Enum):
+    APPEND = "APPEND"
+    APPEND_RESPONSE = "APPEND_RESPONSE"
+    HEARTBEAT = "HEARTBEAT"
+    HEARTBEAT_RESPONSE = "HEARTBEAT_RESPONSE"
+    VOTE = "VOTE"
+    VOTE_RESPONSE = "VOTE_RESPONSE"
+    PRE_VOTE = "PRE_VOTE"
+    PRE_VOTE_RESPONSE = "PRE_VOTE_RESPONSE"
+    # Leadership transfer: the leader tells the chosen follower to campaign now.
+    TIMEOUT_NOW = "TIMEOUT_NOW"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One Raft message.  Field meaning depends on ``type``:
+
+    - APPEND: ``index``/``log_term`` are the previous entry (prevLogIndex/Term),
+      ``entries`` follow it, ``commit`` is the leader's commit index.
+    - APPEND_RESPONSE: accepted → ``index`` is the last index now matching the
+      leader.  Rejected → ``index`` echoes the APPEND's prev index, ``reject_hint``
+      is the follower's guess of the last index that may match and ``log_term`` the
+      term of its entry there (fast backtracking, §5.3 "optimization").
+    - HEARTBEAT: ``commit`` is min(leader commit, follower's match index).
+    - VOTE / PRE_VOTE: ``index``/``log_term`` are the candidate's last entry.
+      A PRE_VOTE's ``term`` is the term the candidate *would* campaign in.
+    - *_RESPONSE: ``reject`` says whether the request was refused.
+    """
+
+    type: MessageType
+    src: str
+    dst: str
+    term: int
+    log_term: int = 0
+    index: int = 0
+    entries: tuple[Entry, ...] = ()
+    commit: int = 0
+    reject: bool = False
+    reject_hint: int = 0
+    # VOTE sent because the leader asked (TIMEOUT_NOW): voters must not ignore it
+    # for having heard from a leader recently (the check-quorum "lease").
+    transfer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """State that must be durable before dependent messages leave (Figure 2)."""
+
+    term: int = 0
+    vote: str = NO_NODE
+    commit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SoftState:
+    """Volatile state the driver publishes (e.g. as its lock-free snapshot)."""
+
+    role: Role = Role.FOLLOWER
+    term: int = 0
+    leader_id: str = NO_NODE
+    # True once this leader has an entry of its own term (its no-op) in its log,
+    # i.e. proposals bound to ``term`` are accepted.  Always False off-leader.
+    leader_ready: bool = False
+    # True while a leadership transfer is in progress: proposals are refused.
+    transferring: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Everything the driver must do, gathered since the previous ``ready()``.
+
+    Ordering rules (the driver must keep them):
+    1. Persist ``hard_state`` (if not None) and append ``entries`` durably, in
+       the order readies were handed out.  ``entries[0].index`` may be at or
+       below an index handed out before: the log's suffix from there is replaced.
+    2. ``messages`` may be sent at once, even before step 1 completes (the
+       leader's appends and heartbeats, thesis §10.2.1).
+    3. ``persisted_messages`` may only be sent once step 1 is durable for this
+       and every earlier ready (votes, append acknowledgements).
+    4. Apply ``committed_entries`` in order; they are durable locally already.
+    5. Tell the core: ``on_persisted(ready)`` after step 1, ``on_applied(index)``
+       after step 4 (``advance(ready)`` does both, for synchronous drivers).
+    """
+
+    soft_state: SoftState
+    hard_state: HardState | None = None
+    entries: tuple[Entry, ...] = ()
+    messages: tuple[Message, ...] = ()
+    persisted_messages: tuple[Message, ...] = ()
+    committed_entries: tuple[Entry, ...] = ()
+    # True when term or vote changed or entries are appended: an fsync is needed
+    # before persisted_messages go out.  A commit-only change need not be synced.
+    must_sync: bool = False
+    # Whether anything at all is in this ready (soft-state changes included).
+    soft_state_changed: bool = field(default=False)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.hard_state is not None
+            or self.entries
+            or self.messages
+            or self.persisted_messages
+            or self.committed_entries
+            or self.soft_state_changed
+        )

@@ -1,0 +1,6 @@
+"""Running raftlet clusters.
+
+The local multi-node launcher, the multi-host (network namespace) launcher, systemd units,
+the container image and manifests, and the Grafana dashboard. Used by ``cli`` and by the
+integration tests.
+"""

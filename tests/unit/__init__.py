@@ -1,0 +1,1 @@
+"""Fast unit tests: no processes."""
