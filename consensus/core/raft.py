@@ -325,6 +325,8 @@ class Raft:
                         pr.become_probe()
                     self._send_append(m.src)
                 return
+            if m.index > self.log.last_index():
+                return  # acknowledges entries we never sent: a confused peer
             was_paused = pr.is_paused()
             if not pr.maybe_update(m.index):
                 return
@@ -384,6 +386,8 @@ class Raft:
             self.campaign(transfer=True)
 
     def _handle_append(self, m: Message) -> None:
+        if any(e.index != m.index + 1 + i for i, e in enumerate(m.entries)):
+            return  # malformed: entries must directly follow the previous index
         if m.index < self.log.committed:
             self._send(
                 Message(

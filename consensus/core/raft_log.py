@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from consensus.core.errors import ConfigError
 from consensus.core.storage import Storage, limit_size
 from consensus.core.types import Entry
 
@@ -24,10 +25,14 @@ class RaftLog:
     def __init__(self, storage: Storage, committed: int, applied: int) -> None:
         self.storage = storage
         last = storage.last_index()
+        if applied > last:
+            raise ConfigError(f"applied index {applied} is beyond the durable log's end {last}")
         # A persisted commit index beyond the durable log cannot be trusted (the
         # entries were never fsynced); the leader will tell us the commit again.
-        self.committed = min(committed, last)
-        self.applied = min(applied, self.committed)
+        # The commit index is persisted lazily, so it may lag what the state machine
+        # applied: anything applied was committed, and must never be applied twice.
+        self.committed = max(min(committed, last), applied)
+        self.applied = applied
         # Highest index handed out for applying (>= applied).
         self.applying = self.applied
         self._unstable: list[Entry] = []

@@ -112,8 +112,9 @@ class SoftState:
     role: Role = Role.FOLLOWER
     term: int = 0
     leader_id: str = NO_NODE
-    # True once this leader has an entry of its own term (its no-op) in its log,
-    # i.e. proposals bound to ``term`` are accepted.  Always False off-leader.
+    # True once this leader's NO_OP of ``term`` is committed: its commit index is
+    # then current (thesis §6.4), so it may serve reads and accept writes.
+    # Always False off-leader.
     leader_ready: bool = False
     # True while a leadership transfer is in progress: proposals are refused.
     transferring: bool = False
