@@ -16,7 +16,15 @@ from consensus.core.config import Config
 from consensus.core.progress import ProgressState
 from consensus.core.raft import Raft
 from consensus.core.storage import Storage
-from consensus.core.types import Entry, HardState, Message, MessageType, Ready, SoftState
+from consensus.core.types import (
+    Entry,
+    HardState,
+    Message,
+    MessageType,
+    Ready,
+    Role,
+    SoftState,
+)
 
 __all__ = ["RawNode", "Status"]
 
@@ -127,7 +135,7 @@ class RawNode:
         r = self.raft
         progress = (
             {v: (pr.match, pr.next, pr.state) for v, pr in r.prs.items() if v != r.id}
-            if r.role.value == "LEADER"
+            if r.role is Role.LEADER
             else {}
         )
         return Status(

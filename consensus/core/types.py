@@ -131,7 +131,11 @@ class Ready:
     2. ``messages`` may be sent at once, even before step 1 completes (the
        leader's appends and heartbeats, thesis §10.2.1).
     3. ``persisted_messages`` may only be sent once step 1 is durable for this
-       and every earlier ready (votes, append acknowledgements).
+       and every earlier ready (votes, append acknowledgements) -- also when this
+       ready itself persists nothing: it must queue behind earlier writes still
+       in flight.
+    Every input (``step``, ``tick``, ``propose``, ``campaign``, a transfer) may
+    produce output; take a ready after each, not only after ticks.
     4. Apply ``committed_entries`` in order; they are durable locally already.
     5. Tell the core: ``on_persisted(ready)`` after step 1, ``on_applied(index)``
        after step 4 (``advance(ready)`` does both, for synchronous drivers).

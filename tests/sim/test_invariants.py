@@ -1,0 +1,201 @@
+"""The invariant checker must catch each kind of violation: fed fabricated,
+inconsistent states it fails, fed consistent ones it stays quiet.  Otherwise
+every simulation test could pass vacuously."""
+
+from __future__ import annotations
+
+import pytest
+
+from consensus.core import NO_NODE, Entry, EntryType, HardState, Role
+from tests.sim.cluster import SimCluster, SimConfig
+from tests.sim.invariants import InvariantChecker, InvariantViolation
+from tests.sim.network import NetConfig
+
+REPLAY = "python -m tests.sim.run --scenario random --seed 42"
+F, L = Role.FOLLOWER, Role.LEADER
+
+
+def e(index: int, term: int, data: bytes = b"", kind: EntryType = EntryType.NORMAL) -> Entry:
+    return Entry(term, index, kind, data)
+
+
+@pytest.fixture
+def chk() -> InvariantChecker:
+    return InvariantChecker(REPLAY)
+
+
+def node(
+    chk: InvariantChecker,
+    name: str,
+    log: list[Entry],
+    *,
+    role: Role = F,
+    term: int = 1,
+    committed: int = 0,
+    incarnation: int = 1,
+) -> None:
+    chk.observe_node(name, incarnation, role=role, term=term, committed=committed, log=log)
+
+
+def test_consistent_history_passes(chk: InvariantChecker) -> None:
+    log1 = [e(1, 1, kind=EntryType.NO_OP), e(2, 1, b"x")]
+    node(chk, "a", log1, role=L, term=1, committed=2)
+    node(chk, "b", log1[:1], committed=0)
+    node(chk, "b", log1, committed=2)
+    for n in ("a", "b"):
+        for entry in log1:
+            chk.observe_applied(n, 1, entry, term=1)
+    chk.observe_persisted("a", HardState(1, "a", 2))
+    chk.observe_persisted("a", HardState(2, NO_NODE, 2))
+    chk.observe_persisted("a", HardState(2, "b", 2))
+    log2 = [*log1, e(3, 2, kind=EntryType.NO_OP)]
+    node(chk, "b", log2, role=L, term=2, committed=2)
+    assert chk.leaders == {1: "a", 2: "b"}
+    assert [x.index for x in chk.committed] == [1, 2]
+
+
+def test_violation_message_has_replay_command(chk: InvariantChecker) -> None:
+    node(chk, "a", [], role=L, term=3)
+    with pytest.raises(InvariantViolation) as info:
+        node(chk, "b", [], role=L, term=3)
+    assert REPLAY in str(info.value)
+    assert isinstance(info.value, AssertionError)
+
+
+def test_two_leaders_in_one_term(chk: InvariantChecker) -> None:
+    node(chk, "a", [], role=L, term=3)
+    node(chk, "a", [], role=F, term=4)  # gone, but remembered
+    with pytest.raises(InvariantViolation, match="two leaders in term 3"):
+        node(chk, "b", [], role=L, term=3)
+
+
+def test_same_index_and_term_different_entry(chk: InvariantChecker) -> None:
+    node(chk, "a", [e(1, 1, b"x")])
+    with pytest.raises(InvariantViolation, match="log matching"):
+        node(chk, "b", [e(1, 1, b"y")])
+
+
+def test_same_entry_different_prefix(chk: InvariantChecker) -> None:
+    # (2, 2) is identical in both logs but its predecessors differ.
+    node(chk, "a", [e(1, 1, b"x"), e(2, 2, b"z")])
+    with pytest.raises(InvariantViolation, match="log matching"):
+        node(chk, "b", [e(1, 2, b"w"), e(2, 2, b"z")])
+
+
+def test_entry_rewritten_in_place_over_time(chk: InvariantChecker) -> None:
+    node(chk, "a", [e(1, 1, b"x"), e(2, 1, b"y"), e(3, 1, b"z")])
+    with pytest.raises(InvariantViolation, match="log matching"):
+        node(chk, "a", [e(1, 1, b"x"), e(2, 1, b"q"), e(3, 1, b"z")])
+
+
+def test_log_shape(chk: InvariantChecker) -> None:
+    with pytest.raises(InvariantViolation, match="holds index"):
+        node(chk, "a", [e(1, 1), e(3, 1)])
+    with pytest.raises(InvariantViolation, match="term goes down"):
+        node(chk, "b", [e(1, 2), e(2, 1)])
+
+
+def test_leader_missing_committed_entry(chk: InvariantChecker) -> None:
+    node(chk, "a", [e(1, 1, b"x")], committed=1, term=1)
+    chk.observe_applied("a", 1, e(1, 1, b"x"), term=1)
+    with pytest.raises(InvariantViolation, match="leader completeness"):
+        node(chk, "b", [e(1, 2, kind=EntryType.NO_OP)], role=L, term=2)
+
+
+def test_leader_elected_before_the_commit_became_known(chk: InvariantChecker) -> None:
+    # b leads term 5 without entry 1; only later does a apply entry 1, committed
+    # (at the latest) in term 3 < 5: b should have had it.
+    node(chk, "b", [], role=L, term=5)
+    node(chk, "a", [e(1, 1, b"x")], committed=1, term=3)
+    with pytest.raises(InvariantViolation, match="leader completeness"):
+        chk.observe_applied("a", 1, e(1, 1, b"x"), term=3)
+
+
+def test_stale_leader_of_earlier_term_is_not_required_to_have_it(chk: InvariantChecker) -> None:
+    node(chk, "b", [], role=L, term=2)
+    node(chk, "a", [e(1, 3, b"x")], committed=1, term=3)
+    chk.observe_applied("a", 1, e(1, 3, b"x"), term=3)  # committed in term 3 > 2
+
+
+def test_state_machines_diverge(chk: InvariantChecker) -> None:
+    node(chk, "a", [e(1, 1, b"x")], committed=1)
+    chk.observe_applied("a", 1, e(1, 1, b"x"), term=1)
+    node(chk, "b", [e(1, 1, b"x")], committed=1)
+    with pytest.raises(InvariantViolation, match="state machines diverge"):
+        chk.observe_applied("b", 1, e(1, 1, b"y"), term=1)
+
+
+def test_state_machine_diverges_after_restart(chk: InvariantChecker) -> None:
+    node(chk, "a", [e(1, 1, b"x")], committed=1)
+    chk.observe_applied("a", 1, e(1, 1, b"x"), term=1)
+    chk.observe_crash("a")
+    node(chk, "a", [e(1, 2, b"y")], committed=0, term=2, incarnation=2)
+    with pytest.raises(InvariantViolation, match="state machines diverge"):
+        chk.observe_applied("a", 2, e(1, 2, b"y"), term=2)
+
+
+def test_applied_out_of_order(chk: InvariantChecker) -> None:
+    node(chk, "a", [e(1, 1), e(2, 1)], committed=2)
+    with pytest.raises(InvariantViolation, match="applied index 2 after 0"):
+        chk.observe_applied("a", 1, e(2, 1), term=1)
+
+
+def test_committed_prefix_differs_from_applied(chk: InvariantChecker) -> None:
+    node(chk, "a", [e(1, 1, b"x")], committed=1)
+    chk.observe_applied("a", 1, e(1, 1, b"x"), term=1)
+    with pytest.raises(InvariantViolation, match="committed entry at 1"):
+        node(chk, "b", [e(1, 2, b"y")], committed=1, term=2)
+
+
+def test_commit_index_goes_back(chk: InvariantChecker) -> None:
+    log = [e(1, 1), e(2, 1), e(3, 1)]
+    node(chk, "a", log, committed=3)
+    node(chk, "a", log, committed=1, incarnation=2)  # a restart may forget it
+    with pytest.raises(InvariantViolation, match="commit index went back"):
+        node(chk, "a", log, committed=0, incarnation=2)
+
+
+def test_volatile_term_goes_back(chk: InvariantChecker) -> None:
+    node(chk, "a", [], term=4)
+    with pytest.raises(InvariantViolation, match="term went back"):
+        node(chk, "a", [], term=3)
+
+
+def test_durable_term_goes_back(chk: InvariantChecker) -> None:
+    chk.observe_persisted("a", HardState(4, "a", 0))
+    with pytest.raises(InvariantViolation, match="durable term went back"):
+        chk.observe_persisted("a", HardState(3, "a", 0))
+
+
+def test_durable_vote_changes_within_term(chk: InvariantChecker) -> None:
+    chk.observe_persisted("a", HardState(4, NO_NODE, 0))
+    chk.observe_persisted("a", HardState(4, "b", 0))  # first vote of term 4: fine
+    with pytest.raises(InvariantViolation, match="durable vote in term 4 changed"):
+        chk.observe_persisted("a", HardState(4, "c", 0))
+
+
+def test_cluster_catches_a_driver_that_forgets_votes() -> None:
+    """End to end: a driver bug (a vote that is not really durable) lets a node
+    vote twice in one term, and the running cluster reports it."""
+    # Slow links (1.5 ticks a hop) leave room to crash n2 between its vote and
+    # the new leader's first append; long timeouts keep the nodes from campaigning
+    # on their own meanwhile.
+    net = NetConfig(min_delay=15, max_delay=15)
+    config = SimConfig(nodes=3, election_tick=50, pre_vote=False, check_quorum=False, net=net)
+    c = SimCluster(7, config, "(test)")
+    n1, n2, n3 = c.ids
+    c.net.partition([[n1, n2], [n3]])
+    c.nodes[n1].node().campaign()
+    c.run_until(lambda: c.leaders() == [n1], 10)
+    assert c.nodes[n2].storage.initial_state().vote == n1
+    assert c.nodes[n2].storage.last_index() == 0  # the append is still in flight
+    c.crash(n2)
+    hs = c.nodes[n2].storage.initial_state()
+    c.nodes[n2].storage.set_hard_state(HardState(hs.term, NO_NODE, hs.commit))  # the "bug"
+    c.restart(n2)
+    c.net.partition([[n2, n3], [n1]])
+    c.nodes[n3].node().campaign()
+    # Caught twice over: n2's durable vote changes within term 1, and n3 would
+    # become a second leader of term 1.
+    with pytest.raises(InvariantViolation, match=r"vote in term 1 changed|two leaders in term 1"):
+        c.step(10)
