@@ -1,0 +1,56 @@
+"""Errors raised by the durable log and the consensus metadata.
+
+Every corruption error names the file and the byte offset where the bad data starts, so an
+operator can look at it (``xxd -s OFFSET FILE``) before deciding what to do: the log never
+skips over damage by itself.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LogClosedError",
+    "LogCorruptionError",
+    "LogEntryCompactedError",
+    "LogError",
+    "LogFailedError",
+    "MetadataCorruptionError",
+]
+
+
+class LogError(Exception):
+    """Base class of every error the log raises on purpose."""
+
+
+class LogCorruptionError(LogError):
+    """Durable data that cannot be what the log wrote (not a torn tail)."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path}: offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class MetadataCorruptionError(LogCorruptionError):
+    """The consensus metadata file is damaged; term and vote cannot be trusted."""
+
+
+class LogFailedError(LogError):
+    """An earlier write or sync failed; the log accepts nothing more.
+
+    After a failed fdatasync the kernel may have dropped the dirty pages, so retrying could
+    report durable what is not.  The replica must be shut down and the log reopened (which
+    verifies what actually reached the disk).  The original error is ``__cause__``.
+    """
+
+
+class LogClosedError(LogError):
+    """The log was closed."""
+
+
+class LogEntryCompactedError(IndexError):
+    """The entry was garbage-collected (it lies below the log's first index).
+
+    An IndexError, as the Storage protocol uses for "not there", but a distinct type so a
+    driver can tell "compacted: send a snapshot" from "beyond the end".
+    """

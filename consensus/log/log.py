@@ -1,0 +1,665 @@
+"""The durable Raft log of one tablet replica: segment files, group commit, reads, GC.
+
+Threads and locks:
+
+- ``_lock`` guards the in-memory index, the cache, the segment list and the group-commit
+  queue.  It is held only for bookkeeping, never across I/O or a callback.
+- One appender thread per log takes every batch queued since its last sync, writes them,
+  issues one fdatasync, and then calls each batch's callback in order.
+- ``_read_lock`` serializes reads of old entries from segment files against GC (which
+  closes and deletes those files).  Lock order: ``_read_lock`` before ``_lock``.
+
+A batch is visible to reads (``last_index``, ``term``, ``entries``) as soon as
+``append_async`` returns: the index and the cache are updated at once, including the
+truncation of a replaced suffix.  Durability is reported only through the callback.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from consensus.core.storage import limit_size
+from consensus.core.types import Entry
+from consensus.log.cache import LogCache
+from consensus.log.codec import decode_batch, encode_record, entries_from_pb, plan_records
+from consensus.log.errors import (
+    LogClosedError,
+    LogCorruptionError,
+    LogEntryCompactedError,
+    LogError,
+    LogFailedError,
+)
+from consensus.log.index import PENDING, LogIndex, Rec
+from consensus.log.options import LogObserver, LogOptions, NullLogObserver
+from consensus.log.segment import (
+    HEADER_SIZE,
+    SegmentWriter,
+    fsync_dir,
+    parse_segment_name,
+    read_record,
+    scan_segment,
+)
+
+__all__ = ["AppendCallback", "Log"]
+
+logger = logging.getLogger(__name__)
+
+AppendCallback = Callable[[BaseException | None], None]
+
+LOCK_FILE = "wal.lock"
+_NONE = 1 << 62  # "no index": larger than any real one
+# A synced group's callbacks wait for the next group's write only if that write is small.
+_DEFER_COMPLETION_BYTES = 256 << 10
+
+
+# A queued batch: (entries, records, callback, approximate bytes, perf_counter at enqueue).
+# A plain tuple because building it is on every producer's path, where a class instance
+# costs a microsecond more under the GIL.
+_Batch = tuple[Sequence[Entry], list[Rec], AppendCallback, int, float]
+
+
+class _Group:
+    """What the appender took from the queue in one go, and how writing it went."""
+
+    __slots__ = ("batches", "entries", "error", "nbytes", "placed", "sync_us", "write_us")
+
+    def __init__(self, batches: list[_Batch]) -> None:
+        self.batches = batches
+        self.entries = sum(len(b[0]) for b in batches)
+        self.nbytes = sum(b[3] for b in batches)
+        self.placed: list[tuple[Rec, int]] = []
+        self.error: BaseException | None = None
+        self.write_us = 0.0
+        self.sync_us = 0.0
+
+
+class Log:
+    """Use ``Log.open(directory, options)``; close it (or use it as a context manager)."""
+
+    def __init__(
+        self,
+        directory: str,
+        options: LogOptions,
+        observer: LogObserver,
+        index: LogIndex,
+        segments: dict[int, str],
+        writer: SegmentWriter,
+        lock_fd: int,
+    ) -> None:
+        self.directory = directory
+        self.options = options
+        self._observer = observer
+        self._lock_fd = lock_fd
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # appender waits for batches
+        self._space = threading.Condition(self._lock)  # producers wait for queue space
+        self._read_lock = threading.Lock()
+        self._index = index
+        self._cache = LogCache(options.cache_size_bytes, index.last + 1)
+        self._segments = segments  # sequence -> path, oldest first; the last is active
+        self._read_fds: dict[int, int] = {}
+        self._writer = writer  # the appender's alone once it runs
+        # Group-commit queue.  _queue_min_first is the lowest first index of a queued batch:
+        # entries from there on have no record on disk yet, so the cache must keep them.
+        self._queue: list[_Batch] = []
+        self._queued_bytes = 0
+        self._queue_min_first = _NONE
+        self._unwritten_from = _NONE
+        self._appender_idle = False
+        self._producers_waiting = 0
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._rng = random.Random()
+        self._appender = threading.Thread(
+            target=self._run, name=f"log-appender:{os.path.basename(directory)}", daemon=True
+        )
+        self._appender.start()
+        self._appender_ident = self._appender.ident
+
+    # --- opening ----------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        options: LogOptions | None = None,
+        observer: LogObserver | None = None,
+    ) -> Log:
+        """Open (or create) the log in ``directory``, verifying every segment.
+
+        A torn record at the very end is cut off with a warning; any other damage raises
+        LogCorruptionError.  Only one Log may have a directory open at a time.
+        """
+        path = os.fspath(directory)
+        opts = options or LogOptions()
+        os.makedirs(path, exist_ok=True)
+        lock_fd = _lock_directory(path)
+        try:
+            index, segments, writer = _recover(path, opts)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(path, opts, observer or NullLogObserver(), index, segments, writer, lock_fd)
+
+    # --- appends ----------------------------------------------------------------------
+
+    def append_async(self, entries: Sequence[Entry], callback: AppendCallback) -> None:
+        """Queue ``entries`` to be made durable; ``callback(None)`` once they are.
+
+        ``entries[0].index`` may be at or below the last index: the suffix from there is
+        replaced (at once in memory, on disk by this later record winning on replay).
+        Blocks while the group-commit queue is full.  The callback runs on the appender
+        thread, after every batch queued before it, with None or the error; it must be
+        quick and must not call ``append``.  An empty batch is a barrier: its callback runs
+        once everything queued before it is durable.
+        """
+        if entries:
+            recs, nbytes = plan_records(entries)
+        else:
+            recs, nbytes = [], 0
+        batch = (entries, recs, callback, nbytes, time.perf_counter())
+        with self._lock:
+            queued = self._queued_bytes
+            if (
+                self._failure is not None
+                or self._closing
+                or (queued and queued + nbytes > self.options.group_commit_queue_size_bytes)
+            ):
+                self._wait_for_space(nbytes, threading.get_ident() == self._appender_ident)
+            if entries:
+                e0 = entries[0]
+                first = e0.index
+                idx = self._index
+                cache = self._cache
+                if first == idx.next and e0.term >= idx.last_term and len(entries) == 1:
+                    # The hot path (one entry after the last), without the general
+                    # truncating appends.
+                    idx.append_one(e0.term, recs[0])
+                    if cache.hi == first:
+                        cache.append_one(e0)
+                    else:
+                        cache.append(entries)
+                else:
+                    if first != idx.next or e0.term < idx.last_term:
+                        self._check_position(entries)  # raises unless a legal overwrite
+                    idx.append(first, [e.term for e in entries], recs)
+                    cache.append(entries)
+                if first < self._queue_min_first:
+                    self._queue_min_first = first
+                if first < self._unwritten_from:
+                    self._unwritten_from = first
+            self._queue.append(batch)
+            self._queued_bytes += nbytes
+            if self._appender_idle:
+                self._appender_idle = False
+                self._work.notify()
+
+    def append(self, entries: Sequence[Entry], timeout: float | None = None) -> None:
+        """``append_async`` and wait until durable; raises what the callback would get."""
+        if threading.get_ident() == self._appender_ident:
+            raise RuntimeError("append() from a log callback would wait for itself")
+        done = threading.Lock()
+        done.acquire()
+        result: list[BaseException | None] = []
+
+        def callback(error: BaseException | None) -> None:
+            result.append(error)
+            done.release()
+
+        self.append_async(entries, callback)
+        if not done.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"append not durable within {timeout} s")
+        if result[0] is not None:
+            raise result[0]
+
+    def _wait_for_space(self, nbytes: int, from_appender: bool) -> None:
+        """With ``_lock`` held: return once the batch may be queued, or raise."""
+        told = False
+        while True:
+            if self._failure is not None:
+                raise LogFailedError(f"log {self.directory} has failed") from self._failure
+            if self._closing:
+                raise LogClosedError(f"log {self.directory} is closed")
+            # An empty queue admits any batch, or a huge one could never get in; a callback
+            # (on the appender thread) is admitted too, as nobody else would drain the queue.
+            if (
+                self._queued_bytes == 0
+                or self._queued_bytes + nbytes <= self.options.group_commit_queue_size_bytes
+                or from_appender
+            ):
+                return
+            if not told:
+                told = True
+                queued = self._queued_bytes
+                self._lock.release()
+                try:
+                    self._observer.producer_blocked(queued)
+                except Exception:
+                    logger.exception("log %s: observer raised", self.directory)
+                finally:
+                    self._lock.acquire()
+                continue
+            self._producers_waiting += 1
+            try:
+                self._space.wait()
+            finally:
+                self._producers_waiting -= 1
+
+    def _check_position(self, entries: Sequence[Entry]) -> None:
+        first = entries[0].index
+        idx = self._index
+        if not len(idx):
+            if first != idx.first:
+                raise ValueError(f"append at {first} to an empty log that starts at {idx.first}")
+            return
+        if first < idx.first:
+            raise ValueError(f"append at {first} would replace compacted entries (< {idx.first})")
+        if first > idx.last + 1:
+            raise ValueError(f"append at {first} leaves a gap after {idx.last}")
+        if first > idx.first and entries[0].term < idx.term(first - 1):
+            raise ValueError(
+                f"term goes back from {idx.term(first - 1)} to {entries[0].term} at {first}"
+            )
+
+    # --- the appender thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        # The callbacks of a synced group run only after the next group is written: a
+        # callback wakes a producer, and every woken producer competes for the GIL, so the
+        # appender would otherwise wait behind all of them after its write and again after
+        # its sync.  Written first, the next group's sync overlaps the woken producers.
+        synced: _Group | None = None
+        while True:
+            with self._lock:
+                while not self._queue and synced is None:
+                    if self._closing:
+                        return
+                    self._appender_idle = True
+                    self._work.wait()
+                batches = self._queue
+                self._queue = []
+                self._queued_bytes = 0
+                self._queue_min_first = _NONE
+                if self._producers_waiting:
+                    self._space.notify_all()
+            group = _Group(batches) if batches else None
+            if synced is not None and (group is None or group.nbytes > _DEFER_COMPLETION_BYTES):
+                # Nothing to write, or so much that the wait would show: complete first.
+                self._complete(synced)
+                synced = None
+            if group is not None:
+                self._write_group(group)
+            if synced is not None:
+                self._complete(synced)
+            if group is not None:
+                self._sync_group(group)
+            synced = group
+
+    def _write_group(self, group: _Group) -> None:
+        group.error = self._failure  # after a failure, even a barrier must not report success
+        if group.error is None and group.nbytes:
+            try:
+                t0 = time.perf_counter()
+                self._write(group.batches, group.placed)
+                group.write_us = (time.perf_counter() - t0) * 1e6
+            except Exception as exc:  # OSError, or a bug: either way the log must stop
+                group.error = exc
+
+    def _sync_group(self, group: _Group) -> None:
+        if not group.nbytes:
+            return
+        if group.error is None:
+            try:
+                t0 = time.perf_counter()
+                if self.options.fsync:
+                    self._writer.sync()
+                self._inject_latency()
+                group.sync_us = (time.perf_counter() - t0) * 1e6
+            except Exception as exc:
+                group.error = exc
+        with self._lock:
+            if group.error is None:
+                self._publish(group.placed)
+                return
+            if self._failure is None:
+                logger.error(
+                    "log %s: write or sync failed, no more appends: %r", self.directory, group.error
+                )
+                self._failure = group.error
+                self._space.notify_all()  # blocked producers must see the failure
+
+    def _complete(self, group: _Group) -> None:
+        """Report a synced group and run its callbacks, in queue order."""
+        outcome: BaseException | None = None
+        if group.error is not None:
+            outcome = LogFailedError(f"log {self.directory}: {group.error}")
+            outcome.__cause__ = group.error
+        elif group.nbytes:
+            try:
+                self._observer.group_synced(
+                    len(group.batches), group.entries, group.nbytes, group.write_us, group.sync_us
+                )
+            except Exception:
+                logger.exception("log %s: observer raised", self.directory)
+        now = time.perf_counter()
+        observer = self._observer
+        for entries, _, callback, _, enqueued in group.batches:
+            # Neither a broken observer nor a broken callback may stop the appender: later
+            # batches still need their callbacks, in order.
+            try:
+                if outcome is None:
+                    observer.batch_durable(len(entries), (now - enqueued) * 1e6)
+            except Exception:
+                logger.exception("log %s: observer raised", self.directory)
+            try:
+                callback(outcome)
+            except Exception:
+                logger.exception("log %s: append callback raised", self.directory)
+
+    def _write(self, group: list[_Batch], placed: list[tuple[Rec, int]]) -> None:
+        """Write the group's records, rolling over segments as they fill up."""
+        w = self._writer
+        limit = self.options.segment_size_bytes
+        chunks: list[bytes] = []
+        pending = 0
+        for entries, recs, _, _, _ in group:
+            start = 0
+            for rec in recs:
+                if len(recs) == 1:
+                    head, payload = encode_record(entries)
+                else:
+                    head, payload = encode_record(entries[start : start + rec.count])
+                    start += rec.count
+                n = len(head) + len(payload)
+                total = w.size + pending
+                # A record never straddles segments; one bigger than a whole segment gets
+                # a segment to itself rather than an error.
+                if total > HEADER_SIZE and total + n > limit:
+                    if chunks:
+                        w.write(b"".join(chunks))
+                        chunks = []
+                        pending = 0
+                    w = self._roll()
+                # Read by nobody until seq is published.
+                rec.offset = w.size + pending
+                rec.frame_size = n
+                placed.append((rec, w.sequence))
+                chunks += (head, payload)
+                pending += n
+        if chunks:
+            w.write(b"".join(chunks))
+
+    def _roll(self) -> SegmentWriter:
+        old = self._writer
+        if self.options.fsync:
+            old.sync()
+        old.close()
+        new = SegmentWriter.create(self.directory, old.sequence + 1, sync=self.options.fsync)
+        with self._lock:
+            self._writer = new
+            self._segments[new.sequence] = new.path
+        return new
+
+    def _inject_latency(self) -> None:
+        ms = self.options.inject_latency_ms
+        jitter = self.options.inject_latency_jitter_ms
+        if ms or jitter:
+            time.sleep((ms + self._rng.uniform(0.0, jitter)) / 1000.0)
+
+    def _publish(self, placed: list[tuple[Rec, int]]) -> None:
+        """With ``_lock`` held, after the sync: the group's records are on disk.
+
+        Only now do their locations become visible, so neither a read from disk nor GC
+        ever relies on a record that a crash could still take away.
+        """
+        for rec, seq in placed:
+            rec.seq = seq
+        self._unwritten_from = self._queue_min_first
+        self._cache.evict(min(self._unwritten_from, self._index.last + 1))
+
+    # --- reads ------------------------------------------------------------------------
+
+    def first_index(self) -> int:
+        with self._lock:
+            return self._index.first
+
+    def last_index(self) -> int:
+        """Last accepted index (0 when empty); accepted is not necessarily durable yet."""
+        with self._lock:
+            return self._index.last
+
+    def term(self, index: int) -> int:
+        with self._lock:
+            idx = self._index
+            if index > idx.last:
+                raise IndexError(f"index {index} beyond last index {idx.last}")
+            if index < idx.first:
+                if index == 0 == idx.first - 1:
+                    return 0
+                raise LogEntryCompactedError(f"index {index} below first index {idx.first}")
+            return idx.term(index)
+
+    def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
+        """Entries with lo <= index < hi; at most ``max_size`` bytes after the first."""
+        with self._read_lock:
+            with self._lock:
+                idx = self._index
+                if lo > hi or hi > idx.last + 1:
+                    raise IndexError(f"entries [{lo}, {hi}) out of range, last is {idx.last}")
+                if lo == hi:
+                    return []
+                if lo < idx.first:
+                    raise LogEntryCompactedError(f"index {lo} below first index {idx.first}")
+                split = max(lo, self._cache.lo)
+                cached = self._cache.range(split, hi) if split < hi else []
+                plan = self._plan_disk_read(lo, min(hi, split))
+            out: list[Entry] = []
+            size = 0
+            for path, fd_seq, rec_first, offset, frame_size, start, end in plan:
+                for e in self._read_entries(path, fd_seq, rec_first, offset, frame_size):
+                    if start <= e.index <= end:
+                        out.append(e)
+                        size += e.size()
+                        if max_size is not None and len(out) > 1 and size > max_size:
+                            return limit_size(out, max_size)
+        out.extend(cached)
+        return limit_size(out, max_size)
+
+    def _plan_disk_read(self, lo: int, hi: int) -> list[tuple[str, int, int, int, int, int, int]]:
+        """With ``_lock`` held: which records hold [lo, hi), as
+        (path, seq, rec first, offset, frame size, first wanted, last wanted)."""
+        idx = self._index
+        plan: list[tuple[str, int, int, int, int, int, int]] = []
+        if lo >= hi:
+            return plan
+        k, _ = idx.locate(lo)
+        i = lo
+        while i < hi:
+            rec = idx.rec_at(k)
+            if rec.seq == PENDING:
+                raise AssertionError(f"entry {i} is neither cached nor on disk")
+            end = min(idx.live_end(k), hi - 1)
+            plan.append(
+                (self._segments[rec.seq], rec.seq, rec.first, rec.offset, rec.frame_size, i, end)
+            )
+            i = end + 1
+            k += 1
+        return plan
+
+    def _read_entries(
+        self, path: str, seq: int, first: int, offset: int, frame_size: int
+    ) -> list[Entry]:
+        """With ``_read_lock`` held: decode one record back from its segment."""
+        fd = self._read_fds.get(seq)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._read_fds[seq] = fd
+        payload = read_record(fd, path, offset, frame_size)
+        try:
+            batch = decode_batch(payload)
+        except ValueError as exc:
+            raise LogCorruptionError(path, offset, str(exc)) from None
+        if batch.entries[0].index != first:
+            raise LogCorruptionError(
+                path, offset, f"record starts at {batch.entries[0].index}, index says {first}"
+            )
+        return entries_from_pb(batch)
+
+    # --- garbage collection -------------------------------------------------------------
+
+    def gc(self, up_to_index: int) -> int:
+        """Delete the oldest segments whose live entries are all <= ``up_to_index``.
+
+        Never the active segment, nor the one holding the newest durable entry (so a
+        reopened log still knows where it starts).  Returns how many were deleted.
+        """
+        with self._read_lock:
+            with self._lock:
+                idx = self._index
+                doomed: list[int] = []
+                keep_from = 0
+                for seq in list(self._segments)[:-1]:
+                    k = idx.first_rec_after_segment(seq)
+                    if k >= idx.rec_count() or idx.rec_at(k).seq == PENDING:
+                        break
+                    if idx.rec_at(k).first - 1 > up_to_index:
+                        break
+                    doomed.append(seq)
+                    keep_from = k
+                if not doomed:
+                    return 0
+                idx.drop_prefix(keep_from)
+                self._cache.drop_below(idx.first)
+                paths = [self._segments.pop(seq) for seq in doomed]
+            for seq in doomed:
+                fd = self._read_fds.pop(seq, None)
+                if fd is not None:
+                    os.close(fd)
+        # Oldest first: a crash part-way leaves a contiguous run of newer segments.
+        for path in paths:
+            os.unlink(path)
+        if self.options.fsync:
+            fsync_dir(self.directory)
+        return len(doomed)
+
+    # --- status and shutdown ----------------------------------------------------------
+
+    def segment_paths(self) -> list[str]:
+        with self._lock:
+            return list(self._segments.values())
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The I/O error that failed the log, if one did."""
+        return self._failure
+
+    def close(self) -> None:
+        """Finish every queued batch (callbacks included), then release the directory.
+        Producers still blocked on a full queue get LogClosedError."""
+        if threading.get_ident() == self._appender_ident:
+            raise RuntimeError("close() from a log callback would wait for itself")
+        with self._lock:
+            already = self._closing
+            self._closing = True
+            self._work.notify_all()
+            self._space.notify_all()
+        self._appender.join()
+        if already:
+            return
+        with self._read_lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+        self._writer.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _lock_directory(directory: str) -> int:
+    fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LogError(f"log {directory} is already open") from None
+    return fd
+
+
+def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, str], SegmentWriter]:
+    """Replay every segment into a fresh index; cut off a torn tail; open the active one."""
+    found = sorted(
+        (seq, name)
+        for name in os.listdir(directory)
+        if (seq := parse_segment_name(name)) is not None
+    )
+    for (a, _), (b, name) in itertools.pairwise(found):
+        if b != a + 1:
+            raise LogCorruptionError(
+                os.path.join(directory, name), 0, f"segment {a + 1} is missing before it"
+            )
+    index = LogIndex()
+    segments: dict[int, str] = {}
+    writer: SegmentWriter | None = None
+    next_seq = 1
+    for pos, (seq, name) in enumerate(found):
+        path = os.path.join(directory, name)
+        is_last = pos == len(found) - 1
+        with open(path, "rb") as f:
+            data = f.read()
+        scan = scan_segment(data, path, is_last=is_last, expected_sequence=seq)
+        if scan.header_torn:
+            logger.warning(
+                "%s: offset 0: removing the last segment, left incomplete by a crash (%s)",
+                path,
+                scan.torn_reason,
+            )
+            os.unlink(path)
+            if options.fsync:
+                fsync_dir(directory)
+            next_seq = seq
+            break
+        for r in scan.records:
+            first = r.first_index
+            if len(index):
+                if first > index.last + 1:
+                    raise LogCorruptionError(
+                        path, r.offset, f"gap: record starts at {first}, log ends at {index.last}"
+                    )
+                if first > index.first and r.terms[0] < index.term(first - 1):
+                    raise LogCorruptionError(
+                        path,
+                        r.offset,
+                        f"term goes back from {index.term(first - 1)} to {r.terms[0]} at {first}",
+                    )
+            rec = Rec(first, len(r.terms))
+            rec.frame_size = r.frame_size
+            rec.seq = seq
+            rec.offset = r.offset
+            index.append(first, r.terms, [rec])
+        segments[seq] = path
+        next_seq = seq + 1
+        if scan.torn_offset is not None:
+            logger.warning(
+                "%s: offset %d: truncating a torn record at the end of the log (%s)",
+                path,
+                scan.torn_offset,
+                scan.torn_reason,
+            )
+        if is_last:
+            writer = SegmentWriter.reopen(path, seq, scan.valid_end, sync=options.fsync)
+    if writer is None:
+        writer = SegmentWriter.create(directory, next_seq, sync=options.fsync)
+        segments[writer.sequence] = writer.path
+    return index, segments, writer

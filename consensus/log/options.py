@@ -1,0 +1,80 @@
+"""Tunables of one log and the observer hook that metrics plug into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["LogObserver", "LogOptions", "NullLogObserver"]
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class LogOptions:
+    # A segment is rolled over once the next record would take it past this size (a record
+    # bigger than this gets a segment of its own).  Segments are the unit of prefix GC.
+    segment_size_bytes: int = 8 * MiB
+    # Bytes of encoded batches waiting for the appender.  A producer blocks while the queue
+    # is full (back-pressure from a slow disk reaches the callers instead of memory).
+    group_commit_queue_size_bytes: int = 4 * MiB
+    # Decoded recent entries kept in memory, so followers that are nearly caught up and the
+    # apply path are served without reading segments back.
+    cache_size_bytes: int = 16 * MiB
+    # Added after every fdatasync, to reproduce a slow disk (--log_inject_latency_ms).
+    inject_latency_ms: float = 0.0
+    inject_latency_jitter_ms: float = 0.0
+    # False skips fdatasync/fsync entirely: only for tests and CPU benchmarks, never durable.
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        if self.segment_size_bytes <= 0:
+            raise ValueError("segment_size_bytes must be positive")
+        if self.group_commit_queue_size_bytes <= 0:
+            raise ValueError("group_commit_queue_size_bytes must be positive")
+        if self.cache_size_bytes < 0:
+            raise ValueError("cache_size_bytes must be >= 0")
+        if self.inject_latency_ms < 0 or self.inject_latency_jitter_ms < 0:
+            raise ValueError("injected latency must be >= 0")
+
+
+class LogObserver(Protocol):
+    """What the log reports as it works; the metrics layer implements it.
+
+    ``batch_durable`` and ``group_synced`` run on the appender thread, so they must be quick
+    and must not block or call into the log.  ``producer_blocked`` runs on the producer's
+    thread, without the log's lock.
+    """
+
+    def batch_durable(self, entries: int, latency_us: float) -> None:
+        """A batch is durable: ``latency_us`` from ``append_async`` until now, i.e. what a
+        writer waits (``log_append_latency_us``).  Called just before its callback."""
+        ...
+
+    def group_synced(
+        self, batches: int, entries: int, nbytes: int, write_us: float, sync_us: float
+    ) -> None:
+        """One group commit: ``batches`` written with ``nbytes`` and made durable by one
+        fdatasync taking ``sync_us``, injected latency included (``log_sync_latency_us``;
+        ``entries`` feeds ``log_group_commit_entries``).  Not called for a group with
+        nothing to write."""
+        ...
+
+    def producer_blocked(self, queued_bytes: int) -> None:
+        """A producer found the group-commit queue full and is about to wait."""
+        ...
+
+
+class NullLogObserver:
+    """The default: observes nothing."""
+
+    def batch_durable(self, entries: int, latency_us: float) -> None:
+        pass
+
+    def group_synced(
+        self, batches: int, entries: int, nbytes: int, write_us: float, sync_us: float
+    ) -> None:
+        pass
+
+    def producer_blocked(self, queued_bytes: int) -> None:
+        pass

@@ -1,0 +1,85 @@
+"""``LogStorage``: a Log plus ConsensusMetadata seen as a ``consensus.core.Storage``.
+
+The core reads through the Storage half; the driver writes through ``save_hard_state`` and
+``append_async`` (or the blocking ``append``), carrying out each ``Ready`` in order.
+
+The log's ``last_index`` counts batches accepted but not yet durable.  That is safe for the
+core: it only asks storage about entries it has been told are durable (``on_persisted``),
+and below that point accepted and durable agree.  On open they are the same.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from consensus.core.types import Entry, HardState
+from consensus.log.log import AppendCallback, Log
+from consensus.log.metadata import ConsensusMetadata, PersistentState
+from consensus.log.options import LogObserver, LogOptions
+
+__all__ = ["WAL_DIR", "LogStorage"]
+
+WAL_DIR = "wal"
+
+
+class LogStorage:
+    def __init__(self, log: Log, metadata: ConsensusMetadata) -> None:
+        self.log = log
+        self.metadata = metadata
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        options: LogOptions | None = None,
+        observer: LogObserver | None = None,
+    ) -> LogStorage:
+        """The replica layout: metadata in ``directory``, segments in ``directory/wal``."""
+        path = os.fspath(directory)
+        opts = options or LogOptions()
+        metadata = ConsensusMetadata.load(path, sync=opts.fsync)
+        return cls(Log.open(os.path.join(path, WAL_DIR), opts, observer), metadata)
+
+    # --- consensus.core.Storage -------------------------------------------------------
+
+    def initial_state(self) -> HardState:
+        return self.metadata.hard_state()
+
+    def last_index(self) -> int:
+        return self.log.last_index()
+
+    def term(self, index: int) -> int:
+        if index == 0:
+            return 0  # the empty log's sentinel, whatever was compacted
+        return self.log.term(index)
+
+    def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
+        return self.log.entries(lo, hi, max_size)
+
+    # --- the driver's side ------------------------------------------------------------
+
+    def voters(self) -> tuple[str, ...]:
+        return self.metadata.state.voters
+
+    def save_hard_state(self, hard_state: HardState) -> None:
+        """Durable on return; do it before the Ready's entries are reported persisted."""
+        self.metadata.save_hard_state(hard_state)
+
+    def save_metadata(self, state: PersistentState) -> None:
+        self.metadata.save(state)
+
+    def append_async(self, entries: Sequence[Entry], callback: AppendCallback) -> None:
+        self.log.append_async(entries, callback)
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        self.log.append(entries)
+
+    def close(self) -> None:
+        self.log.close()
+
+    def __enter__(self) -> LogStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

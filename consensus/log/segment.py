@@ -1,0 +1,272 @@
+"""Segment files: format, the verifying reader, and the writer.
+
+A segment is ``header | record*``.
+
+- header (24 bytes): magic ``b"RLTWAL\\r\\n"`` | version (u32 LE) | sequence (u64 LE) |
+  crc32c of the preceding 20 bytes (u32 LE).  The sequence must match the file name.
+- record: ``length (u32 LE) | crc32c(payload) (u32 LE) | payload``, payload a serialized
+  ``EntryBatchPB`` with at least one entry.
+
+Records are only ever appended; a batch that rewrites a suffix of the log is just a later
+record whose first index is at or below the last one (replay lets it win).
+
+``scan_segment`` is pure (bytes in, records out) so the fuzz tests can drive it directly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+import crc32c
+
+from consensus.log.codec import FRAME, MAX_RECORD_BYTES, decode_batch
+from consensus.log.errors import LogCorruptionError
+
+__all__ = [
+    "HEADER_SIZE",
+    "MAGIC",
+    "VERSION",
+    "ScannedRecord",
+    "SegmentScan",
+    "SegmentWriter",
+    "encode_header",
+    "parse_segment_name",
+    "read_record",
+    "scan_segment",
+    "segment_name",
+]
+
+MAGIC = b"RLTWAL\r\n"  # \r\n: a text-mode copy that mangles line ends is caught at once
+VERSION = 1
+_HEADER = struct.Struct("<8sIQ")
+_HEADER_CRC = struct.Struct("<I")
+HEADER_SIZE = _HEADER.size + _HEADER_CRC.size
+_NAME = re.compile(r"^wal-(\d{16})\.seg$")
+# Every record we write starts with the EntryBatchPB tag of field 1 (entries, length
+# delimited): a cheap filter before paying for a CRC while searching for a valid record.
+_BATCH_TAG = 0x0A
+_ENTRY_TERM_TAG = 0x08
+
+
+def segment_name(sequence: int) -> str:
+    # Zero-padded so names sort as sequence numbers do.
+    return f"wal-{sequence:016d}.seg"
+
+
+def parse_segment_name(name: str) -> int | None:
+    m = _NAME.match(name)
+    return int(m.group(1)) if m else None
+
+
+def encode_header(sequence: int) -> bytes:
+    head = _HEADER.pack(MAGIC, VERSION, sequence)
+    return head + _HEADER_CRC.pack(crc32c.crc32c(head))
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    offset: int  # of the frame (its length field)
+    length: int  # of the payload
+    first_index: int
+    terms: tuple[int, ...]  # of the entries, in index order
+
+    @property
+    def frame_size(self) -> int:
+        return FRAME.size + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    """What a segment holds.  ``torn_offset`` is set when the last segment ended in a torn
+    record: everything from there on must be cut off (``valid_end == torn_offset``).
+    ``header_torn`` means the file is too short even for its header (a crash while the
+    segment was being created), so it holds nothing."""
+
+    sequence: int
+    records: list[ScannedRecord]
+    valid_end: int
+    torn_offset: int | None = None
+    torn_reason: str = ""
+    header_torn: bool = False
+
+
+def scan_segment(
+    data: bytes, path: str, *, is_last: bool, expected_sequence: int | None = None
+) -> SegmentScan:
+    """Verify every record of a segment image.
+
+    A bad record in the last segment with no valid record anywhere after it is a torn write
+    (reported in the result); any other damage raises LogCorruptionError naming ``path`` and
+    the offset.
+    """
+    if len(data) < HEADER_SIZE:
+        if is_last:
+            return SegmentScan(
+                sequence=expected_sequence or 0,
+                records=[],
+                valid_end=0,
+                torn_offset=0,
+                torn_reason=f"header incomplete ({len(data)} of {HEADER_SIZE} bytes)",
+                header_torn=True,
+            )
+        raise LogCorruptionError(path, 0, f"header incomplete ({len(data)} bytes)")
+    magic, version, sequence = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise LogCorruptionError(path, 0, f"bad magic {magic!r}")
+    (header_crc,) = _HEADER_CRC.unpack_from(data, _HEADER.size)
+    if crc32c.crc32c(data[: _HEADER.size]) != header_crc:
+        raise LogCorruptionError(path, 0, "header checksum mismatch")
+    if version != VERSION:
+        raise LogCorruptionError(path, 8, f"unsupported segment version {version}")
+    if expected_sequence is not None and sequence != expected_sequence:
+        raise LogCorruptionError(
+            path, 12, f"header says sequence {sequence}, file name says {expected_sequence}"
+        )
+
+    records: list[ScannedRecord] = []
+    off = HEADER_SIZE
+    end = len(data)
+    while off < end:
+        reason = _frame_problem(data, off)
+        if reason is not None:
+            if not is_last:
+                raise LogCorruptionError(path, off, reason)
+            after = find_valid_record(data, off + 1)
+            if after is not None:
+                raise LogCorruptionError(
+                    path, off, f"{reason}, yet a valid record follows at offset {after}"
+                )
+            return SegmentScan(sequence, records, off, off, reason)
+        length, _ = FRAME.unpack_from(data, off)
+        payload = data[off + FRAME.size : off + FRAME.size + length]
+        try:
+            batch = decode_batch(payload)
+        except ValueError as exc:
+            # The CRC matched, so this is what was written: a bug or a foreign file, never a
+            # torn write; refuse to guess.
+            raise LogCorruptionError(path, off, str(exc)) from None
+        es = batch.entries
+        records.append(ScannedRecord(off, length, es[0].index, tuple(e.term for e in es)))
+        off += FRAME.size + length
+    return SegmentScan(sequence, records, off)
+
+
+def _frame_problem(data: bytes, off: int) -> str | None:
+    """Why the frame at ``off`` is not a whole, intact record (None if it is)."""
+    if len(data) - off < FRAME.size:
+        return f"record header incomplete ({len(data) - off} bytes)"
+    length, crc = FRAME.unpack_from(data, off)
+    if length == 0 or length > MAX_RECORD_BYTES:
+        return f"impossible record length {length}"
+    if off + FRAME.size + length > len(data):
+        return f"record payload incomplete ({len(data) - off - FRAME.size} of {length} bytes)"
+    if crc32c.crc32c(data[off + FRAME.size : off + FRAME.size + length]) != crc:
+        return "record checksum mismatch"
+    return None
+
+
+def find_valid_record(data: bytes, start: int) -> int | None:
+    """Offset of the first position at or after ``start`` where an intact record begins.
+
+    Only positions whose payload starts like an EntryBatchPB we write are CRC-checked,
+    which keeps this cheap on garbage and on zero-filled tails.
+    """
+    tag = bytes([_BATCH_TAG])
+    pos = data.find(tag, start + FRAME.size)
+    while pos != -1:
+        off = pos - FRAME.size
+        if _looks_like_batch(data, pos) and _frame_problem(data, off) is None:
+            return off
+        pos = data.find(tag, pos + 1)
+    return None
+
+
+def _looks_like_batch(data: bytes, pos: int) -> bool:
+    # tag 0x0A, varint length of the first EntryPB, then its term tag 0x08 (term >= 1).
+    i = pos + 1
+    for _ in range(5):
+        if i >= len(data):
+            return False
+        b = data[i]
+        i += 1
+        if not b & 0x80:
+            return i < len(data) and data[i] == _ENTRY_TERM_TAG
+    return False
+
+
+def read_record(fd: int, path: str, offset: int, frame_size: int) -> bytes:
+    """The payload of the record at ``offset``, re-verified (the disk may have changed)."""
+    buf = os.pread(fd, frame_size, offset)
+    if len(buf) < frame_size:
+        raise LogCorruptionError(path, offset, f"short read ({len(buf)} of {frame_size} bytes)")
+    length, crc = FRAME.unpack_from(buf, 0)
+    if length != frame_size - FRAME.size:
+        raise LogCorruptionError(path, offset, f"record length {length} changed on disk")
+    payload = buf[FRAME.size :]
+    if crc32c.crc32c(payload) != crc:
+        raise LogCorruptionError(path, offset, "record checksum mismatch on read")
+    return payload
+
+
+class SegmentWriter:
+    """The write end of the active segment; used only by the appender thread (and by open)."""
+
+    def __init__(self, path: str, sequence: int, fd: int, size: int) -> None:
+        self.path = path
+        self.sequence = sequence
+        self.size = size
+        self._fd = fd
+
+    @classmethod
+    def create(cls, directory: str, sequence: int, *, sync: bool) -> SegmentWriter:
+        path = os.path.join(directory, segment_name(sequence))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            writer = cls(path, sequence, fd, 0)
+            writer.write(encode_header(sequence))
+            if sync:
+                os.fdatasync(fd)
+                fsync_dir(directory)  # the new name must survive a crash too
+        except BaseException:
+            os.close(fd)
+            raise
+        return writer
+
+    @classmethod
+    def reopen(cls, path: str, sequence: int, valid_end: int, *, sync: bool) -> SegmentWriter:
+        """Continue the last segment after its last intact record, cutting off a torn tail."""
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_size != valid_end:
+                os.ftruncate(fd, valid_end)
+                if sync:
+                    os.fsync(fd)  # the size is metadata: fdatasync alone may not keep it
+            os.lseek(fd, valid_end, os.SEEK_SET)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, sequence, fd, valid_end)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        self.size += len(data)
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,212 @@
+"""Row operations: decoding ``RowOperationPB`` into typed operations with per-row errors,
+encoding them on the client, and the ``RowPB`` cells of scan results.
+
+A bad row never fails the whole request: ``decode_row_ops`` returns the good rows and one
+``RowError`` (with a ``RowErrorPB`` code) per bad row, as Kudu does. The same validation runs
+on the client (``encode_row_op``) so most mistakes are caught before a round trip.
+
+Decoding rules, checked in this order; a row reports only its first error:
+
+1. the op type is one of INSERT, UPSERT, UPDATE, DELETE (else INVALID_ROW);
+2. per cell: the column exists (UNKNOWN_COLUMN), appears once (INVALID_ROW), the value fits
+   the type (TYPE_MISMATCH), and is not NULL in a non-nullable column (NULL_NOT_ALLOWED).
+   A cell whose ValuePB has no member set means "not given" and is ignored;
+3. every key column is given (MISSING_KEY_COLUMN);
+4. DELETE gives only key columns; UPDATE gives at least one non-key column (INVALID_ROW);
+5. INSERT and UPSERT give every non-nullable column (NULL_NOT_ALLOWED): there are no column
+   defaults, and an UPSERT may turn out to be an insert.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from proto import tablet_pb2
+from schema.schema import Schema
+from schema.types import TypeMismatch, Value, value_from_pb, value_to_pb
+
+__all__ = [
+    "ErrorCode",
+    "OpType",
+    "RowError",
+    "RowOp",
+    "RowOpError",
+    "decode_row_op",
+    "decode_row_ops",
+    "encode_row_op",
+    "row_from_pb",
+    "row_to_pb",
+]
+
+ErrorCode = tablet_pb2.RowErrorPB.Code
+_Op = tablet_pb2.RowOperationPB
+
+
+class OpType(enum.IntEnum):
+    """The numbers are those of ``RowOperationPB.OpType``."""
+
+    INSERT = _Op.INSERT
+    UPSERT = _Op.UPSERT
+    UPDATE = _Op.UPDATE
+    DELETE = _Op.DELETE
+
+
+class RowOpError(ValueError):
+    """One row is invalid; ``code`` is a ``RowErrorPB.Code``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """A per-row failure: ``row_index`` is the row's position in its request's ``ops``."""
+
+    row_index: int
+    code: int
+    message: str
+
+    def to_pb(self) -> tablet_pb2.RowErrorPB:
+        return tablet_pb2.RowErrorPB(
+            row_index=self.row_index,
+            code=cast(tablet_pb2.RowErrorPB.Code, self.code),
+            message=self.message,
+        )
+
+    @property
+    def code_name(self) -> str:
+        return ErrorCode.Name(self.code)
+
+
+@dataclass(frozen=True, slots=True)
+class RowOp:
+    """A validated row operation.
+
+    ``key`` holds the key column values in key order (normalized, never None); ``values``
+    the given non-key columns in schema order (None is SQL NULL); ``row_index`` the row's
+    position in the request, so results can point back at it.
+    """
+
+    type: OpType
+    key: tuple[Value, ...]
+    values: Mapping[str, Value] = field(default_factory=dict)
+    row_index: int = 0
+
+
+def decode_row_op(schema: Schema, pb: tablet_pb2.RowOperationPB, row_index: int = 0) -> RowOp:
+    """Decode and validate one row; raises ``RowOpError`` (see the module docstring)."""
+    try:
+        op_type = OpType(pb.type)
+    except ValueError:
+        raise RowOpError(ErrorCode.INVALID_ROW, f"unknown operation type {pb.type}") from None
+    given: dict[int, Value] = {}
+    for cell in pb.cells:
+        if not schema.has_column(cell.column):
+            raise RowOpError(ErrorCode.UNKNOWN_COLUMN, f"unknown column {cell.column!r}")
+        idx = schema.index_of(cell.column)
+        if idx in given:
+            raise RowOpError(ErrorCode.INVALID_ROW, f"column {cell.column!r} given twice")
+        if not cell.HasField("value") or cell.value.WhichOneof("value") is None:
+            continue
+        col = schema.columns[idx]
+        try:
+            value = value_from_pb(col.type, cell.value)
+        except TypeMismatch as e:
+            raise RowOpError(ErrorCode.TYPE_MISMATCH, f"column {col.name!r}: {e}") from None
+        if value is None and not col.nullable:
+            raise RowOpError(ErrorCode.NULL_NOT_ALLOWED, f"column {col.name!r} is not nullable")
+        given[idx] = value
+    return _build(schema, op_type, given, row_index)
+
+
+def _build(schema: Schema, op_type: OpType, given: Mapping[int, Value], row_index: int) -> RowOp:
+    nkeys = schema.num_key_columns
+    for i in range(nkeys):
+        if i not in given:
+            raise RowOpError(
+                ErrorCode.MISSING_KEY_COLUMN,
+                f"key column {schema.columns[i].name!r} not given",
+            )
+    non_key = sorted(i for i in given if i >= nkeys)
+    if op_type is OpType.DELETE and non_key:
+        raise RowOpError(
+            ErrorCode.INVALID_ROW,
+            f"DELETE takes only key columns, got {schema.columns[non_key[0]].name!r}",
+        )
+    if op_type is OpType.UPDATE and not non_key:
+        raise RowOpError(ErrorCode.INVALID_ROW, "UPDATE changes no column (only the key given)")
+    if op_type in (OpType.INSERT, OpType.UPSERT):
+        for i in range(nkeys, len(schema.columns)):
+            col = schema.columns[i]
+            if i not in given and not col.nullable:
+                raise RowOpError(
+                    ErrorCode.NULL_NOT_ALLOWED,
+                    f"{op_type.name} gives no value for non-nullable column {col.name!r}",
+                )
+    return RowOp(
+        type=op_type,
+        key=tuple(given[i] for i in range(nkeys)),
+        values={schema.columns[i].name: given[i] for i in non_key},
+        row_index=row_index,
+    )
+
+
+def decode_row_ops(
+    schema: Schema, ops: Iterable[tablet_pb2.RowOperationPB]
+) -> tuple[list[RowOp], list[RowError]]:
+    """Decode a request's rows: the valid ones (each with its ``row_index``) and the errors."""
+    good: list[RowOp] = []
+    errors: list[RowError] = []
+    for i, pb in enumerate(ops):
+        try:
+            good.append(decode_row_op(schema, pb, i))
+        except RowOpError as e:
+            errors.append(RowError(i, e.code, e.message))
+    return good, errors
+
+
+def encode_row_op(
+    schema: Schema, op_type: OpType | int, row: Mapping[str, object]
+) -> tablet_pb2.RowOperationPB:
+    """Build the ``RowOperationPB`` for ``row`` (column name → Python value; None is NULL).
+
+    Validates exactly as the server will and raises ``RowOpError`` on the first problem, so
+    a client learns of a bad row without a round trip.
+    """
+    pb = tablet_pb2.RowOperationPB(type=cast(_Op.OpType, int(op_type)))
+    for name, value in row.items():
+        cell = pb.cells.add(column=name)
+        if not schema.has_column(name):
+            raise RowOpError(ErrorCode.UNKNOWN_COLUMN, f"unknown column {name!r}")
+        col = schema.column(name)
+        try:
+            value_to_pb(col.type, value, cell.value)
+        except TypeMismatch as e:
+            raise RowOpError(ErrorCode.TYPE_MISMATCH, f"column {name!r}: {e}") from None
+    decode_row_op(schema, pb)
+    return pb
+
+
+def row_to_pb(schema: Schema, columns: Sequence[str], row: Sequence[object]) -> tablet_pb2.RowPB:
+    """A scan result row: ``row[i]`` is the value of column ``columns[i]``."""
+    if len(columns) != len(row):
+        raise ValueError(f"{len(columns)} columns but {len(row)} values")
+    pb = tablet_pb2.RowPB()
+    for name, value in zip(columns, row, strict=True):
+        value_to_pb(schema.column(name).type, value, pb.values.add())
+    return pb
+
+
+def row_from_pb(schema: Schema, columns: Sequence[str], pb: tablet_pb2.RowPB) -> tuple[Value, ...]:
+    """Inverse of ``row_to_pb``; raises ``TypeMismatch`` on a value of the wrong type."""
+    if len(pb.values) != len(columns):
+        raise ValueError(f"{len(columns)} columns but {len(pb.values)} values")
+    return tuple(
+        value_from_pb(schema.column(name).type, v)
+        for name, v in zip(columns, pb.values, strict=True)
+    )

@@ -1,0 +1,149 @@
+"""Table schemas: the columns, their types, and which of them form the primary key."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import cast
+
+from proto import tablet_pb2
+from schema.types import DataType
+
+__all__ = ["MAX_COLUMN_NAME_LENGTH", "ColumnSchema", "Schema", "SchemaError"]
+
+MAX_COLUMN_NAME_LENGTH = 128
+# ASCII only: names become quoted SQL identifiers and travel in every CellPB, and a
+# Unicode-normalization mismatch between two clients would be a silent "unknown column".
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class SchemaError(ValueError):
+    """A schema (or a column of it) is invalid, or a name does not resolve in it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnSchema:
+    name: str
+    type: DataType
+    nullable: bool = False
+    is_key: bool = False
+
+    def to_pb(self) -> tablet_pb2.ColumnSchemaPB:
+        return tablet_pb2.ColumnSchemaPB(
+            name=self.name,
+            type=cast(tablet_pb2.DataType, int(self.type)),
+            nullable=self.nullable,
+            is_key=self.is_key,
+        )
+
+    @classmethod
+    def from_pb(cls, pb: tablet_pb2.ColumnSchemaPB) -> ColumnSchema:
+        try:
+            dtype = DataType(pb.type)
+        except ValueError:
+            raise SchemaError(f"column {pb.name!r}: unknown data type {pb.type}") from None
+        return cls(pb.name, dtype, pb.nullable, pb.is_key)
+
+
+class Schema:
+    """An immutable, validated list of columns; key columns first, in primary-key order.
+
+    Invariants (checked by the constructor, which raises ``SchemaError``): at least one key
+    column; key columns form a prefix and are not nullable; every name is an ASCII identifier
+    of at most ``MAX_COLUMN_NAME_LENGTH`` characters; names are unique ignoring case (SQL
+    identifiers are case-insensitive, so "Id" and "id" would be one column in the store).
+    """
+
+    __slots__ = ("_by_name", "columns", "key_columns")
+
+    def __init__(self, columns: Iterable[ColumnSchema]) -> None:
+        cols = tuple(columns)
+        if not cols:
+            raise SchemaError("a schema needs at least one column")
+        seen: dict[str, str] = {}
+        for i, col in enumerate(cols):
+            if not isinstance(col, ColumnSchema):
+                raise SchemaError(f"column {i} is a {type(col).__name__}, not a ColumnSchema")
+            if not isinstance(col.name, str) or not _IDENTIFIER.match(col.name):
+                raise SchemaError(
+                    f"column {i}: name {col.name!r} is not an identifier "
+                    "(ASCII letters, digits and '_', not starting with a digit)"
+                )
+            if len(col.name) > MAX_COLUMN_NAME_LENGTH:
+                raise SchemaError(
+                    f"column {col.name!r}: name longer than {MAX_COLUMN_NAME_LENGTH} characters"
+                )
+            folded = col.name.lower()
+            if folded in seen:
+                raise SchemaError(
+                    f"duplicate column name {col.name!r} (clashes with {seen[folded]!r}; "
+                    "names are compared ignoring case)"
+                )
+            seen[folded] = col.name
+            if not isinstance(col.type, DataType):
+                raise SchemaError(f"column {col.name!r}: unknown data type {col.type!r}")
+            if col.is_key and col.nullable:
+                raise SchemaError(f"key column {col.name!r} cannot be nullable")
+        num_keys = sum(1 for c in cols if c.is_key)
+        if num_keys == 0:
+            raise SchemaError("a schema needs at least one key column")
+        if not all(c.is_key for c in cols[:num_keys]):
+            first_value = next(c.name for c in cols if not c.is_key)
+            raise SchemaError(
+                f"key columns must come first: non-key column {first_value!r} precedes a key column"
+            )
+        self.columns: tuple[ColumnSchema, ...] = cols
+        self.key_columns: tuple[ColumnSchema, ...] = cols[:num_keys]
+        self._by_name: dict[str, int] = {c.name: i for i, c in enumerate(cols)}
+
+    @classmethod
+    def from_pb(cls, pb: tablet_pb2.SchemaPB) -> Schema:
+        return cls(ColumnSchema.from_pb(c) for c in pb.columns)
+
+    def to_pb(self) -> tablet_pb2.SchemaPB:
+        return tablet_pb2.SchemaPB(columns=[c.to_pb() for c in self.columns])
+
+    @property
+    def num_key_columns(self) -> int:
+        return len(self.key_columns)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def has_column(self, name: str) -> bool:
+        return name in self._by_name
+
+    def index_of(self, name: str) -> int:
+        """Position of the column ``name`` (exact, case-sensitive match); SchemaError if absent."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise SchemaError(f"unknown column {name!r}") from None
+
+    def column(self, name: str) -> ColumnSchema:
+        return self.columns[self.index_of(name)]
+
+    def __iter__(self) -> Iterator[ColumnSchema]:
+        return iter(self.columns)
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and self.columns == other.columns
+
+    def __hash__(self) -> int:
+        return hash(self.columns)
+
+    def __repr__(self) -> str:
+        return f"Schema({self.describe()})"
+
+    def describe(self) -> str:
+        """One line for error messages, e.g. ``id INT64 KEY, v STRING NULL``."""
+        parts = []
+        for c in self.columns:
+            flags = " KEY" if c.is_key else (" NULL" if c.nullable else " NOT NULL")
+            parts.append(f"{c.name} {c.type.name}{flags}")
+        return ", ".join(parts)

@@ -1,0 +1,103 @@
+"""Scan predicates: validation against the schema and the PredicatePB round trip."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from proto import tablet_pb2
+from schema.predicates import MAX_IN_LIST, Predicate, PredicateError, PredicateKind
+from schema.schema import ColumnSchema, Schema
+from schema.types import DataType
+
+S = Schema(
+    [
+        ColumnSchema("id", DataType.INT16, is_key=True),
+        ColumnSchema("f", DataType.FLOAT, nullable=True),
+        ColumnSchema("s", DataType.STRING, nullable=True),
+        ColumnSchema("t", DataType.UNIXTIME_MICROS, nullable=True),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "pred",
+    [
+        Predicate.equals("id", 3),
+        Predicate.equals("s", "ü"),
+        Predicate.range("id", 1, 5),
+        Predicate.range("id", 1, 5, lower_inclusive=False, upper_inclusive=True),
+        Predicate.range("id", lower=1),
+        Predicate.range("id", upper=1, upper_inclusive=True),
+        Predicate.in_list("s", ["a", "b"]),
+        Predicate.in_list("id", []),
+        Predicate.is_null("f"),
+        Predicate.is_not_null("f"),
+    ],
+    ids=repr,
+)
+def test_pb_round_trip(pred: Predicate) -> None:
+    wire = pred.to_pb(S).SerializeToString()
+    back = Predicate.from_pb(S, tablet_pb2.PredicatePB.FromString(wire))
+    assert back == pred.validate(S)
+
+
+def test_validate_normalizes_values() -> None:
+    p = Predicate.equals("f", 0.1).validate(S)
+    assert p.values[0] != 0.1  # rounded to float32, like the stored values
+    when = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    r = Predicate.range("t", lower=when).validate(S)  # type: ignore[arg-type]
+    assert r.lower == 1577836800000000
+    assert r.kind is PredicateKind.RANGE
+
+
+@pytest.mark.parametrize(
+    ("pred", "message"),
+    [
+        (Predicate.equals("nope", 1), "unknown column 'nope'"),
+        (Predicate.equals("id", "1"), "'id': value: INT16 needs an int, got str"),
+        (Predicate.equals("id", 1 << 20), "out of range for INT16"),
+        (Predicate.equals("id", None), "NULL.*use IS NULL"),
+        (Predicate.in_list("s", ["a", None]), "IN-list value is NULL"),
+        (Predicate.in_list("s", ["a", 1]), "IN-list value: STRING needs a str"),
+        (Predicate.in_list("id", range(MAX_IN_LIST + 1)), "at most"),
+        (Predicate.range("id"), "RANGE needs a lower or an upper bound"),
+        (Predicate.range("id", 1, "x"), "upper bound: INT16 needs an int"),
+        (Predicate("id", PredicateKind.EQUALS, values=(1, 2)), "EQUALS takes one value"),
+    ],
+)
+def test_invalid_predicates(pred: Predicate, message: str) -> None:
+    with pytest.raises(PredicateError, match=message):
+        pred.validate(S)
+
+
+@pytest.mark.parametrize(
+    ("pb", "message"),
+    [
+        (tablet_pb2.PredicatePB(column="id"), "no predicate kind set"),
+        (tablet_pb2.PredicatePB(column="x", is_null=True), "unknown column 'x'"),
+        (
+            tablet_pb2.PredicatePB(column="id", equals=tablet_pb2.ValuePB(double_value=1.0)),
+            "'id': value: INT16 travels as int_value, got double_value",
+        ),
+        (
+            tablet_pb2.PredicatePB(column="id", equals=tablet_pb2.ValuePB()),
+            "'id': value: no value given",
+        ),
+        (
+            tablet_pb2.PredicatePB(
+                column="id",
+                range=tablet_pb2.PredicatePB.RangePB(lower=tablet_pb2.ValuePB(null_value=True)),
+            ),
+            "lower bound is NULL",
+        ),
+        (
+            tablet_pb2.PredicatePB(column="id", range=tablet_pb2.PredicatePB.RangePB()),
+            "RANGE needs a lower or an upper bound",
+        ),
+    ],
+)
+def test_invalid_predicate_pbs(pb: tablet_pb2.PredicatePB, message: str) -> None:
+    with pytest.raises(PredicateError, match=message):
+        Predicate.from_pb(S, pb)

@@ -1,0 +1,223 @@
+"""TabletStore lifecycle: create, reopen, schema checks, snapshots, durability, threads."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from schema.schema import ColumnSchema, Schema
+from schema.types import DataType
+from tests.unit.store_helpers import SIMPLE, insert
+from tserver.store import (
+    SchemaMismatchError,
+    StoreClosedError,
+    StoreError,
+    TabletStore,
+)
+
+
+def fill(store: TabletStore, first_index: int, count: int, term: int = 1) -> None:
+    store.apply_batch(
+        [
+            (i, term, insert(SIMPLE, {"id": i, "name": f"r{i}"}))
+            for i in range(first_index, first_index + count)
+        ]
+    )
+
+
+def test_create_sets_wal_mode_and_tables(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    with TabletStore.open(path, SIMPLE) as s:
+        assert (s.applied_index(), s.applied_term()) == (0, 0)
+        assert s.count() == 0
+        assert s.scan().rows == []
+        assert s.schema == SIMPLE
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name='tablet_rows'").fetchone()[0]
+    finally:
+        conn.close()
+    assert "WITHOUT ROWID" in ddl
+    assert 'PRIMARY KEY ("id")' in ddl
+    assert '"name" TEXT NOT NULL' in ddl
+    assert '"score" REAL' in ddl
+    assert '"score" REAL NOT NULL' not in ddl
+
+
+def test_reopen_keeps_rows_and_applied_state(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    with TabletStore.open(path, SIMPLE) as s:
+        fill(s, 1, 10, term=3)
+    with TabletStore.open(path, SIMPLE) as s:
+        assert (s.applied_index(), s.applied_term()) == (10, 3)
+        assert s.count() == 10
+        assert s.scan(limit=1).rows == [(1, "r1", None)]
+    # Without a schema, the store's own is used.
+    with TabletStore.open(path) as s:
+        assert s.schema == SIMPLE
+        assert s.count() == 10
+
+
+def test_reopen_after_a_crash_without_close(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    s = TabletStore.open(path, SIMPLE)
+    fill(s, 1, 5)
+    # Simulate a crash: copy the files as they are now, with the WAL not checkpointed.
+    copy = tmp_path / "copy.db"
+    for suffix in ("", "-wal"):
+        src = Path(f"{path}{suffix}")
+        if src.exists():
+            Path(f"{copy}{suffix}").write_bytes(src.read_bytes())
+    s.close()
+    with TabletStore.open(copy, SIMPLE) as c:
+        assert c.applied_index() == 5
+        assert c.count() == 5
+
+
+def test_schema_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    TabletStore.open(path, SIMPLE).close()
+    other = Schema(
+        [
+            ColumnSchema("id", DataType.INT32, is_key=True),
+            ColumnSchema("name", DataType.STRING, nullable=True),
+        ]
+    )
+    with pytest.raises(SchemaMismatchError) as exc:
+        TabletStore.open(path, other)
+    msg = str(exc.value)
+    assert "was created with schema (id INT32 KEY, name STRING NOT NULL" in msg
+    assert "opened with (id INT32 KEY, name STRING NULL)" in msg
+    assert isinstance(exc.value, StoreError)
+
+
+def test_opening_what_is_not_a_store(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database file at all" * 100)
+    with pytest.raises(StoreError, match="cannot open tablet store"):
+        TabletStore.open(garbage, SIMPLE)
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match=r"not a tablet store: it has tables \['t'\]"):
+        TabletStore.open(foreign, SIMPLE)
+    with pytest.raises(StoreError, match=r"no tablet store at .*no schema"):
+        TabletStore.open(tmp_path / "absent.db")
+    with pytest.raises(StoreError, match="cannot open tablet store"):
+        TabletStore.open(tmp_path / "no" / "such" / "dir" / "t.db", SIMPLE)
+
+
+def test_newer_format_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    TabletStore.open(path, SIMPLE).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE raftlet_meta SET value = 99 WHERE key = 'format_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="format version 99, this build reads 1"):
+        TabletStore.open(path, SIMPLE)
+
+
+def test_closed_store_refuses_use_and_close_is_idempotent(tmp_path: Path) -> None:
+    s = TabletStore.open(tmp_path / "t.db", SIMPLE)
+    s.close()
+    s.close()
+    with pytest.raises(StoreClosedError):
+        s.scan()
+    with pytest.raises(StoreClosedError):
+        s.apply_batch([(1, 1, [])])
+    with pytest.raises(StoreClosedError):
+        s.count()
+    with pytest.raises(StoreClosedError):
+        s.snapshot(tmp_path / "snap.db")
+
+
+def test_snapshot_carries_data_and_applied_state(tmp_path: Path) -> None:
+    path, snap = tmp_path / "t.db", tmp_path / "snap" / "s.db"
+    snap.parent.mkdir()
+    with TabletStore.open(path, SIMPLE) as s:
+        fill(s, 1, 20, term=2)
+        assert s.snapshot(snap) == (20, 2)
+        fill(s, 21, 5, term=3)  # after the snapshot: not in it
+        assert s.count() == 25
+    # One self-contained file, nothing left beside it.
+    assert sorted(p.name for p in snap.parent.iterdir()) == ["s.db"]
+    with TabletStore.open(snap, SIMPLE) as copy:
+        assert (copy.applied_index(), copy.applied_term()) == (20, 2)
+        assert copy.count() == 20
+        assert copy.scan().rows == [(i, f"r{i}", None) for i in range(1, 21)]
+        # A restored replica continues from the snapshot's index.
+        fill(copy, 21, 1, term=2)
+        assert copy.applied_index() == 21
+
+
+def test_snapshot_replaces_an_old_one(tmp_path: Path) -> None:
+    snap = tmp_path / "s.db"
+    with TabletStore.open(tmp_path / "t.db", SIMPLE) as s:
+        fill(s, 1, 3)
+        s.snapshot(snap)
+        fill(s, 4, 3)
+        assert s.snapshot(snap) == (6, 1)
+    with TabletStore.open(snap) as copy:
+        assert copy.count() == 6
+
+
+def test_install_snapshot_replaces_the_store(tmp_path: Path) -> None:
+    path, snap = tmp_path / "t.db", tmp_path / "s.db"
+    with TabletStore.open(tmp_path / "leader.db", SIMPLE) as leader:
+        fill(leader, 1, 30)
+        leader.snapshot(snap)
+    with TabletStore.open(path, SIMPLE) as lagging:
+        fill(lagging, 1, 2)
+        lagging.apply_batch([(3, 1, insert(SIMPLE, {"id": 999, "name": "diverged"}))])
+    TabletStore.install_snapshot(snap, path)
+    assert not snap.exists()
+    with TabletStore.open(path, SIMPLE) as s:
+        assert s.applied_index() == 30
+        assert s.count() == 30
+        assert s.scan(["id"], limit=1, resume_key=None).rows == [(1,)]
+    with pytest.raises(StoreError, match="no snapshot file"):
+        TabletStore.install_snapshot(snap, path)
+
+
+def test_flush_returns_the_durable_applied_index(tmp_path: Path) -> None:
+    with TabletStore.open(tmp_path / "t.db", SIMPLE) as s:
+        assert s.flush() == 0
+        fill(s, 1, 4)
+        assert s.flush() == 4
+
+
+def test_concurrent_scans_and_snapshots_see_whole_batches(tmp_path: Path) -> None:
+    # Every entry inserts exactly one row, so a consistent view has count == applied index.
+    entries = 300
+    with TabletStore.open(tmp_path / "t.db", SIMPLE) as s:
+        errors: list[BaseException] = []
+
+        def writer() -> None:
+            try:
+                for start in range(1, entries + 1, 3):
+                    fill(s, start, 3)
+            except BaseException as e:  # surfaced below
+                errors.append(e)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        checks = 0
+        while t.is_alive() or checks < 5:
+            result = s.scan(["id"])
+            assert len(result.rows) == result.applied_index
+            assert result.applied_index % 3 == 0
+            snap = tmp_path / f"snap{checks % 2}.db"
+            index, _ = s.snapshot(snap)
+            with TabletStore.open(snap, SIMPLE) as copy:
+                assert copy.count() == index == copy.applied_index()
+            checks += 1
+        t.join()
+        assert not errors
+        assert s.count() == entries == s.applied_index()

@@ -1,0 +1,26 @@
+"""The per-tablet row store: one SQLite database file per tablet replica.
+
+See ``tablet_store`` for durability and threading; ``sql`` builds every statement from the
+schema; ``errors`` holds what the service boundary maps to a status.
+"""
+
+from tserver.store.errors import InvalidScan, SchemaMismatchError, StoreClosedError, StoreError
+from tserver.store.tablet_store import (
+    FORMAT_VERSION,
+    ApplyEntry,
+    EntryResult,
+    ScanResult,
+    TabletStore,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ApplyEntry",
+    "EntryResult",
+    "InvalidScan",
+    "ScanResult",
+    "SchemaMismatchError",
+    "StoreClosedError",
+    "StoreError",
+    "TabletStore",
+]

@@ -1,0 +1,591 @@
+"""One tablet replica's rows in one SQLite database file.
+
+The file holds two tables: ``tablet_rows`` (the schema's columns, ``PRIMARY KEY(key columns)
+WITHOUT ROWID``, so rows are stored clustered in key order and a scan in key order is a walk
+of the primary-key b-tree) and ``raftlet_meta`` (the schema, the format version, and the
+Raft index and term of the last applied entry).
+
+Durability. The database runs in WAL journal mode with ``synchronous=NORMAL``: a commit is
+atomic and survives a process crash, but a power loss may take back the last few commits.
+That is enough because the Raft log, which *is* fsynced before an entry commits, is the
+source of truth: the applied index is written in the same transaction as the rows it
+describes, so a lost commit also loses its applied index, and recovery replays the log from
+``applied_index() + 1``. The one thing this leaves to the caller: before garbage-collecting
+the Raft log up to index N, make the store durable at or past N (``flush()``) or keep a
+``snapshot()`` at or past N.
+
+Threads. One thread (the tablet's apply worker) calls ``apply_batch``; a lock makes a
+second writer wait rather than corrupt anything, but it is not meant to be contended. Any
+thread may call ``scan``, ``count`` and ``snapshot`` concurrently with it: those use a pool
+of read-only connections, each scan in its own read transaction, which WAL mode lets run
+beside the writer and which sees exactly the state of some committed batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from proto import tablet_pb2
+from schema.keys import KeyDecodeError, decode_key, encode_key
+from schema.predicates import Predicate, PredicateError
+from schema.rows import ErrorCode, OpType, RowError, RowOp, RowOpError, decode_row_op
+from schema.schema import Schema, SchemaError
+from schema.types import Value
+from tserver.store.errors import (
+    InvalidScan,
+    SchemaMismatchError,
+    StoreClosedError,
+    StoreError,
+)
+from tserver.store.sql import META_TABLE, SqlBuilder, from_sql, quote_ident, to_sql
+
+__all__ = ["FORMAT_VERSION", "ApplyEntry", "EntryResult", "ScanResult", "TabletStore"]
+
+FORMAT_VERSION = 1
+# Readers only wait on a writer during WAL recovery or a checkpoint restart: seconds, not ms.
+_BUSY_TIMEOUT_S = 30.0
+_MAX_REPR = 120
+
+StorePath = str | os.PathLike[str]
+AnyOp = RowOp | tablet_pb2.RowOperationPB
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyEntry:
+    """One committed Raft entry to apply. ``ops`` may be empty (a NO_OP still advances the
+    applied index). Decoded ``RowOp``s keep their own ``row_index``; a ``RowOperationPB`` at
+    position i is decoded here and reported as row i."""
+
+    index: int
+    term: int
+    ops: Sequence[AnyOp] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EntryResult:
+    """What applying one entry did. ``skipped``: it was at or below the applied index
+    already (a replay), so nothing was done and there are no row results."""
+
+    index: int
+    term: int
+    skipped: bool
+    row_errors: tuple[RowError, ...] = ()
+    rows_applied: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """``rows[i][j]`` is the value of ``columns[j]``; rows are in primary-key order.
+
+    ``resume_key`` is set when ``limit`` cut the result short and more rows match: pass it
+    back to continue strictly after the last row returned. ``applied_index`` is the Raft
+    index of the state the rows were read from.
+    """
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Value, ...]]
+    resume_key: bytes | None
+    applied_index: int
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
+
+
+def _fsync_path(path: Path, *, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class TabletStore:
+    """The row store of one tablet replica. Create or open with ``TabletStore.open``."""
+
+    def __init__(
+        self,
+        path: Path,
+        schema: Schema,
+        writer: sqlite3.Connection,
+        applied_index: int,
+        applied_term: int,
+    ) -> None:
+        """Internal: use ``open``."""
+        self.path = path
+        self.schema = schema
+        self._sql = SqlBuilder(schema)
+        self._writer = writer
+        self._write_lock = threading.Lock()
+        # Written only after a commit, by the writer; a plain attribute read elsewhere.
+        self._applied = (applied_index, applied_term)
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        self._reader_uri = path.absolute().as_uri() + "?mode=ro"
+
+    # --- open / close ---------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: StorePath, schema: Schema | None = None) -> TabletStore:
+        """Open the store at ``path``, creating it (with ``schema``) if the file is absent or
+        empty. An existing store must have been created with an equal schema
+        (``SchemaMismatchError`` otherwise); ``schema=None`` opens it with its own.
+        """
+        p = Path(path)
+        existed = p.exists()
+        try:
+            conn = sqlite3.connect(
+                p, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
+            )
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open tablet store {p}: {e}") from e
+        try:
+            stored_schema, applied_index, applied_term = cls._init_db(conn, p, schema)
+        except BaseException:
+            conn.close()
+            raise
+        if not existed:
+            _fsync_path(p.parent, directory=True)
+        return cls(p, stored_schema, conn, applied_index, applied_term)
+
+    @staticmethod
+    def _init_db(
+        conn: sqlite3.Connection, path: Path, schema: Schema | None
+    ) -> tuple[Schema, int, int]:
+        meta = quote_ident(META_TABLE)
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            if str(mode).lower() != "wal":
+                raise StoreError(f"tablet store {path}: cannot use WAL journal mode (got {mode})")
+            # See the module docstring: the Raft log, not this file, carries durability.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                tables = {
+                    row[0]
+                    for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                }
+                if META_TABLE not in tables:
+                    if tables:
+                        raise StoreError(
+                            f"{path} is not a tablet store: it has tables "
+                            f"{sorted(tables)} but no {META_TABLE}"
+                        )
+                    if schema is None:
+                        raise StoreError(f"no tablet store at {path}, and no schema to create one")
+                    conn.execute(SqlBuilder(schema).create_table())
+                    conn.execute(
+                        f"CREATE TABLE {meta} (key TEXT PRIMARY KEY NOT NULL, value NOT NULL)"
+                        " WITHOUT ROWID"
+                    )
+                    conn.executemany(
+                        f"INSERT INTO {meta} (key, value) VALUES (?, ?)",
+                        [
+                            ("format_version", FORMAT_VERSION),
+                            ("schema", schema.to_pb().SerializeToString()),
+                            ("applied_index", 0),
+                            ("applied_term", 0),
+                        ],
+                    )
+                    result = (schema, 0, 0)
+                else:
+                    result = TabletStore._read_meta(conn, path, schema)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.rollback()
+                raise
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open tablet store {path}: {e}") from e
+        return result
+
+    @staticmethod
+    def _read_meta(
+        conn: sqlite3.Connection, path: Path, schema: Schema | None
+    ) -> tuple[Schema, int, int]:
+        rows = dict(conn.execute(f"SELECT key, value FROM {quote_ident(META_TABLE)}").fetchall())
+        missing = {"format_version", "schema", "applied_index", "applied_term"} - rows.keys()
+        if missing:
+            raise StoreError(f"tablet store {path}: metadata lacks {sorted(missing)}")
+        if rows["format_version"] != FORMAT_VERSION:
+            raise StoreError(
+                f"tablet store {path}: format version {rows['format_version']!r}, "
+                f"this build reads {FORMAT_VERSION}"
+            )
+        try:
+            stored = Schema.from_pb(tablet_pb2.SchemaPB.FromString(rows["schema"]))
+        except (SchemaError, TypeError, ValueError) as e:
+            raise StoreError(f"tablet store {path}: stored schema is unreadable: {e}") from e
+        if schema is not None and schema != stored:
+            raise SchemaMismatchError(
+                f"tablet store {path} was created with schema ({stored.describe()}) "
+                f"but is opened with ({schema.describe()})"
+            )
+        return stored, int(rows["applied_index"]), int(rows["applied_term"])
+
+    def close(self) -> None:
+        """Close every connection. Idempotent; readers in use close when their scan ends."""
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            with self._readers_lock:
+                idle, self._readers = self._readers, []
+            for conn in idle:
+                conn.close()
+            self._writer.close()
+
+    def __enter__(self) -> TabletStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"tablet store {self.path} is closed")
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        self._check_open()
+        with self._readers_lock:
+            conn = self._readers.pop() if self._readers else None
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self._reader_uri,
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    timeout=_BUSY_TIMEOUT_S,
+                )
+            except sqlite3.Error as e:
+                raise StoreError(f"tablet store {self.path}: cannot open a reader: {e}") from e
+        try:
+            yield conn
+        finally:
+            with self._readers_lock:
+                if not self._closed and not conn.in_transaction:
+                    self._readers.append(conn)
+                    conn = None
+            if conn is not None:
+                conn.close()
+
+    # --- applied state ----------------------------------------------------------------------
+
+    def applied_index(self) -> int:
+        """Raft index of the last entry whose effects are committed in this store (0: none)."""
+        return self._applied[0]
+
+    def applied_term(self) -> int:
+        return self._applied[1]
+
+    # --- writes -------------------------------------------------------------------------
+
+    def apply_batch(
+        self,
+        entries: Iterable[ApplyEntry | tuple[int, int, Sequence[AnyOp]]],
+    ) -> list[EntryResult]:
+        """Apply committed entries in ONE transaction that also records the last one's index
+        and term as applied. Returns one ``EntryResult`` per entry, in order.
+
+        Entries at or below the applied index are skipped (replay after a restart is
+        idempotent). Indexes must increase strictly and terms must not decrease (ValueError,
+        nothing applied). A failed row (KEY_EXISTS on INSERT; KEY_NOT_FOUND on UPDATE or
+        DELETE; a row that does not decode) is reported and the rest of the batch is applied.
+        Any other failure rolls the whole batch back and raises ``StoreError``: the replica
+        must then stop applying, since this store no longer knows what it has.
+        """
+        batch = [e if isinstance(e, ApplyEntry) else ApplyEntry(*e) for e in entries]
+        with self._write_lock:
+            self._check_open()
+            applied_index, applied_term = self._applied
+            last_index, last_term = applied_index, applied_term
+            prev = None
+            for e in batch:
+                if isinstance(e.index, bool) or not isinstance(e.index, int) or e.index < 1:
+                    raise ValueError(f"entry index must be a positive int, got {e.index!r}")
+                if isinstance(e.term, bool) or not isinstance(e.term, int) or e.term < 0:
+                    raise ValueError(f"entry term must be a non-negative int, got {e.term!r}")
+                if prev is not None and e.index <= prev:
+                    raise ValueError(f"entry indexes must increase: {e.index} after {prev}")
+                prev = e.index
+                if e.index > applied_index:
+                    if e.term < last_term:
+                        raise ValueError(
+                            f"entry {e.index} has term {e.term}, below term {last_term} "
+                            f"of entry {last_index}"
+                        )
+                    last_index, last_term = e.index, e.term
+            if last_index == applied_index:
+                return [EntryResult(e.index, e.term, skipped=True) for e in batch]
+
+            results: list[EntryResult] = []
+            cur = self._writer.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+                for e in batch:
+                    if e.index <= applied_index:
+                        results.append(EntryResult(e.index, e.term, skipped=True))
+                    else:
+                        results.append(self._apply_entry(cur, e))
+                cur.executemany(
+                    f"UPDATE {quote_ident(META_TABLE)} SET value = ? WHERE key = ?",
+                    [(last_index, "applied_index"), (last_term, "applied_term")],
+                )
+                cur.execute("COMMIT")
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    if self._writer.in_transaction:
+                        self._writer.rollback()
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(
+                        f"tablet store {self.path}: applying entries up to {last_index} "
+                        f"failed, nothing applied: {exc}"
+                    ) from exc
+                raise
+            finally:
+                cur.close()
+            self._applied = (last_index, last_term)
+            return results
+
+    def _apply_entry(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
+        errors: list[RowError] = []
+        applied = 0
+        for position, op in enumerate(entry.ops):
+            if isinstance(op, RowOp):
+                row = op
+            elif isinstance(op, tablet_pb2.RowOperationPB):
+                try:
+                    row = decode_row_op(self.schema, op, position)
+                except RowOpError as e:
+                    errors.append(RowError(position, e.code, e.message))
+                    continue
+            else:
+                raise TypeError(f"entry {entry.index}: op {position} is a {type(op).__name__}")
+            error = self._apply_op(cur, row)
+            if error is None:
+                applied += 1
+            else:
+                errors.append(error)
+        return EntryResult(entry.index, entry.term, False, tuple(errors), applied)
+
+    def _apply_op(self, cur: sqlite3.Cursor, op: RowOp) -> RowError | None:
+        if len(op.key) != self.schema.num_key_columns:
+            raise ValueError(
+                f"row {op.row_index}: key has {len(op.key)} values, "
+                f"schema has {self.schema.num_key_columns} key columns"
+            )
+        key = [to_sql(v) for v in op.key]
+        columns = tuple(op.values)
+        values = [to_sql(v) for v in op.values.values()]
+        try:
+            if op.type is OpType.INSERT:
+                cur.execute(self._sql.insert(columns), key + values)
+            elif op.type is OpType.UPSERT:
+                cur.execute(self._sql.upsert(columns), key + values)
+            elif op.type is OpType.UPDATE:
+                cur.execute(self._sql.update(columns), values + key)
+                if cur.rowcount == 0:
+                    return RowError(
+                        op.row_index, ErrorCode.KEY_NOT_FOUND, f"key {_short(op.key)} not found"
+                    )
+            elif op.type is OpType.DELETE:
+                cur.execute(self._sql.delete(), key)
+                if cur.rowcount == 0:
+                    return RowError(
+                        op.row_index, ErrorCode.KEY_NOT_FOUND, f"key {_short(op.key)} not found"
+                    )
+            else:
+                raise ValueError(f"row {op.row_index}: unknown op type {op.type!r}")
+        except sqlite3.IntegrityError as e:
+            # A failed statement undoes only itself, so the rest of the batch carries on;
+            # the failure is a function of the row and the state, so every replica agrees.
+            if getattr(e, "sqlite_errorname", "") == "SQLITE_CONSTRAINT_PRIMARYKEY":
+                return RowError(
+                    op.row_index, ErrorCode.KEY_EXISTS, f"key {_short(op.key)} already present"
+                )
+            return RowError(op.row_index, ErrorCode.INVALID_ROW, f"constraint failed: {e}")
+        return None
+
+    # --- reads --------------------------------------------------------------------------
+
+    def scan(
+        self,
+        projection: Sequence[str] | None = None,
+        predicates: Sequence[Predicate | tablet_pb2.PredicatePB] = (),
+        limit: int | None = None,
+        resume_key: bytes | None = None,
+    ) -> ScanResult:
+        """Rows matching all ``predicates`` (ANDed), in primary-key order.
+
+        ``projection``: column names in the order wanted; None or empty means every column
+        in schema order. ``limit``: at most this many rows (None: all). ``resume_key``: from
+        an earlier ``ScanResult``; continue strictly after that key (None or b"": from the
+        start). Raises ``InvalidScan`` for an unknown column, a mistyped predicate value, a
+        bad limit or a resume key that is not a key of this schema.
+        """
+        columns = self._resolve_projection(projection)
+        preds = [self._resolve_predicate(p) for p in predicates]
+        bad_limit = isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        if limit is not None and bad_limit:
+            raise InvalidScan(f"limit must be a positive int or None, got {limit!r}")
+        resume: tuple[Value, ...] | None = None
+        if resume_key:
+            try:
+                resume = decode_key(self.schema, resume_key)
+            except KeyDecodeError as e:
+                raise InvalidScan(f"bad resume key: {e}") from None
+        sql, params = self._sql.select(
+            columns, preds, resume=resume is not None, limit=limit is not None
+        )
+        if resume is not None:
+            params.extend(to_sql(v) for v in resume)
+        if limit is not None:
+            # One more than asked, to know whether to hand out a resume key.
+            params.append(limit + 1)
+        try:
+            with self._reader() as conn:
+                conn.execute("BEGIN")
+                try:
+                    applied_index = self._read_applied_index(conn)
+                    raw = conn.execute(sql, params).fetchall()
+                finally:
+                    conn.rollback()
+        except sqlite3.Error as e:
+            raise StoreError(f"tablet store {self.path}: scan failed: {e}") from e
+        more = limit is not None and len(raw) > limit
+        if more:
+            del raw[limit:]
+        nkeys = self.schema.num_key_columns
+        key_types = [c.type for c in self.schema.key_columns]
+        types = [self.schema.column(c).type for c in columns]
+        rows = [tuple(from_sql(t, v) for t, v in zip(types, r[nkeys:], strict=True)) for r in raw]
+        next_key = None
+        if more and raw:
+            last_key = [from_sql(t, v) for t, v in zip(key_types, raw[-1][:nkeys], strict=True)]
+            next_key = encode_key(self.schema, last_key)
+        return ScanResult(tuple(columns), rows, next_key, applied_index)
+
+    def _resolve_projection(self, projection: Sequence[str] | None) -> list[str]:
+        if not projection:
+            return list(self.schema.column_names)
+        if isinstance(projection, str):
+            raise InvalidScan("projection is a sequence of column names, not one string")
+        seen: set[str] = set()
+        for name in projection:
+            if not isinstance(name, str) or not self.schema.has_column(name):
+                raise InvalidScan(f"projection names unknown column {name!r}")
+            if name in seen:
+                raise InvalidScan(f"projection names column {name!r} twice")
+            seen.add(name)
+        return list(projection)
+
+    def _resolve_predicate(self, p: Predicate | tablet_pb2.PredicatePB) -> Predicate:
+        try:
+            if isinstance(p, tablet_pb2.PredicatePB):
+                return Predicate.from_pb(self.schema, p)
+            if isinstance(p, Predicate):
+                return p.validate(self.schema)
+        except PredicateError as e:
+            raise InvalidScan(str(e)) from None
+        raise InvalidScan(f"a predicate is a Predicate or PredicatePB, got {type(p).__name__}")
+
+    @staticmethod
+    def _read_applied_index(conn: sqlite3.Connection) -> int:
+        row = conn.execute(
+            f"SELECT value FROM {quote_ident(META_TABLE)} WHERE key = 'applied_index'"
+        ).fetchone()
+        return int(row[0])
+
+    def count(self) -> int:
+        """Number of rows (a full scan of the key b-tree: for tests and tools)."""
+        try:
+            with self._reader() as conn:
+                (n,) = conn.execute(self._sql.count()).fetchone()
+        except sqlite3.Error as e:
+            raise StoreError(f"tablet store {self.path}: count failed: {e}") from e
+        return int(n)
+
+    # --- snapshots and durability ------------------------------------------------------------
+
+    def snapshot(self, dest_path: StorePath) -> tuple[int, int]:
+        """Write a consistent copy of the store to ``dest_path`` (replaced if present) and
+        return the (applied index, applied term) it contains.
+
+        The copy is made with the SQLite backup API in a single step, i.e. inside one read
+        transaction, so it is exactly the state after some applied batch, taken without
+        blocking the writer. It is one self-contained file (rollback journal, no -wal), is
+        fsynced, and appears under ``dest_path`` atomically (written aside, then renamed), so
+        a crash never leaves a partial snapshot under that name.
+        """
+        dest = Path(dest_path)
+        tmp = dest.with_name(dest.name + ".tmp")
+        for leftover in (tmp, Path(f"{tmp}-journal")):
+            leftover.unlink(missing_ok=True)
+        try:
+            with self._reader() as src:
+                dst = sqlite3.connect(tmp, isolation_level=None)
+                try:
+                    src.backup(dst)
+                    dst.execute("PRAGMA journal_mode=DELETE")
+                    meta = dict(dst.execute(f"SELECT key, value FROM {quote_ident(META_TABLE)}"))
+                finally:
+                    dst.close()
+            _fsync_path(tmp)
+            os.replace(tmp, dest)
+            _fsync_path(dest.parent, directory=True)
+        except sqlite3.Error as e:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"tablet store {self.path}: snapshot to {dest} failed: {e}") from e
+        return int(meta["applied_index"]), int(meta["applied_term"])
+
+    def flush(self) -> int:
+        """Make every applied batch durable (fsync of the WAL and the database file), and
+        return the applied index that is now safe from power loss. Call before
+        garbage-collecting the Raft log up to that index.
+        """
+        with self._write_lock:
+            self._check_open()
+            index = self._applied[0]
+            for p in (Path(f"{self.path}-wal"), self.path):
+                with contextlib.suppress(FileNotFoundError):
+                    _fsync_path(p)
+            _fsync_path(self.path.parent, directory=True)
+            return index
+
+    @staticmethod
+    def install_snapshot(snapshot_path: StorePath, path: StorePath) -> None:
+        """Replace the (closed) store at ``path`` by the snapshot file, which is moved.
+
+        The old store is first checkpointed so that its WAL can be deleted safely: a WAL
+        left next to the new file would be replayed into it. Open the result with ``open``.
+        """
+        src, p = Path(snapshot_path), Path(path)
+        if not src.is_file():
+            raise StoreError(f"no snapshot file at {src}")
+        if p.exists():
+            try:
+                conn = sqlite3.connect(p, isolation_level=None)
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                finally:
+                    conn.close()
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot checkpoint old store {p}: {e}") from e
+        for suffix in ("-wal", "-shm", "-journal"):
+            Path(f"{p}{suffix}").unlink(missing_ok=True)
+        os.replace(src, p)
+        _fsync_path(p.parent, directory=True)
+
+    def __repr__(self) -> str:
+        index, term = self._applied
+        return f"TabletStore({str(self.path)!r}, applied={index}/{term})"
