@@ -5,3 +5,18 @@ when read), the profiled lock that times and reports contended acquires, and the
 that exports everything as Prometheus text and Kudu-like JSON. Imports nothing else of the
 project, so every other package may use it.
 """
+
+# Primitives (metrics/counter.py, histogram.py, gauge.py, profiled_lock.py). The "X as X"
+# form marks them as re-exports for ruff and mypy without a shared __all__ to edit.
+from metrics.counter import StripedCounter as StripedCounter
+from metrics.gauge import FunctionGauge as FunctionGauge
+from metrics.gauge import Gauge as Gauge
+from metrics.histogram import Histogram as Histogram
+from metrics.histogram import HistogramSnapshot as HistogramSnapshot
+from metrics.profiled_lock import ProfiledLock as ProfiledLock
+from metrics.profiled_lock import (
+    get_lock_contention_trace_threshold_ms as get_lock_contention_trace_threshold_ms,
+)
+from metrics.profiled_lock import (
+    set_lock_contention_trace_threshold_ms as set_lock_contention_trace_threshold_ms,
+)

@@ -1,0 +1,243 @@
+"""Every metric raftlet exports, declared once (DESIGN.md §5).
+
+Components instantiate these on their entity — `entity.counter(RPCS_QUEUE_OVERFLOW,
+service="tablet")` — and never declare metrics of their own elsewhere, so this file is the
+list a dashboard author reads. Names are bare (no `raftlet_` prefix) and identical in JSON and
+Prometheus, except that the Prometheus text format gives every counter a `_total` suffix (see
+docs/ARCHITECTURE.md, "metrics").
+
+To add a metric: add a prototype here, add it to `ALL_PROTOTYPES`, and document it in
+docs/ARCHITECTURE.md. Changing `entity_type` or `label_names` of an existing one changes the
+exported series; check the dashboards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from metrics.registry import MetricPrototype, MetricType
+
+__all__ = [
+    "ALL_PROTOTYPES",
+    "CONSENSUS_LOCK_CONTENTION_TIME_US",
+    "CONSENSUS_LOCK_WAIT_TIME_US",
+    "HANDLER_LATENCY_US",
+    "LEADER_ELECTIONS_TOTAL",
+    "LOG_APPEND_LATENCY_US",
+    "LOG_GROUP_COMMIT_ENTRIES",
+    "LOG_SYNC_LATENCY_US",
+    "OP_APPLY_RUN_TIME_US",
+    "OP_PREPARE_RUN_TIME_US",
+    "RAFT_APPLIED_INDEX",
+    "RAFT_COMMIT_INDEX",
+    "RAFT_ROLE",
+    "RAFT_ROLE_VALUES",
+    "RAFT_TERM",
+    "RESULT_TRACKER_REPLAYS_TOTAL",
+    "ROWS_INSERTED_TOTAL",
+    "RPCS_QUEUE_OVERFLOW",
+    "RPCS_TIMED_OUT_IN_QUEUE",
+    "RPC_INCOMING_QUEUE_TIME_US",
+    "TERM_CHECKS_TOTAL",
+    "WRITE_OPS_TOTAL",
+    "by_name",
+]
+
+COUNTER = MetricType.COUNTER
+GAUGE = MetricType.GAUGE
+HISTOGRAM = MetricType.HISTOGRAM
+
+# The numeric encoding of `raft_role`, by consensus.core.types.Role member name. Spelled out
+# here rather than imported because metrics imports nothing of the project (consensus depends
+# on metrics, not the reverse); a test in the consensus driver's issue should pin the mapping.
+RAFT_ROLE_VALUES: Mapping[str, int] = MappingProxyType(
+    {"FOLLOWER": 0, "PRE_CANDIDATE": 1, "CANDIDATE": 2, "LEADER": 3}
+)
+
+# --- RPC layer (server entity, one series per service pool) -------------------------------
+
+RPCS_QUEUE_OVERFLOW = MetricPrototype(
+    "rpcs_queue_overflow",
+    COUNTER,
+    "requests",
+    "RPCs rejected with RESOURCE_EXHAUSTED because the service queue was full",
+    label_names=("service", "method"),
+    entity_type="server",
+)
+RPC_INCOMING_QUEUE_TIME_US = MetricPrototype(
+    "rpc_incoming_queue_time_us",
+    HISTOGRAM,
+    "microseconds",
+    "Time an RPC waited in its service queue before a service thread picked it up",
+    label_names=("service",),
+    entity_type="server",
+)
+RPCS_TIMED_OUT_IN_QUEUE = MetricPrototype(
+    "rpcs_timed_out_in_queue",
+    COUNTER,
+    "requests",
+    "RPCs whose deadline passed while they waited in the service queue (never run)",
+    label_names=("service",),
+    entity_type="server",
+)
+HANDLER_LATENCY_US = MetricPrototype(
+    "handler_latency_us",
+    HISTOGRAM,
+    "microseconds",
+    "Time a service thread spent in an RPC handler, per service and method",
+    label_names=("service", "method"),
+    entity_type="server",
+)
+
+# --- Consensus (tablet entity) -------------------------------------------------------------
+
+CONSENSUS_LOCK_CONTENTION_TIME_US = MetricPrototype(
+    "consensus_lock_contention_time_us",
+    COUNTER,
+    "microseconds",
+    "Total time threads spent waiting for the consensus lock (contended acquires only)",
+    entity_type="tablet",
+)
+CONSENSUS_LOCK_WAIT_TIME_US = MetricPrototype(
+    "consensus_lock_wait_time_us",
+    HISTOGRAM,
+    "microseconds",
+    "Wait of each contended acquire of the consensus lock",
+    entity_type="tablet",
+)
+TERM_CHECKS_TOTAL = MetricPrototype(
+    "term_checks_total",
+    COUNTER,
+    "checks",
+    "Leadership/term checks made by write RPCs, by --term_check_mode (lockfree or locked)",
+    label_names=("mode",),
+    entity_type="tablet",
+)
+RAFT_TERM = MetricPrototype(
+    "raft_term",
+    GAUGE,
+    "term",
+    "Current Raft term of this replica",
+    entity_type="tablet",
+)
+RAFT_ROLE = MetricPrototype(
+    "raft_role",
+    GAUGE,
+    "state",
+    "Raft role of this replica: 0 follower, 1 pre-candidate, 2 candidate, 3 leader",
+    entity_type="tablet",
+)
+RAFT_COMMIT_INDEX = MetricPrototype(
+    "raft_commit_index",
+    GAUGE,
+    "index",
+    "Highest log index known to be committed on this replica",
+    entity_type="tablet",
+)
+RAFT_APPLIED_INDEX = MetricPrototype(
+    "raft_applied_index",
+    GAUGE,
+    "index",
+    "Highest log index applied to this replica's row store",
+    entity_type="tablet",
+)
+LEADER_ELECTIONS_TOTAL = MetricPrototype(
+    "leader_elections_total",
+    COUNTER,
+    "elections",
+    "Elections this replica started as a candidate for a new term (pre-votes not counted)",
+    entity_type="tablet",
+)
+
+# --- Write path (tablet entity) ------------------------------------------------------------
+
+OP_PREPARE_RUN_TIME_US = MetricPrototype(
+    "op_prepare_run_time_us",
+    HISTOGRAM,
+    "microseconds",
+    "Time the prepare worker spent on one batch of write ops (row locks, replicate)",
+    entity_type="tablet",
+)
+OP_APPLY_RUN_TIME_US = MetricPrototype(
+    "op_apply_run_time_us",
+    HISTOGRAM,
+    "microseconds",
+    "Time the apply worker spent applying one batch of committed ops to the row store",
+    entity_type="tablet",
+)
+WRITE_OPS_TOTAL = MetricPrototype(
+    "write_ops_total",
+    COUNTER,
+    "operations",
+    "Write operations (one per client Write request) applied on this replica",
+    entity_type="tablet",
+)
+ROWS_INSERTED_TOTAL = MetricPrototype(
+    "rows_inserted_total",
+    COUNTER,
+    "rows",
+    "Rows inserted into this replica's row store",
+    entity_type="tablet",
+)
+RESULT_TRACKER_REPLAYS_TOTAL = MetricPrototype(
+    "result_tracker_replays_total",
+    COUNTER,
+    "requests",
+    "Retried write requests answered from the result tracker instead of being applied again",
+    entity_type="tablet",
+)
+
+# --- Durable log (tablet entity) -----------------------------------------------------------
+
+LOG_APPEND_LATENCY_US = MetricPrototype(
+    "log_append_latency_us",
+    HISTOGRAM,
+    "microseconds",
+    "Time the log appender spent writing one group of entries to the segment file (no fsync)",
+    entity_type="tablet",
+)
+LOG_SYNC_LATENCY_US = MetricPrototype(
+    "log_sync_latency_us",
+    HISTOGRAM,
+    "microseconds",
+    "Duration of each fsync of a log segment",
+    entity_type="tablet",
+)
+LOG_GROUP_COMMIT_ENTRIES = MetricPrototype(
+    "log_group_commit_entries",
+    HISTOGRAM,
+    "entries",
+    "Log entries made durable by one fsync (group-commit batch size)",
+    entity_type="tablet",
+)
+
+ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
+    RPCS_QUEUE_OVERFLOW,
+    RPC_INCOMING_QUEUE_TIME_US,
+    RPCS_TIMED_OUT_IN_QUEUE,
+    HANDLER_LATENCY_US,
+    CONSENSUS_LOCK_CONTENTION_TIME_US,
+    CONSENSUS_LOCK_WAIT_TIME_US,
+    TERM_CHECKS_TOTAL,
+    OP_PREPARE_RUN_TIME_US,
+    OP_APPLY_RUN_TIME_US,
+    LOG_APPEND_LATENCY_US,
+    LOG_SYNC_LATENCY_US,
+    LOG_GROUP_COMMIT_ENTRIES,
+    RAFT_TERM,
+    RAFT_ROLE,
+    RAFT_COMMIT_INDEX,
+    RAFT_APPLIED_INDEX,
+    LEADER_ELECTIONS_TOTAL,
+    WRITE_OPS_TOTAL,
+    ROWS_INSERTED_TOTAL,
+    RESULT_TRACKER_REPLAYS_TOTAL,
+)
+
+_BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})
+
+
+def by_name(name: str) -> MetricPrototype:
+    """The prototype called `name` (KeyError if the catalogue has none)."""
+    return _BY_NAME[name]

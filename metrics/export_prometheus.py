@@ -1,0 +1,158 @@
+"""Prometheus text exposition of a `MetricRegistry`, through prometheus_client's collector API.
+
+Nothing here is on a hot path: at scrape time `RegistryCollector.collect()` reads our own
+primitives (striped counters, gauges, histogram snapshots) and builds prometheus_client
+`*MetricFamily` objects, which `prometheus_client.generate_latest` renders. No prometheus_client
+metric object (Counter, Histogram, …) is ever created or touched by the server's threads.
+
+Exposed names (the contract dashboards and tests rely on; docs/ARCHITECTURE.md lists them):
+- Names are the catalogue's bare names, with no `raftlet_` prefix, so DESIGN.md, the JSON page
+  and Prometheus agree.
+- Counters: the text format requires a `_total` sample suffix. prometheus_client strips a
+  trailing `_total` from a counter family's name and appends it to the sample, so
+  `rpcs_queue_overflow` is exposed as `rpcs_queue_overflow_total` and `term_checks_total` stays
+  `term_checks_total` (never `_total_total`). Rule: a counter's exposed name is its catalogue
+  name with `_total` appended unless it already ends in `_total`.
+- Gauges: the catalogue name. Histograms: `<name>_bucket{le=…}`, `<name>_sum`, `<name>_count`.
+- The prototype's unit is *not* passed to prometheus_client (it would append `_<unit>` to the
+  name); the names already say `_us` where it matters.
+
+Labels on every sample: `<entity type>="<entity id>"` (`server="ts-1"` or `tablet="t-17"`),
+each entity attribute as a label (e.g. `table="orders"`), then the metric's own labels
+(`service`, `method`, `mode`). Within one family the label set is the union over its
+samples; a sample lacking one of them gets the empty string, which Prometheus treats exactly
+like an absent label.
+
+Histogram buckets: our histograms have log-linear buckets with <1% relative error (thousands
+of them across the tracked range). Exporting those would create a series per fine bucket, and
+which ones exist would change from scrape to scrape, so the snapshot reports its cumulative
+counts on a fixed 1-2-5 ladder, `EXPORT_BUCKET_BOUNDS` (1, 2, 5, 10, … 5e7, 1e8: 1 µs … 100 s
+for `_us` metrics), plus `+Inf` (`HistogramSnapshot.buckets(bounds)`, exact to the fine
+buckets' 1% resolution). `_count` is the snapshot's count and `_sum` its sum.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from typing import cast
+
+from prometheus_client import exposition, utils
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from metrics.counter import StripedCounter
+from metrics.gauge import FunctionGauge, Gauge
+from metrics.histogram import Histogram, HistogramSnapshot
+from metrics.registry import MetricEntity, MetricInstance, MetricPrototype, MetricRegistry
+
+__all__ = [
+    "CONTENT_TYPE",
+    "EXPORT_BUCKET_BOUNDS",
+    "RegistryCollector",
+    "exposed_name",
+    "generate_prometheus_text",
+    "prometheus_buckets",
+    "sample_labels",
+]
+
+# generate_latest renders the classic text format, version 0.0.4; say so, rather than
+# prometheus_client's CONTENT_TYPE_LATEST, which names a newer version it may not render.
+CONTENT_TYPE = exposition.CONTENT_TYPE_PLAIN_0_0_4
+
+EXPORT_BUCKET_BOUNDS: tuple[float, ...] = (
+    *(float(m * 10**e) for e in range(8) for m in (1, 2, 5)),
+    1e8,
+)
+
+# prometheus_client's own formatting of `le` values (Go-style, "1e+06"), so our buckets read
+# like any other exporter's; the function is untyped upstream.
+_le_text = cast(Callable[[float], str], utils.floatToGoString)
+
+
+def exposed_name(proto: MetricPrototype) -> str:
+    """The sample name a scraper sees for a counter or gauge (histograms add suffixes)."""
+    if proto.type.value == "counter" and not proto.name.endswith("_total"):
+        return proto.name + "_total"
+    return proto.name
+
+
+def sample_labels(entity: MetricEntity, instance: MetricInstance) -> dict[str, str]:
+    """The Prometheus labels of one instance (see the module docstring)."""
+    labels = {entity.type: entity.id}
+    labels.update(entity.attributes)
+    labels.update(instance.labels)
+    return labels
+
+
+def prometheus_buckets(snap: HistogramSnapshot) -> list[tuple[str, float]]:
+    """The snapshot's cumulative buckets on `EXPORT_BUCKET_BOUNDS`, as prometheus_client
+    wants them: `(le as text, cumulative count)`, ending with `("+Inf", count)`."""
+    return [(_le_text(bound), float(n)) for bound, n in snap.buckets(EXPORT_BUCKET_BOUNDS)]
+
+
+class RegistryCollector:
+    """A prometheus_client `Collector` over a `MetricRegistry`, built fresh at every scrape."""
+
+    def __init__(self, registry: MetricRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        # Group every instance by metric name across entities: the text format wants one
+        # family (one HELP/TYPE) per name, with all its samples together.
+        groups: dict[str, list[tuple[MetricEntity, MetricInstance]]] = defaultdict(list)
+        for entity in self._registry.entities():
+            for instance in entity.instances():
+                groups[instance.prototype.name].append((entity, instance))
+        for name in sorted(groups):
+            family = _family(groups[name])
+            if family is not None:
+                yield family
+
+
+def _family(members: list[tuple[MetricEntity, MetricInstance]]) -> Metric | None:
+    proto = members[0][1].prototype
+    rows = [(sample_labels(e, i), i) for e, i in members]
+    label_names = sorted({k for labels, _ in rows for k in labels})
+
+    def values(labels: dict[str, str]) -> list[str]:
+        return [labels.get(k, "") for k in label_names]
+
+    family: CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
+    if proto.type.value == "counter":
+        family = CounterMetricFamily(proto.name, proto.help, labels=label_names)
+        for labels, inst in rows:
+            assert isinstance(inst.metric, StripedCounter)
+            family.add_metric(values(labels), float(inst.metric.value()))
+    elif proto.type.value == "gauge":
+        family = GaugeMetricFamily(proto.name, proto.help, labels=label_names)
+        for labels, inst in rows:
+            assert isinstance(inst.metric, Gauge | FunctionGauge)
+            # A FunctionGauge whose function raises reads as NaN (and logs): the scrape goes on.
+            family.add_metric(values(labels), float(inst.metric.value()))
+    else:
+        family = HistogramMetricFamily(proto.name, proto.help, labels=label_names)
+        for labels, inst in rows:
+            assert isinstance(inst.metric, Histogram)
+            snap = inst.metric.snapshot()
+            family.add_metric(values(labels), prometheus_buckets(snap), float(snap.sum))
+    return family if family.samples else None
+
+
+def generate_prometheus_text(
+    registry: MetricRegistry, extra_collectors: Iterable[Collector] = ()
+) -> bytes:
+    """The registry in Prometheus text format 0.0.4 (serve with `CONTENT_TYPE`).
+
+    `extra_collectors` (e.g. prometheus_client's `ProcessCollector`) are appended as-is;
+    they must not reuse our metric names.
+    """
+    text = exposition.generate_latest(RegistryCollector(registry))
+    for collector in extra_collectors:
+        text += exposition.generate_latest(collector)
+    return text

@@ -1,0 +1,356 @@
+"""ProfiledLock: counts contention only when there was a wait; Condition; tracing; RLock.
+
+Threads are ordered with Events, never with sleeps. To know that a waiter has entered the
+blocking acquire (its non-blocking try having failed) the tests swap the lock's inner lock
+for a wrapper that reports it: the only way to observe that moment without polling.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from metrics import Histogram, ProfiledLock, StripedCounter
+from metrics import profiled_lock as profiled_lock_module
+from metrics.profiled_lock import (
+    _InnerOps,
+    get_lock_contention_trace_threshold_ms,
+    set_lock_contention_trace_threshold_ms,
+)
+
+WAIT = 30.0
+LOGGER = "metrics.profiled_lock"
+
+
+class _ReportingInnerLock:
+    """Delegates to a real lock; sets ``blocking`` just before a blocking acquire."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.blocking = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking:
+            self.blocking.set()
+        return bool(self._inner.acquire(blocking, timeout))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _instrument(lock: ProfiledLock) -> _ReportingInnerLock:
+    wrapper = _ReportingInnerLock(lock._lock)
+    lock._lock = wrapper
+    lock._ops = _InnerOps(wrapper.acquire)
+    return wrapper
+
+
+def _uninstrument(lock: ProfiledLock, wrapper: _ReportingInnerLock) -> None:
+    lock._lock = wrapper._inner
+    lock._ops = _InnerOps(wrapper._inner.acquire)
+
+
+def _contend(lock: ProfiledLock, hold_s: float = 0.0) -> threading.Thread:
+    """Hold ``lock`` in this thread while another thread blocks on it; return that thread
+    (joined). ``hold_s`` keeps the lock that long after the waiter blocked: the simulated
+    slow critical section whose wait the trace tests want to exceed a threshold."""
+    inner = _instrument(lock)
+    inner.blocking.clear()
+    got_it = threading.Event()
+
+    def waiter() -> None:
+        with lock:
+            got_it.set()
+
+    with lock:
+        t = threading.Thread(target=waiter, name="waiter")
+        t.start()
+        assert inner.blocking.wait(WAIT), "the waiter never reached the blocking acquire"
+        if hold_s:
+            time.sleep(hold_s)
+        assert not got_it.is_set()
+    t.join(WAIT)
+    assert got_it.is_set()
+    _uninstrument(lock, inner)
+    return t
+
+
+@pytest.fixture
+def restore_threshold() -> Iterator[None]:
+    before = get_lock_contention_trace_threshold_ms()
+    yield
+    set_lock_contention_trace_threshold_ms(before)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_uncontended_loop_counts_no_contention(reentrant: bool) -> None:
+    lock = ProfiledLock("uncontended", reentrant=reentrant)
+    for _ in range(1000):
+        with lock:
+            pass
+    for _ in range(500):
+        assert lock.acquire()
+        lock.release()
+    assert lock.acquisitions() == 1500
+    assert lock.contended_acquisitions() == 0
+    assert lock.contention_time_us() == 0
+    assert lock.wait_histogram.snapshot().count == 0
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_one_blocked_waiter_is_exactly_one_contended_acquisition(reentrant: bool) -> None:
+    counter = StripedCounter()
+    hist = Histogram()
+    lock = ProfiledLock(
+        "consensus_lock", reentrant=reentrant, contention_counter=counter, wait_histogram=hist
+    )
+    _contend(lock)
+    assert lock.acquisitions() == 2
+    assert lock.contended_acquisitions() == 1
+    assert lock.contention_time_us() > 0
+    assert counter.value() == lock.contention_time_us()  # the counter passed in is the one used
+    snap = hist.snapshot()
+    assert snap.count == 1
+    assert snap.max > 0
+
+
+def test_non_blocking_failure_and_timeout() -> None:
+    lock = ProfiledLock("t")
+    holding = threading.Event()
+    finished = threading.Event()
+
+    def holder() -> None:
+        with lock:
+            holding.set()
+            finished.wait(WAIT)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert holding.wait(WAIT)
+    assert lock.acquire(False) is False  # a failed try is not contention: nothing waited
+    assert lock.contention_time_us() == 0
+    assert lock.acquire(timeout=0.01) is False  # a timed-out wait is lost time, though
+    assert lock.contention_time_us() >= 10_000
+    assert lock.contended_acquisitions() == 0  # ... but not an acquisition
+    assert lock.wait_histogram.snapshot().count == 1
+    finished.set()
+    t.join(WAIT)
+    assert lock.acquisitions() == 1
+    with pytest.raises(ValueError, match="non-blocking"):
+        lock.acquire(False, 1.0)
+
+
+def test_lock_semantics_match_threading_lock() -> None:
+    lock = ProfiledLock("plain")
+    assert not lock.locked()
+    assert lock.acquire()
+    assert lock.locked()
+    assert lock.acquire(False) is False  # not reentrant
+    lock.release()
+    assert not lock.locked()
+    with pytest.raises(RuntimeError):
+        lock.release()
+    assert lock.name == "plain"
+    assert "unlocked" in repr(lock)
+
+
+def test_rlock_reentrancy() -> None:
+    lock = ProfiledLock("rl", reentrant=True)
+    with lock, lock:
+        assert lock.acquire()
+        assert lock.locked()
+        other: list[bool] = []
+        t = threading.Thread(target=lambda: other.append(lock.acquire(False)))
+        t.start()
+        t.join(WAIT)
+        assert other == [False]  # another thread cannot get it
+        lock.release()
+    assert not lock.locked()
+    with pytest.raises(RuntimeError):
+        lock.release()
+    assert lock.acquisitions() == 3
+    assert lock.contended_acquisitions() == 0
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_condition_wait_and_notify(reentrant: bool) -> None:
+    lock = ProfiledLock("cond", reentrant=reentrant)
+    # typeshed only admits Lock/RLock here; the drop-in itself is what is under test.
+    cond = threading.Condition(lock)  # type: ignore[arg-type]
+    items: list[int] = []
+    got: list[int] = []
+    consumer_waiting = threading.Event()
+
+    def consumer() -> None:
+        with cond:
+            if reentrant:
+                lock.acquire()  # depth 2: wait must release fully and restore it
+            consumer_waiting.set()
+            assert cond.wait_for(lambda: len(items) == 3, timeout=WAIT)
+            got.extend(items)
+            if reentrant:
+                lock.release()  # back to depth 1: the `with` releases the last level
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    assert consumer_waiting.wait(WAIT)
+    for i in range(3):
+        with cond:  # only possible because wait() released the lock
+            items.append(i)
+            cond.notify()
+    t.join(WAIT)
+    assert not t.is_alive()
+    assert got == [0, 1, 2]
+    assert not lock.locked()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_condition_requires_the_lock(reentrant: bool) -> None:
+    lock = ProfiledLock("cond", reentrant=reentrant)
+    cond = lock.condition()  # the typed way to build the same Condition
+    with pytest.raises(RuntimeError):
+        cond.notify()
+    with pytest.raises(RuntimeError):
+        cond.wait(0)
+    with cond:
+        cond.notify_all()
+        assert not cond.wait(0)  # times out at once, and re-acquires
+        assert lock.locked()
+    assert not lock.locked()
+
+
+def test_many_threads_exclusion_and_counts() -> None:
+    lock = ProfiledLock("stress")
+    total = [0]
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait(WAIT)
+        for _ in range(10_000):
+            with lock:
+                total[0] += 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert total[0] == 80_000
+    assert lock.acquisitions() == 80_000
+    assert lock.contended_acquisitions() <= 80_000
+    assert lock.wait_histogram.snapshot().count == lock.contended_acquisitions()
+
+
+def _trace_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == LOGGER and "Waited" in r.getMessage()]
+
+
+def test_trace_logs_once_above_threshold_and_is_rate_limited(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An hour-long rate-limit window, so that the second wait is inside it however slow the
+    # machine is.
+    monkeypatch.setattr(profiled_lock_module, "_TRACE_INTERVAL_S", 3600.0)
+    lock = ProfiledLock("consensus_lock", trace_threshold_ms=1.0)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _contend(lock, hold_s=0.02)
+        _contend(lock, hold_s=0.02)
+    records = _trace_records(caplog)
+    assert len(records) == 1
+    message = records[0].getMessage()
+    assert message.startswith("Waited ")
+    assert " ms on lock consensus_lock" in message
+    assert __file__ in message  # the holder's acquisition site is in this file ...
+    assert "in thread 'MainThread'" in message  # ... and was taken by the main thread
+    assert "waiter waiter stack:" in message
+    assert "in waiter" in message  # the waiter's stack names its function
+    assert lock.contended_acquisitions() == 2
+
+
+def test_trace_logs_again_after_the_interval(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(profiled_lock_module, "_TRACE_INTERVAL_S", 0.0)
+    lock = ProfiledLock("l", trace_threshold_ms=1.0)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _contend(lock, hold_s=0.02)
+        _contend(lock, hold_s=0.02)
+    assert len(_trace_records(caplog)) == 2
+
+
+def test_no_trace_below_threshold_and_default_threshold_is_settable(
+    caplog: pytest.LogCaptureFixture, restore_threshold: None
+) -> None:
+    set_lock_contention_trace_threshold_ms(60_000)  # a minute: never reached here
+    lock = ProfiledLock("l")  # no per-lock threshold: uses the module default
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _contend(lock, hold_s=0.005)
+        assert _trace_records(caplog) == []
+        set_lock_contention_trace_threshold_ms(1.0)  # read at acquire time, not at creation
+        _contend(lock, hold_s=0.02)
+    assert len(_trace_records(caplog)) == 1
+    with pytest.raises(ValueError, match=">= 0"):
+        set_lock_contention_trace_threshold_ms(-1)
+
+
+def test_acquisitions_prove_a_code_path_never_took_the_lock() -> None:
+    # How the server shows lock-free term checks: compare acquisitions around the path.
+    lock = ProfiledLock("consensus_lock")
+    snapshot = (3, "LEADER")
+
+    def lock_free_check() -> tuple[int, str]:
+        return snapshot
+
+    before = lock.acquisitions()
+    for _ in range(100):
+        lock_free_check()
+    assert lock.acquisitions() == before
+
+    def locked_check() -> Callable[[], tuple[int, str]]:
+        with lock:
+            return lock_free_check
+
+    locked_check()
+    assert lock.acquisitions() == before + 1
+
+
+def test_trace_does_not_blame_the_waiter_for_its_own_stale_site(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The holder takes the inner lock and records its site in two steps; a waiter arriving
+    # between them finds the site of the previous holder, which may be itself.
+    lock = ProfiledLock("l", trace_threshold_ms=1.0)
+    with lock:  # the main thread's site is now the recorded one
+        pass
+    inner = _instrument(lock)
+    taken = threading.Event()
+    release = threading.Event()
+
+    def half_recorded_holder() -> None:
+        inner._inner.acquire()  # took the lock, has not recorded a site yet
+        taken.set()
+        release.wait(WAIT)
+        time.sleep(0.02)  # the slow critical section the waiter must outwait
+        inner._inner.release()
+
+    t = threading.Thread(target=half_recorded_holder)
+    t.start()
+    assert taken.wait(WAIT)
+
+    def release_once_main_blocks() -> None:
+        inner.blocking.wait(WAIT)
+        release.set()
+
+    waiting = threading.Thread(target=release_once_main_blocks)
+    waiting.start()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), lock:
+        pass
+    t.join(WAIT)
+    waiting.join(WAIT)
+    (record,) = _trace_records(caplog)
+    assert "holder when the wait began: not recorded yet" in record.getMessage()
