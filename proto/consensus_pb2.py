@@ -26,37 +26,41 @@ _sym_db = _symbol_database.Default()
 from proto import common_pb2 as proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/consensus.proto\x12\x07raftlet\x1a\x12proto/common.proto\"Y\n\x07\x45ntryPB\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.raftlet.EntryType\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"1\n\x0c\x45ntryBatchPB\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.raftlet.EntryPB\"\xd3\x01\n\x16UpdateConsensusRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x04\x12\x16\n\x0eprev_log_index\x18\x05 \x01(\x04\x12\x15\n\rprev_log_term\x18\x06 \x01(\x04\x12!\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x10.raftlet.EntryPB\x12\x17\n\x0f\x63ommitted_index\x18\x08 \x01(\x04\"\xc9\x01\n\x17UpdateConsensusResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x01(\x08\x12\x16\n\x0elast_log_index\x18\x04 \x01(\x04\x12\x15\n\rconflict_term\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onflict_index\x18\x06 \x01(\x04\x12%\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\xae\x01\n\x12RequestVoteRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_term\x18\x04 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x05 \x01(\x04\x12\x15\n\rlast_log_term\x18\x06 \x01(\x04\x12\x13\n\x0bis_pre_vote\x18\x07 \x01(\x08\"\xa7\x01\n\x13RequestVoteResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x14\n\x0cvote_granted\x18\x03 \x01(\x08\x12\x13\n\x0bis_pre_vote\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12%\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\xef\x01\n\x10\x43onsensusStatePB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x02 \x01(\x04\x12\x1f\n\x04role\x18\x03 \x01(\x0e\x32\x11.raftlet.RaftRole\x12\x13\n\x0bleader_uuid\x18\x04 \x01(\t\x12\x14\n\x0cleader_ready\x18\x05 \x01(\x08\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12\x0e\n\x06voters\x18\t \x03(\t\x12\x11\n\tvoted_for\x18\n \x01(\t\"d\n\x13\x43onsensusMetadataPB\x12\x14\n\x0c\x63urrent_term\x18\x01 \x01(\x04\x12\x11\n\tvoted_for\x18\x02 \x01(\t\x12\x0e\n\x06voters\x18\x03 \x03(\t\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\"-\n\x18GetConsensusStateRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\"l\n\x19GetConsensusStateResponse\x12(\n\x05state\x18\x01 \x01(\x0b\x32\x19.raftlet.ConsensusStatePB\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB*H\n\tEntryType\x12\x11\n\rENTRY_UNKNOWN\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\t\n\x05NO_OP\x10\x02\x12\x11\n\rCONFIG_CHANGE\x10\x03*X\n\x08RaftRole\x12\x10\n\x0cROLE_UNKNOWN\x10\x00\x12\x0c\n\x08\x46OLLOWER\x10\x01\x12\x11\n\rPRE_CANDIDATE\x10\x02\x12\r\n\tCANDIDATE\x10\x03\x12\n\n\x06LEADER\x10\x04\x32\x8e\x02\n\x10\x43onsensusService\x12T\n\x0fUpdateConsensus\x12\x1f.raftlet.UpdateConsensusRequest\x1a .raftlet.UpdateConsensusResponse\x12H\n\x0bRequestVote\x12\x1b.raftlet.RequestVoteRequest\x1a\x1c.raftlet.RequestVoteResponse\x12Z\n\x11GetConsensusState\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/consensus.proto\x12\x07raftlet\x1a\x12proto/common.proto\"Y\n\x07\x45ntryPB\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.raftlet.EntryType\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"1\n\x0c\x45ntryBatchPB\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.raftlet.EntryPB\"\xe9\x01\n\x16UpdateConsensusRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x04\x12\x16\n\x0eprev_log_index\x18\x05 \x01(\x04\x12\x15\n\rprev_log_term\x18\x06 \x01(\x04\x12!\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x10.raftlet.EntryPB\x12\x17\n\x0f\x63ommitted_index\x18\x08 \x01(\x04\x12\x14\n\x0cis_heartbeat\x18\t \x01(\x08\"\xdf\x01\n\x17UpdateConsensusResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x01(\x08\x12\x16\n\x0elast_log_index\x18\x04 \x01(\x04\x12\x15\n\rconflict_term\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onflict_index\x18\x06 \x01(\x04\x12%\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\x12\x14\n\x0cis_heartbeat\x18\x08 \x01(\x08\"\xc7\x01\n\x12RequestVoteRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_term\x18\x04 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x05 \x01(\x04\x12\x15\n\rlast_log_term\x18\x06 \x01(\x04\x12\x13\n\x0bis_pre_vote\x18\x07 \x01(\x08\x12\x17\n\x0fleader_transfer\x18\x08 \x01(\x08\"\xa7\x01\n\x13RequestVoteResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x14\n\x0cvote_granted\x18\x03 \x01(\x08\x12\x13\n\x0bis_pre_vote\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12%\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"c\n\x11TimeoutNowRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x04\";\n\x12TimeoutNowResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\xef\x01\n\x10\x43onsensusStatePB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x02 \x01(\x04\x12\x1f\n\x04role\x18\x03 \x01(\x0e\x32\x11.raftlet.RaftRole\x12\x13\n\x0bleader_uuid\x18\x04 \x01(\t\x12\x14\n\x0cleader_ready\x18\x05 \x01(\x08\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12\x0e\n\x06voters\x18\t \x03(\t\x12\x11\n\tvoted_for\x18\n \x01(\t\"d\n\x13\x43onsensusMetadataPB\x12\x14\n\x0c\x63urrent_term\x18\x01 \x01(\x04\x12\x11\n\tvoted_for\x18\x02 \x01(\t\x12\x0e\n\x06voters\x18\x03 \x03(\t\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\"-\n\x18GetConsensusStateRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\"l\n\x19GetConsensusStateResponse\x12(\n\x05state\x18\x01 \x01(\x0b\x32\x19.raftlet.ConsensusStatePB\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB*H\n\tEntryType\x12\x11\n\rENTRY_UNKNOWN\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\t\n\x05NO_OP\x10\x02\x12\x11\n\rCONFIG_CHANGE\x10\x03*X\n\x08RaftRole\x12\x10\n\x0cROLE_UNKNOWN\x10\x00\x12\x0c\n\x08\x46OLLOWER\x10\x01\x12\x11\n\rPRE_CANDIDATE\x10\x02\x12\r\n\tCANDIDATE\x10\x03\x12\n\n\x06LEADER\x10\x04\x32\xd5\x02\n\x10\x43onsensusService\x12T\n\x0fUpdateConsensus\x12\x1f.raftlet.UpdateConsensusRequest\x1a .raftlet.UpdateConsensusResponse\x12H\n\x0bRequestVote\x12\x1b.raftlet.RequestVoteRequest\x1a\x1c.raftlet.RequestVoteResponse\x12Z\n\x11GetConsensusState\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponse\x12\x45\n\nTimeoutNow\x12\x1a.raftlet.TimeoutNowRequest\x1a\x1b.raftlet.TimeoutNowResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.consensus_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENTRYTYPE']._serialized_start=1462
-  _globals['_ENTRYTYPE']._serialized_end=1534
-  _globals['_RAFTROLE']._serialized_start=1536
-  _globals['_RAFTROLE']._serialized_end=1624
+  _globals['_ENTRYTYPE']._serialized_start=1693
+  _globals['_ENTRYTYPE']._serialized_end=1765
+  _globals['_RAFTROLE']._serialized_start=1767
+  _globals['_RAFTROLE']._serialized_end=1855
   _globals['_ENTRYPB']._serialized_start=54
   _globals['_ENTRYPB']._serialized_end=143
   _globals['_ENTRYBATCHPB']._serialized_start=145
   _globals['_ENTRYBATCHPB']._serialized_end=194
   _globals['_UPDATECONSENSUSREQUEST']._serialized_start=197
-  _globals['_UPDATECONSENSUSREQUEST']._serialized_end=408
-  _globals['_UPDATECONSENSUSRESPONSE']._serialized_start=411
-  _globals['_UPDATECONSENSUSRESPONSE']._serialized_end=612
-  _globals['_REQUESTVOTEREQUEST']._serialized_start=615
-  _globals['_REQUESTVOTEREQUEST']._serialized_end=789
-  _globals['_REQUESTVOTERESPONSE']._serialized_start=792
-  _globals['_REQUESTVOTERESPONSE']._serialized_end=959
-  _globals['_CONSENSUSSTATEPB']._serialized_start=962
-  _globals['_CONSENSUSSTATEPB']._serialized_end=1201
-  _globals['_CONSENSUSMETADATAPB']._serialized_start=1203
-  _globals['_CONSENSUSMETADATAPB']._serialized_end=1303
-  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_start=1305
-  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_end=1350
-  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_start=1352
-  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_end=1460
-  _globals['_CONSENSUSSERVICE']._serialized_start=1627
-  _globals['_CONSENSUSSERVICE']._serialized_end=1897
+  _globals['_UPDATECONSENSUSREQUEST']._serialized_end=430
+  _globals['_UPDATECONSENSUSRESPONSE']._serialized_start=433
+  _globals['_UPDATECONSENSUSRESPONSE']._serialized_end=656
+  _globals['_REQUESTVOTEREQUEST']._serialized_start=659
+  _globals['_REQUESTVOTEREQUEST']._serialized_end=858
+  _globals['_REQUESTVOTERESPONSE']._serialized_start=861
+  _globals['_REQUESTVOTERESPONSE']._serialized_end=1028
+  _globals['_TIMEOUTNOWREQUEST']._serialized_start=1030
+  _globals['_TIMEOUTNOWREQUEST']._serialized_end=1129
+  _globals['_TIMEOUTNOWRESPONSE']._serialized_start=1131
+  _globals['_TIMEOUTNOWRESPONSE']._serialized_end=1190
+  _globals['_CONSENSUSSTATEPB']._serialized_start=1193
+  _globals['_CONSENSUSSTATEPB']._serialized_end=1432
+  _globals['_CONSENSUSMETADATAPB']._serialized_start=1434
+  _globals['_CONSENSUSMETADATAPB']._serialized_end=1534
+  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_start=1536
+  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_end=1581
+  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_start=1583
+  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_end=1691
+  _globals['_CONSENSUSSERVICE']._serialized_start=1858
+  _globals['_CONSENSUSSERVICE']._serialized_end=2199
 # @@protoc_insertion_point(module_scope)

@@ -52,7 +52,7 @@ class EntryBatchPB(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ...) -> None: ...
 
 class UpdateConsensusRequest(_message.Message):
-    __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term", "prev_log_index", "prev_log_term", "entries", "committed_index")
+    __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term", "prev_log_index", "prev_log_term", "entries", "committed_index", "is_heartbeat")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     CALLER_UUID_FIELD_NUMBER: _ClassVar[int]
     DEST_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class UpdateConsensusRequest(_message.Message):
     PREV_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    IS_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     caller_uuid: str
     dest_uuid: str
@@ -69,10 +70,11 @@ class UpdateConsensusRequest(_message.Message):
     prev_log_term: int
     entries: _containers.RepeatedCompositeFieldContainer[EntryPB]
     committed_index: int
-    def __init__(self, tablet_id: _Optional[str] = ..., caller_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., caller_term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., committed_index: _Optional[int] = ...) -> None: ...
+    is_heartbeat: bool
+    def __init__(self, tablet_id: _Optional[str] = ..., caller_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., caller_term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., committed_index: _Optional[int] = ..., is_heartbeat: _Optional[bool] = ...) -> None: ...
 
 class UpdateConsensusResponse(_message.Message):
-    __slots__ = ("responder_uuid", "responder_term", "rejected", "last_log_index", "conflict_term", "conflict_index", "error")
+    __slots__ = ("responder_uuid", "responder_term", "rejected", "last_log_index", "conflict_term", "conflict_index", "error", "is_heartbeat")
     RESPONDER_UUID_FIELD_NUMBER: _ClassVar[int]
     RESPONDER_TERM_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +82,7 @@ class UpdateConsensusResponse(_message.Message):
     CONFLICT_TERM_FIELD_NUMBER: _ClassVar[int]
     CONFLICT_INDEX_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    IS_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     responder_uuid: str
     responder_term: int
     rejected: bool
@@ -87,10 +90,11 @@ class UpdateConsensusResponse(_message.Message):
     conflict_term: int
     conflict_index: int
     error: _common_pb2.ServerErrorPB
-    def __init__(self, responder_uuid: _Optional[str] = ..., responder_term: _Optional[int] = ..., rejected: _Optional[bool] = ..., last_log_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., conflict_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+    is_heartbeat: bool
+    def __init__(self, responder_uuid: _Optional[str] = ..., responder_term: _Optional[int] = ..., rejected: _Optional[bool] = ..., last_log_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., conflict_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., is_heartbeat: _Optional[bool] = ...) -> None: ...
 
 class RequestVoteRequest(_message.Message):
-    __slots__ = ("tablet_id", "candidate_uuid", "dest_uuid", "candidate_term", "last_log_index", "last_log_term", "is_pre_vote")
+    __slots__ = ("tablet_id", "candidate_uuid", "dest_uuid", "candidate_term", "last_log_index", "last_log_term", "is_pre_vote", "leader_transfer")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_UUID_FIELD_NUMBER: _ClassVar[int]
     DEST_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +102,7 @@ class RequestVoteRequest(_message.Message):
     LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAST_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
     IS_PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_TRANSFER_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     candidate_uuid: str
     dest_uuid: str
@@ -105,7 +110,8 @@ class RequestVoteRequest(_message.Message):
     last_log_index: int
     last_log_term: int
     is_pre_vote: bool
-    def __init__(self, tablet_id: _Optional[str] = ..., candidate_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., candidate_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ..., is_pre_vote: _Optional[bool] = ...) -> None: ...
+    leader_transfer: bool
+    def __init__(self, tablet_id: _Optional[str] = ..., candidate_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., candidate_term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ..., is_pre_vote: _Optional[bool] = ..., leader_transfer: _Optional[bool] = ...) -> None: ...
 
 class RequestVoteResponse(_message.Message):
     __slots__ = ("responder_uuid", "responder_term", "vote_granted", "is_pre_vote", "reason", "error")
@@ -122,6 +128,24 @@ class RequestVoteResponse(_message.Message):
     reason: str
     error: _common_pb2.ServerErrorPB
     def __init__(self, responder_uuid: _Optional[str] = ..., responder_term: _Optional[int] = ..., vote_granted: _Optional[bool] = ..., is_pre_vote: _Optional[bool] = ..., reason: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class TimeoutNowRequest(_message.Message):
+    __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term")
+    TABLET_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_UUID_FIELD_NUMBER: _ClassVar[int]
+    DEST_UUID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_TERM_FIELD_NUMBER: _ClassVar[int]
+    tablet_id: str
+    caller_uuid: str
+    dest_uuid: str
+    caller_term: int
+    def __init__(self, tablet_id: _Optional[str] = ..., caller_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., caller_term: _Optional[int] = ...) -> None: ...
+
+class TimeoutNowResponse(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.ServerErrorPB
+    def __init__(self, error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
 
 class ConsensusStatePB(_message.Message):
     __slots__ = ("tablet_id", "current_term", "role", "leader_uuid", "leader_ready", "commit_index", "applied_index", "last_log_index", "voters", "voted_for")

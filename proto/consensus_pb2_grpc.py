@@ -51,6 +51,11 @@ class ConsensusServiceStub:
                 request_serializer=proto_dot_consensus__pb2.GetConsensusStateRequest.SerializeToString,
                 response_deserializer=proto_dot_consensus__pb2.GetConsensusStateResponse.FromString,
                 _registered_method=True)
+        self.TimeoutNow = channel.unary_unary(
+                '/raftlet.ConsensusService/TimeoutNow',
+                request_serializer=proto_dot_consensus__pb2.TimeoutNowRequest.SerializeToString,
+                response_deserializer=proto_dot_consensus__pb2.TimeoutNowResponse.FromString,
+                _registered_method=True)
 
 
 class ConsensusServiceServicer:
@@ -75,6 +80,12 @@ class ConsensusServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TimeoutNow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConsensusServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +103,11 @@ def add_ConsensusServiceServicer_to_server(servicer, server):
                     servicer.GetConsensusState,
                     request_deserializer=proto_dot_consensus__pb2.GetConsensusStateRequest.FromString,
                     response_serializer=proto_dot_consensus__pb2.GetConsensusStateResponse.SerializeToString,
+            ),
+            'TimeoutNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.TimeoutNow,
+                    request_deserializer=proto_dot_consensus__pb2.TimeoutNowRequest.FromString,
+                    response_serializer=proto_dot_consensus__pb2.TimeoutNowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +192,33 @@ class ConsensusService:
             '/raftlet.ConsensusService/GetConsensusState',
             proto_dot_consensus__pb2.GetConsensusStateRequest.SerializeToString,
             proto_dot_consensus__pb2.GetConsensusStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TimeoutNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.ConsensusService/TimeoutNow',
+            proto_dot_consensus__pb2.TimeoutNowRequest.SerializeToString,
+            proto_dot_consensus__pb2.TimeoutNowResponse.FromString,
             options,
             channel_credentials,
             insecure,

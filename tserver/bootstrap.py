@@ -40,6 +40,7 @@ __all__ = [
     "apply_entries",
     "decode_write",
     "open_replica",
+    "to_apply_entry",
 ]
 
 STORE_FILE = "store.sqlite"
@@ -72,10 +73,23 @@ def decode_write(entry: Entry) -> tablet_pb2.WriteOperationPB:
     return op
 
 
+def to_apply_entry(entry: Entry) -> ApplyEntry:
+    """A committed entry as the store applies it, with its request id for exactly-once."""
+    write = decode_write(entry)
+    rid = write.request_id
+    request = (rid.client_id, rid.seq_no) if rid.client_id else None
+    return ApplyEntry(
+        entry.index,
+        entry.term,
+        list(write.ops),
+        request=request,
+        first_incomplete_seq_no=rid.first_incomplete_seq_no if request else 0,
+    )
+
+
 def apply_entries(store: TabletStore, entries: Sequence[Entry]) -> list[EntryResult]:
     """Apply committed entries in one store transaction (NO_OPs only move the applied index)."""
-    batch = [ApplyEntry(e.index, e.term, list(decode_write(e).ops)) for e in entries]
-    return store.apply_batch(batch)
+    return store.apply_batch([to_apply_entry(e) for e in entries])
 
 
 def open_replica(

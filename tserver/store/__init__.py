@@ -9,6 +9,7 @@ from tserver.store.tablet_store import (
     FORMAT_VERSION,
     ApplyEntry,
     EntryResult,
+    RequestRecord,
     ScanResult,
     TabletStore,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "ApplyEntry",
     "EntryResult",
     "InvalidScan",
+    "RequestRecord",
     "ScanResult",
     "SchemaMismatchError",
     "StoreClosedError",

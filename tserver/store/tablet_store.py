@@ -45,7 +45,14 @@ from tserver.store.errors import (
 )
 from tserver.store.sql import META_TABLE, SqlBuilder, from_sql, quote_ident, to_sql
 
-__all__ = ["FORMAT_VERSION", "ApplyEntry", "EntryResult", "ScanResult", "TabletStore"]
+__all__ = [
+    "FORMAT_VERSION",
+    "ApplyEntry",
+    "EntryResult",
+    "RequestRecord",
+    "ScanResult",
+    "TabletStore",
+]
 
 FORMAT_VERSION = 1
 # Readers only wait on a writer during WAL recovery or a checkpoint restart: seconds, not ms.
@@ -65,18 +72,37 @@ class ApplyEntry:
     index: int
     term: int
     ops: Sequence[AnyOp] = ()
+    # Exactly-once identity of the write, (client_id, seq_no); None for anonymous writes.
+    request: tuple[str, int] | None = None
+    # The client's first incomplete seq_no: its results below it are forgotten.
+    first_incomplete_seq_no: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class EntryResult:
     """What applying one entry did. ``skipped``: it was at or below the applied index
-    already (a replay), so nothing was done and there are no row results."""
+    already (a replay), so nothing was done and there are no row results.
+    ``duplicate_of``: the entry repeats a request applied before at that index (a client's
+    retry that reached a new leader), so its rows were not applied again and ``row_errors``
+    are the original's."""
 
     index: int
     term: int
     skipped: bool
     row_errors: tuple[RowError, ...] = ()
     rows_applied: int = 0
+    duplicate_of: int = 0
+    # The term of the original entry when ``duplicate_of`` is set.
+    duplicate_term: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """The durable outcome of an applied write request."""
+
+    index: int
+    term: int
+    row_errors: tuple[RowError, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +118,19 @@ class ScanResult:
     rows: list[tuple[Value, ...]]
     resume_key: bytes | None
     applied_index: int
+
+
+# Outcomes of applied write requests, for exactly-once retries (see _apply_entry).
+_REQUESTS = quote_ident("raftlet_requests")
+
+
+def _encode_errors(errors: Sequence[RowError]) -> bytes:
+    return tablet_pb2.WriteResponse(row_errors=[e.to_pb() for e in errors]).SerializeToString()
+
+
+def _decode_errors(data: bytes) -> tuple[RowError, ...]:
+    pb = tablet_pb2.WriteResponse.FromString(data)
+    return tuple(RowError(e.row_index, e.code, e.message) for e in pb.row_errors)
 
 
 def _short(value: object) -> str:
@@ -199,6 +238,12 @@ class TabletStore:
                     result = (schema, 0, 0)
                 else:
                     result = TabletStore._read_meta(conn, path, schema)
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_REQUESTS} (client_id TEXT NOT NULL, "
+                    "seq_no INTEGER NOT NULL, op_index INTEGER NOT NULL, "
+                    "op_term INTEGER NOT NULL, row_errors BLOB NOT NULL, "
+                    "PRIMARY KEY (client_id, seq_no)) WITHOUT ROWID"
+                )
                 conn.execute("COMMIT")
             except BaseException:
                 conn.rollback()
@@ -358,6 +403,53 @@ class TabletStore:
             return results
 
     def _apply_entry(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
+        if entry.request is not None:
+            client_id, seq_no = entry.request
+            row = cur.execute(
+                f"SELECT op_index, op_term, row_errors FROM {_REQUESTS} "
+                "WHERE client_id = ? AND seq_no = ?",
+                (client_id, seq_no),
+            ).fetchone()
+            if row is not None:
+                return EntryResult(
+                    entry.index,
+                    entry.term,
+                    False,
+                    _decode_errors(row[2]),
+                    0,
+                    duplicate_of=int(row[0]),
+                    duplicate_term=int(row[1]),
+                )
+        result = self._apply_ops(cur, entry)
+        if entry.request is not None:
+            # In the same transaction as the rows: after any crash, either both the rows
+            # and the record are there or neither is, so a retry is never applied twice.
+            client_id, seq_no = entry.request
+            cur.execute(
+                f"INSERT INTO {_REQUESTS} (client_id, seq_no, op_index, op_term, row_errors) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (client_id, seq_no, entry.index, entry.term, _encode_errors(result.row_errors)),
+            )
+            if entry.first_incomplete_seq_no > 0:
+                cur.execute(
+                    f"DELETE FROM {_REQUESTS} WHERE client_id = ? AND seq_no < ?",
+                    (client_id, entry.first_incomplete_seq_no),
+                )
+        return result
+
+    def lookup_request(self, client_id: str, seq_no: int) -> RequestRecord | None:
+        """The outcome of an applied request, if this store still remembers it."""
+        with self._reader() as conn:
+            row = conn.execute(
+                f"SELECT op_index, op_term, row_errors FROM {_REQUESTS} "
+                "WHERE client_id = ? AND seq_no = ?",
+                (client_id, seq_no),
+            ).fetchone()
+        if row is None:
+            return None
+        return RequestRecord(int(row[0]), int(row[1]), _decode_errors(row[2]))
+
+    def _apply_ops(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
         errors: list[RowError] = []
         applied = 0
         for position, op in enumerate(entry.ops):

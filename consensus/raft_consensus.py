@@ -1,0 +1,492 @@
+"""RaftConsensus: the threaded driver around the pure core (Kudu's RaftConsensus).
+
+Threads and the one lock
+- ``_lock`` (a ProfiledLock named ``consensus``) guards the RawNode.  Every input -- a tick,
+  a peer's request or answer, a proposal, a durability report -- is stepped under it, and
+  the resulting Ready is carried out under it (``_process_ready_unlocked``): term/vote
+  saved (fsync) before anything that depends on them, entries handed to the WAL's group
+  commit (``append_async``, which BLOCKS while the WAL's bounded queue is full -- with a slow
+  disk, that is exactly where the lock holder waits, as in KUDU-2727), the leader's appends
+  queued to the peer senders, committed entries handed to the applier.
+- the WAL's appender thread reports durability through a callback that only queues it;
+  the ``raft-durable`` thread steps ``on_persisted`` under the lock and releases what had to
+  wait for persistence (votes, append acknowledgements).  The callback never takes the lock:
+  the lock holder may be blocked in ``append_async`` waiting for that very appender.
+- one ``raft-timer`` thread turns wall time into ticks; one PeerSender thread per peer.
+- a peer's request (UpdateConsensus, RequestVote) is handled on the caller's thread
+  (``handle_request``), which waits -- outside the lock -- until its answer may leave.
+
+The lock-free leadership check (KUDU-2727)
+After every Ready whose soft state changed, a frozen ``ConsensusSnapshot`` is published by
+one attribute assignment.  ``check_leadership_and_bind_term`` reads that attribute once
+and never touches the lock.  It is safe because the snapshot only ever describes a state
+that was in force, and ``replicate(datas, bound_term)`` re-checks the term under the lock:
+a write bound to a stale term is refused with TermMismatch, never appended in a later term.
+With ``TermCheckMode.LOCKED`` the check takes the lock and reads the core instead (the
+pre-KUDU-2727 behaviour), so both can be measured side by side.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from consensus.core import (
+    NO_NODE,
+    Config,
+    Entry,
+    Message,
+    MessageType,
+    NotLeader,
+    ProposalDropped,
+    RawNode,
+    Ready,
+    Role,
+    SoftState,
+)
+from consensus.log.raft_storage import LogStorage
+from consensus.peers import PeerSender
+from consensus.transport import Transport
+from metrics.counter import StripedCounter
+from metrics.profiled_lock import ProfiledLock
+
+__all__ = [
+    "ConsensusMetrics",
+    "ConsensusOptions",
+    "ConsensusSnapshot",
+    "LeaderNotReady",
+    "RaftConsensus",
+    "ReplicaFailed",
+    "TermCheckMode",
+]
+
+logger = logging.getLogger(__name__)
+
+_RESPONSES = frozenset(
+    {
+        MessageType.APPEND_RESPONSE,
+        MessageType.HEARTBEAT_RESPONSE,
+        MessageType.VOTE_RESPONSE,
+        MessageType.PRE_VOTE_RESPONSE,
+    }
+)
+_STOP = object()
+# Save a lagging commit index every this many ticks (it is an optimisation for restarts).
+_COMMIT_SAVE_TICKS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class _Durable:
+    """The WAL made ``ready`` durable (or failed with ``error``)."""
+
+    ready: Ready
+    later: list[Message]
+    event: threading.Event | None
+    error: BaseException | None
+
+
+class TermCheckMode(enum.Enum):
+    LOCKFREE = "lockfree"
+    LOCKED = "locked"
+
+
+class LeaderNotReady(ProposalDropped):
+    """The leader has not committed its NO_OP yet, or is handing leadership over: retry
+    the same server shortly (UNAVAILABLE)."""
+
+
+class ReplicaFailed(ProposalDropped):
+    """The replica's log failed; it serves nothing until it is reopened."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsensusSnapshot:
+    """What a write needs to know about leadership, immutable so it can be read lock-free."""
+
+    term: int
+    role: Role
+    leader_id: str
+    leader_ready: bool
+    transferring: bool
+
+    @classmethod
+    def of(cls, soft: SoftState) -> ConsensusSnapshot:
+        return cls(soft.term, soft.role, soft.leader_id, soft.leader_ready, soft.transferring)
+
+    def bind_term(self) -> int:
+        """The term a write may bind to, or the error that tells the client where to go."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader_id, self.term)
+        if not self.leader_ready:
+            raise LeaderNotReady(f"leader of term {self.term} has not committed its no-op yet")
+        if self.transferring:
+            raise LeaderNotReady(f"leader of term {self.term} is handing leadership over")
+        return self.term
+
+
+@dataclass(frozen=True, slots=True)
+class ConsensusOptions:
+    tick_interval_s: float = 0.1
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    pre_vote: bool = True
+    check_quorum: bool = True
+    max_inflight_msgs: int = 64
+    max_size_per_msg: int = 1 << 20
+    term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
+    # How long a peer's request may wait for its answer to become durable.
+    request_timeout_s: float = 10.0
+    seed: int | None = None
+
+
+@dataclass
+class ConsensusMetrics:
+    """Counters the driver feeds; the tablet server passes registry-owned ones."""
+
+    term_checks: dict[TermCheckMode, StripedCounter] = field(
+        default_factory=lambda: {m: StripedCounter() for m in TermCheckMode}
+    )
+    # Acquisitions of the consensus lock made by the term check (zero in lockfree mode).
+    term_check_lock_acquisitions: StripedCounter = field(default_factory=StripedCounter)
+    leader_elections: StripedCounter = field(default_factory=StripedCounter)
+
+
+class RaftConsensus:
+    def __init__(
+        self,
+        *,
+        group_id: str,
+        node_id: str,
+        storage: LogStorage,
+        transport: Transport,
+        apply_committed: Callable[[Sequence[Entry]], None],
+        applied_index: int = 0,
+        options: ConsensusOptions | None = None,
+        lock: ProfiledLock | None = None,
+        metrics: ConsensusMetrics | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.node_id = node_id
+        self.options = opts = options or ConsensusOptions()
+        self.voters = storage.voters()
+        self._storage = storage
+        self._transport = transport
+        self._apply_committed = apply_committed
+        self._lock = lock or ProfiledLock("consensus")
+        self.metrics = metrics or ConsensusMetrics()
+        config = Config(
+            id=node_id,
+            voters=self.voters,
+            election_tick=opts.election_ticks,
+            heartbeat_tick=opts.heartbeat_ticks,
+            pre_vote=opts.pre_vote,
+            check_quorum=opts.check_quorum,
+            max_inflight_msgs=opts.max_inflight_msgs,
+            max_size_per_msg=opts.max_size_per_msg,
+            applied=applied_index,
+            seed=opts.seed,
+        )
+        self._node = RawNode(config, storage)
+        self._snapshot = ConsensusSnapshot.of(self._node.soft_state())
+        self._saved_commit = storage.initial_state().commit
+        # Read without the lock by status pages and gauges; an int assignment is atomic.
+        self._commit_seen = self._saved_commit
+        self._last_election = 0.0  # wall-clock time this replica last saw a new leader
+        self._failure: BaseException | None = None
+        self._stopping = threading.Event()
+        self._durable: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._peers = {
+            v: PeerSender(v, transport, self._step_answer, f"raft-peer:{group_id}:{v}")
+            for v in self.voters
+            if v != node_id
+        }
+        self._durable_thread = threading.Thread(
+            target=self._run_durable, name=f"raft-durable:{group_id}", daemon=True
+        )
+        self._timer_thread = threading.Thread(
+            target=self._run_timer, name=f"raft-timer:{group_id}", daemon=True
+        )
+        self._started = False
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start ticking.  Committed entries above the applied index are handed to the
+        applier as soon as they are known (the first Ready may already hold some)."""
+        self._started = True
+        self._durable_thread.start()
+        self._timer_thread.start()
+        with self._lock:
+            self._process_ready_unlocked()
+
+    def stop(self) -> None:
+        """Stop ticking and sending; save the commit index.  Pending proposals are not
+        failed here: the tablet fails its own in-flight operations."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        if self._started:
+            self._timer_thread.join(timeout=10)
+        for peer in self._peers.values():
+            peer.stop()
+        if self._started:
+            barrier = threading.Event()
+            try:
+                self._storage.append_async([], lambda _err: barrier.set())
+                barrier.wait(timeout=10)
+            except Exception:  # a failed or closed log has nothing left to flush
+                pass
+            self._durable.put(_STOP)
+            self._durable_thread.join(timeout=10)
+        with self._lock:
+            self._save_commit_unlocked()
+
+    # --- the write path ----------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> ConsensusSnapshot:
+        return self._snapshot
+
+    def check_leadership_and_bind_term(self) -> int:
+        """The term a write binds to; raises NotLeader / LeaderNotReady / ReplicaFailed.
+
+        Lockfree mode reads the published snapshot once.  Locked mode takes the consensus
+        lock and asks the core, as Kudu did before KUDU-2727."""
+        if self._failure is not None:
+            raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
+        mode = self.options.term_check_mode
+        self.metrics.term_checks[mode].increment()
+        if mode is TermCheckMode.LOCKFREE:
+            return self._snapshot.bind_term()
+        self.metrics.term_check_lock_acquisitions.increment()
+        with self._lock:
+            snapshot = ConsensusSnapshot.of(self._node.soft_state())
+        return snapshot.bind_term()
+
+    def replicate(self, datas: Sequence[bytes], bound_term: int) -> list[Entry]:
+        """Append ``datas`` as entries of ``bound_term`` and start replicating them.
+
+        Raises TermMismatch if leadership moved since the term was bound, NotLeader if this
+        replica no longer leads.  Under the lock this may wait for room in the WAL's queue.
+        """
+        if self._failure is not None:
+            raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
+        with self._lock:
+            entries = self._node.propose_batch(datas, expected_term=bound_term)
+            self._process_ready_unlocked()
+        return entries
+
+    def on_applied(self, index: int) -> None:
+        """The applier applied every committed entry up to ``index``."""
+        with self._lock:
+            self._node.on_applied(index)
+
+    def step_down(self, new_leader: str = NO_NODE) -> str:
+        """Hand leadership to ``new_leader``, or to the most caught-up follower."""
+        with self._lock:
+            status = self._node.status()
+            if status.soft_state.role is not Role.LEADER:
+                raise NotLeader(status.soft_state.leader_id, status.soft_state.term)
+            target = new_leader
+            if not target:
+                if not status.progress:
+                    raise ProposalDropped("no follower to hand leadership to")
+                target = max(status.progress, key=lambda v: status.progress[v][0])
+            if target not in self.voters or target == self.node_id:
+                raise ValueError(f"{target!r} is not another voter of {self.group_id}")
+            self._node.transfer_leadership(target)
+            self._process_ready_unlocked()
+        return target
+
+    # --- peers ---------------------------------------------------------------------------
+
+    def handle_request(self, message: Message) -> Message | None:
+        """A peer's request (APPEND, HEARTBEAT, VOTE, PRE_VOTE, TIMEOUT_NOW): step it and
+        return the answer once it may leave (after what it acknowledges is durable)."""
+        if self._stopping.is_set() or self._failure is not None:
+            return None
+        with self._lock:
+            self._node.step(message)
+            answer, durable = self._process_ready_unlocked(answer_to=message.src)
+        if durable is not None and not durable.wait(self.options.request_timeout_s):
+            return None
+        return None if self.failed() else answer
+
+    def _step_answer(self, message: Message) -> None:
+        """A peer's answer to something we sent (PeerSender thread)."""
+        if self._stopping.is_set():
+            return
+        with self._lock:
+            self._node.step(message)
+            self._process_ready_unlocked()
+
+    # --- status ----------------------------------------------------------------------------
+
+    def commit_index_seen(self) -> int:
+        """The commit index as of the last Ready, read without the lock (may lag a bit)."""
+        return self._commit_seen
+
+    def last_election(self) -> float:
+        """Wall-clock seconds of the last change of term or leader seen (0: none)."""
+        return self._last_election
+
+    def commit_index(self) -> int:
+        with self._lock:
+            return self._node.hard_state().commit
+
+    def failed(self) -> bool:
+        """Whether the log failed (set by the durability thread at any time)."""
+        return self._failure is not None
+
+    def status(self) -> dict[str, object]:
+        with self._lock:
+            st = self._node.status()
+        return {
+            "term": st.hard_state.term,
+            "role": st.soft_state.role.value,
+            "leader": st.soft_state.leader_id,
+            "leader_ready": st.soft_state.leader_ready,
+            "voted_for": st.hard_state.vote,
+            "commit_index": st.hard_state.commit,
+            "applied_index": st.applied,
+            "last_index": st.last_index,
+            "progress": {p: {"match": m, "next": n} for p, (m, n, _) in st.progress.items()},
+        }
+
+    # --- carrying out Readies ---------------------------------------------------------------
+
+    def _process_ready_unlocked(
+        self, answer_to: str | None = None
+    ) -> tuple[Message | None, threading.Event | None]:
+        """Carry out every pending Ready.  Caller holds ``_lock``.
+
+        With ``answer_to``, the first answer addressed to that peer is held back and
+        returned with an event set once it may leave (see ``handle_request``)."""
+        answer: Message | None = None
+        answer_durable: threading.Event | None = None
+        node = self._node
+        while node.has_ready():
+            rd = node.ready()
+            if rd.soft_state_changed:
+                self._publish_unlocked(rd.soft_state)
+            if rd.hard_state is not None:
+                self._commit_seen = rd.hard_state.commit
+            if rd.hard_state is not None and rd.must_sync:
+                self._storage.save_hard_state(rd.hard_state)
+                self._saved_commit = rd.hard_state.commit
+            for m in rd.messages:
+                self._peers[m.dst].send(m)
+            later: list[Message] = []
+            held_here = False
+            for m in rd.persisted_messages:
+                if (
+                    answer is None
+                    and answer_to is not None
+                    and m.dst == answer_to
+                    and (m.type in _RESPONSES)
+                ):
+                    answer, held_here = m, True
+                else:
+                    later.append(m)
+            if rd.entries or later or held_here:
+                event = threading.Event() if held_here else None
+                if event is not None:
+                    answer_durable = event
+                self._storage.append_async(rd.entries, self._durable_callback(rd, later, event))
+            if rd.committed_entries:
+                self._apply_committed(rd.committed_entries)
+        return answer, answer_durable
+
+    def _durable_callback(
+        self, rd: Ready, later: list[Message], event: threading.Event | None
+    ) -> Callable[[BaseException | None], None]:
+        # Runs on the WAL's appender thread: queue only, never take the consensus lock.
+        def callback(error: BaseException | None) -> None:
+            self._durable.put(_Durable(rd, later, event, error))
+
+        return callback
+
+    def _publish_unlocked(self, soft: SoftState) -> None:
+        old = self._snapshot
+        snapshot = ConsensusSnapshot.of(soft)
+        if soft.leader_id != old.leader_id or soft.term != old.term:
+            self._last_election = time.time()
+        # One attribute assignment: readers see the old snapshot or the new, never a mix.
+        self._snapshot = snapshot
+        if snapshot.role is Role.LEADER and (old.role is not Role.LEADER or old.term != soft.term):
+            self.metrics.leader_elections.increment()
+            logger.info("%s: %s leads term %d", self.group_id, self.node_id, soft.term)
+
+    def _save_commit_unlocked(self) -> None:
+        hard = self._node.hard_state()
+        if hard.commit > self._saved_commit and self._failure is None:
+            try:
+                self._storage.save_hard_state(hard)
+                self._saved_commit = hard.commit
+            except OSError:
+                logger.exception("%s: saving the commit index failed", self.group_id)
+
+    # --- threads ------------------------------------------------------------------------------
+
+    def _run_durable(self) -> None:
+        while True:
+            item = self._durable.get()
+            if item is _STOP:
+                return
+            batch = [item]
+            while True:  # everything already reported, under one lock acquisition
+                try:
+                    more = self._durable.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    self._durable.put(_STOP)
+                    break
+                batch.append(more)
+            events: list[threading.Event] = []
+            with self._lock:
+                for done in batch:
+                    assert isinstance(done, _Durable)
+                    if done.error is not None:
+                        self._fail_unlocked(done.error)
+                    elif self._failure is None:
+                        self._node.on_persisted(done.ready)
+                        for m in done.later:
+                            self._peers[m.dst].send(m)
+                    if done.event is not None:
+                        events.append(done.event)
+                if self._failure is None:
+                    self._process_ready_unlocked()
+            for event in events:
+                event.set()
+
+    def _fail_unlocked(self, error: BaseException) -> None:
+        if self._failure is None:
+            logger.error("%s: the log failed, the replica stops: %r", self.group_id, error)
+            self._failure = error
+            self._snapshot = ConsensusSnapshot(
+                self._snapshot.term, Role.FOLLOWER, NO_NODE, False, False
+            )
+
+    def _run_timer(self) -> None:
+        interval = self.options.tick_interval_s
+        next_tick = time.monotonic() + interval
+        ticks = 0
+        while not self._stopping.wait(max(0.0, next_tick - time.monotonic())):
+            next_tick += interval
+            now = time.monotonic()
+            if next_tick < now:  # we fell behind (a long GC, a stalled lock): don't burst
+                next_tick = now + interval
+            ticks += 1
+            with self._lock:
+                if self._failure is not None:
+                    continue
+                self._node.tick()
+                self._process_ready_unlocked()
+                if ticks % _COMMIT_SAVE_TICKS == 0:
+                    self._save_commit_unlocked()

@@ -1,0 +1,656 @@
+"""Real ``raftlet tserver`` processes on loopback for integration tests.
+
+Every port is picked by the test (bound to port 0 by the kernel, then released just before
+the server binds it), every directory lives under the test's tmp_path, and every process
+is stopped by PID when the test ends -- gracefully with SIGTERM, SIGKILL after a timeout.
+
+Besides starting and stopping servers:
+- ``Server.scan_rows`` (all rows of a replica, following resume keys; follower reads by
+  default), ``Server.list_tablets``, ``Server.metric`` (a sum of samples from ``/metrics``);
+- ``TserverCluster.wait_converged`` (every replica applied exactly these rows),
+  ``new_leader_of``, ``tablet_for_key`` (the client's hash routing);
+- ``write_with_retry`` (one request id, retried on NOT_LEADER / UNAVAILABLE /
+  RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED at the hinted leader or the next server, within a
+  deadline) and ``WriteLoad`` (writer threads doing that continuously, each write a unique
+  INSERT, so a retry applied twice shows as KEY_EXISTS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from proto import (
+    ERROR_METADATA_KEY,
+    admin_pb2_grpc,
+    consensus_pb2_grpc,
+    tablet_pb2,
+    tablet_pb2_grpc,
+)
+from proto.common_pb2 import ServerErrorPB
+from schema.partition import partition_for_key
+from schema.rows import OpType, encode_row_op, row_from_pb
+from schema.schema import ColumnSchema, Schema
+from schema.types import DataType
+from tserver.cluster_config import (
+    ClusterConfig,
+    RaftTimings,
+    ServerConfig,
+    TableConfig,
+    write_cluster_config,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 30.0
+
+KV_SCHEMA = Schema(
+    [
+        ColumnSchema("key", DataType.INT64, is_key=True),
+        ColumnSchema("value", DataType.STRING, nullable=True),
+    ]
+)
+
+
+# The test's channels reconnect quickly to a server that was killed and restarted (gRPC's
+# default backoff grows to 120 s) and never go through a proxy from the environment.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.enable_http_proxy", 0),
+]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        threading.Event().wait(0.02)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def server_error(err: grpc.RpcError) -> ServerErrorPB | None:
+    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
+        if key == ERROR_METADATA_KEY:
+            return ServerErrorPB.FromString(value)
+    return None
+
+
+class Server:
+    def __init__(self, cluster: TserverCluster, config: ServerConfig) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.id = config.id
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.channel = grpc.insecure_channel(config.rpc_addr, options=CHANNEL_OPTIONS)
+        self.tablet = tablet_pb2_grpc.TabletServiceStub(self.channel)
+        self.consensus = consensus_pb2_grpc.ConsensusServiceStub(self.channel)
+        self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
+        self.log_path = cluster.root / f"{self.id}.log"
+
+    def start(self, extra_flags: Sequence[str] = ()) -> None:
+        assert self.proc is None or self.proc.poll() is not None
+        flags = [*self.cluster.flags, *extra_flags]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "tserver",
+                "--config",
+                str(self.cluster.path),
+                "--server_id",
+                self.id,
+                *flags,
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        log.close()
+        line = _read_line(self.proc, START_TIMEOUT_S)
+        if "ready" not in line:
+            raise AssertionError(f"{self.id} did not start: {line!r}\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self._close_pipe()
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in time.  Returns the exit code."""
+        assert self.proc is not None
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self._close_pipe()
+        return self.proc.returncode
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def http(self, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://{self.config.http_addr}{path}", timeout=10) as r:
+            return r.read()
+
+    def tablets_json(self) -> list[dict[str, Any]]:
+        doc = json.loads(self.http("/tablets.json"))
+        return list(doc["tablets"])
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def list_tablets(self, timeout: float = 5.0) -> dict[str, tablet_pb2.TabletStatusPB]:
+        """tablet id -> this server's view of its replica (ListTablets)."""
+        resp = self.tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout)
+        return {t.tablet_id: t for t in resp.tablets}
+
+    def scan_rows(
+        self,
+        tablet_id: str,
+        read_mode: int = tablet_pb2.READ_FOLLOWER_APPLIED,
+        timeout: float = 5.0,
+        batch_size_rows: int = 0,
+    ) -> dict[Any, Any]:
+        """Every row of this server's replica of ``tablet_id`` as {key: value}, following
+        resume keys.  Needs a two-column (key, value) schema such as ``KV_SCHEMA``."""
+        rows: dict[Any, Any] = {}
+        resume = b""
+        while True:
+            req = tablet_pb2.ScanRequest(
+                tablet_id=tablet_id,
+                read_mode=read_mode,  # type: ignore[arg-type]
+                resume_key=resume,
+                batch_size_rows=batch_size_rows,
+            )
+            resp = self.tablet.Scan(req, timeout=timeout)
+            for row in resp.rows:
+                key, value = row_from_pb(self.cluster.schema, list(resp.columns), row)
+                assert key not in rows, f"{self.id}: key {key!r} scanned twice in {tablet_id}"
+                rows[key] = value
+            if not resp.has_more:
+                return rows
+            resume = resp.resume_key
+
+    def metric_families(self) -> list[Any]:
+        """/metrics parsed by prometheus_client."""
+        text = self.http("/metrics").decode()
+        return list(text_string_to_metric_families(text))
+
+    def metric(self, sample_name: str, **labels: str) -> float:
+        """Sum of the samples named ``sample_name`` (e.g. ``rpcs_queue_overflow_total``)
+        whose labels include ``labels``; 0.0 when there is none."""
+        total = 0.0
+        for family in self.metric_families():
+            for sample in family.samples:
+                if sample.name == sample_name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += sample.value
+        return total
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or (proc.poll() is not None and not sel.select(0)):
+                return buf.decode(errors="replace")
+            if sel.select(min(left, 0.5)):
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    return buf.decode(errors="replace")
+                buf += chunk
+    return buf.split(b"\n", 1)[0].decode(errors="replace")
+
+
+class TserverCluster:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        n_servers: int = 3,
+        partitions: int = 2,
+        schema: Schema = KV_SCHEMA,
+        flags: Sequence[str] = (),
+        raft: RaftTimings | None = None,
+    ) -> None:
+        self.root = root
+        self.flags = list(flags)
+        ports = free_ports(2 * n_servers)
+        servers = tuple(
+            ServerConfig(
+                id=f"ts{i + 1}",
+                rpc_addr=f"127.0.0.1:{ports[2 * i]}",
+                http_addr=f"127.0.0.1:{ports[2 * i + 1]}",
+                data_dir=root / f"ts{i + 1}",
+            )
+            for i in range(n_servers)
+        )
+        config = ClusterConfig(
+            name="itest",
+            servers=servers,
+            tables=(TableConfig("kv", schema, partitions, min(3, n_servers)),),
+            raft=raft or RaftTimings(tick_interval_ms=50, election_ticks=10, heartbeat_ticks=1),
+        )
+        self.path = root / "cluster.toml"
+        self.schema = schema
+        self.partitions = partitions
+        self.config = write_cluster_config(config, self.path)
+        self.servers = {s.id: Server(self, s) for s in self.config.servers}
+
+    def start(self) -> TserverCluster:
+        for s in self.servers.values():
+            s.start()
+        return self
+
+    def stop(self) -> None:
+        for s in self.servers.values():
+            if s.proc is not None:
+                s.terminate()
+            s.channel.close()
+
+    def tablet_ids(self) -> list[str]:
+        return [p.tablet_id for p in self.config.placements()]
+
+    def leaders(self) -> dict[str, str]:
+        """tablet id -> leader id, for tablets whose leader is ready (asked of each server)."""
+        found: dict[str, str] = {}
+        for s in self.servers.values():
+            if not s.alive:
+                continue
+            try:
+                resp = s.tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=5)
+            except grpc.RpcError:
+                continue
+            for t in resp.tablets:
+                if t.leader_ready and t.leader_uuid == s.id:
+                    found[t.tablet_id] = s.id
+        return found
+
+    def wait_leaders(self, timeout: float = 30.0) -> dict[str, str]:
+        wait_for(lambda: len(self.leaders()) == len(self.tablet_ids()), timeout, "every leader")
+        return self.leaders()
+
+    def leader_of(self, tablet_id: str, timeout: float = 30.0) -> Server:
+        wait_for(lambda: tablet_id in self.leaders(), timeout, f"a leader of {tablet_id}")
+        return self.servers[self.leaders()[tablet_id]]
+
+    def new_leader_of(self, tablet_id: str, old: str, timeout: float = 30.0) -> Server:
+        """Wait for a ready leader of ``tablet_id`` other than server ``old``."""
+        wait_for(
+            lambda: self.leaders().get(tablet_id, old) != old,
+            timeout,
+            f"a leader of {tablet_id} other than {old}",
+        )
+        return self.servers[self.leaders()[tablet_id]]
+
+    def tablet_for_key(self, key: object) -> str:
+        """The tablet holding ``key`` of table kv (the client's routing)."""
+        return f"kv-p{partition_for_key(self.schema, [key], self.partitions)}"
+
+    def alive_servers(self) -> list[Server]:
+        return [s for s in self.servers.values() if s.alive]
+
+    def replica_rows(
+        self, tablet_id: str, servers: Sequence[str] | None = None
+    ) -> dict[str, dict[Any, Any] | str]:
+        """Follower-applied rows of ``tablet_id`` on each live server of ``servers`` (default
+        all), or the error its scan failed with."""
+        out: dict[str, dict[Any, Any] | str] = {}
+        for s in self.alive_servers():
+            if servers is not None and s.id not in servers:
+                continue
+            try:
+                out[s.id] = s.scan_rows(tablet_id)
+            except grpc.RpcError as e:
+                out[s.id] = f"{e.code()}: {e.details()}"
+        return out
+
+    def wait_converged(
+        self,
+        tablet_id: str,
+        expected: dict[Any, Any],
+        timeout: float = 30.0,
+        servers: Sequence[str] | None = None,
+    ) -> None:
+        """Wait until each replica of ``tablet_id`` (on ``servers``, default all that host
+        one, which must then all be running) has applied exactly ``expected``, read with
+        follower reads; on timeout the assertion shows what each one holds."""
+        ids = list(servers or self.config.placement(tablet_id).replicas)
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.replica_rows(tablet_id, ids)
+            if all(seen.get(sid) == expected for sid in ids):
+                return
+            if time.monotonic() > deadline:
+                diffs = {sid: _diff(seen.get(sid, "not running"), expected) for sid in ids}
+                raise AssertionError(
+                    f"{tablet_id}: replicas did not converge on {len(expected)} rows "
+                    f"within {timeout} s: {diffs}"
+                )
+            threading.Event().wait(0.05)
+
+
+def _diff(rows: dict[Any, Any] | str, expected: dict[Any, Any]) -> str:
+    if isinstance(rows, str):
+        return rows
+    missing = sorted(set(expected) - set(rows))
+    extra = sorted(set(rows) - set(expected))
+    wrong = sorted(k for k in set(rows) & set(expected) if rows[k] != expected[k])
+    return (
+        f"{len(rows)} rows, missing {missing[:10]}, extra {extra[:10]}, "
+        f"wrong values {[(k, rows[k], expected[k]) for k in wrong[:10]]}"
+    )
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path, **kwargs: Any) -> Iterator[TserverCluster]:
+    cluster = TserverCluster(root, **kwargs)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+# --- writing -------------------------------------------------------------------------------
+
+# Statuses after which a write may be retried, elsewhere, with the same request id.
+RETRIABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
+
+
+def kv_op(key: int, value: str | None, op: OpType = OpType.INSERT) -> tablet_pb2.RowOperationPB:
+    return encode_row_op(KV_SCHEMA, op, {"key": key, "value": value})
+
+
+def write_request(
+    tablet_id: str,
+    ops: Sequence[tablet_pb2.RowOperationPB],
+    client_id: str = "",
+    seq_no: int = 0,
+    first_incomplete_seq_no: int = 0,
+) -> tablet_pb2.WriteRequest:
+    req = tablet_pb2.WriteRequest(tablet_id=tablet_id)
+    if client_id:
+        req.request_id.client_id = client_id
+        req.request_id.seq_no = seq_no
+        req.request_id.first_incomplete_seq_no = first_incomplete_seq_no
+    req.ops.extend(ops)
+    return req
+
+
+class WriteFailed(AssertionError):
+    pass
+
+
+class WriteResult(NamedTuple):
+    response: tablet_pb2.WriteResponse
+    attempts: int
+    server: str
+
+
+def write_with_retry(
+    cluster: TserverCluster,
+    request: tablet_pb2.WriteRequest,
+    *,
+    timeout: float = 30.0,
+    attempt_timeout: float = 2.0,
+    first: str | None = None,
+    on_attempt: Callable[[str, grpc.StatusCode | None], None] | None = None,
+    abort: threading.Event | None = None,
+) -> WriteResult:
+    """Send ``request`` until a server accepts it: the answer, the number of attempts and
+    the server that answered.
+
+    Every attempt carries the same request id (only ``attempt_no`` counts up).  NOT_LEADER
+    goes to the hinted leader if it is known, else to the next server; UNAVAILABLE,
+    RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED to the next server after a short pause.  Any
+    other status, running out of ``timeout``, or ``abort`` being set raises WriteFailed."""
+    ids = list(cluster.servers)
+    target = first if first in cluster.servers else ids[0]
+    deadline = time.monotonic() + timeout
+    attempts = 0
+    last = ""
+    while time.monotonic() < deadline:
+        if abort is not None and abort.is_set():
+            raise WriteFailed(f"write {request.request_id} aborted; last {last}")
+        attempts += 1
+        request.request_id.attempt_no = attempts - 1
+        server = cluster.servers[target]
+        try:
+            response = server.tablet.Write(request, timeout=attempt_timeout)
+        except grpc.RpcError as e:
+            code = e.code()
+            if on_attempt is not None:
+                on_attempt(target, code)
+            err = server_error(e)
+            last = f"{target}: {code} {e.details()}"
+            nxt = ids[(ids.index(target) + 1) % len(ids)]
+            if (
+                code == grpc.StatusCode.FAILED_PRECONDITION
+                and err is not None
+                and (err.code == ServerErrorPB.NOT_LEADER)
+            ):
+                hint = err.leader_uuid
+                if hint in cluster.servers and hint != target:
+                    target = hint
+                else:  # no leader known here: ask the next server, without spinning
+                    target = nxt
+                    threading.Event().wait(0.02)
+                continue
+            if code in RETRIABLE:
+                if err is not None and err.code == ServerErrorPB.LEADER_NOT_READY:
+                    nxt = target  # the leader, just not ready yet: ask it again
+                target = nxt
+                threading.Event().wait(0.02)
+                continue
+            raise WriteFailed(f"write {request.request_id} failed: {last}") from e
+        if on_attempt is not None:
+            on_attempt(target, None)
+        return WriteResult(response, attempts, target)
+    raise WriteFailed(f"write {request.request_id} not acknowledged in {timeout} s; last {last}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AckedWrite:
+    client_id: str
+    seq_no: int
+    tablet_id: str
+    key: int
+    value: str
+    op_index: int
+    op_term: int
+    attempts: int
+    server: str
+    acked_at: float  # time.monotonic()
+
+
+class WriteLoad:
+    """A continuous write load: ``n_writers`` threads, each with its own client id and
+    increasing seq_no, each write one INSERT of a key no other write uses, retried with
+    ``write_with_retry`` (same request id) until acknowledged.
+
+    Any answer with a row error is recorded in ``errors``: a unique key can only meet
+    KEY_EXISTS if a retry was applied on top of its own first attempt.  A writer whose write
+    is not acknowledged within ``write_timeout`` stops and records that too; ``stop`` lets
+    every writer finish the write it is on, so afterwards each write it started is either
+    acknowledged (in ``acked``) or reported in ``errors``."""
+
+    def __init__(
+        self,
+        cluster: TserverCluster,
+        *,
+        n_writers: int = 3,
+        write_timeout: float = 30.0,
+        key_base: int = 0,
+        name: str = "load",
+    ) -> None:
+        self.cluster = cluster
+        self.write_timeout = write_timeout
+        self.acked: list[AckedWrite] = []
+        self.errors: list[str] = []
+        self.failed_attempts: dict[grpc.StatusCode, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._abort = threading.Event()
+        self._threads = [
+            threading.Thread(
+                target=self._run,
+                args=(f"{name}-w{w}", key_base + w * 1_000_000),
+                name=f"{name}-w{w}",
+                daemon=True,
+            )
+            for w in range(n_writers)
+        ]
+
+    def __enter__(self) -> WriteLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # the test failed already: do not retry for long
+            self._abort.set()
+        self.stop()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout if timeout is not None else self.write_timeout + 10)
+            assert not t.is_alive(), f"writer {t.name} did not stop"
+
+    def _record_attempt(self, _server: str, code: grpc.StatusCode | None) -> None:
+        if code is not None:
+            with self._lock:
+                self.failed_attempts[code] = self.failed_attempts.get(code, 0) + 1
+
+    def _run(self, client_id: str, key_base: int) -> None:
+        leader: dict[str, str] = {}
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            key = key_base + seq
+            value = f"{client_id}#{seq}"
+            tablet_id = self.cluster.tablet_for_key(key)
+            req = write_request(tablet_id, [kv_op(key, value)], client_id, seq, seq)
+            try:
+                resp, attempts, server = write_with_retry(
+                    self.cluster,
+                    req,
+                    timeout=self.write_timeout,
+                    first=leader.get(tablet_id),
+                    on_attempt=self._record_attempt,
+                    abort=self._abort,
+                )
+            except Exception as e:  # WriteFailed, or a bug in the test: report, stop
+                with self._lock:
+                    self.errors.append(f"{client_id} seq {seq} key {key}: {e}")
+                return
+            leader[tablet_id] = server
+            ack = AckedWrite(
+                client_id,
+                seq,
+                tablet_id,
+                key,
+                value,
+                resp.op_index,
+                resp.op_term,
+                attempts,
+                server,
+                time.monotonic(),
+            )
+            with self._lock:
+                if resp.row_errors:
+                    codes = [tablet_pb2.RowErrorPB.Code.Name(e.code) for e in resp.row_errors]
+                    self.errors.append(
+                        f"{client_id} seq {seq} key {key} after {attempts} attempts: "
+                        f"row errors {codes} (a retry applied twice?)"
+                    )
+                self.acked.append(ack)
+
+    # --- reading the results --------------------------------------------------------------
+
+    def snapshot(self) -> list[AckedWrite]:
+        with self._lock:
+            return list(self.acked)
+
+    def count(self, tablet_id: str | None = None, after: float = 0.0) -> int:
+        return sum(
+            1
+            for a in self.snapshot()
+            if (tablet_id is None or a.tablet_id == tablet_id) and a.acked_at > after
+        )
+
+    def wait_acked(
+        self, n: int, timeout: float = 30.0, tablet_id: str | None = None, after: float = 0.0
+    ) -> None:
+        """Wait for ``n`` more acknowledgements (of ``tablet_id``) after time ``after``."""
+        wait_for(
+            lambda: self.count(tablet_id, after) >= n or bool(self.errors),
+            timeout,
+            f"{n} writes acknowledged{' on ' + tablet_id if tablet_id else ''}",
+        )
+        assert not self.errors, self.errors
+
+    def expected(self, tablet_id: str) -> dict[int, str]:
+        return {a.key: a.value for a in self.snapshot() if a.tablet_id == tablet_id}

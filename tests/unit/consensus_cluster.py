@@ -1,0 +1,131 @@
+"""A cluster of RaftConsensus drivers over real logs and an in-memory transport.
+
+Used by the driver tests: real threads, timers, WAL and metadata; only the network is
+in-process, so partitions are a ``cut`` away and no ports are needed.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from consensus.core import Entry, EntryType, Role
+from consensus.log import LogOptions, LogStorage, PersistentState
+from consensus.raft_consensus import ConsensusOptions, RaftConsensus, TermCheckMode
+from consensus.transport import InMemoryTransport
+
+FAST = ConsensusOptions(tick_interval_s=0.02, election_ticks=10, heartbeat_ticks=1)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        threading.Event().wait(0.005)
+
+
+@dataclass
+class Replica:
+    node_id: str
+    directory: Path
+    storage: LogStorage
+    consensus: RaftConsensus
+    applied: list[Entry] = field(default_factory=list)
+    _queue: queue.SimpleQueue[Sequence[Entry] | None] = field(default_factory=queue.SimpleQueue)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        # The applier runs on its own thread: apply_committed is called under the
+        # consensus lock, and on_applied takes it.
+        self._thread = threading.Thread(target=self._apply_loop, name=f"apply-{self.node_id}")
+        self._thread.start()
+        self.consensus.start()
+
+    def _apply_loop(self) -> None:
+        while (entries := self._queue.get()) is not None:
+            self.applied.extend(entries)
+            self.consensus.on_applied(entries[-1].index)
+
+    def data(self) -> list[bytes]:
+        return [e.data for e in self.applied if e.type is EntryType.NORMAL]
+
+    def stop(self) -> None:
+        self.consensus.stop()
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.storage.close()
+
+
+class Cluster:
+    def __init__(
+        self,
+        root: Path,
+        ids: Sequence[str] = ("a", "b", "c"),
+        mode: TermCheckMode = TermCheckMode.LOCKFREE,
+        options: ConsensusOptions = FAST,
+    ) -> None:
+        self.root = root
+        self.ids = tuple(ids)
+        self.options = ConsensusOptions(
+            tick_interval_s=options.tick_interval_s,
+            election_ticks=options.election_ticks,
+            heartbeat_ticks=options.heartbeat_ticks,
+            term_check_mode=mode,
+        )
+        self.transport = InMemoryTransport()
+        self.replicas: dict[str, Replica] = {}
+        for node_id in self.ids:
+            self.open(node_id)
+
+    def open(self, node_id: str) -> Replica:
+        directory = self.root / node_id
+        storage = LogStorage.open(directory, LogOptions(segment_size_bytes=1 << 20))
+        if storage.metadata.fresh:
+            storage.save_metadata(PersistentState(voters=self.ids))
+        holder: list[Replica] = []
+        consensus = RaftConsensus(
+            group_id="t1",
+            node_id=node_id,
+            storage=storage,
+            transport=self.transport,
+            apply_committed=lambda entries: holder[0]._queue.put(list(entries)),
+            options=self.options,
+        )
+        replica = Replica(node_id, directory, storage, consensus)
+        holder.append(replica)
+        self.replicas[node_id] = replica
+        self.transport.register(node_id, consensus.handle_request)
+        replica.start()
+        return replica
+
+    def crash(self, node_id: str) -> None:
+        self.transport.unregister(node_id)
+        self.replicas.pop(node_id).stop()
+
+    def leader(self, among: Sequence[str] | None = None) -> Replica | None:
+        leaders = [
+            r
+            for r in self.replicas.values()
+            if (among is None or r.node_id in among)
+            and r.consensus.snapshot.role is Role.LEADER
+            and r.consensus.snapshot.leader_ready
+        ]
+        return leaders[0] if len(leaders) == 1 else None
+
+    def wait_leader(self, among: Sequence[str] | None = None, timeout: float = 10.0) -> Replica:
+        wait_for(lambda: self.leader(among) is not None, timeout, "a single ready leader")
+        leader = self.leader(among)
+        assert leader is not None
+        return leader
+
+    def close(self) -> None:
+        for node_id in list(self.replicas):
+            self.crash(node_id)
+        self.transport.close()

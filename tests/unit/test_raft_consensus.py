@@ -1,0 +1,157 @@
+"""The threaded driver: elections and replication over real logs, the lock-free term
+check (KUDU-2727) against the locked one, leadership transfer, failover and restart."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from consensus.core import NotLeader, Role, TermMismatch
+from consensus.raft_consensus import LeaderNotReady, TermCheckMode
+from tests.unit.consensus_cluster import Cluster, wait_for
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def test_elects_one_leader_and_replicates_to_every_replica(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    term = leader.consensus.check_leadership_and_bind_term()
+    for i in range(20):
+        leader.consensus.replicate([b"row-%d" % i], term)
+    want = [b"row-%d" % i for i in range(20)]
+    for r in cluster.replicas.values():
+        wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 20")
+    followers = [r for r in cluster.replicas.values() if r is not leader]
+    for f in followers:
+        with pytest.raises(NotLeader) as err:
+            f.consensus.check_leadership_and_bind_term()
+        assert err.value.leader_id == leader.node_id
+
+
+def test_lockfree_term_check_never_takes_the_consensus_lock(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    consensus = leader.consensus
+    result: list[int] = []
+    lock = consensus._lock  # the test holds it, as a slow WAL append would
+    with lock:
+        t = threading.Thread(
+            target=lambda: result.append(consensus.check_leadership_and_bind_term())
+        )
+        t.start()
+        t.join(timeout=5)
+        assert not t.is_alive(), "the lock-free check waited for the consensus lock"
+    assert result == [consensus.snapshot.term]
+    assert consensus.metrics.term_check_lock_acquisitions.value() == 0
+    assert consensus.metrics.term_checks[TermCheckMode.LOCKFREE].value() == 1
+
+
+def test_locked_term_check_waits_for_the_consensus_lock(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, mode=TermCheckMode.LOCKED)
+    try:
+        leader = cluster.wait_leader()
+        consensus = leader.consensus
+        result: list[int] = []
+        with consensus._lock:
+            t = threading.Thread(
+                target=lambda: result.append(consensus.check_leadership_and_bind_term())
+            )
+            t.start()
+            t.join(timeout=0.2)
+            assert t.is_alive(), "the locked check did not wait for the lock"
+        t.join(timeout=5)
+        assert result == [consensus.snapshot.term]
+        assert consensus.metrics.term_check_lock_acquisitions.value() >= 1
+        assert consensus.metrics.term_checks[TermCheckMode.LOCKED].value() >= 1
+    finally:
+        cluster.close()
+
+
+def test_a_write_bound_to_an_old_term_is_refused_after_leadership_moves(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    stale_term = leader.consensus.check_leadership_and_bind_term()
+    target = leader.consensus.step_down()
+    assert target != leader.node_id
+    wait_for(lambda: getattr(cluster.leader(), "node_id", None) == target, what="transfer")
+    new = cluster.replicas[target]
+    new_term = new.consensus.check_leadership_and_bind_term()
+    assert new_term > stale_term
+    with pytest.raises(TermMismatch):
+        new.consensus.replicate([b"late"], stale_term)
+    with pytest.raises((NotLeader, TermMismatch)):
+        leader.consensus.replicate([b"late"], stale_term)
+    new.consensus.replicate([b"fresh"], new_term)
+    for r in cluster.replicas.values():
+        wait_for(lambda r=r: r.data() == [b"fresh"], what=f"{r.node_id} applies")
+
+
+def test_an_isolated_leader_steps_down_and_the_majority_elects_another(
+    cluster: Cluster,
+) -> None:
+    leader = cluster.wait_leader()
+    others = [r.node_id for r in cluster.replicas.values() if r is not leader]
+    for o in others:
+        cluster.transport.cut(leader.node_id, o)
+    new = cluster.wait_leader(among=others)
+    # Check-quorum: the old leader's published snapshot stops claiming leadership.
+    wait_for(lambda: leader.consensus.snapshot.role is not Role.LEADER, what="step-down")
+    with pytest.raises(NotLeader):
+        leader.consensus.check_leadership_and_bind_term()
+    cluster.transport.heal()
+    term = new.consensus.check_leadership_and_bind_term()
+    new.consensus.replicate([b"healed"], term)
+    for r in cluster.replicas.values():
+        wait_for(lambda r=r: r.data() == [b"healed"], what=f"{r.node_id} converges")
+
+
+def test_failover_keeps_every_committed_entry(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    term = leader.consensus.check_leadership_and_bind_term()
+    for i in range(10):
+        leader.consensus.replicate([b"before-%d" % i], term)
+    wait_for(lambda: all(len(r.data()) == 10 for r in cluster.replicas.values()))
+    cluster.crash(leader.node_id)
+    new = cluster.wait_leader()
+    assert new.node_id != leader.node_id
+    term = new.consensus.check_leadership_and_bind_term()
+    new.consensus.replicate([b"after"], term)
+    cluster.open(leader.node_id)
+    want = [b"before-%d" % i for i in range(10)] + [b"after"]
+    for r in cluster.replicas.values():
+        wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} catches up")
+
+
+def test_whole_cluster_restart_recovers_from_disk(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    term = leader.consensus.check_leadership_and_bind_term()
+    leader.consensus.replicate([b"x", b"y"], term)
+    wait_for(lambda: all(r.data() == [b"x", b"y"] for r in cluster.replicas.values()))
+    for node_id in cluster.ids:
+        cluster.crash(node_id)
+    for node_id in cluster.ids:
+        cluster.open(node_id)
+    cluster.wait_leader()
+    for r in cluster.replicas.values():
+        wait_for(lambda r=r: r.data() == [b"x", b"y"], what=f"{r.node_id} replays")
+
+
+def test_leader_not_ready_is_retriable() -> None:
+    from consensus.raft_consensus import ConsensusSnapshot
+
+    snap = ConsensusSnapshot(
+        term=3, role=Role.LEADER, leader_id="a", leader_ready=False, transferring=False
+    )
+    with pytest.raises(LeaderNotReady):
+        snap.bind_term()
+    with pytest.raises(LeaderNotReady):
+        ConsensusSnapshot(3, Role.LEADER, "a", True, True).bind_term()
+    assert ConsensusSnapshot(3, Role.LEADER, "a", True, False).bind_term() == 3
+    with pytest.raises(NotLeader):
+        ConsensusSnapshot(3, Role.FOLLOWER, "b", False, False).bind_term()

@@ -1,0 +1,210 @@
+"""The write path of one tablet over three in-process replicas: term binding, batching,
+apply on every replica, exactly-once retries (also after failover and restart), row errors
+and bad requests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from consensus.core import NotLeader
+from consensus.transport import InMemoryTransport
+from proto import tablet_pb2
+from schema.rows import ErrorCode, OpType, encode_row_op
+from schema.schema import ColumnSchema, Schema
+from schema.types import DataType
+from tests.unit.consensus_cluster import FAST, wait_for
+from tserver.errors import InvalidRequest, StaleRequest
+from tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
+
+SCHEMA = Schema(
+    [
+        ColumnSchema("k", DataType.INT64, is_key=True),
+        ColumnSchema("v", DataType.STRING, nullable=True),
+    ]
+)
+IDS = ("a", "b", "c")
+
+
+class Call:
+    """What a service call would see: one answer, waited for with a timeout."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.response: tablet_pb2.WriteResponse | None = None
+        self.error: BaseException | None = None
+        self.callbacks = WriteCallbacks(self._respond, self._fail)
+
+    def _respond(self, response: tablet_pb2.WriteResponse) -> None:
+        self.response = response
+        self.done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def result(self, timeout: float = 10.0) -> tablet_pb2.WriteResponse:
+        assert self.done.wait(timeout), "the write was never answered"
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None
+        return self.response
+
+
+class Tablet:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.transport = InMemoryTransport()
+        self.replicas: dict[str, TabletReplica] = {}
+        for node in IDS:
+            self.open(node)
+
+    def open(self, node: str) -> TabletReplica:
+        r = TabletReplica(
+            tablet_id="kv-p0",
+            table="kv",
+            partition=0,
+            server_id=node,
+            voters=IDS,
+            directory=self.root / node,
+            schema=SCHEMA,
+            transport=self.transport,
+            options=ReplicaOptions(consensus=FAST),
+        )
+        self.transport.register(node, r.consensus.handle_request)
+        r.start()
+        self.replicas[node] = r
+        return r
+
+    def stop(self, node: str) -> None:
+        self.transport.unregister(node)
+        self.replicas.pop(node).stop()
+
+    def leader(self) -> TabletReplica:
+        def ready() -> bool:
+            leaders = [r for r in self.replicas.values() if r.consensus.snapshot.leader_ready]
+            return len(leaders) == 1
+
+        wait_for(ready, what="a ready leader")
+        return next(r for r in self.replicas.values() if r.consensus.snapshot.leader_ready)
+
+    def close(self) -> None:
+        for node in list(self.replicas):
+            self.stop(node)
+        self.transport.close()
+
+
+@pytest.fixture
+def tablet(tmp_path: Path) -> Iterator[Tablet]:
+    t = Tablet(tmp_path)
+    yield t
+    t.close()
+
+
+def write(
+    keys: list[int], client: str = "", seq: int = 0, first_incomplete: int = 0,
+    op: OpType = OpType.INSERT,
+) -> tablet_pb2.WriteRequest:
+    req = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+    if client:
+        req.request_id.client_id = client
+        req.request_id.seq_no = seq
+        req.request_id.first_incomplete_seq_no = first_incomplete
+    for k in keys:
+        req.ops.append(encode_row_op(SCHEMA, op, {"k": k, "v": f"v{k}"}))
+    return req
+
+
+def send(replica: TabletReplica, req: tablet_pb2.WriteRequest) -> Call:
+    call = Call()
+    replica.write(req, call.callbacks)
+    return call
+
+
+def keys_on(replica: TabletReplica) -> list[int]:
+    return [row[0] for row in replica.store.scan(["k"]).rows]  # type: ignore[misc]
+
+
+def test_concurrent_writes_apply_on_every_replica(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    calls = [send(leader, write([i], "c1", i)) for i in range(1, 51)]
+    for call in calls:
+        assert not call.result().row_errors
+    for r in tablet.replicas.values():
+        wait_for(lambda r=r: keys_on(r) == list(range(1, 51)), what=f"{r.server_id} applies")
+
+
+def test_row_errors_come_back_per_row(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    send(leader, write([1])).result()
+    response = send(leader, write([1, 2])).result()
+    assert [(e.row_index, e.code) for e in response.row_errors] == [(0, ErrorCode.KEY_EXISTS)]
+    response = send(leader, write([9], op=OpType.UPDATE)).result()
+    assert [e.code for e in response.row_errors] == [ErrorCode.KEY_NOT_FOUND]
+
+
+def test_bad_requests_are_refused_without_replication(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    before = leader.consensus.status()["last_index"]
+    with pytest.raises(InvalidRequest):
+        send(leader, tablet_pb2.WriteRequest(tablet_id="kv-p0"))
+    bad = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+    bad.ops.add(type=tablet_pb2.RowOperationPB.INSERT).cells.add(column="nope")
+    response = send(leader, bad).result()
+    assert [e.code for e in response.row_errors] == [ErrorCode.UNKNOWN_COLUMN]
+    assert leader.consensus.status()["last_index"] == before
+    follower = next(r for r in tablet.replicas.values() if r is not leader)
+    with pytest.raises(NotLeader):
+        send(follower, write([1]))
+
+
+def test_the_same_request_twice_is_applied_once(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    first, second = send(leader, write([5], "c1", 1)), send(leader, write([5], "c1", 1))
+    assert first.result() == second.result()
+    assert not first.result().row_errors  # a second apply would have said KEY_EXISTS
+    third = send(leader, write([5], "c1", 1)).result()
+    assert third == first.result()
+    assert keys_on(leader) == [5]
+
+
+def test_a_retry_at_the_new_leader_after_failover_is_not_applied_again(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    original = send(leader, write([7], "c9", 3)).result()
+    for r in tablet.replicas.values():
+        wait_for(lambda r=r: keys_on(r) == [7])
+    tablet.stop(leader.server_id)
+    new = tablet.leader()
+    retry = send(new, write([7], "c9", 3)).result()
+    assert not retry.row_errors
+    assert retry.op_index == original.op_index
+    # And after the old leader restarts, from its store.
+    tablet.open(leader.server_id)
+    assert keys_on(new) == [7]
+
+
+def test_requests_below_first_incomplete_are_stale(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    send(leader, write([1], "c1", 1, first_incomplete=1)).result()
+    send(leader, write([2], "c1", 2, first_incomplete=2)).result()
+    with pytest.raises(StaleRequest):
+        send(leader, write([1], "c1", 1, first_incomplete=2))
+
+
+def test_restart_of_every_replica_keeps_acknowledged_rows(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    for i in range(1, 11):
+        send(leader, write([i], "c1", i)).result()
+    for node in IDS:
+        tablet.stop(node)
+    for node in IDS:
+        tablet.open(node)
+    leader = tablet.leader()
+    for r in tablet.replicas.values():
+        wait_for(lambda r=r: keys_on(r) == list(range(1, 11)), what=f"{r.server_id} recovers")
+    scan = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], limit=4))
+    assert [row.values[0].int_value for row in scan.rows] == [1, 2, 3, 4]
+    assert scan.has_more

@@ -1,0 +1,381 @@
+"""Core Raft ``Message`` values to and from the ConsensusService protos, both directions.
+
+The core speaks one-way messages; the wire speaks request/response RPCs:
+
+=====================================  ===========================================
+core message                           wire
+=====================================  ===========================================
+APPEND, HEARTBEAT                      ``UpdateConsensusRequest`` (``is_heartbeat``)
+APPEND_RESPONSE, HEARTBEAT_RESPONSE    ``UpdateConsensusResponse`` (``is_heartbeat``)
+VOTE, PRE_VOTE                         ``RequestVoteRequest`` (``is_pre_vote``)
+VOTE_RESPONSE, PRE_VOTE_RESPONSE       ``RequestVoteResponse`` (``is_pre_vote``)
+TIMEOUT_NOW                            ``TimeoutNowRequest`` (answered by an empty response)
+=====================================  ===========================================
+
+Node ids are server uuids: ``src``/``dst`` become caller/dest uuids on a request; a response
+names only its responder, so decoding one needs the request it answers (``dst`` is the
+request's ``src``).
+
+The conversion is exact: ``decode(encode(m)) == m`` for every message the core can produce.
+A message carrying a field its RPC has no room for is refused with ``ValueError`` rather than
+silently losing the field.  Decoding validates what a peer sent -- uuids present and
+addressed to this server, entries of a known type that directly follow ``prev_log_index``
+with sane terms -- and raises ``MalformedRequest`` (a ``ValueError``, mapped to
+INVALID_ARGUMENT at the service boundary) so a garbage request never reaches the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from consensus.core.types import Entry, EntryType, Message, MessageType
+from consensus.log.codec import check_batch
+from proto import consensus_pb2 as pb
+from tserver.errors import InvalidRequest
+
+__all__ = [
+    "MalformedRequest",
+    "MalformedResponse",
+    "WrongServerUuid",
+    "decode_response",
+    "encode_request",
+    "entries_from_pb",
+    "entries_to_pb",
+    "message_from_timeout_now_request",
+    "message_from_update_request",
+    "message_from_update_response",
+    "message_from_vote_request",
+    "message_from_vote_response",
+    "timeout_now_request_from_message",
+    "update_request_from_message",
+    "update_response_from_message",
+    "vote_request_from_message",
+    "vote_response_from_message",
+]
+
+WireRequest = pb.UpdateConsensusRequest | pb.RequestVoteRequest | pb.TimeoutNowRequest
+
+_UINT64_MAX = (1 << 64) - 1
+
+_TO_PB = {EntryType.NORMAL: pb.NORMAL, EntryType.NO_OP: pb.NO_OP}
+_FROM_PB = {pb.NORMAL: EntryType.NORMAL, pb.NO_OP: EntryType.NO_OP}
+
+
+class MalformedRequest(InvalidRequest, ValueError):
+    """A peer's request cannot be a Raft message (INVALID_ARGUMENT).
+
+    Both an ``InvalidRequest`` (what the tserver's status mapping knows) and a ``ValueError``
+    (what callers outside the tserver expect from a decoder)."""
+
+
+class WrongServerUuid(MalformedRequest):
+    """The request is addressed to another server: the caller reached a stale address (e.g.
+    a server restarted elsewhere on a reused port).  A subclass so the service boundary can
+    say WRONG_SERVER_UUID instead of a generic INVALID_ARGUMENT."""
+
+    def __init__(self, dest_uuid: str, server_uuid: str) -> None:
+        super().__init__(f"request is for server {dest_uuid!r}, but this is {server_uuid!r}")
+        self.dest_uuid = dest_uuid
+        self.server_uuid = server_uuid
+
+
+class MalformedResponse(ValueError):
+    """A peer's answer cannot be stepped into the core (garbage, a mismatched kind, or an
+    error the responder reported).  The transport treats it as a lost message."""
+
+
+# --- entries ------------------------------------------------------------------------------
+
+
+def entries_to_pb(entries: Sequence[Entry]) -> list[pb.EntryPB]:
+    return [
+        pb.EntryPB(term=e.term, index=e.index, type=_TO_PB[e.type], payload=e.data) for e in entries
+    ]
+
+
+def entries_from_pb(
+    entries: Sequence[pb.EntryPB], prev_index: int, prev_term: int, caller_term: int
+) -> tuple[Entry, ...]:
+    """Entries of an UpdateConsensusRequest, checked to be a piece of a Raft log that
+    directly follows (prev_index, prev_term) and was written no later than caller_term."""
+    if not entries:
+        return ()
+    for e in entries:
+        if e.type not in _FROM_PB:
+            name = pb.EntryType.Name(e.type) if e.type in pb.EntryType.values() else e.type
+            raise MalformedRequest(f"entry {e.index} has unsupported type {name}")
+    first, last = entries[0], entries[-1]
+    if first.index != prev_index + 1:
+        raise MalformedRequest(
+            f"entries start at index {first.index}, not right after prev_log_index {prev_index}"
+        )
+    reason = check_batch([(e.index, e.term) for e in entries])
+    if reason is not None:
+        raise MalformedRequest(reason)
+    if first.term < prev_term:
+        raise MalformedRequest(
+            f"entry {first.index} has term {first.term}, older than prev_log_term {prev_term}"
+        )
+    if last.term > caller_term:
+        raise MalformedRequest(
+            f"entry {last.index} has term {last.term}, newer than caller_term {caller_term}"
+        )
+    return tuple(Entry(e.term, e.index, _FROM_PB[e.type], e.payload) for e in entries)
+
+
+# --- encoding (core -> wire) ----------------------------------------------------------------
+
+
+def _require_default(m: Message, fields: Sequence[str]) -> None:
+    """Refuse a message whose wire form has no room for one of ``fields``."""
+    for name in fields:
+        value = getattr(m, name)
+        if value:
+            raise ValueError(f"{m.type.value} cannot carry {name}={value!r} over the wire")
+
+
+def _check_uint64(m: Message) -> None:
+    for name in ("term", "log_term", "index", "commit", "reject_hint"):
+        value = getattr(m, name)
+        if not 0 <= value <= _UINT64_MAX:
+            raise ValueError(f"{m.type.value}.{name}={value} does not fit a uint64")
+
+
+def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensusRequest:
+    if m.type not in (MessageType.APPEND, MessageType.HEARTBEAT):
+        raise ValueError(f"{m.type.value} is not sent as UpdateConsensus")
+    heartbeat = m.type is MessageType.HEARTBEAT
+    _require_default(m, ("reject", "reject_hint", "transfer"))
+    if heartbeat and m.entries:
+        raise ValueError("a HEARTBEAT carries no entries")
+    _check_uint64(m)
+    return pb.UpdateConsensusRequest(
+        tablet_id=tablet_id,
+        caller_uuid=m.src,
+        dest_uuid=m.dst,
+        caller_term=m.term,
+        prev_log_index=m.index,
+        prev_log_term=m.log_term,
+        entries=entries_to_pb(m.entries),
+        committed_index=m.commit,
+        is_heartbeat=heartbeat,
+    )
+
+
+def update_response_from_message(m: Message) -> pb.UpdateConsensusResponse:
+    if m.type not in (MessageType.APPEND_RESPONSE, MessageType.HEARTBEAT_RESPONSE):
+        raise ValueError(f"{m.type.value} is not an UpdateConsensus answer")
+    _require_default(m, ("entries", "commit", "transfer"))
+    _check_uint64(m)
+    return pb.UpdateConsensusResponse(
+        responder_uuid=m.src,
+        responder_term=m.term,
+        rejected=m.reject,
+        last_log_index=m.index,
+        conflict_term=m.log_term,
+        conflict_index=m.reject_hint,
+        is_heartbeat=m.type is MessageType.HEARTBEAT_RESPONSE,
+    )
+
+
+def vote_request_from_message(m: Message, tablet_id: str) -> pb.RequestVoteRequest:
+    if m.type not in (MessageType.VOTE, MessageType.PRE_VOTE):
+        raise ValueError(f"{m.type.value} is not sent as RequestVote")
+    _require_default(m, ("entries", "commit", "reject", "reject_hint"))
+    _check_uint64(m)
+    return pb.RequestVoteRequest(
+        tablet_id=tablet_id,
+        candidate_uuid=m.src,
+        dest_uuid=m.dst,
+        candidate_term=m.term,
+        last_log_index=m.index,
+        last_log_term=m.log_term,
+        is_pre_vote=m.type is MessageType.PRE_VOTE,
+        leader_transfer=m.transfer,
+    )
+
+
+def vote_response_from_message(m: Message) -> pb.RequestVoteResponse:
+    if m.type not in (MessageType.VOTE_RESPONSE, MessageType.PRE_VOTE_RESPONSE):
+        raise ValueError(f"{m.type.value} is not a RequestVote answer")
+    _require_default(m, ("log_term", "index", "entries", "commit", "reject_hint", "transfer"))
+    _check_uint64(m)
+    return pb.RequestVoteResponse(
+        responder_uuid=m.src,
+        responder_term=m.term,
+        vote_granted=not m.reject,
+        is_pre_vote=m.type is MessageType.PRE_VOTE_RESPONSE,
+    )
+
+
+def timeout_now_request_from_message(m: Message, tablet_id: str) -> pb.TimeoutNowRequest:
+    if m.type is not MessageType.TIMEOUT_NOW:
+        raise ValueError(f"{m.type.value} is not sent as TimeoutNow")
+    _require_default(
+        m, ("log_term", "index", "entries", "commit", "reject", "reject_hint", "transfer")
+    )
+    _check_uint64(m)
+    return pb.TimeoutNowRequest(
+        tablet_id=tablet_id, caller_uuid=m.src, dest_uuid=m.dst, caller_term=m.term
+    )
+
+
+def encode_request(m: Message, tablet_id: str) -> WireRequest:
+    """The RPC request that carries the core's request ``m``; ValueError for a response
+    type (responses travel as the answer of the RPC, never as a call of their own)."""
+    if m.type in (MessageType.APPEND, MessageType.HEARTBEAT):
+        return update_request_from_message(m, tablet_id)
+    if m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
+        return vote_request_from_message(m, tablet_id)
+    if m.type is MessageType.TIMEOUT_NOW:
+        return timeout_now_request_from_message(m, tablet_id)
+    raise ValueError(f"{m.type.value} is a response, not a request")
+
+
+# --- decoding (wire -> core) ----------------------------------------------------------------
+
+
+def _check_addressing(
+    tablet_id: str, caller: str, dest: str, server_uuid: str | None, what: str
+) -> None:
+    if not tablet_id:
+        raise MalformedRequest(f"{what}: tablet_id is missing")
+    if not caller:
+        raise MalformedRequest(f"{what}: caller uuid is missing")
+    if not dest:
+        raise MalformedRequest(f"{what}: dest_uuid is missing")
+    if caller == dest:
+        raise MalformedRequest(f"{what}: caller and dest are the same server {caller!r}")
+    if server_uuid is not None and dest != server_uuid:
+        raise WrongServerUuid(dest, server_uuid)
+
+
+def message_from_update_request(
+    req: pb.UpdateConsensusRequest, server_uuid: str | None = None
+) -> Message:
+    """APPEND or HEARTBEAT; with ``server_uuid``, also checks the request is addressed here."""
+    _check_addressing(req.tablet_id, req.caller_uuid, req.dest_uuid, server_uuid, "UpdateConsensus")
+    if req.prev_log_index == 0 and req.prev_log_term != 0:
+        raise MalformedRequest(
+            f"prev_log_term {req.prev_log_term} given for index 0, which has no entry"
+        )
+    if req.prev_log_term > req.caller_term:
+        raise MalformedRequest(
+            f"prev_log_term {req.prev_log_term} is newer than caller_term {req.caller_term}"
+        )
+    if req.is_heartbeat and req.entries:
+        raise MalformedRequest(f"a heartbeat carries no entries (got {len(req.entries)})")
+    entries = entries_from_pb(req.entries, req.prev_log_index, req.prev_log_term, req.caller_term)
+    return Message(
+        MessageType.HEARTBEAT if req.is_heartbeat else MessageType.APPEND,
+        src=req.caller_uuid,
+        dst=req.dest_uuid,
+        term=req.caller_term,
+        log_term=req.prev_log_term,
+        index=req.prev_log_index,
+        entries=entries,
+        commit=req.committed_index,
+    )
+
+
+def message_from_vote_request(
+    req: pb.RequestVoteRequest, server_uuid: str | None = None
+) -> Message:
+    _check_addressing(req.tablet_id, req.candidate_uuid, req.dest_uuid, server_uuid, "RequestVote")
+    if req.last_log_index == 0 and req.last_log_term != 0:
+        raise MalformedRequest(
+            f"last_log_term {req.last_log_term} given for index 0, which has no entry"
+        )
+    if req.last_log_term > req.candidate_term:
+        raise MalformedRequest(
+            f"last_log_term {req.last_log_term} is newer than candidate_term {req.candidate_term}"
+        )
+    return Message(
+        MessageType.PRE_VOTE if req.is_pre_vote else MessageType.VOTE,
+        src=req.candidate_uuid,
+        dst=req.dest_uuid,
+        term=req.candidate_term,
+        log_term=req.last_log_term,
+        index=req.last_log_index,
+        transfer=req.leader_transfer,
+    )
+
+
+def message_from_timeout_now_request(
+    req: pb.TimeoutNowRequest, server_uuid: str | None = None
+) -> Message:
+    _check_addressing(req.tablet_id, req.caller_uuid, req.dest_uuid, server_uuid, "TimeoutNow")
+    return Message(
+        MessageType.TIMEOUT_NOW, src=req.caller_uuid, dst=req.dest_uuid, term=req.caller_term
+    )
+
+
+def _check_response(responder: str, error_set: bool, error: object, dst: str, what: str) -> None:
+    if error_set:
+        raise MalformedResponse(f"{what} from {responder!r} reports an error: {error}")
+    if not responder:
+        raise MalformedResponse(f"{what}: responder_uuid is missing")
+    if responder == dst:
+        raise MalformedResponse(f"{what}: responder and caller are the same server {dst!r}")
+
+
+def message_from_update_response(resp: pb.UpdateConsensusResponse, dst: str) -> Message:
+    """APPEND_RESPONSE or HEARTBEAT_RESPONSE addressed to ``dst`` (the caller)."""
+    _check_response(
+        resp.responder_uuid, resp.HasField("error"), resp.error, dst, "UpdateConsensusResponse"
+    )
+    return Message(
+        MessageType.HEARTBEAT_RESPONSE if resp.is_heartbeat else MessageType.APPEND_RESPONSE,
+        src=resp.responder_uuid,
+        dst=dst,
+        term=resp.responder_term,
+        log_term=resp.conflict_term,
+        index=resp.last_log_index,
+        reject=resp.rejected,
+        reject_hint=resp.conflict_index,
+    )
+
+
+def message_from_vote_response(resp: pb.RequestVoteResponse, dst: str) -> Message:
+    _check_response(
+        resp.responder_uuid, resp.HasField("error"), resp.error, dst, "RequestVoteResponse"
+    )
+    return Message(
+        MessageType.PRE_VOTE_RESPONSE if resp.is_pre_vote else MessageType.VOTE_RESPONSE,
+        src=resp.responder_uuid,
+        dst=dst,
+        term=resp.responder_term,
+        reject=not resp.vote_granted,
+    )
+
+
+# What kinds of answer each request may get.  A HEARTBEAT may be answered by an
+# APPEND_RESPONSE: that is how a follower tells a stale leader its newer term.
+_ANSWERS = {
+    MessageType.APPEND: frozenset({MessageType.APPEND_RESPONSE}),
+    MessageType.HEARTBEAT: frozenset({MessageType.HEARTBEAT_RESPONSE, MessageType.APPEND_RESPONSE}),
+    MessageType.VOTE: frozenset({MessageType.VOTE_RESPONSE}),
+    MessageType.PRE_VOTE: frozenset({MessageType.PRE_VOTE_RESPONSE}),
+}
+
+
+def decode_response(
+    request: Message, resp: pb.UpdateConsensusResponse | pb.RequestVoteResponse
+) -> Message:
+    """The core message a peer's answer to ``request`` stands for.
+
+    Raises ``MalformedResponse`` when it cannot be stepped: the responder reported an error,
+    it is not the server the request went to, or it is the wrong kind of answer (a pre-vote
+    answer to a vote would let a candidate count the wrong election)."""
+    if isinstance(resp, pb.UpdateConsensusResponse):
+        answer = message_from_update_response(resp, request.src)
+    else:
+        answer = message_from_vote_response(resp, request.src)
+    if answer.src != request.dst:
+        raise MalformedResponse(
+            f"answer to {request.type.value} for {request.dst!r} came from {answer.src!r}"
+        )
+    allowed = _ANSWERS.get(request.type, frozenset())
+    if answer.type not in allowed:
+        raise MalformedResponse(f"{answer.type.value} cannot answer {request.type.value}")
+    return answer

@@ -1,0 +1,65 @@
+"""Typed errors the tablet server's handlers raise.
+
+Handlers (service threads, prepare and apply workers) raise or `fail()` a call with these;
+`tserver.rpc_dispatch.status_for` is the one place that turns them — and the consensus
+errors — into a gRPC status and a `ServerErrorPB` (DESIGN.md §6). Keeping the mapping out of
+the handlers means a handler never needs to know about gRPC, and a client sees the same
+status for the same situation whichever code path noticed it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeadlineExceededInQueue",
+    "InvalidRequest",
+    "ServiceUnavailable",
+    "StaleRequest",
+    "TabletNotFound",
+]
+
+
+class ServiceUnavailable(Exception):
+    """The service cannot take the call right now (e.g. the server is shutting down).
+
+    Retriable: the client should try again later or elsewhere (UNAVAILABLE).
+    """
+
+
+class DeadlineExceededInQueue(Exception):
+    """The call's deadline passed while it waited in a service queue, so it was never run.
+
+    Nothing was applied, so a retry is safe (DEADLINE_EXCEEDED).
+    """
+
+    def __init__(self, service: str, method: str, waited_s: float) -> None:
+        super().__init__(
+            f"{method} waited {waited_s * 1000:.1f} ms in the {service} service queue; "
+            "its deadline passed before it could run"
+        )
+        self.service = service
+        self.method = method
+        self.waited_s = waited_s
+
+
+class TabletNotFound(Exception):
+    """No replica of `tablet_id` lives on this server (NOT_FOUND)."""
+
+    def __init__(self, tablet_id: str) -> None:
+        super().__init__(f"tablet {tablet_id!r} not found on this server")
+        self.tablet_id = tablet_id
+
+
+class InvalidRequest(Exception):
+    """The request is malformed; retrying it unchanged fails again (INVALID_ARGUMENT)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class StaleRequest(Exception):
+    """A retry of a request whose result the server has already forgotten.
+
+    The client told us (through first_incomplete_seq_no) that it no longer waits for it, so
+    answering it again could only be wrong (FAILED_PRECONDITION / STALE_REQUEST).
+    """

@@ -1,0 +1,51 @@
+"""``raftlet tserver``: run one tablet server in the foreground until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from tserver.flags import ServerSettings
+from tserver.server import TabletServer
+
+__all__ = ["run"]
+
+logger = logging.getLogger(__name__)
+
+
+def run(settings: ServerSettings) -> int:
+    """Serve until asked to stop; 0 after a graceful shutdown, 1 if the server failed."""
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(_serve(settings))
+    except OSError as e:
+        print(f"raftlet tserver: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(settings: ServerSettings) -> None:
+    server = TabletServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        # One line on stdout that launchers and tests wait for.
+        print(
+            f"raftlet tserver {settings.server_id} ready: rpc {settings.rpc_addr} "
+            f"(port {server.rpc_port}), status http://{settings.http_addr}/",
+            flush=True,
+        )
+        await stop.wait()
+        logger.info("shutting down")
+    finally:
+        await server.stop()
+    logger.info("stopped cleanly")

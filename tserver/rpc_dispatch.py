@@ -1,0 +1,196 @@
+"""The glue between grpc.aio handlers and service pools, and the one error → status map.
+
+A servicer method on the event loop (the reactor, DESIGN.md §2) does nothing but
+
+    return await dispatch(pool, "Write", context, lambda call: handle_write(request, call))
+
+`dispatch` offers the call to the service's pool (never blocking: a full queue is answered
+RESOURCE_EXHAUSTED at once), then awaits a future that the call's completion resolves — from
+a service thread, or much later from a tablet's apply thread — through
+`loop.call_soon_threadsafe`, because an asyncio future may only be touched on its loop.
+Errors become gRPC statuses only here, in `status_for`, so every service answers the same
+situation with the same status and `ServerErrorPB` (DESIGN.md §6).
+
+Nothing here may block: it all runs on the event loop, which serves every RPC of the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import grpc
+
+from consensus.core import NotLeader, ProposalDropped, TermMismatch
+from consensus.raft_consensus import LeaderNotReady, ReplicaFailed
+from proto import ERROR_METADATA_KEY
+from proto.common_pb2 import ServerErrorPB
+from tserver.consensus_codec import WrongServerUuid
+from tserver.errors import (
+    DeadlineExceededInQueue,
+    InvalidRequest,
+    ServiceUnavailable,
+    StaleRequest,
+    TabletNotFound,
+)
+from tserver.service_pool import InboundCall, ServicePool
+
+__all__ = ["LeaderAddrLookup", "abort_with", "dispatch", "status_for"]
+
+logger = logging.getLogger(__name__)
+
+# Maps a server uuid to its RPC address ("host:port"), or "" if unknown. Called on the event
+# loop, so it must be a cheap in-memory lookup (the cluster config), never I/O.
+LeaderAddrLookup = Callable[[str], str]
+
+QUEUE_FULL_MESSAGE = "service queue full"
+SHUTTING_DOWN_MESSAGE = "server shutting down"
+
+
+async def dispatch(
+    pool: ServicePool,
+    method: str,
+    context: grpc.aio.ServicerContext,
+    run: Callable[[InboundCall], None],
+    *,
+    leader_addr_lookup: LeaderAddrLookup | None = None,
+) -> object:
+    """Run `run` on a thread of `pool` and return what it responds with.
+
+    Aborts the RPC (the awaiting coroutine raises grpc's abort exception) with
+    RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when the pool is stopping, and the
+    status `status_for` picks when the call fails.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[object] = loop.create_future()
+
+    def on_result(result: object) -> None:
+        _post(loop, _resolve, fut, result)
+
+    def on_error(exc: BaseException) -> None:
+        _post(loop, _reject, fut, exc)
+
+    # gRPC gives the time left, the pool compares against its monotonic clock.
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+    call = InboundCall(method, run, deadline=deadline, on_result=on_result, on_error=on_error)
+    if not pool.offer(call):
+        if pool.stopped:
+            await abort_with(context, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN_MESSAGE, None)
+        await abort_with(
+            context,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            QUEUE_FULL_MESSAGE,
+            ServerErrorPB(code=ServerErrorPB.SERVICE_QUEUE_FULL, message=QUEUE_FULL_MESSAGE),
+        )
+    try:
+        # If the client cancels or its deadline passes, gRPC cancels this coroutine and with
+        # it the future; the call still completes on its thread, and `_resolve`/`_reject`
+        # then find the future done and drop the answer nobody waits for.
+        return await fut
+    except Exception as exc:
+        code, message, error = status_for(exc, leader_addr_lookup)
+        await abort_with(context, code, message, error)
+
+
+async def abort_with(
+    context: grpc.aio.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    error: ServerErrorPB | None,
+) -> NoReturn:
+    """Fail the RPC with `code`, carrying `error` serialized in the trailing metadata."""
+    trailing: tuple[tuple[str, bytes], ...] = ()
+    if error is not None:
+        trailing = ((ERROR_METADATA_KEY, error.SerializeToString()),)
+    await context.abort(code, message, trailing)
+    raise AssertionError("ServicerContext.abort returned")  # it always raises
+
+
+def status_for(
+    exc: BaseException, leader_addr_lookup: LeaderAddrLookup | None = None
+) -> tuple[grpc.StatusCode, str, ServerErrorPB | None]:
+    """The gRPC status, details and structured error a client sees for `exc` (DESIGN.md §6).
+
+    Order matters: the consensus errors are all ProposalDropped subclasses, so the specific
+    ones are matched first.
+    """
+    S = grpc.StatusCode
+    E = ServerErrorPB
+    msg = str(exc) or type(exc).__name__
+    if isinstance(exc, DeadlineExceededInQueue):
+        return S.DEADLINE_EXCEEDED, msg, None
+    if isinstance(exc, ServiceUnavailable):
+        return S.UNAVAILABLE, msg, None
+    if isinstance(exc, TabletNotFound):
+        return S.NOT_FOUND, msg, E(code=E.TABLET_NOT_FOUND, message=msg)
+    if isinstance(exc, InvalidRequest):
+        # A consensus request addressed to another server says so, so the caller knows its
+        # address book is stale rather than its request malformed.
+        wrong = isinstance(exc.__cause__, WrongServerUuid)
+        code = E.WRONG_SERVER_UUID if wrong else E.INVALID_ARGUMENT
+        return S.INVALID_ARGUMENT, msg, E(code=code, message=msg)
+    if isinstance(exc, StaleRequest):
+        return S.FAILED_PRECONDITION, msg, E(code=E.STALE_REQUEST, message=msg)
+    if isinstance(exc, NotLeader | TermMismatch):
+        # A moved term means the same to a client as "not leader": find the leader again.
+        # Both carry the leader this replica believes in, so the client can skip a lookup.
+        leader = exc.leader_id
+        return (
+            S.FAILED_PRECONDITION,
+            msg,
+            E(
+                code=E.NOT_LEADER,
+                message=msg,
+                leader_uuid=leader,
+                leader_addr=_leader_addr(leader, leader_addr_lookup),
+            ),
+        )
+    if isinstance(exc, LeaderNotReady):
+        # Retriable on the same server: it is the leader, just not ready for writes yet.
+        return S.UNAVAILABLE, msg, E(code=E.LEADER_NOT_READY, message=msg)
+    if isinstance(exc, ReplicaFailed):
+        return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)
+    if isinstance(exc, ProposalDropped):
+        return S.UNAVAILABLE, msg, None
+    # A bug or an unexpected failure: the traceback goes to the log, not to the client.
+    logger.error("internal error answering an RPC", exc_info=(type(exc), exc, exc.__traceback__))
+    return S.INTERNAL, f"internal server error ({type(exc).__name__})", None
+
+
+def _leader_addr(leader_uuid: str, lookup: LeaderAddrLookup | None) -> str:
+    if not leader_uuid or lookup is None:
+        return ""
+    try:
+        return lookup(leader_uuid)
+    except Exception:
+        # The hint is an optimisation; a broken lookup must not turn NOT_LEADER into INTERNAL.
+        logger.warning("leader address lookup failed for %s", leader_uuid, exc_info=True)
+        return ""
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        # The loop is closed (server gone): there is nobody left to answer.
+        logger.debug("event loop closed; dropping a completion")
+
+
+def _resolve(fut: asyncio.Future[object], result: object) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+def _reject(fut: asyncio.Future[object], exc: BaseException) -> None:
+    if not fut.done():
+        if not isinstance(exc, Exception):
+            # A KeyboardInterrupt or CancelledError raised out of `await fut` would be taken
+            # for the loop's or the task's own; what the handler failed with is just an error.
+            wrapped = RuntimeError(f"call failed with {exc!r}")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        fut.set_exception(exc)

@@ -1,0 +1,426 @@
+"""The tablet server process: gRPC services over grpc.aio, service pools, tablet replicas,
+the status server.
+
+The event loop (grpc.aio) is the reactor: servicer coroutines only hand a call to the
+service's pool (``dispatch``) and await its answer; every handler runs on a pool thread,
+and a write is answered from its tablet's apply thread.  Three pools, so a storm of client
+writes can never starve replication or administration:
+
+    tablet      Write, Scan, ListTablets, GetClusterConfig   --rpc_service_queue_length
+    consensus   UpdateConsensus, RequestVote, TimeoutNow,     --consensus_service_queue_length
+                GetConsensusState
+    admin       LeaderStepDown, GetConsensusStatus, flags     --admin_service_queue_length
+
+Shutdown (SIGTERM): stop accepting RPCs, let in-flight ones finish within a grace period,
+stop the pools, stop every replica (consensus first, then the apply path, then the files),
+close channels, exit 0.  A restart recovers every replica from its directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import html
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from consensus.core import NO_NODE
+from metrics import catalogue as cat
+from metrics import set_lock_contention_trace_threshold_ms
+from metrics.registry import MetricEntity, MetricRegistry
+from metrics.status_server import PageRequest, PageResponse, StatusServer
+from proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    consensus_pb2,
+    consensus_pb2_grpc,
+    tablet_pb2,
+    tablet_pb2_grpc,
+)
+from tserver.cluster_config import parse_host_port
+from tserver.consensus_rpc import (
+    ChannelPool,
+    ConsensusRequestHandler,
+    GrpcTransport,
+    server_options,
+)
+from tserver.errors import InvalidRequest, TabletNotFound
+from tserver.flags import FlagError, FlagRegistry, ServerSettings
+from tserver.rpc_dispatch import dispatch
+from tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
+from tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
+
+__all__ = ["TabletServer"]
+
+logger = logging.getLogger(__name__)
+
+_ROLE_PB = {
+    "FOLLOWER": consensus_pb2.FOLLOWER,
+    "PRE_CANDIDATE": consensus_pb2.PRE_CANDIDATE,
+    "CANDIDATE": consensus_pb2.CANDIDATE,
+    "LEADER": consensus_pb2.LEADER,
+}
+_SHUTDOWN_GRACE_S = 5.0
+
+
+class TabletServer:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = s = settings
+        self.config = s.config
+        self.server_id = s.server_id
+        self.flags = FlagRegistry.from_settings(s)
+        self.registry = MetricRegistry()
+        self.entity = self.registry.entity("server", s.server_id, {})
+        self.channels = ChannelPool(s.max_message_bytes)
+        self.replicas: dict[str, TabletReplica] = {}
+        self.pools = {
+            "tablet": self._pool("tablet", s.rpc_num_service_threads, s.rpc_service_queue_length),
+            "consensus": self._pool(
+                "consensus", s.consensus_num_service_threads, s.consensus_service_queue_length
+            ),
+            "admin": self._pool("admin", s.admin_num_service_threads, s.admin_service_queue_length),
+        }
+        self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
+        self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
+        self._grpc: grpc.aio.Server | None = None
+        self._health: health_async.HealthServicer | None = None
+        self.rpc_port = 0
+
+    def _pool(self, name: str, threads: int, queue_length: int) -> ServicePool:
+        return ServicePool(
+            name,
+            num_threads=threads,
+            queue_length=queue_length,
+            metrics=ServicePoolMetrics(self.entity, name),
+        )
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        set_lock_contention_trace_threshold_ms(s.lock_contention_trace_threshold_ms)
+        self.flags.subscribe("lock_contention_trace_threshold_ms", self._on_trace_threshold)
+        self.flags.subscribe("log_inject_latency_ms", self._on_log_latency)
+        self.flags.subscribe("log_inject_latency_jitter_ms", self._on_log_latency)
+        options = ReplicaOptions(
+            consensus=s.consensus_options(),
+            log=s.log_options(),
+            max_batch_rows=s.max_batch_rows,
+        )
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        for placement in s.placements():
+            table = self.config.table(placement.table)
+            addresses = {sid: self.config.server(sid).rpc_addr for sid in placement.replicas}
+            transport = GrpcTransport(
+                placement.tablet_id,
+                addresses,
+                self.channels,
+                timeout_s=options.consensus.request_timeout_s + 5.0,
+            )
+            entity = self.registry.entity(
+                "tablet",
+                placement.tablet_id,
+                {"table": placement.table, "partition": str(placement.partition)},
+            )
+            replica = TabletReplica(
+                tablet_id=placement.tablet_id,
+                table=placement.table,
+                partition=placement.partition,
+                server_id=self.server_id,
+                voters=placement.replicas,
+                directory=s.data_dir / placement.tablet_id,
+                schema=table.schema,
+                transport=transport,
+                options=options,
+                metrics=entity,
+            )
+            self._tablet_gauges(entity, replica)
+            self.replicas[placement.tablet_id] = replica
+        for pool in self.pools.values():
+            pool.start()
+        server = grpc.aio.server(options=server_options(s.max_message_bytes))
+        tablet_pb2_grpc.add_TabletServiceServicer_to_server(_TabletServicer(self), server)
+        consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(_ConsensusServicer(self), server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(_AdminServicer(self), server)
+        self._health = health_async.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = [
+            tablet_pb2.DESCRIPTOR.services_by_name["TabletService"].full_name,
+            consensus_pb2.DESCRIPTOR.services_by_name["ConsensusService"].full_name,
+            admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(names, server)
+        self.rpc_port = server.add_insecure_port(s.rpc_addr)
+        if self.rpc_port == 0:
+            raise OSError(f"cannot listen for RPCs on {s.rpc_addr}")
+        await server.start()
+        self._grpc = server
+        for replica in self.replicas.values():
+            replica.start()
+        self.status.register_page("/tablets", self._tablets_html)
+        self.status.register_page("/tablets.json", self._tablets_json)
+        self.status.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        logger.info(
+            "tablet server %s serving RPCs on %s, status on http://%s/ (%d tablets)",
+            self.server_id,
+            s.rpc_addr,
+            s.http_addr,
+            len(self.replicas),
+        )
+
+    async def stop(self, grace_s: float = _SHUTDOWN_GRACE_S) -> None:
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+        loop = asyncio.get_running_loop()
+        # Blocking joins and fsyncs: off the event loop.
+        await loop.run_in_executor(None, self._stop_blocking)
+
+    def _stop_blocking(self) -> None:
+        for pool in self.pools.values():
+            pool.stop(timeout=10)
+        for replica in self.replicas.values():
+            try:
+                replica.stop()
+            except Exception:
+                logger.exception("stopping tablet %s failed", replica.tablet_id)
+        self.channels.close()
+        self.status.stop()
+
+    async def wait(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.wait_for_termination()
+
+    # --- lookups -------------------------------------------------------------------------
+
+    def replica(self, tablet_id: str) -> TabletReplica:
+        replica = self.replicas.get(tablet_id)
+        if replica is None:
+            raise TabletNotFound(tablet_id)
+        return replica
+
+    def _consensus_of(self, tablet_id: str) -> Any:
+        replica = self.replicas.get(tablet_id)
+        return replica.consensus if replica is not None else None
+
+    def leader_addr(self, server_id: str) -> str:
+        try:
+            return self.config.server(server_id).rpc_addr if server_id else ""
+        except Exception:
+            return ""
+
+    # --- runtime flags ----------------------------------------------------------------------
+
+    def _on_trace_threshold(self, value: Any) -> None:
+        set_lock_contention_trace_threshold_ms(float(value))
+
+    def _on_log_latency(self, _value: Any) -> None:
+        latency = float(self.flags.get("log_inject_latency_ms"))
+        jitter = float(self.flags.get("log_inject_latency_jitter_ms"))
+        for replica in self.replicas.values():
+            log = replica.consensus_log()
+            # The appender reads its options at every sync: one assignment takes effect.
+            log.options = dataclasses.replace(
+                log.options, inject_latency_ms=latency, inject_latency_jitter_ms=jitter
+            )
+
+    # --- status pages --------------------------------------------------------------------------
+
+    def _tablet_gauges(self, entity: MetricEntity, replica: TabletReplica) -> None:
+        roles = cat.RAFT_ROLE_VALUES
+
+        def term() -> float:
+            return float(replica.consensus.snapshot.term)
+
+        def role() -> float:
+            return float(roles[replica.consensus.snapshot.role.value])
+
+        entity.function_gauge(cat.RAFT_TERM, term)
+        entity.function_gauge(cat.RAFT_ROLE, role)
+        entity.function_gauge(cat.RAFT_COMMIT_INDEX, lambda: float(replica.commit_index_cached()))
+        entity.function_gauge(cat.RAFT_APPLIED_INDEX, lambda: float(replica.store.applied_index()))
+
+    def tablet_statuses(self) -> list[dict[str, object]]:
+        return [r.status() for r in self.replicas.values()]
+
+    def _tablets_json(self, request: PageRequest) -> PageResponse:
+        return PageResponse.json({"server": self.server_id, "tablets": self.tablet_statuses()})
+
+    def _tablets_html(self, request: PageRequest) -> PageResponse:
+        cols = [
+            "tablet_id",
+            "table",
+            "partition",
+            "role",
+            "term",
+            "leader",
+            "leader_ready",
+            "commit_index",
+            "applied_index",
+            "last_index",
+            "log_bytes",
+            "last_election",
+        ]
+        rows = []
+        for st in self.tablet_statuses():
+            cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in cols)
+            rows.append(f"<tr>{cells}</tr>")
+        head = "".join(f"<th>{c}</th>" for c in cols)
+        body = (
+            f"<html><head><title>raftlet {html.escape(self.server_id)}: tablets</title></head>"
+            f"<body><h1>Tablets on {html.escape(self.server_id)}</h1>"
+            f"<table border=1><tr>{head}</tr>{''.join(rows)}</table>"
+            "<p><a href='/tablets.json'>JSON</a> · <a href='/metrics'>metrics</a></p>"
+            "</body></html>"
+        )
+        return PageResponse.html(body)
+
+    # --- handlers (pool threads) -------------------------------------------------------------
+
+    def list_tablets(self) -> tablet_pb2.ListTabletsResponse:
+        response = tablet_pb2.ListTabletsResponse(server_uuid=self.server_id)
+        for replica in self.replicas.values():
+            snap = replica.consensus.snapshot
+            response.tablets.add(
+                tablet_id=replica.tablet_id,
+                table_name=replica.table,
+                partition=replica.partition,
+                role=_ROLE_PB[snap.role.value],
+                term=snap.term,
+                leader_uuid=snap.leader_id,
+                leader_ready=snap.leader_ready,
+                commit_index=replica.commit_index_cached(),
+                applied_index=replica.store.applied_index(),
+            )
+        return response
+
+
+def _run_sync(handler: Callable[[], object]) -> Callable[[InboundCall], None]:
+    def run(call: InboundCall) -> None:
+        call.respond(handler())
+
+    return run
+
+
+class _TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
+    def __init__(self, server: TabletServer) -> None:
+        self._s = server
+        self._pool = server.pools["tablet"]
+
+    async def _dispatch(self, method: str, context: Any, run: Callable[[InboundCall], None]) -> Any:
+        return await dispatch(
+            self._pool, method, context, run, leader_addr_lookup=self._s.leader_addr
+        )
+
+    async def Write(self, request: tablet_pb2.WriteRequest, context: Any) -> Any:
+        def run(call: InboundCall) -> None:
+            replica = self._s.replica(request.tablet_id)
+            replica.write(request, WriteCallbacks(call.respond, call.fail))
+
+        return await self._dispatch("Write", context, run)
+
+    async def Scan(self, request: tablet_pb2.ScanRequest, context: Any) -> Any:
+        return await self._dispatch(
+            "Scan", context, _run_sync(lambda: self._s.replica(request.tablet_id).scan(request))
+        )
+
+    async def ListTablets(self, request: tablet_pb2.ListTabletsRequest, context: Any) -> Any:
+        return await self._dispatch("ListTablets", context, _run_sync(self._s.list_tablets))
+
+    async def GetClusterConfig(
+        self, request: tablet_pb2.GetClusterConfigRequest, context: Any
+    ) -> Any:
+        return await self._dispatch("GetClusterConfig", context, _run_sync(self._s.config.to_pb))
+
+
+class _ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
+    def __init__(self, server: TabletServer) -> None:
+        self._h = server.consensus_handler
+        self._pool = server.pools["consensus"]
+
+    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
+        return await dispatch(self._pool, method, context, _run_sync(_invalid_on_value_error(fn)))
+
+    async def UpdateConsensus(self, request: Any, context: Any) -> Any:
+        return await self._call(
+            "UpdateConsensus", context, lambda: self._h.update_consensus(request)
+        )
+
+    async def RequestVote(self, request: Any, context: Any) -> Any:
+        return await self._call("RequestVote", context, lambda: self._h.request_vote(request))
+
+    async def TimeoutNow(self, request: Any, context: Any) -> Any:
+        return await self._call("TimeoutNow", context, lambda: self._h.timeout_now(request))
+
+    async def GetConsensusState(self, request: Any, context: Any) -> Any:
+        return await self._call(
+            "GetConsensusState", context, lambda: self._h.get_consensus_state(request)
+        )
+
+
+class _AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, server: TabletServer) -> None:
+        self._s = server
+        self._pool = server.pools["admin"]
+
+    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
+        return await dispatch(
+            self._pool,
+            method,
+            context,
+            _run_sync(_invalid_on_value_error(fn)),
+            leader_addr_lookup=self._s.leader_addr,
+        )
+
+    async def LeaderStepDown(self, request: admin_pb2.LeaderStepDownRequest, context: Any) -> Any:
+        def step_down() -> admin_pb2.LeaderStepDownResponse:
+            replica = self._s.replica(request.tablet_id)
+            replica.consensus.step_down(request.new_leader_uuid or NO_NODE)
+            return admin_pb2.LeaderStepDownResponse()
+
+        return await self._call("LeaderStepDown", context, step_down)
+
+    async def GetConsensusStatus(self, request: Any, context: Any) -> Any:
+        return await self._call(
+            "GetConsensusStatus",
+            context,
+            lambda: self._s.consensus_handler.get_consensus_state(request),
+        )
+
+    async def GetFlags(self, request: admin_pb2.GetFlagsRequest, context: Any) -> Any:
+        def get() -> admin_pb2.GetFlagsResponse:
+            return admin_pb2.GetFlagsResponse(flags=self._s.flags.render(list(request.names)))
+
+        return await self._call("GetFlags", context, get)
+
+    async def SetFlag(self, request: admin_pb2.SetFlagRequest, context: Any) -> Any:
+        def set_flag() -> admin_pb2.SetFlagResponse:
+            try:
+                old = self._s.flags.set(request.name, request.value)
+            except FlagError as e:
+                raise InvalidRequest(str(e)) from e
+            return admin_pb2.SetFlagResponse(old_value=old)
+
+        return await self._call("SetFlag", context, set_flag)
+
+
+def _invalid_on_value_error(fn: Callable[[], object]) -> Callable[[], object]:
+    """A malformed request (the codec raises ValueError) is INVALID_ARGUMENT, not INTERNAL."""
+
+    def run() -> object:
+        try:
+            return fn()
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from e
+
+    return run

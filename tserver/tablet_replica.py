@@ -1,0 +1,457 @@
+"""One tablet replica on this server: its store, its Raft group, and its write path.
+
+Threads (DESIGN.md §2):
+- service threads call ``write``/``scan``.  ``write`` admits the request (exactly-once),
+  binds the term with ONE lock-free read (``check_leadership_and_bind_term``), validates
+  the rows, queues the op for the prepare worker and RETURNS; the call is answered later.
+- the prepare worker (one per tablet) takes every queued op, and replicates them in one
+  ``replicate`` call per bound term: under the consensus lock, where it may wait for room
+  in the WAL's group-commit queue.  No row locks are taken: every replica applies entries
+  serially in log order, so concurrent writes to one row are already ordered by the log.
+- the apply worker (one per tablet) applies committed entries -- one store transaction per
+  batch, the applied index and request outcomes in the same transaction -- reports the
+  applied index to consensus, and answers the waiting calls.  Followers apply too, and
+  their trackers learn every outcome, so the next leader can answer a retry.
+
+An op whose entry is replaced before it commits (this leader lost its term) is aborted
+with NotLeader when the apply worker reaches its index: the client retries at the new
+leader, and the request id keeps that retry exactly-once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from consensus.core import Entry, EntryType, NotLeader, ProposalDropped
+from consensus.log import Log, LogOptions
+from consensus.raft_consensus import (
+    ConsensusMetrics,
+    ConsensusOptions,
+    RaftConsensus,
+    TermCheckMode,
+)
+from consensus.transport import Transport
+from metrics import catalogue as cat
+from metrics.counter import StripedCounter
+from metrics.histogram import Histogram
+from metrics.profiled_lock import ProfiledLock
+from metrics.registry import MetricEntity, MetricPrototype
+from proto import tablet_pb2
+from schema.predicates import Predicate, PredicateError
+from schema.rows import RowError, decode_row_ops, row_to_pb
+from schema.schema import Schema
+from tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
+from tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
+from tserver.result_tracker import Admission, RequestKey, ResultTracker
+from tserver.store import InvalidScan, StoreError
+
+__all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks"]
+
+logger = logging.getLogger(__name__)
+
+Respond = Callable[[tablet_pb2.WriteResponse], None]
+Fail = Callable[[BaseException], None]
+_STOP = object()
+_anonymous = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCallbacks:
+    respond: Respond
+    fail: Fail
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaOptions:
+    consensus: ConsensusOptions = field(default_factory=ConsensusOptions)
+    log: LogOptions = field(default_factory=LogOptions)
+    max_batch_rows: int = 10_000
+    # Ops replicated per consensus call at most (bounds one entry batch).
+    max_prepare_batch: int = 256
+    # How long a leader-latest scan waits for the store to apply what is committed.
+    read_wait_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingWrite:
+    key: RequestKey
+    term: int
+    data: bytes
+
+
+class _ReplicaMetrics:
+    def __init__(self, entity: MetricEntity | None) -> None:
+        def counter(proto: MetricPrototype, **labels: str) -> StripedCounter:
+            return entity.counter(proto, **labels) if entity else StripedCounter()
+
+        def histogram(proto: MetricPrototype) -> Histogram:
+            return entity.histogram(proto) if entity else Histogram()
+
+        self.prepare_time = histogram(cat.OP_PREPARE_RUN_TIME_US)
+        self.apply_time = histogram(cat.OP_APPLY_RUN_TIME_US)
+        self.write_ops = counter(cat.WRITE_OPS_TOTAL)
+        self.rows_inserted = counter(cat.ROWS_INSERTED_TOTAL)
+        self.replays = counter(cat.RESULT_TRACKER_REPLAYS_TOTAL)
+        self.lock_contention = counter(cat.CONSENSUS_LOCK_CONTENTION_TIME_US)
+        self.lock_wait = histogram(cat.CONSENSUS_LOCK_WAIT_TIME_US)
+        self.consensus = ConsensusMetrics(
+            term_checks={m: counter(cat.TERM_CHECKS_TOTAL, mode=m.value) for m in TermCheckMode},
+            leader_elections=counter(cat.LEADER_ELECTIONS_TOTAL),
+        )
+
+
+class _LogMetrics:
+    """Feeds the WAL's reports into the tablet's histograms (a ``LogObserver``)."""
+
+    def __init__(self, entity: MetricEntity | None) -> None:
+        def histogram(proto: MetricPrototype) -> Histogram:
+            return entity.histogram(proto) if entity else Histogram()
+
+        self._append = histogram(cat.LOG_APPEND_LATENCY_US)
+        self._sync = histogram(cat.LOG_SYNC_LATENCY_US)
+        self._group = histogram(cat.LOG_GROUP_COMMIT_ENTRIES)
+
+    def batch_durable(self, entries: int, latency_us: float) -> None:
+        self._append.observe(latency_us)
+
+    def group_synced(
+        self, batches: int, entries: int, nbytes: int, write_us: float, sync_us: float
+    ) -> None:
+        self._sync.observe(sync_us)
+        self._group.observe(entries)
+
+    def producer_blocked(self, queued_bytes: int) -> None:
+        pass  # the wait shows up as consensus lock contention in the writers that queue behind
+
+
+class TabletReplica:
+    def __init__(
+        self,
+        *,
+        tablet_id: str,
+        table: str,
+        partition: int,
+        server_id: str,
+        voters: Sequence[str],
+        directory: Path,
+        schema: Schema,
+        transport: Transport,
+        options: ReplicaOptions | None = None,
+        metrics: MetricEntity | None = None,
+    ) -> None:
+        self.tablet_id = tablet_id
+        self.table = table
+        self.partition = partition
+        self.server_id = server_id
+        self.schema = schema
+        self.options = opts = options or ReplicaOptions()
+        self._metrics = _ReplicaMetrics(metrics)
+        self._opened: OpenedReplica = open_replica(
+            directory, schema, voters, opts.log, _LogMetrics(metrics)
+        )
+        self.store = self._opened.store
+        self.lock = ProfiledLock(
+            "consensus",
+            contention_counter=self._metrics.lock_contention,
+            wait_histogram=self._metrics.lock_wait,
+        )
+        self.consensus = RaftConsensus(
+            group_id=tablet_id,
+            node_id=server_id,
+            storage=self._opened.storage,
+            transport=transport,
+            apply_committed=self._on_committed,
+            applied_index=self.store.applied_index(),
+            options=opts.consensus,
+            lock=self.lock,
+            metrics=self._metrics.consensus,
+        )
+        self.tracker = ResultTracker()
+        self._prepare_q: queue.SimpleQueue[_PendingWrite | object] = queue.SimpleQueue()
+        self._apply_q: queue.SimpleQueue[Sequence[Entry] | object] = queue.SimpleQueue()
+        # index -> (term, key) of entries this replica proposed and has not applied yet.
+        self._proposed: dict[int, tuple[int, RequestKey]] = {}
+        self._proposed_lock = threading.Lock()
+        self._applied_index = self.store.applied_index()
+        self._applied_cond = threading.Condition()
+        self._failure: BaseException | None = None
+        self._stopped = False
+        self._prepare_thread = threading.Thread(
+            target=self._run_prepare, name=f"prepare:{tablet_id}", daemon=True
+        )
+        self._apply_thread = threading.Thread(
+            target=self._run_apply, name=f"apply:{tablet_id}", daemon=True
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._apply_thread.start()
+        self._prepare_thread.start()
+        self.consensus.start()
+
+    def stop(self) -> None:
+        """Stop replicating; fail what is in flight; flush and close the files."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._prepare_q.put(_STOP)
+        self._prepare_thread.join(timeout=30)
+        self.consensus.stop()
+        self._apply_q.put(_STOP)
+        self._apply_thread.join(timeout=30)
+        with self._proposed_lock:
+            proposed = list(self._proposed.values())
+            self._proposed.clear()
+        for _, key in proposed:
+            self.tracker.abort(key, ServiceUnavailable("the tablet server is shutting down"))
+        self._opened.close()
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def write(self, request: tablet_pb2.WriteRequest, callbacks: WriteCallbacks) -> None:
+        """Admit, bind the term, validate and queue; the answer comes through ``callbacks``
+        (from the apply thread, or at once for replays and rejected batches).  Raises for
+        errors that answer the call now (NotLeader, LeaderNotReady, InvalidRequest…)."""
+        if self._failure is not None or self._stopped:
+            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        n = len(request.ops)
+        if n == 0:
+            raise InvalidRequest("a write needs at least one row operation")
+        if n > self.options.max_batch_rows:
+            raise InvalidRequest(
+                f"{n} row operations exceed --max_batch_rows={self.options.max_batch_rows}"
+            )
+        term = self.consensus.check_leadership_and_bind_term()
+        rid = request.request_id
+        if rid.client_id:
+            key: RequestKey = (rid.client_id, rid.seq_no)
+            if rid.seq_no < 0 or rid.first_incomplete_seq_no < 0:
+                raise InvalidRequest("request ids are non-negative")
+        else:
+            key = (f"~anonymous-{next(_anonymous)}", 0)
+        admission, done = self.tracker.admit(
+            key, rid.first_incomplete_seq_no, callbacks.respond, callbacks.fail
+        )
+        if admission is Admission.STALE:
+            raise StaleRequest(
+                f"request {rid.seq_no} of client {rid.client_id} is below its first "
+                f"incomplete request {rid.first_incomplete_seq_no}"
+            )
+        if admission is Admission.COMPLETED:
+            assert done is not None
+            self._metrics.replays.increment()
+            callbacks.respond(done)
+            return
+        if admission is Admission.ATTACHED:
+            self._metrics.replays.increment()
+            return
+        try:
+            if rid.client_id:
+                record = self.store.lookup_request(rid.client_id, rid.seq_no)
+                if record is not None:  # applied before a restart or under another leader
+                    self._metrics.replays.increment()
+                    self.tracker.complete(
+                        key, _response(record.index, record.term, record.row_errors)
+                    )
+                    return
+            _, row_errors = decode_row_ops(self.schema, request.ops)
+            if len(row_errors) == n:  # nothing to apply: answer without replicating
+                self.tracker.complete(key, _response(0, term, row_errors))
+                return
+            data = tablet_pb2.WriteOperationPB(
+                request_id=request.request_id, ops=request.ops
+            ).SerializeToString()
+        except BaseException as exc:
+            self.tracker.abort(key, exc)
+            return
+        self._prepare_q.put(_PendingWrite(key, term, data))
+
+    def _run_prepare(self) -> None:
+        while True:
+            item = self._prepare_q.get()
+            if item is _STOP:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < self.options.max_prepare_batch:
+                try:
+                    more = self._prepare_q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                batch.append(more)
+            ops = [op for op in batch if isinstance(op, _PendingWrite)]
+            for _, group_iter in itertools.groupby(ops, key=lambda op: op.term):
+                self._replicate(list(group_iter))
+            if stop:
+                return
+
+    def _replicate(self, ops: list[_PendingWrite]) -> None:
+        start = time.perf_counter()
+        try:
+            entries = self.consensus.replicate([op.data for op in ops], ops[0].term)
+        except (ProposalDropped, ServiceUnavailable) as exc:
+            for op in ops:
+                self.tracker.abort(op.key, exc)
+            return
+        except Exception as exc:  # the log failed, or a bug: fail the calls, keep serving
+            logger.exception("%s: replicate failed", self.tablet_id)
+            for op in ops:
+                self.tracker.abort(op.key, exc)
+            return
+        finally:
+            self._metrics.prepare_time.observe((time.perf_counter() - start) * 1e6)
+        with self._proposed_lock:
+            for op, entry in zip(ops, entries, strict=True):
+                if entry.index > self._applied_index:
+                    self._proposed[entry.index] = (entry.term, op.key)
+
+    # --- applying --------------------------------------------------------------------------
+
+    def _on_committed(self, entries: Sequence[Entry]) -> None:
+        # Called under the consensus lock: hand over and return at once.
+        self._apply_q.put(list(entries))
+
+    def _run_apply(self) -> None:
+        while True:
+            item = self._apply_q.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, list)
+            entries: list[Entry] = item
+            while True:
+                try:
+                    more = self._apply_q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    self._apply_q.put(_STOP)
+                    break
+                assert isinstance(more, list)
+                entries.extend(more)
+            if self._failure is None:
+                self._apply(entries)
+
+    def _apply(self, entries: list[Entry]) -> None:
+        start = time.perf_counter()
+        batch = [to_apply_entry(e) for e in entries]
+        try:
+            results = self.store.apply_batch(batch)
+        except (StoreError, ValueError, OSError) as exc:
+            # The store no longer knows what it holds: stop serving rather than guess.
+            logger.error("%s: applying entries failed, the replica stops: %r", self.tablet_id, exc)
+            self._failure = exc
+            return
+        self._metrics.apply_time.observe((time.perf_counter() - start) * 1e6)
+        self.consensus.on_applied(entries[-1].index)
+        with self._applied_cond:
+            self._applied_cond.notify_all()
+        with self._proposed_lock:
+            proposed = [self._proposed.pop(e.index, None) for e in entries]
+            self._applied_index = entries[-1].index
+        for entry, applied, result, mine in zip(entries, batch, results, proposed, strict=True):
+            if mine is not None and mine[0] != entry.term:
+                # Our entry at this index was replaced: this leader lost its term.
+                self.tracker.abort(
+                    mine[1], NotLeader(self.consensus.snapshot.leader_id, entry.term)
+                )
+                mine = None
+            if entry.type is not EntryType.NORMAL or result.skipped:
+                continue
+            key = applied.request if applied.request is not None else (mine[1] if mine else None)
+            if result.duplicate_of:
+                # A retry proposed again: answer with the original entry's outcome.
+                index, term = result.duplicate_of, result.duplicate_term
+            else:
+                index, term = entry.index, entry.term
+                self._metrics.write_ops.increment()
+                self._metrics.rows_inserted.increment(result.rows_applied)
+            if key is not None:
+                self.tracker.complete(key, _response(index, term, result.row_errors))
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def scan(self, request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
+        if self._failure is not None or self._stopped:
+            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
+            self.consensus.check_leadership_and_bind_term()
+            self._wait_applied(self.consensus.commit_index())
+        try:
+            predicates = [Predicate.from_pb(self.schema, p) for p in request.predicates]
+            limit = request.limit or None
+            if request.batch_size_rows:
+                limit = min(limit or request.batch_size_rows, request.batch_size_rows)
+            result = self.store.scan(
+                list(request.projection) or None,
+                predicates,
+                limit=limit,
+                resume_key=request.resume_key or None,
+            )
+        except (InvalidScan, PredicateError, ValueError) as exc:
+            raise InvalidRequest(str(exc)) from exc
+        response = tablet_pb2.ScanResponse(
+            columns=result.columns,
+            has_more=result.resume_key is not None,
+            resume_key=result.resume_key or b"",
+            applied_index=result.applied_index,
+        )
+        for row in result.rows:
+            response.rows.append(row_to_pb(self.schema, result.columns, row))
+        return response
+
+    def _wait_applied(self, index: int) -> None:
+        """Leader-latest reads see everything committed when the read arrived."""
+        with self._applied_cond:
+            if not self._applied_cond.wait_for(
+                lambda: self.store.applied_index() >= index, self.options.read_wait_s
+            ):
+                raise ServiceUnavailable(
+                    f"tablet {self.tablet_id} has not applied index {index} yet"
+                )
+
+    # --- status --------------------------------------------------------------------------------
+
+    def consensus_log(self) -> Log:
+        return self._opened.storage.log
+
+    def commit_index_cached(self) -> int:
+        return self.consensus.commit_index_seen()
+
+    def status(self) -> dict[str, object]:
+        st = self.consensus.status()
+        elected = self.consensus.last_election()
+        log_bytes = 0
+        for path in self._opened.storage.log.segment_paths():
+            with contextlib.suppress(OSError):
+                log_bytes += os.path.getsize(path)
+        st.update(
+            log_bytes=log_bytes,
+            last_election=(
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(elected)) if elected else ""
+            ),
+            tablet_id=self.tablet_id,
+            table=self.table,
+            partition=self.partition,
+            store_applied_index=self.store.applied_index(),
+            failed=self._failure is not None or self.consensus.failed(),
+        )
+        return st
+
+
+def _response(index: int, term: int, row_errors: Sequence[RowError]) -> tablet_pb2.WriteResponse:
+    response = tablet_pb2.WriteResponse(op_index=index, op_term=term)
+    response.row_errors.extend(e.to_pb() for e in row_errors)
+    return response
