@@ -1,7 +1,19 @@
 """Entry point of the ``raftlet`` console script.
 
-Subcommands are added here as the packages they wire together land: ``tserver`` runs one
-tablet server in the foreground.
+Commands:
+
+- ``tserver``: run one tablet server in the foreground (``tserver.main``);
+- ``cluster up | status | down``: a local multi-server cluster (``cli.cluster_cmd``,
+  ``deploy.local``) and a ksck-style health check (``deploy.health``);
+- ``write``: a load generator (``cli.write_cmd``); ``scan``: read rows (``cli.scan_cmd``);
+- ``metrics``: key server metrics in human units (``cli.metrics_cmd``);
+- ``leader-step-down``: move a tablet's leadership (``cli.admin_cmd``).
+
+Conventions every command keeps: argparse throughout (the same ``OneLineArgumentParser``
+as ``raftlet tserver``, so every usage error is one line); exit status 0 on success, 1 when
+the operation failed, 2 for usage errors; an expected failure is one line on stderr,
+``raftlet <command>: error: <what>``, never a traceback. Each command's module is imported
+only when that command runs, so ``raftlet tserver`` does not load rich or the client.
 """
 
 from __future__ import annotations
@@ -11,7 +23,7 @@ import importlib.metadata
 import sys
 from collections.abc import Sequence
 
-from tserver.flags import add_tserver_arguments, settings_from_args
+from tserver.flags import OneLineArgumentParser, add_tserver_arguments, settings_from_args
 
 
 def _version() -> str:
@@ -21,10 +33,43 @@ def _version() -> str:
         return "unknown"
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Wraps one-paragraph descriptions, keeps multi-line texts (the epilogs' example
+    blocks) as written; wider help columns."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=100)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+_EPILOG = """\
+quick start:
+  raftlet cluster up --data-dir ./c1                 # 3 local servers, table kv
+  raftlet write --data-dir ./c1 --duration 10 --threads 8
+  raftlet scan kv --data-dir ./c1 --where "key < 100" --limit 10
+  raftlet metrics --data-dir ./c1
+  raftlet cluster status --data-dir ./c1
+  raftlet cluster down --data-dir ./c1
+
+Client commands name the cluster with exactly one of --data-dir DIR, --cluster FILE or
+--servers HOST:PORT,... Exit status: 0 success, 1 the operation failed, 2 usage error.
+Run `raftlet COMMAND --help` for a command's options and examples.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
+
+    parser = OneLineArgumentParser(
         prog="raftlet",
-        description="raftlet: a Raft-replicated tablet server.",
+        description="raftlet: a Raft-replicated tablet server, and the tools to run and use it.",
+        epilog=_EPILOG,
+        formatter_class=_Formatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -37,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_tserver_arguments(tserver)
     # Errors in the tserver's flags are reported by its own parser (usage, exit 2).
     tserver.set_defaults(subparser=tserver)
+    cluster_cmd.add_parsers(commands, _Formatter)
+    write_cmd.add_parser(commands, _Formatter)
+    scan_cmd.add_parser(commands, _Formatter)
+    metrics_cmd.add_parser(commands, _Formatter)
+    admin_cmd.add_parser(commands, _Formatter)
     return parser
 
 
@@ -47,9 +97,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tserver.main import run  # the server's imports only when serving
 
         return run(settings_from_args(args.subparser, args))
-    # With no command, show what there is.
-    parser.print_help()
-    return 0
+    if args.command is None:
+        # With no command, show what there is.
+        parser.print_help()
+        return 0
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    from cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
+    from cli.common import CliError
+
+    runners = {
+        "cluster": cluster_cmd.run,
+        "write": write_cmd.run,
+        "scan": scan_cmd.run,
+        "metrics": metrics_cmd.run,
+        "leader-step-down": admin_cmd.run,
+    }
+    name = args.command if args.command != "cluster" else f"cluster {args.cluster_command}"
+    try:
+        return runners[args.command](args)
+    except CliError as e:
+        _fail(name, str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        _fail(name, "interrupted")
+        return 130
+    except BrokenPipeError:
+        # `raftlet scan … | head`: the reader left; that is not an error of ours.
+        return 0
+    except Exception as e:
+        # A client error that escaped a command's handling is still one line; anything
+        # else is a bug and keeps its traceback.
+        from client import RaftletError
+
+        if isinstance(e, RaftletError):
+            _fail(name, str(e))
+            return 1
+        raise
+
+
+def _fail(command: str, message: str) -> None:
+    one_line = " ".join(message.split())
+    print(f"raftlet {command}: error: {one_line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -3,4 +3,65 @@
 Sessions that batch rows per tablet, the meta cache of tablet leaders, retries with backoff,
 and scanners. It speaks only the wire protocol: it imports ``schema`` and ``proto`` (and may use
 ``metrics`` for its own latency figures), never ``tserver`` or ``consensus``.
+
+::
+
+    from client import Client, FlushMode
+
+    with Client(["127.0.0.1:7051"]) as c:
+        with c.new_session(FlushMode.AUTO_FLUSH_BACKGROUND) as s:
+            for i in range(1000):
+                s.insert("kv", {"key": i, "value": str(i)})
+        assert not s.errors()
+        rows = list(c.scan("kv"))
+
+Modules: ``client`` (Client), ``session`` (flush modes), ``scanner``, ``meta_cache``
+(tables → tablets → replicas → leaders), ``rpc`` (routing one tablet RPC with retries),
+``retry`` (error classification and backoff policies), ``request_tracker`` (exactly-once
+request ids), ``channels`` (one gRPC channel per server), ``stats``, ``errors``.
 """
+
+from client.client import Client
+from client.errors import (
+    ClientClosed,
+    InvalidArgument,
+    NotLeader,
+    RaftletError,
+    RemoteError,
+    RowError,
+    ServerTooBusy,
+    TabletNotFound,
+    Timeout,
+)
+from client.meta_cache import ServerInfo
+from client.retry import DEFAULT_POLICIES, Cause
+from client.scanner import ReadMode, Row, Scanner
+from client.session import FlushMode, Operation, Session
+from client.stats import ClientStats
+from schema.predicates import Predicate
+from schema.rows import OpType
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "Cause",
+    "Client",
+    "ClientClosed",
+    "ClientStats",
+    "FlushMode",
+    "InvalidArgument",
+    "NotLeader",
+    "OpType",
+    "Operation",
+    "Predicate",
+    "RaftletError",
+    "ReadMode",
+    "RemoteError",
+    "Row",
+    "RowError",
+    "Scanner",
+    "ServerInfo",
+    "ServerTooBusy",
+    "Session",
+    "TabletNotFound",
+    "Timeout",
+]

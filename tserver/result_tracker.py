@@ -94,6 +94,14 @@ class ResultTracker:
         for _, fail in flight.waiters if flight else []:
             fail(error)
 
+    def abort_all(self, error: BaseException) -> None:
+        """Fail every in-flight request (the replica is stopping)."""
+        with self._lock:
+            flights, self._in_flight = self._in_flight, {}
+        for flight in flights.values():
+            for _, fail in flight.waiters:
+                fail(error)
+
     def in_flight(self) -> int:
         with self._lock:
             return len(self._in_flight)

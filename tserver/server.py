@@ -52,6 +52,7 @@ from tserver.consensus_rpc import (
 )
 from tserver.errors import InvalidRequest, TabletNotFound
 from tserver.flags import FlagError, FlagRegistry, ServerSettings
+from tserver.malformed import MalformedRequestInterceptor
 from tserver.rpc_dispatch import dispatch
 from tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
 from tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
@@ -144,7 +145,10 @@ class TabletServer:
             self.replicas[placement.tablet_id] = replica
         for pool in self.pools.values():
             pool.start()
-        server = grpc.aio.server(options=server_options(s.max_message_bytes))
+        server = grpc.aio.server(
+            options=server_options(s.max_message_bytes),
+            interceptors=[MalformedRequestInterceptor()],
+        )
         tablet_pb2_grpc.add_TabletServiceServicer_to_server(_TabletServicer(self), server)
         consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(_ConsensusServicer(self), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(_AdminServicer(self), server)
@@ -178,13 +182,24 @@ class TabletServer:
         )
 
     async def stop(self, grace_s: float = _SHUTDOWN_GRACE_S) -> None:
+        """Stop accepting RPCs, answer what is in flight, then close everything.
+
+        gRPC stops accepting at once and waits ``grace_s`` for running RPCs.  Meanwhile the
+        pools fail queued calls and the replicas stop, failing writes still waiting for a
+        commit with UNAVAILABLE -- answers the grace period lets out, so clients retry
+        elsewhere (with the same request id) instead of seeing their calls cancelled."""
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        grpc_stopped = None
         if self._grpc is not None:
-            await self._grpc.stop(grace_s)
+            grpc_stopped = asyncio.ensure_future(self._grpc.stop(grace_s))
         loop = asyncio.get_running_loop()
-        # Blocking joins and fsyncs: off the event loop.
+        # Blocking joins and fsyncs: off the event loop, which must keep sending answers.
         await loop.run_in_executor(None, self._stop_blocking)
+        if grpc_stopped is not None:
+            await grpc_stopped
+        self.channels.close()
+        self.status.stop()
 
     def _stop_blocking(self) -> None:
         for pool in self.pools.values():
@@ -194,8 +209,6 @@ class TabletServer:
                 replica.stop()
             except Exception:
                 logger.exception("stopping tablet %s failed", replica.tablet_id)
-        self.channels.close()
-        self.status.stop()
 
     async def wait(self) -> None:
         if self._grpc is not None:

@@ -210,10 +210,10 @@ class TabletReplica:
         self._apply_q.put(_STOP)
         self._apply_thread.join(timeout=30)
         with self._proposed_lock:
-            proposed = list(self._proposed.values())
             self._proposed.clear()
-        for _, key in proposed:
-            self.tracker.abort(key, ServiceUnavailable("the tablet server is shutting down"))
+        # Proposed or still queued: nothing more will answer them here.  A retry elsewhere
+        # with the same request id is exactly-once.
+        self.tracker.abort_all(ServiceUnavailable("the tablet server is shutting down"))
         self._opened.close()
 
     # --- writes ------------------------------------------------------------------------------
@@ -256,7 +256,9 @@ class TabletReplica:
             self._metrics.replays.increment()
             return
         try:
-            if rid.client_id:
+            # A first attempt cannot have been applied before, so only retries pay for the
+            # store lookup (apply refuses a duplicate request id in any case).
+            if rid.client_id and rid.attempt_no > 0:
                 record = self.store.lookup_request(rid.client_id, rid.seq_no)
                 if record is not None:  # applied before a restart or under another leader
                     self._metrics.replays.increment()

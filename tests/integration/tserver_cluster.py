@@ -410,8 +410,11 @@ def running_cluster(root: Path, **kwargs: Any) -> Iterator[TserverCluster]:
 # --- writing -------------------------------------------------------------------------------
 
 # Statuses after which a write may be retried, elsewhere, with the same request id.
+# CANCELLED: a server that shuts down cancels the RPCs still running after its grace
+# period; the request id makes resending them safe.
 RETRIABLE = frozenset(
     {
+        grpc.StatusCode.CANCELLED,
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -1,10 +1,31 @@
-"""The `raftlet` command: only what exists is offered."""
+"""The `raftlet` command without a cluster: argument handling, exit codes, one-line errors,
+``--where`` parsing, the load generator's keys, metrics aggregation, the health verdict of a
+cluster that is not running, and the launcher's refusal to signal processes not its own."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from cli.common import human_count, human_us
 from cli.main import main
+from cli.metrics_cmd import key_metrics
+from cli.scan_cmd import parse_value, parse_where
+from cli.write_cmd import RowFactory
+from deploy.health import Severity, check_cluster
+from deploy.local import STATE_FILE, LocalCluster, new_config
+from schema.predicates import PredicateKind
+from schema.schema import ColumnSchema, Schema
+from schema.types import DataType
+from tserver.cluster_config import write_cluster_config
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -16,10 +37,381 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_no_arguments_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
-    assert "--version" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--version" in out
+    for command in ("tserver", "cluster", "write", "scan", "metrics", "leader-step-down"):
+        assert command in out
 
 
 def test_unknown_argument_is_rejected() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["sim"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cluster", "up", "--help"],
+        ["cluster", "status", "--help"],
+        ["cluster", "down", "--help"],
+        ["write", "--help"],
+        ["scan", "--help"],
+        ["metrics", "--help"],
+        ["leader-step-down", "--help"],
+    ],
+)
+def test_every_command_has_help_with_examples(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    assert "examples:" in capsys.readouterr().out
+
+
+# --- usage errors: exit 2, one line -------------------------------------------------------
+
+USAGE_ERRORS = [
+    # (argv, a fragment of the message)
+    (["write", "--data-dir", "x"], "one of the arguments --rows --duration is required"),
+    (["write", "--data-dir", "x", "--rows", "5", "--duration", "3"], "not allowed with"),
+    (["write", "--data-dir", "x", "--rows", "0"], "must be at least 1"),
+    (["write", "--data-dir", "x", "--rows", "ten"], "is not an integer"),
+    (["write", "--rows", "5"], "one of the arguments --data-dir --cluster --servers"),
+    (["write", "--rows", "5", "--data-dir", "a", "--servers", "h:1"], "not allowed with"),
+    (["write", "--data-dir", "x", "--rows", "5", "--threads", "1000"], "at most 256"),
+    (["write", "--data-dir", "x", "--rows", "5", "--flush-mode", "eager"], "invalid choice"),
+    (["scan", "kv", "--servers", "nohostport"], "is not host:port"),
+    (["scan", "kv", "--data-dir", "x", "--where", "key ~ 3"], "is not a condition"),
+    (["scan", "kv", "--data-dir", "x", "--where", "key != 3"], "!= is not supported"),
+    (["scan", "kv", "--data-dir", "x", "--where", "key = null"], "use 'key is-null'"),
+    (["scan", "kv", "--data-dir", "x", "--limit", "-1"], "must be at least 1"),
+    (["scan", "--data-dir", "x"], "the following arguments are required: TABLE"),
+    (["cluster"], "the following arguments are required: ACTION"),
+    (["cluster", "up", "--servers", "0"], "must be at least 1"),
+    (["cluster", "up", "--term-check-mode", "sometimes"], "invalid choice"),
+    (["cluster", "up", "--tserver-flag=--bogus=1"], "unrecognized arguments: --bogus=1"),
+    (["cluster", "up", "--tserver-flag=--config=x.toml"], "the launcher sets --config itself"),
+    (["cluster", "down"], "one of the arguments --data-dir --cluster is required"),
+    (["metrics", "--data-dir", "x", "--format", "yaml"], "invalid choice"),
+    (["leader-step-down", "--data-dir", "x"], "the following arguments are required: TABLET"),
+    (["tserver"], "the following arguments are required"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"), USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS]
+)
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("raftlet")
+    assert "error:" in lines[0]
+    assert fragment in lines[0]
+    assert "Traceback" not in captured.err
+
+
+def test_missing_cluster_is_an_operation_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Well-formed arguments naming a directory with no cluster: exit 1, one line.
+    assert main(["write", "--data-dir", str(tmp_path), "--rows", "1"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("raftlet write: error: no cluster in")
+
+
+def test_cli_as_a_process_usage_error(tmp_path: Path) -> None:
+    # The real entry point, as a user runs it: status 2, one line, no traceback.
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "scan", "kv", "--data-dir", "x", "--where", "k"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+# --- --where ---------------------------------------------------------------------------------
+
+SCHEMA = Schema(
+    [
+        ColumnSchema("key", DataType.INT64, is_key=True),
+        ColumnSchema("value", DataType.STRING, nullable=True),
+        ColumnSchema("ratio", DataType.DOUBLE, nullable=True),
+        ColumnSchema("flag", DataType.BOOL, nullable=True),
+        ColumnSchema("blob", DataType.BINARY, nullable=True),
+        ColumnSchema("ts", DataType.UNIXTIME_MICROS, nullable=True),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "column", "op", "values"),
+    [
+        ("key = 5", "key", "=", ("5",)),
+        ("key==5", "key", "=", ("5",)),
+        ("key<100", "key", "<", ("100",)),
+        (" key <= -3 ", "key", "<=", ("-3",)),
+        ("key > 0x10", "key", ">", ("0x10",)),
+        ("key >= 7", "key", ">=", ("7",)),
+        ("value = 'a b, c'", "value", "=", ("'a b, c'",)),
+        ("key in (1, 2,3)", "key", "in", ("1", "2", "3")),
+        ("value IN ('a,b', \"c\")", "value", "in", ("'a,b'", '"c"')),
+        ("value is-null", "value", "is-null", ()),
+        ("value is null", "value", "is-null", ()),
+        ("value not-null", "value", "not-null", ()),
+        ("value is not null", "value", "not-null", ()),
+    ],
+)
+def test_parse_where(text: str, column: str, op: str, values: tuple[str, ...]) -> None:
+    w = parse_where(text)
+    assert (w.column, w.op, w.values) == (column, op, values)
+
+
+@pytest.mark.parametrize(
+    "text", ["key", "key 5", "= 5", "key <", "key in ()", "key in (1,,2)", "value in ('a)"]
+)
+def test_parse_where_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match=r"\w"):
+        parse_where(text)
+
+
+def test_where_becomes_a_typed_predicate() -> None:
+    p = parse_where("key >= 10").predicate(SCHEMA)
+    assert (p.kind, p.lower, p.lower_inclusive, p.upper) == (PredicateKind.RANGE, 10, True, None)
+    p = parse_where("key < 10").predicate(SCHEMA)
+    assert (p.upper, p.upper_inclusive) == (10, False)
+    p = parse_where("key <= 10").predicate(SCHEMA)
+    assert (p.upper, p.upper_inclusive) == (10, True)
+    p = parse_where("key in (3, 1)").predicate(SCHEMA)
+    assert (p.kind, p.values) == (PredicateKind.IN_LIST, (3, 1))
+    p = parse_where("value = 'x y'").predicate(SCHEMA)
+    assert p.values == ("x y",)
+    assert parse_where("value is null").predicate(SCHEMA).kind is PredicateKind.IS_NULL
+
+
+def test_where_errors_name_the_clause() -> None:
+    from cli.common import UsageError
+
+    with pytest.raises(UsageError, match=r"no column 'nope' \(columns: key, value"):
+        parse_where("nope = 1").predicate(SCHEMA)
+    with pytest.raises(UsageError, match="'abc' is not an integer"):
+        parse_where("key = abc").predicate(SCHEMA)
+    with pytest.raises(UsageError, match="out of range"):
+        parse_where(f"key = {2**63}").predicate(SCHEMA)
+
+
+def test_parse_value_by_type() -> None:
+    assert parse_value(DataType.INT64, "1_000") == 1000
+    assert parse_value(DataType.INT32, "-0x10") == -16
+    assert parse_value(DataType.DOUBLE, "2.5") == 2.5
+    assert parse_value(DataType.BOOL, "TRUE") is True
+    assert parse_value(DataType.BOOL, "no") is False
+    assert parse_value(DataType.STRING, '"quoted"') == "quoted"
+    assert parse_value(DataType.STRING, "12") == "12"
+    assert parse_value(DataType.BINARY, "0xff00") == b"\xff\x00"
+    assert parse_value(DataType.BINARY, "abc") == b"abc"
+    assert parse_value(DataType.UNIXTIME_MICROS, "1000000") == 1_000_000
+    # No offset means UTC.
+    assert parse_value(DataType.UNIXTIME_MICROS, "1970-01-01T00:00:01") == 1_000_000
+    assert parse_value(DataType.UNIXTIME_MICROS, "1970-01-01T01:00:01+01:00") == 1_000_000
+    for dtype, text in [
+        (DataType.INT8, "300"),
+        (DataType.DOUBLE, "nan"),
+        (DataType.BOOL, "maybe"),
+        (DataType.BINARY, "0xzz"),
+        (DataType.UNIXTIME_MICROS, "yesterday"),
+    ]:
+        with pytest.raises(ValueError, match=r"\w"):
+            parse_value(dtype, text)
+
+
+# --- the load generator's rows ------------------------------------------------------------------
+
+
+def test_row_factory_keys_are_unique_per_thread_and_run() -> None:
+    schema = Schema(
+        [
+            ColumnSchema("key", DataType.INT64, is_key=True),
+            ColumnSchema("value", DataType.STRING, nullable=True),
+        ]
+    )
+    a = RowFactory(schema, 50, run_id=1)
+    b = RowFactory(schema, 50, run_id=2)
+    keys = {a.row(t, n)["key"] for t in range(4) for n in range(100)}
+    keys |= {b.row(t, n)["key"] for t in range(4) for n in range(100)}
+    assert len(keys) == 800
+    assert all(0 <= k < 2**63 for k in keys if isinstance(k, int))
+    row = a.row(3, 7)
+    assert isinstance(row["value"], str)
+    assert len(row["value"]) == 50
+    # The largest run id, thread and sequence still fit a positive INT64.
+    assert RowFactory(schema, 0, run_id=2**22 - 1).key_of(255, 2**32 - 1) < 2**63
+
+
+def test_row_factory_needs_an_int64_key() -> None:
+    from cli.common import UsageError
+
+    schema = Schema([ColumnSchema("name", DataType.STRING, is_key=True)])
+    with pytest.raises(UsageError, match="one INT64 column"):
+        RowFactory(schema, 10)
+
+
+# --- metrics --------------------------------------------------------------------------------------
+
+
+def _metrics_doc() -> list[dict[str, Any]]:
+    def tablet(tid: str, role: int, lock_us: int, wait_p99: float) -> dict[str, Any]:
+        return {
+            "type": "tablet",
+            "id": tid,
+            "attributes": {"table": "kv"},
+            "metrics": [
+                {"name": "raft_role", "value": role},
+                {"name": "write_ops_total", "value": 10},
+                {"name": "consensus_lock_contention_time_us", "value": lock_us},
+                {
+                    "name": "consensus_lock_wait_time_us",
+                    "total_count": 4,
+                    "mean": 5.0,
+                    "percentile_99": wait_p99,
+                },
+                {"name": "term_checks_total", "labels": {"mode": "lockfree"}, "value": 7},
+                {"name": "term_checks_total", "labels": {"mode": "locked"}, "value": 0},
+            ],
+        }
+
+    server = {
+        "type": "server",
+        "id": "ts1",
+        "attributes": {},
+        "metrics": [
+            {
+                "name": "rpcs_queue_overflow",
+                "labels": {"service": "tablet", "method": "Write"},
+                "value": 3,
+            },
+            {
+                "name": "rpcs_queue_overflow",
+                "labels": {"service": "tablet", "method": "Scan"},
+                "value": 1,
+            },
+            {
+                "name": "rpcs_queue_overflow",
+                "labels": {"service": "consensus", "method": "X"},
+                "value": 9,
+            },
+            {
+                "name": "rpc_incoming_queue_time_us",
+                "labels": {"service": "tablet"},
+                "total_count": 2,
+                "mean": 150.0,
+                "percentile_99": 900.0,
+            },
+        ],
+    }
+    return [server, tablet("kv-p0", 3, 100, 40.0), tablet("kv-p1", 0, 50, 70.0)]
+
+
+def test_key_metrics_aggregate_per_server() -> None:
+    m = key_metrics(_metrics_doc())
+    assert m["leaders"] == 1
+    assert m["write_ops"] == 20
+    assert m["tablet_queue_overflows"] == 4  # summed over methods, tablet service only
+    assert m["consensus_queue_overflows"] == 9
+    assert m["tablet_queue_time_mean"] == 150.0
+    assert m["tablet_queue_time_p99"] == 900.0
+    assert m["lock_contention_time"] == 150
+    assert m["lock_contended_acquires"] == 8
+    assert m["lock_wait_p99"] == 70.0  # the worst tablet
+    assert (m["term_checks_lockfree"], m["term_checks_locked"]) == (14, 0)
+    assert m["wal_fsync_p99"] is None  # never observed: shown as "-"
+
+
+def test_human_units() -> None:
+    assert human_us(850) == "850 µs"
+    assert human_us(12_345) == "12.3 ms"
+    assert human_us(4_560_000) == "4.56 s"
+    assert human_us(None) == "-"
+    assert human_count(950) == "950"
+    assert human_count(12_345) == "12.3k"
+    assert human_count(4_560_000) == "4.56M"
+
+
+# --- health and the launcher, without servers --------------------------------------------------
+
+
+def test_health_of_a_cluster_that_is_not_running(tmp_path: Path) -> None:
+    config = new_config(tmp_path, servers=3, tablets=2)
+    health = check_cluster(config, processes={"ts1": False, "ts2": False, "ts3": False})
+    assert health.severity is Severity.ERROR
+    assert [s.state for s in health.servers] == ["DOWN"] * 3
+    assert all(t.leader is None for t in health.tablets)
+    assert health.summary().startswith("ERROR: 0/3 servers up, 0/2 tablets")
+    assert any("process not running" in i for i in health.issues)
+    json.dumps(health.to_json())  # serializable for --format json
+
+
+def test_down_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
+    # A state file whose PID now belongs to another program (PID reuse): left alone.
+    config = write_cluster_config(
+        new_config(tmp_path, servers=1, tablets=1), tmp_path / "cluster.toml"
+    )
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state = {
+            "format": 1,
+            "config": "cluster.toml",
+            "servers": [
+                {
+                    "id": "ts1",
+                    "pid": stranger.pid,
+                    "rpc_addr": config.servers[0].rpc_addr,
+                    "http_addr": config.servers[0].http_addr,
+                    "log": "ts1.log",
+                    "argv": [
+                        "python",
+                        "-m",
+                        "cli.main",
+                        "tserver",
+                        "--config",
+                        str(tmp_path / "cluster.toml"),
+                        "--server_id",
+                        "ts1",
+                    ],
+                }
+            ],
+        }
+        (tmp_path / STATE_FILE).write_text(json.dumps(state))
+        cluster = LocalCluster.load(tmp_path)
+        assert cluster.running() == {"ts1": False}
+        (stop,) = cluster.down(timeout=1.0)
+        assert stop.outcome == "not ours"
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the launcher signalled a process that is not its own"
+        assert not (tmp_path / STATE_FILE).exists()
+    finally:
+        stranger.send_signal(signal.SIGKILL)
+        stranger.wait(timeout=10)
+
+
+def test_up_refuses_a_mismatched_existing_cluster(tmp_path: Path) -> None:
+    from deploy.local import LauncherError
+
+    write_cluster_config(new_config(tmp_path, servers=3, tablets=4), tmp_path / "cluster.toml")
+    with pytest.raises(LauncherError, match="already holds a cluster of 3 servers"):
+        LocalCluster.create(tmp_path, servers=5)
+    assert not (tmp_path / STATE_FILE).exists()
+    assert os.listdir(tmp_path) == ["cluster.toml"]

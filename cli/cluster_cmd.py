@@ -1,0 +1,423 @@
+"""``raftlet cluster up | status | down``: a local cluster's life, and a ksck-style check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cli.common import (
+    CliError,
+    UsageError,
+    add_target_arguments,
+    config_file_of,
+    console,
+    resolve_target,
+)
+from consensus.raft_consensus import TermCheckMode
+from tserver.flags import build_tserver_parser
+
+__all__ = ["add_parsers", "run"]
+
+_UP_EPILOG = """\
+examples:
+  raftlet cluster up                          # 3 servers, table kv of 4 tablets, in a new temp dir
+  raftlet cluster up --data-dir ./c1 --servers 5 --tablets 8
+  raftlet cluster up --data-dir ./c1          # again after `down`: restarts it, data kept
+  raftlet cluster up --term-check-mode locked --log-inject-latency-ms 20   # KUDU-2727 setup
+  raftlet cluster up --tserver-flag=--rpc_service_queue_length=1
+
+The servers run in the background (they outlive this command); their logs are
+<data dir>/<server id>.log. Stop them with `raftlet cluster down --data-dir DIR`.
+"""
+
+_STATUS_EPILOG = """\
+examples:
+  raftlet cluster status --data-dir ./c1
+  raftlet cluster status --servers 127.0.0.1:7051 --format json
+
+Verdicts: ERROR = a tablet has no ready leader or no majority of reachable replicas (writes
+fail); WARN = a server down or overloaded, a replica missing or lagging more than --max-lag
+entries, a leader not ready yet; OK otherwise. Exit status 0 only for OK.
+"""
+
+_DOWN_EPILOG = """\
+examples:
+  raftlet cluster down --data-dir ./c1
+  raftlet cluster down --data-dir ./c1 --timeout 5 --remove-data
+
+Each server gets SIGTERM (graceful: RPCs drain, logs are synced); any still running after
+--timeout seconds gets SIGKILL. Only processes that are this cluster's servers are signalled.
+"""
+
+
+def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    cluster = commands.add_parser(
+        "cluster",
+        help="start, check and stop a local multi-server cluster",
+        description="Start, check and stop a cluster of raftlet servers on this machine.",
+        formatter_class=formatter,
+    )
+    sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+
+    up = sub.add_parser(
+        "up",
+        help="start a local cluster and wait until every tablet has a leader",
+        description=(
+            "Start a cluster of raftlet tablet servers on this machine, each its own "
+            "process, and wait until every tablet has a ready leader. Writes cluster.toml "
+            "(the config clients use) and cluster.json (the server PIDs) into the data dir."
+        ),
+        epilog=_UP_EPILOG,
+        formatter_class=formatter,
+    )
+    up.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="where the cluster lives (default: a new temporary directory, printed)",
+    )
+    # None = "not given": restarting an existing cluster keeps its shape unless told.
+    up.add_argument("--servers", type=_positive, metavar="N", help="tablet servers (default 3)")
+    up.add_argument(
+        "--tablets",
+        type=_positive,
+        metavar="N",
+        help="hash partitions of the table kv, one tablet each (default 4)",
+    )
+    up.add_argument(
+        "--term-check-mode",
+        choices=[m.value for m in TermCheckMode],
+        help="how writes check leadership: lockfree (default) or locked (the KUDU-2727 path)",
+    )
+    up.add_argument(
+        "--log-inject-latency-ms",
+        type=_non_negative_float,
+        metavar="MS",
+        help="sleep this long after every WAL fsync, to mimic a slow disk (default 0)",
+    )
+    up.add_argument(
+        "--base-port",
+        type=_positive,
+        metavar="PORT",
+        help="server i listens on PORT+i (RPC) and PORT+1000+i (status); default: free ports",
+    )
+    up.add_argument(
+        "--tserver-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="pass a flag to every server, e.g. --tserver-flag=--rpc_service_queue_length=1 "
+        "(repeatable; see `raftlet tserver --help`)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="seconds to wait for each server to start and for leaders (default 60)",
+    )
+
+    status = sub.add_parser(
+        "status",
+        help="ksck-style health: servers, leaders, lagging replicas",
+        description=(
+            "Ask every server for its replicas and report: which servers are up, each "
+            "tablet's leader, term and replicas, replicas that lag the leader, and one "
+            "overall OK / WARN / ERROR line."
+        ),
+        epilog=_STATUS_EPILOG,
+        formatter_class=formatter,
+    )
+    add_target_arguments(status)
+    status.add_argument(
+        "--max-lag",
+        type=_non_negative,
+        default=100,
+        metavar="N",
+        help="entries a replica's applied index may trail the leader's commit before it is "
+        "reported (default 100: under a write load a few are normal)",
+    )
+    status.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=3.0,
+        metavar="S",
+        help="per-server RPC timeout (default 3)",
+    )
+    status.add_argument("--format", choices=("table", "json"), default="table")
+
+    down = sub.add_parser(
+        "down",
+        help="stop a local cluster (SIGTERM, then SIGKILL after a timeout)",
+        description="Stop every server of a cluster started by `raftlet cluster up`.",
+        epilog=_DOWN_EPILOG,
+        formatter_class=formatter,
+    )
+    group = down.add_mutually_exclusive_group(required=True)
+    group.add_argument("--data-dir", metavar="DIR", help="the cluster's directory")
+    group.add_argument("--cluster", metavar="FILE", help="the cluster's cluster.toml")
+    down.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="seconds to wait after SIGTERM before SIGKILL (default 30)",
+    )
+    down.add_argument(
+        "--remove-data",
+        action="store_true",
+        help="also delete the data directory (its logs, config and replicas)",
+    )
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _non_negative(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return x
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return x
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.cluster_command == "up":
+        return _up(args)
+    if args.cluster_command == "status":
+        return _status(args)
+    return _down(args)
+
+
+# --- up ------------------------------------------------------------------------------------
+
+
+def _up(args: argparse.Namespace) -> int:
+    from deploy.local import LauncherError, LocalCluster
+
+    if args.tserver_flag:
+        owned = {"--config", "--server_id", "--server-id", "--data_dir", "--data-dir"}
+        owned |= {"--rpc_addr", "--rpc-addr", "--http_addr", "--http-addr"}
+        for flag in args.tserver_flag:
+            if flag.split("=", 1)[0] in owned:
+                raise UsageError(
+                    f"--tserver-flag {flag}: the launcher sets {flag.split('=', 1)[0]} itself"
+                )
+        # Checked here, with the server's own parser, so a typo is a usage error now
+        # rather than three servers failing to start.
+        check = build_tserver_parser("raftlet cluster up --tserver-flag")
+        check.parse_args(["--config", "-", "--server_id", "-", *args.tserver_flag])
+    out = console()
+    try:
+        cluster = LocalCluster.create(
+            args.data_dir,
+            servers=args.servers,
+            tablets=args.tablets,
+            term_check_mode=args.term_check_mode,
+            log_inject_latency_ms=args.log_inject_latency_ms,
+            extra_flags=args.tserver_flag,
+            base_port=args.base_port,
+            ready_timeout_s=args.timeout,
+            leader_timeout_s=args.timeout,
+            on_progress=lambda msg: out.print(f"  {msg}"),
+        )
+    except LauncherError as e:
+        if e.details:
+            out.print(e.details, markup=False)
+        raise CliError(str(e)) from None
+    health = cluster.health()
+    config = cluster.config
+    table = config.tables[0]
+    out.print(
+        f"raftlet cluster [bold]{config.name}[/] is up: {len(config.servers)} servers, "
+        f"table {table.name} in {table.partitions} tablets x {table.replication_factor} "
+        "replicas"
+    )
+    out.print(f"  data dir  {cluster.data_dir}", markup=False)
+    out.print(f"  config    {cluster.config_path}", markup=False)
+    for s in cluster.servers.values():
+        out.print(
+            f"  {s.id:<5} pid {s.pid:<8} rpc {s.rpc_addr:<21} status {s.status_url}",
+            markup=False,
+        )
+    leaders = ", ".join(f"{t.tablet_id}={t.leader}" for t in health.tablets)
+    out.print(f"  leaders   {leaders}", markup=False)
+    d = cluster.data_dir
+    out.print("next:", markup=False)
+    for cmd in (
+        f"raftlet write --data-dir {d} --duration 10 --threads 8",
+        f"raftlet scan kv --data-dir {d} --limit 10",
+        f"raftlet cluster status --data-dir {d}",
+        f"raftlet cluster down --data-dir {d}",
+    ):
+        out.print(f"  {cmd}", markup=False)
+    return 0
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    from deploy.health import ProbeOptions, check_cluster
+    from deploy.local import LauncherError, LocalCluster, NoClusterError
+
+    target = resolve_target(args, timeout_s=args.timeout)
+    options = ProbeOptions(timeout_s=args.timeout, max_lag=args.max_lag)
+    pids: dict[str, int] = {}
+    processes: dict[str, bool] | None = None
+    if target.data_dir is not None and (target.data_dir / "cluster.json").exists():
+        try:
+            local = LocalCluster.load(target.data_dir)
+        except NoClusterError:
+            local = None
+        except LauncherError as e:
+            raise CliError(str(e)) from None
+        if local is not None:
+            processes = local.running()
+            pids = {sid: s.pid for sid, s in local.servers.items()}
+    health = check_cluster(target.config, options, processes=processes)
+    if args.format == "json":
+        doc = health.to_json()
+        for s in doc["servers"]:
+            s["pid"] = pids.get(s["id"])
+        print(json.dumps(doc, indent=2))
+        return 0 if health.ok else 1
+    _print_status(health, pids, str(target.config_path or ", ".join(target.seeds)))
+    return 0 if health.ok else 1
+
+
+def _print_status(health: Any, pids: dict[str, int], where: str) -> None:
+    from rich.table import Table
+
+    out = console()
+    style = {"OK": "green", "UP": "green", "WARN": "yellow", "BUSY": "yellow", "LAGGING": "yellow"}
+    style |= {"ERROR": "red", "DOWN": "red", "MISSING": "red", "UNKNOWN": "yellow"}
+
+    def mark(word: str) -> str:
+        return f"[{style.get(word, '')}]{word}[/]" if word in style else word
+
+    out.print(f"Cluster [bold]{health.name}[/] ({where})", highlight=False)
+    servers = Table(title="Servers", title_justify="left", box=None, pad_edge=False)
+    for col in ("server", "state", "pid", "rpc address", "status page", "replicas", "note"):
+        servers.add_column(col)
+    for s in health.servers:
+        note = s.error
+        if s.state == "DOWN" and s.process_alive is False:
+            note = "process not running"
+        elif s.state == "DOWN" and s.process_alive:
+            note = f"process running but not answering ({s.error})"
+        servers.add_row(
+            s.id,
+            mark(s.state),
+            str(pids.get(s.id, "-")),
+            s.rpc_addr,
+            f"http://{s.http_addr}/",
+            str(s.tablets) if s.state == "UP" else "-",
+            note,
+        )
+    out.print(servers)
+    out.print()
+    tablets = Table(title="Tablets", title_justify="left", box=None, pad_edge=False)
+    for col in ("tablet", "status", "leader", "term", "commit", "replicas (role applied lag)"):
+        tablets.add_column(col)
+    for t in health.tablets:
+        reps = []
+        for r in t.replicas:
+            if r.state in ("DOWN", "MISSING", "UNKNOWN"):
+                reps.append(f"{r.server} {mark(r.state)}")
+                continue
+            role = {"LEADER": "L", "FOLLOWER": "F"}.get(r.role, r.role[:4].lower())
+            lag = "" if r.lag is None else f" lag {r.lag}"
+            text = f"{r.server} {role} {r.applied_index}{lag}"
+            reps.append(f"[yellow]{text}[/]" if r.state == "LAGGING" else text)
+        tablets.add_row(
+            t.tablet_id,
+            mark(t.severity.name),
+            t.leader or "[red]none[/]",
+            str(t.term),
+            str(t.leader_commit) if t.leader else "-",
+            ", ".join(reps),
+        )
+    out.print(tablets)
+    if health.issues:
+        out.print()
+        out.print("Issues:")
+        for issue in health.issues:
+            out.print(f"  - {issue}", markup=False)
+    verdict = health.summary()
+    out.print()
+    out.print(f"[{style[health.severity.name]}]{verdict}[/]")
+
+
+# --- down ----------------------------------------------------------------------------------
+
+
+def _down(args: argparse.Namespace) -> int:
+    from deploy.local import STATE_FILE, LauncherError, LocalCluster, NoClusterError
+
+    path = config_file_of(args)
+    assert path is not None  # the parser requires --data-dir or --cluster
+    root = path.parent
+    out = console()
+    try:
+        cluster = LocalCluster.load(root)
+    except NoClusterError:
+        if not path.exists():
+            raise CliError(
+                f"no cluster in {root} (neither {STATE_FILE} nor cluster.toml)"
+            ) from None
+        # Already stopped: `down` is idempotent, so cleanup scripts can always run it.
+        out.print(f"no cluster is running in {root}; nothing to stop", markup=False)
+        cluster = None
+    except LauncherError as e:
+        raise CliError(str(e)) from None
+    if cluster is not None:
+        try:
+            stops = cluster.down(timeout=args.timeout)
+        except LauncherError as e:
+            raise CliError(str(e)) from None
+        for stop in stops:
+            out.print(f"  {stop.describe()}", markup=False)
+        out.print(f"cluster in {root} is down: {len(stops)} servers, no process left", markup=False)
+    if args.remove_data:
+        _remove_data(root)
+        out.print(f"removed {root}", markup=False)
+    return 0
+
+
+def _remove_data(root: Path) -> None:
+    # Only a directory that is recognisably a raftlet cluster's: never `rm -rf` a typo.
+    if not (root / "cluster.toml").is_file():
+        raise UsageError(f"--remove-data: {root} does not look like a cluster directory")
+    shutil.rmtree(root)

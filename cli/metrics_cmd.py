@@ -1,0 +1,424 @@
+"""``raftlet metrics``: the key metrics of each server, in human units.
+
+Reads each server's ``/metrics.json`` (the Kudu-style JSON of its registry) and boils the
+hundreds of series down to the figures that tell whether a server is healthy under load
+and where it is contended: queue overflows and queue time (is the service pool keeping
+up?), consensus lock contention and term checks (KUDU-2727: do writes wait for the
+consensus lock?), write ops, WAL fsync latency, elections.
+
+Aggregation, per server: counters are summed over tablets and labels; for latency, the
+server-level histograms (queue time, handler latency) are shown as they are, while the
+per-tablet ones (lock wait, fsync) show the worst tablet's figure, because histogram
+percentiles of different tablets cannot be added. The JSON has no median (it keeps
+Kudu's histogram fields: mean, p75, p95, p99, …, pinned by a test), so the typical queue
+time shown is the mean, labelled as such. The cluster column sums counters and takes the
+worst server's latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from cli.common import (
+    CliError,
+    UsageError,
+    add_target_arguments,
+    console,
+    err_console,
+    human_count,
+    human_us,
+    resolve_target,
+)
+from tserver.cluster_config import ServerConfig
+
+__all__ = ["KEY_METRICS", "KeyMetric", "add_parser", "key_metrics", "run"]
+
+_EPILOG = """\
+examples:
+  raftlet metrics --data-dir ./c1
+  raftlet metrics --data-dir ./c1 --server ts2
+  raftlet metrics --data-dir ./c1 --filter lock        # rows whose name or metric has "lock"
+  raftlet metrics --servers 127.0.0.1:7051 --format json
+
+All of every server's metrics: http://<status address>/metrics.json (or /metrics for
+Prometheus); `raftlet cluster status` prints the status addresses.
+"""
+
+Entity = dict[str, Any]
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    p = commands.add_parser(
+        "metrics",
+        help="key server metrics in human units (contention, queues, writes)",
+        description=(
+            "Show each server's key metrics: RPC queue overflows and queue time, consensus "
+            "lock contention, term checks, write ops, WAL fsync latency, elections."
+        ),
+        epilog=_EPILOG,
+        formatter_class=formatter,
+        allow_abbrev=False,
+    )
+    add_target_arguments(p)
+    p.add_argument(
+        "--server",
+        metavar="ID|ADDR",
+        help="only this server (its id, RPC address or status address)",
+    )
+    p.add_argument(
+        "--filter",
+        metavar="SUBSTR",
+        help="only rows whose label or metric name contains SUBSTR (case-insensitive)",
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="per-server HTTP timeout"
+    )
+
+
+# --- reading /metrics.json -------------------------------------------------------------------
+
+
+def _metrics(doc: Iterable[Entity], name: str, etype: str, **labels: str) -> list[dict[str, Any]]:
+    out = []
+    for entity in doc:
+        if entity.get("type") != etype:
+            continue
+        for m in entity.get("metrics", []):
+            if m.get("name") != name:
+                continue
+            have = m.get("labels", {})
+            if all(have.get(k) == v for k, v in labels.items()):
+                out.append(m)
+    return out
+
+
+def _sum(name: str, etype: str, **labels: str) -> Callable[[list[Entity]], float]:
+    def get(doc: list[Entity]) -> float:
+        return float(sum(m.get("value") or 0 for m in _metrics(doc, name, etype, **labels)))
+
+    return get
+
+
+def _hist_count(name: str, etype: str, **labels: str) -> Callable[[list[Entity]], float]:
+    def get(doc: list[Entity]) -> float:
+        return float(sum(m.get("total_count") or 0 for m in _metrics(doc, name, etype, **labels)))
+
+    return get
+
+
+def _hist(
+    name: str, etype: str, field: str, **labels: str
+) -> Callable[[list[Entity]], float | None]:
+    """A histogram field; of several series (tablets), the largest. None if never observed."""
+
+    def get(doc: list[Entity]) -> float | None:
+        values = []
+        for m in _metrics(doc, name, etype, **labels):
+            if not m.get("total_count"):
+                continue
+            v = m.get(field)
+            if v is not None:
+                values.append(float(v))
+        return max(values) if values else None
+
+    return get
+
+
+def _leaders(doc: list[Entity]) -> float:
+    # raft_role 3 = LEADER (metrics.catalogue.RAFT_ROLE_VALUES).
+    return float(sum(1 for m in _metrics(doc, "raft_role", "tablet") if m.get("value") == 3))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMetric:
+    key: str  # stable name for --format json and --filter
+    label: str
+    metric: str  # the underlying catalogue name, also matched by --filter
+    unit: str  # "count", "us" or "ratio"
+    get: Callable[[list[Entity]], float | None]
+    # Across servers: counters add up; percentiles and means of different servers cannot,
+    # so the cluster column shows the worst server's.
+    aggregate: str = "sum"
+
+
+# The rows, in display order. Labels say "worst tablet" where a per-tablet histogram is
+# reduced to its maximum, so nobody reads it as a server-wide percentile.
+KEY_METRICS: tuple[KeyMetric, ...] = (
+    KeyMetric("leaders", "tablet leaders hosted", "raft_role", "count", _leaders),
+    KeyMetric(
+        "write_ops",
+        "write ops applied (all replicas)",
+        "write_ops_total",
+        "count",
+        _sum("write_ops_total", "tablet"),
+    ),
+    KeyMetric(
+        "rows_inserted",
+        "rows inserted (all replicas)",
+        "rows_inserted_total",
+        "count",
+        _sum("rows_inserted_total", "tablet"),
+    ),
+    KeyMetric(
+        "tablet_queue_overflows",
+        "tablet service queue overflows",
+        "rpcs_queue_overflow",
+        "count",
+        _sum("rpcs_queue_overflow", "server", service="tablet"),
+    ),
+    KeyMetric(
+        "consensus_queue_overflows",
+        "consensus service queue overflows",
+        "rpcs_queue_overflow",
+        "count",
+        _sum("rpcs_queue_overflow", "server", service="consensus"),
+    ),
+    KeyMetric(
+        "timed_out_in_queue",
+        "RPCs timed out in queue",
+        "rpcs_timed_out_in_queue",
+        "count",
+        _sum("rpcs_timed_out_in_queue", "server"),
+    ),
+    KeyMetric(
+        "tablet_queue_time_mean",
+        "tablet queue time mean*",
+        "rpc_incoming_queue_time_us",
+        "us",
+        _hist("rpc_incoming_queue_time_us", "server", "mean", service="tablet"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "tablet_queue_time_p99",
+        "tablet queue time p99",
+        "rpc_incoming_queue_time_us",
+        "us",
+        _hist("rpc_incoming_queue_time_us", "server", "percentile_99", service="tablet"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "consensus_queue_time_mean",
+        "consensus queue time mean*",
+        "rpc_incoming_queue_time_us",
+        "us",
+        _hist("rpc_incoming_queue_time_us", "server", "mean", service="consensus"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "consensus_queue_time_p99",
+        "consensus queue time p99",
+        "rpc_incoming_queue_time_us",
+        "us",
+        _hist("rpc_incoming_queue_time_us", "server", "percentile_99", service="consensus"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "write_handler_p99",
+        "Write handler latency p99",
+        "handler_latency_us",
+        "us",
+        _hist("handler_latency_us", "server", "percentile_99", service="tablet", method="Write"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "lock_contention_time",
+        "consensus lock contention (total wait)",
+        "consensus_lock_contention_time_us",
+        "us",
+        _sum("consensus_lock_contention_time_us", "tablet"),
+    ),
+    KeyMetric(
+        "lock_contended_acquires",
+        "consensus lock contended acquires",
+        "consensus_lock_wait_time_us",
+        "count",
+        _hist_count("consensus_lock_wait_time_us", "tablet"),
+    ),
+    KeyMetric(
+        "lock_wait_p99",
+        "consensus lock wait p99 (worst tablet)",
+        "consensus_lock_wait_time_us",
+        "us",
+        _hist("consensus_lock_wait_time_us", "tablet", "percentile_99"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "term_checks_lockfree",
+        "term checks, lock-free",
+        "term_checks_total",
+        "count",
+        _sum("term_checks_total", "tablet", mode="lockfree"),
+    ),
+    KeyMetric(
+        "term_checks_locked",
+        "term checks, locked",
+        "term_checks_total",
+        "count",
+        _sum("term_checks_total", "tablet", mode="locked"),
+    ),
+    KeyMetric(
+        "wal_fsync_p99",
+        "WAL fsync p99 (worst tablet)",
+        "log_sync_latency_us",
+        "us",
+        _hist("log_sync_latency_us", "tablet", "percentile_99"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "group_commit_mean",
+        "entries per fsync, mean (best tablet)",
+        "log_group_commit_entries",
+        "ratio",
+        lambda doc: _best_mean(doc, "log_group_commit_entries"),
+        aggregate="max",
+    ),
+    KeyMetric(
+        "leader_elections",
+        "leader elections started",
+        "leader_elections_total",
+        "count",
+        _sum("leader_elections_total", "tablet"),
+    ),
+    KeyMetric(
+        "write_replays",
+        "retried writes answered from the result tracker",
+        "result_tracker_replays_total",
+        "count",
+        _sum("result_tracker_replays_total", "tablet"),
+    ),
+)
+
+
+def _best_mean(doc: list[Entity], name: str) -> float | None:
+    means = [
+        float(m["mean"])
+        for m in _metrics(doc, name, "tablet")
+        if m.get("total_count") and m.get("mean") is not None
+    ]
+    return max(means) if means else None
+
+
+def key_metrics(doc: list[Entity]) -> dict[str, float | None]:
+    """Every ``KEY_METRICS`` row's value for one server's /metrics.json document."""
+    return {k.key: k.get(doc) for k in KEY_METRICS}
+
+
+def _fetch(server: ServerConfig, timeout: float) -> list[Entity]:
+    # No proxy: the status servers are on this machine or the cluster's network, and an
+    # http_proxy in the environment would send these requests somewhere else.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{server.http_addr}/metrics.json", timeout=timeout) as r:
+        doc = json.loads(r.read())
+    if not isinstance(doc, list):
+        raise ValueError("not a list of entities")
+    return doc
+
+
+def _format(unit: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "us":
+        return human_us(value)
+    if unit == "ratio":
+        return f"{value:.1f}"
+    return human_count(value)
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    target = resolve_target(args, timeout_s=args.timeout)
+    servers = list(target.config.servers)
+    if args.server:
+        servers = [s for s in servers if args.server in (s.id, s.rpc_addr, s.http_addr)]
+        if not servers:
+            known = ", ".join(s.id for s in target.config.servers)
+            raise UsageError(f"--server {args.server}: no such server (servers: {known})")
+    rows = list(KEY_METRICS)
+    if args.filter:
+        f = args.filter.lower()
+        rows = [k for k in rows if f in k.label.lower() or f in k.metric or f in k.key]
+        if not rows:
+            raise UsageError(f"--filter {args.filter!r} matches no metric")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
+        futures = {s.id: pool.submit(_fetch, s, args.timeout) for s in servers}
+    values: dict[str, dict[str, float | None]] = {}
+    failed: dict[str, str] = {}
+    for sid, fut in futures.items():
+        try:
+            values[sid] = key_metrics(fut.result())
+        except (OSError, ValueError, urllib.error.URLError) as e:
+            failed[sid] = str(getattr(e, "reason", e))
+    if not values:
+        raise CliError(
+            "no server answered: " + "; ".join(f"{sid}: {why}" for sid, why in failed.items())
+        )
+    total = _totals(rows, values)
+    if args.format == "json":
+        doc = {
+            "servers": {sid: {k.key: v[k.key] for k in rows} for sid, v in values.items()},
+            "cluster": total,
+            "unreachable": failed,
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_table(rows, values, total, failed, [s.id for s in servers])
+    for sid, why in failed.items():
+        err_console().print(f"raftlet metrics: warning: {sid} did not answer: {why}", markup=False)
+    return 1 if failed else 0
+
+
+def _totals(rows: list[KeyMetric], values: dict[str, dict[str, float | None]]) -> dict[str, Any]:
+    out: dict[str, float | None] = {}
+    for k in rows:
+        vs = [x for v in values.values() if (x := v[k.key]) is not None]
+        if not vs:
+            out[k.key] = None
+        else:
+            out[k.key] = sum(vs) if k.aggregate == "sum" else max(vs)
+    return out
+
+
+def _print_table(
+    rows: list[KeyMetric],
+    values: dict[str, dict[str, float | None]],
+    total: dict[str, Any],
+    failed: dict[str, str],
+    order: list[str],
+) -> None:
+    from rich.table import Table
+
+    out = console()
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("metric")
+    ids = [sid for sid in order if sid in values or sid in failed]
+    for sid in ids:
+        table.add_column(sid, justify="right")
+    if len(values) > 1:
+        table.add_column("cluster", justify="right", style="bold")
+    for k in rows:
+        cells = [
+            _format(k.unit, values[sid][k.key]) if sid in values else "[red]down[/]" for sid in ids
+        ]
+        if len(values) > 1:
+            cells.append(_format(k.unit, total[k.key]))
+        table.add_row(k.label, *cells)
+    out.print(table)
+    if not any(k.label.endswith("*") for k in rows):
+        return
+    out.print(
+        "* mean, not median: /metrics.json keeps Kudu's histogram fields, which have no p50. "
+        "cluster column: counters summed, latencies the worst server's.",
+        style="dim",
+        markup=False,
+    )

@@ -1,0 +1,385 @@
+"""``raftlet scan TABLE``: read rows, with predicates, as a table or JSON.
+
+``--where`` takes one condition per flag, ANDed, as a user would write it::
+
+    key = 5        key < 100      key >= 10      value = 'hello world'
+    key in (1, 2, 3)              value is-null  value not-null
+
+(``is null`` / ``is not null`` work too.) Parsing happens in two steps, so the CLI can tell
+the user about a typo before connecting to anything: ``parse_where`` checks the syntax
+(usage error, exit 2), ``WhereClause.predicate(schema)`` converts each value by its
+column's type (``parse_value``) and validates it, which needs the table's schema (still a
+usage error: the argument is wrong, not the cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as _dt
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cli.common import CliError, UsageError, add_target_arguments, console, resolve_target
+from schema.predicates import Predicate, PredicateError
+from schema.schema import Schema
+from schema.types import DataType, TypeMismatch, Value, datetime_from_micros, normalize
+
+__all__ = ["WhereClause", "add_parser", "parse_value", "parse_where", "run"]
+
+_EPILOG = """\
+examples:
+  raftlet scan kv --data-dir ./c1 --limit 20
+  raftlet scan kv --data-dir ./c1 --where "key >= 100" --where "key < 200"
+  raftlet scan kv --data-dir ./c1 --where "key in (1, 2, 3)" --columns value
+  raftlet scan kv --data-dir ./c1 --where "value is-null" --format json
+  raftlet scan kv --servers 127.0.0.1:7051 --follower-reads --limit 5
+
+--where syntax: COLUMN OP VALUE with OP one of = < <= > >=; COLUMN in (V1, V2, ...);
+COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the column's
+type: integers, floats, true/false, strings (quotes optional unless they have commas or
+spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as an integer or an ISO 8601 time
+(UTC unless it has an offset). In table output BINARY shows as 0x-hex and UNIXTIME_MICROS
+as UTC time; JSON keeps microseconds and base64 for BINARY.
+"""
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    p = commands.add_parser(
+        "scan",
+        help="read rows of a table (with predicates, a projection, a limit)",
+        description=(
+            "Scan a table: every tablet, paged by resume key, failing over between replicas. "
+            "Reads go to each tablet's leader (its latest data) unless --follower-reads."
+        ),
+        epilog=_EPILOG,
+        formatter_class=formatter,
+        allow_abbrev=False,
+    )
+    p.add_argument("table", metavar="TABLE", help="table name (e.g. kv)")
+    add_target_arguments(p)
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        type=_where_arg,
+        metavar="COND",
+        help='a condition such as "key < 100" (repeatable; ANDed)',
+    )
+    p.add_argument("--limit", type=_limit, metavar="N", help="return at most N rows")
+    p.add_argument(
+        "--columns",
+        type=_columns_arg,
+        metavar="A,B",
+        help="columns to return, in this order (default: all)",
+    )
+    p.add_argument(
+        "--follower-reads",
+        action="store_true",
+        help="let any replica answer from what it has applied (may be slightly stale)",
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="deadline of the whole scan (default 30)",
+    )
+
+
+def _limit(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _columns_arg(text: str) -> list[str]:
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    if not cols:
+        raise argparse.ArgumentTypeError("give at least one column name")
+    return cols
+
+
+# --- --where -------------------------------------------------------------------------------
+
+_COLUMN = r"(?P<col>[A-Za-z_][A-Za-z0-9_]*)"
+_NULL_TEST = re.compile(
+    rf"\s*{_COLUMN}\s+(?P<test>is-null|is\s+null|not-null|is-not-null|is\s+not\s+null)\s*\Z",
+    re.IGNORECASE,
+)
+_IN_LIST = re.compile(rf"\s*{_COLUMN}\s+in\s*\((?P<values>.*)\)\s*\Z", re.IGNORECASE | re.DOTALL)
+_COMPARISON = re.compile(rf"\s*{_COLUMN}\s*(?P<op><=|>=|==|!=|<>|=|<|>)\s*(?P<value>.*?)\s*\Z")
+_OPS = "=, <, <=, >, >=, in (...), is-null, not-null"
+
+
+@dataclass(frozen=True, slots=True)
+class WhereClause:
+    """One parsed ``--where``: ``op`` is one of = < <= > >= in is-null not-null; ``values``
+    the value texts (unparsed: their type is the column's)."""
+
+    text: str
+    column: str
+    op: str
+    values: tuple[str, ...] = ()
+
+    def predicate(self, schema: Schema) -> Predicate:
+        """The validated predicate; ``UsageError`` naming this clause if it does not fit."""
+        if not schema.has_column(self.column):
+            raise UsageError(
+                f"--where {self.text!r}: no column {self.column!r} "
+                f"(columns: {', '.join(schema.column_names)})"
+            )
+        col = schema.column(self.column)
+        try:
+            vals = [parse_value(col.type, v) for v in self.values]
+        except ValueError as e:
+            raise UsageError(f"--where {self.text!r}: {e}") from None
+        if self.op == "is-null":
+            pred = Predicate.is_null(col.name)
+        elif self.op == "not-null":
+            pred = Predicate.is_not_null(col.name)
+        elif self.op == "in":
+            pred = Predicate.in_list(col.name, vals)
+        elif self.op == "=":
+            pred = Predicate.equals(col.name, vals[0])
+        elif self.op in ("<", "<="):
+            pred = Predicate.range(col.name, upper=vals[0], upper_inclusive=self.op == "<=")
+        else:
+            pred = Predicate.range(col.name, lower=vals[0], lower_inclusive=self.op == ">=")
+        try:
+            return pred.validate(schema)
+        except PredicateError as e:
+            raise UsageError(f"--where {self.text!r}: {e}") from None
+
+
+def parse_where(text: str) -> WhereClause:
+    """The syntax of one condition (no schema needed); ValueError saying what is wrong."""
+    m = _NULL_TEST.match(text)
+    if m:
+        test = " ".join(m["test"].lower().replace("-", " ").split())
+        return WhereClause(text, m["col"], "is-null" if test == "is null" else "not-null")
+    m = _IN_LIST.match(text)
+    if m:
+        values = _split_list(m["values"])
+        if not values:
+            raise ValueError(f"{text!r}: the IN list is empty")
+        return WhereClause(text, m["col"], "in", tuple(values))
+    m = _COMPARISON.match(text)
+    if m:
+        op = m["op"]
+        if op in ("!=", "<>"):
+            raise ValueError(f"{text!r}: {op} is not supported (operators: {_OPS})")
+        if not m["value"]:
+            raise ValueError(f"{text!r}: no value after {op!r}")
+        value = m["value"]
+        if value.lower() == "null":
+            raise ValueError(f"{text!r}: nothing compares equal to NULL; use '{m['col']} is-null'")
+        return WhereClause(text, m["col"], "=" if op == "==" else op, (value,))
+    raise ValueError(
+        f"{text!r} is not a condition: expected COLUMN OP VALUE with OP one of {_OPS} "
+        '(e.g. "key < 100")'
+    )
+
+
+def _where_arg(text: str) -> WhereClause:
+    try:
+        return parse_where(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _split_list(text: str) -> list[str]:
+    """Split ``a, 'b,c', "d"`` on the commas outside quotes; items keep their quotes."""
+    items: list[str] = []
+    current: list[str] = []
+    quote = ""
+    for ch in text:
+        if quote:
+            current.append(ch)
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+            current.append(ch)
+        elif ch == ",":
+            items.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    if quote:
+        raise ValueError(f"unclosed quote in ({text})")
+    last = "".join(current).strip()
+    if last or items:
+        items.append(last)
+    if any(not item for item in items):
+        raise ValueError(f"empty value in ({text})")
+    return items
+
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+_TRUE = {"true", "t", "yes", "y", "1"}
+_FALSE = {"false", "f", "no", "n", "0"}
+
+
+def parse_value(dtype: DataType, text: str) -> Value:
+    """``text`` as a value of a column of type ``dtype``; ValueError saying why not."""
+    raw = _unquote(text.strip())
+    try:
+        if dtype is DataType.UNIXTIME_MICROS and not _looks_int(raw):
+            return normalize(dtype, _parse_time(raw))
+        if dtype.is_integer:
+            if not _looks_int(raw):
+                raise ValueError(f"{text!r} is not an integer ({dtype.name} column)")
+            return normalize(dtype, int(raw.replace("_", ""), 0))
+        if dtype in (DataType.FLOAT, DataType.DOUBLE):
+            try:
+                return normalize(dtype, float(raw))
+            except ValueError:
+                raise ValueError(f"{text!r} is not a number ({dtype.name} column)") from None
+        if dtype is DataType.BOOL:
+            low = raw.lower()
+            if low in _TRUE or low in _FALSE:
+                return low in _TRUE
+            raise ValueError(f"{text!r} is not true or false (BOOL column)")
+        if dtype is DataType.BINARY:
+            if raw[:2].lower() == "0x":
+                try:
+                    return bytes.fromhex(raw[2:])
+                except ValueError:
+                    raise ValueError(f"{text!r} is not valid hex (BINARY column)") from None
+            return raw.encode()
+        return normalize(dtype, raw)
+    except TypeMismatch as e:
+        raise ValueError(str(e)) from None
+
+
+def _looks_int(text: str) -> bool:
+    return re.fullmatch(r"[+-]?(0[xX][0-9a-fA-F_]+|[0-9][0-9_]*)", text) is not None
+
+
+def _parse_time(text: str) -> _dt.datetime:
+    try:
+        t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither microseconds since the epoch nor an ISO 8601 time "
+            "(UNIXTIME_MICROS column)"
+        ) from None
+    # A time without an offset means UTC: the column stores UTC, and the local zone of the
+    # machine running the CLI is an accident.
+    return t if t.tzinfo is not None else t.replace(tzinfo=_dt.UTC)
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    from client import RaftletError, ReadMode
+
+    target = resolve_target(args)
+    try:
+        table = target.config.table(args.table)
+    except LookupError:
+        names = ", ".join(t.name for t in target.config.tables) or "none"
+        raise UsageError(f"no table {args.table!r} (tables: {names})") from None
+    schema = table.schema
+    if args.columns:
+        unknown = [c for c in args.columns if not schema.has_column(c)]
+        if unknown:
+            raise UsageError(
+                f"--columns: no column {unknown[0]!r} in {table.name} "
+                f"(columns: {', '.join(schema.column_names)})"
+            )
+    predicates = [w.predicate(schema) for w in args.where]
+    columns = list(args.columns or schema.column_names)
+    mode = ReadMode.FOLLOWER_APPLIED if args.follower_reads else ReadMode.LEADER_LATEST
+    client = target.client(timeout_s=args.timeout)
+    try:
+        rows = client.scan(
+            table.name,
+            projection=args.columns,
+            predicates=predicates,
+            limit=args.limit,
+            read_mode=mode,
+        )
+        try:
+            if args.format == "json":
+                _print_json(rows, columns, schema)
+            else:
+                _print_table(rows, columns, schema, table.name)
+        except RaftletError as e:
+            raise CliError(f"scan of {table.name} failed: {e}") from None
+    finally:
+        client.close()
+    return 0
+
+
+def _print_json(rows: Iterator[dict[str, Value]], columns: Sequence[str], schema: Schema) -> None:
+    import sys
+
+    # Streamed, one row per line inside the array, so a large scan starts printing at once
+    # and never sits in memory whole.
+    out = sys.stdout
+    out.write("[")
+    first = True
+    for row in rows:
+        doc = {c: _json_value(schema.column(c).type, row.get(c)) for c in columns}
+        out.write(("\n" if first else ",\n") + json.dumps(doc, ensure_ascii=False))
+        first = False
+    out.write("\n]\n" if not first else "]\n")
+    out.flush()
+
+
+def _json_value(dtype: DataType, value: Value) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value
+
+
+def _text_value(dtype: DataType, value: Value) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    if dtype is DataType.UNIXTIME_MICROS and isinstance(value, int):
+        try:
+            return datetime_from_micros(value).isoformat().replace("+00:00", "Z")
+        except OverflowError:
+            return str(value)
+    return str(value)
+
+
+def _print_table(
+    rows: Iterator[dict[str, Value]], columns: Sequence[str], schema: Schema, name: str
+) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    out = console()
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for c in columns:
+        col = schema.column(c)
+        numeric = col.type.is_integer and col.type is not DataType.UNIXTIME_MICROS
+        numeric = numeric or col.type in (DataType.FLOAT, DataType.DOUBLE)
+        table.add_column(c, justify="right" if numeric else "left", overflow="fold")
+    n = 0
+    for row in rows:
+        # Text, not str: a value such as "[red]" is data, not rich markup.
+        table.add_row(*(Text(_text_value(schema.column(c).type, row.get(c))) for c in columns))
+        n += 1
+    if n:
+        out.print(table)
+    out.print(f"({n} row{'s' * (n != 1)} from {name})", markup=False)

@@ -1,0 +1,337 @@
+"""``Client``: the entry point — a cluster's map, shared channels, sessions and scans.
+
+One ``Client`` per process (or per independent user) is the intended use: it owns
+
+- the ``MetaCache`` (fetched from any seed at construction; leaders learned as it goes),
+- one gRPC channel per server address (``ChannelPool``), shared by all its sessions and
+  scanners,
+- one ``RequestTracker`` (``client_id`` + seq_no for exactly-once writes) shared by all its
+  sessions,
+- a small thread pool that sends the per-tablet batches of a flush in parallel,
+- its ``ClientStats``.
+
+It is thread-safe; sessions are meant to be used by one thread at a time (as in Kudu), but
+guard their own state. ``close()`` closes the sessions (flushing them), then the pool and the
+channels. The client speaks only the wire protocol (``proto``) and shares ``schema`` with the
+server; it never imports ``tserver`` or ``consensus`` (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tenacity.wait import wait_base
+
+from client.channels import CHANNEL_OPTIONS, ChannelPool, ServerStub
+from client.errors import ClientClosed, InvalidArgument
+from client.meta_cache import MetaCache, ServerInfo
+from client.request_tracker import RequestTracker
+from client.retry import DEFAULT_POLICIES, Cause, RpcFailure
+from client.rpc import RpcContext, call_tablet
+from client.scanner import ReadMode, Scanner
+from client.session import FlushMode, Session
+from client.stats import ClientStats, StatsRecorder
+from proto import admin_pb2, tablet_pb2
+from schema.predicates import Predicate
+from schema.schema import Schema
+
+__all__ = ["Client"]
+
+
+def _parse_seeds(seeds: str | Sequence[str]) -> list[str]:
+    items = seeds.split(",") if isinstance(seeds, str) else list(seeds)
+    out = [s.strip() for s in items if isinstance(s, str) and s.strip()]
+    if not out:
+        raise InvalidArgument(f"no server address given (got {seeds!r}); expected host:port")
+    for addr in out:
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise InvalidArgument(f"server address {addr!r} is not host:port")
+    return out
+
+
+class Client:
+    def __init__(
+        self,
+        seeds: str | Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        rpc_timeout_s: float = 10.0,
+        flush_threads: int = 4,
+        retry_policies: Mapping[Cause, wait_base] | None = None,
+        channel_options: Sequence[tuple[str, int]] | None = None,
+    ) -> None:
+        """Connect to a cluster through ``seeds`` ("host:port" strings, or one string of
+        them comma-separated) and fetch its config, retrying for up to ``timeout_s``
+        (``Timeout`` if no seed answers). ``timeout_s`` is also the default deadline of
+        every operation; ``rpc_timeout_s`` caps one attempt, so a hung server is left for
+        another replica in time."""
+        if timeout_s <= 0 or rpc_timeout_s <= 0:
+            raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
+        if flush_threads < 1:
+            raise InvalidArgument(f"flush_threads must be at least 1, got {flush_threads}")
+        self.timeout_s = float(timeout_s)
+        self._seeds = _parse_seeds(seeds)
+        self._stats = StatsRecorder()
+        self._channels = ChannelPool(
+            options=list(channel_options) if channel_options is not None else CHANNEL_OPTIONS,
+            on_created=lambda _addr: self._stats.channel_created(),
+        )
+        self._meta = MetaCache(
+            self._seeds, self._channels, self._stats, rpc_timeout_s=rpc_timeout_s
+        )
+        self._rpc = RpcContext(
+            meta=self._meta,
+            stubs=self._channels,
+            stats=self._stats,
+            attempt_timeout_s=rpc_timeout_s,
+            policies=dict(retry_policies if retry_policies is not None else DEFAULT_POLICIES),
+        )
+        self._tracker = RequestTracker()
+        self._executor = ThreadPoolExecutor(flush_threads, thread_name_prefix="raftlet-client")
+        self._lock = threading.Lock()
+        self._sessions: set[Session] = set()
+        self._closed = False
+        try:
+            self._meta.load(time.monotonic() + self.timeout_s, self.timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Client:
+        """A client for the cluster described by a ``cluster.toml`` (its servers' RPC
+        addresses are the seeds; everything else is fetched from them)."""
+        p = Path(path)
+        try:
+            doc = tomllib.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise InvalidArgument(f"cannot read cluster config {str(p)!r}: {e}") from None
+        servers = doc.get("servers")
+        addrs = []
+        if isinstance(servers, list):
+            addrs = [
+                s["rpc_addr"]
+                for s in servers
+                if isinstance(s, dict) and isinstance(s.get("rpc_addr"), str)
+            ]
+        if not addrs:
+            raise InvalidArgument(f"{p}: no [[servers]] with an rpc_addr")
+        return cls(addrs, **kwargs)
+
+    # --- the cluster -----------------------------------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """Scopes this client's write request ids (a fresh uuid per client)."""
+        return self._tracker.client_id
+
+    @property
+    def seeds(self) -> list[str]:
+        return list(self._seeds)
+
+    def tables(self) -> list[str]:
+        return list(self._meta.view.tables)
+
+    def schema(self, table: str) -> Schema:
+        return self._meta.table(table).schema
+
+    def tablets(self, table: str) -> list[str]:
+        """The table's tablet ids, by partition."""
+        return list(self._meta.table(table).tablet_ids)
+
+    def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
+        """The tablet holding ``row`` (needs its key columns): the server's own hash
+        partitioning (``schema.partition_for_key``)."""
+        return self._meta.tablet_for(table, row)
+
+    def replicas(self, tablet_id: str) -> tuple[str, ...]:
+        """The uuids of the servers hosting ``tablet_id``."""
+        return self._meta.tablet(tablet_id).replicas
+
+    def servers(self) -> dict[str, ServerInfo]:
+        return dict(self._meta.view.servers)
+
+    def leader_of(self, tablet_id: str, *, refresh: bool = False) -> str | None:
+        """The cached leader of ``tablet_id`` (after asking every server if ``refresh`` or
+        none is cached); None if no replica claims it."""
+        self._meta.tablet(tablet_id)
+        if refresh or self._meta.leader(tablet_id) is None:
+            self._meta.refresh_leaders(time.monotonic() + self.timeout_s, force=True)
+        return self._meta.leader(tablet_id)
+
+    def list_tablets(
+        self, timeout_s: float | None = None
+    ) -> dict[str, tablet_pb2.ListTabletsResponse]:
+        """Every reachable server's ``ListTablets`` answer, by server uuid (servers that did
+        not answer are left out; compare with ``servers()``)."""
+        self._check_open()
+        answers = self._meta.list_tablets(timeout_s if timeout_s is not None else self.timeout_s)
+        return {
+            uuid: answer for uuid, answer in answers.items() if not isinstance(answer, RpcFailure)
+        }
+
+    # --- writing and reading ---------------------------------------------------------------
+
+    def new_session(
+        self,
+        flush_mode: FlushMode = FlushMode.AUTO_FLUSH_SYNC,
+        *,
+        timeout_s: float | None = None,
+        max_batch_rows: int = 1000,
+        flush_interval_s: float = 0.05,
+        max_buffered_rows: int | None = None,
+    ) -> Session:
+        """A session (see ``client.session``); ``timeout_s`` (default the client's) bounds
+        each write, retries included."""
+        with self._lock:
+            self._check_open()
+            session = Session(
+                self._rpc,
+                self._tracker,
+                self._executor,
+                flush_mode=flush_mode,
+                timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                max_batch_rows=max_batch_rows,
+                flush_interval_s=flush_interval_s,
+                max_buffered_rows=max_buffered_rows,
+                on_close=self._session_closed,
+            )
+            self._sessions.add(session)
+            return session
+
+    def _session_closed(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+
+    def scan(
+        self,
+        table: str,
+        projection: Sequence[str] | None = None,
+        predicates: Sequence[Predicate] = (),
+        limit: int | None = None,
+        read_mode: ReadMode = ReadMode.LEADER_LATEST,
+        batch_size_rows: int = 1000,
+        *,
+        timeout_s: float | None = None,
+    ) -> Scanner:
+        """An iterator over the table's rows (dicts), tablet by tablet (see
+        ``client.scanner``). ``timeout_s`` (default the client's) bounds each page."""
+        self._check_open()
+        info = self._meta.table(table)
+        return Scanner(
+            self._rpc,
+            info,
+            info.tablet_ids,
+            projection=projection,
+            predicates=predicates,
+            limit=limit,
+            read_mode=read_mode,
+            batch_size_rows=batch_size_rows,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+        )
+
+    def scan_tablet(
+        self,
+        tablet_id: str,
+        projection: Sequence[str] | None = None,
+        predicates: Sequence[Predicate] = (),
+        limit: int | None = None,
+        read_mode: ReadMode = ReadMode.LEADER_LATEST,
+        batch_size_rows: int = 1000,
+        *,
+        replica: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Scanner:
+        """Like ``scan`` but of one tablet; with FOLLOWER_APPLIED, ``replica`` (a server
+        uuid) is read first."""
+        self._check_open()
+        tablet = self._meta.tablet(tablet_id)
+        return Scanner(
+            self._rpc,
+            self._meta.table(tablet.table),
+            [tablet_id],
+            projection=projection,
+            predicates=predicates,
+            limit=limit,
+            read_mode=read_mode,
+            batch_size_rows=batch_size_rows,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            replica=replica,
+        )
+
+    # --- admin -----------------------------------------------------------------------------
+
+    def leader_step_down(
+        self, tablet_id: str, new_leader: str = "", *, timeout_s: float | None = None
+    ) -> str:
+        """Ask the leader of ``tablet_id`` to hand leadership to ``new_leader`` (a server
+        uuid), or to its most caught-up follower; returns the uuid of the server that
+        stepped down. The new leader is found by the next operation on the tablet."""
+        self._check_open()
+        if new_leader and new_leader not in self._meta.tablet(tablet_id).replicas:
+            raise InvalidArgument(f"{new_leader!r} hosts no replica of tablet {tablet_id}")
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        request = admin_pb2.LeaderStepDownRequest(tablet_id=tablet_id, new_leader_uuid=new_leader)
+
+        def step_down(
+            stub: ServerStub, timeout: float, _attempt: int
+        ) -> admin_pb2.LeaderStepDownResponse:
+            return stub.leader_step_down(request, timeout)
+
+        _, server = call_tablet(
+            self._rpc,
+            tablet_id,
+            step_down,
+            what=f"leader step-down of tablet {tablet_id}",
+            deadline=time.monotonic() + timeout,
+            timeout_s=timeout,
+        )
+        self._meta.forget_leader(tablet_id)
+        return server
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> ClientStats:
+        """A snapshot of the client's counters (see ``client.stats``)."""
+        return self._stats.snapshot()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed")
+
+    def close(self) -> None:
+        """Close every session (flushing it), then the thread pool and the channels."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sessions = list(self._sessions)
+        try:
+            for session in sessions:
+                session.close()
+        finally:
+            self._executor.shutdown(wait=True)
+            self._channels.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<raftlet Client {self.client_id[:8]} seeds={','.join(self._seeds)} {state}>"

@@ -1,0 +1,161 @@
+"""The exceptions the client raises and collects.
+
+Every one subclasses ``RaftletError`` and renders as one line that says what failed, where,
+and why. The hierarchy, and when each is raised:
+
+- ``Timeout`` — the operation's deadline passed (retries included); raised within the
+  deadline plus the cost of one short RPC. Two subclasses say *why* the retries ran out:
+  ``ServerTooBusy`` (the last attempt was refused with RESOURCE_EXHAUSTED, "service queue
+  full") and ``NotLeader`` (the last attempt found no leader). ``except Timeout`` catches all
+  three.
+- ``RowError`` — one row failed (KEY_EXISTS, TYPE_MISMATCH…) while the rest of its batch was
+  applied. ``row_index`` is the row's position in its *session*: the n-th ``insert``/
+  ``upsert``/``update``/``delete`` call on that session, counting from 0.
+- ``TabletNotFound`` — no replica serves the tablet (or the table has no such tablet).
+- ``InvalidArgument`` — the request is malformed (unknown table, bad predicate, a batch the
+  server refuses as a whole); retrying it unchanged fails again.
+- ``ClientClosed`` — the client or session was closed.
+- ``RemoteError`` — any other server failure (INTERNAL, STALE_REQUEST, PERMISSION_DENIED…).
+
+Errors collected by a session (``Session.errors()``) carry the failed operation:
+``row_index``, ``table`` and ``row`` are set on them (``None`` on errors raised for
+operations that are not about one row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Self
+
+__all__ = [
+    "ClientClosed",
+    "InvalidArgument",
+    "NotLeader",
+    "RaftletError",
+    "RemoteError",
+    "RowError",
+    "ServerTooBusy",
+    "TabletNotFound",
+    "Timeout",
+]
+
+
+class RaftletError(Exception):
+    """Base of every client error. ``str()`` is one line.
+
+    ``cause`` is a short machine-readable name of what went wrong (``"TIMEOUT"``,
+    ``"KEY_EXISTS"``, ``"RESOURCE_EXHAUSTED"``…) — the key under which the failure is counted
+    in ``ClientStats.errors_by_cause``.
+    """
+
+    cause = "ERROR"
+
+    def __init__(self, message: str, *, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if cause is not None:
+            self.cause = cause
+        # Set when the error is about one operation of a session (see the module docstring).
+        self.row_index: int | None = None
+        self.table: str | None = None
+        self.row: Mapping[str, object] | None = None
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else self.message
+
+    def for_operation(self, row_index: int, table: str, row: Mapping[str, object]) -> Self:
+        """A copy of this error attached to one operation of a session (a batch that failed
+        as a whole is reported once per operation, so each names its row)."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.args = self.args
+        new.__cause__ = self.__cause__
+        new.row_index = row_index
+        new.table = table
+        new.row = row
+        return new
+
+
+class Timeout(RaftletError):
+    """The operation's deadline passed before it succeeded (retries included)."""
+
+    cause = "TIMEOUT"
+
+
+class ServerTooBusy(Timeout):
+    """The deadline passed while the server kept refusing with RESOURCE_EXHAUSTED."""
+
+    cause = "RESOURCE_EXHAUSTED"
+
+
+class NotLeader(Timeout):
+    """The deadline passed while no replica of the tablet would act as its leader."""
+
+    cause = "NOT_LEADER"
+
+
+class TabletNotFound(RaftletError):
+    cause = "TABLET_NOT_FOUND"
+
+
+class InvalidArgument(RaftletError):
+    cause = "INVALID_ARGUMENT"
+
+
+class ClientClosed(RaftletError):
+    cause = "CLIENT_CLOSED"
+
+
+class RemoteError(RaftletError):
+    """A server failure the client has no specific remedy for; ``cause`` names its status
+    (and ``ServerErrorPB`` code when the server sent one)."""
+
+    cause = "REMOTE_ERROR"
+
+
+class RowError(RaftletError):
+    """One row of a write failed; the other rows of its batch were applied.
+
+    ``row_index`` is the row's position in its session (0-based, every write call counts),
+    ``code`` the ``RowErrorPB.Code`` name (``"KEY_EXISTS"``), ``message`` the reason alone
+    (``str(error)`` is the whole line).
+    ``tablet_id`` is empty when the row was refused by the client before it was sent.
+    """
+
+    def __init__(
+        self,
+        row_index: int,
+        code: str,
+        message: str,
+        *,
+        table: str | None = None,
+        row: Mapping[str, object] | None = None,
+        tablet_id: str = "",
+    ) -> None:
+        where = f" of table {table!r}" if table else ""
+        on = f" on tablet {tablet_id}" if tablet_id else " (refused by the client)"
+        super().__init__(f"row {row_index}{where}{on}: {code}: {message}", cause=code)
+        self.row_index = row_index
+        self.code = code
+        # The server's (or the client's) reason alone; str(error) is the whole line.
+        self.message = message
+        self.table = table
+        self.row = row
+        self.tablet_id = tablet_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_row_error,
+            (self.row_index, self.code, self.message, self.table, self.row, self.tablet_id),
+        )
+
+
+def _rebuild_row_error(
+    row_index: int,
+    code: str,
+    reason: str,
+    table: str | None,
+    row: Mapping[str, object] | None,
+    tablet_id: str,
+) -> RowError:
+    return RowError(row_index, code, reason, table=table, row=row, tablet_id=tablet_id)

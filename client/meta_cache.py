@@ -1,0 +1,321 @@
+"""The client's map of the cluster: tables → tablets → replicas → addresses, and leaders.
+
+There is no master: every tablet server answers ``GetClusterConfig`` (servers, tables with
+their schemas, and the deterministic placement of every tablet), so ``load`` asks the seed
+addresses — then any server it already knows — until one answers. The placement never changes
+for a cluster's life (raftlet has no membership changes), so the config is fetched once per
+client; only leaders move.
+
+Leaders are learned lazily and cheaply:
+
+- from ``NOT_LEADER`` answers, which carry the leader the refusing replica believes in
+  (``set_leader`` with the hint);
+- when no hint helps, from ``refresh_leaders``: ``ListTablets`` on every server at once, where
+  only a replica that reports *itself* leader is believed (a follower's ``leader_uuid`` may
+  still name a dead leader until its election timeout), the highest term winning if two claim
+  it. Refreshes are serialized and rate-limited (``leader_refresh_interval_s``), so a storm of
+  failing writes costs one round of ``ListTablets``, not one per write.
+
+A server whose call failed at the transport level is *down* for ``down_ttl_s``: routing
+prefers other replicas meanwhile (but still tries it when nothing else is left).
+
+Routing a row is ``schema.partition_for_key`` on its key columns — the same function the
+server uses to place and check rows — mapped to the tablet of that partition.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from client.channels import ResultFuture, StubProvider
+from client.errors import InvalidArgument, RemoteError, TabletNotFound
+from client.retry import Action, Cause, RetriableFailure, RpcFailure, classify, run_with_retries
+from client.stats import StatsRecorder
+from proto import consensus_pb2, tablet_pb2
+from schema.keys import KeyEncodeError
+from schema.partition import partition_for_key
+from schema.schema import Schema, SchemaError
+
+__all__ = ["ClusterView", "MetaCache", "ServerInfo", "TableInfo", "TabletInfo"]
+
+# ListTablets and GetClusterConfig are cheap in-memory answers; a server that takes longer is
+# as good as down (for this call), and the next server is asked.
+LIST_TABLETS_TIMEOUT_S = 2.0
+CONFIG_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    uuid: str
+    rpc_addr: str
+    http_addr: str
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    name: str
+    schema: Schema
+    num_partitions: int
+    replication_factor: int
+    # The tablet of partition p is tablet_ids[p].
+    tablet_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TabletInfo:
+    tablet_id: str
+    table: str
+    partition: int
+    # Server uuids (sorted, as the server sends them: order carries no meaning).
+    replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    servers: Mapping[str, ServerInfo]
+    tables: Mapping[str, TableInfo]
+    tablets: Mapping[str, TabletInfo]
+
+    @classmethod
+    def from_pb(cls, pb: tablet_pb2.GetClusterConfigResponse) -> ClusterView:
+        """Validate a server's answer enough that routing cannot go wrong on it."""
+        servers = {s.uuid: ServerInfo(s.uuid, s.rpc_addr, s.http_addr) for s in pb.servers}
+        if not servers:
+            raise RemoteError("GetClusterConfig answered with no servers")
+        tablets: dict[str, TabletInfo] = {}
+        by_table: dict[str, dict[int, str]] = {}
+        for t in pb.tablets:
+            unknown = [r for r in t.replica_uuids if r not in servers]
+            if unknown or not t.replica_uuids:
+                raise RemoteError(
+                    f"GetClusterConfig: tablet {t.tablet_id} has replicas {list(t.replica_uuids)} "
+                    f"but the servers are {sorted(servers)}"
+                )
+            tablets[t.tablet_id] = TabletInfo(
+                t.tablet_id, t.table_name, t.partition, tuple(t.replica_uuids)
+            )
+            by_table.setdefault(t.table_name, {})[t.partition] = t.tablet_id
+        tables: dict[str, TableInfo] = {}
+        for tb in pb.tables:
+            try:
+                schema = Schema.from_pb(tb.schema)
+            except SchemaError as e:
+                raise RemoteError(f"GetClusterConfig: table {tb.name!r}: {e}") from None
+            parts = by_table.get(tb.name, {})
+            if sorted(parts) != list(range(tb.num_partitions)):
+                raise RemoteError(
+                    f"GetClusterConfig: table {tb.name!r} has {tb.num_partitions} partitions "
+                    f"but tablets for partitions {sorted(parts)}"
+                )
+            tables[tb.name] = TableInfo(
+                tb.name,
+                schema,
+                tb.num_partitions,
+                tb.replication_factor,
+                tuple(parts[p] for p in range(tb.num_partitions)),
+            )
+        return cls(servers, tables, tablets)
+
+
+class MetaCache:
+    def __init__(
+        self,
+        seeds: Sequence[str],
+        stubs: StubProvider,
+        stats: StatsRecorder,
+        *,
+        rpc_timeout_s: float = 10.0,
+        down_ttl_s: float = 1.0,
+        leader_refresh_interval_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.seeds = list(seeds)
+        self._stubs = stubs
+        self._stats = stats
+        self._rpc_timeout_s = rpc_timeout_s
+        self._down_ttl_s = down_ttl_s
+        self._refresh_interval_s = leader_refresh_interval_s
+        self._clock = clock
+        self._view: ClusterView | None = None
+        self._lock = threading.Lock()
+        self._leaders: dict[str, str] = {}
+        self._down_until: dict[str, float] = {}
+        self._refresh_lock = threading.Lock()
+        self._last_refresh = float("-inf")
+
+    # --- the config ------------------------------------------------------------------------
+
+    def load(self, deadline: float, timeout_s: float) -> ClusterView:
+        """Fetch the cluster config from the seeds (then any known server), retrying until
+        ``deadline``; raises ``Timeout`` if none answers."""
+
+        def attempt(_n: int, attempt_timeout: float) -> ClusterView:
+            end = self._clock() + attempt_timeout
+            last: RpcFailure | None = None
+            known = [s.rpc_addr for s in self._view.servers.values()] if self._view else []
+            for addr in dict.fromkeys([*self.seeds, *known]):
+                left = end - self._clock()
+                if left <= 0:
+                    break
+                try:
+                    pb = self._stubs.stub(addr).get_cluster_config(
+                        min(left, self._rpc_timeout_s, CONFIG_TIMEOUT_S)
+                    )
+                except grpc.RpcError as e:
+                    last = classify(e, address=addr)
+                    continue
+                self._stats.config_fetch()
+                return self.install(pb)
+            assert last is not None or not self.seeds
+            raise RetriableFailure(
+                last or RpcFailure(Cause.UNAVAILABLE, Action.NEXT_REPLICA, "", "no seed address")
+            )
+
+        if not self.seeds:
+            raise InvalidArgument("a client needs at least one server address")
+        return run_with_retries(
+            attempt,
+            what=f"fetching the cluster config from {', '.join(self.seeds)}",
+            deadline=deadline,
+            timeout_s=timeout_s,
+            clock=self._clock,
+            on_retry=lambda f: self._stats.retry(f.cause),
+        )
+
+    def install(self, pb: tablet_pb2.GetClusterConfigResponse) -> ClusterView:
+        view = ClusterView.from_pb(pb)
+        self._view = view
+        return view
+
+    @property
+    def view(self) -> ClusterView:
+        view = self._view
+        if view is None:
+            raise RuntimeError("the meta cache has no cluster config yet (call load)")
+        return view
+
+    def table(self, name: str) -> TableInfo:
+        tables = self.view.tables
+        info = tables.get(name)
+        if info is None:
+            raise InvalidArgument(f"unknown table {name!r} (tables: {', '.join(sorted(tables))})")
+        return info
+
+    def tablet(self, tablet_id: str) -> TabletInfo:
+        info = self.view.tablets.get(tablet_id)
+        if info is None:
+            raise TabletNotFound(f"unknown tablet {tablet_id!r}")
+        return info
+
+    def address(self, server_uuid: str) -> str:
+        server = self.view.servers.get(server_uuid)
+        if server is None:
+            raise TabletNotFound(f"unknown server {server_uuid!r}")
+        return server.rpc_addr
+
+    def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
+        """The tablet that holds ``row`` (a mapping with at least the key columns)."""
+        info = self.table(table)
+        key = []
+        for col in info.schema.key_columns:
+            if col.name not in row:
+                raise InvalidArgument(f"table {table!r}: key column {col.name!r} not given")
+            key.append(row[col.name])
+        try:
+            partition = partition_for_key(info.schema, key, info.num_partitions)
+        except (KeyEncodeError, ValueError, TypeError) as e:
+            raise InvalidArgument(f"table {table!r}: bad key {key!r}: {e}") from None
+        return info.tablet_ids[partition]
+
+    # --- leaders and health ----------------------------------------------------------------
+
+    def leader(self, tablet_id: str) -> str | None:
+        with self._lock:
+            return self._leaders.get(tablet_id)
+
+    def set_leader(self, tablet_id: str, server_uuid: str) -> None:
+        with self._lock:
+            self._leaders[tablet_id] = server_uuid
+
+    def forget_leader(self, tablet_id: str, server_uuid: str | None = None) -> None:
+        """Forget the cached leader (only if it is ``server_uuid``, when given)."""
+        with self._lock:
+            if server_uuid is None or self._leaders.get(tablet_id) == server_uuid:
+                self._leaders.pop(tablet_id, None)
+
+    def mark_down(self, server_uuid: str) -> None:
+        with self._lock:
+            self._down_until[server_uuid] = self._clock() + self._down_ttl_s
+            for tablet, leader in list(self._leaders.items()):
+                if leader == server_uuid:
+                    del self._leaders[tablet]
+
+    def mark_up(self, server_uuid: str) -> None:
+        with self._lock:
+            self._down_until.pop(server_uuid, None)
+
+    def is_down(self, server_uuid: str) -> bool:
+        with self._lock:
+            until = self._down_until.get(server_uuid)
+        return until is not None and self._clock() < until
+
+    def list_tablets(
+        self, timeout: float
+    ) -> dict[str, tablet_pb2.ListTabletsResponse | RpcFailure]:
+        """``ListTablets`` on every server at once: uuid → its answer, or why it gave none."""
+        futures: dict[str, ResultFuture | RpcFailure] = {}
+        for uuid, server in self.view.servers.items():
+            try:
+                futures[uuid] = self._stubs.stub(server.rpc_addr).list_tablets_future(timeout)
+            except grpc.RpcError as e:
+                futures[uuid] = classify(e, uuid, server.rpc_addr)
+        out: dict[str, tablet_pb2.ListTabletsResponse | RpcFailure] = {}
+        for uuid, fut in futures.items():
+            if isinstance(fut, RpcFailure):
+                out[uuid] = fut
+                continue
+            try:
+                out[uuid] = fut.result()
+            except grpc.RpcError as e:
+                out[uuid] = classify(e, uuid, self.view.servers[uuid].rpc_addr)
+        return out
+
+    def refresh_leaders(self, deadline: float, *, force: bool = False) -> None:
+        """Learn every tablet's leader from the servers' own claims (see the module
+        docstring). Returns early — keeping what is cached — when another thread refreshed
+        within ``leader_refresh_interval_s`` or the deadline is too close."""
+        left = deadline - self._clock()
+        if left <= 0 or not self._refresh_lock.acquire(timeout=left):
+            return
+        try:
+            now = self._clock()
+            if not force and now - self._last_refresh < self._refresh_interval_s:
+                return
+            left = deadline - now
+            if left <= 0:
+                return
+            answers = self.list_tablets(min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s))
+            self._stats.leader_refresh()
+            claims: dict[str, tuple[int, str]] = {}
+            for uuid, answer in answers.items():
+                if isinstance(answer, RpcFailure):
+                    if answer.cause in (Cause.UNAVAILABLE, Cause.DEADLINE_EXCEEDED):
+                        self.mark_down(uuid)
+                    continue
+                self.mark_up(uuid)
+                for t in answer.tablets:
+                    if t.role == consensus_pb2.LEADER and t.leader_uuid == uuid:
+                        best = claims.get(t.tablet_id)
+                        if best is None or t.term > best[0]:
+                            claims[t.tablet_id] = (t.term, uuid)
+            with self._lock:
+                for tablet, (_, uuid) in claims.items():
+                    self._leaders[tablet] = uuid
+            self._last_refresh = self._clock()
+        finally:
+            self._refresh_lock.release()

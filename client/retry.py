@@ -1,0 +1,400 @@
+"""Which failures are retried, where, after how long — and the deadline that bounds it all.
+
+Every failed RPC is first *classified* (``classify``) from its gRPC status and the
+``ServerErrorPB`` the server put in the ``raftlet-error-bin`` trailer (DESIGN.md §6) into a
+``Cause`` and an ``Action``:
+
+=====================  ================================  =================================
+cause                  when                              action
+=====================  ================================  =================================
+RESOURCE_EXHAUSTED     service queue full                BACKOFF_SAME: same server, backoff
+LEADER_NOT_READY       leader elected, not yet ready     BACKOFF_SAME
+NOT_LEADER             not leader / term moved           FIND_LEADER: the hint, else refresh
+UNAVAILABLE            connection failed, shutting down  NEXT_REPLICA
+TABLET_NOT_RUNNING     replica failed or bootstrapping   NEXT_REPLICA
+DEADLINE_EXCEEDED      one attempt's deadline passed     NEXT_REPLICA
+TABLET_NOT_FOUND       the server has no such replica    NEXT_REPLICA (TabletNotFound when
+                                                         every replica says so)
+(anything else)        INVALID_ARGUMENT, INTERNAL, …     FAIL at once (InvalidArgument,
+                                                         RemoteError)
+=====================  ================================  =================================
+
+``run_with_retries`` then drives the attempts with tenacity: the wait after a failure comes
+from that cause's policy (``DEFAULT_POLICIES``: jittered exponential backoff; full jitter for
+RESOURCE_EXHAUSTED so a burst of refused clients spreads out instead of returning together),
+cut short so that no sleep runs into the deadline: it ends a *reserve* (``FINAL_ATTEMPT_S``,
+at most a quarter of the timeout) before it, for one last attempt. When that attempt fails
+too — or whenever less than the reserve is left after a failure — the last failure becomes
+``Timeout`` (``ServerTooBusy`` if it was RESOURCE_EXHAUSTED, ``NotLeader`` if NOT_LEADER).
+Each attempt gets ``min(time left, attempt_timeout_s)`` as its gRPC timeout, so the whole
+operation ends within the deadline plus scheduling noise — possibly up to the reserve
+earlier, when the last attempt fails fast.
+
+Where the next attempt goes (the *Action*) is up to the caller (``client.rpc``); this module
+only classifies and times. It keeps no state between operations.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import tenacity
+from tenacity.wait import wait_base
+
+from client.errors import (
+    InvalidArgument,
+    NotLeader,
+    RaftletError,
+    RemoteError,
+    ServerTooBusy,
+    Timeout,
+)
+from proto import ERROR_METADATA_KEY
+from proto.common_pb2 import ServerErrorPB
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "Action",
+    "Cause",
+    "RetriableFailure",
+    "RpcFailure",
+    "classify",
+    "classify_error_pb",
+    "classify_status",
+    "fatal_error",
+    "run_with_retries",
+    "server_error_of",
+    "timeout_error",
+]
+
+T = TypeVar("T")
+
+# No attempt is started with less time than this left: it could only time out.
+MIN_ATTEMPT_S = 0.002
+# A backoff that would run into the deadline is cut short so that this much time (at most a
+# quarter of the operation's timeout) is left for one last attempt.
+FINAL_ATTEMPT_S = 0.05
+
+
+class Cause(enum.StrEnum):
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    LEADER_NOT_READY = "LEADER_NOT_READY"
+    NOT_LEADER = "NOT_LEADER"
+    UNAVAILABLE = "UNAVAILABLE"
+    TABLET_NOT_RUNNING = "TABLET_NOT_RUNNING"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    TABLET_NOT_FOUND = "TABLET_NOT_FOUND"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    STALE_REQUEST = "STALE_REQUEST"
+    REMOTE_ERROR = "REMOTE_ERROR"
+
+
+class Action(enum.Enum):
+    BACKOFF_SAME = "same server after a backoff"
+    FIND_LEADER = "the hinted leader, else look the leader up"
+    NEXT_REPLICA = "the next replica"
+    FAIL = "fail at once"
+
+
+_RETRIABLE: dict[Cause, Action] = {
+    Cause.RESOURCE_EXHAUSTED: Action.BACKOFF_SAME,
+    Cause.LEADER_NOT_READY: Action.BACKOFF_SAME,
+    Cause.NOT_LEADER: Action.FIND_LEADER,
+    Cause.UNAVAILABLE: Action.NEXT_REPLICA,
+    Cause.TABLET_NOT_RUNNING: Action.NEXT_REPLICA,
+    Cause.DEADLINE_EXCEEDED: Action.NEXT_REPLICA,
+    Cause.TABLET_NOT_FOUND: Action.NEXT_REPLICA,
+}
+
+
+def classify_status(code: grpc.StatusCode, error: ServerErrorPB | None) -> tuple[Cause, Action]:
+    """The cause and remedy of a call that failed with ``code`` and the server's ``error``."""
+    S = grpc.StatusCode
+    E = ServerErrorPB
+    ecode = error.code if error is not None else E.UNKNOWN
+    if code == S.RESOURCE_EXHAUSTED:
+        cause = Cause.RESOURCE_EXHAUSTED
+    elif code == S.UNAVAILABLE:
+        if ecode == E.LEADER_NOT_READY:
+            cause = Cause.LEADER_NOT_READY
+        elif ecode == E.TABLET_NOT_RUNNING:
+            cause = Cause.TABLET_NOT_RUNNING
+        else:
+            cause = Cause.UNAVAILABLE
+    elif code == S.FAILED_PRECONDITION and ecode in (E.NOT_LEADER, E.TERM_MOVED):
+        cause = Cause.NOT_LEADER
+    elif code == S.FAILED_PRECONDITION and ecode == E.STALE_REQUEST:
+        cause = Cause.STALE_REQUEST
+    elif code == S.DEADLINE_EXCEEDED:
+        cause = Cause.DEADLINE_EXCEEDED
+    elif code == S.NOT_FOUND:
+        cause = Cause.TABLET_NOT_FOUND
+    elif code == S.INVALID_ARGUMENT:
+        cause = Cause.INVALID_ARGUMENT
+    else:
+        cause = Cause.REMOTE_ERROR
+    return cause, _RETRIABLE.get(cause, Action.FAIL)
+
+
+@dataclass(frozen=True)
+class RpcFailure:
+    """One failed attempt, classified. ``server`` is the uuid (or address) it went to."""
+
+    cause: Cause
+    action: Action
+    status: str
+    message: str
+    server: str = ""
+    address: str = ""
+    leader_uuid: str = ""
+    leader_addr: str = ""
+
+    def __str__(self) -> str:
+        where = ""
+        if self.server:
+            addr = f" ({self.address})" if self.address and self.address != self.server else ""
+            where = f" from {self.server}{addr}"
+        elif self.address:
+            where = f" from {self.address}"
+        return f"{self.cause}{where}: {self.message}"
+
+
+def server_error_of(err: grpc.RpcError) -> ServerErrorPB | None:
+    """The ``ServerErrorPB`` a server attached to a failed call, if any."""
+    try:
+        metadata = err.trailing_metadata() or ()
+    except Exception:  # not a call object (e.g. a channel-level failure)
+        return None
+    for key, value in metadata:
+        if key == ERROR_METADATA_KEY:
+            try:
+                return ServerErrorPB.FromString(value)
+            except Exception:  # a garbled trailer must not hide the status itself
+                return None
+    return None
+
+
+def classify(err: grpc.RpcError, server: str = "", address: str = "") -> RpcFailure:
+    code = _call(err, "code")
+    if not isinstance(code, grpc.StatusCode):
+        code = grpc.StatusCode.UNKNOWN
+    details = _call(err, "details")
+    error = server_error_of(err)
+    cause, action = classify_status(code, error)
+    message = str(details) if details else (error.message if error is not None else code.name)
+    return RpcFailure(
+        cause=cause,
+        action=action,
+        status=code.name,
+        message=message,
+        server=server,
+        address=address,
+        leader_uuid=error.leader_uuid if error is not None else "",
+        leader_addr=error.leader_addr if error is not None else "",
+    )
+
+
+_STATUS_OF_ERROR = {
+    ServerErrorPB.NOT_LEADER: grpc.StatusCode.FAILED_PRECONDITION,
+    ServerErrorPB.TERM_MOVED: grpc.StatusCode.FAILED_PRECONDITION,
+    ServerErrorPB.STALE_REQUEST: grpc.StatusCode.FAILED_PRECONDITION,
+    ServerErrorPB.LEADER_NOT_READY: grpc.StatusCode.UNAVAILABLE,
+    ServerErrorPB.TABLET_NOT_RUNNING: grpc.StatusCode.UNAVAILABLE,
+    ServerErrorPB.TABLET_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ServerErrorPB.SERVICE_QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ServerErrorPB.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ServerErrorPB.WRONG_SERVER_UUID: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def classify_error_pb(error: ServerErrorPB, server: str = "", address: str = "") -> RpcFailure:
+    """Classify an error a server reported inside an OK response (the ``error`` field)."""
+    code = _STATUS_OF_ERROR.get(error.code, grpc.StatusCode.UNKNOWN)
+    cause, action = classify_status(code, error)
+    return RpcFailure(
+        cause=cause,
+        action=action,
+        status=ServerErrorPB.Code.Name(error.code),
+        message=error.message or ServerErrorPB.Code.Name(error.code),
+        server=server,
+        address=address,
+        leader_uuid=error.leader_uuid,
+        leader_addr=error.leader_addr,
+    )
+
+
+def _call(err: grpc.RpcError, name: str) -> object:
+    fn = getattr(err, name, None)
+    if not callable(fn):
+        return None
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
+    """The exception for a failure that is not retried."""
+    text = f"{what} failed: {failure}"
+    if failure.cause is Cause.INVALID_ARGUMENT:
+        return InvalidArgument(text)
+    return RemoteError(text, cause=str(failure.cause))
+
+
+class RetriableFailure(Exception):
+    """Raised by an attempt to ask for another one. ``retry_now`` skips the backoff (set when
+    the next attempt goes to a server this operation has not yet heard from)."""
+
+    def __init__(self, failure: RpcFailure, *, retry_now: bool = False) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+        self.retry_now = retry_now
+
+
+# Per-cause waits: tenacity strategies, called with the retry state (attempt_number counts
+# every attempt of the operation, whatever its cause).
+DEFAULT_POLICIES: Mapping[Cause, wait_base] = {
+    # Full jitter: refused clients must not come back in lockstep.
+    Cause.RESOURCE_EXHAUSTED: tenacity.wait_random_exponential(multiplier=0.01, max=0.5),
+    Cause.LEADER_NOT_READY: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.01),
+    # An election takes one election timeout or two; poll for its result politely.
+    Cause.NOT_LEADER: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.02),
+    Cause.UNAVAILABLE: tenacity.wait_exponential_jitter(multiplier=0.02, max=1.0, jitter=0.02),
+    Cause.TABLET_NOT_RUNNING: tenacity.wait_exponential_jitter(
+        multiplier=0.02, max=1.0, jitter=0.02
+    ),
+    Cause.DEADLINE_EXCEEDED: tenacity.wait_exponential_jitter(
+        multiplier=0.02, max=1.0, jitter=0.02
+    ),
+    Cause.TABLET_NOT_FOUND: tenacity.wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
+}
+_FALLBACK_WAIT = tenacity.wait_exponential_jitter(multiplier=0.02, max=1.0, jitter=0.02)
+
+
+def timeout_error(what: str, timeout_s: float, attempts: int, last: RpcFailure | None) -> Timeout:
+    """The ``Timeout`` (or its subclass named by the last failure) for a passed deadline."""
+    tail = f"; last error: {last}" if last is not None else ""
+    text = (
+        f"{what} timed out after {timeout_s:.3g} s "
+        f"({attempts} attempt{'s' if attempts != 1 else ''}{tail})"
+    )
+    if last is not None and last.cause is Cause.RESOURCE_EXHAUSTED:
+        return ServerTooBusy(text)
+    if last is not None and last.cause is Cause.NOT_LEADER:
+        return NotLeader(text)
+    return Timeout(text)
+
+
+def _failure_of(state: tenacity.RetryCallState) -> RetriableFailure | None:
+    outcome = state.outcome
+    if outcome is None or not outcome.failed:
+        return None
+    exc = outcome.exception()
+    return exc if isinstance(exc, RetriableFailure) else None
+
+
+def _reserve(timeout_s: float) -> float:
+    return max(2 * MIN_ATTEMPT_S, min(FINAL_ATTEMPT_S, timeout_s / 4))
+
+
+class _DeadlineStop(tenacity.stop.stop_base):
+    """Stop once less than the final attempt's reserve is left: the attempt that just
+    failed was the last one that fitted."""
+
+    def __init__(self, deadline: float, reserve: float, clock: Callable[[], float]) -> None:
+        self.deadline = deadline
+        self.reserve = reserve
+        self.clock = clock
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.deadline - self.clock() <= self.reserve
+
+
+class _PerCauseWait(wait_base):
+    def __init__(
+        self,
+        policies: Mapping[Cause, wait_base],
+        deadline: float,
+        reserve: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.policies = policies
+        self.deadline = deadline
+        self.reserve = reserve
+        self.clock = clock
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        failure = _failure_of(retry_state)
+        if failure is None or failure.retry_now:
+            wait = 0.0
+        else:
+            wait = float(self.policies.get(failure.failure.cause, _FALLBACK_WAIT)(retry_state))
+        # Never sleep into the deadline: wake up with the reserve left for one last attempt.
+        left = self.deadline - self.clock() - self.reserve
+        return max(0.0, min(wait, left))
+
+
+def run_with_retries(
+    attempt: Callable[[int, float], T],
+    *,
+    what: str,
+    deadline: float,
+    timeout_s: float,
+    attempt_timeout_s: float | None = None,
+    policies: Mapping[Cause, wait_base] = DEFAULT_POLICIES,
+    on_retry: Callable[[RpcFailure], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call ``attempt(attempt_no, attempt_timeout_s)`` until it returns, raises something
+    other than ``RetriableFailure``, or ``deadline`` (``clock()`` time) passes — then raise
+    ``timeout_error``. ``attempt_no`` counts from 0. ``on_retry`` sees each failure that is
+    about to be retried (for statistics). ``timeout_s`` is only for the message."""
+    attempts = 0
+    last: RpcFailure | None = None
+    reserve = _reserve(timeout_s)
+
+    def one() -> T:
+        nonlocal attempts
+        left = deadline - clock()
+        if left < MIN_ATTEMPT_S:
+            raise _DeadlinePassed()
+        attempt_timeout = left if attempt_timeout_s is None else min(left, attempt_timeout_s)
+        n = attempts
+        attempts += 1
+        return attempt(n, attempt_timeout)
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        nonlocal last
+        failure = _failure_of(state)
+        if failure is not None:
+            last = failure.failure
+            if on_retry is not None:
+                on_retry(failure.failure)
+
+    retrying = tenacity.Retrying(
+        sleep=sleep,
+        stop=_DeadlineStop(deadline, reserve, clock),
+        wait=_PerCauseWait(policies, deadline, reserve, clock),
+        retry=tenacity.retry_if_exception_type(RetriableFailure),
+        before_sleep=before_sleep,
+        reraise=False,
+    )
+    try:
+        return retrying(one)
+    except tenacity.RetryError as e:
+        failure = e.last_attempt.exception()
+        if isinstance(failure, RetriableFailure):
+            last = failure.failure
+    except _DeadlinePassed:
+        pass
+    raise timeout_error(what, timeout_s, attempts, last)
+
+
+class _DeadlinePassed(Exception):
+    """The deadline passed before an attempt could start (ends the retries, not retried)."""

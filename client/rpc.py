@@ -1,0 +1,189 @@
+"""One tablet RPC, routed to the right replica and retried until its deadline.
+
+``call_tablet`` is how writes, scan pages and admin calls reach a tablet. Each attempt goes
+to the server ``_Router`` picks; a failure is classified (``retry.classify``) and the router
+reacts by its *action*:
+
+- BACKOFF_SAME (queue full, leader not ready): the same server again, after a backoff;
+- FIND_LEADER (not leader): the hinted leader when the hint names another replica that is
+  not known to be down — at once, the first time this call goes there — otherwise the
+  cached leader is forgotten and the next attempt looks it up (``MetaCache.refresh_leaders``)
+  or, if no replica claims leadership yet, tries the next replica, after a backoff;
+- NEXT_REPLICA (unreachable, timed out, not running, no such replica): the server is marked
+  down (for transport failures) and the next replica in ring order is tried — at once if
+  this call has not failed there yet, else after a backoff;
+- FAIL: raised at once as ``InvalidArgument`` / ``RemoteError``.
+
+``leader_only=False`` (follower reads) starts at ``prefer`` — the replica a scan is already
+reading — or the leader when known, and fails over between replicas the same way.
+
+The caller's ``call(stub, attempt_timeout_s, attempt_no)`` performs one attempt. A write uses
+``attempt_no`` as ``RequestIdPB.attempt_no`` and keeps everything else of its request id, so
+whichever server finally applies it, it is applied once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+from tenacity.wait import wait_base
+
+from client.channels import ServerStub, StubProvider
+from client.errors import TabletNotFound
+from client.meta_cache import MetaCache, TabletInfo
+from client.retry import (
+    DEFAULT_POLICIES,
+    Action,
+    Cause,
+    RetriableFailure,
+    RpcFailure,
+    classify,
+    classify_error_pb,
+    fatal_error,
+    run_with_retries,
+)
+from client.stats import StatsRecorder
+from proto.common_pb2 import ServerErrorPB
+
+__all__ = ["RpcContext", "call_tablet"]
+
+R = TypeVar("R")
+
+
+@dataclass
+class RpcContext:
+    """What every tablet RPC of one ``Client`` shares."""
+
+    meta: MetaCache
+    stubs: StubProvider
+    stats: StatsRecorder
+    # The gRPC timeout of one attempt (never more than the time left to the deadline).
+    attempt_timeout_s: float = 10.0
+    policies: Mapping[Cause, wait_base] = field(default_factory=lambda: dict(DEFAULT_POLICIES))
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+class _Router:
+    def __init__(
+        self, meta: MetaCache, tablet: TabletInfo, leader_only: bool, prefer: str | None
+    ) -> None:
+        self.meta = meta
+        self.tablet = tablet
+        self.leader_only = leader_only
+        self.next: str | None = prefer if prefer in tablet.replicas else None
+        self.last: str | None = None
+        self.failed: set[str] = set()
+        self.not_found: set[str] = set()
+
+    def target(self, deadline: float) -> str:
+        if self.next is not None:
+            target, self.next = self.next, None
+            return target
+        tid = self.tablet.tablet_id
+        leader = self.meta.leader(tid)
+        if self.leader_only and (leader is None or self.meta.is_down(leader)):
+            self.meta.refresh_leaders(deadline)
+            leader = self.meta.leader(tid)
+        if leader is not None and not self.meta.is_down(leader):
+            return leader
+        return self._rotate()
+
+    def _rotate(self) -> str:
+        """The replica after the last one tried, in ring order, skipping those known to be
+        down unless all are."""
+        replicas = list(self.tablet.replicas)
+        start = replicas.index(self.last) + 1 if self.last in replicas else 0
+        ring = replicas[start:] + replicas[:start]
+        up = [r for r in ring if not self.meta.is_down(r)]
+        return (up or ring)[0]
+
+    def on_failure(self, f: RpcFailure) -> bool:
+        """React to a failed attempt; True if the next attempt may go without a backoff."""
+        server = f.server
+        tid = self.tablet.tablet_id
+        self.last = server
+        if f.action is Action.BACKOFF_SAME:
+            self.next = server
+            return False
+        first_time = server not in self.failed
+        self.failed.add(server)
+        if f.action is Action.FIND_LEADER:
+            self.meta.forget_leader(tid, server)
+            hint = f.leader_uuid
+            if (
+                hint
+                and hint != server
+                and hint in self.tablet.replicas
+                and not self.meta.is_down(hint)
+            ):
+                self.meta.set_leader(tid, hint)
+                self.next = hint
+                return hint not in self.failed
+            return False
+        # NEXT_REPLICA
+        if f.cause in (Cause.UNAVAILABLE, Cause.DEADLINE_EXCEEDED):
+            self.meta.mark_down(server)
+        self.meta.forget_leader(tid, server)
+        if f.cause is Cause.TABLET_NOT_FOUND:
+            self.not_found.add(server)
+            if self.not_found >= set(self.tablet.replicas):
+                raise TabletNotFound(
+                    f"no replica of tablet {tid} found on {', '.join(self.tablet.replicas)}"
+                )
+        self.next = self._rotate()
+        return first_time and self.next not in self.failed
+
+
+def call_tablet(
+    ctx: RpcContext,
+    tablet_id: str,
+    call: Callable[[ServerStub, float, int], R],
+    *,
+    what: str,
+    deadline: float,
+    timeout_s: float,
+    leader_only: bool = True,
+    prefer: str | None = None,
+) -> tuple[R, str]:
+    """Run ``call`` against the right replica of ``tablet_id`` until it succeeds; returns its
+    result and the uuid of the server that answered. Raises ``Timeout`` (or a subclass) when
+    ``deadline`` passes, ``TabletNotFound``, ``InvalidArgument`` or ``RemoteError``."""
+    router = _Router(ctx.meta, ctx.meta.tablet(tablet_id), leader_only, prefer)
+
+    def attempt(attempt_no: int, attempt_timeout: float) -> tuple[R, str]:
+        target = router.target(deadline)
+        address = ctx.meta.address(target)
+        stub = ctx.stubs.stub(address)
+        try:
+            result = call(stub, attempt_timeout, attempt_no)
+        except grpc.RpcError as e:
+            failure = classify(e, target, address)
+        else:
+            error = getattr(result, "error", None)
+            if not isinstance(error, ServerErrorPB) or not (error.code or error.message):
+                ctx.meta.mark_up(target)
+                if leader_only:
+                    ctx.meta.set_leader(tablet_id, target)
+                return result, target
+            failure = classify_error_pb(error, target, address)
+        if failure.action is Action.FAIL:
+            raise fatal_error(failure, what)
+        retry_now = router.on_failure(failure)
+        raise RetriableFailure(failure, retry_now=retry_now)
+
+    return run_with_retries(
+        attempt,
+        what=what,
+        deadline=deadline,
+        timeout_s=timeout_s,
+        attempt_timeout_s=ctx.attempt_timeout_s,
+        policies=ctx.policies,
+        on_retry=lambda f: ctx.stats.retry(f.cause),
+        clock=ctx.clock,
+        sleep=ctx.sleep,
+    )

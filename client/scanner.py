@@ -1,0 +1,193 @@
+"""Scans as iterators: page by page with the resume key, failing over between replicas.
+
+Scans are stateless on the server (tablet.proto, ``ScanRequest``): each page is an
+independent request carrying the ``resume_key`` of the page before, so any replica can serve
+the next page. A ``Scanner`` walks the table's tablets in partition order; each page is one
+``client.rpc.call_tablet`` call, so a replica that becomes unreachable (UNAVAILABLE,
+connection refused, an attempt's deadline) is left for the next one, a moved leader is
+followed (LEADER_LATEST), and the scan continues from the last resume key it received — no
+row is returned twice and none is skipped.
+
+- ``ReadMode.LEADER_LATEST`` (default) reads from the leader, which first waits until it has
+  applied everything committed when the page was asked for: a page sees every write
+  acknowledged before it.
+- ``ReadMode.FOLLOWER_APPLIED`` reads any replica's applied state (possibly stale). The
+  scanner sticks to one replica per tablet while it answers (``prefer``), starting with the
+  leader if known; after a fail-over, later pages come from another replica, which may have
+  applied a little more or less than the first one.
+
+Rows are dicts (column name → value) in the projection's order. ``limit`` bounds the rows of
+the whole scan; ``timeout_s`` bounds each page, retries included. Counters for tests and
+tools: ``pages``, ``failovers`` (pages of a tablet answered by another server than the page
+before), ``current_server``, ``current_tablet``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+
+from client.channels import ServerStub
+from client.errors import InvalidArgument, RemoteError
+from client.meta_cache import TableInfo
+from client.rpc import RpcContext, call_tablet
+from proto import tablet_pb2
+from schema.predicates import Predicate, PredicateError
+from schema.rows import row_from_pb
+from schema.types import TypeMismatch, Value
+
+__all__ = ["ReadMode", "Row", "Scanner"]
+
+Row = dict[str, Value]
+
+
+class ReadMode(enum.IntEnum):
+    """The numbers are those of ``tablet_pb2.ReadMode``."""
+
+    LEADER_LATEST = tablet_pb2.READ_LEADER_LATEST
+    FOLLOWER_APPLIED = tablet_pb2.READ_FOLLOWER_APPLIED
+
+
+class Scanner(Iterator[Row]):
+    def __init__(
+        self,
+        rpc: RpcContext,
+        table: TableInfo,
+        tablet_ids: Sequence[str],
+        *,
+        projection: Sequence[str] | None = None,
+        predicates: Sequence[Predicate] = (),
+        limit: int | None = None,
+        read_mode: ReadMode = ReadMode.LEADER_LATEST,
+        batch_size_rows: int = 1000,
+        timeout_s: float = 30.0,
+        replica: str | None = None,
+    ) -> None:
+        schema = table.schema
+        if projection is not None:
+            unknown = [c for c in projection if not schema.has_column(c)]
+            if unknown:
+                raise InvalidArgument(
+                    f"table {table.name!r} has no column {unknown[0]!r} "
+                    f"(columns: {', '.join(schema.column_names)})"
+                )
+        try:
+            self._predicates = [p.to_pb(schema) for p in predicates]
+        except PredicateError as e:
+            raise InvalidArgument(f"table {table.name!r}: {e}") from None
+        if limit is not None and limit < 0:
+            raise InvalidArgument(f"limit must be non-negative, got {limit}")
+        if batch_size_rows < 0:
+            raise InvalidArgument(f"batch_size_rows must be non-negative, got {batch_size_rows}")
+        self.table = table
+        self.read_mode = ReadMode(read_mode)
+        self.timeout_s = timeout_s
+        self._rpc = rpc
+        self._projection = list(projection) if projection is not None else []
+        self._tablets = list(tablet_ids)
+        self._limit_left = limit
+        self._batch_size_rows = batch_size_rows
+        self._replica = replica
+        self._tablet_index = 0
+        self._resume = b""
+        self._rows: list[Row] = []
+        self._row_pos = 0
+        self.pages = 0
+        self.failovers = 0
+        self.rows_returned = 0
+        self.current_server: str | None = None
+        self.current_tablet: str | None = self._tablets[0] if self._tablets else None
+        self.columns: list[str] = []
+
+    def __iter__(self) -> Scanner:
+        return self
+
+    def __next__(self) -> Row:
+        while self._row_pos >= len(self._rows):
+            if not self._fetch():
+                raise StopIteration
+        row = self._rows[self._row_pos]
+        self._row_pos += 1
+        self.rows_returned += 1
+        return row
+
+    def _fetch(self) -> bool:
+        """Fetch the next non-empty page; False when the scan is over."""
+        while self._tablet_index < len(self._tablets):
+            if self._limit_left is not None and self._limit_left <= 0:
+                return False
+            tablet_id = self._tablets[self._tablet_index]
+            self.current_tablet = tablet_id
+            response, server = self._fetch_page(tablet_id)
+            if self.current_server is not None and server != self.current_server:
+                self.failovers += 1
+            self.current_server = server
+            self.pages += 1
+            rows = self._decode(response)
+            if self._limit_left is not None:
+                rows = rows[: self._limit_left]
+                self._limit_left -= len(rows)
+            if response.has_more and response.resume_key:
+                self._resume = response.resume_key
+            else:
+                self._tablet_index += 1
+                self._resume = b""
+                self.current_server = None
+            if rows:
+                self._rows = rows
+                self._row_pos = 0
+                return True
+        return False
+
+    def _fetch_page(self, tablet_id: str) -> tuple[tablet_pb2.ScanResponse, str]:
+        """One page of ``tablet_id`` from ``self._resume`` on, and the server it came from."""
+        request = tablet_pb2.ScanRequest(
+            tablet_id=tablet_id,
+            projection=self._projection,
+            predicates=self._predicates,
+            limit=self._limit_left or 0,
+            resume_key=self._resume,
+            read_mode=self.read_mode.value,
+            batch_size_rows=self._batch_size_rows,
+        )
+
+        def scan(stub: ServerStub, timeout: float, _attempt: int) -> tablet_pb2.ScanResponse:
+            return stub.scan(request, timeout)
+
+        leader_only = self.read_mode is ReadMode.LEADER_LATEST
+        return call_tablet(
+            self._rpc,
+            tablet_id,
+            scan,
+            what=f"scan of tablet {tablet_id}",
+            deadline=self._rpc.clock() + self.timeout_s,
+            timeout_s=self.timeout_s,
+            leader_only=leader_only,
+            prefer=None if leader_only else (self.current_server or self._replica),
+        )
+
+    def _decode(self, response: tablet_pb2.ScanResponse) -> list[Row]:
+        columns = list(response.columns)
+        self.columns = columns
+        schema = self.table.schema
+        try:
+            return [
+                dict(zip(columns, row_from_pb(schema, columns, pb), strict=True))
+                for pb in response.rows
+            ]
+        except (TypeMismatch, ValueError, KeyError) as e:
+            raise RemoteError(
+                f"scan of {self.table.name!r}: the server sent a malformed row: {e}"
+            ) from None
+
+    def close(self) -> None:
+        """Stop early (nothing is held on the server; this only ends the iteration)."""
+        self._tablet_index = len(self._tablets)
+        self._rows = []
+        self._row_pos = 0
+
+    def __enter__(self) -> Scanner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

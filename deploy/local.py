@@ -1,0 +1,693 @@
+"""The local launcher: a multi-server raftlet cluster as separate processes on this machine.
+
+``raftlet cluster up`` / ``status`` / ``down`` are thin wrappers around ``LocalCluster``.
+A cluster lives in one data directory::
+
+    <data_dir>/cluster.toml     the cluster config every server (and client) reads
+    <data_dir>/cluster.json     the launcher's state: each server's PID, addresses, argv
+    <data_dir>/<id>.log         each server's stdout and stderr
+    <data_dir>/<id>/            each server's replicas (WAL, metadata, SQLite store)
+
+Rules this module keeps, and why:
+
+- **The servers outlive the launcher.** Each is started with ``start_new_session=True``, so
+  the CLI that started them can exit (and a Ctrl-C in its terminal, which signals the whole
+  foreground process group, does not reach them). Everything needed to find them again is in
+  ``cluster.json``; ``LocalCluster.load(data_dir)`` reads it back.
+- **Never signal a process that is not ours.** PIDs are recycled: a PID from a stale state
+  file may now belong to anything. Before any signal the process's command line must hold
+  ``tserver`` and this cluster's config path (``_owned``); anything else is left alone and
+  reported.
+- **No half-started clusters.** The state file is written after every spawn, so a launcher
+  killed mid-start leaves PIDs that ``down`` can still stop; and a start that fails (a server
+  exits, no ready line, no leader in time) stops everything it started before raising.
+- **``down`` verifies.** SIGTERM (the server shuts down gracefully: gRPC drains, logs sync),
+  wait, SIGKILL whatever is left, then check that every PID is really gone (a zombie counts
+  as gone: it holds no ports or files) before removing the state file. If one survives
+  even SIGKILL, the state file stays so a later ``down`` can try again.
+- **Ports come from the kernel.** With ``base_port=None`` each address is bound to port 0
+  and released just before the server binds it (the integration tests do the same), so two
+  clusters, or a cluster and a test run, never fight over fixed ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy.health import ClusterHealth, ProbeOptions, check_cluster
+from schema.schema import ColumnSchema, Schema
+from schema.types import DataType
+from tserver.cluster_config import (
+    ClusterConfig,
+    ConfigError,
+    RaftTimings,
+    ServerConfig,
+    TableConfig,
+    load_cluster_config,
+    write_cluster_config,
+)
+
+__all__ = [
+    "CONFIG_FILE",
+    "DEFAULT_TABLE",
+    "KV_SCHEMA",
+    "STATE_FILE",
+    "ClusterRunningError",
+    "LauncherError",
+    "LocalCluster",
+    "NoClusterError",
+    "ServerProcess",
+    "ServerStop",
+    "free_ports",
+    "pid_alive",
+]
+
+CONFIG_FILE = "cluster.toml"
+STATE_FILE = "cluster.json"
+STATE_FORMAT = 1
+DEFAULT_TABLE = "kv"
+# The table `cluster up` creates. The load generator writes a unique INT64 key per row and a
+# STRING payload of --row-bytes; nullable so `raftlet scan --where "value is-null"` means
+# something and a generated row may leave it out.
+KV_SCHEMA = Schema(
+    [
+        ColumnSchema("key", DataType.INT64, is_key=True),
+        ColumnSchema("value", DataType.STRING, nullable=True),
+    ]
+)
+MAX_SERVERS = 64
+# How long one server may take to print its ready line. Opening replicas replays their WALs,
+# so a restart of a cluster holding much data takes longer than a fresh start.
+READY_TIMEOUT_S = 60.0
+LEADER_TIMEOUT_S = 60.0
+DOWN_TIMEOUT_S = 30.0
+# SIGKILL cannot be caught; a process still there this long after it is stuck in the kernel.
+_KILL_WAIT_S = 10.0
+_POLL_S = 0.05
+
+
+class LauncherError(RuntimeError):
+    """Starting, finding or stopping a local cluster failed. ``str()`` is one line (plus,
+    for a server that failed to start, ``details`` holds its log tail)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class NoClusterError(LauncherError):
+    """There is no local cluster state (``cluster.json``) in the data directory."""
+
+
+class ClusterRunningError(LauncherError):
+    """``up`` was asked for a data directory whose cluster is still running."""
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports the kernel considers free now (bound to port 0, then released).
+
+    All sockets stay open until every port is picked, so the kernel cannot hand out the same
+    port twice; the window between release and the server's bind is the usual small race.
+    """
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def _proc_state(pid: int) -> str | None:
+    """The one-letter state from /proc/<pid>/stat (``Z`` = zombie), None if not readable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may contain spaces or ')'.
+    return stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else None
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` is a live process. A zombie is dead: it holds no ports or files, and
+    only its parent (maybe not us) can reap it."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return _proc_state(pid) != "Z"
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    """The argv of ``pid``, or None if it cannot be read (gone, or no /proc and no ps)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return None  # /proc works; the process is gone
+    except OSError:
+        return None
+    # No /proc (macOS): ps prints the command line as one string.
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "command=", "-p", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.split() if out.returncode == 0 and out.stdout.strip() else None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    """One server of a local cluster, as recorded in the state file."""
+
+    id: str
+    pid: int
+    rpc_addr: str
+    http_addr: str
+    log: Path
+    argv: tuple[str, ...]
+    started_at: str
+
+    @property
+    def status_url(self) -> str:
+        return f"http://{self.http_addr}/"
+
+    def to_json(self, base: Path) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "rpc_addr": self.rpc_addr,
+            "http_addr": self.http_addr,
+            "log": os.path.relpath(self.log, base),
+            "argv": list(self.argv),
+            "started_at": self.started_at,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], base: Path) -> ServerProcess:
+        return cls(
+            id=str(raw["id"]),
+            pid=int(raw["pid"]),
+            rpc_addr=str(raw["rpc_addr"]),
+            http_addr=str(raw["http_addr"]),
+            log=base / str(raw["log"]),
+            argv=tuple(str(a) for a in raw["argv"]),
+            started_at=str(raw.get("started_at", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStop:
+    """What ``down`` did to one server."""
+
+    id: str
+    pid: int
+    outcome: str  # "stopped", "killed", "not running", "not ours"
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        if self.outcome == "stopped":
+            return f"{self.id} (pid {self.pid}): stopped gracefully in {self.seconds:.1f} s"
+        if self.outcome == "killed":
+            return (
+                f"{self.id} (pid {self.pid}): did not stop within {self.seconds:.0f} s "
+                "of SIGTERM; killed"
+            )
+        if self.outcome == "not ours":
+            return (
+                f"{self.id}: pid {self.pid} is now another program (the server exited and the "
+                "PID was reused); left alone"
+            )
+        return f"{self.id} (pid {self.pid}): was not running"
+
+
+# --- the cluster ---------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class LocalCluster:
+    """A local cluster: its directory, config and the processes in its state file."""
+
+    data_dir: Path
+    config: ClusterConfig
+    servers: dict[str, ServerProcess] = field(default_factory=dict)
+    # Popen handles of the processes this object started, so their exit status is collected
+    # (no zombies while the starting process lives on, e.g. in a test).
+    _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / CONFIG_FILE
+
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    # --- creating and starting ---------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        servers: int | None = None,
+        tablets: int | None = None,
+        term_check_mode: str | None = None,
+        log_inject_latency_ms: float | None = None,
+        extra_flags: Sequence[str] = (),
+        base_port: int | None = None,
+        raft: RaftTimings | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        leader_timeout_s: float = LEADER_TIMEOUT_S,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> LocalCluster:
+        """Write the config (unless ``data_dir`` holds one already), start every server as a
+        detached process and wait until each has printed its ready line and every tablet
+        has a ready leader.
+
+        ``data_dir`` None makes a new temporary directory. A directory that already holds a
+        ``cluster.toml`` restarts that cluster (same servers, ports and data); ``servers``
+        and ``tablets``, if given, must then match it. ``servers``/``tablets`` default to 3/4.
+        Raises ``LauncherError`` (after stopping whatever it started) on any failure.
+        """
+        say = on_progress or (lambda _msg: None)
+        if data_dir is None:
+            root = Path(tempfile.mkdtemp(prefix="raftlet-")).resolve()
+        else:
+            root = _abspath(data_dir)
+            root.mkdir(parents=True, exist_ok=True)
+        config_path = root / CONFIG_FILE
+        if (root / STATE_FILE).exists():
+            existing = cls.load(root)
+            running = [s for s in existing.servers.values() if existing.owns(s)]
+            if running:
+                pids = ", ".join(f"{s.id}={s.pid}" for s in running)
+                raise ClusterRunningError(
+                    f"a cluster is already running in {root} ({pids}); "
+                    f"stop it with: raftlet cluster down --data-dir {root}"
+                )
+            (root / STATE_FILE).unlink()  # stale: every process is gone
+        if config_path.exists():
+            try:
+                config = load_cluster_config(config_path)
+            except ConfigError as e:
+                raise LauncherError(f"{root} holds an invalid cluster config: {e}") from None
+            _check_matches(config, servers, tablets, root)
+            if base_port is not None:
+                raise LauncherError(
+                    f"{root} already holds a cluster with its ports in cluster.toml; omit "
+                    "--base-port to restart it, or use a new --data-dir"
+                )
+            say(f"restarting the cluster in {root} (its data is kept)")
+        else:
+            config = write_cluster_config(
+                new_config(
+                    root,
+                    servers=3 if servers is None else servers,
+                    tablets=4 if tablets is None else tablets,
+                    base_port=base_port,
+                    raft=raft,
+                ),
+                config_path,
+            )
+        cluster = cls(root, config)
+        flags = list(extra_flags)
+        if term_check_mode is not None:
+            flags += ["--term_check_mode", term_check_mode]
+        if log_inject_latency_ms is not None:
+            flags += ["--log_inject_latency_ms", f"{log_inject_latency_ms:g}"]
+        try:
+            for s in config.servers:
+                cluster._spawn(s, flags)
+            for s in config.servers:
+                cluster._wait_ready(s.id, ready_timeout_s)
+                say(f"{s.id} ready: rpc {s.rpc_addr}, status http://{s.http_addr}/")
+            cluster.wait_leaders(leader_timeout_s)
+        except BaseException:
+            # Includes KeyboardInterrupt: a Ctrl-C during `up` must not leave orphans.
+            with contextlib.suppress(Exception):
+                cluster.down(timeout=10.0)
+            raise
+        return cluster
+
+    def _spawn(self, server: ServerConfig, flags: Sequence[str]) -> None:
+        log_path = self.data_dir / f"{server.id}.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "tserver",
+            "--config",
+            str(self.config_path),
+            "--server_id",
+            server.id,
+            *flags,
+        ]
+        with open(log_path, "ab") as log:  # the child keeps its own descriptor
+            log.write(f"\n==== {_now()} raftlet cluster up: starting {server.id}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                argv,
+                # `-m cli.main` resolves against the working directory first; the project
+                # root makes a source checkout work even if it is not installed.
+                cwd=_project_root(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=_child_env(),
+            )
+        self._children[server.id] = proc
+        self.servers[server.id] = ServerProcess(
+            server.id, proc.pid, server.rpc_addr, server.http_addr, log_path, tuple(argv), _now()
+        )
+        self._save()
+
+    def _wait_ready(self, server_id: str, timeout: float) -> None:
+        """Wait for the server's ready line in its log (it prints it on stdout, which goes
+        there). Only the part of the log written by this start counts."""
+        proc = self._children[server_id]
+        log = self.servers[server_id].log
+        marker = f"raftlet tserver {server_id} ready"
+        start_marker = f"raftlet cluster up: starting {server_id}"
+        deadline = time.monotonic() + timeout
+        while True:
+            text = _read_text(log)
+            this_start = text[text.rfind(start_marker) :]
+            if marker in this_start:
+                return
+            code = proc.poll()
+            if code is not None:
+                raise LauncherError(
+                    f"{server_id} exited with status {code} before it was ready "
+                    f"(log: {log}): {_last_error_line(this_start)}",
+                    _tail(this_start),
+                )
+            if time.monotonic() > deadline:
+                raise LauncherError(
+                    f"{server_id} printed no ready line within {timeout:.0f} s (log: {log})",
+                    _tail(this_start),
+                )
+            time.sleep(_POLL_S)
+
+    def wait_leaders(self, timeout: float = LEADER_TIMEOUT_S) -> ClusterHealth:
+        """Wait until every tablet has a ready leader; the health seen then."""
+        deadline = time.monotonic() + timeout
+        while True:
+            health = self.health(ProbeOptions(timeout_s=2.0))
+            if all(t.leader is not None for t in health.tablets):
+                return health
+            if time.monotonic() > deadline:
+                missing = [t.tablet_id for t in health.tablets if t.leader is None]
+                raise LauncherError(
+                    f"no ready leader within {timeout:.0f} s for {', '.join(missing)} "
+                    f"(server logs in {self.data_dir})"
+                )
+            time.sleep(0.1)
+
+    # --- finding -----------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, data_dir: str | os.PathLike[str]) -> LocalCluster:
+        """The cluster whose state is in ``data_dir`` (``NoClusterError`` if none)."""
+        root = _abspath(data_dir)
+        state_path = root / STATE_FILE
+        try:
+            raw = json.loads(state_path.read_text())
+        except FileNotFoundError:
+            hint = (
+                " (it has a cluster.toml: the cluster is stopped; start it with "
+                f"`raftlet cluster up --data-dir {root}`)"
+                if (root / CONFIG_FILE).exists()
+                else ""
+            )
+            raise NoClusterError(
+                f"no local cluster in {root}: {STATE_FILE} not found{hint}"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise LauncherError(f"cannot read {state_path}: {e}") from None
+        if not isinstance(raw, dict) or raw.get("format") != STATE_FORMAT:
+            raise LauncherError(f"{state_path} is not a raftlet cluster state file")
+        try:
+            config = load_cluster_config(root / CONFIG_FILE)
+        except ConfigError as e:
+            raise LauncherError(str(e)) from None
+        try:
+            servers = {s["id"]: ServerProcess.from_json(s, root) for s in raw.get("servers", [])}
+        except (KeyError, TypeError, ValueError) as e:
+            raise LauncherError(f"{state_path}: malformed server entry ({e})") from None
+        return cls(root, config, servers)
+
+    def _save(self) -> None:
+        doc = {
+            "format": STATE_FORMAT,
+            "config": CONFIG_FILE,
+            "updated_at": _now(),
+            "servers": [s.to_json(self.data_dir) for s in self.servers.values()],
+        }
+        # Atomic, so a `down` racing an `up` never reads half a file.
+        fd, tmp = tempfile.mkstemp(dir=self.data_dir, prefix=".cluster.json.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+            os.replace(tmp, self.state_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    # --- inspecting --------------------------------------------------------------------
+
+    def _reap_children(self) -> None:
+        # Servers this object started are our children: collect the exit status of those
+        # that ended, so none lingers as a zombie (and the PID check works without /proc).
+        for proc in self._children.values():
+            proc.poll()
+
+    def owns(self, server: ServerProcess) -> bool:
+        """True if ``server.pid`` is alive and is this cluster's tserver ``server.id``."""
+        self._reap_children()
+        if not pid_alive(server.pid):
+            return False
+        argv = _cmdline(server.pid)
+        if argv is None:
+            return False
+        # The config path as it was passed at start (recorded in the state file), so a
+        # data dir spelled differently now (a symlink, a relative path) still matches.
+        recorded = list(server.argv)
+        config = recorded[recorded.index("--config") + 1] if "--config" in recorded else ""
+        joined = " ".join(argv)
+        # Both checks: "tserver" alone would match another cluster's server with a reused
+        # PID; the config path alone would match an editor that has the file open.
+        return "tserver" in joined and bool(config) and config in joined and server.id in joined
+
+    def running(self) -> dict[str, bool]:
+        """Server id -> whether its recorded process is alive (and ours)."""
+        return {sid: self.owns(s) for sid, s in self.servers.items()}
+
+    def health(self, options: ProbeOptions | None = None) -> ClusterHealth:
+        """A ksck-style check of the cluster (see ``deploy.health``), with process state."""
+        return check_cluster(self.config, options, processes=self.running())
+
+    def status(self, options: ProbeOptions | None = None) -> ClusterHealth:
+        """Alias of ``health`` (the name ``raftlet cluster status`` uses)."""
+        return self.health(options)
+
+    # --- stopping ----------------------------------------------------------------------
+
+    def down(self, timeout: float = DOWN_TIMEOUT_S) -> list[ServerStop]:
+        """Stop every server: SIGTERM, wait up to ``timeout`` s, SIGKILL the rest, verify.
+
+        Removes the state file once no recorded process is left. Raises ``LauncherError``
+        (keeping the state file) if a process survives SIGKILL.
+        """
+        results: dict[str, ServerStop] = {}
+        targets: dict[str, ServerProcess] = {}
+        self._reap_children()
+        for sid, s in self.servers.items():
+            if not pid_alive(s.pid):
+                results[sid] = ServerStop(sid, s.pid, "not running")
+            elif not self.owns(s):
+                results[sid] = ServerStop(sid, s.pid, "not ours")
+            else:
+                targets[sid] = s
+        start = time.monotonic()
+        for s in targets.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(s.pid, signal.SIGTERM)
+        pending = dict(targets)
+        deadline = start + timeout
+        while pending and time.monotonic() < deadline:
+            self._reap_children()
+            for sid, s in list(pending.items()):
+                if not pid_alive(s.pid):
+                    results[sid] = ServerStop(sid, s.pid, "stopped", time.monotonic() - start)
+                    del pending[sid]
+            if pending:
+                time.sleep(_POLL_S)
+        for sid, s in pending.items():
+            # Re-check ownership: in the timeout the process may have exited and its PID
+            # been reused.
+            if self.owns(s):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(s.pid, signal.SIGKILL)
+            results[sid] = ServerStop(sid, s.pid, "killed", timeout)
+        kill_deadline = time.monotonic() + _KILL_WAIT_S
+        survivors = list(pending.values())
+        while survivors and time.monotonic() < kill_deadline:
+            self._reap_children()
+            survivors = [s for s in survivors if pid_alive(s.pid)]
+            if survivors:
+                time.sleep(_POLL_S)
+        for proc in self._children.values():
+            # Our own children: collect their status so none lingers as a zombie.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1.0)
+        left = [s for s in self.servers.values() if self.owns(s)]
+        if left:
+            pids = ", ".join(f"{s.id}={s.pid}" for s in left)
+            raise LauncherError(f"still running after SIGKILL: {pids}; {self.state_path} kept")
+        with contextlib.suppress(FileNotFoundError):
+            self.state_path.unlink()
+        self._children.clear()
+        return [results[sid] for sid in self.servers]
+
+    def remove_data(self) -> None:
+        """Delete the data directory (only when nothing runs)."""
+        if any(self.running().values()):
+            raise LauncherError(f"refusing to remove {self.data_dir}: servers are running")
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def new_config(
+    root: Path,
+    *,
+    servers: int = 3,
+    tablets: int = 4,
+    base_port: int | None = None,
+    raft: RaftTimings | None = None,
+    host: str = "127.0.0.1",
+    name: str = "local",
+) -> ClusterConfig:
+    """The config of a fresh local cluster: servers ts1..tsN on ``host``, one table ``kv``
+    of ``tablets`` hash partitions replicated min(3, N) times.
+
+    Ports: ``base_port`` gives server i RPC port ``base_port + i`` and status port
+    ``base_port + 1000 + i`` (7051 → 7051, 8051, …: Kudu's convention); None asks the kernel.
+    """
+    if not 1 <= servers <= MAX_SERVERS:
+        raise LauncherError(f"--servers must be in 1..{MAX_SERVERS}, got {servers}")
+    if base_port is None:
+        ports = free_ports(2 * servers, host)
+        rpc_ports, http_ports = ports[0::2], ports[1::2]
+    else:
+        if base_port < 1 or base_port + 1000 + servers > 65535:
+            raise LauncherError(f"base port {base_port} leaves no room for {servers} servers")
+        rpc_ports = [base_port + i for i in range(servers)]
+        http_ports = [base_port + 1000 + i for i in range(servers)]
+    server_configs = tuple(
+        ServerConfig(
+            id=f"ts{i + 1}",
+            rpc_addr=f"{host}:{rpc_ports[i]}",
+            http_addr=f"{host}:{http_ports[i]}",
+            data_dir=root / f"ts{i + 1}",
+        )
+        for i in range(servers)
+    )
+    try:
+        table = TableConfig(DEFAULT_TABLE, KV_SCHEMA, tablets, min(3, servers))
+        return ClusterConfig(name, server_configs, (table,), raft or RaftTimings())
+    except ConfigError as e:
+        raise LauncherError(f"invalid cluster: {e}") from None
+
+
+def _check_matches(
+    config: ClusterConfig, servers: int | None, tablets: int | None, root: Path
+) -> None:
+    have_tablets = len(config.placements())
+    if servers is not None and servers != len(config.servers):
+        raise LauncherError(
+            f"{root} already holds a cluster of {len(config.servers)} servers (asked for "
+            f"{servers}); omit --servers to restart it, or use a new --data-dir"
+        )
+    if tablets is not None and tablets != have_tablets:
+        raise LauncherError(
+            f"{root} already holds a cluster of {have_tablets} tablets (asked for {tablets}); "
+            "omit --tablets to restart it, or use a new --data-dir"
+        )
+
+
+def _abspath(path: str | os.PathLike[str]) -> Path:
+    # abspath also folds "..", so `up --data-dir ../x` and a later `down --data-dir /a/x`
+    # name the same cluster.
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
+def _project_root() -> Path:
+    # deploy/local.py -> the directory holding the cli/, tserver/, ... packages.
+    return Path(__file__).resolve().parents[1]
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The server's log lines should reach its log file as they happen, not at exit.
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, n: int = 20) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+def _last_error_line(text: str) -> str:
+    """The most telling line of a failed start: the last error, else the last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("====")]
+    for ln in reversed(lines):
+        if "error" in ln.lower() or "Error" in ln:
+            return ln
+    return lines[-1] if lines else "(no output)"

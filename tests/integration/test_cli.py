@@ -1,0 +1,205 @@
+"""The `raftlet` CLI against a real local cluster, run as a user runs it: as processes.
+
+One cluster for the whole module (``cluster up`` takes a few seconds); the tests run in file
+order and the last ones take it apart: status with a killed server, then ``cluster down``,
+which must leave none of the PIDs recorded in ``cluster.json`` alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.local import LocalCluster, NoClusterError, pid_alive
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 120
+
+
+def raftlet(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """``raftlet ARGS`` as a subprocess (stdout is a pipe: plain output, no progress bar)."""
+    env = dict(os.environ, NO_COLOR="1")
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def state(data_dir: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((data_dir / "cluster.json").read_text())
+    return doc
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    d = tmp_path_factory.mktemp("cli-cluster")
+    out = ok(raftlet("cluster", "up", "--data-dir", str(d), "--tablets", "2"))
+    assert "is up: 3 servers" in out
+    pids = [s["pid"] for s in state(d)["servers"]]
+    try:
+        yield d
+    finally:
+        # Whatever the tests did: no server outlives the module.
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(d).down(timeout=10)
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_up_prints_urls_and_records_live_pids(data_dir: Path) -> None:
+    doc = state(data_dir)
+    assert [s["id"] for s in doc["servers"]] == ["ts1", "ts2", "ts3"]
+    for s in doc["servers"]:
+        assert pid_alive(s["pid"])
+        assert (data_dir / s["log"]).exists()
+    assert (data_dir / "cluster.toml").exists()
+
+
+def test_status_is_ok_on_a_healthy_cluster(data_dir: Path) -> None:
+    out = ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
+    assert "OK: 3/3 servers up, 2/2 tablets with a ready leader" in out
+    doc = json.loads(
+        ok(raftlet("cluster", "status", "--data-dir", str(data_dir), "--format", "json"))
+    )
+    assert doc["status"] == "OK"
+    assert all(t["leader"] for t in doc["tablets"])
+
+
+def scan_json(data_dir: Path, *args: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(
+        ok(raftlet("scan", "kv", "--data-dir", str(data_dir), "--format", "json", *args))
+    )
+    return rows
+
+
+def test_write_then_scan_round_trip(data_dir: Path) -> None:
+    before = len(scan_json(data_dir))
+    doc = json.loads(
+        ok(
+            raftlet(
+                "write", "--data-dir", str(data_dir), "--rows", "300", "--threads", "4",
+                "--row-bytes", "20", "--flush-mode", "background", "--format", "json",
+            )
+        )
+    )  # fmt: skip
+    assert doc["rows"] == 300
+    assert doc["errors_by_cause"] == {}
+    assert doc["writes"] >= 1
+    assert doc["latency_us"]["p50"] > 0
+    rows = scan_json(data_dir)
+    assert len(rows) == before + 300
+    keys = [r["key"] for r in rows]
+    assert len(set(keys)) == len(keys)
+    assert all(len(r["value"]) == 20 for r in rows)
+
+    # Predicates, projection and limit go through to the servers.
+    some = sorted(keys)[10]
+    assert scan_json(data_dir, "--where", f"key = {some}") == [
+        next(r for r in rows if r["key"] == some)
+    ]
+    below = scan_json(data_dir, "--where", f"key <= {some}", "--columns", "key")
+    assert sorted(r["key"] for r in below) == sorted(keys)[:11]
+    assert all(list(r) == ["key"] for r in below)
+    assert len(scan_json(data_dir, "--limit", "7", "--follower-reads")) == 7
+    assert scan_json(data_dir, "--where", "value is-null") == []
+
+    # The table format is for people: a row count at the end.
+    out = ok(raftlet("scan", "kv", "--data-dir", str(data_dir), "--limit", "3"))
+    assert out.rstrip().endswith("(3 rows from kv)")
+
+
+def test_sync_write_with_seed_servers_and_summary_table(data_dir: Path) -> None:
+    seeds = ",".join(s["rpc_addr"] for s in state(data_dir)["servers"])
+    out = ok(raftlet("write", "--servers", seeds, "--rows", "40", "--threads", "2"))
+    for fragment in (
+        "rows written",
+        "rows/s",
+        "writes/s",
+        "p50",
+        "p99.9",
+        "max",
+        "retries",
+        "errors",
+    ):
+        assert fragment in out, out
+
+
+def test_scan_usage_error_needs_the_schema(data_dir: Path) -> None:
+    # Only the schema says the column does not exist: still a usage error (exit 2), one line.
+    proc = raftlet("scan", "kv", "--data-dir", str(data_dir), "--where", "nope = 1")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "raftlet scan: error: --where 'nope = 1': no column 'nope' (columns: key, value)"
+    ]
+
+
+def test_metrics_show_the_writes(data_dir: Path) -> None:
+    doc = json.loads(ok(raftlet("metrics", "--data-dir", str(data_dir), "--format", "json")))
+    assert set(doc["servers"]) == {"ts1", "ts2", "ts3"}
+    assert doc["cluster"]["write_ops"] > 0
+    assert doc["cluster"]["leaders"] == 2
+    assert doc["cluster"]["term_checks_lockfree"] > 0
+    out = ok(raftlet("metrics", "--data-dir", str(data_dir), "--server", "ts1", "--filter", "lock"))
+    assert "consensus lock contention" in out
+    assert "write ops" not in out
+
+
+def test_leader_step_down_moves_leadership(data_dir: Path) -> None:
+    status = json.loads(
+        ok(raftlet("cluster", "status", "--data-dir", str(data_dir), "--format", "json"))
+    )
+    tablet = next(t for t in status["tablets"] if t["tablet_id"] == "kv-p0")
+    target = next(r["server"] for r in tablet["replicas"] if r["server"] != tablet["leader"])
+    out = ok(raftlet("leader-step-down", "kv-p0", "--data-dir", str(data_dir), "--to", target))
+    assert f"-> {target} (term" in out
+
+
+def test_status_reports_a_killed_server(data_dir: Path) -> None:
+    victim = state(data_dir)["servers"][1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(victim["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc = raftlet("cluster", "status", "--data-dir", str(data_dir), "--timeout", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"server {victim['id']} (" in proc.stdout
+    assert "process not running" in proc.stdout
+    assert "WARN: 2/3 servers up" in proc.stdout or "ERROR:" in proc.stdout
+
+
+def test_down_leaves_no_process(data_dir: Path) -> None:
+    pids = [s["pid"] for s in state(data_dir)["servers"]]
+    out = ok(raftlet("cluster", "down", "--data-dir", str(data_dir)))
+    assert "no process left" in out
+    assert not any(pid_alive(pid) for pid in pids)
+    assert not (data_dir / "cluster.json").exists()
+    # Idempotent, so cleanup scripts can always call it.
+    assert "nothing to stop" in ok(raftlet("cluster", "down", "--data-dir", str(data_dir)))
+    # A client command against the stopped cluster fails in one line, within its timeout.
+    proc = raftlet("write", "--data-dir", str(data_dir), "--rows", "1", "--timeout", "2")
+    assert proc.returncode == 1
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("raftlet write: error:")

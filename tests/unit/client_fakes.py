@@ -1,0 +1,223 @@
+"""Fakes for client unit tests: gRPC errors, a scripted cluster of servers, a fake clock.
+
+``FakeCluster`` plays the ``StubProvider`` the client's channels normally are: each fake
+server answers each method from a script (a list of responses or exceptions, the last one
+repeated), and records a *copy* of every request it received — the client mutates a write
+request's ``attempt_no`` between attempts, exactly as what went over the wire would show.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import grpc
+
+from client.channels import ResultFuture
+from client.meta_cache import MetaCache
+from client.request_tracker import RequestTracker
+from client.rpc import RpcContext
+from client.stats import StatsRecorder
+from proto import ERROR_METADATA_KEY, admin_pb2, consensus_pb2, tablet_pb2
+from proto.common_pb2 import ServerErrorPB
+from schema.schema import ColumnSchema, Schema
+from schema.types import DataType
+
+KV_SCHEMA = Schema(
+    [
+        ColumnSchema("key", DataType.INT64, is_key=True),
+        ColumnSchema("value", DataType.STRING, nullable=True),
+    ]
+)
+SERVERS = ("ts1", "ts2", "ts3")
+
+
+def addr(uuid: str) -> str:
+    return f"{uuid}.fake:7051"
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(
+        self, code: grpc.StatusCode, details: str = "", error: ServerErrorPB | None = None
+    ) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+        self._error = error
+        self.raw_trailer: bytes | None = None
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        if self.raw_trailer is not None:
+            return ((ERROR_METADATA_KEY, self.raw_trailer),)
+        if self._error is None:
+            return ()
+        return ((ERROR_METADATA_KEY, self._error.SerializeToString()),)
+
+
+def not_leader(hint: str = "") -> FakeRpcError:
+    return FakeRpcError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "not the leader",
+        ServerErrorPB(code=ServerErrorPB.NOT_LEADER, message="not the leader", leader_uuid=hint),
+    )
+
+
+def queue_full() -> FakeRpcError:
+    return FakeRpcError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "service queue full",
+        ServerErrorPB(code=ServerErrorPB.SERVICE_QUEUE_FULL, message="service queue full"),
+    )
+
+
+def unavailable() -> FakeRpcError:
+    return FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+
+
+def config_pb(partitions: int = 2) -> tablet_pb2.GetClusterConfigResponse:
+    pb = tablet_pb2.GetClusterConfigResponse()
+    for s in SERVERS:
+        pb.servers.add(uuid=s, rpc_addr=addr(s), http_addr=f"{s}.fake:8051")
+    pb.tables.add(
+        name="kv", schema=KV_SCHEMA.to_pb(), num_partitions=partitions, replication_factor=3
+    )
+    for p in range(partitions):
+        pb.tablets.add(
+            tablet_id=f"kv-p{p}", table_name="kv", partition=p, replica_uuids=list(SERVERS)
+        )
+    return pb
+
+
+Script = list[Any]
+
+
+class FakeServer:
+    def __init__(self, uuid: str) -> None:
+        self.uuid = uuid
+        self.address = addr(uuid)
+        self.scripts: dict[str, Script] = {}
+        self.requests: dict[str, list[Any]] = {}
+        self.leads: set[str] = set()  # tablets this server claims in ListTablets
+        self._lock = threading.Lock()
+
+    def script(self, method: str, *answers: Any) -> None:
+        self.scripts[method] = list(answers)
+
+    def _answer(self, method: str, request: Any) -> Any:
+        with self._lock:
+            if request is not None:
+                copy = type(request)()
+                copy.CopyFrom(request)
+                self.requests.setdefault(method, []).append(copy)
+            script = self.scripts.get(method)
+            if not script:
+                raise unavailable()
+            answer = script.pop(0) if len(script) > 1 else script[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        if callable(answer):
+            return answer(request)
+        return answer
+
+    # ServerStub
+    def write(self, request: tablet_pb2.WriteRequest, timeout: float) -> tablet_pb2.WriteResponse:
+        result: tablet_pb2.WriteResponse = self._answer("write", request)
+        return result
+
+    def scan(self, request: tablet_pb2.ScanRequest, timeout: float) -> tablet_pb2.ScanResponse:
+        result: tablet_pb2.ScanResponse = self._answer("scan", request)
+        return result
+
+    def list_tablets_future(self, timeout: float) -> ResultFuture:
+        f: Future[Any] = Future()
+        resp = tablet_pb2.ListTabletsResponse(server_uuid=self.uuid)
+        for t in sorted(self.leads):
+            resp.tablets.add(tablet_id=t, role=consensus_pb2.LEADER, leader_uuid=self.uuid)
+        f.set_result(resp)
+        return f
+
+    def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse:
+        result: tablet_pb2.GetClusterConfigResponse = self._answer("config", None)
+        return result
+
+    def leader_step_down(
+        self, request: admin_pb2.LeaderStepDownRequest, timeout: float
+    ) -> admin_pb2.LeaderStepDownResponse:
+        result: admin_pb2.LeaderStepDownResponse = self._answer("step_down", request)
+        return result
+
+
+class FakeCluster:
+    """A ``StubProvider`` of ``FakeServer``s by address."""
+
+    def __init__(self) -> None:
+        self.servers = {s: FakeServer(s) for s in SERVERS}
+        self._by_addr = {srv.address: srv for srv in self.servers.values()}
+
+    def stub(self, address: str) -> FakeServer:
+        return self._by_addr[address]
+
+    def writes(self) -> list[tuple[str, tablet_pb2.WriteRequest]]:
+        """Every write request received, by server, in no particular order across servers."""
+        return [(s.uuid, r) for s in self.servers.values() for r in s.requests.get("write", [])]
+
+
+class FakeClock:
+    """``clock``/``sleep`` pair: sleeping advances the clock; nothing really waits."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def make_rpc(
+    cluster: FakeCluster, clock: FakeClock | None = None, attempt_timeout_s: float = 10.0
+) -> RpcContext:
+    stats = StatsRecorder()
+    clk: Callable[[], float] = clock.clock if clock else (lambda: 0.0)
+    meta = MetaCache([addr("ts1")], cluster, stats, clock=clk)
+    meta.install(config_pb())
+    return RpcContext(
+        meta=meta,
+        stubs=cluster,
+        stats=stats,
+        attempt_timeout_s=attempt_timeout_s,
+        clock=clk,
+        sleep=clock.sleep if clock else (lambda _s: None),
+    )
+
+
+def ok(request: tablet_pb2.WriteRequest | None = None) -> tablet_pb2.WriteResponse:
+    return tablet_pb2.WriteResponse(op_index=7, op_term=1)
+
+
+__all__ = [
+    "KV_SCHEMA",
+    "FakeClock",
+    "FakeCluster",
+    "FakeRpcError",
+    "FakeServer",
+    "RequestTracker",
+    "config_pb",
+    "make_rpc",
+    "not_leader",
+    "ok",
+    "queue_full",
+    "unavailable",
+]

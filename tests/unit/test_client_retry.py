@@ -1,0 +1,276 @@
+"""Retry classification and the deadline-bounded retry loop of the client, without servers.
+
+The classification is checked against the server's own status table (``status_for`` in
+tserver/rpc_dispatch.py, DESIGN.md §6); the loop is driven by a fake clock whose sleeps only
+advance time, so the backoff and the deadline are checked exactly and instantly.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from client.errors import (
+    InvalidArgument,
+    NotLeader,
+    RaftletError,
+    RemoteError,
+    ServerTooBusy,
+    Timeout,
+)
+from client.retry import (
+    _RETRIABLE,
+    DEFAULT_POLICIES,
+    MIN_ATTEMPT_S,
+    Action,
+    Cause,
+    RetriableFailure,
+    RpcFailure,
+    classify,
+    classify_error_pb,
+    fatal_error,
+    run_with_retries,
+)
+from proto.common_pb2 import ServerErrorPB
+from tests.unit.client_fakes import FakeClock, FakeRpcError, not_leader, queue_full
+
+REPO = Path(__file__).resolve().parents[2]
+S = grpc.StatusCode
+E = ServerErrorPB
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "cause", "action"),
+    [
+        (S.RESOURCE_EXHAUSTED, E.SERVICE_QUEUE_FULL, Cause.RESOURCE_EXHAUSTED, Action.BACKOFF_SAME),
+        (S.UNAVAILABLE, E.LEADER_NOT_READY, Cause.LEADER_NOT_READY, Action.BACKOFF_SAME),
+        (S.FAILED_PRECONDITION, E.NOT_LEADER, Cause.NOT_LEADER, Action.FIND_LEADER),
+        (S.FAILED_PRECONDITION, E.TERM_MOVED, Cause.NOT_LEADER, Action.FIND_LEADER),
+        (S.UNAVAILABLE, None, Cause.UNAVAILABLE, Action.NEXT_REPLICA),
+        (S.UNAVAILABLE, E.TABLET_NOT_RUNNING, Cause.TABLET_NOT_RUNNING, Action.NEXT_REPLICA),
+        (S.DEADLINE_EXCEEDED, None, Cause.DEADLINE_EXCEEDED, Action.NEXT_REPLICA),
+        (S.NOT_FOUND, E.TABLET_NOT_FOUND, Cause.TABLET_NOT_FOUND, Action.NEXT_REPLICA),
+        (S.INVALID_ARGUMENT, E.INVALID_ARGUMENT, Cause.INVALID_ARGUMENT, Action.FAIL),
+        (S.FAILED_PRECONDITION, E.STALE_REQUEST, Cause.STALE_REQUEST, Action.FAIL),
+        (S.INTERNAL, None, Cause.REMOTE_ERROR, Action.FAIL),
+        (S.PERMISSION_DENIED, None, Cause.REMOTE_ERROR, Action.FAIL),
+        (S.UNAUTHENTICATED, None, Cause.REMOTE_ERROR, Action.FAIL),
+        # FAILED_PRECONDITION without a NOT_LEADER code is not a leadership problem.
+        (S.FAILED_PRECONDITION, None, Cause.REMOTE_ERROR, Action.FAIL),
+    ],
+)
+def test_classify_every_status_the_server_sends(
+    status: grpc.StatusCode, code: int | None, cause: Cause, action: Action
+) -> None:
+    error = None if code is None else ServerErrorPB(code=code, message="why")  # type: ignore[arg-type]
+    failure = classify(FakeRpcError(status, "details", error), "ts1", "h:1")
+    assert (failure.cause, failure.action) == (cause, action)
+    assert failure.status == status.name
+    assert failure.server == "ts1"
+    assert str(failure) == f"{cause} from ts1 (h:1): details"
+
+
+def test_classify_reads_the_leader_hint_from_the_trailer() -> None:
+    failure = classify(not_leader("ts3"), "ts1")
+    assert failure.leader_uuid == "ts3"
+    assert failure.cause is Cause.NOT_LEADER
+
+
+def test_classify_survives_a_garbled_trailer() -> None:
+    err = FakeRpcError(S.RESOURCE_EXHAUSTED, "service queue full")
+    err.raw_trailer = b"\xff\xff\xff not a proto"
+    failure = classify(err)
+    assert failure.cause is Cause.RESOURCE_EXHAUSTED
+
+
+def test_errors_inside_ok_responses_classify_like_statuses() -> None:
+    f = classify_error_pb(ServerErrorPB(code=E.NOT_LEADER, leader_uuid="ts2"), "ts1")
+    assert (f.cause, f.action, f.leader_uuid) == (Cause.NOT_LEADER, Action.FIND_LEADER, "ts2")
+    f = classify_error_pb(ServerErrorPB(code=E.SERVICE_QUEUE_FULL))
+    assert f.cause is Cause.RESOURCE_EXHAUSTED
+
+
+def test_fatal_errors_are_typed() -> None:
+    invalid = classify(FakeRpcError(S.INVALID_ARGUMENT, "bad", None))
+    assert isinstance(fatal_error(invalid, "write"), InvalidArgument)
+    internal = classify(FakeRpcError(S.INTERNAL, "boom", None))
+    err = fatal_error(internal, "write")
+    assert isinstance(err, RemoteError)
+    assert err.cause == "REMOTE_ERROR"
+    assert str(err) == "write failed: REMOTE_ERROR: boom"
+
+
+def test_every_retriable_cause_has_a_policy() -> None:
+    assert set(_RETRIABLE) <= set(DEFAULT_POLICIES)
+
+
+def _failure(cause: Cause) -> RpcFailure:
+    return RpcFailure(cause, Action.BACKOFF_SAME, cause.value, "x", server="ts1")
+
+
+def _failing(
+    clock: FakeClock, fails: list[RpcFailure], result: str = "done", retry_now: bool = False
+) -> tuple[list[tuple[int, float, float]], Callable[[int, float], str]]:
+    calls: list[tuple[int, float, float]] = []
+
+    def attempt(n: int, timeout: float) -> str:
+        calls.append((n, timeout, clock.now))
+        if n < len(fails):
+            raise RetriableFailure(fails[n], retry_now=retry_now)
+        return result
+
+    return calls, attempt
+
+
+def test_retries_until_success_and_reports_each_retry() -> None:
+    clock = FakeClock()
+    fails = [_failure(Cause.RESOURCE_EXHAUSTED), _failure(Cause.NOT_LEADER)]
+    calls, attempt = _failing(clock, fails)
+    seen: list[Cause] = []
+    result = run_with_retries(
+        attempt,
+        what="op",
+        deadline=clock.now + 5,
+        timeout_s=5,
+        attempt_timeout_s=2.0,
+        on_retry=lambda f: seen.append(f.cause),
+        clock=clock.clock,
+        sleep=clock.sleep,
+    )
+    assert result == "done"
+    assert [n for n, _, _ in calls] == [0, 1, 2]
+    assert seen == [Cause.RESOURCE_EXHAUSTED, Cause.NOT_LEADER]
+    assert all(t == 2.0 for _, t, _ in calls)  # capped by attempt_timeout_s
+    assert len(clock.sleeps) == 2
+
+
+def test_queue_full_backoff_is_jittered_exponential_and_capped() -> None:
+    """Full jitter: the n-th wait is uniform in [0, min(0.5, 0.01 * 2**(n-1))]."""
+    clock = FakeClock()
+    fails = [_failure(Cause.RESOURCE_EXHAUSTED)] * 12
+    _, attempt = _failing(clock, fails)
+    run_with_retries(
+        attempt,
+        what="op",
+        deadline=clock.now + 100,
+        timeout_s=100,
+        clock=clock.clock,
+        sleep=clock.sleep,
+    )
+    assert len(clock.sleeps) == 12
+    for n, slept in enumerate(clock.sleeps, start=1):
+        assert 0 <= slept <= min(0.5, 0.01 * 2 ** (n - 1)) + 1e-9
+    # Jittered: not all equal to the bound (the chance that 12 uniform draws all hit the
+    # maximum is nil), and the later ones are allowed to be much longer than the first.
+    assert len(set(clock.sleeps)) > 1
+
+
+def test_retry_now_skips_the_backoff() -> None:
+    clock = FakeClock()
+    calls, attempt = _failing(clock, [_failure(Cause.NOT_LEADER)], retry_now=True)
+    run_with_retries(
+        attempt,
+        what="op",
+        deadline=clock.now + 5,
+        timeout_s=5,
+        clock=clock.clock,
+        sleep=clock.sleep,
+    )
+    assert clock.sleeps == [0.0]
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("cause", "error"),
+    [
+        (Cause.RESOURCE_EXHAUSTED, ServerTooBusy),
+        (Cause.NOT_LEADER, NotLeader),
+        (Cause.UNAVAILABLE, Timeout),
+        (Cause.DEADLINE_EXCEEDED, Timeout),
+    ],
+)
+def test_deadline_bounds_the_retries_and_names_the_last_cause(
+    cause: Cause, error: type[Timeout]
+) -> None:
+    clock = FakeClock()
+    start = clock.now
+    calls, attempt = _failing(clock, [_failure(cause)] * 10_000)
+    with pytest.raises(error) as info:
+        run_with_retries(
+            attempt,
+            what="write of 1 row to tablet kv-p0",
+            deadline=start + 3.0,
+            timeout_s=3.0,
+            attempt_timeout_s=1.0,
+            clock=clock.clock,
+            sleep=clock.sleep,
+        )
+    assert type(info.value) is error
+    assert isinstance(info.value, Timeout)  # ServerTooBusy and NotLeader are timeouts too
+    # No sleep crosses the deadline, and no attempt starts without time left.
+    assert clock.now <= start + 3.0
+    assert all(t >= MIN_ATTEMPT_S and at + t <= start + 3.0 + 1e-9 for _, t, at in calls)
+    message = str(info.value)
+    assert message.startswith("write of 1 row to tablet kv-p0 timed out after 3 s (")
+    assert f"last error: {cause} from ts1: x" in message
+    assert "\n" not in message
+
+
+def test_no_time_left_is_a_timeout_without_an_attempt() -> None:
+    clock = FakeClock()
+    calls, attempt = _failing(clock, [])
+    with pytest.raises(Timeout, match=r"\(0 attempts\)"):
+        run_with_retries(
+            attempt,
+            what="op",
+            deadline=clock.now - 1,
+            timeout_s=1,
+            clock=clock.clock,
+            sleep=clock.sleep,
+        )
+    assert calls == []
+
+
+def test_non_retriable_errors_pass_through_at_once() -> None:
+    clock = FakeClock()
+    attempts = []
+
+    def attempt(n: int, timeout: float) -> None:
+        attempts.append(n)
+        raise InvalidArgument("bad request")
+
+    with pytest.raises(InvalidArgument, match="bad request"):
+        run_with_retries(attempt, what="op", deadline=clock.now + 5, timeout_s=5, clock=clock.clock)
+    assert attempts == [0]
+
+
+def test_error_hierarchy_and_one_line_messages() -> None:
+    for cls in (Timeout, ServerTooBusy, NotLeader, InvalidArgument, RemoteError):
+        err = cls("a clear message")
+        assert isinstance(err, RaftletError)
+        assert str(err) == "a clear message"
+    err = ServerTooBusy("busy").for_operation(4, "kv", {"key": 1})
+    assert isinstance(err, ServerTooBusy)
+    assert (err.row_index, err.table, err.row, str(err)) == (4, "kv", {"key": 1}, "busy")
+
+
+def test_queue_full_fake_is_classified_as_such() -> None:
+    assert classify(queue_full()).cause is Cause.RESOURCE_EXHAUSTED
+
+
+def test_the_client_imports_neither_tserver_nor_consensus() -> None:
+    """DESIGN.md §1: the client speaks only the wire protocol."""
+    code = (
+        "import sys, client\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tserver', 'consensus'))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == ""
