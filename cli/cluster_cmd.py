@@ -14,6 +14,9 @@ from cli.common import (
     add_target_arguments,
     config_file_of,
     console,
+    non_negative_int,
+    positive_float,
+    positive_int,
     resolve_target,
 )
 from consensus.raft_consensus import TermCheckMode
@@ -79,10 +82,10 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="where the cluster lives (default: a new temporary directory, printed)",
     )
     # None = "not given": restarting an existing cluster keeps its shape unless told.
-    up.add_argument("--servers", type=_positive, metavar="N", help="tablet servers (default 3)")
+    up.add_argument("--servers", type=positive_int, metavar="N", help="tablet servers (default 3)")
     up.add_argument(
         "--tablets",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help="hash partitions of the table kv, one tablet each (default 4)",
     )
@@ -99,7 +102,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     up.add_argument(
         "--base-port",
-        type=_positive,
+        type=positive_int,
         metavar="PORT",
         help="server i listens on PORT+i (RPC) and PORT+1000+i (status); default: free ports",
     )
@@ -113,7 +116,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     up.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=60.0,
         metavar="S",
         help="seconds to wait for each server to start and for leaders (default 60)",
@@ -133,7 +136,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     add_target_arguments(status)
     status.add_argument(
         "--max-lag",
-        type=_non_negative,
+        type=non_negative_int,
         default=100,
         metavar="N",
         help="entries a replica's applied index may trail the leader's commit before it is "
@@ -141,7 +144,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     status.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=3.0,
         metavar="S",
         help="per-server RPC timeout (default 3)",
@@ -160,7 +163,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     group.add_argument("--cluster", metavar="FILE", help="the cluster's cluster.toml")
     down.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         metavar="S",
         help="seconds to wait after SIGTERM before SIGKILL (default 30)",
@@ -170,36 +173,6 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         action="store_true",
         help="also delete the data directory (its logs, config and replicas)",
     )
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
-def _non_negative(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
-    return n
-
-
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not x > 0 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return x
 
 
 def _non_negative_float(text: str) -> float:

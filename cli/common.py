@@ -229,3 +229,35 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+# --- argument types shared by the subcommands ----------------------------------------------
+
+
+def _number(text: str, kind: type[int] | type[float]) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+
+
+def positive_int(text: str) -> int:
+    n = int(_number(text, int))
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def non_negative_int(text: str) -> int:
+    n = int(_number(text, int))
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
+    return n
+
+
+def positive_float(text: str) -> float:
+    x = _number(text, float)
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return x

@@ -23,7 +23,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli.common import CliError, UsageError, add_target_arguments, console, resolve_target
+from cli.common import (
+    CliError,
+    UsageError,
+    add_target_arguments,
+    console,
+    positive_int,
+    resolve_target,
+)
 from schema.predicates import Predicate, PredicateError
 from schema.schema import Schema
 from schema.types import DataType, TypeMismatch, Value, datetime_from_micros, normalize
@@ -69,7 +76,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="COND",
         help='a condition such as "key < 100" (repeatable; ANDed)',
     )
-    p.add_argument("--limit", type=_limit, metavar="N", help="return at most N rows")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="return at most N rows")
     p.add_argument(
         "--columns",
         type=_columns_arg,
@@ -89,16 +96,6 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="S",
         help="deadline of the whole scan (default 30)",
     )
-
-
-def _limit(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def _columns_arg(text: str) -> list[str]:

@@ -42,6 +42,8 @@ from cli.common import (
     console,
     human_count,
     human_us,
+    positive_float,
+    positive_int,
     resolve_target,
 )
 from schema.schema import Schema
@@ -86,10 +88,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     add_target_arguments(p)
     amount = p.add_mutually_exclusive_group(required=True)
-    amount.add_argument("--rows", type=_positive_int, metavar="N", help="insert N rows in all")
-    amount.add_argument(
-        "--duration", type=_positive_float, metavar="S", help="insert for S seconds"
-    )
+    amount.add_argument("--rows", type=positive_int, metavar="N", help="insert N rows in all")
+    amount.add_argument("--duration", type=positive_float, metavar="S", help="insert for S seconds")
     p.add_argument(
         "--threads",
         type=_threads,
@@ -112,7 +112,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument(
         "--batch-rows",
-        type=_positive_int,
+        type=positive_int,
         default=100,
         metavar="N",
         help="rows per write RPC: manual mode flushes every N rows, background mode sends "
@@ -121,7 +121,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--table", default="kv", metavar="TABLE", help="table to write (default kv)")
     p.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         metavar="S",
         help="deadline of each write, retries included (default 30)",
@@ -139,28 +139,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return x
-
-
 def _threads(text: str) -> int:
-    n = _positive_int(text)
+    n = positive_int(text)
     if n > MAX_THREADS:
         raise argparse.ArgumentTypeError(f"at most {MAX_THREADS}, got {n}")
     return n
