@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from deploy.local import LocalCluster, NoClusterError, pid_alive
+from tests.integration.tserver_cluster import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -180,9 +180,7 @@ def test_leader_step_down_moves_leadership(data_dir: Path) -> None:
 def test_status_reports_a_killed_server(data_dir: Path) -> None:
     victim = state(data_dir)["servers"][1]
     os.kill(victim["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while pid_alive(victim["pid"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: not pid_alive(victim["pid"]), 10, f"{victim['id']} to die")
     proc = raftlet("cluster", "status", "--data-dir", str(data_dir), "--timeout", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"server {victim['id']} (" in proc.stdout
