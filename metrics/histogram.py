@@ -26,12 +26,11 @@ Memory: 2,562 buckets (about 20 KiB) per thread that has observed into a histogr
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import add
+
+from metrics._thread_cells import PerThreadCells
 
 __all__ = ["DEFAULT_BUCKET_BOUNDS", "MAX_RELATIVE_ERROR", "Histogram", "HistogramSnapshot"]
 
@@ -105,10 +104,6 @@ class _Cell:
         other.sum += self.sum
         other.min = min(other.min, self.min)
         other.max = max(other.max, self.max)
-
-
-class _Sentinel:
-    __slots__ = ("__weakref__",)
 
 
 @dataclass(frozen=True)
@@ -201,25 +196,21 @@ class HistogramSnapshot:
         return out
 
 
-class Histogram:
+class Histogram(PerThreadCells[_Cell]):
     """Records values (in the metric's unit, e.g. µs) without locking; see the module doc."""
 
-    __slots__ = ("_base", "_cells", "_dead", "_local", "_lock", "_next_token")
+    __slots__ = ("_base",)
 
     def __init__(self) -> None:
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._cells: dict[int, tuple[_Cell, weakref.ref[_Sentinel]]] = {}
-        self._dead: deque[int] = deque()
+        self._init_cells()
         self._base = _Cell()
-        self._next_token = 0
 
     def observe(self, value: float) -> None:
         """Record one value. Negative values count as 0; NaN is ignored."""
         try:
             cell = self._local.cell
         except AttributeError:
-            cell = self._register()
+            cell = self._register_cell(_Cell())
         # The common case inlined (a function call would cost as much as the rest).
         if _LOW <= value < _HIGH:
             m, e = math.frexp(value)
@@ -256,18 +247,6 @@ class Histogram:
             count=total, sum=merged.sum, min=merged.min, max=merged.max, _counts=counts
         )
 
-    def _register(self) -> _Cell:
-        cell = _Cell()
-        sentinel = _Sentinel()
-        with self._lock:
-            self._fold_dead_locked()
-            token = self._next_token
-            self._next_token += 1
-            self._cells[token] = (cell, weakref.ref(sentinel, _dead_callback(self._dead, token)))
-        self._local.cell = cell
-        self._local.sentinel = sentinel
-        return cell
-
     def _fold_dead_locked(self) -> None:
         dead = self._dead
         if not dead:
@@ -280,17 +259,3 @@ class Histogram:
                 entry[0].merge_into(base)
         # Replace rather than mutate: a snapshot may be merging the old base right now.
         self._base = base
-
-    def _live_cells(self) -> int:
-        """Cells not yet folded (for tests: proves dead threads' cells are not leaked)."""
-        with self._lock:
-            self._fold_dead_locked()
-            return len(self._cells)
-
-
-def _dead_callback(dead: deque[int], token: int) -> Callable[[weakref.ref[_Sentinel]], None]:
-    # Same reasoning as in metrics.counter: no lock in a thread-teardown callback.
-    def on_thread_exit(_ref: weakref.ref[_Sentinel]) -> None:
-        dead.append(token)
-
-    return on_thread_exit
