@@ -13,7 +13,6 @@ server either: that one is only asked again after ``heal``.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,22 +113,27 @@ def keys_in(tablet: str, n: int) -> list[int]:
 def write_at(peers: Peers, sid: str, tablet: str, key: int, seq: int) -> tablet_pb2.WriteResponse:
     """One INSERT at leader ``sid``, retried with the same request id while it is not ready."""
     req = write_request(tablet, [kv_op(key, f"v{key}")], "netns-test", seq, seq)
-    deadline = time.monotonic() + 10
-    while True:
+    answers: list[tablet_pb2.WriteResponse] = []
+
+    def attempt() -> bool:
         try:
-            resp: tablet_pb2.WriteResponse = peers.stubs[sid].Write(req, timeout=2)
-            assert not resp.row_errors, resp.row_errors
-            return resp
+            answers.append(peers.stubs[sid].Write(req, timeout=2))
+            return True
         except grpc.RpcError as e:
             err = server_error(e)
             retriable = e.code() in (
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
             ) or (err is not None and err.code == ServerErrorPB.LEADER_NOT_READY)
-            if not retriable or time.monotonic() > deadline:
+            if not retriable:
                 raise
             req.request_id.attempt_no += 1
-            time.sleep(0.05)
+            return False
+
+    wait_for(attempt, 10, f"a write at {sid} to be accepted")
+    resp = answers[0]
+    assert not resp.row_errors, resp.row_errors
+    return resp
 
 
 def converged(peers: Peers, ids: list[str]) -> dict[str, tuple[str, int, int]] | None:

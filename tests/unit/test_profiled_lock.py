@@ -72,6 +72,8 @@ def _contend(lock: ProfiledLock, hold_s: float = 0.0) -> threading.Thread:
         t.start()
         assert inner.blocking.wait(WAIT), "the waiter never reached the blocking acquire"
         if hold_s:
+            # The workload, not a synchronisation: the waiter is already known to block
+            # (inner.blocking above); this is how long the holder keeps it waiting.
             time.sleep(hold_s)
         assert not got_it.is_set()
     t.join(WAIT)
