@@ -81,6 +81,23 @@ class Cell:
         return self.entries / self.seconds
 
 
+def observed_cell(
+    mode: str, producers: int, size: int, entries: int, elapsed: float, obs: BenchObserver
+) -> Cell:
+    """A cell whose latencies and syncs come from what the log reported to ``obs``."""
+    return Cell(
+        mode,
+        producers,
+        size,
+        entries,
+        elapsed,
+        percentile(obs.latencies_us, 0.5),
+        percentile(obs.latencies_us, 0.99),
+        obs.syncs,
+        obs.sync_us / max(obs.syncs, 1),
+    )
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -103,17 +120,7 @@ def run_fsync_per_entry(base: str, size: int, seconds: float, options: LogOption
             elapsed = time.perf_counter() - start
     finally:
         shutil.rmtree(directory)
-    return Cell(
-        "fsync/entry",
-        1,
-        size,
-        index,
-        elapsed,
-        percentile(obs.latencies_us, 0.5),
-        percentile(obs.latencies_us, 0.99),
-        obs.syncs,
-        obs.sync_us / max(obs.syncs, 1),
-    )
+    return observed_cell("fsync/entry", 1, size, index, elapsed, obs)
 
 
 def run_group_commit(
@@ -165,17 +172,7 @@ def run_group_commit(
             elapsed = time.perf_counter() - start
     finally:
         shutil.rmtree(directory)
-    return Cell(
-        "group commit",
-        producers,
-        size,
-        sum(counts),
-        elapsed,
-        percentile(obs.latencies_us, 0.5),
-        percentile(obs.latencies_us, 0.99),
-        obs.syncs,
-        obs.sync_us / max(obs.syncs, 1),
-    )
+    return observed_cell("group commit", producers, size, sum(counts), elapsed, obs)
 
 
 def run_group_commit_asyncio(
@@ -238,17 +235,7 @@ def run_group_commit_asyncio(
             elapsed = asyncio.run(bench(log))
     finally:
         shutil.rmtree(directory)
-    return Cell(
-        "group, asyncio",
-        producers,
-        size,
-        sum(counts),
-        elapsed,
-        percentile(obs.latencies_us, 0.5),
-        percentile(obs.latencies_us, 0.99),
-        obs.syncs,
-        obs.sync_us / max(obs.syncs, 1),
-    )
+    return observed_cell("group, asyncio", producers, size, sum(counts), elapsed, obs)
 
 
 def run_on_one_cpu(
