@@ -1,14 +1,16 @@
 """Values that flow in and out of the Raft core.
 
-Every value here is an immutable dataclass: the core hands them to the driver and
-the driver may pass them to other threads (peer senders, the log appender) without
-copying. Indexes start at 1; index 0 / term 0 is the empty log's sentinel.
+Every value here is immutable (a frozen dataclass, or for ``Entry`` a named tuple): the
+core hands them to the driver and the driver may pass them to other threads (peer
+senders, the log appender) without copying. Indexes start at 1; index 0 / term 0 is the
+empty log's sentinel.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     "NO_NODE",
@@ -40,10 +42,15 @@ class EntryType(enum.Enum):
     NO_OP = "NO_OP"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """One log entry.  A named tuple rather than a frozen dataclass because it is the
+    object made most often (every proposal, every entry read back or received): building
+    one costs ~0.5 us against ~1.3 us for the dataclass, whose frozen ``__init__`` goes
+    through ``object.__setattr__`` per field."""
+
     term: int
-    index: int
+    # Shadows tuple.index(), which nothing calls on an entry.
+    index: int  # type: ignore[assignment]
     type: EntryType = EntryType.NORMAL
     data: bytes = b""
 
