@@ -1,8 +1,8 @@
 """Log entries to and from their on-disk form: ``EntryPB`` inside an ``EntryBatchPB``.
 
-A batch handed to the log becomes one or more records (a huge batch is split so no record
-grows past ``TARGET_RECORD_BYTES`` unless one entry alone does); a record's payload is one
-serialized ``EntryBatchPB``.  Entry types map one to one: NORMAL and NO_OP.
+The appender packs the contiguous entries of a group of batches into records of up to
+``TARGET_RECORD_BYTES`` (one larger entry gets a record to itself); a record's payload is
+one serialized ``EntryBatchPB``.  Entry types map one to one: NORMAL and NO_OP.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ __all__ = [
     "MAX_ENTRY_BYTES",
     "MAX_RECORD_BYTES",
     "TARGET_RECORD_BYTES",
+    "batch_size",
     "check_batch",
     "decode_batch",
     "encode_record",
     "entries_from_pb",
     "frame_records",
-    "plan_records",
+    "split_records",
 ]
 
 # length (u32 LE) | crc32c(payload) (u32 LE) | payload
@@ -62,28 +63,18 @@ def check_batch(entries: Sequence[tuple[int, int]]) -> str | None:
     return None
 
 
-def plan_records(entries: Sequence[Entry]) -> tuple[list[Rec], int]:
-    """Check a batch and cut it into records (location and size pending); also return its
-    approximate size, which is what the group-commit queue counts.
+def batch_size(entries: Sequence[Entry]) -> int:
+    """Check that ``entries`` are a piece of a Raft log that fits in records, and return
+    their approximate size, which is what the group-commit queue counts.
 
-    Only this cheap pass runs on the producer's thread; encoding is the appender's job, so a
-    producer holds the GIL briefly and its work overlaps the appender's fdatasync.
-    Raises ValueError if the entries are not a piece of a Raft log.
+    Only this cheap pass runs on the producer's thread; cutting into records and encoding
+    are the appender's job, so a producer holds the GIL briefly and its work overlaps the
+    appender's fdatasync.  Raises ValueError saying what is wrong.
     """
     first = entries[0]
     if first.index < 1 or first.term < 1:
         raise ValueError(f"entry ({first.index}, {first.term}): index and term must be >= 1")
-    if len(entries) == 1:
-        if first.type is not NORMAL and first.type is not NO_OP:
-            raise ValueError(f"entry {first.index} has unsupported type {first.type!r}")
-        size = first.size()
-        if size > MAX_ENTRY_BYTES:
-            raise ValueError(f"entry {first.index} too large for a log record ({size} bytes)")
-        return [Rec(first.index, 1)], size
-    recs: list[Rec] = []
     nbytes = 0
-    rec = Rec(first.index, 0)
-    rec_size = 0
     prev_index = first.index - 1
     prev_term = first.term
     for e in entries:
@@ -97,18 +88,28 @@ def plan_records(entries: Sequence[Entry]) -> tuple[list[Rec], int]:
             raise ValueError(f"entry {index} has unsupported type {e.type!r}")
         prev_index = index
         prev_term = term
-        size = e.size()
+        size = len(e.data) + 24  # Entry.size()
         if size > MAX_ENTRY_BYTES:
             raise ValueError(f"entry {index} too large for a log record ({size} bytes)")
-        if rec.count and rec_size + size > TARGET_RECORD_BYTES:
-            recs.append(rec)
-            rec = Rec(index, 0)
-            rec_size = 0
-        rec.count += 1
-        rec_size += size
         nbytes += size
-    recs.append(rec)
-    return recs, nbytes
+    return nbytes
+
+
+def split_records(entries: Sequence[Entry]) -> list[Sequence[Entry]]:
+    """Cut checked, contiguous entries into records of at most ``TARGET_RECORD_BYTES``
+    (a single larger entry gets a record of its own)."""
+    out: list[Sequence[Entry]] = []
+    start = 0
+    size = 0
+    for k, e in enumerate(entries):
+        n = len(e.data) + 24
+        if k > start and size + n > TARGET_RECORD_BYTES:
+            out.append(entries[start:k])
+            start = k
+            size = 0
+        size += n
+    out.append(entries[start:] if start else entries)
+    return out
 
 
 def encode_record(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
@@ -146,15 +147,14 @@ def encode_record(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
 
 
 def frame_records(entries: Sequence[Entry]) -> list[tuple[Rec, bytes]]:
-    """Every record of a batch with its framed bytes: what the appender would write."""
-    recs, _ = plan_records(entries)
+    """Every record of a batch with its framed bytes, as if written at offset 0 of
+    segment 0: what the appender would write for this batch alone."""
+    batch_size(entries)
     out: list[tuple[Rec, bytes]] = []
-    start = 0
-    for rec in recs:
-        head, payload = encode_record(entries[start : start + rec.count])
-        rec.frame_size = len(head) + len(payload)
-        out.append((rec, head + payload))
-        start += rec.count
+    for piece in split_records(entries):
+        head, payload = encode_record(piece)
+        frame = head + payload
+        out.append((Rec(piece[0].index, len(piece), 0, 0, len(frame)), frame))
     return out
 
 

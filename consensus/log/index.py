@@ -1,51 +1,46 @@
-"""The in-memory index of a log: term of every live entry and where its record is.
+"""The in-memory index of a log: the term of every live entry, and where records are.
 
-Live entries are contiguous, ``first .. last``.  Each live entry belongs to one record
-(``Rec``); a record may also hold entries that a later batch replaced, which are simply no
-longer live.  Records are kept in index order, and since a later batch only ever replaces a
-suffix, the segment sequence of live records never decreases with the index: deleting the
-oldest segments removes a prefix of the log.
+Live entries are contiguous, ``first .. last``; their terms are kept as soon as a batch is
+accepted.  Records (``Rec``) are added only once they are durable, by the appender, so
+every record here is on disk.  A record may hold entries that a later batch replaced,
+which are simply no longer live.  Records are kept in index order, and since a later batch
+only ever replaces a suffix, the segment sequence of records never decreases with the
+index: deleting the oldest segments removes a prefix of the log.
+
+Between accepting a batch that replaces a suffix and that batch becoming durable, the
+records it replaces are still listed (the disk still holds them, and a crash would bring
+them back).  Nobody reads them: the log cache pins every entry from the lowest
+not-yet-durable batch on, so reads from disk stop below it, and GC never starts the log
+at a record at or above it.
 """
 
 from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-__all__ = ["PENDING", "LogIndex", "Rec"]
-
-# Sequence of a record not written yet (its batch is still queued for the appender).
-PENDING = -1
+__all__ = ["LogIndex", "Rec"]
 
 
 class Rec:
-    """One record: the entries it starts with, and where it is once written.
-
-    A producer creates it pending; the appender fills in ``frame_size`` and ``offset`` when
-    it writes the record and publishes ``seq`` once it is durable.  ``count`` is how many
-    entries of its batch it holds (the record may later hold fewer live ones).
-    """
+    """One durable record: the entries it starts with and where its frame is."""
 
     __slots__ = ("count", "first", "frame_size", "offset", "seq")
 
-    def __init__(self, first: int, count: int) -> None:
+    def __init__(self, first: int, count: int, seq: int, offset: int, frame_size: int) -> None:
         self.first = first
-        self.count = count
-        self.frame_size = 0
-        self.offset = 0
-        self.seq = PENDING
+        self.count = count  # entries in the record (it may hold fewer live ones)
+        self.seq = seq
+        self.offset = offset
+        self.frame_size = frame_size
 
     def __repr__(self) -> str:
-        return f"Rec(first={self.first}, seq={self.seq}, offset={self.offset})"
-
-
-_AFTER_ALL = 1 << 62
+        return f"Rec(first={self.first}, count={self.count}, seq={self.seq}, offset={self.offset})"
 
 
 def _seq_key(rec: Rec) -> int:
-    # Pending records will land in the active segment or a later one.
-    return _AFTER_ALL if rec.seq == PENDING else rec.seq
+    return rec.seq
 
 
 class LogIndex:
@@ -53,7 +48,7 @@ class LogIndex:
         self.first = first
         self.next = first  # last + 1
         self.last_term = 0  # term of the last entry; 0 when empty
-        self._terms = array("Q")
+        self.terms = array("Q")  # appended to directly on the producers' hot path
         self._recs: list[Rec] = []
         self._rec_firsts: list[int] = []
 
@@ -65,42 +60,45 @@ class LogIndex:
         return self.next - 1
 
     def term(self, index: int) -> int:
-        return self._terms[index - self.first]
+        return self.terms[index - self.first]
 
-    def append(self, first: int, terms: Sequence[int], recs: Iterable[Rec]) -> None:
-        """Replace everything from ``first`` on.  The caller has checked there is no gap;
-        ``first`` at or below ``self.first`` drops the whole log (below happens only on
+    def append(self, first: int, terms: Sequence[int]) -> None:
+        """Replace the terms from ``first`` on.  The caller has checked there is no gap;
+        ``first`` at or below ``self.first`` restarts the log there (below happens only on
         replay, after GC)."""
         if first != self.next:
             if first <= self.first or self.next == self.first:
-                self._terms = array("Q")
-                self._recs.clear()
-                self._rec_firsts.clear()
+                self.terms = array("Q")
                 self.first = first
             else:
-                del self._terms[first - self.first :]
-                k = bisect.bisect_left(self._rec_firsts, first)
-                del self._recs[k:]
-                del self._rec_firsts[k:]
-        self._terms.extend(terms)
-        for r in recs:
-            self._recs.append(r)
-            self._rec_firsts.append(r.first)
+                del self.terms[first - self.first :]
+        self.terms.extend(terms)
         self.next = first + len(terms)
         self.last_term = terms[-1]
 
-    def append_one(self, term: int, rec: Rec) -> None:
+    def append_one(self, term: int) -> None:
         """``append`` of one entry right after the last (the common case, kept cheap)."""
-        self._terms.append(term)
-        self._recs.append(rec)
-        self._rec_firsts.append(rec.first)
+        self.terms.append(term)
         self.next += 1
         self.last_term = term
 
+    def add_record(self, rec: Rec) -> None:
+        """A record is durable; any record from its first index on is replaced by it."""
+        firsts = self._rec_firsts
+        if firsts and firsts[-1] >= rec.first:
+            k = bisect.bisect_left(firsts, rec.first)
+            del self._recs[k:]
+            del firsts[k:]
+        self._recs.append(rec)
+        firsts.append(rec.first)
+
     def locate(self, index: int) -> tuple[int, Rec]:
-        """(position, record) of the record holding live entry ``index``."""
+        """(position, record) of the record holding live, durable entry ``index``."""
         k = bisect.bisect_right(self._rec_firsts, index) - 1
-        return k, self._recs[k]
+        rec = self._recs[k] if k >= 0 else None
+        if rec is None or index >= rec.first + rec.count:
+            raise AssertionError(f"entry {index} has no durable record")
+        return k, rec
 
     def rec_at(self, k: int) -> Rec:
         return self._recs[k]
@@ -109,17 +107,22 @@ class LogIndex:
         return len(self._recs)
 
     def live_end(self, k: int) -> int:
-        """Last live index of record ``k``."""
-        return self._rec_firsts[k + 1] - 1 if k + 1 < len(self._recs) else self.next - 1
+        """Last index record ``k`` holds that no later record replaced (reads stop below
+        not-yet-durable batches on their own, see the module docstring)."""
+        rec = self._recs[k]
+        end = rec.first + rec.count - 1
+        if k + 1 < len(self._recs):
+            return min(end, self._rec_firsts[k + 1] - 1)
+        return min(end, self.next - 1)
 
     def first_rec_after_segment(self, seq: int) -> int:
-        """Position of the first record in a segment after ``seq`` (or pending)."""
+        """Position of the first record in a segment after ``seq``."""
         return bisect.bisect_right(self._recs, seq, key=_seq_key)
 
     def drop_prefix(self, k: int) -> None:
         """Forget records before position ``k``; the log then starts at record ``k``."""
         new_first = self._rec_firsts[k]
-        del self._terms[: new_first - self.first]
+        del self.terms[: new_first - self.first]
         del self._recs[:k]
         del self._rec_firsts[:k]
         self.first = new_first

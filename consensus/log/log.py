@@ -28,7 +28,16 @@ from collections.abc import Callable, Sequence
 from consensus.core.storage import limit_size
 from consensus.core.types import Entry
 from consensus.log.cache import LogCache
-from consensus.log.codec import decode_batch, encode_record, entries_from_pb, plan_records
+from consensus.log.codec import (
+    MAX_ENTRY_BYTES,
+    NO_OP,
+    NORMAL,
+    batch_size,
+    decode_batch,
+    encode_record,
+    entries_from_pb,
+    split_records,
+)
 from consensus.log.errors import (
     LogClosedError,
     LogCorruptionError,
@@ -36,7 +45,7 @@ from consensus.log.errors import (
     LogError,
     LogFailedError,
 )
-from consensus.log.index import PENDING, LogIndex, Rec
+from consensus.log.index import LogIndex, Rec
 from consensus.log.options import LogObserver, LogOptions, NullLogObserver
 from consensus.log.segment import (
     HEADER_SIZE,
@@ -57,12 +66,16 @@ LOCK_FILE = "wal.lock"
 _NONE = 1 << 62  # "no index": larger than any real one
 # A synced group's callbacks wait for the next group's write only if that write is small.
 _DEFER_COMPLETION_BYTES = 256 << 10
+# Contiguous batches of a group share a record up to this size: one frame, one CRC and
+# one index slot for many small entries.  Kept well below TARGET_RECORD_BYTES because a
+# read from disk decodes a whole record, however few of its entries it wants.
+_PACK_RECORD_BYTES = 64 << 10
 
 
-# A queued batch: (entries, records, callback, approximate bytes, perf_counter at enqueue).
+# A queued batch: (entries, callback, approximate bytes, perf_counter at enqueue).
 # A plain tuple because building it is on every producer's path, where a class instance
 # costs a microsecond more under the GIL.
-_Batch = tuple[Sequence[Entry], list[Rec], AppendCallback, int, float]
+_Batch = tuple[Sequence[Entry], AppendCallback, int, float]
 
 
 class _Group:
@@ -73,8 +86,8 @@ class _Group:
     def __init__(self, batches: list[_Batch]) -> None:
         self.batches = batches
         self.entries = sum(len(b[0]) for b in batches)
-        self.nbytes = sum(b[3] for b in batches)
-        self.placed: list[tuple[Rec, int]] = []
+        self.nbytes = sum(b[2] for b in batches)
+        self.placed: list[Rec] = []
         self.error: BaseException | None = None
         self.write_us = 0.0
         self.sync_us = 0.0
@@ -160,11 +173,20 @@ class Log:
         quick and must not call ``append``.  An empty batch is a barrier: its callback runs
         once everything queued before it is durable.
         """
-        if entries:
-            recs, nbytes = plan_records(entries)
+        if len(entries) == 1:
+            # batch_size() of one entry, inline: this is every single-entry producer's path.
+            e0 = entries[0]
+            nbytes = len(e0.data) + 24
+            if (
+                e0.index < 1
+                or e0.term < 1
+                or (e0.type is not NORMAL and e0.type is not NO_OP)
+                or nbytes > MAX_ENTRY_BYTES
+            ):
+                batch_size(entries)  # raises, saying why
         else:
-            recs, nbytes = [], 0
-        batch = (entries, recs, callback, nbytes, time.perf_counter())
+            nbytes = batch_size(entries) if entries else 0
+        batch = (entries, callback, nbytes, time.perf_counter())
         with self._lock:
             queued = self._queued_bytes
             if (
@@ -181,7 +203,7 @@ class Log:
                 if first == idx.next and e0.term >= idx.last_term and len(entries) == 1:
                     # The hot path (one entry after the last), without the general
                     # truncating appends.
-                    idx.append_one(e0.term, recs[0])
+                    idx.append_one(e0.term)
                     if cache.hi == first:
                         cache.append_one(e0)
                     else:
@@ -189,7 +211,7 @@ class Log:
                 else:
                     if first != idx.next or e0.term < idx.last_term:
                         self._check_position(entries)  # raises unless a legal overwrite
-                    idx.append(first, [e.term for e in entries], recs)
+                    idx.append(first, [e.term for e in entries])
                     cache.append(entries)
                 if first < self._queue_min_first:
                     self._queue_min_first = first
@@ -307,7 +329,7 @@ class Log:
         if group.error is None and group.nbytes:
             try:
                 t0 = time.perf_counter()
-                self._write(group.batches, group.placed)
+                self._write(group)
                 group.write_us = (time.perf_counter() - t0) * 1e6
             except Exception as exc:  # OSError, or a bug: either way the log must stop
                 group.error = exc
@@ -350,7 +372,7 @@ class Log:
                 logger.exception("log %s: observer raised", self.directory)
         now = time.perf_counter()
         observer = self._observer
-        for entries, _, callback, _, enqueued in group.batches:
+        for entries, callback, _, enqueued in group.batches:
             # Neither a broken observer nor a broken callback may stop the appender: later
             # batches still need their callbacks, in order.
             try:
@@ -363,36 +385,28 @@ class Log:
             except Exception:
                 logger.exception("log %s: append callback raised", self.directory)
 
-    def _write(self, group: list[_Batch], placed: list[tuple[Rec, int]]) -> None:
+    def _write(self, group: _Group) -> None:
         """Write the group's records, rolling over segments as they fill up."""
         w = self._writer
         limit = self.options.segment_size_bytes
         chunks: list[bytes] = []
         pending = 0
-        for entries, recs, _, _, _ in group:
-            start = 0
-            for rec in recs:
-                if len(recs) == 1:
-                    head, payload = encode_record(entries)
-                else:
-                    head, payload = encode_record(entries[start : start + rec.count])
-                    start += rec.count
-                n = len(head) + len(payload)
-                total = w.size + pending
-                # A record never straddles segments; one bigger than a whole segment gets
-                # a segment to itself rather than an error.
-                if total > HEADER_SIZE and total + n > limit:
-                    if chunks:
-                        w.write(b"".join(chunks))
-                        chunks = []
-                        pending = 0
-                    w = self._roll()
-                # Read by nobody until seq is published.
-                rec.offset = w.size + pending
-                rec.frame_size = n
-                placed.append((rec, w.sequence))
-                chunks += (head, payload)
-                pending += n
+        for run in _pack_records(group.batches):
+            head, payload = encode_record(run)
+            n = len(head) + len(payload)
+            total = w.size + pending
+            # A record never straddles segments; one bigger than a whole segment gets
+            # a segment to itself rather than an error.
+            if total > HEADER_SIZE and total + n > limit:
+                if chunks:
+                    w.write(b"".join(chunks))
+                    chunks = []
+                    pending = 0
+                w = self._roll()
+            # Indexed (and so readable from disk) only once _publish runs, after the sync.
+            group.placed.append(Rec(run[0].index, len(run), w.sequence, w.size + pending, n))
+            chunks += (head, payload)
+            pending += n
         if chunks:
             w.write(b"".join(chunks))
 
@@ -413,14 +427,15 @@ class Log:
         if ms or jitter:
             time.sleep((ms + self._rng.uniform(0.0, jitter)) / 1000.0)
 
-    def _publish(self, placed: list[tuple[Rec, int]]) -> None:
+    def _publish(self, placed: list[Rec]) -> None:
         """With ``_lock`` held, after the sync: the group's records are on disk.
 
-        Only now do their locations become visible, so neither a read from disk nor GC
-        ever relies on a record that a crash could still take away.
+        Only now are they indexed, so neither a read from disk nor GC ever relies on a
+        record that a crash could still take away.
         """
-        for rec, seq in placed:
-            rec.seq = seq
+        add = self._index.add_record
+        for rec in placed:
+            add(rec)
         self._unwritten_from = self._queue_min_first
         self._cache.evict(min(self._unwritten_from, self._index.last + 1))
 
@@ -483,9 +498,9 @@ class Log:
         i = lo
         while i < hi:
             rec = idx.rec_at(k)
-            if rec.seq == PENDING:
-                raise AssertionError(f"entry {i} is neither cached nor on disk")
             end = min(idx.live_end(k), hi - 1)
+            if not rec.first <= i <= end:
+                raise AssertionError(f"entry {i} is neither cached nor on disk")
             plan.append(
                 (self._segments[rec.seq], rec.seq, rec.first, rec.offset, rec.frame_size, i, end)
             )
@@ -527,7 +542,8 @@ class Log:
                 keep_from = 0
                 for seq in list(self._segments)[:-1]:
                     k = idx.first_rec_after_segment(seq)
-                    if k >= idx.rec_count() or idx.rec_at(k).seq == PENDING:
+                    # The log may only start at a durable record no queued batch replaces.
+                    if k >= idx.rec_count() or idx.rec_at(k).first >= self._unwritten_from:
                         break
                     if idx.rec_at(k).first - 1 > up_to_index:
                         break
@@ -643,11 +659,8 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
                         r.offset,
                         f"term goes back from {index.term(first - 1)} to {r.terms[0]} at {first}",
                     )
-            rec = Rec(first, len(r.terms))
-            rec.frame_size = r.frame_size
-            rec.seq = seq
-            rec.offset = r.offset
-            index.append(first, r.terms, [rec])
+            index.append(first, r.terms)
+            index.add_record(Rec(first, len(r.terms), seq, r.offset, r.frame_size))
         segments[seq] = path
         next_seq = seq + 1
         if scan.torn_offset is not None:
@@ -663,3 +676,29 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
         writer = SegmentWriter.create(directory, next_seq, sync=options.fsync)
         segments[writer.sequence] = writer.path
     return index, segments, writer
+
+
+def _pack_records(batches: list[_Batch]) -> list[Sequence[Entry]]:
+    """The records a group is written as.  Contiguous small batches share one; a batch
+    that replaces a suffix starts a new one (on replay, the later record wins); a large
+    batch is cut on its own."""
+    runs: list[Sequence[Entry]] = []
+    run: list[Entry] = []
+    run_bytes = 0
+    next_index = -1
+    for entries, _, nbytes, _ in batches:
+        if not entries:
+            continue
+        if run and (entries[0].index != next_index or run_bytes + nbytes > _PACK_RECORD_BYTES):
+            runs.append(run)
+            run = []
+            run_bytes = 0
+        if nbytes > _PACK_RECORD_BYTES:
+            runs.extend(split_records(entries))
+        else:
+            run += entries
+            run_bytes += nbytes
+        next_index = entries[-1].index + 1
+    if run:
+        runs.append(run)
+    return runs

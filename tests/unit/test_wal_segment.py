@@ -13,10 +13,10 @@ from consensus.core.types import Entry, EntryType
 from consensus.log.codec import (
     FRAME,
     MAX_ENTRY_BYTES,
+    batch_size,
     decode_batch,
     entries_from_pb,
     frame_records,
-    plan_records,
 )
 from consensus.log.errors import LogCorruptionError
 from consensus.log.segment import (
@@ -137,7 +137,7 @@ def test_a_huge_batch_is_split_into_bounded_records() -> None:
 
 def test_an_entry_too_large_for_a_record_is_refused() -> None:
     with pytest.raises(ValueError, match="too large"):
-        plan_records([Entry(term=1, index=1, data=b"x" * MAX_ENTRY_BYTES)])
+        batch_size([Entry(term=1, index=1, data=b"x" * MAX_ENTRY_BYTES)])
 
 
 @settings(max_examples=200)
@@ -177,7 +177,7 @@ def test_hand_written_encoding_is_what_protobuf_parses(
 )
 def test_the_encoder_refuses_what_is_not_a_log(bad: list[object]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - the reason varies by case
-        plan_records(bad)  # type: ignore[arg-type]
+        batch_size(bad)  # type: ignore[arg-type]
 
 
 def test_every_truncation_of_the_last_record_is_torn() -> None:
