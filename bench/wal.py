@@ -14,7 +14,9 @@ Cells (each for 100-byte and 4 KiB entries, a fixed duration each):
   of CPython threads cost (see docs/benchmarks.md).
 - bare floor (extra rows, ``--no-floor`` skips them): the same producers against a minimal
   appender with no log at all (write, fdatasync, release the waiters): the ceiling that
-  CPython thread hand-offs put on any design with one waiting thread per entry.
+  CPython thread hand-offs put on any design with one waiting thread per entry.  "bare,
+  asyncio" is the same for coroutine producers: what is left of a group-commit cycle with
+  no entry objects, no checks, no index, cache, framing or per-batch callbacks.
 
 Latency is what a producer waits, from ``append_async`` to its callback, as the log's
 observer reports it (the future ``log_append_latency_us``); entries/sync comes from the
@@ -333,6 +335,77 @@ def run_bare(base: str, size: int, producers: int, seconds: float) -> Cell:
     return Cell("bare floor", producers, size, sum(counts), elapsed, nan, nan, state["syncs"], nan)
 
 
+def run_bare_asyncio(base: str, size: int, producers: int, seconds: float) -> Cell:
+    """``run_bare`` with the producers as coroutines: each queues its payload and a future
+    and awaits it; the appender writes, fdatasyncs and wakes the loop once per group."""
+    fd, path = tempfile.mkstemp(prefix="walbench-", dir=base)
+    payload = b"x" * size
+    queue: list[tuple[bytes, asyncio.Future[None]]] = []
+    work = threading.Condition()
+    state = {"idle": False, "stop": False, "syncs": 0}
+    counts = [0] * producers
+
+    def appender(loop: asyncio.AbstractEventLoop) -> None:
+        nonlocal queue
+        while True:
+            with work:
+                while not queue:
+                    if state["stop"]:
+                        return
+                    state["idle"] = True
+                    work.wait()
+                group, queue = queue, []
+            os.write(fd, b"".join(data for data, _ in group))
+            os.fdatasync(fd)
+            state["syncs"] += 1
+            loop.call_soon_threadsafe(_resolve_all, [fut for _, fut in group])
+
+    async def bench() -> float:
+        loop = asyncio.get_running_loop()
+        t = threading.Thread(target=appender, args=(loop,), name="bare-appender")
+        t.start()
+        stop = False
+
+        async def produce(slot: int) -> None:
+            n = 0
+            while not stop:
+                fut: asyncio.Future[None] = loop.create_future()
+                with work:
+                    queue.append((payload, fut))
+                    if state["idle"]:
+                        state["idle"] = False
+                        work.notify()
+                await fut
+                n += 1
+            counts[slot] = n
+
+        start = time.perf_counter()
+        tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
+        await asyncio.sleep(seconds)
+        stop = True
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+        with work:
+            state["stop"] = True
+            work.notify()
+        t.join()
+        return elapsed
+
+    try:
+        elapsed = asyncio.run(bench())
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    nan = float("nan")
+    syncs = state["syncs"]
+    return Cell("bare, asyncio", producers, size, sum(counts), elapsed, nan, nan, syncs, nan)
+
+
+def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
+    for fut in futures:
+        fut.set_result(None)
+
+
 def print_table(cells: list[Cell]) -> None:
     base = {c.size: c.rate for c in cells if c.mode == "fsync/entry"}
     header = (
@@ -395,6 +468,8 @@ def main() -> None:
         if args.floor:
             for producers in sorted({1, max(int(p) for p in args.producers.split(","))}):
                 cells.append(run_bare(base, size, producers, args.seconds))
+            producers = max(int(p) for p in args.producers.split(","))
+            cells.append(run_bare_asyncio(base, size, producers, args.seconds))
     print_table(cells)
 
 

@@ -1,0 +1,41 @@
+"""bench/wal.py still runs: every mode it prints, in a quick run of a fraction of a second
+per cell.  (The numbers themselves are for docs/benchmarks.md, never asserted.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_wal_benchmark_prints_every_mode(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "wal.py"),
+            "--seconds",
+            "0.1",
+            "--producers",
+            "1,2",
+            "--sizes",
+            "100",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    modes = [row.split("|")[1].strip() for row in rows[1:]]
+    assert modes.count("fsync/entry") == 1
+    assert modes.count("group commit") == 2
+    assert modes.count("group, asyncio") == 2
+    assert {"bare floor", "bare, asyncio"} <= set(modes)
+    assert list(tmp_path.iterdir()) == []  # every temporary log was removed
