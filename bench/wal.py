@@ -16,7 +16,9 @@ Cells (each for 100-byte and 4 KiB entries, a fixed duration each):
   appender with no log at all (write, fdatasync, release the waiters): the ceiling that
   CPython thread hand-offs put on any design with one waiting thread per entry.  "bare,
   asyncio" is the same for coroutine producers: what is left of a group-commit cycle with
-  no entry objects, no checks, no index, cache, framing or per-batch callbacks.
+  no entry objects, no checks, no index, cache, framing or per-batch callbacks; "bare,
+  async cb" adds back only the per-batch callbacks (the log's contract), as the
+  "group, asyncio" cells receive them.
 
 Latency is what a producer waits, from ``append_async`` to its callback, as the log's
 observer reports it (the future ``log_append_latency_us``); entries/sync comes from the
@@ -177,6 +179,34 @@ def run_group_commit(
     return observed_cell("group commit", producers, size, sum(counts), elapsed, obs)
 
 
+class LoopCompleter:
+    """Append callbacks (on the appender thread) that resolve futures on an event loop:
+    each callback only collects its future, and the first one collected since the loop
+    last drained wakes the loop, which resolves them all."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._finished: list[asyncio.Future[None]] = []
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch = self._finished
+            self._finished = []
+        for fut in batch:
+            fut.set_result(None)
+
+    def callback_for(self, fut: asyncio.Future[None]) -> Callable[[BaseException | None], None]:
+        def callback(error: BaseException | None) -> None:
+            with self._lock:
+                self._finished.append(fut)
+                first = len(self._finished) == 1
+            if first:
+                self._loop.call_soon_threadsafe(self._drain)
+
+        return callback
+
+
 def run_group_commit_asyncio(
     base: str, size: int, producers: int, seconds: float, options: LogOptions
 ) -> Cell:
@@ -191,26 +221,7 @@ def run_group_commit_asyncio(
 
     async def bench(log: Log) -> float:
         loop = asyncio.get_running_loop()
-        finished: list[asyncio.Future[None]] = []
-        lock = threading.Lock()
-
-        def drain() -> None:
-            with lock:
-                batch = finished[:]
-                finished.clear()
-            for fut in batch:
-                fut.set_result(None)
-
-        def completer(fut: asyncio.Future[None]) -> Callable[[BaseException | None], None]:
-            def callback(error: BaseException | None) -> None:
-                with lock:
-                    finished.append(fut)
-                    first = len(finished) == 1
-                if first:
-                    loop.call_soon_threadsafe(drain)
-
-            return callback
-
+        completer = LoopCompleter(loop).callback_for
         next_index = 1
         stop = False
 
@@ -335,12 +346,16 @@ def run_bare(base: str, size: int, producers: int, seconds: float) -> Cell:
     return Cell("bare floor", producers, size, sum(counts), elapsed, nan, nan, state["syncs"], nan)
 
 
-def run_bare_asyncio(base: str, size: int, producers: int, seconds: float) -> Cell:
+def run_bare_asyncio(
+    base: str, size: int, producers: int, seconds: float, callbacks: bool = False
+) -> Cell:
     """``run_bare`` with the producers as coroutines: each queues its payload and a future
-    and awaits it; the appender writes, fdatasyncs and wakes the loop once per group."""
+    and awaits it; the appender writes, fdatasyncs and wakes the loop once per group.  With
+    ``callbacks`` it instead calls one callback per entry, the ``LoopCompleter`` the log's
+    asyncio cells use: the cost of the log's per-batch callback contract alone."""
     fd, path = tempfile.mkstemp(prefix="walbench-", dir=base)
     payload = b"x" * size
-    queue: list[tuple[bytes, asyncio.Future[None]]] = []
+    queue: list[tuple[bytes, asyncio.Future[None], Callable[[BaseException | None], None]]] = []
     work = threading.Condition()
     state = {"idle": False, "stop": False, "syncs": 0}
     counts = [0] * producers
@@ -355,23 +370,29 @@ def run_bare_asyncio(base: str, size: int, producers: int, seconds: float) -> Ce
                     state["idle"] = True
                     work.wait()
                 group, queue = queue, []
-            os.write(fd, b"".join(data for data, _ in group))
+            os.write(fd, b"".join(data for data, _, _ in group))
             os.fdatasync(fd)
             state["syncs"] += 1
-            loop.call_soon_threadsafe(_resolve_all, [fut for _, fut in group])
+            if callbacks:
+                for _, _, callback in group:
+                    callback(None)
+            else:
+                loop.call_soon_threadsafe(_resolve_all, [fut for _, fut, _ in group])
 
     async def bench() -> float:
         loop = asyncio.get_running_loop()
         t = threading.Thread(target=appender, args=(loop,), name="bare-appender")
         t.start()
+        completer = LoopCompleter(loop).callback_for
         stop = False
 
         async def produce(slot: int) -> None:
             n = 0
             while not stop:
                 fut: asyncio.Future[None] = loop.create_future()
+                callback = completer(fut) if callbacks else _ignore
                 with work:
-                    queue.append((payload, fut))
+                    queue.append((payload, fut, callback))
                     if state["idle"]:
                         state["idle"] = False
                         work.notify()
@@ -398,7 +419,12 @@ def run_bare_asyncio(base: str, size: int, producers: int, seconds: float) -> Ce
         os.unlink(path)
     nan = float("nan")
     syncs = state["syncs"]
-    return Cell("bare, asyncio", producers, size, sum(counts), elapsed, nan, nan, syncs, nan)
+    mode = "bare, async cb" if callbacks else "bare, asyncio"
+    return Cell(mode, producers, size, sum(counts), elapsed, nan, nan, syncs, nan)
+
+
+def _ignore(error: BaseException | None) -> None:
+    pass
 
 
 def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
@@ -470,6 +496,7 @@ def main() -> None:
                 cells.append(run_bare(base, size, producers, args.seconds))
             producers = max(int(p) for p in args.producers.split(","))
             cells.append(run_bare_asyncio(base, size, producers, args.seconds))
+            cells.append(run_bare_asyncio(base, size, producers, args.seconds, callbacks=True))
     print_table(cells)
 
 
