@@ -2,7 +2,9 @@
 
 Threads are ordered with Events, never with sleeps. To know that a waiter has entered the
 blocking acquire (its non-blocking try having failed) the tests swap the lock's inner lock
-for a wrapper that reports it: the only way to observe that moment without polling.
+for a wrapper that reports it: the only way to observe that moment without polling. A slow
+critical section is a step of a fake clock that the lock reads its wait times from, so the
+measured wait is exactly the step, however fast or slow the machine.
 """
 
 from __future__ import annotations
@@ -43,10 +45,25 @@ class _ReportingInnerLock:
         return getattr(self._inner, name)
 
 
-def _instrument(lock: ProfiledLock) -> _ReportingInnerLock:
+class _FakeClock:
+    """A ``perf_counter_ns`` that moves only when told to."""
+
+    def __init__(self) -> None:
+        self._ns = time.perf_counter_ns()
+
+    def __call__(self) -> int:
+        return self._ns
+
+    def advance(self, seconds: float) -> None:
+        self._ns += round(seconds * 1e9)
+
+
+def _instrument(lock: ProfiledLock, clock: _FakeClock | None = None) -> _ReportingInnerLock:
     wrapper = _ReportingInnerLock(lock._lock)
     lock._lock = wrapper
     lock._ops = _InnerOps(wrapper.acquire)
+    if clock is not None:
+        lock._ops.perf_counter_ns = clock
     return wrapper
 
 
@@ -57,9 +74,10 @@ def _uninstrument(lock: ProfiledLock, wrapper: _ReportingInnerLock) -> None:
 
 def _contend(lock: ProfiledLock, hold_s: float = 0.0) -> threading.Thread:
     """Hold ``lock`` in this thread while another thread blocks on it; return that thread
-    (joined). ``hold_s`` keeps the lock that long after the waiter blocked: the simulated
-    slow critical section whose wait the trace tests want to exceed a threshold."""
-    inner = _instrument(lock)
+    (joined). ``hold_s`` is a simulated slow critical section, the wait the trace tests want
+    to exceed a threshold: the lock's clock steps that far while the waiter is blocked."""
+    clock = _FakeClock() if hold_s else None
+    inner = _instrument(lock, clock)
     inner.blocking.clear()
     got_it = threading.Event()
 
@@ -71,10 +89,8 @@ def _contend(lock: ProfiledLock, hold_s: float = 0.0) -> threading.Thread:
         t = threading.Thread(target=waiter, name="waiter")
         t.start()
         assert inner.blocking.wait(WAIT), "the waiter never reached the blocking acquire"
-        if hold_s:
-            # The workload, not a synchronisation: the waiter is already known to block
-            # (inner.blocking above); this is how long the holder keeps it waiting.
-            time.sleep(hold_s)
+        if clock is not None:
+            clock.advance(hold_s)
         assert not got_it.is_set()
     t.join(WAIT)
     assert got_it.is_set()
@@ -329,7 +345,8 @@ def test_trace_does_not_blame_the_waiter_for_its_own_stale_site(
     lock = ProfiledLock("l", trace_threshold_ms=1.0)
     with lock:  # the main thread's site is now the recorded one
         pass
-    inner = _instrument(lock)
+    clock = _FakeClock()
+    inner = _instrument(lock, clock)
     taken = threading.Event()
     release = threading.Event()
 
@@ -337,7 +354,7 @@ def test_trace_does_not_blame_the_waiter_for_its_own_stale_site(
         inner._inner.acquire()  # took the lock, has not recorded a site yet
         taken.set()
         release.wait(WAIT)
-        time.sleep(0.02)  # the slow critical section the waiter must outwait
+        clock.advance(0.02)  # the slow critical section the waiter must outwait
         inner._inner.release()
 
     t = threading.Thread(target=half_recorded_holder)
