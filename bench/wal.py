@@ -38,8 +38,9 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from consensus.core.types import Entry
 from consensus.log import Log, LogOptions
@@ -127,6 +128,47 @@ def run_fsync_per_entry(base: str, size: int, seconds: float, options: LogOption
     return observed_cell("fsync/entry", 1, size, index, elapsed, obs)
 
 
+def run_threads_for(
+    seconds: float, producers: int, produce: Callable[[threading.Event], int]
+) -> tuple[int, float]:
+    """Run ``produce(stop)`` on ``producers`` threads that start together, until
+    ``seconds`` have passed; each returns how many entries it appended.  Returns (entries,
+    elapsed seconds)."""
+    counts = [0] * producers
+    gate = threading.Barrier(producers + 1)
+    stop = threading.Event()
+
+    def body(slot: int) -> None:
+        gate.wait()
+        counts[slot] = produce(stop)
+
+    threads = [
+        threading.Thread(target=body, args=(i,), name=f"producer-{i}") for i in range(producers)
+    ]
+    for t in threads:
+        t.start()
+    gate.wait()
+    start = time.perf_counter()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return sum(counts), time.perf_counter() - start
+
+
+async def run_coroutines_for(
+    seconds: float, producers: int, produce: Callable[[asyncio.Event], Coroutine[Any, Any, int]]
+) -> tuple[int, float]:
+    """``run_threads_for`` with the producers as tasks on the running event loop."""
+    stop = asyncio.Event()
+    start = time.perf_counter()
+    tasks = [asyncio.create_task(produce(stop)) for _ in range(producers)]
+    await asyncio.sleep(seconds)
+    stop.set()
+    counts = await asyncio.gather(*tasks)
+    return sum(counts), time.perf_counter() - start
+
+
 def run_group_commit(
     base: str, size: int, producers: int, seconds: float, options: LogOptions
 ) -> Cell:
@@ -135,13 +177,10 @@ def run_group_commit(
     payload = b"x" * size
     order = threading.Lock()
     next_index = [1]
-    counts = [0] * producers
-    start_gate = threading.Barrier(producers + 1)
-    stop = threading.Event()
     try:
         with Log.open(directory, options, obs) as log:
 
-            def produce(slot: int) -> None:
+            def produce(stop: threading.Event) -> int:
                 # A plain lock as the wait: the cheapest thing a callback can wake.
                 done = threading.Lock()
                 done.acquire()
@@ -151,7 +190,6 @@ def run_group_commit(
                     release()
 
                 n = 0
-                start_gate.wait()
                 while not stop.is_set():
                     with order:
                         index = next_index[0]
@@ -159,24 +197,12 @@ def run_group_commit(
                         log.append_async([Entry(term=1, index=index, data=payload)], callback)
                     done.acquire()
                     n += 1
-                counts[slot] = n
+                return n
 
-            threads = [
-                threading.Thread(target=produce, args=(i,), name=f"producer-{i}")
-                for i in range(producers)
-            ]
-            for t in threads:
-                t.start()
-            start_gate.wait()
-            start = time.perf_counter()
-            time.sleep(seconds)
-            stop.set()
-            for t in threads:
-                t.join()
-            elapsed = time.perf_counter() - start
+            entries, elapsed = run_threads_for(seconds, producers, produce)
     finally:
         shutil.rmtree(directory)
-    return observed_cell("group commit", producers, size, sum(counts), elapsed, obs)
+    return observed_cell("group commit", producers, size, entries, elapsed, obs)
 
 
 class LoopCompleter:
@@ -211,44 +237,36 @@ def run_group_commit_asyncio(
     base: str, size: int, producers: int, seconds: float, options: LogOptions
 ) -> Cell:
     """P producers as coroutines on one event loop, the way the tablet server's reactor
-    completes RPCs: each appends one entry and awaits its future.  The appender's callbacks
-    only collect finished futures; one ``call_soon_threadsafe`` per group wakes the loop,
-    which resolves them all.  No thread is woken per entry."""
+    completes RPCs: each appends one entry and awaits its future, completed through a
+    ``LoopCompleter``.  No thread is woken per entry."""
     obs = BenchObserver()
     directory = tempfile.mkdtemp(prefix="walbench-", dir=base)
     payload = b"x" * size
-    counts = [0] * producers
 
-    async def bench(log: Log) -> float:
+    async def bench(log: Log) -> tuple[int, float]:
         loop = asyncio.get_running_loop()
         completer = LoopCompleter(loop).callback_for
         next_index = 1
-        stop = False
 
-        async def produce(slot: int) -> None:
+        async def produce(stop: asyncio.Event) -> int:
             nonlocal next_index
             n = 0
-            while not stop:
+            while not stop.is_set():
                 fut: asyncio.Future[None] = loop.create_future()
                 index, next_index = next_index, next_index + 1
                 log.append_async([Entry(term=1, index=index, data=payload)], completer(fut))
                 await fut
                 n += 1
-            counts[slot] = n
+            return n
 
-        start = time.perf_counter()
-        tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
-        await asyncio.sleep(seconds)
-        stop = True
-        await asyncio.gather(*tasks)
-        return time.perf_counter() - start
+        return await run_coroutines_for(seconds, producers, produce)
 
     try:
         with Log.open(directory, options, obs) as log:
-            elapsed = asyncio.run(bench(log))
+            entries, elapsed = asyncio.run(bench(log))
     finally:
         shutil.rmtree(directory)
-    return observed_cell("group, asyncio", producers, size, sum(counts), elapsed, obs)
+    return observed_cell("group, asyncio", producers, size, entries, elapsed, obs)
 
 
 def run_on_one_cpu(
@@ -303,10 +321,7 @@ def run_bare(base: str, size: int, producers: int, seconds: float) -> Cell:
             for _, done in group:
                 done.release()
 
-    counts = [0] * producers
-    stop = threading.Event()
-
-    def produce(slot: int) -> None:
+    def produce(stop: threading.Event) -> int:
         done = threading.Lock()
         n = 0
         while not stop.is_set():
@@ -319,20 +334,12 @@ def run_bare(base: str, size: int, producers: int, seconds: float) -> Cell:
             done.acquire()
             done.release()
             n += 1
-        counts[slot] = n
+        return n
 
     try:
         t = threading.Thread(target=appender, name="bare-appender")
         t.start()
-        threads = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
-        start = time.perf_counter()
-        for p in threads:
-            p.start()
-        time.sleep(seconds)
-        stop.set()
-        for p in threads:
-            p.join()
-        elapsed = time.perf_counter() - start
+        entries, elapsed = run_threads_for(seconds, producers, produce)
         with qlock:
             state["stop"] = True
             if state["idle"]:
@@ -343,7 +350,7 @@ def run_bare(base: str, size: int, producers: int, seconds: float) -> Cell:
         os.close(fd)
         os.unlink(path)
     nan = float("nan")
-    return Cell("bare floor", producers, size, sum(counts), elapsed, nan, nan, state["syncs"], nan)
+    return Cell("bare floor", producers, size, entries, elapsed, nan, nan, state["syncs"], nan)
 
 
 def run_bare_asyncio(
@@ -358,7 +365,6 @@ def run_bare_asyncio(
     queue: list[tuple[bytes, asyncio.Future[None], Callable[[BaseException | None], None]]] = []
     work = threading.Condition()
     state = {"idle": False, "stop": False, "syncs": 0}
-    counts = [0] * producers
 
     def appender(loop: asyncio.AbstractEventLoop) -> None:
         nonlocal queue
@@ -379,16 +385,15 @@ def run_bare_asyncio(
             else:
                 loop.call_soon_threadsafe(_resolve_all, [fut for _, fut, _ in group])
 
-    async def bench() -> float:
+    async def bench() -> tuple[int, float]:
         loop = asyncio.get_running_loop()
         t = threading.Thread(target=appender, args=(loop,), name="bare-appender")
         t.start()
         completer = LoopCompleter(loop).callback_for
-        stop = False
 
-        async def produce(slot: int) -> None:
+        async def produce(stop: asyncio.Event) -> int:
             n = 0
-            while not stop:
+            while not stop.is_set():
                 fut: asyncio.Future[None] = loop.create_future()
                 callback = completer(fut) if callbacks else _ignore
                 with work:
@@ -398,29 +403,24 @@ def run_bare_asyncio(
                         work.notify()
                 await fut
                 n += 1
-            counts[slot] = n
+            return n
 
-        start = time.perf_counter()
-        tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
-        await asyncio.sleep(seconds)
-        stop = True
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
-        with work:
-            state["stop"] = True
-            work.notify()
-        t.join()
-        return elapsed
+        try:
+            return await run_coroutines_for(seconds, producers, produce)
+        finally:
+            with work:
+                state["stop"] = True
+                work.notify()
+            t.join()
 
     try:
-        elapsed = asyncio.run(bench())
+        entries, elapsed = asyncio.run(bench())
     finally:
         os.close(fd)
         os.unlink(path)
     nan = float("nan")
-    syncs = state["syncs"]
     mode = "bare, async cb" if callbacks else "bare, asyncio"
-    return Cell(mode, producers, size, sum(counts), elapsed, nan, nan, syncs, nan)
+    return Cell(mode, producers, size, entries, elapsed, nan, nan, state["syncs"], nan)
 
 
 def _ignore(error: BaseException | None) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tserver.cluster_config import (
     ClusterConfig,
     ConfigError,
+    TableConfig,
     load_cluster_config,
     parse_host_port,
 )
@@ -109,6 +110,15 @@ class Target:
     def data_dir(self) -> Path | None:
         """The directory a local cluster's state would be in (the config's directory)."""
         return self.config_path.parent if self.config_path is not None else None
+
+    def table(self, name: str, option: str = "") -> TableConfig:
+        """The table called ``name``, or a ``UsageError`` (prefixed ``option``) naming the
+        tables there are."""
+        try:
+            return self.config.table(name)
+        except LookupError:
+            names = ", ".join(t.name for t in self.config.tables) or "none"
+            raise UsageError(f"{option}no table {name!r} (tables: {names})") from None
 
     def client(self, timeout_s: float = 30.0, **kwargs: Any) -> Client:
         """A client of this cluster (``kwargs`` go to ``Client``)."""

@@ -287,11 +287,7 @@ def run(args: argparse.Namespace) -> int:
     from client import RaftletError, ReadMode
 
     target = resolve_target(args)
-    try:
-        table = target.config.table(args.table)
-    except LookupError:
-        names = ", ".join(t.name for t in target.config.tables) or "none"
-        raise UsageError(f"no table {args.table!r} (tables: {names})") from None
+    table = target.table(args.table)
     schema = table.schema
     if args.columns:
         unknown = [c for c in args.columns if not schema.has_column(c)]

@@ -424,11 +424,7 @@ def _summarize(
 
 def run(args: argparse.Namespace) -> int:
     target = resolve_target(args)
-    try:
-        table = target.config.table(args.table)
-    except LookupError:
-        names = ", ".join(t.name for t in target.config.tables) or "none"
-        raise UsageError(f"--table: no table {args.table!r} (tables: {names})") from None
+    table = target.table(args.table, option="--table: ")
     RowFactory(table.schema, args.row_bytes)  # a table it cannot fill is a usage error now
     # Per-tablet batches of a flush go out in parallel on the client's flush threads, shared
     # by all sessions: enough of them that writers do not queue behind each other.

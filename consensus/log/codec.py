@@ -120,19 +120,6 @@ def encode_record(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
     the appender's per-entry cost and this is a third cheaper than building protobuf
     objects; the reader parses it with the generated code, and a test holds the two equal.
     """
-    if len(entries) == 1:
-        # The commonest record by far: one concatenation, no list.
-        e = entries[0]
-        data = e.data
-        vt = _varint(e.term)
-        vi = _varint(e.index)
-        vl = _varint(len(data))
-        body = len(vt) + len(vi) + len(vl) + len(data) + 5
-        tf = _NO_OP_FIELD if e.type is NO_OP else _NORMAL_FIELD
-        payload = b"".join(
-            (b"\x0a", _varint(body), b"\x08", vt, b"\x10", vi, tf, b"\x22", vl, data)
-        )
-        return FRAME.pack(len(payload), crc32c.crc32c(payload)), payload
     parts: list[bytes] = []
     for e in entries:
         data = e.data

@@ -48,6 +48,7 @@ from schema.partition import partition_for_key
 from schema.rows import OpType, encode_row_op, row_from_pb
 from schema.schema import ColumnSchema, Schema
 from schema.types import DataType
+from tests import waiting
 from tserver.cluster_config import (
     ClusterConfig,
     RaftTimings,
@@ -78,11 +79,8 @@ CHANNEL_OPTIONS = [
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
-        threading.Event().wait(0.02)
+    """``tests.waiting.wait_for``, polling less often: these predicates are often RPCs."""
+    waiting.wait_for(predicate, timeout, what, poll_s=0.02)
 
 
 def free_ports(n: int) -> list[int]:

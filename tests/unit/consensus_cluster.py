@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,17 +16,9 @@ from consensus.core import Entry, EntryType, Role
 from consensus.log import LogOptions, LogStorage, PersistentState
 from consensus.raft_consensus import ConsensusOptions, RaftConsensus, TermCheckMode
 from consensus.transport import InMemoryTransport
+from tests.waiting import wait_for
 
 FAST = ConsensusOptions(tick_interval_s=0.02, election_ticks=10, heartbeat_ticks=1)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
-        threading.Event().wait(0.005)
 
 
 @dataclass

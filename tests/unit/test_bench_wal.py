@@ -11,20 +11,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_wal_benchmark_prints_every_mode(tmp_path: Path) -> None:
+def table_rows(script: str, *args: str, directory: Path) -> list[list[str]]:
+    """Run ``bench/<script>`` with ``args`` and its temporary files in ``directory``; the
+    cells of its table's rows, header left out.  Checks that nothing was left behind."""
     out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "wal.py"),
-            "--seconds",
-            "0.1",
-            "--producers",
-            "1,2",
-            "--sizes",
-            "100",
-            "--dir",
-            str(tmp_path),
-        ],
+        [sys.executable, str(ROOT / "bench" / script), *args, "--dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -32,36 +23,32 @@ def test_the_wal_benchmark_prints_every_mode(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         check=True,
     ).stdout
-    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
-    modes = [row.split("|")[1].strip() for row in rows[1:]]
+    assert list(directory.iterdir()) == []  # every temporary file was removed
+    lines = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[1:]]
+
+
+def test_the_wal_benchmark_prints_every_mode(tmp_path: Path) -> None:
+    rows = table_rows(
+        "wal.py", "--seconds", "0.1", "--producers", "1,2", "--sizes", "100", directory=tmp_path
+    )
+    modes = [row[0] for row in rows]
     assert modes.count("fsync/entry") == 1
     assert modes.count("group commit") == 2
     assert modes.count("group, asyncio") == 2
     assert {"bare floor", "bare, asyncio", "bare, async cb"} <= set(modes)
-    assert list(tmp_path.iterdir()) == []  # every temporary log was removed
 
 
 def test_the_fsync_spacing_benchmark_prints_every_cell(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "fsync_spacing.py"),
-            "--seconds",
-            "0.05",
-            "--repeat",
-            "1",
-            "--gaps",
-            "0,50",
-            "--dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=True,
-    ).stdout
-    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")]
-    cells = {(row[1].strip(), row[2].strip()) for row in rows[1:]}
+    rows = table_rows(
+        "fsync_spacing.py",
+        "--seconds",
+        "0.05",
+        "--repeat",
+        "1",
+        "--gaps",
+        "0,50",
+        directory=tmp_path,
+    )
+    cells = {(row[0], row[1]) for row in rows}
     assert cells == {("130", "0"), ("130", "50"), ("4160", "0"), ("4160", "50")}
-    assert list(tmp_path.iterdir()) == []

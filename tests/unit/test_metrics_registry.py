@@ -6,8 +6,6 @@ import json
 import math
 import sys
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,6 +29,7 @@ from metrics.registry import (
     MetricType,
     MetricTypeError,
 )
+from tests.waiting import wait_for
 
 WAIT = 30.0  # generous: a loaded CI box must not turn a slow wait into a failure
 
@@ -61,16 +60,6 @@ DESIGN_NAMES = {
 DEBUG_GAUGE = MetricPrototype(
     "test_debug_gauge", MetricType.GAUGE, "things", "A debug-level gauge", level="debug"
 )
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Poll `predicate` until true; the pause between polls is an Event wait, not a sleep."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        pause.wait(0.001)
 
 
 def families(registry: MetricRegistry) -> dict[str, list[Sample]]:
@@ -412,7 +401,7 @@ def test_profiled_lock_contention_reaches_prometheus() -> None:
     try:
         assert about_to_acquire.wait(WAIT)
         # Hold the lock until the waiter is provably blocked in the contended path.
-        wait_until(lambda: find_frame(t, "_acquire_contended"))
+        wait_for(lambda: find_frame(t, "_acquire_contended"))
         assert not acquired.is_set()
     finally:
         lock.release()

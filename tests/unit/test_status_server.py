@@ -7,8 +7,7 @@ import json
 import re
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,19 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from metrics import catalogue
 from metrics.registry import MetricRegistry
 from metrics.status_server import HttpError, PageRequest, PageResponse, StatusServer
+from tests.waiting import wait_for
 
 WAIT = 30.0  # generous: a loaded CI box must not turn a slow wait into a failure
 HOST = "127.0.0.1"
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Poll `predicate` until true; the pause between polls is an Event wait, not a sleep."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        pause.wait(0.005)
 
 
 def fetch(
@@ -303,7 +293,7 @@ def test_connections_over_the_cap_get_503(registry: MetricRegistry) -> None:
         idle.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
         assert idle.recv(1024).startswith(b"HTTP/1.0 200")
         # Once its thread has finished, the slot is free again.
-        wait_until(lambda: raw_exchange(server, b"GET /healthz HTTP/1.0\r\n\r\n").endswith(b"OK"))
+        wait_for(lambda: raw_exchange(server, b"GET /healthz HTTP/1.0\r\n\r\n").endswith(b"OK"))
 
 
 def test_concurrent_requests(server: StatusServer) -> None:
@@ -360,4 +350,4 @@ def test_no_threads_left_behind(registry: MetricRegistry) -> None:
         for _ in range(5):
             assert fetch(server, "/metrics")[0] == 200
     # Per-request threads end after their response; the serving thread is joined by stop().
-    wait_until(lambda: set(threading.enumerate()) <= before)
+    wait_for(lambda: set(threading.enumerate()) <= before)
