@@ -32,7 +32,7 @@ sim: $(STAMP)
 
 bench: $(STAMP)
 	@found=0; for f in bench/*.py; do \
-		[ -e "$$f" ] || continue; found=1; \
+		[ -e "$$f" ] || continue; case "$${f##*/}" in _*) continue;; esac; found=1; \
 		echo "== $$f"; $(PYTHON) "$$f" || exit 1; \
 	done; [ $$found = 1 ] || echo "no benchmarks in bench/ yet"
 

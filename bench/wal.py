@@ -38,9 +38,10 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from _drivers import run_coroutines_for, run_threads_for
 
 from consensus.core.types import Entry
 from consensus.log import Log, LogOptions
@@ -128,47 +129,6 @@ def run_fsync_per_entry(base: str, size: int, seconds: float, options: LogOption
     return observed_cell("fsync/entry", 1, size, index, elapsed, obs)
 
 
-def run_threads_for(
-    seconds: float, producers: int, produce: Callable[[threading.Event], int]
-) -> tuple[int, float]:
-    """Run ``produce(stop)`` on ``producers`` threads that start together, until
-    ``seconds`` have passed; each returns how many entries it appended.  Returns (entries,
-    elapsed seconds)."""
-    counts = [0] * producers
-    gate = threading.Barrier(producers + 1)
-    stop = threading.Event()
-
-    def body(slot: int) -> None:
-        gate.wait()
-        counts[slot] = produce(stop)
-
-    threads = [
-        threading.Thread(target=body, args=(i,), name=f"producer-{i}") for i in range(producers)
-    ]
-    for t in threads:
-        t.start()
-    gate.wait()
-    start = time.perf_counter()
-    stop.wait(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    return sum(counts), time.perf_counter() - start
-
-
-async def run_coroutines_for(
-    seconds: float, producers: int, produce: Callable[[asyncio.Event], Coroutine[Any, Any, int]]
-) -> tuple[int, float]:
-    """``run_threads_for`` with the producers as tasks on the running event loop."""
-    stop = asyncio.Event()
-    start = time.perf_counter()
-    tasks = [asyncio.create_task(produce(stop)) for _ in range(producers)]
-    await asyncio.sleep(seconds)
-    stop.set()
-    counts = await asyncio.gather(*tasks)
-    return sum(counts), time.perf_counter() - start
-
-
 def run_group_commit(
     base: str, size: int, producers: int, seconds: float, options: LogOptions
 ) -> Cell:
@@ -180,7 +140,7 @@ def run_group_commit(
     try:
         with Log.open(directory, options, obs) as log:
 
-            def produce(stop: threading.Event) -> int:
+            def produce(slot: int, stop: threading.Event) -> int:
                 # A plain lock as the wait: the cheapest thing a callback can wake.
                 done = threading.Lock()
                 done.acquire()
@@ -321,7 +281,7 @@ def run_bare(base: str, size: int, producers: int, seconds: float) -> Cell:
             for _, done in group:
                 done.release()
 
-    def produce(stop: threading.Event) -> int:
+    def produce(slot: int, stop: threading.Event) -> int:
         done = threading.Lock()
         n = 0
         while not stop.is_set():

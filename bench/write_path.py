@@ -26,6 +26,8 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _drivers import run_threads_for
+
 from proto import tablet_pb2
 from schema.partition import partition_for_key
 from schema.rows import OpType, encode_row_op
@@ -47,13 +49,10 @@ def run_cell(cluster: TserverCluster, writers: int, seconds: float, key_base: in
     latencies: list[list[float]] = [[] for _ in range(writers)]
     errors: dict[str, int] = {}
     lock = threading.Lock()
-    start_gate = threading.Barrier(writers + 1)
-    stop = threading.Event()
 
-    def writer(slot: int) -> None:
+    def writer(slot: int, stop: threading.Event) -> int:
         client = f"bench-{key_base}-{slot}"
         seq = 0
-        start_gate.wait()
         while not stop.is_set():
             seq += 1
             key = key_base + slot * 10_000_000 + seq
@@ -71,17 +70,9 @@ def run_cell(cluster: TserverCluster, writers: int, seconds: float, key_base: in
                     errors[e.code().name] = errors.get(e.code().name, 0) + 1
                 continue
             latencies[slot].append((time.perf_counter() - t0) * 1000)
+        return len(latencies[slot])
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    start_gate.wait()
-    t0 = time.perf_counter()
-    stop.wait(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    _, elapsed = run_threads_for(seconds, writers, writer)
     flat = [x for per in latencies for x in per]
     return {
         "writes": len(flat),
