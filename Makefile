@@ -13,7 +13,7 @@ install: $(STAMP)
 # Re-run when pyproject.toml changes; a deleted venv takes the stamp with it.
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --disable-pip-version-check -e '.[test,dev]'
+	$(PYTHON) -m pip install --disable-pip-version-check -e '.[cli,test,dev]'
 	touch $@
 
 test: $(STAMP)
@@ -25,7 +25,7 @@ proto: $(STAMP)
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m mypy consensus
+	$(PYTHON) -m mypy -p raftlet.consensus
 
 sim: $(STAMP)
 	$(PYTHON) -m tests.sim.run --seeds $(SEEDS)

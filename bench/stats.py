@@ -38,8 +38,15 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
 
-from metrics import Histogram, StripedCounter
-from metrics.histogram import _HIGH, _INDEX_OFFSET, _LOW, _NUM_BUCKETS, _OVERFLOW, _UNDERFLOW
+from raftlet.metrics import Histogram, StripedCounter
+from raftlet.metrics.histogram import (
+    _HIGH,
+    _INDEX_OFFSET,
+    _LOW,
+    _NUM_BUCKETS,
+    _OVERFLOW,
+    _UNDERFLOW,
+)
 
 
 class NoOp:

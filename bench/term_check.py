@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from metrics import ProfiledLock
+from raftlet.metrics import ProfiledLock
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from _drivers import run_coroutines_for, run_threads_for
 
-from consensus.core.types import Entry
-from consensus.log import Log, LogOptions
+from raftlet.consensus.core.types import Entry
+from raftlet.consensus.log import Log, LogOptions
 
 
 class BenchObserver:

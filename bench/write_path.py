@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _drivers import run_threads_for
 
-from proto import tablet_pb2
-from schema.partition import partition_for_key
-from schema.rows import OpType, encode_row_op
+from raftlet.proto import tablet_pb2
+from raftlet.schema.partition import partition_for_key
+from raftlet.schema.rows import OpType, encode_row_op
 from tests.integration.tserver_cluster import KV_SCHEMA, TserverCluster
 
 PARTITIONS = 2

@@ -12,7 +12,7 @@ import argparse
 import time
 from typing import Any
 
-from cli.common import CliError, UsageError, add_target_arguments, console, resolve_target
+from raftlet.cli.common import CliError, UsageError, add_target_arguments, console, resolve_target
 
 __all__ = ["add_parser", "run"]
 
@@ -53,7 +53,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 def _leader(config: Any, tablet_id: str, timeout_s: float) -> tuple[str, int] | None:
     """(leader id, term) of ``tablet_id`` as the servers report it, or None."""
-    from deploy.health import ProbeOptions, check_cluster
+    from raftlet.deploy.health import ProbeOptions, check_cluster
 
     health = check_cluster(config, ProbeOptions(timeout_s=timeout_s))
     for t in health.tablets:
@@ -63,7 +63,7 @@ def _leader(config: Any, tablet_id: str, timeout_s: float) -> tuple[str, int] | 
 
 
 def run(args: argparse.Namespace) -> int:
-    from client import RaftletError
+    from raftlet.client import RaftletError
 
     target = resolve_target(args)
     config = target.config

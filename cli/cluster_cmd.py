@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cli.common import (
+from raftlet.cli.common import (
     CliError,
     UsageError,
     add_target_arguments,
@@ -19,8 +19,8 @@ from cli.common import (
     positive_int,
     resolve_target,
 )
-from consensus.raft_consensus import TermCheckMode
-from tserver.flags import build_tserver_parser
+from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.tserver.flags import build_tserver_parser
 
 __all__ = ["add_parsers", "run"]
 
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.local import LauncherError, LocalCluster
+    from raftlet.deploy.local import LauncherError, LocalCluster
 
     if args.tserver_flag:
         owned = {"--config", "--server_id", "--server-id", "--data_dir", "--data-dir"}
@@ -262,8 +262,8 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from deploy.health import ProbeOptions, check_cluster
-    from deploy.local import LauncherError, LocalCluster, NoClusterError
+    from raftlet.deploy.health import ProbeOptions, check_cluster
+    from raftlet.deploy.local import LauncherError, LocalCluster, NoClusterError
 
     target = resolve_target(args, timeout_s=args.timeout)
     options = ProbeOptions(timeout_s=args.timeout, max_lag=args.max_lag)
@@ -357,7 +357,7 @@ def _print_status(health: Any, pids: dict[str, int], where: str) -> None:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from deploy.local import STATE_FILE, LauncherError, LocalCluster, NoClusterError
+    from raftlet.deploy.local import STATE_FILE, LauncherError, LocalCluster, NoClusterError
 
     path = config_file_of(args)
     assert path is not None  # the parser requires --data-dir or --cluster

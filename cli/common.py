@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tserver.cluster_config import (
+from raftlet.tserver.cluster_config import (
     ClusterConfig,
     ConfigError,
     TableConfig,
@@ -32,7 +32,7 @@ from tserver.cluster_config import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from client import Client
+    from raftlet.client import Client
 
 __all__ = [
     "CliError",
@@ -122,7 +122,7 @@ class Target:
 
     def client(self, timeout_s: float = 30.0, **kwargs: Any) -> Client:
         """A client of this cluster (``kwargs`` go to ``Client``)."""
-        from client import Client, RaftletError
+        from raftlet.client import Client, RaftletError
 
         try:
             if self.config_path is not None:
@@ -167,7 +167,7 @@ def fetch_config(seeds: Sequence[str], timeout_s: float = 5.0) -> ClusterConfig:
     """The cluster config from the first seed that answers ``GetClusterConfig``."""
     import grpc
 
-    from proto import tablet_pb2, tablet_pb2_grpc
+    from raftlet.proto import tablet_pb2, tablet_pb2_grpc
 
     failures = []
     for addr in seeds:

@@ -23,7 +23,7 @@ import importlib.metadata
 import sys
 from collections.abc import Sequence
 
-from tserver.flags import OneLineArgumentParser, add_tserver_arguments, settings_from_args
+from raftlet.tserver.flags import OneLineArgumentParser, add_tserver_arguments, settings_from_args
 
 
 def _version() -> str:
@@ -62,7 +62,7 @@ Run `raftlet COMMAND --help` for a command's options and examples.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
+    from raftlet.cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
 
     parser = OneLineArgumentParser(
         prog="raftlet",
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "tserver":
-        from tserver.main import run  # the server's imports only when serving
+        from raftlet.tserver.main import run  # the server's imports only when serving
 
         return run(settings_from_args(args.subparser, args))
     if args.command is None:
@@ -105,8 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
-    from cli.common import CliError
+    from raftlet.cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
+    from raftlet.cli.common import CliError
 
     runners = {
         "cluster": cluster_cmd.run,
@@ -130,7 +130,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except Exception as e:
         # A client error that escaped a command's handling is still one line; anything
         # else is a bug and keeps its traceback.
-        from client import RaftletError
+        from raftlet.client import RaftletError
 
         if isinstance(e, RaftletError):
             _fail(name, str(e))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cli.common import (
+from raftlet.cli.common import (
     CliError,
     UsageError,
     add_target_arguments,
@@ -36,7 +36,7 @@ from cli.common import (
     human_us,
     resolve_target,
 )
-from tserver.cluster_config import ServerConfig
+from raftlet.tserver.cluster_config import ServerConfig
 
 __all__ = ["KEY_METRICS", "KeyMetric", "add_parser", "key_metrics", "run"]
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli.common import (
+from raftlet.cli.common import (
     CliError,
     UsageError,
     add_target_arguments,
@@ -31,9 +31,9 @@ from cli.common import (
     positive_int,
     resolve_target,
 )
-from schema.predicates import Predicate, PredicateError
-from schema.schema import Schema
-from schema.types import DataType, TypeMismatch, Value, datetime_from_micros, normalize
+from raftlet.schema.predicates import Predicate, PredicateError
+from raftlet.schema.schema import Schema
+from raftlet.schema.types import DataType, TypeMismatch, Value, datetime_from_micros, normalize
 
 __all__ = ["WhereClause", "add_parser", "parse_value", "parse_where", "run"]
 
@@ -284,7 +284,7 @@ def _parse_time(text: str) -> _dt.datetime:
 
 
 def run(args: argparse.Namespace) -> int:
-    from client import RaftletError, ReadMode
+    from raftlet.client import RaftletError, ReadMode
 
     target = resolve_target(args)
     table = target.table(args.table)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cli.common import (
+from raftlet.cli.common import (
     CliError,
     UsageError,
     add_target_arguments,
@@ -46,11 +46,11 @@ from cli.common import (
     positive_int,
     resolve_target,
 )
-from schema.schema import Schema
-from schema.types import INTEGER_RANGES, DataType, Value
+from raftlet.schema.schema import Schema
+from raftlet.schema.types import INTEGER_RANGES, DataType, Value
 
 if TYPE_CHECKING:
-    from client import Client, ClientStats, Session
+    from raftlet.client import Client, ClientStats, Session
 
 __all__ = ["LoadSummary", "RowFactory", "add_parser", "run"]
 
@@ -276,7 +276,7 @@ def _writer(
     timeout_s: float,
     shared: _Shared,
 ) -> None:
-    from client import ClientClosed, FlushMode, RaftletError
+    from raftlet.client import ClientClosed, FlushMode, RaftletError
 
     flush_mode = {
         "sync": FlushMode.AUTO_FLUSH_SYNC,

@@ -6,7 +6,7 @@ and scanners. It speaks only the wire protocol: it imports ``schema`` and ``prot
 
 ::
 
-    from client import Client, FlushMode
+    from raftlet.client import Client, FlushMode
 
     with Client(["127.0.0.1:7051"]) as c:
         with c.new_session(FlushMode.AUTO_FLUSH_BACKGROUND) as s:
@@ -21,8 +21,8 @@ Modules: ``client`` (Client), ``session`` (flush modes), ``scanner``, ``meta_cac
 request ids), ``channels`` (one gRPC channel per server), ``stats``, ``errors``.
 """
 
-from client.client import Client
-from client.errors import (
+from raftlet.client.client import Client
+from raftlet.client.errors import (
     ClientClosed,
     InvalidArgument,
     NotLeader,
@@ -33,13 +33,13 @@ from client.errors import (
     TabletNotFound,
     Timeout,
 )
-from client.meta_cache import ServerInfo
-from client.retry import DEFAULT_POLICIES, Cause
-from client.scanner import ReadMode, Row, Scanner
-from client.session import FlushMode, Operation, Session
-from client.stats import ClientStats
-from schema.predicates import Predicate
-from schema.rows import OpType
+from raftlet.client.meta_cache import ServerInfo
+from raftlet.client.retry import DEFAULT_POLICIES, Cause
+from raftlet.client.scanner import ReadMode, Row, Scanner
+from raftlet.client.session import FlushMode, Operation, Session
+from raftlet.client.stats import ClientStats
+from raftlet.schema.predicates import Predicate
+from raftlet.schema.rows import OpType
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -65,3 +65,8 @@ __all__ = [
     "TabletNotFound",
     "Timeout",
 ]
+
+# Last, so the re-exports above stay at the top; see raftlet/__init__.py.
+from raftlet import require_namespaced
+
+require_namespaced(__name__)

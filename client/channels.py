@@ -24,8 +24,8 @@ from typing import Any, Protocol, cast
 
 import grpc
 
-from client.errors import ClientClosed
-from proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
+from raftlet.client.errors import ClientClosed
+from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
 __all__ = [
     "CHANNEL_OPTIONS",

@@ -29,18 +29,18 @@ from typing import Any
 
 from tenacity.wait import wait_base
 
-from client.channels import CHANNEL_OPTIONS, ChannelPool, ServerStub
-from client.errors import ClientClosed, InvalidArgument
-from client.meta_cache import MetaCache, ServerInfo
-from client.request_tracker import RequestTracker
-from client.retry import DEFAULT_POLICIES, Cause, RpcFailure
-from client.rpc import RpcContext, call_tablet
-from client.scanner import ReadMode, Scanner
-from client.session import FlushMode, Session
-from client.stats import ClientStats, StatsRecorder
-from proto import admin_pb2, tablet_pb2
-from schema.predicates import Predicate
-from schema.schema import Schema
+from raftlet.client.channels import CHANNEL_OPTIONS, ChannelPool, ServerStub
+from raftlet.client.errors import ClientClosed, InvalidArgument
+from raftlet.client.meta_cache import MetaCache, ServerInfo
+from raftlet.client.request_tracker import RequestTracker
+from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
+from raftlet.client.rpc import RpcContext, call_tablet
+from raftlet.client.scanner import ReadMode, Scanner
+from raftlet.client.session import FlushMode, Session
+from raftlet.client.stats import ClientStats, StatsRecorder
+from raftlet.proto import admin_pb2, tablet_pb2
+from raftlet.schema.predicates import Predicate
+from raftlet.schema.schema import Schema
 
 __all__ = ["Client"]
 

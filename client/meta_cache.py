@@ -32,14 +32,21 @@ from dataclasses import dataclass
 
 import grpc
 
-from client.channels import ResultFuture, StubProvider
-from client.errors import InvalidArgument, RemoteError, TabletNotFound
-from client.retry import Action, Cause, RetriableFailure, RpcFailure, classify, run_with_retries
-from client.stats import StatsRecorder
-from proto import consensus_pb2, tablet_pb2
-from schema.keys import KeyEncodeError
-from schema.partition import partition_for_key
-from schema.schema import Schema, SchemaError
+from raftlet.client.channels import ResultFuture, StubProvider
+from raftlet.client.errors import InvalidArgument, RemoteError, TabletNotFound
+from raftlet.client.retry import (
+    Action,
+    Cause,
+    RetriableFailure,
+    RpcFailure,
+    classify,
+    run_with_retries,
+)
+from raftlet.client.stats import StatsRecorder
+from raftlet.proto import consensus_pb2, tablet_pb2
+from raftlet.schema.keys import KeyEncodeError
+from raftlet.schema.partition import partition_for_key
+from raftlet.schema.schema import Schema, SchemaError
 
 __all__ = ["ClusterView", "MetaCache", "ServerInfo", "TableInfo", "TabletInfo"]
 

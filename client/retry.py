@@ -46,7 +46,7 @@ import grpc
 import tenacity
 from tenacity.wait import wait_base
 
-from client.errors import (
+from raftlet.client.errors import (
     InvalidArgument,
     NotLeader,
     RaftletError,
@@ -54,8 +54,8 @@ from client.errors import (
     ServerTooBusy,
     Timeout,
 )
-from proto import ERROR_METADATA_KEY
-from proto.common_pb2 import ServerErrorPB
+from raftlet.proto import ERROR_METADATA_KEY
+from raftlet.proto.common_pb2 import ServerErrorPB
 
 __all__ = [
     "DEFAULT_POLICIES",

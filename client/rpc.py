@@ -32,10 +32,10 @@ from typing import TypeVar
 import grpc
 from tenacity.wait import wait_base
 
-from client.channels import ServerStub, StubProvider
-from client.errors import TabletNotFound
-from client.meta_cache import MetaCache, TabletInfo
-from client.retry import (
+from raftlet.client.channels import ServerStub, StubProvider
+from raftlet.client.errors import TabletNotFound
+from raftlet.client.meta_cache import MetaCache, TabletInfo
+from raftlet.client.retry import (
     DEFAULT_POLICIES,
     Action,
     Cause,
@@ -46,8 +46,8 @@ from client.retry import (
     fatal_error,
     run_with_retries,
 )
-from client.stats import StatsRecorder
-from proto.common_pb2 import ServerErrorPB
+from raftlet.client.stats import StatsRecorder
+from raftlet.proto.common_pb2 import ServerErrorPB
 
 __all__ = ["RpcContext", "call_tablet"]
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 
-from client.channels import ServerStub
-from client.errors import InvalidArgument, RemoteError
-from client.meta_cache import TableInfo
-from client.rpc import RpcContext, call_tablet
-from proto import tablet_pb2
-from schema.predicates import Predicate, PredicateError
-from schema.rows import row_from_pb
-from schema.types import TypeMismatch, Value
+from raftlet.client.channels import ServerStub
+from raftlet.client.errors import InvalidArgument, RemoteError
+from raftlet.client.meta_cache import TableInfo
+from raftlet.client.rpc import RpcContext, call_tablet
+from raftlet.proto import tablet_pb2
+from raftlet.schema.predicates import Predicate, PredicateError
+from raftlet.schema.rows import row_from_pb
+from raftlet.schema.types import TypeMismatch, Value
 
 __all__ = ["ReadMode", "Row", "Scanner"]
 

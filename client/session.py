@@ -39,12 +39,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from client.channels import ServerStub
-from client.errors import ClientClosed, InvalidArgument, RaftletError, RowError, Timeout
-from client.request_tracker import RequestTracker
-from client.rpc import RpcContext, call_tablet
-from proto import tablet_pb2
-from schema.rows import ErrorCode, OpType, RowOpError, encode_row_op
+from raftlet.client.channels import ServerStub
+from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError, Timeout
+from raftlet.client.request_tracker import RequestTracker
+from raftlet.client.rpc import RpcContext, call_tablet
+from raftlet.proto import tablet_pb2
+from raftlet.schema.rows import ErrorCode, OpType, RowOpError, encode_row_op
 
 __all__ = ["FlushMode", "Operation", "Session"]
 

@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from metrics import Histogram, HistogramSnapshot
+from raftlet.metrics import Histogram, HistogramSnapshot
 
 __all__ = ["ClientStats", "StatsRecorder"]
 

@@ -8,3 +8,8 @@ services: peers are reached through a small transport Protocol that ``tserver`` 
 over gRPC and tests replace with an in-memory one. It may import ``metrics``; ``consensus.core``
 imports nothing of the project.
 """
+
+# Last, so the re-exports above stay at the top; see raftlet/__init__.py.
+from raftlet import require_namespaced
+
+require_namespaced(__name__)

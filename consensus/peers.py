@@ -14,8 +14,8 @@ import queue
 import threading
 from collections.abc import Callable
 
-from consensus.core.types import Message
-from consensus.transport import Transport
+from raftlet.consensus.core.types import Message
+from raftlet.consensus.transport import Transport
 
 __all__ = ["PeerSender"]
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from consensus.core import (
+from raftlet.consensus.core import (
     NO_NODE,
     Config,
     Entry,
@@ -49,11 +49,11 @@ from consensus.core import (
     Role,
     SoftState,
 )
-from consensus.log.raft_storage import LogStorage
-from consensus.peers import PeerSender
-from consensus.transport import Transport
-from metrics.counter import StripedCounter
-from metrics.profiled_lock import ProfiledLock
+from raftlet.consensus.log.raft_storage import LogStorage
+from raftlet.consensus.peers import PeerSender
+from raftlet.consensus.transport import Transport
+from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.profiled_lock import ProfiledLock
 
 __all__ = [
     "ConsensusMetrics",

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from consensus.core.types import Message
+from raftlet.consensus.core.types import Message
 
 __all__ = ["InMemoryTransport", "RequestHandler", "ResponseCallback", "Transport"]
 

@@ -4,3 +4,7 @@ The local multi-node launcher, the multi-host (network namespace) launcher, syst
 the container image and manifests, and the Grafana dashboard. Used by ``cli`` and by the
 integration tests.
 """
+
+from raftlet import require_namespaced
+
+require_namespaced(__name__)

@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.health import ClusterHealth, ProbeOptions, check_cluster
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tserver.cluster_config import (
+from raftlet.deploy.health import ClusterHealth, ProbeOptions, check_cluster
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.cluster_config import (
     ClusterConfig,
     ConfigError,
     RaftTimings,
@@ -369,7 +369,7 @@ class LocalCluster:
         argv = [
             sys.executable,
             "-m",
-            "cli.main",
+            "raftlet",
             "tserver",
             "--config",
             str(self.config_path),
@@ -382,7 +382,7 @@ class LocalCluster:
             log.flush()
             proc = subprocess.Popen(
                 argv,
-                # `-m cli.main` resolves against the working directory first; the project
+                # `-m raftlet` resolves against the working directory first; the project
                 # root makes a source checkout work even if it is not installed.
                 cwd=_project_root(),
                 stdin=subprocess.DEVNULL,

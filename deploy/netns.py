@@ -22,7 +22,7 @@ several clusters in one process, never collide)::
   the same X. Only interfaces this launcher creates get addresses.
 - **isolate / heal** set the bridge-side end ``vN`` down / up: no frame in or out of that
   host, its address and processes untouched, TCP connections resume after ``heal``.
-- **Processes** run as ``ip netns exec NS python -c <pdeathsig shim> … -m cli.main tserver``.
+- **Processes** run as ``ip netns exec NS python -c <pdeathsig shim> … -m raftlet tserver``.
   ``ip netns exec`` execs (no fork), and so does the shim, so the PID we hold is the server's:
   SIGTERM reaches it directly. The shim asks the kernel to SIGTERM the server if the launcher
   dies, so a killed test run leaves no server behind.
@@ -33,7 +33,7 @@ several clusters in one process, never collide)::
   (their launcher's PID is gone); ``start`` calls it.
 
 Needs root and iproute2's ``ip``: ``netns_available()`` says whether this machine can, and why
-not. ``python -m deploy.netns --servers 3`` starts a cluster and keeps it until Ctrl-C.
+not. ``python -m raftlet.deploy.netns --servers 3`` starts a cluster and keeps it until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tserver.cluster_config import (
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.cluster_config import (
     ClusterConfig,
     RaftTimings,
     ServerConfig,
@@ -77,7 +77,7 @@ __all__ = [
     "netns_available",
 ]
 
-# The project root: ``-m cli.main`` must import from here when the project is not installed.
+# The project root: ``-m raftlet`` must import from here when the project is not installed.
 _ROOT = Path(__file__).resolve().parents[1]
 # The subnets runs pick from: 10.213.X.0/24, X = 0..255. Private (RFC 1918), and /16 wide so
 # a host on some 10.213.x network still leaves most of them free.
@@ -447,7 +447,7 @@ class NetnsCluster:
         return [
             "ip", "netns", "exec", host.netns,
             self.python, "-c", _PDEATHSIG_SHIM, str(os.getpid()),
-            self.python, "-m", "cli.main", "tserver",
+            self.python, "-m", "raftlet", "tserver",
             "--config", str(self.path), "--server_id", host.server_id, *self.flags,
         ]  # fmt: skip
 
@@ -597,7 +597,7 @@ class NetnsCluster:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.netns",
+        prog="python -m raftlet.deploy.netns",
         description="Start a raftlet cluster with each server in its own network namespace "
         "(needs root), print its addresses, and keep it until Ctrl-C or SIGTERM.",
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from metrics.registry import MetricPrototype, MetricType
+from raftlet.metrics.registry import MetricPrototype, MetricType
 
 __all__ = [
     "ALL_PROTOTYPES",

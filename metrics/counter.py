@@ -19,7 +19,7 @@ forgets them, so a churning thread pool neither loses counts nor grows the cell 
 
 from __future__ import annotations
 
-from metrics._thread_cells import PerThreadCells
+from raftlet.metrics._thread_cells import PerThreadCells
 
 __all__ = ["StripedCounter"]
 

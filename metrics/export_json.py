@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from metrics.histogram import Histogram
-from metrics.registry import LEVELS, MetricInstance, MetricRegistry
+from raftlet.metrics.histogram import Histogram
+from raftlet.metrics.registry import LEVELS, MetricInstance, MetricRegistry
 
 __all__ = [
     "CONTENT_TYPE",

@@ -46,10 +46,10 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from metrics.counter import StripedCounter
-from metrics.gauge import FunctionGauge, Gauge
-from metrics.histogram import Histogram, HistogramSnapshot
-from metrics.registry import MetricEntity, MetricInstance, MetricPrototype, MetricRegistry
+from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.gauge import FunctionGauge, Gauge
+from raftlet.metrics.histogram import Histogram, HistogramSnapshot
+from raftlet.metrics.registry import MetricEntity, MetricInstance, MetricPrototype, MetricRegistry
 
 __all__ = [
     "CONTENT_TYPE",

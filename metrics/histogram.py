@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import add
 
-from metrics._thread_cells import PerThreadCells
+from raftlet.metrics._thread_cells import PerThreadCells
 
 __all__ = ["DEFAULT_BUCKET_BOUNDS", "MAX_RELATIVE_ERROR", "Histogram", "HistogramSnapshot"]
 

@@ -34,8 +34,8 @@ from operator import attrgetter, methodcaller
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
-from metrics.counter import StripedCounter
-from metrics.histogram import Histogram
+from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.histogram import Histogram
 
 __all__ = [
     "ProfiledLock",

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from metrics.counter import StripedCounter
-from metrics.gauge import FunctionGauge, Gauge
-from metrics.histogram import Histogram
+from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.gauge import FunctionGauge, Gauge
+from raftlet.metrics.histogram import Histogram
 
 __all__ = [
     "ENTITY_TYPES",

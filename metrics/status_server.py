@@ -41,8 +41,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from metrics import export_json, export_prometheus
-from metrics.registry import MetricRegistry
+from raftlet.metrics import export_json, export_prometheus
+from raftlet.metrics.registry import MetricRegistry
 
 __all__ = [
     "HttpError",

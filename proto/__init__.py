@@ -8,3 +8,7 @@ drift from the sources. Do not edit them by hand. Imports nothing of the project
 # Binary trailing-metadata key under which a server puts a serialized ServerErrorPB when it
 # fails a call with a non-OK gRPC status (gRPC requires binary keys to end in "-bin").
 ERROR_METADATA_KEY = "raftlet-error-bin"
+
+from raftlet import require_namespaced  # noqa: E402
+
+require_namespaced(__name__)

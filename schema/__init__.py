@@ -5,10 +5,10 @@ operations to and from their ``proto`` messages. Shared by ``tserver`` and ``cli
 only ``proto``.
 """
 
-from schema.keys import KeyDecodeError, KeyEncodeError, decode_key, encode_key
-from schema.partition import partition_for_encoded_key, partition_for_key
-from schema.predicates import Predicate, PredicateError, PredicateKind
-from schema.rows import (
+from raftlet.schema.keys import KeyDecodeError, KeyEncodeError, decode_key, encode_key
+from raftlet.schema.partition import partition_for_encoded_key, partition_for_key
+from raftlet.schema.predicates import Predicate, PredicateError, PredicateKind
+from raftlet.schema.rows import (
     ErrorCode,
     OpType,
     RowError,
@@ -20,8 +20,8 @@ from schema.rows import (
     row_from_pb,
     row_to_pb,
 )
-from schema.schema import ColumnSchema, Schema, SchemaError
-from schema.types import (
+from raftlet.schema.schema import ColumnSchema, Schema, SchemaError
+from raftlet.schema.types import (
     DataType,
     TypeMismatch,
     Value,
@@ -64,3 +64,8 @@ __all__ = [
     "value_from_pb",
     "value_to_pb",
 ]
+
+# Last, so the re-exports above stay at the top; see raftlet/__init__.py.
+from raftlet import require_namespaced
+
+require_namespaced(__name__)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from schema.schema import Schema
-from schema.types import INTEGER_RANGES, DataType, TypeMismatch, Value, normalize
+from raftlet.schema.schema import Schema
+from raftlet.schema.types import INTEGER_RANGES, DataType, TypeMismatch, Value, normalize
 
 __all__ = ["KeyDecodeError", "KeyEncodeError", "decode_key", "encode_key"]
 

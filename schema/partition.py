@@ -14,8 +14,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from schema.keys import encode_key
-from schema.schema import Schema
+from raftlet.schema.keys import encode_key
+from raftlet.schema.schema import Schema
 
 __all__ = ["partition_for_encoded_key", "partition_for_key"]
 

@@ -12,9 +12,9 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proto import tablet_pb2
-from schema.schema import Schema
-from schema.types import TypeMismatch, Value, normalize, value_from_pb, value_to_pb
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import Schema
+from raftlet.schema.types import TypeMismatch, Value, normalize, value_from_pb, value_to_pb
 
 __all__ = ["MAX_IN_LIST", "Predicate", "PredicateError", "PredicateKind"]
 

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from proto import tablet_pb2
-from schema.schema import Schema
-from schema.types import TypeMismatch, Value, value_from_pb, value_to_pb
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import Schema
+from raftlet.schema.types import TypeMismatch, Value, value_from_pb, value_to_pb
 
 __all__ = [
     "ErrorCode",

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
-from proto import tablet_pb2
-from schema.types import DataType
+from raftlet.proto import tablet_pb2
+from raftlet.schema.types import DataType
 
 __all__ = ["MAX_COLUMN_NAME_LENGTH", "ColumnSchema", "Schema", "SchemaError"]
 

@@ -22,7 +22,7 @@ import math
 import struct
 from typing import TypeAlias
 
-from proto import tablet_pb2
+from raftlet.proto import tablet_pb2
 
 __all__ = [
     "INTEGER_RANGES",

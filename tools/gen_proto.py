@@ -1,12 +1,13 @@
 """Generate the Python protobuf and gRPC modules for proto/*.proto.
 
-Runs grpc_tools.protoc with the repository root as the only import root, so a source
-`proto/x.proto` becomes the module `proto.x_pb2` and cross-file imports come out as
-`from proto import x_pb2`. Every generated file gets a banner naming the grpcio-tools
-version and its source, so a stale file is recognisable and nobody edits one by hand.
+Runs grpc_tools.protoc with the repository root as the only import root, on the sources as
+seen through the `raftlet/proto` link, so `proto/x.proto` becomes the module
+`raftlet.proto.x_pb2` and cross-file imports come out as `from raftlet.proto import x_pb2`.
+Every generated file gets a banner naming the grpcio-tools version and its source, so a
+stale file is recognisable and nobody edits one by hand.
 
     python tools/gen_proto.py --out .        # regenerate in place (what `make proto` runs)
-    python tools/gen_proto.py --out /tmp/x   # writes /tmp/x/proto/*_pb2*.py(i)
+    python tools/gen_proto.py --out /tmp/x   # writes /tmp/x/raftlet/proto/*_pb2*.py(i)
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTO_DIR = REPO_ROOT / "proto"
+# The package path the generated modules import each other by; a link to proto/.
+PROTO_PACKAGE = Path("raftlet") / "proto"
+PROTO_DIR = REPO_ROOT / PROTO_PACKAGE
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
 
 
@@ -32,7 +35,7 @@ def banner(version: str, source: str) -> str:
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Compile every proto/*.proto into out_dir/proto/ and return the files written."""
+    """Compile every proto/*.proto into out_dir/raftlet/proto/ and return the files written."""
     import grpc_tools  # dev-only dependency: imported only when generating
 
     version = importlib.metadata.version("grpcio-tools")
@@ -41,7 +44,7 @@ def generate(out_dir: Path) -> list[Path]:
     if not sources:
         raise SystemExit(f"no .proto files in {PROTO_DIR}")
     out_dir = out_dir.resolve()
-    (out_dir / "proto").mkdir(parents=True, exist_ok=True)
+    (out_dir / PROTO_PACKAGE).mkdir(parents=True, exist_ok=True)
     rel_sources = [src.relative_to(REPO_ROOT).as_posix() for src in sources]
     cmd = [
         sys.executable,
@@ -59,7 +62,7 @@ def generate(out_dir: Path) -> list[Path]:
     written = []
     for src, rel in zip(sources, rel_sources, strict=True):
         for suffix in GENERATED_SUFFIXES:
-            path = out_dir / "proto" / (src.stem + suffix)
+            path = out_dir / PROTO_PACKAGE / (src.stem + suffix)
             text = path.read_text(encoding="utf-8")
             path.write_text(banner(version, rel) + text, encoding="utf-8")
             written.append(path)
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=REPO_ROOT,
-        help="output root; files land in OUT/proto/ (default: the repository root)",
+        help="output root; files land in OUT/raftlet/proto/ (default: the repository root)",
     )
     args = parser.parse_args(argv)
     for path in generate(args.out):

@@ -6,3 +6,7 @@ implements the consensus transport over long-lived gRPC channels and maps typed 
 status once, at the service boundary. Imports ``consensus``, ``schema``, ``metrics`` and
 ``proto``.
 """
+
+from raftlet import require_namespaced
+
+require_namespaced(__name__)

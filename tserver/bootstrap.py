@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from consensus.core.types import Entry, EntryType
-from consensus.log.metadata import PersistentState
-from consensus.log.options import LogObserver, LogOptions
-from consensus.log.raft_storage import LogStorage
-from proto import tablet_pb2
-from schema.schema import Schema
-from tserver.store import ApplyEntry, EntryResult, TabletStore
+from raftlet.consensus.core.types import Entry, EntryType
+from raftlet.consensus.log.metadata import PersistentState
+from raftlet.consensus.log.options import LogObserver, LogOptions
+from raftlet.consensus.log.raft_storage import LogStorage
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import Schema
+from raftlet.tserver.store import ApplyEntry, EntryResult, TabletStore
 
 __all__ = [
     "STORE_FILE",

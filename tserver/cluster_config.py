@@ -62,9 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from proto import tablet_pb2
-from schema.schema import ColumnSchema, Schema, SchemaError
-from schema.types import DataType
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import ColumnSchema, Schema, SchemaError
+from raftlet.schema.types import DataType
 
 __all__ = [
     "MAX_PARTITIONS",

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from consensus.core.types import Entry, EntryType, Message, MessageType
-from consensus.log.codec import check_batch
-from proto import consensus_pb2 as pb
-from tserver.errors import InvalidRequest
+from raftlet.consensus.core.types import Entry, EntryType, Message, MessageType
+from raftlet.consensus.log.codec import check_batch
+from raftlet.proto import consensus_pb2 as pb
+from raftlet.tserver.errors import InvalidRequest
 
 __all__ = [
     "MalformedRequest",

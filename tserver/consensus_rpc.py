@@ -26,12 +26,12 @@ from typing import Any
 
 import grpc
 
-from consensus.core import Message, MessageType, Role
-from consensus.raft_consensus import RaftConsensus
-from consensus.transport import ResponseCallback
-from proto import common_pb2, consensus_pb2_grpc
-from proto import consensus_pb2 as pb
-from tserver.consensus_codec import (
+from raftlet.consensus.core import Message, MessageType, Role
+from raftlet.consensus.raft_consensus import RaftConsensus
+from raftlet.consensus.transport import ResponseCallback
+from raftlet.proto import common_pb2, consensus_pb2_grpc
+from raftlet.proto import consensus_pb2 as pb
+from raftlet.tserver.consensus_codec import (
     MalformedRequest,
     MalformedResponse,
     decode_response,
@@ -42,7 +42,7 @@ from tserver.consensus_codec import (
     update_response_from_message,
     vote_response_from_message,
 )
-from tserver.errors import TabletNotFound
+from raftlet.tserver.errors import TabletNotFound
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from consensus.log.options import LogOptions
-from consensus.raft_consensus import ConsensusOptions, TermCheckMode
-from tserver.cluster_config import (
+from raftlet.consensus.log.options import LogOptions
+from raftlet.consensus.raft_consensus import ConsensusOptions, TermCheckMode
+from raftlet.tserver.cluster_config import (
     ClusterConfig,
     ConfigError,
     RaftTimings,

@@ -7,8 +7,8 @@ import logging
 import signal
 import sys
 
-from tserver.flags import ServerSettings
-from tserver.server import TabletServer
+from raftlet.tserver.flags import ServerSettings
+from raftlet.tserver.server import TabletServer
 
 __all__ = ["run"]
 

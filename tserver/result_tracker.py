@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proto import tablet_pb2
+from raftlet.proto import tablet_pb2
 
 __all__ = ["Admission", "RequestKey", "ResultTracker"]
 

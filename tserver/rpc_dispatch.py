@@ -24,19 +24,19 @@ from typing import Any, NoReturn
 
 import grpc
 
-from consensus.core import NotLeader, ProposalDropped, TermMismatch
-from consensus.raft_consensus import LeaderNotReady, ReplicaFailed
-from proto import ERROR_METADATA_KEY
-from proto.common_pb2 import ServerErrorPB
-from tserver.consensus_codec import WrongServerUuid
-from tserver.errors import (
+from raftlet.consensus.core import NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
+from raftlet.proto import ERROR_METADATA_KEY
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.tserver.consensus_codec import WrongServerUuid
+from raftlet.tserver.errors import (
     DeadlineExceededInQueue,
     InvalidRequest,
     ServiceUnavailable,
     StaleRequest,
     TabletNotFound,
 )
-from tserver.service_pool import InboundCall, ServicePool
+from raftlet.tserver.service_pool import InboundCall, ServicePool
 
 __all__ = ["LeaderAddrLookup", "abort_with", "dispatch", "status_for"]
 

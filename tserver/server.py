@@ -30,12 +30,12 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from consensus.core import NO_NODE
-from metrics import catalogue as cat
-from metrics import set_lock_contention_trace_threshold_ms
-from metrics.registry import MetricEntity, MetricRegistry
-from metrics.status_server import PageRequest, PageResponse, StatusServer
-from proto import (
+from raftlet.consensus.core import NO_NODE
+from raftlet.metrics import catalogue as cat
+from raftlet.metrics import set_lock_contention_trace_threshold_ms
+from raftlet.metrics.registry import MetricEntity, MetricRegistry
+from raftlet.metrics.status_server import PageRequest, PageResponse, StatusServer
+from raftlet.proto import (
     admin_pb2,
     admin_pb2_grpc,
     consensus_pb2,
@@ -43,19 +43,19 @@ from proto import (
     tablet_pb2,
     tablet_pb2_grpc,
 )
-from tserver.cluster_config import parse_host_port
-from tserver.consensus_rpc import (
+from raftlet.tserver.cluster_config import parse_host_port
+from raftlet.tserver.consensus_rpc import (
     ChannelPool,
     ConsensusRequestHandler,
     GrpcTransport,
     server_options,
 )
-from tserver.errors import InvalidRequest, TabletNotFound
-from tserver.flags import FlagError, FlagRegistry, ServerSettings
-from tserver.malformed import MalformedRequestInterceptor
-from tserver.rpc_dispatch import dispatch
-from tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
-from tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
+from raftlet.tserver.errors import InvalidRequest, TabletNotFound
+from raftlet.tserver.flags import FlagError, FlagRegistry, ServerSettings
+from raftlet.tserver.malformed import MalformedRequestInterceptor
+from raftlet.tserver.rpc_dispatch import dispatch
+from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
+from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 
 __all__ = ["TabletServer"]
 

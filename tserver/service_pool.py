@@ -22,11 +22,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from metrics import catalogue
-from metrics.counter import StripedCounter
-from metrics.histogram import Histogram
-from metrics.registry import MetricEntity, MetricRegistry
-from tserver.errors import DeadlineExceededInQueue, ServiceUnavailable
+from raftlet.metrics import catalogue
+from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.histogram import Histogram
+from raftlet.metrics.registry import MetricEntity, MetricRegistry
+from raftlet.tserver.errors import DeadlineExceededInQueue, ServiceUnavailable
 
 __all__ = ["InboundCall", "ServicePool", "ServicePoolMetrics"]
 

@@ -31,28 +31,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consensus.core import Entry, EntryType, NotLeader, ProposalDropped
-from consensus.log import Log, LogOptions
-from consensus.raft_consensus import (
+from raftlet.consensus.core import Entry, EntryType, NotLeader, ProposalDropped
+from raftlet.consensus.log import Log, LogOptions
+from raftlet.consensus.raft_consensus import (
     ConsensusMetrics,
     ConsensusOptions,
     RaftConsensus,
     TermCheckMode,
 )
-from consensus.transport import Transport
-from metrics import catalogue as cat
-from metrics.counter import StripedCounter
-from metrics.histogram import Histogram
-from metrics.profiled_lock import ProfiledLock
-from metrics.registry import MetricEntity, MetricPrototype
-from proto import tablet_pb2
-from schema.predicates import Predicate, PredicateError
-from schema.rows import RowError, decode_row_ops, row_to_pb
-from schema.schema import Schema
-from tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
-from tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
-from tserver.result_tracker import Admission, RequestKey, ResultTracker
-from tserver.store import InvalidScan, StoreError
+from raftlet.consensus.transport import Transport
+from raftlet.metrics import catalogue as cat
+from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.histogram import Histogram
+from raftlet.metrics.profiled_lock import ProfiledLock
+from raftlet.metrics.registry import MetricEntity, MetricPrototype
+from raftlet.proto import tablet_pb2
+from raftlet.schema.predicates import Predicate, PredicateError
+from raftlet.schema.rows import RowError, decode_row_ops, row_to_pb
+from raftlet.schema.schema import Schema
+from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
+from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
+from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
+from raftlet.tserver.store import InvalidScan, StoreError
 
 __all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks"]
 

@@ -6,14 +6,14 @@ and the simulator (tests/sim) feed it ticks and messages and carry out the
 ``Ready`` it returns.  See docs/ARCHITECTURE.md for the rules a driver must keep.
 """
 
-from consensus.core.config import Config
-from consensus.core.errors import ConfigError, NotLeader, ProposalDropped, TermMismatch
-from consensus.core.progress import Progress, ProgressState
-from consensus.core.raft import Raft
-from consensus.core.raft_log import RaftLog
-from consensus.core.rawnode import RawNode, Status
-from consensus.core.storage import MemoryStorage, Storage
-from consensus.core.types import (
+from raftlet.consensus.core.config import Config
+from raftlet.consensus.core.errors import ConfigError, NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.core.progress import Progress, ProgressState
+from raftlet.consensus.core.raft import Raft
+from raftlet.consensus.core.raft_log import RaftLog
+from raftlet.consensus.core.rawnode import RawNode, Status
+from raftlet.consensus.core.storage import MemoryStorage, Storage
+from raftlet.consensus.core.types import (
     NO_NODE,
     Entry,
     EntryType,

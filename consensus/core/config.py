@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consensus.core.errors import ConfigError
+from raftlet.consensus.core.errors import ConfigError
 
 __all__ = ["Config"]
 

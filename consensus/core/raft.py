@@ -20,13 +20,13 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from consensus.core.config import Config
-from consensus.core.errors import NotLeader, ProposalDropped, TermMismatch
-from consensus.core.progress import Progress, ProgressState
-from consensus.core.quorum import VoteResult, committed_index, vote_result
-from consensus.core.raft_log import RaftLog
-from consensus.core.storage import Storage
-from consensus.core.types import (
+from raftlet.consensus.core.config import Config
+from raftlet.consensus.core.errors import NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.core.progress import Progress, ProgressState
+from raftlet.consensus.core.quorum import VoteResult, committed_index, vote_result
+from raftlet.consensus.core.raft_log import RaftLog
+from raftlet.consensus.core.storage import Storage
+from raftlet.consensus.core.types import (
     NO_NODE,
     Entry,
     EntryType,

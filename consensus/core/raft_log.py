@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from consensus.core.errors import ConfigError
-from consensus.core.storage import Storage, limit_size
-from consensus.core.types import Entry
+from raftlet.consensus.core.errors import ConfigError
+from raftlet.consensus.core.storage import Storage, limit_size
+from raftlet.consensus.core.types import Entry
 
 __all__ = ["RaftLog"]
 

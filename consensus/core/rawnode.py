@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from consensus.core.config import Config
-from consensus.core.progress import ProgressState
-from consensus.core.raft import Raft
-from consensus.core.storage import Storage
-from consensus.core.types import (
+from raftlet.consensus.core.config import Config
+from raftlet.consensus.core.progress import ProgressState
+from raftlet.consensus.core.raft import Raft
+from raftlet.consensus.core.storage import Storage
+from raftlet.consensus.core.types import (
     Entry,
     HardState,
     Message,

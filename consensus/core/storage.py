@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
-from consensus.core.types import Entry, HardState
+from raftlet.consensus.core.types import Entry, HardState
 
 __all__ = ["MemoryStorage", "Storage"]
 

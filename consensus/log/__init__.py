@@ -8,7 +8,7 @@ atomically.  ``LogStorage`` puts the two together as a ``consensus.core.Storage`
 See docs/ARCHITECTURE.md, "consensus.log — the durable log".
 """
 
-from consensus.log.errors import (
+from raftlet.consensus.log.errors import (
     LogClosedError,
     LogCorruptionError,
     LogEntryCompactedError,
@@ -16,10 +16,10 @@ from consensus.log.errors import (
     LogFailedError,
     MetadataCorruptionError,
 )
-from consensus.log.log import AppendCallback, Log
-from consensus.log.metadata import ConsensusMetadata, PersistentState
-from consensus.log.options import LogObserver, LogOptions, NullLogObserver
-from consensus.log.raft_storage import LogStorage
+from raftlet.consensus.log.log import AppendCallback, Log
+from raftlet.consensus.log.metadata import ConsensusMetadata, PersistentState
+from raftlet.consensus.log.options import LogObserver, LogOptions, NullLogObserver
+from raftlet.consensus.log.raft_storage import LogStorage
 
 __all__ = [
     "AppendCallback",

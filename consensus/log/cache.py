@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from consensus.core.types import Entry
+from raftlet.consensus.core.types import Entry
 
 __all__ = ["LogCache"]
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import crc32c
 from google.protobuf.message import DecodeError
 
-from consensus.core.types import Entry, EntryType
-from consensus.log.index import Rec
-from proto import consensus_pb2 as pb
+from raftlet.consensus.core.types import Entry, EntryType
+from raftlet.consensus.log.index import Rec
+from raftlet.proto import consensus_pb2 as pb
 
 __all__ = [
     "FRAME",

@@ -25,10 +25,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from consensus.core.storage import limit_size
-from consensus.core.types import Entry
-from consensus.log.cache import LogCache
-from consensus.log.codec import (
+from raftlet.consensus.core.storage import limit_size
+from raftlet.consensus.core.types import Entry
+from raftlet.consensus.log.cache import LogCache
+from raftlet.consensus.log.codec import (
     MAX_ENTRY_BYTES,
     NO_OP,
     NORMAL,
@@ -38,16 +38,16 @@ from consensus.log.codec import (
     entries_from_pb,
     split_records,
 )
-from consensus.log.errors import (
+from raftlet.consensus.log.errors import (
     LogClosedError,
     LogCorruptionError,
     LogEntryCompactedError,
     LogError,
     LogFailedError,
 )
-from consensus.log.index import LogIndex, Rec
-from consensus.log.options import LogObserver, LogOptions, NullLogObserver
-from consensus.log.segment import (
+from raftlet.consensus.log.index import LogIndex, Rec
+from raftlet.consensus.log.options import LogObserver, LogOptions, NullLogObserver
+from raftlet.consensus.log.segment import (
     HEADER_SIZE,
     SegmentWriter,
     fsync_dir,

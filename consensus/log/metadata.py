@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import crc32c
 from google.protobuf.message import DecodeError
 
-from consensus.core.types import NO_NODE, HardState
-from consensus.log.errors import MetadataCorruptionError
-from consensus.log.segment import fsync_dir
-from proto import consensus_pb2 as pb
+from raftlet.consensus.core.types import NO_NODE, HardState
+from raftlet.consensus.log.errors import MetadataCorruptionError
+from raftlet.consensus.log.segment import fsync_dir
+from raftlet.proto import consensus_pb2 as pb
 
 __all__ = ["ConsensusMetadata", "PersistentState"]
 

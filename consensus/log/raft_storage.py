@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from consensus.core.types import Entry, HardState
-from consensus.log.log import AppendCallback, Log
-from consensus.log.metadata import ConsensusMetadata, PersistentState
-from consensus.log.options import LogObserver, LogOptions
+from raftlet.consensus.core.types import Entry, HardState
+from raftlet.consensus.log.log import AppendCallback, Log
+from raftlet.consensus.log.metadata import ConsensusMetadata, PersistentState
+from raftlet.consensus.log.options import LogObserver, LogOptions
 
 __all__ = ["WAL_DIR", "LogStorage"]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import crc32c
 
-from consensus.log.codec import FRAME, MAX_RECORD_BYTES, decode_batch
-from consensus.log.errors import LogCorruptionError
+from raftlet.consensus.log.codec import FRAME, MAX_RECORD_BYTES, decode_batch
+from raftlet.consensus.log.errors import LogCorruptionError
 
 __all__ = [
     "HEADER_SIZE",

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client import Client, FlushMode
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
+from raftlet.client import Client, FlushMode
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.cluster_config import RaftTimings
 from tests.integration.tserver_cluster import TserverCluster
-from tserver.cluster_config import RaftTimings
 
 SCHEMA = Schema(
     [ColumnSchema("key", DataType.INT64, is_key=True)]

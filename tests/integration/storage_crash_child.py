@@ -13,13 +13,13 @@ import queue
 import sys
 from collections.abc import Callable
 
-from consensus.core import Config, Entry, RawNode, Ready
-from consensus.log.options import LogOptions
-from proto import tablet_pb2
-from schema.rows import OpType, encode_row_op
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tserver.bootstrap import apply_entries, open_replica
+from raftlet.consensus.core import Config, Entry, RawNode, Ready
+from raftlet.consensus.log.options import LogOptions
+from raftlet.proto import tablet_pb2
+from raftlet.schema.rows import OpType, encode_row_op
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.bootstrap import apply_entries, open_replica
 
 SCHEMA = Schema(
     [

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from deploy.local import LocalCluster, NoClusterError, pid_alive
+from raftlet.deploy.local import LocalCluster, NoClusterError, pid_alive
 from tests.integration.tserver_cluster import wait_for
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ def raftlet(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProce
     """``raftlet ARGS`` as a subprocess (stdout is a pipe: plain output, no progress bar)."""
     env = dict(os.environ, NO_COLOR="1")
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "raftlet", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from client import (
+from raftlet.client import (
     Client,
     FlushMode,
     InvalidArgument,
@@ -27,7 +27,7 @@ from client import (
     RowError,
     Timeout,
 )
-from proto import admin_pb2
+from raftlet.proto import admin_pb2
 from tests.integration.tserver_cluster import (
     TserverCluster,
     free_ports,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from client import Client, FlushMode, Predicate, Timeout
+from raftlet.client import Client, FlushMode, Predicate, Timeout
 from tests.integration.tserver_cluster import TserverCluster, running_cluster
 
 pytestmark = pytest.mark.integration

@@ -19,11 +19,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deploy.netns import NetnsCluster, list_run_namespaces, netns_available
-from proto import consensus_pb2, tablet_pb2, tablet_pb2_grpc
-from proto.common_pb2 import ServerErrorPB
-from schema.partition import partition_for_key
-from schema.rows import row_from_pb
+from raftlet.deploy.netns import NetnsCluster, list_run_namespaces, netns_available
+from raftlet.proto import consensus_pb2, tablet_pb2, tablet_pb2_grpc
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.partition import partition_for_key
+from raftlet.schema.rows import row_from_pb
+from raftlet.tserver.cluster_config import RaftTimings
 from tests.integration.tserver_cluster import (
     CHANNEL_OPTIONS,
     KV_SCHEMA,
@@ -32,7 +33,6 @@ from tests.integration.tserver_cluster import (
     wait_for,
     write_request,
 )
-from tserver.cluster_config import RaftTimings
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from consensus.log.raft_storage import LogStorage
+from raftlet.consensus.log.raft_storage import LogStorage
+from raftlet.tserver.bootstrap import STORE_FILE, apply_entries
+from raftlet.tserver.store import TabletStore
 from tests.integration.storage_crash_child import SCHEMA
-from tserver.bootstrap import STORE_FILE, apply_entries
-from tserver.store import TabletStore
 
 pytestmark = pytest.mark.integration
 

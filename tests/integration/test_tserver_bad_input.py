@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from proto import admin_pb2, consensus_pb2, tablet_pb2
-from proto.common_pb2 import ServerErrorPB
-from schema.rows import OpType
+from raftlet.proto import admin_pb2, consensus_pb2, tablet_pb2
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.rows import OpType
 from tests.integration.tserver_cluster import (
     Server,
     TserverCluster,

@@ -18,7 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from proto.common_pb2 import ServerErrorPB
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.tserver.cluster_config import RaftTimings
 from tests.integration.tserver_cluster import (
     TserverCluster,
     kv_op,
@@ -26,7 +27,6 @@ from tests.integration.tserver_cluster import (
     server_error,
     write_request,
 )
-from tserver.cluster_config import RaftTimings
 
 pytestmark = pytest.mark.integration
 

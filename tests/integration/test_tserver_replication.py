@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from proto import consensus_pb2, tablet_pb2
+from raftlet.proto import consensus_pb2, tablet_pb2
 from tests.integration.tserver_cluster import (
     AckedWrite,
     TserverCluster,

@@ -36,26 +36,26 @@ from typing import Any, NamedTuple
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from proto import (
+from raftlet.proto import (
     ERROR_METADATA_KEY,
     admin_pb2_grpc,
     consensus_pb2_grpc,
     tablet_pb2,
     tablet_pb2_grpc,
 )
-from proto.common_pb2 import ServerErrorPB
-from schema.partition import partition_for_key
-from schema.rows import OpType, encode_row_op, row_from_pb
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tests import waiting
-from tserver.cluster_config import (
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.partition import partition_for_key
+from raftlet.schema.rows import OpType, encode_row_op, row_from_pb
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.cluster_config import (
     ClusterConfig,
     RaftTimings,
     ServerConfig,
     TableConfig,
     write_cluster_config,
 )
+from tests import waiting
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
@@ -123,7 +123,7 @@ class Server:
             [
                 sys.executable,
                 "-m",
-                "cli.main",
+                "raftlet",
                 "tserver",
                 "--config",
                 str(self.cluster.path),

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from consensus.core import (
+from raftlet.consensus.core import (
     Config,
     Entry,
     EntryType,

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from consensus.core import Role
+from raftlet.consensus.core import Role
 from tests.sim.cluster import TICK_MS, SimCluster, SimConfig
 from tests.sim.network import NetConfig
 

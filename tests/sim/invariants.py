@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from consensus.core import NO_NODE, Entry, EntryType, HardState, Role
+from raftlet.consensus.core import NO_NODE, Entry, EntryType, HardState, Role
 
 __all__ = ["InvariantChecker", "InvariantViolation"]
 

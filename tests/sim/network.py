@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from consensus.core import Message
+from raftlet.consensus.core import Message
 
 __all__ = ["NetConfig", "Network"]
 

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
-from consensus.core import Message, MessageType
+from raftlet.consensus.core import Message, MessageType
 from tests.sim.cluster import LivenessFailure, SimCluster, SimConfig
 from tests.sim.network import NetConfig
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from consensus.core import NO_NODE, Entry, EntryType, HardState, Role
+from raftlet.consensus.core import NO_NODE, Entry, EntryType, HardState, Role
 from tests.sim.cluster import SimCluster, SimConfig
 from tests.sim.invariants import InvariantChecker, InvariantViolation
 from tests.sim.network import NetConfig

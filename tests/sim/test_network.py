@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from consensus.core import Message, MessageType
+from raftlet.consensus.core import Message, MessageType
 from tests.sim.cluster import SimCluster, SimConfig
 from tests.sim.network import NetConfig, Network
 from tests.sim.scenarios import RandomParams, run_random

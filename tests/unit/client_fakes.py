@@ -15,15 +15,15 @@ from typing import Any
 
 import grpc
 
-from client.channels import ResultFuture
-from client.meta_cache import MetaCache
-from client.request_tracker import RequestTracker
-from client.rpc import RpcContext
-from client.stats import StatsRecorder
-from proto import ERROR_METADATA_KEY, admin_pb2, consensus_pb2, tablet_pb2
-from proto.common_pb2 import ServerErrorPB
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
+from raftlet.client.channels import ResultFuture
+from raftlet.client.meta_cache import MetaCache
+from raftlet.client.request_tracker import RequestTracker
+from raftlet.client.rpc import RpcContext
+from raftlet.client.stats import StatsRecorder
+from raftlet.proto import ERROR_METADATA_KEY, admin_pb2, consensus_pb2, tablet_pb2
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
 
 KV_SCHEMA = Schema(
     [

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consensus.core import Entry, EntryType, Role
-from consensus.log import LogOptions, LogStorage, PersistentState
-from consensus.raft_consensus import ConsensusOptions, RaftConsensus, TermCheckMode
-from consensus.transport import InMemoryTransport
+from raftlet.consensus.core import Entry, EntryType, Role
+from raftlet.consensus.log import LogOptions, LogStorage, PersistentState
+from raftlet.consensus.raft_consensus import ConsensusOptions, RaftConsensus, TermCheckMode
+from raftlet.consensus.transport import InMemoryTransport
 from tests.waiting import wait_for
 
 FAST = ConsensusOptions(tick_interval_s=0.02, election_ticks=10, heartbeat_ticks=1)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from consensus.core import (
+from raftlet.consensus.core import (
     NO_NODE,
     Config,
     Entry,

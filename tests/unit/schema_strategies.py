@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from schema.schema import ColumnSchema, Schema
-from schema.types import INTEGER_RANGES, DataType, Value, normalize
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import INTEGER_RANGES, DataType, Value, normalize
 
 ALL_TYPES = list(DataType)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from proto import tablet_pb2
-from schema.rows import OpType, encode_row_op
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
+from raftlet.proto import tablet_pb2
+from raftlet.schema.rows import OpType, encode_row_op
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
 
 # A key of every kind of encoding (string escaped, int fixed-width) and a nullable column of
 # every type.

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from consensus.core import Entry, EntryType, HardState
+from raftlet.consensus.core import Entry, EntryType, HardState
+from raftlet.tserver.bootstrap import ReplicaOpenError, apply_entries, open_replica
 from tests.integration.storage_crash_child import SCHEMA, write_for
-from tserver.bootstrap import ReplicaOpenError, apply_entries, open_replica
 
 VOTERS = ["a", "b", "c"]
 

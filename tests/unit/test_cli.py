@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from cli.common import human_count, human_us
-from cli.main import main
-from cli.metrics_cmd import key_metrics
-from cli.scan_cmd import parse_value, parse_where
-from cli.write_cmd import RowFactory
-from deploy.health import Severity, check_cluster
-from deploy.local import STATE_FILE, LocalCluster, new_config
-from schema.predicates import PredicateKind
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tserver.cluster_config import write_cluster_config
+from raftlet.cli.common import human_count, human_us
+from raftlet.cli.main import main
+from raftlet.cli.metrics_cmd import key_metrics
+from raftlet.cli.scan_cmd import parse_value, parse_where
+from raftlet.cli.write_cmd import RowFactory
+from raftlet.deploy.health import Severity, check_cluster
+from raftlet.deploy.local import STATE_FILE, LocalCluster, new_config
+from raftlet.schema.predicates import PredicateKind
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.cluster_config import write_cluster_config
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,7 +132,7 @@ def test_missing_cluster_is_an_operation_error(
 def test_cli_as_a_process_usage_error(tmp_path: Path) -> None:
     # The real entry point, as a user runs it: status 2, one line, no traceback.
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "scan", "kv", "--data-dir", "x", "--where", "k"],
+        [sys.executable, "-m", "raftlet", "scan", "kv", "--data-dir", "x", "--where", "k"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -202,7 +202,7 @@ def test_where_becomes_a_typed_predicate() -> None:
 
 
 def test_where_errors_name_the_clause() -> None:
-    from cli.common import UsageError
+    from raftlet.cli.common import UsageError
 
     with pytest.raises(UsageError, match=r"no column 'nope' \(columns: key, value"):
         parse_where("nope = 1").predicate(SCHEMA)
@@ -261,7 +261,7 @@ def test_row_factory_keys_are_unique_per_thread_and_run() -> None:
 
 
 def test_row_factory_needs_an_int64_key() -> None:
-    from cli.common import UsageError
+    from raftlet.cli.common import UsageError
 
     schema = Schema([ColumnSchema("name", DataType.STRING, is_key=True)])
     with pytest.raises(UsageError, match="one INT64 column"):
@@ -383,7 +383,7 @@ def test_down_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
                     "argv": [
                         "python",
                         "-m",
-                        "cli.main",
+                        "raftlet",
                         "tserver",
                         "--config",
                         str(tmp_path / "cluster.toml"),
@@ -408,7 +408,7 @@ def test_down_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
 
 
 def test_up_refuses_a_mismatched_existing_cluster(tmp_path: Path) -> None:
-    from deploy.local import LauncherError
+    from raftlet.deploy.local import LauncherError
 
     write_cluster_config(new_config(tmp_path, servers=3, tablets=4), tmp_path / "cluster.toml")
     with pytest.raises(LauncherError, match="already holds a cluster of 3 servers"):

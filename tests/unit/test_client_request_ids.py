@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from client.errors import RowError, ServerTooBusy, TabletNotFound
-from client.request_tracker import RequestTracker
-from client.session import FlushMode, Session
-from proto import tablet_pb2
+from raftlet.client.errors import RowError, ServerTooBusy, TabletNotFound
+from raftlet.client.request_tracker import RequestTracker
+from raftlet.client.session import FlushMode, Session
+from raftlet.proto import tablet_pb2
 from tests.unit.client_fakes import (
     FakeClock,
     FakeCluster,

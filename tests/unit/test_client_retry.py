@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client.errors import (
+from raftlet.client.errors import (
     InvalidArgument,
     NotLeader,
     RaftletError,
@@ -23,7 +23,7 @@ from client.errors import (
     ServerTooBusy,
     Timeout,
 )
-from client.retry import (
+from raftlet.client.retry import (
     _RETRIABLE,
     DEFAULT_POLICIES,
     MIN_ATTEMPT_S,
@@ -36,7 +36,7 @@ from client.retry import (
     fatal_error,
     run_with_retries,
 )
-from proto.common_pb2 import ServerErrorPB
+from raftlet.proto.common_pb2 import ServerErrorPB
 from tests.unit.client_fakes import FakeClock, FakeRpcError, not_leader, queue_full
 
 REPO = Path(__file__).resolve().parents[2]
@@ -266,8 +266,9 @@ def test_queue_full_fake_is_classified_as_such() -> None:
 def test_the_client_imports_neither_tserver_nor_consensus() -> None:
     """DESIGN.md §1: the client speaks only the wire protocol."""
     code = (
-        "import sys, client\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tserver', 'consensus'))\n"
+        "import sys, raftlet.client\n"
+        "server = ('raftlet.tserver', 'raftlet.consensus')\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(server))\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run(

@@ -15,11 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proto import tablet_pb2
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tests.unit.schema_strategies import key_schemas
-from tserver.cluster_config import (
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.cluster_config import (
     MAX_PARTITIONS,
     ClusterConfig,
     ConfigError,
@@ -35,6 +34,7 @@ from tserver.cluster_config import (
     tablet_id,
     write_cluster_config,
 )
+from tests.unit.schema_strategies import key_schemas
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "deploy" / "examples" / "cluster.toml"

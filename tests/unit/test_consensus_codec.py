@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consensus.core.types import Entry, EntryType, Message, MessageType
-from proto import common_pb2
-from proto import consensus_pb2 as pb
-from tserver.consensus_codec import (
+from raftlet.consensus.core.types import Entry, EntryType, Message, MessageType
+from raftlet.proto import common_pb2
+from raftlet.proto import consensus_pb2 as pb
+from raftlet.tserver.consensus_codec import (
     MalformedRequest,
     MalformedResponse,
     WrongServerUuid,
@@ -32,7 +32,7 @@ from tserver.consensus_codec import (
     vote_request_from_message,
     vote_response_from_message,
 )
-from tserver.errors import InvalidRequest
+from raftlet.tserver.errors import InvalidRequest
 
 TABLET = "tablet-0001"
 U64 = (1 << 64) - 1

@@ -18,21 +18,21 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from consensus.core import Message, MessageType, Role
-from consensus.log import LogOptions, LogStorage, PersistentState
-from consensus.raft_consensus import ConsensusOptions, RaftConsensus
-from consensus.transport import InMemoryTransport
-from proto import common_pb2, consensus_pb2_grpc
-from proto import consensus_pb2 as pb
-from tests.unit.consensus_cluster import Replica, wait_for
-from tserver.consensus_codec import MalformedRequest, WrongServerUuid
-from tserver.consensus_rpc import (
+from raftlet.consensus.core import Message, MessageType, Role
+from raftlet.consensus.log import LogOptions, LogStorage, PersistentState
+from raftlet.consensus.raft_consensus import ConsensusOptions, RaftConsensus
+from raftlet.consensus.transport import InMemoryTransport
+from raftlet.proto import common_pb2, consensus_pb2_grpc
+from raftlet.proto import consensus_pb2 as pb
+from raftlet.tserver.consensus_codec import MalformedRequest, WrongServerUuid
+from raftlet.tserver.consensus_rpc import (
     ChannelPool,
     ConsensusRequestHandler,
     GrpcTransport,
     server_options,
 )
-from tserver.errors import TabletNotFound
+from raftlet.tserver.errors import TabletNotFound
+from tests.unit.consensus_cluster import Replica, wait_for
 
 TABLET = "tablet-1"
 IDS = ("ts-a", "ts-b", "ts-c")

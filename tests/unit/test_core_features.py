@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consensus.core import (
+from raftlet.consensus.core import (
     NO_NODE,
     Config,
     ConfigError,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from consensus.core import NO_NODE, Entry, HardState, Message, MessageType, Role
+from raftlet.consensus.core import NO_NODE, Entry, HardState, Message, MessageType, Role
 from tests.unit.raft_harness import IDS3, IDS5, Network, Node, new_node
 
 A = MessageType.APPEND

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from consensus.core import Entry, EntryType, Message, MessageType, Role
+from raftlet.consensus.core import Entry, EntryType, Message, MessageType, Role
 from tests.unit.raft_harness import (
     IDS5,
     Network,

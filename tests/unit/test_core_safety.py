@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from consensus.core import Entry, Message, MessageType, ProposalDropped, Role
+from raftlet.consensus.core import Entry, Message, MessageType, ProposalDropped, Role
 from tests.unit.raft_harness import (
     IDS5,
     Network,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from consensus.core.types import HardState
-from consensus.log import ConsensusMetadata, MetadataCorruptionError, PersistentState
-from consensus.log import metadata as metadata_module
+from raftlet.consensus.core.types import HardState
+from raftlet.consensus.log import ConsensusMetadata, MetadataCorruptionError, PersistentState
+from raftlet.consensus.log import metadata as metadata_module
 
 STATE = PersistentState(current_term=7, voted_for="b", voters=("a", "b", "c"), commit_index=42)
 

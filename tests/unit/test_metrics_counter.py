@@ -6,7 +6,7 @@ import gc
 import threading
 from collections.abc import Callable
 
-from metrics import StripedCounter
+from raftlet.metrics import StripedCounter
 
 WAIT = 30.0  # generous: a loaded CI box must not turn a slow wait into a failure
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from metrics import FunctionGauge, Gauge
+from raftlet.metrics import FunctionGauge, Gauge
 
 WAIT = 30.0
 
@@ -59,10 +59,10 @@ def test_function_gauge_error_is_nan_and_logged_once(caplog: pytest.LogCaptureFi
         raise RuntimeError("replica is shutting down")
 
     g = FunctionGauge(broken)
-    with caplog.at_level(logging.WARNING, logger="metrics.gauge"):
+    with caplog.at_level(logging.WARNING, logger="raftlet.metrics.gauge"):
         assert math.isnan(g.value())
         assert math.isnan(g.value())  # rate-limited: not logged again
-    records = [r for r in caplog.records if r.name == "metrics.gauge"]
+    records = [r for r in caplog.records if r.name == "raftlet.metrics.gauge"]
     assert len(records) == 1
     assert records[0].exc_info is not None
     assert "replica is shutting down" in caplog.text

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metrics import Histogram, HistogramSnapshot
-from metrics.histogram import (
+from raftlet.metrics import Histogram, HistogramSnapshot
+from raftlet.metrics.histogram import (
     _HIGH,
     _LOW,
     DEFAULT_BUCKET_BOUNDS,

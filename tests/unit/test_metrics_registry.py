@@ -12,16 +12,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from metrics import catalogue
-from metrics.export_json import JsonOptions, generate_json, generate_json_text, options_from_query
-from metrics.export_prometheus import (
+from raftlet.metrics import catalogue
+from raftlet.metrics.export_json import (
+    JsonOptions,
+    generate_json,
+    generate_json_text,
+    options_from_query,
+)
+from raftlet.metrics.export_prometheus import (
     CONTENT_TYPE,
     EXPORT_BUCKET_BOUNDS,
     exposed_name,
     generate_prometheus_text,
 )
-from metrics.profiled_lock import ProfiledLock
-from metrics.registry import (
+from raftlet.metrics.profiled_lock import ProfiledLock
+from raftlet.metrics.registry import (
     MetricDefinitionError,
     MetricLabelError,
     MetricPrototype,

@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from metrics import Histogram, ProfiledLock, StripedCounter
-from metrics import profiled_lock as profiled_lock_module
-from metrics.profiled_lock import (
+from raftlet.metrics import Histogram, ProfiledLock, StripedCounter
+from raftlet.metrics import profiled_lock as profiled_lock_module
+from raftlet.metrics.profiled_lock import (
     _InnerOps,
     get_lock_contention_trace_threshold_ms,
     set_lock_contention_trace_threshold_ms,
 )
 
 WAIT = 30.0
-LOGGER = "metrics.profiled_lock"
+LOGGER = "raftlet.metrics.profiled_lock"
 
 
 class _ReportingInnerLock:

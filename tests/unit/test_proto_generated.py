@@ -41,7 +41,7 @@ def test_generated_files_match_sources(tmp_path: Path) -> None:
     )
     if result.returncode != 0:
         pytest.fail(f"tools/gen_proto.py failed:\n{result.stderr}", pytrace=False)
-    expected = _generated_files(tmp_path / "proto")
+    expected = _generated_files(tmp_path / "raftlet" / "proto")
     committed = _generated_files(PROTO_DIR)
     assert expected, "the generator produced no files"
 
@@ -73,7 +73,7 @@ def test_generated_files_match_sources(tmp_path: Path) -> None:
 
 
 def test_messages_round_trip() -> None:
-    from proto import common_pb2, consensus_pb2, tablet_pb2
+    from raftlet.proto import common_pb2, consensus_pb2, tablet_pb2
 
     op = tablet_pb2.WriteOperationPB(
         request_id=common_pb2.RequestIdPB(
@@ -103,7 +103,7 @@ def test_messages_round_trip() -> None:
 
 
 def test_oneof_predicates_and_enums() -> None:
-    from proto import consensus_pb2, tablet_pb2
+    from raftlet.proto import consensus_pb2, tablet_pb2
 
     pred = tablet_pb2.PredicatePB(
         column="ts",
@@ -121,21 +121,20 @@ def test_oneof_predicates_and_enums() -> None:
 
 
 def test_server_error_travels_as_binary_metadata() -> None:
-    import proto
-    from proto import common_pb2
+    from raftlet.proto import ERROR_METADATA_KEY, common_pb2
 
     err = common_pb2.ServerErrorPB(
         code=common_pb2.ServerErrorPB.NOT_LEADER, leader_uuid="ts-2", leader_addr="127.0.0.1:7051"
     )
     # gRPC accepts bytes values only under keys ending in "-bin".
-    assert proto.ERROR_METADATA_KEY.endswith("-bin")
+    assert ERROR_METADATA_KEY.endswith("-bin")
     decoded = common_pb2.ServerErrorPB.FromString(err.SerializeToString())
     assert decoded.code == common_pb2.ServerErrorPB.NOT_LEADER
     assert decoded.leader_addr == "127.0.0.1:7051"
 
 
 def test_services_are_generated() -> None:
-    from proto import admin_pb2_grpc, consensus_pb2_grpc, tablet_pb2_grpc
+    from raftlet.proto import admin_pb2_grpc, consensus_pb2_grpc, tablet_pb2_grpc
 
     # Servicer base classes exist with one method per rpc.
     for cls, methods in [

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from consensus.core import NotLeader, Role, TermMismatch
-from consensus.raft_consensus import LeaderNotReady, TermCheckMode
+from raftlet.consensus.core import NotLeader, Role, TermMismatch
+from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
 from tests.unit.consensus_cluster import Cluster, wait_for
 
 
@@ -143,7 +143,7 @@ def test_whole_cluster_restart_recovers_from_disk(cluster: Cluster) -> None:
 
 
 def test_leader_not_ready_is_retriable() -> None:
-    from consensus.raft_consensus import ConsensusSnapshot
+    from raftlet.consensus.raft_consensus import ConsensusSnapshot
 
     snap = ConsensusSnapshot(
         term=3, role=Role.LEADER, leader_id="a", leader_ready=False, transferring=False

@@ -17,19 +17,19 @@ from typing import Any
 import grpc
 import pytest
 
-from consensus.core import NotLeader, ProposalDropped, TermMismatch
-from consensus.raft_consensus import LeaderNotReady, ReplicaFailed
-from proto import ERROR_METADATA_KEY
-from proto.common_pb2 import ServerErrorPB
-from tserver.errors import (
+from raftlet.consensus.core import NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
+from raftlet.proto import ERROR_METADATA_KEY
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.tserver.errors import (
     DeadlineExceededInQueue,
     InvalidRequest,
     ServiceUnavailable,
     StaleRequest,
     TabletNotFound,
 )
-from tserver.rpc_dispatch import dispatch, status_for
-from tserver.service_pool import InboundCall, ServicePool
+from raftlet.tserver.rpc_dispatch import dispatch, status_for
+from raftlet.tserver.service_pool import InboundCall, ServicePool
 
 WAIT = 5.0
 SERVICE = "raftlet.test.Svc"

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schema.keys import KeyDecodeError, KeyEncodeError, decode_key, encode_key
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType, Value
+from raftlet.schema.keys import KeyDecodeError, KeyEncodeError, decode_key, encode_key
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType, Value
 from tests.unit.schema_strategies import ALL_TYPES, key_schemas, keys_of, values_of
 
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schema.keys import KeyEncodeError, encode_key
-from schema.partition import partition_for_encoded_key, partition_for_key
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType, Value
+from raftlet.schema.keys import KeyEncodeError, encode_key
+from raftlet.schema.partition import partition_for_encoded_key, partition_for_key
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType, Value
 from tests.unit.schema_strategies import key_schemas, keys_of
 
 ID = Schema([ColumnSchema("id", DataType.INT64, is_key=True)])
@@ -54,7 +54,7 @@ def test_partitions_do_not_depend_on_the_process() -> None:
     # hash() is salted per process; a fresh interpreter with another PYTHONHASHSEED must agree.
     code = (
         "from tests.unit.test_schema_partition import GOLDEN, COUNTS\n"
-        "from schema.partition import partition_for_key\n"
+        "from raftlet.schema.partition import partition_for_key\n"
         "print([[partition_for_key(s, k, n) for n in COUNTS] for s, k, _ in GOLDEN])\n"
     )
     out = subprocess.run(

@@ -6,10 +6,10 @@ import datetime as dt
 
 import pytest
 
-from proto import tablet_pb2
-from schema.predicates import MAX_IN_LIST, Predicate, PredicateError, PredicateKind
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
+from raftlet.proto import tablet_pb2
+from raftlet.schema.predicates import MAX_IN_LIST, Predicate, PredicateError, PredicateKind
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
 
 S = Schema(
     [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proto import tablet_pb2
-from schema.rows import (
+from raftlet.proto import tablet_pb2
+from raftlet.schema.rows import (
     ErrorCode,
     OpType,
     RowError,
@@ -17,8 +17,8 @@ from schema.rows import (
     row_from_pb,
     row_to_pb,
 )
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
 
 S = Schema(
     [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proto import tablet_pb2
-from schema.schema import MAX_COLUMN_NAME_LENGTH, ColumnSchema, Schema, SchemaError
-from schema.types import DataType
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import MAX_COLUMN_NAME_LENGTH, ColumnSchema, Schema, SchemaError
+from raftlet.schema.types import DataType
 
 I64 = DataType.INT64
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proto import tablet_pb2
-from schema.types import (
+from raftlet.proto import tablet_pb2
+from raftlet.schema.types import (
     INTEGER_RANGES,
     DataType,
     TypeMismatch,

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from metrics import catalogue
-from metrics.counter import StripedCounter
-from metrics.histogram import Histogram
-from metrics.registry import MetricRegistry
-from tserver.errors import DeadlineExceededInQueue, ServiceUnavailable
-from tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
+from raftlet.metrics import catalogue
+from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.histogram import Histogram
+from raftlet.metrics.registry import MetricRegistry
+from raftlet.tserver.errors import DeadlineExceededInQueue, ServiceUnavailable
+from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
 
 WAIT = 5.0  # generous upper bound for anything that should happen promptly
 
@@ -258,7 +258,7 @@ def test_exception_after_respond_keeps_the_response(
         raise RuntimeError("late bug")
 
     call, out = make_call("Write", respond_then_raise)
-    with caplog.at_level(logging.WARNING, logger="tserver.service_pool"):
+    with caplog.at_level(logging.WARNING, logger="raftlet.tserver.service_pool"):
         assert pool.offer(call)
         assert out.wait().result == "answered"
         # The warning is logged after the completion the test waited for; a second call
@@ -272,7 +272,7 @@ def test_exception_after_respond_keeps_the_response(
 
 def test_second_completion_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
     call, out = make_call("Write", respond_with(None))
-    with caplog.at_level(logging.DEBUG, logger="tserver.service_pool"):
+    with caplog.at_level(logging.DEBUG, logger="raftlet.tserver.service_pool"):
         call.respond(1)
         call.respond(2)
         call.fail(ValueError("late"))
@@ -310,7 +310,7 @@ def test_failing_callback_does_not_kill_the_worker(
     def bad_callback(result: object) -> None:
         raise RuntimeError("transport gone")
 
-    with caplog.at_level(logging.ERROR, logger="tserver.service_pool"):
+    with caplog.at_level(logging.ERROR, logger="raftlet.tserver.service_pool"):
         assert pool.offer(InboundCall("Write", respond_with(1), on_result=bad_callback))
         nxt, nxt_out = make_call("Write", respond_with(2))
         assert pool.offer(nxt)

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics import catalogue
-from metrics.registry import MetricRegistry
-from metrics.status_server import HttpError, PageRequest, PageResponse, StatusServer
+from raftlet.metrics import catalogue
+from raftlet.metrics.registry import MetricRegistry
+from raftlet.metrics.status_server import HttpError, PageRequest, PageResponse, StatusServer
 from tests.waiting import wait_for
 
 WAIT = 30.0  # generous: a loaded CI box must not turn a slow wait into a failure

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proto import tablet_pb2
-from schema.keys import encode_key
-from schema.rows import OpType, RowOp, decode_row_op, encode_row_op
-from schema.schema import ColumnSchema, Schema
-from schema.types import INTEGER_RANGES, DataType, Value
+from raftlet.proto import tablet_pb2
+from raftlet.schema.keys import encode_key
+from raftlet.schema.rows import OpType, RowOp, decode_row_op, encode_row_op
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import INTEGER_RANGES, DataType, Value
+from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError, TabletStore
 from tests.unit.schema_strategies import key_schemas, keys_of, values_of
 from tests.unit.store_helpers import SIMPLE, WIDE, insert, ops
-from tserver.store import ApplyEntry, EntryResult, StoreError, TabletStore
 
 
 @pytest.fixture

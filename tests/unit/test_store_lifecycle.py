@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tests.unit.store_helpers import SIMPLE, insert
-from tserver.store import (
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.store import (
     SchemaMismatchError,
     StoreClosedError,
     StoreError,
     TabletStore,
 )
+from tests.unit.store_helpers import SIMPLE, insert
 
 
 def fill(store: TabletStore, first_index: int, count: int, term: int = 1) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schema.rows import ErrorCode, OpType, encode_row_op
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
-from tserver.store import ApplyEntry, TabletStore
+from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.store import ApplyEntry, TabletStore
 
 SCHEMA = Schema(
     [ColumnSchema("k", DataType.INT64, is_key=True), ColumnSchema("v", DataType.INT64)]

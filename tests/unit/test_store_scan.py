@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proto import tablet_pb2
-from schema.keys import encode_key
-from schema.predicates import Predicate
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType, Value
+from raftlet.proto import tablet_pb2
+from raftlet.schema.keys import encode_key
+from raftlet.schema.predicates import Predicate
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType, Value
+from raftlet.tserver.store import InvalidScan, ScanResult, TabletStore
 from tests.unit.store_helpers import insert
-from tserver.store import InvalidScan, ScanResult, TabletStore
 
 # Composite key (string, int) so resume keys exercise row-value comparison.
 S = Schema(

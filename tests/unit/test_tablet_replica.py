@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from consensus.core import NotLeader
-from consensus.transport import InMemoryTransport
-from proto import tablet_pb2
-from schema.rows import ErrorCode, OpType, encode_row_op
-from schema.schema import ColumnSchema, Schema
-from schema.types import DataType
+from raftlet.consensus.core import NotLeader
+from raftlet.consensus.transport import InMemoryTransport
+from raftlet.proto import tablet_pb2
+from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.errors import InvalidRequest, StaleRequest
+from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 from tests.unit.consensus_cluster import FAST, wait_for
-from tserver.errors import InvalidRequest, StaleRequest
-from tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 
 SCHEMA = Schema(
     [

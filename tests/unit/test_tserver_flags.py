@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from consensus.log.options import LogOptions
-from consensus.raft_consensus import TermCheckMode
-from tserver.cluster_config import ClusterConfig, RaftTimings, load_cluster_config
-from tserver.flags import (
+from raftlet.consensus.log.options import LogOptions
+from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.tserver.cluster_config import ClusterConfig, RaftTimings, load_cluster_config
+from raftlet.tserver.flags import (
     FLAGS,
     FlagError,
     FlagRegistry,

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from consensus.core.types import Entry
-from consensus.log import (
+from raftlet.consensus.core.types import Entry
+from raftlet.consensus.log import (
     Log,
     LogEntryCompactedError,
     LogError,
     LogOptions,
 )
-from consensus.log import log as log_module
-from consensus.log import segment as segment_module
-from consensus.log.segment import parse_segment_name
+from raftlet.consensus.log import log as log_module
+from raftlet.consensus.log import segment as segment_module
+from raftlet.consensus.log.segment import parse_segment_name
 from tests.unit.wal_helpers import RecordingObserver, entries, entry, no_op
 
 # Small segments so a few dozen entries span several of them; fsync off where the test is

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from consensus.log import Log, LogClosedError, LogFailedError, LogOptions
-from consensus.log import log as log_module
+from raftlet.consensus.log import Log, LogClosedError, LogFailedError, LogOptions
+from raftlet.consensus.log import log as log_module
 from tests.unit.wal_helpers import RecordingObserver, entries, entry
 
 WAIT = 30.0  # generous: a loaded CI box must not turn a slow wait into a failure
@@ -137,7 +137,7 @@ def test_a_raising_callback_does_not_stop_the_others(
     def boom(err: BaseException | None) -> None:
         raise RuntimeError("boom")
 
-    with caplog.at_level(logging.ERROR, logger="consensus.log"), Log.open(tmp_path) as log:
+    with caplog.at_level(logging.ERROR, logger="raftlet.consensus.log"), Log.open(tmp_path) as log:
         log.append_async([entry(1)], boom)
         log.append([entry(2)])
     assert "append callback raised" in caplog.text
@@ -174,7 +174,7 @@ def test_an_io_error_fails_the_group_and_the_log(
         monkeypatch.setattr(os, "fdatasync", failing)
         log.append_async(entries(4, 5), outcomes.append)  # the next group: its sync fails
         log.append_async(entries(5, 6), outcomes.append)
-        with caplog.at_level(logging.ERROR, logger="consensus.log"):
+        with caplog.at_level(logging.ERROR, logger="raftlet.consensus.log"):
             obs.release()
             with pytest.raises(LogFailedError) as exc:
                 log.append([])
@@ -216,7 +216,7 @@ def test_a_raising_observer_does_not_stop_the_appender(
             raise RuntimeError("observer bug")
 
     with (
-        caplog.at_level(logging.ERROR, logger="consensus.log"),
+        caplog.at_level(logging.ERROR, logger="raftlet.consensus.log"),
         Log.open(tmp_path, LogOptions(), Broken()) as log,
     ):
         log.append([entry(1)])
@@ -231,7 +231,7 @@ def test_an_unexpected_error_in_the_appender_fails_the_log(
     def broken(entries: object) -> tuple[bytes, bytes]:
         raise RuntimeError("encoder bug")
 
-    with caplog.at_level(logging.ERROR, logger="consensus.log"), Log.open(tmp_path) as log:
+    with caplog.at_level(logging.ERROR, logger="raftlet.consensus.log"), Log.open(tmp_path) as log:
         log.append([entry(1)])
         monkeypatch.setattr(log_module, "encode_record", broken)
         with pytest.raises(LogFailedError) as exc:

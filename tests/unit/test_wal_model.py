@@ -16,8 +16,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from consensus.core.types import Entry, EntryType
-from consensus.log import Log, LogOptions
+from raftlet.consensus.core.types import Entry, EntryType
+from raftlet.consensus.log import Log, LogOptions
 from tests.unit.wal_helpers import RecordingObserver
 
 # Tiny segments and cache so that rolls, GC and reads from disk happen within a few steps;

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from consensus.core.types import Entry
-from consensus.log import Log, LogCorruptionError, LogOptions
-from consensus.log.segment import HEADER_SIZE, encode_header, scan_segment, segment_name
+from raftlet.consensus.core.types import Entry
+from raftlet.consensus.log import Log, LogCorruptionError, LogOptions
+from raftlet.consensus.log.segment import HEADER_SIZE, encode_header, scan_segment, segment_name
 from tests.unit.wal_helpers import entries, entry, segment_image
 
 SMALL = LogOptions(segment_size_bytes=700)
@@ -58,7 +58,10 @@ def test_torn_last_record_at_every_byte_offset(
         shutil.copytree(original, crashed)
         os.truncate(crashed / name, cut)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="consensus.log"), Log.open(crashed) as log:
+        with (
+            caplog.at_level(logging.WARNING, logger="raftlet.consensus.log"),
+            Log.open(crashed) as log,
+        ):
             assert contents(log) == before, cut
             log.append(entries(4, 6, term=3))
         if cut > last:
@@ -77,7 +80,10 @@ def test_bad_crc_on_the_final_record_is_truncated(
     paths = build(tmp_path, [entries(1, 3), entries(3, 5)], LogOptions())
     last = record_offsets(paths[-1])[-1]
     flip_byte(paths[-1], os.path.getsize(paths[-1]) - 1)
-    with caplog.at_level(logging.WARNING, logger="consensus.log"), Log.open(tmp_path) as log:
+    with (
+        caplog.at_level(logging.WARNING, logger="raftlet.consensus.log"),
+        Log.open(tmp_path) as log,
+    ):
         assert log.last_index() == 2
     assert f"{paths[-1]}: offset {last}" in caplog.text
     assert os.path.getsize(paths[-1]) == last
@@ -155,7 +161,10 @@ def test_half_written_new_segment_is_removed(
     n = len(paths)
     crashed = tmp_path / segment_name(n + 1)
     crashed.write_bytes(encode_header(n + 1)[: HEADER_SIZE - 5])
-    with caplog.at_level(logging.WARNING, logger="consensus.log"), Log.open(tmp_path, SMALL) as log:
+    with (
+        caplog.at_level(logging.WARNING, logger="raftlet.consensus.log"),
+        Log.open(tmp_path, SMALL) as log,
+    ):
         assert log.last_index() == 19
         log.append(entries(20, 22))
     assert f"{crashed}: offset 0" in caplog.text

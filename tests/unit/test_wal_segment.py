@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consensus.core.types import Entry, EntryType
-from consensus.log.codec import (
+from raftlet.consensus.core.types import Entry, EntryType
+from raftlet.consensus.log.codec import (
     FRAME,
     MAX_ENTRY_BYTES,
     batch_size,
@@ -18,8 +18,8 @@ from consensus.log.codec import (
     entries_from_pb,
     frame_records,
 )
-from consensus.log.errors import LogCorruptionError
-from consensus.log.segment import (
+from raftlet.consensus.log.errors import LogCorruptionError
+from raftlet.consensus.log.segment import (
     HEADER_SIZE,
     ScannedRecord,
     SegmentScan,
@@ -28,7 +28,7 @@ from consensus.log.segment import (
     scan_segment,
     segment_name,
 )
-from proto.consensus_pb2 import NO_OP, NORMAL, EntryBatchPB
+from raftlet.proto.consensus_pb2 import NO_OP, NORMAL, EntryBatchPB
 from tests.unit.wal_helpers import entries, no_op, segment_image
 
 _PB_TYPE = {EntryType.NORMAL: NORMAL, EntryType.NO_OP: NO_OP}
@@ -242,7 +242,7 @@ def test_intact_crc_over_a_bad_payload_is_corruption_not_torn() -> None:
 
 
 def test_intact_record_with_a_gap_inside_is_corruption() -> None:
-    from proto import consensus_pb2 as pb
+    from raftlet.proto import consensus_pb2 as pb
 
     batch = pb.EntryBatchPB()
     batch.entries.add(term=1, index=1, type=pb.NORMAL)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from consensus.core import (
+from raftlet.consensus.core import (
     Config,
     Entry,
     EntryType,
@@ -16,7 +16,7 @@ from consensus.core import (
     Role,
     Storage,
 )
-from consensus.log import LogOptions, LogStorage, PersistentState
+from raftlet.consensus.log import LogOptions, LogStorage, PersistentState
 
 OPTIONS = LogOptions(segment_size_bytes=4096)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from consensus.core.types import Entry, EntryType
-from consensus.log.codec import frame_records
-from consensus.log.segment import encode_header
+from raftlet.consensus.core.types import Entry, EntryType
+from raftlet.consensus.log.codec import frame_records
+from raftlet.consensus.log.segment import encode_header
 
 
 def entry(index: int, term: int = 1, data: bytes | None = None) -> Entry:

@@ -4,8 +4,13 @@ See ``tablet_store`` for durability and threading; ``sql`` builds every statemen
 schema; ``errors`` holds what the service boundary maps to a status.
 """
 
-from tserver.store.errors import InvalidScan, SchemaMismatchError, StoreClosedError, StoreError
-from tserver.store.tablet_store import (
+from raftlet.tserver.store.errors import (
+    InvalidScan,
+    SchemaMismatchError,
+    StoreClosedError,
+    StoreError,
+)
+from raftlet.tserver.store.tablet_store import (
     FORMAT_VERSION,
     ApplyEntry,
     EntryResult,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schema.predicates import Predicate, PredicateKind
-from schema.schema import Schema
-from schema.types import DataType, Value
+from raftlet.schema.predicates import Predicate, PredicateKind
+from raftlet.schema.schema import Schema
+from raftlet.schema.types import DataType, Value
 
 __all__ = [
     "META_TABLE",

@@ -31,19 +31,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from proto import tablet_pb2
-from schema.keys import KeyDecodeError, decode_key, encode_key
-from schema.predicates import Predicate, PredicateError
-from schema.rows import ErrorCode, OpType, RowError, RowOp, RowOpError, decode_row_op
-from schema.schema import Schema, SchemaError
-from schema.types import Value
-from tserver.store.errors import (
+from raftlet.proto import tablet_pb2
+from raftlet.schema.keys import KeyDecodeError, decode_key, encode_key
+from raftlet.schema.predicates import Predicate, PredicateError
+from raftlet.schema.rows import ErrorCode, OpType, RowError, RowOp, RowOpError, decode_row_op
+from raftlet.schema.schema import Schema, SchemaError
+from raftlet.schema.types import Value
+from raftlet.tserver.store.errors import (
     InvalidScan,
     SchemaMismatchError,
     StoreClosedError,
     StoreError,
 )
-from tserver.store.sql import META_TABLE, SqlBuilder, from_sql, quote_ident, to_sql
+from raftlet.tserver.store.sql import META_TABLE, SqlBuilder, from_sql, quote_ident, to_sql
 
 __all__ = [
     "FORMAT_VERSION",

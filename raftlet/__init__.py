@@ -1,0 +1,27 @@
+"""raftlet: a Raft-replicated tablet server modelled on the Apache Kudu tablet server.
+
+Everything the distribution installs lives under this one name, so an application can use
+``raftlet.client`` next to any other library:
+
+- ``raftlet.client``: the Python client library (sessions, retries, scanners);
+- ``raftlet.proto``: the wire protocol and its generated modules;
+- ``raftlet.schema``: what client and server agree on (types, keys, partitioning, rows);
+- ``raftlet.consensus``: Raft (the sans-I/O core, the durable log, the threaded driver);
+- ``raftlet.metrics``: striped counters, histograms, the profiled lock, exporters;
+- ``raftlet.tserver``: the tablet server process;
+- ``raftlet.deploy``: local and network-namespace launchers;
+- ``raftlet.cli``: the ``raftlet`` command (also ``python -m raftlet``).
+
+The repository keeps these as top-level folders; ``raftlet/`` links them in, and packaging
+installs them here. Each subpackage refuses to import under its bare folder name, so no
+module is ever loaded twice under two names.
+"""
+
+
+def require_namespaced(name: str) -> None:
+    """Raises ImportError unless ``name`` (a subpackage's ``__name__``) is under ``raftlet.``.
+
+    Run from the repository root, ``import consensus`` would otherwise find the folder and
+    load a second copy of every module, with its own classes and locks."""
+    if not name.startswith("raftlet."):
+        raise ImportError(f"import raftlet.{name}, not {name}: raftlet installs one namespace")
