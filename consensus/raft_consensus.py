@@ -193,7 +193,9 @@ class RaftConsensus:
         )
         self._node = RawNode(config, storage)
         self._snapshot = ConsensusSnapshot.of(self._node.soft_state())
-        self._saved_commit = storage.initial_state().commit
+        initial = storage.initial_state()
+        self._saved_commit = initial.commit
+        self._saved_vote = (initial.term, initial.vote)
         # Read without the lock by status pages and gauges; an int assignment is atomic.
         self._commit_seen = self._saved_commit
         self._last_election = 0.0  # wall-clock time this replica last saw a new leader
@@ -376,9 +378,15 @@ class RaftConsensus:
                 self._publish_unlocked(rd.soft_state)
             if rd.hard_state is not None:
                 self._commit_seen = rd.hard_state.commit
-            if rd.hard_state is not None and rd.must_sync:
-                self._storage.save_hard_state(rd.hard_state)
-                self._saved_commit = rd.hard_state.commit
+            hard = rd.hard_state
+            if hard is not None and (hard.term, hard.vote) != self._saved_vote:
+                # Only term and vote must be durable before what depends on them; entries are
+                # made durable by the WAL, and the commit index is saved lazily (a restart
+                # learns it again from the leader).  Saving on every append that also moved
+                # the commit index cost a follower two fsyncs and a rename per write.
+                self._storage.save_hard_state(hard)
+                self._saved_vote = (hard.term, hard.vote)
+                self._saved_commit = hard.commit
             for m in rd.messages:
                 self._peers[m.dst].send(m)
             later: list[Message] = []
@@ -428,6 +436,7 @@ class RaftConsensus:
             try:
                 self._storage.save_hard_state(hard)
                 self._saved_commit = hard.commit
+                self._saved_vote = (hard.term, hard.vote)
             except OSError:
                 logger.exception("%s: saving the commit index failed", self.group_id)
 

@@ -65,13 +65,19 @@ class ResultTracker:
             self._in_flight[key] = _InFlight([(respond, fail)])
             return Admission.NEW, None
 
-    def complete(self, key: RequestKey, response: tablet_pb2.WriteResponse) -> int:
+    def complete(
+        self, key: RequestKey, response: tablet_pb2.WriteResponse, first_incomplete_seq_no: int = 0
+    ) -> int:
         """Record the outcome and answer every waiter; returns how many were answered.
 
         Called for every applied entry with a request id, on leaders and followers alike,
-        so whoever leads next already knows the outcome."""
+        so whoever leads next already knows the outcome.  ``first_incomplete_seq_no`` is the
+        one the entry carried: a follower never sees ``admit``, so this is where it forgets
+        what the client no longer needs (otherwise its table only grows, and the cap's
+        ``min()`` runs over it on every apply)."""
         client_id, seq_no = key
         with self._lock:
+            self._forget_below(client_id, first_incomplete_seq_no)
             flight = self._in_flight.pop(key, None)
             if seq_no >= self._first_incomplete.get(client_id, 0):
                 done = self._completed.setdefault(client_id, {})

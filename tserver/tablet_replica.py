@@ -381,7 +381,9 @@ class TabletReplica:
                 self._metrics.write_ops.increment()
                 self._metrics.rows_inserted.increment(result.rows_applied)
             if key is not None:
-                self.tracker.complete(key, _response(index, term, result.row_errors))
+                self.tracker.complete(
+                    key, _response(index, term, result.row_errors), applied.first_incomplete_seq_no
+                )
 
     # --- reads ---------------------------------------------------------------------------------
 

@@ -155,3 +155,39 @@ def test_leader_not_ready_is_retriable() -> None:
     assert ConsensusSnapshot(3, Role.LEADER, "a", True, False).bind_term() == 3
     with pytest.raises(NotLeader):
         ConsensusSnapshot(3, Role.FOLLOWER, "b", False, False).bind_term()
+
+
+def test_followers_save_consensus_metadata_only_when_term_or_vote_change(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit index moving with new entries is no reason to rewrite consensus-meta
+    (two fsyncs and a rename): the WAL holds the entries, the commit index is saved lazily."""
+    import raftlet.consensus.raft_consensus as driver
+
+    monkeypatch.setattr(driver, "_COMMIT_SAVE_TICKS", 10**9)  # no periodic save in this test
+    leader = cluster.wait_leader()
+    term = leader.consensus.check_leadership_and_bind_term()
+    saves: dict[str, list[tuple[int, str]]] = {}
+    for r in cluster.replicas.values():
+        log: list[tuple[int, str]] = []
+        saves[r.node_id] = log
+        real = r.storage.metadata.save_hard_state
+
+        def counting(hard, real=real, log=log):  # type: ignore[no-untyped-def]
+            log.append((hard.term, hard.vote))
+            real(hard)
+
+        monkeypatch.setattr(r.storage.metadata, "save_hard_state", counting)
+    # A follower cut off while entries commit gets them and the commit index that covers
+    # them in one append once it is back: a Ready with both new entries and a new commit.
+    lagging = next(r for r in cluster.replicas.values() if r is not leader)
+    cluster.transport.cut(leader.node_id, lagging.node_id)
+    for i in range(8):
+        leader.consensus.replicate([b"row-%d" % i], term)
+    want = [b"row-%d" % i for i in range(8)]
+    wait_for(lambda: leader.data() == want, what="the leader applies all 8")
+    cluster.transport.heal()
+    for r in cluster.replicas.values():
+        wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 8")
+    if leader.consensus.snapshot.term == term:  # no election happened meanwhile
+        assert all(log == [] for log in saves.values()), saves
