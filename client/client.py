@@ -42,10 +42,10 @@ from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.schema.predicates import Predicate
 from raftlet.schema.schema import Schema
 
-__all__ = ["Client"]
+__all__ = ["Client", "parse_seeds", "seeds_from_config"]
 
 
-def _parse_seeds(seeds: str | Sequence[str]) -> list[str]:
+def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
     items = seeds.split(",") if isinstance(seeds, str) else list(seeds)
     out = [s.strip() for s in items if isinstance(s, str) and s.strip()]
     if not out:
@@ -55,6 +55,26 @@ def _parse_seeds(seeds: str | Sequence[str]) -> list[str]:
         if not sep or not host or not port.isdigit():
             raise InvalidArgument(f"server address {addr!r} is not host:port")
     return out
+
+
+def seeds_from_config(path: str | os.PathLike[str]) -> list[str]:
+    """The RPC addresses of the ``[[servers]]`` of a ``cluster.toml``."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise InvalidArgument(f"cannot read cluster config {str(p)!r}: {e}") from None
+    servers = doc.get("servers")
+    addrs = []
+    if isinstance(servers, list):
+        addrs = [
+            s["rpc_addr"]
+            for s in servers
+            if isinstance(s, dict) and isinstance(s.get("rpc_addr"), str)
+        ]
+    if not addrs:
+        raise InvalidArgument(f"{p}: no [[servers]] with an rpc_addr")
+    return addrs
 
 
 class Client:
@@ -78,7 +98,7 @@ class Client:
         if flush_threads < 1:
             raise InvalidArgument(f"flush_threads must be at least 1, got {flush_threads}")
         self.timeout_s = float(timeout_s)
-        self._seeds = _parse_seeds(seeds)
+        self._seeds = parse_seeds(seeds)
         self._stats = StatsRecorder()
         self._channels = ChannelPool(
             options=list(channel_options) if channel_options is not None else CHANNEL_OPTIONS,
@@ -109,22 +129,7 @@ class Client:
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Client:
         """A client for the cluster described by a ``cluster.toml`` (its servers' RPC
         addresses are the seeds; everything else is fetched from them)."""
-        p = Path(path)
-        try:
-            doc = tomllib.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise InvalidArgument(f"cannot read cluster config {str(p)!r}: {e}") from None
-        servers = doc.get("servers")
-        addrs = []
-        if isinstance(servers, list):
-            addrs = [
-                s["rpc_addr"]
-                for s in servers
-                if isinstance(s, dict) and isinstance(s.get("rpc_addr"), str)
-            ]
-        if not addrs:
-            raise InvalidArgument(f"{p}: no [[servers]] with an rpc_addr")
-        return cls(addrs, **kwargs)
+        return cls(seeds_from_config(path), **kwargs)
 
     # --- the cluster -----------------------------------------------------------------------
 

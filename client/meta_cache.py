@@ -19,6 +19,9 @@ Leaders are learned lazily and cheaply:
 A server whose call failed at the transport level is *down* for ``down_ttl_s``: routing
 prefers other replicas meanwhile (but still tries it when nothing else is left).
 
+The state (view, leaders, servers down) and the decisions on it are ``MetaState``, free of
+I/O; ``MetaCache`` adds the blocking RPCs and ``aio_meta.AsyncMetaCache`` the asyncio ones.
+
 Routing a row is ``schema.partition_for_key`` on its key columns — the same function the
 server uses to place and check rows — mapped to the tablet of that partition.
 """
@@ -48,7 +51,7 @@ from raftlet.schema.keys import KeyEncodeError
 from raftlet.schema.partition import partition_for_key
 from raftlet.schema.schema import Schema, SchemaError
 
-__all__ = ["ClusterView", "MetaCache", "ServerInfo", "TableInfo", "TabletInfo"]
+__all__ = ["ClusterView", "MetaCache", "MetaState", "ServerInfo", "TableInfo", "TabletInfo"]
 
 # ListTablets and GetClusterConfig are cheap in-memory answers; a server that takes longer is
 # as good as down (for this call), and the next server is asked.
@@ -129,70 +132,34 @@ class ClusterView:
         return cls(servers, tables, tablets)
 
 
-class MetaCache:
+class MetaState:
+    """The pure part of the meta cache, shared by ``MetaCache`` (threads) and
+    ``aio_meta.AsyncMetaCache`` (asyncio): the installed cluster view, the leaders learned
+    so far and the servers marked down. No I/O; every method is quick and thread-safe."""
+
     def __init__(
         self,
         seeds: Sequence[str],
-        stubs: StubProvider,
         stats: StatsRecorder,
         *,
-        rpc_timeout_s: float = 10.0,
         down_ttl_s: float = 1.0,
-        leader_refresh_interval_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.seeds = list(seeds)
-        self._stubs = stubs
         self._stats = stats
-        self._rpc_timeout_s = rpc_timeout_s
         self._down_ttl_s = down_ttl_s
-        self._refresh_interval_s = leader_refresh_interval_s
         self._clock = clock
         self._view: ClusterView | None = None
         self._lock = threading.Lock()
         self._leaders: dict[str, str] = {}
         self._down_until: dict[str, float] = {}
-        self._refresh_lock = threading.Lock()
-        self._last_refresh = float("-inf")
+
+    def config_addresses(self) -> list[str]:
+        """Where to ask for the config: the seeds, then every server already known."""
+        known = [s.rpc_addr for s in self._view.servers.values()] if self._view else []
+        return list(dict.fromkeys([*self.seeds, *known]))
 
     # --- the config ------------------------------------------------------------------------
-
-    def load(self, deadline: float, timeout_s: float) -> ClusterView:
-        """Fetch the cluster config from the seeds (then any known server), retrying until
-        ``deadline``; raises ``Timeout`` if none answers."""
-
-        def attempt(_n: int, attempt_timeout: float) -> ClusterView:
-            end = self._clock() + attempt_timeout
-            last: RpcFailure | None = None
-            known = [s.rpc_addr for s in self._view.servers.values()] if self._view else []
-            for addr in dict.fromkeys([*self.seeds, *known]):
-                left = end - self._clock()
-                if left <= 0:
-                    break
-                try:
-                    pb = self._stubs.stub(addr).get_cluster_config(
-                        min(left, self._rpc_timeout_s, CONFIG_TIMEOUT_S)
-                    )
-                except grpc.RpcError as e:
-                    last = classify(e, address=addr)
-                    continue
-                self._stats.config_fetch()
-                return self.install(pb)
-            assert last is not None or not self.seeds
-            raise RetriableFailure(
-                last or RpcFailure(Cause.UNAVAILABLE, Action.NEXT_REPLICA, "", "no seed address")
-            )
-
-        if not self.seeds:
-            raise InvalidArgument("a client needs at least one server address")
-        return run_with_retries(
-            attempt,
-            what=f"fetching the cluster config from {', '.join(self.seeds)}",
-            deadline=deadline,
-            timeout_s=timeout_s,
-            clock=self._clock,
-            on_retry=lambda f: self._stats.retry(f.cause),
-        )
 
     def install(self, pb: tablet_pb2.GetClusterConfigResponse) -> ClusterView:
         view = ClusterView.from_pb(pb)
@@ -271,6 +238,87 @@ class MetaCache:
             until = self._down_until.get(server_uuid)
         return until is not None and self._clock() < until
 
+    def learn_leaders(
+        self, answers: Mapping[str, tablet_pb2.ListTabletsResponse | RpcFailure]
+    ) -> None:
+        """Take in every server's ``ListTablets`` answer (or why it gave none): servers that
+        did not answer at the transport level are marked down, those that did are up, and
+        each tablet's leader is the replica that claims leadership *itself* (highest term
+        wins); tablets nobody claims keep what is cached."""
+        claims: dict[str, tuple[int, str]] = {}
+        for uuid, answer in answers.items():
+            if isinstance(answer, RpcFailure):
+                if answer.cause in (Cause.UNAVAILABLE, Cause.DEADLINE_EXCEEDED):
+                    self.mark_down(uuid)
+                continue
+            self.mark_up(uuid)
+            for t in answer.tablets:
+                if t.role == consensus_pb2.LEADER and t.leader_uuid == uuid:
+                    best = claims.get(t.tablet_id)
+                    if best is None or t.term > best[0]:
+                        claims[t.tablet_id] = (t.term, uuid)
+        with self._lock:
+            for tablet, (_, uuid) in claims.items():
+                self._leaders[tablet] = uuid
+
+
+class MetaCache(MetaState):
+    """``MetaState`` with blocking gRPC I/O: ``load`` and ``refresh_leaders`` (threads)."""
+
+    def __init__(
+        self,
+        seeds: Sequence[str],
+        stubs: StubProvider,
+        stats: StatsRecorder,
+        *,
+        rpc_timeout_s: float = 10.0,
+        down_ttl_s: float = 1.0,
+        leader_refresh_interval_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(seeds, stats, down_ttl_s=down_ttl_s, clock=clock)
+        self._stubs = stubs
+        self._rpc_timeout_s = rpc_timeout_s
+        self._refresh_interval_s = leader_refresh_interval_s
+        self._refresh_lock = threading.Lock()
+        self._last_refresh = float("-inf")
+
+    def load(self, deadline: float, timeout_s: float) -> ClusterView:
+        """Fetch the cluster config from the seeds (then any known server), retrying until
+        ``deadline``; raises ``Timeout`` if none answers."""
+
+        def attempt(_n: int, attempt_timeout: float) -> ClusterView:
+            end = self._clock() + attempt_timeout
+            last: RpcFailure | None = None
+            for addr in self.config_addresses():
+                left = end - self._clock()
+                if left <= 0:
+                    break
+                try:
+                    pb = self._stubs.stub(addr).get_cluster_config(
+                        min(left, self._rpc_timeout_s, CONFIG_TIMEOUT_S)
+                    )
+                except grpc.RpcError as e:
+                    last = classify(e, address=addr)
+                    continue
+                self._stats.config_fetch()
+                return self.install(pb)
+            assert last is not None or not self.seeds
+            raise RetriableFailure(
+                last or RpcFailure(Cause.UNAVAILABLE, Action.NEXT_REPLICA, "", "no seed address")
+            )
+
+        if not self.seeds:
+            raise InvalidArgument("a client needs at least one server address")
+        return run_with_retries(
+            attempt,
+            what=f"fetching the cluster config from {', '.join(self.seeds)}",
+            deadline=deadline,
+            timeout_s=timeout_s,
+            clock=self._clock,
+            on_retry=lambda f: self._stats.retry(f.cause),
+        )
+
     def list_tablets(
         self, timeout: float
     ) -> dict[str, tablet_pb2.ListTabletsResponse | RpcFailure]:
@@ -308,21 +356,7 @@ class MetaCache:
                 return
             answers = self.list_tablets(min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s))
             self._stats.leader_refresh()
-            claims: dict[str, tuple[int, str]] = {}
-            for uuid, answer in answers.items():
-                if isinstance(answer, RpcFailure):
-                    if answer.cause in (Cause.UNAVAILABLE, Cause.DEADLINE_EXCEEDED):
-                        self.mark_down(uuid)
-                    continue
-                self.mark_up(uuid)
-                for t in answer.tablets:
-                    if t.role == consensus_pb2.LEADER and t.leader_uuid == uuid:
-                        best = claims.get(t.tablet_id)
-                        if best is None or t.term > best[0]:
-                            claims[t.tablet_id] = (t.term, uuid)
-            with self._lock:
-                for tablet, (_, uuid) in claims.items():
-                    self._leaders[tablet] = uuid
+            self.learn_leaders(answers)
             self._last_refresh = self._clock()
         finally:
             self._refresh_lock.release()

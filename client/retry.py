@@ -19,7 +19,8 @@ TABLET_NOT_FOUND       the server has no such replica    NEXT_REPLICA (TabletNot
                                                          RemoteError)
 =====================  ================================  =================================
 
-``run_with_retries`` then drives the attempts with tenacity: the wait after a failure comes
+``run_with_retries`` (``run_with_retries_async`` for coroutines: the same rules, the backoff
+awaited) then drives the attempts with tenacity: the wait after a failure comes
 from that cause's policy (``DEFAULT_POLICIES``: jittered exponential backoff; full jitter for
 RESOURCE_EXHAUSTED so a burst of refused clients spreads out instead of returning together),
 cut short so that no sleep runs into the deadline: it ends a *reserve* (``FINAL_ATTEMPT_S``,
@@ -36,11 +37,12 @@ only classifies and times. It keeps no state between operations.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import tenacity
@@ -68,6 +70,7 @@ __all__ = [
     "classify_status",
     "fatal_error",
     "run_with_retries",
+    "run_with_retries_async",
     "server_error_of",
     "timeout_error",
 ]
@@ -339,6 +342,70 @@ class _PerCauseWait(wait_base):
         return max(0.0, min(wait, left))
 
 
+class _RetryRun:
+    """The bookkeeping of one operation's retries, shared by the threaded and the asyncio
+    drivers: counting attempts, each attempt's timeout, the last failure, and tenacity's
+    stop/wait/retry/before_sleep."""
+
+    def __init__(
+        self,
+        *,
+        what: str,
+        deadline: float,
+        timeout_s: float,
+        attempt_timeout_s: float | None,
+        policies: Mapping[Cause, wait_base],
+        on_retry: Callable[[RpcFailure], None] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.what = what
+        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.attempt_timeout_s = attempt_timeout_s
+        self.policies = policies
+        self.on_retry = on_retry
+        self.clock = clock
+        self.attempts = 0
+        self.last: RpcFailure | None = None
+        self.reserve = _reserve(timeout_s)
+
+    def next_attempt(self) -> tuple[int, float]:
+        """``(attempt_no, attempt timeout)`` of the attempt about to start, or raises
+        ``_DeadlinePassed`` when too little time is left to start one."""
+        left = self.deadline - self.clock()
+        if left < MIN_ATTEMPT_S:
+            raise _DeadlinePassed()
+        attempt_timeout = (
+            left if self.attempt_timeout_s is None else min(left, self.attempt_timeout_s)
+        )
+        n = self.attempts
+        self.attempts += 1
+        return n, attempt_timeout
+
+    def before_sleep(self, state: tenacity.RetryCallState) -> None:
+        failure = _failure_of(state)
+        if failure is not None:
+            self.last = failure.failure
+            if self.on_retry is not None:
+                self.on_retry(failure.failure)
+
+    def tenacity_kwargs(self) -> dict[str, Any]:
+        return {
+            "stop": _DeadlineStop(self.deadline, self.reserve, self.clock),
+            "wait": _PerCauseWait(self.policies, self.deadline, self.reserve, self.clock),
+            "retry": tenacity.retry_if_exception_type(RetriableFailure),
+            "before_sleep": self.before_sleep,
+            "reraise": False,
+        }
+
+    def timeout(self, gave_up: tenacity.RetryError | None) -> Timeout:
+        if gave_up is not None:
+            failure = gave_up.last_attempt.exception()
+            if isinstance(failure, RetriableFailure):
+                self.last = failure.failure
+        return timeout_error(self.what, self.timeout_s, self.attempts, self.last)
+
+
 def run_with_retries(
     attempt: Callable[[int, float], T],
     *,
@@ -355,45 +422,67 @@ def run_with_retries(
     other than ``RetriableFailure``, or ``deadline`` (``clock()`` time) passes — then raise
     ``timeout_error``. ``attempt_no`` counts from 0. ``on_retry`` sees each failure that is
     about to be retried (for statistics). ``timeout_s`` is only for the message."""
-    attempts = 0
-    last: RpcFailure | None = None
-    reserve = _reserve(timeout_s)
+    run = _RetryRun(
+        what=what,
+        deadline=deadline,
+        timeout_s=timeout_s,
+        attempt_timeout_s=attempt_timeout_s,
+        policies=policies,
+        on_retry=on_retry,
+        clock=clock,
+    )
 
     def one() -> T:
-        nonlocal attempts
-        left = deadline - clock()
-        if left < MIN_ATTEMPT_S:
-            raise _DeadlinePassed()
-        attempt_timeout = left if attempt_timeout_s is None else min(left, attempt_timeout_s)
-        n = attempts
-        attempts += 1
-        return attempt(n, attempt_timeout)
+        return attempt(*run.next_attempt())
 
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        nonlocal last
-        failure = _failure_of(state)
-        if failure is not None:
-            last = failure.failure
-            if on_retry is not None:
-                on_retry(failure.failure)
-
-    retrying = tenacity.Retrying(
-        sleep=sleep,
-        stop=_DeadlineStop(deadline, reserve, clock),
-        wait=_PerCauseWait(policies, deadline, reserve, clock),
-        retry=tenacity.retry_if_exception_type(RetriableFailure),
-        before_sleep=before_sleep,
-        reraise=False,
-    )
+    retrying = tenacity.Retrying(sleep=sleep, **run.tenacity_kwargs())
+    gave_up: tenacity.RetryError | None = None
     try:
         return retrying(one)
     except tenacity.RetryError as e:
-        failure = e.last_attempt.exception()
-        if isinstance(failure, RetriableFailure):
-            last = failure.failure
+        gave_up = e
     except _DeadlinePassed:
         pass
-    raise timeout_error(what, timeout_s, attempts, last)
+    raise run.timeout(gave_up)
+
+
+async def run_with_retries_async(
+    attempt: Callable[[int, float], Awaitable[T]],
+    *,
+    what: str,
+    deadline: float,
+    timeout_s: float,
+    attempt_timeout_s: float | None = None,
+    policies: Mapping[Cause, wait_base] = DEFAULT_POLICIES,
+    on_retry: Callable[[RpcFailure], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """``run_with_retries`` for a coroutine ``attempt``: the same deadline, reserve, per-cause
+    waits and errors, with the backoff awaited (``sleep``) instead of blocking a thread."""
+    run = _RetryRun(
+        what=what,
+        deadline=deadline,
+        timeout_s=timeout_s,
+        attempt_timeout_s=attempt_timeout_s,
+        policies=policies,
+        on_retry=on_retry,
+        clock=clock,
+    )
+
+    async def one() -> T:
+        return await attempt(*run.next_attempt())
+
+    retrying = tenacity.AsyncRetrying(sleep=sleep, **run.tenacity_kwargs())
+    gave_up: tenacity.RetryError | None = None
+    try:
+        result: T = await retrying(one)
+        return result
+    except tenacity.RetryError as e:
+        gave_up = e
+    except _DeadlinePassed:
+        pass
+    raise run.timeout(gave_up)
 
 
 class _DeadlinePassed(Exception):

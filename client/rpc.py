@@ -1,8 +1,8 @@
 """One tablet RPC, routed to the right replica and retried until its deadline.
 
 ``call_tablet`` is how writes, scan pages and admin calls reach a tablet. Each attempt goes
-to the server ``_Router`` picks; a failure is classified (``retry.classify``) and the router
-reacts by its *action*:
+to the server ``Router`` picks (pure, shared with ``aio_rpc``); a failure is classified
+(``retry.classify``) and the router reacts by its *action*:
 
 - BACKOFF_SAME (queue full, leader not ready): the same server again, after a backoff;
 - FIND_LEADER (not leader): the hinted leader when the hint names another replica that is
@@ -27,14 +27,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 from tenacity.wait import wait_base
 
 from raftlet.client.channels import ServerStub, StubProvider
 from raftlet.client.errors import TabletNotFound
-from raftlet.client.meta_cache import MetaCache, TabletInfo
+from raftlet.client.meta_cache import MetaCache, MetaState, TabletInfo
 from raftlet.client.retry import (
     DEFAULT_POLICIES,
     Action,
@@ -49,7 +49,7 @@ from raftlet.client.retry import (
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto.common_pb2 import ServerErrorPB
 
-__all__ = ["RpcContext", "call_tablet"]
+__all__ = ["Router", "RpcContext", "call_tablet"]
 
 R = TypeVar("R")
 
@@ -68,9 +68,12 @@ class RpcContext:
     sleep: Callable[[float], None] = time.sleep
 
 
-class _Router:
+class Router:
+    """Where the attempts of one tablet RPC go, and what a failure changes (pure: the
+    leader look-up it may need is the caller's I/O, threaded or asyncio)."""
+
     def __init__(
-        self, meta: MetaCache, tablet: TabletInfo, leader_only: bool, prefer: str | None
+        self, meta: MetaState, tablet: TabletInfo, leader_only: bool, prefer: str | None
     ) -> None:
         self.meta = meta
         self.tablet = tablet
@@ -81,14 +84,27 @@ class _Router:
         self.not_found: set[str] = set()
 
     def target(self, deadline: float) -> str:
+        """The next attempt's server, looking the leader up first if needed (blocking)."""
+        if self.needs_lookup():
+            assert isinstance(self.meta, MetaCache)
+            self.meta.refresh_leaders(deadline)
+        return self.pick()
+
+    def needs_lookup(self) -> bool:
+        """True when the next attempt wants a leader nobody is known to be (call
+        ``refresh_leaders`` before ``pick``)."""
+        if self.next is not None or not self.leader_only:
+            return False
+        leader = self.meta.leader(self.tablet.tablet_id)
+        return leader is None or self.meta.is_down(leader)
+
+    def pick(self) -> str:
+        """The next attempt's server: the one a failure chose, else the known leader that is
+        not down, else the next replica in ring order."""
         if self.next is not None:
             target, self.next = self.next, None
             return target
-        tid = self.tablet.tablet_id
-        leader = self.meta.leader(tid)
-        if self.leader_only and (leader is None or self.meta.is_down(leader)):
-            self.meta.refresh_leaders(deadline)
-            leader = self.meta.leader(tid)
+        leader = self.meta.leader(self.tablet.tablet_id)
         if leader is not None and not self.meta.is_down(leader):
             return leader
         return self._rotate()
@@ -101,6 +117,25 @@ class _Router:
         ring = replicas[start:] + replicas[:start]
         up = [r for r in ring if not self.meta.is_down(r)]
         return (up or ring)[0]
+
+    def succeeded(self, target: str, result: object, address: str, what: str) -> None:
+        """Check an answer: returns when it is a success (noting the server up and, for
+        leader-only calls, the tablet's leader); raises as ``failed`` when the answer carries
+        a ``ServerErrorPB``."""
+        error = getattr(result, "error", None)
+        if not isinstance(error, ServerErrorPB) or not (error.code or error.message):
+            self.meta.mark_up(target)
+            if self.leader_only:
+                self.meta.set_leader(self.tablet.tablet_id, target)
+            return
+        self.failed_with(classify_error_pb(error, target, address), what)
+
+    def failed_with(self, failure: RpcFailure, what: str) -> NoReturn:
+        """Raise the fatal error, or ``RetriableFailure`` after choosing the next target."""
+        if failure.action is Action.FAIL:
+            raise fatal_error(failure, what)
+        retry_now = self.on_failure(failure)
+        raise RetriableFailure(failure, retry_now=retry_now)
 
     def on_failure(self, f: RpcFailure) -> bool:
         """React to a failed attempt; True if the next attempt may go without a backoff."""
@@ -153,7 +188,7 @@ def call_tablet(
     """Run ``call`` against the right replica of ``tablet_id`` until it succeeds; returns its
     result and the uuid of the server that answered. Raises ``Timeout`` (or a subclass) when
     ``deadline`` passes, ``TabletNotFound``, ``InvalidArgument`` or ``RemoteError``."""
-    router = _Router(ctx.meta, ctx.meta.tablet(tablet_id), leader_only, prefer)
+    router = Router(ctx.meta, ctx.meta.tablet(tablet_id), leader_only, prefer)
 
     def attempt(attempt_no: int, attempt_timeout: float) -> tuple[R, str]:
         target = router.target(deadline)
@@ -164,17 +199,9 @@ def call_tablet(
         except grpc.RpcError as e:
             failure = classify(e, target, address)
         else:
-            error = getattr(result, "error", None)
-            if not isinstance(error, ServerErrorPB) or not (error.code or error.message):
-                ctx.meta.mark_up(target)
-                if leader_only:
-                    ctx.meta.set_leader(tablet_id, target)
-                return result, target
-            failure = classify_error_pb(error, target, address)
-        if failure.action is Action.FAIL:
-            raise fatal_error(failure, what)
-        retry_now = router.on_failure(failure)
-        raise RetriableFailure(failure, retry_now=retry_now)
+            router.succeeded(target, result, address, what)
+            return result, target
+        router.failed_with(failure, what)
 
     return run_with_retries(
         attempt,

@@ -37,14 +37,20 @@ import itertools
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
 
 from raftlet.client.channels import ServerStub
-from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError, Timeout
+from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, Timeout
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.rpc import RpcContext, call_tablet
+from raftlet.client.write_batch import (
+    Operation,
+    batch_errors,
+    describe_write,
+    encode_operation,
+    write_request,
+)
 from raftlet.proto import tablet_pb2
-from raftlet.schema.rows import ErrorCode, OpType, RowOpError, encode_row_op
+from raftlet.schema.rows import OpType
 
 __all__ = ["FlushMode", "Operation", "Session"]
 
@@ -53,25 +59,6 @@ class FlushMode(enum.Enum):
     AUTO_FLUSH_SYNC = "AUTO_FLUSH_SYNC"
     AUTO_FLUSH_BACKGROUND = "AUTO_FLUSH_BACKGROUND"
     MANUAL_FLUSH = "MANUAL_FLUSH"
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One write call of a session, validated, encoded and routed."""
-
-    index: int
-    table: str
-    type: OpType
-    row: Mapping[str, object]
-    tablet_id: str
-    pb: tablet_pb2.RowOperationPB
-
-
-def _code_name(code: int) -> str:
-    try:
-        return ErrorCode.Name(code)
-    except ValueError:
-        return f"CODE_{code}"
 
 
 class Session:
@@ -169,19 +156,12 @@ class Session:
     def _prepare(self, op_type: OpType, table: str, row: Mapping[str, object]) -> Operation:
         with self._cond:
             self._check_open()
-        info = self._rpc.meta.table(table)
+        self._rpc.meta.table(table)  # an unknown table takes no index
         row = dict(row)  # the caller may reuse its dict; errors report what was written
         with self._cond:
             index = self._next_index
             self._next_index += 1
-        try:
-            pb = encode_row_op(info.schema, op_type, row)
-        except RowOpError as e:
-            code = _code_name(e.code)
-            self._rpc.stats.error(code)
-            raise RowError(index, code, e.message, table=table, row=row) from None
-        tablet_id = self._rpc.meta.tablet_for(table, row)
-        return Operation(index, table, op_type, row, tablet_id, pb)
+        return encode_operation(self._rpc.meta, self._rpc.stats, index, op_type, table, row)
 
     def _buffer_background(self, op: Operation) -> None:
         clock = self._rpc.clock
@@ -302,9 +282,7 @@ class Session:
         rpc = self._rpc
         tracker = self._tracker
         seq_no = tracker.new_seq_no()
-        request = tablet_pb2.WriteRequest(tablet_id=tablet_id, ops=[op.pb for op in ops])
-        request.request_id.client_id = tracker.client_id
-        request.request_id.seq_no = seq_no
+        request = write_request(tablet_id, ops, tracker.client_id, seq_no)
 
         def write(stub: ServerStub, timeout: float, attempt_no: int) -> tablet_pb2.WriteResponse:
             request.request_id.attempt_no = attempt_no
@@ -317,7 +295,7 @@ class Session:
                 rpc,
                 tablet_id,
                 write,
-                what=f"write of {len(ops)} row{'s' if len(ops) != 1 else ''} to tablet {tablet_id}",
+                what=describe_write(len(ops), tablet_id),
                 deadline=start + self.timeout_s,
                 timeout_s=self.timeout_s,
             )
@@ -327,30 +305,7 @@ class Session:
         finally:
             tracker.complete(seq_no)
         rpc.stats.write_acked(len(ops), rpc.clock() - start)
-        errors: list[RaftletError] = []
-        for row_error in response.row_errors:
-            if row_error.row_index >= len(ops):
-                err = RaftletError(
-                    f"tablet {tablet_id} reported an error for row {row_error.row_index} of a "
-                    f"{len(ops)}-row write: {row_error.message}"
-                )
-                errors.append(err)
-                rpc.stats.error(err.cause)
-                continue
-            op = ops[row_error.row_index]
-            code = _code_name(row_error.code)
-            rpc.stats.error(code)
-            errors.append(
-                RowError(
-                    op.index,
-                    code,
-                    row_error.message,
-                    table=op.table,
-                    row=op.row,
-                    tablet_id=tablet_id,
-                )
-            )
-        return errors
+        return batch_errors(response, ops, tablet_id, rpc.stats)
 
     # --- results and lifecycle -------------------------------------------------------------
 

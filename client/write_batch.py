@@ -1,0 +1,118 @@
+"""One write RPC's pure parts, shared by ``Session`` (threads) and ``AsyncClient`` (asyncio).
+
+- ``encode_operation``: a write call → ``Operation``, the row validated and encoded exactly as
+  the server will decode it (``schema.encode_row_op``) and routed to its tablet; a row the
+  server would refuse anyway raises ``RowError`` (counted in the stats) before any RPC.
+- ``write_request``: the ``WriteRequest`` of a batch of one tablet's operations, carrying the
+  exactly-once request id (``client_id``, ``seq_no``; the caller sets ``attempt_no`` and
+  ``first_incomplete_seq_no`` on each attempt, see ``request_tracker``).
+- ``batch_errors``: a ``WriteResponse`` → one ``RowError`` per row the server refused, with
+  the operation's own ``row_index`` (counted in the stats by code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from raftlet.client.errors import RaftletError, RowError
+from raftlet.client.meta_cache import MetaState
+from raftlet.client.stats import StatsRecorder
+from raftlet.proto import tablet_pb2
+from raftlet.schema.rows import ErrorCode, OpType, RowOpError, encode_row_op
+
+__all__ = [
+    "Operation",
+    "batch_errors",
+    "code_name",
+    "describe_write",
+    "encode_operation",
+    "write_request",
+]
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One write call of a session, validated, encoded and routed."""
+
+    index: int
+    table: str
+    type: OpType
+    row: Mapping[str, object]
+    tablet_id: str
+    pb: tablet_pb2.RowOperationPB
+
+
+def code_name(code: int) -> str:
+    try:
+        return ErrorCode.Name(code)
+    except ValueError:
+        return f"CODE_{code}"
+
+
+def encode_operation(
+    meta: MetaState,
+    stats: StatsRecorder,
+    index: int,
+    op_type: OpType,
+    table: str,
+    row: Mapping[str, object],
+) -> Operation:
+    """``row`` (the caller's own copy) as operation ``index`` of ``table``; raises
+    ``RowError`` for a row the server would refuse, ``InvalidArgument`` for an unknown
+    table or a key that cannot be routed."""
+    info = meta.table(table)
+    try:
+        pb = encode_row_op(info.schema, op_type, row)
+    except RowOpError as e:
+        code = code_name(e.code)
+        stats.error(code)
+        raise RowError(index, code, e.message, table=table, row=row) from None
+    tablet_id = meta.tablet_for(table, row)
+    return Operation(index, table, op_type, row, tablet_id, pb)
+
+
+def write_request(
+    tablet_id: str, ops: Sequence[Operation], client_id: str, seq_no: int
+) -> tablet_pb2.WriteRequest:
+    request = tablet_pb2.WriteRequest(tablet_id=tablet_id, ops=[op.pb for op in ops])
+    request.request_id.client_id = client_id
+    request.request_id.seq_no = seq_no
+    return request
+
+
+def describe_write(rows: int, tablet_id: str) -> str:
+    return f"write of {rows} row{'s' if rows != 1 else ''} to tablet {tablet_id}"
+
+
+def batch_errors(
+    response: tablet_pb2.WriteResponse,
+    ops: Sequence[Operation],
+    tablet_id: str,
+    stats: StatsRecorder,
+) -> list[RaftletError]:
+    """The errors of an acknowledged write, one per row the server refused."""
+    errors: list[RaftletError] = []
+    for row_error in response.row_errors:
+        if row_error.row_index >= len(ops):
+            err = RaftletError(
+                f"tablet {tablet_id} reported an error for row {row_error.row_index} of a "
+                f"{len(ops)}-row write: {row_error.message}"
+            )
+            errors.append(err)
+            stats.error(err.cause)
+            continue
+        op = ops[row_error.row_index]
+        code = code_name(row_error.code)
+        stats.error(code)
+        errors.append(
+            RowError(
+                op.index,
+                code,
+                row_error.message,
+                table=op.table,
+                row=op.row,
+                tablet_id=tablet_id,
+            )
+        )
+    return errors
