@@ -1,0 +1,394 @@
+"""``AsyncClient``: the client over ``grpc.aio``, for many writes in flight from one thread.
+
+::
+
+    import asyncio
+    from raftlet.client.aio import AsyncClient
+
+    async def main() -> None:
+        async with AsyncClient.connect(["127.0.0.1:7051"]) as c:   # or from_config(path)
+            await c.insert("kv", {"key": 1, "value": "one"})      # one row, one Write RPC
+            await asyncio.gather(*(c.insert("kv", {"key": k}) for k in range(2, 66)))
+            errors = await c.write("kv", [(OpType.UPSERT, {"key": 1, "value": "uno"}),
+                                          (OpType.DELETE, {"key": 2})])
+            assert errors == []
+
+    asyncio.run(main())
+
+``AsyncClient.connect(...)`` can also be awaited (``c = await AsyncClient.connect(...)``;
+then ``await c.close()``). The shape is the threaded ``Client`` with an
+``AUTO_FLUSH_SYNC`` session folded in, because in asyncio concurrency is the caller's tasks,
+not the session's threads:
+
+- ``await insert/upsert/update/delete(table, row)`` (or ``apply(op_type, table, row)``):
+  one row, one Write RPC; returns when it is acknowledged, raises ``RowError`` (refused by
+  the client before sending, or by the server), ``Timeout`` / ``ServerTooBusy`` /
+  ``NotLeader`` when the deadline passed, ``InvalidArgument``, ``TabletNotFound``,
+  ``RemoteError``, ``ClientClosed`` — the exceptions of ``raftlet.client``.
+  ``RowError.row_index`` is 0.
+- ``await write(table, ops)`` (``ops``: ``(OpType, row)`` pairs): ``MANUAL_FLUSH`` in one
+  call — rows grouped by tablet in batches of ``max_batch_rows``, the tablets concurrently,
+  each tablet's batches in order; returns the errors (``[]`` when every row was applied),
+  each with ``row_index`` = the operation's position in ``ops``.
+- For ``AUTO_FLUSH_BACKGROUND``-style throughput keep many ``insert`` calls in flight
+  (``asyncio.gather``, a pool of worker tasks); ``raftlet write --in-flight N`` does.
+
+What the threaded client guarantees holds here, with the same code where it is pure: the
+meta cache (``meta_cache.MetaState`` in ``aio_meta.AsyncMetaCache``: config from any seed,
+leaders from NOT_LEADER hints and ``ListTablets`` claims), the routing and retry policy
+(``rpc.Router``, ``retry.classify``, ``retry.run_with_retries_async``: NOT_LEADER → the hint
+or a leader look-up, RESOURCE_EXHAUSTED / LEADER_NOT_READY → backoff on the same server,
+UNAVAILABLE → the next replica, all within the operation's deadline), exactly-once request
+ids (one ``RequestTracker`` per client: a batch keeps its ``client_id``/``seq_no`` on every
+retry, ``first_incomplete_seq_no`` never passes an outstanding one, so a retried write is
+applied once), row encoding and errors (``write_batch``), and ``stats`` (``ClientStats``).
+
+Use a client from the event loop it was connected in (its channels are bound to it).
+``close()`` closes the channels; writes still in flight then fail. Modules:
+``aio_channels`` (one ``grpc.aio`` channel per server), ``aio_meta``, ``aio_rpc``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from typing import Any, Self
+
+from tenacity.wait import wait_base
+
+from raftlet.client.aio_channels import AsyncChannelPool, AsyncServerStub, AsyncStubProvider
+from raftlet.client.aio_meta import AsyncMetaCache
+from raftlet.client.aio_rpc import AsyncRpcContext, call_tablet_async
+from raftlet.client.channels import CHANNEL_OPTIONS
+from raftlet.client.client import parse_seeds, seeds_from_config
+from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError
+from raftlet.client.meta_cache import ServerInfo
+from raftlet.client.request_tracker import RequestTracker
+from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
+from raftlet.client.stats import ClientStats, StatsRecorder
+from raftlet.client.write_batch import (
+    Operation,
+    batch_errors,
+    describe_write,
+    encode_operation,
+    write_request,
+)
+from raftlet.proto import admin_pb2, tablet_pb2
+from raftlet.schema.rows import OpType
+from raftlet.schema.schema import Schema
+
+__all__ = ["AsyncClient"]
+
+
+class _Connecting:
+    """What ``AsyncClient.connect`` returns: await it for a connected client, or use it as
+    ``async with`` (the client is closed on the way out)."""
+
+    def __init__(self, make: Callable[[], AsyncClient]) -> None:
+        self._make = make
+        self._client: AsyncClient | None = None
+
+    async def _open(self) -> AsyncClient:
+        client = self._make()
+        try:
+            await client.load()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    def __await__(self) -> Generator[Any, None, AsyncClient]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncClient:
+        self._client = await self._open()
+        return self._client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        seeds: str | Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        rpc_timeout_s: float = 10.0,
+        max_batch_rows: int = 1000,
+        retry_policies: Mapping[Cause, wait_base] | None = None,
+        channel_options: Sequence[tuple[str, int]] | None = None,
+        stubs: AsyncStubProvider | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Not connected yet: use ``AsyncClient.connect(...)`` (or ``await load()``).
+        ``timeout_s`` is the default deadline of every operation, retries included, and of
+        the config fetch; ``rpc_timeout_s`` caps one attempt. ``stubs``, ``clock`` and
+        ``sleep`` are for tests (fake servers, a fake clock)."""
+        if timeout_s <= 0 or rpc_timeout_s <= 0:
+            raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
+        if max_batch_rows < 1:
+            raise InvalidArgument(f"max_batch_rows must be at least 1, got {max_batch_rows}")
+        self.timeout_s = float(timeout_s)
+        self.max_batch_rows = max_batch_rows
+        self._seeds = parse_seeds(seeds)
+        self._stats = StatsRecorder()
+        self._pool: AsyncChannelPool | None = None
+        if stubs is None:
+            self._pool = AsyncChannelPool(
+                options=list(channel_options) if channel_options is not None else CHANNEL_OPTIONS,
+                on_created=lambda _addr: self._stats.channel_created(),
+            )
+            stubs = self._pool
+        self._meta = AsyncMetaCache(
+            self._seeds, stubs, self._stats, rpc_timeout_s=rpc_timeout_s, clock=clock, sleep=sleep
+        )
+        self._rpc = AsyncRpcContext(
+            meta=self._meta,
+            stubs=stubs,
+            stats=self._stats,
+            attempt_timeout_s=rpc_timeout_s,
+            policies=dict(retry_policies if retry_policies is not None else DEFAULT_POLICIES),
+            clock=clock,
+            sleep=sleep,
+        )
+        self._tracker = RequestTracker()
+        self._closed = False
+
+    @classmethod
+    def connect(cls, seeds: str | Sequence[str], **kwargs: Any) -> _Connecting:
+        """A client of the cluster reachable through ``seeds`` ("host:port" strings, or one
+        comma-separated string), its config fetched (``Timeout`` after ``timeout_s``):
+        ``async with AsyncClient.connect(...) as c`` or ``c = await AsyncClient.connect(...)``.
+        ``kwargs`` are the constructor's."""
+        return _Connecting(lambda: cls(seeds, **kwargs))
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> _Connecting:
+        """``connect`` to the servers of a ``cluster.toml``."""
+        seeds = seeds_from_config(path)
+        return _Connecting(lambda: cls(seeds, **kwargs))
+
+    async def load(self) -> Self:
+        """Fetch the cluster config (``connect`` does this)."""
+        self._check_open()
+        await self._meta.load(self._rpc.clock() + self.timeout_s, self.timeout_s)
+        return self
+
+    # --- the cluster -----------------------------------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """Scopes this client's write request ids (a fresh uuid per client)."""
+        return self._tracker.client_id
+
+    @property
+    def seeds(self) -> list[str]:
+        return list(self._seeds)
+
+    def tables(self) -> list[str]:
+        return list(self._meta.view.tables)
+
+    def schema(self, table: str) -> Schema:
+        return self._meta.table(table).schema
+
+    def tablets(self, table: str) -> list[str]:
+        """The table's tablet ids, by partition."""
+        return list(self._meta.table(table).tablet_ids)
+
+    def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
+        return self._meta.tablet_for(table, row)
+
+    def replicas(self, tablet_id: str) -> tuple[str, ...]:
+        return self._meta.tablet(tablet_id).replicas
+
+    def servers(self) -> dict[str, ServerInfo]:
+        return dict(self._meta.view.servers)
+
+    async def leader_of(self, tablet_id: str, *, refresh: bool = False) -> str | None:
+        """The cached leader of ``tablet_id`` (after asking every server if ``refresh`` or
+        none is cached); None if no replica claims it."""
+        self._meta.tablet(tablet_id)
+        if refresh or self._meta.leader(tablet_id) is None:
+            await self._meta.refresh_leaders(self._rpc.clock() + self.timeout_s, force=True)
+        return self._meta.leader(tablet_id)
+
+    async def list_tablets(
+        self, timeout_s: float | None = None
+    ) -> dict[str, tablet_pb2.ListTabletsResponse]:
+        """Every reachable server's ``ListTablets`` answer, by server uuid."""
+        self._check_open()
+        answers = await self._meta.list_tablets(
+            timeout_s if timeout_s is not None else self.timeout_s
+        )
+        return {u: a for u, a in answers.items() if not isinstance(a, RpcFailure)}
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def insert(self, table: str, row: Mapping[str, object]) -> None:
+        await self.apply(OpType.INSERT, table, row)
+
+    async def upsert(self, table: str, row: Mapping[str, object]) -> None:
+        await self.apply(OpType.UPSERT, table, row)
+
+    async def update(self, table: str, row: Mapping[str, object]) -> None:
+        await self.apply(OpType.UPDATE, table, row)
+
+    async def delete(self, table: str, row: Mapping[str, object]) -> None:
+        await self.apply(OpType.DELETE, table, row)
+
+    async def apply(
+        self,
+        op_type: OpType,
+        table: str,
+        row: Mapping[str, object],
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Write one row and wait for its acknowledgement; raises its error (see the module
+        docstring). ``timeout_s`` (default the client's) bounds it, retries included."""
+        self._check_open()
+        op = encode_operation(self._meta, self._stats, 0, OpType(op_type), table, dict(row))
+        errors = await self._send_batch(op.tablet_id, [op], timeout_s)
+        if errors:
+            raise errors[0]
+
+    async def write(
+        self,
+        table: str,
+        ops: Iterable[tuple[OpType, Mapping[str, object]]],
+        *,
+        timeout_s: float | None = None,
+    ) -> list[RaftletError]:
+        """Write many rows of ``table`` (``(OpType, row)`` pairs) and wait until each has an
+        outcome; returns the errors, one per failed operation, by position in ``ops``."""
+        self._check_open()
+        self._meta.table(table)  # an unknown table fails the call, not each row
+        errors: list[RaftletError] = []
+        groups: dict[str, list[Operation]] = {}
+        for index, (op_type, row) in enumerate(ops):
+            try:
+                op = encode_operation(
+                    self._meta, self._stats, index, OpType(op_type), table, dict(row)
+                )
+            except RowError as e:
+                errors.append(e)
+                continue
+            except InvalidArgument as e:  # a key that cannot be routed
+                self._stats.error(e.cause)
+                errors.append(e.for_operation(index, table, dict(row)))
+                continue
+            groups.setdefault(op.tablet_id, []).append(op)
+
+        async def send_group(tablet_id: str, group: list[Operation]) -> list[RaftletError]:
+            out: list[RaftletError] = []
+            for start in range(0, len(group), self.max_batch_rows):
+                batch = group[start : start + self.max_batch_rows]
+                out.extend(await self._send_batch(tablet_id, batch, timeout_s))
+            return out
+
+        results = await asyncio.gather(*(send_group(t, g) for t, g in groups.items()))
+        for result in results:
+            errors.extend(result)
+        errors.sort(key=lambda e: e.row_index if e.row_index is not None else -1)
+        return errors
+
+    async def _send_batch(
+        self, tablet_id: str, ops: list[Operation], timeout_s: float | None
+    ) -> list[RaftletError]:
+        """One Write RPC of ``ops`` (all of ``tablet_id``), retried with one request id."""
+        rpc = self._rpc
+        tracker = self._tracker
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        seq_no = tracker.new_seq_no()
+        request = write_request(tablet_id, ops, tracker.client_id, seq_no)
+
+        async def write(
+            stub: AsyncServerStub, attempt_timeout: float, attempt_no: int
+        ) -> tablet_pb2.WriteResponse:
+            request.request_id.attempt_no = attempt_no
+            request.request_id.first_incomplete_seq_no = tracker.first_incomplete_seq_no()
+            return await stub.write(request, attempt_timeout)
+
+        start = rpc.clock()
+        try:
+            response, _server = await call_tablet_async(
+                rpc,
+                tablet_id,
+                write,
+                what=describe_write(len(ops), tablet_id),
+                deadline=start + timeout,
+                timeout_s=timeout,
+            )
+        except RaftletError as e:
+            rpc.stats.error(e.cause, len(ops))
+            return [e.for_operation(op.index, op.table, op.row) for op in ops]
+        finally:
+            tracker.complete(seq_no)
+        rpc.stats.write_acked(len(ops), rpc.clock() - start)
+        return batch_errors(response, ops, tablet_id, rpc.stats)
+
+    # --- admin -----------------------------------------------------------------------------
+
+    async def leader_step_down(
+        self, tablet_id: str, new_leader: str = "", *, timeout_s: float | None = None
+    ) -> str:
+        """Ask the leader of ``tablet_id`` to hand leadership to ``new_leader`` (or its most
+        caught-up follower); returns the uuid of the server that stepped down."""
+        self._check_open()
+        if new_leader and new_leader not in self._meta.tablet(tablet_id).replicas:
+            raise InvalidArgument(f"{new_leader!r} hosts no replica of tablet {tablet_id}")
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        request = admin_pb2.LeaderStepDownRequest(tablet_id=tablet_id, new_leader_uuid=new_leader)
+
+        async def step_down(
+            stub: AsyncServerStub, attempt_timeout: float, _attempt: int
+        ) -> admin_pb2.LeaderStepDownResponse:
+            return await stub.leader_step_down(request, attempt_timeout)
+
+        _, server = await call_tablet_async(
+            self._rpc,
+            tablet_id,
+            step_down,
+            what=f"leader step-down of tablet {tablet_id}",
+            deadline=self._rpc.clock() + timeout,
+            timeout_s=timeout,
+        )
+        self._meta.forget_leader(tablet_id)
+        return server
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._stats.snapshot()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed")
+
+    async def close(self) -> None:
+        """Close the channels (idempotent); later calls raise ``ClientClosed``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<raftlet AsyncClient {self.client_id[:8]} seeds={','.join(self._seeds)} {state}>"

@@ -1,0 +1,127 @@
+"""``grpc.aio`` channels for the asyncio client: one per server address, as ``channels``.
+
+``AsyncChannelPool`` is ``ChannelPool`` for ``grpc.aio``: a channel is opened the first time
+an address is used (inside the running event loop, which a ``grpc.aio`` channel is bound
+to), kept until ``await close()``, and counted. Same options (``channels.CHANNEL_OPTIONS``:
+short reconnect backoff, no proxy, 64 MiB messages) and no ``wait_for_ready``, so a dead
+server fails fast and the retry policy moves on.
+
+``AsyncServerStub`` / ``AsyncStubProvider`` are the seam the asyncio client uses, so unit
+tests plug in fakes. A failed call raises ``grpc.aio.AioRpcError``, a ``grpc.RpcError`` with
+the ``code()``/``details()``/``trailing_metadata()`` that ``retry.classify`` reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, cast
+
+import grpc
+
+from raftlet.client.channels import CHANNEL_OPTIONS
+from raftlet.client.errors import ClientClosed
+from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
+
+__all__ = ["AsyncChannelPool", "AsyncServerStub", "AsyncStubProvider", "GrpcAsyncServerStub"]
+
+
+class AsyncServerStub(Protocol):
+    """The RPCs the asyncio client makes to one server. ``timeout`` is in seconds."""
+
+    address: str
+
+    async def write(
+        self, request: tablet_pb2.WriteRequest, timeout: float
+    ) -> tablet_pb2.WriteResponse: ...
+
+    async def list_tablets(self, timeout: float) -> tablet_pb2.ListTabletsResponse: ...
+
+    async def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse: ...
+
+    async def leader_step_down(
+        self, request: admin_pb2.LeaderStepDownRequest, timeout: float
+    ) -> admin_pb2.LeaderStepDownResponse: ...
+
+
+class AsyncStubProvider(Protocol):
+    def stub(self, address: str) -> AsyncServerStub: ...
+
+
+class GrpcAsyncServerStub:
+    """``AsyncServerStub`` over a shared ``grpc.aio.Channel``."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
+        self.address = address
+        self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)  # type: ignore[no-untyped-call]
+        self._admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+
+    async def write(
+        self, request: tablet_pb2.WriteRequest, timeout: float
+    ) -> tablet_pb2.WriteResponse:
+        return cast(tablet_pb2.WriteResponse, await self._tablet.Write(request, timeout=timeout))
+
+    async def list_tablets(self, timeout: float) -> tablet_pb2.ListTabletsResponse:
+        return cast(
+            tablet_pb2.ListTabletsResponse,
+            await self._tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout),
+        )
+
+    async def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse:
+        return cast(
+            tablet_pb2.GetClusterConfigResponse,
+            await self._tablet.GetClusterConfig(
+                tablet_pb2.GetClusterConfigRequest(), timeout=timeout
+            ),
+        )
+
+    async def leader_step_down(
+        self, request: admin_pb2.LeaderStepDownRequest, timeout: float
+    ) -> admin_pb2.LeaderStepDownResponse:
+        return cast(
+            admin_pb2.LeaderStepDownResponse,
+            await self._admin.LeaderStepDown(request, timeout=timeout),
+        )
+
+
+class AsyncChannelPool:
+    """``grpc.aio`` channels (and their stubs) by address; use from one event loop."""
+
+    def __init__(
+        self,
+        *,
+        options: list[tuple[str, int]] | None = None,
+        on_created: Callable[[str], None] | None = None,
+    ) -> None:
+        self._options = list(CHANNEL_OPTIONS if options is None else options)
+        self._on_created = on_created
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, GrpcAsyncServerStub] = {}
+        self._closed = False
+        self.created = 0
+
+    def stub(self, address: str) -> AsyncServerStub:
+        stub = self._stubs.get(address)
+        if stub is not None:
+            return stub
+        if self._closed:
+            raise ClientClosed("the client is closed")
+        channel = grpc.aio.insecure_channel(address, options=self._options)
+        self._channels[address] = channel
+        stub = GrpcAsyncServerStub(address, channel)
+        self._stubs[address] = stub
+        self.created += 1
+        if self._on_created is not None:
+            self._on_created(address)
+        return stub
+
+    def addresses(self) -> list[str]:
+        return list(self._channels)
+
+    async def close(self) -> None:
+        """Close every channel (calls still in flight on them are cancelled)."""
+        self._closed = True
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await channel.close()

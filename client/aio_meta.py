@@ -1,0 +1,145 @@
+"""``AsyncMetaCache``: the meta cache of ``meta_cache`` with its RPCs made over asyncio.
+
+The state and every decision on it are ``meta_cache.MetaState``, shared with the threaded
+client; this module only does its two kinds of I/O as coroutines, with the same rules:
+
+- ``load``: ``GetClusterConfig`` from the seeds in turn (then any known server), retried with
+  ``retry.run_with_retries_async`` until the deadline (``Timeout``);
+- ``refresh_leaders``: ``ListTablets`` on every server at once (``asyncio.gather``), believed
+  through ``MetaState.learn_leaders``; serialized by an ``asyncio.Lock`` and rate-limited
+  (``leader_refresh_interval_s``), so 64 writes that lost their leader together cost one
+  round of ``ListTablets``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+
+from raftlet.client.aio_channels import AsyncStubProvider
+from raftlet.client.errors import InvalidArgument
+from raftlet.client.meta_cache import (
+    CONFIG_TIMEOUT_S,
+    LIST_TABLETS_TIMEOUT_S,
+    ClusterView,
+    MetaState,
+)
+from raftlet.client.retry import (
+    Action,
+    Cause,
+    RetriableFailure,
+    RpcFailure,
+    classify,
+    run_with_retries_async,
+)
+from raftlet.client.stats import StatsRecorder
+from raftlet.proto import tablet_pb2
+
+__all__ = ["AsyncMetaCache"]
+
+
+class AsyncMetaCache(MetaState):
+    def __init__(
+        self,
+        seeds: Sequence[str],
+        stubs: AsyncStubProvider,
+        stats: StatsRecorder,
+        *,
+        rpc_timeout_s: float = 10.0,
+        down_ttl_s: float = 1.0,
+        leader_refresh_interval_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(seeds, stats, down_ttl_s=down_ttl_s, clock=clock)
+        self._sleep = sleep
+        self._stubs = stubs
+        self._rpc_timeout_s = rpc_timeout_s
+        self._refresh_interval_s = leader_refresh_interval_s
+        self._refresh_lock: asyncio.Lock | None = None  # made in the loop that uses it
+        self._last_refresh = float("-inf")
+
+    async def load(self, deadline: float, timeout_s: float) -> ClusterView:
+        """Fetch the cluster config from the seeds (then any known server), retrying until
+        ``deadline``; raises ``Timeout`` if none answers."""
+
+        async def attempt(_n: int, attempt_timeout: float) -> ClusterView:
+            end = self._clock() + attempt_timeout
+            last: RpcFailure | None = None
+            for addr in self.config_addresses():
+                left = end - self._clock()
+                if left <= 0:
+                    break
+                try:
+                    pb = await self._stubs.stub(addr).get_cluster_config(
+                        min(left, self._rpc_timeout_s, CONFIG_TIMEOUT_S)
+                    )
+                except grpc.RpcError as e:
+                    last = classify(e, address=addr)
+                    continue
+                self._stats.config_fetch()
+                return self.install(pb)
+            raise RetriableFailure(
+                last or RpcFailure(Cause.UNAVAILABLE, Action.NEXT_REPLICA, "", "no seed address")
+            )
+
+        if not self.seeds:
+            raise InvalidArgument("a client needs at least one server address")
+        return await run_with_retries_async(
+            attempt,
+            what=f"fetching the cluster config from {', '.join(self.seeds)}",
+            deadline=deadline,
+            timeout_s=timeout_s,
+            clock=self._clock,
+            sleep=self._sleep,
+            on_retry=lambda f: self._stats.retry(f.cause),
+        )
+
+    async def list_tablets(
+        self, timeout: float
+    ) -> dict[str, tablet_pb2.ListTabletsResponse | RpcFailure]:
+        """``ListTablets`` on every server at once: uuid → its answer, or why it gave none."""
+        servers = list(self.view.servers.values())
+
+        async def one(uuid: str, address: str) -> tablet_pb2.ListTabletsResponse | RpcFailure:
+            try:
+                return await self._stubs.stub(address).list_tablets(timeout)
+            except grpc.RpcError as e:
+                return classify(e, uuid, address)
+
+        answers = await asyncio.gather(*(one(s.uuid, s.rpc_addr) for s in servers))
+        return {s.uuid: answer for s, answer in zip(servers, answers, strict=True)}
+
+    async def refresh_leaders(self, deadline: float, *, force: bool = False) -> None:
+        """Learn every tablet's leader from the servers' own claims. Returns early — keeping
+        what is cached — when another task refreshed within ``leader_refresh_interval_s``
+        or the deadline is too close."""
+        left = deadline - self._clock()
+        if left <= 0:
+            return
+        if self._refresh_lock is None:
+            self._refresh_lock = asyncio.Lock()
+        lock = self._refresh_lock
+        try:
+            async with asyncio.timeout(left):
+                await lock.acquire()
+        except TimeoutError:
+            return
+        try:
+            now = self._clock()
+            if not force and now - self._last_refresh < self._refresh_interval_s:
+                return
+            left = deadline - now
+            if left <= 0:
+                return
+            answers = await self.list_tablets(
+                min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s)
+            )
+            self._stats.leader_refresh()
+            self.learn_leaders(answers)
+            self._last_refresh = self._clock()
+        finally:
+            lock.release()

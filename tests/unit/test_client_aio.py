@@ -1,0 +1,330 @@
+"""The asyncio client against scripted fake servers: the threaded client's routing, retries,
+errors and exactly-once request ids, with many writes in flight from one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from raftlet.client import (
+    ClientClosed,
+    InvalidArgument,
+    NotLeader,
+    RowError,
+    ServerTooBusy,
+    TabletNotFound,
+    Timeout,
+)
+from raftlet.client.aio import AsyncClient
+from raftlet.proto import tablet_pb2
+from raftlet.schema.rows import OpType
+from tests.unit.client_aio_fakes import AsyncFakeClock, AsyncFakeCluster, fake_client
+from tests.unit.client_fakes import (
+    FakeRpcError,
+    addr,
+    config_pb,
+    not_leader,
+    ok,
+    queue_full,
+    unavailable,
+)
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    async def bounded() -> T:
+        # A bound on a hang (a bug that serializes or loses a wake-up), not a timing claim.
+        async with asyncio.timeout(60):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+def test_64_concurrent_inserts_are_all_in_flight_at_once_with_distinct_request_ids() -> None:
+    """The fake leader holds every write until 64 have arrived: the test only finishes if
+    the client really has 64 in flight. Each has its own seq_no under one client_id, and no
+    request's first_incomplete_seq_no passes a request still outstanding."""
+    cluster = AsyncFakeCluster()
+    arrived: list[tablet_pb2.WriteRequest] = []
+    all_in = asyncio.Event()
+
+    async def held(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        arrived.append(request)
+        if len(arrived) == 64:
+            all_in.set()
+        await all_in.wait()
+        return ok()
+
+    async def main() -> None:
+        for s in cluster.servers.values():
+            s.script("write", held)
+        cluster.servers["ts2"].leads = {"kv-p0", "kv-p1"}
+        async with AsyncClient.connect([addr("ts1")], stubs=cluster, timeout_s=5.0) as c:
+            await asyncio.gather(*(c.insert("kv", {"key": k, "value": str(k)}) for k in range(64)))
+            stats = c.stats
+            assert (stats.writes_acked, stats.rows_acked) == (64, 64)
+            assert stats.errors_by_cause == {}
+            assert stats.retries_by_cause == {}
+            sent = [r for _, r in cluster.writes()]
+            assert {s for s, _ in cluster.writes()} == {"ts2"}  # the leader ListTablets named
+            assert sorted(r.request_id.seq_no for r in sent) == list(range(1, 65))
+            assert {r.request_id.client_id for r in sent} == {c.client_id}
+            assert all(r.request_id.first_incomplete_seq_no <= r.request_id.seq_no for r in sent)
+            assert c._tracker.outstanding() == 0
+
+    cluster.servers["ts1"].script("config", config_pb())
+    run(main())
+
+
+def test_a_retried_write_keeps_its_request_id_across_servers() -> None:
+    """ts1 (cached leader) says NOT_LEADER → ts2; ts2 is full, then unreachable → ts3
+    succeeds. One seq_no throughout; attempt_no 0, 1, 2, 3 (as the threaded client)."""
+    cluster = AsyncFakeCluster()
+    cluster.servers["ts1"].script("write", not_leader("ts2"))
+    cluster.servers["ts2"].script("write", queue_full(), unavailable())
+    cluster.servers["ts3"].script("write", ok)
+    clock = AsyncFakeClock()
+
+    async def main() -> None:
+        c = await fake_client(cluster, clock)
+        c._meta.set_leader("kv-p0", "ts1")
+        c._meta.set_leader("kv-p1", "ts1")
+        await c.insert("kv", {"key": 1, "value": "a"})
+        sent = cluster.writes()
+        order = {"ts1": 0, "ts2": 1, "ts3": 2}
+        sent.sort(key=lambda x: (order[x[0]], x[1].request_id.attempt_no))
+        assert [s for s, _ in sent] == ["ts1", "ts2", "ts2", "ts3"]
+        assert {(r.request_id.client_id, r.request_id.seq_no) for _, r in sent} == {
+            (c.client_id, 1)
+        }
+        assert [r.request_id.attempt_no for _, r in sent] == [0, 1, 2, 3]
+        assert c.stats.retries_by_cause == {
+            "NOT_LEADER": 1,
+            "RESOURCE_EXHAUSTED": 1,
+            "UNAVAILABLE": 1,
+        }
+        assert clock.sleeps  # the queue-full retry backed off
+        await c.insert("kv", {"key": 2, "value": "b"})  # straight to the leader that answered
+        last = cluster.servers["ts3"].requests["write"][-1]
+        assert (last.request_id.seq_no, last.request_id.attempt_no) == (2, 0)
+        assert last.request_id.first_incomplete_seq_no == 2
+        await c.close()
+
+    run(main())
+
+
+def test_not_leader_without_a_hint_looks_the_leader_up_once_for_many_writes() -> None:
+    """Every replica but ts3 refuses with NOT_LEADER and no hint; 32 concurrent writes find
+    ts3 through ListTablets, and the refreshes are rate-limited (the fake clock stands still,
+    so one round serves all of them)."""
+    cluster = AsyncFakeCluster()
+    cluster.servers["ts1"].script("write", not_leader())
+    cluster.servers["ts2"].script("write", not_leader())
+    cluster.servers["ts3"].script("write", ok)
+    cluster.servers["ts3"].leads = {"kv-p0", "kv-p1"}
+
+    async def main() -> None:
+        c = await fake_client(cluster)
+        c._meta.set_leader("kv-p0", "ts1")
+        c._meta.set_leader("kv-p1", "ts1")
+        await asyncio.gather(*(c.insert("kv", {"key": k}) for k in range(32)))
+        assert c.stats.leader_refreshes == 1
+        assert c.stats.rows_acked == 32
+        assert await c.leader_of("kv-p0") == "ts3"
+        applied = cluster.servers["ts3"].requests["write"]
+        assert sorted(r.request_id.seq_no for r in applied) == list(range(1, 33))
+
+    run(main())
+
+
+def test_busy_until_the_deadline_raises_server_too_busy() -> None:
+    cluster = AsyncFakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", queue_full())
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+    clock = AsyncFakeClock()
+
+    async def main() -> None:
+        c = await fake_client(cluster, clock, timeout_s=2.0)
+        start = clock.now
+        with pytest.raises(ServerTooBusy) as info:
+            await c.insert("kv", {"key": 5, "value": "x"})
+        assert clock.now <= start + 2.0
+        assert info.value.row_index == 0
+        sent = [r for _, r in cluster.writes()]
+        assert len(sent) > 3
+        assert {r.request_id.seq_no for r in sent} == {1}
+        assert [r.request_id.attempt_no for r in sent] == list(range(len(sent)))
+        assert {s for s, _ in cluster.writes()} == {"ts1"}  # backoff on the same server
+        assert c._tracker.outstanding() == 0
+        assert c.stats.errors_by_cause == {"RESOURCE_EXHAUSTED": 1}
+
+    run(main())
+
+
+def test_no_leader_until_the_deadline_raises_not_leader() -> None:
+    cluster = AsyncFakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", not_leader())
+    clock = AsyncFakeClock()
+
+    async def main() -> None:
+        c = await fake_client(cluster, clock, timeout_s=1.0)
+        with pytest.raises(NotLeader):
+            await c.insert("kv", {"key": 5})
+        assert isinstance(NotLeader("x"), Timeout)
+
+    run(main())
+
+
+def test_row_errors_and_rows_refused_before_sending() -> None:
+    cluster = AsyncFakeCluster()
+
+    def key_exists(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        resp = tablet_pb2.WriteResponse(op_index=3, op_term=1)
+        resp.row_errors.add(row_index=0, code=tablet_pb2.RowErrorPB.KEY_EXISTS, message="dup")
+        return resp
+
+    for s in cluster.servers.values():
+        s.script("write", key_exists)
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+
+    async def main() -> None:
+        c = await fake_client(cluster)
+        with pytest.raises(RowError) as info:
+            await c.insert("kv", {"key": 1, "value": "x"})
+        assert (info.value.row_index, info.value.code, info.value.message) == (
+            0,
+            "KEY_EXISTS",
+            "dup",
+        )
+        with pytest.raises(RowError) as refused:
+            await c.insert("kv", {"key": "not an int"})
+        assert refused.value.code == "TYPE_MISMATCH"
+        assert "refused by the client" in str(refused.value)
+        with pytest.raises(InvalidArgument, match="unknown table"):
+            await c.insert("nope", {"key": 1})
+        assert len(cluster.writes()) == 1
+        assert c.stats.errors_by_cause == {"KEY_EXISTS": 1, "TYPE_MISMATCH": 1}
+
+    run(main())
+
+
+def test_write_batches_per_tablet_and_reports_errors_by_position() -> None:
+    cluster = AsyncFakeCluster()
+
+    def second_row_exists(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        resp = tablet_pb2.WriteResponse(op_index=3, op_term=1)
+        if len(request.ops) > 1:
+            resp.row_errors.add(row_index=1, code=tablet_pb2.RowErrorPB.KEY_EXISTS, message="d")
+        return resp
+
+    for s in cluster.servers.values():
+        s.script("write", second_row_exists)
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+
+    async def main() -> None:
+        c = await fake_client(cluster, max_batch_rows=4)
+        p0 = [k for k in range(100) if c.tablet_for("kv", {"key": k}) == "kv-p0"][:6]
+        p1 = [k for k in range(100) if c.tablet_for("kv", {"key": k}) == "kv-p1"][:3]
+        ops: list[tuple[OpType, dict[str, object]]] = [
+            (OpType.INSERT, {"key": k, "value": "v"}) for k in [*p0, *p1]
+        ]
+        ops.append((OpType.UPSERT, {"key": "bad"}))
+        errors = await c.write("kv", ops)
+        sent = [r for _, r in cluster.writes()]
+        # kv-p0: 6 rows in batches of 4 and 2 (in order); kv-p1: one batch of 3.
+        assert sorted((r.tablet_id, len(r.ops)) for r in sent) == [
+            ("kv-p0", 2),
+            ("kv-p0", 4),
+            ("kv-p1", 3),
+        ]
+        assert sorted(r.request_id.seq_no for r in sent) == [1, 2, 3]
+        # Row 1 of each multi-row batch: ops positions 1, 5 (p0) and 7 (p1); then the bad row.
+        assert [e.row_index for e in errors] == [1, 5, 7, 9]
+        assert [getattr(e, "code", "") for e in errors] == [
+            "KEY_EXISTS",
+            "KEY_EXISTS",
+            "KEY_EXISTS",
+            "TYPE_MISMATCH",
+        ]
+        assert errors[0].row == {"key": p0[1], "value": "v"}
+
+    run(main())
+
+
+def test_tablet_not_found_on_every_replica() -> None:
+    cluster = AsyncFakeCluster()
+    missing = FakeRpcError(grpc.StatusCode.NOT_FOUND, "tablet 'kv-p0' not found")
+    for s in cluster.servers.values():
+        s.script("write", missing)
+
+    async def main() -> None:
+        c = await fake_client(cluster)
+        with pytest.raises(TabletNotFound):
+            await c.insert("kv", {"key": 0, "value": "x"})
+        assert len(cluster.writes()) == 3
+
+    run(main())
+
+
+def test_connect_from_config_retries_seeds_and_close_refuses_writes(tmp_path: Path) -> None:
+    """The first seed is unreachable, the second answers; after close() writes raise
+    ClientClosed."""
+    cluster = AsyncFakeCluster()
+    cluster.servers["ts1"].script("config", unavailable())
+    cluster.servers["ts2"].script("config", config_pb())
+    config = tmp_path / "cluster.toml"
+    config.write_text("".join(f'[[servers]]\nrpc_addr = "{addr(s)}"\n' for s in ("ts1", "ts2")))
+
+    async def main() -> None:
+        async with AsyncClient.from_config(config, stubs=cluster) as c:
+            assert c.tables() == ["kv"]
+            assert c.tablets("kv") == ["kv-p0", "kv-p1"]
+            assert c.stats.config_fetches == 1
+        assert c.closed
+        with pytest.raises(ClientClosed):
+            await c.insert("kv", {"key": 1})
+
+    run(main())
+
+
+def test_no_seed_answers_times_out() -> None:
+    cluster = AsyncFakeCluster()
+    clock = AsyncFakeClock()
+
+    async def main() -> None:
+        with pytest.raises(Timeout, match="fetching the cluster config"):
+            await AsyncClient.connect(
+                [addr("ts1")],
+                stubs=cluster,
+                clock=clock.clock,
+                sleep=clock.async_sleep,
+                timeout_s=1.0,
+            )
+
+    run(main())
+
+
+def test_leader_step_down_goes_to_the_leader() -> None:
+    from raftlet.proto import admin_pb2
+
+    cluster = AsyncFakeCluster()
+    cluster.servers["ts2"].leads = {"kv-p0", "kv-p1"}
+    cluster.servers["ts2"].script("step_down", admin_pb2.LeaderStepDownResponse())
+
+    async def main() -> None:
+        c = await fake_client(cluster)
+        assert await c.leader_step_down("kv-p0", "ts3") == "ts2"
+        (request,) = cluster.servers["ts2"].requests["step_down"]
+        assert request.new_leader_uuid == "ts3"
+        with pytest.raises(InvalidArgument):
+            await c.leader_step_down("kv-p0", "ts9")
+
+    run(main())
