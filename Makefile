@@ -5,8 +5,10 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 2000
+# The benchmarks' own virtualenv, for packages the project does not depend on (pysyncobj).
+BENCH_VENV ?= .bench-venv
 
-.PHONY: install test proto lint sim bench demo sim-demo clean distclean
+.PHONY: install test proto lint sim bench bench-peers demo sim-demo clean distclean
 
 install: $(STAMP)
 
@@ -32,9 +34,19 @@ sim: $(STAMP)
 
 bench: $(STAMP)
 	@found=0; for f in bench/*.py; do \
-		[ -e "$$f" ] || continue; case "$${f##*/}" in _*) continue;; esac; found=1; \
+		[ -e "$$f" ] || continue; case "$${f##*/}" in _*|peers.py) continue;; esac; found=1; \
 		echo "== $$f"; $(PYTHON) "$$f" || exit 1; \
 	done; [ $$found = 1 ] || echo "no benchmarks in bench/ yet"
+
+# raftlet next to etcd and PySyncObj (bench/peers.py; not in `make bench`: it runs for minutes
+# and installs etcd-server with apt-get when root and missing). The script runs in the
+# project's venv; the PySyncObj nodes run in $(BENCH_VENV), which gets pysyncobj.
+# Flags through ARGS, e.g. make bench-peers ARGS="--duration 3 --repeat 3 --mode all".
+bench-peers: $(STAMP)
+	test -x $(BENCH_VENV)/bin/python || python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -c 'import pysyncobj' 2>/dev/null || \
+		$(BENCH_VENV)/bin/python -m pip install --disable-pip-version-check -q pysyncobj
+	$(PYTHON) bench/peers.py --bench-venv $(BENCH_VENV) $(ARGS)
 
 # A real 3-server cluster in a temp dir, a 10 s write load, the metrics, a clean shutdown
 # (deploy/demo.sh stops the cluster in a trap, whatever fails).
