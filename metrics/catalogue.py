@@ -29,6 +29,8 @@ __all__ = [
     "LOG_SYNC_LATENCY_US",
     "OP_APPLY_RUN_TIME_US",
     "OP_PREPARE_RUN_TIME_US",
+    "PROCESS_CPU_SECONDS",
+    "PROCESS_PROTOTYPES",
     "RAFT_APPLIED_INDEX",
     "RAFT_COMMIT_INDEX",
     "RAFT_ROLE",
@@ -211,6 +213,19 @@ LOG_GROUP_COMMIT_ENTRIES = MetricPrototype(
     "Log entries made durable by one fsync (group-commit batch size)",
     entity_type="tablet",
 )
+
+# --- Process (read by the status server at scrape time, not instantiated on an entity) ----
+
+PROCESS_CPU_SECONDS = MetricPrototype(
+    "process_cpu_seconds",
+    COUNTER,
+    "seconds",
+    "CPU time (user + system, all threads) this server process has used since it started",
+    entity_type="server",
+)
+# Not in ALL_PROTOTYPES (DESIGN.md's list, what components instantiate): `metrics.process`
+# reads these from the OS whenever /metrics is scraped.
+PROCESS_PROTOTYPES: tuple[MetricPrototype, ...] = (PROCESS_CPU_SECONDS,)
 
 ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     RPCS_QUEUE_OVERFLOW,

@@ -1,6 +1,7 @@
 """The HTTP status server: metrics, thread stacks and health on a port of its own.
 
-Pages (DESIGN.md §4): `/metrics` (Prometheus text), `/metrics.json` (Kudu-style JSON, with
+Pages (DESIGN.md §4): `/metrics` (Prometheus text, the registry's metrics then the process's
+CPU time, `metrics.process`), `/metrics.json` (Kudu-style JSON, with
 `?metrics=` and the other filters of `metrics.export_json`), `/stacks` (every thread's stack),
 `/healthz` ("OK"), `/` (the list of pages). Other components add pages with
 `register_page(path, handler)`; the tablet server adds `/tablets` and `/tablets.json`.
@@ -42,6 +43,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from raftlet.metrics import export_json, export_prometheus
+from raftlet.metrics.process import ProcessCollector
 from raftlet.metrics.registry import MetricRegistry
 
 __all__ = [
@@ -359,6 +361,7 @@ class StatusServer:
         self._thread: threading.Thread | None = None
         # Copy-on-write: request threads read the current dict without the lock.
         self._pages: dict[str, PageHandler] = {}
+        self._process = ProcessCollector(registry)
         self.register_page("/", self._index_page)
         self.register_page("/metrics", self._metrics_page)
         self.register_page("/metrics.json", self._metrics_json_page)
@@ -453,7 +456,7 @@ class StatusServer:
         return PageResponse.html(f"<html><body><h1>raftlet</h1><ul>{links}</ul></body></html>\n")
 
     def _metrics_page(self, request: PageRequest) -> PageResponse:
-        body = export_prometheus.generate_prometheus_text(self.registry)
+        body = export_prometheus.generate_prometheus_text(self.registry, [self._process])
         return PageResponse(body, export_prometheus.CONTENT_TYPE)
 
     def _metrics_json_page(self, request: PageRequest) -> PageResponse:

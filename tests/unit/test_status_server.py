@@ -103,6 +103,37 @@ def test_metrics_page_is_parseable_prometheus_text(server: StatusServer) -> None
     assert [s.value for s in counts] == [1]
 
 
+def test_metrics_page_exposes_the_process_cpu_time(server: StatusServer) -> None:
+    """process_cpu_seconds_total, labelled with the server entity, read at scrape time: it
+    never decreases and grows with CPU burnt in the process."""
+
+    def cpu() -> float:
+        fams = {
+            f.name: f for f in text_string_to_metric_families(fetch(server, "/metrics")[2].decode())
+        }
+        (sample,) = fams["process_cpu_seconds"].samples
+        assert sample.name == "process_cpu_seconds_total"
+        assert sample.labels == {"server": "ts-1"}
+        return float(sample.value)
+
+    first = cpu()
+    assert first > 0
+    wait_for(lambda: cpu() > first, WAIT, "the process's CPU time to grow")
+
+
+def test_process_collector_reads_its_clock_at_collect_time() -> None:
+    from raftlet.metrics.process import ProcessCollector
+
+    seconds = [1.5]
+    collector = ProcessCollector(MetricRegistry(), cpu_seconds=lambda: seconds[0])
+    (family,) = collector.collect()
+    assert [(s.name, s.labels, s.value) for s in family.samples] == [
+        ("process_cpu_seconds_total", {}, 1.5)
+    ]
+    seconds[0] = 2.25
+    assert next(iter(collector.collect())).samples[0].value == 2.25
+
+
 def test_head_sends_headers_only(server: StatusServer) -> None:
     status, headers, body = fetch(server, "/metrics", method="HEAD")
     assert status == 200
