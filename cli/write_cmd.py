@@ -1,7 +1,15 @@
 """``raftlet write``: a concurrent load generator with a progress bar and a summary.
 
-Each of ``--threads`` threads has its own client ``Session`` (one shared ``Client``, so one
-gRPC channel per server) and inserts rows with keys no other thread or earlier run uses:
+Two ways to keep writes concurrent:
+
+- ``--threads T`` (default 4): each of T threads has its own client ``Session`` (one shared
+  ``Client``, so one gRPC channel per server), in any flush mode;
+- ``--in-flight N``: one event loop keeps N single-row writes in flight through the asyncio
+  client (``raftlet.client.aio``; ``cli.write_async``) — the cheap way to many concurrent
+  writes. The two options exclude each other; ``--in-flight`` takes only ``--flush-mode
+  sync`` (every write is one row, acknowledged before that task writes the next).
+
+Rows have keys no other writer or earlier run uses:
 
     key = run_id << 40 | thread << 32 | n        (run_id: 22 random bits, n < 2**32)
 
@@ -17,7 +25,10 @@ are the same whatever the flush mode):
 - latency: of each acknowledged Write RPC, from the first attempt to the answer, retries and
   backoff included: what an application waiting on the write would see;
 - retries by cause (NOT_LEADER, RESOURCE_EXHAUSTED, UNAVAILABLE, …) and errors by cause:
-  rows that failed (a RowError's code, TIMEOUT, …) as the application saw them.
+  rows that failed (a RowError's code, TIMEOUT, …) as the application saw them;
+- server CPU: every server's ``process_cpu_seconds_total`` (its ``/metrics``) read just
+  before and just after the run, the difference summed over the servers and divided by the
+  acknowledged writes (``cli.server_cpu``): CPU per write on all replicas together.
 
 Exit status 1 if any row failed: a load test that lost writes did not succeed.
 """
@@ -25,6 +36,7 @@ Exit status 1 if any row failed: a load test that lost writes did not succeed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import signal
@@ -46,6 +58,7 @@ from raftlet.cli.common import (
     positive_int,
     resolve_target,
 )
+from raftlet.cli.server_cpu import ServerCpu, read_cpu_seconds
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import INTEGER_RANGES, DataType, Value
 
@@ -55,6 +68,8 @@ if TYPE_CHECKING:
 __all__ = ["LoadSummary", "RowFactory", "add_parser", "run"]
 
 MAX_THREADS = 256
+MAX_IN_FLIGHT = 4096
+DEFAULT_THREADS = 4
 _SEQ_BITS = 32
 _THREAD_BITS = 8
 _RUN_BITS = 22  # 22 + 8 + 32 = 62 bits: the key stays a positive INT64
@@ -64,12 +79,15 @@ examples:
   raftlet write --data-dir ./c1 --rows 10000
   raftlet write --data-dir ./c1 --duration 10 --threads 8
   raftlet write --data-dir ./c1 --duration 30 --threads 16 --flush-mode background
+  raftlet write --data-dir ./c1 --duration 10 --in-flight 64  # asyncio: 64 writes in flight
   raftlet write --servers 127.0.0.1:7051 --rows 1000 --flush-mode manual --batch-rows 200
   raftlet write --data-dir ./c1 --rows 500 --format json      # summary for scripts
 
 Flush modes: sync waits for each row's acknowledgement (one row per write RPC); background
 buffers rows and flushes batches per tablet in the background; manual flushes every
---batch-rows rows. Latency is per acknowledged write RPC, retries included.
+--batch-rows rows. --in-flight N keeps N single-row writes in flight from one event loop
+(the asyncio client) instead of threads; it excludes --threads. Latency is per acknowledged
+write RPC, retries included; server CPU per write is read from every server's /metrics.
 Exit status: 0 when every row was written, 1 if any failed, 2 for usage errors.
 """
 
@@ -77,10 +95,11 @@ Exit status: 0 when every row was written, 1 if any failed, 2 for usage errors.
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p = commands.add_parser(
         "write",
-        help="load generator: insert rows from many threads, report throughput and latency",
+        help="load generator: insert rows concurrently, report throughput, latency, server CPU",
         description=(
-            "Insert rows into a table from concurrent threads, with a progress bar, then "
-            "print rows/s, writes/s, latency percentiles, retries and errors by cause."
+            "Insert rows into a table from concurrent threads (or N writes in flight on one "
+            "event loop), with a progress bar, then print rows/s, writes/s, latency "
+            "percentiles, retries and errors by cause, and server CPU per write."
         ),
         epilog=_EPILOG,
         formatter_class=formatter,
@@ -90,12 +109,22 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--rows", type=positive_int, metavar="N", help="insert N rows in all")
     amount.add_argument("--duration", type=positive_float, metavar="S", help="insert for S seconds")
-    p.add_argument(
+    writers = p.add_mutually_exclusive_group()
+    writers.add_argument(
         "--threads",
         type=_threads,
-        default=4,
+        default=None,
         metavar="T",
-        help=f"concurrent writers, each with its own session (default 4, at most {MAX_THREADS})",
+        help=f"concurrent writer threads, each with its own session (default {DEFAULT_THREADS}, "
+        f"at most {MAX_THREADS})",
+    )
+    writers.add_argument(
+        "--in-flight",
+        type=_in_flight,
+        default=None,
+        metavar="N",
+        help="keep N single-row writes in flight from one event loop (the asyncio client) "
+        f"instead of threads (at most {MAX_IN_FLIGHT})",
     )
     p.add_argument(
         "--row-bytes",
@@ -107,8 +136,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument(
         "--flush-mode",
         choices=("sync", "background", "manual"),
-        default="sync",
-        help="sync (default), background or manual; see below",
+        default=None,
+        help="sync (default), background or manual; see below (--in-flight: sync only)",
     )
     p.add_argument(
         "--batch-rows",
@@ -143,6 +172,13 @@ def _threads(text: str) -> int:
     n = positive_int(text)
     if n > MAX_THREADS:
         raise argparse.ArgumentTypeError(f"at most {MAX_THREADS}, got {n}")
+    return n
+
+
+def _in_flight(text: str) -> int:
+    n = positive_int(text)
+    if n > MAX_IN_FLIGHT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_IN_FLIGHT}, got {n}")
     return n
 
 
@@ -226,7 +262,7 @@ class _Shared:
 @dataclass(frozen=True)
 class LoadSummary:
     table: str
-    threads: int
+    threads: int | None  # None with --in-flight
     flush_mode: str
     row_bytes: int
     elapsed_s: float
@@ -237,16 +273,31 @@ class LoadSummary:
     errors_by_cause: dict[str, int]
     first_error: str
     interrupted: bool
+    in_flight: int | None = None  # --in-flight N (the asyncio client), else None
+    server_cpu: ServerCpu | None = None
 
     @property
     def failed_rows(self) -> int:
         return sum(self.errors_by_cause.values())
 
+    @property
+    def writers(self) -> str:
+        if self.in_flight is not None:
+            return f"{self.in_flight} in flight (asyncio)"
+        return f"{self.threads} threads"
+
+    @property
+    def server_cpu_ms_per_write(self) -> float | None:
+        return self.server_cpu.ms_per_write(self.writes) if self.server_cpu else None
+
     def to_json(self) -> dict[str, Any]:
         el = self.elapsed_s or 1e-9
+        cpu = self.server_cpu
         return {
             "table": self.table,
             "threads": self.threads,
+            "in_flight": self.in_flight,
+            "client": "asyncio" if self.in_flight is not None else "threads",
             "flush_mode": self.flush_mode,
             "row_bytes": self.row_bytes,
             "elapsed_s": round(self.elapsed_s, 3),
@@ -262,7 +313,16 @@ class LoadSummary:
             "failed_rows": self.failed_rows,
             "first_error": self.first_error,
             "interrupted": self.interrupted,
+            "server_cpu_s": _round(cpu.total_s if cpu else None, 4),
+            "server_cpu_ms_per_write": _round(self.server_cpu_ms_per_write, 4),
+            "server_cpu_s_by_server": {
+                sid: _round(v, 4) for sid, v in (cpu.by_server.items() if cpu else ())
+            },
         }
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 def _writer(
@@ -386,10 +446,12 @@ def _summarize(
     shared: _Shared,
     elapsed: float,
     table: str,
-    threads: int,
+    threads: int | None,
     flush_mode: str,
     row_bytes: int,
     interrupted: bool,
+    *,
+    in_flight: int | None = None,
 ) -> LoadSummary:
     snap = after.write_latency_us
     latency: dict[str, float | None] = dict.fromkeys(("p50", "p95", "p99", "p99.9", "max"))
@@ -416,33 +478,85 @@ def _summarize(
         errors_by_cause=dict(sorted(shared.errors.items())),
         first_error=shared.first_error,
         interrupted=interrupted,
+        in_flight=in_flight,
     )
 
 
 # --- the command -----------------------------------------------------------------------------
 
 
+def check_writers(args: argparse.Namespace) -> None:
+    """Resolve ``--threads`` / ``--in-flight`` / ``--flush-mode`` defaults; ``UsageError``
+    for a flush mode ``--in-flight`` cannot have (argparse already refuses both options)."""
+    if args.in_flight is not None:
+        if args.flush_mode not in (None, "sync"):
+            raise UsageError(
+                f"--in-flight writes single rows (flush mode sync); --flush-mode "
+                f"{args.flush_mode} needs --threads"
+            )
+        args.flush_mode = "sync"
+        return
+    if args.threads is None:
+        args.threads = DEFAULT_THREADS
+    if args.flush_mode is None:
+        args.flush_mode = "sync"
+
+
 def run(args: argparse.Namespace) -> int:
+    check_writers(args)
     target = resolve_target(args)
     table = target.table(args.table, option="--table: ")
     RowFactory(table.schema, args.row_bytes)  # a table it cannot fill is a usage error now
-    # Per-tablet batches of a flush go out in parallel on the client's flush threads, shared
-    # by all sessions: enough of them that writers do not queue behind each other.
-    client = target.client(timeout_s=args.timeout, flush_threads=min(64, max(4, 2 * args.threads)))
+    load: Callable[[_Tick], LoadSummary]
+    client: Client | None = None
+    if args.in_flight is not None:
+
+        def load(on_tick: _Tick) -> LoadSummary:
+            from raftlet.cli.write_async import run_load_async
+
+            return run_load_async(
+                target,
+                table.name,
+                table.schema,
+                rows=args.rows,
+                duration_s=args.duration,
+                in_flight=args.in_flight,
+                row_bytes=args.row_bytes,
+                timeout_s=args.timeout,
+                on_tick=on_tick,
+            )
+
+    else:
+        # Per-tablet batches of a flush go out in parallel on the client's flush threads,
+        # shared by all sessions: enough of them that writers do not queue behind each other.
+        threaded = target.client(
+            timeout_s=args.timeout, flush_threads=min(64, max(4, 2 * args.threads))
+        )
+        client = threaded
+
+        def load(on_tick: _Tick) -> LoadSummary:
+            return run_load(
+                threaded, table.name, table.schema, on_tick=on_tick, **_load_kwargs(args)
+            )
+
     out = console()
     fancy = out.is_terminal and not args.no_progress and args.format == "table"
     try:
         # SIGTERM (a CI runner's timeout) gets the same orderly stop as Ctrl-C.
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
+            cpu_before = read_cpu_seconds(target.config.servers)
             if fancy:
-                summary = _with_progress_bar(client, table.name, table.schema, args, out)
+                summary = _with_progress_bar(load, table.name, args, out)
             else:
-                summary = _with_plain_progress(client, table.name, table.schema, args)
+                summary = _with_plain_progress(load, table.name, args)
+            cpu = ServerCpu.between(cpu_before, read_cpu_seconds(target.config.servers))
+            summary = dataclasses.replace(summary, server_cpu=cpu)
         finally:
             signal.signal(signal.SIGTERM, previous)
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     if args.format == "json":
         print(json.dumps(summary.to_json(), indent=2))
     else:
@@ -468,8 +582,11 @@ def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_Tick = Callable[[float, "ClientStats", _Shared], None]
+
+
 def _with_progress_bar(
-    client: Client, table: str, schema: Schema, args: argparse.Namespace, out: Any
+    load: Callable[[_Tick], LoadSummary], table: str, args: argparse.Namespace, out: Any
 ) -> LoadSummary:
     from rich.progress import (
         BarColumn,
@@ -514,7 +631,7 @@ def _with_progress_bar(
                 trouble=trouble,
             )
 
-        summary = run_load(client, table, schema, on_tick=tick, **_load_kwargs(args))
+        summary = load(tick)
         progress.update(
             task,
             completed=summary.rows if by_rows else args.duration,
@@ -526,14 +643,19 @@ def _with_progress_bar(
 
 def _headline(table: str, args: argparse.Namespace) -> str:
     what = f"{args.rows:,} rows" if args.rows is not None else f"for {args.duration:g} s"
+    writers = (
+        f"{args.in_flight} in flight (asyncio)"
+        if args.in_flight is not None
+        else f"{args.threads} threads"
+    )
     return (
-        f"writing {what} to {table}: {args.threads} threads, flush mode {args.flush_mode}, "
+        f"writing {what} to {table}: {writers}, flush mode {args.flush_mode}, "
         f"{args.row_bytes}-byte rows"
     )
 
 
 def _with_plain_progress(
-    client: Client, table: str, schema: Schema, args: argparse.Namespace
+    load: Callable[[_Tick], LoadSummary], table: str, args: argparse.Namespace
 ) -> LoadSummary:
     # Not a terminal (CI logs, pipes): a line every few seconds instead of a redrawn bar.
     quiet = args.no_progress or args.format == "json"
@@ -553,7 +675,7 @@ def _with_plain_progress(
             flush=True,
         )
 
-    return run_load(client, table, schema, on_tick=tick, **_load_kwargs(args))
+    return load(tick)
 
 
 def _print_summary(s: LoadSummary, out: Any) -> None:
@@ -562,7 +684,7 @@ def _print_summary(s: LoadSummary, out: Any) -> None:
 
     el = max(s.elapsed_s, 1e-9)
     head = (
-        f"Write load on {s.table}: {s.threads} threads, flush mode {s.flush_mode}, "
+        f"Write load on {s.table}: {s.writers}, flush mode {s.flush_mode}, "
         f"{s.row_bytes}-byte rows, {s.elapsed_s:.1f} s"
     )
     out.print()
@@ -575,6 +697,7 @@ def _print_summary(s: LoadSummary, out: Any) -> None:
     t.add_row("write RPCs", f"{s.writes:,}", f"{s.writes / el:,.0f} writes/s")
     if s.writes:
         t.add_row("rows per write", f"{s.rows / s.writes:,.1f}", "")
+    t.add_row("server CPU", *_cpu_cells(s))
     out.print(t)
     out.print(Text("Latency per acknowledged write RPC, retries included:", style="bold"))
     lat = Table(box=None, pad_edge=False)
@@ -591,6 +714,18 @@ def _print_summary(s: LoadSummary, out: Any) -> None:
     out.print(causes)
     if s.first_error:
         out.print(Text(f"first error: {s.first_error}", style="red"))
+
+
+def _cpu_cells(s: LoadSummary) -> tuple[str, str]:
+    cpu = s.server_cpu
+    total = cpu.total_s if cpu else None
+    if cpu is None or total is None:
+        return "-", "unknown (no server exports process_cpu_seconds_total)"
+    per_write = s.server_cpu_ms_per_write
+    rate = f"{per_write:.3f} ms/write" if per_write is not None else "-"
+    if cpu.missing:
+        rate += f" (without {', '.join(cpu.missing)})"
+    return f"{total:,.2f} s", rate
 
 
 def _by_cause(counts: dict[str, int]) -> str:

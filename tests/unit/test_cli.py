@@ -81,6 +81,16 @@ USAGE_ERRORS = [
     (["write", "--rows", "5", "--data-dir", "a", "--servers", "h:1"], "not allowed with"),
     (["write", "--data-dir", "x", "--rows", "5", "--threads", "1000"], "at most 256"),
     (["write", "--data-dir", "x", "--rows", "5", "--flush-mode", "eager"], "invalid choice"),
+    (
+        ["write", "--data-dir", "x", "--rows", "5", "--threads", "2", "--in-flight", "8"],
+        "not allowed",
+    ),
+    (["write", "--data-dir", "x", "--rows", "5", "--in-flight", "0"], "must be at least 1"),
+    (["write", "--data-dir", "x", "--rows", "5", "--in-flight", "5000"], "at most 4096"),
+    (
+        ["write", "--data-dir", "x", "--rows", "5", "--in-flight", "8", "--flush-mode", "manual"],
+        "--flush-mode manual needs --threads",
+    ),
     (["scan", "kv", "--servers", "nohostport"], "is not host:port"),
     (["scan", "kv", "--data-dir", "x", "--where", "key ~ 3"], "is not a condition"),
     (["scan", "kv", "--data-dir", "x", "--where", "key != 3"], "!= is not supported"),

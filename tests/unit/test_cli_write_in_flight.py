@@ -1,0 +1,122 @@
+"""``raftlet write --in-flight``: the asyncio load on fake servers, and the server-CPU
+figures (parsing ``/metrics``, differences, the summary's JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from raftlet.cli import write_async
+from raftlet.cli.common import Target
+from raftlet.cli.server_cpu import ServerCpu, parse_cpu_seconds
+from raftlet.cli.write_cmd import LoadSummary
+from raftlet.client.aio import AsyncClient
+from raftlet.tserver.cluster_config import ClusterConfig
+from tests.unit.client_aio_fakes import AsyncFakeCluster, fake_client
+from tests.unit.client_fakes import KV_SCHEMA, ok
+
+
+def test_parse_cpu_seconds_finds_the_sample_with_or_without_labels() -> None:
+    text = (
+        "# HELP process_cpu_seconds CPU\n"
+        "# TYPE process_cpu_seconds counter\n"
+        "process_cpu_seconds_totalx 9\n"
+        'process_cpu_seconds_total{server="ts1"} 12.5\n'
+    )
+    assert parse_cpu_seconds(text) == 12.5
+    assert parse_cpu_seconds("process_cpu_seconds_total 3.25\n") == 3.25
+    assert parse_cpu_seconds("rpcs_queue_overflow_total 1\n") is None
+
+
+def test_server_cpu_between_two_readings() -> None:
+    cpu = ServerCpu.between(
+        {"ts1": 1.0, "ts2": 2.0, "ts3": None, "ts4": 9.0},
+        {"ts1": 1.5, "ts2": 3.0, "ts3": 4.0, "ts4": 0.5},  # ts4 restarted: unknown
+    )
+    assert cpu.by_server == {"ts1": 0.5, "ts2": 1.0, "ts3": None, "ts4": None}
+    assert cpu.total_s == 1.5
+    assert cpu.missing == ["ts3", "ts4"]
+    assert cpu.ms_per_write(1000) == pytest.approx(1.5)
+    assert cpu.ms_per_write(0) is None
+    assert ServerCpu.between({"ts1": None}, {"ts1": 2.0}).total_s is None
+
+
+def _summary(**kwargs: object) -> LoadSummary:
+    base: dict[str, object] = {
+        "table": "kv",
+        "threads": None,
+        "flush_mode": "sync",
+        "row_bytes": 100,
+        "elapsed_s": 2.0,
+        "rows": 400,
+        "writes": 400,
+        "latency_us": dict.fromkeys(("p50", "p95", "p99", "p99.9", "max"), 1.0),
+        "retries_by_cause": {},
+        "errors_by_cause": {},
+        "first_error": "",
+        "interrupted": False,
+    }
+    base.update(kwargs)
+    return LoadSummary(**base)  # type: ignore[arg-type]
+
+
+def test_summary_json_has_the_in_flight_and_server_cpu_figures() -> None:
+    cpu = ServerCpu.between({"ts1": 1.0, "ts2": 1.0}, {"ts1": 1.6, "ts2": 1.2})
+    doc = _summary(in_flight=16, server_cpu=cpu).to_json()
+    assert (doc["threads"], doc["in_flight"], doc["client"]) == (None, 16, "asyncio")
+    assert doc["server_cpu_s"] == pytest.approx(0.8)
+    assert doc["server_cpu_ms_per_write"] == pytest.approx(2.0)
+    assert doc["server_cpu_s_by_server"] == {"ts1": pytest.approx(0.6), "ts2": pytest.approx(0.2)}
+    threaded = _summary(threads=4).to_json()
+    assert (threaded["threads"], threaded["in_flight"], threaded["client"]) == (4, None, "threads")
+    assert threaded["server_cpu_s"] is None
+    assert threaded["server_cpu_ms_per_write"] is None
+
+
+def test_in_flight_load_writes_each_row_once_with_n_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """50 rows with 8 writes in flight against fake servers: 50 acknowledged writes of one
+    row each, 50 distinct keys, never more than 8 outstanding."""
+    cluster = AsyncFakeCluster()
+    in_flight = [0]
+    peak = [0]
+
+    async def write(request: object) -> object:
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        await asyncio.sleep(0)
+        in_flight[0] -= 1
+        return ok()
+
+    for s in cluster.servers.values():
+        s.script("write", write)
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+
+    async def connect(_target: Target, timeout_s: float) -> AsyncClient:
+        return await fake_client(cluster, timeout_s=timeout_s)
+
+    monkeypatch.setattr(write_async, "_connect", connect)
+    target = Target(ClusterConfig.__new__(ClusterConfig), Path("cluster.toml"), ())
+    ticks: list[float] = []
+    summary = write_async.run_load_async(
+        target,
+        "kv",
+        KV_SCHEMA,
+        rows=50,
+        duration_s=None,
+        in_flight=8,
+        row_bytes=10,
+        timeout_s=5.0,
+        on_tick=lambda elapsed, _stats, _shared: ticks.append(elapsed),
+    )
+    assert (summary.rows, summary.writes, summary.in_flight) == (50, 50, 8)
+    assert summary.failed_rows == 0
+    assert summary.interrupted is False
+    assert ticks
+    sent = [r for _, r in cluster.writes()]
+    assert all(len(r.ops) == 1 for r in sent)
+    assert len({r.ops[0].SerializeToString() for r in sent}) == 50
+    assert 1 < peak[0] <= 8
