@@ -1155,6 +1155,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print()
         if args.mode in ("tablets", "all"):
             asyncio.run(run_tablets(args, root))
+    except KeyboardInterrupt:
+        say("interrupted; everything the bench started is stopped")
+        sys.exit(130)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
