@@ -1,0 +1,217 @@
+"""The asyncio client (``raftlet.client.aio``) and ``raftlet write --in-flight`` against a
+real 3-server cluster (one for the module).
+
+Each test writes its own key range (``BASE_*``) and reads back only that range. Waiting is on
+conditions (``wait_for``, asyncio events), never on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from raftlet.client import Client, Predicate
+from raftlet.client.aio import AsyncClient
+from raftlet.proto import admin_pb2
+from tests.integration.tserver_cluster import REPO, TserverCluster, running_cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+PARTITIONS = 3
+# Bounds on a hang, not performance claims.
+RUN_BOUND_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TserverCluster]:
+    with running_cluster(tmp_path_factory.mktemp("client-aio"), partitions=PARTITIONS) as c:
+        c.wait_leaders()
+        yield c
+
+
+def addresses(cluster: TserverCluster) -> list[str]:
+    return [s.rpc_addr for s in cluster.config.servers]
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(RUN_BOUND_S):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+def scan_range(cluster: TserverCluster, lo: int, hi: int) -> dict[int, Any]:
+    """{key: value} of keys in [lo, hi) read with the threaded client (leader reads),
+    failing on a key returned twice."""
+    out: dict[int, Any] = {}
+    with Client(addresses(cluster), timeout_s=30.0) as c:
+        for row in c.scan("kv", predicates=[Predicate.range("key", lower=lo, upper=hi)]):
+            key = row["key"]
+            assert isinstance(key, int)
+            assert key not in out, f"key {key} scanned twice"
+            out[key] = row["value"]
+    return out
+
+
+def test_64_concurrent_inserts_all_succeed_and_are_readable(cluster: TserverCluster) -> None:
+    base = 1_000_000
+
+    async def main() -> AsyncClient:
+        async with AsyncClient.connect(addresses(cluster), timeout_s=30.0) as c:
+            await asyncio.gather(
+                *(c.insert("kv", {"key": base + i, "value": f"a{i}"}) for i in range(64))
+            )
+            return c
+
+    c = run(main())
+    stats = c.stats
+    assert (stats.writes_acked, stats.rows_acked) == (64, 64)
+    assert stats.errors_by_cause == {}
+    assert stats.channels_created <= len(cluster.servers)  # one channel per server at most
+    assert scan_range(cluster, base, base + 64) == {base + i: f"a{i}" for i in range(64)}
+
+
+def test_write_batches_round_trip(cluster: TserverCluster) -> None:
+    from raftlet.schema.rows import OpType
+
+    base = 1_100_000
+
+    async def main() -> list[Any]:
+        async with AsyncClient.connect(addresses(cluster), max_batch_rows=16) as c:
+            errors: list[Any] = await c.write(
+                "kv", [(OpType.INSERT, {"key": base + i, "value": "w"}) for i in range(100)]
+            )
+            errors += await c.write(
+                "kv",
+                [
+                    (OpType.UPDATE, {"key": base, "value": "updated"}),
+                    (OpType.DELETE, {"key": base + 1}),
+                    (OpType.INSERT, {"key": base + 2, "value": "dup"}),  # KEY_EXISTS
+                ],
+            )
+            return errors
+
+    errors = run(main())
+    assert [(e.row_index, e.cause) for e in errors] == [(2, "KEY_EXISTS")]
+    expected: dict[int, Any] = {base + i: "w" for i in range(100)}
+    expected[base] = "updated"
+    del expected[base + 1]
+    assert scan_range(cluster, base, base + 100) == expected
+
+
+def test_not_leader_mid_run_is_retried_and_each_write_applied_once(
+    cluster: TserverCluster,
+) -> None:
+    """16 writes in flight to one tablet while its leader steps down behind the client's back.
+    Every write succeeds; NOT_LEADER answers were retried (same request id, elsewhere); and
+    each replica applied exactly one write op per acknowledged write — a retry applied twice
+    would show as an extra op (and as KEY_EXISTS, since every key is new)."""
+    base = 1_200_000
+    tablet = cluster.tablet_for_key(base)
+    keys = (k for k in itertools.count(base) if cluster.tablet_for_key(k) == tablet)
+    replicas = [cluster.servers[r] for r in cluster.config.placement(tablet).replicas]
+
+    def ops_applied() -> list[float]:
+        return [s.metric("write_ops_total", tablet=tablet) for s in replicas]
+
+    wait_for(lambda: len(set(ops_applied())) == 1, 30, "replicas to agree before the test")
+    before = ops_applied()[0]
+    old = cluster.leader_of(tablet).id
+    written: list[int] = []
+
+    async def main() -> AsyncClient:
+        async with AsyncClient.connect(addresses(cluster), timeout_s=60.0) as c:
+            stop = asyncio.Event()
+            milestone = asyncio.Event()
+            wanted = [40]  # acks to reach before `milestone` is set
+
+            async def writer() -> None:
+                while not stop.is_set():
+                    key = next(keys)
+                    await c.insert("kv", {"key": key, "value": f"v{key - base}"})
+                    written.append(key)
+                    if len(written) >= wanted[0]:
+                        milestone.set()
+
+            tasks = [asyncio.create_task(writer()) for _ in range(16)]
+            try:
+                await milestone.wait()
+                assert c._meta.leader(tablet) == old  # the client routes to the old leader
+                target = next(r.id for r in replicas if r.id != old)
+                await asyncio.to_thread(
+                    cluster.servers[old].admin.LeaderStepDown,
+                    admin_pb2.LeaderStepDownRequest(tablet_id=tablet, new_leader_uuid=target),
+                    timeout=10,
+                )
+                new = await asyncio.to_thread(cluster.new_leader_of, tablet, old)
+                # Keep writing until 40 more writes were acknowledged by the new leader.
+                milestone.clear()
+                wanted[0] = len(written) + 40
+                await milestone.wait()
+                while c._meta.leader(tablet) != new.id:
+                    milestone.clear()
+                    wanted[0] = len(written) + 1
+                    await milestone.wait()
+            finally:
+                stop.set()
+                await asyncio.gather(*tasks)
+            return c
+
+    c = run(main())
+    stats = c.stats
+    assert stats.errors_by_cause == {}
+    assert stats.retries_by_cause.get("NOT_LEADER", 0) > 0, stats.retries_by_cause
+    assert stats.writes_acked == len(written)
+    assert scan_range(cluster, base, max(written) + 1) == {k: f"v{k - base}" for k in written}
+    wait_for(
+        lambda: ops_applied() == [before + len(written)] * len(replicas),
+        30,
+        f"every replica to apply exactly {len(written)} write ops "
+        f"(applied: {[x - before for x in ops_applied()]})",
+    )
+
+
+def test_write_in_flight_reports_rows_and_server_cpu_per_write(cluster: TserverCluster) -> None:
+    rows = 300
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raftlet",
+            "write",
+            "--cluster",
+            str(cluster.path),
+            "--in-flight",
+            "16",
+            "--rows",
+            str(rows),
+            "--format",
+            "json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_BOUND_S,
+        env=dict(os.environ, NO_COLOR="1"),
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc = json.loads(proc.stdout)
+    assert (doc["rows"], doc["writes"], doc["failed_rows"]) == (rows, rows, 0)
+    assert (doc["in_flight"], doc["client"], doc["flush_mode"]) == (16, "asyncio", "sync")
+    by_server = doc["server_cpu_s_by_server"]
+    assert sorted(by_server) == sorted(cluster.servers)
+    assert all(isinstance(v, float) and v > 0 for v in by_server.values()), by_server
+    assert doc["server_cpu_s"] == pytest.approx(sum(by_server.values()), abs=1e-3)
+    assert doc["server_cpu_ms_per_write"] == pytest.approx(
+        doc["server_cpu_s"] * 1000 / rows, rel=1e-3
+    )
