@@ -18,7 +18,15 @@ and scanners. It speaks only the wire protocol: it imports ``schema`` and ``prot
 Modules: ``client`` (Client), ``session`` (flush modes), ``scanner``, ``meta_cache``
 (tables → tablets → replicas → leaders), ``rpc`` (routing one tablet RPC with retries),
 ``retry`` (error classification and backoff policies), ``request_tracker`` (exactly-once
-request ids), ``channels`` (one gRPC channel per server), ``stats``, ``errors``.
+request ids), ``channels`` (one gRPC channel per server), ``stats``, ``errors``,
+``write_batch`` (a Write RPC's pure parts).
+
+The asyncio client is ``raftlet.client.aio.AsyncClient`` (``aio``, ``aio_channels``,
+``aio_meta``, ``aio_rpc``): the same meta cache, routing, retries, request ids and errors
+over ``grpc.aio``, for many writes in flight from one event loop::
+
+    async with AsyncClient.connect(["127.0.0.1:7051"]) as c:
+        await asyncio.gather(*(c.insert("kv", {"key": i}) for i in range(64)))
 """
 
 from raftlet.client.client import Client
