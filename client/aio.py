@@ -3,6 +3,7 @@
 ::
 
     import asyncio
+    from raftlet.client import OpType
     from raftlet.client.aio import AsyncClient
 
     async def main() -> None:
