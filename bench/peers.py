@@ -336,6 +336,46 @@ def ratios_table(
     return markdown_table(header, rows)
 
 
+def verdict(ok: bool | None) -> str:
+    return {True: "met", False: "MISSED", None: "n/a"}[ok]
+
+
+def peer_targets(
+    results: dict[tuple[str, int], Summary],
+    one: str | None,
+    four: str | None,
+    etcd: str | None,
+    pysyncobj: str | None,
+) -> list[str]:
+    """Issue 12's "Must show" targets that this run can judge, one line each (raftlet 1 and 4
+    tablets, etcd and PySyncObj by the names their rows carry; None: not measured)."""
+
+    def get(name: str | None, level: int) -> Summary | None:
+        return None if name is None else results.get((name, level))
+
+    def at_least(mine: str | None, peer: str | None, levels: Sequence[int]) -> bool | None:
+        pairs = [(get(mine, lv), get(peer, lv)) for lv in levels]
+        if any(a is None or b is None for a, b in pairs):
+            return None
+        return all(a.rate >= b.rate for a, b in pairs if a is not None and b is not None)
+
+    def below(name: str | None, level: int, attr: str, limit: float) -> bool | None:
+        s = get(name, level)
+        return None if s is None or math.isnan(getattr(s, attr)) else getattr(s, attr) <= limit
+
+    return [
+        f"- {verdict(at_least(four, etcd, [1, 64]))}: raftlet 4 tablets >= etcd writes/s "
+        "at 1 and 64 in flight",
+        f"- {verdict(at_least(four, pysyncobj, [16, 64]))}: raftlet 4 tablets >= PySyncObj "
+        "writes/s at 16 and 64 in flight",
+        f"- {verdict(below(four, 1, 'p50', 1.5))}: single-writer p50 <= 1.5 ms (4 tablets)",
+        f"- {verdict(below(four, 64, 'server_ms', 0.3))}: server CPU <= 0.3 ms per write at "
+        "64 in flight (4 tablets)",
+        f"- {verdict(at_least(four, one, [16, 64]))}: 4 tablets >= 1 tablet writes/s at 16 "
+        "and 64 in flight",
+    ]
+
+
 @dataclass(frozen=True)
 class TabletsRow:
     tablets: int
@@ -373,6 +413,19 @@ def tablets_table(rows: Sequence[TabletsRow]) -> str:
             ]
         )
     return markdown_table(header, out)
+
+
+def tablets_targets(rows: Sequence[TabletsRow]) -> list[str]:
+    """Issue 12's targets for many tablets: at 64 tablets per server, idle <= 5% of a core
+    per server and writes no slower than with 1 tablet."""
+    by = {r.tablets: r for r in rows}
+    many, one = by.get(64), by.get(1)
+    idle = None if many is None else max(many.idle_cpu_pct) <= 5.0
+    rate = None if many is None or one is None else many.write.rate >= one.write.rate
+    return [
+        f"- {verdict(idle)}: 64 tablets per server, idle CPU <= 5% of a core on every server",
+        f"- {verdict(rate)}: 64 tablets per server write no slower than 1 tablet",
+    ]
 
 
 # ---- processes -------------------------------------------------------------------------------
@@ -1013,17 +1066,26 @@ def idle_cpu_pct(pids: Sequence[int], seconds: float) -> list[float]:
     return [100 * (a - b) / elapsed for a, b in zip(after, before, strict=True)]
 
 
-def header(args: argparse.Namespace, what: str) -> str:
-    now = datetime.datetime.now(datetime.UTC)
+def header(args: argparse.Namespace, what: str, started: datetime.datetime, load: str) -> str:
+    """The line above a table: what ran, when it started, on what, how loaded."""
     return (
-        f"# bench/peers.py --mode {what}  {now:%Y-%m-%d %H:%M} UTC  "
+        f"# bench/peers.py --mode {what}  started {started:%Y-%m-%d %H:%M} UTC  "
         f"python {platform.python_version()}  {os.cpu_count()} cpus  "
         f"{args.duration:g} s per cell  {args.repeat} repetitions (medians)  "
-        f"{args.value_bytes}-byte values"
+        f"{args.value_bytes}-byte values  load average {load}"
     )
 
 
+def load_average() -> str:
+    return "/".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
 async def run_peers(args: argparse.Namespace, root: Path) -> None:
+    started_at, load_before = utc_now(), load_average()
     levels: list[int] = args.inflight
     started: list[System] = []
     skipped: list[str] = []
@@ -1072,7 +1134,8 @@ async def run_peers(args: argparse.Namespace, root: Path) -> None:
             except Exception as e:
                 say(f"stopping {s.name}: {e}")
     results = {key: summarize(v) for key, v in cells.items()}
-    print(header(args, "peers"))
+    load = f"{load_before} at the start, {load_average()} at the end (1/5/15 min)"
+    print(header(args, "peers", started_at, load))
     print()
     print(peers_table([(s.name, s.durability) for s in started], results, levels))
     print()
@@ -1086,6 +1149,18 @@ async def run_peers(args: argparse.Namespace, root: Path) -> None:
         print()
         print(ratios_table(results, levels, ours, peers))
         print()
+    by_kind = {
+        kind: next((s.name for s in started if pred(s)), None)
+        for kind, pred in (
+            ("one", lambda s: isinstance(s, Raftlet) and s.tablets == 1),
+            ("four", lambda s: isinstance(s, Raftlet) and s.tablets == 4),
+            ("etcd", lambda s: isinstance(s, Etcd)),
+            ("pysyncobj", lambda s: isinstance(s, PySyncObj) and not s.batch),
+        )
+    }
+    print("Issue 12 targets judged by this run:")
+    print(*peer_targets(results, **by_kind), sep="\n")
+    print()
     print(
         "Idle CPU per server process before the run, % of a core (all systems were up "
         "during every cell): "
@@ -1104,6 +1179,7 @@ async def run_peers(args: argparse.Namespace, root: Path) -> None:
 
 
 async def run_tablets(args: argparse.Namespace, root: Path) -> None:
+    started_at, load_before = utc_now(), load_average()
     inflight = max(args.inflight)
     rows: list[TabletsRow] = []
     client_path = ""
@@ -1130,9 +1206,13 @@ async def run_tablets(args: argparse.Namespace, root: Path) -> None:
                 await system.close()
             system.stop()
             shutil.rmtree(system.dir, ignore_errors=True)
-    print(header(args, "tablets"))
+    load = f"{load_before} at the start, {load_average()} at the end (1/5/15 min)"
+    print(header(args, "tablets", started_at, load))
     print()
     print(tablets_table(rows))
+    print()
+    print("Issue 12 targets judged by this run:")
+    print(*tablets_targets(rows), sep="\n")
     print()
     print(
         "3 servers, replication factor 3: every server holds a replica of every tablet. "

@@ -185,3 +185,33 @@ def test_tables() -> None:
         peers.tablets_table([peers.TabletsRow(64, [10.0, 20.0, 30.0], [475, 470, 480], a, 64)])
     )
     assert tablets == [["64", "20.0 / 30.0", "475/470/480", "64", "200", "5.00", "5.00", "5.000"]]
+
+
+def summary(rate: float, p50: float = 1.0, server_ms: float = 0.1) -> object:
+    return peers.Summary(rate, p50, p50, server_ms, 0.0, 0, 1)
+
+
+def test_issue_targets_are_judged_from_the_medians() -> None:
+    results = {
+        ("r1", 1): summary(100), ("r1", 16): summary(400), ("r1", 64): summary(500),
+        ("r4", 1): summary(800, p50=1.2), ("r4", 16): summary(300),
+        ("r4", 64): summary(6000, server_ms=0.5),
+        ("etcd", 1): summary(700), ("etcd", 64): summary(5000),
+        ("pso", 16): summary(4000), ("pso", 64): summary(4000),
+    }  # fmt: skip
+    lines = peers.peer_targets(results, one="r1", four="r4", etcd="etcd", pysyncobj="pso")
+    assert [line.split(":")[0] for line in lines] == [
+        "- met",  # 800 >= 700, 6000 >= 5000
+        "- MISSED",  # 300 < 4000 at 16
+        "- met",  # p50 1.2 ms
+        "- MISSED",  # 0.5 ms per write
+        "- MISSED",  # 300 < 400 at 16
+    ]
+    missing = peers.peer_targets(results, one="r1", four="r4", etcd=None, pysyncobj="pso")
+    assert missing[0].startswith("- n/a")
+    rows = [
+        peers.TabletsRow(1, [1.0, 1.0, 1.0], [30, 30, 30], summary(500), 64),
+        peers.TabletsRow(64, [4.0, 6.0, 4.0], [90, 90, 90], summary(600), 64),
+    ]
+    assert [line.split(":")[0] for line in peers.tablets_targets(rows)] == ["- MISSED", "- met"]
+    assert peers.tablets_targets(rows[:1])[0].startswith("- n/a")
