@@ -892,6 +892,7 @@ class Etcd:
 
 def ensure_bench_python(venv: Path, install: bool) -> Path:
     """The bench virtualenv's python, with pysyncobj (created when missing)."""
+    venv = Path(os.path.abspath(venv))  # absolute, but not resolved: its python is a symlink
     python = venv / "bin" / "python"
     check = [str(python), "-c", "import pysyncobj"]
     if python.exists() and subprocess.run(check, capture_output=True, check=False).returncode == 0:
