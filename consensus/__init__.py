@@ -2,10 +2,10 @@
 
 Holds the pure state machine (``consensus.core``: no threads, clock or I/O), the durable Raft
 log and consensus metadata (``consensus.log``), the threaded driver that owns the consensus
-lock and publishes the lock-free (term, role) snapshot (``raft_consensus``), and the
-per-follower replication senders (``peers``). It knows nothing of tablets, rows or gRPC
-services: peers are reached through a small transport Protocol that ``tserver`` implements
-over gRPC and tests replace with an in-memory one. It may import ``metrics``; ``consensus.core``
+lock and publishes the lock-free (term, role) snapshot (``raft_consensus``), and the small
+``Transport`` protocol through which it reaches peers (``transport``), which ``tserver``
+implements over gRPC and tests replace with an in-memory one. It knows nothing of tablets,
+rows or gRPC services. It may import ``metrics``; ``consensus.core``
 imports nothing of the project.
 """
 

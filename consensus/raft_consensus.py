@@ -9,12 +9,17 @@ Threads and the one lock
   disk, that is exactly where the lock holder waits, as in KUDU-2727), the leader's appends
   queued to the peer senders, committed entries handed to the applier.
 - the WAL's appender thread reports durability through a callback that only queues it;
-  the ``raft-durable`` thread steps ``on_persisted`` under the lock and releases what had to
+  the ``raft-worker`` thread steps ``on_persisted`` under the lock and releases what had to
   wait for persistence (votes, append acknowledgements).  The callback never takes the lock:
   the lock holder may be blocked in ``append_async`` waiting for that very appender.
-- one ``raft-timer`` thread turns wall time into ticks; one PeerSender thread per peer.
-- a peer's request (UpdateConsensus, RequestVote) is handled on the caller's thread
-  (``handle_request``), which waits -- outside the lock -- until its answer may leave.
+- messages to peers are handed to the transport under the lock (``Transport.send`` never
+  blocks); peers' answers are queued to the same ``raft-worker`` thread, which steps all
+  that is queued -- answers and durability reports alike -- under one lock acquisition.
+- one ``raft-timer`` thread turns wall time into ticks.
+- a peer's request (UpdateConsensus, RequestVote) is stepped on the caller's thread
+  (``handle_request_async``), which returns at once; the answer goes to the caller's
+  ``reply`` callback from the ``raft-worker`` thread once what it acknowledges is durable,
+  so no thread waits on a follower's fsync.  ``handle_request`` is the blocking form.
 
 The lock-free leadership check (KUDU-2727)
 After every Ready whose soft state changed, a frozen ``ConsensusSnapshot`` is published by
@@ -50,7 +55,6 @@ from raftlet.consensus.core import (
     SoftState,
 )
 from raftlet.consensus.log.raft_storage import LogStorage
-from raftlet.consensus.peers import PeerSender
 from raftlet.consensus.transport import Transport
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.profiled_lock import ProfiledLock
@@ -76,6 +80,10 @@ _RESPONSES = frozenset(
     }
 )
 _STOP = object()
+# Where the answer to a peer's request goes: called exactly once, with the answer, or None
+# when there is none to give (dropped, replica stopping or failed).  Called without the
+# consensus lock held, from the thread that made the answer durable or the caller's.
+Reply = Callable[[Message | None], None]
 # Save a lagging commit index every this many ticks (it is an optimisation for restarts).
 _COMMIT_SAVE_TICKS = 20
 
@@ -86,7 +94,9 @@ class _Durable:
 
     ready: Ready
     later: list[Message]
-    event: threading.Event | None
+    # The held-back answer to a peer's request and where it goes once it may leave.
+    answer: Message | None
+    reply: Reply | None
     error: BaseException | None
 
 
@@ -138,6 +148,9 @@ class ConsensusOptions:
     check_quorum: bool = True
     max_inflight_msgs: int = 64
     max_size_per_msg: int = 1 << 20
+    # See consensus.core.Config: off, a moved commit index waits for the next append or
+    # heartbeat instead of costing every follower a message of its own.
+    broadcast_commit: bool = False
     term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
     # How long a peer's request may wait for its answer to become durable.
     request_timeout_s: float = 10.0
@@ -188,6 +201,7 @@ class RaftConsensus:
             check_quorum=opts.check_quorum,
             max_inflight_msgs=opts.max_inflight_msgs,
             max_size_per_msg=opts.max_size_per_msg,
+            broadcast_commit=opts.broadcast_commit,
             applied=applied_index,
             seed=opts.seed,
         )
@@ -201,14 +215,9 @@ class RaftConsensus:
         self._last_election = 0.0  # wall-clock time this replica last saw a new leader
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
-        self._durable: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._peers = {
-            v: PeerSender(v, transport, self._step_answer, f"raft-peer:{group_id}:{v}")
-            for v in self.voters
-            if v != node_id
-        }
-        self._durable_thread = threading.Thread(
-            target=self._run_durable, name=f"raft-durable:{group_id}", daemon=True
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._worker_thread = threading.Thread(
+            target=self._run_worker, name=f"raft-worker:{group_id}", daemon=True
         )
         self._timer_thread = threading.Thread(
             target=self._run_timer, name=f"raft-timer:{group_id}", daemon=True
@@ -221,7 +230,7 @@ class RaftConsensus:
         """Start ticking.  Committed entries above the applied index are handed to the
         applier as soon as they are known (the first Ready may already hold some)."""
         self._started = True
-        self._durable_thread.start()
+        self._worker_thread.start()
         self._timer_thread.start()
         with self._lock:
             self._process_ready_unlocked()
@@ -234,8 +243,6 @@ class RaftConsensus:
         self._stopping.set()
         if self._started:
             self._timer_thread.join(timeout=10)
-        for peer in self._peers.values():
-            peer.stop()
         if self._started:
             barrier = threading.Event()
             try:
@@ -243,8 +250,8 @@ class RaftConsensus:
                 barrier.wait(timeout=10)
             except Exception:  # a failed or closed log has nothing left to flush
                 pass
-            self._durable.put(_STOP)
-            self._durable_thread.join(timeout=10)
+            self._inbox.put(_STOP)
+            self._worker_thread.join(timeout=10)
         with self._lock:
             self._save_commit_unlocked()
 
@@ -308,24 +315,44 @@ class RaftConsensus:
     # --- peers ---------------------------------------------------------------------------
 
     def handle_request(self, message: Message) -> Message | None:
-        """A peer's request (APPEND, HEARTBEAT, VOTE, PRE_VOTE, TIMEOUT_NOW): step it and
-        return the answer once it may leave (after what it acknowledges is durable)."""
-        if self._stopping.is_set() or self._failure is not None:
-            return None
-        with self._lock:
-            self._node.step(message)
-            answer, durable = self._process_ready_unlocked(answer_to=message.src)
-        if durable is not None and not durable.wait(self.options.request_timeout_s):
-            return None
-        return None if self.failed() else answer
+        """A peer's request, answered on this thread: ``handle_request_async`` and a wait
+        of at most ``request_timeout_s`` for its answer (None if there is none)."""
+        done = threading.Event()
+        box: list[Message | None] = []
 
-    def _step_answer(self, message: Message) -> None:
-        """A peer's answer to something we sent (PeerSender thread)."""
-        if self._stopping.is_set():
+        def reply(answer: Message | None) -> None:
+            box.append(answer)
+            done.set()
+
+        self.handle_request_async(message, reply)
+        if not done.wait(self.options.request_timeout_s):
+            return None
+        return box[0]
+
+    def handle_request_async(self, message: Message, reply: Reply) -> None:
+        """A peer's request (APPEND, HEARTBEAT, VOTE, PRE_VOTE, TIMEOUT_NOW): step it and
+        return at once.  ``reply`` gets the answer once it may leave -- after what it
+        acknowledges (entries, a vote) is durable -- or None if the core answered nothing.
+        If the replica stops first, ``reply`` may never be called: the caller bounds its
+        wait, as it would for a lost message."""
+        if self._stopping.is_set() or self._failure is not None:
+            reply(None)
             return
         with self._lock:
             self._node.step(message)
-            self._process_ready_unlocked()
+            held = self._process_ready_unlocked(answer_to=message.src, reply=reply)
+        if not held:
+            reply(None)
+
+    def _send_unlocked(self, message: Message) -> None:
+        # The transport never blocks, and its answer only queues: safe under the lock.
+        self._transport.send(message, self._on_answer)
+
+    def _on_answer(self, answer: Message | None) -> None:
+        """A peer's answer to something we sent, from any transport thread: queued for the
+        worker, which steps it with whatever else is queued under one lock acquisition."""
+        if answer is not None and not self._stopping.is_set():
+            self._inbox.put(answer)
 
     # --- status ----------------------------------------------------------------------------
 
@@ -363,14 +390,14 @@ class RaftConsensus:
     # --- carrying out Readies ---------------------------------------------------------------
 
     def _process_ready_unlocked(
-        self, answer_to: str | None = None
-    ) -> tuple[Message | None, threading.Event | None]:
+        self, answer_to: str | None = None, reply: Reply | None = None
+    ) -> bool:
         """Carry out every pending Ready.  Caller holds ``_lock``.
 
-        With ``answer_to``, the first answer addressed to that peer is held back and
-        returned with an event set once it may leave (see ``handle_request``)."""
+        With ``answer_to``, the first answer addressed to that peer is held back and handed
+        to ``reply`` once it may leave (see ``handle_request_async``); returns whether one
+        was (if not, the caller answers None)."""
         answer: Message | None = None
-        answer_durable: threading.Event | None = None
         node = self._node
         while node.has_ready():
             rd = node.ready()
@@ -388,7 +415,7 @@ class RaftConsensus:
                 self._saved_vote = (hard.term, hard.vote)
                 self._saved_commit = hard.commit
             for m in rd.messages:
-                self._peers[m.dst].send(m)
+                self._send_unlocked(m)
             later: list[Message] = []
             held_here = False
             for m in rd.persisted_messages:
@@ -402,20 +429,21 @@ class RaftConsensus:
                 else:
                     later.append(m)
             if rd.entries or later or held_here:
-                event = threading.Event() if held_here else None
-                if event is not None:
-                    answer_durable = event
-                self._storage.append_async(rd.entries, self._durable_callback(rd, later, event))
+                held = answer if held_here else None
+                self._storage.append_async(
+                    rd.entries,
+                    self._durable_callback(rd, later, held, reply if held_here else None),
+                )
             if rd.committed_entries:
                 self._apply_committed(rd.committed_entries)
-        return answer, answer_durable
+        return answer is not None
 
     def _durable_callback(
-        self, rd: Ready, later: list[Message], event: threading.Event | None
+        self, rd: Ready, later: list[Message], answer: Message | None, reply: Reply | None
     ) -> Callable[[BaseException | None], None]:
         # Runs on the WAL's appender thread: queue only, never take the consensus lock.
         def callback(error: BaseException | None) -> None:
-            self._durable.put(_Durable(rd, later, event, error))
+            self._inbox.put(_Durable(rd, later, answer, reply, error))
 
         return callback
 
@@ -442,37 +470,46 @@ class RaftConsensus:
 
     # --- threads ------------------------------------------------------------------------------
 
-    def _run_durable(self) -> None:
+    def _run_worker(self) -> None:
+        """The replica's worker: durability reports and peers' answers, in arrival order."""
         while True:
-            item = self._durable.get()
+            item = self._inbox.get()
             if item is _STOP:
                 return
             batch = [item]
             while True:  # everything already reported, under one lock acquisition
                 try:
-                    more = self._durable.get_nowait()
+                    more = self._inbox.get_nowait()
                 except queue.Empty:
                     break
                 if more is _STOP:
-                    self._durable.put(_STOP)
+                    self._inbox.put(_STOP)
                     break
                 batch.append(more)
-            events: list[threading.Event] = []
+            replies: list[tuple[Reply, Message | None]] = []
             with self._lock:
                 for done in batch:
+                    if isinstance(done, Message):  # a peer's answer
+                        if self._failure is None and not self._stopping.is_set():
+                            self._node.step(done)
+                        continue
                     assert isinstance(done, _Durable)
                     if done.error is not None:
                         self._fail_unlocked(done.error)
                     elif self._failure is None:
                         self._node.on_persisted(done.ready)
                         for m in done.later:
-                            self._peers[m.dst].send(m)
-                    if done.event is not None:
-                        events.append(done.event)
+                            self._send_unlocked(m)
+                    if done.reply is not None:
+                        ok = done.error is None and self._failure is None
+                        replies.append((done.reply, done.answer if ok else None))
                 if self._failure is None:
                     self._process_ready_unlocked()
-            for event in events:
-                event.set()
+            for reply, answer in replies:  # outside the lock: a reply may do I/O
+                try:
+                    reply(answer)
+                except Exception:
+                    logger.exception("%s: answering a peer failed", self.group_id)
 
     def _fail_unlocked(self, error: BaseException) -> None:
         if self._failure is None:

@@ -196,3 +196,29 @@ class GetConsensusStateResponse(_message.Message):
     state: ConsensusStatePB
     error: _common_pb2.ServerErrorPB
     def __init__(self, state: _Optional[_Union[ConsensusStatePB, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class ConsensusItemPB(_message.Message):
+    __slots__ = ("seq", "update", "vote", "timeout_now", "update_response", "vote_response", "timeout_now_response", "failed")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    VOTE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_NOW_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    VOTE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_NOW_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    update: UpdateConsensusRequest
+    vote: RequestVoteRequest
+    timeout_now: TimeoutNowRequest
+    update_response: UpdateConsensusResponse
+    vote_response: RequestVoteResponse
+    timeout_now_response: TimeoutNowResponse
+    failed: _common_pb2.ServerErrorPB
+    def __init__(self, seq: _Optional[int] = ..., update: _Optional[_Union[UpdateConsensusRequest, _Mapping]] = ..., vote: _Optional[_Union[RequestVoteRequest, _Mapping]] = ..., timeout_now: _Optional[_Union[TimeoutNowRequest, _Mapping]] = ..., update_response: _Optional[_Union[UpdateConsensusResponse, _Mapping]] = ..., vote_response: _Optional[_Union[RequestVoteResponse, _Mapping]] = ..., timeout_now_response: _Optional[_Union[TimeoutNowResponse, _Mapping]] = ..., failed: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class ConsensusFramePB(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ConsensusItemPB]
+    def __init__(self, items: _Optional[_Iterable[_Union[ConsensusItemPB, _Mapping]]] = ...) -> None: ...

@@ -36,6 +36,11 @@ class ConsensusServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Stream = channel.stream_stream(
+                '/raftlet.ConsensusService/Stream',
+                request_serializer=raftlet_dot_proto_dot_consensus__pb2.ConsensusFramePB.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_consensus__pb2.ConsensusFramePB.FromString,
+                _registered_method=True)
         self.UpdateConsensus = channel.unary_unary(
                 '/raftlet.ConsensusService/UpdateConsensus',
                 request_serializer=raftlet_dot_proto_dot_consensus__pb2.UpdateConsensusRequest.SerializeToString,
@@ -61,6 +66,14 @@ class ConsensusServiceStub:
 class ConsensusServiceServicer:
     """Replica-to-replica traffic. Served on its own service pool so client load cannot starve it.
     """
+
+    def Stream(self, request_iterator, context):
+        """The long-lived stream a server opens to each peer server: its tablets' requests go out,
+        their answers come back, each as soon as it may leave (an append's once it is durable).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def UpdateConsensus(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -89,6 +102,11 @@ class ConsensusServiceServicer:
 
 def add_ConsensusServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Stream': grpc.stream_stream_rpc_method_handler(
+                    servicer.Stream,
+                    request_deserializer=raftlet_dot_proto_dot_consensus__pb2.ConsensusFramePB.FromString,
+                    response_serializer=raftlet_dot_proto_dot_consensus__pb2.ConsensusFramePB.SerializeToString,
+            ),
             'UpdateConsensus': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateConsensus,
                     request_deserializer=raftlet_dot_proto_dot_consensus__pb2.UpdateConsensusRequest.FromString,
@@ -120,6 +138,33 @@ def add_ConsensusServiceServicer_to_server(servicer, server):
 class ConsensusService:
     """Replica-to-replica traffic. Served on its own service pool so client load cannot starve it.
     """
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftlet.ConsensusService/Stream',
+            raftlet_dot_proto_dot_consensus__pb2.ConsensusFramePB.SerializeToString,
+            raftlet_dot_proto_dot_consensus__pb2.ConsensusFramePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def UpdateConsensus(request,

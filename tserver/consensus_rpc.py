@@ -4,13 +4,15 @@
   replica (and the client-facing code) of a server.  A channel multiplexes any number of
   concurrent calls over one HTTP/2 connection, so a channel per call or per tablet would only
   add connection setup and file descriptors.
-- ``GrpcTransport``: one per tablet replica; implements ``consensus.transport.Transport``
-  by turning each core request into its RPC, sent with the stub's ``.future()`` so the
-  caller (a PeerSender thread) never waits on the network, and stepping the answer back
-  through ``on_response`` from gRPC's callback thread.
+- ``GrpcTransport``: the unary transport (``--consensus_transport=unary``; the default is
+  ``tserver.consensus_stream``), one per tablet replica; implements the consensus
+  ``Transport`` by turning each core request into its RPC, sent with the stub's ``.future()``
+  so the caller (holding the consensus lock) never waits on the network, and stepping the
+  answer back through ``on_response`` from gRPC's callback thread.
 - ``ConsensusRequestHandler``: what the consensus service runs on its own service-pool
-  threads: decode, find the replica, let ``RaftConsensus.handle_request`` step it (blocking
-  until the answer may leave, i.e. after what it acknowledges is durable), encode.
+  threads: decode, find the replica, let ``RaftConsensus`` step it, encode.  The unary RPCs
+  block until the answer may leave (after what it acknowledges is durable); ``start``, the
+  consensus stream's way, returns at once and completes the answer from a callback.
 
 Failures follow Raft's model of the network: an RPC error, deadline, cancellation, or an
 answer that cannot be stepped is a lost message (``on_response(None)``); the transport never
@@ -34,6 +36,7 @@ from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_codec import (
     MalformedRequest,
     MalformedResponse,
+    WireRequest,
     decode_response,
     encode_request,
     message_from_timeout_now_request,
@@ -215,7 +218,7 @@ class GrpcTransport:
 
     def _done(self, request: Message, future: grpc.Future, on_response: ResponseCallback) -> None:
         # Runs on a gRPC thread (or inline if the call already finished): must not raise,
-        # and only hands the answer on; the PeerSender queues it for its own thread.
+        # and only hands the answer on; the replica queues it for its worker thread.
         with self._lock:
             self._inflight.discard(future)
         answer: Message | None = None
@@ -250,6 +253,7 @@ class GrpcTransport:
             future.cancel()
 
 
+WireResponse = pb.UpdateConsensusResponse | pb.RequestVoteResponse | pb.TimeoutNowResponse
 _UPDATE_ANSWERS = frozenset({MessageType.APPEND_RESPONSE, MessageType.HEARTBEAT_RESPONSE})
 _VOTE_ANSWERS = frozenset({MessageType.VOTE_RESPONSE, MessageType.PRE_VOTE_RESPONSE})
 
@@ -271,7 +275,49 @@ class ConsensusRequestHandler:
     def update_consensus(self, req: pb.UpdateConsensusRequest) -> pb.UpdateConsensusResponse:
         message = message_from_update_request(req, self.server_uuid)
         consensus = self._replica_for(req.tablet_id, message.src)
-        answer = consensus.handle_request(message)
+        return self._update_answer(consensus, message, req, consensus.handle_request(message))
+
+    def request_vote(self, req: pb.RequestVoteRequest) -> pb.RequestVoteResponse:
+        message = message_from_vote_request(req, self.server_uuid)
+        consensus = self._replica_for(req.tablet_id, message.src)
+        return self._vote_answer(consensus, message, req, consensus.handle_request(message))
+
+    def timeout_now(self, req: pb.TimeoutNowRequest) -> pb.TimeoutNowResponse:
+        message = message_from_timeout_now_request(req, self.server_uuid)
+        consensus = self._replica_for(req.tablet_id, message.src)
+        consensus.handle_request(message)
+        return self._timeout_now_answer(consensus, message)
+
+    def start(self, req: WireRequest, done: Callable[[WireResponse], None]) -> None:
+        """Step ``req`` and return at once; ``done`` gets its response from whichever thread
+        makes the answer durable (the consensus stream's way: no thread waits for it).
+        Raises what the blocking methods raise, before anything is stepped."""
+        if isinstance(req, pb.UpdateConsensusRequest):
+            update = message_from_update_request(req, self.server_uuid)
+            consensus = self._replica_for(req.tablet_id, update.src)
+            consensus.handle_request_async(
+                update, lambda a: done(self._update_answer(consensus, update, req, a))
+            )
+        elif isinstance(req, pb.RequestVoteRequest):
+            vote = message_from_vote_request(req, self.server_uuid)
+            consensus = self._replica_for(req.tablet_id, vote.src)
+            consensus.handle_request_async(
+                vote, lambda a: done(self._vote_answer(consensus, vote, req, a))
+            )
+        else:
+            timeout_now = message_from_timeout_now_request(req, self.server_uuid)
+            consensus = self._replica_for(req.tablet_id, timeout_now.src)
+            consensus.handle_request_async(
+                timeout_now, lambda _a: done(self._timeout_now_answer(consensus, timeout_now))
+            )
+
+    def _update_answer(
+        self,
+        consensus: RaftConsensus,
+        message: Message,
+        req: pb.UpdateConsensusRequest,
+        answer: Message | None,
+    ) -> pb.UpdateConsensusResponse:
         if answer is not None and answer.type in _UPDATE_ANSWERS:
             return update_response_from_message(answer)
         return pb.UpdateConsensusResponse(
@@ -282,10 +328,13 @@ class ConsensusRequestHandler:
             error=self._dropped(consensus, message, answer),
         )
 
-    def request_vote(self, req: pb.RequestVoteRequest) -> pb.RequestVoteResponse:
-        message = message_from_vote_request(req, self.server_uuid)
-        consensus = self._replica_for(req.tablet_id, message.src)
-        answer = consensus.handle_request(message)
+    def _vote_answer(
+        self,
+        consensus: RaftConsensus,
+        message: Message,
+        req: pb.RequestVoteRequest,
+        answer: Message | None,
+    ) -> pb.RequestVoteResponse:
         if answer is not None and answer.type in _VOTE_ANSWERS:
             return vote_response_from_message(answer)
         error = self._dropped(consensus, message, answer)
@@ -298,11 +347,10 @@ class ConsensusRequestHandler:
             error=error,
         )
 
-    def timeout_now(self, req: pb.TimeoutNowRequest) -> pb.TimeoutNowResponse:
-        message = message_from_timeout_now_request(req, self.server_uuid)
-        consensus = self._replica_for(req.tablet_id, message.src)
+    def _timeout_now_answer(
+        self, consensus: RaftConsensus, message: Message
+    ) -> pb.TimeoutNowResponse:
         # The answer to TIMEOUT_NOW is the election it starts; the step itself answers nothing.
-        consensus.handle_request(message)
         if consensus.failed():
             return pb.TimeoutNowResponse(error=self._dropped(consensus, message, None))
         return pb.TimeoutNowResponse()

@@ -98,6 +98,7 @@ class ServerSettings:
     admin_service_queue_length: int = 20
     admin_num_service_threads: int = 2
     term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
+    consensus_transport: str = "stream"
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
@@ -304,6 +305,21 @@ def _log_level_check(value: Any) -> None:
         raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
 
 
+CONSENSUS_TRANSPORTS = ("stream", "unary")
+
+
+def _consensus_transport(text: str) -> str:
+    value = text.strip().lower()
+    if value not in CONSENSUS_TRANSPORTS:
+        raise ValueError(f"expected one of {', '.join(CONSENSUS_TRANSPORTS)}, got {text!r}")
+    return value
+
+
+def _transport_check(value: Any) -> None:
+    if value not in CONSENSUS_TRANSPORTS:
+        raise ValueError(f"expected one of {', '.join(CONSENSUS_TRANSPORTS)}, got {value!r}")
+
+
 def _mode_check(value: Any) -> None:
     if not isinstance(value, TermCheckMode):
         raise ValueError(f"expected a TermCheckMode, got {value!r}")
@@ -441,6 +457,14 @@ FLAGS: tuple[FlagSpec, ...] = (
         "KUDU-2727 fix); locked takes the lock for every write, the old behaviour, kept so "
         "tests and benchmarks can compare the two.",
         convert=_term_check_mode, check=_mode_check,
+    ),
+    FlagSpec(
+        "consensus_transport", _CONSENSUS, "{stream,unary}",
+        "How replicas reach their peers. stream (default): one long-lived bidirectional "
+        "stream per pair of servers carries every tablet's messages, batched, and a "
+        "follower answers from its durability callback. unary: one UpdateConsensus / "
+        "RequestVote call per message, the round-1 path, kept for comparison.",
+        convert=_consensus_transport, check=_transport_check,
     ),
     FlagSpec(
         "log_inject_latency_ms", _WAL, "MS",

@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from raftlet.consensus.core import NO_NODE
+from raftlet.consensus.transport import Transport
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics import set_lock_contention_trace_threshold_ms
 from raftlet.metrics.registry import MetricEntity, MetricRegistry
@@ -50,6 +51,7 @@ from raftlet.tserver.consensus_rpc import (
     GrpcTransport,
     server_options,
 )
+from raftlet.tserver.consensus_stream import StreamHub, StreamSession
 from raftlet.tserver.errors import InvalidRequest, TabletNotFound
 from raftlet.tserver.flags import FlagError, FlagRegistry, ServerSettings
 from raftlet.tserver.malformed import MalformedRequestInterceptor
@@ -89,6 +91,8 @@ class TabletServer:
         }
         self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
         self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
+        self._consensus_servicer = _ConsensusServicer(self)
+        self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self._grpc: grpc.aio.Server | None = None
         self._health: health_async.HealthServicer | None = None
         self.rpc_port = 0
@@ -115,15 +119,26 @@ class TabletServer:
             max_batch_rows=s.max_batch_rows,
         )
         s.data_dir.mkdir(parents=True, exist_ok=True)
+        # A follower answers an append once it is durable: the deadline covers its fsync.
+        peer_timeout_s = options.consensus.request_timeout_s + 5.0
+        if s.consensus_transport == "stream":
+            self.streams = StreamHub(
+                asyncio.get_running_loop(), self.channels.options, peer_timeout_s
+            )
         for placement in s.placements():
             table = self.config.table(placement.table)
-            addresses = {sid: self.config.server(sid).rpc_addr for sid in placement.replicas}
-            transport = GrpcTransport(
-                placement.tablet_id,
-                addresses,
-                self.channels,
-                timeout_s=options.consensus.request_timeout_s + 5.0,
-            )
+            addresses = {
+                sid: self.config.server(sid).rpc_addr
+                for sid in placement.replicas
+                if sid != self.server_id
+            }
+            transport: Transport
+            if self.streams is not None:
+                transport = self.streams.transport(placement.tablet_id, addresses)
+            else:
+                transport = GrpcTransport(
+                    placement.tablet_id, addresses, self.channels, timeout_s=peer_timeout_s
+                )
             entity = self.registry.entity(
                 "tablet",
                 placement.tablet_id,
@@ -150,7 +165,7 @@ class TabletServer:
             interceptors=[MalformedRequestInterceptor()],
         )
         tablet_pb2_grpc.add_TabletServiceServicer_to_server(_TabletServicer(self), server)
-        consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(_ConsensusServicer(self), server)
+        consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(self._consensus_servicer, server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(_AdminServicer(self), server)
         self._health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -191,6 +206,9 @@ class TabletServer:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         grpc_stopped = None
+        # Peers' streams to us never end by themselves: end them, or the grace period
+        # would always run out waiting for them.
+        self._consensus_servicer.end_streams()
         if self._grpc is not None:
             grpc_stopped = asyncio.ensure_future(self._grpc.stop(grace_s))
         loop = asyncio.get_running_loop()
@@ -198,6 +216,8 @@ class TabletServer:
         await loop.run_in_executor(None, self._stop_blocking)
         if grpc_stopped is not None:
             await grpc_stopped
+        if self.streams is not None:
+            await self.streams.close()
         self.channels.close()
         self.status.stop()
 
@@ -360,6 +380,22 @@ class _ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
     def __init__(self, server: TabletServer) -> None:
         self._h = server.consensus_handler
         self._pool = server.pools["consensus"]
+        self._streams: set[asyncio.Task[Any]] = set()
+
+    async def Stream(self, request_iterator: Any, context: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            session = StreamSession(asyncio.get_running_loop(), self._pool, self._h)
+            await session.serve(context)
+        finally:
+            self._streams.discard(task)
+
+    def end_streams(self) -> None:
+        """Cancel every peer's stream to this server (shutdown: the peers see it break)."""
+        for task in list(self._streams):
+            task.cancel()
 
     async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
         return await dispatch(self._pool, method, context, _run_sync(_invalid_on_value_error(fn)))

@@ -249,7 +249,7 @@ class Raft:
             return
         leader = self.role is Role.LEADER
         if leader and self.prs[self.id].maybe_update(index) and self._maybe_commit():
-            self._bcast_append()
+            self._bcast_append(send_if_empty=self.config.broadcast_commit)
 
     # --- step -------------------------------------------------------------------------
 
@@ -335,7 +335,7 @@ class Raft:
             else:
                 pr.inflights.free_le(m.index)
             if self._maybe_commit():
-                self._bcast_append()
+                self._bcast_append(send_if_empty=self.config.broadcast_commit)
             elif was_paused:
                 self._send_append(m.src)
             while self._send_append(m.src, send_if_empty=False):
@@ -429,10 +429,10 @@ class Raft:
         match = {v: pr.match for v, pr in self.prs.items()}
         return self.log.maybe_commit(committed_index(self.voters, match), self.term)
 
-    def _bcast_append(self) -> None:
+    def _bcast_append(self, send_if_empty: bool = True) -> None:
         for v in self.voters:
             if v != self.id:
-                self._send_append(v)
+                self._send_append(v, send_if_empty)
 
     def _bcast_heartbeat(self) -> None:
         for v in self.voters:

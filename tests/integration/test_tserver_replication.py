@@ -60,8 +60,12 @@ def _check_unique_entries(acked: list[AckedWrite]) -> None:
     assert all(a.op_index > 0 for a in acked)
 
 
-def test_one_leader_per_tablet_and_batch_applied_on_all_replicas(tmp_path: Path) -> None:
-    with running_cluster(tmp_path, partitions=2) as cluster:
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+def test_one_leader_per_tablet_and_batch_applied_on_all_replicas(
+    tmp_path: Path, transport: str
+) -> None:
+    flags = [f"--consensus_transport={transport}"]
+    with running_cluster(tmp_path, partitions=2, flags=flags) as cluster:
         tablets = cluster.tablet_ids()
         assert len(tablets) == 2
         cluster.wait_leaders()

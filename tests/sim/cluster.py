@@ -53,6 +53,7 @@ class SimConfig:
     check_quorum: bool = True
     max_inflight_msgs: int = 256
     max_size_per_msg: int = 1 << 20
+    broadcast_commit: bool = True
     net: NetConfig = field(default_factory=NetConfig)
     # Upper bound of the random latency of one write to "disk", in ms; 0 makes
     # persistence synchronous (the ready is durable before the next one is taken).
@@ -123,6 +124,7 @@ class SimCluster:
             check_quorum=c.check_quorum,
             max_inflight_msgs=c.max_inflight_msgs,
             max_size_per_msg=c.max_size_per_msg,
+            broadcast_commit=c.broadcast_commit,
             applied=0,
             seed=self.rng.getrandbits(32),
         )

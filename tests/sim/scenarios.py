@@ -95,6 +95,8 @@ class RandomParams:
     # Flow control: small values exercise probe/replicate and split APPENDs.
     max_inflight: int = 256
     max_msg_bytes: int = 1 << 20
+    # False: the commit index rides on the next append or heartbeat (the server's setting).
+    broadcast_commit: bool = True
 
     @classmethod
     def from_seed(cls, seed: int, steps: int = 200) -> RandomParams:
@@ -116,6 +118,7 @@ class RandomParams:
             check_quorum=r.random() < 0.8,
             max_inflight=r.choice((1, 4, 256)),
             max_msg_bytes=r.choice((64, 1 << 20)),
+            broadcast_commit=r.random() < 0.5,  # drawn last: earlier draws keep their values
         )
 
     def cli_args(self) -> list[str]:
@@ -134,6 +137,7 @@ class RandomParams:
             persist_delay=self.persist_delay,
             max_inflight_msgs=self.max_inflight,
             max_size_per_msg=self.max_msg_bytes,
+            broadcast_commit=self.broadcast_commit,
             net=NetConfig(
                 drop=self.drop,
                 dup=self.dup,

@@ -36,6 +36,7 @@ params = st.builds(
     check_quorum=st.booleans(),
     max_inflight=st.sampled_from([1, 2, 8, 256]),
     max_msg_bytes=st.sampled_from([1, 64, 1 << 20]),
+    broadcast_commit=st.booleans(),
 ).filter(
     # Every schedule injects faults of some kind.
     lambda p: bool(p.drop or p.dup or p.long_delay or p.partition_rate or p.crash_rate)

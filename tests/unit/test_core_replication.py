@@ -417,3 +417,30 @@ def test_figure7_leader_of_term_8_repairs_follower(case: str) -> None:
         assert data_entries(n.applied)[-1] == b"cmd"
     # The leader's own log was only appended to.
     assert [e.term for e in want][: len(_FIG7_LEADER)] == _FIG7_LEADER
+
+
+@pytest.mark.parametrize("broadcast_commit", [True, False])
+def test_a_moved_commit_index_is_sent_at_once_or_rides_on_the_next_message(
+    broadcast_commit: bool,
+) -> None:
+    """Config.broadcast_commit: etcd's leader sends every follower an append as soon as the
+    commit index moves, even an empty one; with it off, the commit index waits for the next
+    append or heartbeat (one message per follower per write instead of two)."""
+    leader = new_node("a", ("a", "b", "c"), broadcast_commit=broadcast_commit)
+    leader.elect_and_commit_noop()
+    leader.raw.propose(b"x")
+    sent = leader.drain()
+    appends = [m for m in sent if m.type is A]
+    assert sorted(m.dst for m in appends) == ["b", "c"]
+    index = appends[0].index + 1
+    after_ack = leader.step(accept(appends[0]))  # b acknowledges: a majority, x commits
+    assert leader.raft.log.committed == index
+    commit_only = [m for m in after_ack if m.type is A and not m.entries]
+    if broadcast_commit:
+        assert sorted(m.dst for m in commit_only) == ["b", "c"]
+        assert all(m.commit == index for m in commit_only)
+    else:
+        assert commit_only == []
+        beats = [m for m in leader.tick(leader.config.heartbeat_tick) if m.type is HB]
+        # A heartbeat carries min(commit, match): b has x, c has not acknowledged it yet.
+        assert {m.dst: m.commit for m in beats} == {"b": index, "c": index - 1}

@@ -191,3 +191,35 @@ def test_followers_save_consensus_metadata_only_when_term_or_vote_change(
         wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 8")
     if leader.consensus.snapshot.term == term:  # no election happened meanwhile
         assert all(log == [] for log in saves.values()), saves
+
+
+def test_a_peer_request_is_answered_from_the_durability_callback(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """handle_request_async returns as soon as the request is stepped; the answer goes to
+    ``reply`` only once the WAL reports what it acknowledges durable -- no thread waits."""
+    from raftlet.consensus.core import Message, MessageType
+
+    leader = cluster.wait_leader()
+    follower = next(r for r in cluster.replicas.values() if r is not leader)
+    held: list[object] = []
+    real_append = follower.storage.append_async
+
+    def holding_append(entries, callback):  # type: ignore[no-untyped-def]
+        held.append(lambda: real_append(entries, callback))
+
+    monkeypatch.setattr(follower.storage, "append_async", holding_append)
+    term = leader.consensus.snapshot.term
+    beat = Message(MessageType.HEARTBEAT, leader.node_id, follower.node_id, term)
+    answers: list[Message | None] = []
+    follower.consensus.handle_request_async(beat, answers.append)
+    assert held, "the answer was not made to wait for the WAL"
+    assert answers == []  # returned without an answer: nothing blocked on durability
+    monkeypatch.setattr(follower.storage, "append_async", real_append)
+    for release in held:
+        release()  # type: ignore[operator]
+    wait_for(lambda: len(answers) == 1, what="the answer after durability")
+    (answer,) = answers
+    assert answer is not None
+    assert answer.type is MessageType.HEARTBEAT_RESPONSE
+    assert answer.dst == leader.node_id

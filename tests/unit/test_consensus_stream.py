@@ -1,0 +1,248 @@
+"""The consensus stream between two servers, over a real grpc.aio server on loopback: answers
+come back matched to their requests, many tablets' messages share one frame, the follower's
+pool thread does not wait for an answer, and a broken stream loses only what was in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+from raftlet.consensus.core import Entry, Message, MessageType
+from raftlet.proto import consensus_pb2 as pb
+from raftlet.proto import consensus_pb2_grpc
+from raftlet.tserver.consensus_codec import update_request_from_message
+from raftlet.tserver.consensus_stream import StreamHub, StreamSession, encode_item
+from raftlet.tserver.errors import TabletNotFound
+from raftlet.tserver.service_pool import InboundCall, ServicePool
+from tests.waiting import wait_for
+
+LEADER, FOLLOWER = "ts1", "ts2"
+
+
+def _append(tablet: str, index: int) -> Message:
+    del tablet  # the tablet travels beside the message, not in it
+    return Message(
+        MessageType.APPEND,
+        LEADER,
+        FOLLOWER,
+        term=1,
+        log_term=1,
+        index=index,
+        entries=(Entry(1, index + 1, data=b"x"),),
+        commit=index,
+    )
+
+
+def test_an_item_is_a_frame_of_one_request() -> None:
+    request = update_request_from_message(_append("t1", 7), "t1")
+    frame = pb.ConsensusFramePB.FromString(encode_item(300, request))
+    (item,) = frame.items
+    assert item.seq == 300
+    assert item.WhichOneof("kind") == "update"
+    assert item.update == request
+    # Items concatenate into one frame: the wire form of a repeated field.
+    two = pb.ConsensusFramePB.FromString(encode_item(1, request) + encode_item(2, request))
+    assert [i.seq for i in two.items] == [1, 2]
+
+
+@dataclass
+class FakeHandler:
+    """Stands for ConsensusRequestHandler: records each request and keeps its ``done``, so
+    the test decides when (and from which thread) the answer becomes ready."""
+
+    started: list[tuple[pb.UpdateConsensusRequest, Callable[[Any], None]]] = field(
+        default_factory=list
+    )
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, req: Any, done: Callable[[Any], None]) -> None:
+        if req.tablet_id == "missing":
+            raise TabletNotFound(req.tablet_id)
+        with self.lock:
+            self.started.append((req, done))
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.started)
+
+
+class _Servicer(consensus_pb2_grpc.ConsensusServiceServicer):
+    def __init__(self, pool: ServicePool, handler: FakeHandler) -> None:
+        self.pool = pool
+        self.handler = handler
+        self.frames = 0
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    async def Stream(self, request_iterator: Any, context: Any) -> None:
+        servicer = self
+
+        class Counting(StreamSession):
+            def _receive(self, frame: pb.ConsensusFramePB) -> None:
+                servicer.frames += 1
+                super()._receive(frame)
+
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        await Counting(asyncio.get_running_loop(), self.pool, self.handler).serve(context)  # type: ignore[arg-type]
+
+
+class Loop:
+    """An event loop on its own thread, as the tablet server runs one."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@dataclass
+class Pair:
+    loop: Loop
+    hub: StreamHub
+    servicer: _Servicer
+    handler: FakeHandler
+    pool: ServicePool
+    addr: str
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    loop = Loop()
+    # One thread: if it waited for an answer, nothing else could run on the pool.
+    pool = ServicePool("consensus", num_threads=1, queue_length=10)
+    pool.start()
+    handler = FakeHandler()
+    servicer = _Servicer(pool, handler)
+
+    async def start_server() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()
+        consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, port
+
+    server, port = loop.run(start_server())
+    hub = StreamHub(loop.loop, [], timeout_s=30.0)
+    try:
+        yield Pair(loop, hub, servicer, handler, pool, f"127.0.0.1:{port}")
+    finally:
+        loop.run(hub.close())
+        loop.run(server.stop(0))
+        pool.stop(timeout=10)
+        loop.close()
+
+
+class Answers:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.got: list[Message | None] = []
+
+    def __call__(self, answer: Message | None) -> None:
+        with self.lock:
+            self.got.append(answer)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.got)
+
+
+def _ok(request: pb.UpdateConsensusRequest) -> pb.UpdateConsensusResponse:
+    index = request.prev_log_index + len(request.entries)
+    return pb.UpdateConsensusResponse(
+        responder_uuid=FOLLOWER, responder_term=request.caller_term, last_log_index=index
+    )
+
+
+def test_answers_come_back_matched_and_the_pool_thread_does_not_wait(pair: Pair) -> None:
+    transport = pair.hub.transport("t1", {FOLLOWER: pair.addr})
+    answers = Answers()
+    transport.send(_append("t1", 5), answers)
+    wait_for(lambda: pair.handler.count() == 1, what="the follower starts the request")
+    # The request was stepped and the pool's only thread went back to the pool: nothing
+    # waits for the answer, which becomes ready later on another thread (durability's).
+    probe = threading.Event()
+    assert pair.pool.offer(InboundCall("probe", lambda call: (probe.set(), call.respond(None))))
+    wait_for(probe.is_set, what="the pool's thread runs other work meanwhile")
+    assert answers.count() == 0
+    request, done = pair.handler.started[0]
+    assert request.tablet_id == "t1"
+    threading.Thread(target=done, args=(_ok(request),)).start()
+    wait_for(lambda: answers.count() == 1, what="the answer reaches the sender")
+    (answer,) = answers.got
+    assert answer is not None
+    assert answer.type is MessageType.APPEND_RESPONSE
+    assert (answer.src, answer.dst, answer.index) == (FOLLOWER, LEADER, 6)
+
+
+def test_messages_queued_together_leave_as_one_frame(pair: Pair) -> None:
+    transports = [pair.hub.transport(f"t{i}", {FOLLOWER: pair.addr}) for i in range(5)]
+    answers = Answers()
+    transports[0].send(_append("t0", 1), answers)  # opens the stream
+    wait_for(lambda: pair.handler.count() == 1, what="the stream is up")
+    frames_before = pair.servicer.frames
+    # Hold the loop while 50 messages of 5 tablets are queued: they must go out together.
+    release = threading.Event()
+    pair.loop.loop.call_soon_threadsafe(release.wait)
+    for i in range(50):
+        transports[i % 5].send(_append(f"t{i % 5}", 10 + i), answers)
+    release.set()
+    wait_for(lambda: pair.handler.count() == 51, what="all 50 reach the follower")
+    assert pair.servicer.frames - frames_before == 1
+    tablets = [req.tablet_id for req, _ in pair.handler.started[1:]]
+    assert tablets == [f"t{i % 5}" for i in range(50)]  # in the order they were sent
+    for req, done in pair.handler.started:
+        done(_ok(req))
+    wait_for(lambda: answers.count() == 51, what="every answer comes back")
+    assert all(a is not None for a in answers.got)
+
+
+def test_a_refused_request_is_a_lost_message(pair: Pair) -> None:
+    transport = pair.hub.transport("missing", {FOLLOWER: pair.addr})
+    answers = Answers()
+    transport.send(_append("missing", 1), answers)
+    wait_for(lambda: answers.count() == 1, what="the refusal comes back")
+    assert answers.got == [None]
+
+
+def test_a_broken_stream_loses_what_was_in_flight_and_reconnects(pair: Pair) -> None:
+    transport = pair.hub.transport("t1", {FOLLOWER: pair.addr})
+    answers = Answers()
+    transport.send(_append("t1", 1), answers)
+    wait_for(lambda: pair.handler.count() == 1, what="the request arrives")
+    for task in list(pair.servicer.tasks):  # the follower server ends the stream
+        pair.loop.loop.call_soon_threadsafe(task.cancel)
+    wait_for(lambda: answers.count() == 1, what="the in-flight request is given up")
+    assert answers.got == [None]
+    # The next message opens a new stream.
+    transport.send(_append("t1", 2), answers)
+    wait_for(lambda: pair.handler.count() == 2, what="the next request arrives again")
+    request, done = pair.handler.started[1]
+    done(_ok(request))
+    wait_for(lambda: answers.count() == 2, what="its answer comes back")
+    assert answers.got[1] is not None
+
+
+def test_an_unreachable_peer_answers_none_and_a_closed_transport_refuses(pair: Pair) -> None:
+    transport = pair.hub.transport("t1", {FOLLOWER: "127.0.0.1:1"})  # nobody listens
+    answers = Answers()
+    transport.send(_append("t1", 1), answers)
+    wait_for(lambda: answers.count() == 1, what="the send is given up")
+    assert answers.got == [None]
+    transport.close()
+    transport.send(_append("t1", 2), answers)
+    assert answers.got == [None, None]

@@ -1,0 +1,522 @@
+"""The consensus stream: one long-lived bidirectional gRPC stream per pair of servers.
+
+Every tablet's consensus traffic from this server to a peer server travels on one stream,
+``ConsensusService.Stream``; the peer's answers come back on the same stream.  Whatever is
+queued for a peer when the event loop gets to it leaves as one ``ConsensusFramePB`` -- the
+appends and heartbeats of all tablets together -- so a busy server sends few, large messages
+and gRPC creates no thread and no call per message.
+
+Client side (``StreamHub``, one per server, living on the server's event loop):
+- ``StreamTransport`` is one replica's ``consensus.transport.Transport``.  ``send`` runs on
+  the replica's sender thread: it serializes the request there (``seq`` plus the request,
+  as the bytes of one ``ConsensusItemPB``), appends it to the peer's outbox and wakes the
+  loop only if it is not already due to look.  It never blocks.
+- ``_PeerStream`` (one per peer address) owns the stream on the loop: it writes everything
+  queued as one frame, matches answers to requests by ``seq`` and hands each answer to its
+  ``on_response``.  A broken stream is Raft's lost message: every request in flight on it
+  gets ``on_response(None)``, and the stream is opened again, after a backoff, when there is
+  something to send.  Requests unanswered after ``timeout_s`` are dropped the same way.
+
+Server side (``StreamSession``, one per incoming stream): frames are read on the loop and
+queued; one work item on the consensus service pool at a time drains the queue in arrival
+order and steps each request with ``ConsensusRequestHandler.start``, which returns at once.
+The answer is completed later by the thread that made it durable (a follower's append is
+acknowledged only once it is on disk) and posted back to the loop, which writes all the
+answers ready at that moment as one frame.  So no thread waits on a follower's fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from raftlet.consensus.core import Message, MessageType
+from raftlet.consensus.transport import ResponseCallback
+from raftlet.proto import common_pb2
+from raftlet.proto import consensus_pb2 as pb
+from raftlet.tserver.consensus_codec import MalformedResponse, decode_response, encode_request
+from raftlet.tserver.consensus_rpc import ConsensusRequestHandler, WireResponse
+from raftlet.tserver.rpc_dispatch import status_for
+from raftlet.tserver.service_pool import InboundCall, ServicePool
+
+__all__ = ["STREAM_METHOD", "StreamHub", "StreamSession", "StreamTransport"]
+
+logger = logging.getLogger(__name__)
+
+STREAM_METHOD = "/raftlet.ConsensusService/Stream"
+
+# Field numbers of ConsensusItemPB's request kinds and of ConsensusFramePB.items: the client
+# writes frames as bytes it joins itself, so a request is serialized once, on the sender's
+# thread, and never copied into a frame message.
+_ITEM_FIELD = {
+    pb.UpdateConsensusRequest: pb.ConsensusItemPB.UPDATE_FIELD_NUMBER,
+    pb.RequestVoteRequest: pb.ConsensusItemPB.VOTE_FIELD_NUMBER,
+    pb.TimeoutNowRequest: pb.ConsensusItemPB.TIMEOUT_NOW_FIELD_NUMBER,
+}
+_SEQ_TAG = bytes([pb.ConsensusItemPB.SEQ_FIELD_NUMBER << 3])  # varint
+_FRAME_ITEMS_TAG = bytes([pb.ConsensusFramePB.ITEMS_FIELD_NUMBER << 3 | 2])  # length-delimited
+
+_BACKOFF_INITIAL_S = 0.05
+_BACKOFF_MAX_S = 1.0
+# How often an idle stream looks for requests whose answer is overdue.
+_SWEEP_INTERVAL_S = 1.0
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_item(seq: int, request: Any) -> bytes:
+    """One ``ConsensusItemPB`` holding ``request``, as the bytes of a frame's ``items`` entry."""
+    body = request.SerializeToString()
+    field = _ITEM_FIELD[type(request)]
+    item = _SEQ_TAG + _varint(seq) + bytes([field << 3 | 2]) + _varint(len(body)) + body
+    return _FRAME_ITEMS_TAG + _varint(len(item)) + item
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+@dataclass(slots=True)
+class _Pending:
+    tablet_id: str
+    message: Message
+    on_response: ResponseCallback
+    deadline: float
+
+
+class _PeerStream:
+    """The stream to one peer server (client side).  Everything but ``send`` runs on the loop."""
+
+    def __init__(self, hub: StreamHub, addr: str) -> None:
+        self.addr = addr
+        self._hub = hub
+        self._lock = threading.Lock()
+        # (seq, item bytes, pending); appended by senders, taken by the loop.
+        self._outbox: list[tuple[int, bytes, _Pending]] = []
+        self._due = False  # the loop has been asked to look at the outbox
+        self._wake = asyncio.Event()
+        self._pending: dict[int, _Pending] = {}  # loop only; insertion order = send order
+        self._closed = False
+        self._task = hub.loop.create_task(self._run(), name=f"consensus-stream:{addr}")
+
+    # --- any thread ----------------------------------------------------------------------
+
+    def send(self, seq: int, item: bytes, pending: _Pending) -> None:
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._outbox.append((seq, item, pending))
+                wake, self._due = not self._due, True
+        if closed:
+            pending.on_response(None)
+            return
+        if wake:
+            # RuntimeError: the loop is closed, the server is going away.
+            with contextlib.suppress(RuntimeError):
+                self._hub.loop.call_soon_threadsafe(self._wake.set)
+
+    # --- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_INITIAL_S
+        while not self._closed:
+            if not self._outbox:
+                await self._wait_for_work()
+            if self._closed:
+                break
+            if not self._outbox:
+                self._sweep()
+                continue
+            try:
+                answered = await self._serve_one_stream()
+            except Exception:  # a bug here must not end this peer's traffic for good
+                logger.exception("consensus stream to %s failed", self.addr)
+                answered = False
+            if self._closed:
+                break
+            backoff = _BACKOFF_INITIAL_S if answered else min(backoff * 2, _BACKOFF_MAX_S)
+            await asyncio.sleep(backoff)
+
+    async def _wait_for_work(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), _SWEEP_INTERVAL_S)
+        self._wake.clear()
+
+    async def _serve_one_stream(self) -> bool:
+        """Open a stream and use it until it breaks; returns whether any answer came back."""
+        call = self._hub.open_stream(self.addr)
+        reader = asyncio.ensure_future(self._read(call))
+        try:
+            while not self._closed:
+                items = self._take()
+                if items:
+                    await call.write(b"".join(items))
+                self._sweep()
+                if reader.done():
+                    break
+                waker = asyncio.ensure_future(self._wait_for_work())
+                await asyncio.wait({reader, waker}, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            logger.debug("consensus stream to %s: %s", self.addr, exc)
+        finally:
+            answered = reader.done() and not reader.cancelled() and reader.result()
+            reader.cancel()
+            call.cancel()
+            self._fail_all()
+        return bool(answered)
+
+    def _take(self) -> list[bytes]:
+        with self._lock:
+            taken, self._outbox = self._outbox, []
+            self._due = False
+        for seq, _, pending in taken:
+            self._pending[seq] = pending
+        return [item for _, item, _ in taken]
+
+    async def _read(self, call: Any) -> bool:
+        answered = False
+        try:
+            while True:
+                frame = await call.read()
+                if frame is grpc.aio.EOF:
+                    return answered
+                answered = True
+                for item in frame.items:
+                    self._answer(item)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            logger.debug("consensus stream from %s: %s", self.addr, exc)
+        except Exception:
+            logger.exception("consensus stream from %s: reading an answer failed", self.addr)
+        return answered
+
+    def _answer(self, item: pb.ConsensusItemPB) -> None:
+        pending = self._pending.pop(item.seq, None)
+        if pending is None:  # overdue and dropped already
+            return
+        answer: Message | None = None
+        kind = item.WhichOneof("kind")
+        request = pending.message
+        try:
+            if kind == "failed":
+                logger.debug(
+                    "%s: %s to %s failed: %s",
+                    pending.tablet_id,
+                    request.type.value,
+                    request.dst,
+                    item.failed.message,
+                )
+            elif kind in ("update_response", "vote_response"):
+                answer = decode_response(request, getattr(item, kind))
+        except MalformedResponse as exc:
+            logger.debug("%s: dropping answer from %s: %s", pending.tablet_id, request.dst, exc)
+        _deliver(pending, answer)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        while self._pending:
+            seq, pending = next(iter(self._pending.items()))
+            if pending.deadline > now:
+                return
+            del self._pending[seq]
+            _deliver(pending, None)
+
+    def _fail_all(self) -> None:
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            _deliver(p, None)
+
+    async def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            queued, self._outbox = self._outbox, []
+        self._wake.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._fail_all()
+        for _, _, p in queued:
+            _deliver(p, None)
+
+
+def _deliver(pending: _Pending, answer: Message | None) -> None:
+    try:
+        pending.on_response(answer)
+    except Exception:
+        logger.exception("%s: on_response failed", pending.tablet_id)
+
+
+class StreamHub:
+    """This server's streams to its peers, one per peer address, on ``loop``."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        channel_options: list[tuple[str, int]],
+        timeout_s: float,
+    ) -> None:
+        self.loop = loop
+        self.timeout_s = timeout_s
+        self._channel_options = channel_options
+        self._lock = threading.Lock()
+        self._streams: dict[str, _PeerStream] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._seq = 0
+        self._closed = False
+
+    def transport(self, tablet_id: str, addresses: Mapping[str, str]) -> StreamTransport:
+        """The Transport of one replica; ``addresses`` maps peer node ids to RPC addresses."""
+        return StreamTransport(self, tablet_id, addresses)
+
+    def next_seq(self) -> int:
+        with self._lock:
+            self._seq += 1
+            return self._seq
+
+    def stream_to(self, addr: str) -> _PeerStream:
+        stream = self._streams.get(addr)
+        if stream is not None:
+            return stream
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the consensus streams are closed")
+            stream = self._streams.get(addr)
+            if stream is None:
+                # Created from a sender thread: the task must be made on the loop's thread.
+                stream = _create_on_loop(self.loop, lambda: _PeerStream(self, addr))
+                self._streams[addr] = stream
+        return stream
+
+    def open_stream(self, addr: str) -> Any:
+        """A new Stream call to ``addr`` (loop only); frames are written as bytes."""
+        channel = self._channels.get(addr)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(addr, options=self._channel_options)
+            self._channels[addr] = channel
+        method = channel.stream_stream(
+            STREAM_METHOD,
+            request_serializer=_identity,
+            response_deserializer=pb.ConsensusFramePB.FromString,
+        )
+        return method()
+
+    async def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            streams = list(self._streams.values())
+        for stream in streams:
+            await stream.close()
+        for channel in self._channels.values():
+            await channel.close()
+
+
+def _create_on_loop(
+    loop: asyncio.AbstractEventLoop, make: Callable[[], _PeerStream]
+) -> _PeerStream:
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        return make()
+
+    async def on_loop() -> _PeerStream:
+        return make()
+
+    return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=10)
+
+
+class StreamTransport:
+    """One replica's ``Transport`` over its server's ``StreamHub``."""
+
+    def __init__(self, hub: StreamHub, tablet_id: str, addresses: Mapping[str, str]) -> None:
+        self.tablet_id = tablet_id
+        self._hub = hub
+        self._addresses = dict(addresses)
+        self._closed = False
+
+    def send(self, message: Message, on_response: ResponseCallback) -> None:
+        """Queue ``message`` for its peer and return at once; ``on_response`` gets the answer,
+        or None if there is none to step (exactly once per send, from the loop or here)."""
+        try:
+            if self._closed:
+                raise RuntimeError("transport is closed")
+            addr = self._addresses.get(message.dst)
+            if addr is None:
+                raise LookupError(f"no address for peer {message.dst!r}")
+            seq = self._hub.next_seq()
+            item = encode_item(seq, encode_request(message, self.tablet_id))
+            stream = self._hub.stream_to(addr)
+        except Exception as exc:
+            level = logging.DEBUG if self._closed else logging.WARNING
+            logger.log(
+                level,
+                "%s: cannot send %s to %s: %s",
+                self.tablet_id,
+                message.type.value,
+                message.dst,
+                exc,
+            )
+            on_response(None)
+            return
+        if message.type is MessageType.TIMEOUT_NOW:
+            # Its answer carries nothing to step; the election it starts is the answer.
+            callback: ResponseCallback = _ignore_answer(on_response)
+        else:
+            callback = on_response
+        deadline = time.monotonic() + self._hub.timeout_s
+        stream.send(seq, item, _Pending(self.tablet_id, message, callback, deadline))
+
+    def close(self) -> None:
+        """Refuse further sends; what is in flight is answered or dropped by its stream."""
+        self._closed = True
+
+
+def _ignore_answer(on_response: ResponseCallback) -> ResponseCallback:
+    def callback(_answer: Message | None) -> None:
+        on_response(None)
+
+    return callback
+
+
+class StreamSession:
+    """One incoming consensus stream (server side)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pool: ServicePool,
+        handler: ConsensusRequestHandler,
+    ) -> None:
+        self._loop = loop
+        self._pool = pool
+        self._handler = handler
+        self._lock = threading.Lock()
+        self._inbox: list[pb.ConsensusItemPB] = []
+        self._draining = False  # a pool work item is draining the inbox
+        self._outbox: list[pb.ConsensusItemPB] = []
+        self._due = False
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    async def serve(self, context: grpc.aio.ServicerContext) -> None:
+        """Read frames until the caller closes its side; answer as answers become ready.
+
+        Cancelling the task that runs this (the server is stopping) ends the call normally,
+        so the peer sees its stream end at once and treats what was in flight as lost."""
+        writer = asyncio.ensure_future(self._write(context))
+        try:
+            while True:
+                frame = await context.read()
+                if frame is grpc.aio.EOF:
+                    break
+                self._receive(frame)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        finally:
+            self._closed = True
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    def _receive(self, frame: pb.ConsensusFramePB) -> None:
+        with self._lock:
+            self._inbox.extend(frame.items)
+            if self._draining:
+                return
+            self._draining = True
+        if not self._pool.offer(InboundCall("Stream", self._drain)):
+            # Queue full or the pool stopping: answer every waiting request at once, as the
+            # unary call would have been refused (the leader resends on its next beat).
+            with self._lock:
+                refused, self._inbox = self._inbox, []
+                self._draining = False
+            error = common_pb2.ServerErrorPB(
+                code=common_pb2.ServerErrorPB.SERVICE_QUEUE_FULL,
+                message="consensus service queue full",
+            )
+            for item in refused:
+                self._post(pb.ConsensusItemPB(seq=item.seq, failed=error))
+
+    def _drain(self, call: InboundCall) -> None:
+        """Pool thread: step every queued request, in arrival order."""
+        while True:
+            with self._lock:
+                items, self._inbox = self._inbox, []
+                if not items:
+                    self._draining = False
+                    break
+            for item in items:
+                self._start(item)
+        call.respond(None)
+
+    def _start(self, item: pb.ConsensusItemPB) -> None:
+        seq = item.seq
+        kind = item.WhichOneof("kind")
+        if kind not in ("update", "vote", "timeout_now"):
+            error = common_pb2.ServerErrorPB(
+                code=common_pb2.ServerErrorPB.INVALID_ARGUMENT,
+                message=f"consensus stream: item {seq} holds no request ({kind})",
+            )
+            self._post(pb.ConsensusItemPB(seq=seq, failed=error))
+            return
+
+        def done(response: WireResponse) -> None:
+            self._post(_answer_item(seq, response))
+
+        try:
+            self._handler.start(getattr(item, kind), done)
+        except Exception as exc:  # unknown tablet, malformed or misaddressed request
+            _, message, error_pb = status_for(exc)
+            if error_pb is None:
+                error_pb = common_pb2.ServerErrorPB(message=message)
+            self._post(pb.ConsensusItemPB(seq=seq, failed=error_pb))
+
+    def _post(self, item: pb.ConsensusItemPB) -> None:
+        """Any thread: queue an answer; wake the loop's writer unless it is due anyway."""
+        with self._lock:
+            if self._closed:
+                return
+            self._outbox.append(item)
+            wake, self._due = not self._due, True
+        if wake:
+            # RuntimeError: the loop is closed, the server is going away.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _write(self, context: grpc.aio.ServicerContext) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                items, self._outbox = self._outbox, []
+                self._due = False
+            if items:
+                await context.write(pb.ConsensusFramePB(items=items))
+
+
+def _answer_item(seq: int, response: WireResponse) -> pb.ConsensusItemPB:
+    if isinstance(response, pb.UpdateConsensusResponse):
+        return pb.ConsensusItemPB(seq=seq, update_response=response)
+    if isinstance(response, pb.RequestVoteResponse):
+        return pb.ConsensusItemPB(seq=seq, vote_response=response)
+    return pb.ConsensusItemPB(seq=seq, timeout_now_response=response)
