@@ -15,7 +15,8 @@ Threads and the one lock
 - messages to peers are handed to the transport under the lock (``Transport.send`` never
   blocks); peers' answers are queued to the same ``raft-worker`` thread, which steps all
   that is queued -- answers and durability reports alike -- under one lock acquisition.
-- one ``raft-timer`` thread turns wall time into ticks.
+- a ``consensus.ticker`` (one per server, shared by its replicas) turns wall time into
+  ticks; each tick is queued to ``raft-worker`` like any other input (at most one pending).
 - a peer's request (UpdateConsensus, RequestVote) is stepped on the caller's thread
   (``handle_request_async``), which returns at once; the answer goes to the caller's
   ``reply`` callback from the ``raft-worker`` thread once what it acknowledges is durable,
@@ -55,6 +56,7 @@ from raftlet.consensus.core import (
     SoftState,
 )
 from raftlet.consensus.log.raft_storage import LogStorage
+from raftlet.consensus.ticker import Ticker, TickSource
 from raftlet.consensus.transport import Transport
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.profiled_lock import ProfiledLock
@@ -80,6 +82,10 @@ _RESPONSES = frozenset(
     }
 )
 _STOP = object()
+_TICK = object()
+# What _process_ready_unlocked says about the answer to a request it was asked to hold.
+_HELD = object()  # handed to reply once durable
+_NO_ANSWER = object()  # the core answered nothing
 # Where the answer to a peer's request goes: called exactly once, with the answer, or None
 # when there is none to give (dropped, replica stopping or failed).  Called without the
 # consensus lock held, from the thread that made the answer durable or the caller's.
@@ -182,6 +188,7 @@ class RaftConsensus:
         options: ConsensusOptions | None = None,
         lock: ProfiledLock | None = None,
         metrics: ConsensusMetrics | None = None,
+        ticker: TickSource | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
@@ -219,9 +226,12 @@ class RaftConsensus:
         self._worker_thread = threading.Thread(
             target=self._run_worker, name=f"raft-worker:{group_id}", daemon=True
         )
-        self._timer_thread = threading.Thread(
-            target=self._run_timer, name=f"raft-timer:{group_id}", daemon=True
-        )
+        # The server's ticker drives all its replicas; a replica on its own gets its own.
+        self._own_ticker = ticker is None
+        self._ticker = ticker or Ticker(opts.tick_interval_s, name=f"raft-timer:{group_id}")
+        self._unregister_tick: Callable[[], None] | None = None
+        self._tick_queued = False
+        self._ticks = 0
         self._started = False
 
     # --- lifecycle -----------------------------------------------------------------
@@ -231,7 +241,9 @@ class RaftConsensus:
         applier as soon as they are known (the first Ready may already hold some)."""
         self._started = True
         self._worker_thread.start()
-        self._timer_thread.start()
+        self._unregister_tick = self._ticker.register(self._on_tick)
+        if self._own_ticker:
+            self._ticker.start()
         with self._lock:
             self._process_ready_unlocked()
 
@@ -241,8 +253,10 @@ class RaftConsensus:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        if self._started:
-            self._timer_thread.join(timeout=10)
+        if self._unregister_tick is not None:
+            self._unregister_tick()
+        if self._own_ticker:
+            self._ticker.stop()
         if self._started:
             barrier = threading.Event()
             try:
@@ -340,13 +354,23 @@ class RaftConsensus:
             return
         with self._lock:
             self._node.step(message)
-            held = self._process_ready_unlocked(answer_to=message.src, reply=reply)
-        if not held:
+            outcome = self._process_ready_unlocked(answer_to=message.src, reply=reply)
+        if outcome is _NO_ANSWER:
             reply(None)
+        elif isinstance(outcome, Message):
+            reply(outcome)
 
     def _send_unlocked(self, message: Message) -> None:
         # The transport never blocks, and its answer only queues: safe under the lock.
         self._transport.send(message, self._on_answer)
+
+    def _on_tick(self) -> None:
+        """The ticker's thread: queue one tick for the worker, unless one is already queued.
+        A worker held up (a slow WAL holding the lock) then ticks once when it gets to it,
+        not in a burst that would fire an election timeout at once."""
+        if not self._tick_queued and not self._stopping.is_set():
+            self._tick_queued = True
+            self._inbox.put(_TICK)
 
     def _on_answer(self, answer: Message | None) -> None:
         """A peer's answer to something we sent, from any transport thread: queued for the
@@ -391,12 +415,13 @@ class RaftConsensus:
 
     def _process_ready_unlocked(
         self, answer_to: str | None = None, reply: Reply | None = None
-    ) -> bool:
+    ) -> Message | object:
         """Carry out every pending Ready.  Caller holds ``_lock``.
 
-        With ``answer_to``, the first answer addressed to that peer is held back and handed
-        to ``reply`` once it may leave (see ``handle_request_async``); returns whether one
-        was (if not, the caller answers None)."""
+        With ``answer_to``, the first answer addressed to that peer is taken out of the
+        Ready: if it must wait for the WAL it is handed to ``reply`` once durable and this
+        returns ``_HELD``; if it may leave now it is returned, for the caller to answer
+        outside the lock; ``_NO_ANSWER`` if the core answered nothing."""
         answer: Message | None = None
         node = self._node
         while node.has_ready():
@@ -419,15 +444,22 @@ class RaftConsensus:
             later: list[Message] = []
             held_here = False
             for m in rd.persisted_messages:
+                # The core holds back every response until the Ready is durable.  The hard
+                # state was saved above, synchronously, so only an append response -- which
+                # acknowledges log entries, perhaps still in the WAL's queue -- must wait
+                # for the WAL; a vote or heartbeat response may leave now.
+                needs_log = m.type is MessageType.APPEND_RESPONSE
                 if (
                     answer is None
                     and answer_to is not None
                     and m.dst == answer_to
                     and (m.type in _RESPONSES)
                 ):
-                    answer, held_here = m, True
-                else:
+                    answer, held_here = m, needs_log
+                elif needs_log:
                     later.append(m)
+                else:
+                    self._send_unlocked(m)
             if rd.entries or later or held_here:
                 held = answer if held_here else None
                 self._storage.append_async(
@@ -436,7 +468,9 @@ class RaftConsensus:
                 )
             if rd.committed_entries:
                 self._apply_committed(rd.committed_entries)
-        return answer is not None
+        if answer is None:
+            return _NO_ANSWER
+        return _HELD if held_here else answer
 
     def _durable_callback(
         self, rd: Ready, later: list[Message], answer: Message | None, reply: Reply | None
@@ -489,6 +523,10 @@ class RaftConsensus:
             replies: list[tuple[Reply, Message | None]] = []
             with self._lock:
                 for done in batch:
+                    if done is _TICK:
+                        self._tick_queued = False
+                        self._tick_unlocked()
+                        continue
                     if isinstance(done, Message):  # a peer's answer
                         if self._failure is None and not self._stopping.is_set():
                             self._node.step(done)
@@ -519,20 +557,10 @@ class RaftConsensus:
                 self._snapshot.term, Role.FOLLOWER, NO_NODE, False, False
             )
 
-    def _run_timer(self) -> None:
-        interval = self.options.tick_interval_s
-        next_tick = time.monotonic() + interval
-        ticks = 0
-        while not self._stopping.wait(max(0.0, next_tick - time.monotonic())):
-            next_tick += interval
-            now = time.monotonic()
-            if next_tick < now:  # we fell behind (a long GC, a stalled lock): don't burst
-                next_tick = now + interval
-            ticks += 1
-            with self._lock:
-                if self._failure is not None:
-                    continue
-                self._node.tick()
-                self._process_ready_unlocked()
-                if ticks % _COMMIT_SAVE_TICKS == 0:
-                    self._save_commit_unlocked()
+    def _tick_unlocked(self) -> None:
+        if self._failure is not None or self._stopping.is_set():
+            return
+        self._ticks += 1
+        self._node.tick()
+        if self._ticks % _COMMIT_SAVE_TICKS == 0:
+            self._save_commit_unlocked()

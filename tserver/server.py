@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from raftlet.consensus.core import NO_NODE
+from raftlet.consensus.ticker import Ticker
 from raftlet.consensus.transport import Transport
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics import set_lock_contention_trace_threshold_ms
@@ -92,6 +93,7 @@ class TabletServer:
         self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
         self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
         self._consensus_servicer = _ConsensusServicer(self)
+        self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self._grpc: grpc.aio.Server | None = None
         self._health: health_async.HealthServicer | None = None
@@ -119,6 +121,7 @@ class TabletServer:
             max_batch_rows=s.max_batch_rows,
         )
         s.data_dir.mkdir(parents=True, exist_ok=True)
+        self.ticker = Ticker(options.consensus.tick_interval_s)
         # A follower answers an append once it is durable: the deadline covers its fsync.
         peer_timeout_s = options.consensus.request_timeout_s + 5.0
         if s.consensus_transport == "stream":
@@ -155,6 +158,7 @@ class TabletServer:
                 transport=transport,
                 options=options,
                 metrics=entity,
+                ticker=self.ticker,
             )
             self._tablet_gauges(entity, replica)
             self.replicas[placement.tablet_id] = replica
@@ -184,6 +188,7 @@ class TabletServer:
         self._grpc = server
         for replica in self.replicas.values():
             replica.start()
+        self.ticker.start()
         self.status.register_page("/tablets", self._tablets_html)
         self.status.register_page("/tablets.json", self._tablets_json)
         self.status.start()
@@ -222,6 +227,8 @@ class TabletServer:
         self.status.stop()
 
     def _stop_blocking(self) -> None:
+        if self.ticker is not None:
+            self.ticker.stop()
         for pool in self.pools.values():
             pool.stop(timeout=10)
         for replica in self.replicas.values():

@@ -39,6 +39,7 @@ from raftlet.consensus.raft_consensus import (
     RaftConsensus,
     TermCheckMode,
 )
+from raftlet.consensus.ticker import TickSource
 from raftlet.consensus.transport import Transport
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics.counter import StripedCounter
@@ -147,6 +148,7 @@ class TabletReplica:
         transport: Transport,
         options: ReplicaOptions | None = None,
         metrics: MetricEntity | None = None,
+        ticker: TickSource | None = None,
     ) -> None:
         self.tablet_id = tablet_id
         self.table = table
@@ -174,6 +176,7 @@ class TabletReplica:
             options=opts.consensus,
             lock=self.lock,
             metrics=self._metrics.consensus,
+            ticker=ticker,
         )
         self.tracker = ResultTracker()
         self._prepare_q: queue.SimpleQueue[_PendingWrite | object] = queue.SimpleQueue()

@@ -15,6 +15,7 @@ from pathlib import Path
 from raftlet.consensus.core import Entry, EntryType, Role
 from raftlet.consensus.log import LogOptions, LogStorage, PersistentState
 from raftlet.consensus.raft_consensus import ConsensusOptions, RaftConsensus, TermCheckMode
+from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from tests.waiting import wait_for
 
@@ -61,6 +62,7 @@ class Cluster:
         ids: Sequence[str] = ("a", "b", "c"),
         mode: TermCheckMode = TermCheckMode.LOCKFREE,
         options: ConsensusOptions = FAST,
+        ticker: ManualTicker | None = None,
     ) -> None:
         self.root = root
         self.ids = tuple(ids)
@@ -71,6 +73,9 @@ class Cluster:
             term_check_mode=mode,
         )
         self.transport = InMemoryTransport()
+        # With a ManualTicker time passes only when the test says so (``wait_leader`` ticks
+        # while it waits); without one every replica ticks on the wall clock.
+        self.ticker = ticker
         self.replicas: dict[str, Replica] = {}
         for node_id in self.ids:
             self.open(node_id)
@@ -88,6 +93,7 @@ class Cluster:
             transport=self.transport,
             apply_committed=lambda entries: holder[0]._queue.put(list(entries)),
             options=self.options,
+            ticker=self.ticker,
         )
         replica = Replica(node_id, directory, storage, consensus)
         holder.append(replica)
@@ -111,7 +117,12 @@ class Cluster:
         return leaders[0] if len(leaders) == 1 else None
 
     def wait_leader(self, among: Sequence[str] | None = None, timeout: float = 10.0) -> Replica:
-        wait_for(lambda: self.leader(among) is not None, timeout, "a single ready leader")
+        def elected() -> bool:
+            if self.ticker is not None:
+                self.ticker.tick()
+            return self.leader(among) is not None
+
+        wait_for(elected, timeout, "a single ready leader")
         leader = self.leader(among)
         assert leader is not None
         return leader

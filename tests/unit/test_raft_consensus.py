@@ -11,6 +11,7 @@ import pytest
 
 from raftlet.consensus.core import NotLeader, Role, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
+from raftlet.consensus.ticker import ManualTicker
 from tests.unit.consensus_cluster import Cluster, wait_for
 
 
@@ -54,19 +55,27 @@ def test_lockfree_term_check_never_takes_the_consensus_lock(cluster: Cluster) ->
 
 
 def test_locked_term_check_waits_for_the_consensus_lock(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, mode=TermCheckMode.LOCKED)
+    # The test is the clock: while it holds the lock no tick passes, so no election can
+    # race the hold (on the wall clock a loaded machine made this flaky).
+    cluster = Cluster(tmp_path, mode=TermCheckMode.LOCKED, ticker=ManualTicker())
     try:
         leader = cluster.wait_leader()
         consensus = leader.consensus
         result: list[int] = []
+        waiting = threading.Event()
         with consensus._lock:
             t = threading.Thread(
-                target=lambda: result.append(consensus.check_leadership_and_bind_term())
+                target=lambda: (
+                    waiting.set(),
+                    result.append(consensus.check_leadership_and_bind_term()),
+                )
             )
             t.start()
+            assert waiting.wait(timeout=10)
             t.join(timeout=0.2)
             assert t.is_alive(), "the locked check did not wait for the lock"
-        t.join(timeout=5)
+            assert result == []
+        t.join(timeout=10)
         assert result == [consensus.snapshot.term]
         assert consensus.metrics.term_check_lock_acquisitions.value() >= 1
         assert consensus.metrics.term_checks[TermCheckMode.LOCKED].value() >= 1
@@ -196,8 +205,9 @@ def test_followers_save_consensus_metadata_only_when_term_or_vote_change(
 def test_a_peer_request_is_answered_from_the_durability_callback(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """handle_request_async returns as soon as the request is stepped; the answer goes to
-    ``reply`` only once the WAL reports what it acknowledges durable -- no thread waits."""
+    """handle_request_async returns as soon as the request is stepped; an append's answer
+    goes to ``reply`` only once the WAL reports what it acknowledges durable -- no thread
+    waits -- while a heartbeat's, which acknowledges no entries, leaves at once."""
     from raftlet.consensus.core import Message, MessageType
 
     leader = cluster.wait_leader()
@@ -211,8 +221,22 @@ def test_a_peer_request_is_answered_from_the_durability_callback(
     monkeypatch.setattr(follower.storage, "append_async", holding_append)
     term = leader.consensus.snapshot.term
     beat = Message(MessageType.HEARTBEAT, leader.node_id, follower.node_id, term)
+    beat_answers: list[Message | None] = []
+    follower.consensus.handle_request_async(beat, beat_answers.append)
+    assert held == []
+    assert [a.type for a in beat_answers if a is not None] == [MessageType.HEARTBEAT_RESPONSE]
+
+    last = follower.storage.last_index()
+    probe = Message(
+        MessageType.APPEND,
+        leader.node_id,
+        follower.node_id,
+        term,
+        log_term=follower.storage.term(last),
+        index=last,
+    )
     answers: list[Message | None] = []
-    follower.consensus.handle_request_async(beat, answers.append)
+    follower.consensus.handle_request_async(probe, answers.append)
     assert held, "the answer was not made to wait for the WAL"
     assert answers == []  # returned without an answer: nothing blocked on durability
     monkeypatch.setattr(follower.storage, "append_async", real_append)
@@ -221,5 +245,5 @@ def test_a_peer_request_is_answered_from_the_durability_callback(
     wait_for(lambda: len(answers) == 1, what="the answer after durability")
     (answer,) = answers
     assert answer is not None
-    assert answer.type is MessageType.HEARTBEAT_RESPONSE
-    assert answer.dst == leader.node_id
+    assert answer.type is MessageType.APPEND_RESPONSE
+    assert (answer.dst, answer.index, answer.reject) == (leader.node_id, last, False)

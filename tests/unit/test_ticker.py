@@ -1,0 +1,73 @@
+"""One ticker per server: every registered replica gets each tick; a test can be the clock."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from raftlet.consensus.core import Role
+from raftlet.consensus.ticker import ManualTicker, Ticker
+from tests.unit.consensus_cluster import Cluster
+from tests.waiting import wait_for
+
+
+def test_every_registered_callback_gets_each_tick_until_unregistered() -> None:
+    ticker = ManualTicker()
+    seen: list[str] = []
+    stop_a = ticker.register(lambda: seen.append("a"))
+    ticker.register(lambda: seen.append("b"))
+    ticker.tick()
+    stop_a()
+    ticker.tick()
+    assert seen == ["a", "b", "b"]
+
+
+def test_a_failing_callback_does_not_starve_the_others() -> None:
+    ticker = ManualTicker()
+    seen: list[int] = []
+
+    def broken() -> None:
+        raise RuntimeError("replica gone")
+
+    ticker.register(broken)
+    ticker.register(lambda: seen.append(1))
+    ticker.tick()
+    assert seen == [1]
+
+
+def test_a_wall_clock_ticker_ticks_on_its_own_thread() -> None:
+    ticker = Ticker(0.001)
+    ticks = threading.Semaphore(0)
+    ticker.register(ticks.release)
+    ticker.start()
+    try:
+        for _ in range(3):
+            assert ticks.acquire(timeout=10)
+    finally:
+        ticker.stop()
+    with pytest.raises(ValueError, match="positive"):
+        Ticker(0)
+
+
+def test_replicas_on_a_manual_ticker_elect_only_as_the_test_ticks(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, ticker=ManualTicker())
+    try:
+        # No tick, no election timeout: every replica stays a follower of term 0.
+        assert all(r.consensus.snapshot.term == 0 for r in cluster.replicas.values())
+        assert cluster.leader() is None
+        leader = cluster.wait_leader()  # ticks while it waits
+        followers = [r for r in cluster.replicas.values() if r is not leader]
+        assert all(f.consensus.snapshot.role is Role.FOLLOWER for f in followers)
+        assert len(cluster.ticker._callbacks) == 3  # type: ignore[union-attr]  # one source, all
+        term = leader.consensus.check_leadership_and_bind_term()
+        leader.consensus.replicate([b"x"], term)
+        def everyone_applied() -> bool:
+            # Heartbeats, one per tick, carry the commit index to the followers.
+            cluster.ticker.tick()  # type: ignore[union-attr]
+            return all(r.data() == [b"x"] for r in cluster.replicas.values())
+
+        wait_for(everyone_applied, what="every replica applies the entry")
+    finally:
+        cluster.close()
