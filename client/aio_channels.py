@@ -7,7 +7,8 @@ short reconnect backoff, no proxy, 64 MiB messages) and no ``wait_for_ready``, s
 server fails fast and the retry policy moves on.
 
 ``AsyncServerStub`` / ``AsyncStubProvider`` are the seam the asyncio client uses, so unit
-tests plug in fakes. A failed call raises ``grpc.aio.AioRpcError``, a ``grpc.RpcError`` with
+tests plug in fakes. ``GrpcAsyncServerStub.write`` goes over the server's write stream
+(``aio_write_stream``) unless built with ``write_stream=False``. A failed call raises ``grpc.aio.AioRpcError``, a ``grpc.RpcError`` with
 the ``code()``/``details()``/``trailing_metadata()`` that ``retry.classify`` reads.
 """
 
@@ -18,6 +19,7 @@ from typing import Protocol, cast
 
 import grpc
 
+from raftlet.client.aio_write_stream import AsyncWriteStream, StreamedRpcError
 from raftlet.client.channels import CHANNEL_OPTIONS
 from raftlet.client.errors import ClientClosed
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
@@ -50,15 +52,31 @@ class AsyncStubProvider(Protocol):
 class GrpcAsyncServerStub:
     """``AsyncServerStub`` over a shared ``grpc.aio.Channel``."""
 
-    def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
+    def __init__(self, address: str, channel: grpc.aio.Channel, write_stream: bool = True) -> None:
         self.address = address
         self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)  # type: ignore[no-untyped-call]
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+        # Writes go on the server's WriteStream (many in flight, few messages) unless the
+        # client asked for one unary Write call per write.
+        self._stream = AsyncWriteStream(address, channel) if write_stream else None
 
     async def write(
         self, request: tablet_pb2.WriteRequest, timeout: float
     ) -> tablet_pb2.WriteResponse:
+        if self._stream is not None:
+            try:
+                return await self._stream.write(request, timeout)
+            except StreamedRpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                # A server without WriteStream: one unary call per write from now on.
+                stream, self._stream = self._stream, None
+                await stream.close()
         return cast(tablet_pb2.WriteResponse, await self._tablet.Write(request, timeout=timeout))
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
 
     async def list_tablets(self, timeout: float) -> tablet_pb2.ListTabletsResponse:
         return cast(
@@ -91,8 +109,10 @@ class AsyncChannelPool:
         *,
         options: list[tuple[str, int]] | None = None,
         on_created: Callable[[str], None] | None = None,
+        write_stream: bool = True,
     ) -> None:
         self._options = list(CHANNEL_OPTIONS if options is None else options)
+        self._write_stream = write_stream
         self._on_created = on_created
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, GrpcAsyncServerStub] = {}
@@ -107,7 +127,7 @@ class AsyncChannelPool:
             raise ClientClosed("the client is closed")
         channel = grpc.aio.insecure_channel(address, options=self._options)
         self._channels[address] = channel
-        stub = GrpcAsyncServerStub(address, channel)
+        stub = GrpcAsyncServerStub(address, channel, self._write_stream)
         self._stubs[address] = stub
         self.created += 1
         if self._on_created is not None:
@@ -121,7 +141,10 @@ class AsyncChannelPool:
         """Close every channel (calls still in flight on them are cancelled)."""
         self._closed = True
         channels = list(self._channels.values())
+        stubs = list(self._stubs.values())
         self._channels.clear()
         self._stubs.clear()
+        for stub in stubs:
+            await stub.close()
         for channel in channels:
             await channel.close()

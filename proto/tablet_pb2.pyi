@@ -317,3 +317,37 @@ class GetClusterConfigResponse(_message.Message):
     tables: _containers.RepeatedCompositeFieldContainer[TablePB]
     tablets: _containers.RepeatedCompositeFieldContainer[TabletPB]
     def __init__(self, servers: _Optional[_Iterable[_Union[ServerPB, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TablePB, _Mapping]]] = ..., tablets: _Optional[_Iterable[_Union[TabletPB, _Mapping]]] = ...) -> None: ...
+
+class WriteStreamItemPB(_message.Message):
+    __slots__ = ("id", "request")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: WriteRequest
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[WriteRequest, _Mapping]] = ...) -> None: ...
+
+class WriteStreamRequestPB(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[WriteStreamItemPB]
+    def __init__(self, items: _Optional[_Iterable[_Union[WriteStreamItemPB, _Mapping]]] = ...) -> None: ...
+
+class WriteStreamResultPB(_message.Message):
+    __slots__ = ("id", "response", "status_code", "status_message", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: WriteResponse
+    status_code: int
+    status_message: str
+    error: _common_pb2.ServerErrorPB
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[WriteResponse, _Mapping]] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class WriteStreamResponsePB(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[WriteStreamResultPB]
+    def __init__(self, results: _Optional[_Iterable[_Union[WriteStreamResultPB, _Mapping]]] = ...) -> None: ...

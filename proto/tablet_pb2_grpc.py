@@ -40,6 +40,11 @@ class TabletServiceStub:
                 request_serializer=raftlet_dot_proto_dot_tablet__pb2.WriteRequest.SerializeToString,
                 response_deserializer=raftlet_dot_proto_dot_tablet__pb2.WriteResponse.FromString,
                 _registered_method=True)
+        self.WriteStream = channel.stream_stream(
+                '/raftlet.TabletService/WriteStream',
+                request_serializer=raftlet_dot_proto_dot_tablet__pb2.WriteStreamRequestPB.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_tablet__pb2.WriteStreamResponsePB.FromString,
+                _registered_method=True)
         self.Scan = channel.unary_unary(
                 '/raftlet.TabletService/Scan',
                 request_serializer=raftlet_dot_proto_dot_tablet__pb2.ScanRequest.SerializeToString,
@@ -61,6 +66,12 @@ class TabletServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Write(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteStream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,6 +102,11 @@ def add_TabletServiceServicer_to_server(servicer, server):
                     servicer.Write,
                     request_deserializer=raftlet_dot_proto_dot_tablet__pb2.WriteRequest.FromString,
                     response_serializer=raftlet_dot_proto_dot_tablet__pb2.WriteResponse.SerializeToString,
+            ),
+            'WriteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.WriteStream,
+                    request_deserializer=raftlet_dot_proto_dot_tablet__pb2.WriteStreamRequestPB.FromString,
+                    response_serializer=raftlet_dot_proto_dot_tablet__pb2.WriteStreamResponsePB.SerializeToString,
             ),
             'Scan': grpc.unary_unary_rpc_method_handler(
                     servicer.Scan,
@@ -135,6 +151,33 @@ class TabletService:
             '/raftlet.TabletService/Write',
             raftlet_dot_proto_dot_tablet__pb2.WriteRequest.SerializeToString,
             raftlet_dot_proto_dot_tablet__pb2.WriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftlet.TabletService/WriteStream',
+            raftlet_dot_proto_dot_tablet__pb2.WriteStreamRequestPB.SerializeToString,
+            raftlet_dot_proto_dot_tablet__pb2.WriteStreamResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,7 @@ from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_codec import MalformedResponse, decode_response, encode_request
 from raftlet.tserver.consensus_rpc import ConsensusRequestHandler, WireResponse
+from raftlet.tserver.loop_outbox import LoopOutbox
 from raftlet.tserver.rpc_dispatch import status_for
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 
@@ -411,17 +412,17 @@ class StreamSession:
         self._lock = threading.Lock()
         self._inbox: list[pb.ConsensusItemPB] = []
         self._draining = False  # a pool work item is draining the inbox
-        self._outbox: list[pb.ConsensusItemPB] = []
-        self._due = False
-        self._wake = asyncio.Event()
-        self._closed = False
+        self._outbox: LoopOutbox[pb.ConsensusItemPB] = LoopOutbox(loop)
 
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
         """Read frames until the caller closes its side; answer as answers become ready.
 
         Cancelling the task that runs this (the server is stopping) ends the call normally,
         so the peer sees its stream end at once and treats what was in flight as lost."""
-        writer = asyncio.ensure_future(self._write(context))
+        async def write(items: list[pb.ConsensusItemPB]) -> None:
+            await context.write(pb.ConsensusFramePB(items=items))
+
+        writer = asyncio.ensure_future(self._outbox.drain_to(write))
         try:
             while True:
                 frame = await context.read()
@@ -433,7 +434,7 @@ class StreamSession:
             if task is not None:
                 task.uncancel()
         finally:
-            self._closed = True
+            self._outbox.close()
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
@@ -492,26 +493,7 @@ class StreamSession:
             self._post(pb.ConsensusItemPB(seq=seq, failed=error_pb))
 
     def _post(self, item: pb.ConsensusItemPB) -> None:
-        """Any thread: queue an answer; wake the loop's writer unless it is due anyway."""
-        with self._lock:
-            if self._closed:
-                return
-            self._outbox.append(item)
-            wake, self._due = not self._due, True
-        if wake:
-            # RuntimeError: the loop is closed, the server is going away.
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._wake.set)
-
-    async def _write(self, context: grpc.aio.ServicerContext) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            with self._lock:
-                items, self._outbox = self._outbox, []
-                self._due = False
-            if items:
-                await context.write(pb.ConsensusFramePB(items=items))
+        self._outbox.post(item)
 
 
 def _answer_item(seq: int, response: WireResponse) -> pb.ConsensusItemPB:

@@ -59,6 +59,7 @@ from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.rpc_dispatch import dispatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
+from raftlet.tserver.write_stream import WriteStreamSession
 
 __all__ = ["TabletServer"]
 
@@ -93,6 +94,7 @@ class TabletServer:
         self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
         self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
         self._consensus_servicer = _ConsensusServicer(self)
+        self._tablet_servicer = _TabletServicer(self)
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self._grpc: grpc.aio.Server | None = None
@@ -168,7 +170,7 @@ class TabletServer:
             options=server_options(s.max_message_bytes),
             interceptors=[MalformedRequestInterceptor()],
         )
-        tablet_pb2_grpc.add_TabletServiceServicer_to_server(_TabletServicer(self), server)
+        tablet_pb2_grpc.add_TabletServiceServicer_to_server(self._tablet_servicer, server)
         consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(self._consensus_servicer, server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(_AdminServicer(self), server)
         self._health = health_async.HealthServicer()
@@ -219,6 +221,8 @@ class TabletServer:
         loop = asyncio.get_running_loop()
         # Blocking joins and fsyncs: off the event loop, which must keep sending answers.
         await loop.run_in_executor(None, self._stop_blocking)
+        # Clients' write streams end once the replicas have answered what was in flight.
+        self._tablet_servicer.end_streams()
         if grpc_stopped is not None:
             await grpc_stopped
         if self.streams is not None:
@@ -356,6 +360,7 @@ class _TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
     def __init__(self, server: TabletServer) -> None:
         self._s = server
         self._pool = server.pools["tablet"]
+        self._streams: set[asyncio.Task[Any]] = set()
 
     async def _dispatch(self, method: str, context: Any, run: Callable[[InboundCall], None]) -> Any:
         return await dispatch(
@@ -368,6 +373,23 @@ class _TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             replica.write(request, WriteCallbacks(call.respond, call.fail))
 
         return await self._dispatch("Write", context, run)
+
+    async def WriteStream(self, request_iterator: Any, context: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            session = WriteStreamSession(
+                asyncio.get_running_loop(), self._pool, self._s.replica, self._s.leader_addr
+            )
+            await session.serve(context)
+        finally:
+            self._streams.discard(task)
+
+    def end_streams(self) -> None:
+        """Cancel every client's write stream (shutdown: clients retry elsewhere)."""
+        for task in list(self._streams):
+            task.cancel()
 
     async def Scan(self, request: tablet_pb2.ScanRequest, context: Any) -> Any:
         return await self._dispatch(

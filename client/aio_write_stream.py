@@ -1,0 +1,196 @@
+"""Writes over ``TabletService.WriteStream``: one long-lived stream per server, many writes in
+flight on it, each answered on its own.
+
+``AsyncWriteStream.write(request, timeout)`` behaves like the unary ``Write`` call -- it
+returns the ``WriteResponse`` or raises a ``grpc.RpcError`` whose ``code()``, ``details()``
+and trailing ``ServerErrorPB`` are what the unary call would have failed with -- so the
+asyncio client's routing and retry code (``retry.classify``) cannot tell them apart. What
+differs is the cost: every write started in one turn of the event loop leaves in one frame,
+and answers come back batched the same way, instead of one gRPC call per write.
+
+The stream opens on first use and again after it breaks. A broken stream fails every write
+still waiting on it with UNAVAILABLE (the retry policy sends it again, with the same
+request id, so it is applied at most once); a write not answered within its ``timeout``
+fails with DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from typing import Any
+
+import grpc
+
+from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2
+from raftlet.proto.common_pb2 import ServerErrorPB
+
+__all__ = ["WRITE_STREAM_METHOD", "AsyncWriteStream", "StreamedRpcError"]
+
+WRITE_STREAM_METHOD = "/raftlet.TabletService/WriteStream"
+
+_STATUS_BY_VALUE = {s.value[0]: s for s in grpc.StatusCode}
+
+
+class StreamedRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
+    """A write's failure as a unary call would have raised it."""
+
+    def __init__(
+        self, code: grpc.StatusCode, details: str, error: ServerErrorPB | None = None
+    ) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+        self._error = error
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        if self._error is None:
+            return ()
+        return ((ERROR_METADATA_KEY, self._error.SerializeToString()),)
+
+
+def _stream_failed(code: grpc.StatusCode, details: str | None) -> StreamedRpcError:
+    """What a write waiting on a stream that ended gets.  The stream's own status says
+    nothing of the write (which may or may not have been applied), so it is UNAVAILABLE --
+    retriable, and the request id keeps a retry from applying it twice -- unless the server
+    has no WriteStream at all (UNIMPLEMENTED: the caller falls back to unary calls)."""
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return StreamedRpcError(code, details or "WriteStream is not implemented")
+    return StreamedRpcError(
+        grpc.StatusCode.UNAVAILABLE, f"write stream ended: {code.name}: {details or ''}"
+    )
+
+
+class AsyncWriteStream:
+    """The write stream to one server; use from the event loop that owns ``channel``."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
+        self.address = address
+        self._method = channel.stream_stream(
+            WRITE_STREAM_METHOD,
+            request_serializer=tablet_pb2.WriteStreamRequestPB.SerializeToString,
+            response_deserializer=tablet_pb2.WriteStreamResponsePB.FromString,
+        )
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[tablet_pb2.WriteResponse]] = {}
+        self._queue: list[tablet_pb2.WriteStreamItemPB] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def write(
+        self, request: tablet_pb2.WriteRequest, timeout: float
+    ) -> tablet_pb2.WriteResponse:
+        if self._closed:
+            raise StreamedRpcError(grpc.StatusCode.CANCELLED, "the client is closed")
+        loop = asyncio.get_running_loop()
+        write_id = next(self._ids)
+        future: asyncio.Future[tablet_pb2.WriteResponse] = loop.create_future()
+        self._pending[write_id] = future
+        self._queue.append(tablet_pb2.WriteStreamItemPB(id=write_id, request=request))
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run(), name=f"write-stream:{self.address}")
+        expiry = loop.call_later(timeout, self._expire, write_id)
+        try:
+            return await future
+        finally:
+            expiry.cancel()
+            self._pending.pop(write_id, None)
+
+    def _expire(self, write_id: int) -> None:
+        future = self._pending.pop(write_id, None)
+        if future is not None and not future.done():
+            future.set_exception(
+                StreamedRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            )
+
+    async def _run(self) -> None:
+        """Open the stream; write what is queued, one frame per turn; until it breaks.
+
+        The stream stays open while idle (one is cheap, and reopening costs a round trip),
+        so a single writer pays for one frame each way per write and no call setup."""
+        call = self._method()
+        reader = asyncio.ensure_future(self._read(call))
+        error: StreamedRpcError | None = None
+        try:
+            while not self._closed:
+                self._wake.clear()
+                if self._queue:
+                    items, self._queue = self._queue, []
+                    await call.write(tablet_pb2.WriteStreamRequestPB(items=items))
+                    continue
+                waker = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({reader, waker}, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+                if reader.done():
+                    break
+        except grpc.aio.AioRpcError as exc:
+            error = _stream_failed(exc.code(), exc.details())
+        except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            error = _stream_failed(grpc.StatusCode.UNAVAILABLE, str(exc))
+        finally:
+            reader.cancel()
+            call.cancel()
+            if error is None and reader.done() and not reader.cancelled():
+                with contextlib.suppress(Exception):
+                    error = reader.result()
+            self._fail_waiting(error)
+            if self._queue and not self._closed:
+                # Queued after the stream ended: a fresh stream takes them.
+                self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _read(self, call: Any) -> StreamedRpcError | None:
+        try:
+            while True:
+                frame = await call.read()
+                if frame is grpc.aio.EOF:
+                    return None
+                for result in frame.results:
+                    self._answer(result)
+        except grpc.aio.AioRpcError as exc:
+            return _stream_failed(exc.code(), exc.details())
+
+    def _answer(self, result: tablet_pb2.WriteStreamResultPB) -> None:
+        future = self._pending.pop(result.id, None)
+        if future is None or future.done():
+            return  # expired already
+        if result.status_code == 0:
+            future.set_result(result.response)
+            return
+        code = _STATUS_BY_VALUE.get(result.status_code, grpc.StatusCode.UNKNOWN)
+        error = result.error if result.HasField("error") else None
+        future.set_exception(StreamedRpcError(code, result.status_message, error))
+
+    def _fail_waiting(self, error: StreamedRpcError | None) -> None:
+        """Every write sent on the ended stream and not answered: UNAVAILABLE, retriable."""
+        failure = error or StreamedRpcError(
+            grpc.StatusCode.UNAVAILABLE, "the write stream ended before answering"
+        )
+        queued = {item.id for item in self._queue}
+        for write_id, future in list(self._pending.items()):
+            if write_id in queued or future.done():
+                continue
+            del self._pending[write_id]
+            future.set_exception(failure)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(
+                    StreamedRpcError(grpc.StatusCode.CANCELLED, "the client is closed")
+                )
+        self._pending.clear()

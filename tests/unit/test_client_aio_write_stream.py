@@ -1,0 +1,124 @@
+"""The asyncio client's write stream against small in-process grpc.aio servers: writes
+started together leave as one frame and are answered each on its own; a failed write raises
+what the unary call would have; a server without WriteStream gets unary calls instead."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from raftlet.client.aio_channels import GrpcAsyncServerStub
+from raftlet.client.aio_write_stream import StreamedRpcError
+from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2, tablet_pb2_grpc
+from raftlet.proto.common_pb2 import ServerErrorPB
+
+
+class StreamingServer(tablet_pb2_grpc.TabletServiceServicer):
+    """Answers each write with op_index = its seq_no, in reverse order within a frame;
+    seq_no 0 is refused with NOT_LEADER."""
+
+    def __init__(self) -> None:
+        self.frames = 0
+        self.unary = 0
+
+    async def WriteStream(self, request_iterator: Any, context: Any) -> Any:
+        async for frame in request_iterator:
+            self.frames += 1
+            results = []
+            for item in reversed(frame.items):
+                seq = item.request.request_id.seq_no
+                if seq == 0:
+                    results.append(
+                        tablet_pb2.WriteStreamResultPB(
+                            id=item.id,
+                            status_code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
+                            status_message="not the leader",
+                            error=ServerErrorPB(code=ServerErrorPB.NOT_LEADER, leader_uuid="ts9"),
+                        )
+                    )
+                else:
+                    response = tablet_pb2.WriteResponse(op_index=seq)
+                    results.append(tablet_pb2.WriteStreamResultPB(id=item.id, response=response))
+            yield tablet_pb2.WriteStreamResponsePB(results=results)
+
+    async def Write(self, request: Any, context: Any) -> Any:
+        self.unary += 1
+        return tablet_pb2.WriteResponse(op_index=request.request_id.seq_no)
+
+
+class UnaryOnlyServer(tablet_pb2_grpc.TabletServiceServicer):
+    """A server from before WriteStream: the generated base answers it UNIMPLEMENTED."""
+
+    def __init__(self) -> None:
+        self.unary = 0
+
+    async def Write(self, request: Any, context: Any) -> Any:
+        self.unary += 1
+        return tablet_pb2.WriteResponse(op_index=request.request_id.seq_no)
+
+
+def _request(seq: int) -> tablet_pb2.WriteRequest:
+    req = tablet_pb2.WriteRequest(tablet_id="t1")
+    req.request_id.client_id = "c"
+    req.request_id.seq_no = seq
+    return req
+
+
+async def _with_server(servicer: Any, body: Any) -> None:
+    server = grpc.aio.server()
+    tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = GrpcAsyncServerStub(f"127.0.0.1:{port}", channel)
+    try:
+        async with asyncio.timeout(30):
+            await body(stub)
+    finally:
+        await stub.close()
+        await channel.close()
+        await server.stop(0)
+
+
+def test_writes_started_together_share_a_frame_and_get_their_own_answers() -> None:
+    servicer = StreamingServer()
+
+    async def body(stub: GrpcAsyncServerStub) -> None:
+        responses = await asyncio.gather(*(stub.write(_request(s), 10) for s in range(1, 51)))
+        assert [r.op_index for r in responses] == list(range(1, 51))
+        assert servicer.frames == 1
+        assert servicer.unary == 0
+        # The stream stays open: the next write is one more frame, not a new call.
+        assert (await stub.write(_request(77), 10)).op_index == 77
+        assert servicer.frames == 2
+
+    asyncio.run(_with_server(servicer, body))
+
+
+def test_a_refused_write_raises_what_the_unary_call_would() -> None:
+    async def body(stub: GrpcAsyncServerStub) -> None:
+        with pytest.raises(StreamedRpcError) as refused:
+            await stub.write(_request(0), 10)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.details() == "not the leader"
+        ((key, raw),) = refused.value.trailing_metadata()
+        assert key == ERROR_METADATA_KEY
+        assert ServerErrorPB.FromString(raw).leader_uuid == "ts9"
+        # The stream is still good for the next write.
+        assert (await stub.write(_request(5), 10)).op_index == 5
+
+    asyncio.run(_with_server(StreamingServer(), body))
+
+
+def test_a_server_without_write_stream_gets_unary_writes() -> None:
+    servicer = UnaryOnlyServer()
+
+    async def body(stub: GrpcAsyncServerStub) -> None:
+        assert (await stub.write(_request(3), 10)).op_index == 3
+        assert (await stub.write(_request(4), 10)).op_index == 4
+        assert servicer.unary == 2
+
+    asyncio.run(_with_server(servicer, body))

@@ -1,0 +1,157 @@
+"""TabletService.WriteStream: many independent writes on one long-lived stream.
+
+A client with many writes in flight sends them as frames (``WriteStreamRequestPB``) on one
+stream per server; each write is answered on its own, as soon as it is done and in any
+order, by the ``id`` the client gave it (``WriteStreamResultPB``). A unary ``Write`` costs a
+gRPC call on each side per write; here a frame of any size costs one read, one work item on
+the tablet service pool, and its answers share the messages written back.
+
+Each write goes exactly the way a unary Write goes -- ``TabletReplica.write``: lock-free term
+binding, the result tracker, validation, the prepare queue -- and fails with the status and
+``ServerErrorPB`` the unary call would have (``rpc_dispatch.status_for``), carried in its
+result item. A full service queue refuses the frame's writes with RESOURCE_EXHAUSTED, so
+the client backs off as it would for a unary call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from raftlet.proto import tablet_pb2
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.tserver.errors import ServiceUnavailable
+from raftlet.tserver.loop_outbox import LoopOutbox
+from raftlet.tserver.rpc_dispatch import (
+    QUEUE_FULL_MESSAGE,
+    SHUTTING_DOWN_MESSAGE,
+    LeaderAddrLookup,
+    status_for,
+)
+from raftlet.tserver.service_pool import InboundCall, ServicePool
+from raftlet.tserver.tablet_replica import TabletReplica, WriteCallbacks
+
+__all__ = ["WriteStreamSession"]
+
+ReplicaLookup = Callable[[str], TabletReplica]
+
+
+class ServiceQueueFull(Exception):
+    """The tablet service pool refused a frame: its queue is full."""
+
+
+class WriteStreamSession:
+    """One client's write stream (server side)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pool: ServicePool,
+        replica_of: ReplicaLookup,
+        leader_addr: LeaderAddrLookup,
+    ) -> None:
+        self._pool = pool
+        self._replica_of = replica_of
+        self._leader_addr = leader_addr
+        self._outbox: LoopOutbox[tablet_pb2.WriteStreamResultPB] = LoopOutbox(loop)
+        # Writes received and not yet answered (loop only), and an event set when none are.
+        self._outstanding = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def serve(self, context: grpc.aio.ServicerContext) -> None:
+        """Read frames until the client closes its side; answer each write when done.
+
+        Cancelling the task that runs this (the server is stopping) ends the call normally;
+        the client sees its stream end and retries what was unanswered elsewhere."""
+
+        async def write(results: list[tablet_pb2.WriteStreamResultPB]) -> None:
+            await context.write(tablet_pb2.WriteStreamResponsePB(results=results))
+            self._outstanding -= len(results)
+            if self._outstanding <= 0:
+                self._idle.set()
+
+        writer = asyncio.ensure_future(self._outbox.drain_to(write))
+        try:
+            while True:
+                frame = await context.read()
+                if frame is grpc.aio.EOF:
+                    break
+                self._receive(list(frame.items))
+            # The client is done writing: answer everything it sent before ending the call.
+            await self._idle.wait()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            # Ended by the server (shutdown, after its replicas stopped): what they answered
+            # meanwhile -- UNAVAILABLE for writes still waiting -- still goes out.
+            writer.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._outbox.flush_to(write)
+        finally:
+            self._outbox.close()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    def _receive(self, items: list[tablet_pb2.WriteStreamItemPB]) -> None:
+        if not items:
+            return
+        self._outstanding += len(items)
+        self._idle.clear()
+        call = InboundCall("WriteStream", lambda call: self._start_all(items, call))
+        if not self._pool.offer(call):
+            # As a unary Write would be refused: shutting down, or the queue is full.
+            refusal = (
+                ServiceUnavailable(SHUTTING_DOWN_MESSAGE)
+                if self._pool.stopped
+                else ServiceQueueFull(QUEUE_FULL_MESSAGE)
+            )
+            for item in items:
+                self._outbox.post(self._failed(item.id, refusal))
+
+    def _start_all(self, items: list[tablet_pb2.WriteStreamItemPB], call: InboundCall) -> None:
+        """Pool thread: start every write of the frame; each answers when it is done."""
+        for item in items:
+            self._start(item)
+        call.respond(None)
+
+    def _start(self, item: tablet_pb2.WriteStreamItemPB) -> None:
+        write_id = item.id
+        answered = threading.Lock()  # the first answer wins, as for an InboundCall
+
+        def respond(response: object) -> None:
+            if answered.acquire(blocking=False):
+                assert isinstance(response, tablet_pb2.WriteResponse)
+                self._outbox.post(tablet_pb2.WriteStreamResultPB(id=write_id, response=response))
+
+        def fail(exc: BaseException) -> None:
+            if answered.acquire(blocking=False):
+                self._outbox.post(self._failed(write_id, exc))
+
+        try:
+            replica = self._replica_of(item.request.tablet_id)
+            replica.write(item.request, WriteCallbacks(respond, fail))
+        except Exception as exc:  # unknown tablet, not leader, bad rows: as the unary call
+            fail(exc)
+
+    def _failed(self, write_id: int, exc: BaseException) -> tablet_pb2.WriteStreamResultPB:
+        if isinstance(exc, ServiceQueueFull):
+            code, details = grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
+            error: ServerErrorPB | None = ServerErrorPB(
+                code=ServerErrorPB.SERVICE_QUEUE_FULL, message=QUEUE_FULL_MESSAGE
+            )
+        else:
+            code, details, error = status_for(exc, self._leader_addr)
+        result = tablet_pb2.WriteStreamResultPB(
+            id=write_id, status_code=code.value[0], status_message=details
+        )
+        if error is not None:
+            result.error.CopyFrom(error)
+        return result
+
