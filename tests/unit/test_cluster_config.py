@@ -93,7 +93,7 @@ def test_parse_base(tmp_path: Path) -> None:
     config = parse_cluster_config(BASE, tmp_path)
     assert config.name == "t"
     assert config.server_ids == ("a", "b", "c")
-    assert config.raft == RaftTimings(100, 10, 1)  # the defaults, [raft] being optional
+    assert config.raft == RaftTimings(100, 10, 3)  # the defaults, [raft] being optional
     a = config.server("a")
     assert (a.rpc_addr, a.http_addr) == ("127.0.0.1:7001", "127.0.0.1:8001")
     assert a.data_dir == tmp_path / "a"  # default data_dir = the server id
@@ -264,7 +264,7 @@ BAD: list[tuple[str, str, str, str, str | None]] = [
      "servers: at least one [[servers]] entry is needed", "servers = []"),
     # raft
     ("election <= heartbeat", "[[servers]]", "[raft]\nelection_ticks = 1\n[[servers]]",
-     "raft.election_ticks: must be an integer greater than heartbeat_ticks (1), got 1",
+     "raft.election_ticks: must be an integer greater than heartbeat_ticks (3), got 1",
      "election_ticks = 1"),
     ("zero tick", "[[servers]]", "[raft]\ntick_interval_ms = 0\n[[servers]]",
      "raft.tick_interval_ms: must be a positive number of milliseconds, got 0",

@@ -90,7 +90,7 @@ def test_defaults(config_path: Path) -> None:
     assert s.data_dir == config_path.parent / "ts1"
     assert (s.rpc_addr, s.http_addr) == ("127.0.0.1:7051", "127.0.0.1:8051")
     # [raft] of the config, with the built-in default for what it leaves out.
-    assert s.raft == RaftTimings(50, 6, 1)
+    assert s.raft == RaftTimings(50, 6, 3)
     assert (s.rpc_service_queue_length, s.rpc_num_service_threads) == (50, 10)
     assert (s.consensus_service_queue_length, s.consensus_num_service_threads) == (100, 4)
     assert s.term_check_mode is TermCheckMode.LOCKFREE
@@ -223,7 +223,7 @@ def test_from_args_with_a_partial_namespace(config_path: Path) -> None:
         config_path.parent / "ts3",
         "127.0.0.1:7053",
         "127.0.0.1:8053",
-        RaftTimings(50, 6, 1),
+        RaftTimings(50, 6, 3),
     )
 
 
