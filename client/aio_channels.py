@@ -8,8 +8,9 @@ server fails fast and the retry policy moves on.
 
 ``AsyncServerStub`` / ``AsyncStubProvider`` are the seam the asyncio client uses, so unit
 tests plug in fakes. ``GrpcAsyncServerStub.write`` goes over the server's write stream
-(``aio_write_stream``) unless built with ``write_stream=False``. A failed call raises ``grpc.aio.AioRpcError``, a ``grpc.RpcError`` with
-the ``code()``/``details()``/``trailing_metadata()`` that ``retry.classify`` reads.
+(``aio_write_stream``) unless built with ``write_stream=False``. A failed call raises a
+``grpc.RpcError`` (``grpc.aio.AioRpcError``, or ``StreamedRpcError`` for a streamed write)
+with the ``code()``/``details()``/``trailing_metadata()`` that ``retry.classify`` reads.
 """
 
 from __future__ import annotations

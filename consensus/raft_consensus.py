@@ -231,6 +231,7 @@ class RaftConsensus:
         self._ticker = ticker or Ticker(opts.tick_interval_s, name=f"raft-timer:{group_id}")
         self._unregister_tick: Callable[[], None] | None = None
         self._tick_queued = False
+        self._ticks_due = 1
         self._ticks = 0
         self._started = False
 
@@ -364,12 +365,13 @@ class RaftConsensus:
         # The transport never blocks, and its answer only queues: safe under the lock.
         self._transport.send(message, self._on_answer)
 
-    def _on_tick(self) -> None:
-        """The ticker's thread: queue one tick for the worker, unless one is already queued.
-        A worker held up (a slow WAL holding the lock) then ticks once when it gets to it,
-        not in a burst that would fire an election timeout at once."""
+    def _on_tick(self, ticks: int) -> None:
+        """The ticker's thread: queue ``ticks`` for the worker, unless ticks are already
+        queued.  A worker held up (a slow WAL holding the lock) then ticks as much as one
+        call once it gets to it, not in a burst that would fire an election timeout."""
         if not self._tick_queued and not self._stopping.is_set():
             self._tick_queued = True
+            self._ticks_due = ticks
             self._inbox.put(_TICK)
 
     def _on_answer(self, answer: Message | None) -> None:
@@ -525,7 +527,8 @@ class RaftConsensus:
                 for done in batch:
                     if done is _TICK:
                         self._tick_queued = False
-                        self._tick_unlocked()
+                        for _ in range(self._ticks_due):
+                            self._tick_unlocked()
                         continue
                     if isinstance(done, Message):  # a peer's answer
                         if self._failure is None and not self._stopping.is_set():

@@ -123,7 +123,10 @@ class TabletServer:
             max_batch_rows=s.max_batch_rows,
         )
         s.data_dir.mkdir(parents=True, exist_ok=True)
-        self.ticker = Ticker(options.consensus.tick_interval_s)
+        # Every heartbeat's worth of ticks at once: see consensus.ticker.
+        self.ticker = Ticker(
+            options.consensus.tick_interval_s, ticks_per_call=options.consensus.heartbeat_ticks
+        )
         # A follower answers an append once it is durable: the deadline covers its fsync.
         peer_timeout_s = options.consensus.request_timeout_s + 5.0
         if s.consensus_transport == "stream":

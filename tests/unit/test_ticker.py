@@ -16,39 +16,52 @@ from tests.waiting import wait_for
 def test_every_registered_callback_gets_each_tick_until_unregistered() -> None:
     ticker = ManualTicker()
     seen: list[str] = []
-    stop_a = ticker.register(lambda: seen.append("a"))
-    ticker.register(lambda: seen.append("b"))
+    stop_a = ticker.register(lambda n: seen.append("a" * n))
+    ticker.register(lambda n: seen.append("b" * n))
     ticker.tick()
     stop_a()
     ticker.tick()
     assert seen == ["a", "b", "b"]
+    batched = ManualTicker(ticks_per_call=3)
+    batched.register(lambda n: seen.append("c" * n))
+    batched.tick()
+    assert seen[-1] == "ccc"
 
 
 def test_a_failing_callback_does_not_starve_the_others() -> None:
     ticker = ManualTicker()
     seen: list[int] = []
 
-    def broken() -> None:
+    def broken(_: int) -> None:
         raise RuntimeError("replica gone")
 
     ticker.register(broken)
-    ticker.register(lambda: seen.append(1))
+    ticker.register(seen.append)
     ticker.tick()
     assert seen == [1]
 
 
 def test_a_wall_clock_ticker_ticks_on_its_own_thread() -> None:
-    ticker = Ticker(0.001)
-    ticks = threading.Semaphore(0)
-    ticker.register(ticks.release)
+    ticker = Ticker(0.001, ticks_per_call=3)
+    calls = threading.Semaphore(0)
+    counts: list[int] = []
+
+    def on_tick(n: int) -> None:
+        counts.append(n)
+        calls.release()
+
+    ticker.register(on_tick)
     ticker.start()
     try:
         for _ in range(3):
-            assert ticks.acquire(timeout=10)
+            assert calls.acquire(timeout=10)
     finally:
         ticker.stop()
+    assert set(counts) == {3}  # three ticks per call, every third interval
     with pytest.raises(ValueError, match="positive"):
         Ticker(0)
+    with pytest.raises(ValueError, match="at least 1"):
+        Ticker(0.1, ticks_per_call=0)
 
 
 def test_replicas_on_a_manual_ticker_elect_only_as_the_test_ticks(tmp_path: Path) -> None:
