@@ -1,13 +1,16 @@
 """One tablet replica on this server: its store, its Raft group, and its write path.
 
-Threads (DESIGN.md §2):
+Threads:
 - service threads call ``write``/``scan``.  ``write`` admits the request (exactly-once),
-  binds the term with ONE lock-free read (``check_leadership_and_bind_term``), validates
-  the rows, queues the op for the prepare worker and RETURNS; the call is answered later.
-- the prepare worker (one per tablet) takes every queued op, and replicates them in one
-  ``replicate`` call per bound term: under the consensus lock, where it may wait for room
-  in the WAL's group-commit queue.  No row locks are taken: every replica applies entries
-  serially in log order, so concurrent writes to one row are already ordered by the log.
+  binds the term with ONE lock-free read (``check_leadership_and_bind_term``), queues the
+  op for the prepare worker and RETURNS; the call is answered later.  That is all a service
+  thread does for a write, so the bounded service pool drains as fast as calls arrive.
+- the prepare worker (one per tablet) takes every queued op, decodes and validates its rows
+  (as Kudu's prepare phase does; a write whose every row is invalid is answered there and
+  never replicated), and replicates the rest in one ``replicate`` call per bound term:
+  under the consensus lock, where it may wait for room in the WAL's group-commit queue.
+  No row locks are taken: every replica applies entries serially in log order, so
+  concurrent writes to one row are already ordered by the log.
 - the apply worker (one per tablet) applies committed entries -- one store transaction per
   batch, the applied index and request outcomes in the same transaction -- reports the
   applied index to consensus, and answers the waiting calls.  Followers apply too, and
@@ -86,7 +89,7 @@ class ReplicaOptions:
 class _PendingWrite:
     key: RequestKey
     term: int
-    data: bytes
+    request: tablet_pb2.WriteRequest
 
 
 class _ReplicaMetrics:
@@ -269,17 +272,10 @@ class TabletReplica:
                         key, _response(record.index, record.term, record.row_errors)
                     )
                     return
-            _, row_errors = decode_row_ops(self.schema, request.ops)
-            if len(row_errors) == n:  # nothing to apply: answer without replicating
-                self.tracker.complete(key, _response(0, term, row_errors))
-                return
-            data = tablet_pb2.WriteOperationPB(
-                request_id=request.request_id, ops=request.ops
-            ).SerializeToString()
         except BaseException as exc:
             self.tracker.abort(key, exc)
             return
-        self._prepare_q.put(_PendingWrite(key, term, data))
+        self._prepare_q.put(_PendingWrite(key, term, request))
 
     def _run_prepare(self) -> None:
         while True:
@@ -298,15 +294,34 @@ class TabletReplica:
                     break
                 batch.append(more)
             ops = [op for op in batch if isinstance(op, _PendingWrite)]
-            for _, group_iter in itertools.groupby(ops, key=lambda op: op.term):
+            datas = [self._encode(op) for op in ops]
+            valid = [(op, data) for op, data in zip(ops, datas, strict=True) if data is not None]
+            for _, group_iter in itertools.groupby(valid, key=lambda pair: pair[0].term):
                 self._replicate(list(group_iter))
             if stop:
                 return
 
-    def _replicate(self, ops: list[_PendingWrite]) -> None:
+    def _encode(self, op: _PendingWrite) -> bytes | None:
+        """The entry payload of ``op``, or None if it was answered here: every row invalid
+        (nothing to apply), or the request could not be decoded."""
+        request = op.request
+        try:
+            _, row_errors = decode_row_ops(self.schema, request.ops)
+            if len(row_errors) == len(request.ops):  # answer without replicating
+                self.tracker.complete(op.key, _response(0, op.term, row_errors))
+                return None
+            return tablet_pb2.WriteOperationPB(
+                request_id=request.request_id, ops=request.ops
+            ).SerializeToString()
+        except Exception as exc:
+            self.tracker.abort(op.key, exc)
+            return None
+
+    def _replicate(self, pairs: list[tuple[_PendingWrite, bytes]]) -> None:
+        ops = [op for op, _ in pairs]
         start = time.perf_counter()
         try:
-            entries = self.consensus.replicate([op.data for op in ops], ops[0].term)
+            entries = self.consensus.replicate([data for _, data in pairs], ops[0].term)
         except (ProposalDropped, ServiceUnavailable) as exc:
             for op in ops:
                 self.tracker.abort(op.key, exc)
