@@ -64,6 +64,7 @@ from raftlet.client.aio_meta import AsyncMetaCache
 from raftlet.client.aio_rpc import AsyncRpcContext, call_tablet_async
 from raftlet.client.channels import CHANNEL_OPTIONS
 from raftlet.client.client import parse_seeds, seeds_from_config
+from raftlet.client.cluster_accessors import ClusterAccessors
 from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError
 from raftlet.client.meta_cache import ServerInfo
 from raftlet.client.request_tracker import RequestTracker
@@ -78,7 +79,6 @@ from raftlet.client.write_batch import (
 )
 from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.schema.rows import OpType
-from raftlet.schema.schema import Schema
 
 __all__ = ["AsyncClient"]
 
@@ -112,7 +112,7 @@ class _Connecting:
             await self._client.close()
 
 
-class AsyncClient:
+class AsyncClient(ClusterAccessors[AsyncMetaCache]):
     def __init__(
         self,
         seeds: str | Sequence[str],
@@ -180,29 +180,7 @@ class AsyncClient:
         await self._meta.load(self._rpc.clock() + self.timeout_s, self.timeout_s)
         return self
 
-    # --- the cluster -----------------------------------------------------------------------
-
-    @property
-    def client_id(self) -> str:
-        """Scopes this client's write request ids (a fresh uuid per client)."""
-        return self._tracker.client_id
-
-    @property
-    def seeds(self) -> list[str]:
-        return list(self._seeds)
-
-    def tables(self) -> list[str]:
-        return list(self._meta.view.tables)
-
-    def schema(self, table: str) -> Schema:
-        return self._meta.table(table).schema
-
-    def tablets(self, table: str) -> list[str]:
-        """The table's tablet ids, by partition."""
-        return list(self._meta.table(table).tablet_ids)
-
-    def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
-        return self._meta.tablet_for(table, row)
+    # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: inherited) ---
 
     def replicas(self, tablet_id: str) -> tuple[str, ...]:
         return self._meta.tablet(tablet_id).replicas

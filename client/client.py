@@ -30,6 +30,7 @@ from typing import Any
 from tenacity.wait import wait_base
 
 from raftlet.client.channels import CHANNEL_OPTIONS, ChannelPool, ServerStub
+from raftlet.client.cluster_accessors import ClusterAccessors
 from raftlet.client.errors import ClientClosed, InvalidArgument
 from raftlet.client.meta_cache import MetaCache, ServerInfo
 from raftlet.client.request_tracker import RequestTracker
@@ -40,7 +41,6 @@ from raftlet.client.session import FlushMode, Session
 from raftlet.client.stats import ClientStats, StatsRecorder
 from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.schema.predicates import Predicate
-from raftlet.schema.schema import Schema
 
 __all__ = ["Client", "parse_seeds", "seeds_from_config"]
 
@@ -77,7 +77,7 @@ def seeds_from_config(path: str | os.PathLike[str]) -> list[str]:
     return addrs
 
 
-class Client:
+class Client(ClusterAccessors[MetaCache]):
     def __init__(
         self,
         seeds: str | Sequence[str],
@@ -131,31 +131,7 @@ class Client:
         addresses are the seeds; everything else is fetched from them)."""
         return cls(seeds_from_config(path), **kwargs)
 
-    # --- the cluster -----------------------------------------------------------------------
-
-    @property
-    def client_id(self) -> str:
-        """Scopes this client's write request ids (a fresh uuid per client)."""
-        return self._tracker.client_id
-
-    @property
-    def seeds(self) -> list[str]:
-        return list(self._seeds)
-
-    def tables(self) -> list[str]:
-        return list(self._meta.view.tables)
-
-    def schema(self, table: str) -> Schema:
-        return self._meta.table(table).schema
-
-    def tablets(self, table: str) -> list[str]:
-        """The table's tablet ids, by partition."""
-        return list(self._meta.table(table).tablet_ids)
-
-    def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
-        """The tablet holding ``row`` (needs its key columns): the server's own hash
-        partitioning (``schema.partition_for_key``)."""
-        return self._meta.tablet_for(table, row)
+    # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: inherited) ---
 
     def replicas(self, tablet_id: str) -> tuple[str, ...]:
         """The uuids of the servers hosting ``tablet_id``."""

@@ -52,6 +52,7 @@ __all__ = [
     "ChannelPool",
     "ConsensusRequestHandler",
     "GrpcTransport",
+    "log_unsendable",
     "server_options",
 ]
 
@@ -148,6 +149,19 @@ class ChannelPool:
             channel.close()
 
 
+def log_unsendable(tablet_id: str, message: Message, exc: Exception, *, closed: bool) -> None:
+    """A message a transport could not send: a warning, unless the transport is closed --
+    then it is the normal end of a replica's traffic, not news."""
+    logger.log(
+        logging.DEBUG if closed else logging.WARNING,
+        "%s: cannot send %s to %s: %s",
+        tablet_id,
+        message.type.value,
+        message.dst,
+        exc,
+    )
+
+
 class GrpcTransport:
     """The ``Transport`` of one tablet replica over a server's shared ``ChannelPool``.
 
@@ -179,16 +193,7 @@ class GrpcTransport:
             request = encode_request(message, self.tablet_id)
             future = self._call(message, request)
         except Exception as exc:  # unknown peer, closed pool/transport, unencodable message
-            # After close() this is the normal end of a replica's senders, not news.
-            level = logging.DEBUG if self._closed else logging.WARNING
-            logger.log(
-                level,
-                "%s: cannot send %s to %s: %s",
-                self.tablet_id,
-                message.type.value,
-                message.dst,
-                exc,
-            )
+            log_unsendable(self.tablet_id, message, exc, closed=self._closed)
             on_response(None)
             return
         future.add_done_callback(lambda f: self._done(message, f, on_response))

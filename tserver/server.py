@@ -52,7 +52,8 @@ from raftlet.tserver.consensus_rpc import (
     GrpcTransport,
     server_options,
 )
-from raftlet.tserver.consensus_stream import StreamHub, StreamSession
+from raftlet.tserver.consensus_stream import StreamHub
+from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import InvalidRequest, TabletNotFound
 from raftlet.tserver.flags import FlagError, FlagRegistry, ServerSettings
 from raftlet.tserver.malformed import MalformedRequestInterceptor

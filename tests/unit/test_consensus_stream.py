@@ -17,7 +17,8 @@ from raftlet.consensus.core import Entry, Message, MessageType
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.proto import consensus_pb2_grpc
 from raftlet.tserver.consensus_codec import update_request_from_message
-from raftlet.tserver.consensus_stream import StreamHub, StreamSession, encode_item
+from raftlet.tserver.consensus_stream import StreamHub, encode_item
+from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import TabletNotFound
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 from tests.waiting import wait_for

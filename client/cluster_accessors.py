@@ -1,0 +1,45 @@
+"""What both clients (threaded ``Client`` and asyncio ``AsyncClient``) answer about the
+cluster from their meta cache, without I/O: one implementation, inherited by both."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Generic, TypeVar
+
+from raftlet.client.meta_cache import MetaState
+from raftlet.client.request_tracker import RequestTracker
+from raftlet.schema import Schema
+
+__all__ = ["ClusterAccessors"]
+
+Meta = TypeVar("Meta", bound=MetaState)
+
+
+class ClusterAccessors(Generic[Meta]):
+    _tracker: RequestTracker
+    _seeds: list[str]
+    _meta: Meta
+
+    @property
+    def client_id(self) -> str:
+        """Scopes this client's write request ids (a fresh uuid per client)."""
+        return self._tracker.client_id
+
+    @property
+    def seeds(self) -> list[str]:
+        return list(self._seeds)
+
+    def tables(self) -> list[str]:
+        return list(self._meta.view.tables)
+
+    def schema(self, table: str) -> Schema:
+        return self._meta.table(table).schema
+
+    def tablets(self, table: str) -> list[str]:
+        """The table's tablet ids, by partition."""
+        return list(self._meta.table(table).tablet_ids)
+
+    def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
+        """The tablet holding ``row`` (needs its key columns): the server's own hash
+        partitioning (``schema.partition_for_key``)."""
+        return self._meta.tablet_for(table, row)
