@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,13 +116,21 @@ class Cluster:
         ]
         return leaders[0] if len(leaders) == 1 else None
 
-    def wait_leader(self, among: Sequence[str] | None = None, timeout: float = 10.0) -> Replica:
-        def elected() -> bool:
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = 30.0, what: str = ""
+    ) -> None:
+        """``tests.waiting.wait_for``, ticking the cluster's ManualTicker once per poll: time
+        passes only while the test waits for something, as fast as it looks."""
+
+        def ticked() -> bool:
             if self.ticker is not None:
                 self.ticker.tick()
-            return self.leader(among) is not None
+            return predicate()
 
-        wait_for(elected, timeout, "a single ready leader")
+        wait_for(ticked, timeout, what)
+
+    def wait_leader(self, among: Sequence[str] | None = None, timeout: float = 10.0) -> Replica:
+        self.wait_for(lambda: self.leader(among) is not None, timeout, "a single ready leader")
         leader = self.leader(among)
         assert leader is not None
         return leader

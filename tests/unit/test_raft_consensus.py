@@ -12,12 +12,14 @@ import pytest
 from raftlet.consensus.core import NotLeader, Role, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
 from raftlet.consensus.ticker import ManualTicker
-from tests.unit.consensus_cluster import Cluster, wait_for
+from tests.unit.consensus_cluster import Cluster
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+    # The test is the clock: ticks pass only while it waits (Cluster.wait_for), so no test
+    # races a wall-clock election timeout on a loaded machine.
+    c = Cluster(tmp_path, ticker=ManualTicker())
     yield c
     c.close()
 
@@ -29,7 +31,7 @@ def test_elects_one_leader_and_replicates_to_every_replica(cluster: Cluster) -> 
         leader.consensus.replicate([b"row-%d" % i], term)
     want = [b"row-%d" % i for i in range(20)]
     for r in cluster.replicas.values():
-        wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 20")
+        cluster.wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 20")
     followers = [r for r in cluster.replicas.values() if r is not leader]
     for f in followers:
         with pytest.raises(NotLeader) as err:
@@ -88,7 +90,7 @@ def test_a_write_bound_to_an_old_term_is_refused_after_leadership_moves(cluster:
     stale_term = leader.consensus.check_leadership_and_bind_term()
     target = leader.consensus.step_down()
     assert target != leader.node_id
-    wait_for(lambda: getattr(cluster.leader(), "node_id", None) == target, what="transfer")
+    cluster.wait_for(lambda: getattr(cluster.leader(), "node_id", None) == target, what="transfer")
     new = cluster.replicas[target]
     new_term = new.consensus.check_leadership_and_bind_term()
     assert new_term > stale_term
@@ -98,7 +100,7 @@ def test_a_write_bound_to_an_old_term_is_refused_after_leadership_moves(cluster:
         leader.consensus.replicate([b"late"], stale_term)
     new.consensus.replicate([b"fresh"], new_term)
     for r in cluster.replicas.values():
-        wait_for(lambda r=r: r.data() == [b"fresh"], what=f"{r.node_id} applies")
+        cluster.wait_for(lambda r=r: r.data() == [b"fresh"], what=f"{r.node_id} applies")
 
 
 def test_an_isolated_leader_steps_down_and_the_majority_elects_another(
@@ -110,14 +112,14 @@ def test_an_isolated_leader_steps_down_and_the_majority_elects_another(
         cluster.transport.cut(leader.node_id, o)
     new = cluster.wait_leader(among=others)
     # Check-quorum: the old leader's published snapshot stops claiming leadership.
-    wait_for(lambda: leader.consensus.snapshot.role is not Role.LEADER, what="step-down")
+    cluster.wait_for(lambda: leader.consensus.snapshot.role is not Role.LEADER, what="step-down")
     with pytest.raises(NotLeader):
         leader.consensus.check_leadership_and_bind_term()
     cluster.transport.heal()
     term = new.consensus.check_leadership_and_bind_term()
     new.consensus.replicate([b"healed"], term)
     for r in cluster.replicas.values():
-        wait_for(lambda r=r: r.data() == [b"healed"], what=f"{r.node_id} converges")
+        cluster.wait_for(lambda r=r: r.data() == [b"healed"], what=f"{r.node_id} converges")
 
 
 def test_failover_keeps_every_committed_entry(cluster: Cluster) -> None:
@@ -125,7 +127,7 @@ def test_failover_keeps_every_committed_entry(cluster: Cluster) -> None:
     term = leader.consensus.check_leadership_and_bind_term()
     for i in range(10):
         leader.consensus.replicate([b"before-%d" % i], term)
-    wait_for(lambda: all(len(r.data()) == 10 for r in cluster.replicas.values()))
+    cluster.wait_for(lambda: all(len(r.data()) == 10 for r in cluster.replicas.values()))
     cluster.crash(leader.node_id)
     new = cluster.wait_leader()
     assert new.node_id != leader.node_id
@@ -134,21 +136,21 @@ def test_failover_keeps_every_committed_entry(cluster: Cluster) -> None:
     cluster.open(leader.node_id)
     want = [b"before-%d" % i for i in range(10)] + [b"after"]
     for r in cluster.replicas.values():
-        wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} catches up")
+        cluster.wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} catches up")
 
 
 def test_whole_cluster_restart_recovers_from_disk(cluster: Cluster) -> None:
     leader = cluster.wait_leader()
     term = leader.consensus.check_leadership_and_bind_term()
     leader.consensus.replicate([b"x", b"y"], term)
-    wait_for(lambda: all(r.data() == [b"x", b"y"] for r in cluster.replicas.values()))
+    cluster.wait_for(lambda: all(r.data() == [b"x", b"y"] for r in cluster.replicas.values()))
     for node_id in cluster.ids:
         cluster.crash(node_id)
     for node_id in cluster.ids:
         cluster.open(node_id)
     cluster.wait_leader()
     for r in cluster.replicas.values():
-        wait_for(lambda r=r: r.data() == [b"x", b"y"], what=f"{r.node_id} replays")
+        cluster.wait_for(lambda r=r: r.data() == [b"x", b"y"], what=f"{r.node_id} replays")
 
 
 def test_leader_not_ready_is_retriable() -> None:
@@ -194,10 +196,10 @@ def test_followers_save_consensus_metadata_only_when_term_or_vote_change(
     for i in range(8):
         leader.consensus.replicate([b"row-%d" % i], term)
     want = [b"row-%d" % i for i in range(8)]
-    wait_for(lambda: leader.data() == want, what="the leader applies all 8")
+    cluster.wait_for(lambda: leader.data() == want, what="the leader applies all 8")
     cluster.transport.heal()
     for r in cluster.replicas.values():
-        wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 8")
+        cluster.wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 8")
     if leader.consensus.snapshot.term == term:  # no election happened meanwhile
         assert all(log == [] for log in saves.values()), saves
 
@@ -242,7 +244,7 @@ def test_a_peer_request_is_answered_from_the_durability_callback(
     monkeypatch.setattr(follower.storage, "append_async", real_append)
     for release in held:
         release()  # type: ignore[operator]
-    wait_for(lambda: len(answers) == 1, what="the answer after durability")
+    cluster.wait_for(lambda: len(answers) == 1, what="the answer after durability")
     (answer,) = answers
     assert answer is not None
     assert answer.type is MessageType.APPEND_RESPONSE

@@ -10,7 +10,6 @@ import pytest
 from raftlet.consensus.core import Role
 from raftlet.consensus.ticker import ManualTicker, Ticker
 from tests.unit.consensus_cluster import Cluster
-from tests.waiting import wait_for
 
 
 def test_every_registered_callback_gets_each_tick_until_unregistered() -> None:
@@ -76,11 +75,9 @@ def test_replicas_on_a_manual_ticker_elect_only_as_the_test_ticks(tmp_path: Path
         assert len(cluster.ticker._callbacks) == 3  # type: ignore[union-attr]  # one source, all
         term = leader.consensus.check_leadership_and_bind_term()
         leader.consensus.replicate([b"x"], term)
-        def everyone_applied() -> bool:
-            # Heartbeats, one per tick, carry the commit index to the followers.
-            cluster.ticker.tick()  # type: ignore[union-attr]
-            return all(r.data() == [b"x"] for r in cluster.replicas.values())
-
-        wait_for(everyone_applied, what="every replica applies the entry")
+        cluster.wait_for(  # heartbeats, one per tick, carry the commit index to followers
+            lambda: all(r.data() == [b"x"] for r in cluster.replicas.values()),
+            what="every replica applies the entry",
+        )
     finally:
         cluster.close()
