@@ -5,12 +5,13 @@ and bad requests."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from raftlet.consensus.core import NotLeader
+from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
@@ -55,8 +56,12 @@ class Call:
 
 
 class Tablet:
+    """Three replicas of one tablet over an in-memory transport.  The test is the clock:
+    ticks pass only while it waits (``wait_for``), so no wall-clock election races it."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.ticker = ManualTicker()
         self.transport = InMemoryTransport()
         self.replicas: dict[str, TabletReplica] = {}
         for node in IDS:
@@ -73,6 +78,7 @@ class Tablet:
             schema=SCHEMA,
             transport=self.transport,
             options=ReplicaOptions(consensus=FAST),
+            ticker=self.ticker,
         )
         self.transport.register(node, r.consensus.handle_request)
         r.start()
@@ -88,8 +94,15 @@ class Tablet:
             leaders = [r for r in self.replicas.values() if r.consensus.snapshot.leader_ready]
             return len(leaders) == 1
 
-        wait_for(ready, what="a ready leader")
+        self.wait_for(ready, what="a ready leader")
         return next(r for r in self.replicas.values() if r.consensus.snapshot.leader_ready)
+
+    def wait_for(self, predicate: Callable[[], bool], what: str = "") -> None:
+        def ticked() -> bool:
+            self.ticker.tick()
+            return predicate()
+
+        wait_for(ticked, what=what)
 
     def close(self) -> None:
         for node in list(self.replicas):
@@ -105,7 +118,10 @@ def tablet(tmp_path: Path) -> Iterator[Tablet]:
 
 
 def write(
-    keys: list[int], client: str = "", seq: int = 0, first_incomplete: int = 0,
+    keys: list[int],
+    client: str = "",
+    seq: int = 0,
+    first_incomplete: int = 0,
     op: OpType = OpType.INSERT,
 ) -> tablet_pb2.WriteRequest:
     req = tablet_pb2.WriteRequest(tablet_id="kv-p0")
@@ -134,7 +150,7 @@ def test_concurrent_writes_apply_on_every_replica(tablet: Tablet) -> None:
     for call in calls:
         assert not call.result().row_errors
     for r in tablet.replicas.values():
-        wait_for(lambda r=r: keys_on(r) == list(range(1, 51)), what=f"{r.server_id} applies")
+        tablet.wait_for(lambda r=r: keys_on(r) == list(range(1, 51)), what=f"{r.server_id} applies")
 
 
 def test_row_errors_come_back_per_row(tablet: Tablet) -> None:
@@ -175,7 +191,7 @@ def test_a_retry_at_the_new_leader_after_failover_is_not_applied_again(tablet: T
     leader = tablet.leader()
     original = send(leader, write([7], "c9", 3)).result()
     for r in tablet.replicas.values():
-        wait_for(lambda r=r: keys_on(r) == [7])
+        tablet.wait_for(lambda r=r: keys_on(r) == [7])
     tablet.stop(leader.server_id)
     new = tablet.leader()
     retry = send(new, write([7], "c9", 3)).result()
@@ -204,7 +220,9 @@ def test_restart_of_every_replica_keeps_acknowledged_rows(tablet: Tablet) -> Non
         tablet.open(node)
     leader = tablet.leader()
     for r in tablet.replicas.values():
-        wait_for(lambda r=r: keys_on(r) == list(range(1, 11)), what=f"{r.server_id} recovers")
+        tablet.wait_for(
+            lambda r=r: keys_on(r) == list(range(1, 11)), what=f"{r.server_id} recovers"
+        )
     scan = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], limit=4))
     assert [row.values[0].int_value for row in scan.rows] == [1, 2, 3, 4]
     assert scan.has_more
