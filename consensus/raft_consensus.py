@@ -231,7 +231,9 @@ class RaftConsensus:
         self._ticker = ticker or Ticker(opts.tick_interval_s, name=f"raft-timer:{group_id}")
         self._unregister_tick: Callable[[], None] | None = None
         self._tick_queued = False
-        self._ticks_due = 1
+        # Ticks that passed and were not yet stepped (see _on_tick); under _tick_lock.
+        self._tick_lock = threading.Lock()
+        self._pending_ticks = 0
         self._ticks = 0
         self._started = False
 
@@ -301,6 +303,7 @@ class RaftConsensus:
         if self._failure is not None:
             raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
         with self._lock:
+            self._step_ticks_unlocked()
             entries = self._node.propose_batch(datas, expected_term=bound_term)
             self._process_ready_unlocked()
         return entries
@@ -313,6 +316,7 @@ class RaftConsensus:
     def step_down(self, new_leader: str = NO_NODE) -> str:
         """Hand leadership to ``new_leader``, or to the most caught-up follower."""
         with self._lock:
+            self._step_ticks_unlocked()
             status = self._node.status()
             if status.soft_state.role is not Role.LEADER:
                 raise NotLeader(status.soft_state.leader_id, status.soft_state.term)
@@ -354,6 +358,7 @@ class RaftConsensus:
             reply(None)
             return
         with self._lock:
+            self._step_ticks_unlocked()
             self._node.step(message)
             outcome = self._process_ready_unlocked(answer_to=message.src, reply=reply)
         if outcome is _NO_ANSWER:
@@ -366,13 +371,36 @@ class RaftConsensus:
         self._transport.send(message, self._on_answer)
 
     def _on_tick(self, ticks: int) -> None:
-        """The ticker's thread: queue ``ticks`` for the worker, unless ticks are already
-        queued.  A worker held up (a slow WAL holding the lock) then ticks as much as one
-        call once it gets to it, not in a burst that would fire an election timeout."""
-        if not self._tick_queued and not self._stopping.is_set():
+        """The ticker's thread: count ``ticks`` as passed, and wake the worker to step them
+        only when they may do something now.
+
+        A leader or candidate must act on its ticks (heartbeats, check-quorum, election
+        retries).  A follower's ticks only bring its election timeout closer, and every
+        message it steps steps the ticks counted so far first (``_step_ticks_unlocked``,
+        so they keep their order with the leader's heartbeats); its worker is woken only
+        once a whole election timeout's worth has passed without one, when it may have to
+        campaign.  So a healthy follower costs no wake-up per tick.  Ticks beyond one call's
+        worth are dropped while a wake-up is pending: a worker held up (a slow WAL holding
+        the lock) then ticks as much as one call, not a burst that fires an election."""
+        if self._stopping.is_set():
+            return
+        with self._tick_lock:
+            if self._tick_queued:
+                return
+            self._pending_ticks += ticks
+            pending = self._pending_ticks
+        role = self._snapshot.role
+        if role is not Role.FOLLOWER or pending >= self.options.election_ticks:
             self._tick_queued = True
-            self._ticks_due = ticks
             self._inbox.put(_TICK)
+
+    def _step_ticks_unlocked(self) -> None:
+        """Step the ticks that passed since the last step.  Caller holds ``_lock``, before
+        it steps anything else."""
+        with self._tick_lock:
+            ticks, self._pending_ticks = self._pending_ticks, 0
+        for _ in range(ticks):
+            self._tick_unlocked()
 
     def _on_answer(self, answer: Message | None) -> None:
         """A peer's answer to something we sent, from any transport thread: queued for the
@@ -527,11 +555,11 @@ class RaftConsensus:
                 for done in batch:
                     if done is _TICK:
                         self._tick_queued = False
-                        for _ in range(self._ticks_due):
-                            self._tick_unlocked()
+                        self._step_ticks_unlocked()
                         continue
                     if isinstance(done, Message):  # a peer's answer
                         if self._failure is None and not self._stopping.is_set():
+                            self._step_ticks_unlocked()
                             self._node.step(done)
                         continue
                     assert isinstance(done, _Durable)

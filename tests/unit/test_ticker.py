@@ -81,3 +81,36 @@ def test_replicas_on_a_manual_ticker_elect_only_as_the_test_ticks(tmp_path: Path
         )
     finally:
         cluster.close()
+
+
+def test_a_follower_steps_its_ticks_with_its_next_message_not_one_by_one(
+    tmp_path: Path,
+) -> None:
+    """A follower's worker is not woken per tick: ticks are counted, and stepped before the
+    next message it steps (a heartbeat), or once an election timeout's worth has passed."""
+    cluster = Cluster(tmp_path, ticker=ManualTicker())
+    try:
+        leader = cluster.wait_leader()
+        follower = next(r for r in cluster.replicas.values() if r is not leader)
+        consensus = follower.consensus
+        for other in cluster.replicas:
+            if other != follower.node_id:
+                cluster.transport.cut(follower.node_id, other)
+        ticker = cluster.ticker
+        assert ticker is not None
+        # Let the worker finish what it may still be doing, then count from a quiet state.
+        cluster.wait_for(lambda: not consensus._tick_queued, what="no tick queued")
+        stepped = consensus._ticks
+        with consensus._tick_lock:
+            consensus._pending_ticks = 0
+        election_ticks = consensus.options.election_ticks
+        for _ in range(election_ticks - 1):
+            ticker.tick()
+        assert consensus._pending_ticks == election_ticks - 1
+        assert consensus._ticks == stepped  # counted, not stepped: the worker slept
+        ticker.tick()  # a whole election timeout without the leader: wake up, maybe campaign
+        cluster.wait_for(
+            lambda: consensus._ticks >= stepped + election_ticks, what="the ticks stepped"
+        )
+    finally:
+        cluster.close()
