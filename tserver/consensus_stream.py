@@ -75,7 +75,7 @@ def _varint(value: int) -> bytes:
 
 def encode_item(seq: int, request: Any) -> bytes:
     """One ``ConsensusItemPB`` holding ``request``, as the bytes of a frame's ``items`` entry."""
-    body = request.SerializeToString()
+    body: bytes = request.SerializeToString()
     field = _ITEM_FIELD[type(request)]
     item = _SEQ_TAG + _varint(seq) + bytes([field << 3 | 2]) + _varint(len(body)) + body
     return _FRAME_ITEMS_TAG + _varint(len(item)) + item
@@ -106,6 +106,7 @@ class _PeerStream:
         self._wake = asyncio.Event()
         self._pending: dict[int, _Pending] = {}  # loop only; insertion order = send order
         self._closed = False
+        self._sweeper: asyncio.TimerHandle | None = None  # while a stream is open
         self._task = hub.loop.create_task(self._run(), name=f"consensus-stream:{addr}")
 
     # --- any thread ----------------------------------------------------------------------
@@ -157,25 +158,35 @@ class _PeerStream:
         """Open a stream and use it until it breaks; returns whether any answer came back."""
         call = self._hub.open_stream(self.addr)
         reader = asyncio.ensure_future(self._read(call))
+        # One event wakes this loop for everything: new requests (send), the reader ending,
+        # and a periodic look for overdue answers -- no task is made per frame.
+        reader.add_done_callback(lambda _: self._wake.set())
+        self._sweeper = self._hub.loop.call_later(_SWEEP_INTERVAL_S, self._sweep_soon)
         try:
             while not self._closed:
+                self._wake.clear()
                 items = self._take()
                 if items:
                     await call.write(b"".join(items))
                 self._sweep()
                 if reader.done():
                     break
-                waker = asyncio.ensure_future(self._wait_for_work())
-                await asyncio.wait({reader, waker}, return_when=asyncio.FIRST_COMPLETED)
-                waker.cancel()
+                if not self._outbox:
+                    await self._wake.wait()
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             logger.debug("consensus stream to %s: %s", self.addr, exc)
         finally:
+            self._sweeper.cancel()
             answered = reader.done() and not reader.cancelled() and reader.result()
             reader.cancel()
             call.cancel()
             self._fail_all()
         return bool(answered)
+
+    def _sweep_soon(self) -> None:
+        """Loop timer: wake the stream's loop to drop overdue requests, every interval."""
+        self._wake.set()
+        self._sweeper = self._hub.loop.call_later(_SWEEP_INTERVAL_S, self._sweep_soon)
 
     def _take(self) -> list[bytes]:
         with self._lock:
