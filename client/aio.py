@@ -64,12 +64,12 @@ from raftlet.client.aio_meta import AsyncMetaCache
 from raftlet.client.aio_rpc import AsyncRpcContext, call_tablet_async
 from raftlet.client.channels import CHANNEL_OPTIONS
 from raftlet.client.client import parse_seeds, seeds_from_config
-from raftlet.client.cluster_accessors import ClusterAccessors
-from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError
+from raftlet.client.client_base import ClientBase
+from raftlet.client.errors import InvalidArgument, RaftletError, RowError
 from raftlet.client.meta_cache import ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
-from raftlet.client.stats import ClientStats, StatsRecorder
+from raftlet.client.stats import StatsRecorder
 from raftlet.client.write_batch import (
     Operation,
     batch_errors,
@@ -112,7 +112,7 @@ class _Connecting:
             await self._client.close()
 
 
-class AsyncClient(ClusterAccessors[AsyncMetaCache]):
+class AsyncClient(ClientBase[AsyncMetaCache]):
     def __init__(
         self,
         seeds: str | Sequence[str],
@@ -180,7 +180,7 @@ class AsyncClient(ClusterAccessors[AsyncMetaCache]):
         await self._meta.load(self._rpc.clock() + self.timeout_s, self.timeout_s)
         return self
 
-    # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: inherited) ---
+    # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: client_base) --
 
     def replicas(self, tablet_id: str) -> tuple[str, ...]:
         return self._meta.tablet(tablet_id).replicas
@@ -342,17 +342,7 @@ class AsyncClient(ClusterAccessors[AsyncMetaCache]):
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    @property
-    def stats(self) -> ClientStats:
-        return self._stats.snapshot()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientClosed("the client is closed")
+    # stats, closed and _check_open: inherited (client_base)
 
     async def close(self) -> None:
         """Close the channels (idempotent); later calls raise ``ClientClosed``."""

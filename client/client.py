@@ -30,15 +30,15 @@ from typing import Any
 from tenacity.wait import wait_base
 
 from raftlet.client.channels import CHANNEL_OPTIONS, ChannelPool, ServerStub
-from raftlet.client.cluster_accessors import ClusterAccessors
-from raftlet.client.errors import ClientClosed, InvalidArgument
+from raftlet.client.client_base import ClientBase
+from raftlet.client.errors import InvalidArgument
 from raftlet.client.meta_cache import MetaCache, ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.client.scanner import ReadMode, Scanner
 from raftlet.client.session import FlushMode, Session
-from raftlet.client.stats import ClientStats, StatsRecorder
+from raftlet.client.stats import StatsRecorder
 from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.schema.predicates import Predicate
 
@@ -77,7 +77,7 @@ def seeds_from_config(path: str | os.PathLike[str]) -> list[str]:
     return addrs
 
 
-class Client(ClusterAccessors[MetaCache]):
+class Client(ClientBase[MetaCache]):
     def __init__(
         self,
         seeds: str | Sequence[str],
@@ -131,7 +131,7 @@ class Client(ClusterAccessors[MetaCache]):
         addresses are the seeds; everything else is fetched from them)."""
         return cls(seeds_from_config(path), **kwargs)
 
-    # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: inherited) ---
+    # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: client_base) --
 
     def replicas(self, tablet_id: str) -> tuple[str, ...]:
         """The uuids of the servers hosting ``tablet_id``."""
@@ -280,18 +280,7 @@ class Client(ClusterAccessors[MetaCache]):
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    @property
-    def stats(self) -> ClientStats:
-        """A snapshot of the client's counters (see ``client.stats``)."""
-        return self._stats.snapshot()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientClosed("the client is closed")
+    # stats, closed and _check_open: inherited (client_base)
 
     def close(self) -> None:
         """Close every session (flushing it), then the thread pool and the channels."""

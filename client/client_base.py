@@ -1,24 +1,29 @@
-"""What both clients (threaded ``Client`` and asyncio ``AsyncClient``) answer about the
-cluster from their meta cache, without I/O: one implementation, inherited by both."""
+"""What the threaded ``Client`` and the asyncio ``AsyncClient`` share without I/O: what they
+answer about the cluster from their meta cache, their counters and their open/closed state.
+One implementation, inherited by both."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Generic, TypeVar
 
+from raftlet.client.errors import ClientClosed
 from raftlet.client.meta_cache import MetaState
 from raftlet.client.request_tracker import RequestTracker
+from raftlet.client.stats import ClientStats, StatsRecorder
 from raftlet.schema import Schema
 
-__all__ = ["ClusterAccessors"]
+__all__ = ["ClientBase"]
 
 Meta = TypeVar("Meta", bound=MetaState)
 
 
-class ClusterAccessors(Generic[Meta]):
+class ClientBase(Generic[Meta]):
     _tracker: RequestTracker
     _seeds: list[str]
     _meta: Meta
+    _stats: StatsRecorder
+    _closed: bool
 
     @property
     def client_id(self) -> str:
@@ -43,3 +48,16 @@ class ClusterAccessors(Generic[Meta]):
         """The tablet holding ``row`` (needs its key columns): the server's own hash
         partitioning (``schema.partition_for_key``)."""
         return self._meta.tablet_for(table, row)
+
+    @property
+    def stats(self) -> ClientStats:
+        """A snapshot of the client's counters (see ``client.stats``)."""
+        return self._stats.snapshot()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed")
