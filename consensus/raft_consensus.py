@@ -234,6 +234,8 @@ class RaftConsensus:
         # Ticks that passed and were not yet stepped (see _on_tick); under _tick_lock.
         self._tick_lock = threading.Lock()
         self._pending_ticks = 0
+        # Ticks since the last peer message this replica stepped (see _on_tick).
+        self._quiet_ticks = 0
         self._ticks = 0
         self._started = False
 
@@ -359,6 +361,8 @@ class RaftConsensus:
             return
         with self._lock:
             self._step_ticks_unlocked()
+            with self._tick_lock:
+                self._quiet_ticks = 0
             self._node.step(message)
             outcome = self._process_ready_unlocked(answer_to=message.src, reply=reply)
         if outcome is _NO_ANSWER:
@@ -377,20 +381,24 @@ class RaftConsensus:
         A leader or candidate must act on its ticks (heartbeats, check-quorum, election
         retries).  A follower's ticks only bring its election timeout closer, and every
         message it steps steps the ticks counted so far first (``_step_ticks_unlocked``,
-        so they keep their order with the leader's heartbeats); its worker is woken only
-        once a whole election timeout's worth has passed without one, when it may have to
-        campaign.  So a healthy follower costs no wake-up per tick.  Ticks beyond one call's
-        worth are dropped while a wake-up is pending: a worker held up (a slow WAL holding
-        the lock) then ticks as much as one call, not a burst that fires an election."""
+        so they keep their order with the leader's heartbeats).  Its worker is woken only
+        once the shortest election timeout has passed with no message from a peer -- and
+        from then on at every call, so that its randomized timeout fires when it is due
+        (waking it only every election timeout's worth would make every follower campaign
+        at the same moment, and split the votes).  So a healthy follower costs no wake-up
+        per tick.  Ticks beyond one call's worth are dropped while a wake-up is pending: a
+        worker held up (a slow WAL holding the lock) then ticks as much as one call, not a
+        burst that fires an election."""
         if self._stopping.is_set():
             return
         with self._tick_lock:
             if self._tick_queued:
                 return
             self._pending_ticks += ticks
-            pending = self._pending_ticks
+            self._quiet_ticks += ticks
+            quiet = self._quiet_ticks
         role = self._snapshot.role
-        if role is not Role.FOLLOWER or pending >= self.options.election_ticks:
+        if role is not Role.FOLLOWER or quiet >= self.options.election_ticks:
             self._tick_queued = True
             self._inbox.put(_TICK)
 

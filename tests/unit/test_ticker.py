@@ -10,6 +10,7 @@ import pytest
 from raftlet.consensus.core import Role
 from raftlet.consensus.ticker import ManualTicker, Ticker
 from tests.unit.consensus_cluster import Cluster
+from tests.waiting import wait_for
 
 
 def test_every_registered_callback_gets_each_tick_until_unregistered() -> None:
@@ -103,14 +104,18 @@ def test_a_follower_steps_its_ticks_with_its_next_message_not_one_by_one(
         stepped = consensus._ticks
         with consensus._tick_lock:
             consensus._pending_ticks = 0
+            consensus._quiet_ticks = 0
         election_ticks = consensus.options.election_ticks
         for _ in range(election_ticks - 1):
             ticker.tick()
         assert consensus._pending_ticks == election_ticks - 1
         assert consensus._ticks == stepped  # counted, not stepped: the worker slept
-        ticker.tick()  # a whole election timeout without the leader: wake up, maybe campaign
-        cluster.wait_for(
-            lambda: consensus._ticks >= stepped + election_ticks, what="the ticks stepped"
-        )
+        # A whole (shortest) election timeout with no message: from now on the worker steps
+        # every call's ticks, so the randomized timeout fires when it is due.
+        ticker.tick()
+        wait_for(lambda: consensus._ticks == stepped + election_ticks, what="the ticks stepped")
+        for n in range(1, 4):
+            ticker.tick()
+            wait_for(lambda n=n: consensus._ticks == stepped + election_ticks + n, what="a tick")
     finally:
         cluster.close()
