@@ -13,7 +13,7 @@ One ``Client`` per process (or per independent user) is the intended use: it own
 It is thread-safe; sessions are meant to be used by one thread at a time (as in Kudu), but
 guard their own state. ``close()`` closes the sessions (flushing them), then the pool and the
 channels. The client speaks only the wire protocol (``proto``) and shares ``schema`` with the
-server; it never imports ``tserver`` or ``consensus`` (DESIGN.md §1).
+server; it never imports ``tserver`` or ``consensus`` (docs/ARCHITECTURE.md, "Layout").
 """
 
 from __future__ import annotations

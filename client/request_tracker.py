@@ -5,7 +5,7 @@ write RPC takes the next ``seq_no`` (``new_seq_no``) and keeps it — with the s
 ``client_id`` — on every retry, wherever the retry goes; only ``attempt_no`` counts up. The
 server's result tracker answers a retry of a completed request with the stored response and
 attaches a retry of an in-flight one to it, so a write is applied once however often it is
-sent (DESIGN.md §4 "Exactly-once").
+sent (docs/ARCHITECTURE.md, "Exactly-once").
 
 ``first_incomplete_seq_no`` is the lowest seq_no still outstanding (or the next one to be
 handed out when none is): every request carries it, and the server may forget results below

@@ -1,8 +1,8 @@
 """Which failures are retried, where, after how long — and the deadline that bounds it all.
 
 Every failed RPC is first *classified* (``classify``) from its gRPC status and the
-``ServerErrorPB`` the server put in the ``raftlet-error-bin`` trailer (DESIGN.md §6) into a
-``Cause`` and an ``Action``:
+``ServerErrorPB`` the server put in the ``raftlet-error-bin`` trailer (the server's map is
+``tserver.rpc_dispatch.status_for``) into a ``Cause`` and an ``Action``:
 
 =====================  ================================  =================================
 cause                  when                              action

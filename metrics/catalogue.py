@@ -1,4 +1,4 @@
-"""Every metric raftlet exports, declared once (DESIGN.md §5).
+"""Every metric raftlet exports, declared once.
 
 Components instantiate these on their entity — `entity.counter(RPCS_QUEUE_OVERFLOW,
 service="tablet")` — and never declare metrics of their own elsewhere, so this file is the
@@ -223,7 +223,7 @@ PROCESS_CPU_SECONDS = MetricPrototype(
     "CPU time (user + system, all threads) this server process has used since it started",
     entity_type="server",
 )
-# Not in ALL_PROTOTYPES (DESIGN.md's list, what components instantiate): `metrics.process`
+# Not in ALL_PROTOTYPES (what components instantiate): `metrics.process`
 # reads these from the OS whenever /metrics is scraped.
 PROCESS_PROTOTYPES: tuple[MetricPrototype, ...] = (PROCESS_CPU_SECONDS,)
 

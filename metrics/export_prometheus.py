@@ -6,7 +6,7 @@ primitives (striped counters, gauges, histogram snapshots) and builds prometheus
 metric object (Counter, Histogram, …) is ever created or touched by the server's threads.
 
 Exposed names (the contract dashboards and tests rely on; docs/ARCHITECTURE.md lists them):
-- Names are the catalogue's bare names, with no `raftlet_` prefix, so DESIGN.md, the JSON page
+- Names are the catalogue's bare names, with no `raftlet_` prefix, so the docs, the JSON page
   and Prometheus agree.
 - Counters: the text format requires a `_total` sample suffix. prometheus_client strips a
   trailing `_total` from a counter family's name and appends it to the sample, so

@@ -1,6 +1,6 @@
 """The HTTP status server: metrics, thread stacks and health on a port of its own.
 
-Pages (DESIGN.md §4): `/metrics` (Prometheus text, the registry's metrics then the process's
+Pages: `/metrics` (Prometheus text, the registry's metrics then the process's
 CPU time, `metrics.process`), `/metrics.json` (Kudu-style JSON, with
 `?metrics=` and the other filters of `metrics.export_json`), `/stacks` (every thread's stack),
 `/healthz` ("OK"), `/` (the list of pages). Other components add pages with

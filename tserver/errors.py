@@ -2,8 +2,8 @@
 
 Handlers (service threads, prepare and apply workers) raise or `fail()` a call with these;
 `tserver.rpc_dispatch.status_for` is the one place that turns them — and the consensus
-errors — into a gRPC status and a `ServerErrorPB` (DESIGN.md §6). Keeping the mapping out of
-the handlers means a handler never needs to know about gRPC, and a client sees the same
+errors — into a gRPC status and a `ServerErrorPB`. Keeping the mapping out of the
+handlers means a handler never needs to know about gRPC, and a client sees the same
 status for the same situation whichever code path noticed it.
 """
 

@@ -1,4 +1,4 @@
-"""Answer undecodable requests with INVALID_ARGUMENT (DESIGN.md §6).
+"""Answer undecodable requests with INVALID_ARGUMENT.
 
 gRPC decodes a request before any servicer runs; bytes that are not the method's message
 would otherwise surface as an UNKNOWN status from inside grpc.  This interceptor wraps

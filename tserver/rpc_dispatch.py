@@ -1,6 +1,6 @@
 """The glue between grpc.aio handlers and service pools, and the one error → status map.
 
-A servicer method on the event loop (the reactor, DESIGN.md §2) does nothing but
+A servicer method on the event loop (the reactor) does nothing but
 
     return await dispatch(pool, "Write", context, lambda call: handle_write(request, call))
 
@@ -9,7 +9,7 @@ RESOURCE_EXHAUSTED at once), then awaits a future that the call's completion res
 a service thread, or much later from a tablet's apply thread — through
 `loop.call_soon_threadsafe`, because an asyncio future may only be touched on its loop.
 Errors become gRPC statuses only here, in `status_for`, so every service answers the same
-situation with the same status and `ServerErrorPB` (DESIGN.md §6).
+situation with the same status and `ServerErrorPB`.
 
 Nothing here may block: it all runs on the event loop, which serves every RPC of the server.
 """
@@ -113,7 +113,7 @@ async def abort_with(
 def status_for(
     exc: BaseException, leader_addr_lookup: LeaderAddrLookup | None = None
 ) -> tuple[grpc.StatusCode, str, ServerErrorPB | None]:
-    """The gRPC status, details and structured error a client sees for `exc` (DESIGN.md §6).
+    """The gRPC status, details and structured error a client sees for `exc`.
 
     Order matters: the consensus errors are all ProposalDropped subclasses, so the specific
     ones are matched first.

@@ -1,6 +1,6 @@
 """Bounded service pools: the hand-off from the gRPC event loop to service threads.
 
-Kudu's shape (DESIGN.md §2, §4): every gRPC service has its own pool — one bounded queue
+Kudu's shape: every gRPC service has its own pool — one bounded queue
 (a deque behind one lock and one condition) feeding N worker threads. The event loop only
 `offer`s a call, which never blocks: when the queue is full the call is refused at once
 (RESOURCE_EXHAUSTED "service queue full") and `rpcs_queue_overflow` counts it, so overload

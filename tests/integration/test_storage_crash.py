@@ -2,7 +2,8 @@
 
 A child process (storage_crash_child) runs the core, the WAL's group commit and the store
 at full speed; the test kills it at random moments and, after every kill, checks what
-DESIGN.md §3-4 promise: every entry acknowledged as durable is in the log with its term,
+The durable log's promise (docs/ARCHITECTURE.md, "consensus.log"): every entry acknowledged
+as durable is in the log with its term,
 the store holds exactly the replay of the log up to its applied index (nothing lost,
 nothing applied twice), and the next start recovers and goes on.
 """

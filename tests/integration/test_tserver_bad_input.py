@@ -1,5 +1,5 @@
-"""Bad input against real servers: each gets its documented status (DESIGN.md §6,
-tserver/rpc_dispatch.py), no server goes down, and no stored row changes.
+"""Bad input against real servers: each gets its documented status
+(``tserver.rpc_dispatch.status_for``), no server goes down, and no stored row changes.
 
 One cluster (``--max_batch_rows 10``) serves the whole module; every test checks, at its
 end, that all three servers still answer and every replica still holds exactly the rows

@@ -1,7 +1,7 @@
 """Retry classification and the deadline-bounded retry loop of the client, without servers.
 
 The classification is checked against the server's own status table (``status_for`` in
-tserver/rpc_dispatch.py, DESIGN.md §6); the loop is driven by a fake clock whose sleeps only
+tserver/rpc_dispatch.py); the loop is driven by a fake clock whose sleeps only
 advance time, so the backoff and the deadline are checked exactly and instantly.
 """
 
@@ -264,7 +264,7 @@ def test_queue_full_fake_is_classified_as_such() -> None:
 
 
 def test_the_client_imports_neither_tserver_nor_consensus() -> None:
-    """DESIGN.md §1: the client speaks only the wire protocol."""
+    """The client speaks only the wire protocol (docs/ARCHITECTURE.md, "Layout")."""
     code = (
         "import sys, raftlet.client\n"
         "server = ('raftlet.tserver', 'raftlet.consensus')\n"

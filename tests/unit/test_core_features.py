@@ -239,8 +239,9 @@ def test_followers_are_never_leader_ready() -> None:
 
 
 def test_propose_bound_to_an_old_term_raises_term_mismatch() -> None:
-    """DESIGN §3: "a write bound to term T is appended only if the leader is still in term
-    T ... otherwise it fails" — propose(expected_term=...) raises TermMismatch."""
+    """The lock-free check's invariant: "a write bound to term T is appended only if the
+    leader is still in term T ... otherwise it fails" — propose(expected_term=...) raises
+    TermMismatch."""
     node = new_node("a", term=1)
     node.elect_and_commit_noop()
     last = node.raft.log.last_index()
@@ -254,7 +255,7 @@ def test_propose_bound_to_an_old_term_raises_term_mismatch() -> None:
 
 
 def test_deposed_leader_refuses_a_proposal_bound_to_its_old_term() -> None:
-    """DESIGN §3 (the KUDU-2727 lesson): a write whose leadership check read term T must
+    """The KUDU-2727 lesson: a write whose leadership check read term T must
     not be appended once the node has moved on from T."""
     node = new_node("a")
     node.elect_and_commit_noop()
@@ -656,7 +657,7 @@ def test_restart_never_reapplies_entries_the_state_machine_already_applied() -> 
 
     This is reachable: Ready.must_sync is False for a commit-only change, so the
     persisted HardState.commit may lag the applied index the store made durable in the
-    same transaction as the rows (DESIGN §4).  An applied entry was committed and
+    same transaction as the rows.  An applied entry was committed and
     durable, so committed >= applied after the restart.
     """
     storage = make_storage([1, 1, 1, 1], term=1, commit=2)  # commit 4 was never fsynced

@@ -39,7 +39,7 @@ from tests.waiting import wait_for
 WAIT = 30.0  # generous: a loaded CI box must not turn a slow wait into a failure
 
 DESIGN_NAMES = {
-    # DESIGN.md §5, with the type each must have.
+    # The names the project promises (docs/ARCHITECTURE.md, "metrics"), each with its type.
     "rpcs_queue_overflow": MetricType.COUNTER,
     "rpc_incoming_queue_time_us": MetricType.HISTOGRAM,
     "rpcs_timed_out_in_queue": MetricType.COUNTER,
