@@ -8,18 +8,21 @@ Threads and the one lock
   commit (``append_async``, which BLOCKS while the WAL's bounded queue is full -- with a slow
   disk, that is exactly where the lock holder waits, as in KUDU-2727), the leader's appends
   queued to the peer senders, committed entries handed to the applier.
+- the replica's inputs are posted to its mailbox (``consensus.workers``), which the
+  server's shared worker pool runs -- one batch at a time, never two at once: the
+  "worker" below is whichever pool thread runs it.
 - the WAL's appender thread reports durability through a callback that only queues it;
-  the ``raft-worker`` thread steps ``on_persisted`` under the lock and releases what had to
+  the worker steps ``on_persisted`` under the lock and releases what had to
   wait for persistence (votes, append acknowledgements).  The callback never takes the lock:
   the lock holder may be blocked in ``append_async`` waiting for that very appender.
 - messages to peers are handed to the transport under the lock (``Transport.send`` never
-  blocks); peers' answers are queued to the same ``raft-worker`` thread, which steps all
+  blocks); peers' answers are queued to the same worker, which steps all
   that is queued -- answers and durability reports alike -- under one lock acquisition.
 - a ``consensus.ticker`` (one per server, shared by its replicas) turns wall time into
-  ticks; each tick is queued to ``raft-worker`` like any other input (at most one pending).
+  ticks; each tick is queued to the worker like any other input (at most one pending).
 - a peer's request (UpdateConsensus, RequestVote) is stepped on the caller's thread
   (``handle_request_async``), which returns at once; the answer goes to the caller's
-  ``reply`` callback from the ``raft-worker`` thread once what it acknowledges is durable,
+  ``reply`` callback from the worker once what it acknowledges is durable,
   so no thread waits on a follower's fsync.  ``handle_request`` is the blocking form.
 
 The lock-free leadership check (KUDU-2727)
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +60,7 @@ from raftlet.consensus.core import (
 from raftlet.consensus.log.raft_storage import LogStorage
 from raftlet.consensus.ticker import Ticker, TickSource
 from raftlet.consensus.transport import Transport
+from raftlet.consensus.workers import WorkerPool
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.profiled_lock import ProfiledLock
 
@@ -81,7 +84,6 @@ _RESPONSES = frozenset(
         MessageType.PRE_VOTE_RESPONSE,
     }
 )
-_STOP = object()
 _TICK = object()
 # What _process_ready_unlocked says about the answer to a request it was asked to hold.
 _HELD = object()  # handed to reply once durable
@@ -189,6 +191,7 @@ class RaftConsensus:
         lock: ProfiledLock | None = None,
         metrics: ConsensusMetrics | None = None,
         ticker: TickSource | None = None,
+        workers: WorkerPool | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
@@ -222,10 +225,10 @@ class RaftConsensus:
         self._last_election = 0.0  # wall-clock time this replica last saw a new leader
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
-        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._worker_thread = threading.Thread(
-            target=self._run_worker, name=f"raft-worker:{group_id}", daemon=True
-        )
+        # The server's pool runs every replica's mailbox; a replica on its own gets one.
+        self._own_workers = workers is None
+        self._workers = workers or WorkerPool(f"raft-worker:{group_id}", min_threads=1)
+        self._inbox = self._workers.mailbox(f"raft:{group_id}", self._handle_inputs)
         # The server's ticker drives all its replicas; a replica on its own gets its own.
         self._own_ticker = ticker is None
         self._ticker = ticker or Ticker(opts.tick_interval_s, name=f"raft-timer:{group_id}")
@@ -245,7 +248,6 @@ class RaftConsensus:
         """Start ticking.  Committed entries above the applied index are handed to the
         applier as soon as they are known (the first Ready may already hold some)."""
         self._started = True
-        self._worker_thread.start()
         self._unregister_tick = self._ticker.register(self._on_tick)
         if self._own_ticker:
             self._ticker.start()
@@ -269,8 +271,9 @@ class RaftConsensus:
                 barrier.wait(timeout=10)
             except Exception:  # a failed or closed log has nothing left to flush
                 pass
-            self._inbox.put(_STOP)
-            self._worker_thread.join(timeout=10)
+            self._inbox.close(timeout=10)
+        if self._own_workers:
+            self._workers.stop()
         with self._lock:
             self._save_commit_unlocked()
 
@@ -400,7 +403,7 @@ class RaftConsensus:
         role = self._snapshot.role
         if role is not Role.FOLLOWER or quiet >= self.options.election_ticks:
             self._tick_queued = True
-            self._inbox.put(_TICK)
+            self._inbox.post(_TICK)
 
     def _step_ticks_unlocked(self) -> None:
         """Step the ticks that passed since the last step.  Caller holds ``_lock``, before
@@ -414,7 +417,7 @@ class RaftConsensus:
         """A peer's answer to something we sent, from any transport thread: queued for the
         worker, which steps it with whatever else is queued under one lock acquisition."""
         if answer is not None and not self._stopping.is_set():
-            self._inbox.put(answer)
+            self._inbox.post(answer)
 
     # --- status ----------------------------------------------------------------------------
 
@@ -515,7 +518,7 @@ class RaftConsensus:
     ) -> Callable[[BaseException | None], None]:
         # Runs on the WAL's appender thread: queue only, never take the consensus lock.
         def callback(error: BaseException | None) -> None:
-            self._inbox.put(_Durable(rd, later, answer, reply, error))
+            self._inbox.post(_Durable(rd, later, answer, reply, error))
 
         return callback
 
@@ -542,51 +545,38 @@ class RaftConsensus:
 
     # --- threads ------------------------------------------------------------------------------
 
-    def _run_worker(self) -> None:
-        """The replica's worker: durability reports and peers' answers, in arrival order."""
-        while True:
-            item = self._inbox.get()
-            if item is _STOP:
-                return
-            batch = [item]
-            while True:  # everything already reported, under one lock acquisition
-                try:
-                    more = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    self._inbox.put(_STOP)
-                    break
-                batch.append(more)
-            replies: list[tuple[Reply, Message | None]] = []
-            with self._lock:
-                for done in batch:
-                    if done is _TICK:
-                        self._tick_queued = False
+    def _handle_inputs(self, batch: list[object]) -> None:
+        """The replica's worker: ticks, durability reports and peers' answers, in arrival
+        order, everything already posted stepped under one lock acquisition."""
+        replies: list[tuple[Reply, Message | None]] = []
+        with self._lock:
+            for done in batch:
+                if done is _TICK:
+                    self._tick_queued = False
+                    self._step_ticks_unlocked()
+                    continue
+                if isinstance(done, Message):  # a peer's answer
+                    if self._failure is None and not self._stopping.is_set():
                         self._step_ticks_unlocked()
-                        continue
-                    if isinstance(done, Message):  # a peer's answer
-                        if self._failure is None and not self._stopping.is_set():
-                            self._step_ticks_unlocked()
-                            self._node.step(done)
-                        continue
-                    assert isinstance(done, _Durable)
-                    if done.error is not None:
-                        self._fail_unlocked(done.error)
-                    elif self._failure is None:
-                        self._node.on_persisted(done.ready)
-                        for m in done.later:
-                            self._send_unlocked(m)
-                    if done.reply is not None:
-                        ok = done.error is None and self._failure is None
-                        replies.append((done.reply, done.answer if ok else None))
-                if self._failure is None:
-                    self._process_ready_unlocked()
-            for reply, answer in replies:  # outside the lock: a reply may do I/O
-                try:
-                    reply(answer)
-                except Exception:
-                    logger.exception("%s: answering a peer failed", self.group_id)
+                        self._node.step(done)
+                    continue
+                assert isinstance(done, _Durable)
+                if done.error is not None:
+                    self._fail_unlocked(done.error)
+                elif self._failure is None:
+                    self._node.on_persisted(done.ready)
+                    for m in done.later:
+                        self._send_unlocked(m)
+                if done.reply is not None:
+                    ok = done.error is None and self._failure is None
+                    replies.append((done.reply, done.answer if ok else None))
+            if self._failure is None:
+                self._process_ready_unlocked()
+        for reply, answer in replies:  # outside the lock: a reply may do I/O
+            try:
+                reply(answer)
+            except Exception:
+                logger.exception("%s: answering a peer failed", self.group_id)
 
     def _fail_unlocked(self, error: BaseException) -> None:
         if self._failure is None:

@@ -97,6 +97,8 @@ class ServerSettings:
     consensus_num_service_threads: int = 4
     admin_service_queue_length: int = 20
     admin_num_service_threads: int = 2
+    replica_worker_min_threads: int = 2
+    replica_worker_max_threads: int = 32
     term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
     consensus_transport: str = "stream"
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
@@ -124,6 +126,11 @@ class ServerSettings:
                     spec.check(value)
                 except ValueError as e:
                     raise FlagError(f"--{spec.name}: {e}") from None
+        if self.replica_worker_max_threads < self.replica_worker_min_threads:
+            raise FlagError(
+                f"--replica_worker_max_threads ({self.replica_worker_max_threads}) is below "
+                f"--replica_worker_min_threads ({self.replica_worker_min_threads})"
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: ClusterConfig) -> ServerSettings:
@@ -448,6 +455,20 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "admin_num_service_threads", _POOLS, "N",
         f"Worker threads of the admin service (default {_D('admin_num_service_threads')}).",
+        convert=_int, check=_int_check(1, _MAX_THREADS),
+    ),
+    FlagSpec(
+        "replica_worker_min_threads", _POOLS, "N",
+        f"Threads the replica worker pool keeps, idle or not (default "
+        f"{_D('replica_worker_min_threads')}). One pool runs every replica's Raft worker, "
+        "prepare and apply stages, whatever the number of tablets.",
+        convert=_int, check=_int_check(1, _MAX_THREADS),
+    ),
+    FlagSpec(
+        "replica_worker_max_threads", _POOLS, "N",
+        f"Threads the replica worker pool may grow to while replicas wait on their locks "
+        f"or disks (default {_D('replica_worker_max_threads')}); each blocked replica "
+        "holds at most three.",
         convert=_int, check=_int_check(1, _MAX_THREADS),
     ),
     FlagSpec(

@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from raftlet.consensus.core import NO_NODE
 from raftlet.consensus.ticker import Ticker
 from raftlet.consensus.transport import Transport
+from raftlet.consensus.workers import WorkerPool
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics import set_lock_contention_trace_threshold_ms
 from raftlet.metrics.registry import MetricEntity, MetricRegistry
@@ -97,6 +98,12 @@ class TabletServer:
         self._consensus_servicer = _ConsensusServicer(self)
         self._tablet_servicer = _TabletServicer(self)
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
+        # Every replica's worker, prepare and apply stages run on this one pool.
+        self.workers = WorkerPool(
+            "replica-worker",
+            min_threads=s.replica_worker_min_threads,
+            max_threads=s.replica_worker_max_threads,
+        )
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self._grpc: grpc.aio.Server | None = None
         self._health: health_async.HealthServicer | None = None
@@ -165,6 +172,7 @@ class TabletServer:
                 options=options,
                 metrics=entity,
                 ticker=self.ticker,
+                workers=self.workers,
             )
             self._tablet_gauges(entity, replica)
             self.replicas[placement.tablet_id] = replica
@@ -244,6 +252,7 @@ class TabletServer:
                 replica.stop()
             except Exception:
                 logger.exception("stopping tablet %s failed", replica.tablet_id)
+        self.workers.stop()
 
     async def wait(self) -> None:
         if self._grpc is not None:

@@ -1,23 +1,24 @@
 """One tablet replica on this server: its store, its Raft group, and its write path.
 
-Threads:
+Threads (the replica has none of its own but its WAL appender: its stages are mailboxes
+run by the server's worker pool, ``consensus.workers``, each one batch at a time, in order):
 - service threads call ``write``/``scan``.  ``write`` admits the request (exactly-once),
   binds the term with ONE lock-free read (``check_leadership_and_bind_term``), queues the
   op for the prepare worker and RETURNS; the call is answered later.  That is all a service
   thread does for a write, so the bounded service pool drains as fast as calls arrive.
-- the prepare worker (one per tablet) takes every queued op, decodes and validates its rows
+- the prepare stage takes every queued op, decodes and validates its rows
   (as Kudu's prepare phase does; a write whose every row is invalid is answered there and
   never replicated), and replicates the rest in one ``replicate`` call per bound term:
   under the consensus lock, where it may wait for room in the WAL's group-commit queue.
   No row locks are taken: every replica applies entries serially in log order, so
   concurrent writes to one row are already ordered by the log.
-- the apply worker (one per tablet) applies committed entries -- one store transaction per
+- the apply stage applies committed entries -- one store transaction per
   batch, the applied index and request outcomes in the same transaction -- reports the
   applied index to consensus, and answers the waiting calls.  Followers apply too, and
   their trackers learn every outcome, so the next leader can answer a retry.
 
 An op whose entry is replaced before it commits (this leader lost its term) is aborted
-with NotLeader when the apply worker reaches its index: the client retries at the new
+with NotLeader when the apply stage reaches its index: the client retries at the new
 leader, and the request id keeps that retry exactly-once.
 """
 
@@ -27,7 +28,6 @@ import contextlib
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +44,7 @@ from raftlet.consensus.raft_consensus import (
 )
 from raftlet.consensus.ticker import TickSource
 from raftlet.consensus.transport import Transport
+from raftlet.consensus.workers import WorkerPool
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.histogram import Histogram
@@ -64,7 +65,6 @@ logger = logging.getLogger(__name__)
 
 Respond = Callable[[tablet_pb2.WriteResponse], None]
 Fail = Callable[[BaseException], None]
-_STOP = object()
 _anonymous = itertools.count(1)
 
 
@@ -152,6 +152,7 @@ class TabletReplica:
         options: ReplicaOptions | None = None,
         metrics: MetricEntity | None = None,
         ticker: TickSource | None = None,
+        workers: WorkerPool | None = None,
     ) -> None:
         self.tablet_id = tablet_id
         self.table = table
@@ -180,10 +181,16 @@ class TabletReplica:
             lock=self.lock,
             metrics=self._metrics.consensus,
             ticker=ticker,
+            workers=workers,
         )
         self.tracker = ResultTracker()
-        self._prepare_q: queue.SimpleQueue[_PendingWrite | object] = queue.SimpleQueue()
-        self._apply_q: queue.SimpleQueue[Sequence[Entry] | object] = queue.SimpleQueue()
+        # The server's pool runs every replica's stages; a replica on its own gets one.
+        self._own_workers = workers is None
+        self._workers = workers or WorkerPool(f"replica:{tablet_id}", min_threads=1)
+        self._prepare_q = self._workers.mailbox(
+            f"prepare:{tablet_id}", self._prepare_batch, max_batch=opts.max_prepare_batch
+        )
+        self._apply_q = self._workers.mailbox(f"apply:{tablet_id}", self._apply_batches)
         # index -> (term, key) of entries this replica proposed and has not applied yet.
         self._proposed: dict[int, tuple[int, RequestKey]] = {}
         self._proposed_lock = threading.Lock()
@@ -191,18 +198,10 @@ class TabletReplica:
         self._applied_cond = threading.Condition()
         self._failure: BaseException | None = None
         self._stopped = False
-        self._prepare_thread = threading.Thread(
-            target=self._run_prepare, name=f"prepare:{tablet_id}", daemon=True
-        )
-        self._apply_thread = threading.Thread(
-            target=self._run_apply, name=f"apply:{tablet_id}", daemon=True
-        )
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._apply_thread.start()
-        self._prepare_thread.start()
         self.consensus.start()
 
     def stop(self) -> None:
@@ -210,11 +209,11 @@ class TabletReplica:
         if self._stopped:
             return
         self._stopped = True
-        self._prepare_q.put(_STOP)
-        self._prepare_thread.join(timeout=30)
+        self._prepare_q.close(timeout=30)
         self.consensus.stop()
-        self._apply_q.put(_STOP)
-        self._apply_thread.join(timeout=30)
+        self._apply_q.close(timeout=30)
+        if self._own_workers:
+            self._workers.stop()
         with self._proposed_lock:
             self._proposed.clear()
         # Proposed or still queued: nothing more will answer them here.  A retry elsewhere
@@ -275,31 +274,14 @@ class TabletReplica:
         except BaseException as exc:
             self.tracker.abort(key, exc)
             return
-        self._prepare_q.put(_PendingWrite(key, term, request))
+        if not self._prepare_q.post(_PendingWrite(key, term, request)):
+            self.tracker.abort(key, ServiceUnavailable("the tablet server is shutting down"))
 
-    def _run_prepare(self) -> None:
-        while True:
-            item = self._prepare_q.get()
-            if item is _STOP:
-                return
-            batch = [item]
-            stop = False
-            while len(batch) < self.options.max_prepare_batch:
-                try:
-                    more = self._prepare_q.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    stop = True
-                    break
-                batch.append(more)
-            ops = [op for op in batch if isinstance(op, _PendingWrite)]
-            datas = [self._encode(op) for op in ops]
-            valid = [(op, data) for op, data in zip(ops, datas, strict=True) if data is not None]
-            for _, group_iter in itertools.groupby(valid, key=lambda pair: pair[0].term):
-                self._replicate(list(group_iter))
-            if stop:
-                return
+    def _prepare_batch(self, ops: list[_PendingWrite]) -> None:
+        datas = [self._encode(op) for op in ops]
+        valid = [(op, data) for op, data in zip(ops, datas, strict=True) if data is not None]
+        for _, group_iter in itertools.groupby(valid, key=lambda pair: pair[0].term):
+            self._replicate(list(group_iter))
 
     def _encode(self, op: _PendingWrite) -> bytes | None:
         """The entry payload of ``op``, or None if it was answered here: every row invalid
@@ -342,27 +324,12 @@ class TabletReplica:
 
     def _on_committed(self, entries: Sequence[Entry]) -> None:
         # Called under the consensus lock: hand over and return at once.
-        self._apply_q.put(list(entries))
+        self._apply_q.post(list(entries))
 
-    def _run_apply(self) -> None:
-        while True:
-            item = self._apply_q.get()
-            if item is _STOP:
-                return
-            assert isinstance(item, list)
-            entries: list[Entry] = item
-            while True:
-                try:
-                    more = self._apply_q.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    self._apply_q.put(_STOP)
-                    break
-                assert isinstance(more, list)
-                entries.extend(more)
-            if self._failure is None:
-                self._apply(entries)
+    def _apply_batches(self, batches: list[list[Entry]]) -> None:
+        entries = [e for batch in batches for e in batch]
+        if self._failure is None:
+            self._apply(entries)
 
     def _apply(self, entries: list[Entry]) -> None:
         start = time.perf_counter()

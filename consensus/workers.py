@@ -1,0 +1,182 @@
+"""Threads per server, not per replica: one pool of workers drives every replica's mailboxes.
+
+A ``Mailbox`` is a serial queue of inputs with one handler: what is posted to it is handled
+in order, a batch at a time, never by two threads at once -- the replica's worker, prepare
+and apply stages each own one.  A mailbox with inputs is *ready*; the ``WorkerPool``'s
+threads take ready mailboxes in turn and run one batch each, so a busy server hands work
+from one replica to the next without a thread per replica waking for it (Kudu's thread
+pool tokens in serial mode).
+
+Handlers may block: a prepare batch can wait for room in its WAL's queue while it holds the
+consensus lock, and that replica's other stages then wait for the lock (KUDU-2727).  So a
+blocked replica must not starve the others: the pool starts another thread whenever work is
+ready and no thread is idle, up to ``max_threads``, and threads beyond ``min_threads`` end
+after ``idle_timeout_s`` without work.  An idle server keeps ``min_threads`` threads, asleep.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Mailbox", "WorkerPool"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class WorkerPool:
+    """The server's replica workers.  ``stop()`` ends them once every mailbox is closed."""
+
+    def __init__(
+        self,
+        name: str = "replica-worker",
+        *,
+        min_threads: int = 2,
+        max_threads: int = 32,
+        idle_timeout_s: float = 30.0,
+    ) -> None:
+        if min_threads < 1 or max_threads < min_threads:
+            raise ValueError(
+                f"need 1 <= min_threads <= max_threads, got {min_threads}, {max_threads}"
+            )
+        self.name = name
+        self.min_threads = min_threads
+        self.max_threads = max_threads
+        self.idle_timeout_s = idle_timeout_s
+        self._cond = threading.Condition(threading.Lock())
+        self._ready: collections.deque[Mailbox[object]] = collections.deque()
+        self._threads = 0
+        self._idle = 0
+        self._stopping = False
+        self._serial = 0
+        self._live: set[threading.Thread] = set()
+
+    def mailbox(
+        self, name: str, handler: Callable[[list[T]], None], *, max_batch: int = 1 << 30
+    ) -> Mailbox[T]:
+        """A new mailbox whose batches (at most ``max_batch`` inputs) go to ``handler``."""
+        return Mailbox(self, name, handler, max_batch)
+
+    def threads(self) -> int:
+        """Threads alive now (started and not yet ended)."""
+        with self._cond:
+            return self._threads
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the threads once the ready mailboxes are run (close the mailboxes first)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            live = list(self._live)
+        for thread in live:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+
+    def _schedule(self, box: Mailbox[object]) -> None:
+        with self._cond:
+            self._ready.append(box)
+            if self._idle > len(self._ready) - 1:
+                self._cond.notify()
+                return
+            if self._threads >= self.max_threads:
+                return  # every thread is busy; the next to finish takes it
+            self._threads += 1
+            self._serial += 1
+            thread = threading.Thread(
+                target=self._work, name=f"{self.name}-{self._serial}", daemon=True
+            )
+            self._live.add(thread)
+            thread.start()  # under the lock, so stop() never joins a thread not yet started
+
+    def _work(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                while not self._ready:
+                    if self._stopping or not self._wait_for_work():
+                        self._threads -= 1
+                        self._live.discard(me)
+                        return
+                box = self._ready.popleft()
+            box._run_once()
+
+    def _wait_for_work(self) -> bool:
+        """With ``_cond`` held: sleep until woken; False if a thread beyond the minimum
+        found no work for ``idle_timeout_s`` and should end."""
+        self._idle += 1
+        try:
+            if self._threads > self.min_threads:
+                woken = self._cond.wait(self.idle_timeout_s)
+                # Others may have timed out and ended meanwhile: keep the minimum.
+                return woken or bool(self._ready) or self._threads <= self.min_threads
+            self._cond.wait()
+            return True
+        finally:
+            self._idle -= 1
+
+
+class Mailbox(Generic[T]):
+    """A serial queue of inputs run on a ``WorkerPool``.  Make one with ``pool.mailbox``."""
+
+    def __init__(
+        self, pool: WorkerPool, name: str, handler: Callable[[list[T]], None], max_batch: int
+    ) -> None:
+        self.name = name
+        self._pool = pool
+        self._handler = handler
+        self._max_batch = max_batch
+        self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
+        self._items: collections.deque[T] = collections.deque()
+        self._scheduled = False  # ready, or being run: the pool owns it
+        self._closed = False
+        self._runner: int | None = None
+
+    def post(self, item: T) -> bool:
+        """Queue ``item`` for the handler; False (and dropped) once the mailbox is closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._items.append(item)
+            if self._scheduled:
+                return True
+            self._scheduled = True
+        self._pool._schedule(self)  # type: ignore[arg-type]
+        return True
+
+    def pending(self) -> int:
+        return len(self._items)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Accept nothing more and wait until what was posted has been handled (False if
+        that took longer than ``timeout``).  From the handler itself it does not wait."""
+        with self._lock:
+            self._closed = True
+            if self._runner == threading.get_ident():
+                return not self._items
+            return self._drained.wait_for(lambda: not self._scheduled, timeout)
+
+    def _run_once(self) -> None:
+        with self._lock:
+            n = min(len(self._items), self._max_batch)
+            batch = [self._items.popleft() for _ in range(n)]
+            self._runner = threading.get_ident()
+        try:
+            if batch:
+                self._handler(batch)
+        except Exception:
+            logger.exception("mailbox %s: the handler failed", self.name)
+        finally:
+            with self._lock:
+                self._runner = None
+                again = bool(self._items)
+                if not again:
+                    self._scheduled = False
+                    self._drained.notify_all()
+        if again:  # to the back of the line: the other replicas' turn first
+            self._pool._schedule(self)  # type: ignore[arg-type]

@@ -1,0 +1,226 @@
+"""The server's replica worker pool and its serial mailboxes (consensus.workers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from raftlet.consensus.workers import WorkerPool
+
+TIMEOUT = 10.0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        threading.Event().wait(0.005)
+
+
+@pytest.fixture
+def pool() -> Iterator[WorkerPool]:
+    p = WorkerPool("test", min_threads=1, max_threads=8, idle_timeout_s=0.05)
+    yield p
+    p.stop()
+
+
+def test_a_mailbox_handles_its_items_in_order_and_never_on_two_threads(pool: WorkerPool) -> None:
+    seen: list[int] = []
+    running = threading.Lock()
+    overlaps: list[int] = []
+
+    def handler(batch: list[int]) -> None:
+        if not running.acquire(blocking=False):
+            overlaps.append(batch[0])
+            return
+        try:
+            seen.extend(batch)
+            sum(range(2000))  # long enough for another pool thread to overlap, if allowed
+        finally:
+            running.release()
+
+    box = pool.mailbox("ordered", handler)
+    posters = []
+    for t in range(4):
+
+        def post_many(base: int = t * 1000) -> None:
+            for i in range(500):
+                box.post(base + i)
+
+        posters.append(threading.Thread(target=post_many))
+    for thread in posters:
+        thread.start()
+    for thread in posters:
+        thread.join()
+    assert box.close(TIMEOUT)
+    assert not overlaps
+    assert len(seen) == 2000
+    for t in range(4):  # each poster's items in the order it posted them
+        mine = [x for x in seen if t * 1000 <= x < (t + 1) * 1000]
+        assert mine == list(range(t * 1000, t * 1000 + 500))
+
+
+def test_what_arrives_while_the_handler_runs_comes_as_one_batch_of_at_most_max_batch(
+    pool: WorkerPool,
+) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+    batches: list[list[int]] = []
+
+    def handler(batch: list[int]) -> None:
+        batches.append(batch)
+        entered.set()
+        release.wait(TIMEOUT)
+
+    box = pool.mailbox("batched", handler, max_batch=3)
+    box.post(0)
+    assert entered.wait(TIMEOUT)
+    for i in range(1, 6):
+        box.post(i)
+    release.set()
+    assert box.close(TIMEOUT)
+    assert batches == [[0], [1, 2, 3], [4, 5]]
+
+
+def test_a_blocked_mailbox_does_not_hold_up_the_others(pool: WorkerPool) -> None:
+    stuck = threading.Event()
+    entered = threading.Event()
+    done = threading.Event()
+
+    def blocked(batch: list[int]) -> None:
+        entered.set()
+        stuck.wait(TIMEOUT)
+
+    slow = pool.mailbox("slow", blocked)
+    fast = pool.mailbox("fast", lambda batch: done.set())
+    slow.post(1)
+    assert entered.wait(TIMEOUT)
+    fast.post(1)
+    assert done.wait(TIMEOUT), "another replica's mailbox waited for a blocked one"
+    stuck.set()
+    assert slow.close(TIMEOUT)
+    assert fast.close(TIMEOUT)
+
+
+def test_at_max_threads_ready_work_waits_for_a_thread_and_then_runs() -> None:
+    pool = WorkerPool("one", min_threads=1, max_threads=1)
+    try:
+        stuck = threading.Event()
+        entered = threading.Event()
+        done = threading.Event()
+        slow = pool.mailbox("slow", lambda b: (entered.set(), stuck.wait(TIMEOUT)))
+        fast = pool.mailbox("fast", lambda b: done.set())
+        slow.post(1)
+        assert entered.wait(TIMEOUT)
+        fast.post(1)
+        assert not done.wait(0.05)  # the only thread is held by the blocked handler
+        assert pool.threads() == 1
+        stuck.set()
+        assert done.wait(TIMEOUT)
+    finally:
+        pool.stop()
+
+
+def test_a_busy_mailbox_goes_to_the_back_of_the_line() -> None:
+    pool = WorkerPool("fair", min_threads=1, max_threads=1)
+    try:
+        order: list[str] = []
+        gate = threading.Event()
+
+        def busy(batch: list[int]) -> None:
+            gate.wait(TIMEOUT)
+            order.append(f"busy{batch[0]}")
+
+        a = pool.mailbox("busy", busy, max_batch=1)
+        b = pool.mailbox("other", lambda batch: order.append("other"))
+        for i in range(3):
+            a.post(i)
+        b.post(0)
+        gate.set()
+        assert a.close(TIMEOUT)
+        assert b.close(TIMEOUT)
+        assert order.index("other") < order.index("busy2")
+    finally:
+        pool.stop()
+
+
+def test_close_waits_for_what_was_posted_and_refuses_more(pool: WorkerPool) -> None:
+    gate = threading.Event()
+    handled: list[int] = []
+
+    def handler(batch: list[int]) -> None:
+        gate.wait(TIMEOUT)
+        handled.extend(batch)
+
+    box = pool.mailbox("closing", handler)
+    for i in range(3):
+        assert box.post(i)
+    closer_done = threading.Event()
+    threading.Thread(target=lambda: (box.close(TIMEOUT), closer_done.set())).start()
+    assert not closer_done.wait(0.05)
+    gate.set()
+    assert closer_done.wait(TIMEOUT)
+    assert handled == [0, 1, 2]
+    assert not box.post(3)
+    assert box.pending() == 0
+
+
+def test_close_from_its_own_handler_does_not_wait_for_itself(pool: WorkerPool) -> None:
+    done = threading.Event()
+    box_holder: list[object] = []
+
+    def handler(batch: list[int]) -> None:
+        box = box_holder[0]
+        assert hasattr(box, "close")
+        box.close(TIMEOUT)  # type: ignore[attr-defined]
+        done.set()
+
+    box = pool.mailbox("self-closing", handler)
+    box_holder.append(box)
+    box.post(1)
+    assert done.wait(TIMEOUT)
+    assert not box.post(2)
+
+
+def test_a_failing_handler_leaves_the_mailbox_and_the_pool_working(pool: WorkerPool) -> None:
+    handled: list[int] = []
+
+    def handler(batch: list[int]) -> None:
+        if batch == [0]:
+            raise RuntimeError("boom")
+        handled.extend(batch)
+
+    box = pool.mailbox("failing", handler, max_batch=1)
+    box.post(0)
+    box.post(1)
+    assert box.close(TIMEOUT)
+    assert handled == [1]
+
+
+def test_threads_beyond_the_minimum_end_when_idle_and_stop_ends_the_rest() -> None:
+    pool = WorkerPool("shrinking", min_threads=1, max_threads=4, idle_timeout_s=0.05)
+    stuck = threading.Event()
+    entered = threading.Semaphore(0)
+    boxes = [
+        pool.mailbox(f"b{i}", lambda b: (entered.release(), stuck.wait(TIMEOUT))) for i in range(3)
+    ]
+    for box in boxes:
+        box.post(1)
+    for _ in range(3):
+        assert entered.acquire(timeout=TIMEOUT)
+    assert pool.threads() == 3
+    stuck.set()
+    wait_until(lambda: pool.threads() == 1)
+    pool.stop()
+    wait_until(lambda: pool.threads() == 0)
+
+
+def test_pool_limits_are_checked() -> None:
+    with pytest.raises(ValueError, match="min_threads"):
+        WorkerPool(min_threads=0)
+    with pytest.raises(ValueError, match="min_threads"):
+        WorkerPool(min_threads=4, max_threads=2)
