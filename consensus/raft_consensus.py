@@ -11,10 +11,12 @@ Threads and the one lock
 - the replica's inputs are posted to its mailbox (``consensus.workers``), which the
   server's shared worker pool runs -- one batch at a time, never two at once: the
   "worker" below is whichever pool thread runs it.
-- the WAL's appender thread reports durability through a callback that only queues it;
-  the worker steps ``on_persisted`` under the lock and releases what had to
-  wait for persistence (votes, append acknowledgements).  The callback never takes the lock:
-  the lock holder may be blocked in ``append_async`` waiting for that very appender.
+- the WAL's appender thread reports durability through a callback.  When the replica's
+  mailbox is idle and the lock is free, the appender steps ``on_persisted`` itself and
+  releases what had to wait for persistence (votes, append acknowledgements) -- no worker
+  is woken; otherwise the report is queued for the worker.  The callback never *waits*
+  for the lock: the lock holder may be blocked in ``append_async`` waiting for that very
+  appender.
 - messages to peers are handed to the transport under the lock (``Transport.send`` never
   blocks); peers' answers are queued to the same worker, which steps all
   that is queued -- answers and durability reports alike -- under one lock acquisition.
@@ -516,9 +518,11 @@ class RaftConsensus:
     def _durable_callback(
         self, rd: Ready, later: list[Message], answer: Message | None, reply: Reply | None
     ) -> Callable[[BaseException | None], None]:
-        # Runs on the WAL's appender thread: queue only, never take the consensus lock.
+        # Runs on the WAL's appender thread: never wait for the consensus lock.
         def callback(error: BaseException | None) -> None:
-            self._inbox.post(_Durable(rd, later, answer, reply, error))
+            self._inbox.run_or_post(
+                _Durable(rd, later, answer, reply, error), self._try_handle_inline
+            )
 
         return callback
 
@@ -548,30 +552,50 @@ class RaftConsensus:
     def _handle_inputs(self, batch: list[object]) -> None:
         """The replica's worker: ticks, durability reports and peers' answers, in arrival
         order, everything already posted stepped under one lock acquisition."""
-        replies: list[tuple[Reply, Message | None]] = []
         with self._lock:
-            for done in batch:
-                if done is _TICK:
-                    self._tick_queued = False
+            replies = self._step_inputs_unlocked(batch)
+        self._send_replies(replies)
+
+    def _try_handle_inline(self, batch: list[object]) -> bool:
+        """``_handle_inputs`` on the WAL's appender thread, if the lock is free: the
+        durability report is stepped where it happened, with no worker to wake.  Never
+        waits for the lock -- its holder may be waiting for this very appender."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            replies = self._step_inputs_unlocked(batch)
+        finally:
+            self._lock.release()
+        self._send_replies(replies)
+        return True
+
+    def _step_inputs_unlocked(self, batch: list[object]) -> list[tuple[Reply, Message | None]]:
+        replies: list[tuple[Reply, Message | None]] = []
+        for done in batch:
+            if done is _TICK:
+                self._tick_queued = False
+                self._step_ticks_unlocked()
+                continue
+            if isinstance(done, Message):  # a peer's answer
+                if self._failure is None and not self._stopping.is_set():
                     self._step_ticks_unlocked()
-                    continue
-                if isinstance(done, Message):  # a peer's answer
-                    if self._failure is None and not self._stopping.is_set():
-                        self._step_ticks_unlocked()
-                        self._node.step(done)
-                    continue
-                assert isinstance(done, _Durable)
-                if done.error is not None:
-                    self._fail_unlocked(done.error)
-                elif self._failure is None:
-                    self._node.on_persisted(done.ready)
-                    for m in done.later:
-                        self._send_unlocked(m)
-                if done.reply is not None:
-                    ok = done.error is None and self._failure is None
-                    replies.append((done.reply, done.answer if ok else None))
-            if self._failure is None:
-                self._process_ready_unlocked()
+                    self._node.step(done)
+                continue
+            assert isinstance(done, _Durable)
+            if done.error is not None:
+                self._fail_unlocked(done.error)
+            elif self._failure is None:
+                self._node.on_persisted(done.ready)
+                for m in done.later:
+                    self._send_unlocked(m)
+            if done.reply is not None:
+                ok = done.error is None and self._failure is None
+                replies.append((done.reply, done.answer if ok else None))
+        if self._failure is None:
+            self._process_ready_unlocked()
+        return replies
+
+    def _send_replies(self, replies: list[tuple[Reply, Message | None]]) -> None:
         for reply, answer in replies:  # outside the lock: a reply may do I/O
             try:
                 reply(answer)

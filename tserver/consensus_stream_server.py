@@ -1,33 +1,38 @@
 """The server side of the consensus stream (``consensus_stream`` is the client side).
 
-One ``StreamSession`` per incoming stream: frames are read on the loop and queued; one work
-item on the consensus service pool at a time drains the queue in arrival order and steps
-each request with ``ConsensusRequestHandler.start``, which returns at once.  The answer is
+One ``StreamSession`` per incoming stream: frames are read on the loop and posted to the
+session's mailbox on the server's replica worker pool (``consensus.workers``), which steps
+the requests in arrival order with ``ConsensusRequestHandler.start``; that returns at once.
+Running on the replica pool rather than a service pool of its own means the committed
+entries a request releases go on to the apply stage on the same thread, with no other
+thread to wake.  The answer is
 completed later by the thread that made it durable (a follower's append is acknowledged
 only once it is on disk) and posted back to the loop, which writes all the answers ready at
 that moment as one frame.  So no thread waits on a follower's fsync.
 
-Known limit: the queue is drained by one work item, so a request whose replica blocks (its
-lock held by a thread waiting on a full WAL queue) holds up the requests behind it for other
-tablets, as it would hold one of the consensus pool's threads with unary calls.
+Known limit: one mailbox per stream, so a request whose replica blocks (its lock held by a
+thread waiting on a full WAL queue) holds up the requests behind it for other tablets, as it
+would hold one of the consensus pool's threads with unary calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
+import itertools
 
 import grpc
 
+from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_rpc import ConsensusRequestHandler, WireResponse
 from raftlet.tserver.loop_outbox import LoopOutbox
 from raftlet.tserver.rpc_dispatch import status_for
-from raftlet.tserver.service_pool import InboundCall, ServicePool
 
 __all__ = ["StreamSession"]
+
+_sessions = itertools.count(1)
 
 
 class StreamSession:
@@ -36,15 +41,12 @@ class StreamSession:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        pool: ServicePool,
+        workers: WorkerPool,
         handler: ConsensusRequestHandler,
     ) -> None:
         self._loop = loop
-        self._pool = pool
         self._handler = handler
-        self._lock = threading.Lock()
-        self._inbox: list[pb.ConsensusItemPB] = []
-        self._draining = False  # a pool work item is draining the inbox
+        self._inbox = workers.mailbox(f"consensus-stream-{next(_sessions)}", self._drain)
         self._outbox: LoopOutbox[pb.ConsensusItemPB] = LoopOutbox(loop)
 
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
@@ -67,41 +69,20 @@ class StreamSession:
             if task is not None:
                 task.uncancel()
         finally:
+            self._inbox.close(timeout=0)  # what was read is still stepped; nothing more
             self._outbox.close()
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
 
     def _receive(self, frame: pb.ConsensusFramePB) -> None:
-        with self._lock:
-            self._inbox.extend(frame.items)
-            if self._draining:
-                return
-            self._draining = True
-        if not self._pool.offer(InboundCall("Stream", self._drain)):
-            # Queue full or the pool stopping: answer every waiting request at once, as the
-            # unary call would have been refused (the leader resends on its next beat).
-            with self._lock:
-                refused, self._inbox = self._inbox, []
-                self._draining = False
-            error = common_pb2.ServerErrorPB(
-                code=common_pb2.ServerErrorPB.SERVICE_QUEUE_FULL,
-                message="consensus service queue full",
-            )
-            for item in refused:
-                self._post(pb.ConsensusItemPB(seq=item.seq, failed=error))
+        self._inbox.post(frame)
 
-    def _drain(self, call: InboundCall) -> None:
-        """Pool thread: step every queued request, in arrival order."""
-        while True:
-            with self._lock:
-                items, self._inbox = self._inbox, []
-                if not items:
-                    self._draining = False
-                    break
-            for item in items:
+    def _drain(self, frames: list[pb.ConsensusFramePB]) -> None:
+        """Pool thread: step every request received so far, in arrival order."""
+        for frame in frames:
+            for item in frame.items:
                 self._start(item)
-        call.respond(None)
 
     def _start(self, item: pb.ConsensusItemPB) -> None:
         seq = item.seq

@@ -93,17 +93,18 @@ class TabletServer:
             ),
             "admin": self._pool("admin", s.admin_num_service_threads, s.admin_service_queue_length),
         }
-        self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
-        self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
-        self._consensus_servicer = _ConsensusServicer(self)
-        self._tablet_servicer = _TabletServicer(self)
-        self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
-        # Every replica's worker, prepare and apply stages run on this one pool.
+        # Every replica's worker, prepare and apply stages, and the peers'
+        # consensus streams, run on this one pool.
         self.workers = WorkerPool(
             "replica-worker",
             min_threads=s.replica_worker_min_threads,
             max_threads=s.replica_worker_max_threads,
         )
+        self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
+        self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
+        self._consensus_servicer = _ConsensusServicer(self)
+        self._tablet_servicer = _TabletServicer(self)
+        self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self._grpc: grpc.aio.Server | None = None
         self._health: health_async.HealthServicer | None = None
@@ -422,6 +423,7 @@ class _ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
     def __init__(self, server: TabletServer) -> None:
         self._h = server.consensus_handler
         self._pool = server.pools["consensus"]
+        self._workers = server.workers
         self._streams: set[asyncio.Task[Any]] = set()
 
     async def Stream(self, request_iterator: Any, context: Any) -> None:
@@ -429,7 +431,7 @@ class _ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
         assert task is not None
         self._streams.add(task)
         try:
-            session = StreamSession(asyncio.get_running_loop(), self._pool, self._h)
+            session = StreamSession(asyncio.get_running_loop(), self._workers, self._h)
             await session.serve(context)
         finally:
             self._streams.discard(task)

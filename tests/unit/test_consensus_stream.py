@@ -1,6 +1,6 @@
 """The consensus stream between two servers, over a real grpc.aio server on loopback: answers
 come back matched to their requests, many tablets' messages share one frame, the follower's
-pool thread does not wait for an answer, and a broken stream loses only what was in flight."""
+worker does not wait for an answer, and a broken stream loses only what was in flight."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import grpc
 import pytest
 
 from raftlet.consensus.core import Entry, Message, MessageType
+from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.proto import consensus_pb2_grpc
 from raftlet.tserver.consensus_codec import update_request_from_message
 from raftlet.tserver.consensus_stream import StreamHub, encode_item
 from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import TabletNotFound
-from raftlet.tserver.service_pool import InboundCall, ServicePool
 from tests.waiting import wait_for
 
 LEADER, FOLLOWER = "ts1", "ts2"
@@ -74,7 +74,7 @@ class FakeHandler:
 
 
 class _Servicer(consensus_pb2_grpc.ConsensusServiceServicer):
-    def __init__(self, pool: ServicePool, handler: FakeHandler) -> None:
+    def __init__(self, pool: WorkerPool, handler: FakeHandler) -> None:
         self.pool = pool
         self.handler = handler
         self.frames = 0
@@ -117,7 +117,7 @@ class Pair:
     hub: StreamHub
     servicer: _Servicer
     handler: FakeHandler
-    pool: ServicePool
+    pool: WorkerPool
     addr: str
 
 
@@ -125,8 +125,7 @@ class Pair:
 def pair() -> Iterator[Pair]:
     loop = Loop()
     # One thread: if it waited for an answer, nothing else could run on the pool.
-    pool = ServicePool("consensus", num_threads=1, queue_length=10)
-    pool.start()
+    pool = WorkerPool("consensus", min_threads=1, max_threads=1)
     handler = FakeHandler()
     servicer = _Servicer(pool, handler)
 
@@ -169,7 +168,7 @@ def _ok(request: pb.UpdateConsensusRequest) -> pb.UpdateConsensusResponse:
     )
 
 
-def test_answers_come_back_matched_and_the_pool_thread_does_not_wait(pair: Pair) -> None:
+def test_answers_come_back_matched_and_the_worker_does_not_wait(pair: Pair) -> None:
     transport = pair.hub.transport("t1", {FOLLOWER: pair.addr})
     answers = Answers()
     transport.send(_append("t1", 5), answers)
@@ -177,7 +176,7 @@ def test_answers_come_back_matched_and_the_pool_thread_does_not_wait(pair: Pair)
     # The request was stepped and the pool's only thread went back to the pool: nothing
     # waits for the answer, which becomes ready later on another thread (durability's).
     probe = threading.Event()
-    assert pair.pool.offer(InboundCall("probe", lambda call: (probe.set(), call.respond(None))))
+    assert pair.pool.mailbox("probe", lambda batch: probe.set()).post(1)
     wait_for(probe.is_set, what="the pool's thread runs other work meanwhile")
     assert answers.count() == 0
     request, done = pair.handler.started[0]

@@ -224,3 +224,66 @@ def test_pool_limits_are_checked() -> None:
         WorkerPool(min_threads=0)
     with pytest.raises(ValueError, match="min_threads"):
         WorkerPool(min_threads=4, max_threads=2)
+
+
+def test_what_a_handler_posts_runs_next_on_the_same_thread(pool: WorkerPool) -> None:
+    threads: dict[str, int] = {}
+    done = threading.Event()
+
+    def second(batch: list[int]) -> None:
+        threads["second"] = threading.get_ident()
+        done.set()
+
+    b = pool.mailbox("second", second)
+
+    def first(batch: list[int]) -> None:
+        threads["first"] = threading.get_ident()
+        b.post(1)
+
+    a = pool.mailbox("first", first)
+    a.post(1)
+    assert done.wait(TIMEOUT)
+    assert threads["first"] == threads["second"]
+
+
+def test_run_or_post_runs_an_idle_mailbox_on_the_calling_thread(pool: WorkerPool) -> None:
+    ran: list[tuple[str, int, list[int]]] = []
+    box = pool.mailbox("m", lambda batch: ran.append(("pool", threading.get_ident(), batch)))
+
+    def inline(batch: list[int]) -> bool:
+        ran.append(("inline", threading.get_ident(), batch))
+        return True
+
+    assert box.run_or_post(7, inline)
+    assert ran == [("inline", threading.get_ident(), [7])]
+
+
+def test_run_or_post_posts_what_the_inline_handler_declines(pool: WorkerPool) -> None:
+    handled: list[int] = []
+    box = pool.mailbox("m", handled.extend)
+    assert box.run_or_post(1, lambda batch: False)
+    assert box.close(TIMEOUT)
+    assert handled == [1]
+
+
+def test_run_or_post_queues_behind_a_running_handler_in_order(pool: WorkerPool) -> None:
+    gate = threading.Event()
+    entered = threading.Event()
+    handled: list[int] = []
+    inline_calls: list[list[int]] = []
+
+    def handler(batch: list[int]) -> None:
+        entered.set()
+        gate.wait(TIMEOUT)
+        handled.extend(batch)
+
+    box = pool.mailbox("m", handler)
+    box.post(1)
+    assert entered.wait(TIMEOUT)
+    assert box.run_or_post(2, lambda batch: bool(inline_calls.append(batch)) or True)
+    box.post(3)
+    gate.set()
+    assert box.close(TIMEOUT)
+    assert inline_calls == []
+    assert handled == [1, 2, 3]
+    assert not box.run_or_post(4, lambda batch: True)
