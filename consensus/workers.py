@@ -212,9 +212,10 @@ class Mailbox(Generic[T]):
     def pending(self) -> int:
         return len(self._items)
 
-    def close(self, timeout: float = 30.0) -> bool:
+    def close(self, timeout: float | None = 30.0) -> bool:
         """Accept nothing more and wait until what was posted has been handled (False if
-        that took longer than ``timeout``).  From the handler itself it does not wait."""
+        that took longer than ``timeout``; None waits as long as it takes).  From the
+        handler itself it does not wait."""
         with self._lock:
             self._closed = True
             if self._runner == threading.get_ident():

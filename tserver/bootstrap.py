@@ -29,6 +29,7 @@ from raftlet.consensus.core.types import Entry, EntryType
 from raftlet.consensus.log.metadata import PersistentState
 from raftlet.consensus.log.options import LogObserver, LogOptions
 from raftlet.consensus.log.raft_storage import LogStorage
+from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
 from raftlet.schema.schema import Schema
 from raftlet.tserver.store import ApplyEntry, EntryResult, TabletStore
@@ -98,12 +99,13 @@ def open_replica(
     voters: Sequence[str],
     log_options: LogOptions | None = None,
     log_observer: LogObserver | None = None,
+    log_appenders: WorkerPool | None = None,
 ) -> OpenedReplica:
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     store = TabletStore.open(path / STORE_FILE, schema)
     try:
-        storage = LogStorage.open(path, log_options, log_observer)
+        storage = LogStorage.open(path, log_options, log_observer, log_appenders)
     except BaseException:
         store.close()
         raise

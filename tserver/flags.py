@@ -99,6 +99,7 @@ class ServerSettings:
     admin_num_service_threads: int = 2
     replica_worker_min_threads: int = 2
     replica_worker_max_threads: int = 32
+    log_appender_threads: int = 8
     term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
     consensus_transport: str = "stream"
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
@@ -469,6 +470,13 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"Threads the replica worker pool may grow to while replicas wait on their locks "
         f"or disks (default {_D('replica_worker_max_threads')}); each blocked replica "
         "holds at most three.",
+        convert=_int, check=_int_check(1, _MAX_THREADS),
+    ),
+    FlagSpec(
+        "log_appender_threads", _POOLS, "N",
+        f"Threads that write and fsync the tablets' WALs, shared by all of a server's "
+        f"tablets (default {_D('log_appender_threads')}): at most this many fsyncs run at "
+        "once; a tablet with nothing to write holds none.",
         convert=_int, check=_int_check(1, _MAX_THREADS),
     ),
     FlagSpec(

@@ -100,6 +100,11 @@ class TabletServer:
             min_threads=s.replica_worker_min_threads,
             max_threads=s.replica_worker_max_threads,
         )
+        # Every replica's WAL writes and syncs on these: fsyncs release the GIL, so several
+        # may run at once, but not one thread per tablet.
+        self.log_appenders = WorkerPool(
+            "log-appender", min_threads=1, max_threads=s.log_appender_threads
+        )
         self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
         self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
         self._consensus_servicer = _ConsensusServicer(self)
@@ -174,6 +179,7 @@ class TabletServer:
                 metrics=entity,
                 ticker=self.ticker,
                 workers=self.workers,
+                log_appenders=self.log_appenders,
             )
             self._tablet_gauges(entity, replica)
             self.replicas[placement.tablet_id] = replica
@@ -254,6 +260,7 @@ class TabletServer:
             except Exception:
                 logger.exception("stopping tablet %s failed", replica.tablet_id)
         self.workers.stop()
+        self.log_appenders.stop()
 
     async def wait(self) -> None:
         if self._grpc is not None:

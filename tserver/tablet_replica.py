@@ -1,7 +1,8 @@
 """One tablet replica on this server: its store, its Raft group, and its write path.
 
-Threads (the replica has none of its own but its WAL appender: its stages are mailboxes
-run by the server's worker pool, ``consensus.workers``, each one batch at a time, in order):
+Threads (the replica has none of its own: its stages are mailboxes run by the server's
+worker pool, ``consensus.workers``, each one batch at a time, in order; its WAL's appender
+takes turns on the server's appender pool):
 - service threads call ``write``/``scan``.  ``write`` admits the request (exactly-once),
   binds the term with ONE lock-free read (``check_leadership_and_bind_term``), queues the
   op for the prepare worker and RETURNS; the call is answered later.  That is all a service
@@ -153,6 +154,7 @@ class TabletReplica:
         metrics: MetricEntity | None = None,
         ticker: TickSource | None = None,
         workers: WorkerPool | None = None,
+        log_appenders: WorkerPool | None = None,
     ) -> None:
         self.tablet_id = tablet_id
         self.table = table
@@ -162,7 +164,7 @@ class TabletReplica:
         self.options = opts = options or ReplicaOptions()
         self._metrics = _ReplicaMetrics(metrics)
         self._opened: OpenedReplica = open_replica(
-            directory, schema, voters, opts.log, _LogMetrics(metrics)
+            directory, schema, voters, opts.log, _LogMetrics(metrics), log_appenders
         )
         self.store = self._opened.store
         self.lock = ProfiledLock(

@@ -4,8 +4,11 @@ Threads and locks:
 
 - ``_lock`` guards the in-memory index, the cache, the segment list and the group-commit
   queue.  It is held only for bookkeeping, never across I/O or a callback.
-- One appender thread per log takes every batch queued since its last sync, writes them,
-  issues one fdatasync, and then calls each batch's callback in order.
+- The appender takes every batch queued since its last sync, writes them, issues one
+  fdatasync, and then calls each batch's callback in order.  It is a turn on a worker pool
+  (``consensus.workers``) that lasts while the log has work: a server's logs share one pool
+  of appender threads, so an idle log holds no thread and a busy server hands a thread from
+  one log to the next without waking another.  A log opened on its own gets a pool of one.
 - ``_read_lock`` serializes reads of old entries from segment files against GC (which
   closes and deletes those files).  Lock order: ``_read_lock`` before ``_lock``.
 
@@ -55,6 +58,7 @@ from raftlet.consensus.log.segment import (
     read_record,
     scan_segment,
 )
+from raftlet.consensus.workers import WorkerPool
 
 __all__ = ["AppendCallback", "Log"]
 
@@ -105,13 +109,13 @@ class Log:
         segments: dict[int, str],
         writer: SegmentWriter,
         lock_fd: int,
+        appenders: WorkerPool | None = None,
     ) -> None:
         self.directory = directory
         self.options = options
         self._observer = observer
         self._lock_fd = lock_fd
         self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)  # appender waits for batches
         self._space = threading.Condition(self._lock)  # producers wait for queue space
         self._read_lock = threading.Lock()
         self._index = index
@@ -125,16 +129,16 @@ class Log:
         self._queued_bytes = 0
         self._queue_min_first = _NONE
         self._unwritten_from = _NONE
-        self._appender_idle = False
+        self._appender_idle = True  # no turn is queued or running
         self._producers_waiting = 0
         self._closing = False
         self._failure: BaseException | None = None
         self._rng = random.Random()
-        self._appender = threading.Thread(
-            target=self._run, name=f"log-appender:{os.path.basename(directory)}", daemon=True
-        )
-        self._appender.start()
-        self._appender_ident = self._appender.ident
+        self._own_appenders = appenders is None
+        name = f"log-appender:{os.path.basename(directory)}"
+        self._appenders = appenders or WorkerPool(name, min_threads=1, max_threads=1)
+        self._turns = self._appenders.mailbox(name, self._take_turn)
+        self._appender_ident: int | None = None  # the thread taking the turn, while it runs
 
     # --- opening ----------------------------------------------------------------------
 
@@ -144,11 +148,14 @@ class Log:
         directory: str | os.PathLike[str],
         options: LogOptions | None = None,
         observer: LogObserver | None = None,
+        appenders: WorkerPool | None = None,
     ) -> Log:
         """Open (or create) the log in ``directory``, verifying every segment.
 
         A torn record at the very end is cut off with a warning; any other damage raises
         LogCorruptionError.  Only one Log may have a directory open at a time.
+        ``appenders``: the pool whose threads write and sync (the server's, shared by its
+        logs); by default the log gets one thread of its own.
         """
         path = os.fspath(directory)
         opts = options or LogOptions()
@@ -159,7 +166,9 @@ class Log:
         except BaseException:
             os.close(lock_fd)
             raise
-        return cls(path, opts, observer or NullLogObserver(), index, segments, writer, lock_fd)
+        return cls(
+            path, opts, observer or NullLogObserver(), index, segments, writer, lock_fd, appenders
+        )
 
     # --- appends ----------------------------------------------------------------------
 
@@ -219,9 +228,10 @@ class Log:
                     self._unwritten_from = first
             self._queue.append(batch)
             self._queued_bytes += nbytes
-            if self._appender_idle:
-                self._appender_idle = False
-                self._work.notify()
+            wake = self._appender_idle
+            self._appender_idle = False
+        if wake:
+            self._turns.post(None)
 
     def append(self, entries: Sequence[Entry], timeout: float | None = None) -> None:
         """``append_async`` and wait until durable; raises what the callback would get."""
@@ -292,7 +302,15 @@ class Log:
 
     # --- the appender thread ----------------------------------------------------------
 
+    def _take_turn(self, _wakes: list[None]) -> None:
+        self._appender_ident = threading.get_ident()
+        try:
+            self._run()
+        finally:
+            self._appender_ident = None
+
     def _run(self) -> None:
+        """Write, sync and complete groups until nothing is queued (the log is idle)."""
         # The callbacks of a synced group run only after the next group is written: a
         # callback wakes a producer, and every woken producer competes for the GIL, so the
         # appender would otherwise wait behind all of them after its write and again after
@@ -300,11 +318,9 @@ class Log:
         synced: _Group | None = None
         while True:
             with self._lock:
-                while not self._queue and synced is None:
-                    if self._closing:
-                        return
+                if not self._queue and synced is None:
                     self._appender_idle = True
-                    self._work.wait()
+                    return
                 batches = self._queue
                 self._queue = []
                 self._queued_bytes = 0
@@ -584,9 +600,10 @@ class Log:
         with self._lock:
             already = self._closing
             self._closing = True
-            self._work.notify_all()
             self._space.notify_all()
-        self._appender.join()
+        self._turns.close(timeout=None)  # what was queued is written, synced and reported
+        if self._own_appenders:
+            self._appenders.stop()
         if already:
             return
         with self._read_lock:

@@ -17,6 +17,7 @@ from raftlet.consensus.core.types import Entry, HardState
 from raftlet.consensus.log.log import AppendCallback, Log
 from raftlet.consensus.log.metadata import ConsensusMetadata, PersistentState
 from raftlet.consensus.log.options import LogObserver, LogOptions
+from raftlet.consensus.workers import WorkerPool
 
 __all__ = ["WAL_DIR", "LogStorage"]
 
@@ -34,12 +35,13 @@ class LogStorage:
         directory: str | os.PathLike[str],
         options: LogOptions | None = None,
         observer: LogObserver | None = None,
+        appenders: WorkerPool | None = None,
     ) -> LogStorage:
         """The replica layout: metadata in ``directory``, segments in ``directory/wal``."""
         path = os.fspath(directory)
         opts = options or LogOptions()
         metadata = ConsensusMetadata.load(path, sync=opts.fsync)
-        return cls(Log.open(os.path.join(path, WAL_DIR), opts, observer), metadata)
+        return cls(Log.open(os.path.join(path, WAL_DIR), opts, observer, appenders), metadata)
 
     # --- consensus.core.Storage -------------------------------------------------------
 
