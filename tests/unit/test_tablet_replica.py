@@ -4,6 +4,7 @@ and bad requests."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from raftlet.consensus.core import NotLeader
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
+from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
@@ -226,3 +228,75 @@ def test_restart_of_every_replica_keeps_acknowledged_rows(tablet: Tablet) -> Non
     scan = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], limit=4))
     assert [row.values[0].int_value for row in scan.rows] == [1, 2, 3, 4]
     assert scan.has_more
+
+
+def test_many_tablets_share_the_servers_pools_and_start_no_threads_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """Threads per server, not per replica: 8 tablets x 3 replicas on one replica worker
+    pool of at most 3 threads and one appender pool of at most 2 all replicate, and the
+    only threads they add are the pools' (and the in-memory network's)."""
+    workers = WorkerPool("replica-worker", min_threads=1, max_threads=3)
+    appenders = WorkerPool("log-appender", min_threads=1, max_threads=2)
+    ticker = ManualTicker()
+    before = {t.ident for t in threading.enumerate()}
+    groups: dict[str, dict[str, TabletReplica]] = {}
+    transports: list[InMemoryTransport] = []
+    try:
+        for t in range(8):
+            tablet_id = f"kv-p{t}"
+            transport = InMemoryTransport(workers=2)  # one network per tablet: routed by node
+            transports.append(transport)
+            for node in IDS:
+                r = TabletReplica(
+                    tablet_id=tablet_id,
+                    table="kv",
+                    partition=t,
+                    server_id=node,
+                    voters=IDS,
+                    directory=tmp_path / tablet_id / node,
+                    schema=SCHEMA,
+                    transport=transport,
+                    options=ReplicaOptions(consensus=FAST),
+                    ticker=ticker,
+                    workers=workers,
+                    log_appenders=appenders,
+                )
+                transport.register(node, r.consensus.handle_request)
+                r.start()
+                groups.setdefault(tablet_id, {})[node] = r
+
+        def leaders() -> list[TabletReplica]:
+            found = [
+                r for g in groups.values() for r in g.values() if r.consensus.snapshot.leader_ready
+            ]
+            return found if len(found) == len(groups) else []
+
+        def ticking(predicate: Callable[[], bool]) -> Callable[[], bool]:
+            def ticked() -> bool:
+                ticker.tick()  # followers learn the commit index from the next heartbeat
+                return predicate()
+
+            return ticked
+
+        wait_for(ticking(lambda: bool(leaders())), what="a ready leader in every tablet")
+        calls = [send(leader, write([k], "c", k)) for leader in leaders() for k in range(1, 6)]
+        for call in calls:
+            assert not call.result().row_errors
+        for group in groups.values():
+            for r in group.values():
+                applied = ticking(lambda r=r: keys_on(r) == [1, 2, 3, 4, 5])
+                wait_for(applied, what=f"{r.tablet_id} on {r.server_id} applies")
+        added = [t.name for t in threading.enumerate() if t.ident not in before]
+        ours = [n for n in added if not n.startswith("inmem-transport")]
+        assert all(re.fullmatch(r"(replica-worker|log-appender)-\d+", n) for n in ours), ours
+        assert workers.threads() <= 3
+        assert appenders.threads() <= 2
+    finally:
+        for group in groups.values():
+            for r in group.values():
+                r.stop()
+        for transport in transports:
+            transport.close()
+        workers.stop()
+        appenders.stop()
