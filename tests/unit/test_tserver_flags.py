@@ -313,6 +313,10 @@ def test_settings_validate_when_built_directly(config_path: Path) -> None:
         dataclasses.replace(base, server_id="x")
     with pytest.raises(FlagError, match=r"expected an integer, got 2\.5"):
         dataclasses.replace(base, rpc_num_service_threads=2.5)  # type: ignore[arg-type]
+    with pytest.raises(FlagError, match=r"^--replica_worker_max_threads \(1\) is below"):
+        dataclasses.replace(base, replica_worker_max_threads=1)
+    with pytest.raises(FlagError, match=r"^--log_appender_threads: must be in 1\.\.1024, got 0$"):
+        dataclasses.replace(base, log_appender_threads=0)
 
 
 # --- the runtime registry ------------------------------------------------------------------
