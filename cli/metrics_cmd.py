@@ -282,7 +282,7 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "leader_elections",
-        "leader elections started",
+        "leader elections won",
         "leader_elections_total",
         "count",
         _sum("leader_elections_total", "tablet"),

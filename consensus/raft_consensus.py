@@ -96,6 +96,8 @@ _NO_ANSWER = object()  # the core answered nothing
 Reply = Callable[[Message | None], None]
 # Save a lagging commit index every this many ticks (it is an optimisation for restarts).
 _COMMIT_SAVE_TICKS = 20
+# Publish the status that status pages read every this many ticks.
+_STATUS_PUBLISH_TICKS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +245,9 @@ class RaftConsensus:
         self._quiet_ticks = 0
         self._ticks = 0
         self._started = False
+        # What status pages read, never taking the lock: refreshed by the worker every
+        # _STATUS_PUBLISH_TICKS ticks, swapped in by one assignment.
+        self._published_status: dict[str, object] = {}
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -255,6 +260,7 @@ class RaftConsensus:
             self._ticker.start()
         with self._lock:
             self._process_ready_unlocked()
+            self._published_status = self._status_unlocked()
 
     def stop(self) -> None:
         """Stop ticking and sending; save the commit index.  Pending proposals are not
@@ -440,8 +446,28 @@ class RaftConsensus:
         return self._failure is not None
 
     def status(self) -> dict[str, object]:
+        """The replica's Raft state, exact: takes the consensus lock (for RPCs and tests;
+        status pages use ``published_status``)."""
         with self._lock:
-            st = self._node.status()
+            return self._status_unlocked()
+
+    def published_status(self) -> dict[str, object]:
+        """``status()`` without the lock: term, role and leader from the published snapshot,
+        the commit index as of the last Ready, the rest (vote, applied and last index,
+        peers' progress) as of the last publication, at most a second or so old."""
+        snap = self._snapshot
+        st = dict(self._published_status)
+        st.update(
+            term=snap.term,
+            role=snap.role.value,
+            leader=snap.leader_id,
+            leader_ready=snap.leader_ready,
+            commit_index=self._commit_seen,
+        )
+        return st
+
+    def _status_unlocked(self) -> dict[str, object]:
+        st = self._node.status()
         return {
             "term": st.hard_state.term,
             "role": st.soft_state.role.value,
@@ -617,3 +643,5 @@ class RaftConsensus:
         self._node.tick()
         if self._ticks % _COMMIT_SAVE_TICKS == 0:
             self._save_commit_unlocked()
+        if self._ticks % _STATUS_PUBLISH_TICKS == 1:
+            self._published_status = self._status_unlocked()

@@ -148,7 +148,7 @@ LEADER_ELECTIONS_TOTAL = MetricPrototype(
     "leader_elections_total",
     COUNTER,
     "elections",
-    "Elections this replica started as a candidate for a new term (pre-votes not counted)",
+    "Elections this replica won: terms in which it became the tablet's leader",
     entity_type="tablet",
 )
 
@@ -179,7 +179,8 @@ ROWS_INSERTED_TOTAL = MetricPrototype(
     "rows_inserted_total",
     COUNTER,
     "rows",
-    "Rows inserted into this replica's row store",
+    "Rows inserted into this replica's row store (every replica counts the rows it "
+    "applies, so a table's insert rate is one replica's, not the sum over replicas)",
     entity_type="tablet",
 )
 RESULT_TRACKER_REPLAYS_TOTAL = MetricPrototype(

@@ -42,7 +42,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import raftlet
 from raftlet.metrics import export_json, export_prometheus
+from raftlet.metrics.human import human_duration, utc_time
 from raftlet.metrics.process import ProcessCollector
 from raftlet.metrics.registry import MetricRegistry
 
@@ -349,8 +351,12 @@ class StatusServer:
         max_request_line: int = DEFAULT_MAX_REQUEST_LINE,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        server_name: str = "",
     ) -> None:
         self.registry = registry
+        self.server_name = server_name
+        self._started_wall = time.time()
+        self._started_mono = time.monotonic()
         self.host = host
         self._requested_port = port
         self._max_request_line = max_request_line
@@ -449,11 +455,29 @@ class StatusServer:
     def pages(self) -> Sequence[str]:
         return sorted(self._pages)
 
+    def banner(self) -> str:
+        """Which server this is, its version and uptime: the first line of every page."""
+        who = f"{self.server_name} · " if self.server_name else ""
+        up = human_duration(time.monotonic() - self._started_mono)
+        return (
+            f"{who}raftlet {raftlet.__version__} · up {up} "
+            f"(since {utc_time(self._started_wall)})"
+        )
+
+    def html_page(self, title: str, body: str) -> PageResponse:
+        """An HTML page with the server's banner above ``body`` (markup, already escaped)."""
+        name = html.escape(self.server_name or "raftlet")
+        return PageResponse.html(
+            f"<html><head><title>{name}: {html.escape(title)}</title></head><body>"
+            f"<p>{html.escape(self.banner())}</p><h1>{html.escape(title)}</h1>{body}"
+            "</body></html>\n"
+        )
+
     def _index_page(self, request: PageRequest) -> PageResponse:
         links = "".join(
             f'<li><a href="{html.escape(p)}">{html.escape(p)}</a></li>' for p in self.pages()
         )
-        return PageResponse.html(f"<html><body><h1>raftlet</h1><ul>{links}</ul></body></html>\n")
+        return self.html_page("status pages", f"<ul>{links}</ul>")
 
     def _metrics_page(self, request: PageRequest) -> PageResponse:
         body = export_prometheus.generate_prometheus_text(self.registry, [self._process])
@@ -468,7 +492,7 @@ class StatusServer:
         return PageResponse(body, export_json.CONTENT_TYPE)
 
     def _stacks_page(self, request: PageRequest) -> PageResponse:
-        return PageResponse.text(format_stacks())
+        return PageResponse.text(f"{self.banner()}\n\n{format_stacks()}")
 
     def _healthz_page(self, request: PageRequest) -> PageResponse:
         return PageResponse.text("OK")

@@ -18,6 +18,14 @@ module is ever loaded twice under two names.
 """
 
 
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("raftlet")
+except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "unknown"
+
+
 def require_namespaced(name: str) -> None:
     """Raises ImportError unless ``name`` (a subpackage's ``__name__``) is under ``raftlet.``.
 

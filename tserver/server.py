@@ -36,6 +36,7 @@ from raftlet.consensus.transport import Transport
 from raftlet.consensus.workers import WorkerPool
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics import set_lock_contention_trace_threshold_ms
+from raftlet.metrics.human import human_bytes
 from raftlet.metrics.registry import MetricEntity, MetricRegistry
 from raftlet.metrics.status_server import PageRequest, PageResponse, StatusServer
 from raftlet.proto import (
@@ -64,6 +65,13 @@ from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteC
 from raftlet.tserver.write_stream import WriteStreamSession
 
 __all__ = ["TabletServer"]
+
+# The gRPC service each service pool serves: its methods' overflow series exist from startup.
+_POOL_SERVICES = {
+    "tablet": tablet_pb2.DESCRIPTOR.services_by_name["TabletService"],
+    "consensus": consensus_pb2.DESCRIPTOR.services_by_name["ConsensusService"],
+    "admin": admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
+}
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +114,9 @@ class TabletServer:
             "log-appender", min_threads=1, max_threads=s.log_appender_threads
         )
         self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
-        self.status = StatusServer(self.registry, *parse_host_port(s.http_addr))
+        self.status = StatusServer(
+            self.registry, *parse_host_port(s.http_addr), server_name=s.server_id
+        )
         self._consensus_servicer = _ConsensusServicer(self)
         self._tablet_servicer = _TabletServicer(self)
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
@@ -116,11 +126,12 @@ class TabletServer:
         self.rpc_port = 0
 
     def _pool(self, name: str, threads: int, queue_length: int) -> ServicePool:
+        service = _POOL_SERVICES[name]
         return ServicePool(
             name,
             num_threads=threads,
             queue_length=queue_length,
-            metrics=ServicePoolMetrics(self.entity, name),
+            metrics=ServicePoolMetrics(self.entity, name, [m.name for m in service.methods]),
         )
 
     # --- lifecycle --------------------------------------------------------------------
@@ -316,7 +327,9 @@ class TabletServer:
         entity.function_gauge(cat.RAFT_APPLIED_INDEX, lambda: float(replica.store.applied_index()))
 
     def tablet_statuses(self) -> list[dict[str, object]]:
-        return [r.status() for r in self.replicas.values()]
+        """Every replica's published status: a status page never takes a consensus lock (a
+        replica stuck behind a slow disk must not hang the page that would show it)."""
+        return [r.published_status() for r in self.replicas.values()]
 
     def _tablets_json(self, request: PageRequest) -> PageResponse:
         return PageResponse.json({"server": self.server_id, "tablets": self.tablet_statuses()})
@@ -338,17 +351,16 @@ class TabletServer:
         ]
         rows = []
         for st in self.tablet_statuses():
+            size = st.get("log_bytes")
+            st["log_bytes"] = human_bytes(size) if isinstance(size, int) else ""
             cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in cols)
             rows.append(f"<tr>{cells}</tr>")
         head = "".join(f"<th>{c}</th>" for c in cols)
         body = (
-            f"<html><head><title>raftlet {html.escape(self.server_id)}: tablets</title></head>"
-            f"<body><h1>Tablets on {html.escape(self.server_id)}</h1>"
             f"<table border=1><tr>{head}</tr>{''.join(rows)}</table>"
             "<p><a href='/tablets.json'>JSON</a> · <a href='/metrics'>metrics</a></p>"
-            "</body></html>"
         )
-        return PageResponse.html(body)
+        return self.status.html_page(f"Tablets on {self.server_id}", body)
 
     # --- handlers (pool threads) -------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from raftlet.metrics import catalogue
 from raftlet.metrics.counter import StripedCounter
@@ -144,7 +144,10 @@ class ServicePoolMetrics:
     kept here only. Either way both are readable from this object.
     """
 
-    def __init__(self, entity: MetricEntity, service: str) -> None:
+    def __init__(self, entity: MetricEntity, service: str, methods: Sequence[str] = ()) -> None:
+        """``methods``: the service's RPC names, whose overflow series exist from the start
+        at 0 -- a dashboard must not show "no data" for the headline metric until the
+        first overflow."""
         self.entity = entity
         self.service = service
         self._overflow_has_method = "method" in catalogue.RPCS_QUEUE_OVERFLOW.label_names
@@ -164,6 +167,8 @@ class ServicePoolMetrics:
         self._lock = threading.Lock()
         self._overflow_by_method: dict[str, StripedCounter] = {}
         self._latency_by_method: dict[str, Histogram] = {}
+        for method in methods:
+            self.queue_overflow_for(method)
 
     @classmethod
     def standalone(cls, service: str) -> ServicePoolMetrics:

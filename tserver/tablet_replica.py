@@ -49,6 +49,7 @@ from raftlet.consensus.workers import WorkerPool
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.histogram import Histogram
+from raftlet.metrics.human import utc_time
 from raftlet.metrics.profiled_lock import ProfiledLock
 from raftlet.metrics.registry import MetricEntity, MetricPrototype
 from raftlet.proto import tablet_pb2
@@ -422,24 +423,36 @@ class TabletReplica:
         return self.consensus.commit_index_seen()
 
     def status(self) -> dict[str, object]:
+        """The replica's state, its Raft part exact (takes the consensus lock)."""
         st = self.consensus.status()
-        elected = self.consensus.last_election()
+        st.update(self._status_extras())
+        return st
+
+    def published_status(self) -> dict[str, object]:
+        """What status pages show, read without ever taking the consensus lock: the Raft
+        part from what the driver published (see ``RaftConsensus.published_status``)."""
+        st = self.consensus.published_status()
+        st.update(self._status_extras())
+        st.update(
+            applied_index=self.store.applied_index(),
+            last_index=self._opened.storage.log.last_index(),
+        )
+        return st
+
+    def _status_extras(self) -> dict[str, object]:
         log_bytes = 0
         for path in self._opened.storage.log.segment_paths():
             with contextlib.suppress(OSError):
                 log_bytes += os.path.getsize(path)
-        st.update(
-            log_bytes=log_bytes,
-            last_election=(
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(elected)) if elected else ""
-            ),
-            tablet_id=self.tablet_id,
-            table=self.table,
-            partition=self.partition,
-            store_applied_index=self.store.applied_index(),
-            failed=self._failure is not None or self.consensus.failed(),
-        )
-        return st
+        return {
+            "log_bytes": log_bytes,
+            "last_election": utc_time(self.consensus.last_election()),
+            "tablet_id": self.tablet_id,
+            "table": self.table,
+            "partition": self.partition,
+            "store_applied_index": self.store.applied_index(),
+            "failed": self._failure is not None or self.consensus.failed(),
+        }
 
 
 def _response(index: int, term: int, row_errors: Sequence[RowError]) -> tablet_pb2.WriteResponse:

@@ -15,6 +15,7 @@ import pytest
 
 from raftlet.metrics import catalogue
 from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.export_prometheus import generate_prometheus_text
 from raftlet.metrics.histogram import Histogram
 from raftlet.metrics.registry import MetricRegistry
 from raftlet.tserver.errors import DeadlineExceededInQueue, ServiceUnavailable
@@ -451,3 +452,15 @@ def test_metrics_are_instantiated_on_the_entity_from_the_catalogue(
     assert sum(counter(name, *labels) for name, labels in overflow) == 1
     # Looking metrics up again returns the same objects (no second series).
     assert ServicePoolMetrics(entity, "tablet").queue_time_us is metrics.queue_time_us
+
+
+def test_the_overflow_series_of_every_method_exist_from_startup_at_zero() -> None:
+    registry = MetricRegistry()
+    entity = registry.entity("server", "ts-1")
+    ServicePoolMetrics(entity, "tablet", ["Write", "Scan"])
+    text = generate_prometheus_text(registry).decode()
+    for method in ("Write", "Scan"):
+        assert (
+            f'rpcs_queue_overflow_total{{method="{method}",server="ts-1",service="tablet"}} 0.0'
+            in text
+        ), text

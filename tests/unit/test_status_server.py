@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import raftlet
 from raftlet.metrics import catalogue
 from raftlet.metrics.registry import MetricRegistry
 from raftlet.metrics.status_server import HttpError, PageRequest, PageResponse, StatusServer
@@ -190,6 +191,16 @@ def test_index_lists_pages(server: StatusServer) -> None:
     assert headers["Content-Type"].startswith("text/html")
     for page in ("/metrics", "/metrics.json", "/stacks", "/healthz"):
         assert f'href="{page}"'.encode() in body
+
+
+def test_pages_name_the_server_its_version_and_uptime_in_utc(registry: MetricRegistry) -> None:
+    with StatusServer(registry, HOST, 0, server_name="ts-7") as named:
+        for path in ("/", "/stacks"):
+            status, _, body = fetch(named, path)
+            assert status == 200
+            text = body.decode()
+            assert f"ts-7 · raftlet {raftlet.__version__} · up " in text, text[:300]
+            assert " UTC)" in text
 
 
 def test_unknown_paths_are_404(server: StatusServer) -> None:

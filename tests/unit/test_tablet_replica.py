@@ -300,3 +300,22 @@ def test_many_tablets_share_the_servers_pools_and_start_no_threads_of_their_own(
             transport.close()
         workers.stop()
         appenders.stop()
+
+
+def test_published_status_never_waits_for_the_consensus_lock(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    send(leader, write([1], "c1", 1)).result()
+    box: list[dict[str, object]] = []
+    with leader.lock:  # a replica stuck behind a slow disk holds it like this
+        reader = threading.Thread(target=lambda: box.append(leader.published_status()))
+        reader.start()
+        reader.join(timeout=10)
+        assert not reader.is_alive(), "the status page waited for the consensus lock"
+    (st,) = box
+    assert st["role"] == "LEADER"
+    assert st["term"] == leader.consensus.snapshot.term
+    assert st["tablet_id"] == "kv-p0"
+    assert st["applied_index"] == leader.store.applied_index()
+    assert str(st["last_election"]).endswith(" UTC")
+    exact = leader.status()
+    assert exact["leader"] == st["leader"] == leader.server_id
