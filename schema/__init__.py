@@ -11,7 +11,7 @@ from raftlet.schema.predicates import Predicate, PredicateError, PredicateKind
 from raftlet.schema.rows import (
     ErrorCode,
     OpType,
-    RowError,
+    RowFailure,
     RowOp,
     RowOpError,
     decode_row_op,
@@ -42,7 +42,7 @@ __all__ = [
     "Predicate",
     "PredicateError",
     "PredicateKind",
-    "RowError",
+    "RowFailure",
     "RowOp",
     "RowOpError",
     "Schema",

@@ -2,7 +2,7 @@
 encoding them on the client, and the ``RowPB`` cells of scan results.
 
 A bad row never fails the whole request: ``decode_row_ops`` returns the good rows and one
-``RowError`` (with a ``RowErrorPB`` code) per bad row, as Kudu does. The same validation runs
+``RowFailure`` (with a ``RowErrorPB`` code) per bad row, as Kudu does. The same validation runs
 on the client (``encode_row_op``) so most mistakes are caught before a round trip.
 
 Decoding rules, checked in this order; a row reports only its first error:
@@ -31,7 +31,7 @@ from raftlet.schema.types import TypeMismatch, Value, value_from_pb, value_to_pb
 __all__ = [
     "ErrorCode",
     "OpType",
-    "RowError",
+    "RowFailure",
     "RowOp",
     "RowOpError",
     "decode_row_op",
@@ -64,7 +64,7 @@ class RowOpError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class RowError:
+class RowFailure:
     """A per-row failure: ``row_index`` is the row's position in its request's ``ops``."""
 
     row_index: int
@@ -158,15 +158,15 @@ def _build(schema: Schema, op_type: OpType, given: Mapping[int, Value], row_inde
 
 def decode_row_ops(
     schema: Schema, ops: Iterable[tablet_pb2.RowOperationPB]
-) -> tuple[list[RowOp], list[RowError]]:
+) -> tuple[list[RowOp], list[RowFailure]]:
     """Decode a request's rows: the valid ones (each with its ``row_index``) and the errors."""
     good: list[RowOp] = []
-    errors: list[RowError] = []
+    errors: list[RowFailure] = []
     for i, pb in enumerate(ops):
         try:
             good.append(decode_row_op(schema, pb, i))
         except RowOpError as e:
-            errors.append(RowError(i, e.code, e.message))
+            errors.append(RowFailure(i, e.code, e.message))
     return good, errors
 
 

@@ -54,7 +54,7 @@ from raftlet.metrics.profiled_lock import ProfiledLock
 from raftlet.metrics.registry import MetricEntity, MetricPrototype
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
-from raftlet.schema.rows import RowError, decode_row_ops, row_to_pb
+from raftlet.schema.rows import RowFailure, decode_row_ops, row_to_pb
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
@@ -455,7 +455,7 @@ class TabletReplica:
         }
 
 
-def _response(index: int, term: int, row_errors: Sequence[RowError]) -> tablet_pb2.WriteResponse:
+def _response(index: int, term: int, row_errors: Sequence[RowFailure]) -> tablet_pb2.WriteResponse:
     response = tablet_pb2.WriteResponse(op_index=index, op_term=term)
     response.row_errors.extend(e.to_pb() for e in row_errors)
     return response

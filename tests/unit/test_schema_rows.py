@@ -8,7 +8,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import (
     ErrorCode,
     OpType,
-    RowError,
+    RowFailure,
     RowOp,
     RowOpError,
     decode_row_op,
@@ -170,6 +170,6 @@ def test_scan_rows_round_trip() -> None:
 
 
 def test_row_error_is_plain_data() -> None:
-    e = RowError(4, ErrorCode.KEY_EXISTS, "key present")
+    e = RowFailure(4, ErrorCode.KEY_EXISTS, "key present")
     assert e.code_name == "KEY_EXISTS"
     assert e.to_pb().message == "key present"

@@ -34,7 +34,7 @@ from pathlib import Path
 from raftlet.proto import tablet_pb2
 from raftlet.schema.keys import KeyDecodeError, decode_key, encode_key
 from raftlet.schema.predicates import Predicate, PredicateError
-from raftlet.schema.rows import ErrorCode, OpType, RowError, RowOp, RowOpError, decode_row_op
+from raftlet.schema.rows import ErrorCode, OpType, RowFailure, RowOp, RowOpError, decode_row_op
 from raftlet.schema.schema import Schema, SchemaError
 from raftlet.schema.types import Value
 from raftlet.tserver.store.errors import (
@@ -89,7 +89,7 @@ class EntryResult:
     index: int
     term: int
     skipped: bool
-    row_errors: tuple[RowError, ...] = ()
+    row_errors: tuple[RowFailure, ...] = ()
     rows_applied: int = 0
     duplicate_of: int = 0
     # The term of the original entry when ``duplicate_of`` is set.
@@ -102,7 +102,7 @@ class RequestRecord:
 
     index: int
     term: int
-    row_errors: tuple[RowError, ...]
+    row_errors: tuple[RowFailure, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +124,13 @@ class ScanResult:
 _REQUESTS = quote_ident("raftlet_requests")
 
 
-def _encode_errors(errors: Sequence[RowError]) -> bytes:
+def _encode_errors(errors: Sequence[RowFailure]) -> bytes:
     return tablet_pb2.WriteResponse(row_errors=[e.to_pb() for e in errors]).SerializeToString()
 
 
-def _decode_errors(data: bytes) -> tuple[RowError, ...]:
+def _decode_errors(data: bytes) -> tuple[RowFailure, ...]:
     pb = tablet_pb2.WriteResponse.FromString(data)
-    return tuple(RowError(e.row_index, e.code, e.message) for e in pb.row_errors)
+    return tuple(RowFailure(e.row_index, e.code, e.message) for e in pb.row_errors)
 
 
 def _short(value: object) -> str:
@@ -450,7 +450,7 @@ class TabletStore:
         return RequestRecord(int(row[0]), int(row[1]), _decode_errors(row[2]))
 
     def _apply_ops(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
-        errors: list[RowError] = []
+        errors: list[RowFailure] = []
         applied = 0
         for position, op in enumerate(entry.ops):
             if isinstance(op, RowOp):
@@ -459,7 +459,7 @@ class TabletStore:
                 try:
                     row = decode_row_op(self.schema, op, position)
                 except RowOpError as e:
-                    errors.append(RowError(position, e.code, e.message))
+                    errors.append(RowFailure(position, e.code, e.message))
                     continue
             else:
                 raise TypeError(f"entry {entry.index}: op {position} is a {type(op).__name__}")
@@ -470,7 +470,7 @@ class TabletStore:
                 errors.append(error)
         return EntryResult(entry.index, entry.term, False, tuple(errors), applied)
 
-    def _apply_op(self, cur: sqlite3.Cursor, op: RowOp) -> RowError | None:
+    def _apply_op(self, cur: sqlite3.Cursor, op: RowOp) -> RowFailure | None:
         if len(op.key) != self.schema.num_key_columns:
             raise ValueError(
                 f"row {op.row_index}: key has {len(op.key)} values, "
@@ -487,13 +487,13 @@ class TabletStore:
             elif op.type is OpType.UPDATE:
                 cur.execute(self._sql.update(columns), values + key)
                 if cur.rowcount == 0:
-                    return RowError(
+                    return RowFailure(
                         op.row_index, ErrorCode.KEY_NOT_FOUND, f"key {_short(op.key)} not found"
                     )
             elif op.type is OpType.DELETE:
                 cur.execute(self._sql.delete(), key)
                 if cur.rowcount == 0:
-                    return RowError(
+                    return RowFailure(
                         op.row_index, ErrorCode.KEY_NOT_FOUND, f"key {_short(op.key)} not found"
                     )
             else:
@@ -502,10 +502,10 @@ class TabletStore:
             # A failed statement undoes only itself, so the rest of the batch carries on;
             # the failure is a function of the row and the state, so every replica agrees.
             if getattr(e, "sqlite_errorname", "") == "SQLITE_CONSTRAINT_PRIMARYKEY":
-                return RowError(
+                return RowFailure(
                     op.row_index, ErrorCode.KEY_EXISTS, f"key {_short(op.key)} already present"
                 )
-            return RowError(op.row_index, ErrorCode.INVALID_ROW, f"constraint failed: {e}")
+            return RowFailure(op.row_index, ErrorCode.INVALID_ROW, f"constraint failed: {e}")
         return None
 
     # --- reads --------------------------------------------------------------------------
