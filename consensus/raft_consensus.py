@@ -52,7 +52,7 @@ from raftlet.consensus.core import (
     Entry,
     Message,
     MessageType,
-    NotLeader,
+    NotLeaderError,
     ProposalDropped,
     RawNode,
     Ready,
@@ -143,7 +143,7 @@ class ConsensusSnapshot:
     def bind_term(self) -> int:
         """The term a write may bind to, or the error that tells the client where to go."""
         if self.role is not Role.LEADER:
-            raise NotLeader(self.leader_id, self.term)
+            raise NotLeaderError(self.leader_id, self.term)
         if not self.leader_ready:
             raise LeaderNotReady(f"leader of term {self.term} has not committed its no-op yet")
         if self.transferring:
@@ -292,7 +292,7 @@ class RaftConsensus:
         return self._snapshot
 
     def check_leadership_and_bind_term(self) -> int:
-        """The term a write binds to; raises NotLeader / LeaderNotReady / ReplicaFailed.
+        """The term a write binds to; raises NotLeaderError / LeaderNotReady / ReplicaFailed.
 
         Lockfree mode reads the published snapshot once.  Locked mode takes the consensus
         lock and asks the core, as Kudu did before KUDU-2727."""
@@ -310,7 +310,7 @@ class RaftConsensus:
     def replicate(self, datas: Sequence[bytes], bound_term: int) -> list[Entry]:
         """Append ``datas`` as entries of ``bound_term`` and start replicating them.
 
-        Raises TermMismatch if leadership moved since the term was bound, NotLeader if this
+        Raises TermMismatch if leadership moved since the term was bound, NotLeaderError if this
         replica no longer leads.  Under the lock this may wait for room in the WAL's queue.
         """
         if self._failure is not None:
@@ -332,7 +332,7 @@ class RaftConsensus:
             self._step_ticks_unlocked()
             status = self._node.status()
             if status.soft_state.role is not Role.LEADER:
-                raise NotLeader(status.soft_state.leader_id, status.soft_state.term)
+                raise NotLeaderError(status.soft_state.leader_id, status.soft_state.term)
             target = new_leader
             if not target:
                 if not status.progress:

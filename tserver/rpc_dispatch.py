@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from raftlet.consensus.core import NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.core import NotLeaderError, ProposalDropped, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
 from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
@@ -135,7 +135,7 @@ def status_for(
         return S.INVALID_ARGUMENT, msg, E(code=code, message=msg)
     if isinstance(exc, StaleRequest):
         return S.FAILED_PRECONDITION, msg, E(code=E.STALE_REQUEST, message=msg)
-    if isinstance(exc, NotLeader | TermMismatch):
+    if isinstance(exc, NotLeaderError | TermMismatch):
         # A moved term means the same to a client as "not leader": find the leader again.
         # Both carry the leader this replica believes in, so the client can skip a lookup.
         leader = exc.leader_id

@@ -19,7 +19,7 @@ takes turns on the server's appender pool):
   their trackers learn every outcome, so the next leader can answer a retry.
 
 An op whose entry is replaced before it commits (this leader lost its term) is aborted
-with NotLeader when the apply stage reaches its index: the client retries at the new
+with NotLeaderError when the apply stage reaches its index: the client retries at the new
 leader, and the request id keeps that retry exactly-once.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftlet.consensus.core import Entry, EntryType, NotLeader, ProposalDropped
+from raftlet.consensus.core import Entry, EntryType, NotLeaderError, ProposalDropped
 from raftlet.consensus.log import Log, LogOptions
 from raftlet.consensus.raft_consensus import (
     ConsensusMetrics,
@@ -229,7 +229,7 @@ class TabletReplica:
     def write(self, request: tablet_pb2.WriteRequest, callbacks: WriteCallbacks) -> None:
         """Admit, bind the term, validate and queue; the answer comes through ``callbacks``
         (from the apply thread, or at once for replays and rejected batches).  Raises for
-        errors that answer the call now (NotLeader, LeaderNotReady, InvalidRequest…)."""
+        errors that answer the call now (NotLeaderError, LeaderNotReady, InvalidRequest…)."""
         if self._failure is not None or self._stopped:
             raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
         n = len(request.ops)
@@ -355,7 +355,7 @@ class TabletReplica:
             if mine is not None and mine[0] != entry.term:
                 # Our entry at this index was replaced: this leader lost its term.
                 self.tracker.abort(
-                    mine[1], NotLeader(self.consensus.snapshot.leader_id, entry.term)
+                    mine[1], NotLeaderError(self.consensus.snapshot.leader_id, entry.term)
                 )
                 mine = None
             if entry.type is not EntryType.NORMAL or result.skipped:

@@ -7,7 +7,12 @@ and the simulator (tests/sim) feed it ticks and messages and carry out the
 """
 
 from raftlet.consensus.core.config import Config
-from raftlet.consensus.core.errors import ConfigError, NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.core.errors import (
+    NotLeaderError,
+    ProposalDropped,
+    RaftConfigError,
+    TermMismatch,
+)
 from raftlet.consensus.core.progress import Progress, ProgressState
 from raftlet.consensus.core.raft import Raft
 from raftlet.consensus.core.raft_log import RaftLog
@@ -28,18 +33,18 @@ from raftlet.consensus.core.types import (
 __all__ = [
     "NO_NODE",
     "Config",
-    "ConfigError",
     "Entry",
     "EntryType",
     "HardState",
     "MemoryStorage",
     "Message",
     "MessageType",
-    "NotLeader",
+    "NotLeaderError",
     "Progress",
     "ProgressState",
     "ProposalDropped",
     "Raft",
+    "RaftConfigError",
     "RaftLog",
     "RawNode",
     "Ready",

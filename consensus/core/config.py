@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raftlet.consensus.core.errors import ConfigError
+from raftlet.consensus.core.errors import RaftConfigError
 
 __all__ = ["Config"]
 
@@ -43,18 +43,18 @@ class Config:
 
     def validate(self) -> None:
         if not self.id:
-            raise ConfigError("id must be non-empty")
+            raise RaftConfigError("id must be non-empty")
         if self.id not in self.voters:
-            raise ConfigError(f"id {self.id!r} is not among the voters {self.voters!r}")
+            raise RaftConfigError(f"id {self.id!r} is not among the voters {self.voters!r}")
         if len(set(self.voters)) != len(self.voters):
-            raise ConfigError(f"duplicate voters in {self.voters!r}")
+            raise RaftConfigError(f"duplicate voters in {self.voters!r}")
         if self.heartbeat_tick <= 0:
-            raise ConfigError("heartbeat_tick must be positive")
+            raise RaftConfigError("heartbeat_tick must be positive")
         if self.election_tick <= self.heartbeat_tick:
-            raise ConfigError("election_tick must be greater than heartbeat_tick")
+            raise RaftConfigError("election_tick must be greater than heartbeat_tick")
         if self.max_inflight_msgs <= 0:
-            raise ConfigError("max_inflight_msgs must be positive")
+            raise RaftConfigError("max_inflight_msgs must be positive")
         if self.max_size_per_msg <= 0:
-            raise ConfigError("max_size_per_msg must be positive")
+            raise RaftConfigError("max_size_per_msg must be positive")
         if self.applied < 0:
-            raise ConfigError("applied must be >= 0")
+            raise RaftConfigError("applied must be >= 0")

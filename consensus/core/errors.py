@@ -3,10 +3,10 @@ those are answered or dropped, because a remote node must not crash us)."""
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "NotLeader", "ProposalDropped", "TermMismatch"]
+__all__ = ["NotLeaderError", "ProposalDropped", "RaftConfigError", "TermMismatch"]
 
 
-class ConfigError(ValueError):
+class RaftConfigError(ValueError):
     """The core was configured inconsistently (see ``Config.validate``)."""
 
 
@@ -14,7 +14,7 @@ class ProposalDropped(Exception):
     """A proposal was not appended to the log; nothing about it is durable."""
 
 
-class NotLeader(ProposalDropped):
+class NotLeaderError(ProposalDropped):
     """This node is not the leader; ``leader_id`` is the known leader or ''."""
 
     def __init__(self, leader_id: str, term: int) -> None:

@@ -21,7 +21,7 @@ import random
 from collections.abc import Sequence
 
 from raftlet.consensus.core.config import Config
-from raftlet.consensus.core.errors import NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.core.errors import NotLeaderError, ProposalDropped, TermMismatch
 from raftlet.consensus.core.progress import Progress, ProgressState
 from raftlet.consensus.core.quorum import VoteResult, committed_index, vote_result
 from raftlet.consensus.core.raft_log import RaftLog
@@ -218,7 +218,7 @@ class Raft:
     def propose(self, datas: Sequence[bytes], expected_term: int | None = None) -> list[Entry]:
         """Append proposals to the leader's log and start replicating them."""
         if self.role is not Role.LEADER:
-            raise NotLeader(self.lead, self.term)
+            raise NotLeaderError(self.lead, self.term)
         if expected_term is not None and expected_term != self.term:
             raise TermMismatch(expected_term, self.term, self.lead)
         if self.lead_transferee != NO_NODE:

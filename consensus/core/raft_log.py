@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from raftlet.consensus.core.errors import ConfigError
+from raftlet.consensus.core.errors import RaftConfigError
 from raftlet.consensus.core.storage import Storage, limit_size
 from raftlet.consensus.core.types import Entry
 
@@ -26,7 +26,7 @@ class RaftLog:
         self.storage = storage
         last = storage.last_index()
         if applied > last:
-            raise ConfigError(f"applied index {applied} is beyond the durable log's end {last}")
+            raise RaftConfigError(f"applied index {applied} is beyond the durable log's end {last}")
         # A persisted commit index beyond the durable log cannot be trusted (the
         # entries were never fsynced); the leader will tell us the commit again.
         # The commit index is persisted lazily, so it may lag what the state machine

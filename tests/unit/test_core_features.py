@@ -14,16 +14,16 @@ import pytest
 from raftlet.consensus.core import (
     NO_NODE,
     Config,
-    ConfigError,
     Entry,
     EntryType,
     HardState,
     MemoryStorage,
     Message,
     MessageType,
-    NotLeader,
+    NotLeaderError,
     ProgressState,
     ProposalDropped,
+    RaftConfigError,
     RawNode,
     Role,
     TermMismatch,
@@ -273,7 +273,7 @@ def test_propose_on_follower_raises_not_leader_with_leader_hint() -> None:
     from." """
     node = new_node("a")
     node.step(Message(A, src="b", dst="a", term=3))
-    with pytest.raises(NotLeader) as err:
+    with pytest.raises(NotLeaderError) as err:
         node.raw.propose(b"x")
     assert (err.value.leader_id, err.value.term) == ("b", 3)
     assert node.log_terms() == []
@@ -283,7 +283,7 @@ def test_propose_on_candidate_raises_not_leader_without_hint() -> None:
     """§8: a server that knows no leader rejects the request with no hint."""
     node = new_node("a")
     node.campaign()
-    with pytest.raises(NotLeader) as err:
+    with pytest.raises(NotLeaderError) as err:
         node.raw.propose_batch([b"x", b"y"])
     assert (err.value.leader_id, err.value.term) == (NO_NODE, 1)
 
@@ -714,11 +714,11 @@ _BAD_CONFIGS: list[dict[str, Any]] = [
 
 @pytest.mark.parametrize("bad", _BAD_CONFIGS)
 def test_config_validate_rejects(bad: dict[str, Any]) -> None:
-    """config.Config.validate: an inconsistent configuration is a ConfigError (a
+    """config.Config.validate: an inconsistent configuration is a RaftConfigError (a
     ValueError), raised by validate() and by building a node with it."""
     kwargs: dict[str, Any] = {"id": "a", "voters": ("a", "b", "c"), **bad}
     config = Config(**kwargs)
-    with pytest.raises(ConfigError):
+    with pytest.raises(RaftConfigError):
         config.validate()
     with pytest.raises(ValueError, match=r"."):
         RawNode(config, MemoryStorage())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlet.consensus.core import NotLeader, Role, TermMismatch
+from raftlet.consensus.core import NotLeaderError, Role, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
 from raftlet.consensus.ticker import ManualTicker
 from tests.unit.consensus_cluster import Cluster
@@ -34,7 +34,7 @@ def test_elects_one_leader_and_replicates_to_every_replica(cluster: Cluster) -> 
         cluster.wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 20")
     followers = [r for r in cluster.replicas.values() if r is not leader]
     for f in followers:
-        with pytest.raises(NotLeader) as err:
+        with pytest.raises(NotLeaderError) as err:
             f.consensus.check_leadership_and_bind_term()
         assert err.value.leader_id == leader.node_id
 
@@ -96,7 +96,7 @@ def test_a_write_bound_to_an_old_term_is_refused_after_leadership_moves(cluster:
     assert new_term > stale_term
     with pytest.raises(TermMismatch):
         new.consensus.replicate([b"late"], stale_term)
-    with pytest.raises((NotLeader, TermMismatch)):
+    with pytest.raises((NotLeaderError, TermMismatch)):
         leader.consensus.replicate([b"late"], stale_term)
     new.consensus.replicate([b"fresh"], new_term)
     for r in cluster.replicas.values():
@@ -113,7 +113,7 @@ def test_an_isolated_leader_steps_down_and_the_majority_elects_another(
     new = cluster.wait_leader(among=others)
     # Check-quorum: the old leader's published snapshot stops claiming leadership.
     cluster.wait_for(lambda: leader.consensus.snapshot.role is not Role.LEADER, what="step-down")
-    with pytest.raises(NotLeader):
+    with pytest.raises(NotLeaderError):
         leader.consensus.check_leadership_and_bind_term()
     cluster.transport.heal()
     term = new.consensus.check_leadership_and_bind_term()
@@ -164,7 +164,7 @@ def test_leader_not_ready_is_retriable() -> None:
     with pytest.raises(LeaderNotReady):
         ConsensusSnapshot(3, Role.LEADER, "a", True, True).bind_term()
     assert ConsensusSnapshot(3, Role.LEADER, "a", True, False).bind_term() == 3
-    with pytest.raises(NotLeader):
+    with pytest.raises(NotLeaderError):
         ConsensusSnapshot(3, Role.FOLLOWER, "b", False, False).bind_term()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from raftlet.consensus.core import NotLeader, ProposalDropped, TermMismatch
+from raftlet.consensus.core import NotLeaderError, ProposalDropped, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
 from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
@@ -63,7 +63,7 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
         (TabletNotFound("t-1"), S.NOT_FOUND, E.TABLET_NOT_FOUND),
         (InvalidRequest("no key column"), S.INVALID_ARGUMENT, E.INVALID_ARGUMENT),
         (StaleRequest("seq 3 < first incomplete 5"), S.FAILED_PRECONDITION, E.STALE_REQUEST),
-        (NotLeader("ts-2", 4), S.FAILED_PRECONDITION, E.NOT_LEADER),
+        (NotLeaderError("ts-2", 4), S.FAILED_PRECONDITION, E.NOT_LEADER),
         (TermMismatch(4, 5, "ts-2"), S.FAILED_PRECONDITION, E.NOT_LEADER),
         (LeaderNotReady("no-op not committed"), S.UNAVAILABLE, E.LEADER_NOT_READY),
         (ReplicaFailed("log failed"), S.UNAVAILABLE, E.TABLET_NOT_RUNNING),
@@ -85,22 +85,22 @@ def test_status_for_maps_typed_errors(
 
 
 def test_not_leader_carries_the_leader_hint() -> None:
-    for exc in (NotLeader("ts-2", 4), TermMismatch(4, 5, "ts-2")):
+    for exc in (NotLeaderError("ts-2", 4), TermMismatch(4, 5, "ts-2")):
         _, _, error = status_for(exc, leader_addr)
         assert error is not None
         assert (error.leader_uuid, error.leader_addr) == ("ts-2", "10.0.0.2:7050")
     # Unknown leader, no lookup, or a failing lookup: still NOT_LEADER, just no address.
-    _, _, error = status_for(NotLeader("", 4), leader_addr)
+    _, _, error = status_for(NotLeaderError("", 4), leader_addr)
     assert error is not None
     assert (error.code, error.leader_uuid, error.leader_addr) == (E.NOT_LEADER, "", "")
-    _, _, error = status_for(NotLeader("ts-2", 4))
+    _, _, error = status_for(NotLeaderError("ts-2", 4))
     assert error is not None
     assert (error.leader_uuid, error.leader_addr) == ("ts-2", "")
 
     def broken(uuid: str) -> str:
         raise KeyError(uuid)
 
-    code, _, error = status_for(NotLeader("ts-9", 4), broken)
+    code, _, error = status_for(NotLeaderError("ts-9", 4), broken)
     assert code == S.FAILED_PRECONDITION
     assert error is not None
     assert (error.leader_uuid, error.leader_addr) == ("ts-9", "")
@@ -259,7 +259,7 @@ def test_full_queue_is_resource_exhausted_with_server_error() -> None:
 
 def test_typed_errors_reach_the_client_as_statuses() -> None:
     def not_leader(c: InboundCall) -> None:
-        raise NotLeader("ts-2", 7)
+        raise NotLeaderError("ts-2", 7)
 
     def not_found(c: InboundCall) -> None:
         c.fail(TabletNotFound("t-9"))
@@ -270,13 +270,13 @@ def test_typed_errors_reach_the_client_as_statuses() -> None:
     async def main() -> None:
         pool = ServicePool("tablet", num_threads=2, queue_length=4)
         handlers = {
-            "NotLeader": via(pool, "NotLeader", not_leader),
+            "NotLeaderError": via(pool, "NotLeaderError", not_leader),
             "NotFound": via(pool, "NotFound", not_found),
             "Bug": via(pool, "Bug", bug),
         }
         with started(pool):
             async with serve(handlers) as ch:
-                err = await call_error(ch, "NotLeader")
+                err = await call_error(ch, "NotLeaderError")
                 assert err.code() == S.FAILED_PRECONDITION
                 error = server_error(err)
                 assert error is not None

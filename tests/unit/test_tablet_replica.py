@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlet.consensus.core import NotLeader
+from raftlet.consensus.core import NotLeaderError
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from raftlet.consensus.workers import WorkerPool
@@ -175,7 +175,7 @@ def test_bad_requests_are_refused_without_replication(tablet: Tablet) -> None:
     assert [e.code for e in response.row_errors] == [ErrorCode.UNKNOWN_COLUMN]
     assert leader.consensus.status()["last_index"] == before
     follower = next(r for r in tablet.replicas.values() if r is not leader)
-    with pytest.raises(NotLeader):
+    with pytest.raises(NotLeaderError):
         send(follower, write([1]))
 
 
