@@ -65,13 +65,23 @@ class UsageError(CliError):
 # --- finding the cluster -----------------------------------------------------------------
 
 
+# Where a client command finds its cluster when no flag names one (as etcdctl reads its
+# endpoints from the environment): a config file, or seed addresses.
+ENV_CLUSTER = "RAFTLET_CLUSTER"
+ENV_SERVERS = "RAFTLET_SERVERS"
+
+
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """``--data-dir`` / ``--cluster`` / ``--servers``, mutually exclusive."""
+    """``--data-dir`` / ``--cluster`` / ``--servers``, mutually exclusive; none is needed
+    when ``RAFTLET_CLUSTER`` or ``RAFTLET_SERVERS`` is set."""
     group = parser.add_argument_group(
         "which cluster (exactly one)",
-        "A local cluster's directory, a cluster config file, or seed server addresses.",
+        "A local cluster's directory, a cluster config file, or seed server addresses. "
+        f"Without one, ${ENV_CLUSTER} (a config file) or ${ENV_SERVERS} (host:port,…) "
+        "names the cluster.",
     )
-    ex = group.add_mutually_exclusive_group(required=required)
+    from_env = bool(os.environ.get(ENV_CLUSTER) or os.environ.get(ENV_SERVERS))
+    ex = group.add_mutually_exclusive_group(required=required and not from_env)
     ex.add_argument(
         "--data-dir",
         metavar="DIR",
@@ -133,11 +143,15 @@ class Target:
 
 
 def config_file_of(args: argparse.Namespace) -> Path | None:
-    """The config file ``--data-dir``/``--cluster`` names (not read), or None."""
+    """The config file ``--data-dir``/``--cluster`` names (not read), or None.  With no
+    target flag at all, ``$RAFTLET_CLUSTER`` (unless ``$RAFTLET_SERVERS`` is what is set)."""
     if getattr(args, "data_dir", None):
         return Path(os.path.abspath(Path(args.data_dir).expanduser())) / CONFIG_FILE
     if getattr(args, "cluster", None):
         return Path(os.path.abspath(Path(args.cluster).expanduser()))
+    env = os.environ.get(ENV_CLUSTER)
+    if env and not getattr(args, "servers", None):
+        return Path(os.path.abspath(Path(env).expanduser()))
     return None
 
 
@@ -158,8 +172,16 @@ def resolve_target(args: argparse.Namespace, timeout_s: float = 5.0) -> Target:
         except ConfigError as e:
             raise CliError(str(e)) from None
     seeds = getattr(args, "servers", None)
+    if not seeds and os.environ.get(ENV_SERVERS):
+        try:
+            seeds = _seed_list(os.environ[ENV_SERVERS])
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(f"${ENV_SERVERS}: {e}") from None
     if not seeds:
-        raise UsageError("name the cluster with --data-dir DIR, --cluster FILE or --servers")
+        raise UsageError(
+            "name the cluster with --data-dir DIR, --cluster FILE or --servers "
+            f"(or set ${ENV_CLUSTER} or ${ENV_SERVERS})"
+        )
     return Target(fetch_config(seeds, timeout_s), None, tuple(seeds))
 
 

@@ -28,9 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
 
 
-def raftlet(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def raftlet(
+    *args: str, timeout: float = TIMEOUT_S, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
     """``raftlet ARGS`` as a subprocess (stdout is a pipe: plain output, no progress bar)."""
-    env = dict(os.environ, NO_COLOR="1")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAFTLET_CLUSTER", "RAFTLET_SERVERS")}
+    env.update(NO_COLOR="1", **extra_env)
     return subprocess.run(
         [sys.executable, "-m", "raftlet", *args],
         capture_output=True,
@@ -145,6 +148,18 @@ def test_sync_write_with_seed_servers_and_summary_table(data_dir: Path) -> None:
         "errors",
     ):
         assert fragment in out, out
+
+
+def test_the_environment_names_the_cluster_when_no_flag_does(data_dir: Path) -> None:
+    seeds = ",".join(s["rpc_addr"] for s in state(data_dir)["servers"])
+    out = ok(raftlet("write", "--rows", "5", RAFTLET_SERVERS=seeds))
+    assert "rows written" in out, out
+    config = str(data_dir / "cluster.toml")
+    ok(raftlet("scan", "kv", "--limit", "1", RAFTLET_CLUSTER=config))
+    # A flag still wins over the environment.
+    proc = raftlet("scan", "kv", "--cluster", str(data_dir / "nope.toml"), RAFTLET_CLUSTER=config)
+    assert proc.returncode == 1
+    assert "nope.toml not found" in proc.stderr
 
 
 def test_scan_usage_error_needs_the_schema(data_dir: Path) -> None:

@@ -71,6 +71,13 @@ def test_every_command_has_help_with_examples(
 
 # --- usage errors: exit 2, one line -------------------------------------------------------
 
+
+@pytest.fixture(autouse=True)
+def no_cluster_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAFTLET_CLUSTER", raising=False)
+    monkeypatch.delenv("RAFTLET_SERVERS", raising=False)
+
+
 USAGE_ERRORS = [
     # (argv, a fragment of the message)
     (["write", "--data-dir", "x"], "one of the arguments --rows --duration is required"),
@@ -127,6 +134,21 @@ def test_bad_arguments_exit_2_with_one_line(
     assert "error:" in lines[0]
     assert fragment in lines[0]
     assert "Traceback" not in captured.err
+
+
+def test_the_environment_names_the_cluster_and_a_bad_value_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAFTLET_CLUSTER", str(tmp_path / "nope.toml"))
+    assert main(["write", "--rows", "1"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"raftlet write: error: cluster config {tmp_path / 'nope.toml'} not found"
+    monkeypatch.delenv("RAFTLET_CLUSTER")
+    monkeypatch.setenv("RAFTLET_SERVERS", "nohostport")
+    assert main(["write", "--rows", "1"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("raftlet write: error: $RAFTLET_SERVERS: ")
+    assert "is not host:port" in line
 
 
 def test_missing_cluster_is_an_operation_error(
