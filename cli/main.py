@@ -7,7 +7,8 @@ Commands:
   ``deploy.local``) and a ksck-style health check (``deploy.health``);
 - ``write``: a load generator (``cli.write_cmd``); ``scan``: read rows (``cli.scan_cmd``);
 - ``metrics``: key server metrics in human units (``cli.metrics_cmd``);
-- ``leader-step-down``: move a tablet's leadership (``cli.admin_cmd``).
+- ``leader-step-down``: move a tablet's leadership (``cli.admin_cmd``);
+- ``completion bash|zsh``: a shell completion script (``cli.completion_cmd``).
 
 Conventions every command keeps: argparse throughout (the same ``OneLineArgumentParser``
 as ``raftlet tserver``, so every usage error is one line); exit status 0 on success, 1 when
@@ -62,7 +63,14 @@ Run `raftlet COMMAND --help` for a command's options and examples.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from raftlet.cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
+    from raftlet.cli import (
+        admin_cmd,
+        cluster_cmd,
+        completion_cmd,
+        metrics_cmd,
+        scan_cmd,
+        write_cmd,
+    )
 
     parser = OneLineArgumentParser(
         prog="raftlet",
@@ -87,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan_cmd.add_parser(commands, _Formatter)
     metrics_cmd.add_parser(commands, _Formatter)
     admin_cmd.add_parser(commands, _Formatter)
+    completion_cmd.add_parser(commands, _Formatter)
     return parser
 
 
@@ -101,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # With no command, show what there is.
         parser.print_help()
         return 0
+    if args.command == "completion":
+        from raftlet.cli import completion_cmd
+
+        return completion_cmd.run(args, parser)
     return _run_command(args)
 
 
