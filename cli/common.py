@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raftlet.tserver.cluster_config import (
+from raftlet.cluster import (
     ClusterConfig,
-    ConfigError,
+    ClusterConfigError,
     TableConfig,
     load_cluster_config,
     parse_host_port,
@@ -169,7 +169,7 @@ def resolve_target(args: argparse.Namespace, timeout_s: float = 5.0) -> Target:
             raise CliError(where)
         try:
             return Target(load_cluster_config(path), path, ())
-        except ConfigError as e:
+        except ClusterConfigError as e:
             raise CliError(str(e)) from None
     seeds = getattr(args, "servers", None)
     if not seeds and os.environ.get(ENV_SERVERS):
@@ -204,7 +204,7 @@ def fetch_config(seeds: Sequence[str], timeout_s: float = 5.0) -> ClusterConfig:
             channel.close()
         try:
             return ClusterConfig.from_pb(resp, name=f"via {addr}")
-        except ConfigError as e:
+        except ClusterConfigError as e:
             raise CliError(f"{addr} sent an invalid cluster config: {e}") from None
     raise CliError(f"no server answered ({'; '.join(failures)})")
 

@@ -36,7 +36,7 @@ from raftlet.cli.common import (
     human_us,
     resolve_target,
 )
-from raftlet.tserver.cluster_config import ServerConfig
+from raftlet.cluster import ServerConfig
 
 __all__ = ["KEY_METRICS", "KeyMetric", "add_parser", "key_metrics", "run"]
 

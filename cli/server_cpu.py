@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from raftlet.tserver.cluster_config import ServerConfig
+from raftlet.cluster import ServerConfig
 
 __all__ = ["CPU_SAMPLE", "ServerCpu", "parse_cpu_seconds", "read_cpu_seconds"]
 

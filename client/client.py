@@ -12,8 +12,9 @@ One ``Client`` per process (or per independent user) is the intended use: it own
 
 It is thread-safe; sessions are meant to be used by one thread at a time (as in Kudu), but
 guard their own state. ``close()`` closes the sessions (flushing them), then the pool and the
-channels. The client speaks only the wire protocol (``proto``) and shares ``schema`` with the
-server; it never imports ``tserver`` or ``consensus`` (docs/ARCHITECTURE.md, "Layout").
+channels. The client speaks only the wire protocol (``proto``) and shares ``schema`` and the
+cluster config model (``cluster``, for ``from_config``) with the server; it never imports
+``tserver`` or ``consensus`` (docs/ARCHITECTURE.md, "Layout").
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from tenacity.wait import wait_base
@@ -39,6 +38,7 @@ from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.client.scanner import ReadMode, Scanner
 from raftlet.client.session import FlushMode, Session
 from raftlet.client.stats import StatsRecorder
+from raftlet.cluster import ClusterConfigError, load_cluster_config
 from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.schema.predicates import Predicate
 
@@ -58,23 +58,14 @@ def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
 
 
 def seeds_from_config(path: str | os.PathLike[str]) -> list[str]:
-    """The RPC addresses of the ``[[servers]]`` of a ``cluster.toml``."""
-    p = Path(path)
+    """The RPC addresses of the servers of a ``cluster.toml``, read and validated by
+    ``raftlet.cluster`` exactly as the servers read it (``InvalidArgument`` if it is not a
+    valid config)."""
     try:
-        doc = tomllib.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise InvalidArgument(f"cannot read cluster config {str(p)!r}: {e}") from None
-    servers = doc.get("servers")
-    addrs = []
-    if isinstance(servers, list):
-        addrs = [
-            s["rpc_addr"]
-            for s in servers
-            if isinstance(s, dict) and isinstance(s.get("rpc_addr"), str)
-        ]
-    if not addrs:
-        raise InvalidArgument(f"{p}: no [[servers]] with an rpc_addr")
-    return addrs
+        config = load_cluster_config(path)
+    except ClusterConfigError as e:
+        raise InvalidArgument(str(e)) from None
+    return [s.rpc_addr for s in config.servers]
 
 
 class Client(ClientBase[MetaCache]):

@@ -29,9 +29,9 @@ from typing import Any
 
 import grpc
 
+from raftlet.cluster import ClusterConfig
 from raftlet.proto import tablet_pb2, tablet_pb2_grpc
 from raftlet.proto.consensus_pb2 import RaftRole
-from raftlet.tserver.cluster_config import ClusterConfig
 
 __all__ = [
     "ClusterHealth",

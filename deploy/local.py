@@ -48,18 +48,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raftlet.deploy.health import ClusterHealth, ProbeOptions, check_cluster
-from raftlet.schema.schema import ColumnSchema, Schema
-from raftlet.schema.types import DataType
-from raftlet.tserver.cluster_config import (
+from raftlet.cluster import (
     ClusterConfig,
-    ConfigError,
+    ClusterConfigError,
     RaftTimings,
     ServerConfig,
     TableConfig,
     load_cluster_config,
     write_cluster_config,
 )
+from raftlet.deploy.health import ClusterHealth, ProbeOptions, check_cluster
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
 
 __all__ = [
     "CONFIG_FILE",
@@ -324,7 +324,7 @@ class LocalCluster:
         if config_path.exists():
             try:
                 config = load_cluster_config(config_path)
-            except ConfigError as e:
+            except ClusterConfigError as e:
                 raise LauncherError(f"{root} holds an invalid cluster config: {e}") from None
             _check_matches(config, servers, tablets, root)
             if base_port is not None:
@@ -464,7 +464,7 @@ class LocalCluster:
             raise LauncherError(f"{state_path} is not a raftlet cluster state file")
         try:
             config = load_cluster_config(root / CONFIG_FILE)
-        except ConfigError as e:
+        except ClusterConfigError as e:
             raise LauncherError(str(e)) from None
         try:
             servers = {s["id"]: ServerProcess.from_json(s, root) for s in raw.get("servers", [])}
@@ -635,7 +635,7 @@ def new_config(
     try:
         table = TableConfig(DEFAULT_TABLE, KV_SCHEMA, tablets, min(3, servers))
         return ClusterConfig(name, server_configs, (table,), raft or RaftTimings())
-    except ConfigError as e:
+    except ClusterConfigError as e:
         raise LauncherError(f"invalid cluster: {e}") from None
 
 

@@ -58,15 +58,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from raftlet.schema.schema import ColumnSchema, Schema
-from raftlet.schema.types import DataType
-from raftlet.tserver.cluster_config import (
+from raftlet.cluster import (
     ClusterConfig,
     RaftTimings,
     ServerConfig,
     TableConfig,
     write_cluster_config,
 )
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
 
 __all__ = [
     "NetnsCluster",

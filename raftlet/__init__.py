@@ -6,6 +6,8 @@ Everything the distribution installs lives under this one name, so an applicatio
 - ``raftlet.client``: the Python client library (sessions, retries, scanners);
 - ``raftlet.proto``: the wire protocol and its generated modules;
 - ``raftlet.schema``: what client and server agree on (types, keys, partitioning, rows);
+- ``raftlet.cluster``: the cluster config (servers, tables, placement), read from TOML by
+  servers, launchers and clients alike;
 - ``raftlet.consensus``: Raft (the sans-I/O core, the durable log, the threaded driver);
 - ``raftlet.metrics``: striped counters, histograms, the profiled lock, exporters;
 - ``raftlet.tserver``: the tablet server process;

@@ -34,17 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from raftlet.consensus.log.options import LogOptions
-from raftlet.consensus.raft_consensus import ConsensusOptions, TermCheckMode
-from raftlet.tserver.cluster_config import (
+from raftlet.cluster import (
     ClusterConfig,
-    ConfigError,
     RaftTimings,
     ServerConfig,
     TabletPlacement,
     load_cluster_config,
     parse_host_port,
 )
+
+# Under its former name, so the rename to ClusterConfigError changed only imports here.
+from raftlet.cluster import ClusterConfigError as ConfigError
+from raftlet.consensus.log.options import LogOptions
+from raftlet.consensus.raft_consensus import ConsensusOptions, TermCheckMode
 
 __all__ = [
     "FLAGS",

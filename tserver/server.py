@@ -30,6 +30,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from raftlet.cluster import parse_host_port
 from raftlet.consensus.core import NO_NODE
 from raftlet.consensus.ticker import Ticker
 from raftlet.consensus.transport import Transport
@@ -47,7 +48,6 @@ from raftlet.proto import (
     tablet_pb2,
     tablet_pb2_grpc,
 )
-from raftlet.tserver.cluster_config import parse_host_port
 from raftlet.tserver.consensus_rpc import (
     ChannelPool,
     ConsensusRequestHandler,

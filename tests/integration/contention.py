@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from raftlet.client import Client, FlushMode
+from raftlet.cluster import RaftTimings
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from raftlet.tserver.cluster_config import RaftTimings
 from tests.integration.tserver_cluster import TserverCluster
 
 SCHEMA = Schema(

@@ -19,12 +19,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from raftlet.cluster import RaftTimings
 from raftlet.deploy.netns import NetnsCluster, list_run_namespaces, netns_available
 from raftlet.proto import consensus_pb2, tablet_pb2, tablet_pb2_grpc
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.partition import partition_for_key
 from raftlet.schema.rows import row_from_pb
-from raftlet.tserver.cluster_config import RaftTimings
 from tests.integration.tserver_cluster import (
     CHANNEL_OPTIONS,
     KV_SCHEMA,

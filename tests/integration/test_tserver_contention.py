@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from raftlet.cluster import RaftTimings
 from raftlet.proto.common_pb2 import ServerErrorPB
-from raftlet.tserver.cluster_config import RaftTimings
 from tests.integration.tserver_cluster import (
     TserverCluster,
     kv_op,

@@ -36,6 +36,13 @@ from typing import Any, NamedTuple
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from raftlet.cluster import (
+    ClusterConfig,
+    RaftTimings,
+    ServerConfig,
+    TableConfig,
+    write_cluster_config,
+)
 from raftlet.proto import (
     ERROR_METADATA_KEY,
     admin_pb2_grpc,
@@ -48,13 +55,6 @@ from raftlet.schema.partition import partition_for_key
 from raftlet.schema.rows import OpType, encode_row_op, row_from_pb
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from raftlet.tserver.cluster_config import (
-    ClusterConfig,
-    RaftTimings,
-    ServerConfig,
-    TableConfig,
-    write_cluster_config,
-)
 from tests import waiting
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from raftlet.cli.common import Target
 from raftlet.cli.server_cpu import ServerCpu, parse_cpu_seconds
 from raftlet.cli.write_cmd import LoadSummary
 from raftlet.client.aio import AsyncClient
-from raftlet.tserver.cluster_config import ClusterConfig
+from raftlet.cluster import ClusterConfig
 from tests.unit.client_aio_fakes import AsyncFakeCluster, fake_client
 from tests.unit.client_fakes import KV_SCHEMA, ok
 

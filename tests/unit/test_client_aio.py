@@ -281,7 +281,13 @@ def test_connect_from_config_retries_seeds_and_close_refuses_writes(tmp_path: Pa
     cluster.servers["ts1"].script("config", unavailable())
     cluster.servers["ts2"].script("config", config_pb())
     config = tmp_path / "cluster.toml"
-    config.write_text("".join(f'[[servers]]\nrpc_addr = "{addr(s)}"\n' for s in ("ts1", "ts2")))
+    config.write_text(
+        '[cluster]\nname = "fake"\n'
+        + "".join(
+            f'[[servers]]\nid = "{s}"\nrpc_addr = "{addr(s)}"\nhttp_addr = "{s}.fake:8051"\n'
+            for s in ("ts1", "ts2")
+        )
+    )
 
     async def main() -> None:
         async with AsyncClient.from_config(config, stubs=cluster) as c:
@@ -293,6 +299,20 @@ def test_connect_from_config_retries_seeds_and_close_refuses_writes(tmp_path: Pa
             await c.insert("kv", {"key": 1})
 
     run(main())
+
+
+def test_from_config_reads_the_file_as_the_servers_do(tmp_path: Path) -> None:
+    """The file is loaded by raftlet.cluster, so a config the servers would refuse is refused
+    here too, with their file:line message, before any server is asked."""
+    config = tmp_path / "cluster.toml"
+    config.write_text(
+        '[cluster]\nname = "fake"\n\n[[servers]]\nid = "ts1"\n'
+        'rpc_addr = "ts1.fake:7051"\nhttp_addr = "ts1.fake:7051"\n'
+    )
+    expected = f"{config}:7: servers[0].http_addr: 'ts1.fake:7051' is also this server's rpc_addr"
+    with pytest.raises(InvalidArgument) as info:
+        AsyncClient.from_config(config, stubs=AsyncFakeCluster())  # raises before awaiting
+    assert str(info.value) == expected
 
 
 def test_no_seed_answers_times_out() -> None:

@@ -15,13 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftlet.proto import tablet_pb2
-from raftlet.schema.schema import ColumnSchema, Schema
-from raftlet.schema.types import DataType
-from raftlet.tserver.cluster_config import (
+from raftlet.cluster import (
     MAX_PARTITIONS,
     ClusterConfig,
-    ConfigError,
+    ClusterConfigError,
     NotInConfigError,
     RaftTimings,
     ServerConfig,
@@ -34,6 +31,9 @@ from raftlet.tserver.cluster_config import (
     tablet_id,
     write_cluster_config,
 )
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
 from tests.unit.schema_strategies import key_schemas
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,7 +300,7 @@ def test_invalid_config_is_one_clear_error(
     text = BASE.replace(old, new, 1)
     path = tmp_path / "cluster.toml"
     path.write_text(text)
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(ClusterConfigError) as exc:
         load_cluster_config(path)
     rendered = str(exc.value)
     assert "\n" not in rendered
@@ -311,7 +311,7 @@ def test_invalid_config_is_one_clear_error(
         assert exc.value.line == expected, rendered
         assert rendered.startswith(f"{path}:{expected}: ")
     # Parsing the text without a file gives the same error, without the file name.
-    with pytest.raises(ConfigError) as exc2:
+    with pytest.raises(ClusterConfigError) as exc2:
         parse_cluster_config(text, tmp_path)
     assert exc2.value.reason == exc.value.reason
     assert exc2.value.field == exc.value.field
@@ -320,7 +320,7 @@ def test_invalid_config_is_one_clear_error(
 
 def test_error_on_an_inline_column_names_its_line(tmp_path: Path) -> None:
     text = BASE.replace('"value", type = "STRING"', '"value", type = "TEXT"')
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(ClusterConfigError) as exc:
         parse_cluster_config(text, tmp_path)
     assert exc.value.field == "tables[0].columns[1].type"
     assert (
@@ -330,21 +330,23 @@ def test_error_on_an_inline_column_names_its_line(tmp_path: Path) -> None:
 
 
 def test_unreadable_and_non_utf8_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read the cluster config"):
+    with pytest.raises(ClusterConfigError, match="cannot read the cluster config"):
         load_cluster_config(tmp_path / "missing.toml")
     (tmp_path / "latin1.toml").write_bytes('[cluster]\nname = "caf\xe9"\n'.encode("latin-1"))
-    with pytest.raises(ConfigError, match="not UTF-8"):
+    with pytest.raises(ClusterConfigError, match="not UTF-8"):
         load_cluster_config(tmp_path / "latin1.toml")
 
 
 def test_constructors_validate_too() -> None:
-    with pytest.raises(ConfigError, match=r"^rpc_addr: 'x' is not host:port"):
+    with pytest.raises(ClusterConfigError, match=r"^rpc_addr: 'x' is not host:port"):
         ServerConfig("a", "x", "127.0.0.1:1", Path("a"))
-    with pytest.raises(ConfigError, match=r"^partitions: must be an integer"):
+    with pytest.raises(ClusterConfigError, match=r"^partitions: must be an integer"):
         TableConfig("t", KEY_ONLY, 0, 1)
-    with pytest.raises(ConfigError, match=r"^servers\[1\]\.id: duplicate server id"):
+    with pytest.raises(ClusterConfigError, match=r"^servers\[1\]\.id: duplicate server id"):
         ClusterConfig("c", servers(1) + servers(1), ())
-    with pytest.raises(ConfigError, match=r"tables\[0\]\.replication_factor: 3 is more than"):
+    with pytest.raises(
+        ClusterConfigError, match=r"tables\[0\]\.replication_factor: 3 is more than"
+    ):
         cluster(2, ("t", 1, 3))
     # Lists are accepted and frozen into tuples.
     c = ClusterConfig("c", list(servers(1)), [])  # type: ignore[arg-type]
@@ -418,8 +420,34 @@ def test_dump_escapes_control_characters_and_refuses_surrogates(tmp_path: Path) 
     config = ClusterConfig("c", (weird,), ())
     assert parse_cluster_config(dump_cluster_config(config, tmp_path), tmp_path) == config
     bad = dataclasses.replace(s, data_dir=Path("/x\udc80"))
-    with pytest.raises(ConfigError, match="surrogate"):
+    with pytest.raises(ClusterConfigError, match="surrogate"):
         dump_cluster_config(ClusterConfig("c", (bad,), ()))
+
+
+def test_dump_keeps_the_documented_layout(tmp_path: Path) -> None:
+    # tomli-w alone would put short servers inline in one `servers = [...]` array.
+    text = dump_cluster_config(parse_cluster_config(BASE, tmp_path), tmp_path)
+    assert text.count("\n[[servers]]\nid = ") == 3
+    assert text.count("\n[[tables]]\n") == 1
+    assert '\n  { name = "key", type = "INT64", key = true },\n' in text
+    assert text.endswith('  { name = "value", type = "STRING", nullable = true },\n]\n')
+
+
+def test_a_column_too_long_for_one_line_still_round_trips(tmp_path: Path) -> None:
+    long_key = ColumnSchema("k" * 120, DataType.INT64, is_key=True)
+    config = ClusterConfig("c", servers(1, tmp_path), (TableConfig("t", Schema([long_key]), 1, 1),))
+    text = dump_cluster_config(config, tmp_path)
+    assert "[[tables.columns]]" in text  # tomli-w's form when an inline table would not fit
+    assert parse_cluster_config(text, tmp_path) == config
+
+
+def test_dump_without_tomli_w_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The base install (the client) reads configs without tomli-w; writing one needs the extra.
+    monkeypatch.setitem(sys.modules, "tomli_w", None)
+    with pytest.raises(
+        ModuleNotFoundError, match=r"needs tomli-w \(pip install 'raftlet\[cli\]'\)"
+    ):
+        dump_cluster_config(cluster(1))
 
 
 _names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True)
@@ -592,19 +620,25 @@ def test_pb_round_trip() -> None:
 def test_from_pb_rejects_a_placement_it_would_not_compute() -> None:
     pb = GOLDEN_CONFIG.to_pb()
     pb.tablets[1].replica_uuids[0] = "ts3"
-    with pytest.raises(ConfigError, match=r"^tablets: the server's placement differs .*kv-p1"):
+    with pytest.raises(
+        ClusterConfigError, match=r"^tablets: the server's placement differs .*kv-p1"
+    ):
         ClusterConfig.from_pb(pb)
     del pb.tablets[1:]
-    with pytest.raises(ConfigError, match="1 tablets vs 9"):
+    with pytest.raises(ClusterConfigError, match="1 tablets vs 9"):
         ClusterConfig.from_pb(pb)
 
 
 def test_from_pb_validates_like_a_file() -> None:
     pb = GOLDEN_CONFIG.to_pb()
     pb.servers[2].rpc_addr = "nowhere"
-    with pytest.raises(ConfigError, match=r"^servers\[2\]\.rpc_addr: 'nowhere' is not host:port"):
+    with pytest.raises(
+        ClusterConfigError, match=r"^servers\[2\]\.rpc_addr: 'nowhere' is not host:port"
+    ):
         ClusterConfig.from_pb(pb)
     pb = GOLDEN_CONFIG.to_pb()
     pb.tables[0].schema.columns[0].type = tablet_pb2.TYPE_UNKNOWN
-    with pytest.raises(ConfigError, match=r"^tables\[0\]\.columns: column 'k': unknown data type"):
+    with pytest.raises(
+        ClusterConfigError, match=r"^tables\[0\]\.columns: column 'k': unknown data type"
+    ):
         ClusterConfig.from_pb(pb)

@@ -24,16 +24,16 @@ import pytest
 import yaml
 
 from raftlet.cli.main import build_parser
-from raftlet.metrics.catalogue import ALL_PROTOTYPES
-from raftlet.metrics.export_prometheus import exposed_name
-from raftlet.metrics.registry import MetricRegistry, MetricType
-from raftlet.metrics.status_server import StatusServer
-from raftlet.tserver.cluster_config import (
+from raftlet.cluster import (
     ClusterConfig,
     load_cluster_config,
     parse_cluster_config,
     parse_host_port,
 )
+from raftlet.metrics.catalogue import ALL_PROTOTYPES
+from raftlet.metrics.export_prometheus import exposed_name
+from raftlet.metrics.registry import MetricRegistry, MetricType
+from raftlet.metrics.status_server import StatusServer
 from raftlet.tserver.flags import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,17 @@ NAMESPACE = REPO / "raftlet"
 LINKED = sorted(p.name for p in NAMESPACE.iterdir() if p.is_symlink())
 # What an application may already have installed under these names (proto-plus, schema,
 # metrics on PyPI): raftlet must not install any of them at the top level.
-GENERIC_NAMES = {"proto", "schema", "metrics", "client", "cli", "deploy", "consensus", "tserver"}
+GENERIC_NAMES = {
+    "proto",
+    "schema",
+    "metrics",
+    "cluster",
+    "client",
+    "cli",
+    "deploy",
+    "consensus",
+    "tserver",
+}
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +82,8 @@ def test_wheel_metadata_keeps_server_and_cli_dependencies_in_extras(
     base = sorted(r.split(">")[0].split("<")[0].strip() for r in requires if "extra ==" not in r)
     assert base == ["grpcio", "protobuf", "tenacity"]
     assert {"server", "cli"} <= set(meta.get_all("Provides-Extra") or [])
+    # raftlet.cluster writes cluster.toml with tomli-w; only the cli extra needs that.
+    assert any(r.startswith("tomli-w") and 'extra == "cli"' in r for r in requires)
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     assert "raftlet = raftlet.cli.main:main" in wheel.read(entry_points).decode()
 
@@ -93,7 +105,16 @@ def test_a_folder_does_not_import_under_its_bare_name(name: str) -> None:
 
 def test_the_client_imports_no_server_or_cli_dependency(tmp_path: Path) -> None:
     # (grpc itself probes for grpc_health and grpc_reflection when they are installed.)
-    heavy = ("crc32c", "prometheus_client", "rich", "sqlite3", "raftlet.tserver", "raftlet.cli")
+    heavy = (
+        "crc32c",
+        "prometheus_client",
+        "rich",
+        "sqlite3",
+        "tomli_w",
+        "raftlet.tserver",
+        "raftlet.cli",
+        "raftlet.deploy",
+    )
     code = (
         "import sys, raftlet.client; "
         f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
@@ -101,6 +122,19 @@ def test_the_client_imports_no_server_or_cli_dependency(tmp_path: Path) -> None:
     result = _python(code, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_the_client_reads_cluster_toml_with_raftlet_cluster(tmp_path: Path) -> None:
+    # Client.from_config loads the file with the servers' model; importing it must not bring
+    # the TOML writer's dependency (tomli-w, cli extra) along.
+    code = (
+        "import sys, raftlet.client, raftlet.client.client as c, raftlet.cluster; "
+        "print(c.load_cluster_config is raftlet.cluster.load_cluster_config, "
+        "'tomli_w' in sys.modules)"
+    )
+    result = _python(code, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False"]
 
 
 def test_python_dash_m_raftlet_is_the_cli(tmp_path: Path) -> None:

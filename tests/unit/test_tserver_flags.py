@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from raftlet.cluster import ClusterConfig, RaftTimings, load_cluster_config
 from raftlet.consensus.log.options import LogOptions
 from raftlet.consensus.raft_consensus import TermCheckMode
-from raftlet.tserver.cluster_config import ClusterConfig, RaftTimings, load_cluster_config
 from raftlet.tserver.flags import (
     FLAGS,
     FlagError,
