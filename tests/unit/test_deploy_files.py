@@ -34,7 +34,7 @@ from raftlet.tserver.cluster_config import (
     parse_cluster_config,
     parse_host_port,
 )
-from raftlet.tserver.flags import ServerSettings
+from raftlet.tserver.settings import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
