@@ -53,7 +53,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 def _leader(config: Any, tablet_id: str, timeout_s: float) -> tuple[str, int] | None:
     """(leader id, term) of ``tablet_id`` as the servers report it, or None."""
-    from raftlet.deploy.health import ProbeOptions, check_cluster
+    from raftlet.client.health import ProbeOptions, check_cluster
 
     health = check_cluster(config, ProbeOptions(timeout_s=timeout_s))
     for t in health.tablets:

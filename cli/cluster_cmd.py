@@ -19,8 +19,8 @@ from raftlet.cli.common import (
     positive_int,
     resolve_target,
 )
+from raftlet.cli.tserver_args import build_tserver_parser
 from raftlet.consensus.raft_consensus import TermCheckMode
-from raftlet.tserver.flags import build_tserver_parser
 
 __all__ = ["add_parsers", "run"]
 
@@ -262,7 +262,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from raftlet.deploy.health import ProbeOptions, check_cluster
+    from raftlet.client.health import ProbeOptions, check_cluster
     from raftlet.deploy.local import LauncherError, LocalCluster, NoClusterError
 
     target = resolve_target(args, timeout_s=args.timeout)

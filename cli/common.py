@@ -189,23 +189,23 @@ def fetch_config(seeds: Sequence[str], timeout_s: float = 5.0) -> ClusterConfig:
     """The cluster config from the first seed that answers ``GetClusterConfig``."""
     import grpc
 
-    from raftlet.proto import tablet_pb2, tablet_pb2_grpc
+    from raftlet.client.channels import ChannelPool
 
     failures = []
-    for addr in seeds:
-        channel = grpc.insecure_channel(addr, options=[("grpc.enable_http_proxy", 0)])
-        try:
-            stub = tablet_pb2_grpc.TabletServiceStub(channel)  # type: ignore[no-untyped-call]
-            resp = stub.GetClusterConfig(tablet_pb2.GetClusterConfigRequest(), timeout=timeout_s)
-        except grpc.RpcError as e:
-            failures.append(f"{addr}: {e.code().name}")
-            continue
-        finally:
-            channel.close()
-        try:
-            return ClusterConfig.from_pb(resp, name=f"via {addr}")
-        except ClusterConfigError as e:
-            raise CliError(f"{addr} sent an invalid cluster config: {e}") from None
+    channels = ChannelPool()
+    try:
+        for addr in seeds:
+            try:
+                resp = channels.stub(addr).get_cluster_config(timeout_s)
+            except grpc.RpcError as e:
+                failures.append(f"{addr}: {e.code().name}")
+                continue
+            try:
+                return ClusterConfig.from_pb(resp, name=f"via {addr}")
+            except ClusterConfigError as e:
+                raise CliError(f"{addr} sent an invalid cluster config: {e}") from None
+    finally:
+        channels.close()
     raise CliError(f"no server answered ({'; '.join(failures)})")
 
 

@@ -4,7 +4,7 @@ Commands:
 
 - ``tserver``: run one tablet server in the foreground (``tserver.main``);
 - ``cluster up | status | down``: a local multi-server cluster (``cli.cluster_cmd``,
-  ``deploy.local``) and a ksck-style health check (``deploy.health``);
+  ``deploy.local``) and a ksck-style health check (``client.health``);
 - ``write``: a load generator (``cli.write_cmd``); ``scan``: read rows (``cli.scan_cmd``);
 - ``metrics``: key server metrics in human units (``cli.metrics_cmd``);
 - ``leader-step-down``: move a tablet's leadership (``cli.admin_cmd``);
@@ -24,7 +24,8 @@ import importlib.metadata
 import sys
 from collections.abc import Sequence
 
-from raftlet.tserver.flags import OneLineArgumentParser, add_tserver_arguments, settings_from_args
+from raftlet.cli.argparser import OneLineArgumentParser
+from raftlet.cli.tserver_args import add_tserver_arguments, settings_from_args
 
 
 def _version() -> str:

@@ -19,8 +19,9 @@ figures; never ``tserver`` or ``consensus``.
 Modules: ``client`` (Client), ``session`` (flush modes), ``scanner``, ``meta_cache``
 (tables → tablets → replicas → leaders), ``rpc`` (routing one tablet RPC with retries),
 ``retry`` (error classification and backoff policies), ``request_tracker`` (exactly-once
-request ids), ``channels`` (one gRPC channel per server), ``stats``, ``errors``,
-``write_batch`` (a Write RPC's pure parts).
+request ids), ``channels`` (one gRPC channel per server; also the tablet server's and the
+CLI's), ``stats``, ``errors``, ``write_batch`` (a Write RPC's pure parts), ``health`` (the
+ksck-style cluster check behind ``raftlet cluster status``).
 
 The asyncio client is ``raftlet.client.aio.AsyncClient`` (``aio``, ``aio_channels``,
 ``aio_meta``, ``aio_rpc``): the same meta cache, routing, retries, request ids and errors

@@ -2,9 +2,11 @@
 
 ``AsyncChannelPool`` is ``ChannelPool`` for ``grpc.aio``: a channel is opened the first time
 an address is used (inside the running event loop, which a ``grpc.aio`` channel is bound
-to), kept until ``await close()``, and counted. Same options (``channels.CHANNEL_OPTIONS``:
-short reconnect backoff, no proxy, 64 MiB messages) and no ``wait_for_ready``, so a dead
-server fails fast and the retry policy moves on.
+to), kept until ``await close()``, and counted, with the sync pool's bookkeeping
+(``channels.ChannelsByAddress``) and options (``channels.channel_options``: short reconnect
+backoff, no proxy, 64 MiB messages), and no ``wait_for_ready``, so a dead server fails fast
+and the retry policy moves on. ``channel(address)`` is the raw channel, for streams of other
+services (the tablet server's consensus streams to its peers).
 
 ``AsyncServerStub`` / ``AsyncStubProvider`` are the seam the asyncio client uses, so unit
 tests plug in fakes. ``GrpcAsyncServerStub.write`` goes over the server's write stream
@@ -15,14 +17,13 @@ with the ``code()``/``details()``/``trailing_metadata()`` that ``retry.classify`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 import grpc
 
 from raftlet.client.aio_write_stream import AsyncWriteStream, StreamedRpcError
-from raftlet.client.channels import CHANNEL_OPTIONS
-from raftlet.client.errors import ClientClosed
+from raftlet.client.channels import CHANNEL_OPTIONS, ChannelsByAddress
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["AsyncChannelPool", "AsyncServerStub", "AsyncStubProvider", "GrpcAsyncServerStub"]
@@ -107,43 +108,44 @@ class AsyncChannelPool:
 
     def __init__(
         self,
+        options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS,
         *,
-        options: list[tuple[str, int]] | None = None,
         on_created: Callable[[str], None] | None = None,
         write_stream: bool = True,
     ) -> None:
-        self._options = list(CHANNEL_OPTIONS if options is None else options)
+        self._options = list(options)
         self._write_stream = write_stream
-        self._on_created = on_created
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: ChannelsByAddress[grpc.aio.Channel] = ChannelsByAddress(
+            self._open, on_created
+        )
         self._stubs: dict[str, GrpcAsyncServerStub] = {}
-        self._closed = False
-        self.created = 0
+
+    def _open(self, address: str) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(address, options=self._options)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to ``address`` ("host:port"); ``ClientClosed`` once closed."""
+        return self._channels.get(address)
 
     def stub(self, address: str) -> AsyncServerStub:
         stub = self._stubs.get(address)
-        if stub is not None:
-            return stub
-        if self._closed:
-            raise ClientClosed("the client is closed")
-        channel = grpc.aio.insecure_channel(address, options=self._options)
-        self._channels[address] = channel
-        stub = GrpcAsyncServerStub(address, channel, self._write_stream)
-        self._stubs[address] = stub
-        self.created += 1
-        if self._on_created is not None:
-            self._on_created(address)
+        if stub is None:
+            stub = GrpcAsyncServerStub(address, self._channels.get(address), self._write_stream)
+            self._stubs[address] = stub
         return stub
 
+    @property
+    def channels_created(self) -> int:
+        """How many channels this pool ever opened: one per address, never per call."""
+        return self._channels.created
+
     def addresses(self) -> list[str]:
-        return list(self._channels)
+        return self._channels.addresses()
 
     async def close(self) -> None:
         """Close every channel (calls still in flight on them are cancelled)."""
-        self._closed = True
-        channels = list(self._channels.values())
+        channels = self._channels.close()
         stubs = list(self._stubs.values())
-        self._channels.clear()
         self._stubs.clear()
         for stub in stubs:
             await stub.close()

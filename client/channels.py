@@ -1,16 +1,21 @@
-"""One long-lived gRPC channel per server address, shared by everything a ``Client`` does.
+"""The one gRPC channel layer: one long-lived channel per server address, and its options.
 
 A gRPC channel is a connection manager (name resolution, a TCP/HTTP2 connection, reconnects
 with backoff), expensive to build and safe to share between threads; opening one per call
 would pay a handshake per RPC and leak sockets under load. ``ChannelPool`` opens a channel
 the first time an address is used, keeps it until ``close()``, and counts how many it ever
-opened (``ClientStats.channels_created``) so a test can prove the sharing.
+opened (``ClientStats.channels_created``) so a test can prove the sharing. Everything that
+dials a server uses it: the ``Client``, the tablet server's channels to its peers, the
+cluster check (``health``) and the CLI. ``aio_channels.AsyncChannelPool`` is the same for
+``grpc.aio``, on the same options and bookkeeping (``ChannelsByAddress``).
 
-A channel to a server that was killed reconnects by itself when the server returns; the
-reconnect backoff is capped low (``MAX_RECONNECT_BACKOFF_MS``) because gRPC's default grows to
-two minutes, far longer than a tablet server restart. Calls never wait for a connection
-(no ``wait_for_ready``): a dead server answers UNAVAILABLE at once, and the retry policy
-moves on to another replica.
+``channel_options`` defines the options once. A channel to a server that was killed
+reconnects by itself when the server returns; the reconnect backoff is capped low
+(``MAX_RECONNECT_BACKOFF_MS``) because gRPC's default grows to two minutes, far longer than a
+tablet server restart. Calls never wait for a connection (no ``wait_for_ready``): a dead
+server answers UNAVAILABLE at once, and the retry policy moves on to another replica. A
+tablet server passes its own message cap and asks for keepalive pings on its peer channels;
+``server_options`` is the matching server side.
 
 ``ServerStub`` / ``StubProvider`` are the seam the rest of the client uses, so unit tests can
 plug in fakes without a server.
@@ -19,8 +24,8 @@ plug in fakes without a server.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import grpc
 
@@ -29,24 +34,86 @@ from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
 __all__ = [
     "CHANNEL_OPTIONS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
     "ChannelPool",
+    "ChannelsByAddress",
     "GrpcServerStub",
     "ResultFuture",
     "ServerStub",
     "StubProvider",
+    "channel_options",
+    "server_options",
 ]
 
 MAX_RECONNECT_BACKOFF_MS = 1000
+# Scan pages of wide rows can exceed gRPC's 4 MiB default.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
-    # Loopback and cluster-internal addresses must never go through an environment proxy.
-    ("grpc.enable_http_proxy", 0),
-    # Scan pages of wide rows can exceed gRPC's 4 MiB default.
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-]
+# Keepalive of a server's peer channels: an idle one (a tablet with no leader here, say)
+# pings every KEEPALIVE_TIME_MS so a silently dead connection (a peer host lost without a
+# FIN) is noticed and re-established before the next election needs it, not after a TCP
+# timeout of minutes.
+KEEPALIVE_TIME_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+# A gRPC server by default answers pings more frequent than every 5 minutes with GOAWAY
+# ("too_many_pings"); servers that accept keepalive channels must allow their interval.
+_SERVER_MIN_PING_INTERVAL_MS = KEEPALIVE_TIME_MS // 2
+
+
+def channel_options(
+    *,
+    max_message_bytes: int | None = None,
+    keepalive: bool = False,
+    max_reconnect_backoff_ms: int = MAX_RECONNECT_BACKOFF_MS,
+) -> list[tuple[str, int]]:
+    """The options of every channel to a raftlet server.
+
+    ``max_message_bytes`` caps both directions (a tablet server's peer channels use the
+    server's own ``--max_message_bytes``, so what one server sends its peer accepts); left
+    out, a channel receives up to ``DEFAULT_MAX_MESSAGE_BYTES`` and sends what gRPC allows.
+    ``keepalive`` pings idle connections (``server_options`` must then be the server's).
+    ``max_reconnect_backoff_ms`` is lower where a restarted server must be seen at once (the
+    cluster check). gRPC shares a connection, and its reconnect backoff, between channels of
+    one process with equal options, so distinct options also keep such a check from failing
+    fast on a backoff a ``Client`` of the same process is sitting in."""
+    options: list[tuple[str, int]] = [
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms),
+        # Loopback and cluster-internal addresses must never go through an environment proxy.
+        ("grpc.enable_http_proxy", 0),
+    ]
+    if max_message_bytes is None:
+        options.append(("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES))
+    else:
+        options += [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+    if keepalive:
+        options += [
+            ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+    return options
+
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = channel_options()
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """gRPC server options that match ``channel_options(max_message_bytes=...,
+    keepalive=True)``: the same message cap, and permission for the channels' keepalive
+    pings (without it the server would GOAWAY them)."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", _SERVER_MIN_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
 
 
 class ResultFuture(Protocol):
@@ -112,50 +179,103 @@ class GrpcServerStub:
         )
 
 
-class ChannelPool:
-    """Channels (and their stubs) by address, opened on first use, closed by ``close()``."""
+C = TypeVar("C")
+
+
+class ChannelsByAddress(Generic[C]):
+    """The bookkeeping both pools share: channels by address, opened by ``open_channel`` on
+    first use, counted, and refused once closed. Not thread-safe: ``ChannelPool`` holds its
+    lock around it, ``AsyncChannelPool`` runs on one event loop."""
 
     def __init__(
         self,
-        *,
-        options: list[tuple[str, int]] | None = None,
+        open_channel: Callable[[str], C],
         on_created: Callable[[str], None] | None = None,
     ) -> None:
-        self._options = list(CHANNEL_OPTIONS if options is None else options)
+        self._open = open_channel
         self._on_created = on_created
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, GrpcServerStub] = {}
+        self._channels: dict[str, C] = {}
         self._closed = False
         self.created = 0
+
+    def get(self, address: str) -> C:
+        """The channel to ``address`` ("host:port"); ``ClientClosed`` once closed."""
+        channel = self._channels.get(address)
+        if channel is None:
+            if self._closed:
+                raise ClientClosed("the channel pool is closed")
+            channel = self._open(address)
+            self._channels[address] = channel
+            self.created += 1
+            if self._on_created is not None:
+                self._on_created(address)
+        return channel
+
+    def addresses(self) -> list[str]:
+        return sorted(self._channels)
+
+    def close(self) -> list[C]:
+        """Refuse new channels and forget the open ones, returned for the caller to close."""
+        self._closed = True
+        channels = list(self._channels.values())
+        self._channels.clear()
+        return channels
+
+
+class ChannelPool:
+    """Channels (and their stubs) by address, opened on first use, closed by ``close()``.
+
+    Thread-safe. ``channel(address)`` is the raw ``grpc.Channel`` (for any service's stub);
+    ``stub(address)`` the client's ``ServerStub`` over it."""
+
+    def __init__(
+        self,
+        options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS,
+        *,
+        on_created: Callable[[str], None] | None = None,
+    ) -> None:
+        self._options = list(options)
+        self._lock = threading.Lock()
+        self._channels: ChannelsByAddress[grpc.Channel] = ChannelsByAddress(self._open, on_created)
+        self._stubs: dict[str, GrpcServerStub] = {}
+
+    def _open(self, address: str) -> grpc.Channel:
+        return grpc.insecure_channel(address, options=self._options)
+
+    @property
+    def options(self) -> list[tuple[str, int]]:
+        return list(self._options)
+
+    def channel(self, address: str) -> grpc.Channel:
+        """The channel to ``address`` ("host:port"); ``ClientClosed`` once closed."""
+        with self._lock:
+            return self._channels.get(address)
 
     def stub(self, address: str) -> ServerStub:
         stub = self._stubs.get(address)  # the common case takes no lock
         if stub is not None:
             return stub
         with self._lock:
-            if self._closed:
-                raise ClientClosed("the client is closed")
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=self._options)
-                self._channels[address] = channel
-                stub = GrpcServerStub(address, channel)
+                stub = GrpcServerStub(address, self._channels.get(address))
                 self._stubs[address] = stub
-                self.created += 1
-                if self._on_created is not None:
-                    self._on_created(address)
             return stub
+
+    @property
+    def channels_created(self) -> int:
+        """How many channels this pool ever opened: one per address, never per call."""
+        with self._lock:
+            return self._channels.created
 
     def addresses(self) -> list[str]:
         with self._lock:
-            return list(self._channels)
+            return self._channels.addresses()
 
     def close(self) -> None:
+        """Close every channel; calls still in flight on them end CANCELLED."""
         with self._lock:
-            self._closed = True
-            channels = list(self._channels.values())
-            self._channels.clear()
+            channels = self._channels.close()
             self._stubs.clear()
         for channel in channels:
             channel.close()

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raftlet.client.health import ClusterHealth, ProbeOptions, check_cluster
 from raftlet.cluster import (
     ClusterConfig,
     ClusterConfigError,
@@ -57,7 +58,6 @@ from raftlet.cluster import (
     load_cluster_config,
     write_cluster_config,
 )
-from raftlet.deploy.health import ClusterHealth, ProbeOptions, check_cluster
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 
@@ -521,7 +521,7 @@ class LocalCluster:
         return {sid: self.owns(s) for sid, s in self.servers.items()}
 
     def health(self, options: ProbeOptions | None = None) -> ClusterHealth:
-        """A ksck-style check of the cluster (see ``deploy.health``), with process state."""
+        """A ksck-style check of the cluster (see ``client.health``), with process state."""
         return check_cluster(self.config, options, processes=self.running())
 
     def status(self, options: ProbeOptions | None = None) -> ClusterHealth:

@@ -2,8 +2,9 @@
 
 gRPC services and their bounded service pools, tablet replicas and their lifecycle, the
 per-tablet SQLite row store, exactly-once result tracking and the HTTP status server. It
-implements the consensus transport over long-lived gRPC channels and maps typed errors to gRPC
-status once, at the service boundary. Imports ``consensus``, ``schema``, ``metrics`` and
+serves the consensus RPCs (the transports that call them are ``consensus.rpc``, on the
+client library's channel pools) and maps typed errors to gRPC status once, at the service
+boundary. Imports ``consensus``, ``client`` (its channel pools), ``schema``, ``metrics`` and
 ``proto``.
 """
 

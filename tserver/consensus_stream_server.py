@@ -1,4 +1,5 @@
-"""The server side of the consensus stream (``consensus_stream`` is the client side).
+"""The server side of the consensus stream (``consensus.rpc.stream_transport`` is the client
+side).
 
 One ``StreamSession`` per incoming stream: frames are read on the loop and posted to the
 session's mailbox on the server's replica worker pool (``consensus.workers``), which steps
@@ -26,7 +27,7 @@ import grpc
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
-from raftlet.tserver.consensus_rpc import ConsensusRequestHandler, WireResponse
+from raftlet.tserver.consensus_handler import ConsensusRequestHandler, WireResponse
 from raftlet.tserver.loop_outbox import LoopOutbox
 from raftlet.tserver.rpc_dispatch import status_for
 

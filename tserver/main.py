@@ -7,8 +7,8 @@ import logging
 import signal
 import sys
 
-from raftlet.tserver.flags import ServerSettings
 from raftlet.tserver.server import TabletServer
+from raftlet.tserver.settings import ServerSettings
 
 __all__ = ["run"]
 

@@ -26,9 +26,9 @@ import grpc
 
 from raftlet.consensus.core import NotLeaderError, ProposalDropped, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
+from raftlet.consensus.rpc.codec import MalformedRequest, WrongServerUuid
 from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
-from raftlet.tserver.consensus_codec import WrongServerUuid
 from raftlet.tserver.errors import (
     DeadlineExceededInQueue,
     InvalidRequest,
@@ -127,7 +127,7 @@ def status_for(
         return S.UNAVAILABLE, msg, None
     if isinstance(exc, TabletNotFound):
         return S.NOT_FOUND, msg, E(code=E.TABLET_NOT_FOUND, message=msg)
-    if isinstance(exc, InvalidRequest):
+    if isinstance(exc, InvalidRequest | MalformedRequest):
         # A consensus request addressed to another server says so, so the caller knows its
         # address book is stale rather than its request malformed.
         wrong = isinstance(exc.__cause__, WrongServerUuid)

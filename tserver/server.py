@@ -30,8 +30,12 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from raftlet.client.aio_channels import AsyncChannelPool
+from raftlet.client.channels import ChannelPool, channel_options, server_options
 from raftlet.cluster import parse_host_port
 from raftlet.consensus.core import NO_NODE
+from raftlet.consensus.rpc.grpc_transport import GrpcTransport
+from raftlet.consensus.rpc.stream_transport import StreamHub
 from raftlet.consensus.ticker import Ticker
 from raftlet.consensus.transport import Transport
 from raftlet.consensus.workers import WorkerPool
@@ -48,19 +52,15 @@ from raftlet.proto import (
     tablet_pb2,
     tablet_pb2_grpc,
 )
-from raftlet.tserver.consensus_rpc import (
-    ChannelPool,
-    ConsensusRequestHandler,
-    GrpcTransport,
-    server_options,
-)
-from raftlet.tserver.consensus_stream import StreamHub
+from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import InvalidRequest, TabletNotFound
-from raftlet.tserver.flags import FlagError, FlagRegistry, ServerSettings
+from raftlet.tserver.flag_registry import FlagRegistry
+from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.rpc_dispatch import dispatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
+from raftlet.tserver.settings import ServerSettings
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 from raftlet.tserver.write_stream import WriteStreamSession
 
@@ -92,7 +92,11 @@ class TabletServer:
         self.flags = FlagRegistry.from_settings(s)
         self.registry = MetricRegistry()
         self.entity = self.registry.entity("server", s.server_id, {})
-        self.channels = ChannelPool(s.max_message_bytes)
+        # Peer channels carry what this server sends, so they share its message cap.
+        self.peer_channel_options = channel_options(
+            max_message_bytes=s.max_message_bytes, keepalive=True
+        )
+        self.channels = ChannelPool(self.peer_channel_options)
         self.replicas: dict[str, TabletReplica] = {}
         self.pools = {
             "tablet": self._pool("tablet", s.rpc_num_service_threads, s.rpc_service_queue_length),
@@ -121,6 +125,7 @@ class TabletServer:
         self._tablet_servicer = _TabletServicer(self)
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
+        self.stream_channels: AsyncChannelPool | None = None  # the streams' channels
         self._grpc: grpc.aio.Server | None = None
         self._health: health_async.HealthServicer | None = None
         self.rpc_port = 0
@@ -155,8 +160,9 @@ class TabletServer:
         # A follower answers an append once it is durable: the deadline covers its fsync.
         peer_timeout_s = options.consensus.request_timeout_s + 5.0
         if s.consensus_transport == "stream":
+            self.stream_channels = AsyncChannelPool(self.peer_channel_options)
             self.streams = StreamHub(
-                asyncio.get_running_loop(), self.channels.options, peer_timeout_s
+                asyncio.get_running_loop(), self.stream_channels, peer_timeout_s
             )
         for placement in s.placements():
             table = self.config.table(placement.table)
@@ -257,6 +263,8 @@ class TabletServer:
             await grpc_stopped
         if self.streams is not None:
             await self.streams.close()
+        if self.stream_channels is not None:
+            await self.stream_channels.close()
         self.channels.close()
         self.status.stop()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from raftlet.client.channels import ChannelPool
 from raftlet.cluster import RaftTimings
 from raftlet.deploy.netns import NetnsCluster, list_run_namespaces, netns_available
 from raftlet.proto import consensus_pb2, tablet_pb2, tablet_pb2_grpc
@@ -26,8 +27,8 @@ from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.partition import partition_for_key
 from raftlet.schema.rows import row_from_pb
 from tests.integration.tserver_cluster import (
-    CHANNEL_OPTIONS,
     KV_SCHEMA,
+    TEST_CHANNEL_OPTIONS,
     kv_op,
     server_error,
     wait_for,
@@ -47,15 +48,14 @@ class Peers:
     """One channel and TabletService stub per server, dialled from the root namespace."""
 
     def __init__(self, cluster: NetnsCluster) -> None:
-        self.channels = {
-            h.server_id: grpc.insecure_channel(h.rpc_addr, options=CHANNEL_OPTIONS)
+        self.channels = ChannelPool(TEST_CHANNEL_OPTIONS)
+        self.stubs = {
+            h.server_id: tablet_pb2_grpc.TabletServiceStub(self.channels.channel(h.rpc_addr))
             for h in cluster.hosts
         }
-        self.stubs = {sid: tablet_pb2_grpc.TabletServiceStub(c) for sid, c in self.channels.items()}
 
     def close(self) -> None:
-        for c in self.channels.values():
-            c.close()
+        self.channels.close()
 
     def status(self, sid: str) -> Status | None:
         """``sid``'s ListTablets, or None if it cannot be reached right now."""

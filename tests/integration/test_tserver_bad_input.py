@@ -394,7 +394,7 @@ def test_update_consensus_addressed_to_another_server_says_wrong_server_uuid(
 ) -> None:
     """A call that reached the wrong server (dest_uuid names another one) is refused with
     INVALID_ARGUMENT; its ServerErrorPB should say WRONG_SERVER_UUID, the code the proto
-    defines for this case (tserver/consensus_codec.py raises WrongServerUuid for it)."""
+    defines for this case (consensus/rpc/codec.py raises WrongServerUuid for it)."""
     leader = seeded.leader
     target = seeded.follower()
     other = next(s for s in seeded.cluster.servers if s not in (leader.id, target.id))

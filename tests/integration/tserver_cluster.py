@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from raftlet.client.channels import ChannelPool, channel_options
 from raftlet.cluster import (
     ClusterConfig,
     RaftTimings,
@@ -68,14 +69,10 @@ KV_SCHEMA = Schema(
 )
 
 
-# The test's channels reconnect quickly to a server that was killed and restarted (gRPC's
-# default backoff grows to 120 s) and never go through a proxy from the environment.
-CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
-    ("grpc.enable_http_proxy", 0),
-]
+# A short reconnect backoff: a test reaches a server it restarted at once. Options unlike the
+# client's also keep gRPC from sharing the test's connections, and their backoff, with the
+# Clients under test.
+TEST_CHANNEL_OPTIONS = channel_options(max_reconnect_backoff_ms=500)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
@@ -109,7 +106,7 @@ class Server:
         self.config = config
         self.id = config.id
         self.proc: subprocess.Popen[bytes] | None = None
-        self.channel = grpc.insecure_channel(config.rpc_addr, options=CHANNEL_OPTIONS)
+        self.channel = cluster.channels.channel(config.rpc_addr)
         self.tablet = tablet_pb2_grpc.TabletServiceStub(self.channel)
         self.consensus = consensus_pb2_grpc.ConsensusServiceStub(self.channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
@@ -288,6 +285,7 @@ class TserverCluster:
         self.schema = schema
         self.partitions = partitions
         self.config = write_cluster_config(config, self.path)
+        self.channels = ChannelPool(TEST_CHANNEL_OPTIONS)
         self.servers = {s.id: Server(self, s) for s in self.config.servers}
 
     def start(self) -> TserverCluster:
@@ -299,7 +297,7 @@ class TserverCluster:
         for s in self.servers.values():
             if s.proc is not None:
                 s.terminate()
-            s.channel.close()
+        self.channels.close()
 
     def tablet_ids(self) -> list[str]:
         return [p.tablet_id for p in self.config.placements()]

@@ -266,7 +266,7 @@ def test_queue_full_fake_is_classified_as_such() -> None:
 def test_the_client_imports_neither_tserver_nor_consensus() -> None:
     """The client speaks only the wire protocol (docs/ARCHITECTURE.md, "Layout")."""
     code = (
-        "import sys, raftlet.client\n"
+        "import sys, raftlet.client, raftlet.client.health, raftlet.client.aio\n"
         "server = ('raftlet.tserver', 'raftlet.consensus')\n"
         "bad = sorted(m for m in sys.modules if m.startswith(server))\n"
         "print(','.join(bad))\n"

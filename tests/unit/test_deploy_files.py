@@ -34,7 +34,7 @@ from raftlet.metrics.catalogue import ALL_PROTOTYPES
 from raftlet.metrics.export_prometheus import exposed_name
 from raftlet.metrics.registry import MetricRegistry, MetricType
 from raftlet.metrics.status_server import StatusServer
-from raftlet.tserver.flags import ServerSettings
+from raftlet.tserver.settings import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -19,6 +19,7 @@ import pytest
 
 from raftlet.consensus.core import NotLeaderError, ProposalDropped, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
+from raftlet.consensus.rpc.codec import MalformedRequest
 from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.errors import (
@@ -62,6 +63,8 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
         (ServiceUnavailable("server shutting down"), S.UNAVAILABLE, None),
         (TabletNotFound("t-1"), S.NOT_FOUND, E.TABLET_NOT_FOUND),
         (InvalidRequest("no key column"), S.INVALID_ARGUMENT, E.INVALID_ARGUMENT),
+        # A peer's consensus request the codec refuses, as the consensus stream reports it.
+        (MalformedRequest("entries not contiguous"), S.INVALID_ARGUMENT, E.INVALID_ARGUMENT),
         (StaleRequest("seq 3 < first incomplete 5"), S.FAILED_PRECONDITION, E.STALE_REQUEST),
         (NotLeaderError("ts-2", 4), S.FAILED_PRECONDITION, E.NOT_LEADER),
         (TermMismatch(4, 5, "ts-2"), S.FAILED_PRECONDITION, E.NOT_LEADER),

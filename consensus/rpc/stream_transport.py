@@ -1,4 +1,4 @@
-"""The consensus stream: one long-lived bidirectional gRPC stream per pair of servers.
+"""The stream consensus transport: one long-lived bidirectional gRPC stream per pair of servers.
 
 Every tablet's consensus traffic from this server to a peer server travels on one stream,
 ``ConsensusService.Stream``; the peer's answers come back on the same stream.  Whatever is
@@ -17,7 +17,9 @@ Client side (``StreamHub``, one per server, living on the server's event loop):
   gets ``on_response(None)``, and the stream is opened again, after a backoff, when there is
   something to send.  Requests unanswered after ``timeout_s`` are dropped the same way.
 
-The server side of the stream is ``consensus_stream_server.StreamSession``.
+The server side of the stream is ``tserver.consensus_stream_server.StreamSession``.  The
+hub's ``grpc.aio`` channels come from the server's ``client.aio_channels.AsyncChannelPool``
+(an ``AsyncChannelSource`` here), opened on the loop.
 """
 
 from __future__ import annotations
@@ -29,19 +31,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from raftlet.consensus.core import Message, MessageType
+from raftlet.consensus.rpc.codec import MalformedResponse, decode_response, encode_request
+from raftlet.consensus.rpc.grpc_transport import log_unsendable
 from raftlet.consensus.transport import ResponseCallback
 from raftlet.proto import consensus_pb2 as pb
-from raftlet.tserver.consensus_codec import MalformedResponse, decode_response, encode_request
-from raftlet.tserver.consensus_rpc import (
-    log_unsendable,
-)
 
-__all__ = ["STREAM_METHOD", "StreamHub", "StreamTransport", "encode_item"]
+__all__ = ["STREAM_METHOD", "AsyncChannelSource", "StreamHub", "StreamTransport", "encode_item"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +129,17 @@ class _PeerStream:
 
     # --- the loop --------------------------------------------------------------------------
 
+    def _stopping(self) -> bool:
+        # A call, not the attribute: close() sets it while _run awaits, and a type checker
+        # narrowing ``self._closed`` across those awaits would call the checks unreachable.
+        return self._closed
+
     async def _run(self) -> None:
         backoff = _BACKOFF_INITIAL_S
-        while not self._closed:
+        while not self._stopping():
             if not self._outbox:
                 await self._wait_for_work()
-            if self._closed:
+            if self._stopping():
                 break
             if not self._outbox:
                 self._sweep()
@@ -144,7 +149,7 @@ class _PeerStream:
             except Exception:  # a bug here must not end this peer's traffic for good
                 logger.exception("consensus stream to %s failed", self.addr)
                 answered = False
-            if self._closed:
+            if self._stopping():
                 break
             backoff = _BACKOFF_INITIAL_S if answered else min(backoff * 2, _BACKOFF_MAX_S)
             await asyncio.sleep(backoff)
@@ -268,21 +273,28 @@ def _deliver(pending: _Pending, answer: Message | None) -> None:
         logger.exception("%s: on_response failed", pending.tablet_id)
 
 
+class AsyncChannelSource(Protocol):
+    """Where the hub gets its channels: the server's ``client.aio_channels.AsyncChannelPool``,
+    used on ``loop`` only."""
+
+    def channel(self, address: str) -> grpc.aio.Channel: ...
+
+
 class StreamHub:
-    """This server's streams to its peers, one per peer address, on ``loop``."""
+    """This server's streams to its peers, one per peer address, on ``loop``.  ``channels``
+    belong to the caller, who closes them after ``close()``."""
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        channel_options: list[tuple[str, int]],
+        channels: AsyncChannelSource,
         timeout_s: float,
     ) -> None:
         self.loop = loop
         self.timeout_s = timeout_s
-        self._channel_options = channel_options
+        self._channels = channels
         self._lock = threading.Lock()
         self._streams: dict[str, _PeerStream] = {}
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self._seq = 0
         self._closed = False
 
@@ -311,11 +323,7 @@ class StreamHub:
 
     def open_stream(self, addr: str) -> Any:
         """A new Stream call to ``addr`` (loop only); frames are written as bytes."""
-        channel = self._channels.get(addr)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(addr, options=self._channel_options)
-            self._channels[addr] = channel
-        method = channel.stream_stream(
+        method = self._channels.channel(addr).stream_stream(
             STREAM_METHOD,
             request_serializer=_identity,
             response_deserializer=pb.ConsensusFramePB.FromString,
@@ -328,8 +336,6 @@ class StreamHub:
             streams = list(self._streams.values())
         for stream in streams:
             await stream.close()
-        for channel in self._channels.values():
-            await channel.close()
 
 
 def _create_on_loop(

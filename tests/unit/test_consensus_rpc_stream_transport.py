@@ -1,4 +1,6 @@
-"""The consensus stream between two servers, over a real grpc.aio server on loopback: answers
+"""consensus/rpc/stream_transport.py, against the server side
+(tserver/consensus_stream_server.py): the consensus stream between two servers, over a real
+grpc.aio server on loopback: answers
 come back matched to their requests, many tablets' messages share one frame, the follower's
 worker does not wait for an answer, and a broken stream loses only what was in flight."""
 
@@ -13,12 +15,13 @@ from typing import Any
 import grpc
 import pytest
 
+from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.consensus.core import Entry, Message, MessageType
+from raftlet.consensus.rpc.codec import update_request_from_message
+from raftlet.consensus.rpc.stream_transport import StreamHub, encode_item
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.proto import consensus_pb2_grpc
-from raftlet.tserver.consensus_codec import update_request_from_message
-from raftlet.tserver.consensus_stream import StreamHub, encode_item
 from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import TabletNotFound
 from tests.waiting import wait_for
@@ -137,11 +140,13 @@ def pair() -> Iterator[Pair]:
         return server, port
 
     server, port = loop.run(start_server())
-    hub = StreamHub(loop.loop, [], timeout_s=30.0)
+    channels = AsyncChannelPool()
+    hub = StreamHub(loop.loop, channels, timeout_s=30.0)
     try:
         yield Pair(loop, hub, servicer, handler, pool, f"127.0.0.1:{port}")
     finally:
         loop.run(hub.close())
+        loop.run(channels.close())
         loop.run(server.stop(0))
         pool.stop(timeout=10)
         loop.close()

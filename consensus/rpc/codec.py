@@ -20,8 +20,9 @@ The conversion is exact: ``decode(encode(m)) == m`` for every message the core c
 A message carrying a field its RPC has no room for is refused with ``ValueError`` rather than
 silently losing the field.  Decoding validates what a peer sent -- uuids present and
 addressed to this server, entries of a known type that directly follow ``prev_log_index``
-with sane terms -- and raises ``MalformedRequest`` (a ``ValueError``, mapped to
-INVALID_ARGUMENT at the service boundary) so a garbage request never reaches the core.
+with sane terms -- and raises ``MalformedRequest`` (a ``ValueError``, which the tablet
+server's service boundary maps to INVALID_ARGUMENT) so a garbage request never reaches the
+core.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from collections.abc import Sequence
 from raftlet.consensus.core.types import Entry, EntryType, Message, MessageType
 from raftlet.consensus.log.codec import check_batch
 from raftlet.proto import consensus_pb2 as pb
-from raftlet.tserver.errors import InvalidRequest
 
 __all__ = [
     "MalformedRequest",
     "MalformedResponse",
+    "WireRequest",
     "WrongServerUuid",
     "decode_response",
     "encode_request",
@@ -61,11 +62,8 @@ _TO_PB = {EntryType.NORMAL: pb.NORMAL, EntryType.NO_OP: pb.NO_OP}
 _FROM_PB = {pb.NORMAL: EntryType.NORMAL, pb.NO_OP: EntryType.NO_OP}
 
 
-class MalformedRequest(InvalidRequest, ValueError):
-    """A peer's request cannot be a Raft message (INVALID_ARGUMENT).
-
-    Both an ``InvalidRequest`` (what the tserver's status mapping knows) and a ``ValueError``
-    (what callers outside the tserver expect from a decoder)."""
+class MalformedRequest(ValueError):
+    """A peer's request cannot be a Raft message (INVALID_ARGUMENT)."""
 
 
 class WrongServerUuid(MalformedRequest):

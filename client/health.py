@@ -1,7 +1,9 @@
 """A ksck-style health check of a raftlet cluster (``raftlet cluster status``).
 
-Every server in the config is asked ``ListTablets`` in parallel, each with a short deadline,
-so one hung server costs the check one timeout, not one per server. From the answers:
+A client of every server's ``ListTablets``, so it lives in the client library; the CLI and
+the local launcher (``deploy.local``) use it. Every server in the config is asked in
+parallel, each with a short deadline, over one ``ChannelPool`` per round, so one hung server
+costs the check one timeout, not one per server. From the answers:
 
 - **servers**: UP (answered), BUSY (answered RESOURCE_EXHAUSTED: its tablet service queue is
   full, so it is alive but its replicas could not be listed), DOWN (no answer; with the
@@ -21,20 +23,20 @@ load a few entries of lag are normal; ``max_lag`` is the tolerance before it is 
 
 from __future__ import annotations
 
-import concurrent.futures
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
-from raftlet.cluster import ClusterConfig
-from raftlet.proto import tablet_pb2, tablet_pb2_grpc
+from raftlet.client.channels import ChannelPool, ResultFuture, channel_options
+from raftlet.proto import tablet_pb2
 from raftlet.proto.consensus_pb2 import RaftRole
 
 __all__ = [
     "ClusterHealth",
+    "ClusterLayout",
     "ProbeOptions",
     "ReplicaHealth",
     "ServerHealth",
@@ -44,13 +46,47 @@ __all__ = [
     "probe_servers",
 ]
 
-# Loopback and private addresses must never go through a proxy from the environment, and a
-# status check should not sit in gRPC's reconnect backoff.
-CHANNEL_OPTIONS = [
-    ("grpc.enable_http_proxy", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
-]
+
+# What the check reads of a cluster config. The client library never imports the server's
+# config module, so it names only these; ``ClusterConfig`` and its parts fit them.
+
+
+class ServerEntry(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def rpc_addr(self) -> str: ...
+
+    @property
+    def http_addr(self) -> str: ...
+
+
+class PlacementEntry(Protocol):
+    @property
+    def tablet_id(self) -> str: ...
+
+    @property
+    def table(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def replicas(self) -> Sequence[str]: ...
+
+
+class ClusterLayout(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def servers(self) -> Sequence[ServerEntry]: ...
+
+    def placements(self) -> Sequence[PlacementEntry]: ...
+
+
+_CHECK_CHANNEL_OPTIONS = channel_options(max_reconnect_backoff_ms=500)
 
 
 class Severity(enum.IntEnum):
@@ -183,39 +219,40 @@ class _Probe:
     error: str = ""
 
 
-def _probe(addr: str, timeout_s: float) -> _Probe:
-    channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+def _outcome(call: ResultFuture) -> _Probe:
     try:
-        stub = tablet_pb2_grpc.TabletServiceStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            resp = stub.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout_s)
-        except grpc.RpcError as e:
-            code = e.code()
-            details = " ".join(str(e.details() or "").split())
-            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                return _Probe(None, "BUSY", f"service queue full: {details}")
-            return _Probe(None, "DOWN", f"{code.name}: {details}" if details else code.name)
-        return _Probe(resp, "UP")
-    finally:
-        channel.close()
+        resp = call.result()
+    except grpc.RpcError as e:
+        code = e.code()
+        details = " ".join(str(e.details() or "").split())
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return _Probe(None, "BUSY", f"service queue full: {details}")
+        return _Probe(None, "DOWN", f"{code.name}: {details}" if details else code.name)
+    return _Probe(resp, "UP")
 
 
 def probe_servers(
-    config: ClusterConfig, timeout_s: float = 3.0
+    config: ClusterLayout, timeout_s: float = 3.0
 ) -> dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]]:
     """Server id -> (ListTablets answer or None, state, error), asked of all in parallel."""
-    ids = [s.id for s in config.servers]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(ids))) as pool:
-        futures = {sid: pool.submit(_probe, config.server(sid).rpc_addr, timeout_s) for sid in ids}
+    # Channels for this one round only, on a short reconnect backoff: a check must see each
+    # server as it is now, not through a connection or backoff left from an earlier round.
+    channels = ChannelPool(_CHECK_CHANNEL_OPTIONS)
+    try:
+        calls = {
+            s.id: channels.stub(s.rpc_addr).list_tablets_future(timeout_s) for s in config.servers
+        }
         out = {}
-        for sid, fut in futures.items():
-            p = fut.result()
+        for sid, call in calls.items():
+            p = _outcome(call)
             out[sid] = (p.response, p.state, p.error)
-    return out
+        return out
+    finally:
+        channels.close()
 
 
 def check_cluster(
-    config: ClusterConfig,
+    config: ClusterLayout,
     options: ProbeOptions | None = None,
     *,
     processes: Mapping[str, bool] | None = None,
@@ -251,7 +288,7 @@ def check_cluster(
 
 
 def _check_tablet(
-    placement: Any,
+    placement: PlacementEntry,
     statuses: Mapping[str, Mapping[str, tablet_pb2.TabletStatusPB]],
     probes: Mapping[str, tuple[object, str, str]],
     opts: ProbeOptions,

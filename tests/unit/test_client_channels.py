@@ -1,0 +1,86 @@
+"""client/channels.py and client/aio_channels.py: the one channel layer -- a channel per
+address, shared by stubs and raw users, counted, refused once closed, on options defined once.
+No server is needed: a gRPC channel connects only when a call is made."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raftlet.client.aio_channels import AsyncChannelPool
+from raftlet.client.channels import (
+    CHANNEL_OPTIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ChannelPool,
+    channel_options,
+    server_options,
+)
+from raftlet.client.errors import ClientClosed
+
+
+def test_channel_pool_keeps_one_channel_per_address() -> None:
+    opened: list[str] = []
+    pool = ChannelPool(on_created=opened.append)
+    try:
+        a = pool.channel("127.0.0.1:2")
+        assert pool.channel("127.0.0.1:2") is a
+        assert pool.channel("127.0.0.1:1") is not a
+        # A stub rides on the address's channel: no third channel.
+        stub = pool.stub("127.0.0.1:2")
+        assert pool.stub("127.0.0.1:2") is stub
+        assert stub.address == "127.0.0.1:2"
+        assert pool.channels_created == 2
+        assert opened == ["127.0.0.1:2", "127.0.0.1:1"]
+        assert pool.addresses() == ["127.0.0.1:1", "127.0.0.1:2"]
+        assert pool.options == CHANNEL_OPTIONS
+    finally:
+        pool.close()
+    with pytest.raises(ClientClosed, match="closed"):
+        pool.channel("127.0.0.1:1")
+    with pytest.raises(ClientClosed, match="closed"):
+        pool.stub("127.0.0.1:2")
+    assert pool.addresses() == []
+
+
+def test_client_options() -> None:
+    options = dict(CHANNEL_OPTIONS)
+    assert options["grpc.enable_http_proxy"] == 0
+    assert options["grpc.max_reconnect_backoff_ms"] == 1000
+    assert options["grpc.max_receive_message_length"] == DEFAULT_MAX_MESSAGE_BYTES
+    # A client sends what gRPC allows; the server's cap decides.
+    assert "grpc.max_send_message_length" not in options
+    assert "grpc.keepalive_time_ms" not in options
+
+
+def test_peer_options_share_the_server_cap_and_match_its_server_options() -> None:
+    peer = dict(channel_options(max_message_bytes=4 << 20, keepalive=True))
+    assert peer["grpc.max_send_message_length"] == 4 << 20
+    assert peer["grpc.max_receive_message_length"] == 4 << 20
+    assert peer["grpc.enable_http_proxy"] == 0
+    server = dict(server_options(4 << 20))
+    assert server["grpc.max_receive_message_length"] == 4 << 20
+    assert server["grpc.keepalive_permit_without_calls"] == 1
+    # The server must accept pings at least as often as the channels send them.
+    assert server["grpc.http2.min_ping_interval_without_data_ms"] <= peer["grpc.keepalive_time_ms"]
+
+
+def test_async_pool_keeps_one_channel_per_address() -> None:
+    async def run() -> None:
+        opened: list[str] = []
+        pool = AsyncChannelPool(on_created=opened.append)
+        channel = pool.channel("127.0.0.1:1")
+        assert pool.channel("127.0.0.1:1") is channel
+        stub = pool.stub("127.0.0.1:1")
+        assert pool.stub("127.0.0.1:1") is stub
+        pool.stub("127.0.0.1:2")
+        assert pool.channels_created == 2
+        assert opened == ["127.0.0.1:1", "127.0.0.1:2"]
+        assert pool.addresses() == ["127.0.0.1:1", "127.0.0.1:2"]
+        await pool.close()
+        with pytest.raises(ClientClosed, match="closed"):
+            pool.channel("127.0.0.1:1")
+        with pytest.raises(ClientClosed, match="closed"):
+            pool.stub("127.0.0.1:1")
+
+    asyncio.run(asyncio.wait_for(run(), timeout=30))
