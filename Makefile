@@ -27,7 +27,7 @@ proto: $(STAMP)
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m mypy -p raftlet.consensus
+	$(PYTHON) -m mypy -p raftlet
 
 sim: $(STAMP)
 	$(PYTHON) -m tests.sim.run --seeds $(SEEDS)

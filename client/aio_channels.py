@@ -56,8 +56,8 @@ class GrpcAsyncServerStub:
 
     def __init__(self, address: str, channel: grpc.aio.Channel, write_stream: bool = True) -> None:
         self.address = address
-        self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)  # type: ignore[no-untyped-call]
-        self._admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+        self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(channel)
         # Writes go on the server's WriteStream (many in flight, few messages) unless the
         # client asked for one unary Write call per write.
         self._stream = AsyncWriteStream(address, channel) if write_stream else None

@@ -151,8 +151,8 @@ class GrpcServerStub:
 
     def __init__(self, address: str, channel: grpc.Channel) -> None:
         self.address = address
-        self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)  # type: ignore[no-untyped-call]
-        self._admin = admin_pb2_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+        self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(channel)
 
     def write(self, request: tablet_pb2.WriteRequest, timeout: float) -> tablet_pb2.WriteResponse:
         return cast(tablet_pb2.WriteResponse, self._tablet.Write(request, timeout=timeout))

@@ -25,7 +25,7 @@ from raftlet.consensus.rpc.codec import (
 )
 from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
-from raftlet.tserver.errors import TabletNotFound
+from raftlet.tserver.errors import UnknownTablet
 
 __all__ = ["ConsensusRequestHandler", "WireResponse"]
 
@@ -39,7 +39,7 @@ _VOTE_ANSWERS = frozenset({MessageType.VOTE_RESPONSE, MessageType.PRE_VOTE_RESPO
 class ConsensusRequestHandler:
     """The consensus service's work, as plain blocking methods for its service-pool threads.
 
-    Raises ``TabletNotFound`` (NOT_FOUND) for a tablet with no replica here and
+    Raises ``UnknownTablet`` (NOT_FOUND) for a tablet with no replica here and
     ``MalformedRequest`` -- a ``ValueError``; ``WrongServerUuid`` when dest_uuid names another
     server -- (INVALID_ARGUMENT) for a request that is garbage, misaddressed, or from a
     server that is not a voter of the tablet.  A request the replica drops (stale, ignored
@@ -138,7 +138,7 @@ class ConsensusRequestHandler:
             raise MalformedRequest("GetConsensusState: tablet_id is missing")
         consensus = self._lookup(req.tablet_id)
         if consensus is None:
-            raise TabletNotFound(req.tablet_id)
+            raise UnknownTablet(req.tablet_id)
         st = consensus.status()
         role = Role(st["role"])
         state = pb.ConsensusStatePB(
@@ -160,7 +160,7 @@ class ConsensusRequestHandler:
     def _replica_for(self, tablet_id: str, caller: str) -> RaftConsensus:
         consensus = self._lookup(tablet_id)
         if consensus is None:
-            raise TabletNotFound(tablet_id)
+            raise UnknownTablet(tablet_id)
         # The core would silently drop it; refusing it here tells the caller (a server with a
         # stale or wrong config) why it is never heard.
         if caller not in consensus.voters:

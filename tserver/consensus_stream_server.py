@@ -55,6 +55,7 @@ class StreamSession:
 
         Cancelling the task that runs this (the server is stopping) ends the call normally,
         so the peer sees its stream end at once and treats what was in flight as lost."""
+
         async def write(items: list[pb.ConsensusItemPB]) -> None:
             await context.write(pb.ConsensusFramePB(items=items))
 

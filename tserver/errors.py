@@ -14,7 +14,7 @@ __all__ = [
     "InvalidRequest",
     "ServiceUnavailable",
     "StaleRequest",
-    "TabletNotFound",
+    "UnknownTablet",
 ]
 
 
@@ -41,7 +41,7 @@ class DeadlineExceededInQueue(Exception):
         self.waited_s = waited_s
 
 
-class TabletNotFound(Exception):
+class UnknownTablet(Exception):
     """No replica of `tablet_id` lives on this server (NOT_FOUND)."""
 
     def __init__(self, tablet_id: str) -> None:

@@ -23,7 +23,7 @@ class _Malformed:
         self.reason = reason
 
 
-class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # untyped grpc
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],

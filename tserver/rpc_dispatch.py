@@ -34,7 +34,7 @@ from raftlet.tserver.errors import (
     InvalidRequest,
     ServiceUnavailable,
     StaleRequest,
-    TabletNotFound,
+    UnknownTablet,
 )
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 
@@ -125,7 +125,7 @@ def status_for(
         return S.DEADLINE_EXCEEDED, msg, None
     if isinstance(exc, ServiceUnavailable):
         return S.UNAVAILABLE, msg, None
-    if isinstance(exc, TabletNotFound):
+    if isinstance(exc, UnknownTablet):
         return S.NOT_FOUND, msg, E(code=E.TABLET_NOT_FOUND, message=msg)
     if isinstance(exc, InvalidRequest | MalformedRequest):
         # A consensus request addressed to another server says so, so the caller knows its

@@ -54,7 +54,7 @@ from raftlet.proto import (
 )
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_stream_server import StreamSession
-from raftlet.tserver.errors import InvalidRequest, TabletNotFound
+from raftlet.tserver.errors import InvalidRequest, UnknownTablet
 from raftlet.tserver.flag_registry import FlagRegistry
 from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.malformed import MalformedRequestInterceptor
@@ -290,7 +290,7 @@ class TabletServer:
     def replica(self, tablet_id: str) -> TabletReplica:
         replica = self.replicas.get(tablet_id)
         if replica is None:
-            raise TabletNotFound(tablet_id)
+            raise UnknownTablet(tablet_id)
         return replica
 
     def _consensus_of(self, tablet_id: str) -> Any:

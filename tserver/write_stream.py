@@ -154,4 +154,3 @@ class WriteStreamSession:
         if error is not None:
             result.error.CopyFrom(error)
         return result
-

@@ -98,7 +98,7 @@ class GrpcTransport:
                 if addr is None:
                     raise LookupError(f"no address for peer {message.dst!r}")
                 channel = self._channels.channel(addr)
-                stub = consensus_pb2_grpc.ConsensusServiceStub(channel)  # type: ignore[no-untyped-call]
+                stub = consensus_pb2_grpc.ConsensusServiceStub(channel)
                 self._stubs[message.dst] = stub
             if message.type in (MessageType.APPEND, MessageType.HEARTBEAT):
                 rpc = stub.UpdateConsensus

@@ -21,7 +21,7 @@ from raftlet.consensus.transport import InMemoryTransport
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.proto import consensus_pb2_grpc
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
-from raftlet.tserver.errors import TabletNotFound
+from raftlet.tserver.errors import UnknownTablet
 from tests.unit.consensus_cluster import Replica
 
 TABLET = "tablet-1"
@@ -82,7 +82,7 @@ class Servicer(consensus_pb2_grpc.ConsensusServiceServicer):
             self.calls += 1
         try:
             return method(request)
-        except TabletNotFound as exc:
+        except UnknownTablet as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

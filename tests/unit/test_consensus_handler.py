@@ -15,7 +15,7 @@ from raftlet.consensus.rpc.codec import MalformedRequest, WrongServerUuid
 from raftlet.proto import common_pb2, consensus_pb2_grpc
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
-from raftlet.tserver.errors import TabletNotFound
+from raftlet.tserver.errors import UnknownTablet
 from tests.unit.consensus_cluster import Replica, wait_for
 from tests.unit.consensus_grpc_servers import (
     IDS,
@@ -105,12 +105,12 @@ def test_a_dropped_request_is_answered_with_an_error_not_silence(lone: Replica) 
 
 def test_handler_refuses_misaddressed_and_unknown(lone: Replica) -> None:
     handler = ConsensusRequestHandler({TABLET: lone.consensus}.get, "ts-b")
-    with pytest.raises(TabletNotFound) as missing:
+    with pytest.raises(UnknownTablet) as missing:
         handler.update_consensus(
             pb.UpdateConsensusRequest(tablet_id="nope", caller_uuid="ts-a", dest_uuid="ts-b")
         )
     assert missing.value.tablet_id == "nope"
-    with pytest.raises(TabletNotFound):
+    with pytest.raises(UnknownTablet):
         handler.get_consensus_state(pb.GetConsensusStateRequest(tablet_id="nope"))
     with pytest.raises(MalformedRequest, match="'ts-x' is not a voter of tablet"):
         handler.request_vote(vote_request(term=1, caller="ts-x"))

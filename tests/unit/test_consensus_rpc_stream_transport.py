@@ -23,7 +23,7 @@ from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.proto import consensus_pb2_grpc
 from raftlet.tserver.consensus_stream_server import StreamSession
-from raftlet.tserver.errors import TabletNotFound
+from raftlet.tserver.errors import UnknownTablet
 from tests.waiting import wait_for
 
 LEADER, FOLLOWER = "ts1", "ts2"
@@ -67,7 +67,7 @@ class FakeHandler:
 
     def start(self, req: Any, done: Callable[[Any], None]) -> None:
         if req.tablet_id == "missing":
-            raise TabletNotFound(req.tablet_id)
+            raise UnknownTablet(req.tablet_id)
         with self.lock:
             self.started.append((req, done))
 

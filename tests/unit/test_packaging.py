@@ -115,10 +115,7 @@ def test_the_client_imports_no_server_or_cli_dependency(tmp_path: Path) -> None:
         "raftlet.cli",
         "raftlet.deploy",
     )
-    code = (
-        "import sys, raftlet.client; "
-        f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
-    )
+    code = f"import sys, raftlet.client; print(','.join(m for m in {heavy!r} if m in sys.modules))"
     result = _python(code, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""

@@ -27,7 +27,7 @@ from raftlet.tserver.errors import (
     InvalidRequest,
     ServiceUnavailable,
     StaleRequest,
-    TabletNotFound,
+    UnknownTablet,
 )
 from raftlet.tserver.rpc_dispatch import dispatch, status_for
 from raftlet.tserver.service_pool import InboundCall, ServicePool
@@ -61,7 +61,7 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
     [
         (DeadlineExceededInQueue("tablet", "Write", 0.5), S.DEADLINE_EXCEEDED, None),
         (ServiceUnavailable("server shutting down"), S.UNAVAILABLE, None),
-        (TabletNotFound("t-1"), S.NOT_FOUND, E.TABLET_NOT_FOUND),
+        (UnknownTablet("t-1"), S.NOT_FOUND, E.TABLET_NOT_FOUND),
         (InvalidRequest("no key column"), S.INVALID_ARGUMENT, E.INVALID_ARGUMENT),
         # A peer's consensus request the codec refuses, as the consensus stream reports it.
         (MalformedRequest("entries not contiguous"), S.INVALID_ARGUMENT, E.INVALID_ARGUMENT),
@@ -265,7 +265,7 @@ def test_typed_errors_reach_the_client_as_statuses() -> None:
         raise NotLeaderError("ts-2", 7)
 
     def not_found(c: InboundCall) -> None:
-        c.fail(TabletNotFound("t-9"))
+        c.fail(UnknownTablet("t-9"))
 
     def bug(c: InboundCall) -> None:
         raise ZeroDivisionError("oops")

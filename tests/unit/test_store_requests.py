@@ -10,9 +10,7 @@ from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.store import ApplyEntry, TabletStore
 
-SCHEMA = Schema(
-    [ColumnSchema("k", DataType.INT64, is_key=True), ColumnSchema("v", DataType.INT64)]
-)
+SCHEMA = Schema([ColumnSchema("k", DataType.INT64, is_key=True), ColumnSchema("v", DataType.INT64)])
 
 
 def _insert(k: int, v: int) -> object:
