@@ -8,7 +8,7 @@ writer slot 0 and one counter shared by the tasks, so they are unique as in thre
 
 Ctrl-C / SIGTERM stop the workers after the write each has in flight; the summary is printed
 and marked interrupted. Figures come from ``AsyncClient.stats`` exactly as in thread mode
-(``write_cmd._summarize``).
+(``write_load.summarize``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ import contextlib
 import itertools
 import signal
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raftlet.cli.common import CliError, Target
+from raftlet.cli.write_load import LoadState, LoadSummary, OnTick, RowFactory, summarize
 from raftlet.schema.schema import Schema
 
 if TYPE_CHECKING:
-    from raftlet.cli.write_cmd import LoadSummary, _Shared
-    from raftlet.client import ClientStats
     from raftlet.client.aio import AsyncClient
 
 __all__ = ["run_load_async"]
@@ -42,7 +40,7 @@ def run_load_async(
     in_flight: int,
     row_bytes: int,
     timeout_s: float,
-    on_tick: Callable[[float, ClientStats, _Shared], None] | None = None,
+    on_tick: OnTick | None = None,
     tick_s: float = 0.2,
 ) -> LoadSummary:
     """Run the load in a new event loop and return its summary."""
@@ -84,14 +82,13 @@ async def _load(
     in_flight: int,
     row_bytes: int,
     timeout_s: float,
-    on_tick: Callable[[float, ClientStats, _Shared], None] | None,
+    on_tick: OnTick | None,
     tick_s: float,
 ) -> LoadSummary:
-    from raftlet.cli.write_cmd import RowFactory, _Shared, _summarize
     from raftlet.client import ClientClosed, RaftletError
 
     factory = RowFactory(schema, row_bytes)
-    shared = _Shared()
+    shared = LoadState()
     numbers = itertools.count()
     client = await _connect(target, timeout_s)
     interrupted = False
@@ -145,7 +142,7 @@ async def _load(
         await client.close()
     if shared.fatal:
         raise CliError(shared.fatal)
-    return _summarize(
+    return summarize(
         before,
         after,
         shared,

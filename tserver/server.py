@@ -1,5 +1,8 @@
 """The tablet server process: gRPC services over grpc.aio, service pools, tablet replicas,
-the status server.
+the status server -- how they are built, started, wired together and stopped.
+
+What each RPC does is in ``tserver.servicers``; what the status server shows about the
+tablets (pages and Raft gauges) in ``tserver.status_pages``.
 
 The event loop (grpc.aio) is the reactor: servicer coroutines only hand a call to the
 service's pool (``dispatch``) and await its answer; every handler runs on a pool thread,
@@ -20,9 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import html
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -33,17 +34,14 @@ from grpc_reflection.v1alpha import reflection
 from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import ChannelPool, channel_options, server_options
 from raftlet.cluster import parse_host_port
-from raftlet.consensus.core import NO_NODE
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
 from raftlet.consensus.rpc.stream_transport import StreamHub
 from raftlet.consensus.ticker import Ticker
 from raftlet.consensus.transport import Transport
 from raftlet.consensus.workers import WorkerPool
-from raftlet.metrics import catalogue as cat
 from raftlet.metrics import set_lock_contention_trace_threshold_ms
-from raftlet.metrics.human import human_bytes
-from raftlet.metrics.registry import MetricEntity, MetricRegistry
-from raftlet.metrics.status_server import PageRequest, PageResponse, StatusServer
+from raftlet.metrics.registry import MetricRegistry
+from raftlet.metrics.status_server import StatusServer
 from raftlet.proto import (
     admin_pb2,
     admin_pb2_grpc,
@@ -53,16 +51,18 @@ from raftlet.proto import (
     tablet_pb2_grpc,
 )
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
-from raftlet.tserver.consensus_stream_server import StreamSession
-from raftlet.tserver.errors import InvalidRequest, UnknownTablet
+from raftlet.tserver.errors import UnknownTablet
 from raftlet.tserver.flag_registry import FlagRegistry
-from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.malformed import MalformedRequestInterceptor
-from raftlet.tserver.rpc_dispatch import dispatch
-from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
+from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
+from raftlet.tserver.servicers import AdminServicer, ConsensusServicer, TabletServicer
 from raftlet.tserver.settings import ServerSettings
-from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
-from raftlet.tserver.write_stream import WriteStreamSession
+from raftlet.tserver.status_pages import (
+    register_tablet_gauges,
+    register_tablet_pages,
+    tablet_statuses,
+)
+from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 
 __all__ = ["TabletServer"]
 
@@ -75,12 +75,6 @@ _POOL_SERVICES = {
 
 logger = logging.getLogger(__name__)
 
-_ROLE_PB = {
-    "FOLLOWER": consensus_pb2.FOLLOWER,
-    "PRE_CANDIDATE": consensus_pb2.PRE_CANDIDATE,
-    "CANDIDATE": consensus_pb2.CANDIDATE,
-    "LEADER": consensus_pb2.LEADER,
-}
 _SHUTDOWN_GRACE_S = 5.0
 
 
@@ -121,8 +115,8 @@ class TabletServer:
         self.status = StatusServer(
             self.registry, *parse_host_port(s.http_addr), server_name=s.server_id
         )
-        self._consensus_servicer = _ConsensusServicer(self)
-        self._tablet_servicer = _TabletServicer(self)
+        self._consensus_servicer = ConsensusServicer(self)
+        self._tablet_servicer = TabletServicer(self)
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self.stream_channels: AsyncChannelPool | None = None  # the streams' channels
@@ -198,7 +192,7 @@ class TabletServer:
                 workers=self.workers,
                 log_appenders=self.log_appenders,
             )
-            self._tablet_gauges(entity, replica)
+            register_tablet_gauges(entity, replica)
             self.replicas[placement.tablet_id] = replica
         for pool in self.pools.values():
             pool.start()
@@ -208,7 +202,7 @@ class TabletServer:
         )
         tablet_pb2_grpc.add_TabletServiceServicer_to_server(self._tablet_servicer, server)
         consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(self._consensus_servicer, server)
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(_AdminServicer(self), server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self), server)
         self._health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [
@@ -227,8 +221,7 @@ class TabletServer:
         for replica in self.replicas.values():
             replica.start()
         self.ticker.start()
-        self.status.register_page("/tablets", self._tablets_html)
-        self.status.register_page("/tablets.json", self._tablets_json)
+        register_tablet_pages(self.status, self.server_id, self.replicas)
         self.status.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         logger.info(
@@ -303,6 +296,10 @@ class TabletServer:
         except Exception:
             return ""
 
+    def tablet_statuses(self) -> list[dict[str, object]]:
+        """Every replica's published status (``status_pages.tablet_statuses``)."""
+        return tablet_statuses(self.replicas.values())
+
     # --- runtime flags ----------------------------------------------------------------------
 
     def _on_trace_threshold(self, value: Any) -> None:
@@ -317,230 +314,3 @@ class TabletServer:
             log.options = dataclasses.replace(
                 log.options, inject_latency_ms=latency, inject_latency_jitter_ms=jitter
             )
-
-    # --- status pages --------------------------------------------------------------------------
-
-    def _tablet_gauges(self, entity: MetricEntity, replica: TabletReplica) -> None:
-        roles = cat.RAFT_ROLE_VALUES
-
-        def term() -> float:
-            return float(replica.consensus.snapshot.term)
-
-        def role() -> float:
-            return float(roles[replica.consensus.snapshot.role.value])
-
-        entity.function_gauge(cat.RAFT_TERM, term)
-        entity.function_gauge(cat.RAFT_ROLE, role)
-        entity.function_gauge(cat.RAFT_COMMIT_INDEX, lambda: float(replica.commit_index_cached()))
-        entity.function_gauge(cat.RAFT_APPLIED_INDEX, lambda: float(replica.store.applied_index()))
-
-    def tablet_statuses(self) -> list[dict[str, object]]:
-        """Every replica's published status: a status page never takes a consensus lock (a
-        replica stuck behind a slow disk must not hang the page that would show it)."""
-        return [r.published_status() for r in self.replicas.values()]
-
-    def _tablets_json(self, request: PageRequest) -> PageResponse:
-        return PageResponse.json({"server": self.server_id, "tablets": self.tablet_statuses()})
-
-    def _tablets_html(self, request: PageRequest) -> PageResponse:
-        cols = [
-            "tablet_id",
-            "table",
-            "partition",
-            "role",
-            "term",
-            "leader",
-            "leader_ready",
-            "commit_index",
-            "applied_index",
-            "last_index",
-            "log_bytes",
-            "last_election",
-        ]
-        rows = []
-        for st in self.tablet_statuses():
-            size = st.get("log_bytes")
-            st["log_bytes"] = human_bytes(size) if isinstance(size, int) else ""
-            cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in cols)
-            rows.append(f"<tr>{cells}</tr>")
-        head = "".join(f"<th>{c}</th>" for c in cols)
-        body = (
-            f"<table border=1><tr>{head}</tr>{''.join(rows)}</table>"
-            "<p><a href='/tablets.json'>JSON</a> · <a href='/metrics'>metrics</a></p>"
-        )
-        return self.status.html_page(f"Tablets on {self.server_id}", body)
-
-    # --- handlers (pool threads) -------------------------------------------------------------
-
-    def list_tablets(self) -> tablet_pb2.ListTabletsResponse:
-        response = tablet_pb2.ListTabletsResponse(server_uuid=self.server_id)
-        for replica in self.replicas.values():
-            snap = replica.consensus.snapshot
-            response.tablets.add(
-                tablet_id=replica.tablet_id,
-                table_name=replica.table,
-                partition=replica.partition,
-                role=_ROLE_PB[snap.role.value],
-                term=snap.term,
-                leader_uuid=snap.leader_id,
-                leader_ready=snap.leader_ready,
-                commit_index=replica.commit_index_cached(),
-                applied_index=replica.store.applied_index(),
-            )
-        return response
-
-
-def _run_sync(handler: Callable[[], object]) -> Callable[[InboundCall], None]:
-    def run(call: InboundCall) -> None:
-        call.respond(handler())
-
-    return run
-
-
-class _TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
-    def __init__(self, server: TabletServer) -> None:
-        self._s = server
-        self._pool = server.pools["tablet"]
-        self._streams: set[asyncio.Task[Any]] = set()
-
-    async def _dispatch(self, method: str, context: Any, run: Callable[[InboundCall], None]) -> Any:
-        return await dispatch(
-            self._pool, method, context, run, leader_addr_lookup=self._s.leader_addr
-        )
-
-    async def Write(self, request: tablet_pb2.WriteRequest, context: Any) -> Any:
-        def run(call: InboundCall) -> None:
-            replica = self._s.replica(request.tablet_id)
-            replica.write(request, WriteCallbacks(call.respond, call.fail))
-
-        return await self._dispatch("Write", context, run)
-
-    async def WriteStream(self, request_iterator: Any, context: Any) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._streams.add(task)
-        try:
-            session = WriteStreamSession(
-                asyncio.get_running_loop(), self._pool, self._s.replica, self._s.leader_addr
-            )
-            await session.serve(context)
-        finally:
-            self._streams.discard(task)
-
-    def end_streams(self) -> None:
-        """Cancel every client's write stream (shutdown: clients retry elsewhere)."""
-        for task in list(self._streams):
-            task.cancel()
-
-    async def Scan(self, request: tablet_pb2.ScanRequest, context: Any) -> Any:
-        return await self._dispatch(
-            "Scan", context, _run_sync(lambda: self._s.replica(request.tablet_id).scan(request))
-        )
-
-    async def ListTablets(self, request: tablet_pb2.ListTabletsRequest, context: Any) -> Any:
-        return await self._dispatch("ListTablets", context, _run_sync(self._s.list_tablets))
-
-    async def GetClusterConfig(
-        self, request: tablet_pb2.GetClusterConfigRequest, context: Any
-    ) -> Any:
-        return await self._dispatch("GetClusterConfig", context, _run_sync(self._s.config.to_pb))
-
-
-class _ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
-    def __init__(self, server: TabletServer) -> None:
-        self._h = server.consensus_handler
-        self._pool = server.pools["consensus"]
-        self._workers = server.workers
-        self._streams: set[asyncio.Task[Any]] = set()
-
-    async def Stream(self, request_iterator: Any, context: Any) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._streams.add(task)
-        try:
-            session = StreamSession(asyncio.get_running_loop(), self._workers, self._h)
-            await session.serve(context)
-        finally:
-            self._streams.discard(task)
-
-    def end_streams(self) -> None:
-        """Cancel every peer's stream to this server (shutdown: the peers see it break)."""
-        for task in list(self._streams):
-            task.cancel()
-
-    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
-        return await dispatch(self._pool, method, context, _run_sync(_invalid_on_value_error(fn)))
-
-    async def UpdateConsensus(self, request: Any, context: Any) -> Any:
-        return await self._call(
-            "UpdateConsensus", context, lambda: self._h.update_consensus(request)
-        )
-
-    async def RequestVote(self, request: Any, context: Any) -> Any:
-        return await self._call("RequestVote", context, lambda: self._h.request_vote(request))
-
-    async def TimeoutNow(self, request: Any, context: Any) -> Any:
-        return await self._call("TimeoutNow", context, lambda: self._h.timeout_now(request))
-
-    async def GetConsensusState(self, request: Any, context: Any) -> Any:
-        return await self._call(
-            "GetConsensusState", context, lambda: self._h.get_consensus_state(request)
-        )
-
-
-class _AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, server: TabletServer) -> None:
-        self._s = server
-        self._pool = server.pools["admin"]
-
-    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
-        return await dispatch(
-            self._pool,
-            method,
-            context,
-            _run_sync(_invalid_on_value_error(fn)),
-            leader_addr_lookup=self._s.leader_addr,
-        )
-
-    async def LeaderStepDown(self, request: admin_pb2.LeaderStepDownRequest, context: Any) -> Any:
-        def step_down() -> admin_pb2.LeaderStepDownResponse:
-            replica = self._s.replica(request.tablet_id)
-            replica.consensus.step_down(request.new_leader_uuid or NO_NODE)
-            return admin_pb2.LeaderStepDownResponse()
-
-        return await self._call("LeaderStepDown", context, step_down)
-
-    async def GetConsensusStatus(self, request: Any, context: Any) -> Any:
-        return await self._call(
-            "GetConsensusStatus",
-            context,
-            lambda: self._s.consensus_handler.get_consensus_state(request),
-        )
-
-    async def GetFlags(self, request: admin_pb2.GetFlagsRequest, context: Any) -> Any:
-        def get() -> admin_pb2.GetFlagsResponse:
-            return admin_pb2.GetFlagsResponse(flags=self._s.flags.render(list(request.names)))
-
-        return await self._call("GetFlags", context, get)
-
-    async def SetFlag(self, request: admin_pb2.SetFlagRequest, context: Any) -> Any:
-        def set_flag() -> admin_pb2.SetFlagResponse:
-            try:
-                old = self._s.flags.set(request.name, request.value)
-            except FlagError as e:
-                raise InvalidRequest(str(e)) from e
-            return admin_pb2.SetFlagResponse(old_value=old)
-
-        return await self._call("SetFlag", context, set_flag)
-
-
-def _invalid_on_value_error(fn: Callable[[], object]) -> Callable[[], object]:
-    """A malformed request (the codec raises ValueError) is INVALID_ARGUMENT, not INTERNAL."""
-
-    def run() -> object:
-        try:
-            return fn()
-        except ValueError as e:
-            raise InvalidRequest(str(e)) from e
-
-    return run

@@ -18,7 +18,7 @@ from raftlet.cli.common import human_count, human_us
 from raftlet.cli.main import main
 from raftlet.cli.metrics_cmd import key_metrics
 from raftlet.cli.scan_cmd import parse_value, parse_where
-from raftlet.cli.write_cmd import RowFactory
+from raftlet.cli.write_load import RowFactory
 from raftlet.client.health import Severity, check_cluster
 from raftlet.cluster import write_cluster_config
 from raftlet.deploy.local import STATE_FILE, LocalCluster, new_config

@@ -11,7 +11,7 @@ import pytest
 from raftlet.cli import write_async
 from raftlet.cli.common import Target
 from raftlet.cli.server_cpu import ServerCpu, parse_cpu_seconds
-from raftlet.cli.write_cmd import LoadSummary
+from raftlet.cli.write_load import LoadSummary
 from raftlet.client.aio import AsyncClient
 from raftlet.cluster import ClusterConfig
 from tests.unit.client_aio_fakes import AsyncFakeCluster, fake_client

@@ -1,0 +1,224 @@
+"""The tablet server's gRPC servicers: TabletService, ConsensusService and AdminService.
+
+A servicer coroutine runs on the event loop (grpc.aio, the reactor) and does nothing but
+hand its call to the service's pool (``rpc_dispatch.dispatch``) and await the answer; the
+handler runs on a pool thread, and a write is answered from its tablet's apply thread.
+Kept apart from the process (``tserver.server``: start, stop, the wiring) because this is
+the RPC surface: what each method does with the server's replicas, consensus handler and
+flags, and which errors become INVALID_ARGUMENT. Client write streams and peers' consensus
+streams are tracked here so that shutdown can end them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from raftlet.consensus.core import NO_NODE
+from raftlet.proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    consensus_pb2,
+    consensus_pb2_grpc,
+    tablet_pb2,
+    tablet_pb2_grpc,
+)
+from raftlet.tserver.consensus_stream_server import StreamSession
+from raftlet.tserver.errors import InvalidRequest
+from raftlet.tserver.flag_spec import FlagError
+from raftlet.tserver.rpc_dispatch import dispatch
+from raftlet.tserver.service_pool import InboundCall
+from raftlet.tserver.tablet_replica import WriteCallbacks
+from raftlet.tserver.write_stream import WriteStreamSession
+
+if TYPE_CHECKING:
+    from raftlet.tserver.server import TabletServer
+
+__all__ = ["AdminServicer", "ConsensusServicer", "TabletServicer"]
+
+_ROLE_PB = {
+    "FOLLOWER": consensus_pb2.FOLLOWER,
+    "PRE_CANDIDATE": consensus_pb2.PRE_CANDIDATE,
+    "CANDIDATE": consensus_pb2.CANDIDATE,
+    "LEADER": consensus_pb2.LEADER,
+}
+
+
+def _run_sync(handler: Callable[[], object]) -> Callable[[InboundCall], None]:
+    def run(call: InboundCall) -> None:
+        call.respond(handler())
+
+    return run
+
+
+class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
+    """Writes, write streams, scans, and what a client needs to find tablets."""
+
+    def __init__(self, server: TabletServer) -> None:
+        self._s = server
+        self._pool = server.pools["tablet"]
+        self._streams: set[asyncio.Task[Any]] = set()
+
+    async def _dispatch(self, method: str, context: Any, run: Callable[[InboundCall], None]) -> Any:
+        return await dispatch(
+            self._pool, method, context, run, leader_addr_lookup=self._s.leader_addr
+        )
+
+    async def Write(self, request: tablet_pb2.WriteRequest, context: Any) -> Any:
+        def run(call: InboundCall) -> None:
+            replica = self._s.replica(request.tablet_id)
+            replica.write(request, WriteCallbacks(call.respond, call.fail))
+
+        return await self._dispatch("Write", context, run)
+
+    async def WriteStream(self, request_iterator: Any, context: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            session = WriteStreamSession(
+                asyncio.get_running_loop(), self._pool, self._s.replica, self._s.leader_addr
+            )
+            await session.serve(context)
+        finally:
+            self._streams.discard(task)
+
+    def end_streams(self) -> None:
+        """Cancel every client's write stream (shutdown: clients retry elsewhere)."""
+        for task in list(self._streams):
+            task.cancel()
+
+    async def Scan(self, request: tablet_pb2.ScanRequest, context: Any) -> Any:
+        return await self._dispatch(
+            "Scan", context, _run_sync(lambda: self._s.replica(request.tablet_id).scan(request))
+        )
+
+    async def ListTablets(self, request: tablet_pb2.ListTabletsRequest, context: Any) -> Any:
+        return await self._dispatch("ListTablets", context, _run_sync(self._list_tablets))
+
+    def _list_tablets(self) -> tablet_pb2.ListTabletsResponse:
+        response = tablet_pb2.ListTabletsResponse(server_uuid=self._s.server_id)
+        for replica in self._s.replicas.values():
+            snap = replica.consensus.snapshot
+            response.tablets.add(
+                tablet_id=replica.tablet_id,
+                table_name=replica.table,
+                partition=replica.partition,
+                role=_ROLE_PB[snap.role.value],
+                term=snap.term,
+                leader_uuid=snap.leader_id,
+                leader_ready=snap.leader_ready,
+                commit_index=replica.commit_index_cached(),
+                applied_index=replica.store.applied_index(),
+            )
+        return response
+
+    async def GetClusterConfig(
+        self, request: tablet_pb2.GetClusterConfigRequest, context: Any
+    ) -> Any:
+        return await self._dispatch("GetClusterConfig", context, _run_sync(self._s.config.to_pb))
+
+
+class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
+    """The Raft RPCs from peers, unary or on a stream, answered by the consensus handler."""
+
+    def __init__(self, server: TabletServer) -> None:
+        self._h = server.consensus_handler
+        self._pool = server.pools["consensus"]
+        self._workers = server.workers
+        self._streams: set[asyncio.Task[Any]] = set()
+
+    async def Stream(self, request_iterator: Any, context: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            session = StreamSession(asyncio.get_running_loop(), self._workers, self._h)
+            await session.serve(context)
+        finally:
+            self._streams.discard(task)
+
+    def end_streams(self) -> None:
+        """Cancel every peer's stream to this server (shutdown: the peers see it break)."""
+        for task in list(self._streams):
+            task.cancel()
+
+    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
+        return await dispatch(self._pool, method, context, _run_sync(_invalid_on_value_error(fn)))
+
+    async def UpdateConsensus(self, request: Any, context: Any) -> Any:
+        return await self._call(
+            "UpdateConsensus", context, lambda: self._h.update_consensus(request)
+        )
+
+    async def RequestVote(self, request: Any, context: Any) -> Any:
+        return await self._call("RequestVote", context, lambda: self._h.request_vote(request))
+
+    async def TimeoutNow(self, request: Any, context: Any) -> Any:
+        return await self._call("TimeoutNow", context, lambda: self._h.timeout_now(request))
+
+    async def GetConsensusState(self, request: Any, context: Any) -> Any:
+        return await self._call(
+            "GetConsensusState", context, lambda: self._h.get_consensus_state(request)
+        )
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    """Leadership moves, consensus status and runtime flags, for operators."""
+
+    def __init__(self, server: TabletServer) -> None:
+        self._s = server
+        self._pool = server.pools["admin"]
+
+    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
+        return await dispatch(
+            self._pool,
+            method,
+            context,
+            _run_sync(_invalid_on_value_error(fn)),
+            leader_addr_lookup=self._s.leader_addr,
+        )
+
+    async def LeaderStepDown(self, request: admin_pb2.LeaderStepDownRequest, context: Any) -> Any:
+        def step_down() -> admin_pb2.LeaderStepDownResponse:
+            replica = self._s.replica(request.tablet_id)
+            replica.consensus.step_down(request.new_leader_uuid or NO_NODE)
+            return admin_pb2.LeaderStepDownResponse()
+
+        return await self._call("LeaderStepDown", context, step_down)
+
+    async def GetConsensusStatus(self, request: Any, context: Any) -> Any:
+        return await self._call(
+            "GetConsensusStatus",
+            context,
+            lambda: self._s.consensus_handler.get_consensus_state(request),
+        )
+
+    async def GetFlags(self, request: admin_pb2.GetFlagsRequest, context: Any) -> Any:
+        def get() -> admin_pb2.GetFlagsResponse:
+            return admin_pb2.GetFlagsResponse(flags=self._s.flags.render(list(request.names)))
+
+        return await self._call("GetFlags", context, get)
+
+    async def SetFlag(self, request: admin_pb2.SetFlagRequest, context: Any) -> Any:
+        def set_flag() -> admin_pb2.SetFlagResponse:
+            try:
+                old = self._s.flags.set(request.name, request.value)
+            except FlagError as e:
+                raise InvalidRequest(str(e)) from e
+            return admin_pb2.SetFlagResponse(old_value=old)
+
+        return await self._call("SetFlag", context, set_flag)
+
+
+def _invalid_on_value_error(fn: Callable[[], object]) -> Callable[[], object]:
+    """A malformed request (the codec raises ValueError) is INVALID_ARGUMENT, not INTERNAL."""
+
+    def run() -> object:
+        try:
+            return fn()
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from e
+
+    return run

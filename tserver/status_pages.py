@@ -1,0 +1,87 @@
+"""What a tablet server shows about its tablets: the ``/tablets`` and ``/tablets.json``
+status pages, and each tablet's Raft gauges (term, role, commit and applied index) on
+``/metrics``.
+
+Kept apart from the process (``tserver.server``: start, stop, the wiring) because these
+are views of the replicas, not part of running them. Everything here reads what a replica
+published or cached, never under its consensus lock: a replica stuck behind a slow disk
+must not hang the page that would show it.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping
+
+from raftlet.metrics import catalogue as cat
+from raftlet.metrics.human import human_bytes
+from raftlet.metrics.registry import MetricEntity
+from raftlet.metrics.status_server import PageRequest, PageResponse, StatusServer
+from raftlet.tserver.tablet_replica import TabletReplica
+
+__all__ = ["register_tablet_gauges", "register_tablet_pages", "tablet_statuses"]
+
+_HTML_COLUMNS = [
+    "tablet_id",
+    "table",
+    "partition",
+    "role",
+    "term",
+    "leader",
+    "leader_ready",
+    "commit_index",
+    "applied_index",
+    "last_index",
+    "log_bytes",
+    "last_election",
+]
+
+
+def register_tablet_gauges(entity: MetricEntity, replica: TabletReplica) -> None:
+    """Export ``replica``'s term, role, commit and applied index as gauges of ``entity``."""
+    roles = cat.RAFT_ROLE_VALUES
+
+    def term() -> float:
+        return float(replica.consensus.snapshot.term)
+
+    def role() -> float:
+        return float(roles[replica.consensus.snapshot.role.value])
+
+    entity.function_gauge(cat.RAFT_TERM, term)
+    entity.function_gauge(cat.RAFT_ROLE, role)
+    entity.function_gauge(cat.RAFT_COMMIT_INDEX, lambda: float(replica.commit_index_cached()))
+    entity.function_gauge(cat.RAFT_APPLIED_INDEX, lambda: float(replica.store.applied_index()))
+
+
+def tablet_statuses(replicas: Iterable[TabletReplica]) -> list[dict[str, object]]:
+    """Every replica's published status (see the module docstring: no consensus lock)."""
+    return [r.published_status() for r in replicas]
+
+
+def register_tablet_pages(
+    status: StatusServer, server_id: str, replicas: Mapping[str, TabletReplica]
+) -> None:
+    """Serve ``/tablets`` (HTML) and ``/tablets.json`` on ``status``, showing the replicas
+    in ``replicas`` at the time of each request."""
+
+    def tablets_json(request: PageRequest) -> PageResponse:
+        return PageResponse.json(
+            {"server": server_id, "tablets": tablet_statuses(replicas.values())}
+        )
+
+    def tablets_html(request: PageRequest) -> PageResponse:
+        rows = []
+        for st in tablet_statuses(replicas.values()):
+            size = st.get("log_bytes")
+            st["log_bytes"] = human_bytes(size) if isinstance(size, int) else ""
+            cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in _HTML_COLUMNS)
+            rows.append(f"<tr>{cells}</tr>")
+        head = "".join(f"<th>{c}</th>" for c in _HTML_COLUMNS)
+        body = (
+            f"<table border=1><tr>{head}</tr>{''.join(rows)}</table>"
+            "<p><a href='/tablets.json'>JSON</a> · <a href='/metrics'>metrics</a></p>"
+        )
+        return status.html_page(f"Tablets on {server_id}", body)
+
+    status.register_page("/tablets", tablets_html)
+    status.register_page("/tablets.json", tablets_json)
