@@ -24,7 +24,8 @@ CLI's), ``stats``, ``errors``, ``write_batch`` (a Write RPC's pure parts), ``hea
 ksck-style cluster check behind ``raftlet cluster status``).
 
 The asyncio client is ``raftlet.client.aio.AsyncClient`` (``aio``, ``aio_channels``,
-``aio_meta``, ``aio_rpc``): the same meta cache, routing, retries, request ids and errors
+``aio_meta``, ``aio_rpc``, ``aio_write_stream``; what both clients share without I/O is
+``client_base``): the same meta cache, routing, retries, request ids and errors
 over ``grpc.aio``, for many writes in flight from one event loop::
 
     async with AsyncClient.connect(["127.0.0.1:7051"]) as c:

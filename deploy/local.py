@@ -16,8 +16,8 @@ Rules this module keeps, and why:
   ``cluster.json``; ``LocalCluster.load(data_dir)`` reads it back.
 - **Never signal a process that is not ours.** PIDs are recycled: a PID from a stale state
   file may now belong to anything. Before any signal the process's command line must hold
-  ``tserver`` and this cluster's config path (``_owned``); anything else is left alone and
-  reported.
+  ``tserver``, this cluster's config path and the server id (``owns``), checked again just
+  before SIGKILL; anything else is left alone and reported.
 - **No half-started clusters.** The state file is written after every spawn, so a launcher
   killed mid-start leaves PIDs that ``down`` can still stop; and a start that fails (a server
   exits, no ready line, no leader in time) stops everything it started before raising.

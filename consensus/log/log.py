@@ -15,6 +15,18 @@ Threads and locks:
 A batch is visible to reads (``last_index``, ``term``, ``entries``) as soon as
 ``append_async`` returns: the index and the cache are updated at once, including the
 truncation of a replaced suffix.  Durability is reported only through the callback.
+
+Opening takes an exclusive ``flock`` on ``wal.lock`` (one ``Log`` per directory) and
+verifies every segment.  A torn write -- in the *last* segment, a record whose header or
+payload is incomplete, or whose CRC fails, with no intact record anywhere after it (a
+byte-by-byte search, cheap because only positions that start like an ``EntryBatchPB`` are
+CRC-checked) -- is cut off and logged with a warning naming the file and offset; a last
+segment shorter than its header (a crash while rolling over) is removed the same way.
+Everything else raises ``LogCorruptionError`` naming the file and byte offset, and nothing
+is changed on disk: a bad record in an earlier segment, a bad record with an intact one
+after it, a zero or over-64-MiB length, an intact CRC over a payload that does not parse or
+is not contiguous, a bad header or sequence, a missing segment, a gap between records, a
+term going back.  The log then continues appending to the last segment.
 """
 
 from __future__ import annotations
