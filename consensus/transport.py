@@ -41,6 +41,7 @@ class InMemoryTransport:
         self._cut: set[frozenset[str]] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="inmem-transport")
+        self._in_flight = 0  # sent and not yet answered; under _lock
 
     def register(self, node_id: str, handler: RequestHandler) -> None:
         with self._lock:
@@ -58,10 +59,20 @@ class InMemoryTransport:
         with self._lock:
             self._cut.clear()
 
+    def idle(self) -> bool:
+        """Whether nothing sent is still being delivered or answered: after ``cut``, a test
+        waits for this before it counts on no message reaching the other side."""
+        with self._lock:
+            return self._in_flight == 0
+
     def send(self, message: Message, on_response: ResponseCallback) -> None:
+        with self._lock:
+            self._in_flight += 1
         try:
             self._pool.submit(self._deliver, message, on_response)
         except RuntimeError:  # the pool is shut down: the transport is closed
+            with self._lock:
+                self._in_flight -= 1
             on_response(None)
 
     def _deliver(self, message: Message, on_response: ResponseCallback) -> None:
@@ -77,7 +88,11 @@ class InMemoryTransport:
         with self._lock:
             if frozenset((message.src, message.dst)) in self._cut:
                 response = None
-        on_response(response)
+        try:
+            on_response(response)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

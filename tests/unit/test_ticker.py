@@ -99,8 +99,12 @@ def test_a_follower_steps_its_ticks_with_its_next_message_not_one_by_one(
                 cluster.transport.cut(follower.node_id, other)
         ticker = cluster.ticker
         assert ticker is not None
-        # Let the worker finish what it may still be doing, then count from a quiet state.
-        cluster.wait_for(lambda: not consensus._tick_queued, what="no tick queued")
+        # Let what was sent before the cut land and the worker finish what it may still be
+        # doing (without ticking: a tick would send more), then count from a quiet state.
+        wait_for(
+            lambda: cluster.transport.idle() and not consensus._tick_queued,
+            what="no message in flight and no tick queued",
+        )
         stepped = consensus._ticks
         with consensus._tick_lock:
             consensus._pending_ticks = 0
