@@ -1,8 +1,9 @@
 """Log entries to and from their on-disk form: ``EntryPB`` inside an ``EntryBatchPB``.
 
-The appender packs the contiguous entries of a group of batches into records of up to
-``TARGET_RECORD_BYTES`` (one larger entry gets a record to itself); a record's payload is
-one serialized ``EntryBatchPB``.  Entry types map one to one: NORMAL and NO_OP.
+The appender packs the contiguous entries of a group of batches into records of up to 64 KiB
+(``log._PACK_RECORD_BYTES``: a read from disk decodes a whole record); one larger entry gets
+a record to itself, and ``TARGET_RECORD_BYTES`` (1 MiB) is where large batches are cut.  A
+record's payload is one serialized ``EntryBatchPB``.  Entry types map one to one: NORMAL and NO_OP.
 """
 
 from __future__ import annotations
