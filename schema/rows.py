@@ -34,6 +34,7 @@ __all__ = [
     "RowFailure",
     "RowOp",
     "RowOpError",
+    "build_row_op",
     "decode_row_op",
     "decode_row_ops",
     "encode_row_op",
@@ -121,10 +122,14 @@ def decode_row_op(schema: Schema, pb: tablet_pb2.RowOperationPB, row_index: int 
         if value is None and not col.nullable:
             raise RowOpError(ErrorCode.NULL_NOT_ALLOWED, f"column {col.name!r} is not nullable")
         given[idx] = value
-    return _build(schema, op_type, given, row_index)
+    return build_row_op(schema, op_type, given, row_index)
 
 
-def _build(schema: Schema, op_type: OpType, given: Mapping[int, Value], row_index: int) -> RowOp:
+def build_row_op(
+    schema: Schema, op_type: OpType, given: Mapping[int, Value], row_index: int
+) -> RowOp:
+    """The ``RowOp`` of decoded cells (column index → value), checked against rules 3-5
+    of the module docstring; raises ``RowOpError``.  Shared by both wire forms."""
     nkeys = schema.num_key_columns
     for i in range(nkeys):
         if i not in given:
