@@ -12,7 +12,8 @@ streams are tracked here so that shutdown can end them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from raftlet.consensus.core import NO_NODE
@@ -52,13 +53,35 @@ def _run_sync(handler: Callable[[], object]) -> Callable[[InboundCall], None]:
     return run
 
 
+class _StreamTasks:
+    """The tasks serving a servicer's long-lived streams, so shutdown can end them: a
+    stream never ends by itself, and the grace period would otherwise wait it out."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            yield
+        finally:
+            self._tasks.discard(task)
+
+    def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
 class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
     """Writes, write streams, scans, and what a client needs to find tablets."""
 
     def __init__(self, server: TabletServer) -> None:
         self._s = server
         self._pool = server.pools["tablet"]
-        self._streams: set[asyncio.Task[Any]] = set()
+        self._streams = _StreamTasks()
 
     async def _dispatch(self, method: str, context: Any, run: Callable[[InboundCall], None]) -> Any:
         return await dispatch(
@@ -73,21 +96,15 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
         return await self._dispatch("Write", context, run)
 
     async def WriteStream(self, request_iterator: Any, context: Any) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._streams.add(task)
-        try:
+        with self._streams.serving():
             session = WriteStreamSession(
                 asyncio.get_running_loop(), self._pool, self._s.replica, self._s.leader_addr
             )
             await session.serve(context)
-        finally:
-            self._streams.discard(task)
 
     def end_streams(self) -> None:
         """Cancel every client's write stream (shutdown: clients retry elsewhere)."""
-        for task in list(self._streams):
-            task.cancel()
+        self._streams.cancel_all()
 
     async def Scan(self, request: tablet_pb2.ScanRequest, context: Any) -> Any:
         return await self._dispatch(
@@ -127,22 +144,16 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
         self._h = server.consensus_handler
         self._pool = server.pools["consensus"]
         self._workers = server.workers
-        self._streams: set[asyncio.Task[Any]] = set()
+        self._streams = _StreamTasks()
 
     async def Stream(self, request_iterator: Any, context: Any) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._streams.add(task)
-        try:
+        with self._streams.serving():
             session = StreamSession(asyncio.get_running_loop(), self._workers, self._h)
             await session.serve(context)
-        finally:
-            self._streams.discard(task)
 
     def end_streams(self) -> None:
         """Cancel every peer's stream to this server (shutdown: the peers see it break)."""
-        for task in list(self._streams):
-            task.cancel()
+        self._streams.cancel_all()
 
     async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
         return await dispatch(self._pool, method, context, _run_sync(_invalid_on_value_error(fn)))
