@@ -1,10 +1,11 @@
 """One write RPC's pure parts, shared by ``Session`` (threads) and ``AsyncClient`` (asyncio).
 
-- ``encode_operation``: a write call → ``Operation``, the row validated and encoded exactly as
-  the server will decode it (``schema.encode_row_op``) and routed to its tablet; a row the
+- ``encode_operation``: a write call → ``Operation``, the row validated and packed exactly as
+  the server will decode it (``schema.row_block``) and routed to its tablet; a row the
   server would refuse anyway raises ``RowError`` (counted in the stats) before any RPC.
-- ``write_request``: the ``WriteRequest`` of a batch of one tablet's operations, carrying the
-  exactly-once request id (``client_id``, ``seq_no``; the caller sets ``attempt_no`` and
+- ``write_request``: the ``WriteRequest`` of a batch of one tablet's operations -- their
+  packed rows joined into one row block, not encoded again -- carrying the exactly-once
+  request id (``client_id``, ``seq_no``; the caller sets ``attempt_no`` and
   ``first_incomplete_seq_no`` on each attempt, see ``request_tracker``).
 - ``batch_errors``: a ``WriteResponse`` → one ``RowError`` per row the server refused, with
   the operation's own ``row_index`` (counted in the stats by code).
@@ -19,7 +20,9 @@ from raftlet.client.errors import RaftletError, RowError
 from raftlet.client.meta_cache import MetaState
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
-from raftlet.schema.rows import ErrorCode, OpType, RowOpError, encode_row_op
+from raftlet.schema.row_block import encode_row_block, join_row_blocks
+from raftlet.schema.rows import ErrorCode, OpType, RowOpError
+from raftlet.schema.schema import Schema
 
 __all__ = [
     "Operation",
@@ -40,7 +43,9 @@ class Operation:
     type: OpType
     row: Mapping[str, object]
     tablet_id: str
-    pb: tablet_pb2.RowOperationPB
+    schema: Schema
+    # The row as a one-row block: (rows, indirect) of schema.row_block.
+    packed: tuple[bytes, bytes]
 
 
 def code_name(code: int) -> str:
@@ -63,19 +68,24 @@ def encode_operation(
     table or a key that cannot be routed."""
     info = meta.table(table)
     try:
-        pb = encode_row_op(info.schema, op_type, row)
+        packed = encode_row_block(info.schema, [(op_type, row)])
     except RowOpError as e:
         code = code_name(e.code)
         stats.error(code)
-        raise RowError(index, code, e.message, table=table, row=row) from None
+        message = e.message.removeprefix("row 0: ")
+        raise RowError(index, code, message, table=table, row=row) from None
     tablet_id = meta.tablet_for(table, row)
-    return Operation(index, table, op_type, row, tablet_id, pb)
+    return Operation(index, table, op_type, row, tablet_id, info.schema, packed)
 
 
 def write_request(
     tablet_id: str, ops: Sequence[Operation], client_id: str, seq_no: int
 ) -> tablet_pb2.WriteRequest:
-    request = tablet_pb2.WriteRequest(tablet_id=tablet_id, ops=[op.pb for op in ops])
+    request = tablet_pb2.WriteRequest(tablet_id=tablet_id)
+    if ops:
+        rows, indirect = join_row_blocks(ops[0].schema, [op.packed for op in ops])
+        request.row_block.rows = rows
+        request.row_block.indirect = indirect
     request.request_id.client_id = client_id
     request.request_id.seq_no = seq_no
     return request

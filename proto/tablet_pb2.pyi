@@ -106,15 +106,25 @@ class RowOperationPB(_message.Message):
     cells: _containers.RepeatedCompositeFieldContainer[CellPB]
     def __init__(self, type: _Optional[_Union[RowOperationPB.OpType, str]] = ..., cells: _Optional[_Iterable[_Union[CellPB, _Mapping]]] = ...) -> None: ...
 
+class RowBlockPB(_message.Message):
+    __slots__ = ("rows", "indirect")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    INDIRECT_FIELD_NUMBER: _ClassVar[int]
+    rows: bytes
+    indirect: bytes
+    def __init__(self, rows: _Optional[bytes] = ..., indirect: _Optional[bytes] = ...) -> None: ...
+
 class WriteRequest(_message.Message):
-    __slots__ = ("tablet_id", "request_id", "ops")
+    __slots__ = ("tablet_id", "request_id", "ops", "row_block")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
+    ROW_BLOCK_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     request_id: _common_pb2.RequestIdPB
     ops: _containers.RepeatedCompositeFieldContainer[RowOperationPB]
-    def __init__(self, tablet_id: _Optional[str] = ..., request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ...) -> None: ...
+    row_block: RowBlockPB
+    def __init__(self, tablet_id: _Optional[str] = ..., request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ...) -> None: ...
 
 class RowErrorPB(_message.Message):
     __slots__ = ("row_index", "code", "message")
@@ -157,12 +167,14 @@ class WriteResponse(_message.Message):
     def __init__(self, row_errors: _Optional[_Iterable[_Union[RowErrorPB, _Mapping]]] = ..., op_index: _Optional[int] = ..., op_term: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
 
 class WriteOperationPB(_message.Message):
-    __slots__ = ("request_id", "ops")
+    __slots__ = ("request_id", "ops", "row_block")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
+    ROW_BLOCK_FIELD_NUMBER: _ClassVar[int]
     request_id: _common_pb2.RequestIdPB
     ops: _containers.RepeatedCompositeFieldContainer[RowOperationPB]
-    def __init__(self, request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ...) -> None: ...
+    row_block: RowBlockPB
+    def __init__(self, request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ...) -> None: ...
 
 class PredicatePB(_message.Message):
     __slots__ = ("column", "equals", "range", "in_list", "is_null", "is_not_null")

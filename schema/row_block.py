@@ -38,7 +38,7 @@ from raftlet.schema.rows import ErrorCode, OpType, RowFailure, RowOp, RowOpError
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import DataType, TypeMismatch, Value, normalize
 
-__all__ = ["RowBlockError", "decode_row_block", "encode_row_block", "row_width"]
+__all__ = ["RowBlockError", "decode_row_block", "encode_row_block", "join_row_blocks", "row_width"]
 
 _CELL = {
     DataType.INT8: "b",
@@ -53,6 +53,7 @@ _CELL = {
     DataType.BINARY: "II",
 }
 _VARLEN = (DataType.STRING, DataType.BINARY)
+_U32 = struct.Struct("<I")
 _OPS = frozenset(int(t) for t in OpType)
 
 
@@ -75,6 +76,13 @@ class _Layout:
             self.field.append(at)
             at += 2 if col.type in _VARLEN else 1
         self.types = [c.type for c in schema.columns]
+        # Byte offset, within a row, of each variable-length cell's side-buffer offset.
+        self.varlen_at: list[int] = []
+        prefix = "<B" + f"{self.bitmap_bytes}s" * 2
+        for col in schema.columns:
+            if col.type in _VARLEN:
+                self.varlen_at.append(struct.calcsize(prefix))
+            prefix += _CELL[col.type]
         # Bits above the last column must be clear in both bitmaps.
         self.spare_mask = (~((1 << ncols) - 1)) & ((1 << (8 * self.bitmap_bytes)) - 1)
 
@@ -130,7 +138,8 @@ def encode_row_block(
                     null |= 1 << idx
             if dtype in _VARLEN:
                 if value is None:
-                    fields += (0, 0)
+                    # Where the next bytes would go, so joining blocks moves every cell alike.
+                    fields += (len(indirect), 0)
                 else:
                     data = value.encode("utf-8") if isinstance(value, str) else value
                     assert isinstance(data, bytes)
@@ -148,6 +157,31 @@ def encode_row_block(
             raise RowOpError(e.code, f"row {n}: {e.message}") from None
         layout.row.pack_into(rows, n * layout.row.size, *fields)
     return bytes(rows), bytes(indirect)
+
+
+def join_row_blocks(schema: Schema, blocks: Sequence[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """One block of the rows of ``blocks`` (each ``(rows, indirect)``), in order: the side
+    buffers are concatenated and each variable-length cell's offset moved by what came
+    before.  Lets a client encode (and validate) each row once, when it is written, and
+    send any batch of them without encoding again."""
+    layout = _layout(schema)
+    rows = b"".join(r for r, _ in blocks)
+    indirect = b"".join(i for _, i in blocks)
+    if not layout.varlen_at:
+        return rows, indirect
+    out = bytearray(rows)
+    width = layout.row.size
+    pos = 0
+    base = 0
+    for block_rows, block_indirect in blocks:
+        if base:
+            for row_at in range(pos, pos + len(block_rows), width):
+                for at in layout.varlen_at:
+                    (offset,) = _U32.unpack_from(out, row_at + at)
+                    _U32.pack_into(out, row_at + at, offset + base)
+        pos += len(block_rows)
+        base += len(block_indirect)
+    return bytes(out), indirect
 
 
 def decode_row_block(

@@ -31,8 +31,11 @@ from raftlet.consensus.log.options import LogObserver, LogOptions
 from raftlet.consensus.log.raft_storage import LogStorage
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
+from raftlet.schema.row_block import RowBlockError, decode_row_block
+from raftlet.schema.rows import ErrorCode, RowFailure
 from raftlet.schema.schema import Schema
 from raftlet.tserver.store import ApplyEntry, EntryResult, TabletStore
+from raftlet.tserver.store.tablet_store import AnyOp
 
 __all__ = [
     "STORE_FILE",
@@ -74,23 +77,38 @@ def decode_write(entry: Entry) -> tablet_pb2.WriteOperationPB:
     return op
 
 
-def to_apply_entry(entry: Entry) -> ApplyEntry:
-    """A committed entry as the store applies it, with its request id for exactly-once."""
+def to_apply_entry(entry: Entry, schema: Schema) -> ApplyEntry:
+    """A committed entry as the store applies it, with its request id for exactly-once.
+
+    A packed row block is decoded here, its bad rows kept as row failures.  A block the
+    leader accepted is well formed; should one not be, every replica decodes the same bytes
+    to the same single failure, so replicas still agree."""
     write = decode_write(entry)
     rid = write.request_id
     request = (rid.client_id, rid.seq_no) if rid.client_id else None
+    ops: list[AnyOp] = list(write.ops)
+    failures: list[RowFailure] = []
+    if write.HasField("row_block"):
+        try:
+            decoded, failures = decode_row_block(
+                schema, write.row_block.rows, write.row_block.indirect
+            )
+            ops = list(decoded)
+        except RowBlockError as e:
+            failures = [RowFailure(0, ErrorCode.INVALID_ROW, f"malformed row block: {e}")]
     return ApplyEntry(
         entry.index,
         entry.term,
-        list(write.ops),
+        ops,
         request=request,
         first_incomplete_seq_no=rid.first_incomplete_seq_no if request else 0,
+        row_failures=failures,
     )
 
 
 def apply_entries(store: TabletStore, entries: Sequence[Entry]) -> list[EntryResult]:
     """Apply committed entries in one store transaction (NO_OPs only move the applied index)."""
-    return store.apply_batch([to_apply_entry(e) for e in entries])
+    return store.apply_batch([to_apply_entry(e, store.schema) for e in entries])
 
 
 def open_replica(

@@ -54,6 +54,7 @@ from raftlet.metrics.profiled_lock import ProfiledLock
 from raftlet.metrics.registry import MetricEntity, MetricPrototype
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
+from raftlet.schema.row_block import RowBlockError, decode_row_block, row_width
 from raftlet.schema.rows import RowFailure, decode_row_ops, row_to_pb
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
@@ -232,7 +233,7 @@ class TabletReplica:
         errors that answer the call now (NotLeaderError, LeaderNotReady, InvalidRequest…)."""
         if self._failure is not None or self._stopped:
             raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
-        n = len(request.ops)
+        n = self._row_count(request)
         if n == 0:
             raise InvalidRequest("a write needs at least one row operation")
         if n > self.options.max_batch_rows:
@@ -286,18 +287,43 @@ class TabletReplica:
         for _, group_iter in itertools.groupby(valid, key=lambda pair: pair[0].term):
             self._replicate(list(group_iter))
 
+    def _row_count(self, request: tablet_pb2.WriteRequest) -> int:
+        """How many rows ``request`` writes, in whichever of the two forms it gives them."""
+        if not request.HasField("row_block"):
+            return len(request.ops)
+        if request.ops:
+            raise InvalidRequest("a write gives its rows as ops or as a row_block, not both")
+        width = row_width(self.schema)
+        size = len(request.row_block.rows)
+        if size % width:
+            raise InvalidRequest(
+                f"row block of {size} bytes is not a whole number of {width}-byte rows "
+                f"of table {self.table!r}"
+            )
+        return size // width
+
     def _encode(self, op: _PendingWrite) -> bytes | None:
         """The entry payload of ``op``, or None if it was answered here: every row invalid
         (nothing to apply), or the request could not be decoded."""
         request = op.request
         try:
-            _, row_errors = decode_row_ops(self.schema, request.ops)
-            if len(row_errors) == len(request.ops):  # answer without replicating
+            if request.HasField("row_block"):
+                block = request.row_block
+                try:
+                    good, row_errors = decode_row_block(self.schema, block.rows, block.indirect)
+                except RowBlockError as e:
+                    raise InvalidRequest(f"malformed row block: {e}") from None
+                rows = len(good) + len(row_errors)
+            else:
+                _, row_errors = decode_row_ops(self.schema, request.ops)
+                rows = len(request.ops)
+            if len(row_errors) == rows:  # answer without replicating
                 self.tracker.complete(op.key, _response(0, op.term, row_errors))
                 return None
-            return tablet_pb2.WriteOperationPB(
-                request_id=request.request_id, ops=request.ops
-            ).SerializeToString()
+            payload = tablet_pb2.WriteOperationPB(request_id=request.request_id, ops=request.ops)
+            if request.HasField("row_block"):
+                payload.row_block.CopyFrom(request.row_block)
+            return payload.SerializeToString()
         except Exception as exc:
             self.tracker.abort(op.key, exc)
             return None
@@ -336,7 +362,7 @@ class TabletReplica:
 
     def _apply(self, entries: list[Entry]) -> None:
         start = time.perf_counter()
-        batch = [to_apply_entry(e) for e in entries]
+        batch = [to_apply_entry(e, self.schema) for e in entries]
         try:
             results = self.store.apply_batch(batch)
         except (StoreError, ValueError, OSError) as exc:

@@ -22,6 +22,7 @@ from raftlet.client.rpc import RpcContext
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import ERROR_METADATA_KEY, admin_pb2, consensus_pb2, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.row_block import row_width
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 
@@ -219,5 +220,13 @@ __all__ = [
     "not_leader",
     "ok",
     "queue_full",
+    "rows_in",
     "unavailable",
 ]
+
+
+def rows_in(request: tablet_pb2.WriteRequest, schema: Schema = KV_SCHEMA) -> int:
+    """How many rows a write request carries, in either form."""
+    if request.HasField("row_block"):
+        return len(request.row_block.rows) // row_width(schema)
+    return len(request.ops)

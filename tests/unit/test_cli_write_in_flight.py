@@ -15,7 +15,7 @@ from raftlet.cli.write_load import LoadSummary
 from raftlet.client.aio import AsyncClient
 from raftlet.cluster import ClusterConfig
 from tests.unit.client_aio_fakes import AsyncFakeCluster, fake_client
-from tests.unit.client_fakes import KV_SCHEMA, ok
+from tests.unit.client_fakes import KV_SCHEMA, ok, rows_in
 
 
 def test_parse_cpu_seconds_finds_the_sample_with_or_without_labels() -> None:
@@ -117,6 +117,6 @@ def test_in_flight_load_writes_each_row_once_with_n_in_flight(
     assert summary.interrupted is False
     assert ticks
     sent = [r for _, r in cluster.writes()]
-    assert all(len(r.ops) == 1 for r in sent)
-    assert len({r.ops[0].SerializeToString() for r in sent}) == 50
+    assert all(rows_in(r) == 1 for r in sent)
+    assert len({r.row_block.SerializeToString() for r in sent}) == 50
     assert 1 < peak[0] <= 8

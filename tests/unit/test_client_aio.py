@@ -31,6 +31,7 @@ from tests.unit.client_fakes import (
     not_leader,
     ok,
     queue_full,
+    rows_in,
     unavailable,
 )
 
@@ -221,7 +222,7 @@ def test_write_batches_per_tablet_and_reports_errors_by_position() -> None:
 
     def second_row_exists(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
         resp = tablet_pb2.WriteResponse(op_index=3, op_term=1)
-        if len(request.ops) > 1:
+        if rows_in(request) > 1:
             resp.row_errors.add(row_index=1, code=tablet_pb2.RowErrorPB.KEY_EXISTS, message="d")
         return resp
 
@@ -240,7 +241,7 @@ def test_write_batches_per_tablet_and_reports_errors_by_position() -> None:
         errors = await c.write("kv", ops)
         sent = [r for _, r in cluster.writes()]
         # kv-p0: 6 rows in batches of 4 and 2 (in order); kv-p1: one batch of 3.
-        assert sorted((r.tablet_id, len(r.ops)) for r in sent) == [
+        assert sorted((r.tablet_id, rows_in(r)) for r in sent) == [
             ("kv-p0", 2),
             ("kv-p0", 4),
             ("kv-p1", 3),

@@ -25,6 +25,7 @@ from tests.unit.client_fakes import (
     not_leader,
     ok,
     queue_full,
+    rows_in,
     unavailable,
 )
 
@@ -130,7 +131,7 @@ def test_manual_flush_sends_one_request_per_tablet_with_distinct_seq_nos() -> No
     assert sorted(r.request_id.seq_no for r in sent) == [1, 2]
     for r in sent:
         assert r.request_id.first_incomplete_seq_no <= r.request_id.seq_no
-    assert sum(len(r.ops) for r in sent) == 20
+    assert sum(rows_in(r) for r in sent) == 20
     assert session.errors() == []
     assert tracker.outstanding() == 0
 

@@ -15,6 +15,7 @@ from raftlet.schema.row_block import (
     RowBlockError,
     decode_row_block,
     encode_row_block,
+    join_row_blocks,
     row_width,
 )
 from raftlet.schema.rows import ErrorCode, OpType, RowOpError, decode_row_ops, encode_row_op
@@ -166,3 +167,13 @@ def test_the_encoder_refuses_what_the_server_would() -> None:
     with pytest.raises(RowOpError) as missing:
         encode_row_block(schema, [(OpType.INSERT, {"n": 1})])
     assert missing.value.code == ErrorCode.MISSING_KEY_COLUMN
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches())
+def test_rows_packed_one_by_one_join_into_the_block_of_the_whole_batch(
+    batch: tuple[Schema, list[tuple[OpType, dict[str, Any]]]],
+) -> None:
+    schema, ops = batch
+    one_by_one = [encode_row_block(schema, [op]) for op in ops]
+    assert join_row_blocks(schema, one_by_one) == encode_row_block(schema, ops)

@@ -16,6 +16,7 @@ from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
+from raftlet.schema.row_block import encode_row_block
 from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
@@ -319,3 +320,47 @@ def test_published_status_never_waits_for_the_consensus_lock(tablet: Tablet) -> 
     assert str(st["last_election"]).endswith(" UTC")
     exact = leader.status()
     assert exact["leader"] == st["leader"] == leader.server_id
+
+
+def block_write(
+    keys: list[int], client: str = "", seq: int = 0, op: OpType = OpType.INSERT
+) -> tablet_pb2.WriteRequest:
+    req = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+    if client:
+        req.request_id.client_id = client
+        req.request_id.seq_no = seq
+    rows, indirect = encode_row_block(SCHEMA, [(op, {"k": k, "v": f"v{k}"}) for k in keys])
+    req.row_block.rows = rows
+    req.row_block.indirect = indirect
+    return req
+
+
+def test_packed_rows_replicate_and_report_row_errors_like_the_per_cell_form(
+    tablet: Tablet,
+) -> None:
+    leader = tablet.leader()
+    assert not send(leader, block_write([1, 2, 3], "c1", 1)).result().row_errors
+    response = send(leader, block_write([3, 4], "c1", 2)).result()
+    assert [(e.row_index, e.code) for e in response.row_errors] == [(0, ErrorCode.KEY_EXISTS)]
+    # The same request again is answered, not applied twice.
+    again = send(leader, block_write([3, 4], "c1", 2)).result()
+    assert [(e.row_index, e.code) for e in again.row_errors] == [(0, ErrorCode.KEY_EXISTS)]
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what=f"{r.server_id} applies")
+
+
+def test_bad_row_blocks_are_refused_as_invalid_requests(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    both = block_write([1])
+    both.ops.append(encode_row_op(SCHEMA, OpType.INSERT, {"k": 2, "v": "x"}))
+    with pytest.raises(InvalidRequest, match="not both"):
+        send(leader, both)
+    torn = block_write([1])
+    torn.row_block.rows = torn.row_block.rows[:-1]
+    with pytest.raises(InvalidRequest, match="not a whole number"):
+        send(leader, torn)
+    past = block_write([1], "c2", 1)
+    past.row_block.indirect = b""  # the STRING cell now points past the side buffer
+    with pytest.raises(InvalidRequest, match="malformed row block"):
+        send(leader, past).result()
+    assert keys_on(leader) == []

@@ -76,6 +76,9 @@ class ApplyEntry:
     request: tuple[str, int] | None = None
     # The client's first incomplete seq_no: its results below it are forgotten.
     first_incomplete_seq_no: int = 0
+    # Rows that failed before the store saw them (a packed row block decodes every row up
+    # front): reported with the store's own row errors, in row order.
+    row_failures: Sequence[RowFailure] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,7 +453,7 @@ class TabletStore:
         return RequestRecord(int(row[0]), int(row[1]), _decode_errors(row[2]))
 
     def _apply_ops(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
-        errors: list[RowFailure] = []
+        errors: list[RowFailure] = list(entry.row_failures)
         applied = 0
         for position, op in enumerate(entry.ops):
             if isinstance(op, RowOp):
@@ -468,6 +471,8 @@ class TabletStore:
                 applied += 1
             else:
                 errors.append(error)
+        if entry.row_failures:
+            errors.sort(key=lambda e: e.row_index)
         return EntryResult(entry.index, entry.term, False, tuple(errors), applied)
 
     def _apply_op(self, cur: sqlite3.Cursor, op: RowOp) -> RowFailure | None:
