@@ -307,10 +307,17 @@ class RaftConsensus:
             snapshot = ConsensusSnapshot.of(self._node.soft_state())
         return snapshot.bind_term()
 
-    def replicate(self, datas: Sequence[bytes], bound_term: int) -> list[Entry]:
+    def replicate(
+        self,
+        datas: Sequence[bytes],
+        bound_term: int,
+        on_proposed: Callable[[list[Entry]], None] | None = None,
+    ) -> list[Entry]:
         """Append ``datas`` as entries of ``bound_term`` and start replicating them.
 
-        Raises TermMismatch if leadership moved since the term was bound, NotLeaderError if this
+        ``on_proposed(entries)`` runs under the lock before anything is sent, so what it
+        records about the entries is there before they can commit and be applied.  Raises
+        TermMismatch if leadership moved since the term was bound, NotLeaderError if this
         replica no longer leads.  Under the lock this may wait for room in the WAL's queue.
         """
         if self._failure is not None:
@@ -318,6 +325,8 @@ class RaftConsensus:
         with self._lock:
             self._step_ticks_unlocked()
             entries = self._node.propose_batch(datas, expected_term=bound_term)
+            if on_proposed is not None:
+                on_proposed(entries)
             self._process_ready_unlocked()
         return entries
 

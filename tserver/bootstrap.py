@@ -32,7 +32,7 @@ from raftlet.consensus.log.raft_storage import LogStorage
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
 from raftlet.schema.row_block import RowBlockError, decode_row_block
-from raftlet.schema.rows import ErrorCode, RowFailure
+from raftlet.schema.rows import ErrorCode, RowFailure, RowOp
 from raftlet.schema.schema import Schema
 from raftlet.tserver.store import ApplyEntry, EntryResult, TabletStore
 from raftlet.tserver.store.tablet_store import AnyOp
@@ -77,10 +77,16 @@ def decode_write(entry: Entry) -> tablet_pb2.WriteOperationPB:
     return op
 
 
-def to_apply_entry(entry: Entry, schema: Schema) -> ApplyEntry:
+def to_apply_entry(
+    entry: Entry,
+    schema: Schema,
+    decoded: tuple[Sequence[RowOp], Sequence[RowFailure]] | None = None,
+) -> ApplyEntry:
     """A committed entry as the store applies it, with its request id for exactly-once.
 
-    A packed row block is decoded here, its bad rows kept as row failures.  A block the
+    ``decoded``: the entry's rows already decoded (the leader's own write, decoded when it
+    was prepared), used instead of decoding them again.  Otherwise a packed row block is
+    decoded here, its bad rows kept as row failures.  A block the
     leader accepted is well formed; should one not be, every replica decodes the same bytes
     to the same single failure, so replicas still agree."""
     write = decode_write(entry)
@@ -88,12 +94,14 @@ def to_apply_entry(entry: Entry, schema: Schema) -> ApplyEntry:
     request = (rid.client_id, rid.seq_no) if rid.client_id else None
     ops: list[AnyOp] = list(write.ops)
     failures: list[RowFailure] = []
-    if write.HasField("row_block"):
+    if decoded is not None:
+        ops, failures = list(decoded[0]), list(decoded[1])
+    elif write.HasField("row_block"):
         try:
-            decoded, failures = decode_row_block(
+            rows, failures = decode_row_block(
                 schema, write.row_block.rows, write.row_block.indirect
             )
-            ops = list(decoded)
+            ops = list(rows)
         except RowBlockError as e:
             failures = [RowFailure(0, ErrorCode.INVALID_ROW, f"malformed row block: {e}")]
     return ApplyEntry(

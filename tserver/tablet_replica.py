@@ -55,7 +55,7 @@ from raftlet.metrics.registry import MetricEntity, MetricPrototype
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.row_block import RowBlockError, decode_row_block, row_width
-from raftlet.schema.rows import RowFailure, decode_row_ops, row_to_pb
+from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops, row_to_pb
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
@@ -88,11 +88,17 @@ class ReplicaOptions:
     read_wait_s: float = 5.0
 
 
-@dataclass(frozen=True, slots=True)
+# A write's rows as the prepare stage decoded them: the valid ones and the per-row failures.
+_Decoded = tuple[list[RowOp], list[RowFailure]]
+
+
+@dataclass(slots=True)
 class _PendingWrite:
     key: RequestKey
     term: int
     request: tablet_pb2.WriteRequest
+    # Set by the prepare stage; kept until apply, so the leader decodes its rows once.
+    decoded: _Decoded | None = None
 
 
 class _ReplicaMetrics:
@@ -196,7 +202,7 @@ class TabletReplica:
         )
         self._apply_q = self._workers.mailbox(f"apply:{tablet_id}", self._apply_batches)
         # index -> (term, key) of entries this replica proposed and has not applied yet.
-        self._proposed: dict[int, tuple[int, RequestKey]] = {}
+        self._proposed: dict[int, tuple[int, RequestKey, _Decoded | None]] = {}
         self._proposed_lock = threading.Lock()
         self._applied_index = self.store.applied_index()
         self._applied_cond = threading.Condition()
@@ -315,8 +321,9 @@ class TabletReplica:
                     raise InvalidRequest(f"malformed row block: {e}") from None
                 rows = len(good) + len(row_errors)
             else:
-                _, row_errors = decode_row_ops(self.schema, request.ops)
+                good, row_errors = decode_row_ops(self.schema, request.ops)
                 rows = len(request.ops)
+            op.decoded = (good, row_errors)
             if len(row_errors) == rows:  # answer without replicating
                 self.tracker.complete(op.key, _response(0, op.term, row_errors))
                 return None
@@ -331,8 +338,16 @@ class TabletReplica:
     def _replicate(self, pairs: list[tuple[_PendingWrite, bytes]]) -> None:
         ops = [op for op, _ in pairs]
         start = time.perf_counter()
+
+        def remember(entries: list[Entry]) -> None:
+            # Under the consensus lock, before the entries are sent: apply can find them.
+            with self._proposed_lock:
+                for op, entry in zip(ops, entries, strict=True):
+                    if entry.index > self._applied_index:
+                        self._proposed[entry.index] = (entry.term, op.key, op.decoded)
+
         try:
-            entries = self.consensus.replicate([data for _, data in pairs], ops[0].term)
+            self.consensus.replicate([data for _, data in pairs], ops[0].term, remember)
         except (ProposalDropped, ServiceUnavailable) as exc:
             for op in ops:
                 self.tracker.abort(op.key, exc)
@@ -344,10 +359,6 @@ class TabletReplica:
             return
         finally:
             self._metrics.prepare_time.observe((time.perf_counter() - start) * 1e6)
-        with self._proposed_lock:
-            for op, entry in zip(ops, entries, strict=True):
-                if entry.index > self._applied_index:
-                    self._proposed[entry.index] = (entry.term, op.key)
 
     # --- applying --------------------------------------------------------------------------
 
@@ -362,7 +373,13 @@ class TabletReplica:
 
     def _apply(self, entries: list[Entry]) -> None:
         start = time.perf_counter()
-        batch = [to_apply_entry(e, self.schema) for e in entries]
+        with self._proposed_lock:
+            ours = [self._proposed.get(e.index) for e in entries]
+        # The rows of our own entries were decoded when they were prepared: not again here.
+        batch = [
+            to_apply_entry(e, self.schema, mine[2] if mine and mine[0] == e.term else None)
+            for e, mine in zip(entries, ours, strict=True)
+        ]
         try:
             results = self.store.apply_batch(batch)
         except (StoreError, ValueError, OSError) as exc:

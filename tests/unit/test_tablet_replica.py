@@ -8,6 +8,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -364,3 +365,34 @@ def test_bad_row_blocks_are_refused_as_invalid_requests(tablet: Tablet) -> None:
     with pytest.raises(InvalidRequest, match="malformed row block"):
         send(leader, past).result()
     assert keys_on(leader) == []
+
+
+def test_the_leader_decodes_its_rows_once_and_each_follower_once(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import raftlet.tserver.bootstrap as bootstrap
+    import raftlet.tserver.tablet_replica as tablet_replica
+
+    leader = tablet.leader()
+    calls: dict[str, list[str]] = {"prepare": [], "apply": []}
+    lock = threading.Lock()
+
+    def counting(stage: str, real: Any) -> Any:
+        def decode(*args: Any) -> Any:
+            with lock:
+                calls[stage].append(threading.current_thread().name)
+            return real(*args)
+
+        return decode
+
+    monkeypatch.setattr(
+        tablet_replica, "decode_row_block", counting("prepare", tablet_replica.decode_row_block)
+    )
+    monkeypatch.setattr(
+        bootstrap, "decode_row_block", counting("apply", bootstrap.decode_row_block)
+    )
+    send(leader, block_write([1, 2, 3], "c1", 1)).result()
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3], what=f"{r.server_id} applies")
+    assert len(calls["prepare"]) == 1  # the leader validates once ...
+    assert len(calls["apply"]) == 2  # ... and only the two followers decode to apply
