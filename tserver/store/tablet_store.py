@@ -58,6 +58,8 @@ FORMAT_VERSION = 1
 # Readers only wait on a writer during WAL recovery or a checkpoint restart: seconds, not ms.
 _BUSY_TIMEOUT_S = 30.0
 _MAX_REPR = 120
+# A run shorter than this is applied row by row: a savepoint costs more than it saves.
+_MIN_BULK_ROWS = 4
 
 StorePath = str | os.PathLike[str]
 AnyOp = RowOp | tablet_pb2.RowOperationPB
@@ -454,26 +456,74 @@ class TabletStore:
 
     def _apply_ops(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
         errors: list[RowFailure] = list(entry.row_failures)
-        applied = 0
+        rows: list[RowOp] = []
         for position, op in enumerate(entry.ops):
             if isinstance(op, RowOp):
-                row = op
+                rows.append(op)
             elif isinstance(op, tablet_pb2.RowOperationPB):
                 try:
-                    row = decode_row_op(self.schema, op, position)
+                    rows.append(decode_row_op(self.schema, op, position))
                 except RowOpError as e:
                     errors.append(RowFailure(position, e.code, e.message))
-                    continue
             else:
                 raise TypeError(f"entry {entry.index}: op {position} is a {type(op).__name__}")
-            error = self._apply_op(cur, row)
-            if error is None:
-                applied += 1
-            else:
-                errors.append(error)
+        applied = 0
+        i = 0
+        while i < len(rows):
+            end = self._run_end(rows, i)
+            if end - i >= _MIN_BULK_ROWS and self._apply_run(cur, rows[i:end]):
+                applied += end - i
+                i = end
+                continue
+            for row in rows[i:end]:  # one by one: a row of the run failed, or it is short
+                error = self._apply_op(cur, row)
+                if error is None:
+                    applied += 1
+                else:
+                    errors.append(error)
+            i = end
         if entry.row_failures:
             errors.sort(key=lambda e: e.row_index)
         return EntryResult(entry.index, entry.term, False, tuple(errors), applied)
+
+    @staticmethod
+    def _run_end(rows: Sequence[RowOp], start: int) -> int:
+        """End of the run of INSERTs (or UPSERTs) from ``start`` that give the same columns:
+        one statement can apply such a run.  Any other row is a run of one."""
+        first = rows[start]
+        if first.type is not OpType.INSERT and first.type is not OpType.UPSERT:
+            return start + 1
+        columns = first.values.keys()
+        end = start + 1
+        while (
+            end < len(rows) and rows[end].type is first.type and rows[end].values.keys() == columns
+        ):
+            end += 1
+        return end
+
+    def _apply_run(self, cur: sqlite3.Cursor, run: Sequence[RowOp]) -> bool:
+        """Apply a run in one ``executemany``, or nothing and False if any row of it fails
+        (a key already present): the caller then applies it row by row, which reports each
+        failure -- the same outcome either way, so replicas agree whichever path they take."""
+        nkeys = self.schema.num_key_columns
+        columns = tuple(run[0].values)
+        params = []
+        for op in run:
+            if len(op.key) != nkeys:
+                return False  # _apply_op raises the error this is
+            params.append([to_sql(v) for v in op.key] + [to_sql(v) for v in op.values.values()])
+        sql = (
+            self._sql.insert(columns) if run[0].type is OpType.INSERT else self._sql.upsert(columns)
+        )
+        cur.execute("SAVEPOINT raftlet_run")
+        try:
+            cur.executemany(sql, params)
+        except sqlite3.IntegrityError:
+            cur.execute("ROLLBACK TO raftlet_run")
+            cur.execute("RELEASE raftlet_run")
+            return False
+        cur.execute("RELEASE raftlet_run")
+        return True
 
     def _apply_op(self, cur: sqlite3.Cursor, op: RowOp) -> RowFailure | None:
         if len(op.key) != self.schema.num_key_columns:
