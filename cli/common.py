@@ -28,6 +28,7 @@ from raftlet.cluster import (
     load_cluster_config,
     parse_host_port,
 )
+from raftlet.metrics.human import human_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -253,14 +254,6 @@ def human_count(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}" if abs(n) < 1000 * size else f"{n / size:,.0f}{unit}"
     return f"{n:,.0f}"
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 # --- argument types shared by the subcommands ----------------------------------------------

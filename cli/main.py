@@ -20,19 +20,12 @@ only when that command runs, so ``raftlet tserver`` does not load rich or the cl
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 from collections.abc import Sequence
 
+import raftlet
 from raftlet.cli.argparser import OneLineArgumentParser
 from raftlet.cli.tserver_args import add_tserver_arguments, settings_from_args
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("raftlet")
-    except importlib.metadata.PackageNotFoundError:  # running from a tree that is not installed
-        return "unknown"
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -80,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {raftlet.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     tserver = commands.add_parser(
         "tserver",

@@ -197,14 +197,7 @@ class Mailbox(Generic[T]):
         except Exception:
             logger.exception("mailbox %s: the handler failed", self.name)
         finally:
-            with self._lock:
-                self._runner = None
-                if not handled:
-                    self._items.appendleft(item)
-                again = bool(self._items)
-                if not again:
-                    self._scheduled = False
-                    self._drained.notify_all()
+            again = self._finish_run([] if handled else [item])
         if again:
             self._pool._schedule(self)  # type: ignore[arg-type]
         return True
@@ -222,6 +215,18 @@ class Mailbox(Generic[T]):
                 return not self._items
             return self._drained.wait_for(lambda: not self._scheduled, timeout)
 
+    def _finish_run(self, unhandled: list[T]) -> bool:
+        """End a run (putting back ``unhandled`` first in line); True if inputs are waiting,
+        so the mailbox must be run again."""
+        with self._lock:
+            self._runner = None
+            self._items.extendleft(unhandled)
+            if self._items:
+                return True
+            self._scheduled = False
+            self._drained.notify_all()
+            return False
+
     def _run_once(self) -> None:
         with self._lock:
             n = min(len(self._items), self._max_batch)
@@ -233,11 +238,6 @@ class Mailbox(Generic[T]):
         except Exception:
             logger.exception("mailbox %s: the handler failed", self.name)
         finally:
-            with self._lock:
-                self._runner = None
-                again = bool(self._items)
-                if not again:
-                    self._scheduled = False
-                    self._drained.notify_all()
+            again = self._finish_run([])
         if again:  # to the back of the line: the other replicas' turn first
             self._pool._schedule(self, requeue=True)  # type: ignore[arg-type]
