@@ -38,7 +38,15 @@ from raftlet.schema.rows import ErrorCode, OpType, RowFailure, RowOp, RowOpError
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import DataType, TypeMismatch, Value, normalize
 
-__all__ = ["RowBlockError", "decode_row_block", "encode_row_block", "join_row_blocks", "row_width"]
+__all__ = [
+    "RowBlockError",
+    "RowLayout",
+    "decode_row_block",
+    "encode_row_block",
+    "join_row_blocks",
+    "row_layout",
+    "row_width",
+]
 
 _CELL = {
     DataType.INT8: "b",
@@ -61,12 +69,14 @@ class RowBlockError(ValueError):
     """The block is malformed as a whole (the request is refused with INVALID_ARGUMENT)."""
 
 
-class _Layout:
+class RowLayout:
     """The precompiled row struct of one schema, and where each column's cell sits in it."""
 
     def __init__(self, schema: Schema) -> None:
         ncols = len(schema.columns)
         self.bitmap_bytes = (ncols + 7) // 8
+        # Op type and the two bitmaps: the part of a row that says what the row is.
+        self.header_size = 1 + 2 * self.bitmap_bytes
         fmt = "<B" + f"{self.bitmap_bytes}s" * 2 + "".join(_CELL[c.type] for c in schema.columns)
         self.row = struct.Struct(fmt)
         # Index in an unpacked row tuple of each column's first field.
@@ -88,13 +98,14 @@ class _Layout:
 
 
 @lru_cache(maxsize=64)
-def _layout(schema: Schema) -> _Layout:
-    return _Layout(schema)
+def row_layout(schema: Schema) -> RowLayout:
+    """The (cached) layout of ``schema``'s rows in a block."""
+    return RowLayout(schema)
 
 
 def row_width(schema: Schema) -> int:
     """Bytes per row of ``schema`` in a block."""
-    return _layout(schema).row.size
+    return row_layout(schema).row.size
 
 
 def encode_row_block(
@@ -104,7 +115,7 @@ def encode_row_block(
 
     Validates as ``rows.encode_row_op`` does and raises ``RowOpError`` (with ``row_index``
     in the message) on the first bad row, so a client learns of it before a round trip."""
-    layout = _layout(schema)
+    layout = row_layout(schema)
     rows = bytearray(layout.row.size * len(ops))
     indirect = bytearray()
     ncols = len(schema.columns)
@@ -164,7 +175,7 @@ def join_row_blocks(schema: Schema, blocks: Sequence[tuple[bytes, bytes]]) -> tu
     buffers are concatenated and each variable-length cell's offset moved by what came
     before.  Lets a client encode (and validate) each row once, when it is written, and
     send any batch of them without encoding again."""
-    layout = _layout(schema)
+    layout = row_layout(schema)
     rows = b"".join(r for r, _ in blocks)
     indirect = b"".join(i for _, i in blocks)
     if not layout.varlen_at:
@@ -189,7 +200,7 @@ def decode_row_block(
 ) -> tuple[list[RowOp], list[RowFailure]]:
     """Decode and validate a block: the valid rows (each with its ``row_index``) and one
     ``RowFailure`` per invalid row; ``RowBlockError`` if the block itself is malformed."""
-    layout = _layout(schema)
+    layout = row_layout(schema)
     width = layout.row.size
     if len(rows) % width:
         raise RowBlockError(

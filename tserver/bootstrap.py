@@ -31,7 +31,8 @@ from raftlet.consensus.log.options import LogObserver, LogOptions
 from raftlet.consensus.log.raft_storage import LogStorage
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
-from raftlet.schema.row_block import RowBlockError, decode_row_block
+from raftlet.schema.row_block import RowBlockError
+from raftlet.schema.row_runs import RowRun, decode_row_runs
 from raftlet.schema.rows import ErrorCode, RowFailure, RowOp
 from raftlet.schema.schema import Schema
 from raftlet.tserver.store import ApplyEntry, EntryResult, TabletStore
@@ -80,7 +81,7 @@ def decode_write(entry: Entry) -> tablet_pb2.WriteOperationPB:
 def to_apply_entry(
     entry: Entry,
     schema: Schema,
-    decoded: tuple[Sequence[RowOp], Sequence[RowFailure]] | None = None,
+    decoded: tuple[Sequence[RowRun | RowOp], Sequence[RowFailure]] | None = None,
 ) -> ApplyEntry:
     """A committed entry as the store applies it, with its request id for exactly-once.
 
@@ -98,10 +99,10 @@ def to_apply_entry(
         ops, failures = list(decoded[0]), list(decoded[1])
     elif write.HasField("row_block"):
         try:
-            rows, failures = decode_row_block(
+            runs, failures = decode_row_runs(
                 schema, write.row_block.rows, write.row_block.indirect
             )
-            ops = list(rows)
+            ops = list(runs)
         except RowBlockError as e:
             failures = [RowFailure(0, ErrorCode.INVALID_ROW, f"malformed row block: {e}")]
     return ApplyEntry(

@@ -54,7 +54,8 @@ from raftlet.metrics.profiled_lock import ProfiledLock
 from raftlet.metrics.registry import MetricEntity, MetricPrototype
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
-from raftlet.schema.row_block import RowBlockError, decode_row_block, row_width
+from raftlet.schema.row_block import RowBlockError, row_width
+from raftlet.schema.row_runs import RowRun, decode_row_runs
 from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops, row_to_pb
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
@@ -89,7 +90,7 @@ class ReplicaOptions:
 
 
 # A write's rows as the prepare stage decoded them: the valid ones and the per-row failures.
-_Decoded = tuple[list[RowOp], list[RowFailure]]
+_Decoded = tuple[Sequence[RowRun | RowOp], Sequence[RowFailure]]
 
 
 @dataclass(slots=True)
@@ -316,14 +317,15 @@ class TabletReplica:
             if request.HasField("row_block"):
                 block = request.row_block
                 try:
-                    good, row_errors = decode_row_block(self.schema, block.rows, block.indirect)
+                    runs, row_errors = decode_row_runs(self.schema, block.rows, block.indirect)
                 except RowBlockError as e:
                     raise InvalidRequest(f"malformed row block: {e}") from None
-                rows = len(good) + len(row_errors)
+                rows = sum(map(len, runs)) + len(row_errors)
+                op.decoded = (runs, row_errors)
             else:
                 good, row_errors = decode_row_ops(self.schema, request.ops)
                 rows = len(request.ops)
-            op.decoded = (good, row_errors)
+                op.decoded = (good, row_errors)
             if len(row_errors) == rows:  # answer without replicating
                 self.tracker.complete(op.key, _response(0, op.term, row_errors))
                 return None

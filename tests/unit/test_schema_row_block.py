@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from raftlet.schema.row_block import (
     RowBlockError,
@@ -21,45 +20,13 @@ from raftlet.schema.row_block import (
 from raftlet.schema.rows import ErrorCode, OpType, RowOpError, decode_row_ops, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from tests.unit.schema_strategies import ALL_TYPES, values_of
-
-
-@st.composite
-def schemas(draw: st.DrawFn) -> Schema:
-    """One or two key columns, then value columns of every kind, nullable or not."""
-    key_types = draw(st.lists(st.sampled_from(ALL_TYPES), min_size=1, max_size=2))
-    cols = [ColumnSchema(f"k{i}", t, is_key=True) for i, t in enumerate(key_types)]
-    for i, t in enumerate(draw(st.lists(st.sampled_from(ALL_TYPES), max_size=10))):
-        cols.append(ColumnSchema(f"c{i}", t, nullable=draw(st.booleans())))
-    return Schema(cols)
-
-
-@st.composite
-def batches(draw: st.DrawFn) -> tuple[Schema, list[tuple[OpType, dict[str, Any]]]]:
-    schema = draw(schemas())
-    ops: list[tuple[OpType, dict[str, Any]]] = []
-    for _ in range(draw(st.integers(0, 8))):
-        row: dict[str, Any] = {c.name: draw(values_of(c.type)) for c in schema.key_columns}
-        op = draw(st.sampled_from([OpType.INSERT, OpType.UPSERT, OpType.UPDATE]))
-        value_cols = schema.columns[schema.num_key_columns :]
-        for col in value_cols:
-            give = op is not OpType.UPDATE or draw(st.booleans())
-            if not give and col.nullable:
-                continue
-            if col.nullable and draw(st.booleans()):
-                row[col.name] = None
-            else:
-                row[col.name] = draw(values_of(col.type))
-        if op is OpType.UPDATE and not (row.keys() - {c.name for c in schema.key_columns}):
-            op = OpType.UPSERT  # an UPDATE must change something
-        ops.append((op, row))
-    return schema, ops
+from tests.unit.schema_strategies import Batch, batches
 
 
 @settings(max_examples=300, deadline=None)
 @given(batches())
 def test_a_block_decodes_to_what_the_per_cell_form_decodes_to(
-    batch: tuple[Schema, list[tuple[OpType, dict[str, Any]]]],
+    batch: Batch,
 ) -> None:
     schema, ops = batch
     rows, indirect = encode_row_block(schema, ops)
@@ -172,7 +139,7 @@ def test_the_encoder_refuses_what_the_server_would() -> None:
 @settings(max_examples=200, deadline=None)
 @given(batches())
 def test_rows_packed_one_by_one_join_into_the_block_of_the_whole_batch(
-    batch: tuple[Schema, list[tuple[OpType, dict[str, Any]]]],
+    batch: Batch,
 ) -> None:
     schema, ops = batch
     one_by_one = [encode_row_block(schema, [op]) for op in ops]

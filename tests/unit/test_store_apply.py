@@ -348,8 +348,9 @@ def mixed_ops(draw: st.DrawFn) -> list[tuple[OpType, dict[str, object]]]:
 def test_a_batch_applied_in_runs_ends_as_it_would_row_by_row(
     batch: list[tuple[OpType, dict[str, object]]],
 ) -> None:
-    """One entry lets runs of INSERTs or UPSERTs go in one statement; one entry per row
-    cannot. Same final rows, same per-row errors, whichever path each run took."""
+    """One entry lets a run of rows of one kind go in one statement; one entry per row
+    cannot. Same final rows, same per-row errors (KEY_EXISTS, KEY_NOT_FOUND), whichever path
+    each run took."""
     pbs = [encode_row_op(SIMPLE, kind, row) for kind, row in batch]
     with tempfile.TemporaryDirectory() as tmp:
         with TabletStore.open(Path(tmp) / "bulk.db", SIMPLE) as bulk:

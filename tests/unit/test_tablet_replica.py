@@ -386,10 +386,10 @@ def test_the_leader_decodes_its_rows_once_and_each_follower_once(
         return decode
 
     monkeypatch.setattr(
-        tablet_replica, "decode_row_block", counting("prepare", tablet_replica.decode_row_block)
+        tablet_replica, "decode_row_runs", counting("prepare", tablet_replica.decode_row_runs)
     )
     monkeypatch.setattr(
-        bootstrap, "decode_row_block", counting("apply", bootstrap.decode_row_block)
+        bootstrap, "decode_row_runs", counting("apply", bootstrap.decode_row_runs)
     )
     send(leader, block_write([1, 2, 3], "c1", 1)).result()
     for r in tablet.replicas.values():

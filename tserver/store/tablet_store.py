@@ -34,6 +34,7 @@ from pathlib import Path
 from raftlet.proto import tablet_pb2
 from raftlet.schema.keys import KeyDecodeError, decode_key, encode_key
 from raftlet.schema.predicates import Predicate, PredicateError
+from raftlet.schema.row_runs import RowRun, runs_of_row_ops
 from raftlet.schema.rows import ErrorCode, OpType, RowFailure, RowOp, RowOpError, decode_row_op
 from raftlet.schema.schema import Schema, SchemaError
 from raftlet.schema.types import Value
@@ -43,7 +44,14 @@ from raftlet.tserver.store.errors import (
     StoreClosedError,
     StoreError,
 )
-from raftlet.tserver.store.sql import META_TABLE, SqlBuilder, from_sql, quote_ident, to_sql
+from raftlet.tserver.store.sql import (
+    META_TABLE,
+    SqlBuilder,
+    SqlValue,
+    from_sql,
+    quote_ident,
+    to_sql,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -60,9 +68,10 @@ _BUSY_TIMEOUT_S = 30.0
 _MAX_REPR = 120
 # A run shorter than this is applied row by row: a savepoint costs more than it saves.
 _MIN_BULK_ROWS = 4
+_INSERTS = (OpType.INSERT, OpType.UPSERT)
 
 StorePath = str | os.PathLike[str]
-AnyOp = RowOp | tablet_pb2.RowOperationPB
+AnyOp = RowRun | RowOp | tablet_pb2.RowOperationPB
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,74 +465,67 @@ class TabletStore:
 
     def _apply_ops(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
         errors: list[RowFailure] = list(entry.row_failures)
-        rows: list[RowOp] = []
+        runs: list[RowRun] = []
+        loose: list[RowOp] = []  # consecutive RowOps, made into runs when a run comes
         for position, op in enumerate(entry.ops):
-            if isinstance(op, RowOp):
-                rows.append(op)
+            if isinstance(op, RowRun):
+                runs += runs_of_row_ops(loose)
+                loose = []
+                runs.append(op)
+            elif isinstance(op, RowOp):
+                loose.append(op)
             elif isinstance(op, tablet_pb2.RowOperationPB):
                 try:
-                    rows.append(decode_row_op(self.schema, op, position))
+                    loose.append(decode_row_op(self.schema, op, position))
                 except RowOpError as e:
                     errors.append(RowFailure(position, e.code, e.message))
             else:
                 raise TypeError(f"entry {entry.index}: op {position} is a {type(op).__name__}")
+        runs += runs_of_row_ops(loose)
         applied = 0
-        i = 0
-        while i < len(rows):
-            end = self._run_end(rows, i)
-            if end - i >= _MIN_BULK_ROWS and self._apply_run(cur, rows[i:end]):
-                applied += end - i
-                i = end
+        for run in runs:
+            if len(run) >= _MIN_BULK_ROWS and self._apply_run(cur, run):
+                applied += len(run)
                 continue
-            for row in rows[i:end]:  # one by one: a row of the run failed, or it is short
+            for row in run.row_ops():  # one by one: a row of the run failed, or it is short
                 error = self._apply_op(cur, row)
                 if error is None:
                     applied += 1
                 else:
                     errors.append(error)
-            i = end
-        if entry.row_failures:
+        if len(errors) > 1:
             errors.sort(key=lambda e: e.row_index)
         return EntryResult(entry.index, entry.term, False, tuple(errors), applied)
 
-    @staticmethod
-    def _run_end(rows: Sequence[RowOp], start: int) -> int:
-        """End of the run of INSERTs (or UPSERTs) from ``start`` that give the same columns:
-        one statement can apply such a run.  Any other row is a run of one."""
-        first = rows[start]
-        if first.type is not OpType.INSERT and first.type is not OpType.UPSERT:
-            return start + 1
-        columns = first.values.keys()
-        end = start + 1
-        while (
-            end < len(rows) and rows[end].type is first.type and rows[end].values.keys() == columns
-        ):
-            end += 1
-        return end
-
-    def _apply_run(self, cur: sqlite3.Cursor, run: Sequence[RowOp]) -> bool:
-        """Apply a run in one ``executemany``, or nothing and False if any row of it fails
-        (a key already present): the caller then applies it row by row, which reports each
-        failure -- the same outcome either way, so replicas agree whichever path they take."""
+    def _apply_run(self, cur: sqlite3.Cursor, run: RowRun) -> bool:
+        """Apply a run with one ``executemany``, or nothing and False if any row of it fails
+        (a key already present, or absent for UPDATE and DELETE): the caller then applies
+        it row by row, which reports each failure -- the same outcome either way, so
+        replicas agree whichever path they take."""
         nkeys = self.schema.num_key_columns
-        columns = tuple(run[0].values)
-        params = []
-        for op in run:
-            if len(op.key) != nkeys:
-                return False  # _apply_op raises the error this is
-            params.append([to_sql(v) for v in op.key] + [to_sql(v) for v in op.values.values()])
-        sql = (
-            self._sql.insert(columns) if run[0].type is OpType.INSERT else self._sql.upsert(columns)
-        )
+        if run.num_keys != nkeys:
+            return False  # _apply_op raises the error this is
+        params: Sequence[Sequence[SqlValue]] = run.params
+        if run.type is OpType.INSERT:
+            sql = self._sql.insert(run.columns)
+        elif run.type is OpType.UPSERT:
+            sql = self._sql.upsert(run.columns)
+        elif run.type is OpType.UPDATE:
+            sql = self._sql.update(run.columns)
+            params = [p[nkeys:] + p[:nkeys] for p in run.params]
+        else:
+            sql = self._sql.delete()
         cur.execute("SAVEPOINT raftlet_run")
         try:
             cur.executemany(sql, params)
+            # UPDATE and DELETE change one row each, unless a key is absent.
+            ok = run.type in _INSERTS or cur.rowcount == len(params)
         except sqlite3.IntegrityError:
+            ok = False
+        if not ok:
             cur.execute("ROLLBACK TO raftlet_run")
-            cur.execute("RELEASE raftlet_run")
-            return False
         cur.execute("RELEASE raftlet_run")
-        return True
+        return ok
 
     def _apply_op(self, cur: sqlite3.Cursor, op: RowOp) -> RowFailure | None:
         if len(op.key) != self.schema.num_key_columns:
