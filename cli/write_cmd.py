@@ -5,14 +5,18 @@ its display. The load itself (unique row keys, the writer threads, what is measu
 is ``cli.write_load``; the asyncio load ``cli.write_async``; the progress display and the
 printed summary ``cli.write_report``.
 
-Two ways to keep writes concurrent:
+Three ways to keep writes concurrent:
 
 - ``--threads T`` (default 4): each of T threads has its own client ``Session`` (one shared
   ``Client``, so one gRPC channel per server), in any flush mode;
-- ``--in-flight N``: one event loop keeps N single-row writes in flight through the asyncio
-  client (``raftlet.client.aio``; ``cli.write_async``) — the cheap way to many concurrent
-  writes. The two options exclude each other; ``--in-flight`` takes only ``--flush-mode
-  sync`` (every write is one row, acknowledged before that task writes the next).
+- ``--in-flight N`` (flush mode sync, the default): one event loop keeps N single-row
+  writes in flight through the asyncio client (``raftlet.client.aio``;
+  ``cli.write_async``) — the cheap way to many concurrent single-row writes. It excludes
+  ``--threads``;
+- ``--batch-rows N --in-flight M`` (flush mode background, implied): each session keeps up
+  to M batches of N rows per tablet in flight (``Session``'s ``max_batches_in_flight``), so
+  one thread (``--threads`` defaults to 1 here) keeps the servers busy while it forms the
+  next batches.
 
 Exit status 1 if any row failed: a load test that lost writes did not succeed.
 """
@@ -46,6 +50,7 @@ __all__ = ["add_parser", "check_writers", "run"]
 MAX_THREADS = 256
 MAX_IN_FLIGHT = 4096
 DEFAULT_THREADS = 4
+DEFAULT_BATCH_ROWS = 100
 
 _EPILOG = """\
 examples:
@@ -53,14 +58,17 @@ examples:
   raftlet write --data-dir ./c1 --duration 10 --threads 8
   raftlet write --data-dir ./c1 --duration 30 --threads 16 --flush-mode background
   raftlet write --data-dir ./c1 --duration 10 --in-flight 64  # asyncio: 64 writes in flight
+  raftlet write --data-dir ./c1 --duration 10 --batch-rows 1000 --in-flight 4
   raftlet write --servers 127.0.0.1:7051 --rows 1000 --flush-mode manual --batch-rows 200
   raftlet write --data-dir ./c1 --rows 500 --format json      # summary for scripts
 
 Flush modes: sync waits for each row's acknowledgement (one row per write RPC); background
 buffers rows and flushes batches per tablet in the background; manual flushes every
---batch-rows rows. --in-flight N keeps N single-row writes in flight from one event loop
-(the asyncio client) instead of threads; it excludes --threads. Latency is per acknowledged
-write RPC, retries included; server CPU per write is read from every server's /metrics.
+--batch-rows rows. In sync mode --in-flight N keeps N single-row writes in flight from one
+event loop (the asyncio client) instead of threads. With --batch-rows (or --flush-mode
+background) --in-flight M lets each session keep M batches per tablet in flight; --threads
+then defaults to 1. Latency is per acknowledged write RPC, retries included; server CPU per
+write is read from every server's /metrics.
 Exit status: 0 when every row was written, 1 if any failed, 2 for usage errors.
 """
 
@@ -82,22 +90,22 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--rows", type=positive_int, metavar="N", help="insert N rows in all")
     amount.add_argument("--duration", type=positive_float, metavar="S", help="insert for S seconds")
-    writers = p.add_mutually_exclusive_group()
-    writers.add_argument(
+    p.add_argument(
         "--threads",
         type=_threads,
         default=None,
         metavar="T",
         help=f"concurrent writer threads, each with its own session (default {DEFAULT_THREADS}, "
-        f"at most {MAX_THREADS})",
+        f"at most {MAX_THREADS}; 1 with batches in flight)",
     )
-    writers.add_argument(
+    p.add_argument(
         "--in-flight",
         type=_in_flight,
         default=None,
         metavar="N",
-        help="keep N single-row writes in flight from one event loop (the asyncio client) "
-        f"instead of threads (at most {MAX_IN_FLIGHT})",
+        help="sync mode: keep N single-row writes in flight from one event loop (the asyncio "
+        "client) instead of threads; background mode: N batches per tablet in flight per "
+        f"session (at most {MAX_IN_FLIGHT})",
     )
     p.add_argument(
         "--row-bytes",
@@ -110,15 +118,16 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         "--flush-mode",
         choices=("sync", "background", "manual"),
         default=None,
-        help="sync (default), background or manual; see below (--in-flight: sync only)",
+        help="sync (default; background with --batch-rows and --in-flight), background or "
+        "manual; see below",
     )
     p.add_argument(
         "--batch-rows",
         type=positive_int,
-        default=100,
+        default=None,
         metavar="N",
         help="rows per write RPC: manual mode flushes every N rows, background mode sends "
-        "batches of up to N (default 100)",
+        f"batches of up to N (default {DEFAULT_BATCH_ROWS})",
     )
     p.add_argument("--table", default="kv", metavar="TABLE", help="table to write (default kv)")
     p.add_argument(
@@ -169,20 +178,40 @@ def _row_bytes(text: str) -> int:
 
 
 def check_writers(args: argparse.Namespace) -> None:
-    """Resolve ``--threads`` / ``--in-flight`` / ``--flush-mode`` defaults; ``UsageError``
-    for a flush mode ``--in-flight`` cannot have (argparse already refuses both options)."""
+    """Resolve ``--threads`` / ``--in-flight`` / ``--flush-mode`` / ``--batch-rows``
+    defaults (see the module docstring); ``UsageError`` for combinations that mean nothing.
+    Afterwards ``args.in_flight`` is set only for the asyncio load, and
+    ``args.batches_in_flight`` holds the sessions' window."""
+    args.batches_in_flight = None
     if args.in_flight is not None:
-        if args.flush_mode not in (None, "sync"):
+        batched = args.flush_mode == "background" or (
+            args.flush_mode is None and args.batch_rows is not None
+        )
+        if batched:
+            args.flush_mode = "background"
+            args.batches_in_flight, args.in_flight = args.in_flight, None
+            if args.threads is None:
+                args.threads = 1
+        elif args.flush_mode == "manual":
             raise UsageError(
-                f"--in-flight writes single rows (flush mode sync); --flush-mode "
-                f"{args.flush_mode} needs --threads"
+                "--in-flight with --flush-mode manual: a manual flush waits for its batch; "
+                "use --flush-mode background (or just --batch-rows N) for batches in flight"
             )
-        args.flush_mode = "sync"
-        return
-    if args.threads is None:
+        else:
+            if args.threads is not None:
+                raise UsageError(
+                    "--threads and --in-flight exclude each other for single-row writes "
+                    "(--in-flight N keeps N of them in flight from one event loop)"
+                )
+            if args.batch_rows is not None:
+                raise UsageError("--batch-rows needs --flush-mode background or manual")
+            args.flush_mode = "sync"
+    if args.threads is None and args.in_flight is None:
         args.threads = DEFAULT_THREADS
     if args.flush_mode is None:
         args.flush_mode = "sync"
+    if args.batch_rows is None:
+        args.batch_rows = DEFAULT_BATCH_ROWS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -261,5 +290,6 @@ def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "row_bytes": args.row_bytes,
         "flush_mode": args.flush_mode,
         "batch_rows": args.batch_rows,
+        "batches_in_flight": args.batches_in_flight,
         "timeout_s": args.timeout,
     }

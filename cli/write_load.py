@@ -29,6 +29,7 @@ are the same whatever the flush mode):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -141,6 +142,8 @@ class LoadSummary:
     first_error: str
     interrupted: bool
     in_flight: int | None = None  # --in-flight N (the asyncio client), else None
+    # Each session's batches per tablet in flight (--batch-rows N --in-flight M), else None.
+    batches_in_flight: int | None = None
     server_cpu: ServerCpu | None = None
 
     @property
@@ -151,6 +154,11 @@ class LoadSummary:
     def writers(self) -> str:
         if self.in_flight is not None:
             return f"{self.in_flight} in flight (asyncio)"
+        if self.batches_in_flight is not None:
+            return (
+                f"{self.threads} thread{'s' if self.threads != 1 else ''}, "
+                f"{self.batches_in_flight} batches in flight per tablet each"
+            )
         return f"{self.threads} threads"
 
     @property
@@ -164,6 +172,7 @@ class LoadSummary:
             "table": self.table,
             "threads": self.threads,
             "in_flight": self.in_flight,
+            "batches_in_flight": self.batches_in_flight,
             "client": "asyncio" if self.in_flight is not None else "threads",
             "flush_mode": self.flush_mode,
             "row_bytes": self.row_bytes,
@@ -200,6 +209,7 @@ def _writer(
     factory: RowFactory,
     mode: str,
     batch_rows: int,
+    batches_in_flight: int | None,
     timeout_s: float,
     shared: LoadState,
 ) -> None:
@@ -210,8 +220,9 @@ def _writer(
         "background": FlushMode.AUTO_FLUSH_BACKGROUND,
         "manual": FlushMode.MANUAL_FLUSH,
     }[mode]
+    window = {} if batches_in_flight is None else {"max_batches_in_flight": batches_in_flight}
     session: Session = client.new_session(
-        flush_mode=flush_mode, timeout_s=timeout_s, max_batch_rows=batch_rows
+        flush_mode=flush_mode, timeout_s=timeout_s, max_batch_rows=batch_rows, **window
     )
 
     def collect() -> None:
@@ -259,6 +270,7 @@ def run_load(
     flush_mode: str,
     batch_rows: int,
     timeout_s: float,
+    batches_in_flight: int | None = None,
     on_tick: OnTick | None = None,
     tick_s: float = 0.2,
 ) -> LoadSummary:
@@ -274,7 +286,18 @@ def run_load(
     workers = [
         threading.Thread(
             target=_writer,
-            args=(client, table, t, quotas[t], factory, flush_mode, batch_rows, timeout_s, shared),
+            args=(
+                client,
+                table,
+                t,
+                quotas[t],
+                factory,
+                flush_mode,
+                batch_rows,
+                batches_in_flight,
+                timeout_s,
+                shared,
+            ),
             name=f"writer-{t}",
             daemon=True,
         )
@@ -302,9 +325,10 @@ def run_load(
     after = client.stats
     if shared.fatal:
         raise CliError(shared.fatal)
-    return summarize(
+    summary = summarize(
         before, after, shared, elapsed, table, threads, flush_mode, row_bytes, interrupted
     )
+    return dataclasses.replace(summary, batches_in_flight=batches_in_flight)
 
 
 def summarize(

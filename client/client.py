@@ -36,7 +36,7 @@ from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.client.scanner import ReadMode, Scanner
-from raftlet.client.session import FlushMode, Session
+from raftlet.client.session import DEFAULT_MAX_BATCH_BYTES, FlushMode, Session
 from raftlet.client.stats import StatsRecorder
 from raftlet.cluster import ClusterConfigError, load_cluster_config
 from raftlet.proto import admin_pb2, tablet_pb2
@@ -158,11 +158,15 @@ class Client(ClientBase[MetaCache]):
         *,
         timeout_s: float | None = None,
         max_batch_rows: int = 1000,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        max_batches_in_flight: int = 2,
         flush_interval_s: float = 0.05,
         max_buffered_rows: int | None = None,
     ) -> Session:
         """A session (see ``client.session``); ``timeout_s`` (default the client's) bounds
-        each write, retries included."""
+        each write, retries included. A batch holds at most ``max_batch_rows`` rows and
+        ``max_batch_bytes`` bytes; each tablet has at most ``max_batches_in_flight`` of a
+        session's batches in flight."""
         with self._lock:
             self._check_open()
             session = Session(
@@ -172,6 +176,8 @@ class Client(ClientBase[MetaCache]):
                 flush_mode=flush_mode,
                 timeout_s=self.timeout_s if timeout_s is None else timeout_s,
                 max_batch_rows=max_batch_rows,
+                max_batch_bytes=max_batch_bytes,
+                max_batches_in_flight=max_batches_in_flight,
                 flush_interval_s=flush_interval_s,
                 max_buffered_rows=max_buffered_rows,
                 on_close=self._session_closed,

@@ -47,8 +47,8 @@ from raftlet.client.retry import (
 )
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import consensus_pb2, tablet_pb2
-from raftlet.schema.keys import KeyEncodeError
-from raftlet.schema.partition import partition_for_key
+from raftlet.schema.keys import KeyEncodeError, encode_key
+from raftlet.schema.partition import partition_for_encoded_key
 from raftlet.schema.schema import Schema, SchemaError
 
 __all__ = ["ClusterView", "MetaCache", "MetaState", "ServerInfo", "TableInfo", "TabletInfo"]
@@ -194,6 +194,10 @@ class MetaState:
 
     def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
         """The tablet that holds ``row`` (a mapping with at least the key columns)."""
+        return self.route(table, row)[0]
+
+    def route(self, table: str, row: Mapping[str, object]) -> tuple[str, bytes]:
+        """The tablet that holds ``row``, and the row's encoded key."""
         info = self.table(table)
         key = []
         for col in info.schema.key_columns:
@@ -201,10 +205,10 @@ class MetaState:
                 raise InvalidArgument(f"table {table!r}: key column {col.name!r} not given")
             key.append(row[col.name])
         try:
-            partition = partition_for_key(info.schema, key, info.num_partitions)
+            encoded = encode_key(info.schema, key)
         except (KeyEncodeError, ValueError, TypeError) as e:
             raise InvalidArgument(f"table {table!r}: bad key {key!r}: {e}") from None
-        return info.tablet_ids[partition]
+        return info.tablet_ids[partition_for_encoded_key(encoded, info.num_partitions)], encoded
 
     # --- leaders and health ----------------------------------------------------------------
 

@@ -1,30 +1,33 @@
 """Sessions: where rows are written, batched per tablet, and their errors collected.
 
 A session turns ``insert``/``upsert``/``update``/``delete`` calls into ``Operation``s — the
-row validated and encoded exactly as the server will decode it (``schema.encode_row_op``)
-and routed to its tablet (``MetaCache.tablet_for``) — and sends them in one of three modes:
+row validated and packed exactly as the server will decode it (``schema.row_packer``) and
+routed to its tablet (``MetaCache.route``) — and sends them in one of three modes:
 
 - ``AUTO_FLUSH_SYNC``: each call sends its row and returns when it is acknowledged; a row
   error is raised as ``RowError``, a failure after retries as ``Timeout`` (or a subclass).
 - ``MANUAL_FLUSH``: calls only buffer; ``flush()`` sends the buffer and returns when every
   row has an outcome. Failures are collected, not raised: ``errors()``.
-- ``AUTO_FLUSH_BACKGROUND``: calls buffer and return; a background thread sends the buffer
-  when it holds ``max_batch_rows`` rows or its oldest row has waited ``flush_interval_s``.
-  While ``max_buffered_rows`` rows are unacknowledged, a call blocks (backpressure) — for at
-  most ``timeout_s``, then it raises ``Timeout``. ``flush()`` waits until every row given
-  before it has an outcome. Failures are collected: ``errors()``.
+- ``AUTO_FLUSH_BACKGROUND``: calls buffer and return. Each tablet's rows collect in an open
+  batch that is sent as soon as it holds ``max_batch_rows`` rows or ``max_batch_bytes``
+  bytes, or its oldest row has waited ``flush_interval_s``. While ``max_buffered_rows`` rows
+  are unacknowledged, a call blocks (backpressure) — for at most ``timeout_s``, then it
+  raises ``Timeout``. ``flush()`` sends what is open and waits until every row given before
+  it has an outcome. Failures are collected: ``errors()``.
 
-A flush groups the rows by tablet, cuts each group into batches of at most ``max_batch_rows``
-and sends the tablets' groups in parallel on the client's thread pool; the batches of one
-tablet go one after another, in call order, so two writes of one key are applied in the order
-they were made. Each batch is one Write RPC with its own request id, retried by
-``client.rpc.call_tablet`` with that same id until ``timeout_s`` has passed.
+Batches go out through ``client.batch_pipeline``: per tablet, up to
+``max_batches_in_flight`` at once, started in call order, and a batch that writes a key a
+batch in flight also writes waits for it, so two writes of one key are applied in the
+order they were made. Tablets proceed independently, on the client's thread pool. Each
+batch is one Write RPC with its own request id, retried by ``client.rpc.call_tablet`` with
+that same id until ``timeout_s`` has passed.
 
 Errors are per operation. ``RowError.row_index`` (and ``row_index`` on any collected error)
 is the operation's position in the session: the n-th write call, from 0, including calls
 that were refused before sending. A batch that failed as a whole (say ``Timeout``) is
-reported once per operation in it. ``errors()`` returns the errors collected so far and
-clears them (Kudu's ``GetPendingErrors``), so each error is seen once.
+reported once per operation in it. ``errors()`` returns the errors collected so far, in
+``row_index`` order, and clears them (Kudu's ``GetPendingErrors``), so each error is seen
+once.
 
 ``close()`` flushes, stops the background thread and refuses further writes; a session is
 also a context manager.
@@ -33,11 +36,11 @@ also a context manager.
 from __future__ import annotations
 
 import enum
-import itertools
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
+from raftlet.client.batch_pipeline import BatchPipeline
 from raftlet.client.channels import ServerStub
 from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, Timeout
 from raftlet.client.request_tracker import RequestTracker
@@ -52,7 +55,11 @@ from raftlet.client.write_batch import (
 from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import OpType
 
-__all__ = ["FlushMode", "Operation", "Session"]
+__all__ = ["DEFAULT_MAX_BATCH_BYTES", "FlushMode", "Operation", "Session"]
+
+# A batch's packed rows at most: far below the servers' message limit, far above what it
+# takes to amortize a round trip.
+DEFAULT_MAX_BATCH_BYTES = 4 << 20
 
 
 class FlushMode(enum.Enum):
@@ -73,6 +80,8 @@ class Session:
         flush_mode: FlushMode = FlushMode.AUTO_FLUSH_SYNC,
         timeout_s: float = 30.0,
         max_batch_rows: int = 1000,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        max_batches_in_flight: int = 2,
         flush_interval_s: float = 0.05,
         max_buffered_rows: int | None = None,
         on_close: Callable[[Session], None] | None = None,
@@ -83,10 +92,16 @@ class Session:
             raise InvalidArgument(f"timeout_s must be positive, got {timeout_s}")
         if max_batch_rows < 1:
             raise InvalidArgument(f"max_batch_rows must be at least 1, got {max_batch_rows}")
+        if max_batch_bytes < 1:
+            raise InvalidArgument(f"max_batch_bytes must be at least 1, got {max_batch_bytes}")
+        if max_batches_in_flight < 1:
+            raise InvalidArgument(
+                f"max_batches_in_flight must be at least 1, got {max_batches_in_flight}"
+            )
         if flush_interval_s <= 0:
             raise InvalidArgument(f"flush_interval_s must be positive, got {flush_interval_s}")
         if max_buffered_rows is None:
-            max_buffered_rows = 4 * max_batch_rows
+            max_buffered_rows = 2 * max_batches_in_flight * max_batch_rows
         if max_buffered_rows < max_batch_rows:
             raise InvalidArgument(
                 f"max_buffered_rows ({max_buffered_rows}) must be at least "
@@ -95,21 +110,32 @@ class Session:
         self.flush_mode = flush_mode
         self.timeout_s = float(timeout_s)
         self.max_batch_rows = max_batch_rows
+        self.max_batch_bytes = max_batch_bytes
+        self.max_batches_in_flight = max_batches_in_flight
         self.flush_interval_s = float(flush_interval_s)
         self.max_buffered_rows = max_buffered_rows
         self._rpc = rpc
         self._tracker = tracker
-        self._executor = executor
         self._on_close = on_close
         self._cond = threading.Condition()
+        self._pipeline = BatchPipeline(
+            self._cond,
+            executor,
+            self._send_batch,
+            self._batch_done,
+            max_rows=max_batch_rows,
+            max_bytes=max_batch_bytes,
+            window=max_batches_in_flight,
+            clock=rpc.clock,
+        )
         self._next_index = 0
-        self._buffer: list[Operation] = []
-        self._buffer_since = 0.0  # clock() when the oldest buffered operation was added
+        self._buffer: list[Operation] = []  # MANUAL_FLUSH: rows not yet flushed
+        # First indexes of batches flush() is sending on its own thread (not the pipeline's).
+        self._inline: list[int] = []
         self._errors: list[RaftletError] = []
         self._error_count = 0
         self._accepted = 0  # operations ever buffered
-        self._done = 0  # of those, how many have an outcome (buffers are sent in order)
-        self._flush_upto = 0  # flush() wants the first _flush_upto accepted ones sent now
+        self._done = 0  # of those, how many have an outcome
         self._closing = False
         self._closed = False
         self._flusher: threading.Thread | None = None
@@ -136,32 +162,36 @@ class Session:
     def apply(self, op_type: OpType, table: str, row: Mapping[str, object]) -> None:
         """Write one row (see the flush modes). Raises ``RowError`` at once for a row the
         server would refuse anyway (unknown column, wrong type, missing key…)."""
-        op = self._prepare(OpType(op_type), table, row)
+        if type(op_type) is not OpType:
+            op_type = OpType(op_type)
+        meta = self._rpc.meta
+        meta.table(table)  # an unknown table takes no index
+        row = dict(row)  # the caller may reuse its dict; errors report what was written
+        if self.flush_mode is FlushMode.MANUAL_FLUSH:
+            # One critical section per row: the index, the encoding and the buffer.
+            with self._cond:
+                self._check_open()
+                index = self._next_index
+                self._next_index += 1
+                op = encode_operation(meta, self._rpc.stats, index, op_type, table, row)
+                self._buffer.append(op)
+                self._accepted += 1
+            return
+        with self._cond:
+            self._check_open()
+            index = self._next_index
+            self._next_index += 1
+        op = encode_operation(meta, self._rpc.stats, index, op_type, table, row)
         if self.flush_mode is FlushMode.AUTO_FLUSH_SYNC:
             errors = self._send_batch(op.tablet_id, [op])
             if errors:
                 raise errors[0]
-        elif self.flush_mode is FlushMode.MANUAL_FLUSH:
-            with self._cond:
-                self._check_open()
-                self._buffer.append(op)
-                self._accepted += 1
         else:
             self._buffer_background(op)
 
     def _check_open(self) -> None:
         if self._closing:
             raise ClientClosed("the session is closed")
-
-    def _prepare(self, op_type: OpType, table: str, row: Mapping[str, object]) -> Operation:
-        with self._cond:
-            self._check_open()
-        self._rpc.meta.table(table)  # an unknown table takes no index
-        row = dict(row)  # the caller may reuse its dict; errors report what was written
-        with self._cond:
-            index = self._next_index
-            self._next_index += 1
-        return encode_operation(self._rpc.meta, self._rpc.stats, index, op_type, table, row)
 
     def _buffer_background(self, op: Operation) -> None:
         clock = self._rpc.clock
@@ -178,11 +208,10 @@ class Session:
                     )
                 self._cond.wait(left)
                 self._check_open()
-            if not self._buffer:
-                self._buffer_since = clock()
-            self._buffer.append(op)
+            idle = not self._pipeline.has_open()
+            self._pipeline.add(op)
             self._accepted += 1
-            if len(self._buffer) == 1 or len(self._buffer) >= self.max_batch_rows:
+            if idle:  # the flusher's timer starts with the first open row
                 self._cond.notify_all()
 
     # --- flushing --------------------------------------------------------------------------
@@ -190,91 +219,71 @@ class Session:
     def flush(self) -> None:
         """Send everything buffered and wait until each of those rows has an outcome
         (acknowledged, or an error collected for ``errors()``)."""
-        if self.flush_mode is FlushMode.MANUAL_FLUSH:
+        with self._cond:
+            ops, self._buffer = self._buffer, []
+            target = self._accepted
+            if not (len(ops) == 1 or (ops and self._one_batch(ops))):
+                self._pipeline.add_all(ops)
+                self._wait_for(target)
+                return
+            # One batch: sent on this thread, without a hop to the pool.
+            self._inline.append(ops[0].index)
+        errors: list[RaftletError] = []
+        try:
+            errors = self._send_batch(ops[0].tablet_id, ops)
+        except Exception as e:  # a bug: report it for each row rather than lose the rows
+            err = RaftletError(f"writing {len(ops)} rows failed: {e!r}")
+            errors = [err.for_operation(op.index, op.table, op.row) for op in ops]
+        finally:
             with self._cond:
-                ops, self._buffer = self._buffer, []
-            errors = self._send(ops)
-            with self._cond:
-                self._record(errors)
-                self._done += len(ops)
+                self._inline.remove(ops[0].index)
+                self._batch_done(ops, errors)
                 self._cond.notify_all()
-        elif self.flush_mode is FlushMode.AUTO_FLUSH_BACKGROUND:
-            with self._cond:
-                target = self._accepted
-                self._flush_upto = max(self._flush_upto, target)
-                self._cond.notify_all()
-                while self._done < target:
-                    flusher = self._flusher
-                    if flusher is None or not flusher.is_alive():
-                        raise RaftletError("the session's background flusher is not running")
-                    self._cond.wait(0.5)
+        with self._cond:
+            self._wait_for(target)
+
+    def _one_batch(self, ops: list[Operation]) -> bool:
+        """Whether ``ops`` make exactly one batch (one tablet, within the limits)."""
+        tablet = ops[0].tablet_id
+        return (
+            len(ops) <= self.max_batch_rows
+            and all(op.tablet_id == tablet for op in ops)
+            and sum(op.nbytes for op in ops) <= self.max_batch_bytes
+        )
+
+    def _wait_for(self, target: int) -> None:
+        """Wait (holding ``_cond``) until every operation below index ``target`` of those
+        accepted has an outcome."""
+        while True:
+            lowest = min(self._inline, default=None)
+            queued = self._pipeline.lowest_unfinished()
+            if lowest is None or (queued is not None and queued < lowest):
+                lowest = queued
+            if lowest is None or lowest >= target:
+                return
+            self._cond.wait()
 
     def _run_flusher(self) -> None:
         clock = self._rpc.clock
-        while True:
-            with self._cond:
-                while True:
-                    if self._buffer:
-                        sent = self._accepted - len(self._buffer)
-                        waited = clock() - self._buffer_since
-                        if (
-                            len(self._buffer) >= self.max_batch_rows
-                            or self._flush_upto > sent
-                            or self._closing
-                            or waited >= self.flush_interval_s
-                        ):
-                            break
-                        self._cond.wait(self.flush_interval_s - waited)
-                    elif self._closing:
+        with self._cond:
+            while True:
+                oldest = self._pipeline.oldest_open()
+                if oldest is None:
+                    if self._closing:
                         return
-                    else:
-                        self._cond.wait()
-                ops, self._buffer = self._buffer, []
-            try:
-                errors = self._send(ops)
-            except Exception as e:  # a bug must not leave flush() waiting forever
-                err = RaftletError(f"writing {len(ops)} rows failed: {e!r}")
-                errors = [err.for_operation(op.index, op.table, op.row) for op in ops]
-            with self._cond:
-                self._record(errors)
-                self._done += len(ops)
-                self._cond.notify_all()
+                    self._cond.wait()
+                    continue
+                waited = clock() - oldest
+                if waited >= self.flush_interval_s or self._closing:
+                    self._pipeline.close_open()
+                else:
+                    self._cond.wait(self.flush_interval_s - waited)
 
-    def _record(self, errors: list[RaftletError]) -> None:
+    def _batch_done(self, ops: list[Operation], errors: list[RaftletError]) -> None:
         """Caller holds ``_cond``."""
         self._errors.extend(errors)
         self._error_count += len(errors)
-
-    def _send(self, ops: list[Operation]) -> list[RaftletError]:
-        """Send ``ops``: tablets in parallel, each tablet's batches in order."""
-        if not ops:
-            return []
-        groups: dict[str, list[Operation]] = {}
-        for op in ops:
-            groups.setdefault(op.tablet_id, []).append(op)
-
-        def send_group(tablet_id: str, group: list[Operation]) -> list[RaftletError]:
-            errors: list[RaftletError] = []
-            for start in range(0, len(group), self.max_batch_rows):
-                errors.extend(
-                    self._send_batch(tablet_id, group[start : start + self.max_batch_rows])
-                )
-            return errors
-
-        items = list(groups.items())
-        if len(items) == 1:
-            return send_group(*items[0])
-        results: list[list[RaftletError]] = []
-        try:
-            futures = [self._executor.submit(send_group, t, g) for t, g in items]
-        except RuntimeError:  # the executor was shut down: the client is closed
-            err = ClientClosed("the client is closed")
-            return [err.for_operation(op.index, op.table, op.row) for op in ops]
-        for future in futures:
-            results.append(future.result())
-        merged = list(itertools.chain.from_iterable(results))
-        merged.sort(key=lambda e: e.row_index if e.row_index is not None else -1)
-        return merged
+        self._done += len(ops)
 
     def _send_batch(self, tablet_id: str, ops: list[Operation]) -> list[RaftletError]:
         """One Write RPC of ``ops`` (all of ``tablet_id``), retried with one request id.
@@ -314,7 +323,8 @@ class Session:
         docstring. Each has ``row_index`` set; ``RowError`` for a row the server refused."""
         with self._cond:
             out, self._errors = self._errors, []
-            return out
+        out.sort(key=lambda e: -1 if e.row_index is None else e.row_index)
+        return out
 
     pending_errors = errors
 

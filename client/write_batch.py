@@ -20,7 +20,8 @@ from raftlet.client.errors import RaftletError, RowError
 from raftlet.client.meta_cache import MetaState
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
-from raftlet.schema.row_block import encode_row_block, join_row_blocks
+from raftlet.schema.row_block import join_row_blocks
+from raftlet.schema.row_packer import row_packer
 from raftlet.schema.rows import ErrorCode, OpType, RowOpError
 from raftlet.schema.schema import Schema
 
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Operation:
     """One write call of a session, validated, encoded and routed."""
 
@@ -46,6 +47,13 @@ class Operation:
     schema: Schema
     # The row as a one-row block: (rows, indirect) of schema.row_block.
     packed: tuple[bytes, bytes]
+    # The encoded primary key (writes of one key keep their order).
+    key: bytes = b""
+
+    @property
+    def nbytes(self) -> int:
+        """The row's size on the wire."""
+        return len(self.packed[0]) + len(self.packed[1])
 
 
 def code_name(code: int) -> str:
@@ -68,14 +76,14 @@ def encode_operation(
     table or a key that cannot be routed."""
     info = meta.table(table)
     try:
-        packed = encode_row_block(info.schema, [(op_type, row)])
+        packed = row_packer(info.schema).pack(op_type, row)
     except RowOpError as e:
         code = code_name(e.code)
         stats.error(code)
         message = e.message.removeprefix("row 0: ")
         raise RowError(index, code, message, table=table, row=row) from None
-    tablet_id = meta.tablet_for(table, row)
-    return Operation(index, table, op_type, row, tablet_id, info.schema, packed)
+    tablet_id, key = meta.route(table, row)
+    return Operation(index, table, op_type, row, tablet_id, info.schema, packed, key)
 
 
 def write_request(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from functools import lru_cache
 
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import INTEGER_RANGES, DataType, TypeMismatch, Value, normalize
@@ -51,6 +52,15 @@ def encode_key(schema: Schema, key_values: Sequence[object]) -> bytes:
     keys = schema.key_columns
     if len(key_values) != len(keys):
         raise KeyEncodeError(f"a key has {len(keys)} columns, got {len(key_values)} values")
+    ints = _int_key(schema)
+    if ints is not None:  # the usual key: integers, encoded without normalize
+        fast = b""
+        for (lo, hi, width), raw in zip(ints, key_values, strict=True):
+            if type(raw) is not int or not lo <= raw <= hi:
+                break
+            fast += (raw - lo).to_bytes(width, "big")
+        else:
+            return fast
     out = bytearray()
     last = len(keys) - 1
     for i, (col, raw) in enumerate(zip(keys, key_values, strict=True)):
@@ -62,6 +72,15 @@ def encode_key(schema: Schema, key_values: Sequence[object]) -> bytes:
             raise KeyEncodeError(f"key column {col.name!r} cannot be null")
         _encode_one(out, col.type, value, is_last=i == last)
     return bytes(out)
+
+
+@lru_cache(maxsize=64)
+def _int_key(schema: Schema) -> tuple[tuple[int, int, int], ...] | None:
+    """(lowest, highest, width) of each key column if all are integers, else None. An
+    integer's encoding is ``value - lowest``, big-endian: the sign bit flipped."""
+    if not all(c.type in _INT_WIDTH for c in schema.key_columns):
+        return None
+    return tuple((*INTEGER_RANGES[c.type], _INT_WIDTH[c.type]) for c in schema.key_columns)
 
 
 def _encode_one(out: bytearray, dtype: DataType, value: Value, *, is_last: bool) -> None:

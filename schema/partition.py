@@ -34,4 +34,6 @@ def partition_for_key(schema: Schema, key_values: Sequence[object], num_partitio
 
     Raises ``KeyEncodeError`` if the values are not a key of the schema.
     """
-    return partition_for_encoded_key(encode_key(schema, key_values), num_partitions)
+    if type(num_partitions) is not int or num_partitions < 1:
+        return partition_for_encoded_key(b"", num_partitions)  # raises the error it is
+    return zlib.crc32(encode_key(schema, key_values)) % num_partitions

@@ -55,7 +55,7 @@ class Schema:
     identifiers are case-insensitive, so "Id" and "id" would be one column in the store).
     """
 
-    __slots__ = ("_by_name", "columns", "key_columns")
+    __slots__ = ("_by_name", "_hash", "columns", "key_columns")
 
     def __init__(self, columns: Iterable[ColumnSchema]) -> None:
         cols = tuple(columns)
@@ -96,6 +96,9 @@ class Schema:
         self.columns: tuple[ColumnSchema, ...] = cols
         self.key_columns: tuple[ColumnSchema, ...] = cols[:num_keys]
         self._by_name: dict[str, int] = {c.name: i for i, c in enumerate(cols)}
+        # Schemas key many caches (row layouts, packers); hashing the columns each time
+        # cost a client more than packing its row.
+        self._hash = hash(cols)
 
     @classmethod
     def from_pb(cls, pb: tablet_pb2.SchemaPB) -> Schema:
@@ -135,7 +138,11 @@ class Schema:
         return isinstance(other, Schema) and self.columns == other.columns
 
     def __hash__(self) -> int:
-        return hash(self.columns)
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Schema], tuple[tuple[ColumnSchema, ...]]]:
+        # Rebuilt, not copied: the cached hash is only valid in the process that made it.
+        return (Schema, (self.columns,))
 
     def __repr__(self) -> str:
         return f"Schema({self.describe()})"

@@ -1,5 +1,6 @@
-"""``raftlet write --in-flight``: the asyncio load on fake servers, and the server-CPU
-figures (parsing ``/metrics``, differences, the summary's JSON)."""
+"""``raftlet write --in-flight``: how the writer options resolve, the asyncio load on fake
+servers, and the server-CPU figures (parsing ``/metrics``, differences, the summary's
+JSON)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 
 from raftlet.cli import write_async
 from raftlet.cli.common import Target
+from raftlet.cli.main import build_parser
 from raftlet.cli.server_cpu import ServerCpu, parse_cpu_seconds
+from raftlet.cli.write_cmd import check_writers
 from raftlet.cli.write_load import LoadSummary
 from raftlet.client.aio import AsyncClient
 from raftlet.cluster import ClusterConfig
@@ -120,3 +123,24 @@ def test_in_flight_load_writes_each_row_once_with_n_in_flight(
     assert all(rows_in(r) == 1 for r in sent)
     assert len({r.row_block.SerializeToString() for r in sent}) == 50
     assert 1 < peak[0] <= 8
+
+
+@pytest.mark.parametrize(
+    ("argv", "resolved"),
+    [
+        # (flush mode, threads, asyncio in flight, batches in flight per session, batch rows)
+        ([], ("sync", 4, None, None, 100)),
+        (["--in-flight", "8"], ("sync", None, 8, None, 100)),
+        (["--batch-rows", "1000", "--in-flight", "4"], ("background", 1, None, 4, 1000)),
+        (
+            ["--flush-mode", "background", "--in-flight", "3", "--threads", "2"],
+            ("background", 2, None, 3, 100),
+        ),
+        (["--flush-mode", "manual", "--batch-rows", "50"], ("manual", 4, None, None, 50)),
+    ],
+)
+def test_writer_options_resolve_to_one_load(argv: list[str], resolved: tuple[object, ...]) -> None:
+    args = build_parser().parse_args(["write", "--data-dir", "x", "--rows", "5", *argv])
+    check_writers(args)
+    got = (args.flush_mode, args.threads, args.in_flight, args.batches_in_flight, args.batch_rows)
+    assert got == resolved

@@ -1,0 +1,86 @@
+"""Sessions over the batch pipeline, against scripted fake servers: every row sent once, in
+batches cut by rows, a full batch sent without waiting for flush(), flush() returning only
+when every row has an outcome, and errors in row order."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from raftlet.client.errors import RowError
+from raftlet.client.request_tracker import RequestTracker
+from raftlet.client.session import FlushMode, Session
+from raftlet.proto import tablet_pb2
+from tests.unit.client_fakes import FakeCluster, make_rpc, ok, rows_in
+from tests.waiting import wait_for
+
+
+def _cluster() -> FakeCluster:
+    cluster = FakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", ok)
+    return cluster
+
+
+def _session(cluster: FakeCluster, mode: FlushMode, **kwargs: object) -> Session:
+    return Session(
+        make_rpc(cluster),
+        RequestTracker(),
+        ThreadPoolExecutor(4),
+        flush_mode=mode,
+        timeout_s=5.0,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def _keys_of(session: Session, tablet: str, n: int) -> list[int]:
+    meta = session._rpc.meta
+    return [k for k in range(20 * n) if meta.tablet_for("kv", {"key": k}) == tablet][:n]
+
+
+def test_manual_flush_cuts_batches_and_returns_when_all_are_answered() -> None:
+    cluster = _cluster()
+    session = _session(cluster, FlushMode.MANUAL_FLUSH, max_batch_rows=100)
+    for k in range(450):
+        session.insert("kv", {"key": k, "value": "v"})
+    session.flush()
+    assert session.pending == 0
+    sent = [r for _, r in cluster.writes()]
+    assert all(rows_in(r) <= 100 for r in sent)
+    assert sum(rows_in(r) for r in sent) == 450
+    assert len({r.request_id.seq_no for r in sent}) == len(sent)
+    assert session.errors() == []
+    session.close()
+
+
+def test_background_sends_a_full_batch_without_flush() -> None:
+    cluster = _cluster()
+    session = _session(cluster, FlushMode.AUTO_FLUSH_BACKGROUND, max_batch_rows=5)
+    for k in _keys_of(session, "kv-p0", 5):
+        session.insert("kv", {"key": k, "value": "v"})
+    wait_for(lambda: len(cluster.writes()) == 1, what="the full batch sent")
+    assert rows_in(cluster.writes()[0][1]) == 5
+    session.close()
+
+
+def test_errors_come_back_in_row_order_whatever_order_batches_finish() -> None:
+    cluster = _cluster()
+
+    def refuse_first_row(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        response = ok(request)
+        response.row_errors.add(row_index=0, code=tablet_pb2.RowErrorPB.KEY_EXISTS, message="x")
+        return response
+
+    for s in cluster.servers.values():
+        s.script("write", refuse_first_row)
+    session = _session(
+        cluster, FlushMode.AUTO_FLUSH_BACKGROUND, max_batch_rows=3, max_batches_in_flight=4
+    )
+    for k in range(30):
+        session.insert("kv", {"key": k, "value": "v"})
+    session.flush()
+    errors = session.errors()
+    indexes = [e.row_index for e in errors]
+    assert indexes == sorted(indexes)
+    assert all(isinstance(e, RowError) for e in errors)
+    assert len(errors) == len(cluster.writes())  # one refused row per batch
+    session.close()
