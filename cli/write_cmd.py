@@ -129,6 +129,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="rows per write RPC: manual mode flushes every N rows, background mode sends "
         f"batches of up to N (default {DEFAULT_BATCH_ROWS})",
     )
+    p.add_argument(
+        "--row-format",
+        choices=("block", "cells"),
+        default="block",
+        help="rows on the wire: a packed row block per write (default) or the older per-cell "
+        "form, for comparisons",
+    )
     p.add_argument("--table", default="kv", metavar="TABLE", help="table to write (default kv)")
     p.add_argument(
         "--timeout",
@@ -206,6 +213,8 @@ def check_writers(args: argparse.Namespace) -> None:
             if args.batch_rows is not None:
                 raise UsageError("--batch-rows needs --flush-mode background or manual")
             args.flush_mode = "sync"
+    if args.in_flight is not None and getattr(args, "row_format", "block") != "block":
+        raise UsageError("--row-format cells is for sessions (--threads), not --in-flight writes")
     if args.threads is None and args.in_flight is None:
         args.threads = DEFAULT_THREADS
     if args.flush_mode is None:
@@ -291,5 +300,6 @@ def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "flush_mode": args.flush_mode,
         "batch_rows": args.batch_rows,
         "batches_in_flight": args.batches_in_flight,
+        "packed_rows": args.row_format == "block",
         "timeout_s": args.timeout,
     }

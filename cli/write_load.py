@@ -144,6 +144,7 @@ class LoadSummary:
     in_flight: int | None = None  # --in-flight N (the asyncio client), else None
     # Each session's batches per tablet in flight (--batch-rows N --in-flight M), else None.
     batches_in_flight: int | None = None
+    packed_rows: bool = True  # False: rows sent in the per-cell form (--row-format cells)
     server_cpu: ServerCpu | None = None
 
     @property
@@ -173,6 +174,7 @@ class LoadSummary:
             "threads": self.threads,
             "in_flight": self.in_flight,
             "batches_in_flight": self.batches_in_flight,
+            "row_format": "block" if self.packed_rows else "cells",
             "client": "asyncio" if self.in_flight is not None else "threads",
             "flush_mode": self.flush_mode,
             "row_bytes": self.row_bytes,
@@ -201,28 +203,43 @@ def _round(x: float | None, digits: int) -> float | None:
     return None if x is None else round(x, digits)
 
 
+@dataclass(frozen=True)
+class SessionOptions:
+    """How each writer's session writes: ``flush_mode`` sync, background or manual;
+    ``batches_in_flight`` None for the session's default window; ``packed_rows`` False for
+    the per-cell wire form."""
+
+    flush_mode: str
+    batch_rows: int
+    timeout_s: float
+    batches_in_flight: int | None = None
+    packed_rows: bool = True
+
+
 def _writer(
     client: Client,
     table: str,
     thread: int,
     quota: int | None,
     factory: RowFactory,
-    mode: str,
-    batch_rows: int,
-    batches_in_flight: int | None,
-    timeout_s: float,
+    options: SessionOptions,
     shared: LoadState,
 ) -> None:
     from raftlet.client import ClientClosed, FlushMode, RaftletError
+    from raftlet.client.session import DEFAULT_BATCHES_IN_FLIGHT
 
+    mode, batch_rows = options.flush_mode, options.batch_rows
     flush_mode = {
         "sync": FlushMode.AUTO_FLUSH_SYNC,
         "background": FlushMode.AUTO_FLUSH_BACKGROUND,
         "manual": FlushMode.MANUAL_FLUSH,
     }[mode]
-    window = {} if batches_in_flight is None else {"max_batches_in_flight": batches_in_flight}
     session: Session = client.new_session(
-        flush_mode=flush_mode, timeout_s=timeout_s, max_batch_rows=batch_rows, **window
+        flush_mode=flush_mode,
+        timeout_s=options.timeout_s,
+        max_batch_rows=batch_rows,
+        max_batches_in_flight=options.batches_in_flight or DEFAULT_BATCHES_IN_FLIGHT,
+        packed_rows=options.packed_rows,
     )
 
     def collect() -> None:
@@ -271,6 +288,7 @@ def run_load(
     batch_rows: int,
     timeout_s: float,
     batches_in_flight: int | None = None,
+    packed_rows: bool = True,
     on_tick: OnTick | None = None,
     tick_s: float = 0.2,
 ) -> LoadSummary:
@@ -282,22 +300,12 @@ def run_load(
         if rows is not None
         else [None] * threads
     )
+    options = SessionOptions(flush_mode, batch_rows, timeout_s, batches_in_flight, packed_rows)
     before = client.stats
     workers = [
         threading.Thread(
             target=_writer,
-            args=(
-                client,
-                table,
-                t,
-                quotas[t],
-                factory,
-                flush_mode,
-                batch_rows,
-                batches_in_flight,
-                timeout_s,
-                shared,
-            ),
+            args=(client, table, t, quotas[t], factory, options, shared),
             name=f"writer-{t}",
             daemon=True,
         )
@@ -328,7 +336,9 @@ def run_load(
     summary = summarize(
         before, after, shared, elapsed, table, threads, flush_mode, row_bytes, interrupted
     )
-    return dataclasses.replace(summary, batches_in_flight=batches_in_flight)
+    return dataclasses.replace(
+        summary, batches_in_flight=batches_in_flight, packed_rows=packed_rows
+    )
 
 
 def summarize(

@@ -36,7 +36,12 @@ from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.client.scanner import ReadMode, Scanner
-from raftlet.client.session import DEFAULT_MAX_BATCH_BYTES, FlushMode, Session
+from raftlet.client.session import (
+    DEFAULT_BATCHES_IN_FLIGHT,
+    DEFAULT_MAX_BATCH_BYTES,
+    FlushMode,
+    Session,
+)
 from raftlet.client.stats import StatsRecorder
 from raftlet.cluster import ClusterConfigError, load_cluster_config
 from raftlet.proto import admin_pb2, tablet_pb2
@@ -159,14 +164,17 @@ class Client(ClientBase[MetaCache]):
         timeout_s: float | None = None,
         max_batch_rows: int = 1000,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-        max_batches_in_flight: int = 2,
+        max_batches_in_flight: int = DEFAULT_BATCHES_IN_FLIGHT,
         flush_interval_s: float = 0.05,
         max_buffered_rows: int | None = None,
+        packed_rows: bool = True,
     ) -> Session:
         """A session (see ``client.session``); ``timeout_s`` (default the client's) bounds
         each write, retries included. A batch holds at most ``max_batch_rows`` rows and
         ``max_batch_bytes`` bytes; each tablet has at most ``max_batches_in_flight`` of a
-        session's batches in flight."""
+        session's batches in flight. ``packed_rows=False`` sends rows in the per-cell form
+        (one ``RowOperationPB`` per row) instead of a packed row block: the older wire form,
+        kept for servers and comparisons that need it."""
         with self._lock:
             self._check_open()
             session = Session(
@@ -180,6 +188,7 @@ class Client(ClientBase[MetaCache]):
                 max_batches_in_flight=max_batches_in_flight,
                 flush_interval_s=flush_interval_s,
                 max_buffered_rows=max_buffered_rows,
+                packed_rows=packed_rows,
                 on_close=self._session_closed,
             )
             self._sessions.add(session)

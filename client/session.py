@@ -55,11 +55,19 @@ from raftlet.client.write_batch import (
 from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import OpType
 
-__all__ = ["DEFAULT_MAX_BATCH_BYTES", "FlushMode", "Operation", "Session"]
+__all__ = [
+    "DEFAULT_BATCHES_IN_FLIGHT",
+    "DEFAULT_MAX_BATCH_BYTES",
+    "FlushMode",
+    "Operation",
+    "Session",
+]
 
 # A batch's packed rows at most: far below the servers' message limit, far above what it
 # takes to amortize a round trip.
 DEFAULT_MAX_BATCH_BYTES = 4 << 20
+# Two: the next batch travels while the last is applied, without a deep queue per tablet.
+DEFAULT_BATCHES_IN_FLIGHT = 2
 
 
 class FlushMode(enum.Enum):
@@ -81,9 +89,10 @@ class Session:
         timeout_s: float = 30.0,
         max_batch_rows: int = 1000,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-        max_batches_in_flight: int = 2,
+        max_batches_in_flight: int = DEFAULT_BATCHES_IN_FLIGHT,
         flush_interval_s: float = 0.05,
         max_buffered_rows: int | None = None,
+        packed_rows: bool = True,
         on_close: Callable[[Session], None] | None = None,
     ) -> None:
         if not isinstance(flush_mode, FlushMode):
@@ -114,6 +123,7 @@ class Session:
         self.max_batches_in_flight = max_batches_in_flight
         self.flush_interval_s = float(flush_interval_s)
         self.max_buffered_rows = max_buffered_rows
+        self.packed_rows = packed_rows
         self._rpc = rpc
         self._tracker = tracker
         self._on_close = on_close
@@ -173,7 +183,9 @@ class Session:
                 self._check_open()
                 index = self._next_index
                 self._next_index += 1
-                op = encode_operation(meta, self._rpc.stats, index, op_type, table, row)
+                op = encode_operation(
+                    meta, self._rpc.stats, index, op_type, table, row, packed_rows=self.packed_rows
+                )
                 self._buffer.append(op)
                 self._accepted += 1
             return
@@ -181,7 +193,9 @@ class Session:
             self._check_open()
             index = self._next_index
             self._next_index += 1
-        op = encode_operation(meta, self._rpc.stats, index, op_type, table, row)
+        op = encode_operation(
+            meta, self._rpc.stats, index, op_type, table, row, packed_rows=self.packed_rows
+        )
         if self.flush_mode is FlushMode.AUTO_FLUSH_SYNC:
             errors = self._send_batch(op.tablet_id, [op])
             if errors:

@@ -4,7 +4,8 @@
   the server will decode it (``schema.row_block``) and routed to its tablet; a row the
   server would refuse anyway raises ``RowError`` (counted in the stats) before any RPC.
 - ``write_request``: the ``WriteRequest`` of a batch of one tablet's operations -- their
-  packed rows joined into one row block, not encoded again -- carrying the exactly-once
+  packed rows joined into one row block, not encoded again (or their per-cell
+  ``RowOperationPB``s, the older form, for a session that asks for it) -- carrying the exactly-once
   request id (``client_id``, ``seq_no``; the caller sets ``attempt_no`` and
   ``first_incomplete_seq_no`` on each attempt, see ``request_tracker``).
 - ``batch_errors``: a ``WriteResponse`` → one ``RowError`` per row the server refused, with
@@ -22,7 +23,7 @@ from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
 from raftlet.schema.row_block import join_row_blocks
 from raftlet.schema.row_packer import row_packer
-from raftlet.schema.rows import ErrorCode, OpType, RowOpError
+from raftlet.schema.rows import ErrorCode, OpType, RowOpError, encode_row_op
 from raftlet.schema.schema import Schema
 
 __all__ = [
@@ -49,10 +50,14 @@ class Operation:
     packed: tuple[bytes, bytes]
     # The encoded primary key (writes of one key keep their order).
     key: bytes = b""
+    # The row in the per-cell form instead, when the session sends that form.
+    cells: tablet_pb2.RowOperationPB | None = None
 
     @property
     def nbytes(self) -> int:
         """The row's size on the wire."""
+        if self.cells is not None:
+            return self.cells.ByteSize()
         return len(self.packed[0]) + len(self.packed[1])
 
 
@@ -70,27 +75,37 @@ def encode_operation(
     op_type: OpType,
     table: str,
     row: Mapping[str, object],
+    *,
+    packed_rows: bool = True,
 ) -> Operation:
     """``row`` (the caller's own copy) as operation ``index`` of ``table``; raises
     ``RowError`` for a row the server would refuse, ``InvalidArgument`` for an unknown
-    table or a key that cannot be routed."""
+    table or a key that cannot be routed. ``packed_rows=False``: encoded in the per-cell
+    form (``RowOperationPB``) instead of the packed row block."""
     info = meta.table(table)
+    cells = None
+    packed = (b"", b"")
     try:
-        packed = row_packer(info.schema).pack(op_type, row)
+        if packed_rows:
+            packed = row_packer(info.schema).pack(op_type, row)
+        else:
+            cells = encode_row_op(info.schema, op_type, row)
     except RowOpError as e:
         code = code_name(e.code)
         stats.error(code)
         message = e.message.removeprefix("row 0: ")
         raise RowError(index, code, message, table=table, row=row) from None
     tablet_id, key = meta.route(table, row)
-    return Operation(index, table, op_type, row, tablet_id, info.schema, packed, key)
+    return Operation(index, table, op_type, row, tablet_id, info.schema, packed, key, cells)
 
 
 def write_request(
     tablet_id: str, ops: Sequence[Operation], client_id: str, seq_no: int
 ) -> tablet_pb2.WriteRequest:
     request = tablet_pb2.WriteRequest(tablet_id=tablet_id)
-    if ops:
+    if ops and ops[0].cells is not None:
+        request.ops.extend(op.cells for op in ops if op.cells is not None)
+    elif ops:
         rows, indirect = join_row_blocks(ops[0].schema, [op.packed for op in ops])
         request.row_block.rows = rows
         request.row_block.indirect = indirect

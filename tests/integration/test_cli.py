@@ -134,6 +134,25 @@ def test_write_then_scan_round_trip(data_dir: Path) -> None:
     assert out.rstrip().endswith("(3 rows from kv)")
 
 
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["--batch-rows", "50", "--in-flight", "3", "--threads", "2"],
+        ["--flush-mode", "manual", "--batch-rows", "40", "--row-format", "cells"],
+    ],
+    ids=["batches-in-flight", "per-cell-form"],
+)
+def test_batched_writes_in_flight_or_per_cell_all_arrive(data_dir: Path, how: list[str]) -> None:
+    before = len(scan_json(data_dir))
+    out = ok(
+        raftlet("write", "--data-dir", str(data_dir), "--rows", "500", "--format", "json", *how)
+    )
+    doc = json.loads(out)
+    assert (doc["rows"], doc["failed_rows"]) == (500, 0)
+    assert doc["writes"] >= 500 // 50
+    assert len(scan_json(data_dir)) == before + 500
+
+
 def test_sync_write_with_seed_servers_and_summary_table(data_dir: Path) -> None:
     seeds = ",".join(s["rpc_addr"] for s in state(data_dir)["servers"])
     out = ok(raftlet("write", "--servers", seeds, "--rows", "40", "--threads", "2"))

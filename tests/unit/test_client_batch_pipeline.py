@@ -101,7 +101,7 @@ def harness() -> _Harness:
 def test_a_tablet_has_at_most_a_window_of_batches_in_flight(harness: _Harness) -> None:
     harness.add(*(_op(i, key=i) for i in range(6)))  # three batches of two
     harness.wait_sent(2)
-    assert harness.sent == [[0, 1], [2, 3]]
+    assert sorted(harness.sent) == [[0, 1], [2, 3]]  # two pool threads: either may run first
     with harness.cond:
         assert harness.pipeline.in_flight() == 2
     harness.finish(2)  # the second answers first: the third may go
@@ -126,7 +126,7 @@ def test_a_batch_waits_for_a_batch_in_flight_that_writes_one_of_its_keys(
     assert harness.sent == [[0, 1]]
     harness.finish(0)
     harness.wait_sent(3)
-    assert harness.sent[1:] == [[2, 3], [4]]
+    assert sorted(harness.sent[1:]) == [[2, 3], [4]]
 
 
 def test_tablets_do_not_wait_for_each_other(harness: _Harness) -> None:
