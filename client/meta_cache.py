@@ -47,8 +47,8 @@ from raftlet.client.retry import (
 )
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import consensus_pb2, tablet_pb2
-from raftlet.schema.keys import KeyEncodeError, encode_key
-from raftlet.schema.partition import partition_for_encoded_key
+from raftlet.schema.keys import KeyEncodeError
+from raftlet.schema.partition import key_router
 from raftlet.schema.schema import Schema, SchemaError
 
 __all__ = ["ClusterView", "MetaCache", "MetaState", "ServerInfo", "TableInfo", "TabletInfo"]
@@ -199,16 +199,12 @@ class MetaState:
     def route(self, table: str, row: Mapping[str, object]) -> tuple[str, bytes]:
         """The tablet that holds ``row``, and the row's encoded key."""
         info = self.table(table)
-        key = []
-        for col in info.schema.key_columns:
-            if col.name not in row:
-                raise InvalidArgument(f"table {table!r}: key column {col.name!r} not given")
-            key.append(row[col.name])
         try:
-            encoded = encode_key(info.schema, key)
+            partition, encoded = key_router(info.schema, info.num_partitions)(row)
         except (KeyEncodeError, ValueError, TypeError) as e:
+            key = {c.name: row.get(c.name) for c in info.schema.key_columns}
             raise InvalidArgument(f"table {table!r}: bad key {key!r}: {e}") from None
-        return info.tablet_ids[partition_for_encoded_key(encoded, info.num_partitions)], encoded
+        return info.tablet_ids[partition], encoded
 
     # --- leaders and health ----------------------------------------------------------------
 

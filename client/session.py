@@ -42,7 +42,7 @@ from concurrent.futures import Executor
 
 from raftlet.client.batch_pipeline import BatchPipeline
 from raftlet.client.channels import ServerStub
-from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, Timeout
+from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError, Timeout
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.client.write_batch import (
@@ -180,23 +180,26 @@ class Session:
         if self.flush_mode is FlushMode.MANUAL_FLUSH:
             # One critical section per row: the index, the encoding and the buffer.
             with self._cond:
-                self._check_open()
-                index = self._next_index
-                self._next_index += 1
+                index = self._take_index()
                 op = encode_operation(
                     meta, self._rpc.stats, index, op_type, table, row, packed_rows=self.packed_rows
                 )
                 self._buffer.append(op)
                 self._accepted += 1
             return
-        with self._cond:
-            self._check_open()
-            index = self._next_index
-            self._next_index += 1
-        op = encode_operation(
-            meta, self._rpc.stats, index, op_type, table, row, packed_rows=self.packed_rows
-        )
+        # Encoded before the index is taken, so that taking it and buffering the row is one
+        # critical section and the buffer stays in index order.
+        try:
+            op = encode_operation(
+                meta, self._rpc.stats, -1, op_type, table, row, packed_rows=self.packed_rows
+            )
+        except RowError as e:
+            with self._cond:
+                index = self._take_index()
+            raise RowError(index, e.code, e.message, table=table, row=row) from None
         if self.flush_mode is FlushMode.AUTO_FLUSH_SYNC:
+            with self._cond:
+                op.index = self._take_index()
             errors = self._send_batch(op.tablet_id, [op])
             if errors:
                 raise errors[0]
@@ -207,26 +210,40 @@ class Session:
         if self._closing:
             raise ClientClosed("the session is closed")
 
+    def _take_index(self) -> int:
+        """The next operation index (caller holds ``_cond``); ClientClosed when closed."""
+        self._check_open()
+        index = self._next_index
+        self._next_index += 1
+        return index
+
     def _buffer_background(self, op: Operation) -> None:
-        clock = self._rpc.clock
         with self._cond:
             self._check_open()
-            deadline = clock() + self.timeout_s
-            while self._accepted - self._done >= self.max_buffered_rows:
-                left = deadline - clock()
-                if left <= 0:
-                    raise Timeout(
-                        f"session buffer full: {self._accepted - self._done} rows not yet "
-                        f"acknowledged after {self.timeout_s:.3g} s (max_buffered_rows="
-                        f"{self.max_buffered_rows})"
-                    )
-                self._cond.wait(left)
-                self._check_open()
+            if self._accepted - self._done >= self.max_buffered_rows:
+                self._wait_for_room()
+            op.index = self._take_index()
             idle = not self._pipeline.has_open()
             self._pipeline.add(op)
             self._accepted += 1
             if idle:  # the flusher's timer starts with the first open row
                 self._cond.notify_all()
+
+    def _wait_for_room(self) -> None:
+        """Block (holding ``_cond``) while ``max_buffered_rows`` rows are unacknowledged,
+        for at most ``timeout_s``."""
+        clock = self._rpc.clock
+        deadline = clock() + self.timeout_s
+        while self._accepted - self._done >= self.max_buffered_rows:
+            left = deadline - clock()
+            if left <= 0:
+                raise Timeout(
+                    f"session buffer full: {self._accepted - self._done} rows not yet "
+                    f"acknowledged after {self.timeout_s:.3g} s (max_buffered_rows="
+                    f"{self.max_buffered_rows})"
+                )
+            self._cond.wait(left)
+            self._check_open()
 
     # --- flushing --------------------------------------------------------------------------
 

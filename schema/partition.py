@@ -12,12 +12,17 @@ golden values so such a change cannot go unnoticed.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 
-from raftlet.schema.keys import encode_key
+from raftlet.schema.keys import KeyEncodeError, encode_key
 from raftlet.schema.schema import Schema
+from raftlet.schema.types import INTEGER_RANGES
 
-__all__ = ["partition_for_encoded_key", "partition_for_key"]
+__all__ = ["KeyRouter", "key_router", "partition_for_encoded_key", "partition_for_key"]
+
+# row (column name -> value) -> (partition, encoded key); raises KeyEncodeError.
+KeyRouter = Callable[[Mapping[str, object]], tuple[int, bytes]]
 
 
 def partition_for_encoded_key(encoded_key: bytes, num_partitions: int) -> int:
@@ -37,3 +42,38 @@ def partition_for_key(schema: Schema, key_values: Sequence[object], num_partitio
     if type(num_partitions) is not int or num_partitions < 1:
         return partition_for_encoded_key(b"", num_partitions)  # raises the error it is
     return zlib.crc32(encode_key(schema, key_values)) % num_partitions
+
+
+@lru_cache(maxsize=256)
+def key_router(schema: Schema, num_partitions: int) -> KeyRouter:
+    """A function from a row to its partition and encoded key, for a client routing every
+    row it writes: the same answer as ``encode_key`` and ``partition_for_encoded_key``, with
+    the common one-integer key taken without the general encoder. Raises
+    ``KeyEncodeError`` for a row whose key is missing or invalid."""
+    partition_for_encoded_key(b"", num_partitions)  # a bad count fails here, once
+    names = [c.name for c in schema.key_columns]
+    crc32 = zlib.crc32
+
+    def general(row: Mapping[str, object]) -> tuple[int, bytes]:
+        try:
+            values = [row[name] for name in names]
+        except KeyError as e:
+            raise KeyEncodeError(f"key column {e.args[0]!r} not given") from None
+        encoded = encode_key(schema, values)
+        return crc32(encoded) % num_partitions, encoded
+
+    key = schema.key_columns[0]
+    if len(names) != 1 or key.type not in INTEGER_RANGES:
+        return general
+    name = key.name
+    lo, hi = INTEGER_RANGES[key.type]
+    width = (hi.bit_length() + 1) // 8
+
+    def one_integer(row: Mapping[str, object]) -> tuple[int, bytes]:
+        value = row.get(name)
+        if type(value) is not int or not lo <= value <= hi:
+            return general(row)
+        encoded = (value - lo).to_bytes(width, "big")
+        return crc32(encoded) % num_partitions, encoded
+
+    return one_integer

@@ -5,7 +5,9 @@
 thousand rows a second per thread cannot pay that per row. ``RowPacker`` handles the values
 a program usually passes -- ``int`` in range, ``float`` that is not NaN, ``bool``, ``str``,
 ``bytes``, ``None`` -- with one type test each, checks the op's rules once per shape of row
-(op type, columns given, NULLs) and packs the row with the layout's precompiled struct.
+(op type, columns given, NULLs) and packs the row with the layout's precompiled struct. The
+packing function is generated per schema, one block of code per column (as ``dataclasses``
+generates ``__init__``): a loop over the columns cost more than the packing itself.
 Anything else (a ``datetime``, a ``bytearray``, a FLOAT to round to 32 bits, an unknown
 column, a broken rule) goes to ``encode_row_block``, which normalizes it or raises the
 ``RowOpError`` it deserves. Both give the same bytes for a row either accepts
@@ -15,8 +17,9 @@ column, a broken rule) goes to ``encode_row_block``, which normalizes it or rais
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
+from typing import cast
 
 from raftlet.schema.row_block import encode_row_block, row_layout
 from raftlet.schema.rows import OpType, RowOpError, build_row_op
@@ -44,7 +47,6 @@ _KIND = {
     DataType.FLOAT: _Kind.OTHER,
 }
 _NOT_GIVEN = object()
-_OPS = {int(t): t for t in OpType}
 
 
 class _Slow(Exception):
@@ -57,21 +59,7 @@ class RowPacker:
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
-        layout = row_layout(schema)
-        self._struct = layout.row
-        self._bitmap_bytes = layout.bitmap_bytes
-        self._names = frozenset(c.name for c in schema.columns)
-        self._columns = [
-            (
-                c.name,
-                1 << i,
-                _KIND[c.type],
-                *INTEGER_RANGES.get(c.type, (0, 0)),
-                c.type is DataType.DOUBLE or c.type is DataType.FLOAT,
-            )
-            for i, c in enumerate(schema.columns)
-        ]
-        self._not_nullable = sum(1 << i for i, c in enumerate(schema.columns) if not c.nullable)
+        self._pack = _compile(schema)
 
     def pack(self, op_type: OpType | int, row: Mapping[str, object]) -> tuple[bytes, bytes]:
         """``row`` as a one-row block ``(rows, indirect)``, exactly as
@@ -82,66 +70,111 @@ class RowPacker:
         except _Slow:
             return encode_row_block(self.schema, [(op_type, row)])
 
-    def _pack(self, op_type: OpType | int, row: Mapping[str, object]) -> tuple[bytes, bytes]:
-        op = _OPS.get(op_type)
-        if op is None or not row.keys() <= self._names:
-            raise _Slow
-        isset = null = 0
-        fields: list[object] = [int(op), b"", b""]
-        side: list[bytes] = []
-        at = 0
-        for name, bit, kind, lo, hi, is_float in self._columns:
-            v = row.get(name, _NOT_GIVEN)
-            if v is _NOT_GIVEN or v is None:
-                if v is None:
-                    isset |= bit
-                    null |= bit
-                if kind is _Kind.STRING or kind is _Kind.BINARY:
-                    fields += (at, 0)
-                else:
-                    fields.append(0.0 if is_float else 0)
-                continue
-            isset |= bit
-            if kind is _Kind.INT:
-                if type(v) is not int or not lo <= v <= hi:
-                    raise _Slow
-                fields.append(v)
-            elif kind is _Kind.STRING:
-                if type(v) is not str:
-                    raise _Slow
-                try:
-                    data = v.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise _Slow from None
-                fields += (at, len(data))
-                side.append(data)
-                at += len(data)
-            elif kind is _Kind.BINARY:
-                if type(v) is not bytes:
-                    raise _Slow
-                fields += (at, len(v))
-                side.append(v)
-                at += len(v)
-            elif kind is _Kind.DOUBLE:
-                if type(v) is not float or v != v:
-                    raise _Slow
-                fields.append(v + 0.0)  # -0.0 becomes +0.0, as normalize does
-            elif kind is _Kind.BOOL:
-                if type(v) is not bool:
-                    raise _Slow
-                fields.append(int(v))
-            else:
-                raise _Slow
-        if null & self._not_nullable or not _rules_hold(self.schema, op, isset, null):
-            raise _Slow
-        nbytes = self._bitmap_bytes
-        fields[1] = isset.to_bytes(nbytes, "little")
-        fields[2] = null.to_bytes(nbytes, "little")
-        return self._struct.pack(*fields), b"".join(side)
+
+# Each column's block reads its value, tests its type, and sets its bits and cells; anything
+# unusual raises _Slow.
+_CELL_CODE = {
+    _Kind.INT: """\
+    if type(v) is not int or not {lo} <= v <= {hi}:
+        raise _Slow
+    c{i} = v""",
+    _Kind.DOUBLE: """\
+    if type(v) is not float or v != v:
+        raise _Slow
+    c{i} = v + 0.0""",
+    _Kind.BOOL: """\
+    if type(v) is not bool:
+        raise _Slow
+    c{i} = int(v)""",
+    _Kind.STRING: """\
+    if type(v) is not str:
+        raise _Slow
+    try:
+        d = v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Slow from None
+    c{i} = at
+    n{i} = len(d)
+    at += n{i}
+    side.append(d)""",
+    _Kind.BINARY: """\
+    if type(v) is not bytes:
+        raise _Slow
+    c{i} = at
+    n{i} = len(v)
+    at += n{i}
+    side.append(v)""",
+}
 
 
-@lru_cache(maxsize=1024)
-def _rules_hold(schema: Schema, op: OpType, isset: int, null: int) -> bool:
+def _compile(schema: Schema) -> Callable[[object, Mapping[str, object]], tuple[bytes, bytes]]:
+    layout = row_layout(schema)
+    lines = [
+        "def pack(op_type, row):",
+        "    op = OPS.get(op_type)",
+        "    if op is None or not row.keys() <= NAMES:",
+        "        raise _Slow",
+        "    isset = null = at = 0",
+        "    side = []",
+    ]
+    cells: list[str] = []
+    for i, col in enumerate(schema.columns):
+        kind = _KIND[col.type]
+        varlen = kind is _Kind.STRING or kind is _Kind.BINARY
+        zero = "0.0" if col.type in (DataType.FLOAT, DataType.DOUBLE) else "0"
+        if kind is _Kind.OTHER:  # FLOAT: its rounding to 32 bits is the reference's job
+            lines += [f"    if {col.name!r} in row:", "        raise _Slow", f"    c{i} = {zero}"]
+        else:
+            lo, hi = INTEGER_RANGES.get(col.type, (0, 0))
+            given = _CELL_CODE[kind].format(i=i, lo=lo, hi=hi).replace("\n", "\n    ")
+            unset = f"c{i} = at\n        n{i} = 0" if varlen else f"c{i} = {zero}"
+            lines += [
+                f"    v = row.get({col.name!r}, NOT_GIVEN)",
+                "    if v is NOT_GIVEN:",
+                f"        {unset}",
+                "    elif v is None:",
+                f"        isset |= {1 << i}",
+                f"        null |= {1 << i}",
+                f"        {unset}",
+                "    else:",
+                f"        isset |= {1 << i}",
+                "    " + given,
+            ]
+        cells += [f"c{i}", f"n{i}"] if varlen else [f"c{i}"]
+    nbytes = layout.bitmap_bytes
+    ncols = len(schema.columns)
+    not_nullable = sum(1 << i for i, c in enumerate(schema.columns) if not c.nullable)
+    lines += [
+        f"    if null & {not_nullable}:",
+        "        raise _Slow",
+        f"    shape = (isset << {ncols} | null) << 3 | op",
+        "    ok = SHAPES.get(shape)",
+        "    if ok is None:",
+        "        ok = RULES(SCHEMA, OpType(op), isset, null)",
+        "        if len(SHAPES) < 4096:",
+        "            SHAPES[shape] = ok",
+        "    if not ok:",
+        "        raise _Slow",
+        f"    bitmaps = isset.to_bytes({nbytes}, 'little'), null.to_bytes({nbytes}, 'little')",
+        f"    return STRUCT.pack(op, *bitmaps, {', '.join(cells)}), b''.join(side)",
+    ]
+    scope: dict[str, object] = {
+        "OPS": {int(t): int(t) for t in OpType},
+        "OpType": OpType,
+        "SHAPES": {},
+        "NAMES": frozenset(c.name for c in schema.columns),
+        "NOT_GIVEN": _NOT_GIVEN,
+        "_Slow": _Slow,
+        "RULES": _rules_ok,
+        "SCHEMA": schema,
+        "STRUCT": layout.row,
+    }
+    # Our own text, built from the column types above; names are quoted with repr.
+    exec("\n".join(lines), scope)
+    return cast(Callable[[object, Mapping[str, object]], tuple[bytes, bytes]], scope["pack"])
+
+
+def _rules_ok(schema: Schema, op: OpType, isset: int, null: int) -> bool:
     """Whether a row of this shape passes ``build_row_op``'s rules (they look only at which
     columns are given)."""
     given = {i: None if null >> i & 1 else 0 for i in range(len(schema.columns)) if isset >> i & 1}

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftlet.schema.keys import KeyEncodeError, encode_key
-from raftlet.schema.partition import partition_for_encoded_key, partition_for_key
+from raftlet.schema.partition import key_router, partition_for_encoded_key, partition_for_key
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType, Value
 from tests.unit.schema_strategies import key_schemas, keys_of
@@ -93,3 +93,28 @@ def test_bad_arguments() -> None:
         partition_for_key(ID, (1,), 2.0)  # type: ignore[arg-type]
     with pytest.raises(KeyEncodeError):
         partition_for_key(ID, ("x",), 2)
+
+
+@given(st.data(), st.integers(1, 64))
+def test_a_key_router_agrees_with_encode_key_and_partition_for_key(
+    data: st.DataObject, partitions: int
+) -> None:
+    schema = data.draw(key_schemas())
+    key = data.draw(keys_of(schema))
+    row = dict(zip((c.name for c in schema.key_columns), key, strict=True))
+    assert key_router(schema, partitions)(row) == (
+        partition_for_key(schema, key, partitions),
+        encode_key(schema, key),
+    )
+
+
+@pytest.mark.parametrize(
+    "row", [{}, {"id": None}, {"id": True}, {"id": 2**63}, {"id": "7"}, {"x": 1}]
+)
+def test_a_key_router_refuses_what_encode_key_refuses(row: dict[str, object]) -> None:
+    with pytest.raises(KeyEncodeError):
+        key_router(ID, 4)(row)
+    assert key_router(ID, 4)({"id": 7}) == (
+        partition_for_key(ID, [7], 4),
+        encode_key(ID, [7]),
+    )
