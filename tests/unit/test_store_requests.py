@@ -3,7 +3,11 @@ only below the client's first incomplete seq_no."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
@@ -68,3 +72,53 @@ def test_anonymous_writes_are_applied_every_time(tmp_path: Path) -> None:
         )
         assert r1.rows_applied == 1
         assert [e.code for e in r2.row_errors] == [ErrorCode.KEY_EXISTS]
+
+
+@st.composite
+def request_entries(draw: st.DrawFn) -> tuple[list[ApplyEntry], list[int]]:
+    """Writes of two clients with colliding seq_nos (retries, stale retries after a prune),
+    each upserting its own key, and random cut points into apply batches."""
+    entries = []
+    for i in range(draw(st.integers(1, 25))):
+        client = draw(st.sampled_from(["c1", "c2"]))
+        seq = draw(st.integers(1, 6))
+        entries.append(
+            ApplyEntry(
+                i + 1,
+                1,
+                [encode_row_op(SCHEMA, OpType.INSERT, {"k": draw(st.integers(0, 8)), "v": i})],
+                request=(client, seq),
+                first_incomplete_seq_no=draw(st.integers(0, 7)),
+            )
+        )
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(entries)), max_size=6))))
+    return entries, cuts
+
+
+def _outcome(store: TabletStore, results: list[object]) -> tuple[object, ...]:
+    with store._reader() as conn:
+        records = conn.execute(
+            "SELECT client_id, seq_no, op_index, op_term, row_errors FROM raftlet_requests "
+            "ORDER BY client_id, seq_no"
+        ).fetchall()
+    return (results, store.scan().rows, records)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request_entries())
+def test_records_written_in_bulk_end_as_one_entry_at_a_time(
+    case: tuple[list[ApplyEntry], list[int]],
+) -> None:
+    """Replicas group entries into apply batches differently: every grouping must give the
+    same results, rows and request records as applying the entries one at a time."""
+    entries, cuts = case
+    with tempfile.TemporaryDirectory() as tmp:
+        with TabletStore.open(Path(tmp) / "one.sqlite", SCHEMA) as one:
+            singly = [one.apply_batch([e])[0] for e in entries]
+            expected = _outcome(one, singly)
+        with TabletStore.open(Path(tmp) / "bulk.sqlite", SCHEMA) as bulk:
+            results = []
+            for start, end in zip([0, *cuts], [*cuts, len(entries)], strict=True):
+                if start < end:
+                    results += bulk.apply_batch(entries[start:end])
+            assert _outcome(bulk, results) == expected

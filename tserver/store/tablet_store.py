@@ -44,6 +44,7 @@ from raftlet.tserver.store.errors import (
     StoreClosedError,
     StoreError,
 )
+from raftlet.tserver.store.request_records import REQUESTS_TABLE, RequestBatch
 from raftlet.tserver.store.sql import (
     META_TABLE,
     SqlBuilder,
@@ -135,7 +136,7 @@ class ScanResult:
 
 
 # Outcomes of applied write requests, for exactly-once retries (see _apply_entry).
-_REQUESTS = quote_ident("raftlet_requests")
+_REQUESTS = REQUESTS_TABLE
 
 
 def _encode_errors(errors: Sequence[RowFailure]) -> bytes:
@@ -391,11 +392,15 @@ class TabletStore:
             cur = self._writer.cursor()
             try:
                 cur.execute("BEGIN IMMEDIATE")
+                requests = RequestBatch(
+                    cur, [e.request for e in batch if e.index > applied_index and e.request]
+                )
                 for e in batch:
                     if e.index <= applied_index:
                         results.append(EntryResult(e.index, e.term, skipped=True))
                     else:
-                        results.append(self._apply_entry(cur, e))
+                        results.append(self._apply_entry(cur, e, requests))
+                requests.write()
                 cur.executemany(
                     f"UPDATE {quote_ident(META_TABLE)} SET value = ? WHERE key = ?",
                     [(last_index, "applied_index"), (last_term, "applied_term")],
@@ -416,39 +421,33 @@ class TabletStore:
             self._applied = (last_index, last_term)
             return results
 
-    def _apply_entry(self, cur: sqlite3.Cursor, entry: ApplyEntry) -> EntryResult:
+    def _apply_entry(
+        self, cur: sqlite3.Cursor, entry: ApplyEntry, requests: RequestBatch
+    ) -> EntryResult:
         if entry.request is not None:
-            client_id, seq_no = entry.request
-            row = cur.execute(
-                f"SELECT op_index, op_term, row_errors FROM {_REQUESTS} "
-                "WHERE client_id = ? AND seq_no = ?",
-                (client_id, seq_no),
-            ).fetchone()
-            if row is not None:
+            original = requests.original(*entry.request)
+            if original is not None:
+                index, term, errors = original
                 return EntryResult(
                     entry.index,
                     entry.term,
                     False,
-                    _decode_errors(row[2]),
+                    _decode_errors(errors),
                     0,
-                    duplicate_of=int(row[0]),
-                    duplicate_term=int(row[1]),
+                    duplicate_of=index,
+                    duplicate_term=term,
                 )
         result = self._apply_ops(cur, entry)
         if entry.request is not None:
-            # In the same transaction as the rows: after any crash, either both the rows
-            # and the record are there or neither is, so a retry is never applied twice.
+            # Written in the same transaction as the rows (RequestBatch.write): after any
+            # crash, either both the rows and the record are there or neither is, so a
+            # retry is never applied twice.
             client_id, seq_no = entry.request
-            cur.execute(
-                f"INSERT INTO {_REQUESTS} (client_id, seq_no, op_index, op_term, row_errors) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (client_id, seq_no, entry.index, entry.term, _encode_errors(result.row_errors)),
+            requests.record(
+                client_id, seq_no, (entry.index, entry.term, _encode_errors(result.row_errors))
             )
             if entry.first_incomplete_seq_no > 0:
-                cur.execute(
-                    f"DELETE FROM {_REQUESTS} WHERE client_id = ? AND seq_no < ?",
-                    (client_id, entry.first_incomplete_seq_no),
-                )
+                requests.prune(client_id, entry.first_incomplete_seq_no)
         return result
 
     def lookup_request(self, client_id: str, seq_no: int) -> RequestRecord | None:
