@@ -17,8 +17,10 @@ import pytest
 
 from raftlet.proto import admin_pb2, consensus_pb2, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.row_block import encode_row_block
 from raftlet.schema.rows import OpType
 from tests.integration.tserver_cluster import (
+    KV_SCHEMA,
     Server,
     TserverCluster,
     kv_op,
@@ -196,6 +198,49 @@ def test_empty_and_oversized_batches_are_invalid_argument(seeded: Seeded, n_rows
         assert detail.code == ServerErrorPB.INVALID_ARGUMENT
         if n_rows:
             assert "max_batch_rows" in err.details()
+    seeded.check_intact()
+
+
+def _block(keys: list[int]) -> tuple[bytearray, bytes]:
+    rows, side = encode_row_block(
+        KV_SCHEMA, [(OpType.INSERT, {"key": k, "value": "v"}) for k in keys]
+    )
+    return bytearray(rows), side
+
+
+def _torn(rows: bytearray, side: bytes) -> tuple[bytes, bytes]:
+    return bytes(rows[:-1]), side
+
+
+def _past_the_side_buffer(rows: bytearray, side: bytes) -> tuple[bytes, bytes]:
+    return bytes(rows), side[:-1]
+
+
+def _spare_bitmap_bit(rows: bytearray, side: bytes) -> tuple[bytes, bytes]:
+    rows[1] |= 0x80  # isset bit of a column kv does not have
+    return bytes(rows), side
+
+
+def _null_but_not_given(rows: bytearray, side: bytes) -> tuple[bytes, bytes]:
+    rows[1] &= ~0x02  # value not given ...
+    rows[2] |= 0x02  # ... but NULL
+    return bytes(rows), side
+
+
+@pytest.mark.parametrize(
+    "damage", [_torn, _past_the_side_buffer, _spare_bitmap_bit, _null_but_not_given]
+)
+def test_a_malformed_row_block_is_invalid_argument_and_stores_nothing(
+    seeded: Seeded, damage: object
+) -> None:
+    rows, side = _block([20_000, 20_001])
+    req = tablet_pb2.WriteRequest(tablet_id=TABLET)
+    req.row_block.rows, req.row_block.indirect = damage(rows, side)  # type: ignore[operator]
+    req.request_id.client_id = "bad-block"
+    req.request_id.seq_no = seeded.next_seq()
+    err = _rpc_error(seeded.leader.tablet.Write, req, timeout=10)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "row block" in err.details()
     seeded.check_intact()
 
 

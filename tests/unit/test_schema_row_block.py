@@ -144,3 +144,26 @@ def test_rows_packed_one_by_one_join_into_the_block_of_the_whole_batch(
     schema, ops = batch
     one_by_one = [encode_row_block(schema, [op]) for op in ops]
     assert join_row_blocks(schema, one_by_one) == encode_row_block(schema, ops)
+
+
+def test_maximal_values_round_trip() -> None:
+    schema = Schema(
+        [
+            ColumnSchema("k", DataType.INT64, is_key=True),
+            ColumnSchema("i8", DataType.INT8),
+            ColumnSchema("f", DataType.DOUBLE),
+            ColumnSchema("s", DataType.STRING),
+            ColumnSchema("b", DataType.BINARY),
+        ]
+    )
+    big = {"s": "\U0010ffff" * (1 << 18), "b": b"\xff" * (1 << 20)}  # 1 MiB each
+    ops = [
+        (OpType.INSERT, {"k": 2**63 - 1, "i8": 127, "f": 1.7976931348623157e308, **big}),
+        (OpType.INSERT, {"k": -(2**63), "i8": -128, "f": float("-inf"), "s": "", "b": b""}),
+    ]
+    rows, side = encode_row_block(schema, ops)
+    good, errors = decode_row_block(schema, rows, side)
+    assert errors == []
+    assert [dict(zip(("k",), op.key, strict=True)) | dict(op.values) for op in good] == [
+        row for _, row in ops
+    ]
