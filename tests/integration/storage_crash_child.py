@@ -16,6 +16,7 @@ from collections.abc import Callable
 from raftlet.consensus.core import Config, Entry, RawNode, Ready
 from raftlet.consensus.log.options import LogOptions
 from raftlet.proto import tablet_pb2
+from raftlet.schema.row_block import encode_row_block
 from raftlet.schema.rows import OpType, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
@@ -35,11 +36,19 @@ VOTER = "n1"
 
 def write_for(index: int) -> bytes:
     """The write an entry at ``index`` carries: keys unique to the index, so a double
-    apply shows up as KEY_EXISTS and a lost one as a missing key."""
+    apply shows up as KEY_EXISTS and a lost one as a missing key. Odd indexes carry their
+    rows as a packed row block, even ones in the per-cell form: recovery replays both."""
     op = tablet_pb2.WriteOperationPB()
-    for j in range(ROWS_PER_ENTRY):
-        row = {"k": index * 1000 + j, "v": f"value-{index}-{j}-" + "x" * (index % 50)}
-        op.ops.append(encode_row_op(SCHEMA, OpType.INSERT, row))
+    rows = [
+        {"k": index * 1000 + j, "v": f"value-{index}-{j}-" + "x" * (index % 50)}
+        for j in range(ROWS_PER_ENTRY)
+    ]
+    if index % 2:
+        op.row_block.rows, op.row_block.indirect = encode_row_block(
+            SCHEMA, [(OpType.INSERT, row) for row in rows]
+        )
+    else:
+        op.ops.extend(encode_row_op(SCHEMA, OpType.INSERT, row) for row in rows)
     return op.SerializeToString()
 
 

@@ -2,12 +2,14 @@
 
 The same request id sent twice to the leader, twice at once, and again to the new leader
 after the old one stepped down or was SIGKILLed is applied once, and every answer names
-the same log entry.  The request id travels in the replicated entry, so the new leader
-knows the outcome without ever having seen the original call.
+the same log entry -- with the rows in the per-cell form or as a packed row block.  The
+request id travels in the replicated entry, so the new leader knows the outcome without
+ever having seen the original call.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -36,14 +38,16 @@ def _same_answer(a: tablet_pb2.WriteResponse, b: tablet_pb2.WriteResponse) -> No
     assert list(b.row_errors) == list(a.row_errors) == []
 
 
+@pytest.mark.parametrize("form", ["cells", "block"])
 @pytest.mark.parametrize("failover", ["step_down", "kill"])
 def test_same_request_id_applied_once_across_retries_and_failover(
-    tmp_path: Path, failover: str
+    tmp_path: Path, failover: str, form: str
 ) -> None:
+    request_of = functools.partial(write_request, packed=form == "block")
     with running_cluster(tmp_path, partitions=1) as cluster:
         old = cluster.leader_of(TABLET)
         rows = {1: "one", 2: "two", 3: "three"}
-        first = write_request(TABLET, [kv_op(k, v) for k, v in rows.items()], "eo", 1)
+        first = request_of(TABLET, [kv_op(k, v) for k, v in rows.items()], "eo", 1)
 
         # Sent twice to the leader: the second answer is the stored first one.
         a1 = old.tablet.Write(first, timeout=10)
@@ -53,7 +57,7 @@ def test_same_request_id_applied_once_across_retries_and_failover(
 
         # Sent twice at once: the second attaches to the first while it is in flight (or
         # finds it completed); either way one entry answers both.
-        second = write_request(TABLET, [kv_op(4, "four")], "eo", 2)
+        second = request_of(TABLET, [kv_op(4, "four")], "eo", 2)
         futures = [old.tablet.Write.future(second, timeout=10) for _ in range(2)]
         b1, b2 = (f.result() for f in futures)
         _same_answer(b1, b2)
@@ -92,7 +96,7 @@ def test_same_request_id_applied_once_across_retries_and_failover(
         assert err.leader_uuid == new.id
 
         # ...and a new request after them goes through once more, in the new term.
-        third = write_request(TABLET, [kv_op(5, "five")], "eo", 3, first_incomplete_seq_no=3)
+        third = request_of(TABLET, [kv_op(5, "five")], "eo", 3, first_incomplete_seq_no=3)
         c1 = new.tablet.Write(third, timeout=10)
         assert c1.op_term > a1.op_term
         assert list(c1.row_errors) == []

@@ -53,7 +53,8 @@ from raftlet.proto import (
 )
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.partition import partition_for_key
-from raftlet.schema.rows import OpType, encode_row_op, row_from_pb
+from raftlet.schema.row_block import encode_row_block
+from raftlet.schema.rows import OpType, decode_row_op, encode_row_op, row_from_pb
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from tests import waiting
@@ -428,13 +429,23 @@ def write_request(
     client_id: str = "",
     seq_no: int = 0,
     first_incomplete_seq_no: int = 0,
+    *,
+    packed: bool = False,
 ) -> tablet_pb2.WriteRequest:
+    """A write of ``ops``; ``packed``: the same rows as one packed row block."""
     req = tablet_pb2.WriteRequest(tablet_id=tablet_id)
     if client_id:
         req.request_id.client_id = client_id
         req.request_id.seq_no = seq_no
         req.request_id.first_incomplete_seq_no = first_incomplete_seq_no
-    req.ops.extend(ops)
+    if packed:
+        rows = [decode_row_op(KV_SCHEMA, op) for op in ops]
+        req.row_block.rows, req.row_block.indirect = encode_row_block(
+            KV_SCHEMA,
+            [(r.type, {"key": r.key[0], **r.values}) for r in rows],
+        )
+    else:
+        req.ops.extend(ops)
     return req
 
 
