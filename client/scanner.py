@@ -113,8 +113,7 @@ class Scanner(Iterator[Row]):
         self._replica = replica
         self._tablet_index = 0
         self._resume = b""
-        self._rows: list[Row] = []
-        self._row_pos = 0
+        self._page: Iterator[Row] = iter(())
         self.pages = 0
         self.failovers = 0
         self.rows_returned = 0
@@ -126,11 +125,12 @@ class Scanner(Iterator[Row]):
         return self
 
     def __next__(self) -> Row:
-        while self._row_pos >= len(self._rows):
+        # The path taken for every row: one step of the page's iterator.
+        row = next(self._page, None)
+        while row is None:
             if not self._fetch():
                 raise StopIteration
-        row = self._rows[self._row_pos]
-        self._row_pos += 1
+            row = next(self._page, None)
         self.rows_returned += 1
         return row
 
@@ -157,8 +157,7 @@ class Scanner(Iterator[Row]):
                 self._resume = b""
                 self.current_server = None
             if rows:
-                self._rows = rows
-                self._row_pos = 0
+                self._page = iter(rows)
                 return True
         return False
 
@@ -212,8 +211,7 @@ class Scanner(Iterator[Row]):
     def close(self) -> None:
         """Stop early (nothing is held on the server; this only ends the iteration)."""
         self._tablet_index = len(self._tablets)
-        self._rows = []
-        self._row_pos = 0
+        self._page = iter(())
 
     def __enter__(self) -> Scanner:
         return self
@@ -228,5 +226,19 @@ def _packed_rows(schema: Schema, columns: list[str], block: tablet_pb2.RowBlockP
     if not columns:
         raise ValueError("a page names no columns")
     types = [schema.column(c).type for c in columns]
-    values = decode_page(types, block.rows, block.indirect)
+    return _dicts(columns, decode_page(types, block.rows, block.indirect))
+
+
+def _dicts(columns: list[str], values: list[list[Value]]) -> list[Row]:
+    """Rows as dicts from columns of values. A dict display is two to three times cheaper
+    per row than ``dict(zip(...))``, so the usual few columns get one."""
+    if len(columns) == 1:
+        (c0,) = columns
+        return [{c0: a} for a in values[0]]
+    if len(columns) == 2:
+        c0, c1 = columns
+        return [{c0: a, c1: b} for a, b in zip(*values, strict=True)]
+    if len(columns) == 3:
+        c0, c1, c2 = columns
+        return [{c0: a, c1: b, c2: c} for a, b, c in zip(*values, strict=True)]
     return list(map(dict, map(zip, repeat(columns), zip(*values, strict=True))))

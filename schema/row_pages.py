@@ -34,12 +34,13 @@ per-cell form decodes to (``rows.row_from_pb``), so a client sees the same rows 
 from __future__ import annotations
 
 import math
+import struct
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import reduce
+from functools import lru_cache, reduce
 from itertools import accumulate, compress, islice, repeat
-from operator import add, and_, itemgetter, not_, or_, sub, truth
+from operator import add, and_, itemgetter, lshift, not_, or_, sub, truth
 from typing import Any, Literal
 
 from raftlet.schema.row_block import RowLayout, layout_of_types
@@ -211,18 +212,30 @@ def decode_page(types: Sequence[DataType], rows: bytes, indirect: bytes) -> list
     for b, expected in enumerate(_all_bits(len(types))):
         if rows[1 + b :: width] != bytes([expected]) * n:
             raise RowPageError("a row's isset bitmap does not give every column")
-    unpacked = list(layout.row.iter_unpack(rows))
+    # The header is checked above (and the null bitmaps below) a byte column at a time: the
+    # struct that unpacks each row skips it, so no bytes object is made per row for it.
+    unpacked = list(_cells_struct(layout).iter_unpack(rows))
     zeros = bytes(n)
     masks: list[int] | None = None
     if any(rows[1 + nb + b :: width] != zeros for b in range(nb)):
-        little: Literal["little"] = "little"
-        masks = list(map(int.from_bytes, map(itemgetter(2), unpacked), repeat(little)))
+        masks = list(rows[1 + nb :: width])
+        for b in range(1, nb):
+            masks = list(map(or_, masks, map(lshift, rows[1 + nb + b :: width], repeat(8 * b))))
         if reduce(or_, masks) & layout.spare_mask:
             raise RowPageError("a null bitmap has a bit for a column the page lacks")
+    header_fields = layout.field[0]
     return [
-        _decode_column(j, dtype, layout.field[j], unpacked, indirect, masks)
+        _decode_column(j, dtype, layout.field[j] - header_fields, unpacked, indirect, masks)
         for j, dtype in enumerate(types)
     ]
+
+
+@lru_cache(maxsize=64)
+def _cells_struct(layout: RowLayout) -> struct.Struct:
+    """A row of ``layout`` with its header skipped: only the cells are unpacked."""
+    header = f"<B{layout.bitmap_bytes}s{layout.bitmap_bytes}s"
+    assert layout.row.format.startswith(header)
+    return struct.Struct(f"<{layout.header_size}x" + layout.row.format[len(header) :])
 
 
 def _decode_column(

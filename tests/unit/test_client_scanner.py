@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from raftlet.client.errors import InvalidArgument, RemoteError
-from raftlet.client.scanner import ReadMode, RowFormat, Scanner
+from raftlet.client.scanner import ReadMode, RowFormat, Scanner, _dicts
 from raftlet.proto import tablet_pb2
 from raftlet.schema.row_pages import encode_page
 from raftlet.schema.rows import row_to_pb
@@ -120,3 +120,13 @@ def test_page_bounds_are_checked_before_any_call() -> None:
     for kwargs in ({"batch_size_bytes": -1}, {"batch_size_rows": 2**32}):
         with pytest.raises(InvalidArgument, match="must be in"):
             scanner(serve(ROWS), **kwargs)
+
+
+@pytest.mark.parametrize("ncols", [1, 2, 3, 4, 5])
+def test_rows_are_the_dicts_of_their_columns_whatever_their_number(ncols: int) -> None:
+    columns = [f"c{j}" for j in range(ncols)]
+    values: list[list[Value]] = [[j * 10 + i for i in range(4)] for j in range(ncols)]
+    want = [{c: values[j][i] for j, c in enumerate(columns)} for i in range(4)]
+    assert _dicts(columns, values) == want
+    assert all(list(row) == columns for row in _dicts(columns, values))  # in column order
+    assert _dicts(columns, [[] for _ in columns]) == []
