@@ -46,7 +46,7 @@ from raftlet.client.errors import (
 )
 from raftlet.client.meta_cache import ServerInfo
 from raftlet.client.retry import DEFAULT_POLICIES, Cause
-from raftlet.client.scanner import ReadMode, Row, Scanner
+from raftlet.client.scanner import ReadMode, Row, RowFormat, Scanner
 from raftlet.client.session import FlushMode, Operation, Session
 from raftlet.client.stats import ClientStats
 from raftlet.schema.predicates import Predicate
@@ -69,6 +69,7 @@ __all__ = [
     "RemoteError",
     "Row",
     "RowError",
+    "RowFormat",
     "Scanner",
     "ServerInfo",
     "ServerTooBusy",

@@ -35,7 +35,7 @@ from raftlet.client.meta_cache import MetaCache, ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.rpc import RpcContext, call_tablet
-from raftlet.client.scanner import ReadMode, Scanner
+from raftlet.client.scanner import ReadMode, RowFormat, Scanner
 from raftlet.client.session import (
     DEFAULT_BATCHES_IN_FLIGHT,
     DEFAULT_MAX_BATCH_BYTES,
@@ -205,12 +205,15 @@ class Client(ClientBase[MetaCache]):
         predicates: Sequence[Predicate] = (),
         limit: int | None = None,
         read_mode: ReadMode = ReadMode.LEADER_LATEST,
-        batch_size_rows: int = 1000,
+        batch_size_rows: int = 0,
         *,
+        batch_size_bytes: int = 0,
+        row_format: RowFormat = RowFormat.PACKED,
         timeout_s: float | None = None,
     ) -> Scanner:
         """An iterator over the table's rows (dicts), tablet by tablet (see
-        ``client.scanner``). ``timeout_s`` (default the client's) bounds each page."""
+        ``client.scanner``: pages, bounded by rows and bytes, 0 leaving it to the server;
+        their row form). ``timeout_s`` (default the client's) bounds each page."""
         self._check_open()
         info = self._meta.table(table)
         return Scanner(
@@ -222,6 +225,8 @@ class Client(ClientBase[MetaCache]):
             limit=limit,
             read_mode=read_mode,
             batch_size_rows=batch_size_rows,
+            batch_size_bytes=batch_size_bytes,
+            row_format=row_format,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
         )
 
@@ -232,9 +237,11 @@ class Client(ClientBase[MetaCache]):
         predicates: Sequence[Predicate] = (),
         limit: int | None = None,
         read_mode: ReadMode = ReadMode.LEADER_LATEST,
-        batch_size_rows: int = 1000,
+        batch_size_rows: int = 0,
         *,
         replica: str | None = None,
+        batch_size_bytes: int = 0,
+        row_format: RowFormat = RowFormat.PACKED,
         timeout_s: float | None = None,
     ) -> Scanner:
         """Like ``scan`` but of one tablet; with FOLLOWER_APPLIED, ``replica`` (a server
@@ -250,6 +257,8 @@ class Client(ClientBase[MetaCache]):
             limit=limit,
             read_mode=read_mode,
             batch_size_rows=batch_size_rows,
+            batch_size_bytes=batch_size_bytes,
+            row_format=row_format,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             replica=replica,
         )

@@ -20,12 +20,20 @@ Rows are dicts (column name → value) in the projection's order. ``limit`` boun
 the whole scan; ``timeout_s`` bounds each page, retries included. Counters for tests and
 tools: ``pages``, ``failovers`` (pages of a tablet answered by another server than the page
 before), ``current_server``, ``current_tablet``.
+
+Pages. ``batch_size_rows`` and ``batch_size_bytes`` bound a page (0: the server chooses --
+by bytes, ``--scan_page_bytes``, 1 MiB by default). ``row_format`` says how its rows travel:
+``RowFormat.PACKED`` (the default) asks for one packed block per page (``schema.row_pages``),
+decoded here a column at a time; ``RowFormat.CELLS`` for a ``RowPB`` per row and a
+``ValuePB`` per cell, the original form. Both give the same rows. A reply without a block is
+read as cells, so a server that predates packed pages still works.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Sequence
+from itertools import repeat
 
 from raftlet.client.channels import ServerStub
 from raftlet.client.errors import InvalidArgument, RemoteError
@@ -33,10 +41,12 @@ from raftlet.client.meta_cache import TableInfo
 from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
+from raftlet.schema.row_pages import decode_page
 from raftlet.schema.rows import row_from_pb
+from raftlet.schema.schema import Schema
 from raftlet.schema.types import TypeMismatch, Value
 
-__all__ = ["ReadMode", "Row", "Scanner"]
+__all__ = ["ReadMode", "Row", "RowFormat", "Scanner"]
 
 Row = dict[str, Value]
 
@@ -46,6 +56,13 @@ class ReadMode(enum.IntEnum):
 
     LEADER_LATEST = tablet_pb2.READ_LEADER_LATEST
     FOLLOWER_APPLIED = tablet_pb2.READ_FOLLOWER_APPLIED
+
+
+class RowFormat(enum.IntEnum):
+    """The numbers are those of ``tablet_pb2.RowFormat``."""
+
+    CELLS = tablet_pb2.ROW_FORMAT_CELLS
+    PACKED = tablet_pb2.ROW_FORMAT_PACKED
 
 
 class Scanner(Iterator[Row]):
@@ -59,9 +76,11 @@ class Scanner(Iterator[Row]):
         predicates: Sequence[Predicate] = (),
         limit: int | None = None,
         read_mode: ReadMode = ReadMode.LEADER_LATEST,
-        batch_size_rows: int = 1000,
+        batch_size_rows: int = 0,
         timeout_s: float = 30.0,
         replica: str | None = None,
+        batch_size_bytes: int = 0,
+        row_format: RowFormat = RowFormat.PACKED,
     ) -> None:
         schema = table.schema
         if projection is not None:
@@ -77,8 +96,10 @@ class Scanner(Iterator[Row]):
             raise InvalidArgument(f"table {table.name!r}: {e}") from None
         if limit is not None and limit < 0:
             raise InvalidArgument(f"limit must be non-negative, got {limit}")
-        if batch_size_rows < 0:
-            raise InvalidArgument(f"batch_size_rows must be non-negative, got {batch_size_rows}")
+        sizes = (("batch_size_rows", batch_size_rows), ("batch_size_bytes", batch_size_bytes))
+        for name, size in sizes:
+            if not 0 <= size < 2**32:
+                raise InvalidArgument(f"{name} must be in [0, 2**32), got {size}")
         self.table = table
         self.read_mode = ReadMode(read_mode)
         self.timeout_s = timeout_s
@@ -87,11 +108,12 @@ class Scanner(Iterator[Row]):
         self._tablets = list(tablet_ids)
         self._limit_left = limit
         self._batch_size_rows = batch_size_rows
+        self._batch_size_bytes = batch_size_bytes
+        self.row_format = RowFormat(row_format)
         self._replica = replica
         self._tablet_index = 0
         self._resume = b""
-        self._rows: list[Row] = []
-        self._row_pos = 0
+        self._page: Iterator[Row] = iter(())
         self.pages = 0
         self.failovers = 0
         self.rows_returned = 0
@@ -103,11 +125,12 @@ class Scanner(Iterator[Row]):
         return self
 
     def __next__(self) -> Row:
-        while self._row_pos >= len(self._rows):
+        # The path taken for every row: one step of the page's iterator.
+        row = next(self._page, None)
+        while row is None:
             if not self._fetch():
                 raise StopIteration
-        row = self._rows[self._row_pos]
-        self._row_pos += 1
+            row = next(self._page, None)
         self.rows_returned += 1
         return row
 
@@ -134,8 +157,7 @@ class Scanner(Iterator[Row]):
                 self._resume = b""
                 self.current_server = None
             if rows:
-                self._rows = rows
-                self._row_pos = 0
+                self._page = iter(rows)
                 return True
         return False
 
@@ -149,6 +171,8 @@ class Scanner(Iterator[Row]):
             resume_key=self._resume,
             read_mode=self.read_mode.value,
             batch_size_rows=self._batch_size_rows,
+            batch_size_bytes=self._batch_size_bytes,
+            row_format=self.row_format.value,
         )
 
         def scan(stub: ServerStub, timeout: float, _attempt: int) -> tablet_pb2.ScanResponse:
@@ -171,23 +195,50 @@ class Scanner(Iterator[Row]):
         self.columns = columns
         schema = self.table.schema
         try:
+            if response.HasField("row_block"):
+                if response.rows:
+                    raise ValueError("a page with both cells and a packed block")
+                return _packed_rows(schema, columns, response.row_block)
             return [
                 dict(zip(columns, row_from_pb(schema, columns, pb), strict=True))
                 for pb in response.rows
             ]
         except (TypeMismatch, ValueError, KeyError) as e:
             raise RemoteError(
-                f"scan of {self.table.name!r}: the server sent a malformed row: {e}"
+                f"scan of {self.table.name!r}: the server sent a malformed page: {e}"
             ) from None
 
     def close(self) -> None:
         """Stop early (nothing is held on the server; this only ends the iteration)."""
         self._tablet_index = len(self._tablets)
-        self._rows = []
-        self._row_pos = 0
+        self._page = iter(())
 
     def __enter__(self) -> Scanner:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _packed_rows(schema: Schema, columns: list[str], block: tablet_pb2.RowBlockPB) -> list[Row]:
+    """A packed page's rows as dicts; ``ValueError`` (``RowPageError``) or ``KeyError`` (a
+    column the table lacks) if the page is malformed."""
+    if not columns:
+        raise ValueError("a page names no columns")
+    types = [schema.column(c).type for c in columns]
+    return _dicts(columns, decode_page(types, block.rows, block.indirect))
+
+
+def _dicts(columns: list[str], values: list[list[Value]]) -> list[Row]:
+    """Rows as dicts from columns of values. A dict display is two to three times cheaper
+    per row than ``dict(zip(...))``, so the usual few columns get one."""
+    if len(columns) == 1:
+        (c0,) = columns
+        return [{c0: a} for a in values[0]]
+    if len(columns) == 2:
+        c0, c1 = columns
+        return [{c0: a, c1: b} for a, b in zip(*values, strict=True)]
+    if len(columns) == 3:
+        c0, c1, c2 = columns
+        return [{c0: a, c1: b, c2: c} for a, b, c in zip(*values, strict=True)]
+    return list(map(dict, map(zip, repeat(columns), zip(*values, strict=True))))

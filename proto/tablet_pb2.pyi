@@ -28,6 +28,11 @@ class ReadMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     READ_LEADER_LATEST: _ClassVar[ReadMode]
     READ_FOLLOWER_APPLIED: _ClassVar[ReadMode]
+
+class RowFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROW_FORMAT_CELLS: _ClassVar[RowFormat]
+    ROW_FORMAT_PACKED: _ClassVar[RowFormat]
 TYPE_UNKNOWN: DataType
 INT8: DataType
 INT16: DataType
@@ -41,6 +46,8 @@ BINARY: DataType
 UNIXTIME_MICROS: DataType
 READ_LEADER_LATEST: ReadMode
 READ_FOLLOWER_APPLIED: ReadMode
+ROW_FORMAT_CELLS: RowFormat
+ROW_FORMAT_PACKED: RowFormat
 
 class ColumnSchemaPB(_message.Message):
     __slots__ = ("name", "type", "nullable", "is_key")
@@ -209,7 +216,7 @@ class PredicatePB(_message.Message):
     def __init__(self, column: _Optional[str] = ..., equals: _Optional[_Union[ValuePB, _Mapping]] = ..., range: _Optional[_Union[PredicatePB.RangePB, _Mapping]] = ..., in_list: _Optional[_Union[PredicatePB.InListPB, _Mapping]] = ..., is_null: _Optional[bool] = ..., is_not_null: _Optional[bool] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows")
+    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows", "row_format", "batch_size_bytes")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_FIELD_NUMBER: _ClassVar[int]
     PREDICATES_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +224,8 @@ class ScanRequest(_message.Message):
     RESUME_KEY_FIELD_NUMBER: _ClassVar[int]
     READ_MODE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROW_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     projection: _containers.RepeatedScalarFieldContainer[str]
     predicates: _containers.RepeatedCompositeFieldContainer[PredicatePB]
@@ -224,7 +233,9 @@ class ScanRequest(_message.Message):
     resume_key: bytes
     read_mode: ReadMode
     batch_size_rows: int
-    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ...) -> None: ...
+    row_format: RowFormat
+    batch_size_bytes: int
+    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ..., row_format: _Optional[_Union[RowFormat, str]] = ..., batch_size_bytes: _Optional[int] = ...) -> None: ...
 
 class RowPB(_message.Message):
     __slots__ = ("values",)
@@ -233,20 +244,22 @@ class RowPB(_message.Message):
     def __init__(self, values: _Optional[_Iterable[_Union[ValuePB, _Mapping]]] = ...) -> None: ...
 
 class ScanResponse(_message.Message):
-    __slots__ = ("columns", "rows", "has_more", "resume_key", "applied_index", "error")
+    __slots__ = ("columns", "rows", "has_more", "resume_key", "applied_index", "error", "row_block")
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     HAS_MORE_FIELD_NUMBER: _ClassVar[int]
     RESUME_KEY_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ROW_BLOCK_FIELD_NUMBER: _ClassVar[int]
     columns: _containers.RepeatedScalarFieldContainer[str]
     rows: _containers.RepeatedCompositeFieldContainer[RowPB]
     has_more: bool
     resume_key: bytes
     applied_index: int
     error: _common_pb2.ServerErrorPB
-    def __init__(self, columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[RowPB, _Mapping]]] = ..., has_more: _Optional[bool] = ..., resume_key: _Optional[bytes] = ..., applied_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+    row_block: RowBlockPB
+    def __init__(self, columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[RowPB, _Mapping]]] = ..., has_more: _Optional[bool] = ..., resume_key: _Optional[bytes] = ..., applied_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ...) -> None: ...
 
 class ServerPB(_message.Message):
     __slots__ = ("uuid", "rpc_addr", "http_addr")

@@ -17,7 +17,8 @@ Layout, little-endian, no padding. ``rows`` holds ``n`` rows of ``row_width(sche
 
 ``indirect`` holds the variable-length bytes (STRING as UTF-8). "Given" and "NULL" are two
 bits because they mean different things: an UPDATE changes only given columns, and an INSERT
-leaves a column that is not given NULL.
+leaves a column that is not given NULL. A scan's packed result page uses the same layout for
+its projected columns (``row_pages``), so ``RowLayout`` is built from a list of column types.
 
 Damage to the block's structure -- a length that is not a whole number of rows, a bit for a
 column that does not exist, NULL without isset, a cell pointing outside ``indirect``, a BOOL
@@ -44,6 +45,7 @@ __all__ = [
     "decode_row_block",
     "encode_row_block",
     "join_row_blocks",
+    "layout_of_types",
     "row_layout",
     "row_width",
 ]
@@ -70,37 +72,44 @@ class RowBlockError(ValueError):
 
 
 class RowLayout:
-    """The precompiled row struct of one schema, and where each column's cell sits in it."""
+    """The precompiled row struct of one list of column types (a schema's, or a scan's
+    projection: ``row_pages``), and where each column's cell sits in it."""
 
-    def __init__(self, schema: Schema) -> None:
-        ncols = len(schema.columns)
+    def __init__(self, types: Sequence[DataType]) -> None:
+        ncols = len(types)
         self.bitmap_bytes = (ncols + 7) // 8
         # Op type and the two bitmaps: the part of a row that says what the row is.
         self.header_size = 1 + 2 * self.bitmap_bytes
-        fmt = "<B" + f"{self.bitmap_bytes}s" * 2 + "".join(_CELL[c.type] for c in schema.columns)
+        fmt = "<B" + f"{self.bitmap_bytes}s" * 2 + "".join(_CELL[t] for t in types)
         self.row = struct.Struct(fmt)
         # Index in an unpacked row tuple of each column's first field.
         self.field: list[int] = []
         at = 3
-        for col in schema.columns:
+        for t in types:
             self.field.append(at)
-            at += 2 if col.type in _VARLEN else 1
-        self.types = [c.type for c in schema.columns]
+            at += 2 if t in _VARLEN else 1
+        self.types = list(types)
         # Byte offset, within a row, of each variable-length cell's side-buffer offset.
         self.varlen_at: list[int] = []
         prefix = "<B" + f"{self.bitmap_bytes}s" * 2
-        for col in schema.columns:
-            if col.type in _VARLEN:
+        for t in types:
+            if t in _VARLEN:
                 self.varlen_at.append(struct.calcsize(prefix))
-            prefix += _CELL[col.type]
+            prefix += _CELL[t]
         # Bits above the last column must be clear in both bitmaps.
         self.spare_mask = (~((1 << ncols) - 1)) & ((1 << (8 * self.bitmap_bytes)) - 1)
 
 
 @lru_cache(maxsize=64)
+def layout_of_types(types: tuple[DataType, ...]) -> RowLayout:
+    """The (cached) layout of rows whose columns have ``types``, in that order."""
+    return RowLayout(types)
+
+
+@lru_cache(maxsize=64)
 def row_layout(schema: Schema) -> RowLayout:
     """The (cached) layout of ``schema``'s rows in a block."""
-    return RowLayout(schema)
+    return layout_of_types(tuple(c.type for c in schema.columns))
 
 
 def row_width(schema: Schema) -> int:

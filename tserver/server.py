@@ -145,6 +145,9 @@ class TabletServer:
             consensus=s.consensus_options(),
             log=s.log_options(),
             max_batch_rows=s.max_batch_rows,
+            scan_page_bytes=s.scan_page_bytes,
+            # Room for the row that crosses a page's budget, under gRPC's message limit.
+            scan_max_page_bytes=s.max_message_bytes // 2,
         )
         s.data_dir.mkdir(parents=True, exist_ok=True)
         # Every heartbeat's worth of ticks at once: see consensus.ticker.

@@ -87,6 +87,7 @@ class ServerSettings:
     lock_contention_trace_threshold_ms: float = 100.0
     max_message_bytes: int = 16 * MiB
     max_batch_rows: int = 10_000
+    scan_page_bytes: int = MiB
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -443,6 +444,13 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"Most row operations one Write may carry (default {_D('max_batch_rows')}); more is "
         "INVALID_ARGUMENT. Bounds one request's row locks and log entry size.",
         convert=int_value, check=int_in_range(1),
+    ),
+    FlagSpec(
+        "scan_page_bytes", _LIMITS, "BYTES",
+        f"Bytes of rows in a scan page when the request does not say (default "
+        f"{_size(_D('scan_page_bytes'))}): a page ends with the row that reaches it. A "
+        "request may ask for up to half of --max_message_bytes.",
+        convert=int_value, check=int_in_range(KiB, _MAX_GRPC_MESSAGE),
     ),
     FlagSpec(
         "log_level", _LIMITS, "LEVEL",

@@ -56,11 +56,12 @@ from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.row_block import RowBlockError, row_width
 from raftlet.schema.row_runs import RowRun, decode_row_runs
-from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops, row_to_pb
+from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
 from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
+from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.store import InvalidScan, StoreError
 
 __all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks"]
@@ -70,6 +71,7 @@ logger = logging.getLogger(__name__)
 Respond = Callable[[tablet_pb2.WriteResponse], None]
 Fail = Callable[[BaseException], None]
 _anonymous = itertools.count(1)
+_ROW_FORMATS = frozenset(tablet_pb2.RowFormat.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,9 @@ class ReplicaOptions:
     max_prepare_batch: int = 256
     # How long a leader-latest scan waits for the store to apply what is committed.
     read_wait_s: float = 5.0
+    # A scan page's bytes when the request leaves it to the server, and at most.
+    scan_page_bytes: int = 1 << 20
+    scan_max_page_bytes: int = 8 << 20
 
 
 # A write's rows as the prepare stage decoded them: the valid ones and the per-row failures.
@@ -426,28 +431,30 @@ class TabletReplica:
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             self.consensus.check_leadership_and_bind_term()
             self._wait_applied(self.consensus.commit_index())
+        if request.row_format not in _ROW_FORMATS:
+            raise InvalidRequest(f"unknown row format {request.row_format}")
+        max_rows = request.batch_size_rows or None
+        if request.limit:
+            max_rows = min(max_rows or request.limit, request.limit)
+        max_bytes = min(
+            request.batch_size_bytes or self.options.scan_page_bytes,
+            self.options.scan_max_page_bytes,
+        )
         try:
             predicates = [Predicate.from_pb(self.schema, p) for p in request.predicates]
-            limit = request.limit or None
-            if request.batch_size_rows:
-                limit = min(limit or request.batch_size_rows, request.batch_size_rows)
-            result = self.store.scan(
+        except (PredicateError, ValueError) as exc:
+            raise InvalidRequest(str(exc)) from exc
+        try:
+            with self.store.open_scan(
                 list(request.projection) or None,
                 predicates,
-                limit=limit,
                 resume_key=request.resume_key or None,
-            )
-        except (InvalidScan, PredicateError, ValueError) as exc:
+                # One more row than the page can hold: whether there are more.
+                limit=max_rows + 1 if max_rows is not None else None,
+            ) as cursor:
+                return fill_page(cursor, request.row_format, max_rows, max_bytes)
+        except InvalidScan as exc:  # the projection or the resume key
             raise InvalidRequest(str(exc)) from exc
-        response = tablet_pb2.ScanResponse(
-            columns=result.columns,
-            has_more=result.resume_key is not None,
-            resume_key=result.resume_key or b"",
-            applied_index=result.applied_index,
-        )
-        for row in result.rows:
-            response.rows.append(row_to_pb(self.schema, result.columns, row))
-        return response
 
     def _wait_applied(self, index: int) -> None:
         """Leader-latest reads see everything committed when the read arrived."""

@@ -18,7 +18,8 @@ from raftlet.consensus.transport import InMemoryTransport
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
 from raftlet.schema.row_block import encode_row_block
-from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
+from raftlet.schema.row_pages import decode_page, page_rows
+from raftlet.schema.rows import ErrorCode, OpType, encode_row_op, row_from_pb
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.errors import InvalidRequest, StaleRequest
@@ -230,6 +231,28 @@ def test_restart_of_every_replica_keeps_acknowledged_rows(tablet: Tablet) -> Non
     scan = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], limit=4))
     assert [row.values[0].int_value for row in scan.rows] == [1, 2, 3, 4]
     assert scan.has_more
+
+
+def test_a_scan_sends_packed_pages_when_asked_and_refuses_an_unknown_row_format(
+    tablet: Tablet,
+) -> None:
+    leader = tablet.leader()
+    send(leader, write([1, 2, 3, 4, 5], "c1", 1)).result()
+    request = tablet_pb2.ScanRequest(
+        tablet_id="kv-p0", row_format=tablet_pb2.ROW_FORMAT_PACKED, batch_size_rows=3
+    )
+    page = leader.scan(request)
+    assert page.HasField("row_block")
+    assert not page.rows
+    types = [c.type for c in SCHEMA.columns]
+    values = page_rows(decode_page(types, page.row_block.rows, page.row_block.indirect))
+    assert values == [(k, f"v{k}") for k in (1, 2, 3)]
+    assert page.has_more
+    cells = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", batch_size_rows=3))
+    assert not cells.HasField("row_block")  # no row_format: the per-cell form, as before
+    assert [row_from_pb(SCHEMA, ["k", "v"], r) for r in cells.rows] == values
+    with pytest.raises(InvalidRequest, match="unknown row format 7"):
+        leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", row_format=7))  # type: ignore[arg-type]
 
 
 def test_many_tablets_share_the_servers_pools_and_start_no_threads_of_their_own(

@@ -15,6 +15,7 @@ from raftlet.tserver.store.tablet_store import (
     ApplyEntry,
     EntryResult,
     RequestRecord,
+    ScanCursor,
     ScanResult,
     TabletStore,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "EntryResult",
     "InvalidScan",
     "RequestRecord",
+    "ScanCursor",
     "ScanResult",
     "SchemaMismatchError",
     "StoreClosedError",

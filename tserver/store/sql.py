@@ -21,6 +21,7 @@ __all__ = [
     "SQL_TYPES",
     "SqlBuilder",
     "from_sql",
+    "projected_at",
     "quote_ident",
     "to_sql",
 ]
@@ -133,13 +134,16 @@ class SqlBuilder:
         resume: bool,
         limit: bool,
     ) -> tuple[str, list[SqlValue]]:
-        """SELECT key columns then ``projection``, in key order; returns (sql, params).
+        """SELECT key columns then the columns of ``projection`` that are not key columns
+        (``projected_at`` says where each one is), in key order; returns (sql, params).
 
         ``resume`` adds ``(key columns) > (?, ...)`` — SQLite's row-value comparison, which
         it answers with a seek on the primary key — whose parameters the caller appends,
         followed by the LIMIT parameter when ``limit``.
         """
-        select_list = ", ".join(self._keys + [quote_ident(c) for c in projection])
+        keys = {c.name for c in self.schema.key_columns}
+        others = [quote_ident(c) for c in projection if c not in keys]
+        select_list = ", ".join(self._keys + others)
         where: list[str] = []
         params: list[SqlValue] = []
         for p in predicates:
@@ -156,6 +160,22 @@ class SqlBuilder:
         if limit:
             sql += " LIMIT ?"
         return sql, params
+
+
+def projected_at(schema: Schema, projection: Sequence[str]) -> tuple[int, ...]:
+    """Where each column of ``projection`` is in a row ``SqlBuilder.select`` returns: a key
+    column is read once, with the key, whether projected or not."""
+    nkeys = schema.num_key_columns
+    keys = {c.name: i for i, c in enumerate(schema.key_columns)}
+    at: list[int] = []
+    n = nkeys
+    for c in projection:
+        if c in keys:
+            at.append(keys[c])
+        else:
+            at.append(n)
+            n += 1
+    return tuple(at)
 
 
 def predicate_sql(p: Predicate) -> tuple[str, list[SqlValue]]:

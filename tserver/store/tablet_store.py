@@ -37,7 +37,7 @@ from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.row_runs import RowRun, runs_of_row_ops
 from raftlet.schema.rows import ErrorCode, OpType, RowFailure, RowOp, RowOpError, decode_row_op
 from raftlet.schema.schema import Schema, SchemaError
-from raftlet.schema.types import Value
+from raftlet.schema.types import DataType, Value
 from raftlet.tserver.store.errors import (
     InvalidScan,
     SchemaMismatchError,
@@ -50,6 +50,7 @@ from raftlet.tserver.store.sql import (
     SqlBuilder,
     SqlValue,
     from_sql,
+    projected_at,
     quote_ident,
     to_sql,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "ApplyEntry",
     "EntryResult",
     "RequestRecord",
+    "ScanCursor",
     "ScanResult",
     "TabletStore",
 ]
@@ -133,6 +135,50 @@ class ScanResult:
     rows: list[tuple[Value, ...]]
     resume_key: bytes | None
     applied_index: int
+
+
+class ScanCursor:
+    """The rows of an open scan (``TabletStore.open_scan``), fetched as needed. Each row is
+    a tuple as SQLite returns it: the key columns, then the projected columns that are not
+    key columns; ``columns[j]`` (of type ``types[j]``) is at ``projected_at[j]``.
+    ``applied_index`` is the state they are read from. Valid only inside the ``with``
+    block, on the thread that opened it."""
+
+    def __init__(
+        self,
+        store: TabletStore,
+        columns: tuple[str, ...],
+        types: tuple[DataType, ...],
+        applied_index: int,
+        cursor: sqlite3.Cursor,
+    ) -> None:
+        self.columns = columns
+        self.types = types
+        self.projected_at = projected_at(store.schema, columns)
+        self.applied_index = applied_index
+        self.num_keys = store.schema.num_key_columns
+        self._schema = store.schema
+        self._key_types = [c.type for c in store.schema.key_columns]
+        self._cursor = cursor
+        self._path = store.path
+
+    def fetch(self, n: int) -> list[tuple[SqlValue, ...]]:
+        """The next ``n`` rows at most; fewer only at the end."""
+        try:
+            return self._cursor.fetchmany(n)
+        except sqlite3.Error as e:
+            raise StoreError(f"tablet store {self._path}: scan failed: {e}") from e
+
+    def fetch_all(self) -> list[tuple[SqlValue, ...]]:
+        try:
+            return self._cursor.fetchall()
+        except sqlite3.Error as e:
+            raise StoreError(f"tablet store {self._path}: scan failed: {e}") from e
+
+    def resume_key_after(self, row: Sequence[SqlValue]) -> bytes:
+        """The resume key that continues a scan strictly after ``row`` (one fetched here)."""
+        key = [from_sql(t, v) for t, v in zip(self._key_types, row[: self.num_keys], strict=True)]
+        return encode_key(self._schema, key)
 
 
 # Outcomes of applied write requests, for exactly-once retries (see _apply_entry).
@@ -581,11 +627,34 @@ class TabletStore:
         start). Raises ``InvalidScan`` for an unknown column, a mistyped predicate value, a
         bad limit or a resume key that is not a key of this schema.
         """
-        columns = self._resolve_projection(projection)
-        preds = [self._resolve_predicate(p) for p in predicates]
         bad_limit = isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         if limit is not None and bad_limit:
             raise InvalidScan(f"limit must be a positive int or None, got {limit!r}")
+        # One more than asked, to know whether to hand out a resume key.
+        with self.open_scan(projection, predicates, resume_key, limit and limit + 1) as cursor:
+            raw = cursor.fetch(limit + 1) if limit is not None else cursor.fetch_all()
+        more = limit is not None and len(raw) > limit
+        if more:
+            del raw[limit:]
+        cells = list(zip(cursor.types, cursor.projected_at, strict=True))
+        rows = [tuple(from_sql(t, r[at]) for t, at in cells) for r in raw]
+        next_key = cursor.resume_key_after(raw[-1]) if more and raw else None
+        return ScanResult(cursor.columns, rows, next_key, cursor.applied_index)
+
+    @contextlib.contextmanager
+    def open_scan(
+        self,
+        projection: Sequence[str] | None = None,
+        predicates: Sequence[Predicate | tablet_pb2.PredicatePB] = (),
+        resume_key: bytes | None = None,
+        limit: int | None = None,
+    ) -> Iterator[ScanCursor]:
+        """A ``ScanCursor`` over the rows ``scan`` would return (same arguments; ``limit``
+        only tells SQLite how many rows at most will be fetched), in one read transaction
+        that ends with the ``with`` block. For a caller that fills a page as it fetches,
+        by its own measure of size, without reading rows it will not send."""
+        columns = self._resolve_projection(projection)
+        preds = [self._resolve_predicate(p) for p in predicates]
         resume: tuple[Value, ...] | None = None
         if resume_key:
             try:
@@ -598,30 +667,20 @@ class TabletStore:
         if resume is not None:
             params.extend(to_sql(v) for v in resume)
         if limit is not None:
-            # One more than asked, to know whether to hand out a resume key.
-            params.append(limit + 1)
+            params.append(limit)
+        types = tuple(self.schema.column(c).type for c in columns)
         try:
             with self._reader() as conn:
                 conn.execute("BEGIN")
                 try:
                     applied_index = self._read_applied_index(conn)
-                    raw = conn.execute(sql, params).fetchall()
+                    yield ScanCursor(
+                        self, tuple(columns), types, applied_index, conn.execute(sql, params)
+                    )
                 finally:
                     conn.rollback()
         except sqlite3.Error as e:
             raise StoreError(f"tablet store {self.path}: scan failed: {e}") from e
-        more = limit is not None and len(raw) > limit
-        if more:
-            del raw[limit:]
-        nkeys = self.schema.num_key_columns
-        key_types = [c.type for c in self.schema.key_columns]
-        types = [self.schema.column(c).type for c in columns]
-        rows = [tuple(from_sql(t, v) for t, v in zip(types, r[nkeys:], strict=True)) for r in raw]
-        next_key = None
-        if more and raw:
-            last_key = [from_sql(t, v) for t, v in zip(key_types, raw[-1][:nkeys], strict=True)]
-            next_key = encode_key(self.schema, last_key)
-        return ScanResult(tuple(columns), rows, next_key, applied_index)
 
     def _resolve_projection(self, projection: Sequence[str] | None) -> list[str]:
         if not projection:

@@ -1,0 +1,132 @@
+"""The scanner against scripted fake servers: it asks for packed pages by default and reads
+them into the same rows as cells; a reply without a block (an older server) is read as
+cells; a malformed page is a ``RemoteError`` naming the table, never a crash."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from raftlet.client.errors import InvalidArgument, RemoteError
+from raftlet.client.scanner import ReadMode, RowFormat, Scanner, _dicts
+from raftlet.proto import tablet_pb2
+from raftlet.schema.row_pages import encode_page
+from raftlet.schema.rows import row_to_pb
+from raftlet.schema.types import Value
+from tests.unit.client_fakes import KV_SCHEMA, FakeCluster, make_rpc
+
+ROWS: list[tuple[Value, ...]] = [(1, "a"), (2, None), (3, "ünï"), (4, ""), (5, "x" * 300)]
+COLUMNS = ["key", "value"]
+Answer = Callable[[tablet_pb2.ScanRequest], tablet_pb2.ScanResponse]
+
+
+def serve(rows: list[tuple[Value, ...]], page_rows: int = 2) -> Answer:
+    """A server holding ``rows``: pages of ``page_rows``, in the form asked for."""
+
+    def answer(request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
+        start = int(request.resume_key or b"0")
+        page = rows[start : start + page_rows]
+        response = tablet_pb2.ScanResponse(columns=COLUMNS)
+        if request.row_format == tablet_pb2.ROW_FORMAT_PACKED:
+            packed = encode_page(
+                [c.type for c in KV_SCHEMA.columns], [[r[j] for r in page] for j in range(2)]
+            )
+            response.row_block.SetInParent()
+            response.row_block.rows = packed.rows
+            response.row_block.indirect = packed.indirect
+        else:
+            response.rows.extend(row_to_pb(KV_SCHEMA, COLUMNS, r) for r in page)
+        if start + page_rows < len(rows):
+            response.has_more = True
+            response.resume_key = str(start + page_rows).encode()
+        return response
+
+    return answer
+
+
+def scanner(
+    answer: Answer | tablet_pb2.ScanResponse, **kwargs: object
+) -> tuple[Scanner, FakeCluster]:
+    cluster = FakeCluster()
+    for s in cluster.servers.values():
+        s.script("scan", answer)
+    rpc = make_rpc(cluster)
+    kwargs.setdefault("read_mode", ReadMode.FOLLOWER_APPLIED)
+    return Scanner(rpc, rpc.meta.table("kv"), ["kv-p0"], timeout_s=5.0, **kwargs), cluster  # type: ignore[arg-type]
+
+
+def requests(cluster: FakeCluster) -> list[tablet_pb2.ScanRequest]:
+    return [r for s in cluster.servers.values() for r in s.requests.get("scan", [])]
+
+
+def test_packed_and_cell_pages_give_the_same_rows() -> None:
+    want = [dict(zip(COLUMNS, r, strict=True)) for r in ROWS]
+    packed, cluster = scanner(serve(ROWS))
+    assert list(packed) == want
+    assert packed.pages == 3
+    sent = requests(cluster)
+    assert {r.row_format for r in sent} == {tablet_pb2.ROW_FORMAT_PACKED}  # the default
+    assert {(r.batch_size_rows, r.batch_size_bytes) for r in sent} == {(0, 0)}  # the server's
+    cells, cluster = scanner(serve(ROWS), row_format=RowFormat.CELLS, batch_size_bytes=4096)
+    assert list(cells) == want
+    sent = requests(cluster)
+    assert {r.row_format for r in sent} == {tablet_pb2.ROW_FORMAT_CELLS}
+    assert {r.batch_size_bytes for r in sent} == {4096}
+
+
+def test_a_server_that_sends_cells_when_asked_for_packed_pages_is_understood() -> None:
+    def old_server(request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
+        as_cells = tablet_pb2.ScanRequest()
+        as_cells.CopyFrom(request)
+        as_cells.row_format = tablet_pb2.ROW_FORMAT_CELLS  # it does not know the field
+        return serve(ROWS)(as_cells)
+
+    s, _ = scanner(old_server)
+    assert [tuple(r.values()) for r in s] == ROWS
+
+
+def _packed(
+    rows: bytes, indirect: bytes = b"", columns: list[str] = COLUMNS
+) -> tablet_pb2.ScanResponse:
+    response = tablet_pb2.ScanResponse(columns=columns)
+    response.row_block.SetInParent()
+    response.row_block.rows = rows
+    response.row_block.indirect = indirect
+    return response
+
+
+def test_malformed_pages_are_remote_errors() -> None:
+    good = encode_page([c.type for c in KV_SCHEMA.columns], [[1], ["abc"]])
+    both = _packed(good.rows, good.indirect)
+    both.rows.append(row_to_pb(KV_SCHEMA, COLUMNS, (1, "abc")))
+    cases = [
+        (_packed(good.rows[:-1], good.indirect), "whole number"),
+        (_packed(good.rows, b"ab"), "points past"),
+        (_packed(good.rows, good.indirect, ["key", "nope"]), "nope"),
+        (_packed(good.rows, good.indirect, ["key"]), "whole number"),  # one column fewer
+        (_packed(b"", b"", []), "no columns"),
+        (both, "both cells and a packed block"),
+    ]
+    for response, reason in cases:
+        s, _ = scanner(response)
+        with pytest.raises(
+            RemoteError, match=f"scan of 'kv': the server sent a malformed page: .*{reason}"
+        ):
+            list(s)
+
+
+def test_page_bounds_are_checked_before_any_call() -> None:
+    for kwargs in ({"batch_size_bytes": -1}, {"batch_size_rows": 2**32}):
+        with pytest.raises(InvalidArgument, match="must be in"):
+            scanner(serve(ROWS), **kwargs)
+
+
+@pytest.mark.parametrize("ncols", [1, 2, 3, 4, 5])
+def test_rows_are_the_dicts_of_their_columns_whatever_their_number(ncols: int) -> None:
+    columns = [f"c{j}" for j in range(ncols)]
+    values: list[list[Value]] = [[j * 10 + i for i in range(4)] for j in range(ncols)]
+    want = [{c: values[j][i] for j, c in enumerate(columns)} for i in range(4)]
+    assert _dicts(columns, values) == want
+    assert all(list(row) == columns for row in _dicts(columns, values))  # in column order
+    assert _dicts(columns, [[] for _ in columns]) == []

@@ -1,0 +1,176 @@
+"""Scan pages filled from a real store: both row forms give the store's rows, a page stays
+within its rows and (roughly) its bytes, resume keys walk the table once, and a stored value
+that does not fit its column is a server error, not a crash."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from raftlet.proto import tablet_pb2
+from raftlet.schema.predicates import Predicate
+from raftlet.schema.row_pages import decode_page, page_rows
+from raftlet.schema.rows import row_from_pb
+from raftlet.schema.types import Value
+from raftlet.tserver.scan_page import fill_page
+from raftlet.tserver.store import StoreError, TabletStore
+from tests.unit.store_helpers import WIDE, insert
+
+PACKED, CELLS = tablet_pb2.ROW_FORMAT_PACKED, tablet_pb2.ROW_FORMAT_CELLS
+N = 300
+
+
+def wide_row(i: int) -> dict[str, object]:
+    """Row i of the table: every type, NULLs in a pattern, non-ASCII text now and then."""
+    row: dict[str, object] = {"tenant": f"t{i % 3}", "id": i}
+    if i % 5:
+        row |= {
+            "c_int8": i % 128 - 64,
+            "c_int16": -i,
+            "c_int32": i * 1000,
+            "c_int64": i << 40,
+            "c_unixtime_micros": i * 1_000_003,
+            "c_float": i / 8,
+            "c_double": i / 3,
+            "c_bool": i % 2 == 0,
+            "c_string": ("é" if i % 7 == 0 else "s") * (i % 50),
+            "c_binary": bytes([i % 256]) * (i % 9),
+        }
+    return row
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TabletStore]:
+    with TabletStore.open(tmp_path_factory.mktemp("pages") / "t.db", WIDE) as s:
+        s.apply_batch([(1, 1, insert(WIDE, *(wide_row(i) for i in range(N))))])
+        yield s
+
+
+def page_values(response: tablet_pb2.ScanResponse) -> list[tuple[Value, ...]]:
+    columns = list(response.columns)
+    if response.HasField("row_block"):
+        assert not response.rows
+        types = [WIDE.column(c).type for c in columns]
+        block = response.row_block
+        return page_rows(decode_page(types, block.rows, block.indirect))
+    return [row_from_pb(WIDE, columns, pb) for pb in response.rows]
+
+
+def scan_all(
+    store: TabletStore,
+    fmt: int,
+    max_rows: int | None,
+    max_bytes: int,
+    projection: Sequence[str] | None = None,
+    predicates: Sequence[Predicate] = (),
+) -> tuple[list[tuple[Value, ...]], list[tablet_pb2.ScanResponse]]:
+    rows: list[tuple[Value, ...]] = []
+    pages: list[tablet_pb2.ScanResponse] = []
+    resume = None
+    while True:
+        limit = max_rows + 1 if max_rows is not None else None
+        with store.open_scan(projection, predicates, resume, limit) as cursor:
+            page = fill_page(cursor, fmt, max_rows, max_bytes)
+        pages.append(page)
+        rows += page_values(page)
+        if not page.has_more:
+            return rows, pages
+        assert page.resume_key
+        resume = page.resume_key
+
+
+@pytest.mark.parametrize("fmt", [PACKED, CELLS])
+@pytest.mark.parametrize(
+    ("projection", "predicates"),
+    [
+        (None, []),
+        (["c_string", "id", "c_bool"], []),
+        (["c_double"], [Predicate.range("id", lower=17, upper=250)]),
+        (["tenant", "c_binary"], [Predicate.is_not_null("c_int8")]),
+    ],
+)
+def test_pages_of_either_form_walk_the_rows_the_store_holds(
+    store: TabletStore, fmt: int, projection: list[str] | None, predicates: list[Predicate]
+) -> None:
+    want = store.scan(projection, predicates).rows
+    assert want
+    for max_rows, max_bytes in [(None, 1 << 20), (7, 1 << 20), (None, 700), (13, 2000), (1, 1)]:
+        got, pages = scan_all(store, fmt, max_rows, max_bytes, projection, predicates)
+        assert got == want, (max_rows, max_bytes)
+        assert all(len(page_values(p)) >= 1 for p in pages)  # every page makes progress
+        if max_rows is not None:
+            assert all(len(page_values(p)) <= max_rows for p in pages)
+
+
+def side_bytes(row: tuple[Value, ...]) -> int:
+    """A packed row's bytes in the side buffer."""
+    return sum(
+        len(v.encode() if isinstance(v, str) else v) for v in row if isinstance(v, str | bytes)
+    )
+
+
+@pytest.mark.parametrize("fmt", [PACKED, CELLS])
+def test_a_page_ends_with_the_row_that_reaches_its_bytes(store: TabletStore, fmt: int) -> None:
+    budget = 3000
+    _, pages = scan_all(store, fmt, None, budget)
+    assert len(pages) > 3
+    biggest_row = 0
+    for page in pages:
+        if fmt == PACKED:
+            block = page.row_block
+            rows = page_values(page)
+            size = len(block.rows) + len(block.indirect)
+            row_bytes = len(block.rows) // len(rows) + max(map(side_bytes, rows))
+        else:
+            size = sum(r.ByteSize() + 3 for r in page.rows)
+            row_bytes = max(r.ByteSize() + 3 for r in page.rows)
+        biggest_row = max(biggest_row, row_bytes)
+        if page.has_more:
+            assert size >= budget
+        assert size < budget + biggest_row
+
+
+def test_a_page_of_exactly_the_rows_left_says_there_are_no_more(store: TabletStore) -> None:
+    with store.open_scan(["id"], [], None, N + 1) as cursor:
+        page = fill_page(cursor, PACKED, N, 1 << 20)
+    assert len(page_values(page)) == N
+    assert not page.has_more
+    assert not page.resume_key
+    with store.open_scan(["id"], [], None, N) as cursor:
+        page = fill_page(cursor, PACKED, N - 1, 1 << 20)
+    assert page.has_more
+    assert page.resume_key
+
+
+def test_an_empty_result_is_an_empty_block(store: TabletStore) -> None:
+    pred = [Predicate.equals("id", -1)]
+    with store.open_scan(None, pred) as cursor:
+        page = fill_page(cursor, PACKED, None, 1 << 20)
+    assert page.HasField("row_block")  # present, so the client reads it as packed
+    assert page.row_block.rows == b""
+    assert not page.has_more
+    with store.open_scan(None, pred) as cursor:
+        page = fill_page(cursor, CELLS, None, 1 << 20)
+    assert not page.HasField("row_block")
+    assert not page.rows
+
+
+@pytest.mark.parametrize("fmt", [PACKED, CELLS])
+def test_a_stored_value_outside_its_type_is_a_store_error(tmp_path: Path, fmt: int) -> None:
+    path = tmp_path / "t.db"
+    with TabletStore.open(path, WIDE) as s:
+        s.apply_batch([(1, 1, insert(WIDE, wide_row(1)))])
+    # Another tool wrote 300 into an INT8 column: SQLite's INTEGER takes it.
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE tablet_rows SET c_int8 = 300")
+    conn.commit()
+    conn.close()
+    with (
+        TabletStore.open(path) as s,
+        s.open_scan(["c_int8"]) as cursor,
+        pytest.raises(StoreError, match="does not fit"),
+    ):
+        fill_page(cursor, fmt, None, 1 << 20)

@@ -1,0 +1,146 @@
+"""One scan page, filled from an open store cursor: bounded in rows and in bytes, in either
+row form of ``ScanResponse``.
+
+The page is filled as it is fetched, so the server reads from SQLite only about the rows it
+sends: a first small fetch tells how big this table's rows are, the next fetch asks for the
+rows that should fill the rest of the byte budget (at most ``_MAX_FETCH``), and so on until
+the page holds ``max_rows`` rows or reaches ``max_bytes`` -- it ends with the row that
+reaches it, so a page always makes progress. Bytes are those of the form sent: the packed
+rows and side buffer (``schema.row_pages``), or the ``RowPB`` messages.
+
+The packed form takes the store's tuples as they are -- no ``from_sql`` per cell, no
+``ValuePB``: each fetched chunk is transposed into columns and packed with the
+projection's precompiled struct. The per-cell form is the original one, kept for clients
+that do not ask for packed rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from raftlet.proto import tablet_pb2
+from raftlet.schema.row_pages import RowPageError, encode_page
+from raftlet.schema.types import DataType, TypeMismatch, value_to_pb
+from raftlet.tserver.store import ScanCursor, StoreError
+from raftlet.tserver.store.sql import SqlValue, from_sql
+
+__all__ = ["fill_page"]
+
+# Rows fetched before anything is known of their size: a small page's worth.
+_FIRST_FETCH = 64
+# Rows fetched at once at most: the estimate comes from the rows before, and if the next
+# ones are much bigger, this bounds what is read beyond the page.
+_MAX_FETCH = 4096
+# Per RowPB in a response: its field tag and length prefix.
+_ROW_PB_FRAMING = 3
+
+
+class _PageForm(Protocol):
+    def add(self, rows: list[tuple[SqlValue, ...]], budget: int) -> tuple[int, int]:
+        """Put rows in the page up to and including the one that uses up ``budget``
+        bytes; returns (rows taken, bytes used)."""
+        ...
+
+    def finish(self, response: tablet_pb2.ScanResponse) -> None: ...
+
+
+class _Packed:
+    def __init__(self, types: Sequence[DataType], projected_at: Sequence[int]) -> None:
+        self._types = types
+        self._at = projected_at
+        self._rows: list[bytes] = []
+        self._indirect: list[bytes] = []
+        self._side = 0
+
+    def add(self, rows: list[tuple[SqlValue, ...]], budget: int) -> tuple[int, int]:
+        fetched = list(zip(*rows, strict=True))
+        columns = [fetched[at] for at in self._at]
+        part = encode_page(self._types, columns, max_bytes=budget, base=self._side)
+        self._rows.append(part.rows)
+        self._indirect.append(part.indirect)
+        self._side += len(part.indirect)
+        return part.count, part.size
+
+    def finish(self, response: tablet_pb2.ScanResponse) -> None:
+        block = response.row_block
+        block.SetInParent()  # present even when empty: that is what says "packed"
+        block.rows = b"".join(self._rows)
+        block.indirect = b"".join(self._indirect)
+
+
+class _Cells:
+    def __init__(
+        self,
+        response: tablet_pb2.ScanResponse,
+        types: Sequence[DataType],
+        projected_at: Sequence[int],
+    ) -> None:
+        self._out = response.rows
+        self._cells = list(zip(types, projected_at, strict=True))
+
+    def add(self, rows: list[tuple[SqlValue, ...]], budget: int) -> tuple[int, int]:
+        used = 0
+        for n, raw in enumerate(rows, 1):
+            pb = self._out.add()
+            for dtype, at in self._cells:
+                value_to_pb(dtype, from_sql(dtype, raw[at]), pb.values.add())
+            used += pb.ByteSize() + _ROW_PB_FRAMING
+            if used >= budget:
+                return n, used
+        return len(rows), used
+
+    def finish(self, response: tablet_pb2.ScanResponse) -> None:
+        pass
+
+
+def fill_page(
+    cursor: ScanCursor, row_format: int, max_rows: int | None, max_bytes: int
+) -> tablet_pb2.ScanResponse:
+    """The next page of ``cursor`` in ``row_format`` (a ``tablet_pb2.RowFormat``): at most
+    ``max_rows`` rows (None: no bound) and about ``max_bytes`` bytes, with ``has_more``
+    and the resume key when rows are left. ``StoreError`` if the store holds a value its
+    column's type cannot (nothing a client can fix)."""
+    response = tablet_pb2.ScanResponse(columns=cursor.columns, applied_index=cursor.applied_index)
+    form: _PageForm
+    if row_format == tablet_pb2.ROW_FORMAT_PACKED:
+        form = _Packed(cursor.types, cursor.projected_at)
+    else:
+        form = _Cells(response, cursor.types, cursor.projected_at)
+    taken = used = 0
+    last: tuple[SqlValue, ...] | None = None
+    more: bool | None = None  # None: not known without one more fetch
+    ask = _FIRST_FETCH if max_rows is None else min(max_rows, _FIRST_FETCH)
+    try:
+        while True:
+            rows = cursor.fetch(ask)
+            if not rows:
+                more = False
+                break
+            n, size = form.add(rows, max_bytes - used)
+            taken += n
+            used += size
+            last = rows[n - 1]
+            if n < len(rows):
+                more = True
+                break
+            if len(rows) < ask:
+                more = False  # the cursor ran out
+                break
+            left = None if max_rows is None else max_rows - taken
+            if used >= max_bytes or left == 0:
+                break
+            # As many rows as should fill the rest, one more to cross the line.
+            ask = min(math.ceil((max_bytes - used) * taken / used) + 1, _MAX_FETCH)
+            if left is not None:
+                ask = min(ask, left)
+        if more is None:
+            more = bool(cursor.fetch(1))
+    except (RowPageError, TypeMismatch) as e:
+        raise StoreError(f"a stored value does not fit its column: {e}") from e
+    form.finish(response)
+    if more and last is not None:
+        response.has_more = True
+        response.resume_key = cursor.resume_key_after(last)
+    return response
