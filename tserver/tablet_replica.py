@@ -217,6 +217,11 @@ class TabletReplica:
 
     # --- lifecycle -----------------------------------------------------------------------
 
+    @property
+    def opened(self) -> OpenedReplica:
+        """What opening the replica's files found: entries replayed, seconds per step."""
+        return self._opened
+
     def start(self) -> None:
         self.consensus.start()
 

@@ -48,9 +48,8 @@ from raftlet.consensus.log.codec import (
     NO_OP,
     NORMAL,
     batch_size,
-    decode_batch,
+    decode_entries,
     encode_record,
-    entries_from_pb,
     split_records,
 )
 from raftlet.consensus.log.errors import (
@@ -506,12 +505,18 @@ class Log:
             out: list[Entry] = []
             size = 0
             for path, fd_seq, rec_first, offset, frame_size, start, end in plan:
-                for e in self._read_entries(path, fd_seq, rec_first, offset, frame_size):
-                    if start <= e.index <= end:
-                        out.append(e)
-                        size += e.size()
-                        if max_size is not None and len(out) > 1 and size > max_size:
-                            return limit_size(out, max_size)
+                # A decoded record's entries are contiguous from its first index.
+                wanted = self._read_entries(path, fd_seq, rec_first, offset, frame_size)[
+                    start - rec_first : end - rec_first + 1
+                ]
+                if max_size is None:
+                    out += wanted
+                    continue
+                for e in wanted:
+                    out.append(e)
+                    size += e.size()
+                    if len(out) > 1 and size > max_size:
+                        return limit_size(out, max_size)
         out.extend(cached)
         return limit_size(out, max_size)
 
@@ -546,14 +551,14 @@ class Log:
             self._read_fds[seq] = fd
         payload = read_record(fd, path, offset, frame_size)
         try:
-            batch = decode_batch(payload)
+            entries = decode_entries(payload)
         except ValueError as exc:
             raise LogCorruptionError(path, offset, str(exc)) from None
-        if batch.entries[0].index != first:
+        if entries[0].index != first:
             raise LogCorruptionError(
-                path, offset, f"record starts at {batch.entries[0].index}, index says {first}"
+                path, offset, f"record starts at {entries[0].index}, index says {first}"
             )
-        return entries_from_pb(batch)
+        return entries
 
     # --- garbage collection -------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from raftlet.consensus.log.codec import FRAME, MAX_RECORD_BYTES, decode_batch
+from raftlet.consensus.log.codec import FRAME, MAX_RECORD_BYTES, scan_record
 from raftlet.consensus.log.errors import LogCorruptionError
 
 __all__ = [
@@ -143,13 +143,12 @@ def scan_segment(
         length, _ = FRAME.unpack_from(data, off)
         payload = data[off + FRAME.size : off + FRAME.size + length]
         try:
-            batch = decode_batch(payload)
+            first, terms = scan_record(payload)
         except ValueError as exc:
             # The CRC matched, so this is what was written: a bug or a foreign file, never a
             # torn write; refuse to guess.
             raise LogCorruptionError(path, off, str(exc)) from None
-        es = batch.entries
-        records.append(ScannedRecord(off, length, es[0].index, tuple(e.term for e in es)))
+        records.append(ScannedRecord(off, length, first, terms))
         off += FRAME.size + length
     return SegmentScan(sequence, records, off)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import OpType, encode_row_op
@@ -36,3 +38,19 @@ def ops(
 
 def insert(schema: Schema, *rows: Mapping[str, object]) -> list[tablet_pb2.RowOperationPB]:
     return ops(schema, OpType.INSERT, rows)
+
+
+def store_contents(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every table of a (closed) store file, in key order: two stores with
+    equal contents hold the same rows, request records and applied index."""
+    conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+    try:
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        return {t: conn.execute(f'SELECT * FROM "{t}" ORDER BY 1, 2').fetchall() for t in tables}
+    finally:
+        conn.close()

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from raftlet.consensus.core import Entry, EntryType, HardState
-from raftlet.tserver.bootstrap import ReplicaOpenError, apply_entries, open_replica
+from raftlet.proto import common_pb2, tablet_pb2
+from raftlet.schema.row_block import encode_row_block
+from raftlet.schema.rows import OpType, encode_row_op
+from raftlet.tserver import bootstrap
+from raftlet.tserver.bootstrap import (
+    STORE_FILE,
+    ReplicaOpenError,
+    apply_entries,
+    open_replica,
+    to_apply_entries,
+    to_apply_entry,
+)
+from raftlet.tserver.store import TabletStore
 from tests.integration.storage_crash_child import SCHEMA, write_for
+from tests.unit.store_helpers import store_contents
 
 VOTERS = ["a", "b", "c"]
 
@@ -77,3 +92,91 @@ def test_a_store_that_applied_an_entry_the_log_does_not_have_is_refused(
     r.close()
     with pytest.raises(ReplicaOpenError, match="entry 3 of term 1, but the log has term 2"):
         open_replica(tmp_path, SCHEMA, VOTERS)
+
+
+def _mixed_log(rng: random.Random, n: int) -> list[Entry]:
+    """A log of what replay meets: a NO_OP opening each term; packed one-row INSERTs (most
+    of them) and packed or per-cell writes of many rows of every op type over a few keys,
+    so rows fail (KEY_EXISTS, KEY_NOT_FOUND); retries of earlier requests proposed again;
+    clients forgetting old requests; anonymous writes; a damaged row block."""
+    entries: list[Entry] = []
+    seq = {"a": 0, "b": 0}
+    payloads: list[bytes] = []
+    term = 0
+    for index in range(1, n + 1):
+        if index == 1 or rng.random() < 0.03:
+            term += 1
+            entries.append(Entry(term, index, EntryType.NO_OP))
+            continue
+        if payloads and rng.random() < 0.1:  # a retry of an earlier write, proposed again
+            entries.append(Entry(term, index, EntryType.NORMAL, rng.choice(payloads[-6:])))
+            continue
+        write = tablet_pb2.WriteOperationPB()
+        if rng.random() < 0.9:
+            client = rng.choice("ab")
+            seq[client] += 1
+            write.request_id.CopyFrom(
+                common_pb2.RequestIdPB(
+                    client_id=client,
+                    seq_no=seq[client],
+                    first_incomplete_seq_no=max(0, seq[client] - rng.randrange(4)),
+                )
+            )
+        if rng.random() < 0.7:
+            rows: list[tuple[OpType, dict[str, Any]]] = [
+                (OpType.INSERT, {"k": index, "v": f"v{index}"})
+            ]
+        else:
+            rows = []
+            for _ in range(rng.randrange(1, 7)):
+                op = rng.choice(list(OpType))
+                row: dict[str, Any] = {"k": rng.randrange(6)}
+                if op is not OpType.DELETE:
+                    row["v"] = rng.choice(["x", None])
+                rows.append((op, row))
+        if rng.random() < 0.8:
+            block_rows, indirect = encode_row_block(SCHEMA, rows)
+            if rng.random() < 0.03:
+                block_rows = block_rows[:-1]  # damaged: not a whole number of rows
+            write.row_block.rows, write.row_block.indirect = block_rows, indirect
+        else:
+            write.ops.extend(encode_row_op(SCHEMA, op, row) for op, row in rows)
+        payloads.append(write.SerializeToString())
+        entries.append(Entry(term, index, EntryType.NORMAL, payloads[-1]))
+    return entries
+
+
+def test_entries_convert_together_as_each_converts_alone() -> None:
+    entries = _mixed_log(random.Random(7), 300)
+    assert to_apply_entries(entries, SCHEMA) == [to_apply_entry(e, SCHEMA) for e in entries]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replay_after_a_crash_gives_the_store_that_applying_one_by_one_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    monkeypatch.setattr(bootstrap, "_REPLAY_CHUNK", 7)  # many chunks; retries across them
+    rng = random.Random(seed)
+    entries = _mixed_log(rng, 150)
+    # The reference: the apply stage's way, one entry per store transaction.
+    with TabletStore.open(tmp_path / "reference.sqlite", SCHEMA) as reference:
+        for e in entries:
+            reference.apply_batch([to_apply_entry(e, SCHEMA)])
+    # A replica that made every entry durable and committed, and crashed with its store
+    # applied up to ``crashed_at``.
+    crashed_at = rng.randrange(len(entries))
+    r = open_replica(tmp_path / "replica", SCHEMA, VOTERS)
+    r.storage.append(entries)
+    for e in entries[:crashed_at]:
+        r.store.apply_batch([to_apply_entry(e, SCHEMA)])
+    r.storage.save_hard_state(HardState(term=entries[-1].term, vote="a", commit=len(entries)))
+    r.close()
+    r = open_replica(tmp_path / "replica", SCHEMA, VOTERS)
+    try:
+        assert r.replayed == len(entries) - crashed_at
+        assert set(r.seconds) == {"store", "log", "replay"}
+    finally:
+        r.close()
+    assert store_contents(tmp_path / "replica" / STORE_FILE) == store_contents(
+        tmp_path / "reference.sqlite"
+    )

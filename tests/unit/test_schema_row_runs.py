@@ -184,3 +184,62 @@ def test_row_ops_make_runs_of_the_same_type_key_width_and_columns() -> None:
         (("w",), [(4, 4, 4)], [4]),
     ]
     assert _expand(runs) == ops
+
+
+def _alone(schema: Schema, rows: bytes, side: bytes) -> object:
+    try:
+        return decode_row_runs(schema, rows, side)
+    except RowBlockError as e:
+        return e
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, RowBlockError) or isinstance(b, RowBlockError):
+        return type(a) is type(b) and str(a) == str(b)
+    return a == b
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches(max_rows=12), st.data())
+def test_blocks_decoded_together_give_what_each_gives_alone(
+    batch: Batch, data: st.DataObject
+) -> None:
+    """Any blocks of one schema -- one row or many, empty, damaged -- decode together to
+    exactly the outcome each block has on its own."""
+    schema, ops = batch
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(ops)), max_size=5)))
+    pieces = [ops[a:b] for a, b in zip([0, *cuts], [*cuts, len(ops)], strict=True)]
+    blocks: list[tuple[bytes, bytes]] = []
+    for piece in pieces:
+        rows, side = (bytearray(b) for b in encode_row_block(schema, piece))
+        if data.draw(st.integers(0, 3)) == 0:  # damage this block
+            target = data.draw(st.sampled_from([rows, side] if side else [rows]))
+            if target:
+                at = data.draw(st.integers(0, len(target) - 1))
+                target[at] = data.draw(st.sampled_from([0, 1, 2, 0x7F, 0x80, 0xFF]))
+            if data.draw(st.booleans()) and rows:
+                del rows[data.draw(st.integers(0, len(rows) - 1)) :]
+        blocks.append((bytes(rows), bytes(side)))
+    together = row_runs.decode_row_blocks(schema, blocks)
+    assert len(together) == len(blocks)
+    for outcome, (rows, side) in zip(together, blocks, strict=True):
+        assert _same(outcome, _alone(schema, rows, side))
+
+
+def test_one_row_blocks_are_decoded_together_without_the_row_by_row_decoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    schema = _kv()
+    blocks = [
+        encode_row_block(schema, [(OpType.INSERT, {"k": k, "s": f"é{k}", "b": k % 2 == 0})])
+        for k in range(300)
+    ]
+    blocks.append(encode_row_block(schema, [(OpType.DELETE, {"k": 7})]))
+    expected = [decode_row_runs(schema, rows, side) for rows, side in blocks]
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("a block was decoded on its own")
+
+    monkeypatch.setattr(row_runs, "decode_row_runs", refuse)
+    monkeypatch.setattr(row_runs, "decode_row_block", refuse)
+    assert row_runs.decode_row_blocks(schema, blocks) == expected

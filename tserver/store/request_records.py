@@ -4,87 +4,134 @@ Exactly-once needs, per applied write, a record ``(client_id, seq_no) → (index
 errors)`` written in the same transaction as its rows, a look-up before each write (is it a
 retry of one already applied?), and the deletion of a client's records below its
 ``first_incomplete_seq_no``. Done per entry that was three statements per write -- more than
-the write itself for a single row. ``RequestBatch`` reads every record the batch could
-repeat with one query up front, keeps the batch's own changes in memory, and writes them
-with two ``executemany`` at the end.
+the write itself for a single row. Instead an apply batch reads every record it could repeat
+with one query up front (``read_records``), works out in memory which of its entries repeat
+a request and which records it leaves (``plan_requests``), and writes those with two
+``executemany`` at the end (``write_records``).
 
 The outcome must be exactly that of applying the entries one after another (replicas group
-entries into apply batches differently, and must agree), so the in-memory view follows the
-same order: a record written earlier in the batch is seen by a later entry; a deletion
-(``prune``) hides older records from later entries, whether they were in the table or
-written earlier in the batch; at the end deletions run before insertions, so a record
-written after a deletion that covered its seq_no survives, as it would have.
+entries into apply batches differently, and must agree), so the plan follows the same order:
+a record written earlier in the batch is seen by a later entry; a deletion hides older
+records from later entries, whether they were in the table or written earlier in the batch;
+a repeat deletes nothing. At the end deletions run before insertions, so a record written
+after a deletion that covered its seq_no survives, as it would have. The plan is made
+before any row is applied -- which entries repeat a request depends only on the ids, never on
+row outcomes -- so the store can apply the rows of many entries together; the records'
+row errors are filled in afterwards.
 """
 
 from __future__ import annotations
 
+import heapq
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-__all__ = ["REQUESTS_TABLE", "RequestBatch", "StoredRecord"]
+__all__ = [
+    "REQUESTS_TABLE",
+    "Request",
+    "RequestPlan",
+    "StoredRecord",
+    "plan_requests",
+    "read_records",
+    "write_records",
+]
 
 REQUESTS_TABLE = '"raftlet_requests"'
+# (client_id, seq_no)
+Request = tuple[str, int]
 # (op_index, op_term, encoded row errors) of an applied request.
 StoredRecord = tuple[int, int, bytes]
 # Pairs per look-up query: 2 parameters each, well under SQLite's variable limit.
 _CHUNK = 400
 
 
-class RequestBatch:
-    def __init__(self, cur: sqlite3.Cursor, requests: Iterable[tuple[str, int]]) -> None:
-        self._cur = cur
-        self._stored: dict[tuple[str, int], StoredRecord] = {}
-        wanted = list(dict.fromkeys(requests))
-        for start in range(0, len(wanted), _CHUNK):
-            chunk = wanted[start : start + _CHUNK]
-            marks = ", ".join("(?, ?)" for _ in chunk)
-            rows = cur.execute(
-                f"SELECT client_id, seq_no, op_index, op_term, row_errors FROM {REQUESTS_TABLE} "
-                f"WHERE (client_id, seq_no) IN (VALUES {marks})",
-                [v for pair in chunk for v in pair],
-            )
-            for client_id, seq_no, index, term, errors in rows:
-                self._stored[client_id, seq_no] = (int(index), int(term), bytes(errors))
-        self._written: dict[str, dict[int, StoredRecord]] = {}  # this batch's, by client
-        self._pruned: dict[str, int] = {}  # client -> records below this are deleted
+def read_records(cur: sqlite3.Cursor, requests: Iterable[Request]) -> dict[Request, StoredRecord]:
+    """The table's records for ``requests``, in one query per 400 of them."""
+    found: dict[Request, StoredRecord] = {}
+    wanted = list(dict.fromkeys(requests))
+    for start in range(0, len(wanted), _CHUNK):
+        chunk = wanted[start : start + _CHUNK]
+        marks = ", ".join("(?, ?)" for _ in chunk)
+        rows = cur.execute(
+            f"SELECT client_id, seq_no, op_index, op_term, row_errors FROM {REQUESTS_TABLE} "
+            f"WHERE (client_id, seq_no) IN (VALUES {marks})",
+            [v for pair in chunk for v in pair],
+        )
+        for client_id, seq_no, index, term, errors in rows:
+            found[client_id, seq_no] = (int(index), int(term), bytes(errors))
+    return found
 
-    def original(self, client_id: str, seq_no: int) -> StoredRecord | None:
-        """The record of an earlier application of this request, as applying the batch's
-        entries one by one would find it at this point."""
-        mine = self._written.get(client_id, {}).get(seq_no)
-        if mine is not None:
-            return mine
-        if seq_no < self._pruned.get(client_id, 0):
-            return None
-        return self._stored.get((client_id, seq_no))
 
-    def record(self, client_id: str, seq_no: int, stored: StoredRecord) -> None:
-        self._written.setdefault(client_id, {})[seq_no] = stored
+@dataclass(slots=True)
+class RequestPlan:
+    # position -> the stored record it repeats (the table held it before the batch)
+    repeats_stored: dict[int, StoredRecord] = field(default_factory=dict)
+    # position -> position of the earlier entry of this batch it repeats
+    repeats_batch: dict[int, int] = field(default_factory=dict)
+    # (client_id, seq_no bound): delete the client's records below the bound, first
+    deletes: list[Request] = field(default_factory=list)
+    # positions whose record is in the table at the end of the batch, in order
+    inserts: list[int] = field(default_factory=list)
 
-    def prune(self, client_id: str, below: int) -> None:
-        """Forget the client's records with seq_no < ``below``."""
-        # Records this batch wrote since an earlier, higher prune are below it too.
-        self._pruned[client_id] = max(below, self._pruned.get(client_id, 0))
-        mine = self._written.get(client_id)
-        if mine:
-            for seq_no in [s for s in mine if s < below]:
-                del mine[seq_no]
 
-    def write(self) -> None:
-        """Apply the batch's deletions, then its records, to the table."""
-        if self._pruned:
-            self._cur.executemany(
-                f"DELETE FROM {REQUESTS_TABLE} WHERE client_id = ? AND seq_no < ?",
-                list(self._pruned.items()),
-            )
-        records = [
-            (client_id, seq_no, *stored)
-            for client_id, mine in self._written.items()
-            for seq_no, stored in mine.items()
-        ]
-        if records:
-            self._cur.executemany(
-                f"INSERT INTO {REQUESTS_TABLE} (client_id, seq_no, op_index, op_term, row_errors) "
-                "VALUES (?, ?, ?, ?, ?)",
-                records,
-            )
+def plan_requests(
+    requests: Sequence[tuple[Request | None, int]],
+    stored: Mapping[Request, StoredRecord],
+) -> RequestPlan:
+    """``requests[i]``: entry i's request id (None: anonymous) and first incomplete seq_no.
+    ``stored``: the table's records, before the batch, for (at least) the batch's ids (any
+    other record in it changes nothing)."""
+    plan = RequestPlan()
+    # What the table holds for the ids in play: a stored record or a batch position.
+    present: dict[Request, StoredRecord | int] = dict(stored)
+    # Per client, a heap of the seq_nos in ``present``: a deletion pops from the bottom, so
+    # a batch costs O(n log n) however long a client's first incomplete seq_no stays put.
+    seqs: dict[str, list[int]] = {}
+    for client, seq_no in stored:
+        seqs.setdefault(client, []).append(seq_no)
+    for heap in seqs.values():
+        heapq.heapify(heap)
+    bound: dict[str, int] = {}
+    held_at = present.get
+    push, pop = heapq.heappush, heapq.heappop
+    for pos, (key, first_incomplete) in enumerate(requests):
+        if key is None:
+            continue
+        held = held_at(key)
+        if held is not None:
+            if isinstance(held, int):
+                plan.repeats_batch[pos] = held
+            else:
+                plan.repeats_stored[pos] = held
+            continue  # a repeat deletes nothing
+        client, seq_no = key
+        present[key] = pos
+        held_seqs = seqs.get(client)
+        if held_seqs is None:
+            held_seqs = seqs[client] = []
+        push(held_seqs, seq_no)
+        if first_incomplete > 0:
+            if first_incomplete > bound.get(client, 0):
+                bound[client] = first_incomplete
+            while held_seqs and held_seqs[0] < first_incomplete:
+                del present[(client, pop(held_seqs))]
+    plan.deletes = list(bound.items())
+    plan.inserts = sorted(p for p in present.values() if isinstance(p, int))
+    return plan
+
+
+def write_records(
+    cur: sqlite3.Cursor,
+    deletes: Sequence[Request],
+    records: Sequence[tuple[str, int, int, int, bytes]],
+) -> None:
+    """Apply a batch's deletions (client, below), then its records, to the table."""
+    if deletes:
+        cur.executemany(f"DELETE FROM {REQUESTS_TABLE} WHERE client_id = ? AND seq_no < ?", deletes)
+    if records:
+        cur.executemany(
+            f"INSERT INTO {REQUESTS_TABLE} (client_id, seq_no, op_index, op_term, row_errors) "
+            "VALUES (?, ?, ?, ?, ?)",
+            records,
+        )

@@ -1,0 +1,154 @@
+"""A batch of entries applied in one ``apply_batch`` has exactly the outcome of applying
+them one at a time: the same results, rows, request records and applied index -- whatever
+the duplicates, forgotten requests, failing rows and run shapes in it."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raftlet.schema.row_block import encode_row_block
+from raftlet.schema.row_runs import decode_row_runs
+from raftlet.schema.rows import OpType, encode_row_op
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from raftlet.tserver.store import ApplyEntry, TabletStore
+from raftlet.tserver.store.request_records import Request, StoredRecord, plan_requests
+from tests.unit.store_helpers import store_contents
+
+SCHEMA = Schema(
+    [
+        ColumnSchema("k", DataType.INT64, is_key=True),
+        ColumnSchema("v", DataType.STRING, nullable=True),
+    ]
+)
+
+request_ids = st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 6))
+requests = st.one_of(st.none(), request_ids)
+
+
+@st.composite
+def request_lists(draw: st.DrawFn) -> list[tuple[Request | None, int]]:
+    return draw(st.lists(st.tuples(requests, st.integers(0, 7)), max_size=12))
+
+
+def _one_at_a_time(
+    reqs: list[tuple[Request | None, int]], stored: dict[Request, StoredRecord]
+) -> tuple[dict[int, StoredRecord], dict[int, int], dict[Request, StoredRecord | int]]:
+    """The request table as the entries see it one after another, the obvious way."""
+    table: dict[Request, StoredRecord | int] = dict(stored)
+    repeats_stored: dict[int, StoredRecord] = {}
+    repeats_batch: dict[int, int] = {}
+    for pos, (key, first_incomplete) in enumerate(reqs):
+        if key is None:
+            continue
+        if key in table:
+            held = table[key]
+            if isinstance(held, int):
+                repeats_batch[pos] = held
+            else:
+                repeats_stored[pos] = held
+            continue
+        table[key] = pos
+        if first_incomplete > 0:
+            for k in [k for k in table if k[0] == key[0] and k[1] < first_incomplete]:
+                del table[k]
+    return repeats_stored, repeats_batch, table
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    request_lists(),
+    st.dictionaries(
+        request_ids,
+        st.tuples(st.integers(1, 9), st.integers(1, 3), st.binary(max_size=2)),
+        max_size=6,
+    ),
+)
+def test_the_request_plan_is_what_one_at_a_time_sees(
+    reqs: list[tuple[Request | None, int]], stored: dict[Request, StoredRecord]
+) -> None:
+    plan = plan_requests(reqs, stored)
+    repeats_stored, repeats_batch, table = _one_at_a_time(reqs, stored)
+    assert plan.repeats_stored == repeats_stored
+    assert plan.repeats_batch == repeats_batch
+    # Deletes first, then the inserts, reach the same table.
+    after: dict[Request, StoredRecord | int] = {
+        k: v
+        for k, v in stored.items()
+        if not any(k[0] == client and k[1] < bound for client, bound in plan.deletes)
+    }
+    for pos in plan.inserts:
+        key = reqs[pos][0]
+        assert key is not None
+        assert key not in after
+        after[key] = pos
+    assert after == table
+    assert plan.inserts == sorted(plan.inserts)
+
+
+@st.composite
+def entries(draw: st.DrawFn) -> list[ApplyEntry]:
+    """Writes over a few keys (so rows collide: KEY_EXISTS, KEY_NOT_FOUND), as packed runs
+    or per-cell ops, of every op type, long enough for runs of one statement; some repeat
+    a request, some forget older ones, some are anonymous or empty (a NO_OP)."""
+    out: list[ApplyEntry] = []
+    for index in range(1, draw(st.integers(1, 14)) + 1):
+        rows: list[tuple[OpType, dict[str, Any]]] = []
+        shape = draw(st.sampled_from(list(OpType)))
+        for _ in range(draw(st.integers(0, 6))):
+            op = shape if draw(st.integers(0, 3)) else draw(st.sampled_from(list(OpType)))
+            row: dict[str, Any] = {"k": draw(st.integers(0, 5))}
+            if op is not OpType.DELETE:
+                row["v"] = draw(st.sampled_from(["x", "yy", None]))
+            rows.append((op, row))
+        ops: list[Any]
+        failures: list[Any] = []
+        if draw(st.booleans()):
+            runs, failures = decode_row_runs(SCHEMA, *encode_row_block(SCHEMA, rows))
+            ops = list(runs)
+        else:
+            ops = [encode_row_op(SCHEMA, op, row) for op, row in rows]
+        request = draw(requests)
+        out.append(
+            ApplyEntry(
+                index,
+                1 + index // 5,  # a few terms
+                ops,
+                request=request,
+                first_incomplete_seq_no=draw(st.integers(0, 7)) if request else 0,
+                row_failures=failures,
+            )
+        )
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries(), st.lists(st.integers(1, 14), max_size=4))
+def test_a_batch_applies_as_its_entries_one_at_a_time(
+    batch: list[ApplyEntry], cuts: list[int]
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        one = TabletStore.open(Path(tmp) / "one.sqlite", SCHEMA)
+        chunked = TabletStore.open(Path(tmp) / "chunked.sqlite", SCHEMA)
+        try:
+            expected = [r for e in batch for r in one.apply_batch([e])]
+            bounds = sorted({0, len(batch), *(c for c in cuts if c < len(batch))})
+            got = [
+                r
+                for lo, hi in itertools.pairwise(bounds)
+                for r in chunked.apply_batch(batch[lo:hi])
+            ]
+            assert got == expected
+            assert chunked.applied_index() == one.applied_index() == batch[-1].index
+        finally:
+            one.close()
+            chunked.close()
+        assert store_contents(Path(tmp) / "chunked.sqlite") == store_contents(
+            Path(tmp) / "one.sqlite"
+        )
