@@ -7,11 +7,11 @@ table `kv` with ``--tablets`` hash partitions, 3 replicas each), runs `raftlet w
 ``--seconds`` with 100-byte rows under new keys, and takes the cluster down again. The
 configurations, interleaved round-robin per repetition (medians printed):
 
-- ``cells``: 8 threads, manual flush every 1000 rows, rows in the per-cell form
+- ``cells``: 8 threads, manual flush every 2000 rows, rows in the per-cell form
   (`--row-format cells`: one RowOperationPB per row, as before the packed block);
 - ``block``: the same, rows packed into one row block per write;
-- ``pipelined``: packed rows, 2 threads, 1000-row batches, 4 batches in flight per session
-  (`--batch-rows 1000 --in-flight 4`).
+- ``pipelined``: packed rows, 2 threads, 2000-row batches, 4 batches in flight per session
+  (`--batch-rows 2000 --in-flight 4`).
 
 Printed per configuration: rows/s, p50 write latency, and CPU per acknowledged row of each
 process -- the client (`raftlet write`'s own utime+stime, from ``wait4``), the tablet's
@@ -34,11 +34,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-_MANUAL = ["--threads", "8", "--flush-mode", "manual", "--batch-rows", "1000"]
+_MANUAL = ["--threads", "8", "--flush-mode", "manual", "--batch-rows", "2000"]
 CONFIGS: dict[str, list[str]] = {
     "cells": [*_MANUAL, "--row-format", "cells"],
     "block": _MANUAL,
-    "pipelined": ["--threads", "2", "--batch-rows", "1000", "--in-flight", "4"],
+    "pipelined": ["--threads", "2", "--batch-rows", "2000", "--in-flight", "4"],
 }
 
 
