@@ -76,21 +76,23 @@ class BatchPipeline:
 
     # --- forming batches -------------------------------------------------------------------
 
-    def add(self, op: Operation) -> None:
-        """Put ``op`` in its tablet's open batch; a full batch is closed and may start."""
+    def add(self, op: Operation) -> bool:
+        """Put ``op`` in its tablet's open batch; a full batch is closed and may start.
+        True if there was no open batch before (a timer may need starting)."""
+        was_idle = not self._open
         batch = self._open.get(op.tablet_id)
         size = op.nbytes
-        if batch is not None and (
-            len(batch.ops) >= self.max_rows or batch.nbytes + size > self.max_bytes
-        ):
-            self._close(batch)
-            batch = None
         if batch is None:
             batch = self._open[op.tablet_id] = _Batch(op.tablet_id, opened=self._clock())
-        batch.ops.append(op)
-        batch.nbytes += size
-        if len(batch.ops) >= self.max_rows or batch.nbytes >= self.max_bytes:
+        elif batch.nbytes + size > self.max_bytes:  # this row would overflow it: close first
             self._close(batch)
+            batch = self._open[op.tablet_id] = _Batch(op.tablet_id, opened=self._clock())
+        ops = batch.ops
+        ops.append(op)
+        batch.nbytes += size
+        if len(ops) >= self.max_rows or batch.nbytes >= self.max_bytes:
+            self._close(batch)
+        return was_idle
 
     def add_all(self, ops: Sequence[Operation]) -> None:
         """Add ``ops`` and close every open batch."""

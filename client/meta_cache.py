@@ -198,7 +198,12 @@ class MetaState:
 
     def route(self, table: str, row: Mapping[str, object]) -> tuple[str, bytes]:
         """The tablet that holds ``row``, and the row's encoded key."""
-        info = self.table(table)
+        return self.route_in(self.table(table), row)
+
+    @staticmethod
+    def route_in(info: TableInfo, row: Mapping[str, object]) -> tuple[str, bytes]:
+        """``route`` for a table already looked up."""
+        table = info.name
         try:
             partition, encoded = key_router(info.schema, info.num_partitions)(row)
         except (KeyEncodeError, ValueError, TypeError) as e:

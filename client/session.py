@@ -127,7 +127,10 @@ class Session:
         self._rpc = rpc
         self._tracker = tracker
         self._on_close = on_close
-        self._cond = threading.Condition()
+        # A plain lock: `with self._lock` costs no Python-level call per row, as `with` on the
+        # Condition (an RLock by default, behind two Python methods) did.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._pipeline = BatchPipeline(
             self._cond,
             executor,
@@ -174,31 +177,27 @@ class Session:
         server would refuse anyway (unknown column, wrong type, missing key…)."""
         if type(op_type) is not OpType:
             op_type = OpType(op_type)
-        meta = self._rpc.meta
-        meta.table(table)  # an unknown table takes no index
         row = dict(row)  # the caller may reuse its dict; errors report what was written
-        if self.flush_mode is FlushMode.MANUAL_FLUSH:
-            # One critical section per row: the index, the encoding and the buffer.
-            with self._cond:
+        # Encoded before the index is taken (an unknown table takes none), so that taking
+        # it and buffering the row is one short critical section and buffers stay in index
+        # order.
+        try:
+            op = encode_operation(
+                self._rpc.meta, self._rpc.stats, -1, op_type, table, row,
+                packed_rows=self.packed_rows,
+            )  # fmt: skip
+        except RowError as e:
+            with self._lock:
                 index = self._take_index()
-                op = encode_operation(
-                    meta, self._rpc.stats, index, op_type, table, row, packed_rows=self.packed_rows
-                )
+            raise RowError(index, e.code, e.message, table=table, row=row) from None
+        if self.flush_mode is FlushMode.MANUAL_FLUSH:
+            with self._lock:
+                op.index = self._take_index()
                 self._buffer.append(op)
                 self._accepted += 1
             return
-        # Encoded before the index is taken, so that taking it and buffering the row is one
-        # critical section and the buffer stays in index order.
-        try:
-            op = encode_operation(
-                meta, self._rpc.stats, -1, op_type, table, row, packed_rows=self.packed_rows
-            )
-        except RowError as e:
-            with self._cond:
-                index = self._take_index()
-            raise RowError(index, e.code, e.message, table=table, row=row) from None
         if self.flush_mode is FlushMode.AUTO_FLUSH_SYNC:
-            with self._cond:
+            with self._lock:
                 op.index = self._take_index()
             errors = self._send_batch(op.tablet_id, [op])
             if errors:
@@ -211,22 +210,23 @@ class Session:
             raise ClientClosed("the session is closed")
 
     def _take_index(self) -> int:
-        """The next operation index (caller holds ``_cond``); ClientClosed when closed."""
+        """The next operation index (caller holds ``_lock``); ClientClosed when closed."""
         self._check_open()
         index = self._next_index
         self._next_index += 1
         return index
 
     def _buffer_background(self, op: Operation) -> None:
-        with self._cond:
-            self._check_open()
+        with self._lock:
+            if self._closing:
+                raise ClientClosed("the session is closed")
             if self._accepted - self._done >= self.max_buffered_rows:
                 self._wait_for_room()
-            op.index = self._take_index()
-            idle = not self._pipeline.has_open()
-            self._pipeline.add(op)
+            op.index = self._next_index
+            self._next_index += 1
+            opened = self._pipeline.add(op)
             self._accepted += 1
-            if idle:  # the flusher's timer starts with the first open row
+            if opened:  # the flusher's timer starts with the first open row
                 self._cond.notify_all()
 
     def _wait_for_room(self) -> None:

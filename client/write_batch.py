@@ -52,13 +52,8 @@ class Operation:
     key: bytes = b""
     # The row in the per-cell form instead, when the session sends that form.
     cells: tablet_pb2.RowOperationPB | None = None
-
-    @property
-    def nbytes(self) -> int:
-        """The row's size on the wire."""
-        if self.cells is not None:
-            return self.cells.ByteSize()
-        return len(self.packed[0]) + len(self.packed[1])
+    # The row's size on the wire.
+    nbytes: int = 0
 
 
 def code_name(code: int) -> str:
@@ -95,8 +90,9 @@ def encode_operation(
         stats.error(code)
         message = e.message.removeprefix("row 0: ")
         raise RowError(index, code, message, table=table, row=row) from None
-    tablet_id, key = meta.route(table, row)
-    return Operation(index, table, op_type, row, tablet_id, info.schema, packed, key, cells)
+    tablet_id, key = meta.route_in(info, row)
+    size = cells.ByteSize() if cells is not None else len(packed[0]) + len(packed[1])
+    return Operation(index, table, op_type, row, tablet_id, info.schema, packed, key, cells, size)
 
 
 def write_request(

@@ -29,6 +29,7 @@ def _op(index: int, key: int, tablet: str = "t0", nbytes: int = 10) -> Operation
         KV_SCHEMA,
         (b"r" * nbytes, b""),
         key.to_bytes(8, "big"),
+        nbytes=nbytes,
     )
 
 
