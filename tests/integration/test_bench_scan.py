@@ -3,40 +3,18 @@ scans in both forms, prints both tables and removes everything it made."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from raftlet.deploy.local import pid_alive
+from tests.bench_scripts import run_bench
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_the_scan_benchmark_runs_on_a_few_rows(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "scan.py"),
-            "--rows",
-            "3000",
-            "--repeat",
-            "1",
-            "--dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-    ).stdout
-    assert list(tmp_path.iterdir()) == []  # the cluster's directory is gone
+    out = run_bench("scan.py", "--rows", "3000", "--repeat", "1", directory=tmp_path)
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     names = [line.split("|")[1].strip() for line in rows]
     assert names[1].startswith("load: write --batch-rows 1000 --in-flight 4")

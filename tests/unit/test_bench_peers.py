@@ -4,32 +4,13 @@ network; the numbers the bench prints are for docs/benchmarks.md and never asser
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import load_bench
 
-
-def load_peers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "peers.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    path = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path  # the script puts bench/ first, for its _drivers helper
-    return module
-
-
-peers = load_peers()
+peers = load_bench("peers.py")
 
 
 def test_defaults_measure_every_system_at_three_levels() -> None:

@@ -3,50 +3,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def tables(out: str) -> list[list[list[str]]]:
-    """The cells of each printed table's rows, header left out."""
-    found: list[list[list[str]]] = []
-    rows: list[list[str]] | None = None
-    for line in out.splitlines():
-        if not line.startswith("|"):
-            rows = None
-            continue
-        if rows is None:  # a header
-            rows = []
-            found.append(rows)
-        elif "---" not in line:
-            rows.append([cell.strip() for cell in line.split("|")[1:-1]])
-    return found
+from tests.bench_scripts import run_bench, tables
 
 
 def test_the_restart_benchmark_prints_every_case(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "restart.py"),
-            "--entries",
-            "3000",
-            "--lag",
-            "1000",
-            "--dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-    ).stdout
-    assert list(tmp_path.iterdir()) == []  # the replica directory was removed
+    out = run_bench("restart.py", "--entries", "3000", "--lag", "1000", directory=tmp_path)
     cases, phases = tables(out)
     assert [row[:3] for row in cases] == [
         ["store lags 1,000", "3,000", "1,000"],

@@ -4,32 +4,13 @@ rows; the numbers themselves are for docs/benchmarks.md and never asserted.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import load_bench
 
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scan", ROOT / "bench" / "scan.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    path = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path  # the script puts the repository first
-    return module
-
-
-bench = load_bench()
+bench = load_bench("scan.py")
 
 
 def test_the_load_summary_is_the_json_raftlet_write_prints() -> None:

@@ -3,29 +3,15 @@ second per cell.  (The numbers themselves are for docs/benchmarks.md, never asse
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import run_bench, tables
 
 
 def table_rows(script: str, *args: str, directory: Path) -> list[list[str]]:
-    """Run ``bench/<script>`` with ``args`` and its temporary files in ``directory``; the
-    cells of its table's rows, header left out.  Checks that nothing was left behind."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args, "--dir", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-    ).stdout
-    assert list(directory.iterdir()) == []  # every temporary file was removed
-    lines = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
-    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[1:]]
+    """The rows of the one table ``bench/<script>`` prints."""
+    (rows,) = tables(run_bench(script, *args, directory=directory))
+    return rows
 
 
 def test_the_wal_benchmark_prints_every_mode(tmp_path: Path) -> None:
