@@ -16,7 +16,8 @@ figures; never ``tserver`` or ``consensus``.
         assert not s.errors()
         rows = list(c.scan("kv"))
 
-Modules: ``client`` (Client), ``session`` (flush modes), ``scanner``, ``meta_cache``
+Modules: ``client`` (Client), ``session`` (flush modes), ``batch_pipeline`` (a session's
+batches in flight per tablet, in key order), ``scanner``, ``meta_cache``
 (tables → tablets → replicas → leaders), ``rpc`` (routing one tablet RPC with retries),
 ``retry`` (error classification and backoff policies), ``request_tracker`` (exactly-once
 request ids), ``channels`` (one gRPC channel per server; also the tablet server's and the
