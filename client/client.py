@@ -45,6 +45,7 @@ from raftlet.client.session import (
 from raftlet.client.stats import StatsRecorder
 from raftlet.cluster import ClusterConfigError, load_cluster_config
 from raftlet.proto import admin_pb2, tablet_pb2
+from raftlet.schema.partition import partitions_for_predicates
 from raftlet.schema.predicates import Predicate
 
 __all__ = ["Client", "parse_seeds", "seeds_from_config"]
@@ -216,10 +217,13 @@ class Client(ClientBase[MetaCache]):
         their row form). ``timeout_s`` (default the client's) bounds each page."""
         self._check_open()
         info = self._meta.table(table)
+        # A scan that fixes the whole key visits only the tablets those keys live in.
+        pruned = partitions_for_predicates(info.schema, predicates, info.num_partitions)
+        tablets = info.tablet_ids if pruned is None else [info.tablet_ids[p] for p in pruned]
         return Scanner(
             self._rpc,
             info,
-            info.tablet_ids,
+            tablets,
             projection=projection,
             predicates=predicates,
             limit=limit,

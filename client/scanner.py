@@ -8,13 +8,18 @@ connection refused, an attempt's deadline) is left for the next one, a moved lea
 followed (LEADER_LATEST), and the scan continues from the last resume key it received — no
 row is returned twice and none is skipped.
 
-- ``ReadMode.LEADER_LATEST`` (default) reads from the leader, which first waits until it has
-  applied everything committed when the page was asked for: a page sees every write
-  acknowledged before it.
+- ``ReadMode.LEADER_LATEST`` (default) reads from the replica that believes it leads, which
+  first waits until it has applied everything it knows committed when the page was asked
+  for. Not yet linearizable: a leader cut off from the others keeps serving such pages
+  until it notices (its check-quorum), so for up to about two election timeouts after a
+  partition a page may miss writes a new leader has acknowledged (ReadIndex is planned).
 - ``ReadMode.FOLLOWER_APPLIED`` reads any replica's applied state (possibly stale). The
   scanner sticks to one replica per tablet while it answers (``prefer``), starting with the
   leader if known; after a fail-over, later pages come from another replica, which may have
   applied a little more or less than the first one.
+
+A scan whose predicates fix every key column (EQUALS, or IN_LIST) visits only the tablets
+those keys hash to (``schema.partition.partitions_for_predicates``), not every tablet.
 
 Rows are dicts (column name → value) in the projection's order. ``limit`` bounds the rows of
 the whole scan; ``timeout_s`` bounds each page, retries included. Counters for tests and

@@ -11,15 +11,26 @@ golden values so such a change cannot go unnoticed.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 
 from raftlet.schema.keys import KeyEncodeError, encode_key
+from raftlet.schema.predicates import Predicate, PredicateError, PredicateKind
 from raftlet.schema.schema import Schema
-from raftlet.schema.types import INTEGER_RANGES
+from raftlet.schema.types import INTEGER_RANGES, Value
 
-__all__ = ["KeyRouter", "key_router", "partition_for_encoded_key", "partition_for_key"]
+__all__ = [
+    "KeyRouter",
+    "key_router",
+    "partition_for_encoded_key",
+    "partition_for_key",
+    "partitions_for_predicates",
+]
+
+# More key combinations than this from IN-lists: not worth pruning, scan every tablet.
+_MAX_PRUNED_KEYS = 1024
 
 # row (column name -> value) -> (partition, encoded key); raises KeyEncodeError.
 KeyRouter = Callable[[Mapping[str, object]], tuple[int, bytes]]
@@ -77,3 +88,40 @@ def key_router(schema: Schema, num_partitions: int) -> KeyRouter:
         return crc32(encoded) % num_partitions, encoded
 
     return one_integer
+
+
+def partitions_for_predicates(
+    schema: Schema, predicates: Sequence[Predicate], num_partitions: int
+) -> list[int] | None:
+    """The partitions that can hold rows matching all of ``predicates`` (ANDed), sorted, when
+    they fix every key column to one value (EQUALS) or a few (IN_LIST); None when they do
+    not (every partition must be scanned). An empty list: no key can match (two EQUALS of
+    one key column disagree). Predicates that do not validate leave it to the server to
+    say so: None."""
+    choices: dict[str, set[Value]] = {}
+    for raw in predicates:
+        try:
+            p = raw.validate(schema)
+        except PredicateError:
+            return None
+        if not schema.has_column(p.column) or not schema.column(p.column).is_key:
+            continue
+        if p.kind is PredicateKind.EQUALS or p.kind is PredicateKind.IN_LIST:
+            fixed = set(p.values)
+            choices[p.column] = choices[p.column] & fixed if p.column in choices else fixed
+    names = [c.name for c in schema.key_columns]
+    if any(name not in choices for name in names):
+        return None
+    combos = 1
+    for name in names:
+        combos *= len(choices[name])
+    if combos > _MAX_PRUNED_KEYS:
+        return None
+    route = key_router(schema, num_partitions)
+    found: set[int] = set()
+    for key in itertools.product(*(sorted(choices[n], key=repr) for n in names)):
+        try:
+            found.add(route(dict(zip(names, key, strict=True)))[0])
+        except KeyEncodeError:
+            return None
+    return sorted(found)

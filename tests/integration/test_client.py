@@ -285,6 +285,23 @@ def test_failover_during_background_flush_loses_and_duplicates_nothing(
     assert retried.get("UNAVAILABLE", 0) + retried.get("NOT_LEADER", 0) > 0, retried
 
 
+def test_a_scan_that_fixes_the_key_visits_only_its_tablets(client: Client) -> None:
+    base = 900_000
+    with client.new_session(FlushMode.MANUAL_FLUSH) as session:
+        for k in range(base, base + 30):
+            session.insert("kv", {"key": k, "value": str(k)})
+    point = client.scan("kv", predicates=[Predicate.equals("key", base + 7)])
+    assert list(point) == [{"key": base + 7, "value": str(base + 7)}]
+    assert point.pages == 1  # one tablet asked, not all of them
+    keys = [base + 1, base + 2, base + 29]
+    few = client.scan("kv", predicates=[Predicate.in_list("key", keys)])
+    assert sorted(r["key"] for r in few) == keys
+    assert few.pages == len({client.tablet_for("kv", {"key": k}) for k in keys})
+    every = client.scan("kv", predicates=[Predicate.range("key", base, base + 30)])
+    assert len(list(every)) == 30
+    assert every.pages >= PARTITIONS  # no key fixed: every tablet
+
+
 def test_scan_pages_and_fails_over(client: Client, healed: TserverCluster) -> None:
     """A leader-latest scan with small pages; the server it reads from is killed mid-scan;
     the scan continues on the new leader from its resume key: every row once."""

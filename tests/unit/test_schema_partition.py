@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftlet.schema.keys import KeyEncodeError, encode_key
-from raftlet.schema.partition import key_router, partition_for_encoded_key, partition_for_key
+from raftlet.schema.partition import (
+    key_router,
+    partition_for_encoded_key,
+    partition_for_key,
+    partitions_for_predicates,
+)
+from raftlet.schema.predicates import Predicate
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType, Value
 from tests.unit.schema_strategies import key_schemas, keys_of
@@ -118,3 +124,31 @@ def test_a_key_router_refuses_what_encode_key_refuses(row: dict[str, object]) ->
         partition_for_key(ID, [7], 4),
         encode_key(ID, [7]),
     )
+
+
+@given(st.data(), st.integers(1, 16))
+def test_equality_on_the_whole_key_prunes_to_the_keys_partition(
+    data: st.DataObject, partitions: int
+) -> None:
+    schema = data.draw(key_schemas())
+    key = data.draw(keys_of(schema))
+    preds = [Predicate.equals(c.name, v) for c, v in zip(schema.key_columns, key, strict=True)]
+    preds.append(Predicate.is_null("val"))  # a non-key predicate changes nothing
+    assert partitions_for_predicates(schema, preds, partitions) == [
+        partition_for_key(schema, key, partitions)
+    ]
+    # Without one of the key columns fixed, every partition must be scanned.
+    assert partitions_for_predicates(schema, preds[1:], partitions) is None
+
+
+def test_in_lists_prune_to_their_keys_partitions_and_contradictions_to_none() -> None:
+    keys = [1, 5, 9, 12]
+    expected = sorted({partition_for_key(ID, [k], 8) for k in keys})
+    assert partitions_for_predicates(ID, [Predicate.in_list("id", keys)], 8) == expected
+    both = [Predicate.in_list("id", keys), Predicate.equals("id", 5)]
+    assert partitions_for_predicates(ID, both, 8) == [partition_for_key(ID, [5], 8)]
+    clash = [Predicate.equals("id", 5), Predicate.equals("id", 6)]
+    assert partitions_for_predicates(ID, clash, 8) == []
+    assert partitions_for_predicates(ID, [Predicate.range("id", 1, 5)], 8) is None
+    assert partitions_for_predicates(ID, [Predicate.equals("id", "x")], 8) is None  # invalid
+    assert partitions_for_predicates(ID, [Predicate.in_list("id", range(5000))], 8) is None
