@@ -17,6 +17,15 @@ and why. The hierarchy, and when each is raised:
 - ``ClientClosed`` — the client or session was closed.
 - ``RemoteError`` — any other server failure (INTERNAL, STALE_REQUEST, PERMISSION_DENIED…).
 
+Whether a failed write may still have been applied is ``may_have_applied``: False when no
+attempt can have reached a replica's log (refused at admission -- RESOURCE_EXHAUSTED,
+NOT_LEADER, LEADER_NOT_READY, TABLET_NOT_FOUND, INVALID_ARGUMENT -- or by the client before
+sending, and a ``RowError``'s row); True when some attempt's fate is unknown (a deadline or a
+broken connection after sending, an internal server error). An indeterminate write is safe
+to retry with the same session (its request id makes it apply once); it must not be assumed
+absent. ``Timeout``, ``NotLeader`` and ``ServerTooBusy`` are raised at the deadline, so an
+earlier attempt may have been accepted even when the last one was refused: the flag says.
+
 Errors collected by a session (``Session.errors()``) carry the failed operation:
 ``row_index``, ``table`` and ``row`` are set on them (``None`` on errors raised for
 operations that are not about one row).
@@ -49,12 +58,19 @@ class RaftletError(Exception):
     """
 
     cause = "ERROR"
+    # Whether the operation may have been applied although this error was raised (see the
+    # module docstring); subclasses and the retry loop set it.
+    may_have_applied = False
 
-    def __init__(self, message: str, *, cause: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, cause: str | None = None, may_have_applied: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         if cause is not None:
             self.cause = cause
+        if may_have_applied is not None:
+            self.may_have_applied = may_have_applied
         # Set when the error is about one operation of a session (see the module docstring).
         self.row_index: int | None = None
         self.table: str | None = None
@@ -80,6 +96,7 @@ class Timeout(RaftletError):
     """The operation's deadline passed before it succeeded (retries included)."""
 
     cause = "TIMEOUT"
+    may_have_applied = True
 
 
 class ServerTooBusy(Timeout):
@@ -111,6 +128,7 @@ class RemoteError(RaftletError):
     (and ``ServerErrorPB`` code when the server sent one)."""
 
     cause = "REMOTE_ERROR"
+    may_have_applied = True
 
 
 class RowError(RaftletError):

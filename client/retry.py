@@ -104,6 +104,19 @@ class Action(enum.Enum):
     FAIL = "fail at once"
 
 
+# Failures that say the attempt was refused before its request could reach a log: they
+# leave the operation "definitely not applied" (client.errors: may_have_applied).
+_REFUSED = frozenset(
+    {
+        Cause.RESOURCE_EXHAUSTED,
+        Cause.LEADER_NOT_READY,
+        Cause.NOT_LEADER,
+        Cause.TABLET_NOT_FOUND,
+        Cause.INVALID_ARGUMENT,
+        Cause.STALE_REQUEST,
+    }
+)
+
 _RETRIABLE: dict[Cause, Action] = {
     Cause.RESOURCE_EXHAUSTED: Action.BACKOFF_SAME,
     Cause.LEADER_NOT_READY: Action.BACKOFF_SAME,
@@ -279,18 +292,25 @@ DEFAULT_POLICIES: Mapping[Cause, wait_base] = {
 _FALLBACK_WAIT = tenacity.wait_exponential_jitter(multiplier=0.02, max=1.0, jitter=0.02)
 
 
-def timeout_error(what: str, timeout_s: float, attempts: int, last: RpcFailure | None) -> Timeout:
-    """The ``Timeout`` (or its subclass named by the last failure) for a passed deadline."""
+def timeout_error(
+    what: str,
+    timeout_s: float,
+    attempts: int,
+    last: RpcFailure | None,
+    may_have_applied: bool = True,
+) -> Timeout:
+    """The ``Timeout`` (or its subclass named by the last failure) for a passed deadline;
+    ``may_have_applied`` False only when every attempt was refused before any log."""
     tail = f"; last error: {last}" if last is not None else ""
     text = (
         f"{what} timed out after {timeout_s:.3g} s "
         f"({attempts} attempt{'s' if attempts != 1 else ''}{tail})"
     )
     if last is not None and last.cause is Cause.RESOURCE_EXHAUSTED:
-        return ServerTooBusy(text)
+        return ServerTooBusy(text, may_have_applied=may_have_applied)
     if last is not None and last.cause is Cause.NOT_LEADER:
-        return NotLeader(text)
-    return Timeout(text)
+        return NotLeader(text, may_have_applied=may_have_applied)
+    return Timeout(text, may_have_applied=may_have_applied)
 
 
 def _failure_of(state: tenacity.RetryCallState) -> RetriableFailure | None:
@@ -368,6 +388,8 @@ class _RetryRun:
         self.attempts = 0
         self.last: RpcFailure | None = None
         self.reserve = _reserve(timeout_s)
+        # Some attempt's fate is unknown: it may be in a log (see client.errors).
+        self.may_have_applied = False
 
     def next_attempt(self) -> tuple[int, float]:
         """``(attempt_no, attempt timeout)`` of the attempt about to start, or raises
@@ -382,10 +404,15 @@ class _RetryRun:
         self.attempts += 1
         return n, attempt_timeout
 
+    def _failed(self, failure: RpcFailure) -> None:
+        self.last = failure
+        if failure.cause not in _REFUSED:
+            self.may_have_applied = True
+
     def before_sleep(self, state: tenacity.RetryCallState) -> None:
         failure = _failure_of(state)
         if failure is not None:
-            self.last = failure.failure
+            self._failed(failure.failure)
             if self.on_retry is not None:
                 self.on_retry(failure.failure)
 
@@ -402,8 +429,16 @@ class _RetryRun:
         if gave_up is not None:
             failure = gave_up.last_attempt.exception()
             if isinstance(failure, RetriableFailure):
-                self.last = failure.failure
-        return timeout_error(self.what, self.timeout_s, self.attempts, self.last)
+                self._failed(failure.failure)
+        return timeout_error(
+            self.what, self.timeout_s, self.attempts, self.last, self.may_have_applied
+        )
+
+    def final(self, error: RaftletError) -> None:
+        """Mark a non-retriable ``error`` that ends the run indeterminate if an earlier
+        attempt's fate is unknown."""
+        if self.may_have_applied:
+            error.may_have_applied = True
 
 
 def run_with_retries(
@@ -443,6 +478,9 @@ def run_with_retries(
         gave_up = e
     except _DeadlinePassed:
         pass
+    except RaftletError as e:
+        run.final(e)
+        raise
     raise run.timeout(gave_up)
 
 
@@ -482,6 +520,9 @@ async def run_with_retries_async(
         gave_up = e
     except _DeadlinePassed:
         pass
+    except RaftletError as e:
+        run.final(e)
+        raise
     raise run.timeout(gave_up)
 
 

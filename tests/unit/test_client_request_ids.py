@@ -13,7 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from raftlet.client.errors import RowError, ServerTooBusy, TabletNotFound
+from raftlet.client.errors import (
+    InvalidArgument,
+    NotLeader,
+    RemoteError,
+    RowError,
+    ServerTooBusy,
+    TabletNotFound,
+)
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.session import FlushMode, Session
 from raftlet.proto import tablet_pb2
@@ -200,3 +207,53 @@ def test_tablet_not_found_on_every_replica_is_raised_not_retried_forever() -> No
     with pytest.raises(TabletNotFound):
         session.insert("kv", {"key": 0, "value": "x"})
     assert len(cluster.writes()) == 3
+
+
+def _timed_out() -> FakeRpcError:
+    return FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "error", "may_have_applied"),
+    [
+        # Refused every time, before any log: definitely not applied.
+        (queue_full(), queue_full(), ServerTooBusy, False),
+        (not_leader(), not_leader(), NotLeader, False),
+        # An attempt whose fate is unknown makes the whole write indeterminate, even when the
+        # last attempt was refused -- or failed for good.
+        (_timed_out(), queue_full(), ServerTooBusy, True),
+        (unavailable(), not_leader(), NotLeader, True),
+        (
+            _timed_out(),
+            FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "bad", None),
+            InvalidArgument,
+            True,
+        ),
+        (
+            queue_full(),
+            FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "bad", None),
+            InvalidArgument,
+            False,
+        ),
+        (FakeRpcError(grpc.StatusCode.INTERNAL, "boom", None), None, RemoteError, True),
+    ],
+)
+def test_an_error_says_whether_the_write_may_have_been_applied(
+    first: Exception, then: Exception | None, error: type[Exception], may_have_applied: bool
+) -> None:
+    cluster = FakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", first, *([then] if then is not None else []))
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+    session, _, _ = _session(cluster, timeout_s=2.0)
+    with pytest.raises(error) as info:  # type: ignore[call-overload]
+        session.insert("kv", {"key": 5, "value": "x"})
+    assert info.value.may_have_applied is may_have_applied
+
+
+def test_a_refused_row_was_not_applied() -> None:
+    cluster = FakeCluster()
+    session, _, _ = _session(cluster)
+    with pytest.raises(RowError) as info:
+        session.insert("kv", {"key": "not an int"})
+    assert info.value.may_have_applied is False
