@@ -50,6 +50,7 @@ from raftlet.client.retry import DEFAULT_POLICIES, Cause
 from raftlet.client.scanner import ReadMode, Row, RowFormat, Scanner
 from raftlet.client.session import FlushMode, Operation, Session
 from raftlet.client.stats import ClientStats
+from raftlet.client.write_batch import WriteResult
 from raftlet.schema.predicates import Predicate
 from raftlet.schema.rows import OpType
 
@@ -77,6 +78,7 @@ __all__ = [
     "Session",
     "TabletNotFound",
     "Timeout",
+    "WriteResult",
 ]
 
 # Last, so the re-exports above stay at the top; see raftlet/__init__.py.

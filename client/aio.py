@@ -72,6 +72,7 @@ from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.stats import StatsRecorder
 from raftlet.client.write_batch import (
     Operation,
+    WriteResult,
     batch_errors,
     describe_write,
     encode_operation,
@@ -208,17 +209,17 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
 
     # --- writing ---------------------------------------------------------------------------
 
-    async def insert(self, table: str, row: Mapping[str, object]) -> None:
-        await self.apply(OpType.INSERT, table, row)
+    async def insert(self, table: str, row: Mapping[str, object]) -> WriteResult:
+        return await self.apply(OpType.INSERT, table, row)
 
-    async def upsert(self, table: str, row: Mapping[str, object]) -> None:
-        await self.apply(OpType.UPSERT, table, row)
+    async def upsert(self, table: str, row: Mapping[str, object]) -> WriteResult:
+        return await self.apply(OpType.UPSERT, table, row)
 
-    async def update(self, table: str, row: Mapping[str, object]) -> None:
-        await self.apply(OpType.UPDATE, table, row)
+    async def update(self, table: str, row: Mapping[str, object]) -> WriteResult:
+        return await self.apply(OpType.UPDATE, table, row)
 
-    async def delete(self, table: str, row: Mapping[str, object]) -> None:
-        await self.apply(OpType.DELETE, table, row)
+    async def delete(self, table: str, row: Mapping[str, object]) -> WriteResult:
+        return await self.apply(OpType.DELETE, table, row)
 
     async def apply(
         self,
@@ -227,14 +228,17 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         row: Mapping[str, object],
         *,
         timeout_s: float | None = None,
-    ) -> None:
+    ) -> WriteResult:
         """Write one row and wait for its acknowledgement; raises its error (see the module
-        docstring). ``timeout_s`` (default the client's) bounds it, retries included."""
+        docstring). ``timeout_s`` (default the client's) bounds it, retries included.
+        Returns where the write is in its tablet's log (``WriteResult``)."""
         self._check_open()
         op = encode_operation(self._meta, self._stats, 0, OpType(op_type), table, dict(row))
-        errors = await self._send_batch(op.tablet_id, [op], timeout_s)
+        result, errors = await self._write(op.tablet_id, [op], timeout_s)
         if errors:
             raise errors[0]
+        assert result is not None  # no errors: acknowledged
+        return result
 
     async def write(
         self,
@@ -280,6 +284,12 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self, tablet_id: str, ops: list[Operation], timeout_s: float | None
     ) -> list[RaftletError]:
         """One Write RPC of ``ops`` (all of ``tablet_id``), retried with one request id."""
+        return (await self._write(tablet_id, ops, timeout_s))[1]
+
+    async def _write(
+        self, tablet_id: str, ops: list[Operation], timeout_s: float | None
+    ) -> tuple[WriteResult | None, list[RaftletError]]:
+        """``_send_batch``, with where the write landed when it was acknowledged."""
         rpc = self._rpc
         tracker = self._tracker
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -305,11 +315,12 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
             )
         except RaftletError as e:
             rpc.stats.error(e.cause, len(ops))
-            return [e.for_operation(op.index, op.table, op.row) for op in ops]
+            return None, [e.for_operation(op.index, op.table, op.row) for op in ops]
         finally:
             tracker.complete(seq_no)
         rpc.stats.write_acked(len(ops), rpc.clock() - start)
-        return batch_errors(response, ops, tablet_id, rpc.stats)
+        result = WriteResult(response.op_index, response.op_term)
+        return result, batch_errors(response, ops, tablet_id, rpc.stats)
 
     # --- admin -----------------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ A session turns ``insert``/``upsert``/``update``/``delete`` calls into ``Operati
 row validated and packed exactly as the server will decode it (``schema.row_packer``) and
 routed to its tablet (``MetaCache.route``) — and sends them in one of three modes:
 
-- ``AUTO_FLUSH_SYNC``: each call sends its row and returns when it is acknowledged; a row
-  error is raised as ``RowError``, a failure after retries as ``Timeout`` (or a subclass).
+- ``AUTO_FLUSH_SYNC``: each call sends its row and returns when it is acknowledged, with a
+  ``WriteResult`` (the Raft index and term of the write's entry); a row error is raised as
+  ``RowError``, a failure after retries as ``Timeout`` (or a subclass).
 - ``MANUAL_FLUSH``: calls only buffer; ``flush()`` sends the buffer and returns when every
   row has an outcome. Failures are collected, not raised: ``errors()``.
 - ``AUTO_FLUSH_BACKGROUND``: calls buffer and return. Each tablet's rows collect in an open
@@ -47,6 +48,7 @@ from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.client.write_batch import (
     Operation,
+    WriteResult,
     batch_errors,
     describe_write,
     encode_operation,
@@ -160,21 +162,25 @@ class Session:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def insert(self, table: str, row: Mapping[str, object]) -> None:
-        self.apply(OpType.INSERT, table, row)
+    def insert(self, table: str, row: Mapping[str, object]) -> WriteResult | None:
+        return self.apply(OpType.INSERT, table, row)
 
-    def upsert(self, table: str, row: Mapping[str, object]) -> None:
-        self.apply(OpType.UPSERT, table, row)
+    def upsert(self, table: str, row: Mapping[str, object]) -> WriteResult | None:
+        return self.apply(OpType.UPSERT, table, row)
 
-    def update(self, table: str, row: Mapping[str, object]) -> None:
-        self.apply(OpType.UPDATE, table, row)
+    def update(self, table: str, row: Mapping[str, object]) -> WriteResult | None:
+        return self.apply(OpType.UPDATE, table, row)
 
-    def delete(self, table: str, row: Mapping[str, object]) -> None:
-        self.apply(OpType.DELETE, table, row)
+    def delete(self, table: str, row: Mapping[str, object]) -> WriteResult | None:
+        return self.apply(OpType.DELETE, table, row)
 
-    def apply(self, op_type: OpType, table: str, row: Mapping[str, object]) -> None:
+    def apply(
+        self, op_type: OpType, table: str, row: Mapping[str, object]
+    ) -> WriteResult | None:
         """Write one row (see the flush modes). Raises ``RowError`` at once for a row the
-        server would refuse anyway (unknown column, wrong type, missing key…)."""
+        server would refuse anyway (unknown column, wrong type, missing key…). In
+        ``AUTO_FLUSH_SYNC`` mode returns where the acknowledged write is in its tablet's log
+        (``WriteResult``: Raft index and term); in the buffering modes None."""
         if type(op_type) is not OpType:
             op_type = OpType(op_type)
         row = dict(row)  # the caller may reuse its dict; errors report what was written
@@ -195,15 +201,16 @@ class Session:
                 op.index = self._take_index()
                 self._buffer.append(op)
                 self._accepted += 1
-            return
+            return None
         if self.flush_mode is FlushMode.AUTO_FLUSH_SYNC:
             with self._lock:
                 op.index = self._take_index()
-            errors = self._send_batch(op.tablet_id, [op])
+            result, errors = self._write(op.tablet_id, [op])
             if errors:
                 raise errors[0]
-        else:
-            self._buffer_background(op)
+            return result
+        self._buffer_background(op)
+        return None
 
     def _check_open(self) -> None:
         if self._closing:
@@ -319,6 +326,12 @@ class Session:
     def _send_batch(self, tablet_id: str, ops: list[Operation]) -> list[RaftletError]:
         """One Write RPC of ``ops`` (all of ``tablet_id``), retried with one request id.
         Returns the errors, one per failed operation."""
+        return self._write(tablet_id, ops)[1]
+
+    def _write(
+        self, tablet_id: str, ops: list[Operation]
+    ) -> tuple[WriteResult | None, list[RaftletError]]:
+        """``_send_batch``, with where the write landed when it was acknowledged."""
         rpc = self._rpc
         tracker = self._tracker
         seq_no = tracker.new_seq_no()
@@ -341,11 +354,12 @@ class Session:
             )
         except RaftletError as e:
             rpc.stats.error(e.cause, len(ops))
-            return [e.for_operation(op.index, op.table, op.row) for op in ops]
+            return None, [e.for_operation(op.index, op.table, op.row) for op in ops]
         finally:
             tracker.complete(seq_no)
         rpc.stats.write_acked(len(ops), rpc.clock() - start)
-        return batch_errors(response, ops, tablet_id, rpc.stats)
+        result = WriteResult(response.op_index, response.op_term)
+        return result, batch_errors(response, ops, tablet_id, rpc.stats)
 
     # --- results and lifecycle -------------------------------------------------------------
 

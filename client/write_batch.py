@@ -28,12 +28,23 @@ from raftlet.schema.schema import Schema
 
 __all__ = [
     "Operation",
+    "WriteResult",
     "batch_errors",
     "code_name",
     "describe_write",
     "encode_operation",
     "write_request",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """Where an acknowledged write is in its tablet's log: the Raft index and term of its
+    entry (for a retried write, the entry that applied it first). Reads that must see the
+    write can wait for this index."""
+
+    op_index: int
+    op_term: int
 
 
 @dataclass(slots=True)

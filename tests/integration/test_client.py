@@ -285,6 +285,19 @@ def test_failover_during_background_flush_loses_and_duplicates_nothing(
     assert retried.get("UNAVAILABLE", 0) + retried.get("NOT_LEADER", 0) > 0, retried
 
 
+def test_a_sync_write_says_where_it_is_in_the_log(client: Client) -> None:
+    base = 950_000
+    tablet = client.tablet_for("kv", {"key": base})
+    keys = keys_of_tablet(client, tablet, base, 2)
+    with client.new_session() as session:
+        first = session.insert("kv", {"key": keys[0], "value": "a"})
+        second = session.insert("kv", {"key": keys[1], "value": "b"})
+    assert first is not None
+    assert second is not None
+    assert second.op_index > first.op_index > 0
+    assert second.op_term >= first.op_term >= 1
+
+
 def test_a_scan_that_fixes_the_key_visits_only_its_tablets(client: Client) -> None:
     base = 900_000
     with client.new_session(FlushMode.MANUAL_FLUSH) as session:

@@ -111,7 +111,8 @@ def test_a_retried_write_keeps_its_request_id_across_servers() -> None:
             "UNAVAILABLE": 1,
         }
         assert clock.sleeps  # the queue-full retry backed off
-        await c.insert("kv", {"key": 2, "value": "b"})  # straight to the leader that answered
+        landed = await c.insert("kv", {"key": 2, "value": "b"})  # straight to the leader
+        assert (landed.op_index, landed.op_term) == (7, 1)  # where the server said it is
         last = cluster.servers["ts3"].requests["write"][-1]
         assert (last.request_id.seq_no, last.request_id.attempt_no) == (2, 0)
         assert last.request_id.first_incomplete_seq_no == 2

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from raftlet.client.errors import RowError
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.session import FlushMode, Session
+from raftlet.client.write_batch import WriteResult
 from raftlet.proto import tablet_pb2
 from tests.unit.client_fakes import FakeCluster, make_rpc, ok, rows_in
 from tests.waiting import wait_for
@@ -83,4 +84,14 @@ def test_errors_come_back_in_row_order_whatever_order_batches_finish() -> None:
     assert indexes == sorted(indexes)
     assert all(isinstance(e, RowError) for e in errors)
     assert len(errors) == len(cluster.writes())  # one refused row per batch
+    session.close()
+
+
+def test_a_sync_write_returns_where_it_landed_and_buffered_ones_none() -> None:
+    cluster = _cluster()
+    session = _session(cluster, FlushMode.AUTO_FLUSH_SYNC)
+    assert session.insert("kv", {"key": 1, "value": "v"}) == WriteResult(op_index=7, op_term=1)
+    buffered = _session(cluster, FlushMode.MANUAL_FLUSH)
+    assert buffered.insert("kv", {"key": 2, "value": "v"}) is None
+    buffered.close()
     session.close()
