@@ -8,11 +8,11 @@ connection refused, an attempt's deadline) is left for the next one, a moved lea
 followed (LEADER_LATEST), and the scan continues from the last resume key it received — no
 row is returned twice and none is skipped.
 
-- ``ReadMode.LEADER_LATEST`` (default) reads from the replica that believes it leads, which
-  first waits until it has applied everything it knows committed when the page was asked
-  for. Not yet linearizable: a leader cut off from the others keeps serving such pages
-  until it notices (its check-quorum), so for up to about two election timeouts after a
-  partition a page may miss writes a new leader has acknowledged (ReadIndex is planned).
+- ``ReadMode.LEADER_LATEST`` (default) is linearizable: the leader notes its commit index
+  when the page is asked for, confirms with a round of heartbeats that a majority still
+  follows it (ReadIndex), and answers once it has applied that index -- so a page sees every
+  write acknowledged before it was asked for. A leader cut off from the others answers no
+  such page (UNAVAILABLE, retried; then NOT_LEADER once it steps down).
 - ``ReadMode.FOLLOWER_APPLIED`` reads any replica's applied state (possibly stale). The
   scanner sticks to one replica per tablet while it answers (``prefer``), starting with the
   leader if known; after a fail-over, later pages come from another replica, which may have

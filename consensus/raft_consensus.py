@@ -126,6 +126,19 @@ class ReplicaFailed(ProposalDropped):
     """The replica's log failed; it serves nothing until it is reopened."""
 
 
+class _ReadWaiter:
+    """One ``read_index`` call waiting for its ReadState."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.index = 0
+        self.ok = False
+
+    def finish(self, index: int, *, ok: bool) -> None:
+        self.index, self.ok = index, ok
+        self.done.set()
+
+
 @dataclass(frozen=True, slots=True)
 class ConsensusSnapshot:
     """What a write needs to know about leadership, immutable so it can be read lock-free."""
@@ -229,6 +242,9 @@ class RaftConsensus:
         self._last_election = 0.0  # wall-clock time this replica last saw a new leader
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
+        # Linearizable reads waiting for a quorum's confirmation, by the core's token.
+        self._reads: dict[int, _ReadWaiter] = {}
+        self._read_token = 0
         # The server's pool runs every replica's mailbox; a replica on its own gets one.
         self._own_workers = workers is None
         self._workers = workers or WorkerPool(f"raft-worker:{group_id}", min_threads=1)
@@ -284,6 +300,9 @@ class RaftConsensus:
             self._workers.stop()
         with self._lock:
             self._save_commit_unlocked()
+            for waiter in self._reads.values():  # their answers will not come now
+                waiter.finish(0, ok=False)
+            self._reads.clear()
 
     # --- the write path ----------------------------------------------------------------
 
@@ -329,6 +348,42 @@ class RaftConsensus:
                 on_proposed(entries)
             self._process_ready_unlocked()
         return entries
+
+    def read_index(self, timeout_s: float) -> int:
+        """The index a linearizable read must see (ReadIndex, thesis §6.4): the commit
+        index when the call arrived, once a quorum has confirmed after that moment that
+        this replica still leads. Serve the read once the store has applied it. Raises
+        NotLeaderError (not the leader, or it lost leadership meanwhile), LeaderNotReady
+        (its commit index is not current yet, or no quorum answered within ``timeout_s``:
+        a replica cut off from the others never serves a read), ReplicaFailed."""
+        if self._failure is not None:
+            raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
+        waiter = _ReadWaiter()
+        with self._lock:
+            if self._stopping.is_set():
+                raise NotLeaderError(NO_NODE, self._snapshot.term)
+            self._step_ticks_unlocked()
+            self._read_token += 1
+            token = self._read_token
+            try:
+                self._node.read_index(token)
+            except NotLeaderError:
+                raise
+            except ProposalDropped as e:
+                raise LeaderNotReady(str(e)) from None
+            self._reads[token] = waiter
+            self._process_ready_unlocked()
+        if not waiter.done.wait(timeout_s):
+            with self._lock:
+                self._reads.pop(token, None)
+            raise LeaderNotReady(
+                f"replica {self.group_id}: no quorum confirmed its leadership within "
+                f"{timeout_s:.3g} s"
+            )
+        if not waiter.ok:
+            snap = self._snapshot
+            raise NotLeaderError(snap.leader_id, snap.term)
+        return waiter.index
 
     def on_applied(self, index: int) -> None:
         """The applier applied every committed entry up to ``index``."""
@@ -546,6 +601,10 @@ class RaftConsensus:
                 )
             if rd.committed_entries:
                 self._apply_committed(rd.committed_entries)
+            for read in rd.read_states:
+                waiter = self._reads.pop(read.token, None)
+                if waiter is not None:
+                    waiter.finish(read.index, ok=read.ok)
         if answer is None:
             return _NO_ANSWER
         return _HELD if held_here else answer

@@ -52,7 +52,7 @@ class EntryBatchPB(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ...) -> None: ...
 
 class UpdateConsensusRequest(_message.Message):
-    __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term", "prev_log_index", "prev_log_term", "entries", "committed_index", "is_heartbeat")
+    __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term", "prev_log_index", "prev_log_term", "entries", "committed_index", "is_heartbeat", "read_round")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     CALLER_UUID_FIELD_NUMBER: _ClassVar[int]
     DEST_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class UpdateConsensusRequest(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_INDEX_FIELD_NUMBER: _ClassVar[int]
     IS_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    READ_ROUND_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     caller_uuid: str
     dest_uuid: str
@@ -71,10 +72,11 @@ class UpdateConsensusRequest(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[EntryPB]
     committed_index: int
     is_heartbeat: bool
-    def __init__(self, tablet_id: _Optional[str] = ..., caller_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., caller_term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., committed_index: _Optional[int] = ..., is_heartbeat: _Optional[bool] = ...) -> None: ...
+    read_round: int
+    def __init__(self, tablet_id: _Optional[str] = ..., caller_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., caller_term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., committed_index: _Optional[int] = ..., is_heartbeat: _Optional[bool] = ..., read_round: _Optional[int] = ...) -> None: ...
 
 class UpdateConsensusResponse(_message.Message):
-    __slots__ = ("responder_uuid", "responder_term", "rejected", "last_log_index", "conflict_term", "conflict_index", "error", "is_heartbeat")
+    __slots__ = ("responder_uuid", "responder_term", "rejected", "last_log_index", "conflict_term", "conflict_index", "error", "is_heartbeat", "read_round")
     RESPONDER_UUID_FIELD_NUMBER: _ClassVar[int]
     RESPONDER_TERM_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +85,7 @@ class UpdateConsensusResponse(_message.Message):
     CONFLICT_INDEX_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     IS_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    READ_ROUND_FIELD_NUMBER: _ClassVar[int]
     responder_uuid: str
     responder_term: int
     rejected: bool
@@ -91,7 +94,8 @@ class UpdateConsensusResponse(_message.Message):
     conflict_index: int
     error: _common_pb2.ServerErrorPB
     is_heartbeat: bool
-    def __init__(self, responder_uuid: _Optional[str] = ..., responder_term: _Optional[int] = ..., rejected: _Optional[bool] = ..., last_log_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., conflict_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., is_heartbeat: _Optional[bool] = ...) -> None: ...
+    read_round: int
+    def __init__(self, responder_uuid: _Optional[str] = ..., responder_term: _Optional[int] = ..., rejected: _Optional[bool] = ..., last_log_index: _Optional[int] = ..., conflict_term: _Optional[int] = ..., conflict_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., is_heartbeat: _Optional[bool] = ..., read_round: _Optional[int] = ...) -> None: ...
 
 class RequestVoteRequest(_message.Message):
     __slots__ = ("tablet_id", "candidate_uuid", "dest_uuid", "candidate_term", "last_log_index", "last_log_term", "is_pre_vote", "leader_transfer")

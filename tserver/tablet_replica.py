@@ -434,8 +434,10 @@ class TabletReplica:
         if self._failure is not None or self._stopped:
             raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
+            # Linearizable: fail fast off-leader, then confirm leadership with a quorum
+            # after the read arrived (ReadIndex) and wait until that index is applied.
             self.consensus.check_leadership_and_bind_term()
-            self._wait_applied(self.consensus.commit_index())
+            self._wait_applied(self.consensus.read_index(self.options.read_wait_s))
         if request.row_format not in _ROW_FORMATS:
             raise InvalidRequest(f"unknown row format {request.row_format}")
         max_rows = request.batch_size_rows or None
@@ -462,7 +464,7 @@ class TabletReplica:
             raise InvalidRequest(str(exc)) from exc
 
     def _wait_applied(self, index: int) -> None:
-        """Leader-latest reads see everything committed when the read arrived."""
+        """Leader-latest reads see everything committed before the read arrived."""
         with self._applied_cond:
             if not self._applied_cond.wait_for(
                 lambda: self.store.applied_index() >= index, self.options.read_wait_s

@@ -13,12 +13,17 @@ Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design)
 - A leader never overwrites its log, appends a NO_OP when elected, and commits
   only entries of its own term by counting replicas (§5.4.2, Figure 8).  It counts
   itself only for entries it has persisted (``on_persisted``).
+- A read (``read_index``, thesis §6.4) is released at the commit index the leader held
+  when it arrived, and only after a majority answered a heartbeat sent after that moment
+  (heartbeats carry the latest read round; an answer confirms every read of its round or
+  earlier); losing leadership fails the waiting reads.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from raftlet.consensus.core.config import Config
 from raftlet.consensus.core.errors import NotLeaderError, ProposalDropped, TermMismatch
@@ -33,11 +38,20 @@ from raftlet.consensus.core.types import (
     HardState,
     Message,
     MessageType,
+    ReadState,
     Role,
     SoftState,
 )
 
 __all__ = ["Raft"]
+
+
+@dataclass(slots=True)
+class _PendingRead:
+    token: int
+    index: int  # the commit index when the read arrived
+    round: int  # heartbeat round that confirms it
+    acks: set[str]
 
 _VOTE_RESPONSE = {
     MessageType.VOTE: MessageType.VOTE_RESPONSE,
@@ -61,6 +75,11 @@ class Raft:
         self.prs: dict[str, Progress] = {}
         self.votes: dict[str, bool] = {}
         self.msgs: list[Message] = []
+        # ReadIndex (thesis §6.4): reads waiting for a quorum to confirm this leader, in
+        # request order, and the outcomes for the driver's next ready.
+        self._read_round = 0
+        self._pending_reads: list[_PendingRead] = []
+        self.read_states: list[ReadState] = []
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_election_timeout = config.election_tick
@@ -91,6 +110,9 @@ class Raft:
     # --- role transitions -----------------------------------------------------------
 
     def _reset(self, term: int) -> None:
+        # Reads waiting for this leadership fail: it is over (or never was).
+        self.read_states += [ReadState(r.token, 0, ok=False) for r in self._pending_reads]
+        self._pending_reads = []
         if term != self.term:
             self.term = term
             self.vote = NO_NODE
@@ -229,6 +251,39 @@ class Raft:
         self._bcast_append()
         return entries
 
+    def read_index(self, token: int) -> None:
+        """Start a linearizable read (ReadIndex, thesis §6.4): note the commit index now and
+        confirm with a heartbeat round that a quorum still follows this leader; then
+        ``ReadState(token, index)`` appears in ``read_states`` (or ``ok=False`` if the
+        leadership ends first). Reads serve once ``index`` is applied. Raises
+        ``NotLeaderError`` off-leader and ``ProposalDropped`` before this leader has committed
+        an entry of its term (its commit index is not yet current)."""
+        if self.role is not Role.LEADER:
+            raise NotLeaderError(self.lead, self.term)
+        if self.log.term(self.log.committed) != self.term:
+            raise ProposalDropped("the leader has not yet committed an entry of its term")
+        read = _PendingRead(token, self.log.committed, self._read_round + 1, {self.id})
+        if vote_result(self.voters, dict.fromkeys(read.acks, True)) is VoteResult.WON:
+            self.read_states.append(ReadState(token, read.index))  # a single voter
+            return
+        self._read_round = read.round
+        self._pending_reads.append(read)
+        self._bcast_heartbeat()
+
+    def _confirm_reads(self, voter: str, round_seen: int) -> None:
+        """``voter`` answered a heartbeat of ``round_seen`` in this term: it followed this
+        leader after every read of that round or earlier was noted."""
+        for read in self._pending_reads:
+            if read.round > round_seen:
+                break
+            read.acks.add(voter)
+        while self._pending_reads:
+            head = self._pending_reads[0]
+            if vote_result(self.voters, dict.fromkeys(head.acks, True)) is not VoteResult.WON:
+                break
+            self._pending_reads.pop(0)
+            self.read_states.append(ReadState(head.token, head.index))
+
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to ``target`` (thesis §3.10): stop accepting proposals,
         bring the target up to date, then tell it to campaign at once."""
@@ -345,6 +400,9 @@ class Raft:
         elif m.type is MessageType.HEARTBEAT_RESPONSE:
             pr.recent_active = True
             pr.probe_sent = False
+            if m.context:
+                # A round it cannot have been sent yet confirms nothing more than the last.
+                self._confirm_reads(m.src, min(m.context, self._read_round))
             if pr.state is ProgressState.REPLICATE and pr.inflights.full():
                 pr.inflights.free_first_one()
             if pr.match < self.log.last_index():
@@ -421,7 +479,9 @@ class Raft:
 
     def _handle_heartbeat(self, m: Message) -> None:
         self.log.commit_to(min(m.commit, self.log.last_index()))
-        self._send(Message(MessageType.HEARTBEAT_RESPONSE, self.id, m.src, self.term))
+        self._send(
+            Message(MessageType.HEARTBEAT_RESPONSE, self.id, m.src, self.term, context=m.context)
+        )
 
     # --- leader helpers -----------------------------------------------------------------
 
@@ -438,7 +498,16 @@ class Raft:
         for v in self.voters:
             if v != self.id:
                 commit = min(self.prs[v].match, self.log.committed)
-                self._send(Message(MessageType.HEARTBEAT, self.id, v, self.term, commit=commit))
+                self._send(
+                    Message(
+                        MessageType.HEARTBEAT,
+                        self.id,
+                        v,
+                        self.term,
+                        commit=commit,
+                        context=self._read_round,
+                    )
+                )
 
     def _send_append(self, to: str, send_if_empty: bool = True) -> bool:
         pr = self.prs[to]

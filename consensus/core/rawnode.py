@@ -75,6 +75,11 @@ class RawNode:
     def transfer_leadership(self, target: str) -> None:
         self.raft.transfer_leadership(target)
 
+    def read_index(self, token: int) -> None:
+        """Start a linearizable read; its ``ReadState`` comes in a later ready (see
+        ``Raft.read_index``)."""
+        self.raft.read_index(token)
+
     # --- outputs ---------------------------------------------------------------------
 
     def soft_state(self) -> SoftState:
@@ -87,6 +92,7 @@ class RawNode:
         r = self.raft
         return (
             bool(r.msgs)
+            or bool(r.read_states)
             or r.log.has_unstable_to_persist()
             or r.log.has_committed_to_apply()
             or r.hard_state() != self._prev_hard
@@ -103,6 +109,7 @@ class RawNode:
         entries = tuple(r.log.unstable_to_persist())
         committed = tuple(r.log.committed_to_apply())
         messages = r.read_messages()
+        read_states, r.read_states = tuple(r.read_states), []
         ready = Ready(
             soft_state=soft,
             hard_state=hard if hard_changed else None,
@@ -111,6 +118,7 @@ class RawNode:
             persisted_messages=tuple(m for m in messages if m.type not in _SEND_NOW),
             committed_entries=committed,
             must_sync=must_sync or bool(entries),
+            read_states=read_states,
             soft_state_changed=soft != self._prev_soft,
         )
         self._prev_hard = hard

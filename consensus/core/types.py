@@ -19,6 +19,7 @@ __all__ = [
     "HardState",
     "Message",
     "MessageType",
+    "ReadState",
     "Ready",
     "Role",
     "SoftState",
@@ -82,7 +83,8 @@ class Message:
       leader.  Rejected → ``index`` echoes the APPEND's prev index, ``reject_hint``
       is the follower's guess of the last index that may match and ``log_term`` the
       term of its entry there (fast backtracking, §5.3 "optimization").
-    - HEARTBEAT: ``commit`` is min(leader commit, follower's match index).
+    - HEARTBEAT: ``commit`` is min(leader commit, follower's match index); ``context``
+      the leader's latest read round (ReadIndex), which the response echoes.
     - VOTE / PRE_VOTE: ``index``/``log_term`` are the candidate's last entry.
       A PRE_VOTE's ``term`` is the term the candidate *would* campaign in.
     - *_RESPONSE: ``reject`` says whether the request was refused.
@@ -101,6 +103,19 @@ class Message:
     # VOTE sent because the leader asked (TIMEOUT_NOW): voters must not ignore it
     # for having heard from a leader recently (the check-quorum "lease").
     transfer: bool = False
+    # HEARTBEAT / HEARTBEAT_RESPONSE: the read round being confirmed (0: none).
+    context: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadState:
+    """The outcome of a ``read_index`` request ``token``: ``ok`` with ``index``, the commit
+    index a quorum confirmed this leader still held after the request arrived -- a read
+    served once ``index`` is applied is linearizable; or not ``ok`` (leadership lost)."""
+
+    token: int
+    index: int
+    ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +172,8 @@ class Ready:
     # True when term or vote changed or entries are appended: an fsync is needed
     # before persisted_messages go out.  A commit-only change need not be synced.
     must_sync: bool = False
+    # Outcomes of read_index requests, in the order they were made.
+    read_states: tuple[ReadState, ...] = ()
     # Whether anything at all is in this ready (soft-state changes included).
     soft_state_changed: bool = field(default=False)
 

@@ -133,7 +133,7 @@ def _require_default(m: Message, fields: Sequence[str]) -> None:
 
 
 def _check_uint64(m: Message) -> None:
-    for name in ("term", "log_term", "index", "commit", "reject_hint"):
+    for name in ("term", "log_term", "index", "commit", "reject_hint", "context"):
         value = getattr(m, name)
         if not 0 <= value <= _UINT64_MAX:
             raise ValueError(f"{m.type.value}.{name}={value} does not fit a uint64")
@@ -157,6 +157,7 @@ def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensu
         entries=entries_to_pb(m.entries),
         committed_index=m.commit,
         is_heartbeat=heartbeat,
+        read_round=m.context,
     )
 
 
@@ -173,13 +174,14 @@ def update_response_from_message(m: Message) -> pb.UpdateConsensusResponse:
         conflict_term=m.log_term,
         conflict_index=m.reject_hint,
         is_heartbeat=m.type is MessageType.HEARTBEAT_RESPONSE,
+        read_round=m.context,
     )
 
 
 def vote_request_from_message(m: Message, tablet_id: str) -> pb.RequestVoteRequest:
     if m.type not in (MessageType.VOTE, MessageType.PRE_VOTE):
         raise ValueError(f"{m.type.value} is not sent as RequestVote")
-    _require_default(m, ("entries", "commit", "reject", "reject_hint"))
+    _require_default(m, ("entries", "commit", "reject", "reject_hint", "context"))
     _check_uint64(m)
     return pb.RequestVoteRequest(
         tablet_id=tablet_id,
@@ -196,7 +198,9 @@ def vote_request_from_message(m: Message, tablet_id: str) -> pb.RequestVoteReque
 def vote_response_from_message(m: Message) -> pb.RequestVoteResponse:
     if m.type not in (MessageType.VOTE_RESPONSE, MessageType.PRE_VOTE_RESPONSE):
         raise ValueError(f"{m.type.value} is not a RequestVote answer")
-    _require_default(m, ("log_term", "index", "entries", "commit", "reject_hint", "transfer"))
+    _require_default(
+        m, ("log_term", "index", "entries", "commit", "reject_hint", "transfer", "context")
+    )
     _check_uint64(m)
     return pb.RequestVoteResponse(
         responder_uuid=m.src,
@@ -273,6 +277,7 @@ def message_from_update_request(
         index=req.prev_log_index,
         entries=entries,
         commit=req.committed_index,
+        context=req.read_round if req.is_heartbeat else 0,
     )
 
 
@@ -331,6 +336,7 @@ def message_from_update_response(resp: pb.UpdateConsensusResponse, dst: str) -> 
         index=resp.last_log_index,
         reject=resp.rejected,
         reject_hint=resp.conflict_index,
+        context=resp.read_round if resp.is_heartbeat else 0,
     )
 
 

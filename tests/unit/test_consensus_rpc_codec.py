@@ -83,6 +83,7 @@ def appends(draw: st.DrawFn, heartbeat: bool = False) -> Message:
         index=prev_index,
         entries=tuple(entries),
         commit=draw(u64),
+        context=draw(u64) if heartbeat else 0,  # a heartbeat's read round
     )
 
 
@@ -120,6 +121,7 @@ def update_responses(draw: st.DrawFn, heartbeat: bool) -> Message:
         index=draw(u64),
         reject=draw(st.booleans()),
         reject_hint=draw(u64),
+        context=draw(u64) if heartbeat else 0,
     )
 
 

@@ -249,3 +249,28 @@ def test_a_peer_request_is_answered_from_the_durability_callback(
     assert answer is not None
     assert answer.type is MessageType.APPEND_RESPONSE
     assert (answer.dst, answer.index, answer.reject) == (leader.node_id, last, False)
+
+
+def test_a_read_index_is_the_commit_index_a_quorum_confirmed(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    term = leader.consensus.check_leadership_and_bind_term()
+    [entry] = leader.consensus.replicate([b"written"], term)
+    cluster.wait_for(lambda: leader.consensus.commit_index() >= entry.index, what="commit")
+    assert leader.consensus.read_index(timeout_s=10) >= entry.index
+    follower = next(r for r in cluster.replicas.values() if r is not leader)
+    with pytest.raises(NotLeaderError):
+        follower.consensus.read_index(timeout_s=10)
+
+
+def test_a_leader_cut_off_from_its_quorum_serves_no_read(cluster: Cluster) -> None:
+    """It still believes it leads (its check-quorum has not run: no time passes here), but
+    no follower confirms it, so the read is refused rather than served stale."""
+    leader = cluster.wait_leader()
+    for other in cluster.replicas.values():
+        if other is not leader:
+            cluster.transport.cut(leader.node_id, other.node_id)
+    assert leader.consensus.snapshot.role is Role.LEADER
+    with pytest.raises(LeaderNotReady, match="no quorum confirmed"):
+        leader.consensus.read_index(timeout_s=0.3)
+    cluster.transport.heal()
+    assert leader.consensus.read_index(timeout_s=10) >= 1
