@@ -252,19 +252,21 @@ def _check_addressing(
         raise WrongServerUuid(dest, server_uuid)
 
 
+def _check_position(index: int, term: int, sender_term: int, which: str, sender: str) -> None:
+    """A log position a request names (``<which>_log_index`` / ``_log_term``): index 0 has
+    no entry, so no term; and no entry can be newer than its sender's term."""
+    if index == 0 and term != 0:
+        raise MalformedRequest(f"{which}_log_term {term} given for index 0, which has no entry")
+    if term > sender_term:
+        raise MalformedRequest(f"{which}_log_term {term} is newer than {sender} {sender_term}")
+
+
 def message_from_update_request(
     req: pb.UpdateConsensusRequest, server_uuid: str | None = None
 ) -> Message:
     """APPEND or HEARTBEAT; with ``server_uuid``, also checks the request is addressed here."""
     _check_addressing(req.tablet_id, req.caller_uuid, req.dest_uuid, server_uuid, "UpdateConsensus")
-    if req.prev_log_index == 0 and req.prev_log_term != 0:
-        raise MalformedRequest(
-            f"prev_log_term {req.prev_log_term} given for index 0, which has no entry"
-        )
-    if req.prev_log_term > req.caller_term:
-        raise MalformedRequest(
-            f"prev_log_term {req.prev_log_term} is newer than caller_term {req.caller_term}"
-        )
+    _check_position(req.prev_log_index, req.prev_log_term, req.caller_term, "prev", "caller_term")
     if req.is_heartbeat and req.entries:
         raise MalformedRequest(f"a heartbeat carries no entries (got {len(req.entries)})")
     entries = entries_from_pb(req.entries, req.prev_log_index, req.prev_log_term, req.caller_term)
@@ -285,14 +287,9 @@ def message_from_vote_request(
     req: pb.RequestVoteRequest, server_uuid: str | None = None
 ) -> Message:
     _check_addressing(req.tablet_id, req.candidate_uuid, req.dest_uuid, server_uuid, "RequestVote")
-    if req.last_log_index == 0 and req.last_log_term != 0:
-        raise MalformedRequest(
-            f"last_log_term {req.last_log_term} given for index 0, which has no entry"
-        )
-    if req.last_log_term > req.candidate_term:
-        raise MalformedRequest(
-            f"last_log_term {req.last_log_term} is newer than candidate_term {req.candidate_term}"
-        )
+    _check_position(
+        req.last_log_index, req.last_log_term, req.candidate_term, "last", "candidate_term"
+    )
     return Message(
         MessageType.PRE_VOTE if req.is_pre_vote else MessageType.VOTE,
         src=req.candidate_uuid,
