@@ -29,6 +29,7 @@ GENERIC_NAMES = {
     "client",
     "cli",
     "deploy",
+    "chaos",
     "consensus",
     "tserver",
 }
