@@ -88,6 +88,9 @@ _RPC_PORT = 7051
 _HTTP_PORT = 8051
 _LOCK_PATH = Path("/run/raftlet-netns.lock")
 _IFNAMSIZ = 15  # longest Linux interface name
+# A locally administered unicast MAC that no interface of a run has (veths get random ones
+# with the same bit set, but never this one): frames sent to it go nowhere.
+_NOWHERE_MAC = "02:00:00:00:0d:ad"
 _IP_TIMEOUT_S = 30.0
 _NS_NAME = re.compile(r"rlt(\d+)-(\d+)-\S+\Z")
 _UPLINK_NAME = re.compile(r"rlt(\d+)u(\d+)\Z")
@@ -352,6 +355,7 @@ class NetnsCluster:
         self.config: ClusterConfig | None = None
         self.path = self.root / "cluster.toml"
         self._created = _Created()
+        self._cut_links: set[tuple[str, str]] = set()
         self._lock = threading.Lock()  # teardown may race with atexit
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -570,6 +574,41 @@ class NetnsCluster:
         h = self.host(server)
         _ip("-n", self.bridge_ns, "link", "set", h.bridge_port, "up")
         h.isolated = False
+
+    def cut(self, src: str | int | NetnsHost, dst: str | int | NetnsHost) -> None:
+        """Silently drop every packet ``src`` sends to ``dst`` (one direction; cut both for
+        a symmetric partition). Clients in the root namespace still reach both.
+
+        ``src`` is given a permanent neighbour entry that maps ``dst``'s address to a MAC
+        no host has: its frames for ``dst`` cross the bridge and are dropped by every NIC.
+        Unlike a blackhole route (EINVAL to the sender) this is what a real partition does:
+        nothing fails locally, established connections stay open and TCP retransmits what
+        was lost once the link is ``restore``d."""
+        s, d = self.host(src), self.host(dst)
+        if s is d:
+            raise ValueError(f"cannot cut {s.server_id} from itself")
+        _ip(
+            "-n", s.netns, "neigh", "replace", d.address, "dev", "eth0",
+            "lladdr", _NOWHERE_MAC, "nud", "permanent",
+        )  # fmt: skip
+        self._cut_links.add((s.server_id, d.server_id))
+
+    def restore(self, src: str | int | NetnsHost, dst: str | int | NetnsHost) -> None:
+        """Undo ``cut(src, dst)``: ``src`` resolves ``dst`` by ARP again."""
+        s, d = self.host(src), self.host(dst)
+        done = _ip("-n", s.netns, "neigh", "del", d.address, "dev", "eth0", check=False)
+        if done.returncode != 0 and (s.server_id, d.server_id) in self._cut_links:
+            raise NetnsError(f"restoring {s.server_id} -> {d.server_id}: {done.stderr.strip()}")
+        self._cut_links.discard((s.server_id, d.server_id))
+
+    def cut_links(self) -> set[tuple[str, str]]:
+        """The (src, dst) server pairs ``cut`` now."""
+        return set(self._cut_links)
+
+    def restore_all(self) -> None:
+        """Restore every cut link (``isolate``d hosts stay isolated: ``heal`` them)."""
+        for src, dst in sorted(self._cut_links):
+            self.restore(src, dst)
 
     def exec_in(
         self, server: str | int | NetnsHost, argv: Sequence[str], timeout: float = 30.0

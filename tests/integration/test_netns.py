@@ -205,3 +205,44 @@ def test_isolated_leader_is_replaced_and_rejoins_as_follower(cluster: NetnsClust
         assert cut_off_key in scan_keys(peers, old, tablet)
     finally:
         peers.close()
+
+
+def test_cut_links_depose_a_leader_that_clients_still_reach(cluster: NetnsCluster) -> None:
+    """``cut`` drops server-to-server traffic only: the cut-off leader still answers the test
+    process, but it cannot serve a leader read (no quorum confirms it), and after
+    ``restore_all`` it catches up with what the others committed meanwhile."""
+    ids = [h.server_id for h in cluster.hosts]
+    peers = Peers(cluster)
+    try:
+        wait_for(lambda: len(peers.leaders(ids)) == PARTITIONS, 20, "a leader of every tablet")
+        tablet, old = sorted(peers.leaders(ids).items())[0]
+        (key,) = keys_in(tablet, 1)
+        others = [sid for sid in ids if sid != old]
+        for sid in others:
+            cluster.cut(old, sid)
+            cluster.cut(sid, old)
+        assert cluster.cut_links() == {(old, s) for s in others} | {(s, old) for s in others}
+        wait_for(
+            lambda: peers.leaders(others).get(tablet) is not None,
+            15,
+            f"a new leader of {tablet} among {others}",
+        )
+        during = write_at(peers, peers.leaders(others)[tablet], tablet, key, seq=1)
+        assert peers.status(old) is not None  # reachable from here, unlike isolate()
+        read = tablet_pb2.ScanRequest(tablet_id=tablet, read_mode=tablet_pb2.READ_LEADER_LATEST)
+        with pytest.raises(grpc.RpcError) as refused:
+            peers.stubs[old].Scan(read, timeout=5)
+        assert refused.value.code() in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        ), refused.value
+        cluster.restore_all()
+        assert cluster.cut_links() == set()
+        wait_for(lambda: converged(peers, ids) is not None, 20, "every replica to agree")
+        state = converged(peers, ids)
+        assert state is not None
+        assert state[tablet][2] >= during.op_index
+        assert key in scan_keys(peers, old, tablet)
+    finally:
+        peers.close()

@@ -1,0 +1,81 @@
+"""The options of a chaos run, in a module light enough for the command line to import.
+
+(Parsing ``raftlet chaos``'s arguments must not load the client, gRPC or the launchers.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raftlet.chaos.nemesis import ALL_FAULTS
+from raftlet.cluster.model import RaftTimings
+
+__all__ = [
+    "BACKENDS",
+    "CHAOS_TIMINGS",
+    "UNSAFE_SWITCHES",
+    "ChaosOptions",
+    "WorkloadOptions",
+]
+
+BACKENDS = ("auto", "netns", "proxy")
+# Negative controls: server flags that break a guarantee, so a run can show it is caught.
+UNSAFE_SWITCHES = {
+    "stale-reads": "--unsafe_leader_reads_without_quorum",
+    "early-ack": "--unsafe_ack_before_commit",
+}
+# Elections within a second or two, as in the integration tests (the defaults are slower).
+CHAOS_TIMINGS = RaftTimings(tick_interval_ms=50, election_ticks=10, heartbeat_ticks=2)
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    keys: int = 12
+    register_workers: int = 6
+    insert_workers: int = 2
+    read_fraction: float = 0.5
+    # Bounds each operation, retries included: past it the operation is INFO (or FAIL).
+    op_timeout_s: float = 5.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.keys < 1:
+            raise ValueError(f"keys must be at least 1, got {self.keys}")
+        if self.register_workers < 0 or self.insert_workers < 0:
+            raise ValueError("worker counts cannot be negative")
+        if self.register_workers + self.insert_workers == 0:
+            raise ValueError("the workload needs at least one worker")
+        if not 0.0 <= self.read_fraction <= 1.0:
+            raise ValueError(f"read_fraction must be in [0, 1], got {self.read_fraction}")
+        if self.op_timeout_s <= 0:
+            raise ValueError(f"op_timeout_s must be positive, got {self.op_timeout_s}")
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    duration_s: float = 60.0
+    seed: int = 1
+    faults: Sequence[str] = ALL_FAULTS
+    servers: int = 3
+    backend: str = "auto"
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+    hold_s: tuple[float, float] = (1.0, 4.0)
+    quiet_s: tuple[float, float] = (1.0, 3.0)
+    check_budget_s: float = 60.0  # per key
+    unsafe: Sequence[str] = ()
+    work_dir: Path | None = None  # default: a temporary directory, removed afterwards
+    history_path: Path | None = None
+    settle_timeout_s: float = 90.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        unknown = sorted(set(self.unsafe) - set(UNSAFE_SWITCHES))
+        if unknown:
+            raise ValueError(f"unknown unsafe switches {unknown}; have {sorted(UNSAFE_SWITCHES)}")
+        if self.servers < 3:
+            raise ValueError("a chaos run needs at least 3 servers (a majority to survive faults)")
+        if self.duration_s <= 0:
+            raise ValueError("duration must be positive")

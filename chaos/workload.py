@@ -1,0 +1,168 @@
+"""The chaos workload: registers read and written concurrently, and unique inserts.
+
+Two tables, created by the run's cluster config:
+
+- ``registers (key INT64, value INT64 NULL)``: ``keys`` registers. Register workers pick a
+  key at random and either write it (an UPSERT of a value no other write uses, so a read
+  names the write it saw) or read it (a linearizable leader read of that one key, which the
+  client prunes to its tablet).
+- ``inserts (id INT64, process INT64)``: insert workers INSERT ids no one else uses; after
+  the run every acknowledged id must be there and none reported failed may be.
+
+Every operation goes through the public client library and is recorded in a ``History`` with
+its outcome: OK; FAIL when the client says it cannot have been applied
+(``may_have_applied`` False); INFO when nobody knows (a deadline, a lost connection). After
+an INFO a worker continues as a new *process*: its old operation may still take effect at any
+time, and the checker must treat that process as still busy with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+
+from raftlet.chaos.history import History, OpKind, Outcome
+from raftlet.chaos.options import WorkloadOptions
+from raftlet.client import Client
+from raftlet.client.errors import RaftletError, RowError
+from raftlet.client.scanner import ReadMode
+from raftlet.cluster import TableConfig
+from raftlet.schema.predicates import Predicate
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+
+__all__ = ["INSERTS", "REGISTERS", "Workload", "chaos_tables"]
+
+logger = logging.getLogger(__name__)
+
+REGISTERS = "registers"
+INSERTS = "inserts"
+
+REGISTERS_SCHEMA = Schema(
+    [
+        ColumnSchema("key", DataType.INT64, is_key=True),
+        ColumnSchema("value", DataType.INT64, nullable=True),
+    ]
+)
+INSERTS_SCHEMA = Schema(
+    [
+        ColumnSchema("id", DataType.INT64, is_key=True),
+        ColumnSchema("process", DataType.INT64),
+    ]
+)
+
+
+def chaos_tables(replication: int, partitions: int = 2) -> tuple[TableConfig, TableConfig]:
+    """The two tables of a chaos run, each split so that faults hit several tablets."""
+    return (
+        TableConfig(REGISTERS, REGISTERS_SCHEMA, partitions, replication),
+        TableConfig(INSERTS, INSERTS_SCHEMA, partitions, replication),
+    )
+
+
+class Workload:
+    """Worker threads running operations against ``client`` until ``stop``."""
+
+    def __init__(self, client: Client, options: WorkloadOptions, history: History) -> None:
+        self.client = client
+        self.options = options
+        self.history = history
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._processes = itertools.count()
+        self._values = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._next_lock = threading.Lock()
+
+    def _next(self, counter: itertools.count[int]) -> int:
+        with self._next_lock:
+            return next(counter)
+
+    def start(self) -> None:
+        opts = self.options
+        for i in range(opts.register_workers):
+            rng = random.Random(opts.seed * 1_000 + i)
+            self._spawn(f"chaos-register-{i}", lambda rng=rng: self._registers(rng))
+        for i in range(opts.insert_workers):
+            self._spawn(f"chaos-insert-{i}", self._inserts)
+
+    def _spawn(self, name: str, target: object) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        self._threads.append(t)
+        t.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Ask every worker to finish its operation in progress, and wait for them."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout_s)
+
+    # --- operations ------------------------------------------------------------------------
+
+    def read(self, process: int, key: int) -> Outcome:
+        """One linearizable read of register ``key``, recorded."""
+        started = self.history.call()
+        try:
+            rows = list(
+                self.client.scan(
+                    REGISTERS,
+                    predicates=[Predicate.equals("key", key)],
+                    read_mode=ReadMode.LEADER_LATEST,
+                    timeout_s=self.options.op_timeout_s,
+                )
+            )
+        except RaftletError as e:
+            # A read changes nothing: whatever happened, it carries no information.
+            self.history.done(started, process, OpKind.READ, key, None, Outcome.FAIL, str(e))
+            return Outcome.FAIL
+        value = rows[0]["value"] if rows else None
+        self.history.done(started, process, OpKind.READ, key, value, Outcome.OK)
+        return Outcome.OK
+
+    def _registers(self, rng: random.Random) -> None:
+        opts = self.options
+        process = self._next(self._processes)
+        session = self.client.new_session(timeout_s=opts.op_timeout_s)
+        try:
+            while not self._stop.is_set():
+                key = rng.randrange(opts.keys)
+                if rng.random() < opts.read_fraction:
+                    self.read(process, key)
+                    continue
+                value = self._next(self._values)
+                started = self.history.call()
+                try:
+                    session.upsert(REGISTERS, {"key": key, "value": value})
+                    outcome, error = Outcome.OK, ""
+                except RaftletError as e:
+                    outcome = Outcome.INFO if e.may_have_applied else Outcome.FAIL
+                    error = f"{e.cause}: {e}"
+                self.history.done(started, process, OpKind.WRITE, key, value, outcome, error)
+                if outcome is Outcome.INFO:
+                    process = self._next(self._processes)
+        finally:
+            session.close()
+
+    def _inserts(self) -> None:
+        process = self._next(self._processes)
+        session = self.client.new_session(timeout_s=self.options.op_timeout_s)
+        try:
+            while not self._stop.is_set():
+                row_id = self._next(self._ids)
+                started = self.history.call()
+                try:
+                    session.insert(INSERTS, {"id": row_id, "process": process})
+                    outcome, error = Outcome.OK, ""
+                except RowError as e:
+                    # KEY_EXISTS on an id no one else writes: our own retry applied twice.
+                    outcome, error = Outcome.FAIL, f"{e.cause}: {e}"
+                except RaftletError as e:
+                    outcome = Outcome.INFO if e.may_have_applied else Outcome.FAIL
+                    error = f"{e.cause}: {e}"
+                self.history.done(started, process, OpKind.INSERT, row_id, process, outcome, error)
+                if outcome is Outcome.INFO:
+                    process = self._next(self._processes)
+        finally:
+            session.close()
