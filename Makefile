@@ -5,10 +5,13 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 2000
+# `make chaos`: seconds of faults, the schedule's seed; more flags through CHAOS_ARGS.
+DURATION ?= 120
+SEED ?= 1
 # The benchmarks' own virtualenv, for packages the project does not depend on (pysyncobj).
 BENCH_VENV ?= .bench-venv
 
-.PHONY: install test proto lint sim bench bench-peers demo sim-demo clean distclean
+.PHONY: install test proto lint sim bench bench-peers demo sim-demo chaos clean distclean
 
 install: $(STAMP)
 
@@ -52,6 +55,11 @@ bench-peers: $(STAMP)
 # (deploy/demo.sh stops the cluster in a trap, whatever fails).
 demo: $(STAMP)
 	RAFTLET=$(VENV)/bin/raftlet bash deploy/demo.sh
+
+# Faults (kill, pause, partitions, slow disk, restart-all) under load against a throw-away
+# cluster, then a linearizability check (`raftlet chaos --help`). Exit 1 on a violation.
+chaos: $(STAMP)
+	$(VENV)/bin/raftlet chaos --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
 
 # The deterministic simulation, narrated: elections, partitions, invariants.
 sim-demo: $(STAMP)

@@ -171,8 +171,12 @@ class Nemesis:
 
     def _run(self) -> None:
         opts = self.options
+        bag: list[str] = []
         while not self._stop.wait(self._rng.uniform(*opts.quiet_s)):
-            kind = self._rng.choice(list(opts.faults))
+            # Every kind once per round, in a random order: a short run still sees them all.
+            if not bag:
+                bag = self._rng.sample(list(opts.faults), len(opts.faults))
+            kind = bag.pop()
             hold = self._rng.uniform(*opts.hold_s)
             with self._lock:
                 if self._stop.is_set():

@@ -23,8 +23,8 @@ __all__ = [
 BACKENDS = ("auto", "netns", "proxy")
 # Negative controls: server flags that break a guarantee, so a run can show it is caught.
 UNSAFE_SWITCHES = {
-    "stale-reads": "--unsafe_leader_reads_without_quorum",
-    "early-ack": "--unsafe_ack_before_commit",
+    "stale-reads": "--unsafe_leader_reads_without_quorum=true",
+    "early-ack": "--unsafe_ack_before_commit=true",
 }
 # Elections within a second or two, as in the integration tests (the defaults are slower).
 CHAOS_TIMINGS = RaftTimings(tick_interval_ms=50, election_ticks=10, heartbeat_ticks=2)
@@ -36,6 +36,8 @@ class WorkloadOptions:
     register_workers: int = 6
     insert_workers: int = 2
     read_fraction: float = 0.5
+    # Of the reads, those sent straight to a random server (see chaos.workload).
+    direct_read_fraction: float = 0.25
     # Bounds each operation, retries included: past it the operation is INFO (or FAIL).
     op_timeout_s: float = 5.0
     seed: int = 1
@@ -47,8 +49,9 @@ class WorkloadOptions:
             raise ValueError("worker counts cannot be negative")
         if self.register_workers + self.insert_workers == 0:
             raise ValueError("the workload needs at least one worker")
-        if not 0.0 <= self.read_fraction <= 1.0:
-            raise ValueError(f"read_fraction must be in [0, 1], got {self.read_fraction}")
+        for name in ("read_fraction", "direct_read_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.op_timeout_s <= 0:
             raise ValueError(f"op_timeout_s must be positive, got {self.op_timeout_s}")
 

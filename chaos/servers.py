@@ -15,6 +15,7 @@ import grpc
 from raftlet.client.channels import ChannelPool, channel_options
 from raftlet.cluster import ClusterConfig
 from raftlet.proto import admin_pb2, admin_pb2_grpc, consensus_pb2, tablet_pb2, tablet_pb2_grpc
+from raftlet.schema.predicates import Predicate
 from raftlet.schema.rows import row_from_pb
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import Value
@@ -103,6 +104,27 @@ class ServerProbe:
                 resume = resp.resume_key
             time.sleep(0.05)  # the replica is applying: give it a moment before re-reading
         raise RuntimeError(f"{sid}'s replica of {tablet_id} kept changing during the scan")
+
+    def leader_read(
+        self, sid: str, tablet_id: str, schema: Schema, key: Value, timeout_s: float
+    ) -> Value:
+        """The ``value`` of the row whose single key column equals ``key``, read with a
+        leader-latest scan sent to ``sid`` itself (None if there is no such row) -- what a
+        client whose cache still names ``sid`` as the leader would get. Raises
+        ``grpc.RpcError`` when ``sid`` refuses (not the leader, no quorum...)."""
+        key_column = next(c.name for c in schema.columns if c.is_key)
+        resp = self._tablet_stub(sid).Scan(
+            tablet_pb2.ScanRequest(
+                tablet_id=tablet_id,
+                predicates=[Predicate.equals(key_column, key).to_pb(schema)],
+                projection=["value"],
+                read_mode=tablet_pb2.READ_LEADER_LATEST,
+                row_format=tablet_pb2.ROW_FORMAT_CELLS,
+            ),
+            timeout=timeout_s,
+        )
+        rows = [row_from_pb(schema, ["value"], pb) for pb in resp.rows]
+        return rows[0][0] if rows else None
 
     def compare_replicas(
         self, tablet_id: str, replicas: Sequence[str], schema: Schema

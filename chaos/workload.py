@@ -4,8 +4,10 @@ Two tables, created by the run's cluster config:
 
 - ``registers (key INT64, value INT64 NULL)``: ``keys`` registers. Register workers pick a
   key at random and either write it (an UPSERT of a value no other write uses, so a read
-  names the write it saw) or read it (a linearizable leader read of that one key, which the
-  client prunes to its tablet).
+  names the write it saw) or read it: a linearizable leader read of that one key through the
+  client (which prunes it to its tablet), or -- a ``direct_read_fraction`` of reads -- the
+  same read sent straight to a server picked at random, as a client whose cache still names
+  a deposed leader would send it. A server that is not the leader must refuse it.
 - ``inserts (id INT64, process INT64)``: insert workers INSERT ids no one else uses; after
   the run every acknowledged id must be there and none reported failed may be.
 
@@ -23,8 +25,11 @@ import logging
 import random
 import threading
 
+import grpc
+
 from raftlet.chaos.history import History, OpKind, Outcome
 from raftlet.chaos.options import WorkloadOptions
+from raftlet.chaos.servers import ServerProbe
 from raftlet.client import Client
 from raftlet.client.errors import RaftletError, RowError
 from raftlet.client.scanner import ReadMode
@@ -65,8 +70,17 @@ def chaos_tables(replication: int, partitions: int = 2) -> tuple[TableConfig, Ta
 class Workload:
     """Worker threads running operations against ``client`` until ``stop``."""
 
-    def __init__(self, client: Client, options: WorkloadOptions, history: History) -> None:
+    def __init__(
+        self,
+        client: Client,
+        options: WorkloadOptions,
+        history: History,
+        probe: ServerProbe | None = None,
+    ) -> None:
+        """``probe`` (the servers, one by one) is needed for direct reads."""
         self.client = client
+        self.probe = probe
+        self._servers = [s.id for s in probe.config.servers] if probe is not None else []
         self.options = options
         self.history = history
         self._stop = threading.Event()
@@ -101,8 +115,12 @@ class Workload:
 
     # --- operations ------------------------------------------------------------------------
 
-    def read(self, process: int, key: int) -> Outcome:
-        """One linearizable read of register ``key``, recorded."""
+    def read(self, process: int, key: int, rng: random.Random | None = None) -> Outcome:
+        """One linearizable read of register ``key``, recorded; sent straight to a random
+        server instead of through the client when ``rng`` draws a direct read."""
+        direct = self.options.direct_read_fraction
+        if rng is not None and self.probe is not None and rng.random() < direct:
+            return self._direct_read(process, key, rng.choice(self._servers))
         started = self.history.call()
         try:
             rows = list(
@@ -121,6 +139,21 @@ class Workload:
         self.history.done(started, process, OpKind.READ, key, value, Outcome.OK)
         return Outcome.OK
 
+    def _direct_read(self, process: int, key: int, sid: str) -> Outcome:
+        assert self.probe is not None
+        tablet = self.client.tablet_for(REGISTERS, {"key": key})
+        started = self.history.call()
+        try:
+            value = self.probe.leader_read(
+                sid, tablet, REGISTERS_SCHEMA, key, self.options.op_timeout_s
+            )
+        except grpc.RpcError as e:
+            error = f"{sid}: {e.code().name}"
+            self.history.done(started, process, OpKind.READ, key, None, Outcome.FAIL, error)
+            return Outcome.FAIL
+        self.history.done(started, process, OpKind.READ, key, value, Outcome.OK)
+        return Outcome.OK
+
     def _registers(self, rng: random.Random) -> None:
         opts = self.options
         process = self._next(self._processes)
@@ -129,7 +162,7 @@ class Workload:
             while not self._stop.is_set():
                 key = rng.randrange(opts.keys)
                 if rng.random() < opts.read_fraction:
-                    self.read(process, key)
+                    self.read(process, key, rng)
                     continue
                 value = self._next(self._values)
                 started = self.history.call()

@@ -8,6 +8,8 @@ Commands:
 - ``write``: a load generator (``cli.write_cmd``); ``scan``: read rows (``cli.scan_cmd``);
 - ``metrics``: key server metrics in human units (``cli.metrics_cmd``);
 - ``leader-step-down``: move a tablet's leadership (``cli.admin_cmd``);
+- ``chaos``: faults against a throw-away cluster under load, checked for linearizability
+  (``cli.chaos_cmd``, ``chaos``);
 - ``completion bash|zsh``: a shell completion script (``cli.completion_cmd``).
 
 Conventions every command keeps: argparse throughout (the same ``OneLineArgumentParser``
@@ -59,6 +61,7 @@ Run `raftlet COMMAND --help` for a command's options and examples.
 def build_parser() -> argparse.ArgumentParser:
     from raftlet.cli import (
         admin_cmd,
+        chaos_cmd,
         cluster_cmd,
         completion_cmd,
         metrics_cmd,
@@ -89,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan_cmd.add_parser(commands, _Formatter)
     metrics_cmd.add_parser(commands, _Formatter)
     admin_cmd.add_parser(commands, _Formatter)
+    chaos_cmd.add_parser(commands, _Formatter)
     completion_cmd.add_parser(commands, _Formatter)
     return parser
 
@@ -112,10 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from raftlet.cli import admin_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
+    from raftlet.cli import admin_cmd, chaos_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
     from raftlet.cli.common import CliError
 
     runners = {
+        "chaos": chaos_cmd.run,
         "cluster": cluster_cmd.run,
         "write": write_cmd.run,
         "scan": scan_cmd.run,

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 def render_flag_value(value: object) -> str:
     """A value as it would be written on the command line (what GetFlags reports)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
     if isinstance(value, TermCheckMode):

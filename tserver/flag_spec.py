@@ -68,6 +68,22 @@ def int_value(text: str) -> int:
         raise ValueError(f"expected an integer, got {text!r}") from None
 
 
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def bool_value(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def is_bool(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+
+
 def float_value(text: str) -> float:
     try:
         value = float(text.strip())

@@ -148,7 +148,12 @@ class TabletServer:
             scan_page_bytes=s.scan_page_bytes,
             # Room for the row that crosses a page's budget, under gRPC's message limit.
             scan_max_page_bytes=s.max_message_bytes // 2,
+            unsafe_leader_reads_without_quorum=s.unsafe_leader_reads_without_quorum,
+            unsafe_ack_before_commit=s.unsafe_ack_before_commit,
         )
+        for name in ("unsafe_leader_reads_without_quorum", "unsafe_ack_before_commit"):
+            if getattr(s, name):
+                logger.warning("--%s is set: this server breaks a guarantee on purpose", name)
         s.data_dir.mkdir(parents=True, exist_ok=True)
         # Every heartbeat's worth of ticks at once: see consensus.ticker.
         self.ticker = Ticker(

@@ -36,9 +36,11 @@ from raftlet.tserver.flag_spec import (
     FlagError,
     FlagSpec,
     at_least,
+    bool_value,
     float_value,
     int_in_range,
     int_value,
+    is_bool,
     positive,
 )
 
@@ -89,6 +91,8 @@ class ServerSettings:
     max_batch_rows: int = 10_000
     scan_page_bytes: int = MiB
     log_level: str = "INFO"
+    unsafe_leader_reads_without_quorum: bool = False
+    unsafe_ack_before_commit: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -248,6 +252,7 @@ _POOLS = "service pools"
 _CONSENSUS = "consensus"
 _WAL = "write-ahead log"
 _LIMITS = "limits and diagnostics"
+_UNSAFE = "unsafe switches (negative controls for tests)"
 
 GROUP_HELP = {
     _CLUSTER: "Which cluster this server belongs to, and which of its servers it is.",
@@ -260,6 +265,10 @@ GROUP_HELP = {
     _CONSENSUS: None,
     _WAL: "The per-replica Raft log and its group commit.",
     _LIMITS: None,
+    _UNSAFE: (
+        "Each one breaks a guarantee on purpose, so that a chaos run (raftlet chaos --unsafe) "
+        "can show its checker catches the violation. Never set them where data matters."
+    ),
 }
 
 _D = _default
@@ -456,6 +465,20 @@ FLAGS: tuple[FlagSpec, ...] = (
         "log_level", _LIMITS, "LEVEL",
         f"Logging threshold: one of {', '.join(LOG_LEVELS)} (default {_D('log_level')}).",
         convert=_log_level, check=_log_level_check,
+    ),
+    FlagSpec(
+        "unsafe_leader_reads_without_quorum", _UNSAFE, "BOOL",
+        "true: a leader-latest read is served from the leader's own state without asking a "
+        "quorum (no ReadIndex round), so a deposed leader that has not noticed yet serves "
+        "stale rows (default false).",
+        convert=bool_value, check=is_bool,
+    ),
+    FlagSpec(
+        "unsafe_ack_before_commit", _UNSAFE, "BOOL",
+        "true: a write is acknowledged as soon as the leader has appended it to its own log, "
+        "before a majority has it, so a leader that crashes or is cut off loses acknowledged "
+        "writes (default false).",
+        convert=bool_value, check=is_bool,
     ),
 )
 # fmt: on

@@ -92,6 +92,9 @@ class ReplicaOptions:
     # A scan page's bytes when the request leaves it to the server, and at most.
     scan_page_bytes: int = 1 << 20
     scan_max_page_bytes: int = 8 << 20
+    # Negative controls (settings.py, "unsafe switches"): each breaks a guarantee.
+    unsafe_leader_reads_without_quorum: bool = False
+    unsafe_ack_before_commit: bool = False
 
 
 # A write's rows as the prepare stage decoded them: the valid ones and the per-row failures.
@@ -359,7 +362,10 @@ class TabletReplica:
                         self._proposed[entry.index] = (entry.term, op.key, op.decoded)
 
         try:
-            self.consensus.replicate([data for _, data in pairs], ops[0].term, remember)
+            entries = self.consensus.replicate([data for _, data in pairs], ops[0].term, remember)
+            if self.options.unsafe_ack_before_commit:
+                for op, entry in zip(ops, entries, strict=True):
+                    self.tracker.complete(op.key, _response(entry.index, entry.term, ()))
         except (ProposalDropped, ServiceUnavailable) as exc:
             for op in ops:
                 self.tracker.abort(op.key, exc)
@@ -437,7 +443,8 @@ class TabletReplica:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
             # after the read arrived (ReadIndex) and wait until that index is applied.
             self.consensus.check_leadership_and_bind_term()
-            self._wait_applied(self.consensus.read_index(self.options.read_wait_s))
+            if not self.options.unsafe_leader_reads_without_quorum:
+                self._wait_applied(self.consensus.read_index(self.options.read_wait_s))
         if request.row_format not in _ROW_FORMATS:
             raise InvalidRequest(f"unknown row format {request.row_format}")
         max_rows = request.batch_size_rows or None

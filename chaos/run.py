@@ -1,0 +1,328 @@
+"""One chaos run, start to verdict: cluster, workload and nemesis, then heal and check.
+
+``run_chaos`` starts a cluster (network namespaces as root, else loopback servers that dial
+each other through per-link proxies), runs the workload with the nemesis for ``duration_s``,
+stops both, makes the cluster whole (every server running and resumed, every link restored,
+every injected latency removed), waits for a ready leader of every tablet, and then checks:
+
+1. the register history is linearizable, key by key (``chaos.checker``);
+2. every acknowledged insert is present, none reported failed is (``check_unique_inserts``);
+3. every replica of every tablet holds the same rows at the same applied index.
+
+The ``ChaosReport`` says all of it, with the fault log and counter-examples. ``unsafe`` names
+server switches that break a guarantee on purpose (the negative controls): the run must then
+be flagged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raftlet.chaos.checker import (
+    CheckResult,
+    InsertVerdict,
+    KeyVerdict,
+    check_registers,
+    check_unique_inserts,
+)
+from raftlet.chaos.cluster import ChaosCluster
+from raftlet.chaos.history import History, Op, OpKind, Outcome
+from raftlet.chaos.nemesis import FaultEvent, Nemesis, NemesisOptions
+from raftlet.chaos.options import CHAOS_TIMINGS, UNSAFE_SWITCHES, ChaosOptions
+from raftlet.chaos.workload import INSERTS, Workload, chaos_tables
+from raftlet.client import Client
+from raftlet.client.errors import RaftletError
+from raftlet.client.scanner import ReadMode
+from raftlet.deploy.netns import netns_available
+
+__all__ = [
+    "ChaosReport",
+    "open_cluster",
+    "run_chaos",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ChaosReport:
+    backend: str
+    seed: int
+    duration_s: float
+    ops: dict[str, dict[str, int]]  # kind -> outcome -> count
+    faults: list[FaultEvent]
+    terms_advanced: int
+    verdicts: dict[int, KeyVerdict]
+    inserts: InsertVerdict
+    replicas: dict[str, tuple[bool, str]]  # tablet -> (equal, detail)
+    unsafe: Sequence[str] = ()
+    problems: list[str] = field(default_factory=list)  # the run itself could not finish
+
+    @property
+    def linearizable(self) -> bool | None:
+        """False if any key is not; None if some key could not be decided in the budget."""
+        results = {v.result for v in self.verdicts.values()}
+        if CheckResult.NOT_LINEARIZABLE in results:
+            return False
+        return None if CheckResult.UNKNOWN in results else True
+
+    @property
+    def replicas_equal(self) -> bool:
+        return all(ok for ok, _ in self.replicas.values())
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.linearizable is True
+            and self.inserts.ok
+            and self.replicas_equal
+            and not self.problems
+        )
+
+    def format(self) -> str:
+        lines = [
+            f"chaos run: backend {self.backend}, seed {self.seed}, {self.duration_s:.0f} s"
+            + (f", UNSAFE: {', '.join(self.unsafe)}" if self.unsafe else ""),
+            "",
+            "operations     attempted      ok    fail    info",
+        ]
+        for kind, outcomes in sorted(self.ops.items()):
+            total = sum(outcomes.values())
+            lines.append(
+                f"  {kind:<12}{total:>11}{outcomes.get('ok', 0):>8}"
+                f"{outcomes.get('fail', 0):>8}{outcomes.get('info', 0):>8}"
+            )
+        counts: dict[str, int] = {}
+        for e in self.faults:
+            counts[e.kind] = counts.get(e.kind, 0) + 1
+        lines += ["", f"faults: {sum(counts.values())} "
+                  + "(" + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + ")",
+                  f"terms advanced (elections): {self.terms_advanced}"]  # fmt: skip
+        failed = [e for e in self.faults if e.error]
+        lines += [f"  fault problem: {e.describe()}" for e in failed]
+        lines += ["", "registers (linearizability, per key):"]
+        for key, v in sorted(self.verdicts.items()):
+            lines.append(
+                f"  key {key:>3}: {v.result.value} ({v.ops_checked} ops, {v.elapsed_s:.2f} s)"
+            )
+        bad = [v for v in self.verdicts.values() if v.result is CheckResult.NOT_LINEARIZABLE]
+        if bad:
+            shortest = min(bad, key=lambda v: len(v.counterexample))
+            lines += ["", f"shortest counter-example (key {shortest.key}):"]
+            lines += ["  " + line for line in shortest.describe().splitlines()]
+        ins = self.inserts
+        lines += [
+            "",
+            f"inserts: {ins.ok_count} acknowledged, {ins.fail_count} failed, {ins.info_count} "
+            f"indeterminate ({ins.info_present} of those applied)",
+            f"  lost acknowledged: {len(ins.lost)}; failed but present: "
+            f"{len(ins.failed_but_present)}; never written but present: {len(ins.phantom)}",
+            "",
+            "replicas:",
+        ]
+        lines += [
+            f"  {tablet}: {'equal' if ok else 'DIFFERENT'} ({detail})"
+            for tablet, (ok, detail) in sorted(self.replicas.items())
+        ]
+        lines += [f"problem: {p}" for p in self.problems]
+        lin = {True: "linearizable", False: "NOT LINEARIZABLE", None: "unknown (budget)"}
+        lines += [
+            "",
+            f"verdict: {'PASS' if self.ok else 'FAIL'} -- {lin[self.linearizable]}, "
+            f"{len(ins.lost)} lost acknowledged writes, replicas "
+            f"{'equal' if self.replicas_equal else 'DIFFERENT'}",
+        ]
+        return "\n".join(lines)
+
+
+def open_cluster(options: ChaosOptions, root: Path) -> ChaosCluster:
+    """A started cluster for ``options`` (``close`` it): network namespaces where this
+    process may make them (``backend="auto"``), otherwise loopback servers and proxies."""
+    backend = options.backend
+    if backend == "auto":
+        backend = "netns" if netns_available()[0] else "proxy"
+    tables = chaos_tables(replication=3)
+    flags = [UNSAFE_SWITCHES[name] for name in options.unsafe]
+    cluster: ChaosCluster
+    if backend == "netns":
+        from raftlet.chaos.netns_cluster import NetnsChaosCluster
+
+        cluster = NetnsChaosCluster(
+            root, n_servers=options.servers, tables=tables, raft=CHAOS_TIMINGS, flags=flags
+        )
+    else:
+        from raftlet.chaos.proxy_cluster import ProxyChaosCluster
+
+        cluster = ProxyChaosCluster(
+            root, n_servers=options.servers, tables=tables, raft=CHAOS_TIMINGS, flags=flags
+        )
+    try:
+        cluster.start_all()
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def run_chaos(options: ChaosOptions, log: Callable[[str], None] = logger.info) -> ChaosReport:
+    """Run, heal, verify (see the module docstring)."""
+    with contextlib.ExitStack() as stack:
+        if options.work_dir is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftlet-chaos-")))
+        else:
+            root = options.work_dir
+            root.mkdir(parents=True, exist_ok=True)
+        cluster = open_cluster(options, root)
+        stack.callback(cluster.close)
+        return _run(cluster, options, log)
+
+
+def _terms(cluster: ChaosCluster) -> dict[str, int]:
+    terms: dict[str, int] = {}
+    for tablets in cluster.probe.statuses().values():
+        for t in (tablets or {}).values():
+            terms[t.tablet_id] = max(terms.get(t.tablet_id, 0), t.term)
+    return terms
+
+
+def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> ChaosReport:
+    problems: list[str] = []
+    log(f"cluster up ({c.backend}, {options.servers} servers) in {c.config_path.parent}")
+    _wait_leaders(c, options.settle_timeout_s)
+    terms_before = _terms(c)
+    history = History()
+    client = Client([s.rpc_addr for s in c.config.servers], timeout_s=options.workload.op_timeout_s,
+                    rpc_timeout_s=min(2.0, options.workload.op_timeout_s))  # fmt: skip
+    try:
+        workload = Workload(client, options.workload, history, c.probe)
+        nemesis = Nemesis(
+            c,
+            NemesisOptions(
+                faults=tuple(options.faults),
+                seed=options.seed,
+                hold_s=options.hold_s,
+                quiet_s=options.quiet_s,
+            ),
+        )
+        t0 = time.monotonic()
+        workload.start()
+        nemesis.start(t0)
+        log(f"workload and nemesis running for {options.duration_s:.0f} s")
+        end = t0 + options.duration_s
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 10.0))
+            log(f"  {time.monotonic() - t0:5.0f} s: {len(history.ops)} ops, "
+                f"{len(nemesis.events)} faults")  # fmt: skip
+        nemesis.stop()
+        workload.stop()
+        for e in nemesis.events:
+            log("  " + e.describe())
+        log("healing: every server up and resumed, every link restored")
+        _make_whole(c, problems)
+        if not _wait_leaders(c, options.settle_timeout_s):
+            problems.append(
+                f"some tablet had no ready leader {options.settle_timeout_s:.0f} s after healing"
+            )
+        _final_reads(workload, options, problems)
+        present = _inserted_ids(client, options, problems)
+        replicas = _compare_replicas(c, options.settle_timeout_s)
+        terms_after = _terms(c)
+    finally:
+        client.close()
+    ops = history.snapshot()
+    if options.history_path is not None:
+        history.save(options.history_path)
+    log(f"checking {len(ops)} operations")
+    verdicts = check_registers(ops, options.check_budget_s)
+    inserts = check_unique_inserts((op for op in ops if op.kind is OpKind.INSERT), present)
+    return ChaosReport(
+        backend=c.backend,
+        seed=options.seed,
+        duration_s=options.duration_s,
+        ops=_op_counts(ops),
+        faults=nemesis.events,
+        terms_advanced=sum(terms_after.get(t, 0) - n for t, n in terms_before.items()),
+        verdicts=verdicts,
+        inserts=inserts,
+        replicas=replicas,
+        unsafe=tuple(options.unsafe),
+        problems=problems,
+    )
+
+
+def _op_counts(ops: Sequence[Op]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for op in ops:
+        by_outcome = out.setdefault(op.kind.value, {})
+        by_outcome[op.outcome.value] = by_outcome.get(op.outcome.value, 0) + 1
+    return out
+
+
+def _make_whole(cluster: ChaosCluster, problems: list[str]) -> None:
+    cluster.heal_network()
+    for sid in cluster.server_ids():
+        try:
+            if cluster.alive(sid):
+                cluster.resume(sid)
+            else:
+                cluster.start(sid)
+        except Exception as e:
+            problems.append(f"could not restart {sid}: {e}\n{cluster.log_tail(sid)}")
+    for sid in cluster.server_ids():
+        with contextlib.suppress(Exception):
+            cluster.set_flag(sid, "log_inject_latency_ms", "0")
+
+
+def _wait_leaders(cluster: ChaosCluster, timeout_s: float) -> bool:
+    tablets = {p.tablet_id for p in cluster.config.placements()}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if set(cluster.leaders()) >= tablets:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _final_reads(workload: Workload, options: ChaosOptions, problems: list[str]) -> None:
+    """One read of every register after healing: it pins down where each one ended."""
+    process = -1  # not a worker's number
+    for key in range(options.workload.keys):
+        deadline = time.monotonic() + options.settle_timeout_s
+        while workload.read(process, key) is not Outcome.OK:
+            if time.monotonic() > deadline:
+                problems.append(f"register {key} could not be read after healing")
+                break
+
+
+def _inserted_ids(client: Client, options: ChaosOptions, problems: list[str]) -> set[int]:
+    deadline = time.monotonic() + options.settle_timeout_s
+    while True:
+        try:
+            rows = client.scan(INSERTS, projection=["id"], read_mode=ReadMode.LEADER_LATEST)
+            return {r["id"] for r in rows if isinstance(r["id"], int)}
+        except RaftletError as e:
+            if time.monotonic() > deadline:
+                problems.append(f"the inserts table could not be read after healing: {e}")
+                return set()
+
+
+def _compare_replicas(cluster: ChaosCluster, timeout_s: float) -> dict[str, tuple[bool, str]]:
+    """Each tablet's replicas, compared until they agree or ``timeout_s`` passes (after a
+    heal a follower may still be catching up)."""
+    out: dict[str, tuple[bool, str]] = {}
+    deadline = time.monotonic() + timeout_s
+    for p in cluster.config.placements():
+        schema = cluster.config.table(p.table).schema
+        while True:
+            ok, detail = cluster.probe.compare_replicas(p.tablet_id, p.replicas, schema)
+            if ok or time.monotonic() > deadline:
+                out[p.tablet_id] = (ok, detail)
+                break
+            time.sleep(0.2)
+    return out

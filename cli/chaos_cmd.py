@@ -1,0 +1,121 @@
+"""``raftlet chaos``: start a throw-away cluster, run faults under load, check the history.
+
+Everything is the ``chaos`` package's (``chaos.run``); this module only turns the command
+line into ``ChaosOptions``, prints the report, and says with its exit status whether the run
+passed (0), found a violation or could not finish (1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from raftlet.cli.common import UsageError
+
+__all__ = ["add_parser", "run"]
+
+_EPILOG = """\
+examples:
+  raftlet chaos --duration 60
+  raftlet chaos --duration 900 --seed 7 --history chaos-history.jsonl
+  raftlet chaos --faults pause,partition-leader --duration 120
+  raftlet chaos --unsafe stale-reads --faults partition-leader,pause   # must FAIL
+
+Faults: kill, pause, partition-leader, partition-halves, partition-bridge, slow-disk,
+restart-all. Partitions use network namespaces when run as root (iproute2), otherwise
+per-link TCP proxies between loopback servers. The cluster, its data and every process are
+removed at the end.
+"""
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    from raftlet.chaos.nemesis import ALL_FAULTS
+    from raftlet.chaos.options import BACKENDS, UNSAFE_SWITCHES
+
+    p = commands.add_parser(
+        "chaos",
+        help="run faults against a throw-away cluster under load and check linearizability",
+        description=(
+            "Start a cluster, run a register and insert workload while a nemesis kills, "
+            "pauses, partitions and slows its servers on a seeded schedule, then heal it and "
+            "check the history: linearizable registers, no lost acknowledged insert, equal "
+            "replicas."
+        ),
+        epilog=_EPILOG,
+        formatter_class=formatter,
+        allow_abbrev=False,
+    )
+    p.add_argument("--duration", type=float, default=60.0, metavar="S", help="seconds of faults")
+    p.add_argument("--seed", type=int, default=1, help="the fault schedule's seed")
+    p.add_argument(
+        "--faults",
+        default=",".join(ALL_FAULTS),
+        metavar="KIND[,KIND…]",
+        help="fault kinds to draw from (default: all)",
+    )
+    p.add_argument("--servers", type=int, default=3, help="tablet servers (at least 3)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="how to partition")
+    p.add_argument("--keys", type=int, default=12, help="registers")
+    p.add_argument("--register-workers", type=int, default=6, metavar="N")
+    p.add_argument("--insert-workers", type=int, default=2, metavar="N")
+    p.add_argument(
+        "--op-timeout", type=float, default=5.0, metavar="S", help="deadline of one operation"
+    )
+    p.add_argument(
+        "--check-budget", type=float, default=60.0, metavar="S", help="checker time per key"
+    )
+    p.add_argument("--history", type=Path, metavar="FILE", help="save the history (JSON lines)")
+    p.add_argument(
+        "--work-dir", type=Path, metavar="DIR", help="keep the cluster's files here (default: temp)"
+    )
+    p.add_argument(
+        "--unsafe",
+        default="",
+        metavar="SWITCH[,…]",
+        help=f"negative control: break a guarantee on purpose ({', '.join(UNSAFE_SWITCHES)})",
+    )
+    p.add_argument("--quiet", action="store_true", help="only the report")
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def run(args: argparse.Namespace) -> int:
+    from raftlet.chaos.options import ChaosOptions, WorkloadOptions
+    from raftlet.chaos.run import run_chaos
+
+    try:
+        options = ChaosOptions(
+            duration_s=args.duration,
+            seed=args.seed,
+            faults=_list(args.faults),
+            servers=args.servers,
+            backend=args.backend,
+            workload=WorkloadOptions(
+                keys=args.keys,
+                register_workers=args.register_workers,
+                insert_workers=args.insert_workers,
+                op_timeout_s=args.op_timeout,
+                seed=args.seed,
+            ),
+            check_budget_s=args.check_budget,
+            unsafe=_list(args.unsafe),
+            work_dir=args.work_dir,
+            history_path=args.history,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not args.quiet:
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+
+    def log(line: str) -> None:
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    report = run_chaos(options, log)
+    print(report.format())
+    return 0 if report.ok else 1
