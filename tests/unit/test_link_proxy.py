@@ -180,13 +180,12 @@ def test_half_close_passes_each_fin_on_separately(
 def test_a_closed_target_port_closes_the_client(target: Target) -> None:
     address = target.address
     target.listener.close()  # nothing listens there now
-    with LinkProxy(address) as proxy, connect(proxy.address) as client:
-        client.settimeout(WAIT_S)
-        try:
-            data = client.recv(10)
-        except ConnectionResetError:
-            data = b""
-        assert data == b""
+    with LinkProxy(address) as proxy:
+        # The proxy accepts, its dial is refused, and it resets the client: the reset may
+        # already be there when connect() returns, or reach the first recv().
+        with contextlib.suppress(ConnectionResetError), connect(proxy.address) as client:
+            client.settimeout(WAIT_S)
+            assert client.recv(10) == b""
         waiting.wait_for(lambda: proxy.connection_count() == 0, WAIT_S, "the connection closed")
 
 
