@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 CHUNK_BYTES = 64 * 1024
 # How long a caller waits for the loop to apply a command: only a wedged loop takes long.
 _CALL_TIMEOUT_S = 30.0
+# After a failed accept (out of file descriptors), before accepting again.
+_ACCEPT_RETRY_S = 0.1
 _T = TypeVar("_T")
 
 
@@ -184,32 +186,45 @@ class _Connection:
             if read:
                 src_dir = self.up if sock is self.client else self.down
                 assert src_dir is not None
-                self.loop.add_reader(sock, self._on_readable, src_dir)
+                self.loop.add_reader(sock, self._guarded, self._on_readable, src_dir)
             else:
                 self.loop.remove_reader(sock)
         if write != was_write:
             if write:
                 dst_dir = self.down if sock is self.client else self.up
                 assert dst_dir is not None
-                self.loop.add_writer(sock, self._on_writable, dst_dir)
+                self.loop.add_writer(sock, self._guarded, self._on_writable, dst_dir)
             else:
                 self.loop.remove_writer(sock)
         self._registered[sock] = (read, write)
+
+    def _guarded(self, callback: Callable[..., None], *args: object) -> None:
+        """Run a readiness callback; a bug in it closes this connection instead of leaving
+        the callback registered to fail again on every turn of the loop."""
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("%s: connection failed", self.proxy.name)
+            self.close(rst=True)
 
     # --- dialling the target -----------------------------------------------------------
 
     def _dial(self) -> None:
         family, addr = self.proxy.target_sockaddr
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:  # out of descriptors: this connection fails, the loop goes on
+            self.abort(f"socket: {e}")
+            return
+        self.upstream = sock
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.upstream = sock
         err = sock.connect_ex(addr)
         if err == 0:
             self._connected()
         elif err in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             self.connecting = True
-            self.loop.add_writer(sock, self._on_connect_done)
+            self.loop.add_writer(sock, self._guarded, self._on_connect_done)
             self._registered[sock] = (False, True)
         else:
             self.abort(f"connect to {self.proxy.target}: {errno.errorcode.get(err, err)}")
@@ -427,14 +442,24 @@ class LinkProxy:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and the like: the client's connect times out
+            except OSError as e:  # EMFILE and the like: pause, rather than spin on it
                 logger.warning("%s: accept failed: %s", self.name, e)
+                self._pause_accepting()
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(self, sock)
             self._connections.add(conn)
             conn.sync()
+
+    def _pause_accepting(self) -> None:
+        self.loop.loop.remove_reader(self._listener)
+
+        def resume() -> None:
+            if not self._closed:
+                self.loop.loop.add_reader(self._listener, self._on_accept)
+
+        self.loop.loop.call_later(_ACCEPT_RETRY_S, resume)
 
     def _set_cut(self, cut: bool) -> None:
         if self._cut == cut:
