@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,8 @@ def render_flag_value(value: object) -> str:
         return value.value
     if value is None:
         return ""
+    if isinstance(value, Mapping):  # --peer_addresses: ID=HOST:PORT,...
+        return ",".join(f"{k}={v}" for k, v in value.items())
     return str(value)
 
 

@@ -168,10 +168,9 @@ class TabletServer:
             )
         for placement in s.placements():
             table = self.config.table(placement.table)
+            # Where we dial each peer: --peer_addresses (a proxy, NAT) or the config's.
             addresses = {
-                sid: self.config.server(sid).rpc_addr
-                for sid in placement.replicas
-                if sid != self.server_id
+                sid: s.peer_addr(sid) for sid in placement.replicas if sid != self.server_id
             }
             transport: Transport
             if self.streams is not None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +64,10 @@ class ServerSettings:
 
     ``rpc_addr`` and ``http_addr`` are the addresses to *listen* on; peers and clients dial
     the ones in ``config`` (they differ only when a flag overrides them, e.g. to bind
-    0.0.0.0 in a container).
+    0.0.0.0 in a container). ``peer_addresses`` is the other way round: where *this* server
+    dials some of its peers, instead of their ``rpc_addr`` in ``config`` (a proxy or NAT
+    between servers); stored read-only, so the frozen settings cannot change under a
+    running server.
     """
 
     server_id: str
@@ -91,6 +96,7 @@ class ServerSettings:
     max_batch_rows: int = 10_000
     scan_page_bytes: int = MiB
     log_level: str = "INFO"
+    peer_addresses: Mapping[str, str] = field(default_factory=dict)
     unsafe_leader_reads_without_quorum: bool = False
     unsafe_ack_before_commit: bool = False
 
@@ -99,6 +105,9 @@ class ServerSettings:
             self.config.server(self.server_id)
         except ClusterConfigError as e:
             raise FlagError(f"--server_id: {e.reason}") from None
+        if isinstance(self.peer_addresses, Mapping):
+            frozen = types.MappingProxyType(dict(self.peer_addresses))
+            object.__setattr__(self, "peer_addresses", frozen)
         if not isinstance(self.data_dir, Path):
             raise FlagError(f"--data_dir: must be a Path, got {self.data_dir!r}")
         if not isinstance(self.raft, RaftTimings):
@@ -115,6 +124,22 @@ class ServerSettings:
                 f"--replica_worker_max_threads ({self.replica_worker_max_threads}) is below "
                 f"--replica_worker_min_threads ({self.replica_worker_min_threads})"
             )
+        self._check_peer_ids()
+
+    def _check_peer_ids(self) -> None:
+        """Every ``--peer_addresses`` id must be another server of the config: a typo would
+        otherwise leave that peer dialled at its config address, silently bypassing the
+        proxy the operator meant to put in between."""
+        for sid in self.peer_addresses:
+            if sid == self.server_id:
+                raise FlagError(
+                    f"--peer_addresses: {sid!r} is this server itself (a server never dials "
+                    "itself; name only its peers)"
+                )
+            try:
+                self.config.server(sid)
+            except ClusterConfigError as e:
+                raise FlagError(f"--peer_addresses: {e.reason}") from None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: ClusterConfig) -> ServerSettings:
@@ -168,6 +193,12 @@ class ServerSettings:
         """This server's entry in the config (its advertised addresses)."""
         return self.config.server(self.server_id)
 
+    def peer_addr(self, server_id: str) -> str:
+        """The address this server dials to reach peer ``server_id``: its
+        ``--peer_addresses`` entry if it has one, else its ``rpc_addr`` in the config."""
+        override = self.peer_addresses.get(server_id)
+        return override if override is not None else self.config.server(server_id).rpc_addr
+
     def placements(self) -> list[TabletPlacement]:
         """The tablets this server hosts a replica of."""
         return self.config.placements_for(self.server_id)
@@ -216,6 +247,35 @@ def _log_level(text: str) -> str:
 def _log_level_check(value: Any) -> None:
     if value not in LOG_LEVELS:
         raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+
+
+def _peer_addresses(text: str) -> dict[str, str]:
+    """``ID=HOST:PORT[,ID=HOST:PORT...]`` as ``{id: addr}``; empty text is no override.
+    Duplicates are refused here, since the dict would keep only the last one."""
+    out: dict[str, str] = {}
+    if not text.strip():
+        return out
+    for item in (part.strip() for part in text.split(",")):
+        sid, sep, addr = (half.strip() for half in item.partition("="))
+        if not sep or not sid:
+            raise ValueError(f"{item!r} is not ID=HOST:PORT (e.g. ts2=127.0.0.1:17052)")
+        if sid in out:
+            raise ValueError(f"server id {sid!r} is given twice")
+        out[sid] = addr
+    _peer_addresses_check(out)
+    return out
+
+
+def _peer_addresses_check(value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping of server id to HOST:PORT, got {value!r}")
+    for sid, addr in value.items():
+        if not isinstance(sid, str) or not sid:
+            raise ValueError(f"a server id must be a non-empty string, got {sid!r}")
+        try:
+            parse_host_port(addr)
+        except ValueError as e:
+            raise ValueError(f"{sid}: {e}") from None
 
 
 CONSENSUS_TRANSPORTS = ("stream", "unary")
@@ -307,6 +367,16 @@ FLAGS: tuple[FlagSpec, ...] = (
         "Address of the HTTP status server (/metrics, /tablets, /stacks, /healthz). "
         "Default: the server's http_addr in --config.",
         convert=str, check=_addr_check,
+    ),
+    FlagSpec(
+        "peer_addresses", _CLUSTER, "ID=HOST:PORT[,ID=HOST:PORT...]",
+        "Where this server dials the named peers, instead of their rpc_addr in --config: for "
+        "a proxy or NAT between servers, e.g. the per-link proxies with which 'raftlet chaos' "
+        "cuts the network between two servers without root (chaos/link_proxy.py). Peers not "
+        "named are dialled at their config address; clients, and leader hints given to "
+        "clients, always use the config's. Each ID must be another server of --config. "
+        "Read at startup only.",
+        convert=_peer_addresses, check=_peer_addresses_check,
     ),
     FlagSpec(
         "tick_interval_ms", _RAFT, "MS",

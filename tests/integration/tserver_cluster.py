@@ -115,7 +115,7 @@ class Server:
 
     def start(self, extra_flags: Sequence[str] = ()) -> None:
         assert self.proc is None or self.proc.poll() is not None
-        flags = [*self.cluster.flags, *extra_flags]
+        flags = [*self.cluster.flags, *self.cluster.server_flags.get(self.id, ()), *extra_flags]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
             [
@@ -266,6 +266,9 @@ class TserverCluster:
     ) -> None:
         self.root = root
         self.flags = list(flags)
+        # Flags for one server only (after ``flags``, kept across restarts), e.g. the
+        # --peer_addresses of a ProxyNetwork, which needs the config's ports to exist first.
+        self.server_flags: dict[str, list[str]] = {}
         ports = free_ports(2 * n_servers)
         servers = tuple(
             ServerConfig(
