@@ -80,3 +80,17 @@ def test_negative_control_acknowledging_before_a_majority_is_caught(tmp_path: Pa
     )
     assert report.inserts.lost or report.linearizable is False, report.format()
     assert not report.ok
+
+
+def test_proxy_partitions_leave_a_linearizable_history(tmp_path: Path) -> None:
+    """The backend for users without root: loopback servers behind per-link proxies."""
+    report = _run(
+        tmp_path,
+        duration_s=25.0,
+        seed=5,
+        backend="proxy",
+        faults=("partition-leader", "partition-halves", "pause", "kill"),
+    )
+    assert report.backend == "proxy"
+    assert {e.kind for e in report.faults} >= {"partition-leader", "partition-halves"}
+    assert report.ok, report.format()
