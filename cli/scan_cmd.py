@@ -44,6 +44,7 @@ examples:
   raftlet scan kv --data-dir ./c1 --where "key in (1, 2, 3)" --columns value
   raftlet scan kv --data-dir ./c1 --where "value is-null" --format json
   raftlet scan kv --servers 127.0.0.1:7051 --follower-reads --limit 5
+  raftlet scan kv --data-dir ./c1 --follower-reads --min-index 1234
 
 --where syntax: COLUMN OP VALUE with OP one of = < <= > >=; COLUMN in (V1, V2, ...);
 COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the column's
@@ -88,6 +89,17 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         action="store_true",
         help="let any replica answer from what it has applied (may be slightly stale)",
     )
+    p.add_argument(
+        "--min-index",
+        type=_min_index_arg,
+        default=0,
+        metavar="N",
+        help=(
+            "serve only from a replica that has applied Raft index N or later (e.g. a "
+            "write's op_index: that write is then seen even with --follower-reads); a "
+            "replica that has not waits briefly, then the next one is tried"
+        ),
+    )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument(
         "--timeout",
@@ -96,6 +108,16 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="S",
         help="deadline of the whole scan (default 30)",
     )
+
+
+def _min_index_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a Raft index, got {text!r}") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
+    return value
 
 
 def _columns_arg(text: str) -> list[str]:
@@ -307,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
             predicates=predicates,
             limit=args.limit,
             read_mode=mode,
+            min_index=args.min_index,
         )
         try:
             if args.format == "json":

@@ -211,10 +211,13 @@ class Client(ClientBase[MetaCache]):
         batch_size_bytes: int = 0,
         row_format: RowFormat = RowFormat.PACKED,
         timeout_s: float | None = None,
+        min_index: int = 0,
     ) -> Scanner:
         """An iterator over the table's rows (dicts), tablet by tablet (see
         ``client.scanner``: pages, bounded by rows and bytes, 0 leaving it to the server;
-        their row form). ``timeout_s`` (default the client's) bounds each page."""
+        their row form). ``timeout_s`` (default the client's) bounds each page.
+        ``min_index`` (a ``WriteResult.op_index``, say): each page comes from a replica that
+        has applied at least that Raft index -- with FOLLOWER_APPLIED, bounded staleness."""
         self._check_open()
         info = self._meta.table(table)
         # A scan that fixes the whole key visits only the tablets those keys live in.
@@ -232,6 +235,7 @@ class Client(ClientBase[MetaCache]):
             batch_size_bytes=batch_size_bytes,
             row_format=row_format,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            min_index=min_index,
         )
 
     def scan_tablet(
@@ -247,6 +251,7 @@ class Client(ClientBase[MetaCache]):
         batch_size_bytes: int = 0,
         row_format: RowFormat = RowFormat.PACKED,
         timeout_s: float | None = None,
+        min_index: int = 0,
     ) -> Scanner:
         """Like ``scan`` but of one tablet; with FOLLOWER_APPLIED, ``replica`` (a server
         uuid) is read first."""
@@ -265,6 +270,7 @@ class Client(ClientBase[MetaCache]):
             row_format=row_format,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             replica=replica,
+            min_index=min_index,
         )
 
     # --- admin -----------------------------------------------------------------------------

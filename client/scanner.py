@@ -13,10 +13,16 @@ row is returned twice and none is skipped.
   follows it (ReadIndex), and answers once it has applied that index -- so a page sees every
   write acknowledged before it was asked for. A leader cut off from the others answers no
   such page (UNAVAILABLE, retried; then NOT_LEADER once it steps down).
+  (With the server's ``--leader_read_mode=lease`` the leader skips the round while its
+  lease holds; the page still sees every write acknowledged before it was asked for.)
 - ``ReadMode.FOLLOWER_APPLIED`` reads any replica's applied state (possibly stale). The
   scanner sticks to one replica per tablet while it answers (``prefer``), starting with the
   leader if known; after a fail-over, later pages come from another replica, which may have
-  applied a little more or less than the first one.
+  applied a little more or less than the first one.  ``min_index`` bounds the staleness:
+  a replica serves a page only once it has applied that Raft index, waiting for it up to its
+  read wait, else fails UNAVAILABLE and the scanner tries another replica.  Given a
+  ``WriteResult.op_index`` (what a session's write returns), every page sees that write and
+  everything before it: read-your-writes from any replica.
 
 A scan whose predicates fix every key column (EQUALS, or IN_LIST) visits only the tablets
 those keys hash to (``schema.partition.partitions_for_predicates``), not every tablet.
@@ -86,6 +92,7 @@ class Scanner(Iterator[Row]):
         replica: str | None = None,
         batch_size_bytes: int = 0,
         row_format: RowFormat = RowFormat.PACKED,
+        min_index: int = 0,
     ) -> None:
         schema = table.schema
         if projection is not None:
@@ -105,6 +112,9 @@ class Scanner(Iterator[Row]):
         for name, size in sizes:
             if not 0 <= size < 2**32:
                 raise InvalidArgument(f"{name} must be in [0, 2**32), got {size}")
+        if not 0 <= min_index < 2**64:
+            raise InvalidArgument(f"min_index must be in [0, 2**64), got {min_index}")
+        self.min_index = min_index
         self.table = table
         self.read_mode = ReadMode(read_mode)
         self.timeout_s = timeout_s
@@ -178,6 +188,7 @@ class Scanner(Iterator[Row]):
             batch_size_rows=self._batch_size_rows,
             batch_size_bytes=self._batch_size_bytes,
             row_format=self.row_format.value,
+            min_applied_index=self.min_index,
         )
 
         def scan(stub: ServerStub, timeout: float, _attempt: int) -> tablet_pb2.ScanResponse:

@@ -35,6 +35,22 @@ that was in force, and ``replicate(datas, bound_term)`` re-checks the term under
 a write bound to a stale term is refused with TermMismatch, never appended in a later term.
 With ``TermCheckMode.LOCKED`` the check takes the lock and reads the core instead (the
 pre-KUDU-2727 behaviour), so both can be measured side by side.
+
+Leader reads (``read_index``)
+``LeaderReadMode.READ_INDEX`` (default): every read waits for a quorum round (the core's
+ReadIndex, rounds batched).  ``LeaderReadMode.LEASE``: a read is served at the current commit
+index with no round while this leader holds a lease, and falls back to ReadIndex otherwise.
+The lease is measured on ``clock`` (monotonic) from quorum-acknowledged heartbeat *send*
+times: every heartbeat is a new read round (``Config.heartbeat_read_rounds``); before a
+ready's messages leave, the time is noted for a new round in it; when a majority has
+acknowledged round r, ``lease_until = time(r) + lease_duration``.  The bound the duration
+keeps, and its assumptions: ``ConsensusOptions.lease_duration_s``.  A lease is void while a
+leadership transfer runs (the transferee's votes ignore the followers' lease), across any
+change of term or role, and after any stall the ticker notices (``TickSource.stalls``
+differs from when the lease's round was sent, or ``is_on_time()`` is false: a paused
+process must not wake up holding a lease).  A stall is also stepped into the core
+(``RawNode.on_stall``), which makes a leader that stalled for an election timeout recheck
+its quorum on fresh answers.
 """
 
 from __future__ import annotations
@@ -43,6 +59,7 @@ import enum
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -71,6 +88,7 @@ __all__ = [
     "ConsensusOptions",
     "ConsensusSnapshot",
     "LeaderNotReady",
+    "LeaderReadMode",
     "RaftConsensus",
     "ReplicaFailed",
     "TermCheckMode",
@@ -112,9 +130,24 @@ class _Durable:
     error: BaseException | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Stall:
+    """The ticker saw this process stop for ``ticks`` ticks' worth of time."""
+
+    ticks: int
+
+
 class TermCheckMode(enum.Enum):
     LOCKFREE = "lockfree"
     LOCKED = "locked"
+
+
+class LeaderReadMode(enum.Enum):
+    """How a leader confirms a linearizable read: a quorum round per read (batched), or a
+    lease renewed by heartbeats (see ``ConsensusOptions.lease_duration_s``)."""
+
+    READ_INDEX = "read_index"
+    LEASE = "lease"
 
 
 class LeaderNotReady(ProposalDropped):
@@ -180,6 +213,52 @@ class ConsensusOptions:
     # How long a peer's request may wait for its answer to become durable.
     request_timeout_s: float = 10.0
     seed: int | None = None
+    leader_read_mode: LeaderReadMode = LeaderReadMode.READ_INDEX
+    # The fraction by which any two servers' clocks may disagree about a length of time.
+    lease_clock_drift: float = 0.1
+
+    def lease_duration_s(self) -> float:
+        """How long after the send time of a heartbeat round a majority acknowledged this
+        leader may serve reads without a quorum round:
+
+            L = (election_ticks - heartbeat_ticks) * tick_interval_s
+            lease = L * (1 - lease_clock_drift) - tick_interval_s
+
+        The bound.  A follower that steps a heartbeat of round r (sent after time(r)) resets
+        its election count; until it counts ``election_ticks`` more ticks it neither votes
+        for another candidate nor campaigns (``Raft.step``'s check-quorum lease, the
+        ``transfer`` vote aside).  Its ticks never come faster than wall time, and at most
+        ``heartbeat_ticks`` at once (``consensus.ticker``), and every tick counted before the
+        heartbeat is stepped before it (``handle_request_async``), so that takes at least L
+        of the follower's time.  A new leader needs a vote from a majority, which shares a
+        member with the majority that acknowledged r: none can exist before time(r) + L on
+        that member's clock, which is later than time(r) + L * (1 - drift) on ours if the
+        two clocks' rates differ by at most ``drift``.  One tick less again covers the tick
+        grid's phase and the time between reading the clock and reading the commit index.
+
+        Assumptions: every server uses the same Raft timings and check-quorum; a follower
+        that restarts (it forgets when it last heard a leader and may vote at once) takes
+        longer than a lease to come back -- a restart here takes seconds, a lease well under
+        one; a transfer's TIMEOUT_NOW reaches its target before any later heartbeat (the
+        stream transport keeps order).  The default drift, 0.1, is far above what clock
+        rates do (NTP slews at most 500 ppm), and leaves room for scheduling noise: with the
+        default timings (100 ms ticks, 10/3) L = 700 ms and the lease is 530 ms."""
+        interval = self.tick_interval_s
+        span = (self.election_ticks - self.heartbeat_ticks) * interval
+        return span * (1.0 - self.lease_clock_drift) - interval
+
+    def validate(self) -> None:
+        if not 0.0 <= self.lease_clock_drift < 1.0:
+            raise ValueError(f"lease clock drift must be in [0, 1), got {self.lease_clock_drift}")
+        if self.leader_read_mode is LeaderReadMode.LEASE:
+            if not self.check_quorum:
+                raise ValueError("a leader lease needs check-quorum (followers keep it)")
+            if self.lease_duration_s() <= 0:
+                raise ValueError(
+                    f"these Raft timings leave no lease: (election_ticks - heartbeat_ticks) "
+                    f"* (1 - drift) must exceed one tick ({self.election_ticks}, "
+                    f"{self.heartbeat_ticks}, {self.lease_clock_drift})"
+                )
 
 
 @dataclass
@@ -192,6 +271,11 @@ class ConsensusMetrics:
     # Acquisitions of the consensus lock made by the term check (zero in lockfree mode).
     term_check_lock_acquisitions: StripedCounter = field(default_factory=StripedCounter)
     leader_elections: StripedCounter = field(default_factory=StripedCounter)
+    # Leader reads served by the lease, and by a quorum round (ReadIndex).
+    lease_reads: StripedCounter = field(default_factory=StripedCounter)
+    read_index_reads: StripedCounter = field(default_factory=StripedCounter)
+    # Stalls of the process the ticker reported to this replica.
+    stalls: StripedCounter = field(default_factory=StripedCounter)
 
 
 class RaftConsensus:
@@ -209,10 +293,15 @@ class RaftConsensus:
         metrics: ConsensusMetrics | None = None,
         ticker: TickSource | None = None,
         workers: WorkerPool | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
         self.options = opts = options or ConsensusOptions()
+        opts.validate()
+        self._lease_mode = opts.leader_read_mode is LeaderReadMode.LEASE
+        self._lease_duration_s = opts.lease_duration_s()
+        self._clock = clock
         self.voters = storage.voters()
         self._storage = storage
         self._transport = transport
@@ -229,6 +318,7 @@ class RaftConsensus:
             max_inflight_msgs=opts.max_inflight_msgs,
             max_size_per_msg=opts.max_size_per_msg,
             broadcast_commit=opts.broadcast_commit,
+            heartbeat_read_rounds=self._lease_mode,
             applied=applied_index,
             seed=opts.seed,
         )
@@ -245,6 +335,14 @@ class RaftConsensus:
         # Linearizable reads waiting for a quorum's confirmation, by the core's token.
         self._reads: dict[int, _ReadWaiter] = {}
         self._read_token = 0
+        # The lease (LEASE mode), under _lock: the term it is for, the rounds sent in it as
+        # (round, clock before its heartbeats left, ticker stalls then), the last round
+        # seen in a ready, and the lease's end with the stall count it was granted under.
+        self._lease_term = -1
+        self._round_times: deque[tuple[int, float, int]] = deque()
+        self._round_seen = 0
+        self._lease_until = 0.0
+        self._lease_stalls = 0
         # The server's pool runs every replica's mailbox; a replica on its own gets one.
         self._own_workers = workers is None
         self._workers = workers or WorkerPool(f"raft-worker:{group_id}", min_threads=1)
@@ -271,7 +369,7 @@ class RaftConsensus:
         """Start ticking.  Committed entries above the applied index are handed to the
         applier as soon as they are known (the first Ready may already hold some)."""
         self._started = True
-        self._unregister_tick = self._ticker.register(self._on_tick)
+        self._unregister_tick = self._ticker.register(self._on_tick, self._on_stall)
         if self._own_ticker:
             self._ticker.start()
         with self._lock:
@@ -352,12 +450,20 @@ class RaftConsensus:
     def read_index(self, timeout_s: float) -> int:
         """The index a linearizable read must see (ReadIndex, thesis §6.4): the commit
         index when the call arrived, once a quorum has confirmed after that moment that
-        this replica still leads. Serve the read once the store has applied it. Raises
+        this replica still leads -- or, in LEASE mode while the lease holds, the commit
+        index now, with no round. Serve the read once the store has applied it. Raises
         NotLeaderError (not the leader, or it lost leadership meanwhile), LeaderNotReady
         (its commit index is not current yet, or no quorum answered within ``timeout_s``:
         a replica cut off from the others never serves a read), ReplicaFailed."""
         if self._failure is not None:
             raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
+        if self._lease_mode:
+            with self._lock:
+                self._step_ticks_unlocked()
+                if self._lease_holds_unlocked():
+                    self.metrics.lease_reads.increment()
+                    return self._node.hard_state().commit
+        self.metrics.read_index_reads.increment()
         waiter = _ReadWaiter()
         with self._lock:
             if self._stopping.is_set():
@@ -384,6 +490,27 @@ class RaftConsensus:
             snap = self._snapshot
             raise NotLeaderError(snap.leader_id, snap.term)
         return waiter.index
+
+    def _lease_holds_unlocked(self) -> bool:
+        """Whether this leader may serve a read at its commit index with no quorum round
+        (see the module docstring).  Caller holds ``_lock``."""
+        soft = self._node.soft_state()
+        return (
+            soft.role is Role.LEADER
+            and soft.leader_ready
+            and not soft.transferring
+            and soft.term == self._lease_term
+            and self._ticker.stalls == self._lease_stalls
+            and self._ticker.is_on_time()
+            and self._clock() < self._lease_until
+        )
+
+    def lease_remaining_s(self) -> float:
+        """How much of the lease is left now (0 without one); for tests and status."""
+        with self._lock:
+            if not self._lease_holds_unlocked():
+                return 0.0
+            return max(0.0, self._lease_until - self._clock())
 
     def on_applied(self, index: int) -> None:
         """The applier applied every committed entry up to ``index``."""
@@ -435,10 +562,7 @@ class RaftConsensus:
             reply(None)
             return
         with self._lock:
-            self._step_ticks_unlocked()
-            with self._tick_lock:
-                self._quiet_ticks = 0
-            self._node.step(message)
+            self._step_ticks_then_unlocked(message)
             outcome = self._process_ready_unlocked(answer_to=message.src, reply=reply)
         if outcome is _NO_ANSWER:
             reply(None)
@@ -477,6 +601,15 @@ class RaftConsensus:
             self._tick_queued = True
             self._inbox.post(_TICK)
 
+    def _on_stall(self, seconds: float) -> None:
+        """The ticker's thread: this process stalled.  End the lease at once (lease reads
+        also check the ticker's stall count, so none slips through before this runs), and
+        let the worker step the stall into the core."""
+        self._lease_until = 0.0
+        self.metrics.stalls.increment()
+        if not self._stopping.is_set():
+            self._inbox.post(_Stall(int(seconds / self.options.tick_interval_s)))
+
     def _step_ticks_unlocked(self) -> None:
         """Step the ticks that passed since the last step.  Caller holds ``_lock``, before
         it steps anything else."""
@@ -484,6 +617,19 @@ class RaftConsensus:
             ticks, self._pending_ticks = self._pending_ticks, 0
         for _ in range(ticks):
             self._tick_unlocked()
+
+    def _step_ticks_then_unlocked(self, message: Message) -> None:
+        """Step every tick counted so far, then ``message``, with no tick counted in between
+        (the ticker waits on ``_tick_lock`` for the step, a few microseconds of pure core):
+        a tick that passed before a leader's heartbeat is never counted after it, which the
+        lease's bound relies on (``ConsensusOptions.lease_duration_s``)."""
+        while True:
+            self._step_ticks_unlocked()
+            with self._tick_lock:
+                if self._pending_ticks == 0:
+                    self._quiet_ticks = 0
+                    self._node.step(message)
+                    return
 
     def _on_answer(self, answer: Message | None) -> None:
         """A peer's answer to something we sent, from any transport thread: queued for the
@@ -542,6 +688,10 @@ class RaftConsensus:
             "applied_index": st.applied,
             "last_index": st.last_index,
             "progress": {p: {"match": m, "next": n} for p, (m, n, _) in st.progress.items()},
+            "leader_read_mode": self.options.leader_read_mode.value,
+            "lease_reads": self.metrics.lease_reads.value(),
+            "read_index_reads": self.metrics.read_index_reads.value(),
+            "stalls": self.metrics.stalls.value(),
         }
 
     # --- carrying out Readies ---------------------------------------------------------------
@@ -563,6 +713,8 @@ class RaftConsensus:
                 self._publish_unlocked(rd.soft_state)
             if rd.hard_state is not None:
                 self._commit_seen = rd.hard_state.commit
+            if self._lease_mode:
+                self._lease_ready_unlocked(rd)  # before this ready's heartbeats leave
             hard = rd.hard_state
             if hard is not None and (hard.term, hard.vote) != self._saved_vote:
                 # Only term and vote must be durable before what depends on them; entries are
@@ -608,6 +760,27 @@ class RaftConsensus:
         if answer is None:
             return _NO_ANSWER
         return _HELD if held_here else answer
+
+    def _lease_ready_unlocked(self, rd: Ready) -> None:
+        """Note the send time of a new read round in ``rd`` (its heartbeats have not left
+        yet), and extend the lease by a round a majority has acknowledged."""
+        soft = rd.soft_state
+        eligible = soft.role is Role.LEADER and not soft.transferring
+        if not eligible or soft.term != self._lease_term:
+            # A new leadership (or none): nothing sent before counts.
+            self._lease_until = 0.0
+            self._round_times.clear()
+            self._lease_term = soft.term if eligible else -1
+        if eligible and rd.read_round > self._round_seen:
+            self._round_times.append((rd.read_round, self._clock(), self._ticker.stalls))
+        self._round_seen = rd.read_round
+        sent: tuple[int, float, int] | None = None
+        while self._round_times and self._round_times[0][0] <= rd.read_round_confirmed:
+            sent = self._round_times.popleft()
+        if sent is not None and sent[2] == self._ticker.stalls:
+            until = sent[1] + self._lease_duration_s
+            if until > self._lease_until or self._lease_stalls != sent[2]:
+                self._lease_until, self._lease_stalls = until, sent[2]
 
     def _durable_callback(
         self, rd: Ready, later: list[Message], answer: Message | None, reply: Reply | None
@@ -669,6 +842,11 @@ class RaftConsensus:
             if done is _TICK:
                 self._tick_queued = False
                 self._step_ticks_unlocked()
+                continue
+            if isinstance(done, _Stall):
+                if self._failure is None and not self._stopping.is_set():
+                    self._step_ticks_unlocked()
+                    self._node.on_stall(done.ticks)
                 continue
             if isinstance(done, Message):  # a peer's answer
                 if self._failure is None and not self._stopping.is_set():

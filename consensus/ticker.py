@@ -13,6 +13,19 @@ ticks, waking each replica every 3rd tick with 3 ticks keeps the core's fine-gra
 
 ``ManualTicker`` has the same interface and no thread: a test calls ``tick()`` and decides
 when time passes, so nothing waits for a wall-clock election.
+
+Two promises the leader lease (``consensus.raft_consensus``) builds on:
+- Ticks never come faster than wall time: consecutive calls are at least
+  ``interval_s * ticks_per_call`` apart, measured from the end of the previous call (a late
+  call is not followed by an early one to catch up; missed ticks are dropped).  So a
+  follower counts at most ``ticks_per_call`` ticks more than the time that passed.
+- Stalls are noticed.  When a wake-up comes later than due by more than ``stall_margin_s``
+  (a SIGSTOP, a paused VM, a long GC or swap), the ticker logs it once, counts it
+  (``stalls``) and calls every registered stall callback with the stall's length, before
+  that call's ticks.  Lateness is measured on ``CLOCK_BOOTTIME`` where there is one: unlike
+  ``CLOCK_MONOTONIC`` it keeps counting while the machine is suspended.  ``is_on_time()``
+  tells a reader, without waiting for the ticker's thread, that the ticker is not overdue
+  right now -- a reader that runs first after a pause sees it.
 """
 
 from __future__ import annotations
@@ -22,12 +35,23 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["ManualTicker", "TickSource", "Ticker"]
+__all__ = ["ManualTicker", "StallCallback", "TickSource", "Ticker", "stall_clock"]
 
 logger = logging.getLogger(__name__)
 
 # Called with the number of ticks that passed since the last call.
 TickCallback = Callable[[int], None]
+# Called with the seconds a stall lasted beyond the expected wake-up.
+StallCallback = Callable[[float], None]
+
+
+def stall_clock() -> float:
+    """Seconds on a clock that counts a suspended machine's time (CLOCK_BOOTTIME, Linux);
+    the monotonic clock elsewhere."""
+    return time.clock_gettime(_STALL_CLOCK_ID) if _STALL_CLOCK_ID is not None else time.monotonic()
+
+
+_STALL_CLOCK_ID: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 class TickSource:
@@ -39,19 +63,45 @@ class TickSource:
         self.ticks_per_call = ticks_per_call
         self._lock = threading.Lock()
         self._callbacks: dict[int, TickCallback] = {}
+        self._stall_callbacks: dict[int, StallCallback] = {}
         self._next_key = 0
+        # Stalls noticed so far: a reader that noted the count can tell one happened since.
+        self.stalls = 0
 
-    def register(self, callback: TickCallback) -> Callable[[], None]:
+    def register(
+        self, callback: TickCallback, on_stall: StallCallback | None = None
+    ) -> Callable[[], None]:
         with self._lock:
             key = self._next_key
             self._next_key += 1
             self._callbacks[key] = callback
+            if on_stall is not None:
+                self._stall_callbacks[key] = on_stall
 
         def unregister() -> None:
             with self._lock:
                 self._callbacks.pop(key, None)
+                self._stall_callbacks.pop(key, None)
 
         return unregister
+
+    def report_stall(self, seconds: float) -> None:
+        """This process did not run for ``seconds`` beyond a due tick: count it, log it
+        once, tell every registered stall callback (which must not block)."""
+        self.stalls += 1
+        logger.warning("the process stalled: a tick came %.3f s late; leader leases end", seconds)
+        with self._lock:
+            callbacks = list(self._stall_callbacks.values())
+        for callback in callbacks:
+            try:
+                callback(seconds)
+            except Exception:
+                logger.exception("a stall callback failed")
+
+    def is_on_time(self) -> bool:
+        """False while a tick is overdue by more than the stall margin (always True for a
+        source ticked by hand: its test reports stalls itself)."""
+        return True
 
     def tick(self) -> None:
         """``ticks_per_call`` ticks for every registered replica (callbacks must not block)."""
@@ -76,15 +126,27 @@ class ManualTicker(TickSource):
 
 class Ticker(TickSource):
     """One tick per ``interval_s`` of wall time, delivered ``ticks_per_call`` at a time on
-    its own thread."""
+    its own thread.  ``stall_margin_s`` (default: one call's interval) is how late a wake-up
+    may be before it counts as a stall; ``clock`` measures lateness (``stall_clock``)."""
 
     def __init__(
-        self, interval_s: float, name: str = "raft-ticker", ticks_per_call: int = 1
+        self,
+        interval_s: float,
+        name: str = "raft-ticker",
+        ticks_per_call: int = 1,
+        stall_margin_s: float | None = None,
+        clock: Callable[[], float] = stall_clock,
     ) -> None:
         super().__init__(ticks_per_call)
         if interval_s <= 0:
             raise ValueError(f"tick interval must be positive, got {interval_s}")
         self.interval_s = interval_s
+        self.call_interval_s = interval_s * ticks_per_call
+        self.stall_margin_s = self.call_interval_s if stall_margin_s is None else stall_margin_s
+        if self.stall_margin_s <= 0:
+            raise ValueError(f"stall margin must be positive, got {self.stall_margin_s}")
+        self._clock = clock
+        self._due = clock() + self.call_interval_s
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = False
@@ -92,6 +154,7 @@ class Ticker(TickSource):
     def start(self) -> None:
         if not self._started:
             self._started = True
+            self._due = self._clock() + self.call_interval_s
             self._thread.start()
 
     def stop(self) -> None:
@@ -99,12 +162,22 @@ class Ticker(TickSource):
         if self._started and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
+    def is_on_time(self) -> bool:
+        return not self._started or self._clock() - self._due <= self.stall_margin_s
+
     def _run(self) -> None:
-        interval = self.interval_s * self.ticks_per_call
+        interval = self.call_interval_s
         next_tick = time.monotonic() + interval
-        while not self._stopping.wait(max(0.0, next_tick - time.monotonic())):
-            next_tick += interval
-            now = time.monotonic()
-            if next_tick < now:  # we fell behind (a long pause): don't burst
-                next_tick = now + interval
+        while True:
+            wait = next_tick - time.monotonic()
+            if self._stopping.wait(max(0.0, wait)):
+                return
+            if time.monotonic() < next_tick:
+                continue  # woke early: the spacing promise needs the whole interval
+            late = self._clock() - self._due
+            if late > self.stall_margin_s:
+                self.report_stall(late)
             self.tick()
+            # From the end of this call: never closer than an interval, never a burst.
+            next_tick = time.monotonic() + interval
+            self._due = self._clock() + interval

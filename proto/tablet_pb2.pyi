@@ -216,7 +216,7 @@ class PredicatePB(_message.Message):
     def __init__(self, column: _Optional[str] = ..., equals: _Optional[_Union[ValuePB, _Mapping]] = ..., range: _Optional[_Union[PredicatePB.RangePB, _Mapping]] = ..., in_list: _Optional[_Union[PredicatePB.InListPB, _Mapping]] = ..., is_null: _Optional[bool] = ..., is_not_null: _Optional[bool] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows", "row_format", "batch_size_bytes")
+    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows", "row_format", "batch_size_bytes", "min_applied_index")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_FIELD_NUMBER: _ClassVar[int]
     PREDICATES_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class ScanRequest(_message.Message):
     BATCH_SIZE_ROWS_FIELD_NUMBER: _ClassVar[int]
     ROW_FORMAT_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIN_APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     projection: _containers.RepeatedScalarFieldContainer[str]
     predicates: _containers.RepeatedCompositeFieldContainer[PredicatePB]
@@ -235,7 +236,8 @@ class ScanRequest(_message.Message):
     batch_size_rows: int
     row_format: RowFormat
     batch_size_bytes: int
-    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ..., row_format: _Optional[_Union[RowFormat, str]] = ..., batch_size_bytes: _Optional[int] = ...) -> None: ...
+    min_applied_index: int
+    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ..., row_format: _Optional[_Union[RowFormat, str]] = ..., batch_size_bytes: _Optional[int] = ..., min_applied_index: _Optional[int] = ...) -> None: ...
 
 class RowPB(_message.Message):
     __slots__ = ("values",)

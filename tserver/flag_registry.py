@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.consensus.raft_consensus import LeaderReadMode, TermCheckMode
 from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.settings import FLAGS, ServerSettings
 
@@ -31,8 +31,8 @@ def render_flag_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
-    if isinstance(value, TermCheckMode):
-        return value.value
+    if isinstance(value, TermCheckMode | LeaderReadMode):
+        return str(value.value)
     if value is None:
         return ""
     if isinstance(value, Mapping):  # --peer_addresses: ID=HOST:PORT,...

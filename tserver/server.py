@@ -157,7 +157,9 @@ class TabletServer:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         # Every heartbeat's worth of ticks at once: see consensus.ticker.
         self.ticker = Ticker(
-            options.consensus.tick_interval_s, ticks_per_call=options.consensus.heartbeat_ticks
+            options.consensus.tick_interval_s,
+            ticks_per_call=options.consensus.heartbeat_ticks,
+            stall_margin_s=s.stall_margin_s(),
         )
         # A follower answers an append once it is durable: the deadline covers its fsync.
         peer_timeout_s = options.consensus.request_timeout_s + 5.0

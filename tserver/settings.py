@@ -33,7 +33,7 @@ from raftlet.cluster import (
     parse_host_port,
 )
 from raftlet.consensus.log.options import LogOptions
-from raftlet.consensus.raft_consensus import ConsensusOptions, TermCheckMode
+from raftlet.consensus.raft_consensus import ConsensusOptions, LeaderReadMode, TermCheckMode
 from raftlet.tserver.flag_spec import (
     FlagError,
     FlagSpec,
@@ -86,6 +86,8 @@ class ServerSettings:
     replica_worker_max_threads: int = 32
     log_appender_threads: int = 8
     term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
+    leader_read_mode: LeaderReadMode = LeaderReadMode.READ_INDEX
+    lease_clock_drift: float = 0.1
     consensus_transport: str = "stream"
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
@@ -119,6 +121,10 @@ class ServerSettings:
                     spec.check(value)
                 except ValueError as e:
                     raise FlagError(f"--{spec.name}: {e}") from None
+        try:
+            self.consensus_options().validate()
+        except ValueError as e:
+            raise FlagError(f"--leader_read_mode: {e}") from None
         if self.replica_worker_max_threads < self.replica_worker_min_threads:
             raise FlagError(
                 f"--replica_worker_max_threads ({self.replica_worker_max_threads}) is below "
@@ -219,7 +225,20 @@ class ServerSettings:
             election_ticks=self.raft.election_ticks,
             heartbeat_ticks=self.raft.heartbeat_ticks,
             term_check_mode=self.term_check_mode,
+            leader_read_mode=self.leader_read_mode,
+            lease_clock_drift=self.lease_clock_drift,
         )
+
+    def stall_margin_s(self) -> float | None:
+        """How late the ticker's wake-up may be before it counts as a stall: with leases,
+        the lease's slack (``lease_clock_drift`` of the span plus one tick), so a pause
+        that even a clock could miss is either within the slack or ends the lease; else
+        None, the ticker's default (one heartbeat interval)."""
+        if self.leader_read_mode is not LeaderReadMode.LEASE:
+            return None
+        opts = self.consensus_options()
+        span = (opts.election_ticks - opts.heartbeat_ticks) * opts.tick_interval_s
+        return span * opts.lease_clock_drift + opts.tick_interval_s
 
 
 # --- the flag table ----------------------------------------------------------------------
@@ -235,6 +254,24 @@ def _term_check_mode(text: str) -> TermCheckMode:
     except ValueError:
         choices = ", ".join(m.value for m in TermCheckMode)
         raise ValueError(f"expected one of {choices}, got {text!r}") from None
+
+
+def _leader_read_mode(text: str) -> LeaderReadMode:
+    try:
+        return LeaderReadMode(text.strip().lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in LeaderReadMode)
+        raise ValueError(f"expected one of {choices}, got {text!r}") from None
+
+
+def _read_mode_check(value: Any) -> None:
+    if not isinstance(value, LeaderReadMode):
+        raise ValueError(f"expected a LeaderReadMode, got {value!r}")
+
+
+def _drift_check(value: Any) -> None:
+    if not 0 <= value < 0.5:
+        raise ValueError(f"must be in [0, 0.5), got {value}")
 
 
 def _log_level(text: str) -> str:
@@ -466,6 +503,26 @@ FLAGS: tuple[FlagSpec, ...] = (
         "KUDU-2727 fix); locked takes the lock for every write, the old behaviour, kept so "
         "tests and benchmarks can compare the two.",
         convert=_term_check_mode, check=_mode_check,
+    ),
+    FlagSpec(
+        "leader_read_mode", _CONSENSUS, "{read_index,lease}",
+        "How a leader confirms a linearizable (leader-latest) read. read_index (default): "
+        "each read waits for a round of heartbeats a majority answers (reads arriving "
+        "meanwhile share the next round); no clock is trusted. lease: while a majority has "
+        "answered a heartbeat sent less than a lease ago, reads are served at once, with no "
+        "round; the lease is (election_ticks - heartbeat_ticks) ticks times (1 - "
+        "--lease_clock_drift), less one tick, and ends at any stall of the process "
+        "(SIGSTOP, a paused VM). It assumes every server has the same Raft timings and that "
+        "clocks run at rates within --lease_clock_drift of each other.",
+        convert=_leader_read_mode, check=_read_mode_check,
+    ),
+    FlagSpec(
+        "lease_clock_drift", _CONSENSUS, "FRACTION",
+        f"With --leader_read_mode=lease: by how much, as a fraction, two servers' clocks may "
+        f"disagree about a length of time (default {_D('lease_clock_drift'):g}). The lease is "
+        "shortened by it. Real clock rates differ by well under 0.001 (NTP slews at most "
+        "500 ppm); the default's extra room covers scheduling noise.",
+        convert=float_value, check=_drift_check,
     ),
     FlagSpec(
         "consensus_transport", _CONSENSUS, "{stream,unary}",

@@ -441,10 +441,17 @@ class TabletReplica:
             raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
-            # after the read arrived (ReadIndex) and wait until that index is applied.
+            # after the read arrived (ReadIndex; or the lease, if on) and wait until that
+            # index is applied.
             self.consensus.check_leadership_and_bind_term()
+            index = 0
             if not self.options.unsafe_leader_reads_without_quorum:
-                self._wait_applied(self.consensus.read_index(self.options.read_wait_s))
+                index = self.consensus.read_index(self.options.read_wait_s)
+            self._wait_applied(max(index, request.min_applied_index))
+        elif request.min_applied_index:
+            # Bounded staleness: whatever this replica has applied, once that includes the
+            # index asked for (a write the client saw acknowledged, say).
+            self._wait_applied(request.min_applied_index)
         if request.row_format not in _ROW_FORMATS:
             raise InvalidRequest(f"unknown row format {request.row_format}")
         max_rows = request.batch_size_rows or None
@@ -471,13 +478,17 @@ class TabletReplica:
             raise InvalidRequest(str(exc)) from exc
 
     def _wait_applied(self, index: int) -> None:
-        """Leader-latest reads see everything committed before the read arrived."""
+        """Wait up to ``read_wait_s`` until the store has applied ``index``: leader-latest
+        reads see everything committed before the read arrived, bounded-staleness reads
+        the index they ask for.  UNAVAILABLE after that, so the client tries elsewhere."""
         with self._applied_cond:
             if not self._applied_cond.wait_for(
                 lambda: self.store.applied_index() >= index, self.options.read_wait_s
             ):
                 raise ServiceUnavailable(
-                    f"tablet {self.tablet_id} has not applied index {index} yet"
+                    f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
+                    f"(applied {self.store.applied_index()}) after "
+                    f"{self.options.read_wait_s:g} s; try another replica"
                 )
 
     # --- status --------------------------------------------------------------------------------

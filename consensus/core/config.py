@@ -35,6 +35,9 @@ class Config:
     # or heartbeat: under light load that halves the messages a follower handles per write,
     # at the cost of followers learning the commit up to a heartbeat later.
     broadcast_commit: bool = True
+    # Every heartbeat starts a new read round (see Raft.read_index), so a quorum's answers
+    # confirm rounds -- and a driver can renew a leader lease -- without any read.
+    heartbeat_read_rounds: bool = False
     # Index already applied to the state machine before this start (the store's
     # applied index): committed entries are delivered from applied + 1.
     applied: int = 0

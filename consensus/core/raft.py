@@ -17,11 +17,21 @@ Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design)
   when it arrived, and only after a majority answered a heartbeat sent after that moment
   (heartbeats carry the latest read round; an answer confirms every read of its round or
   earlier); losing leadership fails the waiting reads.
+- Reads batch their quorum rounds: at most one round started for reads is outstanding.  A
+  read that arrives while one is takes the *next* round number, which is broadcast when
+  the outstanding round is confirmed, or with the next heartbeat tick (so a lost round
+  delays reads by a heartbeat, never forever).  A round's number is created after every
+  read it confirms arrived, so no read is confirmed by a heartbeat sent before it.
+- ``read_round_confirmed`` is the highest round a majority acknowledged in this
+  leadership; a driver that timed when each round's heartbeats left can hold a leader
+  lease from it (``Config.heartbeat_read_rounds`` makes every heartbeat a new round, so
+  the lease renews without reads).  No clock here: the timing is the driver's.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,12 +56,12 @@ from raftlet.consensus.core.types import (
 __all__ = ["Raft"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _PendingRead:
     token: int
     index: int  # the commit index when the read arrived
-    round: int  # heartbeat round that confirms it
-    acks: set[str]
+    round: int  # the heartbeat round that confirms it (created after the read arrived)
+
 
 _VOTE_RESPONSE = {
     MessageType.VOTE: MessageType.VOTE_RESPONSE,
@@ -76,9 +86,17 @@ class Raft:
         self.votes: dict[str, bool] = {}
         self.msgs: list[Message] = []
         # ReadIndex (thesis §6.4): reads waiting for a quorum to confirm this leader, in
-        # request order, and the outcomes for the driver's next ready.
-        self._read_round = 0
-        self._pending_reads: list[_PendingRead] = []
+        # request order (so in round order), and the outcomes for the driver's next ready.
+        # ``read_round`` is the latest round whose heartbeats were created; it only grows,
+        # across terms too, so a round number names one broadcast.
+        self.read_round = 0
+        # The highest round a majority acknowledged in this leadership (see _reset).
+        self.read_round_confirmed = 0
+        # Per voter, the highest round it echoed in this leadership.
+        self._round_acks: dict[str, int] = {}
+        # Reads hold round read_round + 1, not yet broadcast (one is outstanding).
+        self._round_wanted = False
+        self._pending_reads: deque[_PendingRead] = deque()
         self.read_states: list[ReadState] = []
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
@@ -112,7 +130,11 @@ class Raft:
     def _reset(self, term: int) -> None:
         # Reads waiting for this leadership fail: it is over (or never was).
         self.read_states += [ReadState(r.token, 0, ok=False) for r in self._pending_reads]
-        self._pending_reads = []
+        self._pending_reads.clear()
+        self._round_wanted = False
+        # Every earlier round is settled: this leadership (if it is one) starts afresh.
+        self.read_round_confirmed = self.read_round
+        self._round_acks = {}
         if term != self.term:
             self.term = term
             self.vote = NO_NODE
@@ -187,7 +209,42 @@ class Raft:
             self.lead_transferee = NO_NODE
         if self.heartbeat_elapsed >= self.config.heartbeat_tick:
             self.heartbeat_elapsed = 0
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        if self._round_wanted or self.config.heartbeat_read_rounds:
+            # Reads waiting for a round go with this heartbeat even if the outstanding
+            # round was lost; with heartbeat rounds, every heartbeat is a new round.
+            self._start_read_round()
+        else:
             self._bcast_heartbeat()
+
+    def on_stall(self, ticks: int) -> None:
+        """The driver saw this process stop for about ``ticks`` ticks (a SIGSTOP, a paused
+        VM, a long GC) -- ticks it did not and will not step.
+
+        A leader that stalled for an election timeout or more may have been deposed: its
+        followers' minimum timeout passed, and the answers it counted before the stall say
+        nothing about now.  So it forgets them, heartbeats at once and runs check-quorum
+        ``2 * heartbeat_tick`` ticks later (at most an election timeout), stepping down
+        unless a majority answered since it woke.  Not done instead: catching up the missed
+        ticks.  Stepping them at once would run check-quorum on the stale answers (and
+        pass), or, for several timeouts' worth, run checks with no time for any answer in
+        between (and depose even a healthy leader).  Left alone, a cut-off leader would
+        claim leadership for up to another election timeout after it woke.  Shorter stalls
+        change nothing: no follower can have timed out, and the ordinary check runs."""
+        if (
+            self.role is not Role.LEADER
+            or not self.config.check_quorum
+            or ticks < self.config.election_tick
+        ):
+            return
+        for v, pr in self.prs.items():
+            pr.recent_active = v == self.id
+        grace = min(2 * self.config.heartbeat_tick, self.config.election_tick)
+        self.election_elapsed = self.config.election_tick - grace
+        self.heartbeat_elapsed = 0
+        self._heartbeat()
 
     def _quorum_active(self) -> bool:
         """Whether a majority was heard from since the last check; resets the marks."""
@@ -257,32 +314,47 @@ class Raft:
         ``ReadState(token, index)`` appears in ``read_states`` (or ``ok=False`` if the
         leadership ends first). Reads serve once ``index`` is applied. Raises
         ``NotLeaderError`` off-leader and ``ProposalDropped`` before this leader has committed
-        an entry of its term (its commit index is not yet current)."""
+        an entry of its term (its commit index is not yet current).
+
+        Batched: if no round is outstanding the read starts one; otherwise it joins the next
+        round, broadcast once the outstanding one is confirmed (or at the next heartbeat)."""
         if self.role is not Role.LEADER:
             raise NotLeaderError(self.lead, self.term)
         if self.log.term(self.log.committed) != self.term:
             raise ProposalDropped("the leader has not yet committed an entry of its term")
-        read = _PendingRead(token, self.log.committed, self._read_round + 1, {self.id})
-        if vote_result(self.voters, dict.fromkeys(read.acks, True)) is VoteResult.WON:
-            self.read_states.append(ReadState(token, read.index))  # a single voter
+        if len(self.voters) == 1:
+            self.read_states.append(ReadState(token, self.log.committed))
             return
-        self._read_round = read.round
-        self._pending_reads.append(read)
+        # The next round is created after this moment, whichever way it is started.
+        self._pending_reads.append(_PendingRead(token, self.log.committed, self.read_round + 1))
+        if self.read_round_confirmed >= self.read_round:
+            self._start_read_round()
+        else:
+            self._round_wanted = True
+
+    def _start_read_round(self) -> None:
+        """Broadcast heartbeats of a new round; reads waiting for it now hold its number."""
+        self.read_round += 1
+        self._round_wanted = False
         self._bcast_heartbeat()
 
     def _confirm_reads(self, voter: str, round_seen: int) -> None:
         """``voter`` answered a heartbeat of ``round_seen`` in this term: it followed this
         leader after every read of that round or earlier was noted."""
-        for read in self._pending_reads:
-            if read.round > round_seen:
-                break
-            read.acks.add(voter)
-        while self._pending_reads:
-            head = self._pending_reads[0]
-            if vote_result(self.voters, dict.fromkeys(head.acks, True)) is not VoteResult.WON:
-                break
-            self._pending_reads.pop(0)
+        if round_seen <= self._round_acks.get(voter, 0):
+            return
+        self._round_acks[voter] = round_seen
+        acks = dict(self._round_acks)
+        acks[self.id] = self.read_round
+        confirmed = committed_index(self.voters, acks)
+        if confirmed <= self.read_round_confirmed:
+            return
+        self.read_round_confirmed = confirmed
+        while self._pending_reads and self._pending_reads[0].round <= confirmed:
+            head = self._pending_reads.popleft()
             self.read_states.append(ReadState(head.token, head.index))
+        if self._round_wanted and confirmed >= self.read_round:
+            self._start_read_round()  # the reads that arrived meanwhile: their round now
 
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to ``target`` (thesis §3.10): stop accepting proposals,
@@ -402,7 +474,7 @@ class Raft:
             pr.probe_sent = False
             if m.context:
                 # A round it cannot have been sent yet confirms nothing more than the last.
-                self._confirm_reads(m.src, min(m.context, self._read_round))
+                self._confirm_reads(m.src, min(m.context, self.read_round))
             if pr.state is ProgressState.REPLICATE and pr.inflights.full():
                 pr.inflights.free_first_one()
             if pr.match < self.log.last_index():
@@ -505,7 +577,7 @@ class Raft:
                         v,
                         self.term,
                         commit=commit,
-                        context=self._read_round,
+                        context=self.read_round,
                     )
                 )
 

@@ -50,6 +50,7 @@ class RawNode:
         self.raft = Raft(config, storage)
         self._prev_hard = self.raft.hard_state()
         self._prev_soft = self.raft.soft_state()
+        self._prev_confirmed = self.raft.read_round_confirmed
 
     # --- inputs --------------------------------------------------------------------
 
@@ -80,6 +81,11 @@ class RawNode:
         ``Raft.read_index``)."""
         self.raft.read_index(token)
 
+    def on_stall(self, ticks: int) -> None:
+        """The driver noticed that this process did not run for about ``ticks`` ticks (see
+        ``Raft.on_stall``)."""
+        self.raft.on_stall(ticks)
+
     # --- outputs ---------------------------------------------------------------------
 
     def soft_state(self) -> SoftState:
@@ -93,6 +99,7 @@ class RawNode:
         return (
             bool(r.msgs)
             or bool(r.read_states)
+            or r.read_round_confirmed != self._prev_confirmed
             or r.log.has_unstable_to_persist()
             or r.log.has_committed_to_apply()
             or r.hard_state() != self._prev_hard
@@ -119,10 +126,13 @@ class RawNode:
             committed_entries=committed,
             must_sync=must_sync or bool(entries),
             read_states=read_states,
+            read_round=r.read_round,
+            read_round_confirmed=r.read_round_confirmed,
             soft_state_changed=soft != self._prev_soft,
         )
         self._prev_hard = hard
         self._prev_soft = soft
+        self._prev_confirmed = r.read_round_confirmed
         return ready
 
     def on_persisted(self, ready: Ready) -> None:

@@ -174,6 +174,12 @@ class Ready:
     must_sync: bool = False
     # Outcomes of read_index requests, in the order they were made.
     read_states: tuple[ReadState, ...] = ()
+    # The latest read round whose heartbeats were created (in this ready's ``messages`` if it
+    # grew since the last ready), and the highest round a majority acknowledged in this
+    # leadership (0s off-leader before any round).  A driver that notes the time before a
+    # round's heartbeats leave may hold a lease from when a quorum confirmed it.
+    read_round: int = 0
+    read_round_confirmed: int = 0
     # Whether anything at all is in this ready (soft-state changes included).
     soft_state_changed: bool = field(default=False)
 

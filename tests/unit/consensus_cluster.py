@@ -6,8 +6,10 @@ in-process, so partitions are a ``cut`` away and no ports are needed.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,16 +65,14 @@ class Cluster:
         mode: TermCheckMode = TermCheckMode.LOCKFREE,
         options: ConsensusOptions = FAST,
         ticker: ManualTicker | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        transport: InMemoryTransport | None = None,
     ) -> None:
         self.root = root
         self.ids = tuple(ids)
-        self.options = ConsensusOptions(
-            tick_interval_s=options.tick_interval_s,
-            election_ticks=options.election_ticks,
-            heartbeat_ticks=options.heartbeat_ticks,
-            term_check_mode=mode,
-        )
-        self.transport = InMemoryTransport()
+        self.options = dataclasses.replace(options, term_check_mode=mode)
+        self.clock = clock
+        self.transport = transport or InMemoryTransport()
         # With a ManualTicker time passes only when the test says so (``wait_leader`` ticks
         # while it waits); without one every replica ticks on the wall clock.
         self.ticker = ticker
@@ -94,6 +94,7 @@ class Cluster:
             apply_committed=lambda entries: holder[0]._queue.put(list(entries)),
             options=self.options,
             ticker=self.ticker,
+            clock=self.clock,
         )
         replica = Replica(node_id, directory, storage, consensus)
         holder.append(replica)

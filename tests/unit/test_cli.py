@@ -119,6 +119,8 @@ USAGE_ERRORS = [
     (["scan", "kv", "--data-dir", "x", "--where", "key != 3"], "!= is not supported"),
     (["scan", "kv", "--data-dir", "x", "--where", "key = null"], "use 'key is-null'"),
     (["scan", "kv", "--data-dir", "x", "--limit", "-1"], "must be at least 1"),
+    (["scan", "kv", "--data-dir", "x", "--min-index", "-1"], "must be in [0, 2**64)"),
+    (["scan", "kv", "--data-dir", "x", "--min-index", "x"], "expected a Raft index"),
     (["scan", "--data-dir", "x"], "the following arguments are required: TABLE"),
     (["cluster"], "the following arguments are required: ACTION"),
     (["cluster", "up", "--servers", "0"], "must be at least 1"),

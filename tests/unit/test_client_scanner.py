@@ -14,7 +14,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.schema.row_pages import encode_page
 from raftlet.schema.rows import row_to_pb
 from raftlet.schema.types import Value
-from tests.unit.client_fakes import KV_SCHEMA, FakeCluster, make_rpc
+from tests.unit.client_fakes import KV_SCHEMA, FakeCluster, make_rpc, unavailable
 
 ROWS: list[tuple[Value, ...]] = [(1, "a"), (2, None), (3, "ünï"), (4, ""), (5, "x" * 300)]
 COLUMNS = ["key", "value"]
@@ -130,3 +130,24 @@ def test_rows_are_the_dicts_of_their_columns_whatever_their_number(ncols: int) -
     assert _dicts(columns, values) == want
     assert all(list(row) == columns for row in _dicts(columns, values))  # in column order
     assert _dicts(columns, [[] for _ in columns]) == []
+
+
+def test_min_index_goes_with_every_page_and_a_replica_behind_it_is_left_for_another() -> None:
+    """Bounded staleness: a replica that has not applied ``min_index`` in time answers
+    UNAVAILABLE, and the page comes from another replica."""
+    calls: list[str] = []
+    pages = serve(ROWS)
+
+    def behind_once(request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
+        calls.append("scan")
+        if len(calls) == 1:
+            raise unavailable()
+        return pages(request)
+
+    sc, cluster = scanner(behind_once, min_index=42)
+    assert [r["key"] for r in sc] == [r[0] for r in ROWS]
+    sent = requests(cluster)
+    assert {r.min_applied_index for r in sent} == {42}
+    assert len(sent) == 4  # the refused attempt and three pages
+    with pytest.raises(InvalidArgument, match="min_index"):
+        scanner(serve(ROWS), min_index=-1)

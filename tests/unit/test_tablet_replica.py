@@ -4,6 +4,7 @@ and bad requests."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from raftlet.schema.row_pages import decode_page, page_rows
 from raftlet.schema.rows import ErrorCode, OpType, encode_row_op, row_from_pb
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from raftlet.tserver.errors import InvalidRequest, StaleRequest
+from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 from tests.unit.consensus_cluster import FAST, wait_for
 
@@ -419,3 +420,36 @@ def test_the_leader_decodes_its_rows_once_and_each_follower_once(
         tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3], what=f"{r.server_id} applies")
     assert len(calls["prepare"]) == 1  # the leader validates once ...
     assert len(calls["apply"]) == 2  # ... and only the two followers decode to apply
+
+
+def test_a_follower_read_with_a_min_index_waits_until_it_has_applied_that_index(
+    tablet: Tablet,
+) -> None:
+    """Bounded staleness: a follower serves READ_FOLLOWER_APPLIED with ``min_applied_index``
+    only once it has applied that index -- a write's op_index, so the writer sees its row;
+    an index it does not reach within its read wait fails UNAVAILABLE, naming the index."""
+    leader = tablet.leader()
+    op_index = send(leader, write([7], "c1", 1)).result().op_index
+    follower = next(r for r in tablet.replicas.values() if r is not leader)
+    request = tablet_pb2.ScanRequest(
+        tablet_id="kv-p0",
+        read_mode=tablet_pb2.READ_FOLLOWER_APPLIED,
+        min_applied_index=op_index,
+    )
+    pages: list[tablet_pb2.ScanResponse] = []
+    reader = threading.Thread(target=lambda: pages.append(follower.scan(request)))
+    reader.start()
+    tablet.wait_for(lambda: bool(pages), what="the follower's page")  # ticks carry the commit
+    reader.join()
+    assert pages[0].applied_index >= op_index
+    assert [row.values[0].int_value for row in pages[0].rows] == [7]
+    follower.options = dataclasses.replace(follower.options, read_wait_s=0.05)
+    far = op_index + 1000
+    with pytest.raises(ServiceUnavailable, match=f"index {far} not yet applied"):
+        follower.scan(
+            tablet_pb2.ScanRequest(
+                tablet_id="kv-p0",
+                read_mode=tablet_pb2.READ_FOLLOWER_APPLIED,
+                min_applied_index=far,
+            )
+        )

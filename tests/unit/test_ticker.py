@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,66 @@ def test_a_follower_steps_its_ticks_with_its_next_message_not_one_by_one(
             wait_for(lambda n=n: consensus._ticks == stepped + election_ticks + n, what="a tick")
     finally:
         cluster.close()
+
+
+class _JumpingClock:
+    """A stall clock a test moves forward by hand, on top of real time."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
+def test_a_late_wake_up_is_reported_as_a_stall_once_before_its_ticks() -> None:
+    clock = _JumpingClock()
+    ticker = Ticker(0.01, stall_margin_s=0.5, clock=clock)
+    events: list[str] = []
+    stalls: list[float] = []
+
+    def on_stall(seconds: float) -> None:
+        stalls.append(seconds)
+        events.append("stall")
+
+    ticker.register(lambda _n: events.append("tick"), on_stall)
+    ticker.start()
+    try:
+        wait_for(lambda: events.count("tick") >= 3, what="ticks")
+        assert stalls == []
+        clock.offset += 5.0  # the process "did not run" for 5 s
+        wait_for(lambda: bool(stalls), what="the stall report")
+        wait_for(lambda: events[-1] == "tick", what="the ticks after it")
+    finally:
+        ticker.stop()
+    assert len(stalls) == 1
+    assert stalls[0] >= 4.5
+    assert ticker.stalls == 1
+    assert events[events.index("stall") + 1] == "tick"
+
+
+def test_a_reader_sees_an_overdue_ticker_before_the_ticker_wakes() -> None:
+    clock = _JumpingClock()
+    ticker = Ticker(10.0, stall_margin_s=0.5, clock=clock)  # will not wake during the test
+    ticker.start()
+    try:
+        assert ticker.is_on_time()
+        clock.offset += 11.0
+        assert not ticker.is_on_time()
+    finally:
+        ticker.stop()
+
+
+def test_ticks_never_come_faster_than_wall_time() -> None:
+    """Consecutive calls are at least one call's interval apart (the lease's bound counts on
+    it): a late call is not followed by an early one."""
+    ticker = Ticker(0.002, ticks_per_call=2)
+    times: list[float] = []
+    ticker.register(lambda _n: times.append(time.monotonic()))
+    ticker.start()
+    try:
+        wait_for(lambda: len(times) >= 30, what="30 calls")
+    finally:
+        ticker.stop()
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.004 * 0.999

@@ -11,7 +11,7 @@ import pytest
 
 from raftlet.cluster import ClusterConfig, RaftTimings, load_cluster_config
 from raftlet.consensus.log.options import LogOptions
-from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.consensus.raft_consensus import LeaderReadMode, TermCheckMode
 from raftlet.tserver.flag_registry import render_flag_value
 from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.settings import FLAGS, ServerSettings
@@ -159,3 +159,37 @@ def test_settings_validate_when_built_directly(config_path: Path) -> None:
         dataclasses.replace(base, replica_worker_max_threads=1)
     with pytest.raises(FlagError, match=r"^--log_appender_threads: must be in 1\.\.1024, got 0$"):
         dataclasses.replace(base, log_appender_threads=0)
+
+
+# --- leader reads ------------------------------------------------------------------------
+
+
+def test_leader_read_mode_defaults_to_read_index_and_lease_flags_reach_consensus(
+    config_path: Path,
+) -> None:
+    s = parse(config_path)
+    assert s.leader_read_mode is LeaderReadMode.READ_INDEX
+    assert s.consensus_options().leader_read_mode is LeaderReadMode.READ_INDEX
+    assert s.stall_margin_s() is None
+    leased = parse(config_path, "--leader_read_mode", "LEASE", "--lease-clock-drift", "0.2")
+    opts = leased.consensus_options()
+    assert (opts.leader_read_mode, opts.lease_clock_drift) == (LeaderReadMode.LEASE, 0.2)
+    # [raft] 50 ms, 6/3: the span is 150 ms, the lease 150 * 0.8 - 50 ms.
+    assert opts.lease_duration_s() == pytest.approx(0.07)
+    assert leased.stall_margin_s() == pytest.approx(0.15 * 0.2 + 0.05)
+    assert render_flag_value(leased.leader_read_mode) == "lease"
+
+
+def test_a_lease_the_raft_timings_leave_no_room_for_is_refused(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse(config_path, "--leader_read_mode", "lease", "--heartbeat_ticks", "5")
+    assert "--leader_read_mode: these Raft timings leave no lease" in capsys.readouterr().err
+    base = parse(config_path)
+    with pytest.raises(FlagError, match="no lease"):
+        dataclasses.replace(base, leader_read_mode=LeaderReadMode.LEASE, raft=RaftTimings(50, 6, 5))
+    with pytest.raises(SystemExit):
+        parse(config_path, "--leader_read_mode", "sometimes")
+    with pytest.raises(SystemExit):
+        parse(config_path, "--lease_clock_drift", "0.7")
