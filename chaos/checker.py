@@ -11,8 +11,11 @@ The search is Wing & Gong's, with Lowe's memoisation ("Testing for linearizabili
 the calls and returns of one key sit in a doubly linked list in time order; a call ahead of
 every remaining return is *minimal* and may be linearized next (it is lifted out of the list
 with its return); reaching a return whose op is still unlinearized means the last choice was
-wrong, so the search backtracks. A configuration is the set of linearized ops (an int used as
-a bitset) and the register's value; one already explored leads nowhere new and is skipped.
+wrong, so the search backtracks. A configuration is the set of linearized ops (int bitsets)
+and the register's value; one already explored leads nowhere new and is skipped. Two sound
+shortcuts (``_search``) keep it to seconds for 20,000 ops of 16 clients: a legal read is
+taken at once, and an INFO op whose value nothing left observes is never taken. A search
+that runs out of its time or of its memory cap gives the verdict UNKNOWN.
 
 What the outcomes mean here:
 
@@ -27,9 +30,11 @@ What the outcomes mean here:
   disagree by a little; the lenient choice cannot report a violation that is only an artefact
   of a tie.
 
-A violation comes with a counter-example: the shortest failing prefix in call order, then
-shrunk by removing ops while the rest still fails, so a stale read is reported as the two or
-three ops that make it one rather than as twenty thousand.
+A violation comes with a counter-example: a short failing prefix in call order (the ops
+called before the point the search could not get past), cut from the front, then shrunk by
+removing ops while the rest still fails, so a stale read is reported as the two or three ops
+that make it one rather than as twenty thousand. Every cut keeps the ops that set the values
+the kept ops observe, so the counter-example fails for the reason the whole history does.
 
 **Unique inserts** are checked against the keys present after the run: an acknowledged
 insert must be there, a definitely failed one must not, and nothing else may be.
@@ -44,7 +49,7 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from raftlet.chaos.history import Op, OpKind, Outcome
 
@@ -63,9 +68,11 @@ REGISTER_KINDS = frozenset({OpKind.WRITE, OpKind.READ, OpKind.CAS})
 # The search looks at the clock once per this many steps (a power of two, tested with a
 # mask): a step is well under a microsecond, so the deadline is kept to about a millisecond.
 _CLOCK_EVERY = 256
+# A search that has cached this many configurations gives up (UNKNOWN) rather than take the
+# checker's memory past a gigabyte or so (a configuration costs 100-300 bytes).
+_MAX_CONFIGURATIONS = 4_000_000
 
 _WRITE, _READ, _CAS = 0, 1, 2
-_KIND_CODES = {OpKind.WRITE: _WRITE, OpKind.READ: _READ, OpKind.CAS: _CAS}
 
 
 class CheckResult(StrEnum):
@@ -97,7 +104,9 @@ class KeyVerdict:
             f"({self.ops_checked} ops checked in {self.elapsed_s:.3f} s)"
         )
         if self.result is CheckResult.UNKNOWN:
-            return head + "\n  the search ran out of its budget; a larger one may decide"
+            return (
+                head + "\n  the search ran out of its time (or memory) budget; it decided nothing"
+            )
         if not self.counterexample:
             return head
         lines = [head, f"  a failing sub-history of {len(self.counterexample)} ops (ms):"]
@@ -168,13 +177,13 @@ def check_register(ops: Sequence[Op], budget_s: float, *, key: int | None = None
     deadline = started + budget_s
     key = _the_key(ops, key)
     relevant = _relevant(ops)
-    verdict = _linearizable(relevant, deadline)
+    decision = _decide(relevant, deadline)
     counterexample: list[Op] = []
-    if verdict is False:
-        counterexample = _counterexample(relevant, deadline)
+    if decision.linearizable is False:
+        counterexample = _counterexample(relevant, decision.frontier_ns, deadline)
     return KeyVerdict(
         key=key,
-        result=_RESULTS[verdict],
+        result=_RESULTS[decision.linearizable],
         ops_checked=len(relevant),
         elapsed_s=time.monotonic() - started,
         counterexample=counterexample,
@@ -242,11 +251,22 @@ def _relevant(ops: Sequence[Op]) -> list[Op]:
     return kept
 
 
+class _Decision(NamedTuple):
+    linearizable: bool | None
+    # When a search found a violation: the time of the furthest entry it reached. Nothing
+    # called later mattered to it, so the ops called by then are a good failing prefix.
+    frontier_ns: int | None = None
+
+
 def _linearizable(ops: Sequence[Op], deadline: float) -> bool | None:
-    """True, False, or None if the deadline passed first. ``ops`` are relevant, in call order."""
+    """True, False, or None if out of time or memory. ``ops`` are relevant, in call order."""
+    return _decide(ops, deadline).linearizable
+
+
+def _decide(ops: Sequence[Op], deadline: float) -> _Decision:
     if _observes_unwritten_value(ops):
-        return False
-    return _search(_without_unobserved_indeterminate(ops), deadline)
+        return _Decision(False)
+    return _search(_without_inert_indeterminate(ops), deadline)
 
 
 def _observes_unwritten_value(ops: Sequence[Op]) -> bool:
@@ -259,16 +279,18 @@ def _observes_unwritten_value(ops: Sequence[Op]) -> bool:
     return any(_observed_value(op) not in written for op in ops if op.outcome is Outcome.OK)
 
 
-def _without_unobserved_indeterminate(ops: Sequence[Op]) -> list[Op]:
-    """Drop the INFO writes and CASes whose new value no op observes (reads or expects).
+def _without_inert_indeterminate(ops: Sequence[Op]) -> list[Op]:
+    """Drop the INFO ops that cannot matter: a CAS setting the value it expects, and writes
+    and CASes whose new value no op observes (reads, or expects in a CAS).
 
-    Sound: in any linearization that includes such an op, nothing between it and the next
-    write can depend on its value (nothing observes it, and a CAS expecting it would), so the
-    op can be taken out and the rest stays legal. It matters because every pending INFO op is
-    a branch at every step of the search, and a run with many timeouts has many of them.
+    Sound both ways: an INFO op may never take effect, so a linearization without it is one
+    with it; and one with it stays legal without it, since no kept op saw its value (the
+    argument of ``_Shrinking``). It matters because every pending INFO op is a branch at
+    every step of the search, and a run with many timeouts has many of them.
     """
-    observed = {_observed_value(op) for op in ops if op.kind is not OpKind.WRITE}
-    return [op for op in ops if op.outcome is not Outcome.INFO or _new_value(op) in observed]
+    live = [op for op in ops if op.outcome is Outcome.OK or _changes_value(op)]
+    observed = {_observed_value(op) for op in live if op.kind is not OpKind.WRITE}
+    return [op for op in live if op.outcome is Outcome.OK or _new_value(op) in observed]
 
 
 def _new_value(op: Op) -> Any:
@@ -279,90 +301,182 @@ def _observed_value(op: Op) -> Any:
     return op.value[0] if op.kind is OpKind.CAS else op.value
 
 
-def _time_ordered_entries(ops: Sequence[Op]) -> list[int]:
-    """Entry numbers in time order: ``i`` is op i's call, ``n + i`` its return (OK ops only).
+def _changes_value(op: Op) -> bool:
+    # A CAS that sets the value it expects changes nothing: it only observes, as a read does.
+    return op.kind is OpKind.WRITE or (op.kind is OpKind.CAS and op.value[0] != op.value[1])
 
-    At equal times calls sort before returns, so ops that touch at one instant overlap.
+
+@dataclass
+class _Tables:
+    """One key's ops as the search indexes them: parallel lists by op number (call order)."""
+
+    kinds: list[int]
+    # Values are numbered (None is 0) so that the register's state is a small int.
+    new_value: list[int]  # what a write or a changing CAS sets; -1 otherwise
+    observed: list[int]  # what a read returned or a CAS expected; -1 for a write
+    required: list[bool]  # OK: must be linearized; INFO: may never take effect
+    # An OK op's rank among OK ops, an INFO op's among INFO ops: its bit in the bitsets.
+    bit: list[int]
+    # Per value number: how many ops observe it. The search keeps this for the ops not yet
+    # linearized: an INFO op whose value nothing left observes is not worth taking.
+    observers: list[int]
+
+
+def _tables(ops: Sequence[Op]) -> _Tables:
+    numbers: dict[Any, int] = {None: 0}
+    tables = _Tables([], [], [], [], [], [])
+    ranks = {Outcome.OK: 0, Outcome.INFO: 0}
+    for op in ops:
+        changes = _changes_value(op)
+        if op.kind is OpKind.WRITE:
+            tables.kinds.append(_WRITE)
+        else:
+            tables.kinds.append(_CAS if changes else _READ)
+        tables.new_value.append(numbers.setdefault(_new_value(op), len(numbers)) if changes else -1)
+        if op.kind is OpKind.WRITE:
+            tables.observed.append(-1)
+        else:
+            tables.observed.append(numbers.setdefault(_observed_value(op), len(numbers)))
+        tables.required.append(op.outcome is Outcome.OK)
+        tables.bit.append(ranks[op.outcome])
+        ranks[op.outcome] += 1
+    tables.observers = [0] * len(numbers)
+    for value in tables.observed:
+        if value >= 0:
+            tables.observers[value] += 1
+    return tables
+
+
+def _time_ordered_entries(ops: Sequence[Op]) -> list[tuple[int, int]]:
+    """(time, entry) in time order: entry ``i`` is op i's call, ``n + i`` its return (OK ops
+    only). At equal times calls sort before returns, so ops that touch at one instant overlap.
     """
     n = len(ops)
     events = [(op.call_ns, 0, i) for i, op in enumerate(ops)]
     events += [(op.return_ns, 1, n + i) for i, op in enumerate(ops) if op.outcome is Outcome.OK]
     events.sort()
-    return [entry for _, _, entry in events]
+    return [(at, entry) for at, _, entry in events]
 
 
-def _search(ops: Sequence[Op], deadline: float) -> bool | None:
+def _search(ops: Sequence[Op], deadline: float) -> _Decision:
     """Wing & Gong's search with Lowe's cache, iterative, over one key's relevant ops.
 
-    One long function on purpose: this loop is the checker's whole cost, and locals, int
-    bitsets and parallel lists are what make CPython fast enough for 20,000-op keys.
+    A configuration is (the linearized OK ops, the linearized INFO ops, the state). The OK
+    ops are linearized roughly in call order, so their set is kept as ``base`` (every OK op
+    ranked below it is linearized) and a small ``window`` bitset above it: a cache entry is a
+    few dozen bytes rather than one bit per op of the key.
+
+    Two refinements of the plain search, both losing nothing:
+
+    - An op that only observes (a read, or a CAS that sets what it expects) and is legal now
+      is linearized at once and never reconsidered: in any successful continuation it can be
+      moved to the front, since it is minimal (nothing unlinearized returned before its call)
+      and changes nothing for the ops it passes. So when the search backs out of such an op
+      it keeps backing out, and if the configuration after it is known to fail, so is the
+      one before. Otherwise every subset of the concurrent reads of one value would be a
+      configuration of its own.
+    - An INFO op whose value no unlinearized op observes is not taken: dropping it from any
+      successful continuation leaves one (the argument of ``_Shrinking``). Otherwise an
+      indeterminate write would stay a branch at every step until the end of the history.
+
+    One long function on purpose: this loop is the checker's whole cost, and locals, ints
+    and parallel lists are what make CPython fast enough for 20,000-op keys.
     """
+    t = _tables(ops)
+    kinds, new_value, observed, required, bit = t.kinds, t.new_value, t.observed, t.required, t.bit
+    pending_observers = t.observers
     n = len(ops)
-    kinds = [_KIND_CODES[op.kind] for op in ops]
-    new_values = [_new_value(op) for op in ops]
-    observed = [_observed_value(op) for op in ops]
-    required = [op.outcome is Outcome.OK for op in ops]
     remaining = sum(required)
     if not remaining:
-        return True
+        return _Decision(True)
+    timeline = _time_ordered_entries(ops)
     head, end = 2 * n, 2 * n + 1
     nxt = [end] * (2 * n + 2)
     prv = [head] * (2 * n + 2)
+    position = [0] * (2 * n + 2)
     previous = head
-    for entry in _time_ordered_entries(ops):
+    for place, (_, entry) in enumerate(timeline):
         nxt[previous] = entry
         prv[entry] = previous
+        position[entry] = place
         previous = entry
     prv[end] = previous
+    position[end] = len(timeline)
 
-    state: Any = None
-    linearized = 0
-    cache: set[tuple[int, Any]] = set()
-    stack: list[tuple[int, Any]] = []
+    state = window = base = info = 0
+    cache: set[tuple[int, int, int, int]] = set()
+    stack: list[tuple[int, int, int, int, int]] = []
+    furthest = 0
     entry = nxt[head]
     steps = 0
     clock_mask = _CLOCK_EVERY - 1
     monotonic = time.monotonic
     while remaining:
         steps += 1
-        if not steps & clock_mask and monotonic() > deadline:
-            return None
+        if not steps & clock_mask and (monotonic() > deadline or len(cache) > _MAX_CONFIGURATIONS):
+            return _Decision(None)
         if entry < n:
             kind = kinds[entry]
-            if kind == _READ:
-                legal = state == observed[entry]
-                new_state = state
+            if kind == _WRITE:
+                new_state = new_value[entry]
+            elif state != observed[entry]:
+                entry = nxt[entry]
+                continue
+            elif kind == _CAS:
+                new_state = new_value[entry]
             else:
-                legal = kind == _WRITE or state == observed[entry]
-                new_state = new_values[entry]
-            if legal:
-                candidate = linearized | (1 << entry)
-                configuration = (candidate, new_state)
-                if configuration not in cache:
-                    cache.add(configuration)
-                    stack.append((entry, state))
-                    state = new_state
-                    linearized = candidate
-                    # Lift the call, and the return of an op that has one, out of the list.
-                    before, after = prv[entry], nxt[entry]
+                new_state = state
+            if required[entry]:
+                new_info = info
+                offset = bit[entry] - base
+                new_window = window | (1 << offset)
+                new_base = base
+                if not offset:
+                    ones = (~new_window & (new_window + 1)).bit_length() - 1
+                    new_window >>= ones
+                    new_base += ones
+            elif pending_observers[new_state]:
+                new_window, new_base = window, base
+                new_info = info | (1 << bit[entry])
+            else:
+                entry = nxt[entry]
+                continue
+            configuration = (new_window, new_base, new_info, new_state)
+            if configuration not in cache:
+                cache.add(configuration)
+                stack.append((entry, state, window, base, info))
+                state, window, base, info = new_state, new_window, new_base, new_info
+                if kind != _WRITE:
+                    pending_observers[observed[entry]] -= 1
+                if position[entry] > furthest:
+                    furthest = position[entry]
+                # Lift the call, and the return of an op that has one, out of the list.
+                before, after = prv[entry], nxt[entry]
+                nxt[before] = after
+                prv[after] = before
+                if required[entry]:
+                    remaining -= 1
+                    ret = n + entry
+                    before, after = prv[ret], nxt[ret]
                     nxt[before] = after
                     prv[after] = before
-                    if required[entry]:
-                        remaining -= 1
-                        ret = n + entry
-                        before, after = prv[ret], nxt[ret]
-                        nxt[before] = after
-                        prv[after] = before
-                    entry = nxt[head]
-                    continue
-            entry = nxt[entry]
-        else:
-            # A return whose op is not linearized yet (or the end of the list): undo the
-            # latest choice and try the next minimal call after it.
+                entry = nxt[head]
+                continue
+            if kind != _READ:
+                entry = nxt[entry]
+                continue
+        # A return whose op is not linearized yet, the end of the list, or a read that leads
+        # where the search failed before: undo the latest choice (and any reads taken after
+        # it) and try the next minimal call after it.
+        if position[entry] > furthest:
+            furthest = position[entry]
+        while True:
             if not stack:
-                return False
-            entry, state = stack.pop()
-            linearized ^= 1 << entry
+                frontier = timeline[furthest][0] if furthest < len(timeline) else None
+                return _Decision(False, frontier)
+            entry, state, window, base, info = stack.pop()
+            if kinds[entry] != _WRITE:
+                pending_observers[observed[entry]] += 1
             # Unlift in the reverse order of the lift, so the saved neighbours are right.
             if required[entry]:
                 remaining += 1
@@ -371,92 +485,134 @@ def _search(ops: Sequence[Op], deadline: float) -> bool | None:
                 prv[nxt[ret]] = ret
             nxt[prv[entry]] = entry
             prv[nxt[entry]] = entry
-            entry = nxt[entry]
-    return True
+            if kinds[entry] != _READ:
+                break
+        entry = nxt[entry]
+    return _Decision(True)
 
 
-def _counterexample(ops: list[Op], deadline: float) -> list[Op]:
+def _counterexample(ops: list[Op], frontier_ns: int | None, deadline: float) -> list[Op]:
     """A small failing sub-history of the failing ``ops`` (in call order), times relative.
 
-    Best effort within the deadline: when it passes, the smallest failing history found so
-    far is the answer (at worst all of ``ops``). Every step removes only ops whose removal
-    cannot turn a linearizable history into one that is not (see ``_removal_is_sound``), so
-    what remains convicts the whole history: a stale read of 1 keeps the write of 1 rather
-    than shrinking to a read of a value nobody wrote.
+    Cut the end (the ops called by the search's frontier, or else the shortest failing
+    prefix), then the start (the latest failing suffix of that), then remove chunks down to
+    single ops while what is left still fails. Best effort within the deadline: when it
+    passes, the smallest failing history found so far is the answer. Every candidate is
+    closed under "the ops that set a value some kept op observes" (see ``_Shrinking``), so
+    what remains convicts the whole history.
     """
-    failing = _shrink(_shortest_failing_prefix(ops, deadline), deadline)
-    origin = failing[0].call_ns
+    shrinking = _Shrinking(ops, deadline)
+    failing = shrinking.shrink(shrinking.latest_failing_start(shrinking.prefix(frontier_ns)))
+    origin = ops[failing[0]].call_ns
     return [
-        dataclasses.replace(op, call_ns=op.call_ns - origin, return_ns=op.return_ns - origin)
-        for op in failing
+        dataclasses.replace(
+            ops[i], call_ns=ops[i].call_ns - origin, return_ns=ops[i].return_ns - origin
+        )
+        for i in failing
     ]
 
 
-def _still_fails(kept: Sequence[Op], removed: Sequence[Op], deadline: float) -> bool:
-    return (
-        bool(kept) and _removal_is_sound(kept, removed) and _linearizable(kept, deadline) is False
-    )
+class _Shrinking:
+    """Sub-histories of one failing history ``ops``, as sorted lists of indexes into it.
 
-
-def _removal_is_sound(kept: Sequence[Op], removed: Sequence[Op]) -> bool:
-    """Would ``kept`` be linearizable whenever ``kept`` plus ``removed`` is?
-
-    Yes if no kept op observes (reads, or expects in a CAS) a value that a removed op sets.
-    Take a linearization of the whole; drop the removed ops. Each kept read or CAS saw the
-    value of the last op before it that changed the register; that op set a value the kept
-    op observes, so it is kept, and it still comes last before it: every kept op sees what it
-    saw, and the order is still legal. Removing the write a read saw is not sound: the read
-    would fail for a reason the full history explains.
+    A sub-history fails for a reason of the whole history only if no op it keeps observes a
+    value that a removed op sets. Take a linearization of the whole and drop the removed ops:
+    each kept read or CAS saw the value of the last op before it that changed the register;
+    that op set a value the kept op observes, so it is kept, and still comes last before it.
+    Every kept op sees what it saw and the order stays legal: if the whole were linearizable,
+    the part would be. So each candidate gets back the setters of what it observes (``closed``):
+    a stale read of 1 keeps the write of 1, rather than shrinking to a read of a value nobody
+    wrote, and a prefix does not fail merely for cutting off the write a running read saw.
     """
-    set_by_removed = {_new_value(op) for op in removed if _changes_value(op)}
-    return not any(
-        _observed_value(op) in set_by_removed for op in kept if op.kind is not OpKind.WRITE
-    )
 
+    def __init__(self, ops: list[Op], deadline: float) -> None:
+        self._ops = ops
+        self._deadline = deadline
+        self._setters: dict[Any, list[int]] = {}
+        for i, op in enumerate(ops):
+            if _changes_value(op):
+                self._setters.setdefault(_new_value(op), []).append(i)
 
-def _changes_value(op: Op) -> bool:
-    # A CAS that sets the value it expects changes nothing: it only observes, as a read does.
-    return op.kind is OpKind.WRITE or (op.kind is OpKind.CAS and op.value[0] != op.value[1])
+    def out_of_time(self) -> bool:
+        return time.monotonic() >= self._deadline
 
+    def closed(self, indexes: Iterable[int]) -> list[int]:
+        kept = set(indexes)
+        todo = list(kept)
+        while todo:
+            op = self._ops[todo.pop()]
+            if op.kind is OpKind.WRITE:
+                continue
+            for setter in self._setters.get(_observed_value(op), ()):
+                if setter not in kept:
+                    kept.add(setter)
+                    todo.append(setter)
+        return sorted(kept)
 
-def _shortest_failing_prefix(ops: list[Op], deadline: float) -> list[Op]:
-    """Bisect on prefix length, keeping ``hi`` a prefix known to fail.
+    def fails(self, indexes: list[int]) -> bool:
+        if not indexes:
+            return False
+        return _linearizable([self._ops[i] for i in indexes], self._deadline) is False
 
-    Failing is not monotone in the prefix, so this finds a prefix that fails while the one an
-    op shorter was not shown to: short, and certainly failing, which is all the shrinking
-    needs.
-    """
-    lo, hi = 0, len(ops)
-    while hi - lo > 1 and time.monotonic() < deadline:
-        mid = (lo + hi) // 2
-        if _still_fails(ops[:mid], ops[mid:], deadline):
-            hi = mid
-        else:
-            lo = mid
-    return ops[:hi]
+    def prefix(self, frontier_ns: int | None) -> list[int]:
+        """The ops called by the frontier of the search that failed, if they fail too.
 
+        They nearly always do: the search never looked past the frontier, so it would have
+        gone the same way without the later ops, except where those kept an INFO op worth
+        taking. One search of that prefix is much cheaper than bisecting, where every prefix
+        past the violation costs a whole failing search.
+        """
+        if frontier_ns is not None:
+            called = self.closed(i for i, op in enumerate(self._ops) if op.call_ns <= frontier_ns)
+            if self.fails(called):
+                return called
+        return self.shortest_failing_prefix()
 
-def _shrink(ops: list[Op], deadline: float) -> list[Op]:
-    """Remove chunks of ops, halving the chunk down to single ops, while the rest still fails.
+    def shortest_failing_prefix(self) -> list[int]:
+        """Bisect on prefix length, keeping ``hi`` a prefix known to fail.
 
-    Ends when no single op can go (or at the deadline): the result is 1-minimal.
-    """
-    chunk = max(1, len(ops) // 2)
-    while True:
-        removed_any = False
-        i = 0
-        while i < len(ops):
-            if time.monotonic() >= deadline:
-                return ops
-            kept = ops[:i] + ops[i + chunk :]
-            if _still_fails(kept, ops[i : i + chunk], deadline):
-                ops = kept
-                removed_any = True
+        Failing is not monotone in the prefix, so this finds a prefix that fails while the
+        one an op shorter was not shown to: short, and certainly failing.
+        """
+        lo, hi = 0, len(self._ops)
+        while hi - lo > 1 and not self.out_of_time():
+            mid = (lo + hi) // 2
+            if self.fails(self.closed(range(mid))):
+                hi = mid
             else:
-                i += chunk
-        if chunk == 1 and not removed_any:
-            return ops
-        chunk = max(1, chunk // 2)
+                lo = mid
+        return self.closed(range(hi))
+
+    def latest_failing_start(self, failing: list[int]) -> list[int]:
+        """The same bisection from the other end: drop the longest head that can go."""
+        lo, hi = 0, len(failing)
+        while hi - lo > 1 and not self.out_of_time():
+            mid = (lo + hi) // 2
+            if self.fails(self.closed(failing[mid:])):
+                lo = mid
+            else:
+                hi = mid
+        return self.closed(failing[lo:])
+
+    def shrink(self, failing: list[int]) -> list[int]:
+        """Remove chunks, halving the chunk down to single ops, while the rest still fails.
+
+        Ends when no single op can go (or at the deadline): the result is 1-minimal.
+        """
+        chunk = max(1, len(failing) // 2)
+        while True:
+            removed_any = False
+            i = 0
+            while i < len(failing) and not self.out_of_time():
+                candidate = self.closed(failing[:i] + failing[i + chunk :])
+                if len(candidate) < len(failing) and self.fails(candidate):
+                    failing = candidate
+                    removed_any = True
+                else:
+                    i += chunk
+            if self.out_of_time() or (chunk == 1 and not removed_any):
+                return failing
+            chunk = max(1, chunk // 2)
 
 
 def _abbreviate(keys: Sequence[int], limit: int = 20) -> str:

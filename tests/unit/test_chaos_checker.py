@@ -194,7 +194,7 @@ def test_compare_and_set() -> None:
     assert verdict_of(w, op(W, 2, 12, 15), info, op(R, 3, 40, 50)) is CheckResult.NOT_LINEARIZABLE
 
 
-def test_two_cases_cannot_both_succeed_from_one_value() -> None:
+def test_two_compare_and_sets_cannot_both_succeed_from_one_value() -> None:
     assert (
         verdict_of(
             op(W, 0, 0, 1),
@@ -259,7 +259,7 @@ def test_check_registers_partitions_by_key_and_ignores_inserts() -> None:
 
 
 @dataclass
-class _Pending:
+class _SimulatedOp:
     op_id: int
     kind: OpKind
     value: Any
@@ -275,12 +275,12 @@ def simulated_history(rng: random.Random, processes: int, n_ops: int, info_rate:
     takes effect then, later (after its client gave up), or never."""
     register: Any = None
     values = itertools.count(1)
-    in_flight: dict[int, _Pending] = {}
-    limbo: list[_Pending] = []
+    in_flight: dict[int, _SimulatedOp] = {}
+    limbo: list[_SimulatedOp] = []
     ops: list[Op] = []
     started = 0
 
-    def apply(p: _Pending) -> None:
+    def apply(p: _SimulatedOp) -> None:
         nonlocal register
         p.applied = True
         if p.kind is W:
@@ -320,7 +320,7 @@ def _start(
     register: Any,
     values: itertools.count[int],
     info_rate: float,
-) -> _Pending:
+) -> _SimulatedOp:
     kind = rng.choice([W, R, R, CAS])
     value: Any = None
     if kind is W:
@@ -328,10 +328,10 @@ def _start(
     elif kind is CAS:
         expected = register if rng.random() < 0.7 else rng.choice([None, 1, 2])
         value = (expected, next(values))
-    return _Pending(op_id, kind, value, t, indeterminate=rng.random() < info_rate)
+    return _SimulatedOp(op_id, kind, value, t, indeterminate=rng.random() < info_rate)
 
 
-def _finish(p: _Pending, process: int, t: int) -> Op:
+def _finish(p: _SimulatedOp, process: int, t: int) -> Op:
     if p.indeterminate:
         outcome = INFO
     elif p.succeeded:
@@ -404,11 +404,85 @@ def test_a_read_from_the_future_is_caught(
     assert history[i].id in ids(verdict.counterexample)
 
 
-def test_a_long_concurrent_history_checks_quickly() -> None:
-    history = simulated_history(random.Random(7), processes=8, n_ops=5000, info_rate=0.05)
-    assert len(history) == 5000
+def brute_force_linearizable(ops: list[Op]) -> bool:
+    """The definition, by exhaustive search without any of the checker's shortcuts: some
+    order of all OK ops and any of the INFO ones respects real time and the register."""
+    ops = [o for o in ops if o.outcome is not FAIL and not (o.kind is R and o.outcome is not OK)]
+
+    def minimal(o: Op, placed: frozenset[int]) -> bool:
+        return not any(
+            p.outcome is OK and p.id not in placed and p.return_ns < o.call_ns for p in ops
+        )
+
+    def step(state: Any, o: Op) -> tuple[bool, Any]:
+        if o.kind is W:
+            return True, o.value
+        if o.kind is R:
+            return state == o.value, state
+        return state == o.value[0], o.value[1]
+
+    def extend(placed: frozenset[int], state: Any) -> bool:
+        if all(o.id in placed for o in ops if o.outcome is OK):
+            return True
+        for o in ops:
+            if o.id not in placed and minimal(o, placed):
+                legal, after = step(state, o)
+                if legal and extend(placed | {o.id}, after):
+                    return True
+        return False
+
+    return extend(frozenset(), None)
+
+
+@st.composite
+def small_histories(draw: st.DrawFn) -> list[Op]:
+    values = st.sampled_from([None, 1, 2, 3])
+    history = []
+    for op_id in range(draw(st.integers(0, 7))):
+        kind = draw(st.sampled_from([W, W, R, R, CAS]))
+        value = (draw(values), draw(values)) if kind is CAS else draw(values)
+        call = draw(st.integers(0, 10))
+        ret = call + draw(st.integers(0, 6))
+        outcome = draw(st.sampled_from([OK, OK, OK, INFO, FAIL]))
+        history.append(op(kind, value, call, ret, outcome, op_id=op_id, process=op_id))
+    return history
+
+
+@settings(max_examples=600, deadline=None)
+@given(history=small_histories())
+def test_the_checker_agrees_with_brute_force(history: list[Op]) -> None:
+    # Small values and times make ties, repeated values, CASes that set what they expect,
+    # and violations common; the counter-example must itself be a violation.
+    verdict = check_register(history, BUDGET_S, key=1)
+    expected = brute_force_linearizable(history)
+    assert verdict.result is (
+        CheckResult.LINEARIZABLE if expected else CheckResult.NOT_LINEARIZABLE
+    )
+    if not expected:
+        assert verdict.counterexample
+        assert not brute_force_linearizable(verdict.counterexample)
+
+
+@pytest.mark.parametrize(("n_ops", "processes"), [(5000, 8), (20000, 16)])
+def test_a_long_concurrent_history_checks_quickly(n_ops: int, processes: int) -> None:
+    # About 0.05 s and 0.6 s on a laptop core; the budget is only there to catch a blow-up.
+    history = simulated_history(random.Random(7), processes, n_ops, info_rate=0.05)
+    assert len(history) == n_ops
     verdict = check_register(history, 30.0)
     assert verdict.result is CheckResult.LINEARIZABLE, verdict.describe()
+
+
+def test_a_violation_deep_in_a_long_history_is_found_and_cut_down_to_its_ops() -> None:
+    history = simulated_history(random.Random(7), processes=8, n_ops=5000, info_rate=0.05)
+    reads = [i for i, o in enumerate(history) if o.kind is R and o.outcome is OK]
+    i = reads[len(reads) * 3 // 4]
+    future = next(
+        o for o in history if o.kind is W and o.outcome is OK and o.call_ns > history[i].return_ns
+    )
+    history[i] = Op(**{**vars(history[i]), "value": future.value})
+    verdict = check_register(history, 30.0)
+    assert verdict.result is CheckResult.NOT_LINEARIZABLE
+    assert ids(verdict.counterexample) == {history[i].id, future.id}
 
 
 # --- unique inserts -------------------------------------------------------------------------
