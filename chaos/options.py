@@ -15,12 +15,15 @@ from raftlet.cluster.model import RaftTimings
 __all__ = [
     "BACKENDS",
     "CHAOS_TIMINGS",
+    "LEADER_READ_MODES",
     "UNSAFE_SWITCHES",
     "ChaosOptions",
     "WorkloadOptions",
 ]
 
 BACKENDS = ("auto", "netns", "proxy")
+# How the servers' leaders serve linearizable reads (the tserver's --leader_read_mode).
+LEADER_READ_MODES = ("read_index", "lease")
 # Negative controls: server flags that break a guarantee, so a run can show it is caught.
 UNSAFE_SWITCHES = {
     "stale-reads": "--unsafe_leader_reads_without_quorum=true",
@@ -68,6 +71,7 @@ class ChaosOptions:
     quiet_s: tuple[float, float] = (1.0, 3.0)
     check_budget_s: float = 60.0  # per key
     unsafe: Sequence[str] = ()
+    leader_read_mode: str = "read_index"
     work_dir: Path | None = None  # default: a temporary directory, removed afterwards
     history_path: Path | None = None
     settle_timeout_s: float = 90.0
@@ -75,6 +79,11 @@ class ChaosOptions:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.leader_read_mode not in LEADER_READ_MODES:
+            raise ValueError(
+                f"leader_read_mode must be one of {', '.join(LEADER_READ_MODES)}, "
+                f"got {self.leader_read_mode!r}"
+            )
         unknown = sorted(set(self.unsafe) - set(UNSAFE_SWITCHES))
         if unknown:
             raise ValueError(f"unknown unsafe switches {unknown}; have {sorted(UNSAFE_SWITCHES)}")

@@ -62,6 +62,9 @@ class ChaosReport:
     inserts: InsertVerdict
     replicas: dict[str, tuple[bool, str]]  # tablet -> (equal, detail)
     unsafe: Sequence[str] = ()
+    leader_read_mode: str = "read_index"
+    # lease_reads, read_index_reads, stalls: summed over the servers, since their last start.
+    read_counters: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # the run itself could not finish
 
     @property
@@ -87,7 +90,8 @@ class ChaosReport:
 
     def format(self) -> str:
         lines = [
-            f"chaos run: backend {self.backend}, seed {self.seed}, {self.duration_s:.0f} s"
+            f"chaos run: backend {self.backend}, seed {self.seed}, {self.duration_s:.0f} s, "
+            f"leader reads by {self.leader_read_mode}"
             + (f", UNSAFE: {', '.join(self.unsafe)}" if self.unsafe else ""),
             "",
             "operations     attempted      ok    fail    info",
@@ -104,6 +108,11 @@ class ChaosReport:
         lines += ["", f"faults: {sum(counts.values())} "
                   + "(" + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + ")",
                   f"terms advanced (elections): {self.terms_advanced}"]  # fmt: skip
+        if self.read_counters:
+            lines.append(
+                "leader reads since the servers' last start: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(self.read_counters.items()))
+            )
         failed = [e for e in self.faults if e.error]
         lines += [f"  fault problem: {e.describe()}" for e in failed]
         lines += ["", "registers (linearizability, per key):"]
@@ -148,7 +157,8 @@ def open_cluster(options: ChaosOptions, root: Path) -> ChaosCluster:
     if backend == "auto":
         backend = "netns" if netns_available()[0] else "proxy"
     tables = chaos_tables(replication=3)
-    flags = [UNSAFE_SWITCHES[name] for name in options.unsafe]
+    flags = [f"--leader_read_mode={options.leader_read_mode}"]
+    flags += [UNSAFE_SWITCHES[name] for name in options.unsafe]
     cluster: ChaosCluster
     if backend == "netns":
         from raftlet.chaos.netns_cluster import NetnsChaosCluster
@@ -233,6 +243,7 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
         present = _inserted_ids(client, options, problems)
         replicas = _compare_replicas(c, options.settle_timeout_s)
         terms_after = _terms(c)
+        read_counters = c.probe.read_counters()
     finally:
         client.close()
     ops = history.snapshot()
@@ -252,6 +263,8 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
         inserts=inserts,
         replicas=replicas,
         unsafe=tuple(options.unsafe),
+        leader_read_mode=options.leader_read_mode,
+        read_counters=read_counters,
         problems=problems,
     )
 

@@ -7,7 +7,9 @@ server, read *this* replica's rows), so they use the raw services here.
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Sequence
 
 import grpc
@@ -27,6 +29,7 @@ ReplicaRows = tuple[int, list[tuple[Value, ...]]]  # (applied index, rows in key
 # One status or flag call: a paused or cut-off server must not stall the nemesis.
 _CALL_TIMEOUT_S = 2.0
 _SCAN_TIMEOUT_S = 10.0
+_READ_COUNTERS = ("lease_reads", "read_index_reads", "stalls")
 
 
 class ServerProbe:
@@ -70,6 +73,25 @@ class ServerProbe:
                 if ready and (t.tablet_id not in best or t.term > best[t.tablet_id][0]):
                     best[t.tablet_id] = (t.term, sid)
         return {tablet: sid for tablet, (_, sid) in best.items()}
+
+    def read_counters(self) -> dict[str, int]:
+        """``lease_reads``, ``read_index_reads`` and ``stalls`` summed over every replica of
+        every server that answers (from ``/tablets.json``: counts since each server's last
+        start, as published up to a second ago)."""
+        totals = dict.fromkeys(_READ_COUNTERS, 0)
+        for s in self.config.servers:
+            try:
+                with urllib.request.urlopen(
+                    f"http://{s.http_addr}/tablets.json", timeout=_CALL_TIMEOUT_S
+                ) as resp:
+                    tablets = json.load(resp)["tablets"]
+            except (OSError, ValueError, KeyError):
+                continue
+            for t in tablets:
+                for name in _READ_COUNTERS:
+                    value = t.get(name)
+                    totals[name] += value if isinstance(value, int) else 0
+        return totals
 
     def set_flag(self, sid: str, name: str, value: str) -> None:
         self._admin_stub(sid).SetFlag(

@@ -22,6 +22,7 @@ examples:
   raftlet chaos --duration 60
   raftlet chaos --duration 900 --seed 7 --history chaos-history.jsonl
   raftlet chaos --faults pause,partition-leader --duration 120
+  raftlet chaos --leader-read-mode lease --duration 120
   raftlet chaos --unsafe stale-reads --faults partition-leader,pause   # must FAIL
 
 Faults: kill, pause, partition-leader, partition-halves, partition-bridge, slow-disk,
@@ -33,7 +34,7 @@ removed at the end.
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     from raftlet.chaos.nemesis import ALL_FAULTS
-    from raftlet.chaos.options import BACKENDS, UNSAFE_SWITCHES
+    from raftlet.chaos.options import BACKENDS, LEADER_READ_MODES, UNSAFE_SWITCHES
 
     p = commands.add_parser(
         "chaos",
@@ -58,6 +59,12 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument("--servers", type=int, default=3, help="tablet servers (at least 3)")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="how to partition")
+    p.add_argument(
+        "--leader-read-mode",
+        choices=LEADER_READ_MODES,
+        default="read_index",
+        help="how leaders serve linearizable reads (the servers' --leader_read_mode)",
+    )
     p.add_argument("--keys", type=int, default=12, help="registers")
     p.add_argument("--register-workers", type=int, default=6, metavar="N")
     p.add_argument("--insert-workers", type=int, default=2, metavar="N")
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             ),
             check_budget_s=args.check_budget,
             unsafe=_list(args.unsafe),
+            leader_read_mode=args.leader_read_mode,
             work_dir=args.work_dir,
             history_path=args.history,
         )

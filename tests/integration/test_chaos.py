@@ -29,7 +29,7 @@ FAST = {"hold_s": (0.8, 2.5), "quiet_s": (0.5, 1.5)}
 
 def _run(tmp_path: Path, **kwargs: object) -> ChaosReport:
     lines: list[str] = []
-    options = ChaosOptions(work_dir=tmp_path / "cluster", **FAST, **kwargs)  # type: ignore[arg-type]
+    options = ChaosOptions(work_dir=tmp_path / "cluster", **{**FAST, **kwargs})  # type: ignore[arg-type]
     report = run_chaos(options, lines.append)
     print("\n".join(lines))
     print(report.format())
@@ -56,12 +56,17 @@ def test_every_fault_kind_leaves_a_linearizable_history_and_no_lost_write(
 
 
 def test_negative_control_stale_leader_reads_are_caught(tmp_path: Path) -> None:
+    # Pauses long enough for the others to elect and acknowledge writes meanwhile; the
+    # reads that queued at the paused leader are then served stale the moment it wakes.
     report = _run(
         tmp_path,
-        duration_s=30.0,
+        duration_s=40.0,
         seed=3,
         faults=("pause", "partition-leader"),
         unsafe=("stale-reads",),
+        hold_s=(2.0, 4.0),
+        quiet_s=(1.0, 2.0),
+        workload=WorkloadOptions(direct_read_fraction=0.5),
     )
     assert report.linearizable is False, report.format()
     bad = [v for v in report.verdicts.values() if v.result is CheckResult.NOT_LINEARIZABLE]
@@ -94,3 +99,24 @@ def test_proxy_partitions_leave_a_linearizable_history(tmp_path: Path) -> None:
     assert report.backend == "proxy"
     assert {e.kind for e in report.faults} >= {"partition-leader", "partition-halves"}
     assert report.ok, report.format()
+
+
+def test_lease_reads_stay_linearizable_when_the_leader_is_paused_or_cut_off(
+    tmp_path: Path,
+) -> None:
+    """A paused leader must not wake up holding a lease: the stall ends it (its clock ran on
+    while it slept, and the ticker sees it woke late)."""
+    report = _run(
+        tmp_path,
+        duration_s=30.0,
+        seed=9,
+        faults=("pause", "partition-leader"),
+        leader_read_mode="lease",
+        hold_s=(1.5, 4.0),
+        workload=WorkloadOptions(direct_read_fraction=0.5),
+    )
+    assert report.leader_read_mode == "lease"
+    assert report.ok, report.format()
+    # The lease was really used, and the pauses were noticed as stalls.
+    assert report.read_counters["lease_reads"] > 100, report.read_counters
+    assert report.read_counters["stalls"] >= 1, report.read_counters
