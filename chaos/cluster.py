@@ -7,6 +7,8 @@ servers that reach each other through per-link TCP proxies).
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -14,7 +16,7 @@ if TYPE_CHECKING:  # the command line imports this module to parse its options: 
     from raftlet.chaos.servers import ServerProbe
     from raftlet.cluster import ClusterConfig
 
-__all__ = ["ChaosCluster"]
+__all__ = ["ChaosCluster", "ProcessCluster"]
 
 
 class ChaosCluster(Protocol):
@@ -65,3 +67,37 @@ class ChaosCluster(Protocol):
 
     def close(self) -> None:
         """Stop every server (by PID) and remove what was made for the run."""
+
+
+class ProcessCluster:
+    """What both backends do alike: signals by PID, and flags and leaders through the probe.
+    A subclass says where each server's process is (``pid``) and sets ``_probe`` once its
+    cluster is up."""
+
+    _probe: ServerProbe | None = None
+
+    def pid(self, sid: str) -> int | None:
+        """The running process of ``sid``, None if it is not running."""
+        raise NotImplementedError
+
+    @property
+    def probe(self) -> ServerProbe:
+        assert self._probe is not None, "the cluster is not started"
+        return self._probe
+
+    def pause(self, sid: str) -> None:
+        self._signal(sid, signal.SIGSTOP)
+
+    def resume(self, sid: str) -> None:
+        self._signal(sid, signal.SIGCONT)
+
+    def _signal(self, sid: str, sig: signal.Signals) -> None:
+        pid = self.pid(sid)
+        if pid is not None:
+            os.kill(pid, sig)
+
+    def set_flag(self, sid: str, name: str, value: str) -> None:
+        self.probe.set_flag(sid, name, value)
+
+    def leaders(self) -> dict[str, str]:
+        return self.probe.leaders()

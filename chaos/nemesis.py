@@ -39,6 +39,7 @@ __all__ = [
     "Nemesis",
     "NemesisOptions",
     "bridge_cuts",
+    "check_faults",
     "halves_cuts",
     "isolate_cuts",
 ]
@@ -58,6 +59,15 @@ ALL_FAULTS = (
 Link = tuple[str, str]
 
 
+def check_faults(faults: Sequence[str]) -> None:
+    """ValueError naming the kinds there are, if ``faults`` is empty or names another."""
+    unknown = sorted(set(faults) - set(ALL_FAULTS))
+    if unknown:
+        raise ValueError(f"unknown fault kinds {unknown}; choose from {', '.join(ALL_FAULTS)}")
+    if not faults:
+        raise ValueError("at least one fault kind is needed")
+
+
 @dataclass(frozen=True)
 class NemesisOptions:
     faults: Sequence[str] = ALL_FAULTS
@@ -68,13 +78,7 @@ class NemesisOptions:
     slow_disk_ms: tuple[int, int] = (50, 400)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.faults) - set(ALL_FAULTS))
-        if unknown or not self.faults:
-            raise ValueError(
-                f"unknown fault kinds {unknown}; choose from {', '.join(ALL_FAULTS)}"
-                if unknown
-                else "at least one fault kind is needed"
-            )
+        check_faults(self.faults)
         for name, (lo, hi) in (("hold_s", self.hold_s), ("quiet_s", self.quiet_s)):
             if not 0 <= lo <= hi:
                 raise ValueError(f"{name} must be a range 0 <= low <= high, got {(lo, hi)}")

@@ -12,6 +12,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+from raftlet.chaos.cluster import ProcessCluster
 from raftlet.chaos.servers import ServerProbe
 from raftlet.cluster import ClusterConfig, RaftTimings, TableConfig
 from raftlet.deploy.netns import NetnsCluster
@@ -19,7 +20,7 @@ from raftlet.deploy.netns import NetnsCluster
 __all__ = ["NetnsChaosCluster"]
 
 
-class NetnsChaosCluster:
+class NetnsChaosCluster(ProcessCluster):
     """``n_servers`` servers, each in its own namespace; implements ``nemesis.ChaosCluster``."""
 
     backend = "netns"
@@ -63,16 +64,12 @@ class NetnsChaosCluster:
     def config_path(self) -> Path:
         return self._cluster.path
 
-    @property
-    def probe(self) -> ServerProbe:
-        assert self._probe is not None, "the cluster is not started"
-        return self._probe
-
     def server_ids(self) -> list[str]:
         return [h.server_id for h in self._cluster.hosts]
 
-    def pids(self) -> dict[str, int | None]:
-        return {h.server_id: h.pid if h.alive else None for h in self._cluster.hosts}
+    def pid(self, sid: str) -> int | None:
+        h = self._cluster.host(sid)
+        return h.pid if h.alive else None
 
     def alive(self, sid: str) -> bool:
         return self._cluster.host(sid).alive
@@ -87,28 +84,11 @@ class NetnsChaosCluster:
         if not self._cluster.host(sid).alive:
             self._cluster.start_server(sid)
 
-    def pause(self, sid: str) -> None:
-        self._signal(sid, signal.SIGSTOP)
-
-    def resume(self, sid: str) -> None:
-        self._signal(sid, signal.SIGCONT)
-
-    def _signal(self, sid: str, sig: signal.Signals) -> None:
-        h = self._cluster.host(sid)
-        if h.alive and h.pid is not None:
-            os.kill(h.pid, sig)
-
     def cut(self, src: str, dst: str) -> None:
         self._cluster.cut(src, dst)
 
     def heal_network(self) -> None:
         self._cluster.restore_all()
-
-    def set_flag(self, sid: str, name: str, value: str) -> None:
-        self.probe.set_flag(sid, name, value)
-
-    def leaders(self) -> dict[str, str]:
-        return self.probe.leaders()
 
     def log_tail(self, sid: str, n: int = 30) -> str:
         return self._cluster.host(sid).log_tail(n)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftlet.chaos.nemesis import ALL_FAULTS
+from raftlet.chaos.nemesis import ALL_FAULTS, check_faults
 from raftlet.cluster.model import RaftTimings
 
 __all__ = [
@@ -79,6 +79,7 @@ class ChaosOptions:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        check_faults(self.faults)  # before any cluster is started for the run
         if self.leader_read_mode not in LEADER_READ_MODES:
             raise ValueError(
                 f"leader_read_mode must be one of {', '.join(LEADER_READ_MODES)}, "

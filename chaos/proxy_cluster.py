@@ -10,7 +10,6 @@ Processes are started and stopped by PID; their data and logs live under ``root`
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from raftlet.chaos.cluster import ProcessCluster
 from raftlet.chaos.link_proxy import ProxyNetwork
 from raftlet.chaos.servers import ServerProbe
 from raftlet.cluster import (
@@ -37,7 +37,7 @@ _STOP_TIMEOUT_S = 10.0
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-class ProxyChaosCluster:
+class ProxyChaosCluster(ProcessCluster):
     """``n_servers`` loopback servers behind per-link proxies; a ``ChaosCluster``."""
 
     backend = "proxy"
@@ -113,13 +113,11 @@ class ProxyChaosCluster:
     def config_path(self) -> Path:
         return self.root / "cluster.toml"
 
-    @property
-    def probe(self) -> ServerProbe:
-        assert self._probe is not None, "the cluster is not started"
-        return self._probe
-
     def server_ids(self) -> list[str]:
         return [s.id for s in self.config.servers]
+
+    def pid(self, sid: str) -> int | None:
+        return self._procs[sid].pid if self.alive(sid) else None
 
     def alive(self, sid: str) -> bool:
         proc = self._procs.get(sid)
@@ -130,9 +128,6 @@ class ProxyChaosCluster:
             lines = (self.root / f"{sid}.log").read_text(errors="replace").splitlines()
             return "\n".join(lines[-n:])
         return ""
-
-    def leaders(self) -> dict[str, str]:
-        return self.probe.leaders()
 
     # --- faults ----------------------------------------------------------------------------
 
@@ -147,16 +142,6 @@ class ProxyChaosCluster:
             self._spawn(sid)
             self._wait_ready(sid)
 
-    def pause(self, sid: str) -> None:
-        self._signal(sid, signal.SIGSTOP)
-
-    def resume(self, sid: str) -> None:
-        self._signal(sid, signal.SIGCONT)
-
-    def _signal(self, sid: str, sig: signal.Signals) -> None:
-        if self.alive(sid):
-            os.kill(self._procs[sid].pid, sig)
-
     def cut(self, src: str, dst: str) -> None:
         assert self._network is not None
         self._network.cut(src, dst)
@@ -164,9 +149,6 @@ class ProxyChaosCluster:
     def heal_network(self) -> None:
         assert self._network is not None
         self._network.heal()
-
-    def set_flag(self, sid: str, name: str, value: str) -> None:
-        self.probe.set_flag(sid, name, value)
 
     # --- processes -------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ import itertools
 import logging
 import random
 import threading
+from collections.abc import Callable
+from functools import partial
 
 import grpc
 
@@ -31,7 +33,7 @@ from raftlet.chaos.history import History, OpKind, Outcome
 from raftlet.chaos.options import WorkloadOptions
 from raftlet.chaos.servers import ServerProbe
 from raftlet.client import Client
-from raftlet.client.errors import RaftletError, RowError
+from raftlet.client.errors import RaftletError
 from raftlet.client.scanner import ReadMode
 from raftlet.cluster import TableConfig
 from raftlet.schema.predicates import Predicate
@@ -165,16 +167,10 @@ class Workload:
                     self.read(process, key, rng)
                     continue
                 value = self._next(self._values)
-                started = self.history.call()
-                try:
-                    session.upsert(REGISTERS, {"key": key, "value": value})
-                    outcome, error = Outcome.OK, ""
-                except RaftletError as e:
-                    outcome = Outcome.INFO if e.may_have_applied else Outcome.FAIL
-                    error = f"{e.cause}: {e}"
-                self.history.done(started, process, OpKind.WRITE, key, value, outcome, error)
-                if outcome is Outcome.INFO:
-                    process = self._next(self._processes)
+                row = {"key": key, "value": value}
+                process = self._write(
+                    process, OpKind.WRITE, key, value, partial(session.upsert, REGISTERS, row)
+                )
         finally:
             session.close()
 
@@ -184,18 +180,26 @@ class Workload:
         try:
             while not self._stop.is_set():
                 row_id = self._next(self._ids)
-                started = self.history.call()
-                try:
-                    session.insert(INSERTS, {"id": row_id, "process": process})
-                    outcome, error = Outcome.OK, ""
-                except RowError as e:
-                    # KEY_EXISTS on an id no one else writes: our own retry applied twice.
-                    outcome, error = Outcome.FAIL, f"{e.cause}: {e}"
-                except RaftletError as e:
-                    outcome = Outcome.INFO if e.may_have_applied else Outcome.FAIL
-                    error = f"{e.cause}: {e}"
-                self.history.done(started, process, OpKind.INSERT, row_id, process, outcome, error)
-                if outcome is Outcome.INFO:
-                    process = self._next(self._processes)
+                row = {"id": row_id, "process": process}
+                process = self._write(
+                    process, OpKind.INSERT, row_id, process, partial(session.insert, INSERTS, row)
+                )
         finally:
             session.close()
+
+    def _write(
+        self, process: int, kind: OpKind, key: int, value: int, write: Callable[[], object]
+    ) -> int:
+        """Run and record one write; the process number to go on with (a new one after an
+        INFO: the old operation may still take effect, so that process is still busy)."""
+        started = self.history.call()
+        try:
+            write()
+            outcome, error = Outcome.OK, ""
+        except RaftletError as e:
+            # A RowError is certain (may_have_applied False): KEY_EXISTS on an id no one else
+            # inserts means our own retry applied twice, which the insert check then finds.
+            outcome = Outcome.INFO if e.may_have_applied else Outcome.FAIL
+            error = f"{e.cause}: {e}"
+        self.history.done(started, process, kind, key, value, outcome, error)
+        return self._next(self._processes) if outcome is Outcome.INFO else process

@@ -1,0 +1,131 @@
+"""A chaos run's options, its report's verdict, and the command line's usage errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftlet.chaos.checker import CheckResult, InsertVerdict, KeyVerdict
+from raftlet.chaos.history import Op, OpKind, Outcome
+from raftlet.chaos.nemesis import FaultEvent
+from raftlet.chaos.options import ChaosOptions, WorkloadOptions
+from raftlet.chaos.run import ChaosReport
+from raftlet.cli.main import main
+
+
+def _inserts(lost: list[int] | None = None) -> InsertVerdict:
+    return InsertVerdict(
+        lost or [], [], [], ok_count=10, fail_count=1, info_count=2, info_present=1
+    )
+
+
+def _report(verdicts: dict[int, KeyVerdict], **kwargs: object) -> ChaosReport:
+    """A report of a short run; ``kwargs`` replace its fields."""
+    base: dict[str, object] = {
+        "backend": "netns",
+        "seed": 1,
+        "duration_s": 10.0,
+        "ops": {"write": {"ok": 5, "info": 1}, "read": {"ok": 4, "fail": 2}},
+        "faults": [FaultEvent("pause", ["ts1"], 1.0, 2.5), FaultEvent("kill", ["ts2"], 3.0, 4.0)],
+        "terms_advanced": 3,
+        "verdicts": verdicts,
+        "inserts": _inserts(),
+        "replicas": {"t-p0": (True, "5 rows at index 9")},
+    }
+    base.update(kwargs)
+    return ChaosReport(**base)  # type: ignore[arg-type]
+
+
+def _verdict(key: int, result: CheckResult, counterexample: list[Op] | None = None) -> KeyVerdict:
+    return KeyVerdict(key, result, 10, 0.01, counterexample or [])
+
+
+STALE = [
+    Op(1, 0, OpKind.WRITE, 0, 1, 0, 1_000_000, Outcome.OK),
+    Op(2, 1, OpKind.WRITE, 0, 2, 2_000_000, 3_000_000, Outcome.OK),
+    Op(3, 2, OpKind.READ, 0, 1, 4_000_000, 5_000_000, Outcome.OK),
+]
+
+
+def test_a_clean_run_passes_and_says_so() -> None:
+    report = _report({0: _verdict(0, CheckResult.LINEARIZABLE)})
+    assert report.ok
+    assert report.linearizable is True
+    text = report.format()
+    assert "verdict: PASS" in text
+    assert "faults: 2 (kill 1, pause 1)" in text
+    assert "  write                 6       5       0       1" in text
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"verdicts": {0: _verdict(0, CheckResult.NOT_LINEARIZABLE, STALE)}}, "NOT LINEARIZABLE"),
+        ({"verdicts": {0: _verdict(0, CheckResult.UNKNOWN)}}, "unknown (budget)"),
+        ({"inserts": _inserts(lost=[7])}, "1 lost acknowledged"),
+        ({"replicas": {"t-p0": (False, "applied indexes differ")}}, "replicas DIFFERENT"),
+        ({"problems": ["register 3 could not be read after healing"]}, "problem: register 3"),
+    ],
+)
+def test_any_violation_or_undecided_check_fails_the_run(
+    change: dict[str, object], why: str
+) -> None:
+    report = _report(**{"verdicts": {0: _verdict(0, CheckResult.LINEARIZABLE)}, **change})
+    assert not report.ok
+    text = report.format()
+    assert "verdict: FAIL" in text
+    assert why in text
+
+
+def test_the_report_shows_the_shortest_counter_example() -> None:
+    long = _verdict(0, CheckResult.NOT_LINEARIZABLE, STALE * 2)
+    short = _verdict(1, CheckResult.NOT_LINEARIZABLE, STALE)
+    text = _report({0: long, 1: short}).format()
+    assert "shortest counter-example (key 1)" in text
+    assert "read(0) 1 ok" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend": "docker"}, "backend must be one of"),
+        ({"unsafe": ("no-fsync",)}, "unknown unsafe switches"),
+        ({"servers": 2}, "at least 3 servers"),
+        ({"duration_s": 0}, "duration must be positive"),
+        ({"leader_read_mode": "gossip"}, "leader_read_mode must be one of"),
+    ],
+)
+def test_bad_options_are_refused_with_the_reason(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ChaosOptions(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keys": 0}, "keys must be at least 1"),
+        ({"register_workers": 0, "insert_workers": 0}, "at least one worker"),
+        ({"direct_read_fraction": 1.5}, r"direct_read_fraction must be in \[0, 1\]"),
+        ({"op_timeout_s": 0}, "op_timeout_s must be positive"),
+    ],
+)
+def test_bad_workloads_are_refused_with_the_reason(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WorkloadOptions(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--faults", "kill,flood"], "unknown fault kinds ['flood']"),
+        (["--unsafe", "no-fsync"], "unknown unsafe switches"),
+        (["--keys", "0"], "keys must be at least 1"),
+    ],
+)
+def test_the_command_refuses_bad_arguments_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["chaos", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raftlet chaos: error: ")
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
