@@ -242,6 +242,10 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
         _final_reads(workload, options, problems)
         present = _inserted_ids(client, options, problems)
         replicas = _compare_replicas(c, options.settle_timeout_s)
+        for sid in c.server_ids():
+            if any(not ok and sid in detail for ok, detail in replicas.values()):
+                problems.append(f"{sid}'s replicas could not be compared; its log ends:\n"
+                                f"{c.log_tail(sid, 15)}")  # fmt: skip
         terms_after = _terms(c)
         read_counters = c.probe.read_counters()
     finally:

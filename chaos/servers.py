@@ -158,7 +158,7 @@ class ServerProbe:
             try:
                 seen[sid] = self.replica_rows(sid, tablet_id, schema)
             except grpc.RpcError as e:
-                return False, f"{sid} did not answer: {e.code().name}"
+                return False, f"{sid} did not answer: {e.code().name}: {e.details()}"
         indexes = {sid: idx for sid, (idx, _) in seen.items()}
         if len(set(indexes.values())) > 1:
             return False, f"applied indexes differ: {indexes}"

@@ -25,7 +25,9 @@ several clusters in one process, never collide)::
 - **Processes** run as ``ip netns exec NS python -c <pdeathsig shim> … -m raftlet tserver``.
   ``ip netns exec`` execs (no fork), and so does the shim, so the PID we hold is the server's:
   SIGTERM reaches it directly. The shim asks the kernel to SIGTERM the server if the launcher
-  dies, so a killed test run leaves no server behind.
+  dies, so a killed test run leaves no server behind. The kernel ties that signal to the
+  *thread* that forked the server, so every server is forked from one launcher thread that
+  lives until ``stop``, whichever thread (re)starts it.
 - **Teardown** (``stop``) is idempotent and runs on every failure path: SIGTERM, then SIGKILL
   after a timeout, of every server by PID (and of any process still inside our namespaces),
   then deletion of the root-namespace veth and every namespace, which takes the bridge and the
@@ -54,6 +56,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -357,6 +360,8 @@ class NetnsCluster:
         self._created = _Created()
         self._cut_links: set[tuple[str, str]] = set()
         self._lock = threading.Lock()  # teardown may race with atexit
+        # The one thread every server is forked from (see start_server); it lives until stop.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"{self.run_id}-spawner")
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -467,13 +472,20 @@ class NetnsCluster:
         h = self.host(server)
         if h.alive:
             raise NetnsError(f"{h.server_id} is already running (pid {h.pid})")
-        with open(h.out_path, "wb") as out, open(h.log_path, "ab") as log:
-            h.proc = subprocess.Popen(
-                self.server_argv(h), cwd=_ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=log
-            )
+        # Forked from the launcher's own thread, whichever thread asks: the shim's parent-death
+        # signal fires when the *thread* that forked the server ends, so a server restarted
+        # from a short-lived thread (a fault injector's) would get SIGTERM when that thread
+        # finished.
+        h.proc = self._spawner.submit(self._popen, h).result()
         if wait:
             self.wait_ready(h)
         return h
+
+    def _popen(self, h: NetnsHost) -> subprocess.Popen[bytes]:
+        with open(h.out_path, "wb") as out, open(h.log_path, "ab") as log:
+            return subprocess.Popen(
+                self.server_argv(h), cwd=_ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=log
+            )
 
     def wait_ready(self, server: str | int | NetnsHost) -> None:
         """Wait until the server printed its "ready" line; NetnsError with its log if not."""
@@ -529,6 +541,7 @@ class NetnsCluster:
                     self._created.namespaces.remove(ns)
                 else:
                     problems.append(f"ip netns delete {ns}: {done.stderr.strip()}")
+            self._spawner.shutdown(wait=False)
             atexit.unregister(self.stop)
             if problems:
                 raise NetnsError("teardown incomplete: " + "; ".join(problems))

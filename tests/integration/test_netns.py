@@ -13,6 +13,7 @@ server either: that one is only asked again after ``heal``.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -244,5 +245,26 @@ def test_cut_links_depose_a_leader_that_clients_still_reach(cluster: NetnsCluste
         assert state is not None
         assert state[tablet][2] >= during.op_index
         assert key in scan_keys(peers, old, tablet)
+    finally:
+        peers.close()
+
+
+def test_a_server_restarted_from_a_short_lived_thread_outlives_it(cluster: NetnsCluster) -> None:
+    """The shim's parent-death signal follows the thread that forked the server: a fault
+    injector that restarts a server from its own thread must not have it SIGTERMed when that
+    thread ends."""
+    peers = Peers(cluster)
+    try:
+        cluster.stop_server("ts1")
+        restarter = threading.Thread(target=cluster.start_server, args=("ts1",))
+        restarter.start()
+        restarter.join(timeout=60)
+        assert not restarter.is_alive()
+        host = cluster.host("ts1")
+        # Before the fix the server got SIGTERM as the thread ended and was gone in well
+        # under a second; it must still be serving after several.
+        with pytest.raises(AssertionError, match="timed out"):
+            wait_for(lambda: not host.alive, 3, "ts1 to exit")
+        assert peers.status("ts1") is not None
     finally:
         peers.close()
