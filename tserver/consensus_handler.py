@@ -42,9 +42,11 @@ class ConsensusRequestHandler:
     Raises ``UnknownTablet`` (NOT_FOUND) for a tablet with no replica here and
     ``MalformedRequest`` -- a ``ValueError``; ``WrongServerUuid`` when dest_uuid names another
     server -- (INVALID_ARGUMENT) for a request that is garbage, misaddressed, or from a
-    server that is not a voter of the tablet.  A request the replica drops (stale, ignored
-    under the leader lease, or the replica is stopping) is still answered, with ``error`` set
-    and ``rejected`` true, so the caller's call completes at once instead of timing out."""
+    server that is not a voter of the tablet -- all before anything is stepped, so none of it
+    can change the replica's state.  A request the replica drops (stale, ignored under the
+    leader lease, implausible from its sender -- ``Raft.step`` -- or the replica is stopping)
+    is still answered, with ``error`` set and ``rejected`` true, so the caller's call
+    completes at once instead of timing out."""
 
     def __init__(self, lookup: Callable[[str], RaftConsensus | None], server_uuid: str) -> None:
         self._lookup = lookup
@@ -190,8 +192,9 @@ class ConsensusRequestHandler:
             message=(
                 f"replica of {consensus.group_id} on {self.server_uuid} (term {snapshot.term}) "
                 f"dropped {request.type.value} of term {request.term} from {request.src}: "
-                "stale term, ignored under the leader lease, not answered in time, "
-                "or the replica is stopping"
+                "stale term, ignored under the leader lease, not plausible from this sender "
+                "(a term leap, a TimeoutNow or append not from the known leader), "
+                "not answered in time, or the replica is stopping"
             ),
             leader_uuid=snapshot.leader_id,
         )

@@ -5,8 +5,20 @@ Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design)
   all output is appended to ``msgs`` or visible in the log and hard state.  No
   I/O, threads or clocks: time is a tick count, randomness one seeded generator.
 - Terms only grow.  A message from a higher term makes us a follower of that term
-  first (§5.1), except vote requests ignored under a leader lease and pre-votes,
-  which never change anyone's term.
+  first (§5.1), except pre-votes, which never change anyone's term, and what the
+  rules on peers' input below drop.
+- A peer's input is trusted only as far as Raft lets an honest peer send it; the rest is
+  dropped with no state change (``_implausible`` and ``step``): terms and indexes beyond
+  int63 (``MAX_TERM``, ``MAX_INDEX``) or a term more than ``MAX_TERM_LEAP`` past ours; a
+  TIMEOUT_NOW from anyone but the leader we follow in its term (never one that would raise
+  our term); a second leader's APPEND or HEARTBEAT in a term whose leader we know; a
+  HEARTBEAT that raises our term yet commits something (a new leader knows no follower's
+  match before that follower answered it in its term).  Under the leader lease (check-quorum:
+  we heard from our leader within the election timeout) a higher term is not adopted at all
+  -- not from a vote request, not from a would-be leader's APPEND or HEARTBEAT -- unless
+  the sender is the transferee our own leader announced (``Message.transferee``), one term
+  up.  A transfer vote without that announcement is an ordinary vote.  A node at MAX_TERM
+  never campaigns (there is no next term to ask for).
 - One vote per term (§5.2), granted only to a log at least as up to date as ours
   (§5.4.1).  ``vote`` and ``term`` reach the hard state the driver persists
   before any vote or response leaves (see ``Ready``).
@@ -42,6 +54,9 @@ from raftlet.consensus.core.quorum import VoteResult, committed_index, vote_resu
 from raftlet.consensus.core.raft_log import RaftLog
 from raftlet.consensus.core.storage import Storage
 from raftlet.consensus.core.types import (
+    MAX_INDEX,
+    MAX_TERM,
+    MAX_TERM_LEAP,
     NO_NODE,
     Entry,
     EntryType,
@@ -62,6 +77,12 @@ class _PendingRead:
     index: int  # the commit index when the read arrived
     round: int  # the heartbeat round that confirms it (created after the read arrived)
 
+
+# Requests of a higher term that the leader lease holds off: a would-be candidate's and a
+# would-be leader's.
+_LEASED = frozenset(
+    {MessageType.VOTE, MessageType.PRE_VOTE, MessageType.APPEND, MessageType.HEARTBEAT}
+)
 
 _VOTE_RESPONSE = {
     MessageType.VOTE: MessageType.VOTE_RESPONSE,
@@ -101,7 +122,9 @@ class Raft:
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_election_timeout = config.election_tick
-        # Target of a leadership transfer in progress, or NO_NODE.
+        # A leader's target of a leadership transfer in progress; a follower's, the target its
+        # leader announced in this term (what vouches for that target's transfer vote); or
+        # NO_NODE.
         self.lead_transferee = NO_NODE
         self.become_follower(hard.term, NO_NODE)
         self.vote = hard.vote
@@ -256,8 +279,8 @@ class Raft:
     def campaign(self, transfer: bool = False) -> None:
         """Start an election: a pre-vote round first, unless disabled or asked by
         the leader to take over (``transfer``)."""
-        if self.role is Role.LEADER:
-            return
+        if self.role is Role.LEADER or self.term >= MAX_TERM:
+            return  # at MAX_TERM there is no next term to campaign in
         if self.config.pre_vote and not transfer:
             self.become_pre_candidate()
             if self._poll(self.id, MessageType.PRE_VOTE_RESPONSE, True) is VoteResult.WON:
@@ -365,6 +388,9 @@ class Raft:
             return
         self.lead_transferee = target
         self.election_elapsed = 0
+        # Announce the target to every follower first: that is what lets them vote for it
+        # under their leader lease when it campaigns.
+        self._bcast_heartbeat()
         if self.prs[target].match == self.log.last_index():
             self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
         else:
@@ -380,20 +406,60 @@ class Raft:
 
     # --- step -------------------------------------------------------------------------
 
+    def _in_lease(self) -> bool:
+        """Whether we heard from a live leader (or are one) within the election timeout."""
+        return (
+            self.config.check_quorum
+            and self.lead != NO_NODE
+            and self.election_elapsed < self.config.election_tick
+        )
+
+    def _announced_successor(self, m: Message) -> bool:
+        """Whether ``m`` (of a higher term) comes from the transfer target our leader -- or
+        we, as leader -- announced in our term, campaigning in (or leading) the next one."""
+        return (
+            self.lead_transferee != NO_NODE
+            and m.src == self.lead_transferee
+            and m.term == self.term + 1
+            and (m.transfer or m.type in (MessageType.APPEND, MessageType.HEARTBEAT))
+        )
+
+    def _implausible(self, m: Message) -> bool:
+        """Whether no honest peer could have sent ``m``, whatever our state (see the module
+        docstring).  The wire codec refuses most of it first; this keeps the core safe with
+        any driver."""
+        if not 0 <= m.term <= MAX_TERM or not 0 <= m.log_term <= MAX_TERM:
+            return True
+        if m.term > self.term + MAX_TERM_LEAP:
+            return True
+        return not (
+            0 <= m.index <= MAX_INDEX
+            and 0 <= m.commit <= MAX_INDEX
+            and 0 <= m.reject_hint <= MAX_INDEX
+            and 0 <= m.context <= MAX_INDEX
+        )
+
     def step(self, m: Message) -> None:
         if m.dst != self.id or m.src not in self.voters or m.src == self.id:
             return  # not for us, or from a non-member: drop, never crash
+        if self._implausible(m):
+            return
         if m.term > self.term:
-            if m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
-                in_lease = (
-                    self.config.check_quorum
-                    and self.lead != NO_NODE
-                    and self.election_elapsed < self.config.election_tick
-                )
-                if in_lease and not m.transfer:
-                    # We heard from a live leader within the timeout: a candidate
-                    # that cannot hear it must not depose it (thesis §6.2).
-                    return
+            if m.type is MessageType.TIMEOUT_NOW:
+                # A leader asks only a follower that acknowledged its log in its term, so
+                # one from a term we never reached is not our leader's.
+                return
+            if m.type is MessageType.HEARTBEAT and m.commit:
+                # A new leader's heartbeat commits nothing to a follower before that follower
+                # answered it in the new term (its match is unknown), and answering means
+                # holding the term already.
+                return
+            if m.type in _LEASED and self._in_lease() and not self._announced_successor(m):
+                # We heard from a live leader within the timeout: a candidate that cannot
+                # hear it must not depose it (thesis §6.2), and no other leader of a later
+                # term can exist without a majority having lost it -- this one among them.
+                # Except the transferee our leader announced.
+                return
             if m.type is MessageType.PRE_VOTE or (
                 m.type is MessageType.PRE_VOTE_RESPONSE and not m.reject
             ):
@@ -412,6 +478,11 @@ class Raft:
                     Message(MessageType.PRE_VOTE_RESPONSE, self.id, m.src, self.term, reject=True)
                 )
             return
+        if m.type in (MessageType.APPEND, MessageType.HEARTBEAT) and self.lead not in (
+            NO_NODE,
+            m.src,
+        ):
+            return  # a second leader in a term whose leader we know: cannot be
 
         if m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
             self._handle_vote_request(m)
@@ -488,9 +559,11 @@ class Raft:
         )
         if m.type is MessageType.APPEND:
             self.become_follower(m.term, m.src)
+            self.lead_transferee = m.transferee
             self._handle_append(m)
         elif m.type is MessageType.HEARTBEAT:
             self.become_follower(m.term, m.src)
+            self.lead_transferee = m.transferee
             self._handle_heartbeat(m)
         elif m.type is my_response:
             result = self._poll(m.src, m.type, granted=not m.reject)
@@ -507,12 +580,15 @@ class Raft:
         if m.type is MessageType.APPEND:
             self.election_elapsed = 0
             self.lead = m.src
+            self.lead_transferee = m.transferee
             self._handle_append(m)
         elif m.type is MessageType.HEARTBEAT:
             self.election_elapsed = 0
             self.lead = m.src
+            self.lead_transferee = m.transferee
             self._handle_heartbeat(m)
-        elif m.type is MessageType.TIMEOUT_NOW:
+        elif m.type is MessageType.TIMEOUT_NOW and m.src == self.lead:
+            # Only the leader we follow in this term may hand us its leadership.
             self.campaign(transfer=True)
 
     def _handle_append(self, m: Message) -> None:
@@ -578,6 +654,7 @@ class Raft:
                         self.term,
                         commit=commit,
                         context=self.read_round,
+                        transferee=self.lead_transferee,
                     )
                 )
 
@@ -599,6 +676,7 @@ class Raft:
                 index=prev,
                 entries=tuple(entries),
                 commit=self.log.committed,
+                transferee=self.lead_transferee,
             )
         )
         pr.sent_entries(entries[-1].index if entries else None)

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = [
+    "MAX_INDEX",
+    "MAX_TERM",
+    "MAX_TERM_LEAP",
     "NO_NODE",
     "Entry",
     "EntryType",
@@ -27,6 +30,19 @@ __all__ = [
 
 # The empty node id: "voted for nobody" / "no known leader".
 NO_NODE = ""
+
+# The largest term and index anything may carry: int63, so every value fits a signed 64-bit
+# integer wherever it is stored or printed, and ``MAX_TERM + 1`` is never needed on the wire
+# (a node at MAX_TERM cannot campaign: it stays where it is rather than send a term that
+# does not fit).  A peer's message beyond either is malformed (``Raft.step`` drops it; the
+# wire codec refuses it before it gets there).
+MAX_TERM = (1 << 63) - 1
+MAX_INDEX = (1 << 63) - 1
+# The furthest a message's term may lie beyond the receiver's own.  Terms grow by one per
+# election; 2**32 elections (one a millisecond, without a pause, for seven weeks) is more than
+# any honest replica can fall behind by, so a leap beyond it is nonsense -- typically a forged
+# or corrupt term meant to use up the term space in one message -- and the message is dropped.
+MAX_TERM_LEAP = 1 << 32
 
 
 class Role(enum.Enum):
@@ -85,6 +101,10 @@ class Message:
       term of its entry there (fast backtracking, §5.3 "optimization").
     - HEARTBEAT: ``commit`` is min(leader commit, follower's match index); ``context``
       the leader's latest read round (ReadIndex), which the response echoes.
+    - APPEND / HEARTBEAT: ``transferee`` is the voter the leader is handing leadership to
+      (NO_NODE: none).  A follower that heard it from its leader honours that voter's
+      ``transfer`` vote -- and its first message as the next term's leader -- despite the
+      leader lease; nothing else vouches for a transfer.
     - VOTE / PRE_VOTE: ``index``/``log_term`` are the candidate's last entry.
       A PRE_VOTE's ``term`` is the term the candidate *would* campaign in.
     - *_RESPONSE: ``reject`` says whether the request was refused.
@@ -105,6 +125,8 @@ class Message:
     transfer: bool = False
     # HEARTBEAT / HEARTBEAT_RESPONSE: the read round being confirmed (0: none).
     context: int = 0
+    # APPEND / HEARTBEAT: the leader's transfer target, announced to every follower.
+    transferee: str = NO_NODE
 
 
 @dataclass(frozen=True, slots=True)

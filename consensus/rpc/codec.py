@@ -18,18 +18,46 @@ request's ``src``).
 
 The conversion is exact: ``decode(encode(m)) == m`` for every message the core can produce.
 A message carrying a field its RPC has no room for is refused with ``ValueError`` rather than
-silently losing the field.  Decoding validates what a peer sent -- uuids present and
-addressed to this server, entries of a known type that directly follow ``prev_log_index``
-with sane terms -- and raises ``MalformedRequest`` (a ``ValueError``, which the tablet
-server's service boundary maps to INVALID_ARGUMENT) so a garbage request never reaches the
-core.
+silently losing the field.
+
+Decoding validates what a peer sent, as far as it can without the receiver's state, and
+raises ``MalformedRequest`` (a ``ValueError``, which the tablet server's service boundary
+maps to INVALID_ARGUMENT) so a nonsensical request never reaches the core:
+
+- uuids present and addressed to this server (``WrongServerUuid`` otherwise), the caller
+  not the receiver itself;
+- every term and index at most ``MAX_TERM`` / ``MAX_INDEX`` (int63, though the fields are
+  uint64): a replica can then always campaign one term past any term it may adopt, and
+  nothing out of range is stepped or persisted (the report that started this: a heartbeat
+  of term 2**64 - 1 left every replica a pre-candidate unable to ask for the next term);
+- a request's term is at least 1 (term 0 has no leader or candidate);
+- a log position (``prev_log_*``, ``last_log_*``) is (0, 0) or names an entry, which has a
+  term of at least 1 and no later than its sender's term -- for a vote strictly earlier
+  (a candidate holds no entry of the term it asks for);
+- entries of a known type that directly follow ``prev_log_index``, contiguous, terms never
+  going back, none older than ``prev_log_term`` nor newer than ``caller_term``;
+- a heartbeat carries no entries and no log position; a leader announces no transfer to
+  itself.
+
+What needs the receiver's state (its term, its known leader, its lease) is the core's check
+(``Raft.step``); the voter check is the server's (``ConsensusRequestHandler``).  Responses
+get the range check too and fail with ``MalformedResponse``, which the transports treat as a
+lost message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from raftlet.consensus.core.types import Entry, EntryType, Message, MessageType
+from raftlet.consensus.core.types import (
+    MAX_INDEX,
+    MAX_TERM,
+    NO_NODE,
+    Entry,
+    EntryType,
+    Message,
+    MessageType,
+)
 from raftlet.consensus.log.codec import check_batch
 from raftlet.proto import consensus_pb2 as pb
 
@@ -56,7 +84,6 @@ __all__ = [
 
 WireRequest = pb.UpdateConsensusRequest | pb.RequestVoteRequest | pb.TimeoutNowRequest
 
-_UINT64_MAX = (1 << 64) - 1
 
 _TO_PB = {EntryType.NORMAL: pb.NORMAL, EntryType.NO_OP: pb.NO_OP}
 _FROM_PB = {pb.NORMAL: EntryType.NORMAL, pb.NO_OP: EntryType.NO_OP}
@@ -99,6 +126,8 @@ def entries_from_pb(
     if not entries:
         return ()
     for e in entries:
+        _check_range(e.index, MAX_INDEX, f"entry index {e.index}")
+        _check_range(e.term, MAX_TERM, f"entry {e.index}'s term {e.term}")
         if e.type not in _FROM_PB:
             name = pb.EntryType.Name(e.type) if e.type in pb.EntryType.values() else e.type
             raise MalformedRequest(f"entry {e.index} has unsupported type {name}")
@@ -132,11 +161,24 @@ def _require_default(m: Message, fields: Sequence[str]) -> None:
             raise ValueError(f"{m.type.value} cannot carry {name}={value!r} over the wire")
 
 
-def _check_uint64(m: Message) -> None:
-    for name in ("term", "log_term", "index", "commit", "reject_hint", "context"):
+_LIMITS = (
+    ("term", MAX_TERM),
+    ("log_term", MAX_TERM),
+    ("index", MAX_INDEX),
+    ("commit", MAX_INDEX),
+    ("reject_hint", MAX_INDEX),
+    ("context", MAX_INDEX),
+)
+
+
+def _check_int63(m: Message) -> None:
+    for name, limit in _LIMITS:
         value = getattr(m, name)
-        if not 0 <= value <= _UINT64_MAX:
-            raise ValueError(f"{m.type.value}.{name}={value} does not fit a uint64")
+        if not 0 <= value <= limit:
+            raise ValueError(f"{m.type.value}.{name}={value} is outside [0, {limit}]")
+    for e in m.entries:
+        if not (0 <= e.index <= MAX_INDEX and 0 <= e.term <= MAX_TERM):
+            raise ValueError(f"{m.type.value} entry ({e.index}, {e.term}) is out of range")
 
 
 def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensusRequest:
@@ -146,7 +188,7 @@ def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensu
     _require_default(m, ("reject", "reject_hint", "transfer"))
     if heartbeat and m.entries:
         raise ValueError("a HEARTBEAT carries no entries")
-    _check_uint64(m)
+    _check_int63(m)
     return pb.UpdateConsensusRequest(
         tablet_id=tablet_id,
         caller_uuid=m.src,
@@ -158,14 +200,15 @@ def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensu
         committed_index=m.commit,
         is_heartbeat=heartbeat,
         read_round=m.context,
+        transferee_uuid=m.transferee,
     )
 
 
 def update_response_from_message(m: Message) -> pb.UpdateConsensusResponse:
     if m.type not in (MessageType.APPEND_RESPONSE, MessageType.HEARTBEAT_RESPONSE):
         raise ValueError(f"{m.type.value} is not an UpdateConsensus answer")
-    _require_default(m, ("entries", "commit", "transfer"))
-    _check_uint64(m)
+    _require_default(m, ("entries", "commit", "transfer", "transferee"))
+    _check_int63(m)
     return pb.UpdateConsensusResponse(
         responder_uuid=m.src,
         responder_term=m.term,
@@ -181,8 +224,8 @@ def update_response_from_message(m: Message) -> pb.UpdateConsensusResponse:
 def vote_request_from_message(m: Message, tablet_id: str) -> pb.RequestVoteRequest:
     if m.type not in (MessageType.VOTE, MessageType.PRE_VOTE):
         raise ValueError(f"{m.type.value} is not sent as RequestVote")
-    _require_default(m, ("entries", "commit", "reject", "reject_hint", "context"))
-    _check_uint64(m)
+    _require_default(m, ("entries", "commit", "reject", "reject_hint", "context", "transferee"))
+    _check_int63(m)
     return pb.RequestVoteRequest(
         tablet_id=tablet_id,
         candidate_uuid=m.src,
@@ -199,9 +242,19 @@ def vote_response_from_message(m: Message) -> pb.RequestVoteResponse:
     if m.type not in (MessageType.VOTE_RESPONSE, MessageType.PRE_VOTE_RESPONSE):
         raise ValueError(f"{m.type.value} is not a RequestVote answer")
     _require_default(
-        m, ("log_term", "index", "entries", "commit", "reject_hint", "transfer", "context")
+        m,
+        (
+            "log_term",
+            "index",
+            "entries",
+            "commit",
+            "reject_hint",
+            "transfer",
+            "context",
+            "transferee",
+        ),
     )
-    _check_uint64(m)
+    _check_int63(m)
     return pb.RequestVoteResponse(
         responder_uuid=m.src,
         responder_term=m.term,
@@ -214,9 +267,19 @@ def timeout_now_request_from_message(m: Message, tablet_id: str) -> pb.TimeoutNo
     if m.type is not MessageType.TIMEOUT_NOW:
         raise ValueError(f"{m.type.value} is not sent as TimeoutNow")
     _require_default(
-        m, ("log_term", "index", "entries", "commit", "reject", "reject_hint", "transfer")
+        m,
+        (
+            "log_term",
+            "index",
+            "entries",
+            "commit",
+            "reject",
+            "reject_hint",
+            "transfer",
+            "transferee",
+        ),
     )
-    _check_uint64(m)
+    _check_int63(m)
     return pb.TimeoutNowRequest(
         tablet_id=tablet_id, caller_uuid=m.src, dest_uuid=m.dst, caller_term=m.term
     )
@@ -252,13 +315,30 @@ def _check_addressing(
         raise WrongServerUuid(dest, server_uuid)
 
 
-def _check_position(index: int, term: int, sender_term: int, which: str, sender: str) -> None:
+def _check_range(value: int, limit: int, what: str, least: int = 0) -> None:
+    if not least <= value <= limit:
+        raise MalformedRequest(f"{what} is outside [{least}, {limit}]")
+
+
+def _check_term(term: int, what: str) -> None:
+    """A request's own term: a leader's or candidate's, so at least 1, and int63."""
+    _check_range(term, MAX_TERM, f"{what} {term}", least=1)
+
+
+def _check_position(
+    index: int, term: int, sender_term: int, which: str, sender: str, *, strict: bool = False
+) -> None:
     """A log position a request names (``<which>_log_index`` / ``_log_term``): index 0 has
-    no entry, so no term; and no entry can be newer than its sender's term."""
+    no entry, so no term; any other index names an entry, which has a term of at least 1;
+    and no entry can be newer than its sender's term (``strict``: nor of it)."""
+    _check_range(index, MAX_INDEX, f"{which}_log_index {index}")
     if index == 0 and term != 0:
         raise MalformedRequest(f"{which}_log_term {term} given for index 0, which has no entry")
-    if term > sender_term:
-        raise MalformedRequest(f"{which}_log_term {term} is newer than {sender} {sender_term}")
+    if index != 0 and term == 0:
+        raise MalformedRequest(f"{which}_log_index {index} given with term 0: no entry has it")
+    if term > sender_term or (strict and term == sender_term):
+        relation = "not older than" if term == sender_term else "newer than"
+        raise MalformedRequest(f"{which}_log_term {term} is {relation} {sender} {sender_term}")
 
 
 def message_from_update_request(
@@ -266,9 +346,18 @@ def message_from_update_request(
 ) -> Message:
     """APPEND or HEARTBEAT; with ``server_uuid``, also checks the request is addressed here."""
     _check_addressing(req.tablet_id, req.caller_uuid, req.dest_uuid, server_uuid, "UpdateConsensus")
+    _check_term(req.caller_term, "UpdateConsensus: caller_term")
     _check_position(req.prev_log_index, req.prev_log_term, req.caller_term, "prev", "caller_term")
+    _check_range(req.committed_index, MAX_INDEX, f"committed_index {req.committed_index}")
+    _check_range(req.read_round, MAX_INDEX, f"read_round {req.read_round}")
     if req.is_heartbeat and req.entries:
         raise MalformedRequest(f"a heartbeat carries no entries (got {len(req.entries)})")
+    if req.is_heartbeat and (req.prev_log_index or req.prev_log_term):
+        raise MalformedRequest("a heartbeat names no log position (prev_log_index/term)")
+    if req.transferee_uuid == req.caller_uuid:
+        raise MalformedRequest(f"leader {req.caller_uuid!r} announces a transfer to itself")
+    if req.entries and req.prev_log_index + len(req.entries) > MAX_INDEX:
+        raise MalformedRequest(f"entries after {req.prev_log_index} run past index {MAX_INDEX}")
     entries = entries_from_pb(req.entries, req.prev_log_index, req.prev_log_term, req.caller_term)
     return Message(
         MessageType.HEARTBEAT if req.is_heartbeat else MessageType.APPEND,
@@ -280,6 +369,7 @@ def message_from_update_request(
         entries=entries,
         commit=req.committed_index,
         context=req.read_round if req.is_heartbeat else 0,
+        transferee=req.transferee_uuid or NO_NODE,
     )
 
 
@@ -287,8 +377,14 @@ def message_from_vote_request(
     req: pb.RequestVoteRequest, server_uuid: str | None = None
 ) -> Message:
     _check_addressing(req.tablet_id, req.candidate_uuid, req.dest_uuid, server_uuid, "RequestVote")
+    _check_term(req.candidate_term, "RequestVote: candidate_term")
     _check_position(
-        req.last_log_index, req.last_log_term, req.candidate_term, "last", "candidate_term"
+        req.last_log_index,
+        req.last_log_term,
+        req.candidate_term,
+        "last",
+        "candidate_term",
+        strict=True,
     )
     return Message(
         MessageType.PRE_VOTE if req.is_pre_vote else MessageType.VOTE,
@@ -305,12 +401,17 @@ def message_from_timeout_now_request(
     req: pb.TimeoutNowRequest, server_uuid: str | None = None
 ) -> Message:
     _check_addressing(req.tablet_id, req.caller_uuid, req.dest_uuid, server_uuid, "TimeoutNow")
+    _check_term(req.caller_term, "TimeoutNow: caller_term")
     return Message(
         MessageType.TIMEOUT_NOW, src=req.caller_uuid, dst=req.dest_uuid, term=req.caller_term
     )
 
 
-def _check_response(responder: str, error_set: bool, error: object, dst: str, what: str) -> None:
+def _check_response(
+    responder: str, error_set: bool, error: object, dst: str, what: str, numbers: Sequence[int]
+) -> None:
+    if any(not 0 <= n <= MAX_INDEX for n in numbers):  # MAX_TERM == MAX_INDEX
+        raise MalformedResponse(f"{what} from {responder!r}: a term or index beyond int63")
     if error_set:
         raise MalformedResponse(f"{what} from {responder!r} reports an error: {error}")
     if not responder:
@@ -322,7 +423,18 @@ def _check_response(responder: str, error_set: bool, error: object, dst: str, wh
 def message_from_update_response(resp: pb.UpdateConsensusResponse, dst: str) -> Message:
     """APPEND_RESPONSE or HEARTBEAT_RESPONSE addressed to ``dst`` (the caller)."""
     _check_response(
-        resp.responder_uuid, resp.HasField("error"), resp.error, dst, "UpdateConsensusResponse"
+        resp.responder_uuid,
+        resp.HasField("error"),
+        resp.error,
+        dst,
+        "UpdateConsensusResponse",
+        (
+            resp.responder_term,
+            resp.last_log_index,
+            resp.conflict_term,
+            resp.conflict_index,
+            resp.read_round,
+        ),
     )
     return Message(
         MessageType.HEARTBEAT_RESPONSE if resp.is_heartbeat else MessageType.APPEND_RESPONSE,
@@ -339,7 +451,12 @@ def message_from_update_response(resp: pb.UpdateConsensusResponse, dst: str) -> 
 
 def message_from_vote_response(resp: pb.RequestVoteResponse, dst: str) -> Message:
     _check_response(
-        resp.responder_uuid, resp.HasField("error"), resp.error, dst, "RequestVoteResponse"
+        resp.responder_uuid,
+        resp.HasField("error"),
+        resp.error,
+        dst,
+        "RequestVoteResponse",
+        (resp.responder_term,),
     )
     return Message(
         MessageType.PRE_VOTE_RESPONSE if resp.is_pre_vote else MessageType.VOTE_RESPONSE,

@@ -107,7 +107,9 @@ def test_handler_refuses_misaddressed_and_unknown(lone: Replica) -> None:
     handler = ConsensusRequestHandler({TABLET: lone.consensus}.get, "ts-b")
     with pytest.raises(UnknownTablet) as missing:
         handler.update_consensus(
-            pb.UpdateConsensusRequest(tablet_id="nope", caller_uuid="ts-a", dest_uuid="ts-b")
+            pb.UpdateConsensusRequest(
+                tablet_id="nope", caller_uuid="ts-a", dest_uuid="ts-b", caller_term=1
+            )
         )
     assert missing.value.tablet_id == "nope"
     with pytest.raises(UnknownTablet):

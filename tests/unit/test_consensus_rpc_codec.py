@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftlet.consensus.core.types import Entry, EntryType, Message, MessageType
+from raftlet.consensus.core.types import (
+    MAX_INDEX,
+    MAX_TERM,
+    NO_NODE,
+    Entry,
+    EntryType,
+    Message,
+    MessageType,
+)
 from raftlet.consensus.rpc.codec import (
     MalformedRequest,
     MalformedResponse,
@@ -35,9 +43,14 @@ from raftlet.proto import consensus_pb2 as pb
 
 TABLET = "tablet-0001"
 U64 = (1 << 64) - 1
+I63 = (1 << 63) - 1
+assert MAX_TERM == MAX_INDEX == I63
 
 uuids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12)
-u64 = st.integers(0, U64)
+# What a term or index may be on the wire: int63, though the fields are uint64.
+u63 = st.integers(0, I63)
+# A request's own term (a leader's or candidate's): at least 1.
+terms = st.integers(1, I63)
 
 
 @st.composite
@@ -48,20 +61,24 @@ def src_dst(draw: st.DrawFn) -> tuple[str, str]:
 
 
 @st.composite
-def log_position(draw: st.DrawFn, term: int) -> tuple[int, int]:
-    """(index, term of that entry) as a sender at ``term`` could hold it."""
-    index = draw(u64)
-    log_term = 0 if index == 0 else draw(st.integers(0, term))
+def log_position(draw: st.DrawFn, term: int, strict: bool = False) -> tuple[int, int]:
+    """(index, term of that entry) as a sender at ``term`` could hold it (``strict``: a
+    candidate, which holds no entry of the term it asks for)."""
+    top = term - 1 if strict else term
+    if top < 1:
+        return 0, 0
+    index = draw(u63)
+    log_term = 0 if index == 0 else draw(st.integers(1, top))
     return index, log_term
 
 
 @st.composite
 def appends(draw: st.DrawFn, heartbeat: bool = False) -> Message:
     src, dst = draw(src_dst())
-    term = draw(u64)
-    prev_index, prev_term = draw(log_position(term))
+    term = draw(terms)
+    prev_index, prev_term = (0, 0) if heartbeat else draw(log_position(term))
     entries: list[Entry] = []
-    if not heartbeat and term >= 1 and prev_index < U64 - 8:
+    if not heartbeat and prev_index < I63 - 8:
         count = draw(st.integers(0, 6))
         entry_term = max(prev_term, 1)
         for i in range(count):
@@ -82,16 +99,17 @@ def appends(draw: st.DrawFn, heartbeat: bool = False) -> Message:
         log_term=prev_term,
         index=prev_index,
         entries=tuple(entries),
-        commit=draw(u64),
-        context=draw(u64) if heartbeat else 0,  # a heartbeat's read round
+        commit=draw(u63),
+        context=draw(u63) if heartbeat else 0,  # a heartbeat's read round
+        transferee=draw(st.one_of(st.just(NO_NODE), uuids.filter(lambda u: u != src))),
     )
 
 
 @st.composite
 def votes(draw: st.DrawFn, pre_vote: bool) -> Message:
     src, dst = draw(src_dst())
-    term = draw(u64)
-    index, log_term = draw(log_position(term))
+    term = draw(terms)
+    index, log_term = draw(log_position(term, strict=True))
     return Message(
         MessageType.PRE_VOTE if pre_vote else MessageType.VOTE,
         src,
@@ -106,7 +124,7 @@ def votes(draw: st.DrawFn, pre_vote: bool) -> Message:
 @st.composite
 def timeout_nows(draw: st.DrawFn) -> Message:
     src, dst = draw(src_dst())
-    return Message(MessageType.TIMEOUT_NOW, src, dst, draw(u64))
+    return Message(MessageType.TIMEOUT_NOW, src, dst, draw(terms))
 
 
 @st.composite
@@ -116,12 +134,12 @@ def update_responses(draw: st.DrawFn, heartbeat: bool) -> Message:
         MessageType.HEARTBEAT_RESPONSE if heartbeat else MessageType.APPEND_RESPONSE,
         src,
         dst,
-        draw(u64),
-        log_term=draw(u64),
-        index=draw(u64),
+        draw(u63),
+        log_term=draw(u63),
+        index=draw(u63),
         reject=draw(st.booleans()),
-        reject_hint=draw(u64),
-        context=draw(u64) if heartbeat else 0,
+        reject_hint=draw(u63),
+        context=draw(u63) if heartbeat else 0,
     )
 
 
@@ -132,7 +150,7 @@ def vote_responses(draw: st.DrawFn, pre_vote: bool) -> Message:
         MessageType.PRE_VOTE_RESPONSE if pre_vote else MessageType.VOTE_RESPONSE,
         src,
         dst,
-        draw(u64),
+        draw(u63),
         reject=draw(st.booleans()),
     )
 
@@ -253,8 +271,12 @@ def test_field_mapping_follows_the_proto_names() -> None:
         (Message(MessageType.VOTE, "a", "b", 1, reject_hint=2), "reject_hint"),
         (Message(MessageType.VOTE_RESPONSE, "b", "a", 1, index=2), "index"),
         (Message(MessageType.TIMEOUT_NOW, "a", "b", 1, commit=1), "commit"),
-        (Message(MessageType.APPEND, "a", "b", -1), "uint64"),
-        (Message(MessageType.VOTE, "a", "b", 1 << 64), "uint64"),
+        (Message(MessageType.APPEND, "a", "b", -1), "outside"),
+        (Message(MessageType.VOTE, "a", "b", 1 << 64), "outside"),
+        (Message(MessageType.HEARTBEAT, "a", "b", I63 + 1), "outside"),
+        (Message(MessageType.APPEND, "a", "b", 1, commit=I63 + 1), "outside"),
+        (Message(MessageType.APPEND, "a", "b", 1, entries=(Entry(1, I63 + 1),)), "out of range"),
+        (Message(MessageType.VOTE, "a", "b", 1, transferee="c"), "transferee"),
     ],
 )
 def test_encoding_refuses_fields_the_wire_cannot_carry(message: Message, needle: str) -> None:
@@ -313,8 +335,22 @@ def _entry(index: int, term: int = 5, type_: int = pb.NORMAL) -> pb.EntryPB:
         (_update(is_heartbeat=True, entries=[_entry(4)]), "heartbeat carries no entries"),
         (_update(prev_log_index=0, prev_log_term=1), "index 0"),
         (_update(prev_log_term=9), "newer than caller_term"),
+        # Terms and indexes: at least 1 for a request's own term, int63 at most, and a log
+        # position names an entry or nothing.
+        (_update(caller_term=0, prev_log_index=0, prev_log_term=0), "caller_term 0 is outside"),
+        (_update(caller_term=U64), "caller_term 18446744073709551615 is outside"),
+        (_update(caller_term=I63 + 1), "is outside"),
+        (_update(prev_log_index=I63 + 1), "prev_log_index .* is outside"),
+        (_update(committed_index=U64), "committed_index .* is outside"),
+        (_update(is_heartbeat=True, prev_log_index=0, prev_log_term=0, read_round=U64), "read_"),
+        (_update(entries=[_entry(4, term=U64)]), "term .* is outside"),
+        (_update(prev_log_index=I63 - 1, prev_log_term=2, entries=[_entry(I63), _entry(I63 + 1)]),
+         "run past index"),
+        (_update(prev_log_index=5, prev_log_term=0), "given with term 0"),
+        (_update(is_heartbeat=True), "heartbeat names no log position"),
+        (_update(transferee_uuid="a"), "transfer to itself"),
     ],
-)
+)  # fmt: skip
 def test_malformed_update_consensus_is_refused(
     request_: pb.UpdateConsensusRequest, needle: str
 ) -> None:
@@ -358,6 +394,37 @@ def test_request_for_another_server_is_refused() -> None:
             ),
             "index 0",
         ),
+        (
+            pb.RequestVoteRequest(
+                tablet_id=TABLET, candidate_uuid="a", dest_uuid="b", candidate_term=3,
+                last_log_index=4, last_log_term=3,
+            ),
+            "last_log_term 3 is not older than candidate_term 3",
+        ),
+        (
+            pb.RequestVoteRequest(
+                tablet_id=TABLET, candidate_uuid="a", dest_uuid="b", candidate_term=3,
+                last_log_index=4,
+            ),
+            "given with term 0",
+        ),
+        (
+            pb.RequestVoteRequest(tablet_id=TABLET, candidate_uuid="a", dest_uuid="b"),
+            "candidate_term 0 is outside",
+        ),
+        (
+            pb.RequestVoteRequest(
+                tablet_id=TABLET, candidate_uuid="a", dest_uuid="b", candidate_term=U64,
+            ),
+            "is outside",
+        ),
+        (
+            pb.RequestVoteRequest(
+                tablet_id=TABLET, candidate_uuid="a", dest_uuid="b", candidate_term=3,
+                last_log_index=U64, last_log_term=2,
+            ),
+            "last_log_index .* is outside",
+        ),
     ],
 )  # fmt: skip
 def test_malformed_request_vote_is_refused(request_: pb.RequestVoteRequest, needle: str) -> None:
@@ -368,6 +435,29 @@ def test_malformed_request_vote_is_refused(request_: pb.RequestVoteRequest, need
 def test_malformed_timeout_now_is_refused() -> None:
     with pytest.raises(MalformedRequest, match="tablet_id is missing"):
         message_from_timeout_now_request(pb.TimeoutNowRequest(caller_uuid="a", dest_uuid="b"))
+    for term in (0, I63 + 1, U64):
+        with pytest.raises(MalformedRequest, match=r"caller_term .* is outside"):
+            message_from_timeout_now_request(
+                pb.TimeoutNowRequest(
+                    tablet_id=TABLET, caller_uuid="a", dest_uuid="b", caller_term=term
+                )
+            )
+
+
+@pytest.mark.parametrize(
+    "resp",
+    [
+        pb.UpdateConsensusResponse(responder_uuid="b", responder_term=U64),
+        pb.UpdateConsensusResponse(responder_uuid="b", responder_term=1, last_log_index=I63 + 1),
+        pb.UpdateConsensusResponse(responder_uuid="b", responder_term=1, conflict_term=U64),
+        pb.UpdateConsensusResponse(responder_uuid="b", responder_term=1, conflict_index=U64),
+        pb.RequestVoteResponse(responder_uuid="b", responder_term=I63 + 1),
+    ],
+)
+def test_answers_beyond_int63_are_refused(resp: Any) -> None:
+    kind = MessageType.VOTE if isinstance(resp, pb.RequestVoteResponse) else MessageType.APPEND
+    with pytest.raises(MalformedResponse, match="beyond int63"):
+        decode_response(Message(kind, "a", "b", 1), resp)
 
 
 @st.composite

@@ -180,9 +180,12 @@ def test_lease_follower_ignores_vote_request_while_leader_is_recent() -> None:
 
 def test_lease_is_bypassed_by_a_transfer_vote() -> None:
     """Thesis §3.10 / §4.2.3 (paraphrased): a RequestVote sent because the leader asked
-    for a leadership transfer carries a flag so that voters do not ignore it."""
+    for a leadership transfer carries a flag so that voters do not ignore it.  Here the flag
+    counts only for the transferee the leader announced to this voter (its heartbeats and
+    appends name it), one term up; test_core_validation covers the flag alone."""
     net = _lease_net()
     b = net["b"]
+    b.step(Message(HB, src="a", dst="b", term=1, transferee="c"))
     out = b.step(Message(V, src="c", dst="b", term=2, index=1, log_term=1, transfer=True))
     assert [(m.type, m.dst, m.term, m.reject) for m in out] == [(VR, "c", 2, False)]
     assert b.raw.hard_state().vote == "c"

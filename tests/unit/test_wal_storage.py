@@ -101,7 +101,11 @@ def test_follower_overwrite_survives_restart(tmp_path: Path) -> None:
         node = RawNode(Config(id="b", voters=voters, seed=2), storage)
         node.step(append("a", 1, (0, 0), [Entry(1, i, data=b"a%d" % i) for i in (1, 2, 3)], 1))
         drive(node, storage)
-        # A new leader in term 2 holds a different entry 2: b's 2 and 3 are replaced.
+        # a's lease on b runs out (no later leader can exist before that: Raft.step ignores
+        # one), then a new leader in term 2 holds a different entry 2: b's 2 and 3 are replaced.
+        for _ in range(node.raft.config.election_tick):
+            node.tick()
+        drive(node, storage)
         node.step(append("c", 2, (1, 1), [Entry(2, 2, data=b"c2")], 1))
         drive(node, storage)
         assert storage.last_index() == 2
