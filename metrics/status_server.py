@@ -196,7 +196,7 @@ class _ResponseWriter(io.RawIOBase):
         return total
 
 
-class _Pending:
+class _HeadInProgress:
     """A connection whose request head is still arriving (the loop thread's alone)."""
 
     __slots__ = ("address", "buf", "deadline", "sock")
@@ -246,7 +246,7 @@ class _Server:
         self._max_pending = max_pending
         self._timeout_s = request_timeout_s
         self._max_head = max_head_bytes
-        self._pending: dict[socket.socket, _Pending] = {}  # oldest first (insertion order)
+        self._pending: dict[socket.socket, _HeadInProgress] = {}  # oldest first (insertion order)
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -290,11 +290,11 @@ class _Server:
             if len(self._pending) >= self._max_pending:
                 self._drop(next(iter(self._pending.values())))  # the slowest goes
             sock.setblocking(False)
-            pending = _Pending(sock, address, time.monotonic() + self._timeout_s)
+            pending = _HeadInProgress(sock, address, time.monotonic() + self._timeout_s)
             self._pending[sock] = pending
             self._selector.register(sock, selectors.EVENT_READ, pending)
 
-    def _read(self, pending: _Pending) -> None:
+    def _read(self, pending: _HeadInProgress) -> None:
         try:
             data = pending.sock.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -326,15 +326,15 @@ class _Server:
             _log.debug("status server: %s sent no whole request in time", oldest.address)
             self._drop(oldest)
 
-    def _forget(self, pending: _Pending) -> None:
+    def _forget(self, pending: _HeadInProgress) -> None:
         del self._pending[pending.sock]
         self._selector.unregister(pending.sock)
 
-    def _drop(self, pending: _Pending) -> None:
+    def _drop(self, pending: _HeadInProgress) -> None:
         self._forget(pending)
         pending.sock.close()
 
-    def _dispatch(self, pending: _Pending, *, too_large: bool) -> None:
+    def _dispatch(self, pending: _HeadInProgress, *, too_large: bool) -> None:
         self._forget(pending)
         sock, head = pending.sock, bytes(pending.buf)
         if not too_large and self._is_inline(head):
