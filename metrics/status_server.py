@@ -6,21 +6,33 @@ CPU time, `metrics.process`), `/metrics.json` (Kudu-style JSON, with
 `/healthz` ("OK"), `/` (the list of pages). Other components add pages with
 `register_page(path, handler)`; the tablet server adds `/tablets` and `/tablets.json`.
 
-Built on the standard library (`http.server.ThreadingHTTPServer`, one daemon thread per
-connection, the accept loop in a daemon thread of its own), because a status page needs no
-framework. It is a debugging and scraping port, not a service: HTTP/1.0, one request per
-connection, so `stop()` never waits on idle keep-alive connections.
+Built on the standard library: a selector loop on one daemon thread accepts connections and
+reads every request head (request line and headers) without blocking; only a complete head
+is handed to a request thread (`http.server.BaseHTTPRequestHandler` parses and answers it),
+so a slow client costs a socket and a small buffer, never a thread. It is a debugging and
+scraping port, not a service: HTTP/1.0, one request per connection, so `stop()` never waits
+on idle keep-alive connections.
 
-Safety rules — a bad request must never hurt the server:
+Safety rules -- a bad or slow request must never hurt the server, nor hold up `/healthz`
+(the liveness probe: a probe that fails restarts the server):
 - unknown path → 404; a method other than GET/HEAD → 405 (with `Allow`); a request line
   longer than `max_request_line` (8 KiB by default, which bounds the query string) → 414;
-  a malformed request → 400 (the standard library's parser).
+  a head (request line and headers) over `max_request_line + max_header_bytes` → 431; a
+  malformed request → 400 (the standard library's parser).
 - a page handler that raises → 500 with a one-line message; the traceback goes to the log,
   and the server goes on serving. Handlers build the whole body before anything is sent, so
   a failure never leaves a half-written response.
-- a connection that sends nothing is dropped after `request_timeout` seconds, and at most
-  `max_connections` are served at once (the rest get an immediate 503), so neither a slow
-  nor a flooding client can pile up threads without bound.
+- the whole request head must arrive within `request_timeout_s` of the accept (not per
+  read: a client trickling a byte at a time is cut at the deadline all the same); a
+  connection that misses it is closed without an answer. At most `max_pending` connections
+  may be mid-head; a new one beyond that closes the oldest (the slowest: a real request's
+  head arrives in one packet).
+- at most `max_connections` requests are answered at once, each on its own thread (the rest
+  get an immediate 503), and an answer must be taken by the client within
+  `request_timeout_s` (a client that stops reading a big page frees its thread then).
+- `inline` pages (`/healthz`) are answered by the loop thread itself, as soon as their head
+  is in, whatever the request threads are doing: such a handler must be instant and must not
+  block. The answer is written without blocking (it fits any socket buffer).
 - nothing is printed to stderr: request and error logs go to `logging` at debug level.
 """
 
@@ -28,8 +40,10 @@ from __future__ import annotations
 
 import contextlib
 import html
+import io
 import json
 import logging
+import selectors
 import socket
 import sys
 import threading
@@ -38,8 +52,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import raftlet
@@ -60,8 +74,16 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_LINE = 8 * 1024
-DEFAULT_REQUEST_TIMEOUT_S = 10.0
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+# A request head normally arrives in one packet; 5 s is generous for a real client and
+# short enough that slow ones cannot hold many sockets for long.
+DEFAULT_REQUEST_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 64
+# Connections whose head is still arriving: each holds a socket and at most one head's bytes.
+DEFAULT_MAX_PENDING = 256
+_RECV_BYTES = 16 * 1024
+_ACCEPTS_PER_WAKEUP = 64  # so a flood of connects cannot starve the reads of the others
+_BUSY_REPLY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 # Lingering close after an error answer (see _RequestHandler.finish): at most this long and
 # this many bytes of the client's unread request are drained before the socket is closed.
 _LINGER_S = 2.0
@@ -146,61 +168,258 @@ def format_stacks() -> str:
     return "".join(parts)
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a connection cap and errors routed to `logging`."""
+class _ResponseWriter(io.RawIOBase):
+    """The request thread's ``wfile``: every write must be taken by the client before one
+    deadline (set at the first write), so a client that stops reading frees the thread."""
 
-    # Connection threads are daemons: stop() must not hang on a slow client, and a request
-    # in flight when the process exits has nobody left to care about its answer.
-    daemon_threads = True
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._timeout_s = timeout_s
+        self._deadline: float | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self._timeout_s
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the client did not take the response in time")
+            self._sock.settimeout(remaining)
+            sent = self._sock.send(view)
+            view = view[sent:]
+        return total
+
+
+class _HeadInProgress:
+    """A connection whose request head is still arriving (the loop thread's alone)."""
+
+    __slots__ = ("address", "buf", "deadline", "sock")
+
+    def __init__(self, sock: socket.socket, address: Any, deadline: float) -> None:
+        self.sock = sock
+        self.address = address
+        self.deadline = deadline
+        self.buf = bytearray()
+
+
+def _head_complete(buf: bytes | bytearray) -> bool:
+    """Is ``buf`` a whole request head as the standard library's parser reads it: a request
+    line, then header lines up to an empty one? A line of fewer than three words (HTTP/0.9,
+    or junk the parser refuses) has no headers, so it is complete by itself."""
+    end = buf.find(b"\n")
+    if end < 0:
+        return False
+    if len(bytes(buf[:end]).split()) < 3:
+        return True
+    return buf.find(b"\n\r\n", end) >= 0 or buf.find(b"\n\n", end) >= 0
+
+
+class _Server:
+    """The listening socket, the loop that reads request heads, and the request threads."""
 
     def __init__(
         self,
         address: tuple[str, int],
-        handler: type[BaseHTTPRequestHandler],
+        handler: type[_RequestHandler],
         status_server: StatusServer,
+        *,
         max_connections: int,
+        max_pending: int,
+        request_timeout_s: float,
+        max_head_bytes: int,
     ) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        # SO_REUSEADDR (create_server's default on POSIX): a restarted server rebinds its port
+        # while connections of the last one are in TIME_WAIT.
+        self.socket = socket.create_server(address, family=family, backlog=128)
+        self.socket.setblocking(False)
+        self.server_address = self.socket.getsockname()
         self.status_server = status_server
+        self._handler = handler
         self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, handler)
+        self._max_pending = max_pending
+        self._timeout_s = request_timeout_s
+        self._max_head = max_head_bytes
+        self._pending: dict[socket.socket, _HeadInProgress] = {}  # oldest first (insertion order)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._stopping = False
 
-    def process_request(self, request: Any, client_address: Any) -> None:
+    # --- the loop thread --------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        sel = self._selector
+        sel.register(self.socket, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._stopping:
+                timeout = None
+                if self._pending:
+                    oldest = next(iter(self._pending.values()))
+                    timeout = max(0.0, oldest.deadline - time.monotonic())
+                for key, _ in sel.select(timeout):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    else:
+                        self._read(key.data)
+                self._expire()
+        finally:
+            for pending in list(self._pending.values()):
+                self._drop(pending)
+            sel.close()
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_WAKEUP):
+            try:
+                sock, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                _log.debug("status server: accept failed", exc_info=True)
+                return
+            if len(self._pending) >= self._max_pending:
+                self._drop(next(iter(self._pending.values())))  # the slowest goes
+            sock.setblocking(False)
+            pending = _HeadInProgress(sock, address, time.monotonic() + self._timeout_s)
+            self._pending[sock] = pending
+            self._selector.register(sock, selectors.EVENT_READ, pending)
+
+    def _read(self, pending: _HeadInProgress) -> None:
+        try:
+            data = pending.sock.recv(_RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(pending)
+            return
+        if not data:  # the client closed its side: a partial head still gets its 400
+            if pending.buf:
+                self._dispatch(pending, too_large=False)
+            else:
+                self._drop(pending)
+            return
+        pending.buf += data
+        limit = self.status_server._max_request_line
+        if b"\n" not in pending.buf[: limit + 1] and len(pending.buf) > limit:
+            self._dispatch(pending, too_large=False)  # the handler answers 414
+        elif len(pending.buf) > self._max_head:
+            self._dispatch(pending, too_large=True)
+        elif _head_complete(pending.buf):
+            self._dispatch(pending, too_large=False)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._pending:
+            oldest = next(iter(self._pending.values()))
+            if oldest.deadline > now:
+                return
+            _log.debug("status server: %s sent no whole request in time", oldest.address)
+            self._drop(oldest)
+
+    def _forget(self, pending: _HeadInProgress) -> None:
+        del self._pending[pending.sock]
+        self._selector.unregister(pending.sock)
+
+    def _drop(self, pending: _HeadInProgress) -> None:
+        self._forget(pending)
+        pending.sock.close()
+
+    def _dispatch(self, pending: _HeadInProgress, *, too_large: bool) -> None:
+        self._forget(pending)
+        sock, head = pending.sock, bytes(pending.buf)
+        if not too_large and self._is_inline(head):
+            self._answer_inline(sock, pending.address, head)
+            return
         if not self._slots.acquire(blocking=False):
-            # Answer inline (no thread) so a flood costs one short write per connection.
+            # Answered here, without a thread, so a flood costs one short write each.
             with contextlib.suppress(OSError):
-                request.sendall(
-                    b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                    b"Connection: close\r\n\r\n"
-                )
-            self.shutdown_request(request)
+                sock.send(_BUSY_REPLY)
+            sock.close()
             return
         try:
-            super().process_request(request, client_address)
+            threading.Thread(
+                target=self._serve_request,
+                args=(sock, pending.address, head, too_large),
+                name="status-request",
+                daemon=True,  # stop() must not hang on a slow client
+            ).start()
         except BaseException:
             self._slots.release()  # the thread that would release it never started
+            sock.close()
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _is_inline(self, head: bytes) -> bool:
+        words = head.split(b"\n", 1)[0].split()
+        if len(words) not in (2, 3) or words[0] not in (b"GET", b"HEAD"):
+            return False
+        path = urlsplit(words[1].decode("latin-1")).path
+        return path in self.status_server._inline_pages
+
+    def _answer_inline(self, sock: socket.socket, address: Any, head: bytes) -> None:
+        out = io.BytesIO()
         try:
-            super().process_request_thread(request, client_address)
+            self._handler(cast(Any, (sock, head, False, out)), address, cast(Any, self))
+            sock.send(out.getvalue())  # non-blocking: a few hundred bytes always fit
+        except Exception:
+            _log.debug("status server: inline answer to %s failed", address, exc_info=True)
         finally:
+            sock.close()
+
+    # --- request threads --------------------------------------------------------------
+
+    def _serve_request(self, sock: socket.socket, address: Any, head: bytes, large: bool) -> None:
+        try:
+            sock.setblocking(True)
+            self._handler(cast(Any, (sock, head, large, None)), address, cast(Any, self))
+        except Exception:
+            # E.g. a client that hangs up mid-response. Not a server problem; keep it out of
+            # the operator's terminal.
+            _log.debug("status server: error serving %s", address, exc_info=True)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
             self._slots.release()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver's default prints a traceback to stderr, e.g. whenever a client hangs
-        # up mid-response. Not a server problem; keep it out of the operator's terminal.
-        _log.debug("status server: error serving %s", client_address, exc_info=True)
+    # --- stop -------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Ask the loop to end; returns at once (join its thread to wait)."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def server_close(self) -> None:
+        self.socket.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class _RequestHandler(BaseHTTPRequestHandler):
-    server: _Server
+    """Parses and answers one request whose head the loop has read.
+
+    ``request`` is ``(socket, head, head_too_large, inline_out)``: the head is read from
+    memory; the answer goes to the socket (with ``_ResponseWriter``'s deadline), or to
+    ``inline_out`` when the loop thread answers it itself.
+    """
+
+    server: Any  # the _Server (not a socketserver.BaseServer)
     # One request per connection (see the module docstring).
     protocol_version = "HTTP/1.0"
     server_version = "raftlet-status"
     timeout = DEFAULT_REQUEST_TIMEOUT_S  # set per server in StatusServer.start()
     max_request_line = DEFAULT_MAX_REQUEST_LINE
+    _head_too_large = False
+    _inline = False
     # send_error's default body is an HTML page; a one-line text body suits curl and tests.
     error_message_format = "%(code)d %(message)s\n"
     error_content_type = "text/plain; charset=utf-8"
@@ -208,12 +427,25 @@ class _RequestHandler(BaseHTTPRequestHandler):
     # Set when we answer before reading the whole request (an error): see finish().
     _linger = False
 
+    def setup(self) -> None:
+        sock, head, self._head_too_large, inline_out = self.request
+        self.connection = sock
+        self.rfile = cast(io.BufferedIOBase, io.BytesIO(head))
+        if inline_out is not None:
+            self._inline = True
+            self.wfile = cast(io.BufferedIOBase, inline_out)
+        else:
+            self.wfile = cast(io.BufferedIOBase, _ResponseWriter(sock, self.timeout))
+
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         self._linger = True
         super().send_error(code, message, explain)
 
     def finish(self) -> None:
-        super().finish()  # flushes the response
+        if self._inline:
+            return  # the loop sends what is in the buffer; it must not block on a linger
+        with contextlib.suppress(OSError):
+            self.wfile.flush()
         if self._linger:
             self._lingering_close()
 
@@ -246,6 +478,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
         # The standard library's version, with our request-line limit instead of its 64 KiB
         # and 405 (not 501) for methods we do not serve.
         try:
+            if self._head_too_large:
+                self.requestline = ""
+                self.request_version = ""
+                self.command = ""
+                self.close_connection = True
+                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+                return
             limit = self.max_request_line
             self.raw_requestline = self.rfile.readline(limit + 1)
             if len(self.raw_requestline) > limit:
@@ -349,8 +588,10 @@ class StatusServer:
         port: int = 0,
         *,
         max_request_line: int = DEFAULT_MAX_REQUEST_LINE,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_pending: int = DEFAULT_MAX_PENDING,
         server_name: str = "",
     ) -> None:
         self.registry = registry
@@ -360,19 +601,22 @@ class StatusServer:
         self.host = host
         self._requested_port = port
         self._max_request_line = max_request_line
+        self._max_header_bytes = max_header_bytes
         self._request_timeout_s = request_timeout_s
         self._max_connections = max_connections
+        self._max_pending = max_pending
         self._lock = threading.Lock()  # start/stop/register_page
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         # Copy-on-write: request threads read the current dict without the lock.
         self._pages: dict[str, PageHandler] = {}
+        self._inline_pages: frozenset[str] = frozenset()  # answered on the loop thread
         self._process = ProcessCollector(registry)
         self.register_page("/", self._index_page)
         self.register_page("/metrics", self._metrics_page)
         self.register_page("/metrics.json", self._metrics_json_page)
         self.register_page("/stacks", self._stacks_page)
-        self.register_page("/healthz", self._healthz_page)
+        self.register_page("/healthz", self._healthz_page, inline=True)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -387,11 +631,16 @@ class StatusServer:
                 {"timeout": self._request_timeout_s, "max_request_line": self._max_request_line},
             )
             server = _Server(
-                (self.host, self._requested_port), handler, self, self._max_connections
+                (self.host, self._requested_port),
+                handler,
+                self,
+                max_connections=self._max_connections,
+                max_pending=self._max_pending,
+                request_timeout_s=self._request_timeout_s,
+                max_head_bytes=self._max_request_line + self._max_header_bytes,
             )
             thread = threading.Thread(
                 target=server.serve_forever,
-                kwargs={"poll_interval": 0.1},  # how long shutdown() may wait for the loop
                 name=f"status-server:{server.server_address[1]}",
                 daemon=True,
             )
@@ -409,8 +658,8 @@ class StatusServer:
             self._server = self._thread = None
         if server is None or thread is None:
             return
-        server.shutdown()  # returns once serve_forever has left its loop
-        thread.join()
+        server.shutdown()
+        thread.join()  # the loop has closed every connection still sending its head
         server.server_close()
 
     def __enter__(self) -> StatusServer:
@@ -439,11 +688,15 @@ class StatusServer:
 
     # --- pages -------------------------------------------------------------------------
 
-    def register_page(self, path: str, handler: PageHandler, *, replace: bool = False) -> None:
+    def register_page(
+        self, path: str, handler: PageHandler, *, replace: bool = False, inline: bool = False
+    ) -> None:
         """Serve `handler(request)` at exactly `path` (no query, no prefix matching).
 
         May be called before or after `start()`. Registering a taken path is an error unless
-        `replace=True`, so two components cannot silently fight over one page.
+        `replace=True`, so two components cannot silently fight over one page. An `inline`
+        page is answered on the loop thread, never waiting for a request thread (see the
+        module docstring): only for handlers that return at once with a small body.
         """
         if not path.startswith("/") or "?" in path or "#" in path:
             raise ValueError(f"page path must start with '/' and have no query: {path!r}")
@@ -451,6 +704,12 @@ class StatusServer:
             if path in self._pages and not replace:
                 raise ValueError(f"status page {path!r} is already registered")
             self._pages = {**self._pages, path: handler}
+            pages = set(self._inline_pages)
+            if inline:
+                pages.add(path)
+            else:
+                pages.discard(path)
+            self._inline_pages = frozenset(pages)
 
     def pages(self) -> Sequence[str]:
         return sorted(self._pages)
@@ -460,8 +719,7 @@ class StatusServer:
         who = f"{self.server_name} · " if self.server_name else ""
         up = human_duration(time.monotonic() - self._started_mono)
         return (
-            f"{who}raftlet {raftlet.__version__} · up {up} "
-            f"(since {utc_time(self._started_wall)})"
+            f"{who}raftlet {raftlet.__version__} · up {up} (since {utc_time(self._started_wall)})"
         )
 
     def html_page(self, title: str, body: str) -> PageResponse:

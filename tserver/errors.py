@@ -45,7 +45,15 @@ class UnknownTablet(Exception):
     """No replica of `tablet_id` lives on this server (NOT_FOUND)."""
 
     def __init__(self, tablet_id: str) -> None:
-        super().__init__(f"tablet {tablet_id!r} not found on this server")
+        # Quote a long id only in part: the message travels in the status details and the
+        # error trailer, and a client refuses metadata over 8 KiB -- a 5 KB id once turned
+        # NOT_FOUND into RESOURCE_EXHAUSTED ("metadata size exceeds soft limit").
+        shown = (
+            repr(tablet_id)
+            if len(tablet_id) <= 80
+            else (f"{tablet_id[:80]!r}... ({len(tablet_id)} characters)")
+        )
+        super().__init__(f"tablet {shown} not found on this server")
         self.tablet_id = tablet_id
 
 

@@ -5,6 +5,14 @@ those marked runtime-settable in ``settings.FLAGS``, for fault injection in test
 latency, the lock-contention trace threshold). Listeners apply a change, e.g. the server
 replaces each log's ``options`` with the new ``inject_latency_ms``. The registry, not the
 frozen ``ServerSettings``, is the live value of a runtime-settable flag.
+
+Names and values come from any client, so the registry is strict about them: a value is
+parsed and range-checked (``FlagSpec.parse``) before anything changes, a name or value
+longer than ``MAX_NAME_TEXT`` / ``MAX_VALUE_TEXT`` is refused without being parsed or
+matched against the known names, and an error message quotes at most ``_SHOWN`` characters
+of what was sent (it travels back in a gRPC trailer, which has a size limit of its own, and
+into the log). Flags marked ``sensitive`` (paths) can be rendered as ``REDACTED``, the hook
+for GetFlags callers who are not administrators.
 """
 
 from __future__ import annotations
@@ -20,9 +28,24 @@ from raftlet.consensus.raft_consensus import LeaderReadMode, TermCheckMode
 from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.settings import FLAGS, ServerSettings
 
-__all__ = ["FlagRegistry", "render_flag_value"]
+__all__ = ["MAX_NAME_TEXT", "MAX_VALUE_TEXT", "REDACTED", "FlagRegistry", "render_flag_value"]
 
 logger = logging.getLogger(__name__)
+
+# Flag names are short identifiers; values of the runtime flags are numbers. Anything longer
+# is refused before any work is done with it (difflib's suggestion is quadratic in length).
+MAX_NAME_TEXT = 128
+MAX_VALUE_TEXT = 1024
+# How much of a refused name or value an error message quotes.
+_SHOWN = 40
+# What a sensitive flag's value is rendered as for callers not allowed to see it.
+REDACTED = "<redacted>"
+
+
+def _shown(text: object) -> str:
+    if isinstance(text, str) and len(text) > _SHOWN:
+        return f"{text[:_SHOWN]!r}... ({len(text)} characters)"
+    return repr(text)
 
 
 def render_flag_value(value: object) -> str:
@@ -48,6 +71,7 @@ class _Flag:
     value: Any
     parse: Callable[[str], Any] | None  # None: read-only at runtime
     help: str
+    sensitive: bool = False
     listeners: list[Listener] = field(default_factory=list)
 
 
@@ -77,7 +101,11 @@ class FlagRegistry:
             else:
                 value = getattr(settings, spec.name)
             registry.define(
-                spec.name, value, parse=spec.parse if spec.runtime else None, help=spec.help
+                spec.name,
+                value,
+                parse=spec.parse if spec.runtime else None,
+                help=spec.help,
+                sensitive=spec.sensitive,
             )
         return registry
 
@@ -88,12 +116,14 @@ class FlagRegistry:
         *,
         parse: Callable[[str], Any] | None = None,
         help: str = "",
+        sensitive: bool = False,
     ) -> None:
-        """Register a flag. ``parse`` (text → value, ValueError if invalid) makes it settable."""
+        """Register a flag. ``parse`` (text → value, ValueError if invalid) makes it settable;
+        ``sensitive`` lets ``render`` hide its value."""
         with self._lock:
             if name in self._flags:
                 raise FlagError(f"flag {name!r} is already defined")
-            self._flags[name] = _Flag(value, parse, help)
+            self._flags[name] = _Flag(value, parse, help, sensitive)
 
     def names(self) -> list[str]:
         with self._lock:
@@ -110,17 +140,31 @@ class FlagRegistry:
         """The current (typed) value of ``name``; FlagError if there is no such flag."""
         return self._entry(name)[1].value
 
-    def render(self, names: Iterable[str] = ()) -> dict[str, str]:
+    def sensitive_names(self) -> list[str]:
+        with self._lock:
+            return sorted(n for n, f in self._flags.items() if f.sensitive)
+
+    def render(
+        self, names: Iterable[str] = (), *, redact_sensitive: bool = False
+    ) -> dict[str, str]:
         """``{name: value as on the command line}`` for ``names``, or every flag if empty
-        (what GetFlags answers); FlagError naming the first unknown one."""
+        (what GetFlags answers); FlagError naming the first unknown one. With
+        ``redact_sensitive`` a sensitive flag's value is ``REDACTED`` (for a caller who may
+        know the flag exists but not where the server keeps its files)."""
+
+        def value(flag: _Flag) -> str:
+            if redact_sensitive and flag.sensitive:
+                return REDACTED
+            return render_flag_value(flag.value)
+
         wanted = list(names)
         if not wanted:
             with self._lock:
-                return {n: render_flag_value(f.value) for n, f in sorted(self._flags.items())}
+                return {n: value(f) for n, f in sorted(self._flags.items())}
         out = {}
         for n in wanted:
             key, flag = self._entry(n)
-            out[key] = render_flag_value(flag.value)
+            out[key] = value(flag)
         return out
 
     def set(self, name: str, value: str) -> str:
@@ -141,7 +185,12 @@ class FlagRegistry:
                     f"--{key}=...; settable at runtime: {settable})"
                 )
             if not isinstance(value, str):
-                raise FlagError(f"flag {key!r}: the value must be text, got {value!r}")
+                raise FlagError(f"flag {key!r}: the value must be text, got {_shown(value)}")
+            if len(value) > MAX_VALUE_TEXT:
+                raise FlagError(
+                    f"flag {key!r}: value too long ({len(value)} characters, at most "
+                    f"{MAX_VALUE_TEXT}): {_shown(value)}"
+                )
             try:
                 new = flag.parse(value)
             except ValueError as e:
@@ -159,7 +208,7 @@ class FlagRegistry:
                     first_error = first_error or e
             if first_error is not None:
                 raise first_error
-            logger.info("flag %s changed from %s to %s", key, render_flag_value(old), value)
+            logger.info("flag %s changed from %s to %s", key, render_flag_value(old), _shown(value))
             return render_flag_value(old)
 
     def subscribe(self, name: str, listener: Listener) -> Callable[[], None]:
@@ -177,8 +226,10 @@ class FlagRegistry:
         return unsubscribe
 
     def _entry(self, name: str) -> tuple[str, _Flag]:
+        if not isinstance(name, str) or len(name) > MAX_NAME_TEXT:
+            raise FlagError(f"unknown flag {_shown(name)}")
         # Accept the spellings a user might type: "--log-inject-latency-ms" too.
-        key = name.strip().lstrip("-").replace("-", "_") if isinstance(name, str) else ""
+        key = name.strip().lstrip("-").replace("-", "_")
         with self._lock:
             flag = self._flags.get(key)
             if flag is not None:
@@ -186,4 +237,4 @@ class FlagRegistry:
             known = sorted(self._flags)
         hint = difflib.get_close_matches(key, known, n=1)
         maybe = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise FlagError(f"unknown flag {name!r}{maybe}")
+        raise FlagError(f"unknown flag {_shown(name)}{maybe}")

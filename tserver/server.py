@@ -53,6 +53,11 @@ from raftlet.proto import (
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.errors import UnknownTablet
 from raftlet.tserver.flag_registry import FlagRegistry
+from raftlet.tserver.grpc_limits import (
+    MAX_CONCURRENT_RPCS,
+    UnreadResponseBudget,
+    server_limit_options,
+)
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
 from raftlet.tserver.servicers import AdminServicer, ConsensusServicer, TabletServicer
@@ -205,9 +210,12 @@ class TabletServer:
             self.replicas[placement.tablet_id] = replica
         for pool in self.pools.values():
             pool.start()
+        # Hostile-client limits (streams per connection, unread response bytes, calls in
+        # all): tserver/grpc_limits.py says what each bounds and why these values.
         server = grpc.aio.server(
-            options=server_options(s.max_message_bytes),
-            interceptors=[MalformedRequestInterceptor()],
+            options=server_options(s.max_message_bytes) + server_limit_options(),
+            interceptors=[MalformedRequestInterceptor(), UnreadResponseBudget()],
+            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )
         tablet_pb2_grpc.add_TabletServiceServicer_to_server(self._tablet_servicer, server)
         consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(self._consensus_servicer, server)

@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import grpc
+
 from raftlet.consensus.core import NO_NODE
 from raftlet.proto import (
     admin_pb2,
@@ -25,10 +27,12 @@ from raftlet.proto import (
     tablet_pb2,
     tablet_pb2_grpc,
 )
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.tserver.admin_limits import StepDownLimiter, StepDownRefused
 from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import InvalidRequest
 from raftlet.tserver.flag_spec import FlagError
-from raftlet.tserver.rpc_dispatch import dispatch
+from raftlet.tserver.rpc_dispatch import abort_with, dispatch
 from raftlet.tserver.service_pool import InboundCall
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_stream import WriteStreamSession
@@ -176,11 +180,19 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    """Leadership moves, consensus status and runtime flags, for operators."""
+    """Leadership moves, consensus status and runtime flags, for operators.
+
+    Every request is validated before anything changes: SetFlag's name and value by the flag
+    registry (unknown, read-only, too long, unparsable or out of range: INVALID_ARGUMENT),
+    LeaderStepDown by the replica and its consensus, and at most one step-down per tablet
+    per election timeout is accepted (``admin_limits``; RESOURCE_EXHAUSTED otherwise).
+    """
 
     def __init__(self, server: TabletServer) -> None:
         self._s = server
         self._pool = server.pools["admin"]
+        raft = server.settings.raft
+        self._step_downs = StepDownLimiter(raft.election_ticks * raft.tick_interval_s)
 
     async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
         return await dispatch(
@@ -192,9 +204,31 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         )
 
     async def LeaderStepDown(self, request: admin_pb2.LeaderStepDownRequest, context: Any) -> Any:
+        # The rate check runs here, on the loop, before the call takes a pool thread: a
+        # flood of step-downs is refused for the price of a dictionary lookup. Only tablets
+        # hosted here are checked (an unknown one is NOT_FOUND from the handler), so random
+        # ids cannot grow the limiter's table.
+        grant = None
+        if request.tablet_id in self._s.replicas:
+            verdict = self._step_downs.acquire(request.tablet_id)
+            if isinstance(verdict, StepDownRefused):
+                message = verdict.message()
+                await abort_with(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    message,
+                    ServerErrorPB(code=ServerErrorPB.UNKNOWN, message=message),
+                )
+            grant = verdict
+
         def step_down() -> admin_pb2.LeaderStepDownResponse:
-            replica = self._s.replica(request.tablet_id)
-            replica.consensus.step_down(request.new_leader_uuid or NO_NODE)
+            try:
+                replica = self._s.replica(request.tablet_id)
+                replica.consensus.step_down(request.new_leader_uuid or NO_NODE)
+            except BaseException:
+                if grant is not None:
+                    self._step_downs.release(grant)  # nothing moved: no reason to hold others
+                raise
             return admin_pb2.LeaderStepDownResponse()
 
         return await self._call("LeaderStepDown", context, step_down)

@@ -32,7 +32,7 @@ from raftlet.cluster import (
     TabletPlacement,
     parse_host_port,
 )
-from raftlet.consensus.log.options import LogOptions
+from raftlet.consensus.log.options import MAX_INJECT_LATENCY_MS, LogOptions
 from raftlet.consensus.raft_consensus import ConsensusOptions, LeaderReadMode, TermCheckMode
 from raftlet.tserver.flag_spec import (
     FlagError,
@@ -56,6 +56,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _MAX_GRPC_MESSAGE = 2**31 - 1
 # A typo like 10000 threads would exhaust the process before it served anything.
 _MAX_THREADS = 1024
+# Runtime flags are reachable by anyone who can call AdminService.SetFlag, so each has an
+# upper bound (docs/ARCHITECTURE.md, "Runtime flags"). A wait of an hour on a lock is worth
+# a trace whatever the threshold, so a larger one would mean nothing but "never".
+_MAX_TRACE_THRESHOLD_MS = 3_600_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +381,7 @@ FLAGS: tuple[FlagSpec, ...] = (
         "The cluster config (TOML): the servers, the tables and, derived from both, where "
         "every tablet lives. Give every server of a cluster the same file. Relative data_dir "
         "paths in it are relative to its directory.",
-        convert=str, required=True,
+        convert=str, required=True, sensitive=True,
     ),
     FlagSpec(
         "server_id", _CLUSTER, "ID",
@@ -390,7 +394,7 @@ FLAGS: tuple[FlagSpec, ...] = (
         "Where this server keeps its tablet replicas (WAL, consensus metadata, SQLite "
         "store). Default: the server's data_dir in --config. Relative to the working "
         "directory. Must survive restarts: it is what a restarted server recovers from.",
-        convert=str,
+        convert=str, sensitive=True,
     ),
     FlagSpec(
         "rpc_addr", _CLUSTER, "HOST:PORT",
@@ -534,16 +538,17 @@ FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "log_inject_latency_ms", _WAL, "MS",
-        "Sleep this long after every WAL fsync, to reproduce a slow disk (default 0: off). "
-        "With a full group-commit queue, the consensus lock holder waits on it: the "
-        "KUDU-2727 scenario. Settable at runtime (admin SetFlag).",
-        convert=float_value, check=at_least(0), runtime=True,
+        f"Sleep this long after every WAL fsync, to reproduce a slow disk (default 0: off; "
+        f"0..{int(MAX_INJECT_LATENCY_MS)}). With a full group-commit queue, the consensus lock "
+        "holder waits on it: the KUDU-2727 scenario. Settable at runtime (admin SetFlag); a "
+        "lower value cuts short a sleep already under way.",
+        convert=float_value, check=at_least(0, MAX_INJECT_LATENCY_MS), runtime=True,
     ),
     FlagSpec(
         "log_inject_latency_jitter_ms", _WAL, "MS",
-        "Add a uniformly random 0..MS milliseconds to each injected sleep (default 0). "
-        "Settable at runtime (admin SetFlag).",
-        convert=float_value, check=at_least(0), runtime=True,
+        f"Add a uniformly random 0..MS milliseconds to each injected sleep (default 0; "
+        f"0..{int(MAX_INJECT_LATENCY_MS)}). Settable at runtime (admin SetFlag).",
+        convert=float_value, check=at_least(0, MAX_INJECT_LATENCY_MS), runtime=True,
     ),
     FlagSpec(
         "group_commit_queue_size_bytes", _WAL, "BYTES",
@@ -565,8 +570,9 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"A thread that waits longer than this for a profiled lock (e.g. 'consensus') logs a "
         f"WARNING with its stack and the holder's acquisition site, at most once a second "
         f"per lock (default {_D('lock_contention_trace_threshold_ms'):g}; 0 traces every "
-        "contended acquire). Settable at runtime (admin SetFlag).",
-        convert=float_value, check=at_least(0), runtime=True,
+        f"contended acquire; at most {int(_MAX_TRACE_THRESHOLD_MS)}, an hour). Settable at runtime "
+        "(admin SetFlag).",
+        convert=float_value, check=at_least(0, _MAX_TRACE_THRESHOLD_MS), runtime=True,
     ),
     FlagSpec(
         "max_message_bytes", _LIMITS, "BYTES",

@@ -123,7 +123,11 @@ class Log:
         appenders: WorkerPool | None = None,
     ) -> None:
         self.directory = directory
-        self.options = options
+        # Wakes an injected sleep when the options change or the log closes (the property
+        # below), so that lowering --log_inject_latency_ms takes effect on the sync under
+        # way, not after it. Its own lock: the sleeper must not hold ``_lock``.
+        self._latency_wake = threading.Condition(threading.Lock())
+        self._options = options
         self._observer = observer
         self._lock_fd = lock_fd
         self._lock = threading.Lock()
@@ -150,6 +154,18 @@ class Log:
         self._appenders = appenders or WorkerPool(name, min_threads=1, max_threads=1)
         self._turns = self._appenders.mailbox(name, self._take_turn)
         self._appender_ident: int | None = None  # the thread taking the turn, while it runs
+
+    @property
+    def options(self) -> LogOptions:
+        return self._options
+
+    @options.setter
+    def options(self, options: LogOptions) -> None:
+        """Replace the options; the appender reads them at every sync (one assignment takes
+        effect), and an injected sleep under way re-reads its length at once."""
+        with self._latency_wake:
+            self._options = options
+            self._latency_wake.notify_all()
 
     # --- opening ----------------------------------------------------------------------
 
@@ -449,10 +465,26 @@ class Log:
         return new
 
     def _inject_latency(self) -> None:
-        ms = self.options.inject_latency_ms
-        jitter = self.options.inject_latency_jitter_ms
-        if ms or jitter:
-            time.sleep((ms + self._rng.uniform(0.0, jitter)) / 1000.0)
+        """Sleep ``inject_latency_ms`` plus a random share of the jitter after a sync.
+
+        Interruptible: the sleep waits on ``_latency_wake`` and re-reads the options each
+        time it is woken, so a lower latency (a reset to 0 after a chaos fault) ends a sleep
+        already under way as soon as the new total has passed, and ``close`` ends it at once.
+        The jitter's share is drawn once per sleep, so a change mid-sleep moves the end by
+        exactly the change."""
+        opts = self._options
+        if not (opts.inject_latency_ms or opts.inject_latency_jitter_ms):
+            return
+        share = self._rng.random()
+        start = time.monotonic()
+        with self._latency_wake:
+            while not self._closing:
+                opts = self._options
+                total_ms = opts.inject_latency_ms + share * opts.inject_latency_jitter_ms
+                remaining = start + total_ms / 1000.0 - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._latency_wake.wait(remaining)
 
     def _publish(self, placed: list[Rec]) -> None:
         """With ``_lock`` held, after the sync: the group's records are on disk.
@@ -618,6 +650,8 @@ class Log:
             already = self._closing
             self._closing = True
             self._space.notify_all()
+        with self._latency_wake:
+            self._latency_wake.notify_all()  # an injected sleep ends now: nobody needs it
         self._turns.close(timeout=None)  # what was queued is written, synced and reported
         if self._own_appenders:
             self._appenders.stop()

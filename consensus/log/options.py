@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["LogObserver", "LogOptions", "NullLogObserver"]
+__all__ = ["MAX_INJECT_LATENCY_MS", "LogObserver", "LogOptions", "NullLogObserver"]
 
 MiB = 1 << 20
+# The most fault injection may add to one sync (latency and jitter each). Ten seconds is
+# already far past an election timeout, so no test needs more; and an unbounded value once
+# let a single SetFlag park a tablet's appender for days (time.sleep of 1e9 s) or fail its
+# log outright (a sleep too long for the C clock type raises OverflowError).
+MAX_INJECT_LATENCY_MS = 10_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +39,12 @@ class LogOptions:
             raise ValueError("group_commit_queue_size_bytes must be positive")
         if self.cache_size_bytes < 0:
             raise ValueError("cache_size_bytes must be >= 0")
-        if self.inject_latency_ms < 0 or self.inject_latency_jitter_ms < 0:
-            raise ValueError("injected latency must be >= 0")
+        for value in (self.inject_latency_ms, self.inject_latency_jitter_ms):
+            # Written so that NaN fails too.
+            if not 0 <= value <= MAX_INJECT_LATENCY_MS:
+                raise ValueError(
+                    f"injected latency must be in 0..{MAX_INJECT_LATENCY_MS:g} ms, got {value}"
+                )
 
 
 class LogObserver(Protocol):

@@ -324,18 +324,38 @@ def test_idle_connection_is_dropped_after_the_timeout(registry: MetricRegistry) 
         assert sock.recv(1024) == b""  # closed by the server, well before WAIT
 
 
-def test_connections_over_the_cap_get_503(registry: MetricRegistry) -> None:
-    with (
-        StatusServer(registry, HOST, 0, max_connections=1) as server,
-        socket.create_connection((HOST, server.port), timeout=WAIT) as idle,
-    ):
-        # `idle` was accepted first and holds the only slot until it sends a request. The
-        # second connection sends nothing, so the server's close is a clean FIN after its 503.
-        assert raw_exchange(server, b"").startswith(b"HTTP/1.0 503")
-        idle.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
-        assert idle.recv(1024).startswith(b"HTTP/1.0 200")
+def test_requests_over_the_cap_get_503_while_healthz_still_answers(
+    registry: MetricRegistry,
+) -> None:
+    entered = threading.Event()
+    release = threading.Event()
+
+    def blocking(request: PageRequest) -> PageResponse:
+        entered.set()
+        release.wait(WAIT)
+        return PageResponse.text("done")
+
+    with StatusServer(registry, HOST, 0, max_connections=1) as server:
+        server.register_page("/block", blocking)
+        with socket.create_connection((HOST, server.port), timeout=WAIT) as busy:
+            busy.sendall(b"GET /block HTTP/1.0\r\n\r\n")
+            assert entered.wait(WAIT)  # the only request thread is taken
+            reply = raw_exchange(server, b"GET /metrics HTTP/1.0\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.0 503"), reply[:80]
+            # /healthz is answered by the loop itself, not by a request thread.
+            assert raw_exchange(server, b"GET /healthz HTTP/1.0\r\n\r\n").endswith(b"OK")
+            release.set()
+            answer = b""
+            while chunk := busy.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.0 200")
+            assert answer.endswith(b"done")
         # Once its thread has finished, the slot is free again.
-        wait_for(lambda: raw_exchange(server, b"GET /healthz HTTP/1.0\r\n\r\n").endswith(b"OK"))
+        wait_for(
+            lambda: raw_exchange(server, b"GET /metrics HTTP/1.0\r\n\r\n").startswith(
+                b"HTTP/1.0 200"
+            )
+        )
 
 
 def test_concurrent_requests(server: StatusServer) -> None:
