@@ -31,6 +31,7 @@ import html
 import json
 import logging
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -39,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import raftlet
@@ -50,6 +51,7 @@ from raftlet.metrics.registry import MetricRegistry
 
 __all__ = [
     "HttpError",
+    "PageGuard",
     "PageHandler",
     "PageRequest",
     "PageResponse",
@@ -76,6 +78,8 @@ class PageRequest:
     path: str  # without the query string
     query: Mapping[str, list[str]]  # parse_qs(keep_blank_values=True) of the query string
     headers: Mapping[str, str] = field(default_factory=dict)
+    # The URIs in the subjectAltName of the client's verified TLS certificate (HTTPS only).
+    peer_uris: Sequence[str] = ()
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """The last value of query parameter `name`, or `default`."""
@@ -115,6 +119,8 @@ class HttpError(Exception):
 
 
 PageHandler = Callable[[PageRequest], PageResponse]
+# Runs before every page; raises HttpError (401, 403) to refuse the request.
+PageGuard = Callable[[PageRequest], None]
 
 
 def format_stacks() -> str:
@@ -288,8 +294,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
             path=parts.path,
             query=parse_qs(parts.query, keep_blank_values=True),
             headers=dict(self.headers.items()),
+            peer_uris=_peer_uris(self.connection),
         )
         try:
+            guard = self.server.status_server.guard
+            if guard is not None:
+                guard(request)
             response = page(request)
         except HttpError as e:
             self.send_error(e.status, _one_line(e.message))
@@ -327,6 +337,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
         _log.debug("status server %s: " + format, self.address_string(), *args)
 
 
+def _peer_uris(connection: Any) -> tuple[str, ...]:
+    if not isinstance(connection, ssl.SSLSocket):
+        return ()
+    cert = connection.getpeercert()  # verified against the CA, or None if none was sent
+    if not cert:
+        return ()
+    sans = cast(tuple[tuple[str, str], ...], cert.get("subjectAltName", ()))
+    return tuple(value for kind, value in sans if kind == "URI")
+
+
 def _one_line(message: str) -> str:
     # send_error puts the message in the status line: no CR/LF, and keep it short.
     return " ".join(message.split())[:200]
@@ -352,8 +372,12 @@ class StatusServer:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         server_name: str = "",
+        ssl_context: ssl.SSLContext | None = None,
+        guard: PageGuard | None = None,
     ) -> None:
         self.registry = registry
+        self.ssl_context = ssl_context
+        self.guard = guard
         self.server_name = server_name
         self._started_wall = time.time()
         self._started_mono = time.monotonic()
@@ -389,6 +413,14 @@ class StatusServer:
             server = _Server(
                 (self.host, self._requested_port), handler, self, self._max_connections
             )
+            if self.ssl_context is not None:
+                # The one place TLS enters: accepted sockets are TLS sockets. The handshake
+                # runs on the connection's thread at its first read (not in the accept
+                # loop, where one slow client would hold up every other), under the
+                # request timeout.
+                server.socket = self.ssl_context.wrap_socket(
+                    server.socket, server_side=True, do_handshake_on_connect=False
+                )
             thread = threading.Thread(
                 target=server.serve_forever,
                 kwargs={"poll_interval": 0.1},  # how long shutdown() may wait for the loop
@@ -397,7 +429,7 @@ class StatusServer:
             )
             thread.start()
             self._server, self._thread = server, thread
-            _log.info("status server listening on http://%s:%d/", self.host, self.port)
+            _log.info("status server listening on %s", self.url())
 
     def stop(self) -> None:
         """Stop accepting, join the serving thread and close the listening socket.
@@ -435,7 +467,8 @@ class StatusServer:
 
     def url(self, path: str = "/") -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{path}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{host}:{self.port}{path}"
 
     # --- pages -------------------------------------------------------------------------
 
@@ -460,8 +493,7 @@ class StatusServer:
         who = f"{self.server_name} · " if self.server_name else ""
         up = human_duration(time.monotonic() - self._started_mono)
         return (
-            f"{who}raftlet {raftlet.__version__} · up {up} "
-            f"(since {utc_time(self._started_wall)})"
+            f"{who}raftlet {raftlet.__version__} · up {up} (since {utc_time(self._started_wall)})"
         )
 
     def html_page(self, title: str, body: str) -> PageResponse:
