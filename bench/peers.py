@@ -18,6 +18,9 @@ kernel and data in one temporary directory:
   ``appendEntriesUseBatch=False``, its fastest setting here (the default, batching, sends new
   entries only on the next 100 ms tick: ~10 writes/s at 1 in flight; ``--systems
   pysyncobj-batch`` adds that column).
+- raftlet with TLS (``--systems raftlet-1-tls,raftlet-4-tls``): the same clusters made by
+  ``cluster up --tls``: mutual TLS between servers and with the client, every call's role
+  checked; compare with the plaintext columns for what transport security costs.
 
 A system that cannot be set up is skipped with the reason printed.  Then, for each repetition,
 each system in turn (round-robin, the starting system rotating) and each in-flight level:
@@ -543,12 +546,13 @@ class GrpcAioRaftletDriver:
     leader from ListTablets, a request id per write (client id per slot, rising seq_no),
     retried on NOT_LEADER (hint or refresh) and on busy/not-ready answers."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], credentials: Any = None) -> None:
         import grpc
 
         from raftlet.proto import tablet_pb2_grpc
 
         self._grpc = grpc
+        self._credentials = credentials  # grpc.ChannelCredentials of a TLS cluster, or None
         self._seed = list(addresses)
         self._channels: dict[str, Any] = {}
         self._stubs: dict[str, Any] = {}
@@ -565,7 +569,10 @@ class GrpcAioRaftletDriver:
 
     def _stub(self, address: str) -> Any:
         if address not in self._stubs:
-            ch = self._grpc.aio.insecure_channel(address)
+            if self._credentials is not None:
+                ch = self._grpc.aio.secure_channel(address, self._credentials)
+            else:
+                ch = self._grpc.aio.insecure_channel(address)
             self._channels[address] = ch
             self._stubs[address] = self._stub_class(ch)
         return self._stubs[address]
@@ -678,10 +685,13 @@ class AioClientRaftletDriver:
 RAFTLET_CLIENTS = ("auto", "aio", "grpc")
 
 
-async def open_raftlet_driver(addresses: Sequence[str], which: str) -> tuple[RaftletDriver, str]:
+async def open_raftlet_driver(
+    addresses: Sequence[str], which: str, tls: Any = None
+) -> tuple[RaftletDriver, str]:
     """The raftlet client path of the bench, and its name for the printout.  ``which``:
     ``aio`` the asyncio client ``raftlet.client.aio`` (an error if it is missing), ``grpc``
     grpc.aio straight on the Write RPC, ``auto`` the first when it imports, else the second.
+    ``tls``: the ``TlsOptions`` of a TLS cluster (its admin certificate), or None.
     """
     if which in ("auto", "aio"):
         try:
@@ -691,9 +701,9 @@ async def open_raftlet_driver(addresses: Sequence[str], which: str) -> tuple[Raf
                 raise
             say(f"raftlet.client.aio unavailable ({e}); grpc.aio on the Write RPC instead")
         else:
-            client = await AsyncClient.connect(list(addresses))
+            client = await AsyncClient.connect(list(addresses), tls=tls)
             return AioClientRaftletDriver(client), "raftlet.client.aio AsyncClient.insert"
-    driver = GrpcAioRaftletDriver(addresses)
+    driver = GrpcAioRaftletDriver(addresses, tls.credentials() if tls is not None else None)
     await driver.open()
     return driver, "grpc.aio on the Write RPC (bench's own routing)"
 
@@ -701,11 +711,15 @@ async def open_raftlet_driver(addresses: Sequence[str], which: str) -> tuple[Raf
 class Raftlet:
     durability = "fsync (WAL group commit) on each replica"
 
-    def __init__(self, tablets: int, root: Path, value_bytes: int, client: str = "auto") -> None:
+    def __init__(
+        self, tablets: int, root: Path, value_bytes: int, client: str = "auto", tls: bool = False
+    ) -> None:
         self.tablets = tablets
         self.client = client
+        self.tls = tls
         self.name = f"raftlet {tablets} tablet" + ("s" if tablets != 1 else "")
-        self.dir = root / f"raftlet-{tablets}"
+        self.name += " TLS" if tls else ""
+        self.dir = root / (f"raftlet-{tablets}" + ("-tls" if tls else ""))
         self.value = "v" * value_bytes
         self.cluster: Any = None
         self.driver: RaftletDriver | None = None
@@ -714,8 +728,9 @@ class Raftlet:
     def start(self) -> None:
         from raftlet.deploy.local import LocalCluster
 
+        # tls: mutual TLS between servers and with the client, roles checked on every call.
         self.cluster = LocalCluster.create(
-            self.dir, servers=3, tablets=self.tablets, leader_timeout_s=180
+            self.dir, servers=3, tablets=self.tablets, leader_timeout_s=180, tls=self.tls
         )
 
     def pids(self) -> list[int]:
@@ -726,7 +741,17 @@ class Raftlet:
 
     async def run_cell(self, inflight: int, seconds: float) -> Cell:
         if self.driver is None:
-            self.driver, self.client_path = await open_raftlet_driver(self.addresses(), self.client)
+            tls = None
+            if self.tls:
+                from raftlet.client.tls import TlsOptions
+                from raftlet.deploy.local import local_tls_files
+
+                files = local_tls_files(self.cluster.data_dir)
+                assert files is not None
+                tls = TlsOptions(*files)
+            self.driver, self.client_path = await open_raftlet_driver(
+                self.addresses(), self.client, tls
+            )
         driver = self.driver
 
         async def write(slot: int, key: int) -> None:
@@ -1027,7 +1052,15 @@ class PySyncObj:
         stop_processes(self.procs)
 
 
-SYSTEM_NAMES = ("raftlet-1", "raftlet-4", "etcd", "pysyncobj", "pysyncobj-batch")
+SYSTEM_NAMES = (
+    "raftlet-1",
+    "raftlet-4",
+    "raftlet-1-tls",
+    "raftlet-4-tls",
+    "etcd",
+    "pysyncobj",
+    "pysyncobj-batch",
+)
 
 
 def make_system(name: str, root: Path, args: argparse.Namespace) -> System:
@@ -1035,6 +1068,8 @@ def make_system(name: str, root: Path, args: argparse.Namespace) -> System:
         return Raftlet(1, root, args.value_bytes, args.raftlet_client)
     if name == "raftlet-4":
         return Raftlet(4, root, args.value_bytes, args.raftlet_client)
+    if name in ("raftlet-1-tls", "raftlet-4-tls"):
+        return Raftlet(int(name[8]), root, args.value_bytes, args.raftlet_client, tls=True)
     if name == "etcd":
         return Etcd(root, args.value_bytes, not args.no_install)
     return PySyncObj(

@@ -51,11 +51,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--no-wait", action="store_true", help="return once the leader has been asked")
 
 
-def _leader(config: Any, tablet_id: str, timeout_s: float) -> tuple[str, int] | None:
+def _leader(
+    config: Any, tablet_id: str, timeout_s: float, credentials: Any = None
+) -> tuple[str, int] | None:
     """(leader id, term) of ``tablet_id`` as the servers report it, or None."""
     from raftlet.client.health import ProbeOptions, check_cluster
 
-    health = check_cluster(config, ProbeOptions(timeout_s=timeout_s))
+    health = check_cluster(config, ProbeOptions(timeout_s=timeout_s, credentials=credentials))
     for t in health.tablets:
         if t.tablet_id == tablet_id and t.leader is not None:
             return t.leader, t.term
@@ -77,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             f"--to {args.to}: not a replica of {args.tablet} "
             f"(replicas: {', '.join(placement.replicas)})"
         )
-    before = _leader(config, args.tablet, 3.0)
+    credentials = target.creds.channel_credentials()
+    before = _leader(config, args.tablet, 3.0, credentials)
     if before is None:
         raise CliError(f"{args.tablet} has no ready leader to step down")
     old, old_term = before
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        now = _leader(config, args.tablet, 2.0)
+        now = _leader(config, args.tablet, 2.0, credentials)
         # A new term with a ready leader: the step-down happened. Without --to the old
         # leader may win the election that follows; that is a valid outcome, said as such.
         if now is not None and now[1] > old_term:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,13 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         type=_non_negative_float,
         metavar="MS",
         help="sleep this long after every WAL fsync, to mimic a slow disk (default 0)",
+    )
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS and roles: make a CA, server certificates and an admin client "
+        "certificate in DATA_DIR/tls/ and start the servers with them (kept on restart); "
+        "client commands given --data-dir use them by themselves",
     )
     up.add_argument(
         "--base-port",
@@ -221,6 +229,7 @@ def _up(args: argparse.Namespace) -> int:
             log_inject_latency_ms=args.log_inject_latency_ms,
             extra_flags=args.tserver_flag,
             base_port=args.base_port,
+            tls=args.tls,
             ready_timeout_s=args.timeout,
             leader_timeout_s=args.timeout,
             on_progress=lambda msg: out.print(f"  {msg}"),
@@ -266,7 +275,11 @@ def _status(args: argparse.Namespace) -> int:
     from raftlet.deploy.local import LauncherError, LocalCluster, NoClusterError
 
     target = resolve_target(args, timeout_s=args.timeout)
-    options = ProbeOptions(timeout_s=args.timeout, max_lag=args.max_lag)
+    options = ProbeOptions(
+        timeout_s=args.timeout,
+        max_lag=args.max_lag,
+        credentials=target.creds.channel_credentials(),
+    )
     pids: dict[str, int] = {}
     processes: dict[str, bool] | None = None
     if target.data_dir is not None and (target.data_dir / "cluster.json").exists():
@@ -286,11 +299,14 @@ def _status(args: argparse.Namespace) -> int:
             s["pid"] = pids.get(s["id"])
         print(json.dumps(doc, indent=2))
         return 0 if health.ok else 1
-    _print_status(health, pids, str(target.config_path or ", ".join(target.seeds)))
+    where = str(target.config_path or ", ".join(target.seeds))
+    _print_status(health, pids, where, target.creds.status_url)
     return 0 if health.ok else 1
 
 
-def _print_status(health: Any, pids: dict[str, int], where: str) -> None:
+def _print_status(
+    health: Any, pids: dict[str, int], where: str, status_url: Callable[[str, str], str]
+) -> None:
     from rich.table import Table
 
     out = console()
@@ -315,7 +331,7 @@ def _print_status(health: Any, pids: dict[str, int], where: str) -> None:
             mark(s.state),
             str(pids.get(s.id, "-")),
             s.rpc_addr,
-            f"http://{s.http_addr}/",
+            status_url(s.http_addr, "/"),
             str(s.tablets) if s.state == "UP" else "-",
             note,
         )

@@ -5,6 +5,12 @@ Finding the cluster: exactly one of ``--data-dir DIR`` (a local cluster's direct
 host:port,…`` (seed RPC addresses; the config is fetched from the first that answers
 ``GetClusterConfig``). ``resolve_target`` turns them into a ``Target``.
 
+Credentials, for a TLS cluster: ``--tls-ca``, ``--tls-cert``, ``--tls-key`` and ``--token``
+(or ``$RAFTLET_TLS_CA``, ``$RAFTLET_TLS_CERT``, ``$RAFTLET_TLS_KEY``, ``$RAFTLET_TOKEN``); with
+``--data-dir`` of a cluster started by ``raftlet cluster up --tls`` and none of those, the
+directory's own CA and admin certificate (``<data dir>/tls/``, ``deploy.local``).
+``Credentials`` carries them to the client, the cluster check and the status-page fetches.
+
 Errors: a command raises ``CliError`` (exit 1: the operation failed) or ``UsageError``
 (exit 2: the arguments are wrong, even if that is only known after asking the cluster, such
 as an unknown column in ``--where``). ``cli.main`` prints either as one line,
@@ -15,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
+import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from raftlet.client import Client
+    from raftlet.client.tls import TlsOptions
 
 __all__ = [
     "CliError",
@@ -70,6 +79,81 @@ class UsageError(CliError):
 # endpoints from the environment): a config file, or seed addresses.
 ENV_CLUSTER = "RAFTLET_CLUSTER"
 ENV_SERVERS = "RAFTLET_SERVERS"
+ENV_TLS_CA = "RAFTLET_TLS_CA"
+ENV_TLS_CERT = "RAFTLET_TLS_CERT"
+ENV_TLS_KEY = "RAFTLET_TLS_KEY"
+ENV_TOKEN = "RAFTLET_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """How a command proves itself to the cluster; all None: plaintext, no token."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    token: str | None = None
+
+    @property
+    def tls(self) -> TlsOptions | None:
+        from raftlet.client.tls import TlsOptions
+
+        return TlsOptions(self.ca, self.cert, self.key) if self.ca else None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """``tls=`` and ``token=`` for ``Client`` / ``AsyncClient``."""
+        return {"tls": self.tls, "token": self.token}
+
+    def channel_credentials(self) -> Any:
+        from raftlet.client.tls import channel_credentials
+
+        return channel_credentials(self.tls, self.token)
+
+    def status_url(self, http_addr: str, path: str) -> str:
+        return f"{'https' if self.ca else 'http'}://{http_addr}{path}"
+
+    def http_opener(self) -> urllib.request.OpenerDirector:
+        """An opener for the status pages: no proxy (the status servers are on this
+        machine or the cluster's network, and an http_proxy in the environment would send
+        these requests somewhere else); with TLS, the CA, the client certificate and the
+        token."""
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if self.ca:
+            context = ssl.create_default_context(cafile=self.ca)
+            if self.cert and self.key:
+                context.load_cert_chain(self.cert, self.key)
+            handlers.append(urllib.request.HTTPSHandler(context=context))
+        opener = urllib.request.build_opener(*handlers)
+        if self.token:
+            opener.addheaders = [("Authorization", f"Bearer {self.token}")]
+        return opener
+
+
+def credentials_from_args(args: argparse.Namespace, data_dir: Path | None) -> Credentials:
+    """Flags, else the environment, else a ``cluster up --tls`` directory's own files."""
+
+    def pick(flag: str, env: str) -> str | None:
+        value = getattr(args, flag, None) or os.environ.get(env) or None
+        return str(Path(value).expanduser()) if value and flag != "token" else value
+
+    creds = Credentials(
+        pick("tls_ca", ENV_TLS_CA),
+        pick("tls_cert", ENV_TLS_CERT),
+        pick("tls_key", ENV_TLS_KEY),
+        pick("token", ENV_TOKEN),
+    )
+    if (creds.cert is None) != (creds.key is None):
+        raise UsageError("give --tls-cert and --tls-key together")
+    if (creds.cert or creds.token) and not creds.ca:
+        raise UsageError("--tls-cert and --token need --tls-ca (the cluster's CA)")
+    if creds.ca is None and data_dir is not None:
+        from raftlet.deploy.local import local_tls_files
+
+        files = local_tls_files(data_dir)
+        if files is not None:
+            ca, cert, key = files
+            return Credentials(str(ca), str(cert), str(key), creds.token)
+    return creds
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -95,6 +179,19 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
         type=_seed_list,
         help="RPC addresses of one or more servers; the config is fetched from them",
     )
+    tls = parser.add_argument_group(
+        "credentials (a TLS cluster)",
+        "A TLS cluster needs the CA and a client certificate (raftlet certs create "
+        "--client NAME:ROLE); a bearer token, if given, names you instead. Defaults: "
+        f"${ENV_TLS_CA}, ${ENV_TLS_CERT}, ${ENV_TLS_KEY}, ${ENV_TOKEN}; with --data-dir of "
+        "a cluster made by `cluster up --tls`, its own CA and admin certificate.",
+    )
+    tls.add_argument("--tls-ca", metavar="FILE", help="the cluster's CA certificate (PEM)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="your client certificate (PEM)")
+    tls.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert (PEM)")
+    tls.add_argument(
+        "--token", metavar="TOKEN", help=f"a bearer token (prefer ${ENV_TOKEN}: argv is public)"
+    )
 
 
 def _seed_list(text: str) -> list[str]:
@@ -116,6 +213,7 @@ class Target:
     config: ClusterConfig
     config_path: Path | None  # None when fetched from --servers
     seeds: tuple[str, ...]  # --servers as given, else ()
+    creds: Credentials = field(default_factory=Credentials)
 
     @property
     def data_dir(self) -> Path | None:
@@ -135,6 +233,7 @@ class Target:
         """A client of this cluster (``kwargs`` go to ``Client``)."""
         from raftlet.client import Client, RaftletError
 
+        kwargs = {**self.creds.client_kwargs(), **kwargs}
         try:
             if self.config_path is not None:
                 return Client.from_config(str(self.config_path), timeout_s=timeout_s, **kwargs)
@@ -159,6 +258,7 @@ def config_file_of(args: argparse.Namespace) -> Path | None:
 def resolve_target(args: argparse.Namespace, timeout_s: float = 5.0) -> Target:
     """Read or fetch the config of the cluster the arguments name (``CliError`` if none)."""
     path = config_file_of(args)
+    creds = credentials_from_args(args, path.parent if path is not None else None)
     if path is not None:
         if not path.exists():
             where = (
@@ -169,7 +269,7 @@ def resolve_target(args: argparse.Namespace, timeout_s: float = 5.0) -> Target:
             )
             raise CliError(where)
         try:
-            return Target(load_cluster_config(path), path, ())
+            return Target(load_cluster_config(path), path, (), creds)
         except ClusterConfigError as e:
             raise CliError(str(e)) from None
     seeds = getattr(args, "servers", None)
@@ -183,17 +283,19 @@ def resolve_target(args: argparse.Namespace, timeout_s: float = 5.0) -> Target:
             "name the cluster with --data-dir DIR, --cluster FILE or --servers "
             f"(or set ${ENV_CLUSTER} or ${ENV_SERVERS})"
         )
-    return Target(fetch_config(seeds, timeout_s), None, tuple(seeds))
+    return Target(fetch_config(seeds, timeout_s, creds), None, tuple(seeds), creds)
 
 
-def fetch_config(seeds: Sequence[str], timeout_s: float = 5.0) -> ClusterConfig:
+def fetch_config(
+    seeds: Sequence[str], timeout_s: float = 5.0, creds: Credentials | None = None
+) -> ClusterConfig:
     """The cluster config from the first seed that answers ``GetClusterConfig``."""
     import grpc
 
     from raftlet.client.channels import ChannelPool
 
     failures = []
-    channels = ChannelPool()
+    channels = ChannelPool(credentials=(creds or Credentials()).channel_credentials())
     try:
         for addr in seeds:
             try:

@@ -8,6 +8,7 @@ Commands:
 - ``write``: a load generator (``cli.write_cmd``); ``scan``: read rows (``cli.scan_cmd``);
 - ``metrics``: key server metrics in human units (``cli.metrics_cmd``);
 - ``leader-step-down``: move a tablet's leadership (``cli.admin_cmd``);
+- ``certs create``: a CA and TLS certificates for servers and clients (``cli.certs_cmd``);
 - ``chaos``: faults against a throw-away cluster under load, checked for linearizability
   (``cli.chaos_cmd``, ``chaos``);
 - ``completion bash|zsh``: a shell completion script (``cli.completion_cmd``).
@@ -61,6 +62,7 @@ Run `raftlet COMMAND --help` for a command's options and examples.
 def build_parser() -> argparse.ArgumentParser:
     from raftlet.cli import (
         admin_cmd,
+        certs_cmd,
         chaos_cmd,
         cluster_cmd,
         completion_cmd,
@@ -92,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan_cmd.add_parser(commands, _Formatter)
     metrics_cmd.add_parser(commands, _Formatter)
     admin_cmd.add_parser(commands, _Formatter)
+    certs_cmd.add_parser(commands, _Formatter)
     chaos_cmd.add_parser(commands, _Formatter)
     completion_cmd.add_parser(commands, _Formatter)
     return parser
@@ -116,7 +119,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from raftlet.cli import admin_cmd, chaos_cmd, cluster_cmd, metrics_cmd, scan_cmd, write_cmd
+    from raftlet.cli import (
+        admin_cmd,
+        certs_cmd,
+        chaos_cmd,
+        cluster_cmd,
+        metrics_cmd,
+        scan_cmd,
+        write_cmd,
+    )
     from raftlet.cli.common import CliError
 
     runners = {
@@ -126,8 +137,13 @@ def _run_command(args: argparse.Namespace) -> int:
         "scan": scan_cmd.run,
         "metrics": metrics_cmd.run,
         "leader-step-down": admin_cmd.run,
+        "certs": certs_cmd.run,
     }
-    name = args.command if args.command != "cluster" else f"cluster {args.cluster_command}"
+    name = args.command
+    if args.command == "cluster":
+        name = f"cluster {args.cluster_command}"
+    elif args.command == "certs":
+        name = f"certs {args.certs_command}"
     try:
         return runners[args.command](args)
     except CliError as e:

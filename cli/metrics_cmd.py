@@ -28,6 +28,7 @@ from typing import Any
 
 from raftlet.cli.common import (
     CliError,
+    Credentials,
     UsageError,
     add_target_arguments,
     console,
@@ -311,11 +312,9 @@ def key_metrics(doc: list[Entity]) -> dict[str, float | None]:
     return {k.key: k.get(doc) for k in KEY_METRICS}
 
 
-def _fetch(server: ServerConfig, timeout: float) -> list[Entity]:
-    # No proxy: the status servers are on this machine or the cluster's network, and an
-    # http_proxy in the environment would send these requests somewhere else.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(f"http://{server.http_addr}/metrics.json", timeout=timeout) as r:
+def _fetch(server: ServerConfig, timeout: float, creds: Credentials) -> list[Entity]:
+    opener = creds.http_opener()  # no proxy; TLS and token for a TLS cluster
+    with opener.open(creds.status_url(server.http_addr, "/metrics.json"), timeout=timeout) as r:
         doc = json.loads(r.read())
     if not isinstance(doc, list):
         raise ValueError("not a list of entities")
@@ -351,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--filter {args.filter!r} matches no metric")
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
-        futures = {s.id: pool.submit(_fetch, s, args.timeout) for s in servers}
+        futures = {s.id: pool.submit(_fetch, s, args.timeout, target.creds) for s in servers}
     values: dict[str, dict[str, float | None]] = {}
     failed: dict[str, str] = {}
     for sid, fut in futures.items():

@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from raftlet.cli.common import Credentials
 from raftlet.cluster import ServerConfig
 
 __all__ = ["CPU_SAMPLE", "ServerCpu", "parse_cpu_seconds", "read_cpu_seconds"]
@@ -41,24 +42,23 @@ def parse_cpu_seconds(text: str) -> float | None:
     return None
 
 
-def _fetch(server: ServerConfig, timeout: float) -> float | None:
-    # No proxy: see cli.metrics_cmd._fetch.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def _fetch(server: ServerConfig, timeout: float, creds: Credentials) -> float | None:
+    opener = creds.http_opener()  # no proxy; TLS and token for a TLS cluster
     try:
-        with opener.open(f"http://{server.http_addr}/metrics", timeout=timeout) as r:
+        with opener.open(creds.status_url(server.http_addr, "/metrics"), timeout=timeout) as r:
             return parse_cpu_seconds(r.read().decode("utf-8", "replace"))
     except (OSError, ValueError, urllib.error.URLError):
         return None
 
 
 def read_cpu_seconds(
-    servers: Sequence[ServerConfig], timeout_s: float = 5.0
+    servers: Sequence[ServerConfig], timeout_s: float = 5.0, creds: Credentials | None = None
 ) -> dict[str, float | None]:
     """Each server's CPU seconds so far (None if it did not tell), read in parallel."""
     if not servers:
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
-        futures = {s.id: pool.submit(_fetch, s, timeout_s) for s in servers}
+        futures = {s.id: pool.submit(_fetch, s, timeout_s, creds or Credentials()) for s in servers}
     return {sid: f.result() for sid, f in futures.items()}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from raftlet.cli.argparser import OneLineArgumentParser
 from raftlet.cluster import ClusterConfigError, load_cluster_config
-from raftlet.tserver.flag_spec import FlagError, FlagSpec
+from raftlet.tserver.flag_spec import FlagError, FlagSpec, is_bool
 from raftlet.tserver.settings import FLAGS, GROUP_HELP, ServerSettings
 
 __all__ = [
@@ -56,6 +56,8 @@ def add_tserver_arguments(parser: argparse.ArgumentParser) -> None:
     for spec in FLAGS:
         if spec.group not in groups:
             groups[spec.group] = parser.add_argument_group(spec.group, GROUP_HELP[spec.group])
+        # A boolean flag given alone means true (--insecure), as well as --insecure=false.
+        boolean = spec.check is is_bool
         groups[spec.group].add_argument(
             *spec.option_strings,
             dest=spec.name,
@@ -64,6 +66,8 @@ def add_tserver_arguments(parser: argparse.ArgumentParser) -> None:
             required=spec.required,
             default=None,
             help=spec.help,
+            nargs="?" if boolean else None,
+            const=True if boolean else None,
         )
 
 

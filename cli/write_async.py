@@ -65,9 +65,10 @@ async def _connect(target: Target, timeout_s: float) -> AsyncClient:
     from raftlet.client.aio import AsyncClient
 
     try:
+        kwargs = target.creds.client_kwargs()
         if target.config_path is not None:
-            return await AsyncClient.from_config(target.config_path, timeout_s=timeout_s)
-        return await AsyncClient.connect(list(target.seeds), timeout_s=timeout_s)
+            return await AsyncClient.from_config(target.config_path, timeout_s=timeout_s, **kwargs)
+        return await AsyncClient.connect(list(target.seeds), timeout_s=timeout_s, **kwargs)
     except RaftletError as e:
         raise CliError(f"cannot connect to the cluster: {e}") from None
 

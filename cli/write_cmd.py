@@ -266,12 +266,13 @@ def run(args: argparse.Namespace) -> int:
         # SIGTERM (a CI runner's timeout) gets the same orderly stop as Ctrl-C.
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            cpu_before = read_cpu_seconds(target.config.servers)
+            cpu_before = read_cpu_seconds(target.config.servers, creds=target.creds)
             if fancy:
                 summary = with_progress_bar(load, table.name, args, out)
             else:
                 summary = with_plain_progress(load, table.name, args)
-            cpu = ServerCpu.between(cpu_before, read_cpu_seconds(target.config.servers))
+            cpu_after = read_cpu_seconds(target.config.servers, creds=target.creds)
+            cpu = ServerCpu.between(cpu_before, cpu_after)
             summary = dataclasses.replace(summary, server_cpu=cpu)
         finally:
             signal.signal(signal.SIGTERM, previous)

@@ -22,7 +22,8 @@ batches in flight per tablet, in key order), ``scanner``, ``meta_cache``
 ``retry`` (error classification and backoff policies), ``request_tracker`` (exactly-once
 request ids), ``channels`` (one gRPC channel per server; also the tablet server's and the
 CLI's), ``stats``, ``errors``, ``write_batch`` (a Write RPC's pure parts), ``health`` (the
-ksck-style cluster check behind ``raftlet cluster status``).
+ksck-style cluster check behind ``raftlet cluster status``), ``tls`` (``TlsOptions`` and
+tokens for a TLS cluster).
 
 The asyncio client is ``raftlet.client.aio.AsyncClient`` (``aio``, ``aio_channels``,
 ``aio_meta``, ``aio_rpc``, ``aio_write_stream``; what both clients share without I/O is
@@ -50,6 +51,7 @@ from raftlet.client.retry import DEFAULT_POLICIES, Cause
 from raftlet.client.scanner import ReadMode, Row, RowFormat, Scanner
 from raftlet.client.session import FlushMode, Operation, Session
 from raftlet.client.stats import ClientStats
+from raftlet.client.tls import TlsOptions
 from raftlet.client.write_batch import WriteResult
 from raftlet.schema.predicates import Predicate
 from raftlet.schema.rows import OpType
@@ -78,6 +80,7 @@ __all__ = [
     "Session",
     "TabletNotFound",
     "Timeout",
+    "TlsOptions",
     "WriteResult",
 ]
 

@@ -70,6 +70,7 @@ from raftlet.client.meta_cache import ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.stats import StatsRecorder
+from raftlet.client.tls import TlsOptions, channel_credentials
 from raftlet.client.write_batch import (
     Operation,
     WriteResult,
@@ -124,12 +125,15 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         retry_policies: Mapping[Cause, wait_base] | None = None,
         channel_options: Sequence[tuple[str, int]] | None = None,
         stubs: AsyncStubProvider | None = None,
+        tls: TlsOptions | None = None,
+        token: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """Not connected yet: use ``AsyncClient.connect(...)`` (or ``await load()``).
         ``timeout_s`` is the default deadline of every operation, retries included, and of
-        the config fetch; ``rpc_timeout_s`` caps one attempt. ``stubs``, ``clock`` and
+        the config fetch; ``rpc_timeout_s`` caps one attempt. ``tls`` and ``token``: as
+        for ``Client`` (``client.tls``). ``stubs``, ``clock`` and
         ``sleep`` are for tests (fake servers, a fake clock)."""
         if timeout_s <= 0 or rpc_timeout_s <= 0:
             raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
@@ -144,6 +148,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
             self._pool = AsyncChannelPool(
                 options=list(channel_options) if channel_options is not None else CHANNEL_OPTIONS,
                 on_created=lambda _addr: self._stats.channel_created(),
+                credentials=channel_credentials(tls, token),
             )
             stubs = self._pool
         self._meta = AsyncMetaCache(

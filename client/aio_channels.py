@@ -112,8 +112,10 @@ class AsyncChannelPool:
         *,
         on_created: Callable[[str], None] | None = None,
         write_stream: bool = True,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._options = list(options)
+        self._credentials = credentials  # None: plaintext (client.tls)
         self._write_stream = write_stream
         self._channels: ChannelsByAddress[grpc.aio.Channel] = ChannelsByAddress(
             self._open, on_created
@@ -121,6 +123,8 @@ class AsyncChannelPool:
         self._stubs: dict[str, GrpcAsyncServerStub] = {}
 
     def _open(self, address: str) -> grpc.aio.Channel:
+        if self._credentials is not None:
+            return grpc.aio.secure_channel(address, self._credentials, options=self._options)
         return grpc.aio.insecure_channel(address, options=self._options)
 
     def channel(self, address: str) -> grpc.aio.Channel:

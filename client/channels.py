@@ -15,7 +15,8 @@ reconnects by itself when the server returns; the reconnect backoff is capped lo
 tablet server restart. Calls never wait for a connection (no ``wait_for_ready``): a dead
 server answers UNAVAILABLE at once, and the retry policy moves on to another replica. A
 tablet server passes its own message cap and asks for keepalive pings on its peer channels;
-``server_options`` is the matching server side.
+``server_options`` is the matching server side. A pool given ``credentials``
+(``tls.channel_credentials``) opens TLS channels, else plaintext ones.
 
 ``ServerStub`` / ``StubProvider`` are the seam the rest of the client uses, so unit tests can
 plug in fakes without a server.
@@ -233,13 +234,18 @@ class ChannelPool:
         options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS,
         *,
         on_created: Callable[[str], None] | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._options = list(options)
+        # None: plaintext; else TLS (and a token) for every channel (client.tls).
+        self._credentials = credentials
         self._lock = threading.Lock()
         self._channels: ChannelsByAddress[grpc.Channel] = ChannelsByAddress(self._open, on_created)
         self._stubs: dict[str, GrpcServerStub] = {}
 
     def _open(self, address: str) -> grpc.Channel:
+        if self._credentials is not None:
+            return grpc.secure_channel(address, self._credentials, options=self._options)
         return grpc.insecure_channel(address, options=self._options)
 
     @property

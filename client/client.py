@@ -43,6 +43,7 @@ from raftlet.client.session import (
     Session,
 )
 from raftlet.client.stats import StatsRecorder
+from raftlet.client.tls import TlsOptions, channel_credentials
 from raftlet.cluster import ClusterConfigError, load_cluster_config
 from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.schema.partition import partitions_for_predicates
@@ -84,12 +85,16 @@ class Client(ClientBase[MetaCache]):
         flush_threads: int = 4,
         retry_policies: Mapping[Cause, wait_base] | None = None,
         channel_options: Sequence[tuple[str, int]] | None = None,
+        tls: TlsOptions | None = None,
+        token: str | None = None,
     ) -> None:
         """Connect to a cluster through ``seeds`` ("host:port" strings, or one string of
         them comma-separated) and fetch its config, retrying for up to ``timeout_s``
         (``Timeout`` if no seed answers). ``timeout_s`` is also the default deadline of
         every operation; ``rpc_timeout_s`` caps one attempt, so a hung server is left for
-        another replica in time."""
+        another replica in time. ``tls`` (the CA, and this client's certificate and key)
+        and ``token`` (a bearer token) for a TLS cluster (``client.tls``); without them
+        the channels are plaintext."""
         if timeout_s <= 0 or rpc_timeout_s <= 0:
             raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
         if flush_threads < 1:
@@ -100,6 +105,7 @@ class Client(ClientBase[MetaCache]):
         self._channels = ChannelPool(
             options=list(channel_options) if channel_options is not None else CHANNEL_OPTIONS,
             on_created=lambda _addr: self._stats.channel_created(),
+            credentials=channel_credentials(tls, token),
         )
         self._meta = MetaCache(
             self._seeds, self._channels, self._stats, rpc_timeout_s=rpc_timeout_s

@@ -98,6 +98,8 @@ class Severity(enum.IntEnum):
 @dataclass(frozen=True, slots=True)
 class ProbeOptions:
     timeout_s: float = 3.0
+    # grpc.ChannelCredentials for a TLS cluster (``tls.channel_credentials``); None: plaintext.
+    credentials: Any = None
     # Entries a replica's applied index may trail the leader's commit index before it is
     # reported as lagging (see the module docstring).
     max_lag: int = 100
@@ -232,12 +234,12 @@ def _outcome(call: ResultFuture) -> _Probe:
 
 
 def probe_servers(
-    config: ClusterLayout, timeout_s: float = 3.0
+    config: ClusterLayout, timeout_s: float = 3.0, credentials: Any = None
 ) -> dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]]:
     """Server id -> (ListTablets answer or None, state, error), asked of all in parallel."""
     # Channels for this one round only, on a short reconnect backoff: a check must see each
     # server as it is now, not through a connection or backoff left from an earlier round.
-    channels = ChannelPool(_CHECK_CHANNEL_OPTIONS)
+    channels = ChannelPool(_CHECK_CHANNEL_OPTIONS, credentials=credentials)
     try:
         calls = {
             s.id: channels.stub(s.rpc_addr).list_tablets_future(timeout_s) for s in config.servers
@@ -262,7 +264,7 @@ def check_cluster(
     ``processes`` (server id -> process alive), from the local launcher, refines DOWN.
     """
     opts = options or ProbeOptions()
-    probes = probe_servers(config, opts.timeout_s)
+    probes = probe_servers(config, opts.timeout_s, opts.credentials)
     issues: list[str] = []
     servers: list[ServerHealth] = []
     statuses: dict[str, dict[str, tablet_pb2.TabletStatusPB]] = {}

@@ -7,6 +7,8 @@ A cluster lives in one data directory::
     <data_dir>/cluster.json     the launcher's state: each server's PID, addresses, argv
     <data_dir>/<id>.log         each server's stdout and stderr
     <data_dir>/<id>/            each server's replicas (WAL, metadata, SQLite store)
+    <data_dir>/tls/             with ``up --tls``: the CA, server-<id>.crt/.key and
+                                client-admin.crt/.key (``deploy.certs``)
 
 Rules this module keeps, and why:
 
@@ -25,6 +27,10 @@ Rules this module keeps, and why:
   wait, SIGKILL whatever is left, then check that every PID is really gone (a zombie counts
   as gone: it holds no ports or files) before removing the state file. If one survives
   even SIGKILL, the state file stays so a later ``down`` can try again.
+- **TLS is a property of the directory.** ``create(tls=True)`` makes ``tls/`` once; any
+  later start of a directory holding ``tls/ca.crt`` starts the servers with TLS again, and
+  client commands given ``--data-dir`` find the admin certificate there
+  (``local_tls_files``), so nobody has to remember which clusters are TLS.
 - **Ports come from the kernel.** With ``base_port=None`` each address is bound to port 0
   and released just before the server binds it (the integration tests do the same), so two
   clusters, or a cluster and a test run, never fight over fixed ports.
@@ -33,6 +39,7 @@ Rules this module keeps, and why:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -200,7 +207,8 @@ class ServerProcess:
 
     @property
     def status_url(self) -> str:
-        return f"http://{self.http_addr}/"
+        scheme = "https" if "--tls_cert" in self.argv else "http"
+        return f"{scheme}://{self.http_addr}/"
 
     def to_json(self, base: Path) -> dict[str, Any]:
         return {
@@ -290,6 +298,7 @@ class LocalCluster:
         log_inject_latency_ms: float | None = None,
         extra_flags: Sequence[str] = (),
         base_port: int | None = None,
+        tls: bool = False,
         raft: RaftTimings | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         leader_timeout_s: float = LEADER_TIMEOUT_S,
@@ -346,16 +355,20 @@ class LocalCluster:
             )
         cluster = cls(root, config)
         flags = list(extra_flags)
+        if tls and local_tls_files(root) is None:
+            say(f"making a CA and certificates in {root / TLS_DIR}")
+            _make_certs(root, config)
+        tls_flags = cluster.tls_flags
         if term_check_mode is not None:
             flags += ["--term_check_mode", term_check_mode]
         if log_inject_latency_ms is not None:
             flags += ["--log_inject_latency_ms", f"{log_inject_latency_ms:g}"]
         try:
             for s in config.servers:
-                cluster._spawn(s, flags)
+                cluster._spawn(s, [*flags, *tls_flags(s.id)])
             for s in config.servers:
                 cluster._wait_ready(s.id, ready_timeout_s)
-                say(f"{s.id} ready: rpc {s.rpc_addr}, status http://{s.http_addr}/")
+                say(f"{s.id} ready: rpc {s.rpc_addr}, status {cluster.servers[s.id].status_url}")
             cluster.wait_leaders(leader_timeout_s)
         except BaseException:
             # Includes KeyboardInterrupt: a Ctrl-C during `up` must not leave orphans.
@@ -363,6 +376,27 @@ class LocalCluster:
                 cluster.down(timeout=10.0)
             raise
         return cluster
+
+    def tls_flags(self, server_id: str) -> list[str]:
+        """The tserver flags of ``server_id``'s certificates; [] for a plaintext cluster."""
+        tls = self.data_dir / TLS_DIR
+        if local_tls_files(self.data_dir) is None:
+            return []
+        return [
+            "--tls_cert", str(tls / f"server-{server_id}.crt"),
+            "--tls_key", str(tls / f"server-{server_id}.key"),
+            "--tls_ca", str(tls / "ca.crt"),
+        ]  # fmt: skip
+
+    @property
+    def probe_credentials(self) -> Any:
+        """Channel credentials of the admin certificate (None: plaintext cluster)."""
+        files = local_tls_files(self.data_dir)
+        if files is None:
+            return None
+        from raftlet.client.tls import TlsOptions, channel_credentials
+
+        return channel_credentials(TlsOptions(*files))
 
     def _spawn(self, server: ServerConfig, flags: Sequence[str]) -> None:
         log_path = self.data_dir / f"{server.id}.log"
@@ -522,6 +556,9 @@ class LocalCluster:
 
     def health(self, options: ProbeOptions | None = None) -> ClusterHealth:
         """A ksck-style check of the cluster (see ``client.health``), with process state."""
+        options = options or ProbeOptions()
+        if options.credentials is None:
+            options = dataclasses.replace(options, credentials=self.probe_credentials)
         return check_cluster(self.config, options, processes=self.running())
 
     def status(self, options: ProbeOptions | None = None) -> ClusterHealth:
@@ -595,6 +632,35 @@ class LocalCluster:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+TLS_DIR = "tls"
+ADMIN_CLIENT = "admin"
+
+
+def local_tls_files(data_dir: Path) -> tuple[Path, Path, Path] | None:
+    """(CA, admin certificate, its key) of a cluster started with ``up --tls`` in
+    ``data_dir``; None if it has none (a plaintext cluster)."""
+    tls = Path(data_dir) / TLS_DIR
+    files = (tls / "ca.crt", tls / f"client-{ADMIN_CLIENT}.crt", tls / f"client-{ADMIN_CLIENT}.key")
+    return files if all(f.exists() for f in files) else None
+
+
+def _make_certs(root: Path, config: ClusterConfig) -> None:
+    from raftlet.cluster.identity import AccessRole
+    from raftlet.deploy.certs import CertError, ClientSpec, create_certs
+
+    hosts = sorted(
+        {"127.0.0.1", "localhost"} | {s.rpc_addr.rpartition(":")[0] for s in config.servers}
+    )
+    try:
+        create_certs(
+            root / TLS_DIR,
+            servers=[s.id for s in config.servers],
+            hosts=hosts,
+            clients=[ClientSpec(ADMIN_CLIENT, AccessRole.ADMIN)],
+        )
+    except CertError as e:
+        raise LauncherError(f"cannot make certificates: {e}") from None
 
 
 def new_config(

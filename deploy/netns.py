@@ -458,6 +458,8 @@ class NetnsCluster:
             self.python, "-c", _PDEATHSIG_SHIM, str(os.getpid()),
             self.python, "-m", "raftlet", "tserver",
             "--config", str(self.path), "--server_id", host.server_id, *self.flags,
+            # A private test network in namespaces of our own: plaintext is deliberate.
+            "--insecure",
         ]  # fmt: skip
 
     def _start_servers(self) -> None:

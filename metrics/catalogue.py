@@ -224,6 +224,16 @@ PROCESS_CPU_SECONDS = MetricPrototype(
     "CPU time (user + system, all threads) this server process has used since it started",
     entity_type="server",
 )
+RPC_AUTH_DENIALS = MetricPrototype(
+    "rpc_auth_denials",
+    COUNTER,
+    "requests",
+    "RPCs and status pages refused by authentication (UNAUTHENTICATED) or authorization "
+    "(PERMISSION_DENIED), by reason: no_credentials, invalid_token, no_identity, "
+    "role_too_low, sender_mismatch",
+    label_names=("reason",),
+    entity_type="server",
+)
 # Not in ALL_PROTOTYPES (what components instantiate): `metrics.process`
 # reads these from the OS whenever /metrics is scraped.
 PROCESS_PROTOTYPES: tuple[MetricPrototype, ...] = (PROCESS_CPU_SECONDS,)
@@ -249,6 +259,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     WRITE_OPS_TOTAL,
     ROWS_INSERTED_TOTAL,
     RESULT_TRACKER_REPLAYS_TOTAL,
+    RPC_AUTH_DENIALS,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

@@ -45,6 +45,7 @@ import json
 import logging
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -64,6 +65,7 @@ from raftlet.metrics.registry import MetricRegistry
 
 __all__ = [
     "HttpError",
+    "PageGuard",
     "PageHandler",
     "PageRequest",
     "PageResponse",
@@ -98,6 +100,8 @@ class PageRequest:
     path: str  # without the query string
     query: Mapping[str, list[str]]  # parse_qs(keep_blank_values=True) of the query string
     headers: Mapping[str, str] = field(default_factory=dict)
+    # The URIs in the subjectAltName of the client's verified TLS certificate (HTTPS only).
+    peer_uris: Sequence[str] = ()
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """The last value of query parameter `name`, or `default`."""
@@ -137,6 +141,8 @@ class HttpError(Exception):
 
 
 PageHandler = Callable[[PageRequest], PageResponse]
+# Runs before every page; raises HttpError (401, 403) to refuse the request.
+PageGuard = Callable[[PageRequest], None]
 
 
 def format_stacks() -> str:
@@ -297,7 +303,12 @@ class _Server:
     def _read(self, pending: _HeadInProgress) -> None:
         try:
             data = pending.sock.recv(_RECV_BYTES)
-        except (BlockingIOError, InterruptedError):
+            # TLS may hold decrypted bytes the selector cannot see: take them now.
+            while isinstance(pending.sock, ssl.SSLSocket) and pending.sock.pending():
+                data += pending.sock.recv(_RECV_BYTES)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            # Not a whole record yet, or (with TLS) the handshake, which recv drives on
+            # this non-blocking socket, needs more from the client.
             return
         except OSError:
             self._drop(pending)
@@ -527,8 +538,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
             path=parts.path,
             query=parse_qs(parts.query, keep_blank_values=True),
             headers=dict(self.headers.items()),
+            peer_uris=_peer_uris(self.connection),
         )
         try:
+            guard = self.server.status_server.guard
+            if guard is not None:
+                guard(request)
             response = page(request)
         except HttpError as e:
             self.send_error(e.status, _one_line(e.message))
@@ -566,6 +581,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
         _log.debug("status server %s: " + format, self.address_string(), *args)
 
 
+def _peer_uris(connection: Any) -> tuple[str, ...]:
+    if not isinstance(connection, ssl.SSLSocket):
+        return ()
+    cert = connection.getpeercert()  # verified against the CA, or None if none was sent
+    if not cert:
+        return ()
+    sans = cast(tuple[tuple[str, str], ...], cert.get("subjectAltName", ()))
+    return tuple(value for kind, value in sans if kind == "URI")
+
+
 def _one_line(message: str) -> str:
     # send_error puts the message in the status line: no CR/LF, and keep it short.
     return " ".join(message.split())[:200]
@@ -593,8 +618,12 @@ class StatusServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_pending: int = DEFAULT_MAX_PENDING,
         server_name: str = "",
+        ssl_context: ssl.SSLContext | None = None,
+        guard: PageGuard | None = None,
     ) -> None:
         self.registry = registry
+        self.ssl_context = ssl_context
+        self.guard = guard
         self.server_name = server_name
         self._started_wall = time.time()
         self._started_mono = time.monotonic()
@@ -639,6 +668,13 @@ class StatusServer:
                 request_timeout_s=self._request_timeout_s,
                 max_head_bytes=self._max_request_line + self._max_header_bytes,
             )
+            if self.ssl_context is not None:
+                # The one place TLS enters: accepted sockets are TLS sockets. Their handshake
+                # is driven by the loop's non-blocking reads (``_read``), under the same
+                # deadline as the request head, so a slow handshake holds up no one.
+                server.socket = self.ssl_context.wrap_socket(
+                    server.socket, server_side=True, do_handshake_on_connect=False
+                )
             thread = threading.Thread(
                 target=server.serve_forever,
                 name=f"status-server:{server.server_address[1]}",
@@ -646,7 +682,7 @@ class StatusServer:
             )
             thread.start()
             self._server, self._thread = server, thread
-            _log.info("status server listening on http://%s:%d/", self.host, self.port)
+            _log.info("status server listening on %s", self.url())
 
     def stop(self) -> None:
         """Stop accepting, join the serving thread and close the listening socket.
@@ -684,7 +720,8 @@ class StatusServer:
 
     def url(self, path: str = "/") -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{path}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{host}:{self.port}{path}"
 
     # --- pages -------------------------------------------------------------------------
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 
 import grpc
 
+from raftlet.consensus.rpc.codec import WireRequest
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
@@ -44,9 +46,12 @@ class StreamSession:
         loop: asyncio.AbstractEventLoop,
         workers: WorkerPool,
         handler: ConsensusRequestHandler,
+        check: Callable[[WireRequest], None] | None = None,
     ) -> None:
         self._loop = loop
         self._handler = handler
+        # Raises for a request this stream's authenticated peer may not send (security).
+        self._check = check
         self._inbox = workers.mailbox(f"consensus-stream-{next(_sessions)}", self._drain)
         self._outbox: LoopOutbox[pb.ConsensusItemPB] = LoopOutbox(loop)
 
@@ -101,6 +106,8 @@ class StreamSession:
             self._post(_answer_item(seq, response))
 
         try:
+            if self._check is not None:
+                self._check(getattr(item, kind))
             self._handler.start(getattr(item, kind), done)
         except Exception as exc:  # unknown tablet, malformed or misaddressed request
             _, message, error_pb = status_for(exc)

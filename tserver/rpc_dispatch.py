@@ -36,6 +36,7 @@ from raftlet.tserver.errors import (
     StaleRequest,
     UnknownTablet,
 )
+from raftlet.tserver.security import SenderMismatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 
 __all__ = ["LeaderAddrLookup", "abort_with", "dispatch", "status_for"]
@@ -121,6 +122,9 @@ def status_for(
     S = grpc.StatusCode
     E = ServerErrorPB
     msg = str(exc) or type(exc).__name__
+    if isinstance(exc, SenderMismatch):
+        # A peer's certificate and its request disagree about who sends it: a forgery.
+        return S.PERMISSION_DENIED, msg, None
     if isinstance(exc, DeadlineExceededInQueue):
         return S.DEADLINE_EXCEEDED, msg, None
     if isinstance(exc, ServiceUnavailable):

@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import ChannelPool, channel_options, server_options
+from raftlet.client.tls import TlsOptions, channel_credentials
 from raftlet.cluster import parse_host_port
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
 from raftlet.consensus.rpc.stream_transport import StreamHub
@@ -59,6 +60,13 @@ from raftlet.tserver.grpc_limits import (
     server_limit_options,
 )
 from raftlet.tserver.malformed import MalformedRequestInterceptor
+from raftlet.tserver.security import (
+    Authenticator,
+    AuthInterceptor,
+    load_tokens_file,
+    server_credentials,
+    status_ssl_context,
+)
 from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
 from raftlet.tserver.servicers import AdminServicer, ConsensusServicer, TabletServicer
 from raftlet.tserver.settings import ServerSettings
@@ -95,7 +103,19 @@ class TabletServer:
         self.peer_channel_options = channel_options(
             max_message_bytes=s.max_message_bytes, keepalive=True
         )
-        self.channels = ChannelPool(self.peer_channel_options)
+        # With TLS, peers are dialled with this server's own certificate as the client
+        # certificate: that is how they know who sends them Raft messages.
+        self.peer_credentials = (
+            channel_credentials(TlsOptions(s.tls_ca, s.tls_cert, s.tls_key)) if s.tls else None
+        )
+        self.auth: Authenticator | None = None
+        if s.tls:
+            try:
+                tokens = load_tokens_file(s.auth_tokens_file) if s.auth_tokens_file else None
+            except ValueError as e:
+                raise OSError(f"--auth_tokens_file: {e}") from None
+            self.auth = Authenticator(tokens, self.entity)
+        self.channels = ChannelPool(self.peer_channel_options, credentials=self.peer_credentials)
         self.replicas: dict[str, TabletReplica] = {}
         self.pools = {
             "tablet": self._pool("tablet", s.rpc_num_service_threads, s.rpc_service_queue_length),
@@ -118,7 +138,11 @@ class TabletServer:
         )
         self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
         self.status = StatusServer(
-            self.registry, *parse_host_port(s.http_addr), server_name=s.server_id
+            self.registry,
+            *parse_host_port(s.http_addr),
+            server_name=s.server_id,
+            ssl_context=status_ssl_context(s.tls_cert, s.tls_key, s.tls_ca) if s.tls else None,
+            guard=self.auth.check_page if self.auth is not None else None,
         )
         self._consensus_servicer = ConsensusServicer(self)
         self._tablet_servicer = TabletServicer(self)
@@ -169,7 +193,9 @@ class TabletServer:
         # A follower answers an append once it is durable: the deadline covers its fsync.
         peer_timeout_s = options.consensus.request_timeout_s + 5.0
         if s.consensus_transport == "stream":
-            self.stream_channels = AsyncChannelPool(self.peer_channel_options)
+            self.stream_channels = AsyncChannelPool(
+                self.peer_channel_options, credentials=self.peer_credentials
+            )
             self.streams = StreamHub(
                 asyncio.get_running_loop(), self.stream_channels, peer_timeout_s
             )
@@ -210,11 +236,18 @@ class TabletServer:
             self.replicas[placement.tablet_id] = replica
         for pool in self.pools.values():
             pool.start()
-        # Hostile-client limits (streams per connection, unread response bytes, calls in
-        # all): tserver/grpc_limits.py says what each bounds and why these values.
+        # Authentication first: an unauthenticated caller learns nothing, not even that its
+        # bytes do not decode. Then the hostile-client limits (streams per connection, unread
+        # response bytes, calls in all): tserver/grpc_limits.py says what each bounds and why.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            MalformedRequestInterceptor(),
+            UnreadResponseBudget(),
+        ]
+        if self.auth is not None:
+            interceptors.insert(0, AuthInterceptor(self.auth))
         server = grpc.aio.server(
             options=server_options(s.max_message_bytes) + server_limit_options(),
-            interceptors=[MalformedRequestInterceptor(), UnreadResponseBudget()],
+            interceptors=interceptors,
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )
         tablet_pb2_grpc.add_TabletServiceServicer_to_server(self._tablet_servicer, server)
@@ -230,7 +263,11 @@ class TabletServer:
             reflection.SERVICE_NAME,
         ]
         reflection.enable_server_reflection(names, server)
-        self.rpc_port = server.add_insecure_port(s.rpc_addr)
+        if s.tls:
+            credentials = server_credentials(s.tls_cert, s.tls_key, s.tls_ca)
+            self.rpc_port = server.add_secure_port(s.rpc_addr, credentials)
+        else:
+            self.rpc_port = server.add_insecure_port(s.rpc_addr)
         if self.rpc_port == 0:
             raise OSError(f"cannot listen for RPCs on {s.rpc_addr}")
         await server.start()
@@ -242,10 +279,11 @@ class TabletServer:
         self.status.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         logger.info(
-            "tablet server %s serving RPCs on %s, status on http://%s/ (%d tablets)",
+            "tablet server %s serving RPCs on %s (%s), status on %s (%d tablets)",
             self.server_id,
             s.rpc_addr,
-            s.http_addr,
+            "mutual TLS" if s.tls else "plaintext, no authentication",
+            self.status.url(),
             len(self.replicas),
         )
 

@@ -33,6 +33,7 @@ from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import InvalidRequest
 from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.rpc_dispatch import abort_with, dispatch
+from raftlet.tserver.security import AuthError, SenderMismatch, caller_identity, check_sender
 from raftlet.tserver.service_pool import InboundCall
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_stream import WriteStreamSession
@@ -148,30 +149,61 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
         self._h = server.consensus_handler
         self._pool = server.pools["consensus"]
         self._workers = server.workers
+        self._auth = server.auth
         self._streams = _StreamTasks()
+
+    def _sender_check(self, method: str) -> Callable[[object], None] | None:
+        """With auth on, what refuses this call's requests that claim a sender other than
+        the server its certificate names (the interceptor already let only servers in)."""
+        auth, peer = self._auth, caller_identity()
+        if auth is None:
+            return None
+
+        def check(request: object) -> None:
+            try:
+                check_sender(request, peer)
+            except SenderMismatch as e:
+                auth.denied(AuthError.sender_mismatch(str(e)), method, str(peer))
+                raise
+
+        return check
 
     async def Stream(self, request_iterator: Any, context: Any) -> None:
         with self._streams.serving():
-            session = StreamSession(asyncio.get_running_loop(), self._workers, self._h)
+            session = StreamSession(
+                asyncio.get_running_loop(), self._workers, self._h, self._sender_check("Stream")
+            )
             await session.serve(context)
 
     def end_streams(self) -> None:
         """Cancel every peer's stream to this server (shutdown: the peers see it break)."""
         self._streams.cancel_all()
 
-    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
+    async def _call(
+        self, method: str, context: Any, fn: Callable[[], object], request: object = None
+    ) -> Any:
+        check = self._sender_check(method)
+        if check is not None and request is not None:
+            try:
+                check(request)
+            except SenderMismatch as e:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         return await dispatch(self._pool, method, context, _run_sync(_invalid_on_value_error(fn)))
 
     async def UpdateConsensus(self, request: Any, context: Any) -> Any:
         return await self._call(
-            "UpdateConsensus", context, lambda: self._h.update_consensus(request)
+            "UpdateConsensus", context, lambda: self._h.update_consensus(request), request
         )
 
     async def RequestVote(self, request: Any, context: Any) -> Any:
-        return await self._call("RequestVote", context, lambda: self._h.request_vote(request))
+        return await self._call(
+            "RequestVote", context, lambda: self._h.request_vote(request), request
+        )
 
     async def TimeoutNow(self, request: Any, context: Any) -> Any:
-        return await self._call("TimeoutNow", context, lambda: self._h.timeout_now(request))
+        return await self._call(
+            "TimeoutNow", context, lambda: self._h.timeout_now(request), request
+        )
 
     async def GetConsensusState(self, request: Any, context: Any) -> Any:
         return await self._call(

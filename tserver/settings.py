@@ -105,6 +105,12 @@ class ServerSettings:
     peer_addresses: Mapping[str, str] = field(default_factory=dict)
     unsafe_leader_reads_without_quorum: bool = False
     unsafe_ack_before_commit: bool = False
+    # Transport security (tserver.security): "" = not given.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    auth_tokens_file: str = ""
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -135,6 +141,7 @@ class ServerSettings:
                 f"--replica_worker_min_threads ({self.replica_worker_min_threads})"
             )
         self._check_peer_ids()
+        self._check_security()
 
     def _check_peer_ids(self) -> None:
         """Every ``--peer_addresses`` id must be another server of the config: a typo would
@@ -150,6 +157,39 @@ class ServerSettings:
                 self.config.server(sid)
             except ClusterConfigError as e:
                 raise FlagError(f"--peer_addresses: {e.reason}") from None
+
+    @property
+    def tls(self) -> bool:
+        """TLS on (and with it authentication of every RPC): all three files given."""
+        return bool(self.tls_cert)
+
+    def _check_security(self) -> None:
+        """TLS takes all three files or none; tokens need TLS (they would cross the
+        network in clear, and peers could not be told from clients); and plaintext only on
+        loopback, unless --insecure says the operator means it."""
+        given = [n for n in ("tls_cert", "tls_key", "tls_ca") if getattr(self, n)]
+        if given and len(given) != 3:
+            missing = sorted({"tls_cert", "tls_key", "tls_ca"} - set(given))
+            raise FlagError(
+                f"--{missing[0]}: TLS needs --tls_cert, --tls_key and --tls_ca together "
+                "(raftlet certs create makes them)"
+            )
+        if self.auth_tokens_file and not self.tls:
+            raise FlagError(
+                "--auth_tokens_file: bearer tokens need TLS (--tls_cert, --tls_key, --tls_ca)"
+            )
+        if self.tls or self.insecure:
+            return
+        from raftlet.tserver.security import is_loopback_addr
+
+        for flag, addr in (("rpc_addr", self.rpc_addr), ("http_addr", self.http_addr)):
+            if not is_loopback_addr(addr):
+                raise FlagError(
+                    f"--{flag}: {addr} is not a loopback address and TLS is off, so anyone "
+                    "who can reach it could write, step leaders down or forge Raft "
+                    "messages; give --tls_cert, --tls_key and --tls_ca (raftlet certs "
+                    "create), or --insecure to serve plaintext anyway"
+                )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: ClusterConfig) -> ServerSettings:
@@ -354,6 +394,7 @@ _CONSENSUS = "consensus"
 _WAL = "write-ahead log"
 _LIMITS = "limits and diagnostics"
 _UNSAFE = "unsafe switches (negative controls for tests)"
+_SECURITY = "transport security and access control"
 
 GROUP_HELP = {
     _CLUSTER: "Which cluster this server belongs to, and which of its servers it is.",
@@ -369,6 +410,12 @@ GROUP_HELP = {
     _UNSAFE: (
         "Each one breaks a guarantee on purpose, so that a chaos run (raftlet chaos --unsafe) "
         "can show its checker catches the violation. Never set them where data matters."
+    ),
+    _SECURITY: (
+        "With --tls_cert/--tls_key/--tls_ca every gRPC call needs a client certificate from "
+        "the CA (mutual TLS) and is checked against its role; the status server serves "
+        "HTTPS. Without them the server serves plaintext, to anyone, and only on loopback "
+        "unless --insecure."
     ),
 }
 
@@ -611,6 +658,39 @@ FLAGS: tuple[FlagSpec, ...] = (
         "true: a write is acknowledged as soon as the leader has appended it to its own log, "
         "before a majority has it, so a leader that crashes or is cut off loses acknowledged "
         "writes (default false).",
+        convert=bool_value, check=is_bool,
+    ),
+    FlagSpec(
+        "tls_cert", _SECURITY, "PATH",
+        "This server's certificate (PEM), e.g. server-<id>.crt from 'raftlet certs create': "
+        "presented to clients and, as a client certificate, to peers. Its subjectAltName "
+        "URI raftlet://server/<id> is how peers know it is this server (default none: TLS off).",
+        convert=str,
+    ),
+    FlagSpec(
+        "tls_key", _SECURITY, "PATH",
+        "The private key of --tls_cert (PEM). Keep it readable by this server only "
+        "(default none).",
+        convert=str,
+    ),
+    FlagSpec(
+        "tls_ca", _SECURITY, "PATH",
+        "The cluster's CA certificate (PEM): client and peer certificates must be signed "
+        "by it, and peers' server certificates are checked against it (default none).",
+        convert=str,
+    ),
+    FlagSpec(
+        "auth_tokens_file", _SECURITY, "PATH",
+        "Bearer tokens, one 'TOKEN ROLE NAME' per line (roles reader, writer, admin; # "
+        "comments). A call with 'authorization: Bearer TOKEN' acts as that NAME and ROLE. "
+        "Needs TLS. Read at startup (default none: certificates only).",
+        convert=str,
+    ),
+    FlagSpec(
+        "insecure", _SECURITY, "[BOOL]",
+        "Serve plaintext on a non-loopback --rpc_addr/--http_addr (default false: such a "
+        "server refuses to start without TLS). No authentication then: anyone who reaches "
+        "the port may do anything.",
         convert=bool_value, check=is_bool,
     ),
 )

@@ -60,6 +60,7 @@ DESIGN_NAMES = {
     "write_ops_total": MetricType.COUNTER,
     "rows_inserted_total": MetricType.COUNTER,
     "result_tracker_replays_total": MetricType.COUNTER,
+    "rpc_auth_denials": MetricType.COUNTER,
 }
 
 DEBUG_GAUGE = MetricPrototype(

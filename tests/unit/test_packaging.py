@@ -108,6 +108,7 @@ def test_the_client_imports_no_server_or_cli_dependency(tmp_path: Path) -> None:
     # (grpc itself probes for grpc_health and grpc_reflection when they are installed.)
     heavy = (
         "crc32c",
+        "cryptography",
         "prometheus_client",
         "rich",
         "sqlite3",

@@ -71,7 +71,7 @@ def test_every_tunable_has_a_flag_and_help() -> None:
 
 
 OVERRIDES: list[tuple[list[str], str, object]] = [
-    (["--rpc_addr", "0.0.0.0:9000"], "rpc_addr", "0.0.0.0:9000"),
+    (["--rpc_addr", "0.0.0.0:9000", "--insecure"], "rpc_addr", "0.0.0.0:9000"),
     (["--http-addr", "[::1]:9001"], "http_addr", "[::1]:9001"),
     (["--rpc_service_queue_length", "1"], "rpc_service_queue_length", 1),
     (["--rpc-num-service-threads", "1"], "rpc_num_service_threads", 1),

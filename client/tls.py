@@ -1,0 +1,97 @@
+"""How a client (or a server dialing its peers) proves itself to a TLS cluster.
+
+``TlsOptions(ca, cert, key)``: the cluster's CA certificate (to verify the servers) and a
+client certificate with its key (``raftlet certs create --client NAME:ROLE`` makes them;
+a tablet server dials its peers with its own server certificate). Each is a path or PEM
+bytes. A TLS cluster's gRPC port requires a client certificate (mutual TLS: see
+``tserver.security`` for why); a bearer ``token`` sent as well then names the caller and
+its role instead of the certificate.
+
+``channel_credentials(tls, token)`` is what ``channels.ChannelPool`` and
+``aio_channels.AsyncChannelPool`` open their channels with: grpc's own TLS, nothing else
+(the client needs no ``cryptography``). Tokens go as ``authorization: Bearer <token>``
+call credentials, which grpc sends only over TLS.
+
+``TlsOptions.from_env()`` reads ``RAFTLET_TLS_CA``, ``RAFTLET_TLS_CERT``,
+``RAFTLET_TLS_KEY``; ``token_from_env()`` reads ``RAFTLET_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from raftlet.client.errors import InvalidArgument
+
+__all__ = ["TlsOptions", "channel_credentials", "token_from_env"]
+
+PemSource = str | os.PathLike[str] | bytes
+
+
+def _pem(source: PemSource | None, what: str) -> bytes | None:
+    if source is None:
+        return None
+    if isinstance(source, bytes):
+        return source
+    try:
+        return Path(source).read_bytes()
+    except OSError as e:
+        raise InvalidArgument(f"TLS {what} {os.fspath(source)}: {e.strerror}") from None
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS towards the servers: ``ca`` verifies them; ``cert`` and ``key`` (both or
+    neither) are this client's certificate. Paths or PEM bytes."""
+
+    ca: PemSource
+    cert: PemSource | None = None
+    key: PemSource | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise InvalidArgument("TlsOptions: give both cert and key, or neither")
+
+    @classmethod
+    def from_env(cls) -> TlsOptions | None:
+        """From ``RAFTLET_TLS_CA`` / ``_CERT`` / ``_KEY``; None when ``RAFTLET_TLS_CA`` is
+        not set."""
+        ca = os.environ.get("RAFTLET_TLS_CA")
+        if not ca:
+            return None
+        return cls(
+            ca,
+            os.environ.get("RAFTLET_TLS_CERT") or None,
+            os.environ.get("RAFTLET_TLS_KEY") or None,
+        )
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_pem(self.ca, "CA"),
+            private_key=_pem(self.key, "key"),
+            certificate_chain=_pem(self.cert, "certificate"),
+        )
+
+
+def token_from_env() -> str | None:
+    return os.environ.get("RAFTLET_TOKEN") or None
+
+
+def channel_credentials(
+    tls: TlsOptions | None, token: str | None = None
+) -> grpc.ChannelCredentials | None:
+    """The credentials channels are opened with; None: plaintext (a loopback development
+    cluster). A token without TLS is refused: it would cross the network in clear."""
+    if tls is None:
+        if token:
+            raise InvalidArgument("a bearer token needs TLS (give TlsOptions as well)")
+        return None
+    credentials = tls.credentials()
+    if token:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token)
+        )
+    return credentials

@@ -1,0 +1,505 @@
+"""Transport security and roles on a real TLS cluster (``raftlet cluster up --tls``'s
+launcher): who may connect, who may do what, and that Raft's sender is the certificate's.
+
+One 3-server cluster (stream transport) for the module, with a tokens file; a small one on
+the unary transport; a plaintext server on 0.0.0.0 for the refusal. Every process is
+stopped by PID (``LocalCluster.down``, ``Popen.terminate``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from raftlet.client import Client, FlushMode, RaftletError, ReadMode, TlsOptions
+from raftlet.client.channels import ChannelPool, channel_options
+from raftlet.client.tls import channel_credentials
+from raftlet.cluster.identity import AccessRole
+from raftlet.deploy.certs import ClientSpec, create_certs
+from raftlet.deploy.local import LocalCluster, free_ports
+from raftlet.proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    consensus_pb2,
+    consensus_pb2_grpc,
+    tablet_pb2,
+    tablet_pb2_grpc,
+)
+from tests import waiting
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+WRITER_TOKEN = "writer-token-0123456789abcdef"
+READER_TOKEN = "reader-token-0123456789abcdef"
+# Options unlike the clients': no connection (or handshake failure) shared with them.
+OPTS = channel_options(max_reconnect_backoff_ms=300)
+
+
+class Env:
+    def __init__(self, cluster: LocalCluster, certs: Path) -> None:
+        self.cluster = cluster
+        self.certs = certs
+        self.tls_dir = cluster.data_dir / "tls"
+        self.ca = self.tls_dir / "ca.crt"
+        self.seeds = [s.rpc_addr for s in cluster.config.servers]
+
+    def tls(self, name: str, where: Path | None = None) -> TlsOptions:
+        d = where or self.certs
+        return TlsOptions(self.ca, d / f"client-{name}.crt", d / f"client-{name}.key")
+
+    def server_tls(self, server_id: str) -> TlsOptions:
+        d = self.tls_dir
+        return TlsOptions(self.ca, d / f"server-{server_id}.crt", d / f"server-{server_id}.key")
+
+    def channels(self, tls: TlsOptions | None, token: str | None = None) -> ChannelPool:
+        return ChannelPool(OPTS, credentials=channel_credentials(tls, token))
+
+    def client(self, name: str, token: str | None = None, **kw: object) -> Client:
+        return Client(self.seeds, tls=self.tls(name), token=token, timeout_s=10, **kw)  # type: ignore[arg-type]
+
+    def status(self, server: int, path: str, name: str | None, token: str | None = None) -> int:
+        http_addr = self.cluster.config.servers[server].http_addr
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if name is not None:
+            d = self.tls_dir if name == "admin" else self.certs
+            context.load_cert_chain(d / f"client-{name}.crt", d / f"client-{name}.key")
+        request = urllib.request.Request(f"https://{http_addr}{path}")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
+        try:
+            with opener.open(request, timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    def denials(self, reason: str) -> float:
+        """rpc_auth_denials_total{reason} summed over the servers (read as admin)."""
+        total = 0.0
+        for s in self.cluster.config.servers:
+            context = ssl.create_default_context(cafile=str(self.ca))
+            context.load_cert_chain(
+                self.tls_dir / "client-admin.crt", self.tls_dir / "client-admin.key"
+            )
+            opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+            )
+            with opener.open(f"https://{s.http_addr}/metrics", timeout=10) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("rpc_auth_denials_total{") and f'reason="{reason}"' in line:
+                        total += float(line.split()[-1])
+        return total
+
+
+def _issue_without_identity(tls_dir: Path, out: Path) -> None:
+    """A certificate the cluster's CA signed, but with no raftlet identity in it."""
+    ca_cert = x509.load_pem_x509_certificate((tls_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((tls_dir / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nobody")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("nobody.example")]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out.mkdir(exist_ok=True)
+    (out / "client-nobody.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (out / "client-nobody.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("tls-cluster")
+    tokens = root / "tokens"
+    tokens.write_text(f"# token role name\n{WRITER_TOKEN} writer app\n{READER_TOKEN} reader dash\n")
+    tokens.chmod(0o600)
+    cluster = LocalCluster.create(
+        root / "c",
+        servers=3,
+        tablets=2,
+        tls=True,
+        extra_flags=["--auth_tokens_file", str(tokens)],
+        ready_timeout_s=60,
+        leader_timeout_s=60,
+    )
+    try:
+        certs = root / "clients"
+        # Clients signed by the cluster's CA (certs create reuses it).
+        create_certs(
+            cluster.data_dir / "tls",
+            clients=[
+                ClientSpec("alice", AccessRole.WRITER),
+                ClientSpec("bob", AccessRole.READER),
+            ],
+        )
+        for name in ("alice", "bob"):
+            certs.mkdir(exist_ok=True)
+            for ext in ("crt", "key"):
+                src = cluster.data_dir / "tls" / f"client-{name}.{ext}"
+                (certs / src.name).write_bytes(src.read_bytes())
+        _issue_without_identity(cluster.data_dir / "tls", certs)
+        # A different CA altogether: its certificates mean nothing to this cluster.
+        create_certs(root / "other-ca", clients=[ClientSpec("mallory", AccessRole.ADMIN)])
+        yield Env(cluster, certs)
+    finally:
+        cluster.down(timeout=20)
+
+
+def _code(call: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        call()  # type: ignore[operator]
+    return info.value.code()  # type: ignore[no-any-return]
+
+
+# --- connecting ----------------------------------------------------------------------------
+
+
+def test_a_plaintext_client_cannot_reach_a_tls_server(env: Env) -> None:
+    channels = ChannelPool(OPTS)
+    try:
+        assert _code(lambda: channels.stub(env.seeds[0]).get_cluster_config(3)) == (
+            grpc.StatusCode.UNAVAILABLE
+        )
+    finally:
+        channels.close()
+    with pytest.raises(RaftletError):
+        Client(env.seeds, timeout_s=2)
+
+
+def test_a_certificate_of_another_ca_cannot_connect(env: Env) -> None:
+    other = env.cluster.data_dir.parent / "other-ca"
+    tls = TlsOptions(env.ca, other / "client-mallory.crt", other / "client-mallory.key")
+    channels = env.channels(tls)
+    try:
+        assert _code(lambda: channels.stub(env.seeds[0]).get_cluster_config(3)) == (
+            grpc.StatusCode.UNAVAILABLE
+        )
+    finally:
+        channels.close()
+
+
+def test_no_identity_or_a_wrong_token_is_unauthenticated(env: Env) -> None:
+    before = env.denials("no_identity") + env.denials("invalid_token")
+    for tls, token in (
+        (env.tls("nobody"), None),
+        (env.tls("bob"), "not-a-known-token-at-all"),
+    ):
+        channels = env.channels(tls, token)
+        try:
+            stub = channels.stub(env.seeds[0])
+            assert _code(lambda s=stub: s.get_cluster_config(3)) == (
+                grpc.StatusCode.UNAUTHENTICATED
+            )
+        finally:
+            channels.close()
+    assert env.denials("no_identity") + env.denials("invalid_token") >= before + 2
+
+
+# --- roles ---------------------------------------------------------------------------------
+
+
+def test_a_reader_scans_but_cannot_write(env: Env) -> None:
+    with env.client("alice") as writer:
+        session = writer.new_session(FlushMode.AUTO_FLUSH_SYNC)
+        session.insert("kv", {"key": 1, "value": "one"})
+        session.close()
+    with env.client("bob") as reader:
+        assert {r["key"] for r in reader.scan("kv")} >= {1}
+        channels = env.channels(env.tls("bob"))
+        try:
+            leader = reader.servers()[reader.leader_of(reader.tablet_for("kv", {"key": 2}))]
+            stub = tablet_pb2_grpc.TabletServiceStub(channels.channel(leader.rpc_addr))
+            request = tablet_pb2.WriteRequest(tablet_id=reader.tablet_for("kv", {"key": 2}))
+            assert _code(lambda: stub.Write(request, timeout=5)) == (
+                grpc.StatusCode.PERMISSION_DENIED
+            )
+        finally:
+            channels.close()
+        session = reader.new_session(FlushMode.AUTO_FLUSH_SYNC, timeout_s=3)
+        with pytest.raises(RaftletError):
+            session.insert("kv", {"key": 2, "value": "two"})
+
+
+def test_a_writer_cannot_step_down_a_leader_or_set_a_flag(env: Env) -> None:
+    before = env.denials("role_too_low")
+    with env.client("alice") as writer, pytest.raises(RaftletError, match="needs role admin"):
+        writer.leader_step_down("kv-p0", timeout_s=3)
+    channels = env.channels(env.tls("alice"))
+    try:
+        admin = admin_pb2_grpc.AdminServiceStub(channels.channel(env.seeds[0]))
+        request = admin_pb2.SetFlagRequest(name="log_inject_latency_ms", value="5")
+        assert _code(lambda: admin.SetFlag(request, timeout=5)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert _code(lambda: admin.GetFlags(admin_pb2.GetFlagsRequest(), timeout=5)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+    finally:
+        channels.close()
+    assert env.denials("role_too_low") >= before + 2
+
+
+def test_tokens_name_the_caller(env: Env) -> None:
+    # bob's certificate is a reader's; the writer token makes the call a writer's.
+    with env.client("bob", token=WRITER_TOKEN) as c:
+        session = c.new_session(FlushMode.AUTO_FLUSH_SYNC)
+        session.insert("kv", {"key": 10, "value": "by token"})
+        session.close()
+    with env.client("alice", token=READER_TOKEN) as c:
+        session = c.new_session(FlushMode.AUTO_FLUSH_SYNC, timeout_s=3)
+        with pytest.raises(RaftletError):
+            session.insert("kv", {"key": 11, "value": "x"})
+        assert any(r["key"] == 10 for r in c.scan("kv"))
+
+
+def test_an_admin_steps_down_a_leader(env: Env) -> None:
+    with Client(env.seeds, tls=env.tls("admin", env.tls_dir), timeout_s=20) as admin:
+        admin.leader_step_down("kv-p1")
+
+
+def test_status_pages_need_a_role(env: Env) -> None:
+    assert env.status(0, "/healthz", None) == 200
+    assert env.status(0, "/metrics", None) == 401
+    assert env.status(0, "/metrics", None, token="wrong-token-0123456789") == 401
+    assert env.status(0, "/metrics", None, token=READER_TOKEN) == 200
+    assert env.status(0, "/stacks", None, token=READER_TOKEN) == 403
+    assert env.status(0, "/tablets.json", "bob") == 200
+    assert env.status(0, "/stacks", "bob") == 403
+    assert env.status(0, "/stacks", "admin") == 200
+
+
+# --- consensus: servers only, and the sender is the certificate's ------------------------------
+
+
+def _consensus_requests(tablet: str, claimed: str, dest: str) -> list[tuple[str, object]]:
+    return [
+        (
+            "UpdateConsensus",
+            consensus_pb2.UpdateConsensusRequest(
+                tablet_id=tablet, caller_uuid=claimed, dest_uuid=dest, caller_term=10**6
+            ),
+        ),
+        (
+            "RequestVote",
+            consensus_pb2.RequestVoteRequest(
+                tablet_id=tablet, candidate_uuid=claimed, dest_uuid=dest, candidate_term=10**6
+            ),
+        ),
+        (
+            "TimeoutNow",
+            consensus_pb2.TimeoutNowRequest(
+                tablet_id=tablet, caller_uuid=claimed, dest_uuid=dest, caller_term=10**6
+            ),
+        ),
+    ]
+
+
+def _leader_and_follower(env: Env, tablet: str) -> tuple[str, str, str]:
+    """(leader id, a follower id, the follower's address)."""
+    health = env.cluster.health()
+    (t,) = [t for t in health.tablets if t.tablet_id == tablet]
+    assert t.leader is not None
+    follower = next(s for s in env.cluster.config.servers if s.id != t.leader)
+    return t.leader, follower.id, follower.rpc_addr
+
+
+@pytest.mark.parametrize("caller", ["admin-client", "other-server"])
+def test_forged_consensus_requests_are_refused_and_lose_nothing(env: Env, caller: str) -> None:
+    tablet = "kv-p0"
+    leader, follower, follower_addr = _leader_and_follower(env, tablet)
+    if caller == "admin-client":
+        # A valid client certificate, even an admin's, is not a server's.
+        tls = env.tls("admin", env.tls_dir)
+        expected_reason = "role_too_low"
+    else:
+        # A real server's certificate, claiming to be the leader: refused as a forgery.
+        third = next(s.id for s in env.cluster.config.servers if s.id not in (leader, follower))
+        tls = env.server_tls(third)
+        expected_reason = "sender_mismatch"
+    before = env.denials(expected_reason)
+
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def write_load() -> None:
+        with Client(env.seeds, tls=env.tls("alice"), timeout_s=20) as c:
+            session = c.new_session(FlushMode.AUTO_FLUSH_SYNC)
+            key = 1_000_000 if caller == "admin-client" else 2_000_000
+            while not stop.is_set():
+                session.insert("kv", {"key": key, "value": "v"})
+                acked.append(key)
+                key += 1
+            session.close()
+
+    writer = threading.Thread(target=write_load, name="acked-writes")
+    writer.start()
+    channels = env.channels(tls)
+    try:
+        waiting.wait_for(lambda: len(acked) >= 20, 30, "writes before the forgery")
+        stub = consensus_pb2_grpc.ConsensusServiceStub(channels.channel(follower_addr))
+        for _ in range(5):
+            for method, request in _consensus_requests(tablet, leader, follower):
+                code = _code(lambda m=method, r=request: getattr(stub, m)(r, timeout=5))
+                assert code == grpc.StatusCode.PERMISSION_DENIED, (method, code)
+        # The stream transport: the call is refused (a client), or its item is (a server).
+        update = _consensus_requests(tablet, leader, follower)[0][1]
+        assert isinstance(update, consensus_pb2.UpdateConsensusRequest)
+        answered = threading.Event()
+
+        def frames() -> Iterator[consensus_pb2.ConsensusFramePB]:
+            item = consensus_pb2.ConsensusItemPB(seq=1, update=update)
+            yield consensus_pb2.ConsensusFramePB(items=[item])
+            answered.wait(10)  # keep our side open until the answer is in
+
+        call = stub.Stream(frames(), timeout=10)
+        refused: grpc.RpcError | None = None
+        answer = None
+        try:
+            answer = next(call)
+        except grpc.RpcError as e:
+            refused = e
+        finally:
+            answered.set()
+            call.cancel()
+        if caller == "admin-client":
+            assert refused is not None
+            assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+        else:
+            assert answer is not None
+            (item,) = answer.items
+            assert item.HasField("failed")
+            assert "certificate" in item.failed.message
+        n = len(acked)
+        waiting.wait_for(lambda: len(acked) >= n + 20, 30, "writes after the forgery")
+    finally:
+        stop.set()
+        writer.join(timeout=60)
+        channels.close()
+    assert not writer.is_alive()
+    assert env.denials(expected_reason) > before
+
+    # No term was taken over and nothing acknowledged is lost; replicas agree.
+    with Client(env.seeds, tls=env.tls("admin", env.tls_dir), timeout_s=20) as c:
+        keys = set(acked)
+        rows = {r["key"] for r in c.scan("kv")}
+        assert keys <= rows
+
+        def replicas_equal() -> bool:
+            seen = []
+            for replica in c.replicas(tablet):
+                scan = c.scan_tablet(tablet, read_mode=ReadMode.FOLLOWER_APPLIED, replica=replica)
+                seen.append(sorted(r["key"] for r in scan))
+            return all(s == seen[0] for s in seen)
+
+        waiting.wait_for(replicas_equal, 30, "replicas of kv-p0 equal")
+        statuses = c.list_tablets()
+        terms = {t.term for s in statuses.values() for t in s.tablets if t.tablet_id == tablet}
+        assert max(terms) < 10**6
+
+
+# --- the other transport, and plaintext refusals ---------------------------------------------
+
+
+def test_the_unary_consensus_transport_works_over_tls(tmp_path: Path) -> None:
+    cluster = LocalCluster.create(
+        tmp_path / "u",
+        servers=3,
+        tablets=1,
+        tls=True,
+        extra_flags=["--consensus_transport", "unary"],
+        ready_timeout_s=60,
+        leader_timeout_s=60,
+    )
+    try:
+        tls_dir = cluster.data_dir / "tls"
+        tls = TlsOptions(
+            tls_dir / "ca.crt", tls_dir / "client-admin.crt", tls_dir / "client-admin.key"
+        )
+        with Client([s.rpc_addr for s in cluster.config.servers], tls=tls, timeout_s=20) as c:
+            session = c.new_session(FlushMode.AUTO_FLUSH_SYNC)
+            for k in range(20):
+                session.insert("kv", {"key": k, "value": str(k)})
+            session.close()
+            c.leader_step_down("kv-p0")
+            session = c.new_session(FlushMode.AUTO_FLUSH_SYNC)
+            session.insert("kv", {"key": 100, "value": "after"})
+            session.close()
+            assert len(list(c.scan("kv"))) == 21
+    finally:
+        cluster.down(timeout=20)
+
+
+def _tserver(config: Path, *flags: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "raftlet", "tserver", "--config", str(config),
+         "--server_id", "ts1", "--data_dir", str(config.parent / "d"), *flags],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_a_plaintext_server_on_a_public_address_refuses_to_start(tmp_path: Path) -> None:
+    from raftlet.cluster import write_cluster_config
+    from raftlet.deploy.local import new_config
+
+    config = write_cluster_config(
+        new_config(tmp_path, servers=1, tablets=1),
+        tmp_path / "cluster.toml",
+    )
+    assert config.path is not None
+    rpc, http = free_ports(2)
+    proc = _tserver(config.path, "--rpc_addr", f"0.0.0.0:{rpc}")
+    try:
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 2
+    assert "not a loopback address and TLS is off" in err
+    assert "--insecure" in err
+
+    # With --insecure it starts (and is stopped by its PID).
+    proc = _tserver(
+        config.path, "--rpc_addr", f"0.0.0.0:{rpc}", "--http_addr", f"0.0.0.0:{http}", "--insecure"
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "ready" in line, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)  # reaps it and closes its pipes
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)

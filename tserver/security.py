@@ -1,0 +1,453 @@
+"""Transport security and access control of the tablet server.
+
+**TLS.** With ``--tls_cert``, ``--tls_key`` and ``--tls_ca`` the gRPC port serves TLS and
+*requires* a client certificate signed by the CA (mutual TLS), and the status server serves
+HTTPS (client certificate optional there, see below). Mutual TLS on the gRPC port is not a
+choice: grpcio's Python server credentials either require a client certificate or never
+ask for one (``require_client_auth=False`` is OpenSSL's "don't request"), and a server must
+see its peers' certificates to know who sends it Raft messages. So a client on the gRPC port
+always holds a certificate from the cluster's CA; a bearer token (``authorization: Bearer
+<token>``, tokens from ``--auth_tokens_file``) then names the caller and its role instead of
+the certificate. On the status server (Python's ``ssl``, which can ask for a certificate
+without requiring one) a token alone is enough, so Prometheus or curl need no certificate.
+
+**Identity** (``cluster.identity``): the ``raftlet://server/<id>`` or
+``raftlet://client/<name>?role=<role>`` URI in the verified certificate's subjectAltName,
+or a token's line. A certificate without such a URI, an unknown token, or none of either is
+UNAUTHENTICATED; a known caller whose role is too low is PERMISSION_DENIED. Each refusal is
+counted in ``rpc_auth_denials{reason}`` and logged with the method and who (never a token).
+
+**Roles per method** (``required_role``): ``reader`` Scan, ListTablets, GetClusterConfig,
+reflection; ``writer`` + Write, WriteStream; ``admin`` + LeaderStepDown, SetFlag, GetFlags,
+GetConsensusStatus, GetConsensusState; ``server`` (a peer's server certificate, and nothing
+else) UpdateConsensus, RequestVote, TimeoutNow and the consensus Stream. A server
+certificate is good for consensus only. Health checking stays open (it says SERVING or not,
+nothing else), so orchestrators can probe.
+
+**Raft's sender is the certificate's.** ``check_sender`` refuses a consensus request whose
+claimed sender (``caller_uuid`` / ``candidate_uuid``) is not the server the certificate
+names; with that equal, the consensus handler's check that the sender is a voter of the
+tablet makes "a member of that tablet's configuration" a property of the certificate.
+
+With TLS off the server has no interceptor at all: every RPC is open, as on a developer's
+loopback cluster (the settings refuse plaintext on any other address without
+``--insecure``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hmac
+import inspect
+import ipaddress
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from raftlet.cluster.identity import AccessRole, Identity, parse_identity_uri, parse_role
+from raftlet.metrics.catalogue import RPC_AUTH_DENIALS
+from raftlet.metrics.registry import MetricEntity
+from raftlet.metrics.status_server import HttpError, PageRequest
+from raftlet.proto import consensus_pb2 as cpb
+
+__all__ = [
+    "AuthInterceptor",
+    "Authenticator",
+    "SenderMismatch",
+    "TokenTable",
+    "caller_identity",
+    "check_sender",
+    "is_loopback_addr",
+    "parse_tokens",
+    "required_role",
+    "server_credentials",
+    "status_ssl_context",
+]
+
+logger = logging.getLogger(__name__)
+
+# The identity of the RPC being served on this task (set by AuthInterceptor; grpc.aio runs
+# the interceptor's wrapper and the servicer coroutine in the same task). None: auth is off.
+_CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar(
+    "raftlet_caller", default=None
+)
+
+_TABLET = "/raftlet.TabletService/"
+_CONSENSUS = "/raftlet.ConsensusService/"
+_ADMIN = "/raftlet.AdminService/"
+_ROLES: dict[str, AccessRole | None] = {
+    _TABLET + "Scan": AccessRole.READER,
+    _TABLET + "ListTablets": AccessRole.READER,
+    _TABLET + "GetClusterConfig": AccessRole.READER,
+    _TABLET + "Write": AccessRole.WRITER,
+    _TABLET + "WriteStream": AccessRole.WRITER,
+    _ADMIN + "LeaderStepDown": AccessRole.ADMIN,
+    _ADMIN + "GetConsensusStatus": AccessRole.ADMIN,
+    _ADMIN + "GetFlags": AccessRole.ADMIN,
+    _ADMIN + "SetFlag": AccessRole.ADMIN,
+    _CONSENSUS + "UpdateConsensus": AccessRole.SERVER,
+    _CONSENSUS + "RequestVote": AccessRole.SERVER,
+    _CONSENSUS + "TimeoutNow": AccessRole.SERVER,
+    _CONSENSUS + "Stream": AccessRole.SERVER,
+    # Read-only, but it shows every replica's vote and log position: operators only.
+    _CONSENSUS + "GetConsensusState": AccessRole.ADMIN,
+    "/grpc.health.v1.Health/Check": None,
+    "/grpc.health.v1.Health/Watch": None,
+}
+_REFLECTION_PREFIX = "/grpc.reflection."
+
+
+def required_role(method: str) -> AccessRole | None:
+    """The role ``method`` (a full gRPC method name) needs; None: open to anyone. A method
+    not listed needs ``admin``, so a service added later is closed until someone decides."""
+    if method in _ROLES:
+        return _ROLES[method]
+    if method.startswith(_REFLECTION_PREFIX):
+        return AccessRole.READER
+    return AccessRole.ADMIN
+
+
+def permits(identity: Identity, required: AccessRole) -> bool:
+    # Servers are not on the reader < writer < admin scale: a server certificate is good
+    # for consensus and nothing else, and only a server certificate is.
+    if required is AccessRole.SERVER or identity.is_server:
+        return identity.is_server and required is AccessRole.SERVER
+    return identity.role >= required
+
+
+def caller_identity() -> Identity | None:
+    """Who makes the RPC being served (None when auth is off)."""
+    return _CALLER.get()
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    secret: bytes
+    identity: Identity
+
+
+class TokenTable:
+    """Bearer tokens → identities. ``lookup`` compares the presented token with every known
+    one by ``hmac.compare_digest``, without stopping at a match, so the time taken does not
+    tell which token (or how much of one) was right."""
+
+    def __init__(self, tokens: Iterable[tuple[str, Identity]] = ()) -> None:
+        self._tokens = [_Token(t.encode(), ident) for t, ident in tokens]
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def lookup(self, presented: str) -> Identity | None:
+        given = presented.encode()
+        found: Identity | None = None
+        for token in self._tokens:
+            if hmac.compare_digest(token.secret, given) and found is None:
+                found = token.identity
+        return found
+
+
+_MIN_TOKEN_LENGTH = 16
+
+
+def parse_tokens(text: str, source: str = "tokens") -> TokenTable:
+    """``token role name`` per line (``#`` comments and blank lines ignored). ``ValueError``
+    naming ``source:line`` and what is wrong -- never the token itself, which would then be
+    in a log. Tokens must be at least 16 characters and unique; roles reader, writer or
+    admin (``server`` is never a token's: only a server certificate proves it)."""
+    entries: list[tuple[str, Identity]] = []
+    seen: set[str] = set()
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields = line.split()
+        where = f"{source}:{lineno}"
+        if len(fields) != 3:
+            raise ValueError(f"{where}: expected 'token role name', got {len(fields)} fields")
+        token, role_text, name = fields
+        if len(token) < _MIN_TOKEN_LENGTH:
+            raise ValueError(f"{where}: token is shorter than {_MIN_TOKEN_LENGTH} characters")
+        if token in seen:
+            raise ValueError(f"{where}: token repeats an earlier line's")
+        try:
+            role = parse_role(role_text)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        seen.add(token)
+        entries.append((token, Identity(name, role, via="token")))
+    return TokenTable(entries)
+
+
+def load_tokens_file(path: str) -> TokenTable:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
+    if p.stat().st_mode & 0o077:
+        # Not fatal (a mounted secret's mode is not always ours to choose), but say it.
+        logger.warning("%s is readable by other users: tokens in it are secrets", path)
+    return parse_tokens(text, path)
+
+
+def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` header; "" if the header is there
+    but not a bearer token (which is refused, not ignored)."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            scheme, _, token = text.strip().partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return None
+
+
+# --- who is calling ---------------------------------------------------------------------------
+
+
+class AuthError(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason  # the rpc_auth_denials label
+        self.message = message
+
+    @classmethod
+    def sender_mismatch(cls, message: str) -> AuthError:
+        return cls(grpc.StatusCode.PERMISSION_DENIED, "sender_mismatch", message)
+
+
+class Authenticator:
+    """Resolves and authorizes callers; counts and logs refusals. Thread-safe."""
+
+    def __init__(self, tokens: TokenTable | None, metrics: MetricEntity | None = None) -> None:
+        self.tokens = tokens or TokenTable()
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        # Log a refusal at most once a second per (reason, who): a misconfigured client
+        # retrying in a loop must not flood the log.
+        self._last_logged: dict[tuple[str, str], float] = {}
+
+    def identify(self, cert_uris: Sequence[str], bearer: str | None) -> Identity:
+        """The caller from its verified certificate's SAN URIs and its bearer token (None:
+        no header). A token, when sent, decides: a wrong one is refused, not ignored."""
+        if bearer is not None:
+            identity = self.tokens.lookup(bearer) if bearer else None
+            if identity is None:
+                raise AuthError(
+                    grpc.StatusCode.UNAUTHENTICATED, "invalid_token", "invalid bearer token"
+                )
+            return identity
+        found = [i for i in (parse_identity_uri(u) for u in cert_uris) if i is not None]
+        if len(found) == 1:
+            return found[0]
+        if not cert_uris:
+            raise AuthError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no_credentials",
+                "no client certificate or bearer token",
+            )
+        raise AuthError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "no_identity",
+            "the client certificate names no raftlet identity (raftlet certs create makes them)",
+        )
+
+    def authorize(self, identity: Identity, required: AccessRole, what: str) -> None:
+        if not permits(identity, required):
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "role_too_low",
+                f"{what} needs {_role_words(required)}; {identity} may not",
+            )
+
+    def denied(self, error: AuthError, what: str, who: str) -> None:
+        """Count and (rate-limited) log a refusal. ``who`` must hold no secret."""
+        if self._metrics is not None:
+            self._metrics.counter(RPC_AUTH_DENIALS, reason=error.reason).increment()
+        now = time.monotonic()
+        key = (error.reason, who)
+        with self._lock:
+            if now - self._last_logged.get(key, -1e9) < 1.0:
+                return
+            self._last_logged[key] = now
+            if len(self._last_logged) > 1024:
+                self._last_logged.clear()
+        logger.warning("refused %s from %s: %s", what, who, error.message)
+
+    # --- the status server --------------------------------------------------------------
+
+    def check_page(self, request: PageRequest) -> None:
+        """The status server's guard: ``/healthz`` is open; ``/stacks`` needs admin; every
+        other page reader. Raises ``HttpError`` 401 or 403."""
+        if request.path == "/healthz":
+            return
+        required = AccessRole.ADMIN if request.path == "/stacks" else AccessRole.READER
+        header = {k.lower(): v for k, v in request.headers.items()}.get("authorization")
+        bearer = _bearer([("authorization", header)]) if header is not None else None
+        what = f"GET {request.path}"
+        try:
+            identity = self.identify(request.peer_uris, bearer)
+            self.authorize(identity, required, what)
+        except AuthError as e:
+            self.denied(e, what, _who_http(request))
+            status = 401 if e.code == grpc.StatusCode.UNAUTHENTICATED else 403
+            raise HttpError(status, e.message) from None
+
+
+def _role_words(role: AccessRole) -> str:
+    return "a server certificate" if role is AccessRole.SERVER else f"role {role.label}"
+
+
+def _who_http(request: PageRequest) -> str:
+    return ",".join(request.peer_uris) or "an anonymous client"
+
+
+def _cert_uris(context: grpc.aio.ServicerContext) -> list[str]:
+    # grpc puts every SAN of the verified peer certificate (DNS names too) under
+    # x509_subject_alternative_name; only the raftlet URIs matter, parsed by the caller.
+    values = context.auth_context().get("x509_subject_alternative_name", [])
+    return [v.decode(errors="replace") for v in values]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # untyped grpc
+    """Authenticates and authorizes every RPC before its servicer runs, and publishes the
+    caller for it (``caller_identity``). Refusals abort with UNAUTHENTICATED or
+    PERMISSION_DENIED."""
+
+    def __init__(self, auth: Authenticator) -> None:
+        self._auth = auth
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        required = required_role(method)
+        if required is None:
+            return handler
+        auth = self._auth
+
+        async def admit(context: grpc.aio.ServicerContext) -> None:
+            uris = _cert_uris(context)
+            try:
+                identity = auth.identify(uris, _bearer(context.invocation_metadata()))
+                auth.authorize(identity, required, method)
+            except AuthError as e:
+                auth.denied(e, method, ",".join(uris) or context.peer())
+                await context.abort(e.code, e.message)
+            else:
+                _CALLER.set(identity)
+
+        def wrap(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+            if inspect.isasyncgenfunction(behaviour):
+
+                async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                    await admit(context)
+                    async for item in behaviour(request, context):
+                        yield item
+
+                return stream
+
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await admit(context)
+                result = behaviour(request, context)
+                return await result if inspect.isawaitable(result) else result
+
+            return call
+
+        # grpc.experimental.wrap_server_method_handler, without the experimental import.
+        if handler.request_streaming and handler.response_streaming:
+            return handler._replace(stream_stream=wrap(handler.stream_stream))
+        if handler.request_streaming:
+            return handler._replace(stream_unary=wrap(handler.stream_unary))
+        if handler.response_streaming:
+            return handler._replace(unary_stream=wrap(handler.unary_stream))
+        return handler._replace(unary_unary=wrap(handler.unary_unary))
+
+
+# --- consensus senders ------------------------------------------------------------------------
+
+
+class SenderMismatch(ValueError):
+    """A consensus request claims a sender other than its certificate's server."""
+
+
+def claimed_sender(request: object) -> str:
+    if isinstance(request, cpb.RequestVoteRequest):
+        return request.candidate_uuid
+    if isinstance(request, cpb.UpdateConsensusRequest | cpb.TimeoutNowRequest):
+        return request.caller_uuid
+    return ""
+
+
+def check_sender(request: object, peer: Identity | None) -> None:
+    """Refuse (``SenderMismatch``) a consensus request whose claimed sender is not the
+    server its TLS certificate names. ``peer`` None: auth is off, nothing to check."""
+    if peer is None:
+        return
+    claimed = claimed_sender(request)
+    if not peer.is_server or claimed != peer.name:
+        raise SenderMismatch(
+            f"{type(request).__name__} claims to come from {claimed!r}, but the caller's "
+            f"certificate is {peer}"
+        )
+
+
+# --- credentials ------------------------------------------------------------------------------
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise OSError(f"--{what} {path}: {e.strerror}") from None
+
+
+def server_credentials(cert: str, key: str, ca: str) -> grpc.ServerCredentials:
+    """TLS for the gRPC port: our certificate, and client certificates required and
+    verified against ``ca`` (see the module docstring for why required)."""
+    return grpc.ssl_server_credentials(
+        [(_read(key, "tls_key"), _read(cert, "tls_cert"))],
+        root_certificates=_read(ca, "tls_ca"),
+        require_client_auth=True,
+    )
+
+
+def status_ssl_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """HTTPS for the status server: a client certificate is asked for and verified if sent
+    (CERT_OPTIONAL), so a bearer token alone also works."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+        context.load_verify_locations(ca)
+    except (OSError, ssl.SSLError) as e:
+        raise OSError(f"status server TLS ({cert}, {key}, {ca}): {e}") from None
+    context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
+def is_loopback_addr(addr: str) -> bool:
+    """Whether ``host:port`` binds only loopback: ``localhost`` or a loopback IP. Any other
+    name could resolve anywhere, so it counts as not loopback."""
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
