@@ -76,6 +76,9 @@ class NemesisOptions:
     hold_s: tuple[float, float] = (1.0, 4.0)
     quiet_s: tuple[float, float] = (1.0, 3.0)
     slow_disk_ms: tuple[int, int] = (50, 400)
+    # Targeted faults hit the leader of one of these tablets (any tablet's if empty): the
+    # tablets whose histories are checked for linearizability.
+    focus_tablets: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         check_faults(self.faults)
@@ -244,7 +247,14 @@ class Nemesis:
     def _pick_target(self, servers: list[str], *, prefer_leader: bool) -> str:
         if prefer_leader:
             try:
-                leaders = sorted(set(self.cluster.leaders().values()))
+                focus = set(self.options.focus_tablets)
+                leaders = sorted(
+                    {
+                        sid
+                        for tablet, sid in self.cluster.leaders().items()
+                        if not focus or tablet in focus
+                    }
+                )
             except Exception:  # no answer while the cluster is in trouble: any server
                 leaders = []
             if leaders:

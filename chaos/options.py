@@ -41,6 +41,14 @@ class WorkloadOptions:
     read_fraction: float = 0.5
     # Of the reads, those sent straight to a random server (see chaos.workload).
     direct_read_fraction: float = 0.25
+    # Of the writes, those sent straight to a random server, once, without the client's
+    # retries: a client with another view of who leads, which a deposed leader's stale
+    # answers must be measured against.
+    direct_write_fraction: float = 0.25
+    # Deadline of one direct read or write. Short, so that a worker whose call waits at a
+    # paused or cut-off server soon tries again elsewhere: calls keep arriving at every server
+    # while the others move on, which is when a stale answer shows.
+    direct_timeout_s: float = 1.0
     # Bounds each operation, retries included: past it the operation is INFO (or FAIL).
     op_timeout_s: float = 5.0
     seed: int = 1
@@ -52,11 +60,12 @@ class WorkloadOptions:
             raise ValueError("worker counts cannot be negative")
         if self.register_workers + self.insert_workers == 0:
             raise ValueError("the workload needs at least one worker")
-        for name in ("read_fraction", "direct_read_fraction"):
+        for name in ("read_fraction", "direct_read_fraction", "direct_write_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.op_timeout_s <= 0:
-            raise ValueError(f"op_timeout_s must be positive, got {self.op_timeout_s}")
+        for name in ("op_timeout_s", "direct_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from raftlet.chaos.cluster import ChaosCluster
 from raftlet.chaos.history import History, Op, OpKind, Outcome
 from raftlet.chaos.nemesis import FaultEvent, Nemesis, NemesisOptions
 from raftlet.chaos.options import CHAOS_TIMINGS, UNSAFE_SWITCHES, ChaosOptions
-from raftlet.chaos.workload import INSERTS, Workload, chaos_tables
+from raftlet.chaos.workload import INSERTS, REGISTERS, Workload, chaos_tables
 from raftlet.client import Client
 from raftlet.client.errors import RaftletError
 from raftlet.client.scanner import ReadMode
@@ -208,7 +208,7 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
     terms_before = _terms(c)
     history = History()
     client = Client([s.rpc_addr for s in c.config.servers], timeout_s=options.workload.op_timeout_s,
-                    rpc_timeout_s=min(2.0, options.workload.op_timeout_s))  # fmt: skip
+                    rpc_timeout_s=min(1.0, options.workload.op_timeout_s))  # fmt: skip
     try:
         workload = Workload(client, options.workload, history, c.probe)
         nemesis = Nemesis(
@@ -218,6 +218,7 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
                 seed=options.seed,
                 hold_s=options.hold_s,
                 quiet_s=options.quiet_s,
+                focus_tablets=[p.tablet_id for p in c.config.placements() if p.table == REGISTERS],
             ),
         )
         t0 = time.monotonic()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 
@@ -18,7 +18,7 @@ from raftlet.client.channels import ChannelPool, channel_options
 from raftlet.cluster import ClusterConfig
 from raftlet.proto import admin_pb2, admin_pb2_grpc, consensus_pb2, tablet_pb2, tablet_pb2_grpc
 from raftlet.schema.predicates import Predicate
-from raftlet.schema.rows import row_from_pb
+from raftlet.schema.rows import OpType, encode_row_op, row_from_pb
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import Value
 
@@ -147,6 +147,31 @@ class ServerProbe:
         )
         rows = [row_from_pb(schema, ["value"], pb) for pb in resp.rows]
         return rows[0][0] if rows else None
+
+    def write_row(
+        self,
+        sid: str,
+        tablet_id: str,
+        schema: Schema,
+        row: Mapping[str, object],
+        request_id: tuple[str, int],
+        timeout_s: float,
+    ) -> tablet_pb2.WriteResponse:
+        """One UPSERT of ``row`` sent to ``sid`` itself, once, with request id ``(client id,
+        sequence number)`` -- what a client whose cache names ``sid`` as the leader would
+        send. Raises ``grpc.RpcError`` when it fails."""
+        client_id, seq_no = request_id
+        request = tablet_pb2.WriteRequest(
+            tablet_id=tablet_id, ops=[encode_row_op(schema, OpType.UPSERT, row)]
+        )
+        request.request_id.client_id = client_id
+        request.request_id.seq_no = seq_no
+        # Never retried: nothing below this one needs remembering.
+        request.request_id.first_incomplete_seq_no = seq_no
+        response: tablet_pb2.WriteResponse = self._tablet_stub(sid).Write(
+            request, timeout=timeout_s
+        )
+        return response
 
     def compare_replicas(
         self, tablet_id: str, replicas: Sequence[str], schema: Schema

@@ -7,7 +7,10 @@ Two tables, created by the run's cluster config:
   names the write it saw) or read it: a linearizable leader read of that one key through the
   client (which prunes it to its tablet), or -- a ``direct_read_fraction`` of reads -- the
   same read sent straight to a server picked at random, as a client whose cache still names
-  a deposed leader would send it. A server that is not the leader must refuse it.
+  a deposed leader would send it. A server that is not the leader must refuse it. Likewise a
+  ``direct_write_fraction`` of the writes go straight to a random server, once, without the
+  client's retries: clients with other views of who leads, whose acknowledged writes a
+  deposed leader's answers are then measured against.
 - ``inserts (id INT64, process INT64)``: insert workers INSERT ids no one else uses; after
   the run every acknowledged id must be there and none reported failed may be.
 
@@ -24,6 +27,7 @@ import itertools
 import logging
 import random
 import threading
+import uuid
 from collections.abc import Callable
 from functools import partial
 
@@ -34,6 +38,7 @@ from raftlet.chaos.options import WorkloadOptions
 from raftlet.chaos.servers import ServerProbe
 from raftlet.client import Client
 from raftlet.client.errors import RaftletError
+from raftlet.client.retry import classify, refused_before_log
 from raftlet.client.scanner import ReadMode
 from raftlet.cluster import TableConfig
 from raftlet.schema.predicates import Predicate
@@ -83,6 +88,9 @@ class Workload:
         self.client = client
         self.probe = probe
         self._servers = [s.id for s in probe.config.servers] if probe is not None else []
+        # Direct writes carry request ids of their own (one client, one sequence).
+        self._direct_client_id = f"chaos-direct-{uuid.uuid4().hex[:12]}"
+        self._direct_seq = itertools.count(1)
         self.options = options
         self.history = history
         self._stop = threading.Event()
@@ -147,7 +155,7 @@ class Workload:
         started = self.history.call()
         try:
             value = self.probe.leader_read(
-                sid, tablet, REGISTERS_SCHEMA, key, self.options.op_timeout_s
+                sid, tablet, REGISTERS_SCHEMA, key, self.options.direct_timeout_s
             )
         except grpc.RpcError as e:
             error = f"{sid}: {e.code().name}"
@@ -155,6 +163,28 @@ class Workload:
             return Outcome.FAIL
         self.history.done(started, process, OpKind.READ, key, value, Outcome.OK)
         return Outcome.OK
+
+    def _direct_write(self, process: int, key: int, value: int, rng: random.Random) -> int:
+        """One UPSERT sent straight to a random server, once; the process to go on with."""
+        assert self.probe is not None
+        sid = rng.choice(self._servers)
+        tablet = self.client.tablet_for(REGISTERS, {"key": key})
+        request_id = (self._direct_client_id, self._next(self._direct_seq))
+        started = self.history.call()
+        try:
+            response = self.probe.write_row(
+                sid, tablet, REGISTERS_SCHEMA, {"key": key, "value": value}, request_id,
+                self.options.direct_timeout_s,
+            )  # fmt: skip
+            # An UPSERT of a valid row has no row error to give: any would be a refusal.
+            outcome = Outcome.FAIL if response.row_errors else Outcome.OK
+            error = str(response.row_errors[0]) if response.row_errors else ""
+        except grpc.RpcError as e:
+            failure = classify(e, sid)
+            outcome = Outcome.FAIL if refused_before_log(failure) else Outcome.INFO
+            error = f"{sid}: {failure.cause}"
+        self.history.done(started, process, OpKind.WRITE, key, value, outcome, error)
+        return self._next(self._processes) if outcome is Outcome.INFO else process
 
     def _registers(self, rng: random.Random) -> None:
         opts = self.options
@@ -167,6 +197,9 @@ class Workload:
                     self.read(process, key, rng)
                     continue
                 value = self._next(self._values)
+                if rng.random() < opts.direct_write_fraction and self.probe is not None:
+                    process = self._direct_write(process, key, value, rng)
+                    continue
                 row = {"key": key, "value": value}
                 process = self._write(
                     process, OpKind.WRITE, key, value, partial(session.upsert, REGISTERS, row)

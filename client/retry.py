@@ -180,6 +180,11 @@ class RpcFailure:
         return f"{self.cause}{where}: {self.message}"
 
 
+def refused_before_log(failure: RpcFailure) -> bool:
+    """Whether ``failure`` says its attempt cannot have reached a replica's log."""
+    return failure.cause in _REFUSED
+
+
 def server_error_of(err: grpc.RpcError) -> ServerErrorPB | None:
     """The ``ServerErrorPB`` a server attached to a failed call, if any."""
     try:
