@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import FLAGS, ServerSettings
+from tests.integration.tserver_cluster import free_ports
 from tests.waiting import wait_for
 
 RPC_TIMEOUT_S = 10.0  # a call that takes longer than this has hung
@@ -49,24 +49,11 @@ FUZZ = settings(
 )
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class InProcessServer:
     """A ``TabletServer`` on an event loop of its own thread."""
 
     def __init__(self, root: Path) -> None:
-        rpc, http = _free_ports(2)
+        rpc, http = free_ports(2)
         schema = Schema(
             [
                 ColumnSchema("key", DataType.INT64, is_key=True),
