@@ -218,7 +218,10 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
                 seed=options.seed,
                 hold_s=options.hold_s,
                 quiet_s=options.quiet_s,
-                focus_tablets=[p.tablet_id for p in c.config.placements() if p.table == REGISTERS],
+                # The tablets that hold the registers (a tablet may hold none of few keys).
+                focus_tablets=sorted(
+                    {client.tablet_for(REGISTERS, {"key": k}) for k in range(options.workload.keys)}
+                ),
             ),
         )
         t0 = time.monotonic()
