@@ -28,6 +28,7 @@ from raftlet.cluster import (
     write_cluster_config,
 )
 from raftlet.deploy.local import free_ports
+from raftlet.deploy.ready import wait_ready_line
 
 __all__ = ["ProxyChaosCluster"]
 
@@ -167,18 +168,7 @@ class ProxyChaosCluster(ProcessCluster):
             )
 
     def _wait_ready(self, sid: str) -> None:
-        """Until the server printed its ready line; RuntimeError with its log if it died."""
-        out = self.root / f"{sid}.out"
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while True:
-            with contextlib.suppress(OSError):
-                if "ready" in out.read_text(errors="replace"):
-                    return
-            proc = self._procs[sid]
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{sid} exited with {proc.returncode} before ready:\n{self.log_tail(sid)}"
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{sid} not ready after {_READY_TIMEOUT_S} s")
-            time.sleep(0.05)
+        """Until the server printed its ready line; RuntimeError with its log if it never will."""
+        why = wait_ready_line(self.root / f"{sid}.out", self._procs[sid], _READY_TIMEOUT_S)
+        if why is not None:
+            raise RuntimeError(f"{sid} {why}:\n{self.log_tail(sid)}")

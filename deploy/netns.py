@@ -68,6 +68,7 @@ from raftlet.cluster import (
     TableConfig,
     write_cluster_config,
 )
+from raftlet.deploy.ready import wait_ready_line
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 
@@ -492,19 +493,9 @@ class NetnsCluster:
     def wait_ready(self, server: str | int | NetnsHost) -> None:
         """Wait until the server printed its "ready" line; NetnsError with its log if not."""
         h = self.host(server)
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            with contextlib.suppress(OSError):
-                if "ready" in h.out_path.read_text(errors="replace"):
-                    return
-            if not h.alive:
-                code = h.proc.returncode if h.proc is not None else None
-                raise NetnsError(f"{h.server_id} exited with {code} before ready:\n{h.log_tail()}")
-            if time.monotonic() > deadline:
-                raise NetnsError(
-                    f"{h.server_id} not ready after {self.start_timeout} s:\n{h.log_tail()}"
-                )
-            time.sleep(0.05)
+        why = wait_ready_line(h.out_path, h.proc, self.start_timeout)
+        if why is not None:
+            raise NetnsError(f"{h.server_id} {why}:\n{h.log_tail()}")
 
     def stop_server(self, server: str | int | NetnsHost, timeout: float = 10.0) -> int | None:
         """SIGTERM one server, SIGKILL after ``timeout``; its exit code (None if never run)."""
