@@ -70,7 +70,7 @@ from raftlet.client.meta_cache import ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.stats import StatsRecorder
-from raftlet.client.tls import TlsOptions, channel_credentials
+from raftlet.client.tls import TlsOptions, channel_credentials, uses_token_ports
 from raftlet.client.write_batch import (
     Operation,
     WriteResult,
@@ -152,7 +152,13 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
             )
             stubs = self._pool
         self._meta = AsyncMetaCache(
-            self._seeds, stubs, self._stats, rpc_timeout_s=rpc_timeout_s, clock=clock, sleep=sleep
+            self._seeds,
+            stubs,
+            self._stats,
+            rpc_timeout_s=rpc_timeout_s,
+            clock=clock,
+            sleep=sleep,
+            token_ports=uses_token_ports(tls),
         )
         self._rpc = AsyncRpcContext(
             meta=self._meta,
@@ -177,7 +183,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> _Connecting:
         """``connect`` to the servers of a ``cluster.toml``."""
-        seeds = seeds_from_config(path)
+        seeds = seeds_from_config(path, token_ports=uses_token_ports(kwargs.get("tls")))
         return _Connecting(lambda: cls(seeds, **kwargs))
 
     async def load(self) -> Self:

@@ -53,8 +53,9 @@ class AsyncMetaCache(MetaState):
         leader_refresh_interval_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        token_ports: bool = False,
     ) -> None:
-        super().__init__(seeds, stats, down_ttl_s=down_ttl_s, clock=clock)
+        super().__init__(seeds, stats, down_ttl_s=down_ttl_s, clock=clock, token_ports=token_ports)
         self._sleep = sleep
         self._stubs = stubs
         self._rpc_timeout_s = rpc_timeout_s

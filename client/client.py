@@ -43,7 +43,7 @@ from raftlet.client.session import (
     Session,
 )
 from raftlet.client.stats import StatsRecorder
-from raftlet.client.tls import TlsOptions, channel_credentials
+from raftlet.client.tls import TlsOptions, channel_credentials, uses_token_ports
 from raftlet.cluster import ClusterConfigError, load_cluster_config
 from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.schema.partition import partitions_for_predicates
@@ -64,15 +64,20 @@ def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
     return out
 
 
-def seeds_from_config(path: str | os.PathLike[str]) -> list[str]:
-    """The RPC addresses of the servers of a ``cluster.toml``, read and validated by
-    ``raftlet.cluster`` exactly as the servers read it (``InvalidArgument`` if it is not a
-    valid config)."""
+def seeds_from_config(path: str | os.PathLike[str], *, token_ports: bool = False) -> list[str]:
+    """The RPC addresses of the servers of a ``cluster.toml`` -- their token ports with
+    ``token_ports`` -- read and validated by ``raftlet.cluster`` exactly as the servers read
+    it (``InvalidArgument`` if it is not a valid config)."""
     try:
         config = load_cluster_config(path)
     except ClusterConfigError as e:
         raise InvalidArgument(str(e)) from None
-    return [s.rpc_addr for s in config.servers]
+    if not token_ports:
+        return [s.rpc_addr for s in config.servers]
+    seeds = [s.token_rpc_addr for s in config.servers if s.token_rpc_addr]
+    if not seeds:
+        raise InvalidArgument(f"{path}: no server has a token_rpc_addr")
+    return seeds
 
 
 class Client(ClientBase[MetaCache]):
@@ -94,7 +99,8 @@ class Client(ClientBase[MetaCache]):
         every operation; ``rpc_timeout_s`` caps one attempt, so a hung server is left for
         another replica in time. ``tls`` (the CA, and this client's certificate and key)
         and ``token`` (a bearer token) for a TLS cluster (``client.tls``); without them
-        the channels are plaintext."""
+        the channels are plaintext. With a token and no certificate the client dials the
+        servers' token ports (``seeds`` are token ports too)."""
         if timeout_s <= 0 or rpc_timeout_s <= 0:
             raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
         if flush_threads < 1:
@@ -108,7 +114,11 @@ class Client(ClientBase[MetaCache]):
             credentials=channel_credentials(tls, token),
         )
         self._meta = MetaCache(
-            self._seeds, self._channels, self._stats, rpc_timeout_s=rpc_timeout_s
+            self._seeds,
+            self._channels,
+            self._stats,
+            rpc_timeout_s=rpc_timeout_s,
+            token_ports=uses_token_ports(tls),
         )
         self._rpc = RpcContext(
             meta=self._meta,
@@ -132,7 +142,8 @@ class Client(ClientBase[MetaCache]):
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Client:
         """A client for the cluster described by a ``cluster.toml`` (its servers' RPC
         addresses are the seeds; everything else is fetched from them)."""
-        return cls(seeds_from_config(path), **kwargs)
+        token_ports = uses_token_ports(kwargs.get("tls"))
+        return cls(seeds_from_config(path, token_ports=token_ports), **kwargs)
 
     # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: client_base) --
 

@@ -92,9 +92,24 @@ class ClusterView:
     tablets: Mapping[str, TabletInfo]
 
     @classmethod
-    def from_pb(cls, pb: tablet_pb2.GetClusterConfigResponse) -> ClusterView:
-        """Validate a server's answer enough that routing cannot go wrong on it."""
-        servers = {s.uuid: ServerInfo(s.uuid, s.rpc_addr, s.http_addr) for s in pb.servers}
+    def from_pb(
+        cls, pb: tablet_pb2.GetClusterConfigResponse, *, token_ports: bool = False
+    ) -> ClusterView:
+        """Validate a server's answer enough that routing cannot go wrong on it.
+        ``token_ports``: this client has a bearer token and no certificate, so it dials each
+        server's token port instead of its RPC port (``InvalidArgument`` if one has none)."""
+        if token_ports:
+            lacking = sorted(s.uuid for s in pb.servers if not s.token_rpc_addr)
+            if lacking:
+                raise InvalidArgument(
+                    f"server(s) {', '.join(lacking)} have no token port (token_rpc_addr), so "
+                    "a client without a certificate cannot reach them: give the client a "
+                    "certificate, or the servers --token_rpc_addr"
+                )
+        servers = {
+            s.uuid: ServerInfo(s.uuid, s.token_rpc_addr if token_ports else s.rpc_addr, s.http_addr)
+            for s in pb.servers
+        }
         if not servers:
             raise RemoteError("GetClusterConfig answered with no servers")
         tablets: dict[str, TabletInfo] = {}
@@ -144,8 +159,11 @@ class MetaState:
         *,
         down_ttl_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        token_ports: bool = False,
     ) -> None:
         self.seeds = list(seeds)
+        # A client with a token and no certificate dials the servers' token ports.
+        self.token_ports = token_ports
         self._stats = stats
         self._down_ttl_s = down_ttl_s
         self._clock = clock
@@ -162,7 +180,7 @@ class MetaState:
     # --- the config ------------------------------------------------------------------------
 
     def install(self, pb: tablet_pb2.GetClusterConfigResponse) -> ClusterView:
-        view = ClusterView.from_pb(pb)
+        view = ClusterView.from_pb(pb, token_ports=self.token_ports)
         self._view = view
         return view
 
@@ -280,8 +298,9 @@ class MetaCache(MetaState):
         down_ttl_s: float = 1.0,
         leader_refresh_interval_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
+        token_ports: bool = False,
     ) -> None:
-        super().__init__(seeds, stats, down_ttl_s=down_ttl_s, clock=clock)
+        super().__init__(seeds, stats, down_ttl_s=down_ttl_s, clock=clock, token_ports=token_ports)
         self._stubs = stubs
         self._rpc_timeout_s = rpc_timeout_s
         self._refresh_interval_s = leader_refresh_interval_s

@@ -26,7 +26,7 @@ import grpc
 
 from raftlet.client.errors import InvalidArgument
 
-__all__ = ["TlsOptions", "channel_credentials", "token_from_env"]
+__all__ = ["TlsOptions", "channel_credentials", "token_from_env", "uses_token_ports"]
 
 PemSource = str | os.PathLike[str] | bytes
 
@@ -74,6 +74,12 @@ class TlsOptions:
             private_key=_pem(self.key, "key"),
             certificate_chain=_pem(self.cert, "certificate"),
         )
+
+
+def uses_token_ports(tls: TlsOptions | None) -> bool:
+    """Whether a client dials the servers' token ports: TLS without a certificate of its
+    own (a server's RPC port requires one; its token port asks for none)."""
+    return tls is not None and tls.cert is None
 
 
 def token_from_env() -> str | None:

@@ -26,7 +26,12 @@ __all__ = [
 
 
 def server_to_pb(server: ServerConfig) -> tablet_pb2.ServerPB:
-    return tablet_pb2.ServerPB(uuid=server.id, rpc_addr=server.rpc_addr, http_addr=server.http_addr)
+    return tablet_pb2.ServerPB(
+        uuid=server.id,
+        rpc_addr=server.rpc_addr,
+        http_addr=server.http_addr,
+        token_rpc_addr=server.token_rpc_addr,
+    )
 
 
 def table_to_pb(table: TableConfig) -> tablet_pb2.TablePB:
@@ -72,7 +77,9 @@ def cluster_from_pb(
     servers = []
     for i, s in enumerate(pb.servers):
         try:
-            servers.append(ServerConfig(s.uuid, s.rpc_addr, s.http_addr, Path(s.uuid or "_")))
+            servers.append(
+                ServerConfig(s.uuid, s.rpc_addr, s.http_addr, Path(s.uuid or "_"), s.token_rpc_addr)
+            )
         except ClusterConfigError as e:
             raise e.within(f"servers[{i}]") from None
     tables = []

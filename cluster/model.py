@@ -55,6 +55,8 @@ class ServerConfig:
     rpc_addr: str
     http_addr: str
     data_dir: Path
+    # TLS without client certificates, for callers with a bearer token alone; "" for none.
+    token_rpc_addr: str = ""
 
     def __post_init__(self) -> None:
         data_dir: object = self.data_dir

@@ -12,6 +12,7 @@ The file layout::
     id = "ts1"
     rpc_addr = "127.0.0.1:7051"
     http_addr = "127.0.0.1:8051"
+    token_rpc_addr = "127.0.0.1:9051"  # optional: TLS, bearer tokens, no client certificate
     data_dir = "ts1"            # optional; relative to the file's directory; default = id
     [[tables]]
     name = "kv"
@@ -82,7 +83,7 @@ def _parse(text: str, base_dir: Path, *, path: Path | None, source: str | None) 
 _TOP_KEYS = ("cluster", "raft", "servers", "tables")
 _CLUSTER_KEYS = ("name",)
 _RAFT_KEYS = ("tick_interval_ms", "election_ticks", "heartbeat_ticks")
-_SERVER_KEYS = ("id", "rpc_addr", "http_addr", "data_dir")
+_SERVER_KEYS = ("id", "rpc_addr", "http_addr", "token_rpc_addr", "data_dir")
 _TABLE_KEYS = ("name", "partitions", "replication_factor", "columns")
 _COLUMN_KEYS = ("name", "type", "key", "nullable")
 
@@ -160,11 +161,11 @@ def _build(doc: dict[str, Any], base_dir: Path, path: Path | None) -> ClusterCon
             raise ClusterConfigError("must not be empty", s.path("data_dir"))
         rpc_addr = s.get("rpc_addr", str, "a string 'host:port'")
         http_addr = s.get("http_addr", str, "a string 'host:port'")
+        token_rpc_addr = s.get("token_rpc_addr", str, "a string 'host:port'", "")
         try:
             # Relative to the config file, so a cluster directory can be moved whole.
-            servers.append(
-                ServerConfig(sid, rpc_addr, http_addr, base_dir / Path(data_dir).expanduser())
-            )
+            where_data = base_dir / Path(data_dir).expanduser()
+            servers.append(ServerConfig(sid, rpc_addr, http_addr, where_data, token_rpc_addr))
         except ClusterConfigError as e:
             raise e.within(where) from None
 

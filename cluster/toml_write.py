@@ -63,6 +63,7 @@ def dump_cluster_config(
             "id": s.id,
             "rpc_addr": s.rpc_addr,
             "http_addr": s.http_addr,
+            **({"token_rpc_addr": s.token_rpc_addr} if s.token_rpc_addr else {}),
             "data_dir": _relative(s.data_dir, base),
         }
         for s in config.servers

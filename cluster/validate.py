@@ -105,7 +105,8 @@ def check_server(server: ServerConfig) -> None:
         )
     if len(server.id) > MAX_NAME_LENGTH:
         raise ClusterConfigError(f"longer than {MAX_NAME_LENGTH} characters", "id")
-    for name in ("rpc_addr", "http_addr"):
+    names = ("rpc_addr", "http_addr", "token_rpc_addr")
+    for name in names if server.token_rpc_addr else names[:2]:
         try:
             parse_host_port(getattr(server, name))
         except ValueError as e:
@@ -113,6 +114,11 @@ def check_server(server: ServerConfig) -> None:
     if server.rpc_addr == server.http_addr:
         raise ClusterConfigError(
             f"{server.http_addr!r} is also this server's rpc_addr", "http_addr"
+        )
+    if server.token_rpc_addr in (server.rpc_addr, server.http_addr):
+        raise ClusterConfigError(
+            f"{server.token_rpc_addr!r} is also another of this server's addresses",
+            "token_rpc_addr",
         )
     data_dir: object = server.data_dir
     if not isinstance(data_dir, Path):
@@ -172,8 +178,10 @@ def check_cluster(config: ClusterConfig) -> None:
                 f"duplicate server id {s.id!r} (also servers[{ids[s.id]}])", f"servers[{i}].id"
             )
         ids[s.id] = i
-        for key in ("rpc_addr", "http_addr"):
+        for key in ("rpc_addr", "http_addr", "token_rpc_addr"):
             addr = getattr(s, key)
+            if not addr:
+                continue
             if addr in addrs:
                 raise ClusterConfigError(
                     f"address {addr!r} is already {addrs[addr]}", f"servers[{i}].{key}"

@@ -7,8 +7,9 @@ A cluster lives in one data directory::
     <data_dir>/cluster.json     the launcher's state: each server's PID, addresses, argv
     <data_dir>/<id>.log         each server's stdout and stderr
     <data_dir>/<id>/            each server's replicas (WAL, metadata, SQLite store)
-    <data_dir>/tls/             with ``up --tls``: the CA, server-<id>.crt/.key and
-                                client-admin.crt/.key (``deploy.certs``)
+    <data_dir>/tls/             with ``up --tls``: the CA, server-<id>.crt/.key,
+                                client-admin.crt/.key (``deploy.certs``) and ``tokens``:
+                                a bearer token per role, for the servers' token ports
 
 Rules this module keeps, and why:
 
@@ -350,6 +351,7 @@ class LocalCluster:
                     tablets=4 if tablets is None else tablets,
                     base_port=base_port,
                     raft=raft,
+                    token_ports=tls,
                 ),
                 config_path,
             )
@@ -358,6 +360,8 @@ class LocalCluster:
         if tls and local_tls_files(root) is None:
             say(f"making a CA and certificates in {root / TLS_DIR}")
             _make_certs(root, config)
+        if local_tls_files(root) is not None:
+            _make_tokens(root / TLS_DIR / TOKENS_FILE)
         tls_flags = cluster.tls_flags
         if term_check_mode is not None:
             flags += ["--term_check_mode", term_check_mode]
@@ -365,10 +369,13 @@ class LocalCluster:
             flags += ["--log_inject_latency_ms", f"{log_inject_latency_ms:g}"]
         try:
             for s in config.servers:
-                cluster._spawn(s, [*flags, *tls_flags(s.id)])
+                # The caller's flags last: argparse keeps the last value, so they win.
+                cluster._spawn(s, [*tls_flags(s.id), *flags])
             for s in config.servers:
                 cluster._wait_ready(s.id, ready_timeout_s)
-                say(f"{s.id} ready: rpc {s.rpc_addr}, status {cluster.servers[s.id].status_url}")
+                token = f", token port {s.token_rpc_addr}" if s.token_rpc_addr else ""
+                status = cluster.servers[s.id].status_url
+                say(f"{s.id} ready: rpc {s.rpc_addr}{token}, status {status}")
             cluster.wait_leaders(leader_timeout_s)
         except BaseException:
             # Includes KeyboardInterrupt: a Ctrl-C during `up` must not leave orphans.
@@ -382,10 +389,12 @@ class LocalCluster:
         tls = self.data_dir / TLS_DIR
         if local_tls_files(self.data_dir) is None:
             return []
+        tokens = tls / TOKENS_FILE
         return [
             "--tls_cert", str(tls / f"server-{server_id}.crt"),
             "--tls_key", str(tls / f"server-{server_id}.key"),
             "--tls_ca", str(tls / "ca.crt"),
+            *(["--auth_tokens_file", str(tokens)] if tokens.exists() else []),
         ]  # fmt: skip
 
     @property
@@ -635,6 +644,7 @@ class LocalCluster:
 
 TLS_DIR = "tls"
 ADMIN_CLIENT = "admin"
+TOKENS_FILE = "tokens"
 
 
 def local_tls_files(data_dir: Path) -> tuple[Path, Path, Path] | None:
@@ -663,6 +673,36 @@ def _make_certs(root: Path, config: ClusterConfig) -> None:
         raise LauncherError(f"cannot make certificates: {e}") from None
 
 
+def _make_tokens(path: Path) -> None:
+    """A random bearer token per role, in the servers' ``--auth_tokens_file`` format,
+    readable by the owner only (made so before the secrets are written)."""
+    import secrets
+
+    from raftlet.cluster.identity import AccessRole
+
+    if path.exists():
+        return
+    roles = (AccessRole.READER, AccessRole.WRITER, AccessRole.ADMIN)
+    lines = [f"{secrets.token_urlsafe(32)} {r.label} local-{r.label}\n" for r in roles]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("# TOKEN ROLE NAME -- bearer tokens of this local cluster (keep secret)\n")
+        f.writelines(lines)
+
+
+def local_tokens(data_dir: Path) -> dict[str, str]:
+    """Role → bearer token of a cluster started with ``up --tls`` ({} if none)."""
+    path = Path(data_dir) / TLS_DIR / TOKENS_FILE
+    if not path.exists():
+        return {}
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 3 and not line.startswith("#"):
+            out[fields[1]] = fields[0]
+    return out
+
+
 def new_config(
     root: Path,
     *,
@@ -672,29 +712,34 @@ def new_config(
     raft: RaftTimings | None = None,
     host: str = "127.0.0.1",
     name: str = "local",
+    token_ports: bool = False,
 ) -> ClusterConfig:
     """The config of a fresh local cluster: servers ts1..tsN on ``host``, one table ``kv``
     of ``tablets`` hash partitions replicated min(3, N) times.
 
     Ports: ``base_port`` gives server i RPC port ``base_port + i`` and status port
     ``base_port + 1000 + i`` (7051 → 7051, 8051, …: Kudu's convention); None asks the kernel.
+    ``token_ports`` (a TLS cluster) adds a token port per server, ``base_port + 2000 + i``.
     """
     if not 1 <= servers <= MAX_SERVERS:
         raise LauncherError(f"--servers must be in 1..{MAX_SERVERS}, got {servers}")
+    kinds = 3 if token_ports else 2
     if base_port is None:
-        ports = free_ports(2 * servers, host)
-        rpc_ports, http_ports = ports[0::2], ports[1::2]
+        ports = free_ports(kinds * servers, host)
+        rpc_ports, http_ports, token = ports[0::kinds], ports[1::kinds], ports[2::kinds]
     else:
-        if base_port < 1 or base_port + 1000 + servers > 65535:
+        if base_port < 1 or base_port + 1000 * (kinds - 1) + servers > 65535:
             raise LauncherError(f"base port {base_port} leaves no room for {servers} servers")
         rpc_ports = [base_port + i for i in range(servers)]
         http_ports = [base_port + 1000 + i for i in range(servers)]
+        token = [base_port + 2000 + i for i in range(servers)] if token_ports else []
     server_configs = tuple(
         ServerConfig(
             id=f"ts{i + 1}",
             rpc_addr=f"{host}:{rpc_ports[i]}",
             http_addr=f"{host}:{http_ports[i]}",
             data_dir=root / f"ts{i + 1}",
+            token_rpc_addr=f"{host}:{token[i]}" if token_ports else "",
         )
         for i in range(servers)
     )

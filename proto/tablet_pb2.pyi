@@ -264,14 +264,16 @@ class ScanResponse(_message.Message):
     def __init__(self, columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[RowPB, _Mapping]]] = ..., has_more: _Optional[bool] = ..., resume_key: _Optional[bytes] = ..., applied_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ...) -> None: ...
 
 class ServerPB(_message.Message):
-    __slots__ = ("uuid", "rpc_addr", "http_addr")
+    __slots__ = ("uuid", "rpc_addr", "http_addr", "token_rpc_addr")
     UUID_FIELD_NUMBER: _ClassVar[int]
     RPC_ADDR_FIELD_NUMBER: _ClassVar[int]
     HTTP_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_RPC_ADDR_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     rpc_addr: str
     http_addr: str
-    def __init__(self, uuid: _Optional[str] = ..., rpc_addr: _Optional[str] = ..., http_addr: _Optional[str] = ...) -> None: ...
+    token_rpc_addr: str
+    def __init__(self, uuid: _Optional[str] = ..., rpc_addr: _Optional[str] = ..., http_addr: _Optional[str] = ..., token_rpc_addr: _Optional[str] = ...) -> None: ...
 
 class TablePB(_message.Message):
     __slots__ = ("name", "schema", "num_partitions", "replication_factor")

@@ -8,8 +8,13 @@ ask for one (``require_client_auth=False`` is OpenSSL's "don't request"), and a 
 see its peers' certificates to know who sends it Raft messages. So a client on the gRPC port
 always holds a certificate from the cluster's CA; a bearer token (``authorization: Bearer
 <token>``, tokens from ``--auth_tokens_file``) then names the caller and its role instead of
-the certificate. On the status server (Python's ``ssl``, which can ask for a certificate
-without requiring one) a token alone is enough, so Prometheus or curl need no certificate.
+the certificate. For clients with a token and no certificate a server may open a second
+port, ``--token_rpc_addr``: TLS that never asks for a client certificate, so nothing that
+arrives there has a certificate identity -- every call needs a token, and Raft messages
+(role ``server``, which no token has) are refused. The same servicers and interceptor serve
+both ports; the port a call came in on needs no check of its own. On the status server
+(Python's ``ssl``, which can ask for a certificate without requiring one) a token alone is
+enough, so Prometheus or curl need no certificate.
 
 **Identity** (``cluster.identity``): the ``raftlet://server/<id>`` or
 ``raftlet://client/<name>?role=<role>`` URI in the verified certificate's subjectAltName,
@@ -69,6 +74,7 @@ __all__ = [
     "required_role",
     "server_credentials",
     "status_ssl_context",
+    "token_port_credentials",
 ]
 
 logger = logging.getLogger(__name__)
@@ -424,6 +430,14 @@ def server_credentials(cert: str, key: str, ca: str) -> grpc.ServerCredentials:
         [(_read(key, "tls_key"), _read(cert, "tls_cert"))],
         root_certificates=_read(ca, "tls_ca"),
         require_client_auth=True,
+    )
+
+
+def token_port_credentials(cert: str, key: str) -> grpc.ServerCredentials:
+    """TLS for the token port: our certificate, no client certificate asked for -- so no
+    caller there is a server, and every call needs a bearer token."""
+    return grpc.ssl_server_credentials(
+        [(_read(key, "tls_key"), _read(cert, "tls_cert"))], require_client_auth=False
     )
 
 

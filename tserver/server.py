@@ -66,6 +66,7 @@ from raftlet.tserver.security import (
     load_tokens_file,
     server_credentials,
     status_ssl_context,
+    token_port_credentials,
 )
 from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
 from raftlet.tserver.servicers import AdminServicer, ConsensusServicer, TabletServicer
@@ -270,6 +271,12 @@ class TabletServer:
             self.rpc_port = server.add_insecure_port(s.rpc_addr)
         if self.rpc_port == 0:
             raise OSError(f"cannot listen for RPCs on {s.rpc_addr}")
+        if s.token_rpc_addr:
+            token_port = server.add_secure_port(
+                s.token_rpc_addr, token_port_credentials(s.tls_cert, s.tls_key)
+            )
+            if token_port == 0:
+                raise OSError(f"cannot listen for token RPCs on {s.token_rpc_addr}")
         await server.start()
         self._grpc = server
         for replica in self.replicas.values():
@@ -282,7 +289,8 @@ class TabletServer:
             "tablet server %s serving RPCs on %s (%s), status on %s (%d tablets)",
             self.server_id,
             s.rpc_addr,
-            "mutual TLS" if s.tls else "plaintext, no authentication",
+            ("mutual TLS" if s.tls else "plaintext, no authentication")
+            + (f"; bearer tokens on {s.token_rpc_addr}" if s.token_rpc_addr else ""),
             self.status.url(),
             len(self.replicas),
         )

@@ -111,6 +111,8 @@ class ServerSettings:
     tls_ca: str = ""
     auth_tokens_file: str = ""
     insecure: bool = False
+    # The token port (TLS, no client certificate asked for); "" = none.
+    token_rpc_addr: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -178,6 +180,11 @@ class ServerSettings:
             raise FlagError(
                 "--auth_tokens_file: bearer tokens need TLS (--tls_cert, --tls_key, --tls_ca)"
             )
+        if self.token_rpc_addr and not (self.tls and self.auth_tokens_file):
+            raise FlagError(
+                "--token_rpc_addr: a token port takes bearer tokens over TLS, so it needs "
+                "--tls_cert, --tls_key, --tls_ca and --auth_tokens_file"
+            )
         if self.tls or self.insecure:
             return
         from raftlet.tserver.security import is_loopback_addr
@@ -234,6 +241,7 @@ class ServerSettings:
             data_dir=Path(data_dir).absolute() if data_dir is not None else server.data_dir,
             rpc_addr=given("rpc_addr") or server.rpc_addr,
             http_addr=given("http_addr") or server.http_addr,
+            token_rpc_addr=given("token_rpc_addr") or server.token_rpc_addr,
             raft=raft,
             **tunables,
         )
@@ -290,6 +298,11 @@ class ServerSettings:
 
 def _addr_check(value: Any) -> None:
     parse_host_port(value)
+
+
+def _optional_addr_check(value: Any) -> None:
+    if value:
+        parse_host_port(value)
 
 
 def _term_check_mode(text: str) -> TermCheckMode:
@@ -687,6 +700,16 @@ FLAGS: tuple[FlagSpec, ...] = (
         convert=str,
     ),
     FlagSpec(
+        "token_rpc_addr", _SECURITY, "HOST:PORT",
+        "A second gRPC port for clients that have a bearer token but no certificate: TLS "
+        "that asks for no client certificate, so every call must carry a token; Raft "
+        "messages are refused there (they need a server certificate). Needs TLS and "
+        "--auth_tokens_file. Taken from the server's token_rpc_addr in --config if it has "
+        "one (default none: no token port); clients without a certificate dial the "
+        "config's address.",
+        convert=str, check=_optional_addr_check,
+    ),
+    FlagSpec(
         "insecure", _SECURITY, "[BOOL]",
         "Serve plaintext on a non-loopback --rpc_addr/--http_addr (default false: such a "
         "server refuses to start without TLS). No authentication then: anyone who reaches "
@@ -701,6 +724,6 @@ _SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(ServerSettings))
 )
 # Flags whose value from_args derives from the config rather than copying as is.
 _RESOLVED_ELSEWHERE = frozenset(
-    {"server_id", "config", "data_dir", "rpc_addr", "http_addr"}
+    {"server_id", "config", "data_dir", "rpc_addr", "http_addr", "token_rpc_addr"}
     | {"tick_interval_ms", "election_ticks", "heartbeat_ticks"}
 )

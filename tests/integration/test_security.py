@@ -9,6 +9,7 @@ stopped by PID (``LocalCluster.down``, ``Popen.terminate``).
 from __future__ import annotations
 
 import datetime
+import os
 import ssl
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from raftlet.client.channels import ChannelPool, channel_options
 from raftlet.client.tls import channel_credentials
 from raftlet.cluster.identity import AccessRole
 from raftlet.deploy.certs import ClientSpec, create_certs
-from raftlet.deploy.local import LocalCluster, free_ports
+from raftlet.deploy.local import LocalCluster, free_ports, local_tokens
 from raftlet.proto import (
     admin_pb2,
     admin_pb2_grpc,
@@ -46,6 +47,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 WRITER_TOKEN = "writer-token-0123456789abcdef"
 READER_TOKEN = "reader-token-0123456789abcdef"
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
 # Options unlike the clients': no connection (or handshake failure) shared with them.
 OPTS = channel_options(max_reconnect_backoff_ms=300)
 
@@ -57,6 +59,7 @@ class Env:
         self.tls_dir = cluster.data_dir / "tls"
         self.ca = self.tls_dir / "ca.crt"
         self.seeds = [s.rpc_addr for s in cluster.config.servers]
+        self.token_seeds = [s.token_rpc_addr for s in cluster.config.servers]
 
     def tls(self, name: str, where: Path | None = None) -> TlsOptions:
         d = where or self.certs
@@ -141,7 +144,10 @@ def _issue_without_identity(tls_dir: Path, out: Path) -> None:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("tls-cluster")
     tokens = root / "tokens"
-    tokens.write_text(f"# token role name\n{WRITER_TOKEN} writer app\n{READER_TOKEN} reader dash\n")
+    tokens.write_text(
+        f"# token role name\n{WRITER_TOKEN} writer app\n{READER_TOKEN} reader dash\n"
+        f"{ADMIN_TOKEN} admin ops\n"
+    )
     tokens.chmod(0o600)
     cluster = LocalCluster.create(
         root / "c",
@@ -282,6 +288,62 @@ def test_tokens_name_the_caller(env: Env) -> None:
         assert any(r["key"] == 10 for r in c.scan("kv"))
 
 
+# --- the token port: a bearer token and no certificate ----------------------------------------
+
+
+def test_a_token_alone_reads_and_writes_on_the_token_ports(env: Env) -> None:
+    assert all(env.token_seeds)
+    ca_only = TlsOptions(env.ca)
+    with Client(env.token_seeds, tls=ca_only, token=WRITER_TOKEN, timeout_s=10) as c:
+        # Every server is reached at its token port, leaders included.
+        assert {s.rpc_addr for s in c.servers().values()} == set(env.token_seeds)
+        session = c.new_session(FlushMode.AUTO_FLUSH_SYNC)
+        for key in range(300, 310):
+            session.insert("kv", {"key": key, "value": "token"})
+        session.close()
+    with Client(env.token_seeds, tls=ca_only, token=READER_TOKEN, timeout_s=10) as c:
+        assert {r["key"] for r in c.scan("kv")} >= set(range(300, 310))
+        session = c.new_session(FlushMode.AUTO_FLUSH_SYNC, timeout_s=3)
+        with pytest.raises(RaftletError):
+            session.insert("kv", {"key": 310, "value": "x"})
+    with (
+        Client(env.token_seeds, tls=ca_only, token=WRITER_TOKEN, timeout_s=10) as c,
+        pytest.raises(RaftletError, match="needs role admin"),
+    ):
+        c.leader_step_down("kv-p0", timeout_s=3)
+
+
+def test_the_token_port_needs_a_token_and_the_rpc_port_a_certificate(env: Env) -> None:
+    def refused() -> float:
+        return env.denials("no_credentials") + env.denials("invalid_token")
+
+    before = refused()
+    for token in (None, "not-a-known-token-at-all"):
+        channels = env.channels(TlsOptions(env.ca), token)
+        try:
+            stub = channels.stub(env.token_seeds[0])
+            assert _code(lambda s=stub: s.get_cluster_config(3)) == (
+                grpc.StatusCode.UNAUTHENTICATED
+            )
+        finally:
+            channels.close()
+    # A client certificate is not asked for on the token port, so it names nobody there.
+    channels = env.channels(env.tls("alice"))
+    try:
+        stub = channels.stub(env.token_seeds[0])
+        assert _code(lambda: stub.get_cluster_config(3)) == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channels.close()
+    assert refused() >= before + 3
+    # Without a certificate the RPC port's handshake fails, token or not.
+    channels = env.channels(TlsOptions(env.ca), WRITER_TOKEN)
+    try:
+        stub = channels.stub(env.seeds[0])
+        assert _code(lambda: stub.get_cluster_config(3)) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        channels.close()
+
+
 def test_an_admin_steps_down_a_leader(env: Env) -> None:
     with Client(env.seeds, tls=env.tls("admin", env.tls_dir), timeout_s=20) as admin:
         admin.leader_step_down("kv-p1")
@@ -333,13 +395,19 @@ def _leader_and_follower(env: Env, tablet: str) -> tuple[str, str, str]:
     return t.leader, follower.id, follower.rpc_addr
 
 
-@pytest.mark.parametrize("caller", ["admin-client", "other-server"])
+@pytest.mark.parametrize("caller", ["admin-client", "admin-token", "other-server"])
 def test_forged_consensus_requests_are_refused_and_lose_nothing(env: Env, caller: str) -> None:
     tablet = "kv-p0"
     leader, follower, follower_addr = _leader_and_follower(env, tablet)
+    token = None
     if caller == "admin-client":
         # A valid client certificate, even an admin's, is not a server's.
         tls = env.tls("admin", env.tls_dir)
+        expected_reason = "role_too_low"
+    elif caller == "admin-token":
+        # The token port: no certificate there, so no caller is a server.
+        tls, token = TlsOptions(env.ca), ADMIN_TOKEN
+        follower_addr = env.cluster.config.server(follower).token_rpc_addr
         expected_reason = "role_too_low"
     else:
         # A real server's certificate, claiming to be the leader: refused as a forgery.
@@ -354,7 +422,7 @@ def test_forged_consensus_requests_are_refused_and_lose_nothing(env: Env, caller
     def write_load() -> None:
         with Client(env.seeds, tls=env.tls("alice"), timeout_s=20) as c:
             session = c.new_session(FlushMode.AUTO_FLUSH_SYNC)
-            key = 1_000_000 if caller == "admin-client" else 2_000_000
+            key = {"admin-client": 1_000_000, "admin-token": 3_000_000}.get(caller, 2_000_000)
             while not stop.is_set():
                 session.insert("kv", {"key": key, "value": "v"})
                 acked.append(key)
@@ -363,7 +431,7 @@ def test_forged_consensus_requests_are_refused_and_lose_nothing(env: Env, caller
 
     writer = threading.Thread(target=write_load, name="acked-writes")
     writer.start()
-    channels = env.channels(tls)
+    channels = env.channels(tls, token)
     try:
         waiting.wait_for(lambda: len(acked) >= 20, 30, "writes before the forgery")
         stub = consensus_pb2_grpc.ConsensusServiceStub(channels.channel(follower_addr))
@@ -391,7 +459,7 @@ def test_forged_consensus_requests_are_refused_and_lose_nothing(env: Env, caller
         finally:
             answered.set()
             call.cancel()
-        if caller == "admin-client":
+        if caller != "other-server":
             assert refused is not None
             assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
         else:
@@ -455,6 +523,25 @@ def test_the_unary_consensus_transport_works_over_tls(tmp_path: Path) -> None:
             session.insert("kv", {"key": 100, "value": "after"})
             session.close()
             assert len(list(c.scan("kv"))) == 21
+        # `up --tls` also made a token per role and gave every server a token port.
+        tokens = local_tokens(cluster.data_dir)
+        assert sorted(tokens) == ["admin", "reader", "writer"]
+        assert oct((tls_dir / "tokens").stat().st_mode & 0o777) == "0o600"
+        config = cluster.data_dir / "cluster.toml"
+        ca_only = TlsOptions(tls_dir / "ca.crt")
+        with Client.from_config(config, tls=ca_only, token=tokens["writer"], timeout_s=20) as c:
+            session = c.new_session(FlushMode.AUTO_FLUSH_SYNC)
+            session.insert("kv", {"key": 200, "value": "by token"})
+            session.close()
+        # The CLI: a CA and a token, no certificate.
+        scan = subprocess.run(
+            [sys.executable, "-m", "raftlet", "scan", "kv", "--data-dir", str(cluster.data_dir),
+             "--tls-ca", str(tls_dir / "ca.crt")],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "RAFTLET_TOKEN": tokens["reader"]},
+        )  # fmt: skip
+        assert scan.returncode == 0, scan.stderr
+        assert "by token" in scan.stdout
     finally:
         cluster.down(timeout=20)
 

@@ -219,6 +219,17 @@ BAD: list[tuple[str, str, str, str, str | None]] = [
     ("http_addr = own rpc_addr", 'http_addr = "127.0.0.1:8002"', 'http_addr = "127.0.0.1:7002"',
      "servers[1].http_addr: '127.0.0.1:7002' is also this server's rpc_addr",
      'http_addr = "127.0.0.1:7002"'),
+    ("token port = own rpc_addr", 'http_addr = "127.0.0.1:8002"',
+     'http_addr = "127.0.0.1:8002"\ntoken_rpc_addr = "127.0.0.1:7002"',
+     "servers[1].token_rpc_addr: '127.0.0.1:7002' is also another of this server's addresses",
+     'token_rpc_addr = "127.0.0.1:7002"'),
+    ("token port reuses another's", 'http_addr = "127.0.0.1:8002"',
+     'http_addr = "127.0.0.1:8002"\ntoken_rpc_addr = "127.0.0.1:8001"',
+     "servers[1].token_rpc_addr: address '127.0.0.1:8001' is already servers[0].http_addr",
+     'token_rpc_addr = "127.0.0.1:8001"'),
+    ("token port not host:port", 'http_addr = "127.0.0.1:8002"',
+     'http_addr = "127.0.0.1:8002"\ntoken_rpc_addr = "nowhere"',
+     "servers[1].token_rpc_addr: 'nowhere' is not host:port", 'token_rpc_addr = "nowhere"'),
     ("duplicate data_dir", 'http_addr = "127.0.0.1:8002"',
      'http_addr = "127.0.0.1:8002"\ndata_dir = "a"',
      "servers[1].data_dir: data_dir", 'data_dir = "a"'),
@@ -615,6 +626,25 @@ def test_pb_round_trip() -> None:
     )
     assert client_view.tables == config.tables
     assert client_view.placements() == config.placements()
+
+
+def test_token_ports_survive_the_file_and_the_wire(tmp_path: Path) -> None:
+    with_token = tuple(
+        dataclasses.replace(s, token_rpc_addr=f"127.0.0.1:{9050 + i}")
+        for i, s in enumerate(servers(3, tmp_path), start=1)
+    )
+    config = dataclasses.replace(cluster(3, ("kv", 2, 3)), servers=with_token)
+    written = write_cluster_config(config, tmp_path / "cluster.toml")
+    assert 'token_rpc_addr = "127.0.0.1:9051"' in (tmp_path / "cluster.toml").read_text()
+    assert load_cluster_config(tmp_path / "cluster.toml").servers == written.servers
+    wire = tablet_pb2.GetClusterConfigResponse.FromString(config.to_pb().SerializeToString())
+    assert [s.token_rpc_addr for s in wire.servers] == [s.token_rpc_addr for s in with_token]
+    assert [s.token_rpc_addr for s in ClusterConfig.from_pb(wire).servers] == [
+        s.token_rpc_addr for s in with_token
+    ]
+    # Without one, the key is not written at all.
+    write_cluster_config(cluster(3, ("kv", 2, 3)), tmp_path / "plain.toml")
+    assert "token_rpc_addr" not in (tmp_path / "plain.toml").read_text()
 
 
 def test_from_pb_rejects_a_placement_it_would_not_compute() -> None:

@@ -243,3 +243,8 @@ def test_plaintext_beyond_loopback_needs_insecure_and_tls_needs_all_three(tmp_pa
         ServerSettings(**base, **loop, tls_cert="c", tls_ca="a")  # type: ignore[arg-type]
     with pytest.raises(FlagError, match="bearer tokens need TLS"):
         ServerSettings(**base, **loop, auth_tokens_file="t")  # type: ignore[arg-type]
+    with pytest.raises(FlagError, match=r"--token_rpc_addr: .* needs --tls_cert"):
+        ServerSettings(**base, **loop, token_rpc_addr="127.0.0.1:9051")  # type: ignore[arg-type]
+    with pytest.raises(FlagError, match=r"--token_rpc_addr: .*--auth_tokens_file"):
+        ServerSettings(**base, **loop, **tls, token_rpc_addr="127.0.0.1:9051")  # type: ignore[arg-type]
+    ServerSettings(**base, **loop, **tls, auth_tokens_file="t", token_rpc_addr="127.0.0.1:9051")  # type: ignore[arg-type]
