@@ -59,6 +59,14 @@ from raftlet.schema.row_runs import RowRun, decode_row_runs
 from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
+from raftlet.tserver.checksum import (
+    CHECKSUM_MARKER,
+    ChecksumResult,
+    RecentChecksums,
+    checksum_rows,
+    is_checksum_point,
+    split_after_checksum_points,
+)
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
 from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
 from raftlet.tserver.scan_page import fill_page
@@ -215,6 +223,9 @@ class TabletReplica:
         self._proposed_lock = threading.Lock()
         self._applied_index = self.store.applied_index()
         self._applied_cond = threading.Condition()
+        # Checksum points at or below this were applied by the replay: none was taken.
+        self._applied_at_open = self._applied_index
+        self._checksums = RecentChecksums()
         self._failure: BaseException | None = None
         self._stopped = False
 
@@ -386,8 +397,13 @@ class TabletReplica:
 
     def _apply_batches(self, batches: list[list[Entry]]) -> None:
         entries = [e for batch in batches for e in batch]
-        if self._failure is None:
-            self._apply(entries)
+        # A checksum point ends a piece: the rows are checksummed between two applies.
+        for piece in split_after_checksum_points(entries):
+            if self._failure is not None or not piece:
+                return
+            self._apply(piece)
+            if is_checksum_point(piece[-1]) and self._failure is None:
+                self._checksums.record(checksum_rows(self.store, piece[-1].index))
 
     def _apply(self, entries: list[Entry]) -> None:
         start = time.perf_counter()
@@ -421,6 +437,8 @@ class TabletReplica:
                 mine = None
             if entry.type is not EntryType.NORMAL or result.skipped:
                 continue
+            if entry.data == CHECKSUM_MARKER:
+                continue
             key = applied.request if applied.request is not None else (mine[1] if mine else None)
             if result.duplicate_of:
                 # A retry proposed again: answer with the original entry's outcome.
@@ -433,6 +451,39 @@ class TabletReplica:
                 self.tracker.complete(
                     key, _response(index, term, result.row_errors), applied.first_incomplete_seq_no
                 )
+
+    # --- checksums (raftlet cluster ksck --checksum) -----------------------------------------
+
+    def place_checksum_point(self, timeout_s: float) -> ChecksumResult:
+        """On the leader: replicate a checksum point, and return this replica's checksum
+        there once it has applied it (``tserver.checksum``)."""
+        if self._failure is not None or self._stopped:
+            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        term = self.consensus.check_leadership_and_bind_term()
+        (entry,) = self.consensus.replicate([CHECKSUM_MARKER], term)
+        return self.checksum_at(entry.index, timeout_s)
+
+    def checksum_at(self, index: int, timeout_s: float) -> ChecksumResult:
+        """This replica's checksum at checksum point ``index``, waiting up to ``timeout_s``
+        for it to apply the point."""
+        if index <= self._applied_at_open:
+            raise InvalidRequest(
+                f"tablet {self.tablet_id}: index {index} was applied before this replica last "
+                "started, so it took no checksum there; take a new checksum point"
+            )
+        result = self._checksums.wait(index, timeout_s)
+        if result is not None:
+            return result
+        applied = self.store.applied_index()
+        if applied >= index:
+            raise InvalidRequest(
+                f"tablet {self.tablet_id}: no checksum point at index {index} on this replica "
+                "(not a checksum point, replaced by a new leader, or too old to be kept)"
+            )
+        raise ServiceUnavailable(
+            f"tablet {self.tablet_id}: index {index} not applied on this replica after "
+            f"{timeout_s:g} s (applied {applied})"
+        )
 
     # --- reads ---------------------------------------------------------------------------------
 
