@@ -651,6 +651,16 @@ class RaftConsensus:
         with self._lock:
             return self._node.hard_state().commit
 
+    @property
+    def ticker(self) -> TickSource:
+        """What drives this replica's ticks (the server's, or its own)."""
+        return self._ticker
+
+    def all_replicated(self) -> int:
+        """Every voter holds every entry up to this index: how far log GC may go."""
+        with self._lock:
+            return self._node.raft.all_replicated
+
     def failed(self) -> bool:
         """Whether the log failed (set by the durability thread at any time)."""
         return self._failure is not None
@@ -687,6 +697,8 @@ class RaftConsensus:
             "commit_index": st.hard_state.commit,
             "applied_index": st.applied,
             "last_index": st.last_index,
+            "first_index": st.first_index,
+            "all_replicated": st.all_replicated,
             "progress": {p: {"match": m, "next": n} for p, (m, n, _) in st.progress.items()},
             "leader_read_mode": self.options.leader_read_mode.value,
             "lease_reads": self.metrics.lease_reads.value(),

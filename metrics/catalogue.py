@@ -25,6 +25,7 @@ __all__ = [
     "HANDLER_LATENCY_US",
     "LEADER_ELECTIONS_TOTAL",
     "LOG_APPEND_LATENCY_US",
+    "LOG_GC_SEGMENTS_DELETED_TOTAL",
     "LOG_GROUP_COMMIT_ENTRIES",
     "LOG_SYNC_LATENCY_US",
     "OP_APPLY_RUN_TIME_US",
@@ -173,6 +174,14 @@ WRITE_OPS_TOTAL = MetricPrototype(
     COUNTER,
     "operations",
     "Write operations (one per client Write request) applied on this replica",
+    entity_type="tablet",
+)
+LOG_GC_SEGMENTS_DELETED_TOTAL = MetricPrototype(
+    "log_gc_segments_deleted_total",
+    COUNTER,
+    "segments",
+    "WAL segments this replica deleted because every voter holds their entries and the "
+    "store is durable past them (log GC)",
     entity_type="tablet",
 )
 ROWS_INSERTED_TOTAL = MetricPrototype(

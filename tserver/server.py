@@ -176,6 +176,7 @@ class TabletServer:
             log=s.log_options(),
             max_batch_rows=s.max_batch_rows,
             scan_page_bytes=s.scan_page_bytes,
+            log_gc_interval_s=s.log_gc_interval_s,
             # Room for the row that crosses a page's budget, under gRPC's message limit.
             scan_max_page_bytes=s.max_message_bytes // 2,
             unsafe_leader_reads_without_quorum=s.unsafe_leader_reads_without_quorum,

@@ -97,6 +97,7 @@ class ServerSettings:
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
+    log_gc_interval_s: float = 10.0
     lock_contention_trace_threshold_ms: float = 100.0
     max_message_bytes: int = 16 * MiB
     max_batch_rows: int = 10_000
@@ -624,6 +625,14 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"{_size(_D('log_segment_size_bytes'))}). Segments are the unit of log garbage "
         "collection; small ones in tests exercise rollover and GC.",
         convert=int_value, check=int_in_range(1),
+    ),
+    FlagSpec(
+        "log_gc_interval_s", _WAL, "S",
+        f"How often a replica discards WAL segments whose entries every voter holds and its "
+        f"store has made durable (default {_D('log_gc_interval_s'):g}; 0 never discards, "
+        f"at most 3600). Each run fsyncs the store. A voter that is down holds back GC on "
+        f"every replica of its tablet until it returns.",
+        convert=float_value, check=at_least(0, 3600),
     ),
     FlagSpec(
         "lock_contention_trace_threshold_ms", _LIMITS, "MS",

@@ -68,6 +68,7 @@ from raftlet.tserver.checksum import (
     split_after_checksum_points,
 )
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
+from raftlet.tserver.log_gc import LogGc
 from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.store import InvalidScan, StoreError
@@ -97,6 +98,8 @@ class ReplicaOptions:
     max_prepare_batch: int = 256
     # How long a leader-latest scan waits for the store to apply what is committed.
     read_wait_s: float = 5.0
+    # Log GC at most this often (tserver.log_gc); 0: never.
+    log_gc_interval_s: float = 10.0
     # A scan page's bytes when the request leaves it to the server, and at most.
     scan_page_bytes: int = 1 << 20
     scan_max_page_bytes: int = 8 << 20
@@ -131,6 +134,7 @@ class _ReplicaMetrics:
         self.write_ops = counter(cat.WRITE_OPS_TOTAL)
         self.rows_inserted = counter(cat.ROWS_INSERTED_TOTAL)
         self.replays = counter(cat.RESULT_TRACKER_REPLAYS_TOTAL)
+        self.log_gc_segments = counter(cat.LOG_GC_SEGMENTS_DELETED_TOTAL)
         self.lock_contention = counter(cat.CONSENSUS_LOCK_CONTENTION_TIME_US)
         self.lock_wait = histogram(cat.CONSENSUS_LOCK_WAIT_TIME_US)
         self.consensus = ConsensusMetrics(
@@ -226,6 +230,19 @@ class TabletReplica:
         # Checksum points at or below this were applied by the replay: none was taken.
         self._applied_at_open = self._applied_index
         self._checksums = RecentChecksums()
+        self._log_gc = (
+            LogGc(
+                tablet_id,
+                self._opened.storage.log,
+                self.store,
+                self.consensus.all_replicated,
+                interval_s=opts.log_gc_interval_s,
+                on_collected=self._metrics.log_gc_segments.increment,
+            )
+            if opts.log_gc_interval_s > 0
+            else None
+        )
+        self._unregister_gc: Callable[[], None] | None = None
         self._failure: BaseException | None = None
         self._stopped = False
 
@@ -238,12 +255,21 @@ class TabletReplica:
 
     def start(self) -> None:
         self.consensus.start()
+        if self._log_gc is not None:
+            self._unregister_gc = self.consensus.ticker.register(self._gc_tick)
+
+    def _gc_tick(self, _ticks: int) -> None:
+        # On the ticker's thread: only a clock read, and when due a post to the apply worker.
+        if self._log_gc is not None and self._log_gc.due():
+            self._apply_q.post([])
 
     def stop(self) -> None:
         """Stop replicating; fail what is in flight; flush and close the files."""
         if self._stopped:
             return
         self._stopped = True
+        if self._unregister_gc is not None:
+            self._unregister_gc()
         self._prepare_q.close(timeout=30)
         self.consensus.stop()
         self._apply_q.close(timeout=30)
@@ -399,11 +425,19 @@ class TabletReplica:
         entries = [e for batch in batches for e in batch]
         # A checksum point ends a piece: the rows are checksummed between two applies.
         for piece in split_after_checksum_points(entries):
-            if self._failure is not None or not piece:
+            if self._failure is not None:
                 return
+            if not piece:
+                continue  # the ticker's nudge for log GC: nothing to apply
             self._apply(piece)
             if is_checksum_point(piece[-1]) and self._failure is None:
                 self._checksums.record(checksum_rows(self.store, piece[-1].index))
+        if self._log_gc is not None and self._failure is None:
+            try:
+                self._log_gc.maybe_collect()
+            except (OSError, StoreError) as exc:
+                # Nothing is lost by keeping the log: say so and try again next time.
+                logger.warning("%s: log GC failed: %r", self.tablet_id, exc)
 
     def _apply(self, entries: list[Entry]) -> None:
         start = time.perf_counter()
@@ -563,6 +597,7 @@ class TabletReplica:
         st.update(self._status_extras())
         st.update(
             applied_index=self.store.applied_index(),
+            first_index=self._opened.storage.log.first_index(),
             last_index=self._opened.storage.log.last_index(),
         )
         return st

@@ -126,6 +126,10 @@ class Raft:
         # leader announced in this term (what vouches for that target's transfer vote); or
         # NO_NODE.
         self.lead_transferee = NO_NODE
+        # Every voter holds every entry up to here (a leader's minimum match, or what a
+        # leader said it was, never above our commit). Only grows: a committed entry a voter
+        # holds is never removed from it. Log GC may discard entries below it.
+        self.all_replicated = 0
         self.become_follower(hard.term, NO_NODE)
         self.vote = hard.vote
 
@@ -437,6 +441,7 @@ class Raft:
             and 0 <= m.commit <= MAX_INDEX
             and 0 <= m.reject_hint <= MAX_INDEX
             and 0 <= m.context <= MAX_INDEX
+            and 0 <= m.all_replicated <= MAX_INDEX
         )
 
     def step(self, m: Message) -> None:
@@ -518,6 +523,11 @@ class Raft:
                 if m.log_term > 0:
                     # Skip every entry of a term the follower does not have.
                     hint, _ = self.log.find_conflict_by_term(hint, m.log_term)
+                if hint < self.log.first_index() and self.log.first_index() > 1:
+                    # Log GC discarded our entries down there; the follower holds every entry
+                    # up to all_replicated (>= our first index: GC keeps that entry), so
+                    # resume after it.
+                    hint = max(hint, self.all_replicated)
                 if pr.maybe_decrease_to(m.index, hint):
                     if pr.state is ProgressState.REPLICATE:
                         pr.become_probe()
@@ -595,6 +605,7 @@ class Raft:
         if any(e.index != m.index + 1 + i for i, e in enumerate(m.entries)):
             return  # malformed: entries must directly follow the previous index
         if m.index < self.log.committed:
+            self._learn_all_replicated(m.all_replicated)
             self._send(
                 Message(
                     MessageType.APPEND_RESPONSE, self.id, m.src, self.term, index=self.log.committed
@@ -603,6 +614,7 @@ class Raft:
             return
         last_new = self.log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if last_new is not None:
+            self._learn_all_replicated(m.all_replicated)
             self._send(
                 Message(MessageType.APPEND_RESPONSE, self.id, m.src, self.term, index=last_new)
             )
@@ -627,11 +639,22 @@ class Raft:
 
     def _handle_heartbeat(self, m: Message) -> None:
         self.log.commit_to(min(m.commit, self.log.last_index()))
+        self._learn_all_replicated(m.all_replicated)
         self._send(
             Message(MessageType.HEARTBEAT_RESPONSE, self.id, m.src, self.term, context=m.context)
         )
 
+    def _learn_all_replicated(self, index: int) -> None:
+        # Never above our own commit: what we discard must be committed, whatever was sent.
+        self.all_replicated = max(self.all_replicated, min(index, self.log.committed))
+
     # --- leader helpers -----------------------------------------------------------------
+
+    def _all_replicated_now(self) -> int:
+        """The leader's all_replicated: the least match of all voters (its own included)."""
+        least = min(self.prs[v].match for v in self.voters)
+        self.all_replicated = max(self.all_replicated, min(least, self.log.committed))
+        return self.all_replicated
 
     def _maybe_commit(self) -> bool:
         match = {v: pr.match for v, pr in self.prs.items()}
@@ -643,6 +666,7 @@ class Raft:
                 self._send_append(v, send_if_empty)
 
     def _bcast_heartbeat(self) -> None:
+        all_replicated = self._all_replicated_now()
         for v in self.voters:
             if v != self.id:
                 commit = min(self.prs[v].match, self.log.committed)
@@ -655,12 +679,18 @@ class Raft:
                         commit=commit,
                         context=self.read_round,
                         transferee=self.lead_transferee,
+                        all_replicated=all_replicated,
                     )
                 )
 
     def _send_append(self, to: str, send_if_empty: bool = True) -> bool:
         pr = self.prs[to]
         if pr.is_paused():
+            return False
+        first = self.log.first_index()
+        if first > 1 and pr.next <= first:
+            # It needs entries (or a term) log GC discarded here: only a copy of the tablet
+            # could bring it up. Cannot happen while GC stays below all_replicated.
             return False
         entries = self.log.entries(pr.next, self.config.max_size_per_msg)
         if not entries and not send_if_empty:
@@ -677,6 +707,7 @@ class Raft:
                 entries=tuple(entries),
                 commit=self.log.committed,
                 transferee=self.lead_transferee,
+                all_replicated=self._all_replicated_now(),
             )
         )
         pr.sent_entries(entries[-1].index if entries else None)

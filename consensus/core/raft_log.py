@@ -41,6 +41,10 @@ class RaftLog:
 
     # --- reads ----------------------------------------------------------------
 
+    def first_index(self) -> int:
+        """The first entry still held (log GC discards a prefix of durable entries)."""
+        return self.storage.first_index()
+
     def last_index(self) -> int:
         if self._unstable:
             return self._unstable[-1].index
@@ -98,7 +102,12 @@ class RaftLog:
         leader should retry, the leader to skip a whole conflicting term at once.
         """
         index = min(index, self.last_index())
+        first = self.first_index()
         while index > 0:
+            if index < first:
+                # Discarded by log GC, so committed: no conflict down there. Term 0 says
+                # "unknown" (the leader resumes from what every voter holds).
+                return index, 0
             t = self.term(index)
             if t <= term:
                 return index, t

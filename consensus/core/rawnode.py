@@ -43,6 +43,9 @@ class Status:
     last_index: int
     # follower id -> (match, next, state); empty unless leader
     progress: dict[str, tuple[int, int, ProgressState]]
+    # Every voter holds every entry up to here: log GC may discard entries below it.
+    all_replicated: int = 0
+    first_index: int = 1
 
 
 class RawNode:
@@ -163,4 +166,6 @@ class RawNode:
             applied=r.log.applied,
             last_index=r.log.last_index(),
             progress=progress,
+            all_replicated=r.all_replicated,
+            first_index=r.log.first_index(),
         )

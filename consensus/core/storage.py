@@ -22,6 +22,11 @@ class Storage(Protocol):
         """The hard state last persisted."""
         ...
 
+    def first_index(self) -> int:
+        """Index of the first entry still held: 1 unless log GC discarded a prefix. Entries
+        below it are gone, and so is their term (except index 0's, which is 0)."""
+        ...
+
     def last_index(self) -> int:
         """Index of the last durable entry (0 when empty)."""
         ...
@@ -57,26 +62,39 @@ class MemoryStorage:
     """A Storage kept in memory; ``append``/``set_hard_state`` are the "writes"."""
 
     def __init__(self) -> None:
-        self._entries: list[Entry] = []  # _entries[i].index == i + 1
+        self._entries: list[Entry] = []  # _entries[i].index == i + self._first
+        self._first = 1
         self._hard_state = HardState()
 
     def initial_state(self) -> HardState:
         return self._hard_state
 
+    def first_index(self) -> int:
+        return self._first
+
     def last_index(self) -> int:
-        return len(self._entries)
+        return self._first - 1 + len(self._entries)
 
     def term(self, index: int) -> int:
         if index == 0:
             return 0
-        if index < 0 or index > len(self._entries):
-            raise IndexError(f"index {index} out of range [0, {len(self._entries)}]")
-        return self._entries[index - 1].term
+        if index < self._first or index > self.last_index():
+            raise IndexError(f"index {index} out of range [{self._first}, {self.last_index()}]")
+        return self._entries[index - self._first].term
 
     def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
-        if lo < 1 or hi > len(self._entries) + 1 or lo > hi:
-            raise IndexError(f"entries [{lo}, {hi}) out of range, last is {len(self._entries)}")
-        return limit_size(self._entries[lo - 1 : hi - 1], max_size)
+        if lo < self._first or hi > self.last_index() + 1 or lo > hi:
+            raise IndexError(
+                f"entries [{lo}, {hi}) out of range [{self._first}, {self.last_index()}]"
+            )
+        return limit_size(self._entries[lo - self._first : hi - self._first], max_size)
+
+    def compact(self, up_to: int) -> None:
+        """Discard the entries at or below ``up_to`` (log GC), keeping at least the last."""
+        up_to = min(up_to, self.last_index() - 1)
+        if up_to >= self._first:
+            del self._entries[: up_to - self._first + 1]
+            self._first = up_to + 1
 
     # --- writes (the driver's side) -----------------------------------------
 
@@ -88,12 +106,12 @@ class MemoryStorage:
         if not entries:
             return
         first = entries[0].index
-        if first < 1 or first > len(self._entries) + 1:
-            raise IndexError(f"append at {first} leaves a gap after {len(self._entries)}")
+        if first < self._first or first > self.last_index() + 1:
+            raise IndexError(f"append at {first} outside [{self._first}, {self.last_index() + 1}]")
         for a, b in itertools.pairwise(entries):
             if b.index != a.index + 1:
                 raise ValueError(f"entries not contiguous: {a.index} then {b.index}")
-        del self._entries[first - 1 :]
+        del self._entries[first - self._first :]
         self._entries.extend(entries)
 
     def all_entries(self) -> list[Entry]:

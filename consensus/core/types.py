@@ -101,6 +101,9 @@ class Message:
       term of its entry there (fast backtracking, §5.3 "optimization").
     - HEARTBEAT: ``commit`` is min(leader commit, follower's match index); ``context``
       the leader's latest read round (ReadIndex), which the response echoes.
+    - APPEND / HEARTBEAT: ``all_replicated`` is an index every voter holds every entry up
+      to (the leader's minimum match, Kudu's all_replicated_index): below it a replica may
+      discard its log (log GC), as nobody will ever need those entries from it.
     - APPEND / HEARTBEAT: ``transferee`` is the voter the leader is handing leadership to
       (NO_NODE: none).  A follower that heard it from its leader honours that voter's
       ``transfer`` vote -- and its first message as the next term's leader -- despite the
@@ -127,6 +130,8 @@ class Message:
     context: int = 0
     # APPEND / HEARTBEAT: the leader's transfer target, announced to every follower.
     transferee: str = NO_NODE
+    # APPEND / HEARTBEAT: every voter holds every entry up to this index (log GC's bound).
+    all_replicated: int = 0
 
 
 @dataclass(frozen=True, slots=True)

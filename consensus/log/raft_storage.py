@@ -48,6 +48,9 @@ class LogStorage:
     def initial_state(self) -> HardState:
         return self.metadata.hard_state()
 
+    def first_index(self) -> int:
+        return self.log.first_index()
+
     def last_index(self) -> int:
         return self.log.last_index()
 

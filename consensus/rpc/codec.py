@@ -168,6 +168,7 @@ _LIMITS = (
     ("commit", MAX_INDEX),
     ("reject_hint", MAX_INDEX),
     ("context", MAX_INDEX),
+    ("all_replicated", MAX_INDEX),
 )
 
 
@@ -201,13 +202,14 @@ def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensu
         is_heartbeat=heartbeat,
         read_round=m.context,
         transferee_uuid=m.transferee,
+        all_replicated_index=m.all_replicated,
     )
 
 
 def update_response_from_message(m: Message) -> pb.UpdateConsensusResponse:
     if m.type not in (MessageType.APPEND_RESPONSE, MessageType.HEARTBEAT_RESPONSE):
         raise ValueError(f"{m.type.value} is not an UpdateConsensus answer")
-    _require_default(m, ("entries", "commit", "transfer", "transferee"))
+    _require_default(m, ("entries", "commit", "transfer", "transferee", "all_replicated"))
     _check_int63(m)
     return pb.UpdateConsensusResponse(
         responder_uuid=m.src,
@@ -224,7 +226,9 @@ def update_response_from_message(m: Message) -> pb.UpdateConsensusResponse:
 def vote_request_from_message(m: Message, tablet_id: str) -> pb.RequestVoteRequest:
     if m.type not in (MessageType.VOTE, MessageType.PRE_VOTE):
         raise ValueError(f"{m.type.value} is not sent as RequestVote")
-    _require_default(m, ("entries", "commit", "reject", "reject_hint", "context", "transferee"))
+    _require_default(
+        m, ("entries", "commit", "reject", "reject_hint", "context", "transferee", "all_replicated")
+    )
     _check_int63(m)
     return pb.RequestVoteRequest(
         tablet_id=tablet_id,
@@ -252,6 +256,7 @@ def vote_response_from_message(m: Message) -> pb.RequestVoteResponse:
             "transfer",
             "context",
             "transferee",
+            "all_replicated",
         ),
     )
     _check_int63(m)
@@ -277,6 +282,7 @@ def timeout_now_request_from_message(m: Message, tablet_id: str) -> pb.TimeoutNo
             "reject_hint",
             "transfer",
             "transferee",
+            "all_replicated",
         ),
     )
     _check_int63(m)
@@ -350,6 +356,9 @@ def message_from_update_request(
     _check_position(req.prev_log_index, req.prev_log_term, req.caller_term, "prev", "caller_term")
     _check_range(req.committed_index, MAX_INDEX, f"committed_index {req.committed_index}")
     _check_range(req.read_round, MAX_INDEX, f"read_round {req.read_round}")
+    _check_range(
+        req.all_replicated_index, MAX_INDEX, f"all_replicated_index {req.all_replicated_index}"
+    )
     if req.is_heartbeat and req.entries:
         raise MalformedRequest(f"a heartbeat carries no entries (got {len(req.entries)})")
     if req.is_heartbeat and (req.prev_log_index or req.prev_log_term):
@@ -370,6 +379,7 @@ def message_from_update_request(
         commit=req.committed_index,
         context=req.read_round if req.is_heartbeat else 0,
         transferee=req.transferee_uuid or NO_NODE,
+        all_replicated=req.all_replicated_index,
     )
 
 

@@ -1,0 +1,90 @@
+"""Discarding a replica's WAL below what nobody needs any more (log GC).
+
+An entry may go once two things hold:
+- **every voter holds it** -- it is at or below ``all_replicated``, the leader's minimum
+  match, which the leader sends with every append and heartbeat (``consensus.core``). No
+  follower, and no future leader, will ever ask this replica for it;
+- **the store will not need it to recover**: the store is flushed (``TabletStore.flush``:
+  its WAL and file fsynced) at or past it, so a restart replays only entries after it.
+
+So the replica keeps every entry from ``min(all_replicated, flushed applied index)`` on,
+and the log deletes whole segments below that (``Log.gc``; never the active one). The
+entry at the point itself is kept: a leader that must probe a follower needs its term.
+
+Bounded, then, by what the slowest voter holds: a voter that is down pins the log of every
+replica of its tablet until it returns. (What Kudu does next -- give up on it after a
+retention cap and send it a copy of the tablet instead -- needs tablet copy, which raftlet
+does not have yet; until then nothing is discarded that any voter still lacks.)
+
+Runs in the replica's apply worker, at most every ``interval_s``: a flush is two fsyncs and
+the GC a few unlinks, cheap at that rate, and in that thread no apply races the flush. After
+a batch is applied, or -- so an idle tablet GCs too, e.g. once a returning follower caught
+up -- when the ticker finds it due and posts an empty batch to the apply mailbox.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from raftlet.consensus.log import Log
+from raftlet.tserver.store import TabletStore
+
+__all__ = ["LogGc"]
+
+logger = logging.getLogger(__name__)
+
+
+class LogGc:
+    def __init__(
+        self,
+        name: str,
+        log: Log,
+        store: TabletStore,
+        all_replicated: Callable[[], int],
+        *,
+        interval_s: float,
+        on_collected: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._name = name
+        self._log = log
+        self._store = store
+        self._all_replicated = all_replicated
+        self._interval_s = interval_s
+        self._on_collected = on_collected
+        self._clock = clock
+        self._next = clock() + interval_s
+
+    def due(self) -> bool:
+        """Whether ``interval_s`` passed since the last ``collect``."""
+        return self._clock() >= self._next
+
+    def maybe_collect(self) -> int:
+        """``collect`` if ``interval_s`` passed since the last one; segments deleted."""
+        now = self._clock()
+        if now < self._next:
+            return 0
+        self._next = now + self._interval_s
+        return self.collect()
+
+    def collect(self) -> int:
+        """Discard what may go now (the module docstring); returns segments deleted."""
+        target = self._all_replicated()
+        if target <= self._log.first_index():
+            return 0
+        point = min(target, self._store.flush())
+        if point <= self._log.first_index():
+            return 0
+        deleted = self._log.gc(point - 1)
+        if deleted:
+            logger.debug(
+                "%s: log GC deleted %d segment(s); the log now starts at %d",
+                self._name,
+                deleted,
+                self._log.first_index(),
+            )
+            if self._on_collected is not None:
+                self._on_collected(deleted)
+        return deleted
