@@ -21,6 +21,14 @@ takes turns on the server's appender pool):
 An op whose entry is replaced before it commits (this leader lost its term) is aborted
 with NotLeaderError when the apply stage reaches its index: the client retries at the new
 leader, and the request id keeps that retry exactly-once.
+
+When the store cannot apply (an OSError such as ENOSPC, a StoreError), the replica is
+FAILED (docs/ARCHITECTURE.md, "Failure model"): consensus gives up leadership and stops
+taking part (``RaftConsensus.apply_failed``), every waiting call is failed with
+UNAVAILABLE "tablet failed: ..." (its retry elsewhere is exactly-once), and the apply stage
+retries with backoff, reading the committed entries it could not apply back from the log
+(they are durable there).  Once everything it was given is applied, the replica serves
+again (``apply_recovered``) -- no restart needed.
 """
 
 from __future__ import annotations
@@ -59,12 +67,12 @@ from raftlet.schema.row_runs import RowRun, decode_row_runs
 from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
-from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
+from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest, TabletFailed
 from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.store import InvalidScan, StoreError
 
-__all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks"]
+__all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks", "failure_status"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +80,13 @@ Respond = Callable[[tablet_pb2.WriteResponse], None]
 Fail = Callable[[BaseException], None]
 _anonymous = itertools.count(1)
 _ROW_FORMATS = frozenset(tablet_pb2.RowFormat.values())
+# Retrying a failed apply: the first wait, doubled after every failed attempt up to the
+# last.  Short enough that a freed disk is noticed within a couple of seconds; each attempt
+# costs one failed store transaction.
+_APPLY_RETRY_FIRST_S = 0.05
+_APPLY_RETRY_MAX_S = 2.0
+# Entries read back from the log per store transaction when catching up after a failure.
+_CATCH_UP_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,19 +204,24 @@ class TabletReplica:
             contention_counter=self._metrics.lock_contention,
             wait_histogram=self._metrics.lock_wait,
         )
-        self.consensus = RaftConsensus(
-            group_id=tablet_id,
-            node_id=server_id,
-            storage=self._opened.storage,
-            transport=transport,
-            apply_committed=self._on_committed,
-            applied_index=self.store.applied_index(),
-            options=opts.consensus,
-            lock=self.lock,
-            metrics=self._metrics.consensus,
-            ticker=ticker,
-            workers=workers,
-        )
+        try:
+            self.consensus = RaftConsensus(
+                group_id=tablet_id,
+                node_id=server_id,
+                storage=self._opened.storage,
+                transport=transport,
+                apply_committed=self._on_committed,
+                applied_index=self.store.applied_index(),
+                options=opts.consensus,
+                lock=self.lock,
+                metrics=self._metrics.consensus,
+                ticker=ticker,
+                workers=workers,
+            )
+        except BaseException:
+            # The files are open: a replica that cannot start must not keep them.
+            self._opened.close()
+            raise
         self.tracker = ResultTracker()
         # The server's pool runs every replica's stages; a replica on its own gets one.
         self._own_workers = workers is None
@@ -215,7 +235,13 @@ class TabletReplica:
         self._proposed_lock = threading.Lock()
         self._applied_index = self.store.applied_index()
         self._applied_cond = threading.Condition()
-        self._failure: BaseException | None = None
+        # The store's failure while applying, until a retry succeeds (apply stage only).
+        self._apply_error: BaseException | None = None
+        # The highest committed index handed to the apply stage: what a retry must reach.
+        self._given_up_to = self._applied_index
+        self._retry_wait_s = _APPLY_RETRY_FIRST_S
+        self._retry_due = False
+        self._retry_timer: threading.Timer | None = None
         self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -233,6 +259,9 @@ class TabletReplica:
         if self._stopped:
             return
         self._stopped = True
+        timer = self._retry_timer
+        if timer is not None:
+            timer.cancel()
         self._prepare_q.close(timeout=30)
         self.consensus.stop()
         self._apply_q.close(timeout=30)
@@ -251,8 +280,7 @@ class TabletReplica:
         """Admit, bind the term, validate and queue; the answer comes through ``callbacks``
         (from the apply thread, or at once for replays and rejected batches).  Raises for
         errors that answer the call now (NotLeaderError, LeaderNotReady, InvalidRequest…)."""
-        if self._failure is not None or self._stopped:
-            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        self._check_serving()
         n = self._row_count(request)
         if n == 0:
             raise InvalidRequest("a write needs at least one row operation")
@@ -300,6 +328,13 @@ class TabletReplica:
             return
         if not self._prepare_q.post(_PendingWrite(key, term, request)):
             self.tracker.abort(key, ServiceUnavailable("the tablet server is shutting down"))
+
+    def _check_serving(self) -> None:
+        if self._stopped:
+            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        why = self.failure_reason()
+        if why is not None:
+            raise TabletFailed(why)
 
     def _prepare_batch(self, ops: list[_PendingWrite]) -> None:
         datas = [self._encode(op) for op in ops]
@@ -386,10 +421,79 @@ class TabletReplica:
 
     def _apply_batches(self, batches: list[list[Entry]]) -> None:
         entries = [e for batch in batches for e in batch]
-        if self._failure is None:
-            self._apply(entries)
+        if entries:
+            self._given_up_to = max(self._given_up_to, entries[-1].index)
+        if self._apply_error is None:
+            if entries and not self._apply(entries):
+                self._schedule_retry()
+        elif self._retry_due:  # an empty batch posted by the retry timer
+            self._retry_due = False
+            self._catch_up()
+        # Otherwise failed, and not yet time to retry: the entries are in the log.
 
-    def _apply(self, entries: list[Entry]) -> None:
+    def _catch_up(self) -> None:
+        """Retry after a failure: apply what was handed over and not applied, read back
+        from the log, then serve again."""
+        while self.store.applied_index() < self._given_up_to:
+            lo = self.store.applied_index() + 1
+            hi = min(self._given_up_to + 1, lo + _CATCH_UP_CHUNK)
+            try:
+                chunk = self._opened.storage.entries(lo, hi)
+            except Exception as exc:  # the log cannot give them back: stay failed
+                logger.error(
+                    "%s: reading entries %d-%d back failed: %r", self.tablet_id, lo, hi, exc
+                )
+                self._schedule_retry()
+                return
+            if not chunk or not self._apply(chunk):
+                self._schedule_retry()
+                return
+        error, self._apply_error = self._apply_error, None
+        self._retry_wait_s = _APPLY_RETRY_FIRST_S
+        self.consensus.apply_recovered()
+        logger.warning(
+            "%s: the store applies again (applied index %d) after %r; the replica serves again",
+            self.tablet_id,
+            self.store.applied_index(),
+            error,
+        )
+
+    def _on_apply_failed(self, exc: BaseException) -> None:
+        if self._apply_error is not None:
+            logger.debug("%s: applying still fails: %r", self.tablet_id, exc)
+            return
+        self._apply_error = exc
+        # The store rolled the batch back; its entries stay in the log for the retry.
+        logger.error(
+            "%s: applying committed entries failed, the replica is FAILED and retries with "
+            "backoff: %r",
+            self.tablet_id,
+            exc,
+        )
+        self.consensus.apply_failed(exc)
+        why = self.failure_reason() or repr(exc)
+        # Nothing will answer them here for a while: their retries go to the new leader,
+        # under the same request ids (exactly-once).
+        self.tracker.abort_all(TabletFailed(why))
+        with self._applied_cond:
+            self._applied_cond.notify_all()
+
+    def _schedule_retry(self) -> None:
+        if self._stopped:
+            return
+        wait = self._retry_wait_s
+        self._retry_wait_s = min(2 * wait, _APPLY_RETRY_MAX_S)
+        timer = threading.Timer(wait, self._retry_now)
+        timer.daemon = True
+        self._retry_timer = timer
+        timer.start()
+
+    def _retry_now(self) -> None:
+        # The timer's thread: hand the retry to the apply stage, which runs one at a time.
+        self._retry_due = True
+        self._apply_q.post([])
+
+    def _apply(self, entries: list[Entry]) -> bool:
         start = time.perf_counter()
         with self._proposed_lock:
             ours = [self._proposed.get(e.index) for e in entries]
@@ -401,10 +505,8 @@ class TabletReplica:
         try:
             results = self.store.apply_batch(batch)
         except (StoreError, ValueError, OSError) as exc:
-            # The store no longer knows what it holds: stop serving rather than guess.
-            logger.error("%s: applying entries failed, the replica stops: %r", self.tablet_id, exc)
-            self._failure = exc
-            return
+            self._on_apply_failed(exc)
+            return False
         self._metrics.apply_time.observe((time.perf_counter() - start) * 1e6)
         self.consensus.on_applied(entries[-1].index)
         with self._applied_cond:
@@ -433,12 +535,12 @@ class TabletReplica:
                 self.tracker.complete(
                     key, _response(index, term, result.row_errors), applied.first_incomplete_seq_no
                 )
+        return True
 
     # --- reads ---------------------------------------------------------------------------------
 
     def scan(self, request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
-        if self._failure is not None or self._stopped:
-            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        self._check_serving()
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
             # after the read arrived (ReadIndex; or the lease, if on) and wait until that
@@ -483,13 +585,15 @@ class TabletReplica:
         the index they ask for.  UNAVAILABLE after that, so the client tries elsewhere."""
         with self._applied_cond:
             if not self._applied_cond.wait_for(
-                lambda: self.store.applied_index() >= index, self.options.read_wait_s
+                lambda: self.store.applied_index() >= index or self._apply_error is not None,
+                self.options.read_wait_s,
             ):
                 raise ServiceUnavailable(
                     f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
                     f"(applied {self.store.applied_index()}) after "
                     f"{self.options.read_wait_s:g} s; try another replica"
                 )
+        self._check_serving()
 
     # --- status --------------------------------------------------------------------------------
 
@@ -516,6 +620,10 @@ class TabletReplica:
         )
         return st
 
+    def failure_reason(self) -> str | None:
+        """Why this replica is FAILED (its log, or its store while applying), or None."""
+        return self.consensus.failure_reason()
+
     def _status_extras(self) -> dict[str, object]:
         log_bytes = 0
         for path in self._opened.storage.log.segment_paths():
@@ -528,8 +636,17 @@ class TabletReplica:
             "table": self.table,
             "partition": self.partition,
             "store_applied_index": self.store.applied_index(),
-            "failed": self._failure is not None or self.consensus.failed(),
+            **failure_status(self.failure_reason()),
         }
+
+
+def failure_status(reason: str | None) -> dict[str, object]:
+    """The status fields that say whether a replica is FAILED, and why."""
+    return {
+        "state": "FAILED" if reason is not None else "RUNNING",
+        "failed": reason is not None,
+        "failure": reason or "",
+    }
 
 
 def _response(index: int, term: int, row_errors: Sequence[RowFailure]) -> tablet_pb2.WriteResponse:
