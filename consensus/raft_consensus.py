@@ -309,7 +309,10 @@ class RaftConsensus:
         ticker: TickSource | None = None,
         workers: WorkerPool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_log_failed: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_log_failed(reason)``: called once, outside the lock, when the log fails (the
+        tablet fails the calls waiting on this replica)."""
         self.group_id = group_id
         self.node_id = node_id
         self.options = opts = options or ConsensusOptions()
@@ -321,6 +324,7 @@ class RaftConsensus:
         self._storage = storage
         self._transport = transport
         self._apply_committed = apply_committed
+        self._on_log_failed = on_log_failed
         self._lock = lock or ProfiledLock("consensus")
         self.metrics = metrics or ConsensusMetrics()
         config = Config(
@@ -911,7 +915,8 @@ class RaftConsensus:
                 continue
             assert isinstance(done, _Durable)
             if done.error is not None:
-                self._fail_unlocked(done.error)
+                if self._fail_unlocked(done.error) and self._on_log_failed is not None:
+                    replies.append((self._report_log_failure, None))
             elif self._failure is None:
                 self._node.on_persisted(done.ready)
                 for m in done.later:
@@ -933,9 +938,16 @@ class RaftConsensus:
             except Exception:
                 logger.exception("%s: answering a peer failed", self.group_id)
 
-    def _fail_unlocked(self, error: BaseException) -> None:
+    def _report_log_failure(self, _: Message | None) -> None:
+        # Queued as a "reply" so that it runs once the lock is released.
+        reason = self.failure_reason()
+        if self._on_log_failed is not None and reason is not None:
+            self._on_log_failed(reason)
+
+    def _fail_unlocked(self, error: BaseException) -> bool:
+        """Fail the replica for good; True if this call did."""
         if self._failure is not None:
-            return
+            return False
         logger.error(
             "%s: the log failed, the replica stops until it is reopened: %r", self.group_id, error
         )
@@ -952,6 +964,7 @@ class RaftConsensus:
         )
         self._finish_reads_unlocked()
         self._published_status = self._status_unlocked()
+        return True
 
     def _tick_unlocked(self) -> None:
         if self._failure is not None or self._stopping.is_set():

@@ -217,6 +217,7 @@ class TabletReplica:
                 metrics=self._metrics.consensus,
                 ticker=ticker,
                 workers=workers,
+                on_log_failed=self._on_log_failed,
             )
         except BaseException:
             # The files are open: a replica that cannot start must not keep them.
@@ -475,6 +476,12 @@ class TabletReplica:
         # Nothing will answer them here for a while: their retries go to the new leader,
         # under the same request ids (exactly-once).
         self.tracker.abort_all(TabletFailed(why))
+        with self._applied_cond:
+            self._applied_cond.notify_all()
+
+    def _on_log_failed(self, reason: str) -> None:
+        # No retry for a log (see RaftConsensus): what waits here would wait for good.
+        self.tracker.abort_all(TabletFailed(reason))
         with self._applied_cond:
             self._applied_cond.notify_all()
 
