@@ -119,6 +119,9 @@ _RESPONSES = frozenset(
     }
 )
 _TICK = object()
+# Posted to the worker when the log failed where no reply list was at hand: the tablet is
+# told (``on_log_failed``) once the worker has released the lock.
+_REPORT_FAILURE = object()
 # What _process_ready_unlocked says about the answer to a request it was asked to hold.
 _HELD = object()  # handed to reply once durable
 _NO_ANSWER = object()  # the core answered nothing
@@ -346,6 +349,7 @@ class RaftConsensus:
         initial = storage.initial_state()
         self._saved_commit = initial.commit
         self._saved_vote = (initial.term, initial.vote)
+        self._commit_save_failing = False
         # Read without the lock by status pages and gauges; an int assignment is atomic.
         self._commit_seen = self._saved_commit
         self._last_election = 0.0  # wall-clock time this replica last saw a new leader
@@ -781,7 +785,16 @@ class RaftConsensus:
                 # made durable by the WAL, and the commit index is saved lazily (a restart
                 # learns it again from the leader).  Saving on every append that also moved
                 # the commit index cost a follower two fsyncs and a rename per write.
-                self._storage.save_hard_state(hard)
+                try:
+                    self._storage.save_hard_state(hard)
+                except OSError as e:
+                    # The core has moved to a term or vote that is not durable: nothing of
+                    # this ready may leave.  Like a failed WAL write, it fails the replica
+                    # until it is reopened (the old metadata file is intact: replaced only
+                    # by rename).
+                    if self._fail_unlocked(e):
+                        self._inbox.post(_REPORT_FAILURE)
+                    return _NO_ANSWER
                 self._saved_vote = (hard.term, hard.vote)
                 self._saved_commit = hard.commit
             for m in rd.messages:
@@ -871,8 +884,13 @@ class RaftConsensus:
                 self._storage.save_hard_state(hard)
                 self._saved_commit = hard.commit
                 self._saved_vote = (hard.term, hard.vote)
-            except OSError:
-                logger.exception("%s: saving the commit index failed", self.group_id)
+                self._commit_save_failing = False
+            except OSError as e:
+                # Not a failure of the replica: the commit index is advisory.  Said once
+                # per run of failures, not every time it is retried.
+                if not self._commit_save_failing:
+                    logger.warning("%s: saving the commit index failed: %s", self.group_id, e)
+                self._commit_save_failing = True
 
     # --- threads ------------------------------------------------------------------------------
 
@@ -899,6 +917,9 @@ class RaftConsensus:
     def _step_inputs_unlocked(self, batch: list[object]) -> list[tuple[Reply, Message | None]]:
         replies: list[tuple[Reply, Message | None]] = []
         for done in batch:
+            if done is _REPORT_FAILURE:
+                replies.append((self._report_log_failure, None))
+                continue
             if done is _TICK:
                 self._tick_queued = False
                 self._step_ticks_unlocked()
@@ -984,6 +1005,9 @@ def describe_error(error: BaseException) -> str:
     while cause is not None and not isinstance(cause, OSError):
         cause = cause.__cause__
     text = str(error) or type(error).__name__
+    sqlite_name = _sqlite_error_name(error)
+    if sqlite_name and sqlite_name not in text:
+        text = f"{sqlite_name}: {text}"
     if isinstance(cause, OSError) and cause.errno is not None:
         name = errno.errorcode.get(cause.errno, str(cause.errno))
         if cause is not error and str(cause) not in text:
@@ -991,3 +1015,14 @@ def describe_error(error: BaseException) -> str:
         if name not in text:
             text = f"{name}: {text}"
     return text
+
+
+def _sqlite_error_name(error: BaseException) -> str:
+    """The SQLite result code's name (``SQLITE_FULL``...) behind ``error``, if any."""
+    cause: BaseException | None = error
+    while cause is not None:
+        name = getattr(cause, "sqlite_errorname", None)
+        if isinstance(name, str):
+            return name
+        cause = cause.__cause__
+    return ""
