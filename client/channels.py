@@ -142,6 +142,10 @@ class ServerStub(Protocol):
         self, request: admin_pb2.LeaderStepDownRequest, timeout: float
     ) -> admin_pb2.LeaderStepDownResponse: ...
 
+    def checksum_tablet(
+        self, request: admin_pb2.ChecksumTabletRequest, timeout: float
+    ) -> admin_pb2.ChecksumTabletResponse: ...
+
 
 class StubProvider(Protocol):
     def stub(self, address: str) -> ServerStub: ...
@@ -177,6 +181,14 @@ class GrpcServerStub:
         return cast(
             admin_pb2.LeaderStepDownResponse,
             self._admin.LeaderStepDown(request, timeout=timeout),
+        )
+
+    def checksum_tablet(
+        self, request: admin_pb2.ChecksumTabletRequest, timeout: float
+    ) -> admin_pb2.ChecksumTabletResponse:
+        return cast(
+            admin_pb2.ChecksumTabletResponse,
+            self._admin.ChecksumTablet(request, timeout=timeout),
         )
 
 

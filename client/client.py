@@ -26,9 +26,11 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 from tenacity.wait import wait_base
 
 from raftlet.client.channels import CHANNEL_OPTIONS, ChannelPool, ServerStub
+from raftlet.client.checksum import ReplicaChecksum, TabletChecksum
 from raftlet.client.client_base import ClientBase
 from raftlet.client.errors import InvalidArgument
 from raftlet.client.meta_cache import MetaCache, ServerInfo
@@ -78,6 +80,16 @@ def seeds_from_config(path: str | os.PathLike[str], *, token_ports: bool = False
     if not seeds:
         raise InvalidArgument(f"{path}: no server has a token_rpc_addr")
     return seeds
+
+
+# A checksum waits on the server for its point to be applied; the server's own limit.
+_MAX_CHECKSUM_WAIT_MS = 60_000
+
+
+def _replica_checksum(uuid: str, pb: admin_pb2.ChecksumTabletResponse) -> ReplicaChecksum:
+    if pb.failure or not pb.checksum:
+        return ReplicaChecksum(uuid, pb.rows, "", pb.failure or "no checksum")
+    return ReplicaChecksum(uuid, pb.rows, pb.checksum)
 
 
 class Client(ClientBase[MetaCache]):
@@ -319,6 +331,50 @@ class Client(ClientBase[MetaCache]):
         )
         self._meta.forget_leader(tablet_id)
         return server
+
+    def checksum(self, tablet_id: str, *, timeout_s: float | None = None) -> TabletChecksum:
+        """Compare the rows of every replica of ``tablet_id`` at one log index (needs the
+        admin role): the leader places a checksum point, each replica checksums its rows
+        when it applies it. A replica that cannot answer is in the result with its error,
+        not raised: telling which replica is wrong is the point."""
+        self._check_open()
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        wait_ms = max(1, min(int(timeout * 1000), _MAX_CHECKSUM_WAIT_MS))
+        place = admin_pb2.ChecksumTabletRequest(tablet_id=tablet_id, timeout_ms=wait_ms)
+
+        def on_leader(
+            stub: ServerStub, timeout: float, _attempt: int
+        ) -> admin_pb2.ChecksumTabletResponse:
+            return stub.checksum_tablet(place, timeout)
+
+        first, leader = call_tablet(
+            self._rpc,
+            tablet_id,
+            on_leader,
+            what=f"checksum point of tablet {tablet_id}",
+            deadline=time.monotonic() + timeout,
+            timeout_s=timeout,
+        )
+        results = {leader: _replica_checksum(leader, first)}
+        at = admin_pb2.ChecksumTabletRequest(
+            tablet_id=tablet_id, index=first.index, timeout_ms=wait_ms
+        )
+        others = [r for r in self._meta.tablet(tablet_id).replicas if r != leader]
+        futures = {
+            uuid: self._executor.submit(self._checksum_at, uuid, at, timeout) for uuid in others
+        }
+        for uuid, future in futures.items():
+            results[uuid] = future.result()
+        return TabletChecksum(tablet_id, first.index, tuple(results[r] for r in sorted(results)))
+
+    def _checksum_at(
+        self, uuid: str, request: admin_pb2.ChecksumTabletRequest, timeout: float
+    ) -> ReplicaChecksum:
+        try:
+            stub = self._channels.stub(self._meta.address(uuid))
+            return _replica_checksum(uuid, stub.checksum_tablet(request, timeout))
+        except grpc.RpcError as e:
+            return ReplicaChecksum(uuid, error=f"{e.code().name}: {e.details()}")
 
     # --- lifecycle -------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from raftlet.proto import common_pb2 as raftlet_dot_proto_dot_common__pb2
 from raftlet.proto import consensus_pb2 as raftlet_dot_proto_dot_consensus__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raftlet/proto/admin.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\x1a\x1draftlet/proto/consensus.proto\"C\n\x15LeaderStepDownRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x17\n\x0fnew_leader_uuid\x18\x02 \x01(\t\"?\n\x16LeaderStepDownResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\" \n\x0fGetFlagsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"u\n\x10GetFlagsResponse\x12\x33\n\x05\x66lags\x18\x01 \x03(\x0b\x32$.raftlet.GetFlagsResponse.FlagsEntry\x1a,\n\nFlagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"-\n\x0eSetFlagRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"K\n\x0fSetFlagResponse\x12\x11\n\told_value\x18\x01 \x01(\t\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB2\xbd\x02\n\x0c\x41\x64minService\x12Q\n\x0eLeaderStepDown\x12\x1e.raftlet.LeaderStepDownRequest\x1a\x1f.raftlet.LeaderStepDownResponse\x12[\n\x12GetConsensusStatus\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponse\x12?\n\x08GetFlags\x12\x18.raftlet.GetFlagsRequest\x1a\x19.raftlet.GetFlagsResponse\x12<\n\x07SetFlag\x12\x17.raftlet.SetFlagRequest\x1a\x18.raftlet.SetFlagResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raftlet/proto/admin.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\x1a\x1draftlet/proto/consensus.proto\"C\n\x15LeaderStepDownRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x17\n\x0fnew_leader_uuid\x18\x02 \x01(\t\"?\n\x16LeaderStepDownResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\" \n\x0fGetFlagsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"u\n\x10GetFlagsResponse\x12\x33\n\x05\x66lags\x18\x01 \x03(\x0b\x32$.raftlet.GetFlagsResponse.FlagsEntry\x1a,\n\nFlagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"-\n\x0eSetFlagRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"K\n\x0fSetFlagResponse\x12\x11\n\told_value\x18\x01 \x01(\t\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"M\n\x15\x43hecksumTabletRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"\x7f\n\x16\x43hecksumTabletResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x04 \x01(\t\x12%\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.raftlet.ServerErrorPB2\x90\x03\n\x0c\x41\x64minService\x12Q\n\x0eLeaderStepDown\x12\x1e.raftlet.LeaderStepDownRequest\x1a\x1f.raftlet.LeaderStepDownResponse\x12[\n\x12GetConsensusStatus\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponse\x12?\n\x08GetFlags\x12\x18.raftlet.GetFlagsRequest\x1a\x19.raftlet.GetFlagsResponse\x12<\n\x07SetFlag\x12\x17.raftlet.SetFlagRequest\x1a\x18.raftlet.SetFlagResponse\x12Q\n\x0e\x43hecksumTablet\x12\x1e.raftlet.ChecksumTabletRequest\x1a\x1f.raftlet.ChecksumTabletResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,6 +50,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETFLAGREQUEST']._serialized_end=429
   _globals['_SETFLAGRESPONSE']._serialized_start=431
   _globals['_SETFLAGRESPONSE']._serialized_end=506
-  _globals['_ADMINSERVICE']._serialized_start=509
-  _globals['_ADMINSERVICE']._serialized_end=826
+  _globals['_CHECKSUMTABLETREQUEST']._serialized_start=508
+  _globals['_CHECKSUMTABLETREQUEST']._serialized_end=585
+  _globals['_CHECKSUMTABLETRESPONSE']._serialized_start=587
+  _globals['_CHECKSUMTABLETRESPONSE']._serialized_end=714
+  _globals['_ADMINSERVICE']._serialized_start=717
+  _globals['_ADMINSERVICE']._serialized_end=1117
 # @@protoc_insertion_point(module_scope)

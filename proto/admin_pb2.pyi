@@ -57,3 +57,27 @@ class SetFlagResponse(_message.Message):
     old_value: str
     error: _common_pb2.ServerErrorPB
     def __init__(self, old_value: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class ChecksumTabletRequest(_message.Message):
+    __slots__ = ("tablet_id", "index", "timeout_ms")
+    TABLET_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    tablet_id: str
+    index: int
+    timeout_ms: int
+    def __init__(self, tablet_id: _Optional[str] = ..., index: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ChecksumTabletResponse(_message.Message):
+    __slots__ = ("index", "rows", "checksum", "failure", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    rows: int
+    checksum: str
+    failure: str
+    error: _common_pb2.ServerErrorPB
+    def __init__(self, index: _Optional[int] = ..., rows: _Optional[int] = ..., checksum: _Optional[str] = ..., failure: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...

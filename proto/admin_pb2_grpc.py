@@ -56,6 +56,11 @@ class AdminServiceStub:
                 request_serializer=raftlet_dot_proto_dot_admin__pb2.SetFlagRequest.SerializeToString,
                 response_deserializer=raftlet_dot_proto_dot_admin__pb2.SetFlagResponse.FromString,
                 _registered_method=True)
+        self.ChecksumTablet = channel.unary_unary(
+                '/raftlet.AdminService/ChecksumTablet',
+                request_serializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletRequest.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -85,6 +90,12 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChecksumTablet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -107,6 +118,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.SetFlag,
                     request_deserializer=raftlet_dot_proto_dot_admin__pb2.SetFlagRequest.FromString,
                     response_serializer=raftlet_dot_proto_dot_admin__pb2.SetFlagResponse.SerializeToString,
+            ),
+            'ChecksumTablet': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChecksumTablet,
+                    request_deserializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletRequest.FromString,
+                    response_serializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -217,6 +233,33 @@ class AdminService:
             '/raftlet.AdminService/SetFlag',
             raftlet_dot_proto_dot_admin__pb2.SetFlagRequest.SerializeToString,
             raftlet_dot_proto_dot_admin__pb2.SetFlagResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChecksumTablet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.AdminService/ChecksumTablet',
+            raftlet_dot_proto_dot_admin__pb2.ChecksumTabletRequest.SerializeToString,
+            raftlet_dot_proto_dot_admin__pb2.ChecksumTabletResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -181,14 +181,16 @@ class WriteResponse(_message.Message):
     def __init__(self, row_errors: _Optional[_Iterable[_Union[RowErrorPB, _Mapping]]] = ..., op_index: _Optional[int] = ..., op_term: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
 
 class WriteOperationPB(_message.Message):
-    __slots__ = ("request_id", "ops", "row_block")
+    __slots__ = ("request_id", "ops", "row_block", "checksum_point")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     ROW_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_POINT_FIELD_NUMBER: _ClassVar[int]
     request_id: _common_pb2.RequestIdPB
     ops: _containers.RepeatedCompositeFieldContainer[RowOperationPB]
     row_block: RowBlockPB
-    def __init__(self, request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ...) -> None: ...
+    checksum_point: bool
+    def __init__(self, request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ..., checksum_point: _Optional[bool] = ...) -> None: ...
 
 class PredicatePB(_message.Message):
     __slots__ = ("column", "equals", "range", "in_list", "is_null", "is_not_null")

@@ -67,6 +67,14 @@ from raftlet.schema.row_runs import RowRun, decode_row_runs
 from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
+from raftlet.tserver.checksum import (
+    CHECKSUM_MARKER,
+    ChecksumResult,
+    RecentChecksums,
+    checksum_rows,
+    is_checksum_point,
+    split_after_checksum_points,
+)
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest, TabletFailed
 from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
 from raftlet.tserver.scan_page import fill_page
@@ -236,6 +244,9 @@ class TabletReplica:
         self._proposed_lock = threading.Lock()
         self._applied_index = self.store.applied_index()
         self._applied_cond = threading.Condition()
+        # Checksum points at or below this were applied by the replay: none was taken.
+        self._applied_at_open = self._applied_index
+        self._checksums = RecentChecksums()
         # The store's failure while applying, until a retry succeeds (apply stage only).
         self._apply_error: BaseException | None = None
         # The highest committed index handed to the apply stage: what a retry must reach.
@@ -425,12 +436,24 @@ class TabletReplica:
         if entries:
             self._given_up_to = max(self._given_up_to, entries[-1].index)
         if self._apply_error is None:
-            if entries and not self._apply(entries):
+            if entries and not self._apply_pieces(entries):
                 self._schedule_retry()
         elif self._retry_due:  # an empty batch posted by the retry timer
             self._retry_due = False
             self._catch_up()
         # Otherwise failed, and not yet time to retry: the entries are in the log.
+
+    def _apply_pieces(self, entries: list[Entry]) -> bool:
+        """Apply ``entries``; False (and the replica FAILED) if the store failed."""
+        # A checksum point ends a piece: the rows are checksummed between two applies.
+        for piece in split_after_checksum_points(entries):
+            if not piece:
+                continue
+            if not self._apply(piece):
+                return False
+            if is_checksum_point(piece[-1]):
+                self._checksums.record(checksum_rows(self.store, piece[-1].index))
+        return True
 
     def _catch_up(self) -> None:
         """Retry after a failure: apply what was handed over and not applied, read back
@@ -446,7 +469,7 @@ class TabletReplica:
                 )
                 self._schedule_retry()
                 return
-            if not chunk or not self._apply(chunk):
+            if not chunk or not self._apply_pieces(chunk):
                 self._schedule_retry()
                 return
         error, self._apply_error = self._apply_error, None
@@ -530,6 +553,8 @@ class TabletReplica:
                 mine = None
             if entry.type is not EntryType.NORMAL or result.skipped:
                 continue
+            if entry.data == CHECKSUM_MARKER:
+                continue
             key = applied.request if applied.request is not None else (mine[1] if mine else None)
             if result.duplicate_of:
                 # A retry proposed again: answer with the original entry's outcome.
@@ -543,6 +568,38 @@ class TabletReplica:
                     key, _response(index, term, result.row_errors), applied.first_incomplete_seq_no
                 )
         return True
+
+    # --- checksums (raftlet cluster ksck --checksum) -----------------------------------------
+
+    def place_checksum_point(self, timeout_s: float) -> ChecksumResult:
+        """On the leader: replicate a checksum point, and return this replica's checksum
+        there once it has applied it (``tserver.checksum``)."""
+        self._check_serving()
+        term = self.consensus.check_leadership_and_bind_term()
+        (entry,) = self.consensus.replicate([CHECKSUM_MARKER], term)
+        return self.checksum_at(entry.index, timeout_s)
+
+    def checksum_at(self, index: int, timeout_s: float) -> ChecksumResult:
+        """This replica's checksum at checksum point ``index``, waiting up to ``timeout_s``
+        for it to apply the point."""
+        if index <= self._applied_at_open:
+            raise InvalidRequest(
+                f"tablet {self.tablet_id}: index {index} was applied before this replica last "
+                "started, so it took no checksum there; take a new checksum point"
+            )
+        result = self._checksums.wait(index, timeout_s)
+        if result is not None:
+            return result
+        applied = self.store.applied_index()
+        if applied >= index:
+            raise InvalidRequest(
+                f"tablet {self.tablet_id}: no checksum point at index {index} on this replica "
+                "(not a checksum point, replaced by a new leader, or too old to be kept)"
+            )
+        raise ServiceUnavailable(
+            f"tablet {self.tablet_id}: index {index} not applied on this replica after "
+            f"{timeout_s:g} s (applied {applied})"
+        )
 
     # --- reads ---------------------------------------------------------------------------------
 

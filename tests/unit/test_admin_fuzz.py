@@ -220,6 +220,30 @@ def test_get_consensus_status_with_random_tablets(ts: InProcessServer, tablet: s
 
 @FUZZ
 @given(
+    tablet=st.one_of(st.just("<the tablet>"), st.text(max_size=40), huge),
+    index=st.one_of(
+        st.just(0), st.integers(1, 10**6), st.sampled_from([2**63 - 1, 2**63, 2**64 - 1])
+    ),
+    # Short waits only: an index ahead of the log waits that long before UNAVAILABLE.
+    timeout_ms=st.sampled_from([1, 50, 60_001, 2**32 - 1]),
+)
+def test_checksum_tablet_with_random_tablets_indexes_and_waits(
+    ts: InProcessServer, tablet: str, index: int, timeout_ms: int
+) -> None:
+    tablet_id = ts.tablet_id if tablet == "<the tablet>" else tablet
+    before = ts.consensus_state()
+    request = admin_pb2.ChecksumTabletRequest(
+        tablet_id=tablet_id, index=index, timeout_ms=timeout_ms
+    )
+    code = _call(ts.admin.ChecksumTablet, request)
+    if timeout_ms > 60_000 or index >= 2**63 or tablet_id != ts.tablet_id:
+        assert code is not grpc.StatusCode.OK
+    after = ts.consensus_state()
+    assert (after.current_term, after.leader_uuid) == (before.current_term, before.leader_uuid)
+
+
+@FUZZ
+@given(
     method=st.sampled_from(["LeaderStepDown", "GetConsensusStatus", "GetFlags", "SetFlag"]),
     payload=st.binary(max_size=200),
 )
