@@ -51,11 +51,24 @@ differs from when the lease's round was sent, or ``is_on_time()`` is false: a pa
 process must not wake up holding a lease).  A stall is also stepped into the core
 (``RawNode.on_stall``), which makes a leader that stalled for an election timeout recheck
 its quorum on fresh answers.
+
+Failure (docs/ARCHITECTURE.md, "Failure model")
+Two ways a running replica fails, both made known to the core as ``set_promotable(False)``
+-- a leader hands over to a caught-up follower or steps down at once, and nobody campaigns
+-- and both refuse writes and reads with ``ReplicaFailed``:
+- its log fails (a WAL write or fdatasync; the appender reports it): for good, until the
+  replica is reopened, since a failed fdatasync cannot be trusted to be retried.
+- its applier fails (``apply_failed``, from the tablet: the store cannot take committed
+  entries): until the tablet calls ``apply_recovered``.  The log is still sound, but the
+  replica stops stepping peers' requests and answers meanwhile, as if it were down: a
+  change of term would have to be saved to a disk that may be full, and a follower that
+  cannot apply gains nothing by accepting more entries.  The leader catches it up later.
 """
 
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import threading
 import time
@@ -92,6 +105,7 @@ __all__ = [
     "RaftConsensus",
     "ReplicaFailed",
     "TermCheckMode",
+    "describe_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -105,6 +119,9 @@ _RESPONSES = frozenset(
     }
 )
 _TICK = object()
+# Posted to the worker when the log failed where no reply list was at hand: the tablet is
+# told (``on_log_failed``) once the worker has released the lock.
+_REPORT_FAILURE = object()
 # What _process_ready_unlocked says about the answer to a request it was asked to hold.
 _HELD = object()  # handed to reply once durable
 _NO_ANSWER = object()  # the core answered nothing
@@ -156,7 +173,8 @@ class LeaderNotReady(ProposalDropped):
 
 
 class ReplicaFailed(ProposalDropped):
-    """The replica's log failed; it serves nothing until it is reopened."""
+    """The replica failed (its log, or its applier): it serves nothing until it recovers
+    or is reopened.  The message starts with "tablet failed: " and says why."""
 
 
 class _ReadWaiter:
@@ -294,7 +312,10 @@ class RaftConsensus:
         ticker: TickSource | None = None,
         workers: WorkerPool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_log_failed: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_log_failed(reason)``: called once, outside the lock, when the log fails (the
+        tablet fails the calls waiting on this replica)."""
         self.group_id = group_id
         self.node_id = node_id
         self.options = opts = options or ConsensusOptions()
@@ -306,6 +327,7 @@ class RaftConsensus:
         self._storage = storage
         self._transport = transport
         self._apply_committed = apply_committed
+        self._on_log_failed = on_log_failed
         self._lock = lock or ProfiledLock("consensus")
         self.metrics = metrics or ConsensusMetrics()
         config = Config(
@@ -327,10 +349,13 @@ class RaftConsensus:
         initial = storage.initial_state()
         self._saved_commit = initial.commit
         self._saved_vote = (initial.term, initial.vote)
+        self._commit_save_failing = False
         # Read without the lock by status pages and gauges; an int assignment is atomic.
         self._commit_seen = self._saved_commit
         self._last_election = 0.0  # wall-clock time this replica last saw a new leader
+        # The log's failure (for good), and the applier's (until apply_recovered).
         self._failure: BaseException | None = None
+        self._apply_failure: BaseException | None = None
         self._stopping = threading.Event()
         # Linearizable reads waiting for a quorum's confirmation, by the core's token.
         self._reads: dict[int, _ReadWaiter] = {}
@@ -398,9 +423,7 @@ class RaftConsensus:
             self._workers.stop()
         with self._lock:
             self._save_commit_unlocked()
-            for waiter in self._reads.values():  # their answers will not come now
-                waiter.finish(0, ok=False)
-            self._reads.clear()
+            self._finish_reads_unlocked()
 
     # --- the write path ----------------------------------------------------------------
 
@@ -413,8 +436,7 @@ class RaftConsensus:
 
         Lockfree mode reads the published snapshot once.  Locked mode takes the consensus
         lock and asks the core, as Kudu did before KUDU-2727."""
-        if self._failure is not None:
-            raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
+        self._raise_if_failed()
         mode = self.options.term_check_mode
         self.metrics.term_checks[mode].increment()
         if mode is TermCheckMode.LOCKFREE:
@@ -423,6 +445,11 @@ class RaftConsensus:
         with self._lock:
             snapshot = ConsensusSnapshot.of(self._node.soft_state())
         return snapshot.bind_term()
+
+    def _raise_if_failed(self) -> None:
+        why = self.failure_reason()
+        if why is not None:
+            raise ReplicaFailed(f"tablet failed: {why}")
 
     def replicate(
         self,
@@ -437,8 +464,7 @@ class RaftConsensus:
         TermMismatch if leadership moved since the term was bound, NotLeaderError if this
         replica no longer leads.  Under the lock this may wait for room in the WAL's queue.
         """
-        if self._failure is not None:
-            raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
+        self._raise_if_failed()
         with self._lock:
             self._step_ticks_unlocked()
             entries = self._node.propose_batch(datas, expected_term=bound_term)
@@ -455,8 +481,7 @@ class RaftConsensus:
         NotLeaderError (not the leader, or it lost leadership meanwhile), LeaderNotReady
         (its commit index is not current yet, or no quorum answered within ``timeout_s``:
         a replica cut off from the others never serves a read), ReplicaFailed."""
-        if self._failure is not None:
-            raise ReplicaFailed(f"replica {self.group_id} failed: {self._failure}")
+        self._raise_if_failed()
         if self._lease_mode:
             with self._lock:
                 self._step_ticks_unlocked()
@@ -558,7 +583,7 @@ class RaftConsensus:
         acknowledges (entries, a vote) is durable -- or None if the core answered nothing.
         If the replica stops first, ``reply`` may never be called: the caller bounds its
         wait, as it would for a lost message."""
-        if self._stopping.is_set() or self._failure is not None:
+        if not self._healthy():
             reply(None)
             return
         with self._lock:
@@ -665,6 +690,45 @@ class RaftConsensus:
         """Whether the log failed (set by the durability thread at any time)."""
         return self._failure is not None
 
+    def failure_reason(self) -> str | None:
+        """Why this replica is failed (its log, else its applier), or None; lock-free."""
+        log_failure, apply_failure = self._failure, self._apply_failure
+        if log_failure is not None:
+            return f"the log failed: {describe_error(log_failure)}"
+        if apply_failure is not None:
+            return f"applying committed entries failed: {describe_error(apply_failure)}"
+        return None
+
+    def apply_failed(self, error: BaseException) -> None:
+        """The tablet's applier cannot apply committed entries (its store failed): give up
+        leadership at once (to a caught-up follower if there is one) and stop campaigning
+        and stepping peers' messages until ``apply_recovered``."""
+        with self._lock:
+            if self._apply_failure is not None:
+                return
+            self._apply_failure = error
+            self._node.set_promotable(False)
+            if self._failure is None and not self._stopping.is_set():
+                self._process_ready_unlocked()
+            self._finish_reads_unlocked()
+            self._published_status = self._status_unlocked()
+
+    def apply_recovered(self) -> None:
+        """The applier works again and has applied everything it was given: take part in
+        the group again (the leader catches this replica up)."""
+        with self._lock:
+            if self._apply_failure is None:
+                return
+            self._apply_failure = None
+            if self._failure is None:
+                self._node.set_promotable(True)
+            self._published_status = self._status_unlocked()
+
+    def _finish_reads_unlocked(self) -> None:
+        for waiter in self._reads.values():  # their answers will not come now
+            waiter.finish(0, ok=False)
+        self._reads.clear()
+
     def status(self) -> dict[str, object]:
         """The replica's Raft state, exact: takes the consensus lock (for RPCs and tests;
         status pages use ``published_status``)."""
@@ -733,7 +797,16 @@ class RaftConsensus:
                 # made durable by the WAL, and the commit index is saved lazily (a restart
                 # learns it again from the leader).  Saving on every append that also moved
                 # the commit index cost a follower two fsyncs and a rename per write.
-                self._storage.save_hard_state(hard)
+                try:
+                    self._storage.save_hard_state(hard)
+                except OSError as e:
+                    # The core has moved to a term or vote that is not durable: nothing of
+                    # this ready may leave.  Like a failed WAL write, it fails the replica
+                    # until it is reopened (the old metadata file is intact: replaced only
+                    # by rename).
+                    if self._fail_unlocked(e):
+                        self._inbox.post(_REPORT_FAILURE)
+                    return _NO_ANSWER
                 self._saved_vote = (hard.term, hard.vote)
                 self._saved_commit = hard.commit
             for m in rd.messages:
@@ -818,13 +891,18 @@ class RaftConsensus:
 
     def _save_commit_unlocked(self) -> None:
         hard = self._node.hard_state()
-        if hard.commit > self._saved_commit and self._failure is None:
+        if hard.commit > self._saved_commit and self._failure is None and not self._apply_failure:
             try:
                 self._storage.save_hard_state(hard)
                 self._saved_commit = hard.commit
                 self._saved_vote = (hard.term, hard.vote)
-            except OSError:
-                logger.exception("%s: saving the commit index failed", self.group_id)
+                self._commit_save_failing = False
+            except OSError as e:
+                # Not a failure of the replica: the commit index is advisory.  Said once
+                # per run of failures, not every time it is retried.
+                if not self._commit_save_failing:
+                    logger.warning("%s: saving the commit index failed: %s", self.group_id, e)
+                self._commit_save_failing = True
 
     # --- threads ------------------------------------------------------------------------------
 
@@ -851,23 +929,27 @@ class RaftConsensus:
     def _step_inputs_unlocked(self, batch: list[object]) -> list[tuple[Reply, Message | None]]:
         replies: list[tuple[Reply, Message | None]] = []
         for done in batch:
+            if done is _REPORT_FAILURE:
+                replies.append((self._report_log_failure, None))
+                continue
             if done is _TICK:
                 self._tick_queued = False
                 self._step_ticks_unlocked()
                 continue
             if isinstance(done, _Stall):
-                if self._failure is None and not self._stopping.is_set():
+                if self._healthy():
                     self._step_ticks_unlocked()
                     self._node.on_stall(done.ticks)
                 continue
             if isinstance(done, Message):  # a peer's answer
-                if self._failure is None and not self._stopping.is_set():
+                if self._healthy():
                     self._step_ticks_unlocked()
                     self._node.step(done)
                 continue
             assert isinstance(done, _Durable)
             if done.error is not None:
-                self._fail_unlocked(done.error)
+                if self._fail_unlocked(done.error) and self._on_log_failed is not None:
+                    replies.append((self._report_log_failure, None))
             elif self._failure is None:
                 self._node.on_persisted(done.ready)
                 for m in done.later:
@@ -879,6 +961,9 @@ class RaftConsensus:
             self._process_ready_unlocked()
         return replies
 
+    def _healthy(self) -> bool:
+        return self._failure is None and self._apply_failure is None and not self._stopping.is_set()
+
     def _send_replies(self, replies: list[tuple[Reply, Message | None]]) -> None:
         for reply, answer in replies:  # outside the lock: a reply may do I/O
             try:
@@ -886,13 +971,33 @@ class RaftConsensus:
             except Exception:
                 logger.exception("%s: answering a peer failed", self.group_id)
 
-    def _fail_unlocked(self, error: BaseException) -> None:
-        if self._failure is None:
-            logger.error("%s: the log failed, the replica stops: %r", self.group_id, error)
-            self._failure = error
-            self._snapshot = ConsensusSnapshot(
-                self._snapshot.term, Role.FOLLOWER, NO_NODE, False, False
-            )
+    def _report_log_failure(self, _: Message | None) -> None:
+        # Queued as a "reply" so that it runs once the lock is released.
+        reason = self.failure_reason()
+        if self._on_log_failed is not None and reason is not None:
+            self._on_log_failed(reason)
+
+    def _fail_unlocked(self, error: BaseException) -> bool:
+        """Fail the replica for good; True if this call did."""
+        if self._failure is not None:
+            return False
+        logger.error(
+            "%s: the log failed, the replica stops until it is reopened: %r", self.group_id, error
+        )
+        self._failure = error
+        # Hand leadership over if a follower holds our whole log, else just step down.  Only
+        # the messages of what follows are carried out: nothing can be made durable now,
+        # and a step-down in our own term changes nothing that would have to be.
+        self._node.set_promotable(False)
+        while self._node.has_ready():
+            for m in self._node.ready().messages:
+                self._send_unlocked(m)
+        self._snapshot = ConsensusSnapshot(
+            self._snapshot.term, Role.FOLLOWER, NO_NODE, False, False
+        )
+        self._finish_reads_unlocked()
+        self._published_status = self._status_unlocked()
+        return True
 
     def _tick_unlocked(self) -> None:
         if self._failure is not None or self._stopping.is_set():
@@ -903,3 +1008,33 @@ class RaftConsensus:
             self._save_commit_unlocked()
         if self._ticks % _STATUS_PUBLISH_TICKS == 1:
             self._published_status = self._status_unlocked()
+
+
+def describe_error(error: BaseException) -> str:
+    """An error as an operator reads it: with the errno name of the OSError behind it (a
+    wrapper's ``__cause__``), e.g. ``ENOSPC``."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__
+    text = str(error) or type(error).__name__
+    sqlite_name = _sqlite_error_name(error)
+    if sqlite_name and sqlite_name not in text:
+        text = f"{sqlite_name}: {text}"
+    if isinstance(cause, OSError) and cause.errno is not None:
+        name = errno.errorcode.get(cause.errno, str(cause.errno))
+        if cause is not error and str(cause) not in text:
+            text = f"{text} ({cause})"
+        if name not in text:
+            text = f"{name}: {text}"
+    return text
+
+
+def _sqlite_error_name(error: BaseException) -> str:
+    """The SQLite result code's name (``SQLITE_FULL``...) behind ``error``, if any."""
+    cause: BaseException | None = error
+    while cause is not None:
+        name = getattr(cause, "sqlite_errorname", None)
+        if isinstance(name, str):
+            return name
+        cause = cause.__cause__
+    return ""

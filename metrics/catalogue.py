@@ -42,6 +42,7 @@ __all__ = [
     "RPCS_QUEUE_OVERFLOW",
     "RPCS_TIMED_OUT_IN_QUEUE",
     "RPC_INCOMING_QUEUE_TIME_US",
+    "TABLET_FAILED",
     "TERM_CHECKS_TOTAL",
     "WRITE_OPS_TOTAL",
     "by_name",
@@ -143,6 +144,14 @@ RAFT_APPLIED_INDEX = MetricPrototype(
     GAUGE,
     "index",
     "Highest log index applied to this replica's row store",
+    entity_type="tablet",
+)
+TABLET_FAILED = MetricPrototype(
+    "tablet_failed",
+    GAUGE,
+    "state",
+    "1 while this replica is FAILED (it did not open, or its log or store failed), else 0; "
+    "the reason is on /tablets",
     entity_type="tablet",
 )
 LEADER_ELECTIONS_TOTAL = MetricPrototype(
@@ -264,6 +273,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     RAFT_ROLE,
     RAFT_COMMIT_INDEX,
     RAFT_APPLIED_INDEX,
+    TABLET_FAILED,
     LEADER_ELECTIONS_TOTAL,
     WRITE_OPS_TOTAL,
     ROWS_INSERTED_TOTAL,

@@ -33,6 +33,11 @@ class RowFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROW_FORMAT_CELLS: _ClassVar[RowFormat]
     ROW_FORMAT_PACKED: _ClassVar[RowFormat]
+
+class TabletState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TABLET_STATE_RUNNING: _ClassVar[TabletState]
+    TABLET_STATE_FAILED: _ClassVar[TabletState]
 TYPE_UNKNOWN: DataType
 INT8: DataType
 INT16: DataType
@@ -48,6 +53,8 @@ READ_LEADER_LATEST: ReadMode
 READ_FOLLOWER_APPLIED: ReadMode
 ROW_FORMAT_CELLS: RowFormat
 ROW_FORMAT_PACKED: RowFormat
+TABLET_STATE_RUNNING: TabletState
+TABLET_STATE_FAILED: TabletState
 
 class ColumnSchemaPB(_message.Message):
     __slots__ = ("name", "type", "nullable", "is_key")
@@ -302,7 +309,7 @@ class TabletPB(_message.Message):
     def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., replica_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TabletStatusPB(_message.Message):
-    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index")
+    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +319,8 @@ class TabletStatusPB(_message.Message):
     LEADER_READY_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     table_name: str
     partition: int
@@ -321,7 +330,9 @@ class TabletStatusPB(_message.Message):
     leader_ready: bool
     commit_index: int
     applied_index: int
-    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ...) -> None: ...
+    state: TabletState
+    failure_reason: str
+    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state: _Optional[_Union[TabletState, str]] = ..., failure_reason: _Optional[str] = ...) -> None: ...
 
 class ListTabletsRequest(_message.Message):
     __slots__ = ()

@@ -13,9 +13,14 @@ once the consensus core learns the commit index again from a leader.  Nothing ap
 ever applied twice: the store records its applied index in the same transaction as the rows,
 and the core starts with ``Config.applied`` set from it.
 
-Two facts are checked, because a mismatch means the directory lost data and a silent
-continue would serve wrong rows: the log must still hold every entry the store has not
-applied, and the store's last applied (index, term) must be an entry of the log.
+Three facts are checked, because a mismatch means the directory lost data and a silent
+continue would serve wrong rows or break Raft: the consensus metadata must exist if the log
+or the store holds anything (a replica that started afresh beside its old log would forget
+its term and vote, and could vote twice in a term), the log must still hold every entry the
+store has not applied, and the store's last applied (index, term) must be an entry of the
+log.  Any of them failing raises ``ReplicaOpenError``; so does damage the log or metadata
+reader finds (``LogCorruptionError``).  The tablet server turns any failure to open into a
+FAILED replica of that one tablet (``tserver.failed_tablet``), never a failed server.
 """
 
 from __future__ import annotations
@@ -212,7 +217,7 @@ def open_replica(
         raise
     t2 = time.perf_counter()
     try:
-        _check_voters(storage, tuple(voters))
+        _check_voters(storage, store, tuple(voters))
         replayed = _replay(store, storage)
     except BaseException:
         storage.close()
@@ -234,8 +239,15 @@ def open_replica(
     return OpenedReplica(path, store, storage, replayed, seconds)
 
 
-def _check_voters(storage: LogStorage, voters: tuple[str, ...]) -> None:
+def _check_voters(storage: LogStorage, store: TabletStore, voters: tuple[str, ...]) -> None:
     if storage.metadata.fresh:
+        last, applied = storage.last_index(), store.applied_index()
+        if last > 0 or applied > 0:
+            raise ReplicaOpenError(
+                f"consensus metadata {storage.metadata.path} is missing, beside a log of "
+                f"entries up to {last} and a store applied to {applied}: starting afresh "
+                "would forget this replica's term and vote; refusing to open"
+            )
         storage.save_metadata(PersistentState(voters=voters))
     elif set(storage.voters()) != set(voters):
         raise ReplicaOpenError(

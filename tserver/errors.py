@@ -14,6 +14,7 @@ __all__ = [
     "InvalidRequest",
     "ServiceUnavailable",
     "StaleRequest",
+    "TabletFailed",
     "UnknownTablet",
 ]
 
@@ -23,6 +24,16 @@ class ServiceUnavailable(Exception):
 
     Retriable: the client should try again later or elsewhere (UNAVAILABLE).
     """
+
+
+class TabletFailed(ServiceUnavailable):
+    """This server's replica of the tablet is FAILED (it did not open, or its log or store
+    failed while running): UNAVAILABLE with TABLET_NOT_RUNNING, so a client tries another
+    replica.  The message is "tablet failed: <why>"."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"tablet failed: {reason}")
+        self.reason = reason
 
 
 class DeadlineExceededInQueue(Exception):

@@ -34,6 +34,7 @@ from raftlet.tserver.errors import (
     InvalidRequest,
     ServiceUnavailable,
     StaleRequest,
+    TabletFailed,
     UnknownTablet,
 )
 from raftlet.tserver.security import SenderMismatch
@@ -127,6 +128,8 @@ def status_for(
         return S.PERMISSION_DENIED, msg, None
     if isinstance(exc, DeadlineExceededInQueue):
         return S.DEADLINE_EXCEEDED, msg, None
+    if isinstance(exc, TabletFailed):
+        return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)
     if isinstance(exc, ServiceUnavailable):
         return S.UNAVAILABLE, msg, None
     if isinstance(exc, UnknownTablet):

@@ -14,6 +14,10 @@ writes can never starve replication or administration:
                 GetConsensusState
     admin       LeaderStepDown, GetConsensusStatus, flags     --admin_service_queue_length
 
+A tablet whose replica fails to open (damaged or missing files) is FAILED
+(``tserver.failed_tablet``): the server starts and serves its other tablets, and every RPC
+for the failed one is answered UNAVAILABLE "tablet failed: <why>".
+
 Shutdown (SIGTERM): stop accepting RPCs, let in-flight ones finish within a grace period,
 stop the pools, stop every replica (consensus first, then the apply path, then the files),
 close channels, exit 0.  A restart recovers every replica from its directory.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -53,6 +58,7 @@ from raftlet.proto import (
 )
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.errors import UnknownTablet
+from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
 from raftlet.tserver.grpc_limits import (
     MAX_CONCURRENT_RPCS,
@@ -72,6 +78,7 @@ from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
 from raftlet.tserver.servicers import AdminServicer, ConsensusServicer, TabletServicer
 from raftlet.tserver.settings import ServerSettings
 from raftlet.tserver.status_pages import (
+    register_failed_tablet_gauges,
     register_tablet_gauges,
     register_tablet_pages,
     tablet_statuses,
@@ -118,6 +125,8 @@ class TabletServer:
             self.auth = Authenticator(tokens, self.entity)
         self.channels = ChannelPool(self.peer_channel_options, credentials=self.peer_credentials)
         self.replicas: dict[str, TabletReplica] = {}
+        # Tablets placed here whose replica failed to open: answered, never served.
+        self.failed_tablets: dict[str, FailedTablet] = {}
         self.pools = {
             "tablet": self._pool("tablet", s.rpc_num_service_threads, s.rpc_service_queue_length),
             "consensus": self._pool(
@@ -219,21 +228,34 @@ class TabletServer:
                 placement.tablet_id,
                 {"table": placement.table, "partition": str(placement.partition)},
             )
-            replica = TabletReplica(
+            directory = s.data_dir / placement.tablet_id
+            replica = open_or_fail(
+                functools.partial(
+                    TabletReplica,
+                    tablet_id=placement.tablet_id,
+                    table=placement.table,
+                    partition=placement.partition,
+                    server_id=self.server_id,
+                    voters=placement.replicas,
+                    directory=directory,
+                    schema=table.schema,
+                    transport=transport,
+                    options=options,
+                    metrics=entity,
+                    ticker=self.ticker,
+                    workers=self.workers,
+                    log_appenders=self.log_appenders,
+                ),
                 tablet_id=placement.tablet_id,
                 table=placement.table,
                 partition=placement.partition,
-                server_id=self.server_id,
-                voters=placement.replicas,
-                directory=s.data_dir / placement.tablet_id,
-                schema=table.schema,
-                transport=transport,
-                options=options,
-                metrics=entity,
-                ticker=self.ticker,
-                workers=self.workers,
-                log_appenders=self.log_appenders,
+                voters=tuple(placement.replicas),
+                directory=directory,
             )
+            if isinstance(replica, FailedTablet):
+                register_failed_tablet_gauges(entity)
+                self.failed_tablets[placement.tablet_id] = replica
+                continue
             register_tablet_gauges(entity, replica)
             self.replicas[placement.tablet_id] = replica
         for pool in self.pools.values():
@@ -283,17 +305,18 @@ class TabletServer:
         for replica in self.replicas.values():
             replica.start()
         self.ticker.start()
-        register_tablet_pages(self.status, self.server_id, self.replicas)
+        register_tablet_pages(self.status, self.server_id, self.replicas, self.failed_tablets)
         self.status.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         logger.info(
-            "tablet server %s serving RPCs on %s (%s), status on %s (%d tablets)",
+            "tablet server %s serving RPCs on %s (%s), status on %s (%d tablets%s)",
             self.server_id,
             s.rpc_addr,
             ("mutual TLS" if s.tls else "plaintext, no authentication")
             + (f"; bearer tokens on {s.token_rpc_addr}" if s.token_rpc_addr else ""),
             self.status.url(),
             len(self.replicas),
+            f"; FAILED: {', '.join(sorted(self.failed_tablets))}" if self.failed_tablets else "",
         )
 
     async def stop(self, grace_s: float = _SHUTDOWN_GRACE_S) -> None:
@@ -347,12 +370,18 @@ class TabletServer:
     def replica(self, tablet_id: str) -> TabletReplica:
         replica = self.replicas.get(tablet_id)
         if replica is None:
-            raise UnknownTablet(tablet_id)
+            failed = self.failed_tablets.get(tablet_id)
+            raise failed.error() if failed is not None else UnknownTablet(tablet_id)
         return replica
 
     def _consensus_of(self, tablet_id: str) -> Any:
         replica = self.replicas.get(tablet_id)
-        return replica.consensus if replica is not None else None
+        if replica is None:
+            failed = self.failed_tablets.get(tablet_id)
+            if failed is not None:
+                raise failed.error()  # it has no consensus: it never votes or campaigns
+            return None
+        return replica.consensus
 
     def leader_addr(self, server_id: str) -> str:
         try:
@@ -362,7 +391,7 @@ class TabletServer:
 
     def tablet_statuses(self) -> list[dict[str, object]]:
         """Every replica's published status (``status_pages.tablet_statuses``)."""
-        return tablet_statuses(self.replicas.values())
+        return tablet_statuses(self.replicas.values(), self.failed_tablets.values())
 
     # --- runtime flags ----------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
         response = tablet_pb2.ListTabletsResponse(server_uuid=self._s.server_id)
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot
+            why = replica.failure_reason()
             response.tablets.add(
                 tablet_id=replica.tablet_id,
                 table_name=replica.table,
@@ -133,6 +134,19 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
                 leader_ready=snap.leader_ready,
                 commit_index=replica.commit_index_cached(),
                 applied_index=replica.store.applied_index(),
+                state=tablet_pb2.TABLET_STATE_FAILED
+                if why is not None
+                else tablet_pb2.TABLET_STATE_RUNNING,
+                failure_reason=why or "",
+            )
+        for failed in self._s.failed_tablets.values():
+            response.tablets.add(
+                tablet_id=failed.tablet_id,
+                table_name=failed.table,
+                partition=failed.partition,
+                role=consensus_pb2.ROLE_UNKNOWN,
+                state=tablet_pb2.TABLET_STATE_FAILED,
+                failure_reason=failed.reason,
             )
         return response
 

@@ -623,7 +623,9 @@ FLAGS: tuple[FlagSpec, ...] = (
         "log_segment_size_bytes", _WAL, "BYTES",
         f"A WAL segment file is rolled over past this size (default "
         f"{_size(_D('log_segment_size_bytes'))}). Segments are the unit of log garbage "
-        "collection; small ones in tests exercise rollover and GC.",
+        "collection; small ones in tests exercise rollover and GC. Each new segment "
+        "reserves this much disk space up front, so a filling disk fails the store "
+        "(which recovers) before the log (which needs a restart).",
         convert=int_value, check=int_in_range(1),
     ),
     FlagSpec(

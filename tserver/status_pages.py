@@ -17,14 +17,21 @@ from raftlet.metrics import catalogue as cat
 from raftlet.metrics.human import human_bytes
 from raftlet.metrics.registry import MetricEntity
 from raftlet.metrics.status_server import PageRequest, PageResponse, StatusServer
+from raftlet.tserver.failed_tablet import FailedTablet
 from raftlet.tserver.tablet_replica import TabletReplica
 
-__all__ = ["register_tablet_gauges", "register_tablet_pages", "tablet_statuses"]
+__all__ = [
+    "register_failed_tablet_gauges",
+    "register_tablet_gauges",
+    "register_tablet_pages",
+    "tablet_statuses",
+]
 
 _HTML_COLUMNS = [
     "tablet_id",
     "table",
     "partition",
+    "state",
     "role",
     "term",
     "leader",
@@ -34,6 +41,7 @@ _HTML_COLUMNS = [
     "last_index",
     "log_bytes",
     "last_election",
+    "failure",
 ]
 
 
@@ -51,27 +59,47 @@ def register_tablet_gauges(entity: MetricEntity, replica: TabletReplica) -> None
     entity.function_gauge(cat.RAFT_ROLE, role)
     entity.function_gauge(cat.RAFT_COMMIT_INDEX, lambda: float(replica.commit_index_cached()))
     entity.function_gauge(cat.RAFT_APPLIED_INDEX, lambda: float(replica.store.applied_index()))
+    entity.function_gauge(
+        cat.TABLET_FAILED, lambda: 0.0 if replica.failure_reason() is None else 1.0
+    )
 
 
-def tablet_statuses(replicas: Iterable[TabletReplica]) -> list[dict[str, object]]:
-    """Every replica's published status (see the module docstring: no consensus lock)."""
-    return [r.published_status() for r in replicas]
+def register_failed_tablet_gauges(entity: MetricEntity) -> None:
+    """A tablet that failed to open has no Raft state to show: only that it failed."""
+    entity.function_gauge(cat.TABLET_FAILED, _one)
+
+
+def _one() -> float:
+    return 1.0
+
+
+def tablet_statuses(
+    replicas: Iterable[TabletReplica], failed: Iterable[FailedTablet] = ()
+) -> list[dict[str, object]]:
+    """Every replica's published status (see the module docstring: no consensus lock), then
+    every tablet that failed to open."""
+    return [r.published_status() for r in replicas] + [f.status() for f in failed]
 
 
 def register_tablet_pages(
-    status: StatusServer, server_id: str, replicas: Mapping[str, TabletReplica]
+    status: StatusServer,
+    server_id: str,
+    replicas: Mapping[str, TabletReplica],
+    failed: Mapping[str, FailedTablet] | None = None,
 ) -> None:
     """Serve ``/tablets`` (HTML) and ``/tablets.json`` on ``status``, showing the replicas
-    in ``replicas`` at the time of each request."""
+    in ``replicas`` and the tablets in ``failed`` at the time of each request."""
+    failed = failed if failed is not None else {}
+
+    def statuses() -> list[dict[str, object]]:
+        return tablet_statuses(replicas.values(), failed.values())
 
     def tablets_json(request: PageRequest) -> PageResponse:
-        return PageResponse.json(
-            {"server": server_id, "tablets": tablet_statuses(replicas.values())}
-        )
+        return PageResponse.json({"server": server_id, "tablets": statuses()})
 
     def tablets_html(request: PageRequest) -> PageResponse:
         rows = []
-        for st in tablet_statuses(replicas.values()):
+        for st in statuses():
             size = st.get("log_bytes")
             st["log_bytes"] = human_bytes(size) if isinstance(size, int) else ""
             cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in _HTML_COLUMNS)

@@ -21,6 +21,14 @@ takes turns on the server's appender pool):
 An op whose entry is replaced before it commits (this leader lost its term) is aborted
 with NotLeaderError when the apply stage reaches its index: the client retries at the new
 leader, and the request id keeps that retry exactly-once.
+
+When the store cannot apply (an OSError such as ENOSPC, a StoreError), the replica is
+FAILED (docs/ARCHITECTURE.md, "Failure model"): consensus gives up leadership and stops
+taking part (``RaftConsensus.apply_failed``), every waiting call is failed with
+UNAVAILABLE "tablet failed: ..." (its retry elsewhere is exactly-once), and the apply stage
+retries with backoff, reading the committed entries it could not apply back from the log
+(they are durable there).  Once everything it was given is applied, the replica serves
+again (``apply_recovered``) -- no restart needed.
 """
 
 from __future__ import annotations
@@ -67,13 +75,13 @@ from raftlet.tserver.checksum import (
     is_checksum_point,
     split_after_checksum_points,
 )
-from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
+from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest, TabletFailed
 from raftlet.tserver.log_gc import LogGc
 from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.store import InvalidScan, StoreError
 
-__all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks"]
+__all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks", "failure_status"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +89,13 @@ Respond = Callable[[tablet_pb2.WriteResponse], None]
 Fail = Callable[[BaseException], None]
 _anonymous = itertools.count(1)
 _ROW_FORMATS = frozenset(tablet_pb2.RowFormat.values())
+# Retrying a failed apply: the first wait, doubled after every failed attempt up to the
+# last.  Short enough that a freed disk is noticed within a couple of seconds; each attempt
+# costs one failed store transaction.
+_APPLY_RETRY_FIRST_S = 0.05
+_APPLY_RETRY_MAX_S = 2.0
+# Entries read back from the log per store transaction when catching up after a failure.
+_CATCH_UP_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,19 +216,25 @@ class TabletReplica:
             contention_counter=self._metrics.lock_contention,
             wait_histogram=self._metrics.lock_wait,
         )
-        self.consensus = RaftConsensus(
-            group_id=tablet_id,
-            node_id=server_id,
-            storage=self._opened.storage,
-            transport=transport,
-            apply_committed=self._on_committed,
-            applied_index=self.store.applied_index(),
-            options=opts.consensus,
-            lock=self.lock,
-            metrics=self._metrics.consensus,
-            ticker=ticker,
-            workers=workers,
-        )
+        try:
+            self.consensus = RaftConsensus(
+                group_id=tablet_id,
+                node_id=server_id,
+                storage=self._opened.storage,
+                transport=transport,
+                apply_committed=self._on_committed,
+                applied_index=self.store.applied_index(),
+                options=opts.consensus,
+                lock=self.lock,
+                metrics=self._metrics.consensus,
+                ticker=ticker,
+                workers=workers,
+                on_log_failed=self._on_log_failed,
+            )
+        except BaseException:
+            # The files are open: a replica that cannot start must not keep them.
+            self._opened.close()
+            raise
         self.tracker = ResultTracker()
         # The server's pool runs every replica's stages; a replica on its own gets one.
         self._own_workers = workers is None
@@ -243,7 +264,13 @@ class TabletReplica:
             else None
         )
         self._unregister_gc: Callable[[], None] | None = None
-        self._failure: BaseException | None = None
+        # The store's failure while applying, until a retry succeeds (apply stage only).
+        self._apply_error: BaseException | None = None
+        # The highest committed index handed to the apply stage: what a retry must reach.
+        self._given_up_to = self._applied_index
+        self._retry_wait_s = _APPLY_RETRY_FIRST_S
+        self._retry_due = False
+        self._retry_timer: threading.Timer | None = None
         self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -270,6 +297,9 @@ class TabletReplica:
         self._stopped = True
         if self._unregister_gc is not None:
             self._unregister_gc()
+        timer = self._retry_timer
+        if timer is not None:
+            timer.cancel()
         self._prepare_q.close(timeout=30)
         self.consensus.stop()
         self._apply_q.close(timeout=30)
@@ -288,8 +318,7 @@ class TabletReplica:
         """Admit, bind the term, validate and queue; the answer comes through ``callbacks``
         (from the apply thread, or at once for replays and rejected batches).  Raises for
         errors that answer the call now (NotLeaderError, LeaderNotReady, InvalidRequest…)."""
-        if self._failure is not None or self._stopped:
-            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        self._check_serving()
         n = self._row_count(request)
         if n == 0:
             raise InvalidRequest("a write needs at least one row operation")
@@ -337,6 +366,13 @@ class TabletReplica:
             return
         if not self._prepare_q.post(_PendingWrite(key, term, request)):
             self.tracker.abort(key, ServiceUnavailable("the tablet server is shutting down"))
+
+    def _check_serving(self) -> None:
+        if self._stopped:
+            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        why = self.failure_reason()
+        if why is not None:
+            raise TabletFailed(why)
 
     def _prepare_batch(self, ops: list[_PendingWrite]) -> None:
         datas = [self._encode(op) for op in ops]
@@ -423,23 +459,103 @@ class TabletReplica:
 
     def _apply_batches(self, batches: list[list[Entry]]) -> None:
         entries = [e for batch in batches for e in batch]
-        # A checksum point ends a piece: the rows are checksummed between two applies.
-        for piece in split_after_checksum_points(entries):
-            if self._failure is not None:
-                return
-            if not piece:
-                continue  # the ticker's nudge for log GC: nothing to apply
-            self._apply(piece)
-            if is_checksum_point(piece[-1]) and self._failure is None:
-                self._checksums.record(checksum_rows(self.store, piece[-1].index))
-        if self._log_gc is not None and self._failure is None:
+        if entries:
+            self._given_up_to = max(self._given_up_to, entries[-1].index)
+        if self._apply_error is None:
+            if entries and not self._apply_pieces(entries):
+                self._schedule_retry()
+        elif self._retry_due:  # an empty batch posted by the retry timer
+            self._retry_due = False
+            self._catch_up()
+        # Otherwise failed, and not yet time to retry: the entries are in the log.
+        if self._log_gc is not None and self._apply_error is None:
             try:
                 self._log_gc.maybe_collect()
             except (OSError, StoreError) as exc:
                 # Nothing is lost by keeping the log: say so and try again next time.
                 logger.warning("%s: log GC failed: %r", self.tablet_id, exc)
 
-    def _apply(self, entries: list[Entry]) -> None:
+    def _apply_pieces(self, entries: list[Entry]) -> bool:
+        """Apply ``entries``; False (and the replica FAILED) if the store failed."""
+        # A checksum point ends a piece: the rows are checksummed between two applies.
+        for piece in split_after_checksum_points(entries):
+            if not piece:
+                continue  # the ticker's nudge for log GC: nothing to apply
+            if not self._apply(piece):
+                return False
+            if is_checksum_point(piece[-1]):
+                self._checksums.record(checksum_rows(self.store, piece[-1].index))
+        return True
+
+    def _catch_up(self) -> None:
+        """Retry after a failure: apply what was handed over and not applied, read back
+        from the log, then serve again."""
+        while self.store.applied_index() < self._given_up_to:
+            lo = self.store.applied_index() + 1
+            hi = min(self._given_up_to + 1, lo + _CATCH_UP_CHUNK)
+            try:
+                chunk = self._opened.storage.entries(lo, hi)
+            except Exception as exc:  # the log cannot give them back: stay failed
+                logger.error(
+                    "%s: reading entries %d-%d back failed: %r", self.tablet_id, lo, hi, exc
+                )
+                self._schedule_retry()
+                return
+            if not chunk or not self._apply_pieces(chunk):
+                self._schedule_retry()
+                return
+        error, self._apply_error = self._apply_error, None
+        self._retry_wait_s = _APPLY_RETRY_FIRST_S
+        self.consensus.apply_recovered()
+        logger.warning(
+            "%s: the store applies again (applied index %d) after %r; the replica serves again",
+            self.tablet_id,
+            self.store.applied_index(),
+            error,
+        )
+
+    def _on_apply_failed(self, exc: BaseException) -> None:
+        if self._apply_error is not None:
+            logger.debug("%s: applying still fails: %r", self.tablet_id, exc)
+            return
+        self._apply_error = exc
+        # The store rolled the batch back; its entries stay in the log for the retry.
+        logger.error(
+            "%s: applying committed entries failed, the replica is FAILED and retries with "
+            "backoff: %r",
+            self.tablet_id,
+            exc,
+        )
+        self.consensus.apply_failed(exc)
+        why = self.failure_reason() or repr(exc)
+        # Nothing will answer them here for a while: their retries go to the new leader,
+        # under the same request ids (exactly-once).
+        self.tracker.abort_all(TabletFailed(why))
+        with self._applied_cond:
+            self._applied_cond.notify_all()
+
+    def _on_log_failed(self, reason: str) -> None:
+        # No retry for a log (see RaftConsensus): what waits here would wait for good.
+        self.tracker.abort_all(TabletFailed(reason))
+        with self._applied_cond:
+            self._applied_cond.notify_all()
+
+    def _schedule_retry(self) -> None:
+        if self._stopped:
+            return
+        wait = self._retry_wait_s
+        self._retry_wait_s = min(2 * wait, _APPLY_RETRY_MAX_S)
+        timer = threading.Timer(wait, self._retry_now)
+        timer.daemon = True
+        self._retry_timer = timer
+        timer.start()
+
+    def _retry_now(self) -> None:
+        # The timer's thread: hand the retry to the apply stage, which runs one at a time.
+        self._retry_due = True
+        self._apply_q.post([])
+
+    def _apply(self, entries: list[Entry]) -> bool:
         start = time.perf_counter()
         with self._proposed_lock:
             ours = [self._proposed.get(e.index) for e in entries]
@@ -451,10 +567,8 @@ class TabletReplica:
         try:
             results = self.store.apply_batch(batch)
         except (StoreError, ValueError, OSError) as exc:
-            # The store no longer knows what it holds: stop serving rather than guess.
-            logger.error("%s: applying entries failed, the replica stops: %r", self.tablet_id, exc)
-            self._failure = exc
-            return
+            self._on_apply_failed(exc)
+            return False
         self._metrics.apply_time.observe((time.perf_counter() - start) * 1e6)
         self.consensus.on_applied(entries[-1].index)
         with self._applied_cond:
@@ -485,14 +599,14 @@ class TabletReplica:
                 self.tracker.complete(
                     key, _response(index, term, result.row_errors), applied.first_incomplete_seq_no
                 )
+        return True
 
     # --- checksums (raftlet cluster ksck --checksum) -----------------------------------------
 
     def place_checksum_point(self, timeout_s: float) -> ChecksumResult:
         """On the leader: replicate a checksum point, and return this replica's checksum
         there once it has applied it (``tserver.checksum``)."""
-        if self._failure is not None or self._stopped:
-            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        self._check_serving()
         term = self.consensus.check_leadership_and_bind_term()
         (entry,) = self.consensus.replicate([CHECKSUM_MARKER], term)
         return self.checksum_at(entry.index, timeout_s)
@@ -522,8 +636,7 @@ class TabletReplica:
     # --- reads ---------------------------------------------------------------------------------
 
     def scan(self, request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
-        if self._failure is not None or self._stopped:
-            raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        self._check_serving()
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
             # after the read arrived (ReadIndex; or the lease, if on) and wait until that
@@ -568,13 +681,15 @@ class TabletReplica:
         the index they ask for.  UNAVAILABLE after that, so the client tries elsewhere."""
         with self._applied_cond:
             if not self._applied_cond.wait_for(
-                lambda: self.store.applied_index() >= index, self.options.read_wait_s
+                lambda: self.store.applied_index() >= index or self._apply_error is not None,
+                self.options.read_wait_s,
             ):
                 raise ServiceUnavailable(
                     f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
                     f"(applied {self.store.applied_index()}) after "
                     f"{self.options.read_wait_s:g} s; try another replica"
                 )
+        self._check_serving()
 
     # --- status --------------------------------------------------------------------------------
 
@@ -602,6 +717,10 @@ class TabletReplica:
         )
         return st
 
+    def failure_reason(self) -> str | None:
+        """Why this replica is FAILED (its log, or its store while applying), or None."""
+        return self.consensus.failure_reason()
+
     def _status_extras(self) -> dict[str, object]:
         log_bytes = 0
         for path in self._opened.storage.log.segment_paths():
@@ -614,8 +733,17 @@ class TabletReplica:
             "table": self.table,
             "partition": self.partition,
             "store_applied_index": self.store.applied_index(),
-            "failed": self._failure is not None or self.consensus.failed(),
+            **failure_status(self.failure_reason()),
         }
+
+
+def failure_status(reason: str | None) -> dict[str, object]:
+    """The status fields that say whether a replica is FAILED, and why."""
+    return {
+        "state": "FAILED" if reason is not None else "RUNNING",
+        "failed": reason is not None,
+        "failure": reason or "",
+    }
 
 
 def _response(index: int, term: int, row_errors: Sequence[RowFailure]) -> tablet_pb2.WriteResponse:

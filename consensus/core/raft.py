@@ -19,6 +19,11 @@ Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design)
   the sender is the transferee our own leader announced (``Message.transferee``), one term
   up.  A transfer vote without that announcement is an ordinary vote.  A node at MAX_TERM
   never campaigns (there is no next term to ask for).
+- A node the driver marks not promotable (``set_promotable(False)``: its replica failed,
+  say) never campaigns -- not on its timeout, not on a TIMEOUT_NOW -- and gives up
+  leadership at once: to a follower whose log matches its own, through TIMEOUT_NOW, if
+  there is one, else by plain step-down.  Why it is not promotable is the driver's
+  business: the core only takes the flag as an input.
 - One vote per term (§5.2), granted only to a log at least as up to date as ours
   (§5.4.1).  ``vote`` and ``term`` reach the hard state the driver persists
   before any vote or response leaves (see ``Ready``).
@@ -130,6 +135,8 @@ class Raft:
         # leader said it was, never above our commit). Only grows: a committed entry a voter
         # holds is never removed from it. Log GC may discard entries below it.
         self.all_replicated = 0
+        # False: never campaign, never lead (see set_promotable).
+        self.promotable = True
         self.become_follower(hard.term, NO_NODE)
         self.vote = hard.vote
 
@@ -283,7 +290,7 @@ class Raft:
     def campaign(self, transfer: bool = False) -> None:
         """Start an election: a pre-vote round first, unless disabled or asked by
         the leader to take over (``transfer``)."""
-        if self.role is Role.LEADER or self.term >= MAX_TERM:
+        if self.role is Role.LEADER or self.term >= MAX_TERM or not self.promotable:
             return  # at MAX_TERM there is no next term to campaign in
         if self.config.pre_vote and not transfer:
             self.become_pre_candidate()
@@ -399,6 +406,26 @@ class Raft:
             self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
         else:
             self._send_append(target)
+
+    def set_promotable(self, promotable: bool) -> None:
+        """Whether this node may campaign and lead.  Made not promotable, a leader hands
+        its leadership to a follower whose log matches its own (it announces the target to
+        every follower, as ``transfer_leadership`` does, and sends it TIMEOUT_NOW), and in
+        any case steps down at once, in its term, so it accepts no more proposals; a
+        (pre-)candidate gives up its election.  The step-down keeps term and vote, so the
+        driver has nothing to persist for it."""
+        self.promotable = promotable
+        if promotable or self.role is Role.FOLLOWER:
+            return
+        if self.role is Role.LEADER:
+            last = self.log.last_index()
+            caught_up = [v for v, pr in self.prs.items() if v != self.id and pr.match == last]
+            if caught_up:
+                target = min(caught_up)  # deterministic: the simulator replays runs
+                self.lead_transferee = target
+                self._bcast_heartbeat()
+                self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
+        self.become_follower(self.term, NO_NODE)
 
     def on_persisted(self, index: int, term: int) -> None:
         """Entries up to (index, term) are durable locally."""

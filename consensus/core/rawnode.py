@@ -79,6 +79,11 @@ class RawNode:
     def transfer_leadership(self, target: str) -> None:
         self.raft.transfer_leadership(target)
 
+    def set_promotable(self, promotable: bool) -> None:
+        """Whether this node may campaign and lead (see ``Raft.set_promotable``): the
+        driver's verdict on its replica's health, an input like any other."""
+        self.raft.set_promotable(promotable)
+
     def read_index(self, token: int) -> None:
         """Start a linearizable read; its ``ReadState`` comes in a later ready (see
         ``Raft.read_index``)."""

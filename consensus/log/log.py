@@ -457,8 +457,14 @@ class Log:
         old = self._writer
         if self.options.fsync:
             old.sync()
+        old.release_unused()
         old.close()
-        new = SegmentWriter.create(self.directory, old.sequence + 1, sync=self.options.fsync)
+        new = SegmentWriter.create(
+            self.directory,
+            old.sequence + 1,
+            sync=self.options.fsync,
+            reserve_bytes=self.options.reserved_segment_bytes(),
+        )
         with self._lock:
             self._writer = new
             self._segments[new.sequence] = new.path
@@ -739,9 +745,17 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
                 scan.torn_reason,
             )
         if is_last:
-            writer = SegmentWriter.reopen(path, seq, scan.valid_end, sync=options.fsync)
+            writer = SegmentWriter.reopen(
+                path,
+                seq,
+                scan.valid_end,
+                sync=options.fsync,
+                reserve_bytes=options.reserved_segment_bytes(),
+            )
     if writer is None:
-        writer = SegmentWriter.create(directory, next_seq, sync=options.fsync)
+        writer = SegmentWriter.create(
+            directory, next_seq, sync=options.fsync, reserve_bytes=options.reserved_segment_bytes()
+        )
         segments[writer.sequence] = writer.path
     return index, segments, writer
 

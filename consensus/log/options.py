@@ -31,6 +31,13 @@ class LogOptions:
     inject_latency_jitter_ms: float = 0.0
     # False skips fdatasync/fsync entirely: only for tests and CPU benchmarks, never durable.
     fsync: bool = True
+    # Reserve each segment's space when it is created (consensus/log/prealloc.py), so that
+    # a disk filling up fails the store, which recovers, before the log, which does not.
+    preallocate_segments: bool = True
+
+    def reserved_segment_bytes(self) -> int:
+        """The disk space to reserve for a new segment (0: none)."""
+        return self.segment_size_bytes if self.preallocate_segments else 0
 
     def __post_init__(self) -> None:
         if self.segment_size_bytes <= 0:

@@ -24,6 +24,7 @@ import crc32c
 
 from raftlet.consensus.log.codec import FRAME, MAX_RECORD_BYTES, scan_record
 from raftlet.consensus.log.errors import LogCorruptionError
+from raftlet.consensus.log.prealloc import preallocate, release_unused
 
 __all__ = [
     "HEADER_SIZE",
@@ -220,10 +221,14 @@ class SegmentWriter:
         self._fd = fd
 
     @classmethod
-    def create(cls, directory: str, sequence: int, *, sync: bool) -> SegmentWriter:
+    def create(
+        cls, directory: str, sequence: int, *, sync: bool, reserve_bytes: int = 0
+    ) -> SegmentWriter:
+        """A new segment; ``reserve_bytes``: disk space to reserve for it (``prealloc``)."""
         path = os.path.join(directory, segment_name(sequence))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
+            preallocate(fd, 0, reserve_bytes)
             writer = cls(path, sequence, fd, 0)
             writer.write(encode_header(sequence))
             if sync:
@@ -235,14 +240,18 @@ class SegmentWriter:
         return writer
 
     @classmethod
-    def reopen(cls, path: str, sequence: int, valid_end: int, *, sync: bool) -> SegmentWriter:
-        """Continue the last segment after its last intact record, cutting off a torn tail."""
+    def reopen(
+        cls, path: str, sequence: int, valid_end: int, *, sync: bool, reserve_bytes: int = 0
+    ) -> SegmentWriter:
+        """Continue the last segment after its last intact record, cutting off a torn tail;
+        reserve disk space up to ``reserve_bytes`` in all."""
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
             if os.fstat(fd).st_size != valid_end:
                 os.ftruncate(fd, valid_end)
                 if sync:
                     os.fsync(fd)  # the size is metadata: fdatasync alone may not keep it
+            preallocate(fd, valid_end, reserve_bytes - valid_end)
             os.lseek(fd, valid_end, os.SEEK_SET)
         except BaseException:
             os.close(fd)
@@ -258,6 +267,10 @@ class SegmentWriter:
 
     def sync(self) -> None:
         os.fdatasync(self._fd)
+
+    def release_unused(self) -> None:
+        """Give back the reserved space this segment did not use (it is full)."""
+        release_unused(self._fd, self.size)
 
     def close(self) -> None:
         os.close(self._fd)

@@ -94,6 +94,40 @@ def test_a_store_that_applied_an_entry_the_log_does_not_have_is_refused(
         open_replica(tmp_path, SCHEMA, VOTERS)
 
 
+def test_missing_metadata_beside_a_non_empty_log_is_refused(tmp_path: Path) -> None:
+    """Starting afresh would forget the vote this replica persisted: it could then vote
+    twice in one term.  So a replica whose metadata is gone is refused, not reset."""
+    r = open_replica(tmp_path, SCHEMA, VOTERS)
+    r.storage.append(_entries(1, 3, 1))
+    r.storage.save_hard_state(HardState(term=1, vote="b", commit=0))
+    r.close()
+    (tmp_path / "consensus-meta").unlink()
+    with pytest.raises(ReplicaOpenError, match=r"consensus metadata .*consensus-meta is missing"):
+        open_replica(tmp_path, SCHEMA, VOTERS)
+    assert not (tmp_path / "consensus-meta").exists()  # nothing was written in its place
+
+
+def test_missing_metadata_beside_a_non_empty_store_is_refused(tmp_path: Path) -> None:
+    r = open_replica(tmp_path, SCHEMA, VOTERS)
+    r.storage.append(_entries(1, 2, 1))
+    apply_entries(r.store, r.storage.entries(1, 3))
+    r.close()
+    (tmp_path / "consensus-meta").unlink()
+    shutil.rmtree(tmp_path / "wal")
+    with pytest.raises(ReplicaOpenError, match="store applied to 2"):
+        open_replica(tmp_path, SCHEMA, VOTERS)
+
+
+def test_a_fresh_directory_with_an_empty_log_still_opens(tmp_path: Path) -> None:
+    open_replica(tmp_path, SCHEMA, VOTERS).close()  # creates an empty WAL segment
+    (tmp_path / "consensus-meta").unlink()
+    r = open_replica(tmp_path, SCHEMA, VOTERS)  # nothing to forget: a fresh replica
+    try:
+        assert r.storage.voters() == tuple(VOTERS)
+    finally:
+        r.close()
+
+
 def _mixed_log(rng: random.Random, n: int) -> list[Entry]:
     """A log of what replay meets: a NO_OP opening each term; packed one-row INSERTs (most
     of them) and packed or per-cell writes of many rows of every op type over a few keys,

@@ -56,6 +56,7 @@ DESIGN_NAMES = {
     "raft_role": MetricType.GAUGE,
     "raft_commit_index": MetricType.GAUGE,
     "raft_applied_index": MetricType.GAUGE,
+    "tablet_failed": MetricType.GAUGE,
     "leader_elections_total": MetricType.COUNTER,
     "write_ops_total": MetricType.COUNTER,
     "rows_inserted_total": MetricType.COUNTER,

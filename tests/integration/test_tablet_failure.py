@@ -1,0 +1,331 @@
+"""Per-tablet failure on a real 3-server cluster (docs/ARCHITECTURE.md, "Failure model").
+
+- A flipped byte in one tablet's WAL, on a stopped server: the server restarts and serves its
+  other tablets; the damaged one is FAILED with the reason (ListTablets, /tablets.json, the
+  ``tablet_failed`` gauge), answers UNAVAILABLE "tablet failed: ...", and the other two
+  replicas keep a leader for it.
+- One tablet's consensus metadata deleted beside its non-empty WAL: that tablet refuses to
+  open (it must not start afresh and forget its vote); the others serve.
+- A full disk (root only: one server's data directory is a small tmpfs this test mounts):
+  the leader's store hits a real ENOSPC, leadership moves within two election timeouts,
+  writes go on through the new leader with no acknowledged write lost, and once the space
+  is freed the replica catches up and clears FAILED without a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from raftlet.consensus.log.segment import HEADER_SIZE
+from raftlet.proto import admin_pb2, tablet_pb2
+from raftlet.proto.common_pb2 import ServerErrorPB
+from tests.integration.tserver_cluster import (
+    Server,
+    TserverCluster,
+    WriteFailed,
+    kv_op,
+    running_cluster,
+    server_error,
+    wait_for,
+    write_request,
+    write_with_retry,
+)
+
+PARTITIONS = 3
+TICK_S = 0.05
+ELECTION_TICKS = 10
+
+
+def _populate(cluster: TserverCluster) -> dict[str, dict[int, str]]:
+    """Twelve acknowledged rows in every tablet, each written alone."""
+    by_tablet: dict[str, dict[int, str]] = {t: {} for t in cluster.tablet_ids()}
+    key = 0
+    while any(len(rows) < 12 for rows in by_tablet.values()):
+        tablet = cluster.tablet_for_key(key)
+        if len(by_tablet[tablet]) < 12:
+            seq = len(by_tablet[tablet])
+            req = write_request(tablet, [kv_op(key, f"v{key}")], f"pop-{tablet}", seq)
+            assert not write_with_retry(cluster, req).response.row_errors
+            by_tablet[tablet][key] = f"v{key}"
+        key += 1
+    for tablet, rows in by_tablet.items():
+        cluster.wait_converged(tablet, rows)
+    return by_tablet
+
+
+def _assert_failed_with(server: Server, tablet_id: str, words: str) -> str:
+    """The tablet is FAILED on ``server`` everywhere it can say so; returns the reason."""
+    listed = server.list_tablets()[tablet_id]
+    assert listed.state == tablet_pb2.TABLET_STATE_FAILED
+    assert words in listed.failure_reason
+    page = {t["tablet_id"]: t for t in server.tablets_json()}[tablet_id]
+    assert (page["state"], page["failure"]) == ("FAILED", listed.failure_reason)
+    assert server.metric("tablet_failed", tablet=tablet_id) == 1.0
+    for call in (
+        lambda: server.scan_rows(tablet_id),
+        lambda: server.tablet.Write(
+            write_request(tablet_id, [kv_op(10**9, "x")], "probe", 0), timeout=5
+        ),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert (err.value.details() or "").startswith("tablet failed: ")
+        error = server_error(err.value)
+        assert error is not None
+        assert error.code == ServerErrorPB.TABLET_NOT_RUNNING
+    return listed.failure_reason
+
+
+def _assert_serves_the_others(
+    cluster: TserverCluster, server: Server, failed: str, rows: dict[str, dict[int, str]]
+) -> None:
+    listed = server.list_tablets()
+    for tablet, expected in rows.items():
+        if tablet == failed:
+            continue
+        assert listed[tablet].state == tablet_pb2.TABLET_STATE_RUNNING
+        assert server.metric("tablet_failed", tablet=tablet) == 0.0
+        cluster.wait_converged(tablet, expected, servers=[server.id])
+
+
+def _assert_the_others_keep_it(
+    cluster: TserverCluster, failed_on: Server, tablet_id: str, rows: dict[int, str]
+) -> None:
+    """The two healthy replicas elect a leader for ``tablet_id`` and take writes."""
+    leader = cluster.leader_of(tablet_id)
+    assert leader.id != failed_on.id
+    more = dict(rows)
+    key = 10**6
+    seq = 0
+    while len(more) < len(rows) + 5:
+        if cluster.tablet_for_key(key) == tablet_id:
+            req = write_request(tablet_id, [kv_op(key, "after")], "after-failure", seq)
+            assert not write_with_retry(cluster, req, first=leader.id).response.row_errors
+            more[key] = "after"
+            seq += 1
+        key += 1
+    healthy = [s for s in cluster.config.placement(tablet_id).replicas if s != failed_on.id]
+    cluster.wait_converged(tablet_id, more, servers=healthy)
+
+
+def _log_mentions(server: Server, text: str) -> int:
+    return server.log_path.read_text(errors="replace").count(text)
+
+
+def test_a_flipped_wal_byte_fails_only_that_tablet(tmp_path: Path) -> None:
+    with running_cluster(tmp_path, partitions=PARTITIONS) as cluster:
+        cluster.wait_leaders()
+        rows = _populate(cluster)
+        victim, damaged = cluster.servers["ts1"], "kv-p0"
+        assert victim.terminate() == 0
+        segments = sorted((victim.config.data_dir / damaged / "wal").glob("wal-*.seg"))
+        assert segments
+        first = segments[0]
+        data = bytearray(first.read_bytes())
+        # Inside the first record's payload, with later records after it: not a torn tail.
+        offset = HEADER_SIZE + 12
+        assert len(data) > offset + 200
+        data[offset] ^= 0xFF
+        first.write_bytes(bytes(data))
+
+        victim.start()  # it starts: one damaged tablet does not keep the server down
+        reason = _assert_failed_with(victim, damaged, "LogCorruptionError")
+        assert first.name in reason
+        _assert_serves_the_others(cluster, victim, damaged, rows)
+        _assert_the_others_keep_it(cluster, victim, damaged, rows[damaged])
+        assert _log_mentions(victim, f"tablet {damaged} failed to open") == 1
+        assert _log_mentions(victim, "Traceback") == 0
+
+
+def test_missing_consensus_metadata_beside_a_wal_refuses_to_open(tmp_path: Path) -> None:
+    with running_cluster(tmp_path, partitions=PARTITIONS) as cluster:
+        cluster.wait_leaders()
+        rows = _populate(cluster)
+        victim, damaged = cluster.servers["ts2"], "kv-p1"
+        assert victim.terminate() == 0
+        meta = victim.config.data_dir / damaged / "consensus-meta"
+        meta.unlink()
+
+        victim.start()
+        reason = _assert_failed_with(victim, damaged, "consensus-meta is missing")
+        assert "forget this replica's term and vote" in reason
+        assert not meta.exists()  # refused, not started afresh
+        _assert_serves_the_others(cluster, victim, damaged, rows)
+        _assert_the_others_keep_it(cluster, victim, damaged, rows[damaged])
+        assert _log_mentions(victim, "Traceback") == 0
+
+
+# --- a full disk -----------------------------------------------------------------------------
+
+TMPFS_BYTES = 24 << 20
+SEGMENT_BYTES = 2 << 20
+
+
+@contextlib.contextmanager
+def _small_tmpfs(path: Path) -> Iterator[None]:
+    """``path`` as a tmpfs of TMPFS_BYTES for the block; skips unless root may mount one."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mount.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _fill_disk(path: Path) -> Path:
+    """Write ``path``/filler until the filesystem has no byte left (a real ENOSPC)."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        chunk = 1 << 20
+        while chunk >= 512:
+            try:
+                os.write(fd, b"\0" * chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return filler
+
+
+class Writer:
+    """One client writing unique keys to one tablet, each retried until acknowledged."""
+
+    def __init__(self, cluster: TserverCluster, tablet_id: str) -> None:
+        self.cluster, self.tablet_id = cluster, tablet_id
+        self.acked: dict[int, str] = {}
+        self.unknown: set[int] = set()  # attempted, outcome never learnt
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="full-disk-writer")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive()
+
+    def _run(self) -> None:
+        key, seq = 5 * 10**6, 0
+        value = "x" * 1500  # pages of the store fill faster than the log's reservation
+        while not self.stop.is_set():
+            key += 1
+            if self.cluster.tablet_for_key(key) != self.tablet_id:
+                continue
+            req = write_request(self.tablet_id, [kv_op(key, value)], "full-disk", seq)
+            seq += 1
+            try:
+                result = write_with_retry(self.cluster, req, timeout=30)
+            except WriteFailed as e:
+                self.unknown.add(key)
+                self.errors.append(str(e))
+                return
+            if result.response.row_errors:
+                self.errors.append(f"{key}: {result.response.row_errors}")
+            self.acked[key] = value
+
+
+def test_a_full_disk_fails_the_leaders_store_and_it_recovers_once_space_is_freed(
+    tmp_path: Path,
+) -> None:
+    victim_dir = tmp_path / "ts1"
+    with _small_tmpfs(victim_dir):
+        cluster = TserverCluster(
+            tmp_path,
+            partitions=2,
+            flags=[f"--log_segment_size_bytes={SEGMENT_BYTES}"],
+        )
+        try:
+            cluster.start()
+            _full_disk_scenario(cluster)
+        finally:
+            cluster.stop()
+
+
+def _full_disk_scenario(cluster: TserverCluster) -> None:
+    tablet = "kv-p0"
+    victim = cluster.servers["ts1"]
+    leader = cluster.leader_of(tablet)
+    if leader.id != victim.id:
+        leader.admin.LeaderStepDown(
+            admin_pb2.LeaderStepDownRequest(tablet_id=tablet, new_leader_uuid=victim.id),
+            timeout=5,
+        )
+        wait_for(lambda: cluster.leaders().get(tablet) == victim.id, 10, "ts1 leads")
+    before = _populate_one(cluster, tablet)
+    filler = _fill_disk(victim.config.data_dir)
+
+    writer = Writer(cluster, tablet)
+    writer.start()
+    try:
+        state = lambda: victim.list_tablets()[tablet]  # noqa: E731
+        wait_for(lambda: state().state == tablet_pb2.TABLET_STATE_FAILED, 30, "ts1 FAILED")
+        failed_at = time.monotonic()
+        reason = state().failure_reason
+        assert "SQLITE_FULL" in reason or "ENOSPC" in reason, reason
+        new = cluster.new_leader_of(tablet, victim.id, timeout=10)
+        moved_s = time.monotonic() - failed_at
+        election_timeout_s = ELECTION_TICKS * TICK_S
+        assert moved_s <= 2 * election_timeout_s, f"leadership moved after {moved_s:.2f} s"
+        print(f"full disk: leadership moved to {new.id} {moved_s * 1000:.0f} ms after FAILED")
+        # Writes go on through the new leader.
+        n = len(writer.acked)
+        wait_for(lambda: len(writer.acked) >= n + 20, 30, "writes through the new leader")
+        # The failed replica stays FAILED while the disk is full: it keeps retrying.
+        assert state().state == tablet_pb2.TABLET_STATE_FAILED
+        assert victim.list_tablets()["kv-p1"].state == tablet_pb2.TABLET_STATE_RUNNING
+    finally:
+        writer.join()
+    assert not writer.errors, writer.errors[:3]
+
+    filler.unlink()  # free the space
+    wait_for(
+        lambda: victim.list_tablets()[tablet].state == tablet_pb2.TABLET_STATE_RUNNING,
+        30,
+        "ts1 clears FAILED",
+    )
+    expected = {**before, **writer.acked}
+    # Every acknowledged write is on every replica, the recovered one included, and nothing
+    # else is (every write was acknowledged: no unknown outcomes).
+    cluster.wait_converged(tablet, expected, timeout=60)
+    assert victim.metric("tablet_failed", tablet=tablet) == 0.0
+    assert victim.alive  # no restart
+    assert _log_mentions(victim, "the replica is FAILED") == 1
+
+
+def _populate_one(cluster: TserverCluster, tablet: str) -> dict[int, str]:
+    rows: dict[int, str] = {}
+    key = 0
+    while len(rows) < 5:
+        if cluster.tablet_for_key(key) == tablet:
+            req = write_request(tablet, [kv_op(key, f"v{key}")], "before-full", len(rows))
+            assert not write_with_retry(cluster, req).response.row_errors
+            rows[key] = f"v{key}"
+        key += 1
+    cluster.wait_converged(tablet, rows)
+    return rows

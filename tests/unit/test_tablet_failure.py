@@ -1,0 +1,156 @@
+"""A running replica that fails, over three in-process replicas: a store that cannot apply
+(ENOSPC) and a log whose fdatasync fails.  The failed leader leaves at once, the replica
+reports FAILED with its reason and refuses calls with "tablet failed: ...", another leader
+takes over with no acknowledged write lost, and -- for the store -- the replica applies
+again, clears FAILED and catches up once the disk works, without being reopened.
+
+The store's failure is injected here by wrapping its ``apply_batch`` (a unit test); the
+integration test ``tests/integration/test_tablet_failure.py`` fills a real disk."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftlet.consensus.core import Role
+from raftlet.consensus.raft_consensus import ReplicaFailed
+from raftlet.proto import tablet_pb2
+from raftlet.tserver.errors import TabletFailed
+from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError
+from raftlet.tserver.tablet_replica import TabletReplica
+from tests.unit.test_tablet_replica import Tablet, keys_on, send, write
+
+
+class DiskSwitch:
+    """Makes one replica's store fail every apply with ENOSPC while ``full`` is set."""
+
+    def __init__(self, replica: TabletReplica) -> None:
+        self.full = threading.Event()
+        self.attempts = 0
+        store = replica.store
+        real = store.apply_batch
+
+        def apply_batch(batch: Sequence[ApplyEntry]) -> list[EntryResult]:
+            if self.full.is_set():
+                self.attempts += 1
+                cause = OSError(errno.ENOSPC, "No space left on device")
+                raise StoreError("tablet store: apply failed: database or disk is full") from cause
+            return real(batch)
+
+        store.apply_batch = apply_batch  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def tablet(tmp_path: Path) -> Iterator[Tablet]:
+    t = Tablet(tmp_path)
+    yield t
+    t.close()
+
+
+def _others(tablet: Tablet, node: str) -> list[TabletReplica]:
+    return [r for n, r in tablet.replicas.items() if n != node]
+
+
+def test_a_leader_whose_store_fails_steps_down_and_recovers_when_the_disk_works(
+    tablet: Tablet, caplog: pytest.LogCaptureFixture
+) -> None:
+    leader = tablet.leader()
+    for i in range(1, 6):
+        send(leader, write([i], "c1", i)).result()
+    disk = DiskSwitch(leader)
+    disk.full.set()
+    with caplog.at_level(logging.ERROR, logger="raftlet.tserver.tablet_replica"):
+        failing = send(leader, write([6], "c1", 6))
+        # The waiting call is failed, not left hanging: its retry goes elsewhere.
+        with pytest.raises(TabletFailed, match=r"tablet failed: .*ENOSPC"):
+            failing.result()
+    assert leader.consensus.snapshot.role is not Role.LEADER
+    reason = leader.failure_reason()
+    assert reason is not None
+    assert "ENOSPC" in reason
+    assert "database or disk is full" in reason
+    status = leader.published_status()
+    assert (status["state"], status["failed"]) == ("FAILED", True)
+    assert status["failure"] == reason
+    with pytest.raises(TabletFailed):
+        send(leader, write([100]))
+    with pytest.raises(TabletFailed):
+        leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0"))
+    assert caplog.text.count("the replica is FAILED") == 1  # said once, not per retry
+
+    # Another replica leads; the retry of the failed call is applied exactly once there.
+    new = tablet.leader()
+    assert new is not leader
+    assert not send(new, write([6], "c1", 6)).result().row_errors
+    for i in range(7, 12):
+        send(new, write([i], "c1", i)).result()
+    tablet.wait_for(lambda: disk.attempts >= 3, what="the failed store is retried")
+    # A failed replica never campaigns or takes leadership back.
+    for _ in range(100):
+        tablet.ticker.tick()
+    assert leader.consensus.snapshot.role is Role.FOLLOWER
+    assert leader.failure_reason() is not None
+
+    disk.full.clear()  # space freed
+    tablet.wait_for(lambda: leader.failure_reason() is None, what="FAILED clears")
+    assert leader.published_status()["state"] == "RUNNING"
+    expected = list(range(1, 12))
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == expected, what=f"{r.server_id} converges")
+    # It serves again.
+    follower_read = tablet_pb2.ScanRequest(
+        tablet_id="kv-p0", read_mode=tablet_pb2.READ_FOLLOWER_APPLIED
+    )
+    assert len(leader.scan(follower_read).rows) == len(expected)
+
+
+def test_a_follower_whose_store_fails_keeps_the_tablet_available(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    follower = _others(tablet, leader.server_id)[0]
+    disk = DiskSwitch(follower)
+    disk.full.set()
+    for i in range(1, 21):
+        send(leader, write([i], "c2", i)).result()
+    tablet.wait_for(lambda: follower.failure_reason() is not None, what="the follower fails")
+    assert tablet.leader() is leader  # nothing moved: the leader never depended on it
+    disk.full.clear()
+    tablet.wait_for(lambda: follower.failure_reason() is None, what="FAILED clears")
+    tablet.wait_for(lambda: keys_on(follower) == list(range(1, 21)), what="it catches up")
+
+
+def test_a_leader_whose_log_fails_hands_over_and_stays_failed(tablet: Tablet) -> None:
+    leader = tablet.leader()
+    for i in range(1, 4):
+        send(leader, write([i], "c3", i)).result()
+    writer: Any = leader.consensus_log()._writer
+
+    def failing_sync() -> None:
+        raise OSError(errno.EIO, "injected fdatasync failure")
+
+    writer.sync = failing_sync
+    call = send(leader, write([4], "c3", 4))
+    with pytest.raises(TabletFailed, match="tablet failed: the log failed"):
+        call.result()
+    tablet.wait_for(lambda: leader.failure_reason() is not None, what="the log fails")
+    reason = leader.failure_reason()
+    assert reason is not None
+    assert reason.startswith("the log failed")
+    assert leader.consensus.snapshot.role is Role.FOLLOWER
+    with pytest.raises(ReplicaFailed, match="tablet failed: the log failed"):
+        leader.consensus.check_leadership_and_bind_term()
+    new = tablet.leader()
+    assert new is not leader
+    send(new, write([4], "c3", 4)).result()
+    for _ in range(100):
+        tablet.ticker.tick()
+    # No retry for a log: still FAILED, and never a candidate.
+    assert leader.failure_reason() == reason
+    assert leader.consensus.snapshot.role is Role.FOLLOWER
+    for r in _others(tablet, leader.server_id):
+        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what="the others have every row")

@@ -1,0 +1,64 @@
+"""Segment preallocation: the active segment's space is reserved (fallocate, KEEP_SIZE), its
+size stays the bytes written, a full segment gives back what it did not use, and a log
+written with reservations reads back exactly as one written without."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from raftlet.consensus.log import Log, LogOptions
+from tests.unit.wal_helpers import entries
+
+SEGMENT = 1 << 20
+
+
+def _allocated(path: str) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def _reserves(tmp_path: Path) -> bool:
+    """Whether this filesystem honours FALLOC_FL_KEEP_SIZE (ext4, xfs and tmpfs do)."""
+    with Log.open(tmp_path / "probe", LogOptions(segment_size_bytes=SEGMENT)) as log:
+        return _allocated(log.segment_paths()[-1]) >= SEGMENT
+
+
+def test_the_active_segment_is_reserved_and_sized_by_its_bytes(tmp_path: Path) -> None:
+    if not _reserves(tmp_path):
+        pytest.skip("this filesystem does not reserve space with fallocate")
+    with Log.open(tmp_path / "wal", LogOptions(segment_size_bytes=SEGMENT)) as log:
+        log.append(entries(1, 11))
+        path = log.segment_paths()[-1]
+        assert os.path.getsize(path) < 4096  # only what was written
+        assert _allocated(path) >= SEGMENT
+
+
+def test_a_full_segment_gives_back_its_unused_reservation(tmp_path: Path) -> None:
+    if not _reserves(tmp_path):
+        pytest.skip("this filesystem does not reserve space with fallocate")
+    opts = LogOptions(segment_size_bytes=SEGMENT)
+    with Log.open(tmp_path / "wal", opts) as log:
+        for lo in range(1, 3001, 100):
+            log.append(entries(lo, lo + 100, size=1000))
+        paths = log.segment_paths()
+        assert len(paths) >= 3
+        for path in paths[:-1]:
+            # Rounded up to the filesystem's blocks, never the whole reservation left over.
+            assert _allocated(path) < os.path.getsize(path) + 64 * 1024
+        assert _allocated(paths[-1]) >= SEGMENT
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_reopened_log_reads_what_was_written(tmp_path: Path, preallocate: bool) -> None:
+    opts = LogOptions(segment_size_bytes=SEGMENT, preallocate_segments=preallocate)
+    written = entries(1, 2001, size=900)
+    with Log.open(tmp_path / "wal", opts) as log:
+        for lo in range(0, 2000, 50):
+            log.append(written[lo : lo + 50])
+    with Log.open(tmp_path / "wal", opts) as log:
+        assert log.entries(1, 2001) == written
+        log.append(entries(2001, 2002))  # and it appends after the last record
+    with Log.open(tmp_path / "wal", opts) as log:
+        assert log.last_index() == 2001

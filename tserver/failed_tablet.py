@@ -1,0 +1,104 @@
+"""A tablet whose replica could not be opened on this server: ``FailedTablet``.
+
+Opening a replica reads three things from its directory (``tserver.bootstrap``); when any of
+them is damaged or missing -- a corrupt WAL record, a store SQLite will not open, consensus
+metadata missing beside a non-empty log, any ``OSError`` -- that one tablet is FAILED and the
+server starts anyway, serving its other tablets.  A FAILED tablet holds no files open, takes
+no part in its Raft group (it never votes or campaigns: it has no consensus at all), answers
+every RPC for it with UNAVAILABLE "tablet failed: <why>" (``TabletFailed``), and shows as
+FAILED, with the reason, in ListTablets, on ``/tablets`` and in the ``tablet_failed`` gauge.
+The other two replicas keep the tablet available.  Repairing it takes an operator (or,
+later, a tablet copy from a healthy peer): fix or remove the directory, then restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from raftlet.consensus.log.errors import LogError
+from raftlet.tserver.bootstrap import ReplicaOpenError
+from raftlet.tserver.errors import TabletFailed
+from raftlet.tserver.store import StoreError
+
+__all__ = ["OPEN_FAILURES", "FailedTablet", "open_or_fail"]
+
+logger = logging.getLogger(__name__)
+
+# What a damaged or unreadable replica directory raises while it is opened.  Anything else
+# is a bug, and still takes the server down loudly.
+OPEN_FAILURES: tuple[type[BaseException], ...] = (
+    ReplicaOpenError,
+    LogError,
+    StoreError,
+    OSError,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class FailedTablet:
+    """This server's replica of ``tablet_id``, which failed to open for ``reason``."""
+
+    tablet_id: str
+    table: str
+    partition: int
+    voters: tuple[str, ...]
+    directory: Path
+    reason: str
+
+    def error(self) -> TabletFailed:
+        """What every RPC for this tablet is answered with."""
+        return TabletFailed(self.reason)
+
+    def status(self) -> dict[str, object]:
+        """Its row on ``/tablets``: the same keys a running replica shows, where they apply."""
+        return {
+            "tablet_id": self.tablet_id,
+            "table": self.table,
+            "partition": self.partition,
+            "state": "FAILED",
+            "failed": True,
+            "failure": self.reason,
+            "role": "",
+            "term": "",
+            "leader": "",
+            "leader_ready": False,
+        }
+
+
+def open_or_fail(
+    opener: Callable[[], T],
+    *,
+    tablet_id: str,
+    table: str,
+    partition: int,
+    voters: tuple[str, ...],
+    directory: Path,
+) -> T | FailedTablet:
+    """``opener()``, or a ``FailedTablet`` saying why it raised one of ``OPEN_FAILURES``.
+    The log says why once, with the traceback at debug level only: the reason is the
+    news, not where in the reader it was found."""
+    try:
+        return opener()
+    except OPEN_FAILURES as exc:
+        reason = describe_open_failure(exc)
+        logger.error(
+            "tablet %s failed to open from %s and is FAILED (the server's other tablets serve): %s",
+            tablet_id,
+            directory,
+            reason,
+        )
+        logger.debug("tablet %s: %s", tablet_id, "".join(traceback.format_exception(exc)))
+        return FailedTablet(tablet_id, table, partition, voters, directory, reason)
+
+
+def describe_open_failure(exc: BaseException) -> str:
+    """One line for an operator: the error's kind and message (an OSError's message holds
+    its errno and the path)."""
+    return f"{type(exc).__name__}: {exc}"
