@@ -61,8 +61,9 @@ def test_the_wal_stays_bounded_and_a_stopped_follower_holds_gc_back(tmp_path: Pa
                 assert _first_index(cluster, s.id, tablet) <= stopped_at + 1, s.id
             assert len(_segments(cluster, leader.id, tablet)) >= kept + 2
             follower.start()
+            # Enough that every replica's active segment starts after where it stopped.
             n = load.count()
-            load.wait_acked(n + 300, timeout=120)
+            load.wait_acked(n + 1200, timeout=180)
         cluster.wait_converged(tablet, load.expected(tablet), timeout=60)
         # With every voter back, GC moves on past where the follower had stopped.
         for sid in cluster.servers:
