@@ -22,9 +22,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from tenacity.wait import wait_base
@@ -81,6 +81,8 @@ def seeds_from_config(path: str | os.PathLike[str], *, token_ports: bool = False
         raise InvalidArgument(f"{path}: no server has a token_rpc_addr")
     return seeds
 
+
+R = TypeVar("R")
 
 # A checksum waits on the server for its point to be applied; the server's own limit.
 _MAX_CHECKSUM_WAIT_MS = 60_000
@@ -315,18 +317,10 @@ class Client(ClientBase[MetaCache]):
             raise InvalidArgument(f"{new_leader!r} hosts no replica of tablet {tablet_id}")
         timeout = self.timeout_s if timeout_s is None else timeout_s
         request = admin_pb2.LeaderStepDownRequest(tablet_id=tablet_id, new_leader_uuid=new_leader)
-
-        def step_down(
-            stub: ServerStub, timeout: float, _attempt: int
-        ) -> admin_pb2.LeaderStepDownResponse:
-            return stub.leader_step_down(request, timeout)
-
-        _, server = call_tablet(
-            self._rpc,
+        _, server = self._on_leader(
             tablet_id,
-            step_down,
+            lambda stub, timeout: stub.leader_step_down(request, timeout),
             what=f"leader step-down of tablet {tablet_id}",
-            deadline=time.monotonic() + timeout,
             timeout_s=timeout,
         )
         self._meta.forget_leader(tablet_id)
@@ -341,18 +335,10 @@ class Client(ClientBase[MetaCache]):
         timeout = self.timeout_s if timeout_s is None else timeout_s
         wait_ms = max(1, min(int(timeout * 1000), _MAX_CHECKSUM_WAIT_MS))
         place = admin_pb2.ChecksumTabletRequest(tablet_id=tablet_id, timeout_ms=wait_ms)
-
-        def on_leader(
-            stub: ServerStub, timeout: float, _attempt: int
-        ) -> admin_pb2.ChecksumTabletResponse:
-            return stub.checksum_tablet(place, timeout)
-
-        first, leader = call_tablet(
-            self._rpc,
+        first, leader = self._on_leader(
             tablet_id,
-            on_leader,
+            lambda stub, timeout: stub.checksum_tablet(place, timeout),
             what=f"checksum point of tablet {tablet_id}",
-            deadline=time.monotonic() + timeout,
             timeout_s=timeout,
         )
         results = {leader: _replica_checksum(leader, first)}
@@ -366,6 +352,25 @@ class Client(ClientBase[MetaCache]):
         for uuid, future in futures.items():
             results[uuid] = future.result()
         return TabletChecksum(tablet_id, first.index, tuple(results[r] for r in sorted(results)))
+
+    def _on_leader(
+        self,
+        tablet_id: str,
+        call: Callable[[ServerStub, float], R],
+        *,
+        what: str,
+        timeout_s: float,
+    ) -> tuple[R, str]:
+        """One admin call on the leader of ``tablet_id``, found and retried as a write's
+        would be; its answer and the uuid of the server that gave it."""
+        return call_tablet(
+            self._rpc,
+            tablet_id,
+            lambda stub, timeout, _attempt: call(stub, timeout),
+            what=what,
+            deadline=time.monotonic() + timeout_s,
+            timeout_s=timeout_s,
+        )
 
     def _checksum_at(
         self, uuid: str, request: admin_pb2.ChecksumTabletRequest, timeout: float
