@@ -67,6 +67,10 @@ class StreamSession:
         so the peer sees its stream end at once and treats what was in flight as lost."""
 
         async def write(items: list[pb.ConsensusItemPB]) -> None:
+            frame = pb.ConsensusFramePB(items=items)
+            if frame.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
+                await context.write(frame)
+                return
             for chunk in chunks_by_size(items, _byte_size, self._max_frame_bytes):
                 await context.write(pb.ConsensusFramePB(items=chunk))
 

@@ -76,8 +76,12 @@ class WriteStreamSession:
         the client sees its stream end and retries what was unanswered elsewhere."""
 
         async def write(results: list[tablet_pb2.WriteStreamResultPB]) -> None:
-            for chunk in chunks_by_size(results, _byte_size, self._max_frame_bytes):
-                await context.write(tablet_pb2.WriteStreamResponsePB(results=chunk))
+            message = tablet_pb2.WriteStreamResponsePB(results=results)
+            if message.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
+                await context.write(message)
+            else:
+                for chunk in chunks_by_size(results, _byte_size, self._max_frame_bytes):
+                    await context.write(tablet_pb2.WriteStreamResponsePB(results=chunk))
             self._outstanding -= len(results)
             if self._outstanding <= 0:
                 self._idle.set()
