@@ -149,6 +149,7 @@ def restart(directory: Path) -> dict[str, Any]:
         tablet_id=TABLET,
         table="kv",
         partition=0,
+        num_partitions=1,
         server_id=VOTERS[0],
         voters=VOTERS,
         directory=directory,

@@ -15,6 +15,7 @@ import itertools
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
+from operator import itemgetter
 
 from raftlet.schema.keys import KeyEncodeError, encode_key
 from raftlet.schema.predicates import Predicate, PredicateError, PredicateKind
@@ -23,6 +24,7 @@ from raftlet.schema.types import INTEGER_RANGES, Value
 
 __all__ = [
     "KeyRouter",
+    "key_partitions",
     "key_router",
     "partition_for_encoded_key",
     "partition_for_key",
@@ -53,6 +55,32 @@ def partition_for_key(schema: Schema, key_values: Sequence[object], num_partitio
     if type(num_partitions) is not int or num_partitions < 1:
         return partition_for_encoded_key(b"", num_partitions)  # raises the error it is
     return zlib.crc32(encode_key(schema, key_values)) % num_partitions
+
+
+def key_partitions(
+    schema: Schema, rows: Sequence[Sequence[object]], num_partitions: int
+) -> list[int]:
+    """The partition of each row, given as its key column values in key order, possibly
+    followed by other values (a ``RowRun``'s params): what ``partition_for_key`` gives each
+    key, computed for a whole write at once -- the server checks every row of every write
+    against the tablet it was sent to. Raises ``KeyEncodeError`` for a key that is not one
+    of the schema."""
+    partition_for_encoded_key(b"", num_partitions)  # a bad count fails here, once
+    crc32 = zlib.crc32
+    nkeys = schema.num_key_columns
+    first = schema.key_columns[0]
+    if nkeys == 1 and first.type in INTEGER_RANGES and rows:
+        # The usual key, one integer, encoded here as ``encode_key`` would (as in
+        # ``key_router``): a quarter of the cost of calling it per row (~0.15 us a row).
+        lo, hi = INTEGER_RANGES[first.type]
+        width = (hi.bit_length() + 1) // 8
+        try:
+            values = list(map(itemgetter(0), rows))
+        except IndexError:  # an empty row: the general encoder says what is wrong
+            values = []
+        if set(map(type, values)) == {int} and lo <= min(values) and max(values) <= hi:
+            return [crc32((v - lo).to_bytes(width, "big")) % num_partitions for v in values]
+    return [crc32(encode_key(schema, row[:nkeys])) % num_partitions for row in rows]
 
 
 @lru_cache(maxsize=256)

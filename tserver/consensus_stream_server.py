@@ -9,7 +9,8 @@ entries a request releases go on to the apply stage on the same thread, with no 
 thread to wake.  The answer is
 completed later by the thread that made it durable (a follower's append is acknowledged
 only once it is on disk) and posted back to the loop, which writes all the answers ready at
-that moment as one frame.  So no thread waits on a follower's fsync.
+that moment as one frame -- or several, none over the peers' message limit
+(``tserver.message_limits``).  So no thread waits on a follower's fsync.
 
 Known limit: one mailbox per stream, so a request whose replica blocks (its lock held by a
 thread waiting on a full WAL queue) holds up the requests behind it for other tablets, as it
@@ -31,6 +32,7 @@ from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler, WireResponse
 from raftlet.tserver.loop_outbox import LoopOutbox
+from raftlet.tserver.message_limits import chunks_by_size
 from raftlet.tserver.rpc_dispatch import status_for
 
 __all__ = ["StreamSession"]
@@ -47,8 +49,11 @@ class StreamSession:
         workers: WorkerPool,
         handler: ConsensusRequestHandler,
         check: Callable[[WireRequest], None] | None = None,
+        *,
+        max_frame_bytes: int,
     ) -> None:
         self._loop = loop
+        self._max_frame_bytes = max_frame_bytes
         self._handler = handler
         # Raises for a request this stream's authenticated peer may not send (security).
         self._check = check
@@ -62,7 +67,12 @@ class StreamSession:
         so the peer sees its stream end at once and treats what was in flight as lost."""
 
         async def write(items: list[pb.ConsensusItemPB]) -> None:
-            await context.write(pb.ConsensusFramePB(items=items))
+            frame = pb.ConsensusFramePB(items=items)
+            if frame.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
+                await context.write(frame)
+                return
+            for chunk in chunks_by_size(items, _byte_size, self._max_frame_bytes):
+                await context.write(pb.ConsensusFramePB(items=chunk))
 
         writer = asyncio.ensure_future(self._outbox.drain_to(write))
         try:
@@ -117,6 +127,10 @@ class StreamSession:
 
     def _post(self, item: pb.ConsensusItemPB) -> None:
         self._outbox.post(item)
+
+
+def _byte_size(item: pb.ConsensusItemPB) -> int:
+    return item.ByteSize()
 
 
 def _answer_item(seq: int, response: WireResponse) -> pb.ConsensusItemPB:

@@ -66,6 +66,7 @@ from raftlet.tserver.grpc_limits import (
     server_limit_options,
 )
 from raftlet.tserver.malformed import MalformedRequestInterceptor
+from raftlet.tserver.message_limits import MessageLimits
 from raftlet.tserver.security import (
     Authenticator,
     AuthInterceptor,
@@ -107,9 +108,12 @@ class TabletServer:
         self.flags = FlagRegistry.from_settings(s)
         self.registry = MetricRegistry()
         self.entity = self.registry.entity("server", s.server_id, {})
-        # Peer channels carry what this server sends, so they share its message cap.
+        # Every size limit, from --max_message_bytes (tserver/message_limits.py).
+        self.limits = MessageLimits(s.max_message_bytes)
+        # Peer channels carry replication messages: the peers' limit, which each peer's
+        # gRPC server accepts.
         self.peer_channel_options = channel_options(
-            max_message_bytes=s.max_message_bytes, keepalive=True
+            max_message_bytes=self.limits.peer_bytes, keepalive=True
         )
         # With TLS, peers are dialled with this server's own certificate as the client
         # certificate: that is how they know who sends them Raft messages.
@@ -181,9 +185,12 @@ class TabletServer:
         self.flags.subscribe("log_inject_latency_ms", self._on_log_latency)
         self.flags.subscribe("log_inject_latency_jitter_ms", self._on_log_latency)
         options = ReplicaOptions(
-            consensus=s.consensus_options(),
+            consensus=dataclasses.replace(
+                s.consensus_options(), max_size_per_msg=self.limits.append_batch_bytes
+            ),
             log=s.log_options(),
             max_batch_rows=s.max_batch_rows,
+            max_write_bytes=self.limits.write_bytes,
             scan_page_bytes=s.scan_page_bytes,
             log_gc_interval_s=s.log_gc_interval_s,
             # Room for the row that crosses a page's budget, under gRPC's message limit.
@@ -208,7 +215,10 @@ class TabletServer:
                 self.peer_channel_options, credentials=self.peer_credentials
             )
             self.streams = StreamHub(
-                asyncio.get_running_loop(), self.stream_channels, peer_timeout_s
+                asyncio.get_running_loop(),
+                self.stream_channels,
+                peer_timeout_s,
+                max_frame_bytes=self.limits.peer_bytes,
             )
         for placement in s.placements():
             table = self.config.table(placement.table)
@@ -235,6 +245,7 @@ class TabletServer:
                     tablet_id=placement.tablet_id,
                     table=placement.table,
                     partition=placement.partition,
+                    num_partitions=table.partitions,
                     server_id=self.server_id,
                     voters=placement.replicas,
                     directory=directory,
@@ -270,7 +281,9 @@ class TabletServer:
         if self.auth is not None:
             interceptors.insert(0, AuthInterceptor(self.auth))
         server = grpc.aio.server(
-            options=server_options(s.max_message_bytes) + server_limit_options(),
+            # Peers and clients share the port: it takes what peers send (a client's write
+            # over --max_message_bytes is refused by the replica, with the limit named).
+            options=server_options(self.limits.peer_bytes) + server_limit_options(),
             interceptors=interceptors,
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )

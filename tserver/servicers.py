@@ -103,7 +103,11 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
     async def WriteStream(self, request_iterator: Any, context: Any) -> None:
         with self._streams.serving():
             session = WriteStreamSession(
-                asyncio.get_running_loop(), self._pool, self._s.replica, self._s.leader_addr
+                asyncio.get_running_loop(),
+                self._pool,
+                self._s.replica,
+                self._s.leader_addr,
+                max_frame_bytes=self._s.limits.client_bytes,
             )
             await session.serve(context)
 
@@ -161,6 +165,7 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
 
     def __init__(self, server: TabletServer) -> None:
         self._h = server.consensus_handler
+        self._max_frame_bytes = server.limits.peer_bytes
         self._pool = server.pools["consensus"]
         self._workers = server.workers
         self._auth = server.auth
@@ -185,7 +190,11 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
     async def Stream(self, request_iterator: Any, context: Any) -> None:
         with self._streams.serving():
             session = StreamSession(
-                asyncio.get_running_loop(), self._workers, self._h, self._sender_check("Stream")
+                asyncio.get_running_loop(),
+                self._workers,
+                self._h,
+                self._sender_check("Stream"),
+                max_frame_bytes=self._max_frame_bytes,
             )
             await session.serve(context)
 

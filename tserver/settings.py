@@ -45,6 +45,7 @@ from raftlet.tserver.flag_spec import (
     is_bool,
     positive,
 )
+from raftlet.tserver.message_limits import MAX_CLIENT_MESSAGE_BYTES, PEER_FRAMING_BYTES
 
 __all__ = ["FLAGS", "GROUP_HELP", "ServerSettings"]
 
@@ -647,10 +648,13 @@ FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "max_message_bytes", _LIMITS, "BYTES",
-        f"Largest gRPC message this server receives or sends (default "
-        f"{_size(_D('max_message_bytes'))}); gRPC rejects larger ones with "
-        "RESOURCE_EXHAUSTED. Raise it for very large write batches or scan pages.",
-        convert=int_value, check=int_in_range(KiB, _MAX_GRPC_MESSAGE),
+        f"Largest message a client may send (default {_size(_D('max_message_bytes'))}, "
+        f"{KiB}..{MAX_CLIENT_MESSAGE_BYTES}): a larger write is INVALID_ARGUMENT before it "
+        f"is replicated, one over this plus {PEER_FRAMING_BYTES // KiB} KiB is refused by "
+        "gRPC (RESOURCE_EXHAUSTED). Servers accept and send each other messages up to this "
+        "plus that framing margin, so every server of a cluster needs the same value; scan "
+        "pages are at most half of it. Raise it for very large write batches or rows.",
+        convert=int_value, check=int_in_range(KiB, MAX_CLIENT_MESSAGE_BYTES),
     ),
     FlagSpec(
         "max_batch_rows", _LIMITS, "N",

@@ -9,7 +9,8 @@ takes turns on the server's appender pool):
   thread does for a write, so the bounded service pool drains as fast as calls arrive.
 - the prepare stage takes every queued op, decodes and validates its rows
   (as Kudu's prepare phase does; a write whose every row is invalid is answered there and
-  never replicated), and replicates the rest in one ``replicate`` call per bound term:
+  never replicated, one with a row of another tablet is refused whole: ``row_routing``),
+  and replicates the rest in one ``replicate`` call per bound term:
   under the consensus lock, where it may wait for room in the WAL's group-commit queue.
   No row locks are taken: every replica applies entries serially in log order, so
   concurrent writes to one row are already ordered by the log.
@@ -78,10 +79,17 @@ from raftlet.tserver.checksum import (
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest, TabletFailed
 from raftlet.tserver.log_gc import LogGc
 from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
+from raftlet.tserver.row_routing import check_rows_in_tablet
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.store import InvalidScan, StoreError
 
-__all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks", "failure_status"]
+__all__ = [
+    "ReplicaOptions",
+    "TabletReplica",
+    "WriteCallbacks",
+    "failure_status",
+    "write_entry_payload",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +117,9 @@ class ReplicaOptions:
     consensus: ConsensusOptions = field(default_factory=ConsensusOptions)
     log: LogOptions = field(default_factory=LogOptions)
     max_batch_rows: int = 10_000
+    # The largest WriteRequest, in serialized bytes: its entry must reach every peer
+    # (the server passes ``tserver.message_limits.MessageLimits.write_bytes``).
+    max_write_bytes: int = 16 << 20
     # Ops replicated per consensus call at most (bounds one entry batch).
     max_prepare_batch: int = 256
     # How long a leader-latest scan waits for the store to apply what is committed.
@@ -189,6 +200,7 @@ class TabletReplica:
         tablet_id: str,
         table: str,
         partition: int,
+        num_partitions: int,
         server_id: str,
         voters: Sequence[str],
         directory: Path,
@@ -200,9 +212,12 @@ class TabletReplica:
         workers: WorkerPool | None = None,
         log_appenders: WorkerPool | None = None,
     ) -> None:
+        if not 0 <= partition < num_partitions:
+            raise ValueError(f"partition {partition} is not one of {num_partitions}")
         self.tablet_id = tablet_id
         self.table = table
         self.partition = partition
+        self.num_partitions = num_partitions
         self.server_id = server_id
         self.schema = schema
         self.options = opts = options or ReplicaOptions()
@@ -326,6 +341,12 @@ class TabletReplica:
             raise InvalidRequest(
                 f"{n} row operations exceed --max_batch_rows={self.options.max_batch_rows}"
             )
+        size = request.ByteSize()  # bounds its entry's payload: the request less its tablet id
+        if size > self.options.max_write_bytes:
+            raise InvalidRequest(
+                f"a write of {size} bytes exceeds {self.options.max_write_bytes} bytes, the "
+                "largest this server replicates (--max_message_bytes); split it"
+            )
         term = self.consensus.check_leadership_and_bind_term()
         rid = request.request_id
         if rid.client_id:
@@ -397,7 +418,7 @@ class TabletReplica:
 
     def _encode(self, op: _PendingWrite) -> bytes | None:
         """The entry payload of ``op``, or None if it was answered here: every row invalid
-        (nothing to apply), or the request could not be decoded."""
+        (nothing to apply), a row of another tablet, or the request could not be decoded."""
         request = op.request
         try:
             if request.HasField("row_block"):
@@ -412,13 +433,13 @@ class TabletReplica:
                 good, row_errors = decode_row_ops(self.schema, request.ops)
                 rows = len(request.ops)
                 op.decoded = (good, row_errors)
+            check_rows_in_tablet(
+                self.schema, self.table, self.partition, self.num_partitions, op.decoded[0]
+            )
             if len(row_errors) == rows:  # answer without replicating
                 self.tracker.complete(op.key, _response(0, op.term, row_errors))
                 return None
-            payload = tablet_pb2.WriteOperationPB(request_id=request.request_id, ops=request.ops)
-            if request.HasField("row_block"):
-                payload.row_block.CopyFrom(request.row_block)
-            return payload.SerializeToString()
+            return write_entry_payload(request)
         except Exception as exc:
             self.tracker.abort(op.key, exc)
             return None
@@ -744,6 +765,17 @@ def failure_status(reason: str | None) -> dict[str, object]:
         "failed": reason is not None,
         "failure": reason or "",
     }
+
+
+def write_entry_payload(request: tablet_pb2.WriteRequest) -> bytes:
+    """The payload of the log entry that carries ``request``: its request id and rows, so
+    never larger than the request (the size check in ``write`` counts on that)."""
+    payload = tablet_pb2.WriteOperationPB(ops=request.ops)
+    if request.HasField("request_id"):  # an anonymous write's entry carries none either
+        payload.request_id.CopyFrom(request.request_id)
+    if request.HasField("row_block"):
+        payload.row_block.CopyFrom(request.row_block)
+    return payload.SerializeToString()
 
 
 def _response(index: int, term: int, row_errors: Sequence[RowFailure]) -> tablet_pb2.WriteResponse:

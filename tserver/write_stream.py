@@ -10,7 +10,9 @@ Each write goes exactly the way a unary Write goes -- ``TabletReplica.write``: l
 binding, the result tracker, validation, the prepare queue -- and fails with the status and
 ``ServerErrorPB`` the unary call would have (``rpc_dispatch.status_for``), carried in its
 result item. A full service queue refuses the frame's writes with RESOURCE_EXHAUSTED, so
-the client backs off as it would for a unary call.
+the client backs off as it would for a unary call. Answers ready together leave as one
+message, or several if one would pass ``max_frame_bytes`` (the client limit; a write with
+thousands of row errors has an answer of megabytes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.errors import ServiceUnavailable
 from raftlet.tserver.loop_outbox import LoopOutbox
+from raftlet.tserver.message_limits import chunks_by_size
 from raftlet.tserver.rpc_dispatch import (
     QUEUE_FULL_MESSAGE,
     SHUTTING_DOWN_MESSAGE,
@@ -53,8 +56,11 @@ class WriteStreamSession:
         pool: ServicePool,
         replica_of: ReplicaLookup,
         leader_addr: LeaderAddrLookup,
+        *,
+        max_frame_bytes: int,
     ) -> None:
         self._pool = pool
+        self._max_frame_bytes = max_frame_bytes
         self._replica_of = replica_of
         self._leader_addr = leader_addr
         self._outbox: LoopOutbox[tablet_pb2.WriteStreamResultPB] = LoopOutbox(loop)
@@ -70,7 +76,12 @@ class WriteStreamSession:
         the client sees its stream end and retries what was unanswered elsewhere."""
 
         async def write(results: list[tablet_pb2.WriteStreamResultPB]) -> None:
-            await context.write(tablet_pb2.WriteStreamResponsePB(results=results))
+            message = tablet_pb2.WriteStreamResponsePB(results=results)
+            if message.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
+                await context.write(message)
+            else:
+                for chunk in chunks_by_size(results, _byte_size, self._max_frame_bytes):
+                    await context.write(tablet_pb2.WriteStreamResponsePB(results=chunk))
             self._outstanding -= len(results)
             if self._outstanding <= 0:
                 self._idle.set()
@@ -154,3 +165,7 @@ class WriteStreamSession:
         if error is not None:
             result.error.CopyFrom(error)
         return result
+
+
+def _byte_size(result: tablet_pb2.WriteStreamResultPB) -> int:
+    return result.ByteSize()

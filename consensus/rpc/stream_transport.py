@@ -16,6 +16,12 @@ Client side (``StreamHub``, one per server, living on the server's event loop):
   ``on_response``.  A broken stream is Raft's lost message: every request in flight on it
   gets ``on_response(None)``, and the stream is opened again, after a backoff, when there is
   something to send.  Requests unanswered after ``timeout_s`` are dropped the same way.
+- No frame is larger than ``max_frame_bytes``, the peers' message limit (the tablet server
+  derives it in ``tserver.message_limits``): what is queued leaves as several frames if it
+  must.  One frame over the limit would be refused by the peer, breaking the stream every
+  tablet shares, and its resend the same way, for ever.  A single request over the limit,
+  which the write path's size check keeps from happening, is never queued: ``send`` logs
+  it and reports it lost.
 
 The server side of the stream is ``tserver.consensus_stream_server.StreamSession``.  The
 hub's ``grpc.aio`` channels come from the server's ``client.aio_channels.AsyncChannelPool``
@@ -170,9 +176,8 @@ class _PeerStream:
         try:
             while not self._closed:
                 self._wake.clear()
-                items = self._take()
-                if items:
-                    await call.write(b"".join(items))
+                for frame in _frames(self._take(), self._hub.max_frame_bytes):
+                    await call.write(frame)
                 self._sweep()
                 if reader.done():
                     break
@@ -266,6 +271,21 @@ class _PeerStream:
             _deliver(p, None)
 
 
+def _frames(items: list[bytes], max_bytes: int) -> list[bytes]:
+    """``items`` (each at most ``max_bytes``) joined, in order, into as few frames of at
+    most ``max_bytes`` as a greedy cut gives."""
+    frames: list[bytes] = []
+    start, size = 0, 0
+    for k, item in enumerate(items):
+        if k > start and size + len(item) > max_bytes:
+            frames.append(b"".join(items[start:k]))
+            start, size = k, 0
+        size += len(item)
+    if start < len(items):
+        frames.append(b"".join(items[start:]))
+    return frames
+
+
 def _deliver(pending: _Pending, answer: Message | None) -> None:
     try:
         pending.on_response(answer)
@@ -282,16 +302,22 @@ class AsyncChannelSource(Protocol):
 
 class StreamHub:
     """This server's streams to its peers, one per peer address, on ``loop``.  ``channels``
-    belong to the caller, who closes them after ``close()``."""
+    belong to the caller, who closes them after ``close()``; they must send messages of
+    ``max_frame_bytes``, and the peers accept them."""
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         channels: AsyncChannelSource,
         timeout_s: float,
+        *,
+        max_frame_bytes: int,
     ) -> None:
+        if max_frame_bytes < 1:
+            raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
         self.loop = loop
         self.timeout_s = timeout_s
+        self.max_frame_bytes = max_frame_bytes
         self._channels = channels
         self._lock = threading.Lock()
         self._streams: dict[str, _PeerStream] = {}
@@ -374,8 +400,13 @@ class StreamTransport:
                 raise LookupError(f"no address for peer {message.dst!r}")
             seq = self._hub.next_seq()
             item = encode_item(seq, encode_request(message, self.tablet_id))
+            if len(item) > self._hub.max_frame_bytes:
+                raise ValueError(
+                    f"its {len(item)} bytes exceed the peers' message limit of "
+                    f"{self._hub.max_frame_bytes}: no peer would accept it"
+                )
             stream = self._hub.stream_to(addr)
-        except Exception as exc:  # unknown peer, closed hub or transport, unencodable
+        except Exception as exc:  # unknown peer, closed hub or transport, unencodable, too big
             log_unsendable(self.tablet_id, message, exc, closed=self._closed)
             on_response(None)
             return

@@ -86,8 +86,9 @@ BAD_FLAGS: list[tuple[list[str], str]] = [
     (["--group_commit_queue_size_bytes", "4MiB"], "expected an integer, got '4MiB'"),
     (["--log_segment_size_bytes", "-1"], "argument --log_segment_size_bytes: must be >= 1"),
     (["--lock_contention_trace_threshold_ms", "inf"], "expected a finite number, got 'inf'"),
-    (["--max_message_bytes", "100"], "argument --max_message_bytes: must be in 1024..2147483647"),
-    (["--max_message_bytes", str(2**31)], "must be in 1024..2147483647"),
+    (["--max_message_bytes", "100"], "argument --max_message_bytes: must be in 1024..2147418111"),
+    # 2 GiB - 1 less the 64 KiB peers accept beyond it (a gRPC limit is a C int).
+    (["--max_message_bytes", str(2**31 - 2**16)], "must be in 1024..2147418111"),
     (["--max_batch_rows", "0"], "argument --max_batch_rows: must be >= 1, got 0"),
     (["--term_check_mode", "fast"], "expected one of lockfree, locked, got 'fast'"),
     (["--log_level", "loud"], "expected one of DEBUG, INFO, WARNING, ERROR, got 'loud'"),

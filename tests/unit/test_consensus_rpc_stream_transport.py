@@ -7,6 +7,7 @@ worker does not wait for an answer, and a broken stream loses only what was in f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,9 +17,10 @@ import grpc
 import pytest
 
 from raftlet.client.aio_channels import AsyncChannelPool
+from raftlet.client.channels import channel_options, server_options
 from raftlet.consensus.core import Entry, Message, MessageType
 from raftlet.consensus.rpc.codec import update_request_from_message
-from raftlet.consensus.rpc.stream_transport import StreamHub, encode_item
+from raftlet.consensus.rpc.stream_transport import StreamHub, _frames, encode_item
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.proto import consensus_pb2_grpc
@@ -77,9 +79,10 @@ class FakeHandler:
 
 
 class _Servicer(consensus_pb2_grpc.ConsensusServiceServicer):
-    def __init__(self, pool: WorkerPool, handler: FakeHandler) -> None:
+    def __init__(self, pool: WorkerPool, handler: FakeHandler, max_frame_bytes: int) -> None:
         self.pool = pool
         self.handler = handler
+        self.max_frame_bytes = max_frame_bytes
         self.frames = 0
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -94,7 +97,13 @@ class _Servicer(consensus_pb2_grpc.ConsensusServiceServicer):
         task = asyncio.current_task()
         assert task is not None
         self.tasks.add(task)
-        await Counting(asyncio.get_running_loop(), self.pool, self.handler).serve(context)  # type: ignore[arg-type]
+        session = Counting(
+            asyncio.get_running_loop(),
+            self.pool,
+            self.handler,  # type: ignore[arg-type]
+            max_frame_bytes=self.max_frame_bytes,
+        )
+        await session.serve(context)
 
 
 class Loop:
@@ -124,24 +133,26 @@ class Pair:
     addr: str
 
 
-@pytest.fixture
-def pair() -> Iterator[Pair]:
+@contextlib.contextmanager
+def _pair(max_frame_bytes: int) -> Iterator[Pair]:
+    """A hub and a peer server that both hold messages to ``max_frame_bytes``, as two
+    tablet servers do to the peer limit (the server's own gRPC limit included)."""
     loop = Loop()
     # One thread: if it waited for an answer, nothing else could run on the pool.
     pool = WorkerPool("consensus", min_threads=1, max_threads=1)
     handler = FakeHandler()
-    servicer = _Servicer(pool, handler)
+    servicer = _Servicer(pool, handler, max_frame_bytes)
 
     async def start_server() -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=server_options(max_frame_bytes))
         consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
 
     server, port = loop.run(start_server())
-    channels = AsyncChannelPool()
-    hub = StreamHub(loop.loop, channels, timeout_s=30.0)
+    channels = AsyncChannelPool(channel_options(max_message_bytes=max_frame_bytes))
+    hub = StreamHub(loop.loop, channels, timeout_s=30.0, max_frame_bytes=max_frame_bytes)
     try:
         yield Pair(loop, hub, servicer, handler, pool, f"127.0.0.1:{port}")
     finally:
@@ -150,6 +161,22 @@ def pair() -> Iterator[Pair]:
         loop.run(server.stop(0))
         pool.stop(timeout=10)
         loop.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    with _pair(4 << 20) as p:
+        yield p
+
+
+TIGHT = 2048
+
+
+@pytest.fixture
+def tight_pair() -> Iterator[Pair]:
+    """Peers that accept messages of at most ``TIGHT`` bytes."""
+    with _pair(TIGHT) as p:
+        yield p
 
 
 class Answers:
@@ -251,3 +278,94 @@ def test_an_unreachable_peer_answers_none_and_a_closed_transport_refuses(pair: P
     transport.close()
     transport.send(_append("t1", 2), answers)
     assert answers.got == [None, None]
+
+
+def _append_of(tablet: str, index: int, payload: int) -> Message:
+    return Message(
+        MessageType.APPEND,
+        LEADER,
+        FOLLOWER,
+        term=1,
+        log_term=1,
+        index=index,
+        entries=(Entry(1, index + 1, data=b"x" * payload),),
+        commit=index,
+    )
+
+
+def test_what_is_queued_together_leaves_in_frames_the_peer_accepts(tight_pair: Pair) -> None:
+    """Twenty requests of ~650 bytes queued at once would be one ~13 KiB frame, which a peer
+    accepting 2 KiB refuses (the stream breaks, every request is lost, the resend breaks it
+    again). Cut at the limit, every request arrives and is answered."""
+    pair = tight_pair
+    transports = [pair.hub.transport(f"t{i}", {FOLLOWER: pair.addr}) for i in range(4)]
+    answers = Answers()
+    transports[0].send(_append_of("t0", 1, 600), answers)  # opens the stream
+    wait_for(lambda: pair.handler.count() == 1, what="the stream is up")
+    frames_before = pair.servicer.frames
+    release = threading.Event()
+    pair.loop.loop.call_soon_threadsafe(release.wait)
+    for i in range(20):
+        transports[i % 4].send(_append_of(f"t{i % 4}", 10 + i, 600), answers)
+    release.set()
+    wait_for(lambda: pair.handler.count() == 21, what="all 20 reach the follower")
+    frames = pair.servicer.frames - frames_before
+    item = len(encode_item(1, update_request_from_message(_append_of("t0", 10, 600), "t0")))
+    per_frame = TIGHT // item  # whole items only
+    assert per_frame >= 2
+    assert frames == -(-20 // per_frame)  # as few frames as fit, none refused
+    tablets = [req.tablet_id for req, _ in pair.handler.started[1:]]
+    assert tablets == [f"t{i % 4}" for i in range(20)]  # still in the order sent
+    for req, done in pair.handler.started:
+        done(_ok(req))
+    wait_for(lambda: answers.count() == 21, what="every answer comes back")
+    assert all(a is not None for a in answers.got)
+
+
+def test_answers_ready_together_leave_in_frames_the_peer_accepts(tight_pair: Pair) -> None:
+    """The follower's side: 1000 answers (~10 KiB together) made ready at once leave in
+    several frames under the limit, not one the leader's channel would refuse."""
+    pair = tight_pair
+    n = 1000
+    transport = pair.hub.transport("t1", {FOLLOWER: pair.addr})
+    answers = Answers()
+    for i in range(n):
+        transport.send(_append_of("t1", i, 1), answers)
+    wait_for(lambda: pair.handler.count() == n, what="all requests reach the follower")
+    assert sum(_ok(req).ByteSize() for req, _ in pair.handler.started) > 4 * TIGHT
+    release = threading.Event()
+    pair.loop.loop.call_soon_threadsafe(release.wait)  # the answers queue up meanwhile
+    try:
+        for req, done in pair.handler.started:
+            done(_ok(req))
+    finally:
+        release.set()
+    wait_for(lambda: answers.count() == n, what="every answer comes back")
+    assert all(a is not None for a in answers.got)
+
+
+def test_a_request_no_peer_would_accept_is_lost_alone(tight_pair: Pair) -> None:
+    """A request over the peers' limit is never queued (it would break the stream for
+    every tablet, for ever): it is reported lost, and the next one goes through."""
+    pair = tight_pair
+    big, small = (
+        pair.hub.transport("big", {FOLLOWER: pair.addr}),
+        pair.hub.transport("t1", {FOLLOWER: pair.addr}),
+    )
+    lost, answers = Answers(), Answers()
+    big.send(_append_of("big", 1, TIGHT), lost)
+    assert lost.got == [None]  # at once, from send
+    small.send(_append_of("t1", 1, 10), answers)
+    wait_for(lambda: pair.handler.count() == 1, what="the small request arrives")
+    request, done = pair.handler.started[0]
+    assert request.tablet_id == "t1"
+    done(_ok(request))
+    wait_for(lambda: answers.count() == 1, what="its answer comes back")
+    assert answers.got[0] is not None
+
+
+def test_frames_are_cut_greedily_and_never_split_an_item() -> None:
+    items = [b"a" * 5, b"b" * 5, b"c" * 9, b"d" * 1, b"e" * 12]
+    assert _frames(items, 10) == [b"a" * 5 + b"b" * 5, b"c" * 9 + b"d", b"e" * 12]
+    assert _frames([], 10) == []
+    assert b"".join(_frames(items, 1)) == b"".join(items)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from raftlet.schema.keys import KeyEncodeError, encode_key
 from raftlet.schema.partition import (
+    key_partitions,
     key_router,
     partition_for_encoded_key,
     partition_for_key,
@@ -112,6 +113,30 @@ def test_a_key_router_agrees_with_encode_key_and_partition_for_key(
         partition_for_key(schema, key, partitions),
         encode_key(schema, key),
     )
+
+
+@given(st.data(), st.integers(1, 64))
+def test_key_partitions_of_a_write_agree_with_partition_for_key(
+    data: st.DataObject, partitions: int
+) -> None:
+    """What the server checks a write's rows with: one partition per row, the key first in
+    each row and other values after it (a decoded run's params)."""
+    schema = data.draw(key_schemas())
+    keys = data.draw(st.lists(keys_of(schema), max_size=20))
+    rows = [(*key, "other", 7) for key in keys]
+    expected = [partition_for_key(schema, key, partitions) for key in keys]
+    assert key_partitions(schema, rows, partitions) == expected
+    assert key_partitions(schema, keys, partitions) == expected
+
+
+@pytest.mark.parametrize("bad", [(True,), (2**63,), ("7",), (None,), ()])
+def test_key_partitions_refuse_what_encode_key_refuses(bad: tuple[object, ...]) -> None:
+    # One bad key among good ones leaves the one-integer fast path for the general one.
+    with pytest.raises(KeyEncodeError):
+        key_partitions(ID, [(1,), bad, (2,)], 4)
+    assert key_partitions(ID, [(1,), (2,)], 4) == [partition_for_key(ID, [k], 4) for k in (1, 2)]
+    with pytest.raises(ValueError, match="at least 1"):
+        key_partitions(ID, [(1,)], 0)
 
 
 @pytest.mark.parametrize(

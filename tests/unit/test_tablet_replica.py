@@ -18,6 +18,7 @@ from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
+from raftlet.schema.partition import partition_for_key
 from raftlet.schema.row_block import encode_row_block
 from raftlet.schema.row_pages import decode_page, page_rows
 from raftlet.schema.rows import ErrorCode, OpType, encode_row_op, row_from_pb
@@ -65,8 +66,10 @@ class Tablet:
     """Three replicas of one tablet over an in-memory transport.  The test is the clock:
     ticks pass only while it waits (``wait_for``), so no wall-clock election races it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, partition: int = 0, num_partitions: int = 1) -> None:
         self.root = root
+        self.partition = partition
+        self.num_partitions = num_partitions
         self.ticker = ManualTicker()
         self.transport = InMemoryTransport()
         self.replicas: dict[str, TabletReplica] = {}
@@ -75,9 +78,10 @@ class Tablet:
 
     def open(self, node: str) -> TabletReplica:
         r = TabletReplica(
-            tablet_id="kv-p0",
+            tablet_id=f"kv-p{self.partition}",
             table="kv",
-            partition=0,
+            partition=self.partition,
+            num_partitions=self.num_partitions,
             server_id=node,
             voters=IDS,
             directory=self.root / node,
@@ -270,14 +274,15 @@ def test_many_tablets_share_the_servers_pools_and_start_no_threads_of_their_own(
     transports: list[InMemoryTransport] = []
     try:
         for t in range(8):
-            tablet_id = f"kv-p{t}"
+            tablet_id = f"t{t}-p0"
             transport = InMemoryTransport(workers=2)  # one network per tablet: routed by node
             transports.append(transport)
             for node in IDS:
                 r = TabletReplica(
                     tablet_id=tablet_id,
-                    table="kv",
-                    partition=t,
+                    table=f"t{t}",  # tablets of 8 tables of one tablet: the same keys in each
+                    partition=0,
+                    num_partitions=1,
                     server_id=node,
                     voters=IDS,
                     directory=tmp_path / tablet_id / node,
@@ -412,9 +417,7 @@ def test_the_leader_decodes_its_rows_once_and_each_follower_once(
     monkeypatch.setattr(
         tablet_replica, "decode_row_runs", counting("prepare", tablet_replica.decode_row_runs)
     )
-    monkeypatch.setattr(
-        bootstrap, "decode_row_runs", counting("apply", bootstrap.decode_row_runs)
-    )
+    monkeypatch.setattr(bootstrap, "decode_row_runs", counting("apply", bootstrap.decode_row_runs))
     send(leader, block_write([1, 2, 3], "c1", 1)).result()
     for r in tablet.replicas.values():
         tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3], what=f"{r.server_id} applies")
@@ -453,3 +456,71 @@ def test_a_follower_read_with_a_min_index_waits_until_it_has_applied_that_index(
                 min_applied_index=far,
             )
         )
+
+
+def test_a_write_larger_than_what_peers_accept_is_refused_before_it_is_admitted(
+    tablet: Tablet,
+) -> None:
+    """A write is refused, INVALID_ARGUMENT naming the limit, once its request passes
+    ``max_write_bytes`` (the server's --max_message_bytes): its entry could not reach the
+    followers. Up to the limit it replicates, and the tablet goes on serving."""
+    leader = tablet.leader()
+    limit = 4096
+    for r in tablet.replicas.values():
+        r.options = dataclasses.replace(r.options, max_write_bytes=limit)
+
+    def sized(nbytes: int, seq: int) -> tablet_pb2.WriteRequest:
+        req = write([seq], "big", seq)
+        value = req.ops[0].cells[1].value
+        for _ in range(5):  # the length prefixes grow with the value: settle in a few steps
+            value.string_value = "x" * (len(value.string_value) + nbytes - req.ByteSize())
+        assert req.ByteSize() == nbytes
+        return req
+
+    before = leader.consensus.status()["last_index"]
+    for form in (sized(limit + 1, 1), block_write([1], "big", 1)):
+        if form.HasField("row_block"):  # padded with side-buffer bytes no row points at
+            side = form.row_block.indirect
+            for _ in range(5):
+                pad = len(form.row_block.indirect) - len(side) + limit + 1 - form.ByteSize()
+                form.row_block.indirect = side + b"\0" * pad
+        assert form.ByteSize() == limit + 1
+        with pytest.raises(InvalidRequest, match=f"exceeds {limit} bytes, the largest"):
+            send(leader, form)
+    assert leader.consensus.status()["last_index"] == before  # nothing was replicated
+    assert not send(leader, sized(limit, 2)).result().row_errors
+    assert not send(leader, write([3], "big", 3)).result().row_errors
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == [2, 3], what=f"{r.server_id} applies")
+
+
+@pytest.fixture
+def middle_tablet(tmp_path: Path) -> Iterator[Tablet]:
+    """Partition 1 of a table of 3."""
+    t = Tablet(tmp_path, partition=1, num_partitions=3)
+    yield t
+    t.close()
+
+
+def _keys_of(partition: int, n: int) -> list[int]:
+    return [k for k in range(1, 1000) if partition_for_key(SCHEMA, [k], 3) == partition][:n]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_row_of_another_tablet_fails_the_whole_write_and_nothing_is_stored(
+    middle_tablet: Tablet, packed: bool
+) -> None:
+    tablet = middle_tablet
+    leader = tablet.leader()
+    ours, stray = _keys_of(1, 3), _keys_of(2, 1)[0]
+    keys = [ours[0], ours[1], stray, ours[2]]
+    make = block_write if packed else write
+    before = leader.consensus.status()["last_index"]
+    with pytest.raises(InvalidRequest) as info:
+        send(leader, make(keys, "c1", 1)).result()
+    assert info.value.message.startswith(f"row 2 (key {stray}) belongs to tablet kv-p2, not kv-p1")
+    assert leader.consensus.status()["last_index"] == before  # never replicated
+    # The same request id is free again: the write corrected is applied, once.
+    assert not send(leader, make(ours, "c1", 1)).result().row_errors
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == sorted(ours), what=f"{r.server_id} applies")

@@ -1,0 +1,84 @@
+"""tserver/write_stream.py: the answers to a frame of writes leave in messages of at most
+``max_frame_bytes`` -- answers with many row errors are large, and one message over the
+server's limit would end the client's stream -- each answer once, none lost."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from raftlet.proto import tablet_pb2
+from raftlet.tserver.service_pool import InboundCall
+from raftlet.tserver.tablet_replica import WriteCallbacks
+from raftlet.tserver.write_stream import WriteStreamSession
+
+LIMIT = 4096
+ERRORS_PER_WRITE = 20  # ~40 bytes each: an answer of ~800 bytes
+
+
+class InlinePool:
+    """Runs a frame's writes at once, on the loop's thread: every answer is ready before
+    the loop next looks at the outbox, so they all leave in one go."""
+
+    stopped = False
+
+    def offer(self, call: InboundCall) -> bool:
+        call.run(call)
+        return True
+
+
+class AnsweringReplica:
+    """Answers every write at once with ``ERRORS_PER_WRITE`` row errors."""
+
+    def write(self, request: tablet_pb2.WriteRequest, callbacks: WriteCallbacks) -> None:
+        response = tablet_pb2.WriteResponse(op_index=request.request_id.seq_no, op_term=1)
+        for i in range(ERRORS_PER_WRITE):
+            response.row_errors.add(
+                row_index=i, code=tablet_pb2.RowErrorPB.KEY_EXISTS, message=f"key {i} present"
+            )
+        callbacks.respond(response)
+
+
+class FakeContext:
+    """The stream's server side: the frames to read, then the messages written."""
+
+    def __init__(self, frames: list[tablet_pb2.WriteStreamRequestPB]) -> None:
+        self._frames = list(frames)
+        self.written: list[tablet_pb2.WriteStreamResponsePB] = []
+
+    async def read(self) -> Any:
+        return self._frames.pop(0) if self._frames else grpc.aio.EOF
+
+    async def write(self, message: tablet_pb2.WriteStreamResponsePB) -> None:
+        self.written.append(message)
+
+
+def test_the_answers_to_a_frame_leave_in_messages_under_the_limit() -> None:
+    n = 50
+    frame = tablet_pb2.WriteStreamRequestPB()
+    for i in range(n):
+        item = frame.items.add(id=i)
+        item.request.tablet_id = "kv-p0"
+        item.request.request_id.client_id = "c"
+        item.request.request_id.seq_no = i
+
+    async def serve() -> FakeContext:
+        context = FakeContext([frame])
+        session = WriteStreamSession(
+            asyncio.get_running_loop(),
+            InlinePool(),  # type: ignore[arg-type]
+            lambda _tablet: AnsweringReplica(),  # type: ignore[arg-type,return-value]
+            lambda _server: "",
+            max_frame_bytes=LIMIT,
+        )
+        await asyncio.wait_for(session.serve(context), timeout=10)  # type: ignore[arg-type]
+        return context
+
+    context = asyncio.run(serve())
+    results = [r for message in context.written for r in message.results]
+    assert sorted(r.id for r in results) == list(range(n))  # each answered once
+    assert all(r.response.op_index == r.id for r in results)
+    assert sum(m.ByteSize() for m in context.written) > 5 * LIMIT
+    assert all(m.ByteSize() <= LIMIT for m in context.written)
