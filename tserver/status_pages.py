@@ -51,6 +51,10 @@ def register_tablet_gauges(entity: MetricEntity, replica: TabletReplica) -> None
     entity.function_gauge(cat.RAFT_ROLE, role)
     entity.function_gauge(cat.RAFT_COMMIT_INDEX, lambda: float(replica.commit_index_cached()))
     entity.function_gauge(cat.RAFT_APPLIED_INDEX, lambda: float(replica.store.applied_index()))
+    entity.function_gauge(cat.RESULT_TRACKER_CLIENTS, lambda: float(replica.tracker.clients()))
+    entity.function_gauge(
+        cat.RESULT_TRACKER_MEMORY_BYTES, lambda: float(replica.tracker.memory_bytes())
+    )
 
 
 def tablet_statuses(replicas: Iterable[TabletReplica]) -> list[dict[str, object]]:

@@ -60,8 +60,15 @@ from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
 from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
-from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
+from raftlet.tserver.result_tracker import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_CLIENTS,
+    Admission,
+    RequestKey,
+    ResultTracker,
+)
 from raftlet.tserver.scan_page import fill_page
+from raftlet.tserver.scan_request import check_scan_request
 from raftlet.tserver.store import InvalidScan, StoreError
 
 __all__ = ["ReplicaOptions", "TabletReplica", "WriteCallbacks"]
@@ -71,7 +78,6 @@ logger = logging.getLogger(__name__)
 Respond = Callable[[tablet_pb2.WriteResponse], None]
 Fail = Callable[[BaseException], None]
 _anonymous = itertools.count(1)
-_ROW_FORMATS = frozenset(tablet_pb2.RowFormat.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,9 @@ class ReplicaOptions:
     # A scan page's bytes when the request leaves it to the server, and at most.
     scan_page_bytes: int = 1 << 20
     scan_max_page_bytes: int = 8 << 20
+    # The result tracker's bounds (``tserver.result_tracker``).
+    result_tracker_max_clients: int = DEFAULT_MAX_CLIENTS
+    result_tracker_max_bytes: int = DEFAULT_MAX_BYTES
     # Negative controls (settings.py, "unsafe switches"): each breaks a guarantee.
     unsafe_leader_reads_without_quorum: bool = False
     unsafe_ack_before_commit: bool = False
@@ -123,6 +132,7 @@ class _ReplicaMetrics:
         self.write_ops = counter(cat.WRITE_OPS_TOTAL)
         self.rows_inserted = counter(cat.ROWS_INSERTED_TOTAL)
         self.replays = counter(cat.RESULT_TRACKER_REPLAYS_TOTAL)
+        self.tracker_evictions = counter(cat.RESULT_TRACKER_EVICTIONS_TOTAL)
         self.lock_contention = counter(cat.CONSENSUS_LOCK_CONTENTION_TIME_US)
         self.lock_wait = histogram(cat.CONSENSUS_LOCK_WAIT_TIME_US)
         self.consensus = ConsensusMetrics(
@@ -202,7 +212,11 @@ class TabletReplica:
             ticker=ticker,
             workers=workers,
         )
-        self.tracker = ResultTracker()
+        self.tracker = ResultTracker(
+            max_clients=opts.result_tracker_max_clients,
+            max_bytes=opts.result_tracker_max_bytes,
+            on_evict=self._metrics.tracker_evictions.increment,
+        )
         # The server's pool runs every replica's stages; a replica on its own gets one.
         self._own_workers = workers is None
         self._workers = workers or WorkerPool(f"replica:{tablet_id}", min_threads=1)
@@ -439,6 +453,7 @@ class TabletReplica:
     def scan(self, request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
         if self._failure is not None or self._stopped:
             raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        check_scan_request(request)
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
             # after the read arrived (ReadIndex; or the lease, if on) and wait until that
@@ -452,8 +467,6 @@ class TabletReplica:
             # Bounded staleness: whatever this replica has applied, once that includes the
             # index asked for (a write the client saw acknowledged, say).
             self._wait_applied(request.min_applied_index)
-        if request.row_format not in _ROW_FORMATS:
-            raise InvalidRequest(f"unknown row format {request.row_format}")
         max_rows = request.batch_size_rows or None
         if request.limit:
             max_rows = min(max_rows or request.limit, request.limit)
@@ -528,6 +541,8 @@ class TabletReplica:
             "table": self.table,
             "partition": self.partition,
             "store_applied_index": self.store.applied_index(),
+            "tracked_clients": self.tracker.clients(),
+            "request_records_expired": self.store.requests_expired,
             "failed": self._failure is not None or self.consensus.failed(),
         }
 
