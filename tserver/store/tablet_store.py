@@ -174,6 +174,8 @@ class ScanCursor:
     def fetch(self, n: int) -> list[tuple[SqlValue, ...]]:
         """The next ``n`` rows at most; fewer only at the end."""
         try:
+            if n > _MAX_FETCHMANY:  # sqlite3 takes a C int; that many rows is all of them
+                return self._cursor.fetchall()
             return self._cursor.fetchmany(n)
         except sqlite3.Error as e:
             raise StoreError(f"tablet store {self._path}: scan failed: {e}") from e
@@ -192,6 +194,7 @@ class ScanCursor:
 
 # Outcomes of applied write requests, for exactly-once retries (see _apply_entries).
 _REQUESTS = REQUESTS_TABLE
+_MAX_FETCHMANY = 2**31 - 1
 
 
 def _encode_errors(errors: Sequence[RowFailure]) -> bytes:
