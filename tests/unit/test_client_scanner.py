@@ -179,6 +179,6 @@ def test_a_page_over_the_message_limit_fails_once_with_the_limit_named() -> None
         "Stream removed (CLIENT: Received message larger than max (4194149 vs. 1048576))",
     )
     s, cluster = scanner(too_big)
-    with pytest.raises(MessageTooLarge, match="response of 4194149 bytes .* 1048576 bytes"):
+    with pytest.raises(MessageTooLarge, match=r"response of 4194149 bytes .* 1048576 bytes"):
         list(s)
     assert len(requests(cluster)) == 1
