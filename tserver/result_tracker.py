@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from raftlet.proto import tablet_pb2
 
 __all__ = [
+    "ANONYMOUS_PREFIX",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_CLIENTS",
     "Admission",
@@ -38,6 +39,10 @@ __all__ = [
 ]
 
 DEFAULT_MAX_CLIENTS = 4096
+# The client ids the replica makes up for writes without a request id: tracked while in
+# flight, to answer their waiters, but never remembered once complete -- nothing can retry
+# them, and thousands of them would push real clients out.
+ANONYMOUS_PREFIX = "~anonymous-"
 DEFAULT_MAX_BYTES = 8 << 20
 # What a stored response costs beyond its encoded size (dict slot, message object), and what
 # a client's own entry costs: rough, but they keep many tiny responses from looking free.
@@ -97,13 +102,14 @@ class ResultTracker:
     ) -> tuple[Admission, tablet_pb2.WriteResponse | None]:
         client_id, seq_no = key
         with self._lock:
-            client = self._use(client_id)
-            self._forget_below(client, first_incomplete_seq_no)
-            if seq_no < client.first_incomplete:
-                return Admission.STALE, None
-            done = client.done.get(seq_no)
-            if done is not None:
-                return Admission.COMPLETED, done[0]
+            if not client_id.startswith(ANONYMOUS_PREFIX):
+                client = self._use(client_id)
+                self._forget_below(client, first_incomplete_seq_no)
+                if seq_no < client.first_incomplete:
+                    return Admission.STALE, None
+                done = client.done.get(seq_no)
+                if done is not None:
+                    return Admission.COMPLETED, done[0]
             flight = self._in_flight.get(key)
             if flight is not None:
                 flight.waiters.append((respond, fail))
@@ -122,6 +128,12 @@ class ResultTracker:
         what the client no longer needs (otherwise its table only grows, and the cap's
         ``min()`` runs over it on every apply)."""
         client_id, seq_no = key
+        if client_id.startswith(ANONYMOUS_PREFIX):
+            with self._lock:
+                flight = self._in_flight.pop(key, None)
+            for respond, _ in flight.waiters if flight else []:
+                respond(response)
+            return len(flight.waiters) if flight else 0
         with self._lock:
             client = self._use(client_id)
             self._forget_below(client, first_incomplete_seq_no)

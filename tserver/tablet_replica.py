@@ -61,6 +61,7 @@ from raftlet.schema.schema import Schema
 from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
 from raftlet.tserver.result_tracker import (
+    ANONYMOUS_PREFIX,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_CLIENTS,
     Admission,
@@ -281,7 +282,7 @@ class TabletReplica:
             if rid.seq_no < 0 or rid.first_incomplete_seq_no < 0:
                 raise InvalidRequest("request ids are non-negative")
         else:
-            key = (f"~anonymous-{next(_anonymous)}", 0)
+            key = (f"{ANONYMOUS_PREFIX}{next(_anonymous)}", 0)
         admission, done = self.tracker.admit(
             key, rid.first_incomplete_seq_no, callbacks.respond, callbacks.fail
         )

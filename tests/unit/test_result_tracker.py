@@ -4,7 +4,7 @@ the leader, which alone sees ``admit`` -- forgets what a client no longer needs.
 from __future__ import annotations
 
 from raftlet.proto import tablet_pb2
-from raftlet.tserver.result_tracker import Admission, ResultTracker
+from raftlet.tserver.result_tracker import ANONYMOUS_PREFIX, Admission, ResultTracker
 
 
 def _response(index: int) -> tablet_pb2.WriteResponse:
@@ -114,3 +114,18 @@ def test_bounds_must_be_positive() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{kwargs} accepted")
+
+
+def test_anonymous_writes_are_answered_and_not_remembered() -> None:
+    tracker = ResultTracker(max_clients=2)
+    tracker.complete(("real", 1), _response(1))
+    for i in range(100):
+        answers: list[tablet_pb2.WriteResponse] = []
+        key = (f"{ANONYMOUS_PREFIX}{i}", 0)
+        assert tracker.admit(key, 0, answers.append, _ignore)[0] is Admission.NEW
+        assert tracker.complete(key, _response(i)) == 1
+        assert [a.op_index for a in answers] == [i]
+    assert tracker.clients() == 1
+    assert tracker.evictions() == 0
+    assert tracker.in_flight() == 0
+    assert _admitted(tracker, ("real", 1)) is Admission.COMPLETED
