@@ -5,15 +5,18 @@
 # source: raftlet/proto/tablet.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "raftlet/proto/tablet.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'raftlet/proto/tablet.proto'
 )
 # @@protoc_insertion_point(imports)
 
@@ -24,81 +27,79 @@ from raftlet.proto import common_pb2 as raftlet_dot_proto_dot_common__pb2
 from raftlet.proto import consensus_pb2 as raftlet_dot_proto_dot_consensus__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x1araftlet/proto/tablet.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\x1a\x1draftlet/proto/consensus.proto"a\n\x0e\x43olumnSchemaPB\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x04type\x18\x02 \x01(\x0e\x32\x11.raftlet.DataType\x12\x10\n\x08nullable\x18\x03 \x01(\x08\x12\x0e\n\x06is_key\x18\x04 \x01(\x08"4\n\x08SchemaPB\x12(\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x17.raftlet.ColumnSchemaPB"\xb2\x01\n\x07ValuePB\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x02 \x01(\x02H\x00\x12\x16\n\x0c\x64ouble_value\x18\x03 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x06 \x01(\x0cH\x00\x12\x14\n\nnull_value\x18\x07 \x01(\x08H\x00\x42\x07\n\x05value"9\n\x06\x43\x65llPB\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.raftlet.ValuePB"\xa8\x01\n\x0eRowOperationPB\x12,\n\x04type\x18\x01 \x01(\x0e\x32\x1e.raftlet.RowOperationPB.OpType\x12\x1e\n\x05\x63\x65lls\x18\x02 \x03(\x0b\x32\x0f.raftlet.CellPB"H\n\x06OpType\x12\x0e\n\nOP_UNKNOWN\x10\x00\x12\n\n\x06INSERT\x10\x01\x12\n\n\x06UPSERT\x10\x02\x12\n\n\x06UPDATE\x10\x03\x12\n\n\x06\x44\x45LETE\x10\x04",\n\nRowBlockPB\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x10\n\x08indirect\x18\x02 \x01(\x0c"\x99\x01\n\x0cWriteRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12(\n\nrequest_id\x18\x02 \x01(\x0b\x32\x14.raftlet.RequestIdPB\x12$\n\x03ops\x18\x03 \x03(\x0b\x32\x17.raftlet.RowOperationPB\x12&\n\trow_block\x18\x04 \x01(\x0b\x32\x13.raftlet.RowBlockPB"\xf7\x01\n\nRowErrorPB\x12\x11\n\trow_index\x18\x01 \x01(\r\x12&\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x18.raftlet.RowErrorPB.Code\x12\x0f\n\x07message\x18\x03 \x01(\t"\x9c\x01\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0e\n\nKEY_EXISTS\x10\x01\x12\x11\n\rKEY_NOT_FOUND\x10\x02\x12\x0f\n\x0bINVALID_ROW\x10\x03\x12\x12\n\x0eUNKNOWN_COLUMN\x10\x04\x12\x11\n\rTYPE_MISMATCH\x10\x05\x12\x16\n\x12MISSING_KEY_COLUMN\x10\x06\x12\x14\n\x10NULL_NOT_ALLOWED\x10\x07"\x82\x01\n\rWriteResponse\x12\'\n\nrow_errors\x18\x01 \x03(\x0b\x32\x13.raftlet.RowErrorPB\x12\x10\n\x08op_index\x18\x02 \x01(\x04\x12\x0f\n\x07op_term\x18\x03 \x01(\x04\x12%\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.raftlet.ServerErrorPB"\x8a\x01\n\x10WriteOperationPB\x12(\n\nrequest_id\x18\x01 \x01(\x0b\x32\x14.raftlet.RequestIdPB\x12$\n\x03ops\x18\x02 \x03(\x0b\x32\x17.raftlet.RowOperationPB\x12&\n\trow_block\x18\x03 \x01(\x0b\x32\x13.raftlet.RowBlockPB"\x81\x03\n\x0bPredicatePB\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12"\n\x06\x65quals\x18\x02 \x01(\x0b\x32\x10.raftlet.ValuePBH\x00\x12-\n\x05range\x18\x03 \x01(\x0b\x32\x1c.raftlet.PredicatePB.RangePBH\x00\x12\x30\n\x07in_list\x18\x04 \x01(\x0b\x32\x1d.raftlet.PredicatePB.InListPBH\x00\x12\x11\n\x07is_null\x18\x05 \x01(\x08H\x00\x12\x15\n\x0bis_not_null\x18\x06 \x01(\x08H\x00\x1a}\n\x07RangePB\x12\x1f\n\x05lower\x18\x01 \x01(\x0b\x32\x10.raftlet.ValuePB\x12\x17\n\x0flower_inclusive\x18\x02 \x01(\x08\x12\x1f\n\x05upper\x18\x03 \x01(\x0b\x32\x10.raftlet.ValuePB\x12\x17\n\x0fupper_inclusive\x18\x04 \x01(\x08\x1a,\n\x08InListPB\x12 \n\x06values\x18\x01 \x03(\x0b\x32\x10.raftlet.ValuePBB\x06\n\x04kind"\x9d\x02\n\x0bScanRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\nprojection\x18\x02 \x03(\t\x12(\n\npredicates\x18\x03 \x03(\x0b\x32\x14.raftlet.PredicatePB\x12\r\n\x05limit\x18\x04 \x01(\x04\x12\x12\n\nresume_key\x18\x05 \x01(\x0c\x12$\n\tread_mode\x18\x06 \x01(\x0e\x32\x11.raftlet.ReadMode\x12\x17\n\x0f\x62\x61tch_size_rows\x18\x07 \x01(\r\x12&\n\nrow_format\x18\x08 \x01(\x0e\x32\x12.raftlet.RowFormat\x12\x18\n\x10\x62\x61tch_size_bytes\x18\t \x01(\r\x12\x19\n\x11min_applied_index\x18\n \x01(\x04")\n\x05RowPB\x12 \n\x06values\x18\x01 \x03(\x0b\x32\x10.raftlet.ValuePB"\xc9\x01\n\x0cScanResponse\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\x12\x1c\n\x04rows\x18\x02 \x03(\x0b\x32\x0e.raftlet.RowPB\x12\x10\n\x08has_more\x18\x03 \x01(\x08\x12\x12\n\nresume_key\x18\x04 \x01(\x0c\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12%\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\x12&\n\trow_block\x18\x07 \x01(\x0b\x32\x13.raftlet.RowBlockPB"U\n\x08ServerPB\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x10\n\x08rpc_addr\x18\x02 \x01(\t\x12\x11\n\thttp_addr\x18\x03 \x01(\t\x12\x16\n\x0etoken_rpc_addr\x18\x04 \x01(\t"n\n\x07TablePB\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06schema\x18\x02 \x01(\x0b\x32\x11.raftlet.SchemaPB\x12\x16\n\x0enum_partitions\x18\x03 \x01(\r\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r"[\n\x08TabletPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\ntable_name\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x15\n\rreplica_uuids\x18\x04 \x03(\t"\xd1\x01\n\x0eTabletStatusPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\ntable_name\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x1f\n\x04role\x18\x04 \x01(\x0e\x32\x11.raftlet.RaftRole\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x13\n\x0bleader_uuid\x18\x06 \x01(\t\x12\x14\n\x0cleader_ready\x18\x07 \x01(\x08\x12\x14\n\x0c\x63ommit_index\x18\x08 \x01(\x04\x12\x15\n\rapplied_index\x18\t \x01(\x04"\x14\n\x12ListTabletsRequest"T\n\x13ListTabletsResponse\x12(\n\x07tablets\x18\x01 \x03(\x0b\x32\x17.raftlet.TabletStatusPB\x12\x13\n\x0bserver_uuid\x18\x02 \x01(\t"\x19\n\x17GetClusterConfigRequest"\x84\x01\n\x18GetClusterConfigResponse\x12"\n\x07servers\x18\x01 \x03(\x0b\x32\x11.raftlet.ServerPB\x12 \n\x06tables\x18\x02 \x03(\x0b\x32\x10.raftlet.TablePB\x12"\n\x07tablets\x18\x03 \x03(\x0b\x32\x11.raftlet.TabletPB"G\n\x11WriteStreamItemPB\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x07request\x18\x02 \x01(\x0b\x32\x15.raftlet.WriteRequest"A\n\x14WriteStreamRequestPB\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.raftlet.WriteStreamItemPB"\x9f\x01\n\x13WriteStreamResultPB\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x08response\x18\x02 \x01(\x0b\x32\x16.raftlet.WriteResponse\x12\x13\n\x0bstatus_code\x18\x03 \x01(\x05\x12\x16\n\x0estatus_message\x18\x04 \x01(\t\x12%\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.raftlet.ServerErrorPB"F\n\x15WriteStreamResponsePB\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.raftlet.WriteStreamResultPB*\x95\x01\n\x08\x44\x61taType\x12\x10\n\x0cTYPE_UNKNOWN\x10\x00\x12\x08\n\x04INT8\x10\x01\x12\t\n\x05INT16\x10\x02\x12\t\n\x05INT32\x10\x03\x12\t\n\x05INT64\x10\x04\x12\t\n\x05\x46LOAT\x10\x05\x12\n\n\x06\x44OUBLE\x10\x06\x12\x08\n\x04\x42OOL\x10\x07\x12\n\n\x06STRING\x10\x08\x12\n\n\x06\x42INARY\x10\t\x12\x13\n\x0fUNIXTIME_MICROS\x10\n*=\n\x08ReadMode\x12\x16\n\x12READ_LEADER_LATEST\x10\x00\x12\x19\n\x15READ_FOLLOWER_APPLIED\x10\x01*8\n\tRowFormat\x12\x14\n\x10ROW_FORMAT_CELLS\x10\x00\x12\x15\n\x11ROW_FORMAT_PACKED\x10\x01\x32\xf1\x02\n\rTabletService\x12\x36\n\x05Write\x12\x15.raftlet.WriteRequest\x1a\x16.raftlet.WriteResponse\x12P\n\x0bWriteStream\x12\x1d.raftlet.WriteStreamRequestPB\x1a\x1e.raftlet.WriteStreamResponsePB(\x01\x30\x01\x12\x33\n\x04Scan\x12\x14.raftlet.ScanRequest\x1a\x15.raftlet.ScanResponse\x12H\n\x0bListTablets\x12\x1b.raftlet.ListTabletsRequest\x1a\x1c.raftlet.ListTabletsResponse\x12W\n\x10GetClusterConfig\x12 .raftlet.GetClusterConfigRequest\x1a!.raftlet.GetClusterConfigResponseb\x06proto3'
-)
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1araftlet/proto/tablet.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\x1a\x1draftlet/proto/consensus.proto\"a\n\x0e\x43olumnSchemaPB\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x04type\x18\x02 \x01(\x0e\x32\x11.raftlet.DataType\x12\x10\n\x08nullable\x18\x03 \x01(\x08\x12\x0e\n\x06is_key\x18\x04 \x01(\x08\"4\n\x08SchemaPB\x12(\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x17.raftlet.ColumnSchemaPB\"\xb2\x01\n\x07ValuePB\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x02 \x01(\x02H\x00\x12\x16\n\x0c\x64ouble_value\x18\x03 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x16\n\x0c\x62inary_value\x18\x06 \x01(\x0cH\x00\x12\x14\n\nnull_value\x18\x07 \x01(\x08H\x00\x42\x07\n\x05value\"9\n\x06\x43\x65llPB\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.raftlet.ValuePB\"\xa8\x01\n\x0eRowOperationPB\x12,\n\x04type\x18\x01 \x01(\x0e\x32\x1e.raftlet.RowOperationPB.OpType\x12\x1e\n\x05\x63\x65lls\x18\x02 \x03(\x0b\x32\x0f.raftlet.CellPB\"H\n\x06OpType\x12\x0e\n\nOP_UNKNOWN\x10\x00\x12\n\n\x06INSERT\x10\x01\x12\n\n\x06UPSERT\x10\x02\x12\n\n\x06UPDATE\x10\x03\x12\n\n\x06\x44\x45LETE\x10\x04\",\n\nRowBlockPB\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x10\n\x08indirect\x18\x02 \x01(\x0c\"\x99\x01\n\x0cWriteRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12(\n\nrequest_id\x18\x02 \x01(\x0b\x32\x14.raftlet.RequestIdPB\x12$\n\x03ops\x18\x03 \x03(\x0b\x32\x17.raftlet.RowOperationPB\x12&\n\trow_block\x18\x04 \x01(\x0b\x32\x13.raftlet.RowBlockPB\"\xf7\x01\n\nRowErrorPB\x12\x11\n\trow_index\x18\x01 \x01(\r\x12&\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x18.raftlet.RowErrorPB.Code\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x9c\x01\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0e\n\nKEY_EXISTS\x10\x01\x12\x11\n\rKEY_NOT_FOUND\x10\x02\x12\x0f\n\x0bINVALID_ROW\x10\x03\x12\x12\n\x0eUNKNOWN_COLUMN\x10\x04\x12\x11\n\rTYPE_MISMATCH\x10\x05\x12\x16\n\x12MISSING_KEY_COLUMN\x10\x06\x12\x14\n\x10NULL_NOT_ALLOWED\x10\x07\"\x82\x01\n\rWriteResponse\x12\'\n\nrow_errors\x18\x01 \x03(\x0b\x32\x13.raftlet.RowErrorPB\x12\x10\n\x08op_index\x18\x02 \x01(\x04\x12\x0f\n\x07op_term\x18\x03 \x01(\x04\x12%\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\x8a\x01\n\x10WriteOperationPB\x12(\n\nrequest_id\x18\x01 \x01(\x0b\x32\x14.raftlet.RequestIdPB\x12$\n\x03ops\x18\x02 \x03(\x0b\x32\x17.raftlet.RowOperationPB\x12&\n\trow_block\x18\x03 \x01(\x0b\x32\x13.raftlet.RowBlockPB\"\x81\x03\n\x0bPredicatePB\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\"\n\x06\x65quals\x18\x02 \x01(\x0b\x32\x10.raftlet.ValuePBH\x00\x12-\n\x05range\x18\x03 \x01(\x0b\x32\x1c.raftlet.PredicatePB.RangePBH\x00\x12\x30\n\x07in_list\x18\x04 \x01(\x0b\x32\x1d.raftlet.PredicatePB.InListPBH\x00\x12\x11\n\x07is_null\x18\x05 \x01(\x08H\x00\x12\x15\n\x0bis_not_null\x18\x06 \x01(\x08H\x00\x1a}\n\x07RangePB\x12\x1f\n\x05lower\x18\x01 \x01(\x0b\x32\x10.raftlet.ValuePB\x12\x17\n\x0flower_inclusive\x18\x02 \x01(\x08\x12\x1f\n\x05upper\x18\x03 \x01(\x0b\x32\x10.raftlet.ValuePB\x12\x17\n\x0fupper_inclusive\x18\x04 \x01(\x08\x1a,\n\x08InListPB\x12 \n\x06values\x18\x01 \x03(\x0b\x32\x10.raftlet.ValuePBB\x06\n\x04kind\"\x9d\x02\n\x0bScanRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\nprojection\x18\x02 \x03(\t\x12(\n\npredicates\x18\x03 \x03(\x0b\x32\x14.raftlet.PredicatePB\x12\r\n\x05limit\x18\x04 \x01(\x04\x12\x12\n\nresume_key\x18\x05 \x01(\x0c\x12$\n\tread_mode\x18\x06 \x01(\x0e\x32\x11.raftlet.ReadMode\x12\x17\n\x0f\x62\x61tch_size_rows\x18\x07 \x01(\r\x12&\n\nrow_format\x18\x08 \x01(\x0e\x32\x12.raftlet.RowFormat\x12\x18\n\x10\x62\x61tch_size_bytes\x18\t \x01(\r\x12\x19\n\x11min_applied_index\x18\n \x01(\x04\")\n\x05RowPB\x12 \n\x06values\x18\x01 \x03(\x0b\x32\x10.raftlet.ValuePB\"\xc9\x01\n\x0cScanResponse\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\x12\x1c\n\x04rows\x18\x02 \x03(\x0b\x32\x0e.raftlet.RowPB\x12\x10\n\x08has_more\x18\x03 \x01(\x08\x12\x12\n\nresume_key\x18\x04 \x01(\x0c\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12%\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\x12&\n\trow_block\x18\x07 \x01(\x0b\x32\x13.raftlet.RowBlockPB\"U\n\x08ServerPB\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x10\n\x08rpc_addr\x18\x02 \x01(\t\x12\x11\n\thttp_addr\x18\x03 \x01(\t\x12\x16\n\x0etoken_rpc_addr\x18\x04 \x01(\t\"n\n\x07TablePB\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06schema\x18\x02 \x01(\x0b\x32\x11.raftlet.SchemaPB\x12\x16\n\x0enum_partitions\x18\x03 \x01(\r\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r\"[\n\x08TabletPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\ntable_name\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x15\n\rreplica_uuids\x18\x04 \x03(\t\"\xd1\x01\n\x0eTabletStatusPB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x12\n\ntable_name\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x1f\n\x04role\x18\x04 \x01(\x0e\x32\x11.raftlet.RaftRole\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x13\n\x0bleader_uuid\x18\x06 \x01(\t\x12\x14\n\x0cleader_ready\x18\x07 \x01(\x08\x12\x14\n\x0c\x63ommit_index\x18\x08 \x01(\x04\x12\x15\n\rapplied_index\x18\t \x01(\x04\"\x14\n\x12ListTabletsRequest\"T\n\x13ListTabletsResponse\x12(\n\x07tablets\x18\x01 \x03(\x0b\x32\x17.raftlet.TabletStatusPB\x12\x13\n\x0bserver_uuid\x18\x02 \x01(\t\"\x19\n\x17GetClusterConfigRequest\"\x84\x01\n\x18GetClusterConfigResponse\x12\"\n\x07servers\x18\x01 \x03(\x0b\x32\x11.raftlet.ServerPB\x12 \n\x06tables\x18\x02 \x03(\x0b\x32\x10.raftlet.TablePB\x12\"\n\x07tablets\x18\x03 \x03(\x0b\x32\x11.raftlet.TabletPB\"G\n\x11WriteStreamItemPB\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x07request\x18\x02 \x01(\x0b\x32\x15.raftlet.WriteRequest\"A\n\x14WriteStreamRequestPB\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.raftlet.WriteStreamItemPB\"\x9f\x01\n\x13WriteStreamResultPB\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x08response\x18\x02 \x01(\x0b\x32\x16.raftlet.WriteResponse\x12\x13\n\x0bstatus_code\x18\x03 \x01(\x05\x12\x16\n\x0estatus_message\x18\x04 \x01(\t\x12%\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"F\n\x15WriteStreamResponsePB\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.raftlet.WriteStreamResultPB*\x95\x01\n\x08\x44\x61taType\x12\x10\n\x0cTYPE_UNKNOWN\x10\x00\x12\x08\n\x04INT8\x10\x01\x12\t\n\x05INT16\x10\x02\x12\t\n\x05INT32\x10\x03\x12\t\n\x05INT64\x10\x04\x12\t\n\x05\x46LOAT\x10\x05\x12\n\n\x06\x44OUBLE\x10\x06\x12\x08\n\x04\x42OOL\x10\x07\x12\n\n\x06STRING\x10\x08\x12\n\n\x06\x42INARY\x10\t\x12\x13\n\x0fUNIXTIME_MICROS\x10\n*=\n\x08ReadMode\x12\x16\n\x12READ_LEADER_LATEST\x10\x00\x12\x19\n\x15READ_FOLLOWER_APPLIED\x10\x01*8\n\tRowFormat\x12\x14\n\x10ROW_FORMAT_CELLS\x10\x00\x12\x15\n\x11ROW_FORMAT_PACKED\x10\x01\x32\xf1\x02\n\rTabletService\x12\x36\n\x05Write\x12\x15.raftlet.WriteRequest\x1a\x16.raftlet.WriteResponse\x12P\n\x0bWriteStream\x12\x1d.raftlet.WriteStreamRequestPB\x1a\x1e.raftlet.WriteStreamResponsePB(\x01\x30\x01\x12\x33\n\x04Scan\x12\x14.raftlet.ScanRequest\x1a\x15.raftlet.ScanResponse\x12H\n\x0bListTablets\x12\x1b.raftlet.ListTabletsRequest\x1a\x1c.raftlet.ListTabletsResponse\x12W\n\x10GetClusterConfig\x12 .raftlet.GetClusterConfigRequest\x1a!.raftlet.GetClusterConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "raftlet.proto.tablet_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftlet.proto.tablet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_DATATYPE"]._serialized_start = 3460
-    _globals["_DATATYPE"]._serialized_end = 3609
-    _globals["_READMODE"]._serialized_start = 3611
-    _globals["_READMODE"]._serialized_end = 3672
-    _globals["_ROWFORMAT"]._serialized_start = 3674
-    _globals["_ROWFORMAT"]._serialized_end = 3730
-    _globals["_COLUMNSCHEMAPB"]._serialized_start = 98
-    _globals["_COLUMNSCHEMAPB"]._serialized_end = 195
-    _globals["_SCHEMAPB"]._serialized_start = 197
-    _globals["_SCHEMAPB"]._serialized_end = 249
-    _globals["_VALUEPB"]._serialized_start = 252
-    _globals["_VALUEPB"]._serialized_end = 430
-    _globals["_CELLPB"]._serialized_start = 432
-    _globals["_CELLPB"]._serialized_end = 489
-    _globals["_ROWOPERATIONPB"]._serialized_start = 492
-    _globals["_ROWOPERATIONPB"]._serialized_end = 660
-    _globals["_ROWOPERATIONPB_OPTYPE"]._serialized_start = 588
-    _globals["_ROWOPERATIONPB_OPTYPE"]._serialized_end = 660
-    _globals["_ROWBLOCKPB"]._serialized_start = 662
-    _globals["_ROWBLOCKPB"]._serialized_end = 706
-    _globals["_WRITEREQUEST"]._serialized_start = 709
-    _globals["_WRITEREQUEST"]._serialized_end = 862
-    _globals["_ROWERRORPB"]._serialized_start = 865
-    _globals["_ROWERRORPB"]._serialized_end = 1112
-    _globals["_ROWERRORPB_CODE"]._serialized_start = 956
-    _globals["_ROWERRORPB_CODE"]._serialized_end = 1112
-    _globals["_WRITERESPONSE"]._serialized_start = 1115
-    _globals["_WRITERESPONSE"]._serialized_end = 1245
-    _globals["_WRITEOPERATIONPB"]._serialized_start = 1248
-    _globals["_WRITEOPERATIONPB"]._serialized_end = 1386
-    _globals["_PREDICATEPB"]._serialized_start = 1389
-    _globals["_PREDICATEPB"]._serialized_end = 1774
-    _globals["_PREDICATEPB_RANGEPB"]._serialized_start = 1595
-    _globals["_PREDICATEPB_RANGEPB"]._serialized_end = 1720
-    _globals["_PREDICATEPB_INLISTPB"]._serialized_start = 1722
-    _globals["_PREDICATEPB_INLISTPB"]._serialized_end = 1766
-    _globals["_SCANREQUEST"]._serialized_start = 1777
-    _globals["_SCANREQUEST"]._serialized_end = 2062
-    _globals["_ROWPB"]._serialized_start = 2064
-    _globals["_ROWPB"]._serialized_end = 2105
-    _globals["_SCANRESPONSE"]._serialized_start = 2108
-    _globals["_SCANRESPONSE"]._serialized_end = 2309
-    _globals["_SERVERPB"]._serialized_start = 2311
-    _globals["_SERVERPB"]._serialized_end = 2396
-    _globals["_TABLEPB"]._serialized_start = 2398
-    _globals["_TABLEPB"]._serialized_end = 2508
-    _globals["_TABLETPB"]._serialized_start = 2510
-    _globals["_TABLETPB"]._serialized_end = 2601
-    _globals["_TABLETSTATUSPB"]._serialized_start = 2604
-    _globals["_TABLETSTATUSPB"]._serialized_end = 2813
-    _globals["_LISTTABLETSREQUEST"]._serialized_start = 2815
-    _globals["_LISTTABLETSREQUEST"]._serialized_end = 2835
-    _globals["_LISTTABLETSRESPONSE"]._serialized_start = 2837
-    _globals["_LISTTABLETSRESPONSE"]._serialized_end = 2921
-    _globals["_GETCLUSTERCONFIGREQUEST"]._serialized_start = 2923
-    _globals["_GETCLUSTERCONFIGREQUEST"]._serialized_end = 2948
-    _globals["_GETCLUSTERCONFIGRESPONSE"]._serialized_start = 2951
-    _globals["_GETCLUSTERCONFIGRESPONSE"]._serialized_end = 3083
-    _globals["_WRITESTREAMITEMPB"]._serialized_start = 3085
-    _globals["_WRITESTREAMITEMPB"]._serialized_end = 3156
-    _globals["_WRITESTREAMREQUESTPB"]._serialized_start = 3158
-    _globals["_WRITESTREAMREQUESTPB"]._serialized_end = 3223
-    _globals["_WRITESTREAMRESULTPB"]._serialized_start = 3226
-    _globals["_WRITESTREAMRESULTPB"]._serialized_end = 3385
-    _globals["_WRITESTREAMRESPONSEPB"]._serialized_start = 3387
-    _globals["_WRITESTREAMRESPONSEPB"]._serialized_end = 3457
-    _globals["_TABLETSERVICE"]._serialized_start = 3733
-    _globals["_TABLETSERVICE"]._serialized_end = 4102
+  DESCRIPTOR._loaded_options = None
+  _globals['_DATATYPE']._serialized_start=3460
+  _globals['_DATATYPE']._serialized_end=3609
+  _globals['_READMODE']._serialized_start=3611
+  _globals['_READMODE']._serialized_end=3672
+  _globals['_ROWFORMAT']._serialized_start=3674
+  _globals['_ROWFORMAT']._serialized_end=3730
+  _globals['_COLUMNSCHEMAPB']._serialized_start=98
+  _globals['_COLUMNSCHEMAPB']._serialized_end=195
+  _globals['_SCHEMAPB']._serialized_start=197
+  _globals['_SCHEMAPB']._serialized_end=249
+  _globals['_VALUEPB']._serialized_start=252
+  _globals['_VALUEPB']._serialized_end=430
+  _globals['_CELLPB']._serialized_start=432
+  _globals['_CELLPB']._serialized_end=489
+  _globals['_ROWOPERATIONPB']._serialized_start=492
+  _globals['_ROWOPERATIONPB']._serialized_end=660
+  _globals['_ROWOPERATIONPB_OPTYPE']._serialized_start=588
+  _globals['_ROWOPERATIONPB_OPTYPE']._serialized_end=660
+  _globals['_ROWBLOCKPB']._serialized_start=662
+  _globals['_ROWBLOCKPB']._serialized_end=706
+  _globals['_WRITEREQUEST']._serialized_start=709
+  _globals['_WRITEREQUEST']._serialized_end=862
+  _globals['_ROWERRORPB']._serialized_start=865
+  _globals['_ROWERRORPB']._serialized_end=1112
+  _globals['_ROWERRORPB_CODE']._serialized_start=956
+  _globals['_ROWERRORPB_CODE']._serialized_end=1112
+  _globals['_WRITERESPONSE']._serialized_start=1115
+  _globals['_WRITERESPONSE']._serialized_end=1245
+  _globals['_WRITEOPERATIONPB']._serialized_start=1248
+  _globals['_WRITEOPERATIONPB']._serialized_end=1386
+  _globals['_PREDICATEPB']._serialized_start=1389
+  _globals['_PREDICATEPB']._serialized_end=1774
+  _globals['_PREDICATEPB_RANGEPB']._serialized_start=1595
+  _globals['_PREDICATEPB_RANGEPB']._serialized_end=1720
+  _globals['_PREDICATEPB_INLISTPB']._serialized_start=1722
+  _globals['_PREDICATEPB_INLISTPB']._serialized_end=1766
+  _globals['_SCANREQUEST']._serialized_start=1777
+  _globals['_SCANREQUEST']._serialized_end=2062
+  _globals['_ROWPB']._serialized_start=2064
+  _globals['_ROWPB']._serialized_end=2105
+  _globals['_SCANRESPONSE']._serialized_start=2108
+  _globals['_SCANRESPONSE']._serialized_end=2309
+  _globals['_SERVERPB']._serialized_start=2311
+  _globals['_SERVERPB']._serialized_end=2396
+  _globals['_TABLEPB']._serialized_start=2398
+  _globals['_TABLEPB']._serialized_end=2508
+  _globals['_TABLETPB']._serialized_start=2510
+  _globals['_TABLETPB']._serialized_end=2601
+  _globals['_TABLETSTATUSPB']._serialized_start=2604
+  _globals['_TABLETSTATUSPB']._serialized_end=2813
+  _globals['_LISTTABLETSREQUEST']._serialized_start=2815
+  _globals['_LISTTABLETSREQUEST']._serialized_end=2835
+  _globals['_LISTTABLETSRESPONSE']._serialized_start=2837
+  _globals['_LISTTABLETSRESPONSE']._serialized_end=2921
+  _globals['_GETCLUSTERCONFIGREQUEST']._serialized_start=2923
+  _globals['_GETCLUSTERCONFIGREQUEST']._serialized_end=2948
+  _globals['_GETCLUSTERCONFIGRESPONSE']._serialized_start=2951
+  _globals['_GETCLUSTERCONFIGRESPONSE']._serialized_end=3083
+  _globals['_WRITESTREAMITEMPB']._serialized_start=3085
+  _globals['_WRITESTREAMITEMPB']._serialized_end=3156
+  _globals['_WRITESTREAMREQUESTPB']._serialized_start=3158
+  _globals['_WRITESTREAMREQUESTPB']._serialized_end=3223
+  _globals['_WRITESTREAMRESULTPB']._serialized_start=3226
+  _globals['_WRITESTREAMRESULTPB']._serialized_end=3385
+  _globals['_WRITESTREAMRESPONSEPB']._serialized_start=3387
+  _globals['_WRITESTREAMRESPONSEPB']._serialized_end=3457
+  _globals['_TABLETSERVICE']._serialized_start=3733
+  _globals['_TABLETSERVICE']._serialized_end=4102
 # @@protoc_insertion_point(module_scope)
