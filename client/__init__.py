@@ -38,6 +38,7 @@ from raftlet.client.client import Client
 from raftlet.client.errors import (
     ClientClosed,
     InvalidArgument,
+    MessageTooLarge,
     NotLeader,
     RaftletError,
     RemoteError,
@@ -64,6 +65,7 @@ __all__ = [
     "ClientStats",
     "FlushMode",
     "InvalidArgument",
+    "MessageTooLarge",
     "NotLeader",
     "OpType",
     "Operation",

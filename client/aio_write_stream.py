@@ -12,6 +12,12 @@ The stream opens on first use and again after it breaks. A broken stream fails e
 still waiting on it with UNAVAILABLE (the retry policy sends it again, with the same
 request id, so it is applied at most once); a write not answered within its ``timeout``
 fails with DEADLINE_EXCEEDED.
+
+A frame over a gRPC message limit breaks the stream with RESOURCE_EXHAUSTED "message larger
+than max (size vs. limit)". The stream then knows the limit: a waiting write that would not
+fit a frame of its own fails with that error (the retry policy does not retry it: it would
+fail again), the others with UNAVAILABLE as above, and from then on frames are cut to the
+limit, so writes that fit alone never break the stream together.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from raftlet.client.retry import too_large
 from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 
@@ -43,6 +50,8 @@ class StreamedRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no ty
         self._code = code
         self._details = details
         self._error = error
+        # gRPC's message-size error that ended the stream, if that is what ended it.
+        self.size_error = ""
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -63,9 +72,34 @@ def _stream_failed(code: grpc.StatusCode, details: str | None) -> StreamedRpcErr
     has no WriteStream at all (UNIMPLEMENTED: the caller falls back to unary calls)."""
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return StreamedRpcError(code, details or "WriteStream is not implemented")
-    return StreamedRpcError(
+    failure = StreamedRpcError(
         grpc.StatusCode.UNAVAILABLE, f"write stream ended: {code.name}: {details or ''}"
     )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details and too_large(details):
+        failure.size_error = details
+    return failure
+
+
+def _frames(
+    items: list[tablet_pb2.WriteStreamItemPB], limit: int | None
+) -> list[tablet_pb2.WriteStreamRequestPB]:
+    """``items`` in frames of at most ``limit`` bytes (one frame when no limit is known);
+    an item too large for any frame goes alone, and fails as it must."""
+    if limit is None:
+        return [tablet_pb2.WriteStreamRequestPB(items=items)]
+    frames: list[tablet_pb2.WriteStreamRequestPB] = []
+    frame = tablet_pb2.WriteStreamRequestPB()
+    used = 0
+    for item in items:
+        # An item's field tag and length prefix: at most 6 bytes below 2 GiB.
+        size = item.ByteSize() + 6
+        if frame.items and used + size > limit:
+            frames.append(frame)
+            frame, used = tablet_pb2.WriteStreamRequestPB(), 0
+        frame.items.append(item)
+        used += size
+    frames.append(frame)
+    return frames
 
 
 class AsyncWriteStream:
@@ -80,6 +114,10 @@ class AsyncWriteStream:
         )
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[tablet_pb2.WriteResponse]] = {}
+        # The request of each pending write, to tell after a size error which ones can
+        # never fit a frame; and that limit, once a size error taught it.
+        self._requests: dict[int, tablet_pb2.WriteRequest] = {}
+        self._frame_limit: int | None = None
         self._queue: list[tablet_pb2.WriteStreamItemPB] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -94,6 +132,7 @@ class AsyncWriteStream:
         write_id = next(self._ids)
         future: asyncio.Future[tablet_pb2.WriteResponse] = loop.create_future()
         self._pending[write_id] = future
+        self._requests[write_id] = request
         self._queue.append(tablet_pb2.WriteStreamItemPB(id=write_id, request=request))
         self._wake.set()
         if self._task is None or self._task.done():
@@ -104,6 +143,7 @@ class AsyncWriteStream:
         finally:
             expiry.cancel()
             self._pending.pop(write_id, None)
+            self._requests.pop(write_id, None)
 
     def _expire(self, write_id: int) -> None:
         future = self._pending.pop(write_id, None)
@@ -125,7 +165,8 @@ class AsyncWriteStream:
                 self._wake.clear()
                 if self._queue:
                     items, self._queue = self._queue, []
-                    await call.write(tablet_pb2.WriteStreamRequestPB(items=items))
+                    for frame in _frames(items, self._frame_limit):
+                        await call.write(frame)
                     continue
                 waker = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait({reader, waker}, return_when=asyncio.FIRST_COMPLETED)
@@ -170,16 +211,34 @@ class AsyncWriteStream:
         future.set_exception(StreamedRpcError(code, result.status_message, error))
 
     def _fail_waiting(self, error: StreamedRpcError | None) -> None:
-        """Every write sent on the ended stream and not answered: UNAVAILABLE, retriable."""
+        """Every write sent on the ended stream and not answered: UNAVAILABLE, retriable --
+        except, after a size error, the writes too large to ever fit a frame."""
         failure = error or StreamedRpcError(
             grpc.StatusCode.UNAVAILABLE, "the write stream ended before answering"
         )
+        size_error = error is not None and error.size_error
+        if size_error:
+            found = too_large(size_error)
+            if found is not None:
+                self._frame_limit = found[2]
         queued = {item.id for item in self._queue}
         for write_id, future in list(self._pending.items()):
             if write_id in queued or future.done():
                 continue
             del self._pending[write_id]
-            future.set_exception(failure)
+            request = self._requests.pop(write_id, None)
+            if size_error and request is not None and self._too_large(write_id, request):
+                future.set_exception(
+                    StreamedRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, size_error)
+                )
+            else:
+                future.set_exception(failure)
+
+    def _too_large(self, write_id: int, request: tablet_pb2.WriteRequest) -> bool:
+        alone = tablet_pb2.WriteStreamRequestPB(
+            items=[tablet_pb2.WriteStreamItemPB(id=write_id, request=request)]
+        )
+        return self._frame_limit is not None and alone.ByteSize() > self._frame_limit
 
     async def close(self) -> None:
         self._closed = True
@@ -194,3 +253,4 @@ class AsyncWriteStream:
                     StreamedRpcError(grpc.StatusCode.CANCELLED, "the client is closed")
                 )
         self._pending.clear()
+        self._requests.clear()

@@ -16,6 +16,9 @@ and why. The hierarchy, and when each is raised:
   server refuses as a whole); retrying it unchanged fails again.
 - ``ClientClosed`` — the client or session was closed.
 - ``RemoteError`` — any other server failure (INTERNAL, STALE_REQUEST, PERMISSION_DENIED…).
+  Its subclass ``MessageTooLarge``: a request or response was over a gRPC message limit
+  (the server's ``--max_message_bytes`` or the client channel's); never retried, since the
+  same message fails again.
 
 Whether a failed write may still have been applied is ``may_have_applied``: False when no
 attempt can have reached a replica's log (refused at admission -- RESOURCE_EXHAUSTED,
@@ -39,6 +42,7 @@ from typing import Self
 __all__ = [
     "ClientClosed",
     "InvalidArgument",
+    "MessageTooLarge",
     "NotLeader",
     "RaftletError",
     "RemoteError",
@@ -129,6 +133,20 @@ class RemoteError(RaftletError):
 
     cause = "REMOTE_ERROR"
     may_have_applied = True
+
+
+class MessageTooLarge(RemoteError):
+    """A message was larger than a gRPC message limit (``size`` and ``limit`` in bytes, 0
+    when gRPC did not say)."""
+
+    cause = "MESSAGE_TOO_LARGE"
+
+    def __init__(
+        self, message: str, *, size: int = 0, limit: int = 0, may_have_applied: bool = True
+    ) -> None:
+        super().__init__(message, may_have_applied=may_have_applied)
+        self.size = size
+        self.limit = limit
 
 
 class RowError(RaftletError):

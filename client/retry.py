@@ -8,6 +8,9 @@ Every failed RPC is first *classified* (``classify``) from its gRPC status and t
 cause                  when                              action
 =====================  ================================  =================================
 RESOURCE_EXHAUSTED     service queue full                BACKOFF_SAME: same server, backoff
+MESSAGE_TOO_LARGE      RESOURCE_EXHAUSTED "… message     FAIL at once (MessageTooLarge):
+                       larger than max (N vs. M)" from   the same message fails again, so it
+                       gRPC, either side, either way     is no overload to wait out
 LEADER_NOT_READY       leader elected, not yet ready     BACKOFF_SAME
 NOT_LEADER             not leader / term moved           FIND_LEADER: the hint, else refresh
 UNAVAILABLE            connection failed, shutting down  NEXT_REPLICA
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +54,7 @@ from tenacity.wait import wait_base
 
 from raftlet.client.errors import (
     InvalidArgument,
+    MessageTooLarge,
     NotLeader,
     RaftletError,
     RemoteError,
@@ -86,6 +91,7 @@ FINAL_ATTEMPT_S = 0.05
 
 class Cause(enum.StrEnum):
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     LEADER_NOT_READY = "LEADER_NOT_READY"
     NOT_LEADER = "NOT_LEADER"
     UNAVAILABLE = "UNAVAILABLE"
@@ -128,12 +134,28 @@ _RETRIABLE: dict[Cause, Action] = {
 }
 
 
-def classify_status(code: grpc.StatusCode, error: ServerErrorPB | None) -> tuple[Cause, Action]:
-    """The cause and remedy of a call that failed with ``code`` and the server's ``error``."""
+# gRPC's own words when a message breaks a max_{send,receive}_message_length, on whichever
+# side noticed ("CLIENT: " or "SERVER: " before them): (size vs. limit).
+_TOO_LARGE = re.compile(r"\b(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
+
+
+def too_large(details: str) -> tuple[str, int, int] | None:
+    """``("Sent"|"Received", size, limit)`` if ``details`` is gRPC's message-size error."""
+    m = _TOO_LARGE.search(details)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def classify_status(
+    code: grpc.StatusCode, error: ServerErrorPB | None, details: str = ""
+) -> tuple[Cause, Action]:
+    """The cause and remedy of a call that failed with ``code``, the server's ``error`` and
+    ``details`` (which tell a message over the size limit from a full queue)."""
     S = grpc.StatusCode
     E = ServerErrorPB
     ecode = error.code if error is not None else E.UNKNOWN
-    if code == S.RESOURCE_EXHAUSTED:
+    if code == S.RESOURCE_EXHAUSTED and error is None and too_large(details):
+        cause = Cause.MESSAGE_TOO_LARGE
+    elif code == S.RESOURCE_EXHAUSTED:
         cause = Cause.RESOURCE_EXHAUSTED
     elif code == S.UNAVAILABLE:
         if ecode == E.LEADER_NOT_READY:
@@ -182,7 +204,15 @@ class RpcFailure:
 
 def refused_before_log(failure: RpcFailure) -> bool:
     """Whether ``failure`` says its attempt cannot have reached a replica's log."""
+    if failure.cause is Cause.MESSAGE_TOO_LARGE:
+        # The request itself was too large: the client could not send it, or the server
+        # did not take it in. (A response too large says nothing of the request's fate.)
+        return _request_too_large(failure.message)
     return failure.cause in _REFUSED
+
+
+def _request_too_large(details: str) -> bool:
+    return "CLIENT: Sent message" in details or "SERVER: Received message" in details
 
 
 def server_error_of(err: grpc.RpcError) -> ServerErrorPB | None:
@@ -206,7 +236,7 @@ def classify(err: grpc.RpcError, server: str = "", address: str = "") -> RpcFail
         code = grpc.StatusCode.UNKNOWN
     details = _call(err, "details")
     error = server_error_of(err)
-    cause, action = classify_status(code, error)
+    cause, action = classify_status(code, error, str(details or ""))
     message = str(details) if details else (error.message if error is not None else code.name)
     return RpcFailure(
         cause=cause,
@@ -264,7 +294,24 @@ def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
     text = f"{what} failed: {failure}"
     if failure.cause is Cause.INVALID_ARGUMENT:
         return InvalidArgument(text)
+    if failure.cause is Cause.MESSAGE_TOO_LARGE:
+        return _message_too_large(failure, what)
     return RemoteError(text, cause=str(failure.cause))
+
+
+def _message_too_large(failure: RpcFailure, what: str) -> MessageTooLarge:
+    found = too_large(failure.message)
+    _, size, limit = found if found else ("", 0, 0)
+    request = _request_too_large(failure.message)
+    which = "request" if request else "response"
+    text = (
+        f"{what} failed: its {which} of {size} bytes is over the gRPC message limit of "
+        f"{limit} bytes (the server's --max_message_bytes, or the client channel's "
+        f"max_message_bytes); not retried, the same message fails again "
+        f"[{failure.status}{' from ' + failure.server if failure.server else ''}: "
+        f"{failure.message}]"
+    )
+    return MessageTooLarge(text, size=size, limit=limit, may_have_applied=not request)
 
 
 class RetriableFailure(Exception):
@@ -411,7 +458,7 @@ class _RetryRun:
 
     def _failed(self, failure: RpcFailure) -> None:
         self.last = failure
-        if failure.cause not in _REFUSED:
+        if not refused_before_log(failure):
             self.may_have_applied = True
 
     def before_sleep(self, state: tenacity.RetryCallState) -> None:

@@ -54,6 +54,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.row_pages import decode_page
 from raftlet.schema.rows import row_from_pb
+from raftlet.schema.scan_bounds import scan_bounds_error
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import TypeMismatch, Value
 
@@ -108,6 +109,10 @@ class Scanner(Iterator[Row]):
             raise InvalidArgument(f"table {table.name!r}: {e}") from None
         if limit is not None and limit < 0:
             raise InvalidArgument(f"limit must be non-negative, got {limit}")
+        # The server refuses these too; checked here so the scan fails before any call.
+        problem = scan_bounds_error(self._predicates, limit or 0)
+        if problem is not None:
+            raise InvalidArgument(f"scan of {table.name!r}: {problem}")
         sizes = (("batch_size_rows", batch_size_rows), ("batch_size_bytes", batch_size_bytes))
         for name, size in sizes:
             if not 0 <= size < 2**32:

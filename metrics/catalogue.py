@@ -37,6 +37,9 @@ __all__ = [
     "RAFT_ROLE",
     "RAFT_ROLE_VALUES",
     "RAFT_TERM",
+    "RESULT_TRACKER_CLIENTS",
+    "RESULT_TRACKER_EVICTIONS_TOTAL",
+    "RESULT_TRACKER_MEMORY_BYTES",
     "RESULT_TRACKER_REPLAYS_TOTAL",
     "ROWS_INSERTED_TOTAL",
     "RPCS_QUEUE_OVERFLOW",
@@ -208,6 +211,29 @@ RESULT_TRACKER_REPLAYS_TOTAL = MetricPrototype(
     "Retried write requests answered from the result tracker instead of being applied again",
     entity_type="tablet",
 )
+RESULT_TRACKER_EVICTIONS_TOTAL = MetricPrototype(
+    "result_tracker_evictions_total",
+    COUNTER,
+    "clients",
+    "Clients the result tracker forgot, least recently used first, to stay within "
+    "--result_tracker_max_clients and --result_tracker_max_bytes (their retries are then "
+    "answered from the store's request records)",
+    entity_type="tablet",
+)
+RESULT_TRACKER_CLIENTS = MetricPrototype(
+    "result_tracker_clients",
+    GAUGE,
+    "clients",
+    "Clients whose completed requests the result tracker remembers",
+    entity_type="tablet",
+)
+RESULT_TRACKER_MEMORY_BYTES = MetricPrototype(
+    "result_tracker_memory_bytes",
+    GAUGE,
+    "bytes",
+    "Estimated memory of the result tracker's remembered responses and clients",
+    entity_type="tablet",
+)
 
 # --- Durable log (tablet entity) -----------------------------------------------------------
 
@@ -278,6 +304,9 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     WRITE_OPS_TOTAL,
     ROWS_INSERTED_TOTAL,
     RESULT_TRACKER_REPLAYS_TOTAL,
+    RESULT_TRACKER_EVICTIONS_TOTAL,
+    RESULT_TRACKER_CLIENTS,
+    RESULT_TRACKER_MEMORY_BYTES,
     RPC_AUTH_DENIALS,
 )
 

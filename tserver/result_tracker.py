@@ -9,18 +9,45 @@ The memory is only a cache: the store records every applied request id with its 
 the same transaction as the rows (``TabletStore.lookup_request``), and the apply path
 refuses to apply a request id twice.  So a retry that reaches a new leader after failover,
 or this server after a restart, is answered from the store, never applied again.
+
+Being a cache, it is bounded: at most ``max_clients`` clients and about ``max_bytes`` of
+stored responses. Past either bound the client used least recently (admitted or completed)
+is forgotten whole; a retry of one of its requests then finds nothing here and is answered
+from the store's record (``TabletReplica.write`` looks it up for every retry). What the
+eviction loses is only the STALE answer for a request below the client's first incomplete
+seq_no, which a well-behaved client never sends. In-flight requests are not evicted: they
+are bounded by the service and prepare queues.
 """
 
 from __future__ import annotations
 
 import enum
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raftlet.proto import tablet_pb2
 
-__all__ = ["Admission", "RequestKey", "ResultTracker"]
+__all__ = [
+    "ANONYMOUS_PREFIX",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_CLIENTS",
+    "Admission",
+    "RequestKey",
+    "ResultTracker",
+]
+
+DEFAULT_MAX_CLIENTS = 4096
+# The client ids the replica makes up for writes without a request id: tracked while in
+# flight, to answer their waiters, but never remembered once complete -- nothing can retry
+# them, and thousands of them would push real clients out.
+ANONYMOUS_PREFIX = "~anonymous-"
+DEFAULT_MAX_BYTES = 8 << 20
+# What a stored response costs beyond its encoded size (dict slot, message object), and what
+# a client's own entry costs: rough, but they keep many tiny responses from looking free.
+_RESPONSE_OVERHEAD = 200
+_CLIENT_OVERHEAD = 400
 
 RequestKey = tuple[str, int]
 Respond = Callable[[tablet_pb2.WriteResponse], None]
@@ -39,25 +66,50 @@ class _InFlight:
     waiters: list[tuple[Respond, Fail]] = field(default_factory=list)
 
 
+@dataclass
+class _Client:
+    first_incomplete: int = 0
+    # seq_no -> (response, the bytes it is counted for)
+    done: dict[int, tuple[tablet_pb2.WriteResponse, int]] = field(default_factory=dict)
+    size: int = _CLIENT_OVERHEAD
+
+
 class ResultTracker:
-    def __init__(self, max_completed_per_client: int = 10_000) -> None:
+    def __init__(
+        self,
+        max_completed_per_client: int = 10_000,
+        *,
+        max_clients: int = DEFAULT_MAX_CLIENTS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        on_evict: Callable[[], object] | None = None,
+    ) -> None:
+        """``on_evict`` is called (under the tracker's lock) for each client forgotten."""
+        if max_clients < 1 or max_bytes < 1 or max_completed_per_client < 1:
+            raise ValueError("the result tracker's bounds must be positive")
         self._lock = threading.Lock()
         self._in_flight: dict[RequestKey, _InFlight] = {}
-        self._completed: dict[str, dict[int, tablet_pb2.WriteResponse]] = {}
-        self._first_incomplete: dict[str, int] = {}
+        # Least recently used first.
+        self._clients: OrderedDict[str, _Client] = OrderedDict()
+        self._bytes = 0
         self._max_completed = max_completed_per_client
+        self._max_clients = max_clients
+        self._max_bytes = max_bytes
+        self._evictions = 0
+        self._on_evict = on_evict
 
     def admit(
         self, key: RequestKey, first_incomplete_seq_no: int, respond: Respond, fail: Fail
     ) -> tuple[Admission, tablet_pb2.WriteResponse | None]:
         client_id, seq_no = key
         with self._lock:
-            self._forget_below(client_id, first_incomplete_seq_no)
-            if seq_no < self._first_incomplete.get(client_id, 0):
-                return Admission.STALE, None
-            done = self._completed.get(client_id, {}).get(seq_no)
-            if done is not None:
-                return Admission.COMPLETED, done
+            if not client_id.startswith(ANONYMOUS_PREFIX):
+                client = self._use(client_id)
+                self._forget_below(client, first_incomplete_seq_no)
+                if seq_no < client.first_incomplete:
+                    return Admission.STALE, None
+                done = client.done.get(seq_no)
+                if done is not None:
+                    return Admission.COMPLETED, done[0]
             flight = self._in_flight.get(key)
             if flight is not None:
                 flight.waiters.append((respond, fail))
@@ -76,17 +128,28 @@ class ResultTracker:
         what the client no longer needs (otherwise its table only grows, and the cap's
         ``min()`` runs over it on every apply)."""
         client_id, seq_no = key
+        if client_id.startswith(ANONYMOUS_PREFIX):
+            with self._lock:
+                flight = self._in_flight.pop(key, None)
+            for respond, _ in flight.waiters if flight else []:
+                respond(response)
+            return len(flight.waiters) if flight else 0
         with self._lock:
-            self._forget_below(client_id, first_incomplete_seq_no)
+            client = self._use(client_id)
+            self._forget_below(client, first_incomplete_seq_no)
             flight = self._in_flight.pop(key, None)
-            if seq_no >= self._first_incomplete.get(client_id, 0):
-                done = self._completed.setdefault(client_id, {})
-                # The first answer stands: a later duplicate must not replace it.
-                response = done.setdefault(seq_no, response)
-                if len(done) > self._max_completed:
-                    # A client that never advances first_incomplete_seq_no must not grow
-                    # memory forever; the store still answers for what is dropped here.
-                    del done[min(done)]
+            if seq_no >= client.first_incomplete:
+                held = client.done.get(seq_no)
+                if held is not None:
+                    # The first answer stands: a later duplicate must not replace it.
+                    response = held[0]
+                else:
+                    self._store(client, seq_no, response)
+                    if len(client.done) > self._max_completed:
+                        # A client that never advances first_incomplete_seq_no must not
+                        # grow memory forever; the store still answers for what is dropped.
+                        self._drop(client, min(client.done))
+            self._evict(client_id)
         waiters = flight.waiters if flight else []
         for respond, _ in waiters:
             respond(response)
@@ -112,11 +175,65 @@ class ResultTracker:
         with self._lock:
             return len(self._in_flight)
 
-    def _forget_below(self, client_id: str, first_incomplete: int) -> None:
-        if first_incomplete <= self._first_incomplete.get(client_id, 0):
+    def clients(self) -> int:
+        """How many clients are remembered."""
+        with self._lock:
+            return len(self._clients)
+
+    def evictions(self) -> int:
+        """How many clients were forgotten to stay within the bounds."""
+        with self._lock:
+            return self._evictions
+
+    def memory_bytes(self) -> int:
+        """The (estimated) bytes held for completed requests and clients."""
+        with self._lock:
+            return self._bytes
+
+    def _use(self, client_id: str) -> _Client:
+        """The client's entry, made the most recently used (created if new)."""
+        client = self._clients.get(client_id)
+        if client is None:
+            client = self._clients[client_id] = _Client()
+            self._bytes += client.size
+            self._evict(client_id)
+        else:
+            self._clients.move_to_end(client_id)
+        return client
+
+    def _store(self, client: _Client, seq_no: int, response: tablet_pb2.WriteResponse) -> None:
+        size = response.ByteSize() + _RESPONSE_OVERHEAD
+        client.done[seq_no] = (response, size)
+        client.size += size
+        self._bytes += size
+
+    def _drop(self, client: _Client, seq_no: int) -> None:
+        _, size = client.done.pop(seq_no)
+        client.size -= size
+        self._bytes -= size
+
+    def _evict(self, keep: str) -> None:
+        """Forget least recently used clients until within the bounds, never ``keep`` (the
+        client being served); if it alone is over the byte bound, its oldest responses."""
+        while len(self._clients) > self._max_clients or self._bytes > self._max_bytes:
+            oldest = next(iter(self._clients))
+            if oldest == keep:
+                if len(self._clients) > 1:
+                    self._clients.move_to_end(keep)
+                    continue
+                client = self._clients[keep]
+                if not client.done:
+                    return
+                self._drop(client, min(client.done))
+                continue
+            self._bytes -= self._clients.pop(oldest).size
+            self._evictions += 1
+            if self._on_evict is not None:
+                self._on_evict()
+
+    def _forget_below(self, client: _Client, first_incomplete: int) -> None:
+        if first_incomplete <= client.first_incomplete:
             return
-        self._first_incomplete[client_id] = first_incomplete
-        done = self._completed.get(client_id)
-        if done:
-            for seq in [s for s in done if s < first_incomplete]:
-                del done[seq]
+        client.first_incomplete = first_incomplete
+        for seq in [s for s in client.done if s < first_incomplete]:
+            self._drop(client, seq)

@@ -195,6 +195,8 @@ class TabletServer:
             log_gc_interval_s=s.log_gc_interval_s,
             # Room for the row that crosses a page's budget, under gRPC's message limit.
             scan_max_page_bytes=s.max_message_bytes // 2,
+            result_tracker_max_clients=s.result_tracker_max_clients,
+            result_tracker_max_bytes=s.result_tracker_max_bytes,
             unsafe_leader_reads_without_quorum=s.unsafe_leader_reads_without_quorum,
             unsafe_ack_before_commit=s.unsafe_ack_before_commit,
         )

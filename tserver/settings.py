@@ -51,6 +51,9 @@ __all__ = ["FLAGS", "GROUP_HELP", "ServerSettings"]
 
 KiB = 1 << 10
 MiB = 1 << 20
+GiB = 1 << 30
+# Clients a replica's result tracker may remember at most: a million, some 400 MiB.
+_MAX_TRACKED_CLIENTS = 1_000_000
 _LOG_DEFAULTS = LogOptions()
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # gRPC message limits are C ints.
@@ -103,6 +106,8 @@ class ServerSettings:
     max_message_bytes: int = 16 * MiB
     max_batch_rows: int = 10_000
     scan_page_bytes: int = MiB
+    result_tracker_max_clients: int = 4096
+    result_tracker_max_bytes: int = 8 * MiB
     log_level: str = "INFO"
     peer_addresses: Mapping[str, str] = field(default_factory=dict)
     unsafe_leader_reads_without_quorum: bool = False
@@ -668,6 +673,21 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"{_size(_D('scan_page_bytes'))}): a page ends with the row that reaches it. A "
         "request may ask for up to half of --max_message_bytes.",
         convert=int_value, check=int_in_range(KiB, _MAX_GRPC_MESSAGE),
+    ),
+    FlagSpec(
+        "result_tracker_max_clients", _LIMITS, "N",
+        f"Clients whose write outcomes each tablet replica remembers in memory, for "
+        f"exactly-once retries (default {_D('result_tracker_max_clients')}, 1 to "
+        f"{_MAX_TRACKED_CLIENTS}). Past it the least recently used client is forgotten; "
+        "its retries are then answered from the tablet's durable request records.",
+        convert=int_value, check=int_in_range(1, _MAX_TRACKED_CLIENTS),
+    ),
+    FlagSpec(
+        "result_tracker_max_bytes", _LIMITS, "BYTES",
+        f"Memory each tablet replica's result tracker may hold for remembered write "
+        f"outcomes (default {_size(_D('result_tracker_max_bytes'))}, 64 KiB to 1 GiB); past "
+        "it least recently used clients are forgotten, as for --result_tracker_max_clients.",
+        convert=int_value, check=int_in_range(64 * KiB, GiB),
     ),
     FlagSpec(
         "log_level", _LIMITS, "LEVEL",

@@ -62,6 +62,10 @@ def register_tablet_gauges(entity: MetricEntity, replica: TabletReplica) -> None
     entity.function_gauge(
         cat.TABLET_FAILED, lambda: 0.0 if replica.failure_reason() is None else 1.0
     )
+    entity.function_gauge(cat.RESULT_TRACKER_CLIENTS, lambda: float(replica.tracker.clients()))
+    entity.function_gauge(
+        cat.RESULT_TRACKER_MEMORY_BYTES, lambda: float(replica.tracker.memory_bytes())
+    )
 
 
 def register_failed_tablet_gauges(entity: MetricEntity) -> None:

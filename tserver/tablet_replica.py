@@ -78,9 +78,17 @@ from raftlet.tserver.checksum import (
 )
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest, TabletFailed
 from raftlet.tserver.log_gc import LogGc
-from raftlet.tserver.result_tracker import Admission, RequestKey, ResultTracker
+from raftlet.tserver.result_tracker import (
+    ANONYMOUS_PREFIX,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_CLIENTS,
+    Admission,
+    RequestKey,
+    ResultTracker,
+)
 from raftlet.tserver.row_routing import check_rows_in_tablet
 from raftlet.tserver.scan_page import fill_page
+from raftlet.tserver.scan_request import check_scan_request
 from raftlet.tserver.store import InvalidScan, StoreError
 
 __all__ = [
@@ -96,7 +104,6 @@ logger = logging.getLogger(__name__)
 Respond = Callable[[tablet_pb2.WriteResponse], None]
 Fail = Callable[[BaseException], None]
 _anonymous = itertools.count(1)
-_ROW_FORMATS = frozenset(tablet_pb2.RowFormat.values())
 # Retrying a failed apply: the first wait, doubled after every failed attempt up to the
 # last.  Short enough that a freed disk is noticed within a couple of seconds; each attempt
 # costs one failed store transaction.
@@ -129,6 +136,9 @@ class ReplicaOptions:
     # A scan page's bytes when the request leaves it to the server, and at most.
     scan_page_bytes: int = 1 << 20
     scan_max_page_bytes: int = 8 << 20
+    # The result tracker's bounds (``tserver.result_tracker``).
+    result_tracker_max_clients: int = DEFAULT_MAX_CLIENTS
+    result_tracker_max_bytes: int = DEFAULT_MAX_BYTES
     # Negative controls (settings.py, "unsafe switches"): each breaks a guarantee.
     unsafe_leader_reads_without_quorum: bool = False
     unsafe_ack_before_commit: bool = False
@@ -161,6 +171,7 @@ class _ReplicaMetrics:
         self.rows_inserted = counter(cat.ROWS_INSERTED_TOTAL)
         self.replays = counter(cat.RESULT_TRACKER_REPLAYS_TOTAL)
         self.log_gc_segments = counter(cat.LOG_GC_SEGMENTS_DELETED_TOTAL)
+        self.tracker_evictions = counter(cat.RESULT_TRACKER_EVICTIONS_TOTAL)
         self.lock_contention = counter(cat.CONSENSUS_LOCK_CONTENTION_TIME_US)
         self.lock_wait = histogram(cat.CONSENSUS_LOCK_WAIT_TIME_US)
         self.consensus = ConsensusMetrics(
@@ -250,7 +261,11 @@ class TabletReplica:
             # The files are open: a replica that cannot start must not keep them.
             self._opened.close()
             raise
-        self.tracker = ResultTracker()
+        self.tracker = ResultTracker(
+            max_clients=opts.result_tracker_max_clients,
+            max_bytes=opts.result_tracker_max_bytes,
+            on_evict=self._metrics.tracker_evictions.increment,
+        )
         # The server's pool runs every replica's stages; a replica on its own gets one.
         self._own_workers = workers is None
         self._workers = workers or WorkerPool(f"replica:{tablet_id}", min_threads=1)
@@ -354,7 +369,7 @@ class TabletReplica:
             if rid.seq_no < 0 or rid.first_incomplete_seq_no < 0:
                 raise InvalidRequest("request ids are non-negative")
         else:
-            key = (f"~anonymous-{next(_anonymous)}", 0)
+            key = (f"{ANONYMOUS_PREFIX}{next(_anonymous)}", 0)
         admission, done = self.tracker.admit(
             key, rid.first_incomplete_seq_no, callbacks.respond, callbacks.fail
         )
@@ -658,6 +673,7 @@ class TabletReplica:
 
     def scan(self, request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
         self._check_serving()
+        check_scan_request(request)
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
             # after the read arrived (ReadIndex; or the lease, if on) and wait until that
@@ -671,8 +687,6 @@ class TabletReplica:
             # Bounded staleness: whatever this replica has applied, once that includes the
             # index asked for (a write the client saw acknowledged, say).
             self._wait_applied(request.min_applied_index)
-        if request.row_format not in _ROW_FORMATS:
-            raise InvalidRequest(f"unknown row format {request.row_format}")
         max_rows = request.batch_size_rows or None
         if request.limit:
             max_rows = min(max_rows or request.limit, request.limit)
@@ -755,6 +769,8 @@ class TabletReplica:
             "partition": self.partition,
             "store_applied_index": self.store.applied_index(),
             **failure_status(self.failure_reason()),
+            "tracked_clients": self.tracker.clients(),
+            "request_records_expired": self.store.requests_expired,
         }
 
 

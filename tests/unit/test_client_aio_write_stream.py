@@ -12,6 +12,7 @@ import pytest
 
 from raftlet.client.aio_channels import GrpcAsyncServerStub
 from raftlet.client.aio_write_stream import StreamedRpcError
+from raftlet.client.retry import Action, Cause, classify
 from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2, tablet_pb2_grpc
 from raftlet.proto.common_pb2 import ServerErrorPB
 
@@ -122,3 +123,72 @@ def test_a_server_without_write_stream_gets_unary_writes() -> None:
         assert servicer.unary == 2
 
     asyncio.run(_with_server(servicer, body))
+
+
+def _sized(seq: int, size: int) -> tablet_pb2.WriteRequest:
+    req = _request(seq)
+    req.row_block.rows = b"x" * size
+    return req
+
+
+async def _with_small_server(servicer: Any, limit: int, body: Any) -> None:
+    """``_with_server`` with a server that receives messages of at most ``limit`` bytes."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
+    tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = GrpcAsyncServerStub(f"127.0.0.1:{port}", channel)
+    try:
+        async with asyncio.timeout(30):
+            await body(stub)
+    finally:
+        await stub.close()
+        await channel.close()
+        await server.stop(0)
+
+
+def test_a_frame_over_the_servers_limit_fails_only_the_write_that_never_fits() -> None:
+    servicer = StreamingServer()
+    limit = 64 << 10
+
+    async def body(stub: GrpcAsyncServerStub) -> None:
+        outcomes = await asyncio.gather(
+            stub.write(_sized(1, 100 << 10), 10),
+            stub.write(_sized(2, 100), 10),
+            return_exceptions=True,
+        )
+        too_big, small = outcomes
+        assert isinstance(too_big, StreamedRpcError)
+        failure = classify(too_big)
+        assert failure.cause is Cause.MESSAGE_TOO_LARGE
+        assert failure.action is Action.FAIL
+        assert "larger than max" in failure.message
+        # The small write shared the broken frame: retriable, and it goes through alone.
+        assert isinstance(small, StreamedRpcError)
+        assert classify(small).action is Action.NEXT_REPLICA
+        assert (await stub.write(_sized(2, 100), 10)).op_index == 2
+
+    asyncio.run(_with_small_server(servicer, limit, body))
+
+
+def test_after_a_size_error_frames_are_cut_to_the_servers_limit() -> None:
+    servicer = StreamingServer()
+    limit = 64 << 10
+
+    async def body(stub: GrpcAsyncServerStub) -> None:
+        # Ten writes of 10 KiB: each fits, their frame does not.
+        first = await asyncio.gather(
+            *(stub.write(_sized(s, 10 << 10), 10) for s in range(1, 11)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(f, StreamedRpcError) for f in first)
+        assert {classify(f).cause for f in first if isinstance(f, StreamedRpcError)} == {
+            Cause.UNAVAILABLE
+        }
+        # The stream learned the limit: the same ten now go in frames that fit.
+        again = await asyncio.gather(*(stub.write(_sized(s, 10 << 10), 10) for s in range(1, 11)))
+        assert [r.op_index for r in again] == list(range(1, 11))
+        assert servicer.frames >= 2
+
+    asyncio.run(_with_small_server(servicer, limit, body))

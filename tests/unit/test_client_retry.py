@@ -17,6 +17,7 @@ import pytest
 
 from raftlet.client.errors import (
     InvalidArgument,
+    MessageTooLarge,
     NotLeader,
     RaftletError,
     RemoteError,
@@ -275,3 +276,68 @@ def test_the_client_imports_neither_tserver_nor_consensus() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == ""
+
+
+# gRPC's words for a message over a limit, as each side reports them (grpc 1.6x).
+_SIZE_ERRORS = [
+    ("SERVER: Received message larger than max (5242934 vs. 4194304)", 5242934, 4194304, True),
+    ("CLIENT: Sent message larger than max (2097232 vs. 1048576)", 2097232, 1048576, True),
+    (
+        "Stream removed (CLIENT: Received message larger than max (4194149 vs. 1048576))",
+        4194149,
+        1048576,
+        False,
+    ),
+    ("SERVER: Sent message larger than max (17825850 vs. 16777216)", 17825850, 16777216, False),
+]
+
+
+@pytest.mark.parametrize(("details", "size", "limit", "request_side"), _SIZE_ERRORS)
+def test_a_message_over_the_size_limit_is_not_overload_and_is_not_retried(
+    details: str, size: int, limit: int, request_side: bool
+) -> None:
+    failure = classify(FakeRpcError(S.RESOURCE_EXHAUSTED, details), "ts1")
+    assert failure.cause is Cause.MESSAGE_TOO_LARGE
+    assert failure.action is Action.FAIL
+    err = fatal_error(failure, "scan of tablet kv-p0")
+    assert isinstance(err, MessageTooLarge)
+    assert isinstance(err, RemoteError)
+    assert (err.size, err.limit) == (size, limit)
+    assert f"{size} bytes is over the gRPC message limit of {limit} bytes" in str(err)
+    assert "--max_message_bytes" in str(err)
+    # A request too large never reached a log; a response too large says nothing of it.
+    assert err.may_have_applied is not request_side
+
+
+def test_a_full_queue_is_still_overload_whatever_its_words() -> None:
+    # The server's own refusal carries its ServerErrorPB: that decides, not the text.
+    words = "service queue full (Received message larger than max (1 vs. 0))"
+    failure = classify(
+        FakeRpcError(S.RESOURCE_EXHAUSTED, words, E(code=E.SERVICE_QUEUE_FULL, message=words))
+    )
+    assert failure.cause is Cause.RESOURCE_EXHAUSTED
+    assert classify(queue_full()).cause is Cause.RESOURCE_EXHAUSTED
+
+
+def test_a_size_error_ends_the_retries_at_once() -> None:
+    clock = FakeClock()
+    calls: list[int] = []
+
+    def attempt(n: int, _timeout: float) -> str:
+        calls.append(n)
+        failure = classify(FakeRpcError(S.RESOURCE_EXHAUSTED, _SIZE_ERRORS[0][0]), "ts1")
+        if failure.action is Action.FAIL:
+            raise fatal_error(failure, "write")
+        raise RetriableFailure(failure)
+
+    with pytest.raises(MessageTooLarge, match="not retried"):
+        run_with_retries(
+            attempt,
+            what="write",
+            deadline=clock.now + 5,
+            timeout_s=5,
+            clock=clock.clock,
+            sleep=clock.sleep,
+        )
+    assert calls == [0]
+    assert clock.sleeps == []

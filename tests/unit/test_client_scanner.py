@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import grpc
 import pytest
 
-from raftlet.client.errors import InvalidArgument, RemoteError
+from raftlet.client.errors import InvalidArgument, MessageTooLarge, RemoteError
 from raftlet.client.scanner import ReadMode, RowFormat, Scanner, _dicts
 from raftlet.proto import tablet_pb2
+from raftlet.schema.predicates import Predicate
 from raftlet.schema.row_pages import encode_page
 from raftlet.schema.rows import row_to_pb
+from raftlet.schema.scan_bounds import MAX_PREDICATES, MAX_SCAN_LIMIT
 from raftlet.schema.types import Value
-from tests.unit.client_fakes import KV_SCHEMA, FakeCluster, make_rpc, unavailable
+from tests.unit.client_fakes import KV_SCHEMA, FakeCluster, FakeRpcError, make_rpc, unavailable
 
 ROWS: list[tuple[Value, ...]] = [(1, "a"), (2, None), (3, "ünï"), (4, ""), (5, "x" * 300)]
 COLUMNS = ["key", "value"]
@@ -151,3 +154,31 @@ def test_min_index_goes_with_every_page_and_a_replica_behind_it_is_left_for_anot
     assert len(sent) == 4  # the refused attempt and three pages
     with pytest.raises(InvalidArgument, match="min_index"):
         scanner(serve(ROWS), min_index=-1)
+
+
+def test_scan_bounds_are_checked_before_any_call() -> None:
+    many = [Predicate.is_not_null("value")] * (MAX_PREDICATES + 1)
+    values = [Predicate.in_list("key", range(10_000))] * 3
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"limit": 2**63 - 1}, "limit 9223372036854775807 is out of range"),
+        ({"limit": MAX_SCAN_LIMIT + 1}, "out of range"),
+        ({"predicates": many}, f"{MAX_PREDICATES + 1} predicates: a scan takes at most"),
+        ({"predicates": values}, "carry 30000 values"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(InvalidArgument, match=words):
+            scanner(serve(ROWS), **kwargs)
+    s, cluster = scanner(serve(ROWS), limit=MAX_SCAN_LIMIT)
+    assert len(list(s)) == len(ROWS)
+    assert requests(cluster)[0].limit == MAX_SCAN_LIMIT
+
+
+def test_a_page_over_the_message_limit_fails_once_with_the_limit_named() -> None:
+    too_big = FakeRpcError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "Stream removed (CLIENT: Received message larger than max (4194149 vs. 1048576))",
+    )
+    s, cluster = scanner(too_big)
+    with pytest.raises(MessageTooLarge, match=r"response of 4194149 bytes .* 1048576 bytes"):
+        list(s)
+    assert len(requests(cluster)) == 1

@@ -61,6 +61,9 @@ DESIGN_NAMES = {
     "write_ops_total": MetricType.COUNTER,
     "rows_inserted_total": MetricType.COUNTER,
     "result_tracker_replays_total": MetricType.COUNTER,
+    "result_tracker_evictions_total": MetricType.COUNTER,
+    "result_tracker_clients": MetricType.GAUGE,
+    "result_tracker_memory_bytes": MetricType.GAUGE,
     "rpc_auth_denials": MetricType.COUNTER,
 }
 

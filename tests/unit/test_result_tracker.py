@@ -4,7 +4,7 @@ the leader, which alone sees ``admit`` -- forgets what a client no longer needs.
 from __future__ import annotations
 
 from raftlet.proto import tablet_pb2
-from raftlet.tserver.result_tracker import Admission, ResultTracker
+from raftlet.tserver.result_tracker import ANONYMOUS_PREFIX, Admission, ResultTracker
 
 
 def _response(index: int) -> tablet_pb2.WriteResponse:
@@ -35,7 +35,97 @@ def test_a_follower_forgets_completed_requests_below_first_incomplete() -> None:
     tracker = ResultTracker()
     for seq in range(10_000):
         tracker.complete(("c", seq), _response(seq), first_incomplete_seq_no=seq)
-    assert len(tracker._completed["c"]) == 1
+    assert list(tracker._clients["c"].done) == [9_999]
     # What is forgotten stays forgotten: a late duplicate below the mark is not stored.
     tracker.complete(("c", 5), _response(5), first_incomplete_seq_no=0)
-    assert 5 not in tracker._completed["c"]
+    assert 5 not in tracker._clients["c"].done
+    assert tracker.memory_bytes() == _bytes_of(tracker)
+
+
+def _bytes_of(tracker: ResultTracker) -> int:
+    """The tracker's memory as counted from scratch (its running total must agree)."""
+    return sum(c.size for c in tracker._clients.values())
+
+
+def _admitted(tracker: ResultTracker, key: tuple[str, int], first: int = 0) -> Admission:
+    return tracker.admit(key, first, _ignore, _ignore)[0]
+
+
+def test_clients_beyond_the_bound_are_forgotten_least_recently_used_first() -> None:
+    tracker = ResultTracker(max_clients=3)
+    for c in ("a", "b", "c"):
+        tracker.complete((c, 1), _response(1))
+    # "a" is used again (a retry answered from memory): "b" is now the oldest.
+    assert _admitted(tracker, ("a", 1)) is Admission.COMPLETED
+    tracker.complete(("d", 1), _response(2))
+    assert tracker.clients() == 3
+    assert tracker.evictions() == 1
+    assert _admitted(tracker, ("a", 1)) is Admission.COMPLETED
+    # "b" was forgotten: its retry is new to the tracker (the replica asks the store).
+    assert _admitted(tracker, ("b", 1)) is Admission.NEW
+    assert tracker.clients() == 3
+    assert tracker.evictions() == 2  # "c", the oldest when "b" came back
+    assert tracker.memory_bytes() == _bytes_of(tracker)
+
+
+def test_thousands_of_clients_stay_within_both_bounds() -> None:
+    tracker = ResultTracker(max_clients=100, max_bytes=64 << 10)
+    errors = tablet_pb2.WriteResponse(op_index=1)
+    for i in range(20):
+        errors.row_errors.add(row_index=i, message="x" * 100)
+    for i in range(5000):
+        tracker.complete((f"client-{i}", 1), errors if i % 2 else _response(i))
+        assert tracker.clients() <= 100
+        assert tracker.memory_bytes() <= 64 << 10
+    assert tracker.evictions() == 5000 - tracker.clients()
+    assert tracker.memory_bytes() == _bytes_of(tracker)
+    # The most recent clients are the ones kept.
+    assert _admitted(tracker, ("client-4999", 1)) is Admission.COMPLETED
+    assert _admitted(tracker, ("client-0", 1)) is Admission.NEW
+
+
+def test_one_client_over_the_byte_bound_keeps_its_newest_responses() -> None:
+    big = tablet_pb2.WriteResponse(op_index=1)
+    big.row_errors.add(row_index=0, message="x" * 1000)
+    tracker = ResultTracker(max_bytes=5000)
+    for seq in range(20):
+        tracker.complete(("c", seq), big)
+    assert tracker.clients() == 1
+    assert tracker.evictions() == 0
+    assert tracker.memory_bytes() <= 5000
+    assert _admitted(tracker, ("c", 19)) is Admission.COMPLETED
+    assert _admitted(tracker, ("c", 0)) is Admission.NEW
+
+
+def test_in_flight_requests_survive_their_clients_eviction() -> None:
+    tracker = ResultTracker(max_clients=1)
+    answers: list[tablet_pb2.WriteResponse] = []
+    assert tracker.admit(("a", 1), 0, answers.append, _ignore)[0] is Admission.NEW
+    tracker.complete(("b", 1), _response(1))  # evicts "a"
+    assert tracker.evictions() == 1
+    assert tracker.complete(("a", 1), _response(2)) == 1
+    assert [a.op_index for a in answers] == [2]
+
+
+def test_bounds_must_be_positive() -> None:
+    for kwargs in ({"max_clients": 0}, {"max_bytes": 0}):
+        try:
+            ResultTracker(**kwargs)
+        except ValueError:
+            continue
+        raise AssertionError(f"{kwargs} accepted")
+
+
+def test_anonymous_writes_are_answered_and_not_remembered() -> None:
+    tracker = ResultTracker(max_clients=2)
+    tracker.complete(("real", 1), _response(1))
+    for i in range(100):
+        answers: list[tablet_pb2.WriteResponse] = []
+        key = (f"{ANONYMOUS_PREFIX}{i}", 0)
+        assert tracker.admit(key, 0, answers.append, _ignore)[0] is Admission.NEW
+        assert tracker.complete(key, _response(i)) == 1
+        assert [a.op_index for a in answers] == [i]
+    assert tracker.clients() == 1
+    assert tracker.evictions() == 0
+    assert tracker.in_flight() == 0
+    assert _admitted(tracker, ("real", 1)) is Admission.COMPLETED

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from raftlet.schema.row_block import encode_row_block
 from raftlet.schema.row_runs import decode_row_runs
-from raftlet.schema.rows import OpType, encode_row_op
+from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.store import ApplyEntry, TabletStore
@@ -90,6 +90,100 @@ def test_the_request_plan_is_what_one_at_a_time_sees(
         after[key] = pos
     assert after == table
     assert plan.inserts == sorted(plan.inserts)
+
+
+def _one_at_a_time_windowed(
+    reqs: list[tuple[Request | None, int]],
+    stored: dict[Request, StoredRecord],
+    indexes: list[int],
+    window: int,
+) -> tuple[dict[int, StoredRecord], dict[int, int], dict[Request, StoredRecord | int]]:
+    """As ``_one_at_a_time``, with the records out of each entry's window dropped first."""
+    table: dict[Request, StoredRecord | int] = dict(stored)
+    repeats_stored: dict[int, StoredRecord] = {}
+    repeats_batch: dict[int, int] = {}
+
+    def written(held: StoredRecord | int) -> int:
+        return indexes[held] if isinstance(held, int) else held[0]
+
+    for pos, (key, first_incomplete) in enumerate(reqs):
+        for k in [k for k, held in table.items() if written(held) < indexes[pos] - window]:
+            del table[k]
+        if key is None:
+            continue
+        if key in table:
+            held = table[key]
+            if isinstance(held, int):
+                repeats_batch[pos] = held
+            else:
+                repeats_stored[pos] = held
+            continue
+        table[key] = pos
+        if first_incomplete > 0:
+            for k in [k for k in table if k[0] == key[0] and k[1] < first_incomplete]:
+                del table[k]
+    return repeats_stored, repeats_batch, table
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    request_lists(),
+    st.dictionaries(
+        request_ids,
+        st.tuples(st.integers(1, 9), st.integers(1, 3), st.binary(max_size=2)),
+        max_size=6,
+    ),
+    st.lists(st.integers(1, 3), min_size=12, max_size=12),
+    st.integers(1, 6),
+)
+def test_the_request_plan_keeps_what_the_window_leaves_one_at_a_time(
+    reqs: list[tuple[Request | None, int]],
+    stored: dict[Request, StoredRecord],
+    gaps: list[int],
+    window: int,
+) -> None:
+    # Entry indexes grow past the stored records' (1..9), with gaps (other entry types).
+    indexes = list(itertools.accumulate(gaps, initial=10))[1 : len(reqs) + 1]
+    plan = plan_requests(reqs, stored, indexes, window)
+    repeats_stored, repeats_batch, table = _one_at_a_time_windowed(reqs, stored, indexes, window)
+    assert plan.repeats_stored == repeats_stored
+    assert plan.repeats_batch == repeats_batch
+    # Expiry and deletes first, then the inserts, reach the same table.
+    after: dict[Request, StoredRecord | int] = {
+        k: v
+        for k, v in stored.items()
+        if v[0] >= plan.expire_below
+        and not any(k[0] == client and k[1] < bound for client, bound in plan.deletes)
+    }
+    for pos in plan.inserts:
+        key = reqs[pos][0]
+        assert key is not None
+        assert key not in after
+        after[key] = pos
+    if reqs:
+        assert after == table
+
+
+def test_a_store_keeps_request_records_only_within_its_window(tmp_path: Path) -> None:
+    # One client id per write that never comes back: only the window bounds its records.
+    with TabletStore.open(tmp_path / "t.db", SCHEMA) as store:
+        store.request_window = 5
+        for i in range(1, 21):
+            op = encode_row_op(SCHEMA, OpType.INSERT, {"k": i, "v": None})
+            store.apply_batch([ApplyEntry(i, 1, [op], request=(f"c{i}", 1))])
+            assert store.request_records() == min(i, 6)
+        assert store.requests_expired == 14
+        assert store.lookup_request("c15", 1) is not None
+        assert store.lookup_request("c14", 1) is None
+        # A retry of a recorded request is a duplicate (no row applied twice) ...
+        again = encode_row_op(SCHEMA, OpType.INSERT, {"k": 20, "v": None})
+        (dup,) = store.apply_batch([ApplyEntry(21, 1, [again], request=("c20", 1))])
+        assert dup.duplicate_of == 20
+        # ... one out of the window is applied afresh (here: its row exists, KEY_EXISTS).
+        old = encode_row_op(SCHEMA, OpType.INSERT, {"k": 1, "v": None})
+        (fresh,) = store.apply_batch([ApplyEntry(22, 1, [old], request=("c1", 1))])
+        assert not fresh.duplicate_of
+        assert [e.code for e in fresh.row_errors] == [ErrorCode.KEY_EXISTS]
 
 
 @st.composite

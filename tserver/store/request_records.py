@@ -18,6 +18,16 @@ after a deletion that covered its seq_no survives, as it would have. The plan is
 before any row is applied -- which entries repeat a request depends only on the ids, never on
 row outcomes -- so the store can apply the rows of many entries together; the records'
 row errors are filled in afterwards.
+
+The records are bounded by a window of log entries (``REQUEST_RECORD_WINDOW``): the entry at
+index ``i`` sees only records written at index ``i - window`` or later, and an apply batch
+deletes the records older than its last entry's window. A client's records are forgotten
+below its first incomplete seq_no as before; the window also forgets the records of clients
+that never advance it, or never come back (one write per client id), oldest first. So a
+retry is answered exactly once if its request was applied within the last ``window``
+entries of the tablet's log; an older one is applied again. The rule depends only on entry
+indexes, never on time or on a flag, so every replica keeps exactly the same records, as it
+must: whether an entry repeats a request is part of the replicated state.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "REQUESTS_TABLE",
+    "REQUEST_RECORD_WINDOW",
     "Request",
     "RequestPlan",
     "StoredRecord",
@@ -42,6 +53,10 @@ REQUESTS_TABLE = '"raftlet_requests"'
 Request = tuple[str, int]
 # (op_index, op_term, encoded row errors) of an applied request.
 StoredRecord = tuple[int, int, bytes]
+# Log entries a request record outlives its entry by: the exactly-once window. Records are
+# about 60 bytes in SQLite, so at most some 60 MiB of disk per tablet, reached only by
+# clients that never advance their first incomplete seq_no.
+REQUEST_RECORD_WINDOW = 1 << 20
 # Pairs per look-up query: 2 parameters each, well under SQLite's variable limit.
 _CHUNK = 400
 
@@ -73,15 +88,20 @@ class RequestPlan:
     deletes: list[Request] = field(default_factory=list)
     # positions whose record is in the table at the end of the batch, in order
     inserts: list[int] = field(default_factory=list)
+    # records written at a lower index are out of the window at the end of the batch
+    expire_below: int = 0
 
 
 def plan_requests(
     requests: Sequence[tuple[Request | None, int]],
     stored: Mapping[Request, StoredRecord],
+    indexes: Sequence[int] | None = None,
+    window: int = REQUEST_RECORD_WINDOW,
 ) -> RequestPlan:
     """``requests[i]``: entry i's request id (None: anonymous) and first incomplete seq_no.
     ``stored``: the table's records, before the batch, for (at least) the batch's ids (any
-    other record in it changes nothing)."""
+    other record in it changes nothing). ``indexes[i]``: entry i's log index (None: the
+    window never applies); a record older than an entry's ``window`` is not seen by it."""
     plan = RequestPlan()
     # What the table holds for the ids in play: a stored record or a batch position.
     present: dict[Request, StoredRecord | int] = dict(stored)
@@ -99,6 +119,13 @@ def plan_requests(
         if key is None:
             continue
         held = held_at(key)
+        new_seq = held is None
+        if held is not None and indexes is not None:
+            written = indexes[held] if isinstance(held, int) else held[0]
+            if written < indexes[pos] - window:
+                # Out of the window: as if gone. Its seq_no is in the heap already; the
+                # new record takes its place, the old one goes with the expired ones.
+                held = None
         if held is not None:
             if isinstance(held, int):
                 plan.repeats_batch[pos] = held
@@ -110,7 +137,8 @@ def plan_requests(
         held_seqs = seqs.get(client)
         if held_seqs is None:
             held_seqs = seqs[client] = []
-        push(held_seqs, seq_no)
+        if new_seq:
+            push(held_seqs, seq_no)
         if first_incomplete > 0:
             if first_incomplete > bound.get(client, 0):
                 bound[client] = first_incomplete
@@ -118,6 +146,9 @@ def plan_requests(
                 del present[(client, pop(held_seqs))]
     plan.deletes = list(bound.items())
     plan.inserts = sorted(p for p in present.values() if isinstance(p, int))
+    if indexes:
+        plan.expire_below = indexes[-1] - window
+        plan.inserts = [p for p in plan.inserts if indexes[p] >= plan.expire_below]
     return plan
 
 
@@ -125,8 +156,15 @@ def write_records(
     cur: sqlite3.Cursor,
     deletes: Sequence[Request],
     records: Sequence[tuple[str, int, int, int, bytes]],
-) -> None:
-    """Apply a batch's deletions (client, below), then its records, to the table."""
+    expire_below: int = 0,
+) -> int:
+    """Apply a batch's deletions (client, below) and expiry (records written below the
+    index ``expire_below``), then its records, to the table; returns how many expired."""
+    expired = 0
+    if expire_below > 0:
+        # A range of the op_index index: nothing to read when nothing expires.
+        cur.execute(f"DELETE FROM {REQUESTS_TABLE} WHERE op_index < ?", (expire_below,))
+        expired = max(cur.rowcount, 0)
     if deletes:
         cur.executemany(f"DELETE FROM {REQUESTS_TABLE} WHERE client_id = ? AND seq_no < ?", deletes)
     if records:
@@ -135,3 +173,4 @@ def write_records(
             "VALUES (?, ?, ?, ?, ?)",
             records,
         )
+    return expired

@@ -46,6 +46,7 @@ from raftlet.tserver.store.errors import (
     StoreError,
 )
 from raftlet.tserver.store.request_records import (
+    REQUEST_RECORD_WINDOW,
     REQUESTS_TABLE,
     plan_requests,
     read_records,
@@ -173,6 +174,8 @@ class ScanCursor:
     def fetch(self, n: int) -> list[tuple[SqlValue, ...]]:
         """The next ``n`` rows at most; fewer only at the end."""
         try:
+            if n > _MAX_FETCHMANY:  # sqlite3 takes a C int; that many rows is all of them
+                return self._cursor.fetchall()
             return self._cursor.fetchmany(n)
         except sqlite3.Error as e:
             raise StoreError(f"tablet store {self._path}: scan failed: {e}") from e
@@ -191,6 +194,7 @@ class ScanCursor:
 
 # Outcomes of applied write requests, for exactly-once retries (see _apply_entries).
 _REQUESTS = REQUESTS_TABLE
+_MAX_FETCHMANY = 2**31 - 1
 
 
 def _encode_errors(errors: Sequence[RowFailure]) -> bytes:
@@ -242,6 +246,11 @@ class TabletStore:
         self._readers_lock = threading.Lock()
         self._closed = False
         self._reader_uri = path.absolute().as_uri() + "?mode=ro"
+        # The exactly-once window (``request_records``); a constant outside tests, since
+        # every replica must keep the same records.
+        self.request_window = REQUEST_RECORD_WINDOW
+        # Request records expired by the window since the store was opened.
+        self.requests_expired = 0
 
     # --- open / close ---------------------------------------------------------------------
 
@@ -315,6 +324,11 @@ class TabletStore:
                     "seq_no INTEGER NOT NULL, op_index INTEGER NOT NULL, "
                     "op_term INTEGER NOT NULL, row_errors BLOB NOT NULL, "
                     "PRIMARY KEY (client_id, seq_no)) WITHOUT ROWID"
+                )
+                # Records expire by the index of their entry (``REQUEST_RECORD_WINDOW``).
+                conn.execute(
+                    'CREATE INDEX IF NOT EXISTS "raftlet_requests_by_index" '
+                    f"ON {_REQUESTS} (op_index)"
                 )
                 conn.execute("COMMIT")
             except BaseException:
@@ -482,6 +496,8 @@ class TabletStore:
         plan = plan_requests(
             [(e.request, e.first_incomplete_seq_no) for e in entries],
             read_records(cur, [e.request for e in entries if e.request is not None]),
+            [e.index for e in entries],
+            self.request_window,
         )
         repeats = plan.repeats_stored.keys() | plan.repeats_batch.keys()
         fresh = [p for p in range(len(entries)) if p not in repeats] if repeats else None
@@ -519,7 +535,7 @@ class TabletStore:
             records.append((e.request[0], e.request[1], e.index, e.term, blob_of(pos)))
         # In the same transaction as the rows: after any crash, either both the rows and
         # the records are there or neither is, so a retry is never applied twice.
-        write_records(cur, plan.deletes, records)
+        self.requests_expired += write_records(cur, plan.deletes, records, plan.expire_below)
         return results
 
     def lookup_request(self, client_id: str, seq_no: int) -> RequestRecord | None:
@@ -533,6 +549,15 @@ class TabletStore:
         if row is None:
             return None
         return RequestRecord(int(row[0]), int(row[1]), _decode_errors(row[2]))
+
+    def request_records(self) -> int:
+        """How many request records the store holds (status pages, tests)."""
+        try:
+            with self._reader() as conn:
+                (n,) = conn.execute(f"SELECT count(*) FROM {_REQUESTS}").fetchone()
+        except sqlite3.Error as e:
+            raise StoreError(f"tablet store {self.path}: counting requests failed: {e}") from e
+        return int(n)
 
     def _apply_rows(self, cur: sqlite3.Cursor, entries: list[ApplyEntry]) -> list[EntryResult]:
         """Apply the rows of ``entries`` in order.  Consecutive runs alike (op type, key
