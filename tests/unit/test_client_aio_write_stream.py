@@ -68,8 +68,11 @@ def _request(seq: int) -> tablet_pb2.WriteRequest:
     return req
 
 
-async def _with_server(servicer: Any, body: Any) -> None:
-    server = grpc.aio.server()
+async def _with_server(servicer: Any, body: Any, receive_limit: int | None = None) -> None:
+    """Serve ``servicer`` on loopback and run ``body`` with a stub of it; ``receive_limit``:
+    the largest message the server takes (gRPC's default if None)."""
+    options = [] if receive_limit is None else [("grpc.max_receive_message_length", receive_limit)]
+    server = grpc.aio.server(options=options)
     tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -131,23 +134,6 @@ def _sized(seq: int, size: int) -> tablet_pb2.WriteRequest:
     return req
 
 
-async def _with_small_server(servicer: Any, limit: int, body: Any) -> None:
-    """``_with_server`` with a server that receives messages of at most ``limit`` bytes."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
-    tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = GrpcAsyncServerStub(f"127.0.0.1:{port}", channel)
-    try:
-        async with asyncio.timeout(30):
-            await body(stub)
-    finally:
-        await stub.close()
-        await channel.close()
-        await server.stop(0)
-
-
 def test_a_frame_over_the_servers_limit_fails_only_the_write_that_never_fits() -> None:
     servicer = StreamingServer()
     limit = 64 << 10
@@ -169,7 +155,7 @@ def test_a_frame_over_the_servers_limit_fails_only_the_write_that_never_fits() -
         assert classify(small).action is Action.NEXT_REPLICA
         assert (await stub.write(_sized(2, 100), 10)).op_index == 2
 
-    asyncio.run(_with_small_server(servicer, limit, body))
+    asyncio.run(_with_server(servicer, body, receive_limit=limit))
 
 
 def test_after_a_size_error_frames_are_cut_to_the_servers_limit() -> None:
@@ -191,4 +177,4 @@ def test_after_a_size_error_frames_are_cut_to_the_servers_limit() -> None:
         assert [r.op_index for r in again] == list(range(1, 11))
         assert servicer.frames >= 2
 
-    asyncio.run(_with_small_server(servicer, limit, body))
+    asyncio.run(_with_server(servicer, body, receive_limit=limit))

@@ -31,7 +31,8 @@ from tests.waiting import wait_for
 LEADER, FOLLOWER = "ts1", "ts2"
 
 
-def _append(tablet: str, index: int) -> Message:
+def _append(tablet: str, index: int, payload: int = 1) -> Message:
+    """An append of one entry of ``payload`` bytes after ``index``."""
     del tablet  # the tablet travels beside the message, not in it
     return Message(
         MessageType.APPEND,
@@ -40,7 +41,7 @@ def _append(tablet: str, index: int) -> Message:
         term=1,
         log_term=1,
         index=index,
-        entries=(Entry(1, index + 1, data=b"x"),),
+        entries=(Entry(1, index + 1, data=b"x" * payload),),
         commit=index,
     )
 
@@ -280,19 +281,6 @@ def test_an_unreachable_peer_answers_none_and_a_closed_transport_refuses(pair: P
     assert answers.got == [None, None]
 
 
-def _append_of(tablet: str, index: int, payload: int) -> Message:
-    return Message(
-        MessageType.APPEND,
-        LEADER,
-        FOLLOWER,
-        term=1,
-        log_term=1,
-        index=index,
-        entries=(Entry(1, index + 1, data=b"x" * payload),),
-        commit=index,
-    )
-
-
 def test_what_is_queued_together_leaves_in_frames_the_peer_accepts(tight_pair: Pair) -> None:
     """Twenty requests of ~650 bytes queued at once would be one ~13 KiB frame, which a peer
     accepting 2 KiB refuses (the stream breaks, every request is lost, the resend breaks it
@@ -300,17 +288,17 @@ def test_what_is_queued_together_leaves_in_frames_the_peer_accepts(tight_pair: P
     pair = tight_pair
     transports = [pair.hub.transport(f"t{i}", {FOLLOWER: pair.addr}) for i in range(4)]
     answers = Answers()
-    transports[0].send(_append_of("t0", 1, 600), answers)  # opens the stream
+    transports[0].send(_append("t0", 1, 600), answers)  # opens the stream
     wait_for(lambda: pair.handler.count() == 1, what="the stream is up")
     frames_before = pair.servicer.frames
     release = threading.Event()
     pair.loop.loop.call_soon_threadsafe(release.wait)
     for i in range(20):
-        transports[i % 4].send(_append_of(f"t{i % 4}", 10 + i, 600), answers)
+        transports[i % 4].send(_append(f"t{i % 4}", 10 + i, 600), answers)
     release.set()
     wait_for(lambda: pair.handler.count() == 21, what="all 20 reach the follower")
     frames = pair.servicer.frames - frames_before
-    item = len(encode_item(1, update_request_from_message(_append_of("t0", 10, 600), "t0")))
+    item = len(encode_item(1, update_request_from_message(_append("t0", 10, 600), "t0")))
     per_frame = TIGHT // item  # whole items only
     assert per_frame >= 2
     assert frames == -(-20 // per_frame)  # as few frames as fit, none refused
@@ -330,7 +318,7 @@ def test_answers_ready_together_leave_in_frames_the_peer_accepts(tight_pair: Pai
     transport = pair.hub.transport("t1", {FOLLOWER: pair.addr})
     answers = Answers()
     for i in range(n):
-        transport.send(_append_of("t1", i, 1), answers)
+        transport.send(_append("t1", i, 1), answers)
     wait_for(lambda: pair.handler.count() == n, what="all requests reach the follower")
     assert sum(_ok(req).ByteSize() for req, _ in pair.handler.started) > 4 * TIGHT
     release = threading.Event()
@@ -353,9 +341,9 @@ def test_a_request_no_peer_would_accept_is_lost_alone(tight_pair: Pair) -> None:
         pair.hub.transport("t1", {FOLLOWER: pair.addr}),
     )
     lost, answers = Answers(), Answers()
-    big.send(_append_of("big", 1, TIGHT), lost)
+    big.send(_append("big", 1, TIGHT), lost)
     assert lost.got == [None]  # at once, from send
-    small.send(_append_of("t1", 1, 10), answers)
+    small.send(_append("t1", 1, 10), answers)
     wait_for(lambda: pair.handler.count() == 1, what="the small request arrives")
     request, done = pair.handler.started[0]
     assert request.tablet_id == "t1"

@@ -38,13 +38,26 @@ def request_lists(draw: st.DrawFn) -> list[tuple[Request | None, int]]:
 
 
 def _one_at_a_time(
-    reqs: list[tuple[Request | None, int]], stored: dict[Request, StoredRecord]
+    reqs: list[tuple[Request | None, int]],
+    stored: dict[Request, StoredRecord],
+    indexes: list[int] | None = None,
+    window: int | None = None,
 ) -> tuple[dict[int, StoredRecord], dict[int, int], dict[Request, StoredRecord | int]]:
-    """The request table as the entries see it one after another, the obvious way."""
+    """The request table as the entries see it one after another, the obvious way; with
+    ``indexes`` (each entry's log index) and ``window``, the records out of each entry's
+    window dropped first."""
     table: dict[Request, StoredRecord | int] = dict(stored)
     repeats_stored: dict[int, StoredRecord] = {}
     repeats_batch: dict[int, int] = {}
+
+    def written(held: StoredRecord | int) -> int:
+        assert indexes is not None
+        return indexes[held] if isinstance(held, int) else held[0]
+
     for pos, (key, first_incomplete) in enumerate(reqs):
+        if indexes is not None and window is not None:
+            for k in [k for k, held in table.items() if written(held) < indexes[pos] - window]:
+                del table[k]
         if key is None:
             continue
         if key in table:
@@ -92,39 +105,6 @@ def test_the_request_plan_is_what_one_at_a_time_sees(
     assert plan.inserts == sorted(plan.inserts)
 
 
-def _one_at_a_time_windowed(
-    reqs: list[tuple[Request | None, int]],
-    stored: dict[Request, StoredRecord],
-    indexes: list[int],
-    window: int,
-) -> tuple[dict[int, StoredRecord], dict[int, int], dict[Request, StoredRecord | int]]:
-    """As ``_one_at_a_time``, with the records out of each entry's window dropped first."""
-    table: dict[Request, StoredRecord | int] = dict(stored)
-    repeats_stored: dict[int, StoredRecord] = {}
-    repeats_batch: dict[int, int] = {}
-
-    def written(held: StoredRecord | int) -> int:
-        return indexes[held] if isinstance(held, int) else held[0]
-
-    for pos, (key, first_incomplete) in enumerate(reqs):
-        for k in [k for k, held in table.items() if written(held) < indexes[pos] - window]:
-            del table[k]
-        if key is None:
-            continue
-        if key in table:
-            held = table[key]
-            if isinstance(held, int):
-                repeats_batch[pos] = held
-            else:
-                repeats_stored[pos] = held
-            continue
-        table[key] = pos
-        if first_incomplete > 0:
-            for k in [k for k in table if k[0] == key[0] and k[1] < first_incomplete]:
-                del table[k]
-    return repeats_stored, repeats_batch, table
-
-
 @settings(max_examples=500, deadline=None)
 @given(
     request_lists(),
@@ -145,7 +125,7 @@ def test_the_request_plan_keeps_what_the_window_leaves_one_at_a_time(
     # Entry indexes grow past the stored records' (1..9), with gaps (other entry types).
     indexes = list(itertools.accumulate(gaps, initial=10))[1 : len(reqs) + 1]
     plan = plan_requests(reqs, stored, indexes, window)
-    repeats_stored, repeats_batch, table = _one_at_a_time_windowed(reqs, stored, indexes, window)
+    repeats_stored, repeats_batch, table = _one_at_a_time(reqs, stored, indexes, window)
     assert plan.repeats_stored == repeats_stored
     assert plan.repeats_batch == repeats_batch
     # Expiry and deletes first, then the inserts, reach the same table.
