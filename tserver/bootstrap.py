@@ -44,7 +44,7 @@ from raftlet.schema.row_block import RowBlockError
 from raftlet.schema.row_runs import BlockOutcome, RowRun, decode_row_blocks, decode_row_runs
 from raftlet.schema.rows import ErrorCode, RowFailure, RowOp
 from raftlet.schema.schema import Schema
-from raftlet.tserver.store import ApplyEntry, EntryResult, TabletStore
+from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError, TabletStore
 from raftlet.tserver.store.tablet_store import AnyOp
 
 __all__ = [
@@ -209,6 +209,14 @@ def open_replica(
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store = TabletStore.open(path / STORE_FILE, schema)
+    # Damage SQLite can see is refused here, not met later as a failed apply or a wrong scan.
+    problems = store.quick_check()
+    if problems:
+        store.close()
+        raise StoreError(
+            f"tablet store {path / STORE_FILE} is damaged (PRAGMA quick_check): "
+            + "; ".join(problems)
+        )
     t1 = time.perf_counter()
     try:
         storage = LogStorage.open(path, log_options, log_observer, log_appenders)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from raftlet.tserver.bootstrap import (
     to_apply_entries,
     to_apply_entry,
 )
-from raftlet.tserver.store import TabletStore
+from raftlet.tserver.store import StoreError, TabletStore
 from tests.integration.storage_crash_child import SCHEMA, write_for
 from tests.unit.store_helpers import store_contents
 
@@ -91,6 +92,25 @@ def test_a_store_that_applied_an_entry_the_log_does_not_have_is_refused(
     r.storage.append(_entries(3, 3, 2))  # the log's entry 3 is now of another term
     r.close()
     with pytest.raises(ReplicaOpenError, match="entry 3 of term 1, but the log has term 2"):
+        open_replica(tmp_path, SCHEMA, VOTERS)
+
+
+def test_a_store_with_damage_sqlite_can_see_is_refused(tmp_path: Path) -> None:
+    r = open_replica(tmp_path, SCHEMA, VOTERS)
+    r.storage.append(_entries(1, 400, 1))
+    apply_entries(r.store, r.storage.entries(1, 401))
+    assert r.store.quick_check() == []
+    r.close()
+    store = tmp_path / "store.sqlite"
+    with sqlite3.connect(store) as db:  # fold the WAL into the file, so the damage stays
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(store.read_bytes())
+    pages = len(data) // 4096
+    assert pages > 8
+    page = pages // 2  # a b-tree page of the rows, garbage from end to end
+    data[page * 4096 : (page + 1) * 4096] = b"\xff" * 4096
+    store.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"is damaged \(PRAGMA quick_check\)"):
         open_replica(tmp_path, SCHEMA, VOTERS)
 
 

@@ -822,6 +822,19 @@ class TabletStore:
             raise StoreError(f"tablet store {self.path}: count failed: {e}") from e
         return int(n)
 
+    def quick_check(self, max_problems: int = 5) -> list[str]:
+        """SQLite's structural check of the file (``PRAGMA quick_check``: b-tree pages,
+        cell order, freelist, record formats -- not index contents, and no checksum of the
+        values, which SQLite does not keep): the problems it reports, [] when it says ok.
+        About a quarter of a second per 100 MiB from the page cache."""
+        try:
+            with self._reader() as conn:
+                rows = conn.execute(f"PRAGMA quick_check({int(max_problems)})").fetchall()
+        except sqlite3.Error as e:
+            return [str(e)]
+        problems = [str(r[0]) for r in rows]
+        return [] if problems == ["ok"] else problems
+
     # --- snapshots and durability ------------------------------------------------------------
 
     def snapshot(self, dest_path: StorePath) -> tuple[int, int]:
