@@ -81,6 +81,8 @@ class ChaosOptions:
     check_budget_s: float = 60.0  # per key
     unsafe: Sequence[str] = ()
     leader_read_mode: str = "read_index"
+    # More tserver flags for every server (e.g. small WAL segments and frequent log GC).
+    tserver_flags: Sequence[str] = ()
     work_dir: Path | None = None  # default: a temporary directory, removed afterwards
     history_path: Path | None = None
     settle_timeout_s: float = 90.0

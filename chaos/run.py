@@ -63,6 +63,7 @@ class ChaosReport:
     replicas: dict[str, tuple[bool, str]]  # tablet -> (equal, detail)
     unsafe: Sequence[str] = ()
     leader_read_mode: str = "read_index"
+    tserver_flags: Sequence[str] = ()
     # lease_reads, read_index_reads, stalls: summed over the servers, since their last start.
     read_counters: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # the run itself could not finish
@@ -92,7 +93,8 @@ class ChaosReport:
         lines = [
             f"chaos run: backend {self.backend}, seed {self.seed}, {self.duration_s:.0f} s, "
             f"leader reads by {self.leader_read_mode}"
-            + (f", UNSAFE: {', '.join(self.unsafe)}" if self.unsafe else ""),
+            + (f", UNSAFE: {', '.join(self.unsafe)}" if self.unsafe else "")
+            + (f", flags {' '.join(self.tserver_flags)}" if self.tserver_flags else ""),
             "",
             "operations     attempted      ok    fail    info",
         ]
@@ -159,6 +161,7 @@ def open_cluster(options: ChaosOptions, root: Path) -> ChaosCluster:
     tables = chaos_tables(replication=3)
     flags = [f"--leader_read_mode={options.leader_read_mode}"]
     flags += [UNSAFE_SWITCHES[name] for name in options.unsafe]
+    flags += list(options.tserver_flags)
     cluster: ChaosCluster
     if backend == "netns":
         from raftlet.chaos.netns_cluster import NetnsChaosCluster
@@ -272,6 +275,7 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
         replicas=replicas,
         unsafe=tuple(options.unsafe),
         leader_read_mode=options.leader_read_mode,
+        tserver_flags=tuple(options.tserver_flags),
         read_counters=read_counters,
         problems=problems,
     )

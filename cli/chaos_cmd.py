@@ -84,6 +84,14 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="SWITCH[,…]",
         help=f"negative control: break a guarantee on purpose ({', '.join(UNSAFE_SWITCHES)})",
     )
+    p.add_argument(
+        "--tserver-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for every server, e.g. --tserver-flag=--log_gc_interval_s=0.5 "
+        "(repeatable)",
+    )
     p.add_argument("--quiet", action="store_true", help="only the report")
 
 
@@ -94,6 +102,12 @@ def _list(text: str) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from raftlet.chaos.options import ChaosOptions, WorkloadOptions
     from raftlet.chaos.run import run_chaos
+    from raftlet.cli.tserver_args import build_tserver_parser
+
+    if args.tserver_flag:
+        # The server's own parser: a typo is a usage error now, not three failed starts.
+        check = build_tserver_parser("raftlet chaos --tserver-flag")
+        check.parse_args(["--config", "-", "--server_id", "-", *args.tserver_flag])
 
     try:
         options = ChaosOptions(
@@ -112,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             check_budget_s=args.check_budget,
             unsafe=_list(args.unsafe),
             leader_read_mode=args.leader_read_mode,
+            tserver_flags=tuple(args.tserver_flag),
             work_dir=args.work_dir,
             history_path=args.history,
         )
