@@ -39,7 +39,14 @@ def _run(tmp_path: Path, **kwargs: object) -> ChaosReport:
 def test_every_fault_kind_leaves_a_linearizable_history_and_no_lost_write(
     tmp_path: Path,
 ) -> None:
-    report = _run(tmp_path, duration_s=75.0, seed=7, history_path=tmp_path / "history.jsonl")
+    # Small WAL segments and frequent log GC: the log is collected under the faults too.
+    report = _run(
+        tmp_path,
+        duration_s=75.0,
+        seed=7,
+        history_path=tmp_path / "history.jsonl",
+        tserver_flags=("--log_segment_size_bytes=65536", "--log_gc_interval_s=0.5"),
+    )
     kinds = {e.kind for e in report.faults}
     assert kinds == set(ALL_FAULTS), f"missing fault kinds: {set(ALL_FAULTS) - kinds}"
     assert not report.problems
@@ -53,6 +60,11 @@ def test_every_fault_kind_leaves_a_linearizable_history_and_no_lost_write(
     assert report.ops["read"]["ok"] > 500
     assert report.terms_advanced >= 3
     assert (tmp_path / "history.jsonl").stat().st_size > 0
+    # GC ran on every replica: the first segment each log had is gone.
+    wals = sorted((tmp_path / "cluster").glob("ts*/*/wal"))
+    assert len(wals) == 3 * 4
+    for wal in wals:
+        assert not (wal / "wal-0000000000000001.seg").exists(), wal
 
 
 def test_negative_control_stale_leader_reads_are_caught(tmp_path: Path) -> None:
