@@ -84,6 +84,7 @@ from raftlet.tserver.status_pages import (
     register_tablet_pages,
     tablet_statuses,
 )
+from raftlet.tserver.store_verifier import StoreVerifier
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 
 __all__ = ["TabletServer"]
@@ -164,6 +165,7 @@ class TabletServer:
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self.stream_channels: AsyncChannelPool | None = None  # the streams' channels
         self._grpc: grpc.aio.Server | None = None
+        self._verifier: StoreVerifier | None = None
         self._health: health_async.HealthServicer | None = None
         self.rpc_port = 0
 
@@ -320,6 +322,11 @@ class TabletServer:
         for replica in self.replicas.values():
             replica.start()
         self.ticker.start()
+        if s.store_verify_interval_s > 0:
+            self._verifier = StoreVerifier(
+                lambda: list(self.replicas.values()), s.store_verify_interval_s
+            )
+            self._verifier.start()
         register_tablet_pages(self.status, self.server_id, self.replicas, self.failed_tablets)
         self.status.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -364,6 +371,8 @@ class TabletServer:
         self.status.stop()
 
     def _stop_blocking(self) -> None:
+        if self._verifier is not None:
+            self._verifier.stop()
         if self.ticker is not None:
             self.ticker.stop()
         for pool in self.pools.values():

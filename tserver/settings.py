@@ -102,6 +102,7 @@ class ServerSettings:
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
     log_gc_interval_s: float = 10.0
+    store_verify_interval_s: float = 3600.0
     lock_contention_trace_threshold_ms: float = 100.0
     max_message_bytes: int = 16 * MiB
     max_batch_rows: int = 10_000
@@ -641,6 +642,14 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"at most 3600). Each run fsyncs the store. A voter that is down holds back GC on "
         f"every replica of its tablet until it returns.",
         convert=float_value, check=at_least(0, 3600),
+    ),
+    FlagSpec(
+        "store_verify_interval_s", _WAL, "S",
+        f"How often one thread checks every replica's store file with SQLite's quick_check "
+        f"(default {_D('store_verify_interval_s'):g}; 0 never, at most 604800, a week); a "
+        f"store is also checked when its replica opens. A damaged one fails its replica "
+        f"for good (it hands its leadership over). About 0.25 s per 100 MiB of store.",
+        convert=float_value, check=at_least(0, 604800),
     ),
     FlagSpec(
         "lock_contention_trace_threshold_ms", _LIMITS, "MS",

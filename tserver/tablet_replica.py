@@ -301,6 +301,8 @@ class TabletReplica:
         self._retry_wait_s = _APPLY_RETRY_FIRST_S
         self._retry_due = False
         self._retry_timer: threading.Timer | None = None
+        # Set (once) by the store verifier: the file is damaged, and no retry will mend it.
+        self._store_damage: str | None = None
         self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -493,10 +495,21 @@ class TabletReplica:
         # Called under the consensus lock: hand over and return at once.
         self._apply_q.post(list(entries))
 
+    def store_damaged(self, reason: str) -> None:
+        """The store verifier found the file damaged (``tserver.store_verifier``): fail
+        for good, in the apply stage (the store's only writer), which it is nudged to run."""
+        if self._store_damage is None:
+            self._store_damage = reason
+            self._apply_q.post([])
+
     def _apply_batches(self, batches: list[list[Entry]]) -> None:
         entries = [e for batch in batches for e in batch]
         if entries:
             self._given_up_to = max(self._given_up_to, entries[-1].index)
+        if self._store_damage is not None and self._apply_error is None:
+            # As a failed apply, minus the retry: the committed entries wait in the log.
+            self._on_apply_failed(StoreError(f"the store file is damaged ({self._store_damage})"))
+            return
         if self._apply_error is None:
             if entries and not self._apply_pieces(entries):
                 self._schedule_retry()
@@ -526,6 +539,8 @@ class TabletReplica:
     def _catch_up(self) -> None:
         """Retry after a failure: apply what was handed over and not applied, read back
         from the log, then serve again."""
+        if self._store_damage is not None:
+            return  # damage found by the verifier: nothing to retry
         while self.store.applied_index() < self._given_up_to:
             lo = self.store.applied_index() + 1
             hi = min(self._given_up_to + 1, lo + _CATCH_UP_CHUNK)

@@ -154,3 +154,33 @@ def test_a_leader_whose_log_fails_hands_over_and_stays_failed(tablet: Tablet) ->
     assert leader.consensus.snapshot.role is Role.FOLLOWER
     for r in _others(tablet, leader.server_id):
         tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what="the others have every row")
+
+
+def test_a_leader_whose_store_file_is_found_damaged_fails_for_good(
+    tablet: Tablet, tmp_path: Path
+) -> None:
+    leader = tablet.leader()
+    for i in range(1, 6):
+        send(leader, write([i], "c3", i)).result()
+    # What the store verifier does when quick_check reports damage.
+    leader.store_damaged("PRAGMA quick_check: Page 7: btree page has bad header")
+    tablet.wait_for(lambda: leader.failure_reason() is not None, what="the leader fails")
+    reason = leader.failure_reason()
+    assert reason is not None
+    assert "the store file is damaged" in reason
+    assert "Page 7" in reason
+    new = tablet.leader()
+    assert new is not leader
+    for i in range(6, 10):
+        send(new, write([i], "c3", i)).result()
+    # No retry mends a damaged file: it stays FAILED and never leads again.
+    for _ in range(200):
+        tablet.ticker.tick()
+    assert leader.failure_reason() == reason
+    assert leader.consensus.snapshot.role is Role.FOLLOWER
+    with pytest.raises(TabletFailed):
+        leader.scan(
+            tablet_pb2.ScanRequest(tablet_id="kv-p0", read_mode=tablet_pb2.READ_FOLLOWER_APPLIED)
+        )
+    for r in _others(tablet, leader.server_id):
+        tablet.wait_for(lambda r=r: keys_on(r) == list(range(1, 10)), what=f"{r.server_id}")
