@@ -550,11 +550,10 @@ class Raft:
                 if m.log_term > 0:
                     # Skip every entry of a term the follower does not have.
                     hint, _ = self.log.find_conflict_by_term(hint, m.log_term)
-                if hint < self.log.first_index() and self.log.first_index() > 1:
-                    # Log GC discarded our entries down there; the follower holds every entry
-                    # up to all_replicated (>= our first index: GC keeps that entry), so
-                    # resume after it.
-                    hint = max(hint, self.all_replicated)
+                # Every voter holds every entry up to all_replicated, so no probe need go
+                # below it -- nor can it, once log GC discarded what lies below (GC keeps
+                # the entry at all_replicated, whose term the probe sends).
+                hint = max(hint, self.all_replicated)
                 if pr.maybe_decrease_to(m.index, hint):
                     if pr.state is ProgressState.REPLICATE:
                         pr.become_probe()
