@@ -1,10 +1,13 @@
 """What the leader knows of each follower (etcd's tracker.Progress).
 
-A follower is in one of two states:
+A follower is in one of three states:
 - PROBE: the leader does not know where the follower's log matches its own.  It
   sends one APPEND at a time (``probe_sent``) and backs ``next`` off on rejection.
 - REPLICATE: the logs match up to ``match``; the leader streams APPENDs
   optimistically (``next`` advances on send), at most ``max_inflight`` unacknowledged.
+- SNAPSHOT: the follower needs entries log GC discarded here, so it is getting a copy of
+  the tablet instead (``pending_snapshot``: the leader's first log index when it asked);
+  nothing is sent to it until the driver reports the copy done or failed.
 
 Invariant: 0 <= match < next.
 """
@@ -20,6 +23,7 @@ __all__ = ["Inflights", "Progress", "ProgressState"]
 class ProgressState(enum.Enum):
     PROBE = "PROBE"
     REPLICATE = "REPLICATE"
+    SNAPSHOT = "SNAPSHOT"
 
 
 class Inflights:
@@ -63,6 +67,8 @@ class Progress:
         # Heard from since the last check-quorum round (thesis §6.2).
         self.recent_active = False
         self.inflights = Inflights(max_inflight)
+        # SNAPSHOT only: the index the copy must reach (0 otherwise).
+        self.pending_snapshot = 0
 
     def __repr__(self) -> str:
         return f"Progress(match={self.match}, next={self.next}, state={self.state.value})"
@@ -71,7 +77,21 @@ class Progress:
         self.state = ProgressState.PROBE
         self.next = self.match + 1
         self.probe_sent = False
+        self.pending_snapshot = 0
         self.inflights.reset()
+
+    def become_snapshot(self, index: int) -> None:
+        self.state = ProgressState.SNAPSHOT
+        self.pending_snapshot = index
+        self.probe_sent = False
+        self.inflights.reset()
+
+    def snapshot_done(self, index: int) -> None:
+        """The follower installed a copy of the state at ``index``: probe from there (the
+        copy may have been taken later than asked, so ``index`` may pass the pending one).
+        ``match`` moves when the follower answers the probe, as for any other."""
+        self.become_probe()
+        self.next = max(self.next, index + 1)
 
     def become_replicate(self) -> None:
         self.state = ProgressState.REPLICATE
@@ -82,6 +102,8 @@ class Progress:
     def is_paused(self) -> bool:
         if self.state is ProgressState.PROBE:
             return self.probe_sent
+        if self.state is ProgressState.SNAPSHOT:
+            return True
         return self.inflights.full()
 
     def sent_entries(self, last_index: int | None) -> None:
@@ -114,7 +136,7 @@ class Progress:
                 return False
             self.next = self.match + 1
             return True
-        if self.next - 1 != rejected:
+        if self.state is ProgressState.SNAPSHOT or self.next - 1 != rejected:
             return False
         self.next = max(min(rejected, match_hint + 1), self.match + 1)
         self.probe_sent = False

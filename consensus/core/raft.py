@@ -24,6 +24,9 @@ Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design)
   leadership at once: to a follower whose log matches its own, through TIMEOUT_NOW, if
   there is one, else by plain step-down.  Why it is not promotable is the driver's
   business: the core only takes the flag as an input.
+- A follower that needs entries log GC discarded gets a copy of the state instead
+  (etcd's MsgSnap): the leader emits SNAPSHOT and sends it nothing until the driver reports
+  the copy (``report_snapshot``); a follower's driver that installed one calls ``restore``.
 - One vote per term (§5.2), granted only to a log at least as up to date as ours
   (§5.4.1).  ``vote`` and ``term`` reach the hard state the driver persists
   before any vote or response leaves (see ``Ready``).
@@ -427,6 +430,34 @@ class Raft:
                 self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
         self.become_follower(self.term, NO_NODE)
 
+    def report_snapshot(self, peer: str, ok: bool, index: int = 0) -> None:
+        """The driver's outcome of the copy a SNAPSHOT message asked for.  ``ok``: ``peer``
+        installed the state at ``index`` -- probe from there.  Not ok: probe again after its
+        next heartbeat answer, which asks for a new copy if one is still needed (the driver
+        paces its attempts).  Ignored unless we lead and await a copy for ``peer``."""
+        pr = self.prs.get(peer)
+        if self.role is not Role.LEADER or pr is None or pr.state is not ProgressState.SNAPSHOT:
+            return
+        if ok and index >= pr.pending_snapshot:
+            pr.snapshot_done(index)
+            self._send_append(peer)
+        else:
+            pr.become_probe()
+            pr.probe_sent = True
+
+    def restore(self, index: int, term: int) -> bool:
+        """The driver replaced the storage with a copy of a leader's state at (``index``,
+        ``term``): the storage's log now starts with that entry (a stand-in that is never
+        sent, only its term is read).  Everything up to ``index`` is committed and applied.
+        Refused (False, nothing changed) on a leader, or when ``index`` is not past our
+        commit index -- a copy never takes back what we hold committed."""
+        if self.role is Role.LEADER or index <= self.log.committed:
+            return False
+        if self.log.storage.term(index) != term:
+            raise AssertionError(f"storage holds no entry ({index}, {term}) to restore")
+        self.log.restore(index)
+        return True
+
     def on_persisted(self, index: int, term: int) -> None:
         """Entries up to (index, term) are durable locally."""
         if not self.log.stable_to(index, term):
@@ -474,6 +505,8 @@ class Raft:
     def step(self, m: Message) -> None:
         if m.dst != self.id or m.src not in self.voters or m.src == self.id:
             return  # not for us, or from a non-member: drop, never crash
+        if m.type is MessageType.SNAPSHOT:
+            return  # the leader's driver carries it out; it is no input to a core
         if self._implausible(m):
             return
         if m.term > self.term:
@@ -565,6 +598,11 @@ class Raft:
             if not pr.maybe_update(m.index):
                 return
             if pr.state is ProgressState.PROBE:
+                pr.become_replicate()
+            elif pr.state is ProgressState.SNAPSHOT:
+                if pr.match < pr.pending_snapshot:
+                    return  # an old answer: the copy is still needed
+                # It got there without the copy (an answer that was late): replicate.
                 pr.become_replicate()
             else:
                 pr.inflights.free_le(m.index)
@@ -715,9 +753,12 @@ class Raft:
             return False
         first = self.log.first_index()
         if first > 1 and pr.next <= first:
-            # It needs entries (or a term) log GC discarded here: only a copy of the tablet
-            # could bring it up. Cannot happen while GC stays below all_replicated.
-            return False
+            # It needs entries (or the term of one) that log GC discarded here: only a copy
+            # of the state can bring it up.  The copy must hold ``first``, whose term the
+            # next APPEND's previous entry then is; nothing is sent to it meanwhile.
+            pr.become_snapshot(first)
+            self._send(Message(MessageType.SNAPSHOT, self.id, to, self.term, index=first))
+            return True
         entries = self.log.entries(pr.next, self.config.max_size_per_msg)
         if not entries and not send_if_empty:
             return False

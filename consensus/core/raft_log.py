@@ -158,6 +158,18 @@ class RaftLog:
         self.commit_to(min(committed, last_new))
         return last_new
 
+    def restore(self, index: int) -> None:
+        """The storage now holds a copy of the state at ``index`` (its log starts there):
+        everything up to it is committed and applied, nothing of ours is unstable."""
+        last = self.storage.last_index()
+        if self.storage.first_index() > index or last < index:
+            raise AssertionError(f"storage does not hold the restored entry {index}")
+        self._unstable = []
+        self._unstable_offset = last + 1
+        self._in_progress = last
+        self.committed = max(self.committed, index)
+        self.applied = self.applying = index
+
     # --- commit, persistence, application -----------------------------------------
 
     def commit_to(self, index: int) -> None:

@@ -31,7 +31,9 @@ __all__ = ["RawNode", "Status"]
 # Only the leader's outbound replication may leave before local persistence
 # (thesis §10.2.1); anything else speaks for a term, vote or log we must not
 # forget after a crash.
-_SEND_NOW = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.TIMEOUT_NOW})
+_SEND_NOW = frozenset(
+    {MessageType.APPEND, MessageType.HEARTBEAT, MessageType.TIMEOUT_NOW, MessageType.SNAPSHOT}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,16 @@ class RawNode:
         """Whether this node may campaign and lead (see ``Raft.set_promotable``): the
         driver's verdict on its replica's health, an input like any other."""
         self.raft.set_promotable(promotable)
+
+    def report_snapshot(self, peer: str, ok: bool, index: int = 0) -> None:
+        """The copy a SNAPSHOT message asked for reached ``peer`` at ``index`` (``ok``), or
+        failed (see ``Raft.report_snapshot``)."""
+        self.raft.report_snapshot(peer, ok, index)
+
+    def restore(self, index: int, term: int) -> bool:
+        """The driver replaced the storage with a copy of the state at (``index``,
+        ``term``); see ``Raft.restore``."""
+        return self.raft.restore(index, term)
 
     def read_index(self, token: int) -> None:
         """Start a linearizable read; its ``ReadState`` comes in a later ready (see

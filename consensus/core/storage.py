@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
-from raftlet.consensus.core.types import Entry, HardState
+from raftlet.consensus.core.types import Entry, EntryType, HardState
 
 __all__ = ["MemoryStorage", "Storage"]
 
@@ -95,6 +95,15 @@ class MemoryStorage:
         if up_to >= self._first:
             del self._entries[: up_to - self._first + 1]
             self._first = up_to + 1
+
+    def apply_snapshot(self, index: int, term: int) -> None:
+        """Replace the whole log by a stand-in entry at (``index``, ``term``): the log of a
+        replica that installed a copy of the state at ``index`` (``Raft.restore``)."""
+        self._entries = [Entry(term, index, EntryType.NO_OP)]
+        self._first = index
+        self._hard_state = HardState(
+            self._hard_state.term, self._hard_state.vote, max(self._hard_state.commit, index)
+        )
 
     # --- writes (the driver's side) -----------------------------------------
 

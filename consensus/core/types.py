@@ -87,6 +87,11 @@ class MessageType(enum.Enum):
     PRE_VOTE_RESPONSE = "PRE_VOTE_RESPONSE"
     # Leadership transfer: the leader tells the chosen follower to campaign now.
     TIMEOUT_NOW = "TIMEOUT_NOW"
+    # The leader cannot catch a follower up from its log (log GC discarded what it needs):
+    # the follower needs a copy of the leader's state at ``index`` or later (tablet copy).
+    # Addressed to the follower, but carried out by the leader's driver, which copies the
+    # state and reports the outcome with ``report_snapshot``; no core receives it.
+    SNAPSHOT = "SNAPSHOT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,8 @@ class Message:
       (NO_NODE: none).  A follower that heard it from its leader honours that voter's
       ``transfer`` vote -- and its first message as the next term's leader -- despite the
       leader lease; nothing else vouches for a transfer.
+    - SNAPSHOT: ``index`` is the least index the copy must hold (the leader's first log
+      index less one: entries after it can then be sent from the log).
     - VOTE / PRE_VOTE: ``index``/``log_term`` are the candidate's last entry.
       A PRE_VOTE's ``term`` is the term the candidate *would* campaign in.
     - *_RESPONSE: ``reject`` says whether the request was refused.

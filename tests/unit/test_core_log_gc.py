@@ -115,3 +115,6 @@ def test_a_follower_behind_the_discarded_prefix_is_not_sent_what_is_gone() -> No
     net.run()
     assert net.leader().id == "a"
     assert net["c"].raft.log.last_index() < net["a"].raft.log.first_index()
+    # What it gets instead is a request for a copy of the state (test_core_snapshot.py).
+    asked = [m for m in net.delivered if m.type is MessageType.SNAPSHOT]
+    assert [(m.dst, m.index) for m in asked] == [("c", net["a"].raft.log.first_index())]
