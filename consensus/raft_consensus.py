@@ -313,9 +313,13 @@ class RaftConsensus:
         workers: WorkerPool | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_log_failed: Callable[[str], None] | None = None,
+        on_snapshot_needed: Callable[[str, int], None] | None = None,
     ) -> None:
         """``on_log_failed(reason)``: called once, outside the lock, when the log fails (the
-        tablet fails the calls waiting on this replica)."""
+        tablet fails the calls waiting on this replica).  ``on_snapshot_needed(peer,
+        term)``: this leader cannot catch ``peer`` up from its log and wants it to copy the
+        tablet; called under the lock, so it must only hand the work on.  Its outcome comes
+        back through ``report_snapshot``.  Without it, every such request fails at once."""
         self.group_id = group_id
         self.node_id = node_id
         self.options = opts = options or ConsensusOptions()
@@ -328,6 +332,7 @@ class RaftConsensus:
         self._transport = transport
         self._apply_committed = apply_committed
         self._on_log_failed = on_log_failed
+        self._on_snapshot_needed = on_snapshot_needed
         self._lock = lock or ProfiledLock("consensus")
         self.metrics = metrics or ConsensusMetrics()
         config = Config(
@@ -595,8 +600,25 @@ class RaftConsensus:
             reply(outcome)
 
     def _send_unlocked(self, message: Message) -> None:
+        if message.type is MessageType.SNAPSHOT:
+            # Not for the wire: the tablet copies its state to the peer (tablet copy).
+            if self._on_snapshot_needed is not None:
+                self._on_snapshot_needed(message.dst, message.term)
+            else:
+                self._node.report_snapshot(message.dst, False)
+            return
         # The transport never blocks, and its answer only queues: safe under the lock.
         self._transport.send(message, self._on_answer)
+
+    def report_snapshot(self, peer: str, ok: bool, index: int = 0) -> None:
+        """How the tablet copy ``on_snapshot_needed`` asked for ended: ``ok`` with the index
+        ``peer`` installed, or failed (the core asks again after ``peer``'s next heartbeat
+        answer, if it still needs one)."""
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            self._node.report_snapshot(peer, ok, index)
+            self._process_ready_unlocked()
 
     def _on_tick(self, ticks: int) -> None:
         """The ticker's thread: count ``ticks`` as passed, and wake the worker to step them

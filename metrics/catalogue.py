@@ -45,6 +45,8 @@ __all__ = [
     "RPCS_QUEUE_OVERFLOW",
     "RPCS_TIMED_OUT_IN_QUEUE",
     "RPC_INCOMING_QUEUE_TIME_US",
+    "TABLET_COPIES_INSTALLED_TOTAL",
+    "TABLET_COPY_SESSIONS_TOTAL",
     "TABLET_FAILED",
     "TERM_CHECKS_TOTAL",
     "WRITE_OPS_TOTAL",
@@ -196,6 +198,22 @@ LOG_GC_SEGMENTS_DELETED_TOTAL = MetricPrototype(
     "store is durable past them (log GC)",
     entity_type="tablet",
 )
+TABLET_COPIES_INSTALLED_TOTAL = MetricPrototype(
+    "tablet_copies_installed_total",
+    COUNTER,
+    "copies",
+    "Tablet copies this server installed, replacing its replica of a tablet with a copy "
+    "of the leader's (a follower the log could not catch up, or a FAILED replica repaired)",
+    entity_type="server",
+)
+TABLET_COPY_SESSIONS_TOTAL = MetricPrototype(
+    "tablet_copy_sessions_total",
+    COUNTER,
+    "sessions",
+    "Tablet copy sessions this server served as the source, by how they ended",
+    entity_type="server",
+    label_names=("outcome",),
+)
 ROWS_INSERTED_TOTAL = MetricPrototype(
     "rows_inserted_total",
     COUNTER,
@@ -308,6 +326,8 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     RESULT_TRACKER_CLIENTS,
     RESULT_TRACKER_MEMORY_BYTES,
     RPC_AUTH_DENIALS,
+    TABLET_COPIES_INSTALLED_TOTAL,
+    TABLET_COPY_SESSIONS_TOTAL,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

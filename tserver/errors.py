@@ -82,3 +82,8 @@ class StaleRequest(Exception):
     The client told us (through first_incomplete_seq_no) that it no longer waits for it, so
     answering it again could only be wrong (FAILED_PRECONDITION / STALE_REQUEST).
     """
+
+
+class CopySessionNotFound(LookupError):
+    """No such tablet copy session (it ended, expired, or its server restarted): the
+    copying replica begins a new one."""

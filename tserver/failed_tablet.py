@@ -7,8 +7,8 @@ server starts anyway, serving its other tablets.  A FAILED tablet holds no files
 no part in its Raft group (it never votes or campaigns: it has no consensus at all), answers
 every RPC for it with UNAVAILABLE "tablet failed: <why>" (``TabletFailed``), and shows as
 FAILED, with the reason, in ListTablets, on ``/tablets`` and in the ``tablet_failed`` gauge.
-The other two replicas keep the tablet available.  Repairing it takes an operator (or,
-later, a tablet copy from a healthy peer): fix or remove the directory, then restart.
+The other two replicas keep the tablet available, and the server repairs it by copying the
+tablet from the leader (``tserver.tablet_copier``, every ``--tablet_copy_repair_interval_s``).
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ So the replica keeps every entry from ``min(all_replicated, flushed applied inde
 and the log deletes whole segments below that (``Log.gc``; never the active one). The
 entry at the point itself is kept: a leader that must probe a follower needs its term.
 
-Bounded, then, by what the slowest voter holds: a voter that is down pins the log of every
-replica of its tablet until it returns. (What Kudu does next -- give up on it after a
-retention cap and send it a copy of the tablet instead -- needs tablet copy, which raftlet
-does not have yet; until then nothing is discarded that any voter still lacks.)
+Bounded, then, by what the slowest voter holds -- but not for ever: a voter that is down
+would pin the log of every replica of its tablet until it returns, so past
+``max_segments`` segments (``--log_max_segments_retained``) GC goes on without it, and when
+it returns the leader finds what it needs gone and has it copy the tablet instead
+(``tserver.tablet_copier``), as Kudu does.
 
 Runs in the replica's apply worker, at most every ``interval_s``: a flush is two fsyncs and
 the GC a few unlinks, cheap at that rate, and in that thread no apply races the flush. After
@@ -45,6 +46,7 @@ class LogGc:
         all_replicated: Callable[[], int],
         *,
         interval_s: float,
+        max_segments: int = 0,
         on_collected: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -53,6 +55,7 @@ class LogGc:
         self._store = store
         self._all_replicated = all_replicated
         self._interval_s = interval_s
+        self._max_segments = max_segments
         self._on_collected = on_collected
         self._clock = clock
         self._next = clock() + interval_s
@@ -71,7 +74,7 @@ class LogGc:
 
     def collect(self) -> int:
         """Discard what may go now (the module docstring); returns segments deleted."""
-        target = self._all_replicated()
+        target = max(self._all_replicated(), self._log.retention_cap_index(self._max_segments))
         if target <= self._log.first_index():
             return 0
         point = min(target, self._store.flush())

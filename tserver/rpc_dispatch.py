@@ -30,6 +30,7 @@ from raftlet.consensus.rpc.codec import MalformedRequest, WrongServerUuid
 from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.errors import (
+    CopySessionNotFound,
     DeadlineExceededInQueue,
     InvalidRequest,
     ServiceUnavailable,
@@ -134,6 +135,8 @@ def status_for(
         return S.UNAVAILABLE, msg, None
     if isinstance(exc, UnknownTablet):
         return S.NOT_FOUND, msg, E(code=E.TABLET_NOT_FOUND, message=msg)
+    if isinstance(exc, CopySessionNotFound):
+        return S.NOT_FOUND, f"no tablet copy session {msg}", None
     if isinstance(exc, InvalidRequest | MalformedRequest):
         # A consensus request addressed to another server says so, so the caller knows its
         # address book is stale rather than its request malformed.

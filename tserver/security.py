@@ -88,6 +88,7 @@ _CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar(
 _TABLET = "/raftlet.TabletService/"
 _CONSENSUS = "/raftlet.ConsensusService/"
 _ADMIN = "/raftlet.AdminService/"
+_COPY = "/raftlet.TabletCopyService/"
 _ROLES: dict[str, AccessRole | None] = {
     _TABLET + "Scan": AccessRole.READER,
     _TABLET + "ListTablets": AccessRole.READER,
@@ -102,6 +103,10 @@ _ROLES: dict[str, AccessRole | None] = {
     _CONSENSUS + "RequestVote": AccessRole.SERVER,
     _CONSENSUS + "TimeoutNow": AccessRole.SERVER,
     _CONSENSUS + "Stream": AccessRole.SERVER,
+    _COPY + "StartTabletCopy": AccessRole.SERVER,
+    _COPY + "BeginTabletCopySession": AccessRole.SERVER,
+    _COPY + "FetchTabletCopyData": AccessRole.SERVER,
+    _COPY + "EndTabletCopySession": AccessRole.SERVER,
     # Read-only, but it shows every replica's vote and log position: operators only.
     _CONSENSUS + "GetConsensusState": AccessRole.ADMIN,
     "/grpc.health.v1.Health/Check": None,

@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -40,11 +41,14 @@ from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import ChannelPool, channel_options, server_options
 from raftlet.client.tls import TlsOptions, channel_credentials
 from raftlet.cluster import parse_host_port
+from raftlet.cluster.placement import TabletPlacement
+from raftlet.consensus.log import LogOptions
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
 from raftlet.consensus.rpc.stream_transport import StreamHub
 from raftlet.consensus.ticker import Ticker
 from raftlet.consensus.transport import Transport
 from raftlet.consensus.workers import WorkerPool
+from raftlet.metrics import catalogue as cat
 from raftlet.metrics import set_lock_contention_trace_threshold_ms
 from raftlet.metrics.registry import MetricRegistry
 from raftlet.metrics.status_server import StatusServer
@@ -53,6 +57,8 @@ from raftlet.proto import (
     admin_pb2_grpc,
     consensus_pb2,
     consensus_pb2_grpc,
+    tablet_copy_pb2,
+    tablet_copy_pb2_grpc,
     tablet_pb2,
     tablet_pb2_grpc,
 )
@@ -76,15 +82,22 @@ from raftlet.tserver.security import (
     token_port_credentials,
 )
 from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
-from raftlet.tserver.servicers import AdminServicer, ConsensusServicer, TabletServicer
+from raftlet.tserver.servicers import (
+    AdminServicer,
+    ConsensusServicer,
+    TabletCopyServicer,
+    TabletServicer,
+)
 from raftlet.tserver.settings import ServerSettings
 from raftlet.tserver.status_pages import (
-    register_failed_tablet_gauges,
     register_tablet_gauges,
     register_tablet_pages,
     tablet_statuses,
 )
 from raftlet.tserver.store_verifier import StoreVerifier
+from raftlet.tserver.tablet_copier import TabletCopier
+from raftlet.tserver.tablet_copy_install import recover_interrupted_copies
+from raftlet.tserver.tablet_copy_source import CopySessions
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 
 __all__ = ["TabletServer"]
@@ -94,6 +107,7 @@ _POOL_SERVICES = {
     "tablet": tablet_pb2.DESCRIPTOR.services_by_name["TabletService"],
     "consensus": consensus_pb2.DESCRIPTOR.services_by_name["ConsensusService"],
     "admin": admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
+    "tablet_copy": tablet_copy_pb2.DESCRIPTOR.services_by_name["TabletCopyService"],
 }
 
 logger = logging.getLogger(__name__)
@@ -130,6 +144,24 @@ class TabletServer:
             self.auth = Authenticator(tokens, self.entity)
         self.channels = ChannelPool(self.peer_channel_options, credentials=self.peer_credentials)
         self.replicas: dict[str, TabletReplica] = {}
+        # How each tablet placed here is opened: at start, and again after a tablet copy.
+        self._openers: dict[str, Callable[[], TabletReplica | FailedTablet]] = {}
+        self._peer_timeout_s = 0.0
+        self.log_options = LogOptions()
+        # Tablet copy: the sessions this server serves as a source, and its copies.
+        self.copy_sessions = CopySessions(
+            s.data_dir,
+            self.replica,
+            idle_timeout_s=s.tablet_copy_session_timeout_s,
+            on_ended=lambda outcome: self.entity.counter(
+                cat.TABLET_COPY_SESSIONS_TOTAL, outcome=outcome
+            ).increment(),
+        )
+        self.copier = TabletCopier(
+            self,
+            chunk_bytes=s.tablet_copy_chunk_bytes,
+            repair_interval_s=s.tablet_copy_repair_interval_s,
+        )
         # Tablets placed here whose replica failed to open: answered, never served.
         self.failed_tablets: dict[str, FailedTablet] = {}
         self.pools = {
@@ -138,6 +170,9 @@ class TabletServer:
                 "consensus", s.consensus_num_service_threads, s.consensus_service_queue_length
             ),
             "admin": self._pool("admin", s.admin_num_service_threads, s.admin_service_queue_length),
+            # Copies are few and their chunks large: a small pool of their own, so a copy
+            # never queues behind (or holds up) Raft's messages.
+            "tablet_copy": self._pool("tablet_copy", 2, 16),
         }
         # Every replica's worker, prepare and apply stages, and the peers'
         # consensus streams, run on this one pool.
@@ -195,6 +230,7 @@ class TabletServer:
             max_write_bytes=self.limits.write_bytes,
             scan_page_bytes=s.scan_page_bytes,
             log_gc_interval_s=s.log_gc_interval_s,
+            log_max_segments_retained=s.log_max_segments_retained,
             # Room for the row that crosses a page's budget, under gRPC's message limit.
             scan_max_page_bytes=s.max_message_bytes // 2,
             result_tracker_max_clients=s.result_tracker_max_clients,
@@ -213,7 +249,7 @@ class TabletServer:
             stall_margin_s=s.stall_margin_s(),
         )
         # A follower answers an append once it is durable: the deadline covers its fsync.
-        peer_timeout_s = options.consensus.request_timeout_s + 5.0
+        peer_timeout_s = self._peer_timeout_s = options.consensus.request_timeout_s + 5.0
         if s.consensus_transport == "stream":
             self.stream_channels = AsyncChannelPool(
                 self.peer_channel_options, credentials=self.peer_credentials
@@ -224,55 +260,12 @@ class TabletServer:
                 peer_timeout_s,
                 max_frame_bytes=self.limits.peer_bytes,
             )
+        self.log_options = options.log
+        restored = recover_interrupted_copies(s.data_dir)
+        if restored:
+            logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
         for placement in s.placements():
-            table = self.config.table(placement.table)
-            # Where we dial each peer: --peer_addresses (a proxy, NAT) or the config's.
-            addresses = {
-                sid: s.peer_addr(sid) for sid in placement.replicas if sid != self.server_id
-            }
-            transport: Transport
-            if self.streams is not None:
-                transport = self.streams.transport(placement.tablet_id, addresses)
-            else:
-                transport = GrpcTransport(
-                    placement.tablet_id, addresses, self.channels, timeout_s=peer_timeout_s
-                )
-            entity = self.registry.entity(
-                "tablet",
-                placement.tablet_id,
-                {"table": placement.table, "partition": str(placement.partition)},
-            )
-            directory = s.data_dir / placement.tablet_id
-            replica = open_or_fail(
-                functools.partial(
-                    TabletReplica,
-                    tablet_id=placement.tablet_id,
-                    table=placement.table,
-                    partition=placement.partition,
-                    num_partitions=table.partitions,
-                    server_id=self.server_id,
-                    voters=placement.replicas,
-                    directory=directory,
-                    schema=table.schema,
-                    transport=transport,
-                    options=options,
-                    metrics=entity,
-                    ticker=self.ticker,
-                    workers=self.workers,
-                    log_appenders=self.log_appenders,
-                ),
-                tablet_id=placement.tablet_id,
-                table=placement.table,
-                partition=placement.partition,
-                voters=tuple(placement.replicas),
-                directory=directory,
-            )
-            if isinstance(replica, FailedTablet):
-                register_failed_tablet_gauges(entity)
-                self.failed_tablets[placement.tablet_id] = replica
-                continue
-            register_tablet_gauges(entity, replica)
-            self.replicas[placement.tablet_id] = replica
+            self._open_tablet(placement, options)
         for pool in self.pools.values():
             pool.start()
         # Authentication first: an unauthenticated caller learns nothing, not even that its
@@ -294,12 +287,16 @@ class TabletServer:
         tablet_pb2_grpc.add_TabletServiceServicer_to_server(self._tablet_servicer, server)
         consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(self._consensus_servicer, server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self), server)
+        tablet_copy_pb2_grpc.add_TabletCopyServiceServicer_to_server(
+            TabletCopyServicer(self), server
+        )
         self._health = health_async.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [
             tablet_pb2.DESCRIPTOR.services_by_name["TabletService"].full_name,
             consensus_pb2.DESCRIPTOR.services_by_name["ConsensusService"].full_name,
             admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+            tablet_copy_pb2.DESCRIPTOR.services_by_name["TabletCopyService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]
@@ -322,6 +319,7 @@ class TabletServer:
         for replica in self.replicas.values():
             replica.start()
         self.ticker.start()
+        self.copier.start()
         if s.store_verify_interval_s > 0:
             self._verifier = StoreVerifier(
                 lambda: list(self.replicas.values()), s.store_verify_interval_s
@@ -340,6 +338,90 @@ class TabletServer:
             len(self.replicas),
             f"; FAILED: {', '.join(sorted(self.failed_tablets))}" if self.failed_tablets else "",
         )
+
+    def _open_tablet(self, placement: TabletPlacement, options: ReplicaOptions) -> None:
+        s = self.settings
+        table = self.config.table(placement.table)
+        tablet_id = placement.tablet_id
+        # Where we dial each peer: --peer_addresses (a proxy, NAT) or the config's.
+        addresses = {sid: s.peer_addr(sid) for sid in placement.replicas if sid != self.server_id}
+        transport: Transport
+        if self.streams is not None:
+            transport = self.streams.transport(tablet_id, addresses)
+        else:
+            transport = GrpcTransport(
+                tablet_id, addresses, self.channels, timeout_s=self._peer_timeout_s
+            )
+        entity = self.registry.entity(
+            "tablet", tablet_id, {"table": placement.table, "partition": str(placement.partition)}
+        )
+        directory = s.data_dir / tablet_id
+        # Kept, so a tablet copy can open the replica again from its new files.
+        self._openers[tablet_id] = functools.partial(
+            open_or_fail,
+            functools.partial(
+                TabletReplica,
+                tablet_id=tablet_id,
+                table=placement.table,
+                partition=placement.partition,
+                num_partitions=table.partitions,
+                server_id=self.server_id,
+                voters=placement.replicas,
+                directory=directory,
+                schema=table.schema,
+                transport=transport,
+                options=options,
+                metrics=entity,
+                ticker=self.ticker,
+                workers=self.workers,
+                log_appenders=self.log_appenders,
+                request_copy=self.copier.request_copy,
+            ),
+            tablet_id=tablet_id,
+            table=placement.table,
+            partition=placement.partition,
+            voters=tuple(placement.replicas),
+            directory=directory,
+        )
+        register_tablet_gauges(entity, functools.partial(self.hosted, tablet_id))
+        self._place(tablet_id, self._openers[tablet_id]())
+
+    def _place(self, tablet_id: str, replica: TabletReplica | FailedTablet) -> None:
+        if isinstance(replica, FailedTablet):
+            self.failed_tablets[tablet_id] = replica
+        else:
+            self.replicas[tablet_id] = replica
+
+    # --- replicas replaced by a tablet copy (tserver.tablet_copier) ---------------------
+
+    def hosted(self, tablet_id: str) -> TabletReplica | FailedTablet | None:
+        """This server's replica of ``tablet_id``, running or FAILED; None if none."""
+        return self.replicas.get(tablet_id) or self.failed_tablets.get(tablet_id)
+
+    def take_replica(self, tablet_id: str) -> TabletReplica | FailedTablet | None:
+        """Stop serving ``tablet_id`` and close its files (a copy is about to replace them);
+        calls for it meanwhile are answered "not found", as a lost message."""
+        replica = self.replicas.pop(tablet_id, None) or self.failed_tablets.pop(tablet_id, None)
+        if isinstance(replica, TabletReplica):
+            replica.stop()
+        return replica
+
+    def reopen_replica(self, tablet_id: str) -> TabletReplica | FailedTablet:
+        """Open ``tablet_id`` from its directory again and serve it (or list it FAILED)."""
+        replica = self._openers[tablet_id]()
+        if isinstance(replica, TabletReplica) and self._grpc is not None:
+            replica.start()
+        self._place(tablet_id, replica)
+        return replica
+
+    def tablets_needing_repair(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(tablet, voters) of every tablet FAILED here that a copy may repair: one that
+        failed to open, or whose store was found damaged or whose log failed."""
+        out = [(t, f.voters) for t, f in list(self.failed_tablets.items())]
+        for t, r in list(self.replicas.items()):
+            if r.needs_repair():
+                out.append((t, tuple(r.consensus.voters)))
+        return [(t, v) for t, v in out if not self.copier.copying(t)]
 
     async def stop(self, grace_s: float = _SHUTDOWN_GRACE_S) -> None:
         """Stop accepting RPCs, answer what is in flight, then close everything.
@@ -371,13 +453,16 @@ class TabletServer:
         self.status.stop()
 
     def _stop_blocking(self) -> None:
+        # First: a copy must not swap a replica in while the others stop.
+        self.copier.stop()
+        self.copy_sessions.close()
         if self._verifier is not None:
             self._verifier.stop()
         if self.ticker is not None:
             self.ticker.stop()
         for pool in self.pools.values():
             pool.stop(timeout=10)
-        for replica in self.replicas.values():
+        for replica in list(self.replicas.values()):
             try:
                 replica.stop()
             except Exception:

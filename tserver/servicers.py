@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import crc32c
 import grpc
 
 from raftlet.consensus.core import NO_NODE
@@ -24,6 +25,8 @@ from raftlet.proto import (
     admin_pb2_grpc,
     consensus_pb2,
     consensus_pb2_grpc,
+    tablet_copy_pb2,
+    tablet_copy_pb2_grpc,
     tablet_pb2,
     tablet_pb2_grpc,
 )
@@ -41,7 +44,7 @@ from raftlet.tserver.write_stream import WriteStreamSession
 if TYPE_CHECKING:
     from raftlet.tserver.server import TabletServer
 
-__all__ = ["AdminServicer", "ConsensusServicer", "TabletServicer"]
+__all__ = ["AdminServicer", "ConsensusServicer", "TabletCopyServicer", "TabletServicer"]
 
 _ROLE_PB = {
     "FOLLOWER": consensus_pb2.FOLLOWER,
@@ -351,3 +354,92 @@ def _invalid_on_value_error(fn: Callable[[], object]) -> Callable[[], object]:
             raise InvalidRequest(str(e)) from e
 
     return run
+
+
+class TabletCopyServicer(tablet_copy_pb2_grpc.TabletCopyServiceServicer):
+    """Tablet copy between servers (``tserver.tablet_copier``, ``tablet_copy_source``): a
+    leader's request to copy, and the copying replica's session calls. With auth on, only
+    servers may call, and a session's requester must be the server its certificate names."""
+
+    def __init__(self, server: TabletServer) -> None:
+        self._s = server
+        self._pool = server.pools["tablet_copy"]
+
+    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
+        return await dispatch(
+            self._pool,
+            method,
+            context,
+            _run_sync(_invalid_on_value_error(fn)),
+            leader_addr_lookup=self._s.leader_addr,
+        )
+
+    def _check_caller(self, claimed: str) -> None:
+        peer = caller_identity()
+        if self._s.auth is not None and (
+            peer is None or not peer.is_server or peer.name != claimed
+        ):
+            raise SenderMismatch(f"a tablet copy call claims {claimed!r}, but the caller is {peer}")
+
+    async def StartTabletCopy(
+        self, request: tablet_copy_pb2.StartTabletCopyRequest, context: Any
+    ) -> Any:
+        def start() -> tablet_copy_pb2.StartTabletCopyResponse:
+            self._check_caller(request.source_uuid)
+            started, why = self._s.copier.copy_from(
+                request.tablet_id, request.source_uuid, request.source_term
+            )
+            return tablet_copy_pb2.StartTabletCopyResponse(
+                started=started, error=ServerErrorPB(message=why) if why else None
+            )
+
+        return await self._call("StartTabletCopy", context, start)
+
+    async def BeginTabletCopySession(
+        self, request: tablet_copy_pb2.BeginTabletCopySessionRequest, context: Any
+    ) -> Any:
+        def begin() -> tablet_copy_pb2.BeginTabletCopySessionResponse:
+            self._check_caller(request.requester_uuid)
+            s = self._s.copy_sessions.begin(request.tablet_id, request.requester_uuid)
+            return tablet_copy_pb2.BeginTabletCopySessionResponse(
+                session_id=s.session_id,
+                snapshot_index=s.index,
+                snapshot_term=s.term,
+                store_bytes=s.size,
+                store_crc32c=s.crc,
+                source_term=s.source_term,
+                voters=list(s.voters),
+                idle_timeout_ms=int(self._s.copy_sessions.idle_timeout_s * 1000),
+            )
+
+        return await self._call("BeginTabletCopySession", context, begin)
+
+    async def FetchTabletCopyData(
+        self, request: tablet_copy_pb2.FetchTabletCopyDataRequest, context: Any
+    ) -> Any:
+        def fetch() -> tablet_copy_pb2.FetchTabletCopyDataResponse:
+            self._check_caller(request.requester_uuid)
+            limit = min(request.max_bytes, self._s.limits.client_bytes // 2)
+            data = self._s.copy_sessions.fetch(
+                request.session_id, request.offset, limit, request.requester_uuid
+            )
+            return tablet_copy_pb2.FetchTabletCopyDataResponse(
+                data=data, crc32c=crc32c.crc32c(data)
+            )
+
+        return await self._call("FetchTabletCopyData", context, fetch)
+
+    async def EndTabletCopySession(
+        self, request: tablet_copy_pb2.EndTabletCopySessionRequest, context: Any
+    ) -> Any:
+        def end() -> tablet_copy_pb2.EndTabletCopySessionResponse:
+            self._check_caller(request.requester_uuid)
+            self._s.copy_sessions.end(
+                request.session_id,
+                request.success,
+                request.requester_uuid,
+                request.installed_index,
+            )
+            return tablet_copy_pb2.EndTabletCopySessionResponse()
+
+        return await self._call("EndTabletCopySession", context, end)

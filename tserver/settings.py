@@ -103,6 +103,10 @@ class ServerSettings:
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
     log_gc_interval_s: float = 10.0
     store_verify_interval_s: float = 3600.0
+    log_max_segments_retained: int = 64
+    tablet_copy_chunk_bytes: int = MiB
+    tablet_copy_session_timeout_s: float = 60.0
+    tablet_copy_repair_interval_s: float = 10.0
     lock_contention_trace_threshold_ms: float = 100.0
     max_message_bytes: int = 16 * MiB
     max_batch_rows: int = 10_000
@@ -650,6 +654,34 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"store is also checked when its replica opens. A damaged one fails its replica "
         f"for good (it hands its leadership over). About 0.25 s per 100 MiB of store.",
         convert=float_value, check=at_least(0, 604800),
+    ),
+    FlagSpec(
+        "log_max_segments_retained", _WAL, "N",
+        f"A replica's log keeps at most this many segments for a lagging voter (default "
+        f"{_D('log_max_segments_retained')}; 0: no cap, a voter that is down holds the log "
+        f"back for as long as it is down). Past the cap, log GC goes on without that voter, "
+        f"which is then brought up by a tablet copy instead of the log.",
+        convert=int_value, check=int_in_range(0),
+    ),
+    FlagSpec(
+        "tablet_copy_chunk_bytes", _WAL, "BYTES",
+        f"Bytes per chunk of a tablet copy (default {_size(_D('tablet_copy_chunk_bytes'))}, "
+        f"at most 8 MiB); every chunk is checksummed and fetched again if damaged or lost.",
+        convert=int_value, check=int_in_range(4096, 8 * MiB),
+    ),
+    FlagSpec(
+        "tablet_copy_session_timeout_s", _WAL, "S",
+        f"A tablet copy session that sees no call for this long ends as failed, and its "
+        f"snapshot file is removed (default {_D('tablet_copy_session_timeout_s'):g}; 1 to "
+        f"3600).",
+        convert=float_value, check=at_least(1, 3600),
+    ),
+    FlagSpec(
+        "tablet_copy_repair_interval_s", _WAL, "S",
+        f"How often a tablet FAILED on this server (unreadable at open, damaged store, failed "
+        f"log) is repaired by copying it from its leader (default "
+        f"{_D('tablet_copy_repair_interval_s'):g}; 0 never, at most 3600).",
+        convert=float_value, check=at_least(0, 3600),
     ),
     FlagSpec(
         "lock_contention_trace_threshold_ms", _LIMITS, "MS",

@@ -11,7 +11,7 @@ must not hang the page that would show it.
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics.human import human_bytes
@@ -21,7 +21,6 @@ from raftlet.tserver.failed_tablet import FailedTablet
 from raftlet.tserver.tablet_replica import TabletReplica
 
 __all__ = [
-    "register_failed_tablet_gauges",
     "register_tablet_gauges",
     "register_tablet_pages",
     "tablet_statuses",
@@ -45,36 +44,39 @@ _HTML_COLUMNS = [
 ]
 
 
-def register_tablet_gauges(entity: MetricEntity, replica: TabletReplica) -> None:
-    """Export ``replica``'s term, role, commit and applied index as gauges of ``entity``."""
+def register_tablet_gauges(
+    entity: MetricEntity, current: Callable[[], TabletReplica | FailedTablet | None]
+) -> None:
+    """Export the tablet's term, role, commit and applied index as gauges of ``entity``,
+    read from ``current()`` -- the replica serving it now, which a tablet copy may replace,
+    or the ``FailedTablet`` standing in for one (no Raft state: the gauges read 0, except
+    ``tablet_failed``)."""
     roles = cat.RAFT_ROLE_VALUES
 
-    def term() -> float:
-        return float(replica.consensus.snapshot.term)
+    def of(read: Callable[[TabletReplica], float]) -> Callable[[], float]:
+        def value() -> float:
+            replica = current()
+            return read(replica) if isinstance(replica, TabletReplica) else 0.0
 
-    def role() -> float:
-        return float(roles[replica.consensus.snapshot.role.value])
+        return value
 
-    entity.function_gauge(cat.RAFT_TERM, term)
-    entity.function_gauge(cat.RAFT_ROLE, role)
-    entity.function_gauge(cat.RAFT_COMMIT_INDEX, lambda: float(replica.commit_index_cached()))
-    entity.function_gauge(cat.RAFT_APPLIED_INDEX, lambda: float(replica.store.applied_index()))
+    def failed() -> float:
+        replica = current()
+        if isinstance(replica, TabletReplica):
+            return 0.0 if replica.failure_reason() is None else 1.0
+        return 1.0 if isinstance(replica, FailedTablet) else 0.0
+
+    entity.function_gauge(cat.RAFT_TERM, of(lambda r: float(r.consensus.snapshot.term)))
     entity.function_gauge(
-        cat.TABLET_FAILED, lambda: 0.0 if replica.failure_reason() is None else 1.0
+        cat.RAFT_ROLE, of(lambda r: float(roles[r.consensus.snapshot.role.value]))
     )
-    entity.function_gauge(cat.RESULT_TRACKER_CLIENTS, lambda: float(replica.tracker.clients()))
+    entity.function_gauge(cat.RAFT_COMMIT_INDEX, of(lambda r: float(r.commit_index_cached())))
+    entity.function_gauge(cat.RAFT_APPLIED_INDEX, of(lambda r: float(r.store.applied_index())))
+    entity.function_gauge(cat.TABLET_FAILED, failed)
+    entity.function_gauge(cat.RESULT_TRACKER_CLIENTS, of(lambda r: float(r.tracker.clients())))
     entity.function_gauge(
-        cat.RESULT_TRACKER_MEMORY_BYTES, lambda: float(replica.tracker.memory_bytes())
+        cat.RESULT_TRACKER_MEMORY_BYTES, of(lambda r: float(r.tracker.memory_bytes()))
     )
-
-
-def register_failed_tablet_gauges(entity: MetricEntity) -> None:
-    """A tablet that failed to open has no Raft state to show: only that it failed."""
-    entity.function_gauge(cat.TABLET_FAILED, _one)
-
-
-def _one() -> float:
-    return 1.0
 
 
 def tablet_statuses(
@@ -96,7 +98,8 @@ def register_tablet_pages(
     failed = failed if failed is not None else {}
 
     def statuses() -> list[dict[str, object]]:
-        return tablet_statuses(replicas.values(), failed.values())
+        # list() copies in one step: a tablet copy may swap a replica meanwhile.
+        return tablet_statuses(list(replicas.values()), list(failed.values()))
 
     def tablets_json(request: PageRequest) -> PageResponse:
         return PageResponse.json({"server": server_id, "tablets": statuses()})

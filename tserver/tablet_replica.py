@@ -44,11 +44,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftlet.consensus.core import Entry, EntryType, NotLeaderError, ProposalDropped
-from raftlet.consensus.log import Log, LogOptions
+from raftlet.consensus.core import Entry, EntryType, NotLeaderError, ProposalDropped, Role
+from raftlet.consensus.log import Log, LogOptions, PersistentState
 from raftlet.consensus.raft_consensus import (
     ConsensusMetrics,
     ConsensusOptions,
+    LeaderNotReady,
     RaftConsensus,
     TermCheckMode,
 )
@@ -133,6 +134,8 @@ class ReplicaOptions:
     read_wait_s: float = 5.0
     # Log GC at most this often (tserver.log_gc); 0: never.
     log_gc_interval_s: float = 10.0
+    # Segments log GC keeps for a lagging voter at most (tserver.log_gc); 0: no cap.
+    log_max_segments_retained: int = 64
     # A scan page's bytes when the request leaves it to the server, and at most.
     scan_page_bytes: int = 1 << 20
     scan_max_page_bytes: int = 8 << 20
@@ -222,7 +225,10 @@ class TabletReplica:
         ticker: TickSource | None = None,
         workers: WorkerPool | None = None,
         log_appenders: WorkerPool | None = None,
+        request_copy: Callable[[str, str, int], None] | None = None,
     ) -> None:
+        """``request_copy(tablet_id, peer, term)``: this replica leads and ``peer`` needs a
+        copy of the tablet (``tserver.tablet_copier``); it must only hand the work on."""
         if not 0 <= partition < num_partitions:
             raise ValueError(f"partition {partition} is not one of {num_partitions}")
         self.tablet_id = tablet_id
@@ -256,6 +262,11 @@ class TabletReplica:
                 ticker=ticker,
                 workers=workers,
                 on_log_failed=self._on_log_failed,
+                on_snapshot_needed=(
+                    (lambda peer, term: request_copy(tablet_id, peer, term))
+                    if request_copy is not None
+                    else None
+                ),
             )
         except BaseException:
             # The files are open: a replica that cannot start must not keep them.
@@ -288,6 +299,7 @@ class TabletReplica:
                 self.store,
                 self.consensus.all_replicated,
                 interval_s=opts.log_gc_interval_s,
+                max_segments=opts.log_max_segments_retained,
                 on_collected=self._metrics.log_gc_segments.increment,
             )
             if opts.log_gc_interval_s > 0
@@ -740,6 +752,37 @@ class TabletReplica:
                     f"{self.options.read_wait_s:g} s; try another replica"
                 )
         self._check_serving()
+
+    # --- tablet copy ---------------------------------------------------------------------------
+
+    def copy_snapshot(self, dest: Path) -> tuple[int, int, int, tuple[str, ...]]:
+        """Snapshot the store into ``dest`` for a tablet copy: (index, term, this leader's
+        term, voters). Only a ready leader serves one (``tserver.tablet_copy_source``); the
+        snapshot's entry is still in its log, so appends can go on from it."""
+        snap = self.consensus.snapshot
+        if snap.role is not Role.LEADER:
+            raise NotLeaderError(snap.leader_id, snap.term)
+        if not snap.leader_ready:
+            raise LeaderNotReady(f"leader of term {snap.term} has not committed its no-op yet")
+        index, term = self.store.snapshot(dest)
+        first = self.consensus_log().first_index()
+        if index < first:
+            raise ServiceUnavailable(
+                f"the store snapshot ends at {index}, before the log's first entry {first}"
+            )
+        return index, term, snap.term, tuple(self.consensus.voters)
+
+    def report_copy(self, peer: str, ok: bool, index: int) -> None:
+        self.consensus.report_snapshot(peer, ok, index)
+
+    def needs_repair(self) -> bool:
+        """Whether only a tablet copy can mend this replica: its store was found damaged, or
+        its log failed (a failed apply, by contrast, is retried until the disk recovers)."""
+        return self._store_damage is not None or self.consensus.failed()
+
+    def persistent_state(self) -> PersistentState:
+        """Term, vote, voters and saved commit index, as last made durable."""
+        return self._opened.storage.metadata.state
 
     # --- status --------------------------------------------------------------------------------
 

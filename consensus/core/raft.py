@@ -450,7 +450,10 @@ class Raft:
         ``term``): the storage's log now starts with that entry (a stand-in that is never
         sent, only its term is read).  Everything up to ``index`` is committed and applied.
         Refused (False, nothing changed) on a leader, or when ``index`` is not past our
-        commit index -- a copy never takes back what we hold committed."""
+        commit index -- a copy never takes back what we hold committed.  The driver must
+        check before it replaces the storage that our log does not already hold (``index``,
+        ``term``): the entries after it may be acknowledged ones, and a copy would drop
+        them; it then tells the leader where we are instead (its report of the copy)."""
         if self.role is Role.LEADER or index <= self.log.committed:
             return False
         if self.log.storage.term(index) != term:

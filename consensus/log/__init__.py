@@ -16,7 +16,7 @@ from raftlet.consensus.log.errors import (
     LogFailedError,
     MetadataCorruptionError,
 )
-from raftlet.consensus.log.log import AppendCallback, Log
+from raftlet.consensus.log.log import AppendCallback, Log, write_log_start
 from raftlet.consensus.log.metadata import ConsensusMetadata, PersistentState
 from raftlet.consensus.log.options import LogObserver, LogOptions, NullLogObserver
 from raftlet.consensus.log.raft_storage import LogStorage
@@ -36,4 +36,5 @@ __all__ = [
     "MetadataCorruptionError",
     "NullLogObserver",
     "PersistentState",
+    "write_log_start",
 ]

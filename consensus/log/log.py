@@ -71,7 +71,7 @@ from raftlet.consensus.log.segment import (
 )
 from raftlet.consensus.workers import WorkerPool
 
-__all__ = ["AppendCallback", "Log"]
+__all__ = ["AppendCallback", "Log", "write_log_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -636,6 +636,18 @@ class Log:
             fsync_dir(self.directory)
         return len(doomed)
 
+    def retention_cap_index(self, max_segments: int) -> int:
+        """The first index of the newest ``max_segments`` segments: GC up to it keeps that
+        many (0 when the log has no more than that)."""
+        with self._lock:
+            seqs = list(self._segments)
+            if max_segments <= 0 or len(seqs) <= max_segments:
+                return 0
+            k = self._index.first_rec_after_segment(seqs[-max_segments - 1])
+            if k >= self._index.rec_count():
+                return 0
+            return self._index.rec_at(k).first
+
     # --- status and shutdown ----------------------------------------------------------
 
     def segment_paths(self) -> list[str]:
@@ -675,6 +687,29 @@ class Log:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def write_log_start(directory: str | os.PathLike[str], entry: Entry, options: LogOptions) -> None:
+    """Create, in the new (empty or absent) ``directory``, a log whose first entry is
+    ``entry``, durably.  A replica installed from a tablet copy at (index, term) starts its
+    log so: with a stand-in for the entry it already holds the state of, whose term is what
+    the leader's next append is checked against (``consensus.core.Raft.restore``)."""
+    path = os.fspath(directory)
+    os.makedirs(path, exist_ok=True)
+    if any(parse_segment_name(name) is not None for name in os.listdir(path)):
+        raise LogError(f"log {path} already has segments")
+    writer = SegmentWriter.create(
+        path, 1, sync=options.fsync, reserve_bytes=options.reserved_segment_bytes()
+    )
+    try:
+        head, payload = encode_record([entry])
+        writer.write(head + payload)
+        if options.fsync:
+            writer.sync()
+    finally:
+        writer.close()
+    if options.fsync:
+        fsync_dir(path)
 
 
 def _lock_directory(directory: str) -> int:

@@ -42,6 +42,8 @@ from tests.integration.tserver_cluster import (
 )
 
 PARTITIONS = 3
+# The refusal itself is what these tests look at: no repair (test_tablet_copy.py has it).
+NO_REPAIR = ["--tablet_copy_repair_interval_s", "0"]
 TICK_S = 0.05
 ELECTION_TICKS = 10
 
@@ -124,7 +126,7 @@ def _log_mentions(server: Server, text: str) -> int:
 
 
 def test_a_flipped_wal_byte_fails_only_that_tablet(tmp_path: Path) -> None:
-    with running_cluster(tmp_path, partitions=PARTITIONS) as cluster:
+    with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
         cluster.wait_leaders()
         rows = _populate(cluster)
         victim, damaged = cluster.servers["ts1"], "kv-p0"
@@ -149,7 +151,7 @@ def test_a_flipped_wal_byte_fails_only_that_tablet(tmp_path: Path) -> None:
 
 
 def test_missing_consensus_metadata_beside_a_wal_refuses_to_open(tmp_path: Path) -> None:
-    with running_cluster(tmp_path, partitions=PARTITIONS) as cluster:
+    with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
         cluster.wait_leaders()
         rows = _populate(cluster)
         victim, damaged = cluster.servers["ts2"], "kv-p1"

@@ -98,10 +98,13 @@ def test_leader_step_down_is_refused_more_than_once_per_election_timeout(
         (tablet,) = cluster.tablet_ids()
         leader = cluster.leader_of(tablet)
         target = next(sid for sid in cluster.servers if sid != leader.id)
+        # Before the call: the server's grant is no earlier, so the interval it enforces is
+        # measured from no earlier than this (after the answer would be too late on a
+        # loaded machine, and make the check below fail though the server is right).
+        accepted_at = time.monotonic()
         leader.admin.LeaderStepDown(
             admin_pb2.LeaderStepDownRequest(tablet_id=tablet, new_leader_uuid=target), timeout=10
         )
-        accepted_at = time.monotonic()
         # At once again, on the same server: refused before it takes a thread, whatever
         # the replica's role now.
         refusals = 0

@@ -1,0 +1,122 @@
+"""Installing a tablet copy: the term and vote it starts with, a replica directory that
+opens at the copy's index and takes the leader's next append, and a swap that a crash at
+any point leaves either all old or all new."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raftlet.consensus.core import Entry, EntryType
+from raftlet.consensus.log import LogOptions, PersistentState
+from raftlet.tserver.bootstrap import STORE_FILE, open_replica, to_apply_entries
+from raftlet.tserver.store import TabletStore
+from raftlet.tserver.tablet_copy_install import (
+    CopiedState,
+    CopyRefused,
+    build_replica_dir,
+    installed_term_and_vote,
+    recover_interrupted_copies,
+    replaced_dir,
+    staging_dir,
+    swap_in,
+)
+from tests.unit.client_fakes import KV_SCHEMA
+
+VOTERS = ("a", "b", "c")
+COPY = CopiedState(index=40, term=3, source_uuid="a", source_term=5, voters=VOTERS)
+
+
+def test_a_replica_at_the_sources_term_keeps_its_vote() -> None:
+    own = PersistentState(current_term=5, voted_for="c", voters=VOTERS, commit_index=10)
+    assert installed_term_and_vote(own, COPY) == (5, "c")
+
+
+def test_a_replica_behind_or_without_metadata_votes_for_the_source_in_its_term() -> None:
+    # So it cannot vote again in the term it learns: the source already won it.
+    own = PersistentState(current_term=2, voted_for="b", voters=VOTERS)
+    assert installed_term_and_vote(own, COPY) == (5, "a")
+    assert installed_term_and_vote(None, COPY) == (5, "a")
+
+
+def test_a_replica_at_a_newer_term_refuses_the_copy() -> None:
+    own = PersistentState(current_term=6, voters=VOTERS)
+    with pytest.raises(CopyRefused, match="term 6"):
+        installed_term_and_vote(own, COPY)
+
+
+def _store_at(path: Path, index: int, term: int) -> None:
+    """A store file whose applied entry is (index, term), as a source's snapshot is."""
+    store = TabletStore.open(path, KV_SCHEMA)
+    try:
+        store.apply_batch(to_apply_entries([Entry(term, index, EntryType.NO_OP)], KV_SCHEMA))
+    finally:
+        store.close()
+
+
+def test_a_built_directory_opens_at_the_copys_index(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    _store_at(staging / STORE_FILE, COPY.index, COPY.term)
+    build_replica_dir(staging, COPY, None, LogOptions())
+    opened = open_replica(staging, KV_SCHEMA, VOTERS)
+    try:
+        storage = opened.storage
+        assert storage.log.first_index() == COPY.index
+        assert storage.last_index() == COPY.index
+        assert storage.term(COPY.index) == COPY.term
+        assert opened.store.applied_index() == COPY.index
+        assert opened.replayed == 0
+        hard = storage.initial_state()
+        assert (hard.term, hard.vote, hard.commit) == (5, "a", COPY.index)
+        # The leader's next append follows the stand-in entry.
+        storage.append([Entry(5, COPY.index + 1, EntryType.NORMAL, b"x")])
+        assert storage.last_index() == COPY.index + 1
+    finally:
+        opened.close()
+
+
+def _dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    live = tmp_path / "t1"
+    staging = staging_dir(tmp_path, "t1")
+    replaced = replaced_dir(tmp_path, "t1")
+    live.mkdir()
+    (live / "old").write_text("old")
+    staging.mkdir(parents=True)
+    (staging / "new").write_text("new")
+    return live, staging, replaced
+
+
+def test_swap_in_replaces_the_live_directory_whole(tmp_path: Path) -> None:
+    live, staging, replaced = _dirs(tmp_path)
+    swap_in(live, staging, replaced)
+    assert sorted(p.name for p in live.iterdir()) == ["new"]
+    assert not staging.exists()
+    assert not replaced.exists()
+
+
+def test_a_crash_between_the_renames_puts_the_old_replica_back(tmp_path: Path) -> None:
+    live, staging, replaced = _dirs(tmp_path)
+    live.rename(replaced)  # the first rename happened, the second did not
+    assert recover_interrupted_copies(tmp_path) == ["t1"]
+    assert sorted(p.name for p in live.iterdir()) == ["old"]
+    assert not staging.exists()
+
+
+def test_a_crash_after_the_swap_keeps_the_new_replica(tmp_path: Path) -> None:
+    live, staging, replaced = _dirs(tmp_path)
+    live.rename(replaced)
+    staging.rename(live)  # both renames happened; the old copy was not removed yet
+    assert recover_interrupted_copies(tmp_path) == []
+    assert sorted(p.name for p in live.iterdir()) == ["new"]
+    assert not replaced.exists()
+
+
+def test_a_crash_during_the_download_leaves_the_old_replica_alone(tmp_path: Path) -> None:
+    live, staging, _ = _dirs(tmp_path)
+    (tmp_path / ".tablet-copy" / "out-abc.sqlite").write_bytes(b"a source's snapshot")
+    assert recover_interrupted_copies(tmp_path) == []
+    assert sorted(p.name for p in live.iterdir()) == ["old"]
+    assert not staging.exists()
+    assert list((tmp_path / ".tablet-copy").iterdir()) == []

@@ -1,0 +1,101 @@
+"""The source side of tablet copy: sessions on a store snapshot, bounded -- one per
+(tablet, requester), idle ones expire -- and every end reported to the leader's core once,
+with where the requester now is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import crc32c
+import pytest
+
+from raftlet.consensus.core import NotLeaderError
+from raftlet.tserver.errors import CopySessionNotFound
+from raftlet.tserver.tablet_copy_source import CopySessions
+
+
+class FakeReplica:
+    def __init__(self) -> None:
+        self.reports: list[tuple[str, bool, int]] = []
+        self.leader = True
+
+    def copy_snapshot(self, dest: Path) -> tuple[int, int, int, tuple[str, ...]]:
+        if not self.leader:
+            raise NotLeaderError("b", 7)
+        dest.write_bytes(b"snapshot-bytes" * 1000)
+        return 40, 3, 7, ("a", "b", "c")
+
+    def report_copy(self, peer: str, ok: bool, index: int) -> None:
+        self.reports.append((peer, ok, index))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _sessions(tmp_path: Path) -> tuple[CopySessions, FakeReplica, Clock, list[str]]:
+    replica, clock, ended = FakeReplica(), Clock(), []
+    sessions = CopySessions(
+        tmp_path, lambda _t: replica, idle_timeout_s=10, on_ended=ended.append, clock=clock
+    )
+    return sessions, replica, clock, ended
+
+
+def test_a_session_serves_its_snapshot_in_chunks_and_reports_its_end(tmp_path: Path) -> None:
+    sessions, replica, _, ended = _sessions(tmp_path)
+    s = sessions.begin("t1", "c")
+    assert (s.index, s.term, s.source_term, s.voters) == (40, 3, 7, ("a", "b", "c"))
+    data = b"".join(sessions.fetch(s.session_id, off, 4096, "c") for off in range(0, s.size, 4096))
+    assert crc32c.crc32c(data) == s.crc
+    assert len(data) == s.size
+    # Another server cannot use it.
+    with pytest.raises(CopySessionNotFound):
+        sessions.fetch(s.session_id, 0, 10, "b")
+    # The requester found it held more already: the core learns that index.
+    sessions.end(s.session_id, True, "c", installed_index=55)
+    assert replica.reports == [("c", True, 55)]
+    assert ended == ["installed"]
+    assert not s.path.exists()
+    with pytest.raises(CopySessionNotFound):
+        sessions.fetch(s.session_id, 0, 10, "c")
+
+
+def test_a_new_begin_replaces_the_requesters_old_session(tmp_path: Path) -> None:
+    sessions, replica, _, _ = _sessions(tmp_path)
+    old = sessions.begin("t1", "c")
+    new = sessions.begin("t1", "c")
+    assert sessions.active() == 1
+    assert not old.path.exists()
+    assert new.path.exists()
+    assert replica.reports == []  # not an end: the copy goes on in the new session
+
+
+def test_idle_sessions_and_copies_never_begun_expire_as_failed(tmp_path: Path) -> None:
+    sessions, replica, clock, ended = _sessions(tmp_path)
+    s = sessions.begin("t1", "c")
+    assert sessions.await_begin("t1", "b")
+    assert not sessions.await_begin("t1", "b")  # one request at a time
+    assert not sessions.await_begin("t1", "c")  # c has a session already
+    clock.now = 5
+    sessions.fetch(s.session_id, 0, 10, "c")  # a call keeps it alive
+    clock.now = 12
+    assert sessions.expire() == 1  # b never began
+    assert replica.reports == [("b", False, 0)]
+    clock.now = 16
+    assert sessions.expire() == 1  # c went quiet
+    assert replica.reports[-1] == ("c", False, 0)
+    assert ended == ["expired"]
+    assert not s.path.exists()
+
+
+def test_only_a_leader_serves_a_copy(tmp_path: Path) -> None:
+    sessions, replica, _, _ = _sessions(tmp_path)
+    replica.leader = False
+    with pytest.raises(NotLeaderError):
+        sessions.begin("t1", "c")
+    assert sessions.active() == 0
+    assert list((tmp_path / ".tablet-copy").iterdir()) == []

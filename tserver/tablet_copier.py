@@ -1,0 +1,306 @@
+"""Tablet copy on a server: asking for copies, making them, and repairing FAILED replicas.
+
+Three jobs, one object per server:
+
+- **As a leader** (``request_copy``, from a replica's consensus when its core emits
+  SNAPSHOT): ask the follower, with ``StartTabletCopy``, to copy the tablet from us. One
+  request per (tablet, follower) is outstanding; a follower that refuses or cannot be
+  reached is reported to the core as a failed copy at once, one that never begins its
+  session is when the session janitor gives up on it (``tablet_copy_source``).
+- **As the copying replica** (``start``, the ``StartTabletCopy`` handler; and the repair
+  loop): download the source's snapshot (``tablet_copy_client``), then install it
+  (``tablet_copy_install``): stop the replica, check once more that it may take the copy,
+  build and swap in the new directory, open the replica again -- the old directory if
+  anything failed before the swap -- and end the session with the outcome. A replica that
+  knows a newer term than the source's, or has committed as far as the copy reaches,
+  refuses it (``CopyRefused``): a copy never takes back what a replica holds committed.
+- **Repair**: every ``repair_interval_s``, a tablet that is FAILED here (it failed to open,
+  or its store was found damaged, or its log failed) copies itself from the leader among its
+  voters -- found by asking them: a non-leader answers with the leader it believes in. The
+  server's other tablets serve throughout.
+
+One copy per tablet at a time; copies run on a small pool of their own threads, so a slow
+one never holds a service or Raft thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from raftlet.consensus.log import ConsensusMetadata, LogError, PersistentState
+from raftlet.metrics import catalogue as cat
+from raftlet.proto import tablet_copy_pb2 as pb
+from raftlet.proto import tablet_copy_pb2_grpc
+from raftlet.tserver.errors import UnknownTablet
+from raftlet.tserver.failed_tablet import FailedTablet
+from raftlet.tserver.tablet_copy_client import (
+    CopyFailed,
+    CopySourceNotLeader,
+    download,
+    end_session,
+)
+from raftlet.tserver.tablet_copy_install import (
+    CopiedState,
+    CopyNotNeeded,
+    CopyRefused,
+    build_replica_dir,
+    installed_term_and_vote,
+    replaced_dir,
+    staging_dir,
+    swap_in,
+)
+from raftlet.tserver.tablet_replica import TabletReplica
+
+if TYPE_CHECKING:
+    from raftlet.tserver.server import TabletServer
+
+__all__ = ["TabletCopier"]
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 10.0
+
+
+class TabletCopier:
+    def __init__(
+        self,
+        server: TabletServer,
+        *,
+        chunk_bytes: int,
+        repair_interval_s: float,
+        janitor_interval_s: float = 1.0,
+    ) -> None:
+        self._s = server
+        self._chunk_bytes = chunk_bytes
+        self._repair_interval_s = repair_interval_s
+        self._janitor_interval_s = janitor_interval_s
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tablet-copy")
+        self._lock = threading.Lock()
+        self._copying: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tablet-copy-janitor", daemon=True)
+        self._installed = server.entity.counter(cat.TABLET_COPIES_INSTALLED_TOTAL)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def copying(self, tablet_id: str) -> bool:
+        with self._lock:
+            return tablet_id in self._copying
+
+    # --- the leader asks ---------------------------------------------------------------------
+
+    def request_copy(self, tablet_id: str, peer: str, term: int) -> None:
+        """Under the replica's consensus lock: hand the request to a copy thread."""
+        if self._stop.is_set() or not self._s.copy_sessions.await_begin(tablet_id, peer):
+            return
+        try:
+            self._pool.submit(self._ask, tablet_id, peer, term)
+        except RuntimeError:  # shutting down
+            self._s.copy_sessions.not_started(tablet_id, peer)
+
+    def _ask(self, tablet_id: str, peer: str, term: int) -> None:
+        request = pb.StartTabletCopyRequest(
+            tablet_id=tablet_id, source_uuid=self._s.server_id, source_term=term
+        )
+        why = ""
+        try:
+            resp = self._stub(peer).StartTabletCopy(request, timeout=_START_TIMEOUT_S)
+            started = resp.started
+            why = resp.error.message
+        except grpc.RpcError as e:
+            started, why = False, str(e.code())
+        if started:
+            logger.info("tablet %s: %s is copying it from here (term %d)", tablet_id, peer, term)
+            return
+        logger.info("tablet %s: %s did not start a copy from here: %s", tablet_id, peer, why)
+        self._s.copy_sessions.not_started(tablet_id, peer)
+        replica = self._s.replicas.get(tablet_id)
+        if replica is not None:
+            replica.report_copy(peer, False, 0)
+
+    # --- the follower copies -----------------------------------------------------------------
+
+    def copy_from(self, tablet_id: str, source: str, source_term: int) -> tuple[bool, str]:
+        """``StartTabletCopy``: begin copying ``tablet_id`` from ``source``, the leader of
+        ``source_term``. (False, why) when this replica will not."""
+        hosted = self._s.hosted(tablet_id)
+        if hosted is None:
+            raise UnknownTablet(tablet_id)
+        if isinstance(hosted, TabletReplica):
+            term = hosted.consensus.snapshot.term
+            if term > source_term:
+                return False, f"this replica is at term {term}, past {source} at {source_term}"
+        if not self._begin_copy(tablet_id, [source]):
+            return True, "a copy of this tablet is already under way"
+        return True, ""
+
+    def _begin_copy(self, tablet_id: str, sources: list[str]) -> bool:
+        with self._lock:
+            if tablet_id in self._copying or self._stop.is_set():
+                return False
+            self._copying.add(tablet_id)
+        try:
+            self._pool.submit(self._copy, tablet_id, sources)
+        except RuntimeError:  # shutting down
+            with self._lock:
+                self._copying.discard(tablet_id)
+            return False
+        return True
+
+    def _copy(self, tablet_id: str, sources: list[str]) -> bool:
+        staging = staging_dir(self._s.settings.data_dir, tablet_id)
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            return self._copy_into(tablet_id, sources, staging)
+        except Exception:
+            logger.exception("tablet %s: tablet copy failed", tablet_id)
+            return False
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with self._lock:
+                self._copying.discard(tablet_id)
+
+    def _copy_into(self, tablet_id: str, sources: list[str], staging: Path) -> bool:
+        me = self._s.server_id
+        queue, tried = list(sources), set()
+        while queue and not self._stop.is_set():
+            source = queue.pop(0)
+            if source in tried or source == me:
+                continue
+            tried.add(source)
+            stub = self._stub(source)
+            try:
+                got = download(stub, tablet_id, me, staging, chunk_bytes=self._chunk_bytes)
+            except CopySourceNotLeader as e:
+                if e.leader:
+                    queue.insert(0, e.leader)
+                continue
+            except CopyFailed as e:
+                logger.warning("tablet %s: copy from %s failed: %s", tablet_id, source, e)
+                continue
+            state = dataclasses.replace(got.state, source_uuid=source)
+            ok, held = False, state.index
+            try:
+                self._install(tablet_id, staging, state)
+                ok = True
+            except CopyNotNeeded as e:
+                # Nothing to install, but the leader must learn where this replica is, or
+                # it would ask for the same copy again and again.
+                ok, held = True, e.index
+                logger.info("tablet %s: the copy from %s is not needed: %s", tablet_id, source, e)
+                return False
+            except CopyRefused as e:
+                logger.info("tablet %s: not installing the copy from %s: %s", tablet_id, source, e)
+            finally:
+                end_session(stub, got.session_id, me, ok, held)
+            if ok:
+                self._installed.increment()
+                logger.info(
+                    "tablet %s: installed a copy from %s at index %d (%d chunks, %d retries, "
+                    "%d sessions)",
+                    tablet_id,
+                    source,
+                    state.index,
+                    got.chunks,
+                    got.retries,
+                    got.sessions,
+                )
+            return ok
+        return False
+
+    def _install(self, tablet_id: str, staging: Path, state: CopiedState) -> None:
+        """Swap the verified copy in for this server's replica (module docstring)."""
+        own, held = _own_state(self._s.hosted(tablet_id), state)
+        _check_installable(own, held, state)
+        old = self._s.take_replica(tablet_id)
+        try:
+            own, held = _own_state(old, state)  # what the stopped replica made durable
+            _check_installable(own, held, state)
+            build_replica_dir(staging, state, own, self._s.log_options)
+            data_dir = self._s.settings.data_dir
+            swap_in(data_dir / tablet_id, staging, replaced_dir(data_dir, tablet_id))
+        finally:
+            self._s.reopen_replica(tablet_id)
+
+    def _stub(self, server_id: str) -> tablet_copy_pb2_grpc.TabletCopyServiceStub:
+        channel = self._s.channels.channel(self._s.settings.peer_addr(server_id))
+        return tablet_copy_pb2_grpc.TabletCopyServiceStub(channel)
+
+    # --- the janitor and repair loop ----------------------------------------------------------
+
+    def _run(self) -> None:
+        waited = 0.0
+        while not self._stop.wait(self._janitor_interval_s):
+            try:
+                self._s.copy_sessions.expire()
+            except Exception:
+                logger.exception("tablet copy: expiring sessions failed")
+            waited += self._janitor_interval_s
+            if self._repair_interval_s > 0 and waited >= self._repair_interval_s:
+                waited = 0.0
+                self.repair_failed()
+
+    def repair_failed(self) -> list[str]:
+        """Start a copy for every tablet FAILED here that is not copying yet; their ids."""
+        started = []
+        for tablet_id, voters in self._s.tablets_needing_repair():
+            sources = [v for v in voters if v != self._s.server_id]
+            if sources and self._begin_copy(tablet_id, sources):
+                started.append(tablet_id)
+        return started
+
+
+def _own_state(
+    hosted: TabletReplica | FailedTablet | None, state: CopiedState
+) -> tuple[PersistentState | None, int]:
+    """A replica's durable term and vote, and how far it is known to hold the tablet: its
+    commit index, or the copy's index if its log holds the copy's entry; None and 0 for a
+    FAILED one whose metadata cannot be read."""
+    if isinstance(hosted, TabletReplica):
+        persisted = hosted.persistent_state()
+        held = max(persisted.commit_index, hosted.store.applied_index())
+        if _log_holds(hosted, state.index, state.term):
+            held = max(held, state.index)
+        return persisted, held
+    if isinstance(hosted, FailedTablet):
+        try:
+            meta = ConsensusMetadata.load(hosted.directory)
+        except (LogError, OSError):
+            return None, 0
+        if meta.fresh:
+            return None, 0
+        return meta.state, meta.state.commit_index
+    return None, 0
+
+
+def _log_holds(replica: TabletReplica, index: int, term: int) -> bool:
+    log = replica.consensus_log()
+    try:
+        return log.first_index() <= index <= log.last_index() and log.term(index) == term
+    except (IndexError, LogError):
+        return False  # GC or a truncation moved the log meanwhile: it does not, for sure
+
+
+def _check_installable(own: PersistentState | None, held: int, state: CopiedState) -> None:
+    installed_term_and_vote(own, state)  # raises if we know a newer term
+    if held >= state.index:
+        raise CopyNotNeeded(
+            f"this replica holds the tablet up to {held}, as far as the copy ({state.index})",
+            held,
+        )

@@ -1,0 +1,179 @@
+"""Installing a tablet copy: the new replica directory is built aside, then swapped in whole.
+
+A copy arrives as a store file (``tablet_copy_client``) plus what the source said about it:
+the applied entry it holds (index, term), the source's term and voters. Next to the store,
+``build_replica_dir`` writes
+
+- a log whose only entry is a stand-in NO_OP at (index, term): the leader's next append is
+  checked against that term, and the store already holds everything up to it, so nothing
+  before it is ever read or sent (``consensus.log.write_log_start``);
+- consensus metadata: the commit index is the copy's index, and the term and vote are this
+  replica's own when it is at the source's term -- a copy never makes a replica forget a
+  vote it cast -- or else the source's term with a vote for the source, the leader of that
+  term (harmless: it already won), so that a replica whose metadata was lost cannot vote
+  twice in the term it learns.
+
+``swap_in`` then replaces the live directory by two renames inside the data directory,
+with the old one kept under ``.tablet-copy/<tablet>.replaced`` until the new one is in
+place. A crash at any point leaves either the old replica or the new one, never a mix:
+``recover_interrupted_copies`` (at server start) puts the old directory back if the new one
+never arrived, and removes half-built staging directories and source snapshots. So the old
+state stays intact unless a complete, verified copy replaced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftlet.consensus.core import Entry, EntryType
+from raftlet.consensus.log import ConsensusMetadata, LogOptions, PersistentState, write_log_start
+from raftlet.consensus.log.raft_storage import WAL_DIR
+
+__all__ = [
+    "COPY_DIR",
+    "CopiedState",
+    "CopyNotNeeded",
+    "CopyRefused",
+    "build_replica_dir",
+    "installed_term_and_vote",
+    "outgoing_snapshot",
+    "recover_interrupted_copies",
+    "replaced_dir",
+    "staging_dir",
+    "swap_in",
+]
+
+logger = logging.getLogger(__name__)
+
+# Under the server's data directory, so every rename stays within one file system; a
+# dot-name, so nothing that lists replica directories ever takes it for a tablet.
+COPY_DIR = ".tablet-copy"
+_STAGING = ".staging"
+_REPLACED = ".replaced"
+_OUTGOING_PREFIX = "out-"
+
+
+class CopyRefused(Exception):
+    """This replica must not install the copy: it knows a newer term than the source's."""
+
+
+class CopyNotNeeded(Exception):
+    """This replica already holds the tablet as far as the copy reaches, up to ``index``
+    (its commit index, or the copy's entry itself, which by Raft's log matching means the
+    same log up to there): installing would only take back entries it may have
+    acknowledged. The source is told it holds ``index``, and replication goes on from it."""
+
+    def __init__(self, message: str, index: int) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+@dataclass(frozen=True, slots=True)
+class CopiedState:
+    """What a copy holds and where it came from."""
+
+    index: int
+    term: int
+    source_uuid: str
+    source_term: int
+    voters: tuple[str, ...]
+
+
+def staging_dir(data_dir: Path, tablet_id: str) -> Path:
+    return data_dir / COPY_DIR / (tablet_id + _STAGING)
+
+
+def replaced_dir(data_dir: Path, tablet_id: str) -> Path:
+    return data_dir / COPY_DIR / (tablet_id + _REPLACED)
+
+
+def outgoing_snapshot(data_dir: Path, session_id: str) -> Path:
+    return data_dir / COPY_DIR / f"{_OUTGOING_PREFIX}{session_id}.sqlite"
+
+
+def installed_term_and_vote(own: PersistentState | None, copied: CopiedState) -> tuple[int, str]:
+    """The term and vote the installed replica starts with (see the module docstring)."""
+    own_term = own.current_term if own is not None else 0
+    if own_term > copied.source_term:
+        raise CopyRefused(
+            f"this replica is at term {own_term}, past the copy's source "
+            f"({copied.source_uuid} at term {copied.source_term})"
+        )
+    if own is not None and own_term == copied.source_term:
+        return own_term, own.voted_for
+    return copied.source_term, copied.source_uuid
+
+
+def build_replica_dir(
+    staging: Path, copied: CopiedState, own: PersistentState | None, log_options: LogOptions
+) -> None:
+    """Complete the replica directory ``staging``, which already holds the verified store:
+    its log start and metadata, all durable on return."""
+    term, vote = installed_term_and_vote(own, copied)
+    write_log_start(
+        staging / WAL_DIR, Entry(copied.term, copied.index, EntryType.NO_OP), log_options
+    )
+    meta = ConsensusMetadata(str(staging), PersistentState(), fresh=True, sync=log_options.fsync)
+    meta.save(
+        PersistentState(
+            current_term=term,
+            voted_for=vote,
+            voters=copied.voters,
+            commit_index=copied.index,
+        )
+    )
+
+
+def swap_in(live: Path, staging: Path, replaced: Path) -> None:
+    """Replace the directory ``live`` by ``staging`` (see the module docstring)."""
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    if live.exists():
+        os.rename(live, replaced)
+    os.rename(staging, live)
+    _fsync_dir(live.parent)
+    _fsync_dir(replaced.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def recover_interrupted_copies(data_dir: Path) -> list[str]:
+    """Finish what a crash interrupted under ``data_dir``: a replaced directory whose live
+    one is missing goes back; any other leftover is removed. Returns the tablet ids whose
+    old directory was put back."""
+    root = data_dir / COPY_DIR
+    if not root.is_dir():
+        return []
+    restored: list[str] = []
+    for entry in sorted(root.iterdir()):
+        name = entry.name
+        if name.endswith(_REPLACED):
+            tablet_id = name[: -len(_REPLACED)]
+            live = data_dir / tablet_id
+            if live.exists():
+                shutil.rmtree(entry, ignore_errors=True)  # the swap had finished
+            else:
+                os.rename(entry, live)
+                restored.append(tablet_id)
+                logger.warning(
+                    "tablet %s: a tablet copy was interrupted mid-install; the old replica "
+                    "is back in place",
+                    tablet_id,
+                )
+        elif entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)  # a copy that never completed
+        else:
+            entry.unlink(missing_ok=True)  # a source's snapshot of a session now gone
+    _fsync_dir(data_dir)
+    return restored
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
