@@ -8,7 +8,14 @@ send ``messages`` at once; make ``hard_state`` + ``entries`` durable in ready
 order, optionally after a random delay so several readies are in flight; only
 then send ``persisted_messages`` and call ``on_persisted``; apply
 ``committed_entries`` and call ``on_applied``.  Durable means written into the
-node's ``MemoryStorage``, which is all that survives ``crash``.
+node's ``MemoryStorage`` or its flushed state machine (``SimNode.flushed``), which is all
+that survives ``crash``.
+
+Log GC, as the real server does it (tserver/log_gc.py): every ``gc_interval`` ticks a node
+flushes its state machine (a restart resumes from there) and compacts its log below
+``min(all_replicated, applied)``; with a ``retention`` cap K it compacts below
+``applied - K`` even past all_replicated, so a lagging or restarted follower may need a
+copy of the tablet: the driver carries out the core's SNAPSHOT messages (``tablet_copy.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from raftlet.consensus.core import (
     EntryType,
     MemoryStorage,
     Message,
+    MessageType,
     ProposalDropped,
     RawNode,
     Ready,
@@ -33,6 +41,7 @@ from raftlet.consensus.core import (
 )
 from tests.sim.invariants import InvariantChecker, InvariantViolation
 from tests.sim.network import NetConfig, Network
+from tests.sim.tablet_copy import CopyMsg, TabletCopy
 
 __all__ = ["TICK_MS", "LivenessFailure", "SimCluster", "SimConfig", "SimNode"]
 
@@ -58,6 +67,16 @@ class SimConfig:
     # Upper bound of the random latency of one write to "disk", in ms; 0 makes
     # persistence synchronous (the ready is durable before the next one is taken).
     persist_delay: int = 0
+    # Ticks between log GC passes (0: never compact).
+    gc_interval: int = 5
+    # 0: GC keeps every entry some voter lacks.  K > 0: a retention cap, keeping only the
+    # last K applied entries even if a voter lacks older ones (it then needs a copy).
+    retention: int = 0
+    # Tablet copy: bytes per chunk; ticks without a chunk before the follower asks for the
+    # missing ones again; ticks without news before either side gives a session up.
+    chunk_bytes: int = 64
+    copy_retry: int = 3
+    copy_timeout: int = 20
 
 
 @dataclass(slots=True)
@@ -70,6 +89,9 @@ class SimNode:
     incarnation: int = 0
     # The state machine: (index, term, data) of every applied entry, no-ops included.
     applied: list[tuple[int, int, bytes]] = field(default_factory=list)
+    # The state machine as last flushed (durable): a restart starts from it, so log GC
+    # may discard what it holds.  A copy of a leader's state is installed durably here too.
+    flushed: tuple[tuple[int, int, bytes], ...] = ()
     # Readies handed out whose persistence has not completed, oldest first.
     pending: deque[Ready] = field(default_factory=deque)
     last_persist_due: int = 0
@@ -98,12 +120,15 @@ class SimCluster:
         self.now = 0
         self.ticks = 0
         self.crashes = 0
+        self.compactions = 0
         self.nodes = {i: SimNode(i) for i in self.ids}
+        self.copies = TabletCopy(self)
         # Persistence completions: (due ms, seq, node id, incarnation).
         self._disk: list[tuple[int, int, str, int]] = []
         self._seq = 0
         # Called with every message as it is delivered (tests count traffic with it).
         self.observers: list[Callable[[Message], None]] = []
+        self.copy_observers: list[Callable[[CopyMsg], None]] = []
         for sn in self.nodes.values():
             self._start(sn)
 
@@ -125,13 +150,15 @@ class SimCluster:
             max_inflight_msgs=c.max_inflight_msgs,
             max_size_per_msg=c.max_size_per_msg,
             broadcast_commit=c.broadcast_commit,
-            applied=0,
+            # The flushed state machine: the log from there on is what a restart applies.
+            applied=sn.flushed[-1][0] if sn.flushed else 0,
             seed=self.rng.getrandbits(32),
         )
         sn.incarnation += 1
         sn.raw = RawNode(cfg, sn.storage)
-        sn.applied = []
+        sn.applied = list(sn.flushed)
         self._observe(sn)  # the restarted state, before it applies anything
+        self.checker.observe_state(sn.id, sn.incarnation, sn.applied)
         self._after(sn)
 
     def crash(self, node: str) -> None:
@@ -148,6 +175,7 @@ class SimCluster:
         self.net.drop_node(node)
         self.checker.observe_crash(node)
         self.crashes += 1
+        self.copies.on_crash(node)
 
     def restart(self, node: str) -> None:
         """A new RawNode from the durable storage, with an empty state machine."""
@@ -165,11 +193,16 @@ class SimCluster:
             self._run_events(end)
             self.now = end
             self.ticks += 1
+            self.copies.tick()
             live = [sn for sn in self.nodes.values() if sn.raw is not None]
             self.rng.shuffle(live)
             for sn in live:
                 sn.node().tick()
                 self._after(sn)
+            if self.config.gc_interval and self.ticks % self.config.gc_interval == 0:
+                for sn in live:
+                    if sn.raw is not None:
+                        self._gc(sn)
 
     def run_until(self, predicate: Callable[[], bool], max_ticks: int, what: str = "") -> int:
         """Step until ``predicate()`` holds; returns the ticks it took.  Raises
@@ -205,6 +238,13 @@ class SimCluster:
                 sn = self.nodes[msg.dst]
                 if sn.raw is None:
                     continue
+                if isinstance(msg, CopyMsg):
+                    for copy_obs in self.copy_observers:
+                        copy_obs(msg)
+                    if sn.raw is not None:  # an observer may have crashed it
+                        self.copies.deliver(msg)
+                    continue
+                assert isinstance(msg, Message)
                 for obs in self.observers:
                     obs(msg)
                 sn.raw.step(msg)
@@ -219,6 +259,7 @@ class SimCluster:
         raw = sn.node()
         while raw.has_ready():
             self._handle_ready(sn, raw.ready())
+        self.copies.check_leader(sn)
         self._observe(sn)
 
     def _observe(self, sn: SimNode) -> None:
@@ -229,13 +270,30 @@ class SimCluster:
             role=r.role,
             term=r.term,
             committed=r.log.committed,
-            log=r.log.all_entries(),
+            log=r.log.entries(r.log.first_index()),
         )
+
+    def _gc(self, sn: SimNode) -> None:
+        """Flush the state machine, then discard the log below what is still needed."""
+        r = sn.node().raft
+        applied = r.log.applied
+        keep = min(r.all_replicated, applied)
+        if self.config.retention:
+            keep = max(keep, applied - self.config.retention)
+        # Only the durable prefix is ever compacted: everything applied is durable
+        # (the core applies nothing else) and flushed right here.
+        if keep - 1 >= sn.storage.first_index():
+            sn.flushed = tuple(sn.applied)
+            sn.storage.compact(keep - 1)
+            self.compactions += 1
 
     def _handle_ready(self, sn: SimNode, rd: Ready) -> None:
         raw = sn.node()
         for m in rd.messages:
-            self.net.send(m, self.now)
+            if m.type is MessageType.SNAPSHOT:
+                self.copies.start(sn, m.dst)  # the leader's driver copies the tablet
+            else:
+                self.net.send(m, self.now)
         if rd.hard_state is not None or rd.entries or rd.persisted_messages:
             lo, hi = sn.disk_latency or (0, self.config.persist_delay)
             if hi == 0 and not sn.pending:
@@ -342,7 +400,9 @@ class SimCluster:
         return self.nodes[node].node().raft.term
 
     def log(self, node: str) -> list[Entry]:
-        return self.nodes[node].node().raft.log.all_entries()
+        """The entries ``node`` still holds (log GC may have discarded a prefix)."""
+        log = self.nodes[node].node().raft.log
+        return log.entries(log.first_index())
 
     def committed(self, node: str) -> int:
         return self.nodes[node].node().raft.log.committed

@@ -10,8 +10,13 @@ really fires (tests/sim/test_invariants.py).  Everything it remembers is history
   in every log at every moment (by induction, equal (index, term) then means equal
   prefixes);
 - leader completeness: a leader holds every entry committed in a term <= its own;
-- state-machine safety: every node applies one and the same sequence, from 1,
-  in every incarnation;
+- state-machine safety: every node applies one and the same sequence, in every
+  incarnation, with no hole: each entry applied directly follows the last one, or the
+  state the node started from (a flushed state machine after a restart, a leader's copy
+  after an install), which must itself be a prefix of that sequence;
+- logs may start late (log GC, or the stand-in entry of an installed copy): the first
+  entry of such a log is only an anchor -- it must name a committed entry (its index and
+  term); only entries after it are checked as log entries;
 - per incarnation, commit index and term never decrease;
 - durable term never decreases, and a durable vote never changes within a term.
 """
@@ -39,6 +44,7 @@ class _View:
     term: int
     committed: int
     log: list[Entry] = field(default_factory=list)
+    first: int = 1  # index of log[0]
     applied: int = 0
 
 
@@ -74,7 +80,8 @@ class InvariantChecker:
         committed: int,
         log: Sequence[Entry],
     ) -> None:
-        """The node's volatile state right after an event; ``log`` is durable + unstable."""
+        """The node's volatile state right after an event; ``log`` is durable + unstable,
+        from the first entry log GC (or an installed copy) left."""
         self.checks += 1
         view = self._views.get(node)
         if view is None or view.incarnation != incarnation:
@@ -123,8 +130,37 @@ class InvariantChecker:
         if view is None or view.incarnation != incarnation:
             self.fail(f"{node}: applied {entry} in an incarnation never observed")
         if entry.index != view.applied + 1:
-            self.fail(f"{node}: applied index {entry.index} after {view.applied}")
+            self.fail(f"{node}: applied index {entry.index} after {view.applied} (a hole)")
         view.applied = entry.index
+        self._record(node, entry, term)
+
+    def observe_state(
+        self, node: str, incarnation: int, state: Sequence[tuple[int, int, bytes]]
+    ) -> None:
+        """``node``'s state machine was replaced by ``state`` -- (index, term, data) of each
+        entry in it: a flushed one at a restart, or a leader's copy it installed.  It must be
+        a prefix of the one applied sequence, without a hole; what the node applies next
+        must follow it."""
+        self.checks += 1
+        view = self._views.get(node)
+        if view is None or view.incarnation != incarnation:
+            self.fail(f"{node}: state installed in an incarnation never observed")
+        for pos, (index, term, data) in enumerate(state):
+            if index != pos + 1:
+                self.fail(f"{node}: state machine holds index {index} at position {pos + 1}")
+            if index > len(self.committed):
+                self.fail(f"{node}: state machine holds index {index}, never applied anywhere")
+            c = self.committed[index - 1]
+            if (c.term, c.data) != (term, data):
+                self.fail(
+                    f"state machines diverge at index {index}: {node}'s installed state has "
+                    f"(term {term}, {data!r}), but {c} was applied"
+                )
+        view.applied = len(state)
+
+    def _record(self, node: str, entry: Entry, term: int) -> None:
+        """``entry`` was applied (by ``node``, in ``term``): it is the sequence's next, or
+        must equal the one already there."""
         i = entry.index - 1
         if i < len(self.committed):
             if not _same(self.committed[i], entry):
@@ -145,16 +181,28 @@ class InvariantChecker:
     # --- checks -----------------------------------------------------------------------------
 
     def _check_log(self, node: str, view: _View, log: Sequence[Entry]) -> None:
-        old = view.log
-        n = min(len(old), len(log))
-        # List equality is C-speed when the entries are the same objects, which
-        # they are unless the log changed; only the changed suffix is examined.
-        start = n if old[:n] == log[:n] else _first_difference(old, log)
+        old, first = view.log, log[0].index if log else 1
+        # Where the new log's first entry sits in the old one (GC moves it forward).
+        shift = first - view.first
+        if old and 0 <= shift <= len(old):
+            n = min(len(old) - shift, len(log))
+            # List equality is C-speed when the entries are the same objects, which
+            # they are unless the log changed; only the changed suffix is examined.
+            same = old[shift : shift + n] == log[:n]
+            start = n if same else _first_difference(old[shift:], log)
+        else:
+            start = 0
         prev_term = log[start - 1].term if start > 0 else 0
         for pos in range(start, len(log)):
             e = log[pos]
-            if e.index != pos + 1:
-                self.fail(f"{node}: log position {pos + 1} holds index {e.index}")
+            if e.index != first + pos:
+                self.fail(f"{node}: log position {first + pos} holds index {e.index}")
+            if pos == 0 and first > 1:
+                # A compacted log's first entry (maybe a copy's stand-in): only its index
+                # and term mean anything, and they must be a committed entry's.
+                self._check_anchor(node, e)
+                prev_term = e.term
+                continue
             if e.term < prev_term:
                 self.fail(f"{node}: term goes down in the log at {e.index}: {prev_term}, {e.term}")
             key = (e.index, e.term)
@@ -167,14 +215,40 @@ class InvariantChecker:
                 )
             prev_term = e.term
         view.log = list(log)
+        view.first = first
+
+    def _check_anchor(self, node: str, e: Entry) -> None:
+        # Log GC discards only what was applied, and a copy is of applied state: the
+        # entry a log starts at was applied somewhere already.
+        if e.index > len(self.committed):
+            self.fail(f"{node}: log starts at {e.index}, past everything ever applied")
+        c = self.committed[e.index - 1]
+        if c.term != e.term:
+            self.fail(f"{node}: log starts at ({e.index}, term {e.term}), but {c} was applied")
+
+    def _holds(self, view: _View, c: Entry) -> bool:
+        """Whether ``view``'s log agrees with committed entry ``c`` (True below its first
+        entry: discarded, and its anchor was checked to be committed)."""
+        pos = c.index - view.first
+        if pos < 0:
+            return True
+        if pos >= len(view.log):
+            return False
+        if pos == 0 and view.first > 1:
+            return view.log[0].term == c.term  # the anchor: a copy's stand-in, perhaps
+        return _same(view.log[pos], c)
+
+    def _entry(self, view: _View, index: int) -> Entry | None:
+        pos = index - view.first
+        return view.log[pos] if 0 <= pos < len(view.log) else None
 
     def _check_committed_prefix(self, node: str, view: _View) -> None:
         # A node's committed prefix is the one applied sequence; log matching makes
         # checking the last shared index enough.
-        i = min(view.committed, len(self.committed), len(view.log))
-        if i and not _same(view.log[i - 1], self.committed[i - 1]):
+        i = min(view.committed, len(self.committed), view.first + len(view.log) - 1)
+        if i and not self._holds(view, self.committed[i - 1]):
             self.fail(
-                f"{node}: committed entry at {i} is {view.log[i - 1]}, "
+                f"{node}: committed entry at {i} is {self._entry(view, i)}, "
                 f"but {self.committed[i - 1]} was applied"
             )
 
@@ -183,8 +257,8 @@ class InvariantChecker:
         i = bisect.bisect_right(self._commit_bound, view.term)
         if i == 0:
             return
-        if len(view.log) < i or not _same(view.log[i - 1], self.committed[i - 1]):
-            have = view.log[i - 1] if len(view.log) >= i else None
+        if not self._holds(view, self.committed[i - 1]):
+            have = self._entry(view, i)
             self.fail(
                 f"leader completeness: {node}, leader of term {view.term}, has {have} at "
                 f"index {i}, but {self.committed[i - 1]} was committed by term "

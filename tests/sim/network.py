@@ -5,19 +5,33 @@ Time is in integer milliseconds of simulated time (the cluster ticks every
 ``TICK_MS``).  Connectivity is a set of cut links, checked both when a message is
 sent and when it is due: a partition that forms while a message is in flight
 still stops it, as a real one would.
+
+Raft messages and the driver's own traffic (tablet copy chunks, ``tablet_copy.py``) share
+the network, so both meet the same loss, duplication, delays and partitions.
 """
 
 from __future__ import annotations
 
+import enum
 import heapq
 import random
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from raftlet.consensus.core import Message
+__all__ = ["NetConfig", "Network", "Packet"]
 
-__all__ = ["NetConfig", "Network"]
+
+class Packet(Protocol):
+    """What the network carries: a core ``Message`` or a driver's copy message."""
+
+    @property
+    def src(self) -> str: ...
+    @property
+    def dst(self) -> str: ...
+    @property
+    def type(self) -> enum.Enum: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +60,7 @@ class Network:
         self.config = config
         self._cut: set[frozenset[str]] = set()
         # (deliver_at, seq, message); seq keeps equal-time order deterministic.
-        self._queue: list[tuple[int, int, Message]] = []
+        self._queue: list[tuple[int, int, Packet]] = []
         self._seq = 0
         self.sent: Counter[str] = Counter()  # by message type
         # Injected faults: random loss, duplication, long delay, connectivity changes.
@@ -57,6 +71,10 @@ class Network:
         # Consequences: messages stopped by a cut link, or lost with a crashed node.
         self.blocked = 0
         self.lost_in_crash = 0
+        # The same, by message type (how many copy chunks were lost, say).
+        self.dropped_by: Counter[str] = Counter()
+        self.duplicated_by: Counter[str] = Counter()
+        self.blocked_by: Counter[str] = Counter()
 
     # --- connectivity ---------------------------------------------------------------
 
@@ -100,17 +118,21 @@ class Network:
 
     # --- traffic -----------------------------------------------------------------------
 
-    def send(self, msg: Message, now: int) -> None:
-        self.sent[msg.type.value] += 1
+    def send(self, msg: Packet, now: int) -> None:
+        kind = msg.type.value
+        self.sent[kind] += 1
         cfg = self.config
         if not self.connected(msg.src, msg.dst):
             self.blocked += 1
+            self.blocked_by[kind] += 1
             return
         if cfg.drop and self.rng.random() < cfg.drop:
             self.dropped += 1
+            self.dropped_by[kind] += 1
             return
         copies = 2 if cfg.dup and self.rng.random() < cfg.dup else 1
         self.duplicated += copies - 1
+        self.duplicated_by[kind] += copies - 1
         for _ in range(copies):
             self._push(now + self._delay(), msg)
 
@@ -121,18 +143,19 @@ class Network:
             return self.rng.randint(cfg.max_delay, max(cfg.max_delay, cfg.long_delay_max))
         return self.rng.randint(cfg.min_delay, cfg.max_delay)
 
-    def _push(self, at: int, msg: Message) -> None:
+    def _push(self, at: int, msg: Packet) -> None:
         self._seq += 1
         heapq.heappush(self._queue, (at, self._seq, msg))
 
     def next_due(self) -> int | None:
         return self._queue[0][0] if self._queue else None
 
-    def pop(self) -> tuple[int, Message] | None:
+    def pop(self) -> tuple[int, Packet] | None:
         """The next message due, if it can still get through (else None: lost)."""
         at, _, msg = heapq.heappop(self._queue)
         if not self.connected(msg.src, msg.dst):
             self.blocked += 1
+            self.blocked_by[msg.type.value] += 1
             return None
         return at, msg
 

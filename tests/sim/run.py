@@ -143,6 +143,12 @@ def _summary(s: Stats) -> str:
         f"{s.faults()} faults injected ({s.crashes} crashes, {s.partitions} partitions, "
         f"{s.dropped} dropped, {s.duplicated} duplicated, {s.delayed} long-delayed; "
         f"{s.blocked} messages blocked by partitions); {s.checks} invariant checks"
+    ) + (
+        f"; {s.compactions} compactions, {s.copies} tablet copies ({s.installs} installed, "
+        f"{s.refused} refused; {s.chunks} chunks, {s.chunks_lost} lost, "
+        f"{s.chunks_duplicated} duplicated)"
+        if s.copies
+        else ""
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from raftlet.consensus.core import Message, MessageType
 from tests.sim.cluster import LivenessFailure, SimCluster, SimConfig
 from tests.sim.network import NetConfig
+from tests.sim.tablet_copy import CopyKind, CopyMsg
 
 __all__ = [
     "SCENARIOS",
@@ -43,6 +44,15 @@ class Stats:
     messages: int = 0
     blocked: int = 0
     checks: int = 0
+    # Log GC and tablet copy: compactions, copy sessions started, copies installed and
+    # refused, chunks sent, randomly lost and duplicated on the way.
+    compactions: int = 0
+    copies: int = 0
+    installs: int = 0
+    refused: int = 0
+    chunks: int = 0
+    chunks_lost: int = 0
+    chunks_duplicated: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -59,6 +69,13 @@ class Stats:
             messages=sum(c.net.sent.values()),
             blocked=c.net.blocked,
             checks=c.checker.checks,
+            compactions=c.compactions,
+            copies=c.copies.stats["sessions"],
+            installs=c.copies.stats["installs"],
+            refused=c.copies.stats["refused"],
+            chunks=c.copies.stats["chunks_sent"],
+            chunks_lost=c.net.dropped_by[CopyKind.CHUNK.value],
+            chunks_duplicated=c.net.duplicated_by[CopyKind.CHUNK.value],
             extra=dict(extra),
         )
 
@@ -97,6 +114,9 @@ class RandomParams:
     max_msg_bytes: int = 1 << 20
     # False: the commit index rides on the next append or heartbeat (the server's setting).
     broadcast_commit: bool = True
+    # Log GC's retention cap (SimConfig.retention): > 0 compacts past lagging voters, so
+    # they catch up through copies of the tablet.  0: GC waits for every voter.
+    retention: int = 0
 
     @classmethod
     def from_seed(cls, seed: int, steps: int = 200) -> RandomParams:
@@ -118,7 +138,8 @@ class RandomParams:
             check_quorum=r.random() < 0.8,
             max_inflight=r.choice((1, 4, 256)),
             max_msg_bytes=r.choice((64, 1 << 20)),
-            broadcast_commit=r.random() < 0.5,  # drawn last: earlier draws keep their values
+            broadcast_commit=r.random() < 0.5,
+            retention=r.choice((0, 0, 5, 20)),  # drawn last: earlier draws keep their values
         )
 
     def cli_args(self) -> list[str]:
@@ -138,6 +159,7 @@ class RandomParams:
             max_inflight_msgs=self.max_inflight,
             max_size_per_msg=self.max_msg_bytes,
             broadcast_commit=self.broadcast_commit,
+            retention=self.retention,
             net=NetConfig(
                 drop=self.drop,
                 dup=self.dup,
@@ -644,6 +666,119 @@ def scenario_check_quorum(seed: int) -> Stats:
     return Stats.of(c, step_down_ticks=took)
 
 
+# --- log GC and tablet copy --------------------------------------------------------------
+
+# 10% loss, 5% duplication, reordering by up to six ticks: what copies must get through.
+SNAP_NET = NetConfig(drop=0.1, dup=0.05, max_delay=6, long_delay=0.02, long_delay_max=60)
+
+
+def snap_config() -> SimConfig:
+    # A short retention cap and small chunks: a follower that misses ~60 entries needs a
+    # copy, and a copy of ~100 entries is ~100 chunks.
+    return SimConfig(nodes=3, persist_delay=3, retention=10, chunk_bytes=32, net=SNAP_NET)
+
+
+def _write(c: SimCluster, prefix: bytes, n: int) -> None:
+    """Propose ``n`` entries to whoever leads, one a tick (a leader change may lose some)."""
+    for k in range(n):
+        c.propose_to_leader(b"%s-%d" % (prefix, k))
+        c.step()
+
+
+def _compacted_past(c: SimCluster, node: str) -> Callable[[], bool]:
+    """Every other node's log starts beyond ``node``'s end: only a copy can catch it up."""
+    others = [i for i in c.ids if i != node]
+    last = c.nodes[node].storage
+    return lambda: all(c.nodes[i].storage.first_index() > last.last_index() + 1 for i in others)
+
+
+def _caught_up(c: SimCluster, node: str, among: Sequence[str] | None = None) -> Callable[[], bool]:
+    def check() -> bool:
+        lead = c.stable_leader(among)
+        return lead is not None and lead != node and c.applied_index(node) >= c.committed(lead)
+
+    return check
+
+
+def _check_same_state(c: SimCluster) -> None:
+    """Every state machine -- applied entry by entry or installed from a copy -- is the same."""
+    states = {i: c.nodes[i].applied for i in c.ids}
+    first = states[c.ids[0]]
+    for i, state in states.items():
+        _check(c, state == first, f"{i}'s state machine differs from {c.ids[0]}'s")
+
+
+def scenario_snapshot_catchup(seed: int, crash: bool = False) -> Stats:
+    """A follower is cut off (``crash``: crashed) while the others write on and compact their
+    logs past it (retention cap); back, on a network that loses, duplicates and reorders, it
+    can only catch up through a chunked copy of the tablet.  In the crash variant it crashes
+    again while a copy to it is under way: the leader must see the copy fail."""
+    c = _cluster("snapshot_restart" if crash else "snapshot_partition", seed, snap_config())
+    lead = elect(c)
+    f = c.rng.choice([i for i in c.ids if i != lead])
+    if crash:
+        c.crash(f)
+    else:
+        c.net.isolate(f)
+    _write(c, b"sc", 60)
+    c.run_until(_compacted_past(c, f), 100, f"the others compact past {f}")
+    aborted = 0
+    if crash:
+        c.restart(f)
+        copying = lambda: any(c.copies.active(i, f) for i in c.ids)  # noqa: E731
+        c.run_until(lambda: copying() or _caught_up(c, f)(), 100, f"a copy to {f}")
+        if copying():
+            before = c.copies.stats["aborted_by_crash"]
+            c.crash(f)
+            aborted = c.copies.stats["aborted_by_crash"] - before
+            _check(c, aborted == 1, "the follower's crash did not fail the copy to it")
+            c.step(5)
+            c.restart(f)
+    else:
+        c.net.reconnect(f)
+    _write(c, b"sc-more", 20)  # writes go on while it catches up
+    c.run_until(_caught_up(c, f), 400, f"{f} catches up")
+    _check(c, c.copies.installs_by[f] > 0, f"{f} caught up without a copy: vacuous")
+    settle(c)
+    c.assert_all_applied(c.committed_data())
+    _check_same_state(c)
+    return Stats.of(c, aborted_by_crash=aborted)
+
+
+def scenario_snapshot_leader_change(seed: int) -> Stats:
+    """The leader is cut off just after the first chunk of its copy reached the lagging
+    follower: its session is abandoned (it steps down) or fails (times out), the follower
+    gives the partial copy up, and the next leader's copy catches it up."""
+    c = _cluster("snapshot_leader_change", seed, snap_config())
+    lead = elect(c)
+    f = c.rng.choice([i for i in c.ids if i != lead])
+    c.net.isolate(f)
+    _write(c, b"lc", 60)
+    c.run_until(_compacted_past(c, f), 100, f"the others compact past {f}")
+    cut: list[str] = []
+
+    def cut_sender(m: CopyMsg) -> None:
+        if not cut and m.type is CopyKind.CHUNK and m.dst == f:
+            cut.append(m.src)
+            c.net.isolate(m.src)  # the chunks still in flight are lost with it
+
+    c.copy_observers.append(cut_sender)
+    c.net.reconnect(f)
+    c.run_until(lambda: bool(cut), 100, f"a chunk reaches {f}")
+    old = cut[0]
+    ended = lambda: not c.copies.active(old, f)  # noqa: E731
+    c.run_until(ended, 5 * c.config.election_tick, f"{old}'s session ends")
+    c.run_until(_caught_up(c, f, [i for i in c.ids if i != old]), 400, f"{f} catches up")
+    installed = [src for src, dst, _ in c.copies.installed if dst == f]
+    _check(c, bool(installed) and installed[-1] != old, f"{f} installed copies from {installed}")
+    s = c.copies.stats
+    _check(c, s["abandoned"] + s["timeouts"] > 0, f"{old}'s session neither abandoned nor failed")
+    settle(c)
+    c.assert_all_applied(c.committed_data())
+    _check_same_state(c)
+    return Stats.of(c, abandoned=s["abandoned"], given_up=s["given_up"])
+
+
 SCENARIOS: dict[str, Callable[[int], Stats]] = {
     "initial_election": scenario_initial_election,
     "reelection": scenario_reelection,
@@ -662,4 +797,7 @@ SCENARIOS: dict[str, Callable[[int], Stats]] = {
     "prevote_isolated_follower": scenario_prevote_isolated_follower,
     "no_prevote_isolated_follower": scenario_no_prevote_isolated_follower,
     "check_quorum": scenario_check_quorum,
+    "snapshot_partition": scenario_snapshot_catchup,
+    "snapshot_restart": lambda seed: scenario_snapshot_catchup(seed, crash=True),
+    "snapshot_leader_change": scenario_snapshot_leader_change,
 }

@@ -199,3 +199,48 @@ def test_cluster_catches_a_driver_that_forgets_votes() -> None:
     # become a second leader of term 1.
     with pytest.raises(InvariantViolation, match=r"vote in term 1 changed|two leaders in term 1"):
         c.step(10)
+
+
+# --- compacted logs and installed state machines -------------------------------------------
+
+
+def _applied(chk: InvariantChecker, name: str, log: list[Entry]) -> None:
+    node(chk, name, log, committed=len(log))
+    for entry in log:
+        chk.observe_applied(name, 1, entry, term=1)
+
+
+def test_a_compacted_log_starts_with_a_committed_anchor(chk: InvariantChecker) -> None:
+    log = [e(1, 1, kind=EntryType.NO_OP), e(2, 1, b"x"), e(3, 1, b"y")]
+    _applied(chk, "a", log)
+    node(chk, "a", log[1:], committed=3)  # GC discarded index 1
+    # A copy's stand-in at index 2: same term, no data -- only index and term count.
+    node(chk, "b", [e(2, 1, kind=EntryType.NO_OP), e(3, 1, b"y")], committed=2)
+    with pytest.raises(InvariantViolation, match="log starts at"):
+        node(chk, "c", [e(2, 2, kind=EntryType.NO_OP)], committed=2)
+    with pytest.raises(InvariantViolation, match="past everything ever applied"):
+        node(chk, "d", [e(9, 1)], committed=9)
+
+
+def test_an_installed_state_must_be_a_prefix_and_applying_continues_from_it(
+    chk: InvariantChecker,
+) -> None:
+    log = [e(1, 1, kind=EntryType.NO_OP), e(2, 1, b"x"), e(3, 1, b"y")]
+    _applied(chk, "a", log)
+    node(chk, "b", [e(2, 1, kind=EntryType.NO_OP), e(3, 1, b"y")], committed=2)
+    chk.observe_state("b", 1, [(1, 1, b""), (2, 1, b"x")])
+    chk.observe_applied("b", 1, log[2], term=1)
+    node(chk, "c", [e(2, 1), e(3, 1, b"y")], committed=3)
+    with pytest.raises(InvariantViolation, match="diverge at index 2"):
+        chk.observe_state("c", 1, [(1, 1, b""), (2, 1, b"other")])
+    with pytest.raises(InvariantViolation, match="position"):
+        chk.observe_state("c", 1, [(1, 1, b""), (3, 1, b"y")])
+
+
+def test_applying_past_a_hole_after_an_install_fails(chk: InvariantChecker) -> None:
+    log = [e(1, 1, kind=EntryType.NO_OP), e(2, 1, b"x"), e(3, 1, b"y"), e(4, 1, b"z")]
+    _applied(chk, "a", log)
+    node(chk, "b", [e(2, 1), e(3, 1, b"y"), e(4, 1, b"z")], committed=4)
+    chk.observe_state("b", 1, [(1, 1, b""), (2, 1, b"x")])
+    with pytest.raises(InvariantViolation, match="a hole"):
+        chk.observe_applied("b", 1, log[3], term=1)

@@ -1,7 +1,8 @@
 """Random fault schedules drawn by hypothesis: seeds and fault parameters.
 
 Every schedule runs for STEPS ticks with crashes, partitions (including bridges),
-drops, duplicates, long delays and asynchronous persistence, proposing to whoever
+drops, duplicates, long delays, asynchronous persistence, log GC (with a retention cap
+that makes lagging voters need tablet copies), proposing to whoever
 leads at random times; the invariants are checked after every event, and at the
 end the healed cluster must converge with every committed entry applied
 everywhere.  ``derandomize`` makes the 500 examples the same on every run (no
@@ -37,6 +38,8 @@ params = st.builds(
     max_inflight=st.sampled_from([1, 2, 8, 256]),
     max_msg_bytes=st.sampled_from([1, 64, 1 << 20]),
     broadcast_commit=st.booleans(),
+    # A log GC retention cap (0: none): lagging voters catch up through tablet copies.
+    retention=st.sampled_from([0, 0, 3, 10]),
 ).filter(
     # Every schedule injects faults of some kind.
     lambda p: bool(p.drop or p.dup or p.long_delay or p.partition_rate or p.crash_rate)
