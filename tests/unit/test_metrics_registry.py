@@ -65,6 +65,8 @@ DESIGN_NAMES = {
     "result_tracker_clients": MetricType.GAUGE,
     "result_tracker_memory_bytes": MetricType.GAUGE,
     "rpc_auth_denials": MetricType.COUNTER,
+    "tablet_copies_installed_total": MetricType.COUNTER,
+    "tablet_copy_sessions_total": MetricType.COUNTER,
 }
 
 DEBUG_GAUGE = MetricPrototype(
