@@ -30,6 +30,11 @@ UNAVAILABLE "tablet failed: ..." (its retry elsewhere is exactly-once), and the 
 retries with backoff, reading the committed entries it could not apply back from the log
 (they are durable there).  Once everything it was given is applied, the replica serves
 again (``apply_recovered``) -- no restart needed.
+
+Membership: the replica follows its group's membership (``RaftConsensus.membership``).  A
+replica whose group removed it stops serving reads (TABLET_NOT_FOUND, "no longer a member",
+so the client looks the tablet up again) and writes (it never leads again); the server may
+then delete it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftlet.consensus.core import Entry, EntryType, NotLeaderError, ProposalDropped
+from raftlet.consensus.core import (
+    Entry,
+    EntryType,
+    Membership,
+    NotLeaderError,
+    ProposalDropped,
+)
 from raftlet.consensus.log import Log, LogOptions
 from raftlet.consensus.raft_consensus import (
     ConsensusMetrics,
@@ -76,7 +87,13 @@ from raftlet.tserver.checksum import (
     is_checksum_point,
     split_after_checksum_points,
 )
-from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest, TabletFailed
+from raftlet.tserver.errors import (
+    InvalidRequest,
+    ServiceUnavailable,
+    StaleRequest,
+    TabletFailed,
+    UnknownTablet,
+)
 from raftlet.tserver.log_gc import LogGc
 from raftlet.tserver.result_tracker import (
     ANONYMOUS_PREFIX,
@@ -222,7 +239,11 @@ class TabletReplica:
         ticker: TickSource | None = None,
         workers: WorkerPool | None = None,
         log_appenders: WorkerPool | None = None,
+        learners: Sequence[str] = (),
+        peers: Sequence[str] = (),
     ) -> None:
+        """``voters`` and ``learners``: the membership a fresh directory starts with (the
+        metadata's, once it exists, stands).  ``peers``: every server of the cluster."""
         if not 0 <= partition < num_partitions:
             raise ValueError(f"partition {partition} is not one of {num_partitions}")
         self.tablet_id = tablet_id
@@ -233,8 +254,9 @@ class TabletReplica:
         self.schema = schema
         self.options = opts = options or ReplicaOptions()
         self._metrics = _ReplicaMetrics(metrics)
+        self.directory = directory
         self._opened: OpenedReplica = open_replica(
-            directory, schema, voters, opts.log, _LogMetrics(metrics), log_appenders
+            directory, schema, voters, opts.log, _LogMetrics(metrics), log_appenders, learners
         )
         self.store = self._opened.store
         self.lock = ProfiledLock(
@@ -256,6 +278,8 @@ class TabletReplica:
                 ticker=ticker,
                 workers=workers,
                 on_log_failed=self._on_log_failed,
+                peers=peers,
+                on_membership=self._on_membership,
             )
         except BaseException:
             # The files are open: a replica that cannot start must not keep them.
@@ -405,9 +429,26 @@ class TabletReplica:
         if not self._prepare_q.post(_PendingWrite(key, term, request)):
             self.tracker.abort(key, ServiceUnavailable("the tablet server is shutting down"))
 
+    def is_member(self) -> bool:
+        """Whether this replica is a voter or learner of its group (as far as it knows)."""
+        return self.server_id in self.consensus.membership.members()
+
+    def _on_membership(self, membership: Membership) -> None:
+        # Under the consensus lock: only say it.
+        logger.info(
+            "tablet %s on %s: voters %s, learners %s%s",
+            self.tablet_id,
+            self.server_id,
+            ",".join(membership.voters),
+            ",".join(membership.learners) or "-",
+            "" if self.server_id in membership.members() else " (this replica was removed)",
+        )
+
     def _check_serving(self) -> None:
         if self._stopped:
             raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        if not self.is_member():
+            raise UnknownTablet(self.tablet_id, "this replica is no longer a member of its group")
         why = self.failure_reason()
         if why is not None:
             raise TabletFailed(why)
