@@ -587,9 +587,10 @@ class RaftConsensus:
                 raise NotLeaderError(status.soft_state.leader_id, status.soft_state.term)
             target = new_leader
             if not target:
-                if not status.progress:
+                voters = [v for v in status.progress if v in status.voters]
+                if not voters:
                     raise ProposalDropped("no follower to hand leadership to")
-                target = max(status.progress, key=lambda v: status.progress[v][0])
+                target = max(voters, key=lambda v: status.progress[v][0])  # never a learner
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")
             self._node.transfer_leadership(target)
