@@ -129,8 +129,11 @@ class ClusterView:
                     f"GetClusterConfig: tablet {t.tablet_id} has replicas {list(t.replica_uuids)} "
                     f"but the servers are {sorted(servers)}"
                 )
+            # Where the replicas are now if the server knows (its own replica's membership),
+            # else where the tablet was placed.
+            now = [r for r in t.voters if r in servers]
             tablets[t.tablet_id] = TabletInfo(
-                t.tablet_id, t.table_name, t.partition, tuple(t.replica_uuids)
+                t.tablet_id, t.table_name, t.partition, tuple(now or t.replica_uuids)
             )
             by_table.setdefault(t.table_name, {})[t.partition] = t.tablet_id
         tables: dict[str, TableInfo] = {}

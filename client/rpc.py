@@ -85,7 +85,8 @@ class Router:
         self.not_found: set[str] = set()
         # A server said it has no replica: look the replicas up before the next attempt.
         self.relocate = False
-        self.relocated = False
+        # Every replica said so once: the replicas they were, to compare after a look-up.
+        self.gone_from: set[str] | None = None
 
     @property
     def tablet(self) -> TabletInfo:
@@ -113,6 +114,16 @@ class Router:
     def pick(self) -> str:
         """The next attempt's server: the one a failure chose, else the known leader that is
         not down, else the next replica in ring order."""
+        if self.gone_from is not None:
+            # Every replica said it has none, and a look-up followed: unless the tablet
+            # moved meanwhile, there is none to find.
+            replicas = self.tablet.replicas
+            if set(replicas) == self.gone_from:
+                raise TabletNotFound(
+                    f"no replica of tablet {self.tablet_id} found on {', '.join(replicas)}"
+                )
+            self.gone_from = None
+            self.next = None
         if self.next is not None:
             target, self.next = self.next, None
             return target
@@ -180,13 +191,10 @@ class Router:
             self.not_found.add(server)
             self.relocate = True
             if self.not_found >= set(self.tablet.replicas):
-                if self.relocated:
-                    raise TabletNotFound(
-                        f"no replica of tablet {tid} found on {', '.join(self.tablet.replicas)}"
-                    )
-                # Once more, after a fresh look-up: the replicas may have moved.
-                self.relocated = True
+                # Decided after a fresh look-up (``pick``): the replicas may have moved.
+                self.gone_from = set(self.tablet.replicas)
                 self.not_found.clear()
+                return True
         self.next = self._rotate()
         return first_time and self.next not in self.failed
 

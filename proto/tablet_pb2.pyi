@@ -297,16 +297,18 @@ class TablePB(_message.Message):
     def __init__(self, name: _Optional[str] = ..., schema: _Optional[_Union[SchemaPB, _Mapping]] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class TabletPB(_message.Message):
-    __slots__ = ("tablet_id", "table_name", "partition", "replica_uuids")
+    __slots__ = ("tablet_id", "table_name", "partition", "replica_uuids", "voters")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     REPLICA_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     table_name: str
     partition: int
     replica_uuids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., replica_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., replica_uuids: _Optional[_Iterable[str]] = ..., voters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TabletStatusPB(_message.Message):
     __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason", "voters", "learners")

@@ -366,9 +366,7 @@ class TabletServer:
         table = self.config.table(placement.table)
         # Where we dial each peer: --peer_addresses (a proxy, NAT) or the config's -- every
         # server of the cluster, since a group's membership may come to include any of them.
-        addresses = {
-            sid: s.peer_addr(sid) for sid in self.config.server_ids if sid != s.server_id
-        }
+        addresses = {sid: s.peer_addr(sid) for sid in self.config.server_ids if sid != s.server_id}
         transport: Transport
         if self.streams is not None:
             transport = self.streams.transport(placement.tablet_id, addresses)
@@ -530,15 +528,14 @@ class TabletServer:
         return replica.consensus
 
     def live_config(self) -> tablet_pb2.GetClusterConfigResponse:
-        """The cluster config with, for every tablet hosted here, its replicas as this
-        replica's membership has them (voters: where clients go) instead of the placement."""
+        """The cluster config, and for every tablet hosted here its replicas as this
+        replica's membership has them (``TabletPB.voters``: where clients go now)."""
         response = self.config.to_pb()
         replicas = self.replicas
         for tablet in response.tablets:
             replica = replicas.get(tablet.tablet_id)
             if replica is not None and replica.is_member():
-                del tablet.replica_uuids[:]
-                tablet.replica_uuids.extend(replica.consensus.membership.voters)
+                tablet.voters.extend(replica.consensus.membership.voters)
         return response
 
     def leader_addr(self, server_id: str) -> str:

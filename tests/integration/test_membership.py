@@ -150,6 +150,10 @@ def test_move_a_replica_to_a_fourth_server_under_write_load(
         assert sorted(m.voters) == sorted({*placed, spare} - {source})
         assert m.leader != source
         _check_groups(four, load, client, capsys)
+    # A client that only knows an address finds the config there, the moved tablet too.
+    via = ["--servers", four.servers[spare].config.rpc_addr]
+    assert cli(["tablet", "remove-replica", tid, source, *via]) == 1
+    assert f"{source} holds no replica of {tid}" in capsys.readouterr().err
     # The removed replica is deleted, leaving a tombstone; its server serves it no more.
     assert (four.servers[source].config.data_dir / tid / TOMBSTONE_FILE).exists()
     assert tid not in four.servers[source].list_tablets()
