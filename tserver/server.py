@@ -12,7 +12,9 @@ writes can never starve replication or administration:
     tablet      Write, Scan, ListTablets, GetClusterConfig   --rpc_service_queue_length
     consensus   UpdateConsensus, RequestVote, TimeoutNow,     --consensus_service_queue_length
                 GetConsensusState
-    admin       LeaderStepDown, GetConsensusStatus, flags     --admin_service_queue_length
+    admin       LeaderStepDown, GetConsensusStatus, flags,    --admin_service_queue_length
+                checksums, CreateReplica, ChangeConfig,
+                DeleteReplica
 
 Which replicas a server opens at start: those the cluster config places on it (created
 empty, with the placement as their membership, when their directory is new), and every
