@@ -173,6 +173,10 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     status.add_argument("--format", choices=("table", "json"), default="table")
 
+    from raftlet.cli import tablet_cmd
+
+    tablet_cmd.add_replace_server_parser(sub, formatter)
+
     down = sub.add_parser(
         "down",
         help="stop a local cluster (SIGTERM, then SIGKILL after a timeout)",
@@ -212,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
         return _up(args)
     if args.cluster_command in ("status", "ksck"):
         return _status(args)
+    if args.cluster_command == "replace-server":
+        from raftlet.cli import tablet_cmd
+
+        return tablet_cmd.run_replace_server(args)
     return _down(args)
 
 

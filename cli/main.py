@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         completion_cmd,
         metrics_cmd,
         scan_cmd,
+        tablet_cmd,
         write_cmd,
     )
 
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan_cmd.add_parser(commands, _Formatter)
     metrics_cmd.add_parser(commands, _Formatter)
     admin_cmd.add_parser(commands, _Formatter)
+    tablet_cmd.add_parser(commands, _Formatter)
     certs_cmd.add_parser(commands, _Formatter)
     chaos_cmd.add_parser(commands, _Formatter)
     completion_cmd.add_parser(commands, _Formatter)
@@ -126,6 +128,7 @@ def _run_command(args: argparse.Namespace) -> int:
         cluster_cmd,
         metrics_cmd,
         scan_cmd,
+        tablet_cmd,
         write_cmd,
     )
     from raftlet.cli.common import CliError
@@ -137,6 +140,7 @@ def _run_command(args: argparse.Namespace) -> int:
         "scan": scan_cmd.run,
         "metrics": metrics_cmd.run,
         "leader-step-down": admin_cmd.run,
+        "tablet": tablet_cmd.run,
         "certs": certs_cmd.run,
     }
     name = args.command
@@ -144,6 +148,8 @@ def _run_command(args: argparse.Namespace) -> int:
         name = f"cluster {args.cluster_command}"
     elif args.command == "certs":
         name = f"certs {args.certs_command}"
+    elif args.command == "tablet":
+        name = f"tablet {args.tablet_command}"
     try:
         return runners[args.command](args)
     except CliError as e:

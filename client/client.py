@@ -47,7 +47,7 @@ from raftlet.client.session import (
 from raftlet.client.stats import StatsRecorder
 from raftlet.client.tls import TlsOptions, channel_credentials, uses_token_ports
 from raftlet.cluster import ClusterConfigError, load_cluster_config
-from raftlet.proto import admin_pb2, tablet_pb2
+from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2
 from raftlet.schema.partition import partitions_for_predicates
 from raftlet.schema.predicates import Predicate
 
@@ -326,6 +326,33 @@ class Client(ClientBase[MetaCache]):
         self._meta.forget_leader(tablet_id)
         return server
 
+    def admin_stub(self, server_uuid: str) -> admin_pb2_grpc.AdminServiceStub:
+        """The AdminService of one server (membership changes: ``client.membership``)."""
+        self._check_open()
+        return admin_pb2_grpc.AdminServiceStub(
+            self._channels.channel(self._meta.address(server_uuid))
+        )
+
+    def on_leader(
+        self,
+        tablet_id: str,
+        call: Callable[[admin_pb2_grpc.AdminServiceStub, float], R],
+        *,
+        what: str,
+        timeout_s: float | None = None,
+    ) -> tuple[R, str]:
+        """An AdminService call on the leader of ``tablet_id``, found and retried as a
+        write's would be (NOT_LEADER follows the hint); its answer and the leader's uuid."""
+        self._check_open()
+        return self._on_leader(
+            tablet_id,
+            lambda stub, timeout: call(
+                admin_pb2_grpc.AdminServiceStub(self._channels.channel(stub.address)), timeout
+            ),
+            what=what,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+        )
+
     def checksum(self, tablet_id: str, *, timeout_s: float | None = None) -> TabletChecksum:
         """Compare the rows of every replica of ``tablet_id`` at one log index (needs the
         admin role): the leader places a checksum point, each replica checksums its rows
@@ -333,6 +360,8 @@ class Client(ClientBase[MetaCache]):
         not raised: telling which replica is wrong is the point."""
         self._check_open()
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        # Its replicas as they are now (they may have moved since the client started).
+        self._meta.refresh_leaders(time.monotonic() + timeout, force=True)
         wait_ms = max(1, min(int(timeout * 1000), _MAX_CHECKSUM_WAIT_MS))
         place = admin_pb2.ChecksumTabletRequest(tablet_id=tablet_id, timeout_ms=wait_ms)
         first, leader = self._on_leader(

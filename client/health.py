@@ -9,7 +9,9 @@ costs the check one timeout, not one per server. From the answers:
   full, so it is alive but its replicas could not be listed), DOWN (no answer; with the
   local launcher's state, whether the process still exists tells "crashed" from "hung").
 - **tablets**: the leader is the replica that reports itself LEADER with ``leader_ready``
-  (the highest term wins if two do, as after a partition heals). For every replica: its
+  (the highest term wins if two do, as after a partition heals). A tablet's replicas are its
+  leader's voters (memberships change: ``raftlet tablet move-replica``), or the config's
+  placement while it has no leader. For every replica: its
   role, term and ``applied_index``; its *lag* is the leader's ``commit_index`` minus that.
 - **verdict** per tablet and overall, like Kudu's ksck:
   ERROR: no ready leader, or fewer than a majority of replicas reachable (writes fail).
@@ -296,15 +298,21 @@ def _check_tablet(
     opts: ProbeOptions,
 ) -> TabletHealth:
     tid = placement.tablet_id
-    seen = {sid: statuses[sid][tid] for sid in placement.replicas if tid in statuses.get(sid, {})}
+    everywhere = {sid: by_id[tid] for sid, by_id in statuses.items() if tid in by_id}
     # A ready leader that says so itself; of two (a stale one behind a healed partition),
     # the higher term is the real one.
     leaders = [
         st
-        for sid, st in seen.items()
+        for sid, st in everywhere.items()
         if st.role == RaftRole.LEADER and st.leader_uuid == sid and st.leader_ready
     ]
     leader = max(leaders, key=lambda st: st.term, default=None)
+    replicas = [
+        sid
+        for sid in (leader.voters if leader is not None and leader.voters else placement.replicas)
+        if sid in probes
+    ]
+    seen = {sid: st for sid, st in everywhere.items() if sid in replicas}
     tablet = TabletHealth(tid, placement.table, placement.partition, [])
     if leader is not None:
         tablet.leader = leader.leader_uuid
@@ -313,7 +321,7 @@ def _check_tablet(
     else:
         tablet.term = max((st.term for st in seen.values()), default=0)
     reachable = 0
-    for sid in placement.replicas:
+    for sid in replicas:
         state = probes[sid][1]
         st = seen.get(sid)
         if st is None:
@@ -344,18 +352,18 @@ def _check_tablet(
                     f"(applied {st.applied_index}, leader committed {leader.commit_index})"
                 )
         tablet.replicas.append(r)
-    majority = len(placement.replicas) // 2 + 1
+    majority = len(replicas) // 2 + 1
     severity = Severity.OK
     if reachable < majority:
         tablet.issues.insert(
             0,
-            f"unavailable: {reachable} of {len(placement.replicas)} replicas reachable, "
+            f"unavailable: {reachable} of {len(replicas)} replicas reachable, "
             f"a majority is {majority}",
         )
         severity = Severity.ERROR
-    elif reachable < len(placement.replicas):
+    elif reachable < len(replicas):
         tablet.issues.insert(
-            0, f"under-replicated: {reachable} of {len(placement.replicas)} replicas reachable"
+            0, f"under-replicated: {reachable} of {len(replicas)} replicas reachable"
         )
     if leader is None:
         pending = [

@@ -1,10 +1,18 @@
 """The client's map of the cluster: tables → tablets → replicas → addresses, and leaders.
 
 There is no master: every tablet server answers ``GetClusterConfig`` (servers, tables with
-their schemas, and the deterministic placement of every tablet), so ``load`` asks the seed
-addresses — then any server it already knows — until one answers. The placement never changes
-for a cluster's life (raftlet has no membership changes), so the config is fetched once per
-client; only leaders move.
+their schemas, and where every tablet's replicas are: the voters of the server's own replica
+where it has one, else the placement), so ``load`` asks the seed addresses — then any server
+it already knows — until one answers. Servers and tables are fixed for a cluster's life, so
+that is fetched once per client; replicas move (membership changes: ``raftlet tablet
+move-replica``), and the cache follows them:
+
+- every ``ListTablets`` answer (``refresh_leaders``, below) carries each replica's membership;
+  the voters of the replica that claims leadership (highest term) become the tablet's
+  replicas;
+- a server that answers TABLET_NOT_FOUND for a tablet (it has no replica, or its replica was
+  removed from the group) makes the call look the tablet up again before it tries further,
+  and a call fails with ``TabletNotFound`` only once every replica of the fresh list said so.
 
 Leaders are learned lazily and cheaply:
 
@@ -121,8 +129,11 @@ class ClusterView:
                     f"GetClusterConfig: tablet {t.tablet_id} has replicas {list(t.replica_uuids)} "
                     f"but the servers are {sorted(servers)}"
                 )
+            # Where the replicas are now if the server knows (its own replica's membership),
+            # else where the tablet was placed.
+            now = [r for r in t.voters if r in servers]
             tablets[t.tablet_id] = TabletInfo(
-                t.tablet_id, t.table_name, t.partition, tuple(t.replica_uuids)
+                t.tablet_id, t.table_name, t.partition, tuple(now or t.replica_uuids)
             )
             by_table.setdefault(t.table_name, {})[t.partition] = t.tablet_id
         tables: dict[str, TableInfo] = {}
@@ -171,6 +182,8 @@ class MetaState:
         self._lock = threading.Lock()
         self._leaders: dict[str, str] = {}
         self._down_until: dict[str, float] = {}
+        # Replicas learned since the view was installed (a moved tablet), by tablet.
+        self._replicas: dict[str, tuple[str, ...]] = {}
 
     def config_addresses(self) -> list[str]:
         """Where to ask for the config: the seeds, then every server already known."""
@@ -181,7 +194,9 @@ class MetaState:
 
     def install(self, pb: tablet_pb2.GetClusterConfigResponse) -> ClusterView:
         view = ClusterView.from_pb(pb, token_ports=self.token_ports)
-        self._view = view
+        with self._lock:
+            self._view = view
+            self._replicas = {}
         return view
 
     @property
@@ -202,7 +217,18 @@ class MetaState:
         info = self.view.tablets.get(tablet_id)
         if info is None:
             raise TabletNotFound(f"unknown tablet {tablet_id!r}")
+        moved = self._replicas.get(tablet_id)
+        if moved is not None and moved != info.replicas:
+            return TabletInfo(info.tablet_id, info.table, info.partition, moved)
         return info
+
+    def set_replicas(self, tablet_id: str, replicas: Sequence[str]) -> None:
+        """Where ``tablet_id``'s replicas are now (servers of the view only)."""
+        known = self.view.servers
+        servers = tuple(sorted(r for r in replicas if r in known))
+        if servers:
+            with self._lock:
+                self._replicas[tablet_id] = servers
 
     def address(self, server_uuid: str) -> str:
         server = self.view.servers.get(server_uuid)
@@ -268,7 +294,7 @@ class MetaState:
         did not answer at the transport level are marked down, those that did are up, and
         each tablet's leader is the replica that claims leadership *itself* (highest term
         wins); tablets nobody claims keep what is cached."""
-        claims: dict[str, tuple[int, str]] = {}
+        claims: dict[str, tuple[int, str, tuple[str, ...]]] = {}
         for uuid, answer in answers.items():
             if isinstance(answer, RpcFailure):
                 if answer.cause in (Cause.UNAVAILABLE, Cause.DEADLINE_EXCEEDED):
@@ -279,10 +305,13 @@ class MetaState:
                 if t.role == consensus_pb2.LEADER and t.leader_uuid == uuid:
                     best = claims.get(t.tablet_id)
                     if best is None or t.term > best[0]:
-                        claims[t.tablet_id] = (t.term, uuid)
+                        claims[t.tablet_id] = (t.term, uuid, tuple(t.voters))
         with self._lock:
-            for tablet, (_, uuid) in claims.items():
+            for tablet, (_, uuid, _voters) in claims.items():
                 self._leaders[tablet] = uuid
+        for tablet, (_, _, voters) in claims.items():
+            if voters and self._view is not None and tablet in self._view.tablets:
+                self.set_replicas(tablet, voters)
 
 
 class MetaCache(MetaState):

@@ -11,7 +11,8 @@ to the server ``Router`` picks (pure, shared with ``aio_rpc``); a failure is cla
   or, if no replica claims leadership yet, tries the next replica, after a backoff;
 - NEXT_REPLICA (unreachable, timed out, not running, no such replica): the server is marked
   down (for transport failures) and the next replica in ring order is tried — at once if
-  this call has not failed there yet, else after a backoff;
+  this call has not failed there yet, else after a backoff; a server without the replica
+  makes the next attempt look the tablet's replicas up again first (they may have moved);
 - FAIL: raised at once as ``InvalidArgument`` / ``RemoteError``.
 
 ``leader_only=False`` (follower reads) starts at ``prefer`` — the replica a scan is already
@@ -76,12 +77,21 @@ class Router:
         self, meta: MetaState, tablet: TabletInfo, leader_only: bool, prefer: str | None
     ) -> None:
         self.meta = meta
-        self.tablet = tablet
+        self.tablet_id = tablet.tablet_id
         self.leader_only = leader_only
         self.next: str | None = prefer if prefer in tablet.replicas else None
         self.last: str | None = None
         self.failed: set[str] = set()
         self.not_found: set[str] = set()
+        # A server said it has no replica: look the replicas up before the next attempt.
+        self.relocate = False
+        # Every replica said so once: the replicas they were, to compare after a look-up.
+        self.gone_from: set[str] | None = None
+
+    @property
+    def tablet(self) -> TabletInfo:
+        """The tablet as the meta cache knows it now (its replicas move)."""
+        return self.meta.tablet(self.tablet_id)
 
     def target(self, deadline: float) -> str:
         """The next attempt's server, looking the leader up first if needed (blocking)."""
@@ -91,8 +101,11 @@ class Router:
         return self.pick()
 
     def needs_lookup(self) -> bool:
-        """True when the next attempt wants a leader nobody is known to be (call
-        ``refresh_leaders`` before ``pick``)."""
+        """True when the next attempt wants a leader nobody is known to be, or the replicas
+        may have moved (call ``refresh_leaders`` before ``pick``)."""
+        if self.relocate:
+            self.relocate = False
+            return True
         if self.next is not None or not self.leader_only:
             return False
         leader = self.meta.leader(self.tablet.tablet_id)
@@ -101,6 +114,16 @@ class Router:
     def pick(self) -> str:
         """The next attempt's server: the one a failure chose, else the known leader that is
         not down, else the next replica in ring order."""
+        if self.gone_from is not None:
+            # Every replica said it has none, and a look-up followed: unless the tablet
+            # moved meanwhile, there is none to find.
+            replicas = self.tablet.replicas
+            if set(replicas) == self.gone_from:
+                raise TabletNotFound(
+                    f"no replica of tablet {self.tablet_id} found on {', '.join(replicas)}"
+                )
+            self.gone_from = None
+            self.next = None
         if self.next is not None:
             target, self.next = self.next, None
             return target
@@ -166,10 +189,12 @@ class Router:
         self.meta.forget_leader(tid, server)
         if f.cause is Cause.TABLET_NOT_FOUND:
             self.not_found.add(server)
+            self.relocate = True
             if self.not_found >= set(self.tablet.replicas):
-                raise TabletNotFound(
-                    f"no replica of tablet {tid} found on {', '.join(self.tablet.replicas)}"
-                )
+                # Decided after a fresh look-up (``pick``): the replicas may have moved.
+                self.gone_from = set(self.tablet.replicas)
+                self.not_found.clear()
+                return True
         self.next = self._rotate()
         return first_time and self.next not in self.failed
 

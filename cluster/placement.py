@@ -10,9 +10,12 @@ is salted per process. Sorting by id makes the order of ``[[servers]]`` in the f
 irrelevant. ``tests/unit/test_cluster_config.py`` pins a golden placement: changing this
 function re-homes every tablet of every existing cluster.
 
-The server set is fixed for a cluster's life. raftlet has no membership changes, so adding
-or removing a ``[[servers]]`` entry moves tablets between servers whose data dirs still hold
-the old replicas. Start a new cluster (new data dirs) instead.
+The placement is where each tablet *starts*: a replica directory records its membership
+when it is created, and from then on that membership (changed at run time, one server at a
+time: ``consensus.core.membership``, ``raftlet tablet move-replica``) is authoritative. The
+server set itself is fixed for a cluster's life: adding or removing a ``[[servers]]`` entry
+would change the placement of tablets whose replicas already exist elsewhere; add servers to
+the config before they hold data, and move replicas onto them.
 """
 
 from __future__ import annotations

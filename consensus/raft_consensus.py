@@ -73,13 +73,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from raftlet.consensus.core import (
     NO_NODE,
     Config,
+    ConfigChange,
     Entry,
+    Membership,
     Message,
     MessageType,
     NotLeaderError,
@@ -314,12 +316,18 @@ class RaftConsensus:
         clock: Callable[[], float] = time.monotonic,
         on_log_failed: Callable[[str], None] | None = None,
         on_snapshot_needed: Callable[[str, int], None] | None = None,
+        peers: Iterable[str] = (),
+        on_membership: Callable[[Membership], None] | None = None,
     ) -> None:
         """``on_log_failed(reason)``: called once, outside the lock, when the log fails (the
         tablet fails the calls waiting on this replica).  ``on_snapshot_needed(peer,
         term)``: this leader cannot catch ``peer`` up from its log and wants it to copy the
         tablet; called under the lock, so it must only hand the work on.  Its outcome comes
-        back through ``report_snapshot``.  Without it, every such request fails at once."""
+        back through ``report_snapshot``.  Without it, every such request fails at once.
+        ``peers``: every server that may speak for the group beyond its members
+        (``Config.peers``: the cluster's servers).  ``on_membership(m)``: called under the
+        lock, once ``m`` is durable in the metadata, whenever the membership in use changes;
+        it must only take note."""
         self.group_id = group_id
         self.node_id = node_id
         self.options = opts = options or ConsensusOptions()
@@ -327,17 +335,22 @@ class RaftConsensus:
         self._lease_mode = opts.leader_read_mode is LeaderReadMode.LEASE
         self._lease_duration_s = opts.lease_duration_s()
         self._clock = clock
-        self.voters = storage.voters()
         self._storage = storage
+        self._on_membership = on_membership
         self._transport = transport
         self._apply_committed = apply_committed
         self._on_log_failed = on_log_failed
         self._on_snapshot_needed = on_snapshot_needed
         self._lock = lock or ProfiledLock("consensus")
         self.metrics = metrics or ConsensusMetrics()
+        meta = storage.metadata.state
         config = Config(
             id=node_id,
-            voters=self.voters,
+            voters=meta.voters,
+            learners=meta.learners,
+            config_index=meta.config_index,
+            committed_config=meta.committed_membership(),
+            peers=frozenset(peers),
             election_tick=opts.election_ticks,
             heartbeat_tick=opts.heartbeat_ticks,
             pre_vote=opts.pre_vote,
@@ -350,6 +363,8 @@ class RaftConsensus:
             seed=opts.seed,
         )
         self._node = RawNode(config, storage)
+        # The membership in use (the core's, once durable), read without the lock.
+        self._membership: Membership = self._node.raft.membership
         self._snapshot = ConsensusSnapshot.of(self._node.soft_state())
         initial = storage.initial_state()
         self._saved_commit = initial.commit
@@ -435,6 +450,28 @@ class RaftConsensus:
     @property
     def snapshot(self) -> ConsensusSnapshot:
         return self._snapshot
+
+    @property
+    def membership(self) -> Membership:
+        """The group's membership as this replica uses it (lock-free; the latest in its
+        log, committed or not)."""
+        return self._membership
+
+    @property
+    def voters(self) -> tuple[str, ...]:
+        return self._membership.voters
+
+    def change_config(self, change: ConfigChange) -> tuple[Entry, Membership]:
+        """On the leader: append the membership change and start replicating it; returns
+        its entry (which commits later) and the membership it makes.  Raises
+        NotLeaderError, ConfigChangeRefused (another change is not committed yet, ...)."""
+        self._raise_if_failed()
+        with self._lock:
+            self._step_ticks_unlocked()
+            entry = self._node.propose_config_change(change)
+            membership = self._node.raft.membership
+            self._process_ready_unlocked()
+        return entry, membership
 
     def check_leadership_and_bind_term(self) -> int:
         """The term a write binds to; raises NotLeaderError / LeaderNotReady / ReplicaFailed.
@@ -556,9 +593,10 @@ class RaftConsensus:
                 raise NotLeaderError(status.soft_state.leader_id, status.soft_state.term)
             target = new_leader
             if not target:
-                if not status.progress:
+                voters = [v for v in status.progress if v in status.voters]
+                if not voters:
                     raise ProposalDropped("no follower to hand leadership to")
-                target = max(status.progress, key=lambda v: status.progress[v][0])
+                target = max(voters, key=lambda v: status.progress[v][0])  # never a learner
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")
             self._node.transfer_leadership(target)
@@ -785,6 +823,9 @@ class RaftConsensus:
             "last_index": st.last_index,
             "first_index": st.first_index,
             "all_replicated": st.all_replicated,
+            "voters": list(st.voters),
+            "learners": list(st.learners),
+            "config_index": st.config_index,
             "progress": {p: {"match": m, "next": n} for p, (m, n, _) in st.progress.items()},
             "leader_read_mode": self.options.leader_read_mode.value,
             "lease_reads": self.metrics.lease_reads.value(),
@@ -814,13 +855,21 @@ class RaftConsensus:
             if self._lease_mode:
                 self._lease_ready_unlocked(rd)  # before this ready's heartbeats leave
             hard = rd.hard_state
-            if hard is not None and (hard.term, hard.vote) != self._saved_vote:
+            conf = rd.conf_state
+            if conf is not None or (
+                hard is not None and (hard.term, hard.vote) != self._saved_vote
+            ):
                 # Only term and vote must be durable before what depends on them; entries are
                 # made durable by the WAL, and the commit index is saved lazily (a restart
                 # learns it again from the leader).  Saving on every append that also moved
-                # the commit index cost a follower two fsyncs and a rename per write.
+                # the commit index cost a follower two fsyncs and a rename per write.  A new
+                # membership is saved before its entry goes to the WAL (see Config).
                 try:
-                    self._storage.save_hard_state(hard)
+                    if conf is not None:
+                        self._storage.save_conf_state(conf, hard)
+                    else:
+                        assert hard is not None
+                        self._storage.save_hard_state(hard)
                 except OSError as e:
                     # The core has moved to a term or vote that is not durable: nothing of
                     # this ready may leave.  Like a failed WAL write, it fails the replica
@@ -829,8 +878,13 @@ class RaftConsensus:
                     if self._fail_unlocked(e):
                         self._inbox.post(_REPORT_FAILURE)
                     return _NO_ANSWER
-                self._saved_vote = (hard.term, hard.vote)
-                self._saved_commit = hard.commit
+                if hard is not None:
+                    self._saved_vote = (hard.term, hard.vote)
+                    self._saved_commit = hard.commit
+                if conf is not None and conf.membership != self._membership:
+                    self._membership = conf.membership
+                    if self._on_membership is not None:
+                        self._on_membership(conf.membership)
             for m in rd.messages:
                 self._send_unlocked(m)
             later: list[Message] = []

@@ -2,12 +2,24 @@
 from raftlet.proto import common_pb2 as _common_pb2
 from raftlet.proto import consensus_pb2 as _consensus_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ConfigChangeTypePB(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONFIG_CHANGE_TYPE_UNKNOWN: _ClassVar[ConfigChangeTypePB]
+    CONFIG_CHANGE_ADD_LEARNER: _ClassVar[ConfigChangeTypePB]
+    CONFIG_CHANGE_PROMOTE: _ClassVar[ConfigChangeTypePB]
+    CONFIG_CHANGE_REMOVE: _ClassVar[ConfigChangeTypePB]
+CONFIG_CHANGE_TYPE_UNKNOWN: ConfigChangeTypePB
+CONFIG_CHANGE_ADD_LEARNER: ConfigChangeTypePB
+CONFIG_CHANGE_PROMOTE: ConfigChangeTypePB
+CONFIG_CHANGE_REMOVE: ConfigChangeTypePB
 
 class LeaderStepDownRequest(_message.Message):
     __slots__ = ("tablet_id", "new_leader_uuid")
@@ -81,3 +93,55 @@ class ChecksumTabletResponse(_message.Message):
     failure: str
     error: _common_pb2.ServerErrorPB
     def __init__(self, index: _Optional[int] = ..., rows: _Optional[int] = ..., checksum: _Optional[str] = ..., failure: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class CreateReplicaRequest(_message.Message):
+    __slots__ = ("tablet_id", "voters", "learners")
+    TABLET_ID_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    tablet_id: str
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tablet_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CreateReplicaResponse(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.ServerErrorPB
+    def __init__(self, error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class ChangeConfigRequest(_message.Message):
+    __slots__ = ("tablet_id", "type", "server_uuid")
+    TABLET_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_UUID_FIELD_NUMBER: _ClassVar[int]
+    tablet_id: str
+    type: ConfigChangeTypePB
+    server_uuid: str
+    def __init__(self, tablet_id: _Optional[str] = ..., type: _Optional[_Union[ConfigChangeTypePB, str]] = ..., server_uuid: _Optional[str] = ...) -> None: ...
+
+class ChangeConfigResponse(_message.Message):
+    __slots__ = ("index", "voters", "learners", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    error: _common_pb2.ServerErrorPB
+    def __init__(self, index: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+
+class DeleteReplicaRequest(_message.Message):
+    __slots__ = ("tablet_id", "force")
+    TABLET_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    tablet_id: str
+    force: bool
+    def __init__(self, tablet_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteReplicaResponse(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.ServerErrorPB
+    def __init__(self, error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...

@@ -61,6 +61,21 @@ class AdminServiceStub:
                 request_serializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletRequest.SerializeToString,
                 response_deserializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletResponse.FromString,
                 _registered_method=True)
+        self.CreateReplica = channel.unary_unary(
+                '/raftlet.AdminService/CreateReplica',
+                request_serializer=raftlet_dot_proto_dot_admin__pb2.CreateReplicaRequest.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_admin__pb2.CreateReplicaResponse.FromString,
+                _registered_method=True)
+        self.ChangeConfig = channel.unary_unary(
+                '/raftlet.AdminService/ChangeConfig',
+                request_serializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.FromString,
+                _registered_method=True)
+        self.DeleteReplica = channel.unary_unary(
+                '/raftlet.AdminService/DeleteReplica',
+                request_serializer=raftlet_dot_proto_dot_admin__pb2.DeleteReplicaRequest.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_admin__pb2.DeleteReplicaResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -96,6 +111,24 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +156,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ChecksumTablet,
                     request_deserializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletRequest.FromString,
                     response_serializer=raftlet_dot_proto_dot_admin__pb2.ChecksumTabletResponse.SerializeToString,
+            ),
+            'CreateReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateReplica,
+                    request_deserializer=raftlet_dot_proto_dot_admin__pb2.CreateReplicaRequest.FromString,
+                    response_serializer=raftlet_dot_proto_dot_admin__pb2.CreateReplicaResponse.SerializeToString,
+            ),
+            'ChangeConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeConfig,
+                    request_deserializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.FromString,
+                    response_serializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.SerializeToString,
+            ),
+            'DeleteReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteReplica,
+                    request_deserializer=raftlet_dot_proto_dot_admin__pb2.DeleteReplicaRequest.FromString,
+                    response_serializer=raftlet_dot_proto_dot_admin__pb2.DeleteReplicaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +308,87 @@ class AdminService:
             '/raftlet.AdminService/ChecksumTablet',
             raftlet_dot_proto_dot_admin__pb2.ChecksumTabletRequest.SerializeToString,
             raftlet_dot_proto_dot_admin__pb2.ChecksumTabletResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.AdminService/CreateReplica',
+            raftlet_dot_proto_dot_admin__pb2.CreateReplicaRequest.SerializeToString,
+            raftlet_dot_proto_dot_admin__pb2.CreateReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.AdminService/ChangeConfig',
+            raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.SerializeToString,
+            raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.AdminService/DeleteReplica',
+            raftlet_dot_proto_dot_admin__pb2.DeleteReplicaRequest.SerializeToString,
+            raftlet_dot_proto_dot_admin__pb2.DeleteReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -156,7 +156,7 @@ class TimeoutNowResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
 
 class ConsensusStatePB(_message.Message):
-    __slots__ = ("tablet_id", "current_term", "role", "leader_uuid", "leader_ready", "commit_index", "applied_index", "last_log_index", "voters", "voted_for")
+    __slots__ = ("tablet_id", "current_term", "role", "leader_uuid", "leader_ready", "commit_index", "applied_index", "last_log_index", "voters", "voted_for", "learners", "config_index")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TERM_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,8 @@ class ConsensusStatePB(_message.Message):
     LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     VOTED_FOR_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     current_term: int
     role: RaftRole
@@ -177,19 +179,31 @@ class ConsensusStatePB(_message.Message):
     last_log_index: int
     voters: _containers.RepeatedScalarFieldContainer[str]
     voted_for: str
-    def __init__(self, tablet_id: _Optional[str] = ..., current_term: _Optional[int] = ..., role: _Optional[_Union[RaftRole, str]] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., voted_for: _Optional[str] = ...) -> None: ...
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    config_index: int
+    def __init__(self, tablet_id: _Optional[str] = ..., current_term: _Optional[int] = ..., role: _Optional[_Union[RaftRole, str]] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., voted_for: _Optional[str] = ..., learners: _Optional[_Iterable[str]] = ..., config_index: _Optional[int] = ...) -> None: ...
 
 class ConsensusMetadataPB(_message.Message):
-    __slots__ = ("current_term", "voted_for", "voters", "commit_index")
+    __slots__ = ("current_term", "voted_for", "voters", "commit_index", "learners", "config_index", "committed_voters", "committed_learners", "committed_config_index")
     CURRENT_TERM_FIELD_NUMBER: _ClassVar[int]
     VOTED_FOR_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_VOTERS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
     current_term: int
     voted_for: str
     voters: _containers.RepeatedScalarFieldContainer[str]
     commit_index: int
-    def __init__(self, current_term: _Optional[int] = ..., voted_for: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., commit_index: _Optional[int] = ...) -> None: ...
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    config_index: int
+    committed_voters: _containers.RepeatedScalarFieldContainer[str]
+    committed_learners: _containers.RepeatedScalarFieldContainer[str]
+    committed_config_index: int
+    def __init__(self, current_term: _Optional[int] = ..., voted_for: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., commit_index: _Optional[int] = ..., learners: _Optional[_Iterable[str]] = ..., config_index: _Optional[int] = ..., committed_voters: _Optional[_Iterable[str]] = ..., committed_learners: _Optional[_Iterable[str]] = ..., committed_config_index: _Optional[int] = ...) -> None: ...
 
 class GetConsensusStateRequest(_message.Message):
     __slots__ = ("tablet_id",)

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from raftlet.proto import common_pb2 as raftlet_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fraftlet/proto/tablet_copy.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\"U\n\x16StartTabletCopyRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0bsource_uuid\x18\x02 \x01(\t\x12\x13\n\x0bsource_term\x18\x03 \x01(\x04\"Q\n\x17StartTabletCopyResponse\x12\x0f\n\x07started\x18\x01 \x01(\x08\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"J\n\x1d\x42\x65ginTabletCopySessionRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x16\n\x0erequester_uuid\x18\x02 \x01(\t\"\xf3\x01\n\x1e\x42\x65ginTabletCopySessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0esnapshot_index\x18\x02 \x01(\x04\x12\x15\n\rsnapshot_term\x18\x03 \x01(\x04\x12\x13\n\x0bstore_bytes\x18\x04 \x01(\x04\x12\x14\n\x0cstore_crc32c\x18\x05 \x01(\r\x12\x13\n\x0bsource_term\x18\x06 \x01(\x04\x12\x0e\n\x06voters\x18\x07 \x03(\t\x12\x17\n\x0fidle_timeout_ms\x18\x08 \x01(\r\x12%\n\x05\x65rror\x18\t \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"k\n\x1a\x46\x65tchTabletCopyDataRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x11\n\tmax_bytes\x18\x03 \x01(\r\x12\x16\n\x0erequester_uuid\x18\x04 \x01(\t\"b\n\x1b\x46\x65tchTabletCopyDataResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x02 \x01(\r\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"s\n\x1b\x45ndTabletCopySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07success\x18\x02 \x01(\x08\x12\x17\n\x0finstalled_index\x18\x03 \x01(\x04\x12\x16\n\x0erequester_uuid\x18\x04 \x01(\t\"E\n\x1c\x45ndTabletCopySessionResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB2\x9b\x03\n\x11TabletCopyService\x12T\n\x0fStartTabletCopy\x12\x1f.raftlet.StartTabletCopyRequest\x1a .raftlet.StartTabletCopyResponse\x12i\n\x16\x42\x65ginTabletCopySession\x12&.raftlet.BeginTabletCopySessionRequest\x1a\'.raftlet.BeginTabletCopySessionResponse\x12`\n\x13\x46\x65tchTabletCopyData\x12#.raftlet.FetchTabletCopyDataRequest\x1a$.raftlet.FetchTabletCopyDataResponse\x12\x63\n\x14\x45ndTabletCopySession\x12$.raftlet.EndTabletCopySessionRequest\x1a%.raftlet.EndTabletCopySessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fraftlet/proto/tablet_copy.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\"U\n\x16StartTabletCopyRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0bsource_uuid\x18\x02 \x01(\t\x12\x13\n\x0bsource_term\x18\x03 \x01(\x04\"Q\n\x17StartTabletCopyResponse\x12\x0f\n\x07started\x18\x01 \x01(\x08\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"J\n\x1d\x42\x65ginTabletCopySessionRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x16\n\x0erequester_uuid\x18\x02 \x01(\t\"\x9b\x02\n\x1e\x42\x65ginTabletCopySessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0esnapshot_index\x18\x02 \x01(\x04\x12\x15\n\rsnapshot_term\x18\x03 \x01(\x04\x12\x13\n\x0bstore_bytes\x18\x04 \x01(\x04\x12\x14\n\x0cstore_crc32c\x18\x05 \x01(\r\x12\x13\n\x0bsource_term\x18\x06 \x01(\x04\x12\x0e\n\x06voters\x18\x07 \x03(\t\x12\x17\n\x0fidle_timeout_ms\x18\x08 \x01(\r\x12%\n\x05\x65rror\x18\t \x01(\x0b\x32\x16.raftlet.ServerErrorPB\x12\x10\n\x08learners\x18\n \x03(\t\x12\x14\n\x0c\x63onfig_index\x18\x0b \x01(\x04\"k\n\x1a\x46\x65tchTabletCopyDataRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x11\n\tmax_bytes\x18\x03 \x01(\r\x12\x16\n\x0erequester_uuid\x18\x04 \x01(\t\"b\n\x1b\x46\x65tchTabletCopyDataResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x02 \x01(\r\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"s\n\x1b\x45ndTabletCopySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07success\x18\x02 \x01(\x08\x12\x17\n\x0finstalled_index\x18\x03 \x01(\x04\x12\x16\n\x0erequester_uuid\x18\x04 \x01(\t\"E\n\x1c\x45ndTabletCopySessionResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB2\x9b\x03\n\x11TabletCopyService\x12T\n\x0fStartTabletCopy\x12\x1f.raftlet.StartTabletCopyRequest\x1a .raftlet.StartTabletCopyResponse\x12i\n\x16\x42\x65ginTabletCopySession\x12&.raftlet.BeginTabletCopySessionRequest\x1a\'.raftlet.BeginTabletCopySessionResponse\x12`\n\x13\x46\x65tchTabletCopyData\x12#.raftlet.FetchTabletCopyDataRequest\x1a$.raftlet.FetchTabletCopyDataResponse\x12\x63\n\x14\x45ndTabletCopySession\x12$.raftlet.EndTabletCopySessionRequest\x1a%.raftlet.EndTabletCopySessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,15 +40,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BEGINTABLETCOPYSESSIONREQUEST']._serialized_start=242
   _globals['_BEGINTABLETCOPYSESSIONREQUEST']._serialized_end=316
   _globals['_BEGINTABLETCOPYSESSIONRESPONSE']._serialized_start=319
-  _globals['_BEGINTABLETCOPYSESSIONRESPONSE']._serialized_end=562
-  _globals['_FETCHTABLETCOPYDATAREQUEST']._serialized_start=564
-  _globals['_FETCHTABLETCOPYDATAREQUEST']._serialized_end=671
-  _globals['_FETCHTABLETCOPYDATARESPONSE']._serialized_start=673
-  _globals['_FETCHTABLETCOPYDATARESPONSE']._serialized_end=771
-  _globals['_ENDTABLETCOPYSESSIONREQUEST']._serialized_start=773
-  _globals['_ENDTABLETCOPYSESSIONREQUEST']._serialized_end=888
-  _globals['_ENDTABLETCOPYSESSIONRESPONSE']._serialized_start=890
-  _globals['_ENDTABLETCOPYSESSIONRESPONSE']._serialized_end=959
-  _globals['_TABLETCOPYSERVICE']._serialized_start=962
-  _globals['_TABLETCOPYSERVICE']._serialized_end=1373
+  _globals['_BEGINTABLETCOPYSESSIONRESPONSE']._serialized_end=602
+  _globals['_FETCHTABLETCOPYDATAREQUEST']._serialized_start=604
+  _globals['_FETCHTABLETCOPYDATAREQUEST']._serialized_end=711
+  _globals['_FETCHTABLETCOPYDATARESPONSE']._serialized_start=713
+  _globals['_FETCHTABLETCOPYDATARESPONSE']._serialized_end=811
+  _globals['_ENDTABLETCOPYSESSIONREQUEST']._serialized_start=813
+  _globals['_ENDTABLETCOPYSESSIONREQUEST']._serialized_end=928
+  _globals['_ENDTABLETCOPYSESSIONRESPONSE']._serialized_start=930
+  _globals['_ENDTABLETCOPYSESSIONRESPONSE']._serialized_end=999
+  _globals['_TABLETCOPYSERVICE']._serialized_start=1002
+  _globals['_TABLETCOPYSERVICE']._serialized_end=1413
 # @@protoc_insertion_point(module_scope)

@@ -35,7 +35,7 @@ class BeginTabletCopySessionRequest(_message.Message):
     def __init__(self, tablet_id: _Optional[str] = ..., requester_uuid: _Optional[str] = ...) -> None: ...
 
 class BeginTabletCopySessionResponse(_message.Message):
-    __slots__ = ("session_id", "snapshot_index", "snapshot_term", "store_bytes", "store_crc32c", "source_term", "voters", "idle_timeout_ms", "error")
+    __slots__ = ("session_id", "snapshot_index", "snapshot_term", "store_bytes", "store_crc32c", "source_term", "voters", "idle_timeout_ms", "error", "learners", "config_index")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class BeginTabletCopySessionResponse(_message.Message):
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     snapshot_index: int
     snapshot_term: int
@@ -54,7 +56,9 @@ class BeginTabletCopySessionResponse(_message.Message):
     voters: _containers.RepeatedScalarFieldContainer[str]
     idle_timeout_ms: int
     error: _common_pb2.ServerErrorPB
-    def __init__(self, session_id: _Optional[str] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., store_bytes: _Optional[int] = ..., store_crc32c: _Optional[int] = ..., source_term: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., idle_timeout_ms: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    config_index: int
+    def __init__(self, session_id: _Optional[str] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., store_bytes: _Optional[int] = ..., store_crc32c: _Optional[int] = ..., source_term: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., idle_timeout_ms: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., learners: _Optional[_Iterable[str]] = ..., config_index: _Optional[int] = ...) -> None: ...
 
 class FetchTabletCopyDataRequest(_message.Message):
     __slots__ = ("session_id", "offset", "max_bytes", "requester_uuid")

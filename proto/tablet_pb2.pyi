@@ -297,19 +297,21 @@ class TablePB(_message.Message):
     def __init__(self, name: _Optional[str] = ..., schema: _Optional[_Union[SchemaPB, _Mapping]] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class TabletPB(_message.Message):
-    __slots__ = ("tablet_id", "table_name", "partition", "replica_uuids")
+    __slots__ = ("tablet_id", "table_name", "partition", "replica_uuids", "voters")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     REPLICA_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     table_name: str
     partition: int
     replica_uuids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., replica_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., replica_uuids: _Optional[_Iterable[str]] = ..., voters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TabletStatusPB(_message.Message):
-    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason")
+    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason", "voters", "learners")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +323,8 @@ class TabletStatusPB(_message.Message):
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     table_name: str
     partition: int
@@ -332,7 +336,9 @@ class TabletStatusPB(_message.Message):
     applied_index: int
     state: TabletState
     failure_reason: str
-    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state: _Optional[_Union[TabletState, str]] = ..., failure_reason: _Optional[str] = ...) -> None: ...
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state: _Optional[_Union[TabletState, str]] = ..., failure_reason: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListTabletsRequest(_message.Message):
     __slots__ = ()

@@ -2,7 +2,8 @@
 
 A replica directory holds three things, each the source of truth for one question:
 
-    <dir>/consensus-meta      term, vote, voters, a (lazily saved) commit index
+    <dir>/consensus-meta      term, vote, the membership (voters, learners) and the index of
+                              its log entry, a (lazily saved) commit index
     <dir>/wal/                the Raft log: every entry this replica accepted durably
     <dir>/store.sqlite        the rows, and the index/term of the last entry applied to them
 
@@ -18,9 +19,15 @@ continue would serve wrong rows or break Raft: the consensus metadata must exist
 or the store holds anything (a replica that started afresh beside its old log would forget
 its term and vote, and could vote twice in a term), the log must still hold every entry the
 store has not applied, and the store's last applied (index, term) must be an entry of the
-log.  Any of them failing raises ``ReplicaOpenError``; so does damage the log or metadata
-reader finds (``LogCorruptionError``).  The tablet server turns any failure to open into a
-FAILED replica of that one tablet (``tserver.failed_tablet``), never a failed server.
+log.  Any of them failing raises ``ReplicaOpenError``.  The membership a fresh directory
+records is the one it is opened with (the cluster config's placement, or the membership a
+replica is created to join); once the metadata exists it is authoritative -- memberships
+change at run time (``consensus.core.membership``), and the placement is only where a tablet
+started.  A directory holding a ``tombstone`` file was deleted from its group (the server
+skips it); ``open_replica`` refuses it.  Any check failing raises ``ReplicaOpenError``; so
+does damage the log or metadata reader finds (``LogCorruptionError``).  The tablet server
+turns any failure to open into a FAILED replica of that one tablet
+(``tserver.failed_tablet``), never a failed server.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from raftlet.tserver.store.tablet_store import AnyOp
 
 __all__ = [
     "STORE_FILE",
+    "TOMBSTONE_FILE",
     "OpenedReplica",
     "ReplicaOpenError",
     "apply_entries",
@@ -61,6 +69,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 STORE_FILE = "store.sqlite"
+# Left in a deleted replica's directory: the server opens no replica there (not even the
+# placement's, which would start afresh among voters that moved on).
+TOMBSTONE_FILE = "tombstone"
 # Committed entries replayed per store transaction on open: bounds memory (a few MB of
 # decoded rows), while the per-transaction and per-read costs are spread thin.
 _REPLAY_CHUNK = 4096
@@ -204,8 +215,13 @@ def open_replica(
     log_options: LogOptions | None = None,
     log_observer: LogObserver | None = None,
     log_appenders: WorkerPool | None = None,
+    learners: Sequence[str] = (),
 ) -> OpenedReplica:
+    """Open (or create, with the membership ``voters`` + ``learners``) the replica in
+    ``directory``; see the module docstring."""
     path = Path(directory)
+    if (path / TOMBSTONE_FILE).exists():
+        raise ReplicaOpenError(f"{path} holds a deleted replica (a tombstone)")
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store = TabletStore.open(path / STORE_FILE, schema)
@@ -225,7 +241,7 @@ def open_replica(
         raise
     t2 = time.perf_counter()
     try:
-        _check_voters(storage, store, tuple(voters))
+        _check_membership(storage, store, tuple(voters), tuple(learners))
         replayed = _replay(store, storage)
     except BaseException:
         storage.close()
@@ -247,7 +263,9 @@ def open_replica(
     return OpenedReplica(path, store, storage, replayed, seconds)
 
 
-def _check_voters(storage: LogStorage, store: TabletStore, voters: tuple[str, ...]) -> None:
+def _check_membership(
+    storage: LogStorage, store: TabletStore, voters: tuple[str, ...], learners: tuple[str, ...]
+) -> None:
     if storage.metadata.fresh:
         last, applied = storage.last_index(), store.applied_index()
         if last > 0 or applied > 0:
@@ -256,12 +274,8 @@ def _check_voters(storage: LogStorage, store: TabletStore, voters: tuple[str, ..
                 f"entries up to {last} and a store applied to {applied}: starting afresh "
                 "would forget this replica's term and vote; refusing to open"
             )
-        storage.save_metadata(PersistentState(voters=voters))
-    elif set(storage.voters()) != set(voters):
-        raise ReplicaOpenError(
-            f"replica in {storage.metadata.directory} belongs to voters {storage.voters()}, "
-            f"but the cluster config places it among {voters}"
-        )
+        storage.save_metadata(PersistentState(voters=voters, learners=learners))
+    # Otherwise the metadata's membership stands, whatever the caller placed it among.
 
 
 def _replay(store: TabletStore, storage: LogStorage) -> int:

@@ -10,7 +10,7 @@ once and completes the answer from a callback.  The client side of both lives in
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from raftlet.consensus.core import Message, MessageType, Role
 from raftlet.consensus.raft_consensus import RaftConsensus
@@ -42,15 +42,23 @@ class ConsensusRequestHandler:
     Raises ``UnknownTablet`` (NOT_FOUND) for a tablet with no replica here and
     ``MalformedRequest`` -- a ``ValueError``; ``WrongServerUuid`` when dest_uuid names another
     server -- (INVALID_ARGUMENT) for a request that is garbage, misaddressed, or from a
-    server that is not a voter of the tablet -- all before anything is stepped, so none of it
+    server that is neither a member of the tablet's group nor one of ``peers`` (the cluster's
+    servers, which a member that lags behind a membership change must hear: see
+    ``consensus.core.Config.peers``) -- all before anything is stepped, so none of it
     can change the replica's state.  A request the replica drops (stale, ignored under the
     leader lease, implausible from its sender -- ``Raft.step`` -- or the replica is stopping)
     is still answered, with ``error`` set and ``rejected`` true, so the caller's call
     completes at once instead of timing out."""
 
-    def __init__(self, lookup: Callable[[str], RaftConsensus | None], server_uuid: str) -> None:
+    def __init__(
+        self,
+        lookup: Callable[[str], RaftConsensus | None],
+        server_uuid: str,
+        peers: Collection[str] = (),
+    ) -> None:
         self._lookup = lookup
         self.server_uuid = server_uuid
+        self._peers = frozenset(peers)
 
     def update_consensus(self, req: pb.UpdateConsensusRequest) -> pb.UpdateConsensusResponse:
         message = message_from_update_request(req, self.server_uuid)
@@ -154,6 +162,8 @@ class ConsensusRequestHandler:
             last_log_index=_int(st["last_index"]),
             voters=list(consensus.voters),
             voted_for=str(st["voted_for"]),
+            learners=list(consensus.membership.learners),
+            config_index=_int(st["config_index"]),
         )
         return pb.GetConsensusStateResponse(state=state)
 
@@ -165,10 +175,12 @@ class ConsensusRequestHandler:
             raise UnknownTablet(tablet_id)
         # The core would silently drop it; refusing it here tells the caller (a server with a
         # stale or wrong config) why it is never heard.
-        if caller not in consensus.voters:
+        members = consensus.membership.members()
+        if caller not in members and caller not in self._peers:
             raise MalformedRequest(
                 f"{caller!r} is not a voter of tablet {tablet_id!r} (voters: "
-                f"{', '.join(consensus.voters)})"
+                f"{', '.join(consensus.voters)}; learners: "
+                f"{', '.join(consensus.membership.learners) or 'none'})"
             )
         return consensus
 

@@ -55,7 +55,8 @@ class DeadlineExceededInQueue(Exception):
 class UnknownTablet(Exception):
     """No replica of `tablet_id` lives on this server (NOT_FOUND)."""
 
-    def __init__(self, tablet_id: str) -> None:
+    def __init__(self, tablet_id: str, why: str = "") -> None:
+        why = f" ({why})" if why else ""
         # Quote a long id only in part: the message travels in the status details and the
         # error trailer, and a client refuses metadata over 8 KiB -- a 5 KB id once turned
         # NOT_FOUND into RESOURCE_EXHAUSTED ("metadata size exceeds soft limit").
@@ -64,7 +65,7 @@ class UnknownTablet(Exception):
             if len(tablet_id) <= 80
             else (f"{tablet_id[:80]!r}... ({len(tablet_id)} characters)")
         )
-        super().__init__(f"tablet {shown} not found on this server")
+        super().__init__(f"tablet {shown} not found on this server{why}")
         self.tablet_id = tablet_id
 
 

@@ -24,7 +24,12 @@ from typing import Any, NoReturn
 
 import grpc
 
-from raftlet.consensus.core import NotLeaderError, ProposalDropped, TermMismatch
+from raftlet.consensus.core import (
+    ConfigChangeRefused,
+    NotLeaderError,
+    ProposalDropped,
+    TermMismatch,
+)
 from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
 from raftlet.consensus.rpc.codec import MalformedRequest, WrongServerUuid
 from raftlet.proto import ERROR_METADATA_KEY
@@ -159,6 +164,9 @@ def status_for(
                 leader_addr=_leader_addr(leader, leader_addr_lookup),
             ),
         )
+    if isinstance(exc, ConfigChangeRefused):
+        # Not retried by the client: the operator (or the CLI) decides what to do about it.
+        return S.FAILED_PRECONDITION, msg, E(code=E.UNKNOWN, message=msg)
     if isinstance(exc, LeaderNotReady):
         # Retriable on the same server: it is the leader, just not ready for writes yet.
         return S.UNAVAILABLE, msg, E(code=E.LEADER_NOT_READY, message=msg)

@@ -24,7 +24,8 @@ counted in ``rpc_auth_denials{reason}`` and logged with the method and who (neve
 
 **Roles per method** (``required_role``): ``reader`` Scan, ListTablets, GetClusterConfig,
 reflection; ``writer`` + Write, WriteStream; ``admin`` + LeaderStepDown, SetFlag, GetFlags,
-GetConsensusStatus, GetConsensusState; ``server`` (a peer's server certificate, and nothing
+GetConsensusStatus, GetConsensusState, ChecksumTablet, and the membership RPCs
+CreateReplica, ChangeConfig, DeleteReplica; ``server`` (a peer's server certificate, and nothing
 else) UpdateConsensus, RequestVote, TimeoutNow and the consensus Stream. A server
 certificate is good for consensus only. Health checking stays open (it says SERVING or not,
 nothing else), so orchestrators can probe.
@@ -99,6 +100,11 @@ _ROLES: dict[str, AccessRole | None] = {
     _ADMIN + "GetConsensusStatus": AccessRole.ADMIN,
     _ADMIN + "GetFlags": AccessRole.ADMIN,
     _ADMIN + "SetFlag": AccessRole.ADMIN,
+    _ADMIN + "ChecksumTablet": AccessRole.ADMIN,
+    # Membership changes: they move a tablet's data between servers.
+    _ADMIN + "CreateReplica": AccessRole.ADMIN,
+    _ADMIN + "ChangeConfig": AccessRole.ADMIN,
+    _ADMIN + "DeleteReplica": AccessRole.ADMIN,
     _CONSENSUS + "UpdateConsensus": AccessRole.SERVER,
     _CONSENSUS + "RequestVote": AccessRole.SERVER,
     _CONSENSUS + "TimeoutNow": AccessRole.SERVER,

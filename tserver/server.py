@@ -12,7 +12,17 @@ writes can never starve replication or administration:
     tablet      Write, Scan, ListTablets, GetClusterConfig   --rpc_service_queue_length
     consensus   UpdateConsensus, RequestVote, TimeoutNow,     --consensus_service_queue_length
                 GetConsensusState
-    admin       LeaderStepDown, GetConsensusStatus, flags     --admin_service_queue_length
+    admin       LeaderStepDown, GetConsensusStatus, flags,    --admin_service_queue_length
+                checksums, CreateReplica, ChangeConfig,
+                DeleteReplica
+
+Which replicas a server opens at start: those the cluster config places on it (created
+empty, with the placement as their membership, when their directory is new), and every
+other replica directory under ``--data_dir`` that holds consensus metadata -- replicas
+created later to join a group (``create_replica``, the CreateReplica RPC).  A directory with
+a tombstone (``delete_replica``: a replica removed from its group and deleted) is skipped,
+the placement's too.  Memberships change at run time, so each replica's transport can reach
+every server of the cluster config, not only its placement's.
 
 A tablet whose replica fails to open (damaged or missing files) is FAILED
 (``tserver.failed_tablet``): the server starts and serves its other tablets, and every RPC
@@ -29,7 +39,9 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+import shutil
+import threading
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -43,6 +55,7 @@ from raftlet.client.tls import TlsOptions, channel_credentials
 from raftlet.cluster import parse_host_port
 from raftlet.cluster.placement import TabletPlacement
 from raftlet.consensus.log import LogOptions
+from raftlet.consensus.log.metadata import FILE_NAME as CONSENSUS_META_FILE
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
 from raftlet.consensus.rpc.stream_transport import StreamHub
 from raftlet.consensus.ticker import Ticker
@@ -62,8 +75,9 @@ from raftlet.proto import (
     tablet_pb2,
     tablet_pb2_grpc,
 )
+from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
-from raftlet.tserver.errors import UnknownTablet
+from raftlet.tserver.errors import InvalidRequest, UnknownTablet
 from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
 from raftlet.tserver.grpc_limits import (
@@ -73,6 +87,7 @@ from raftlet.tserver.grpc_limits import (
 )
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.message_limits import MessageLimits
+from raftlet.tserver.replica_map import ReplicaMap
 from raftlet.tserver.security import (
     Authenticator,
     AuthInterceptor,
@@ -143,10 +158,8 @@ class TabletServer:
                 raise OSError(f"--auth_tokens_file: {e}") from None
             self.auth = Authenticator(tokens, self.entity)
         self.channels = ChannelPool(self.peer_channel_options, credentials=self.peer_credentials)
-        self.replicas: dict[str, TabletReplica] = {}
-        # How each tablet placed here is opened: at start, and again after a tablet copy.
-        self._openers: dict[str, Callable[[], TabletReplica | FailedTablet]] = {}
-        self._peer_timeout_s = 0.0
+        # Copy-on-write: replicas are created and deleted while the server runs.
+        self.replicas: ReplicaMap[TabletReplica] = ReplicaMap()
         self.log_options = LogOptions()
         # Tablet copy: the sessions this server serves as a source, and its copies.
         self.copy_sessions = CopySessions(
@@ -163,7 +176,14 @@ class TabletServer:
             repair_interval_s=s.tablet_copy_repair_interval_s,
         )
         # Tablets placed here whose replica failed to open: answered, never served.
-        self.failed_tablets: dict[str, FailedTablet] = {}
+        self.failed_tablets: ReplicaMap[FailedTablet] = ReplicaMap()
+        # Every tablet of the cluster, wherever it is placed: what a replica created here
+        # later belongs to.
+        self.tablets = {p.tablet_id: p for p in self.config.placements()}
+        # Serializes creating and deleting replicas (and opening them at start).
+        self._replicas_lock = threading.Lock()
+        self._replica_options: ReplicaOptions | None = None
+        self._peer_timeout_s = 0.0
         self.pools = {
             "tablet": self._pool("tablet", s.rpc_num_service_threads, s.rpc_service_queue_length),
             "consensus": self._pool(
@@ -186,7 +206,9 @@ class TabletServer:
         self.log_appenders = WorkerPool(
             "log-appender", min_threads=1, max_threads=s.log_appender_threads
         )
-        self.consensus_handler = ConsensusRequestHandler(self._consensus_of, s.server_id)
+        self.consensus_handler = ConsensusRequestHandler(
+            self._consensus_of, s.server_id, peers=self.config.server_ids
+        )
         self.status = StatusServer(
             self.registry,
             *parse_host_port(s.http_addr),
@@ -260,12 +282,19 @@ class TabletServer:
                 peer_timeout_s,
                 max_frame_bytes=self.limits.peer_bytes,
             )
+        self._replica_options = options
+        self._peer_timeout_s = peer_timeout_s
         self.log_options = options.log
         restored = recover_interrupted_copies(s.data_dir)
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
-        for placement in s.placements():
-            self._open_tablet(placement, options)
+        with self._replicas_lock:
+            for placement in self._tablets_to_open():
+                register_tablet_gauges(
+                    self._tablet_entity(placement),
+                    functools.partial(self.hosted, placement.tablet_id),
+                )
+                self._place(placement.tablet_id, self._open(placement))
         for pool in self.pools.values():
             pool.start()
         # Authentication first: an unauthenticated caller learns nothing, not even that its
@@ -339,60 +368,154 @@ class TabletServer:
             f"; FAILED: {', '.join(sorted(self.failed_tablets))}" if self.failed_tablets else "",
         )
 
-    def _open_tablet(self, placement: TabletPlacement, options: ReplicaOptions) -> None:
+    def _tablets_to_open(self) -> list[TabletPlacement]:
+        """The placement's tablets, then every other tablet with a replica directory here
+        (created later), less the deleted ones (a tombstone)."""
+        data_dir = self.settings.data_dir
+        chosen = {p.tablet_id: p for p in self.settings.placements()}
+        for child in sorted(data_dir.iterdir()) if data_dir.is_dir() else []:
+            if child.name in chosen or not (child / CONSENSUS_META_FILE).is_file():
+                continue
+            placement = self.tablets.get(child.name)
+            if placement is None:
+                logger.warning("%s: no tablet of the cluster config, not opened", child)
+                continue
+            chosen[child.name] = placement
+        return [p for tid, p in chosen.items() if not (data_dir / tid / TOMBSTONE_FILE).exists()]
+
+    def _tablet_entity(self, placement: TabletPlacement) -> Any:
+        return self.registry.entity(
+            "tablet",
+            placement.tablet_id,
+            {"table": placement.table, "partition": str(placement.partition)},
+        )
+
+    def _new_replica(
+        self, placement: TabletPlacement, voters: tuple[str, ...], learners: tuple[str, ...]
+    ) -> TabletReplica:
+        """Open (or create, with ``voters`` + ``learners``) this server's replica of
+        ``placement``'s tablet; not started."""
         s = self.settings
         table = self.config.table(placement.table)
-        tablet_id = placement.tablet_id
-        # Where we dial each peer: --peer_addresses (a proxy, NAT) or the config's.
-        addresses = {sid: s.peer_addr(sid) for sid in placement.replicas if sid != self.server_id}
+        # Where we dial each peer: --peer_addresses (a proxy, NAT) or the config's -- every
+        # server of the cluster, since a group's membership may come to include any of them.
+        addresses = {sid: s.peer_addr(sid) for sid in self.config.server_ids if sid != s.server_id}
         transport: Transport
         if self.streams is not None:
-            transport = self.streams.transport(tablet_id, addresses)
+            transport = self.streams.transport(placement.tablet_id, addresses)
         else:
             transport = GrpcTransport(
-                tablet_id, addresses, self.channels, timeout_s=self._peer_timeout_s
+                placement.tablet_id, addresses, self.channels, timeout_s=self._peer_timeout_s
             )
-        entity = self.registry.entity(
-            "tablet", tablet_id, {"table": placement.table, "partition": str(placement.partition)}
+        return TabletReplica(
+            tablet_id=placement.tablet_id,
+            table=placement.table,
+            partition=placement.partition,
+            num_partitions=table.partitions,
+            server_id=self.server_id,
+            voters=voters,
+            learners=learners,
+            peers=self.config.server_ids,
+            directory=s.data_dir / placement.tablet_id,
+            schema=table.schema,
+            transport=transport,
+            options=self._replica_options,
+            metrics=self._tablet_entity(placement),
+            ticker=self.ticker,
+            workers=self.workers,
+            log_appenders=self.log_appenders,
+            request_copy=self.copier.request_copy,
         )
-        directory = s.data_dir / tablet_id
-        # Kept, so a tablet copy can open the replica again from its new files.
-        self._openers[tablet_id] = functools.partial(
-            open_or_fail,
-            functools.partial(
-                TabletReplica,
-                tablet_id=tablet_id,
-                table=placement.table,
-                partition=placement.partition,
-                num_partitions=table.partitions,
-                server_id=self.server_id,
-                voters=placement.replicas,
-                directory=directory,
-                schema=table.schema,
-                transport=transport,
-                options=options,
-                metrics=entity,
-                ticker=self.ticker,
-                workers=self.workers,
-                log_appenders=self.log_appenders,
-                request_copy=self.copier.request_copy,
-            ),
-            tablet_id=tablet_id,
+
+    # --- replicas created and deleted at run time (AdminService) ---------------------------
+
+    def create_replica(
+        self, tablet_id: str, voters: tuple[str, ...], learners: tuple[str, ...]
+    ) -> TabletReplica:
+        """Create an empty replica of ``tablet_id`` here, starting with the membership that
+        adds it (its leader then catches it up), and start it."""
+        placement = self.tablets.get(tablet_id)
+        if placement is None:
+            raise UnknownTablet(tablet_id, "no tablet of the cluster config")
+        if self.server_id not in (*voters, *learners):
+            raise InvalidRequest(
+                f"server {self.server_id} is not in the membership the replica is to join "
+                f"(voters {list(voters)}, learners {list(learners)})"
+            )
+        unknown = sorted((set(voters) | set(learners)) - set(self.config.server_ids))
+        if unknown:
+            raise InvalidRequest(f"servers {unknown} are not in the cluster config")
+        with self._replicas_lock:
+            if tablet_id in self.replicas or tablet_id in self.failed_tablets:
+                raise InvalidRequest(
+                    f"server {self.server_id} already holds a replica of tablet {tablet_id}"
+                )
+            directory = self.settings.data_dir / tablet_id
+            if (directory / TOMBSTONE_FILE).exists():
+                shutil.rmtree(directory)  # a deleted replica's: this one starts afresh
+            elif (directory / CONSENSUS_META_FILE).exists():
+                raise InvalidRequest(
+                    f"{directory} holds a replica's files already; delete it first"
+                )
+            replica = self._new_replica(placement, voters, learners)
+            register_tablet_gauges(
+                self._tablet_entity(placement), functools.partial(self.hosted, tablet_id)
+            )
+            self.replicas.put(tablet_id, replica)
+            replica.start()
+        logger.info(
+            "created a replica of tablet %s (voters %s, learners %s)",
+            tablet_id,
+            ",".join(voters),
+            ",".join(learners),
+        )
+        return replica
+
+    def delete_replica(self, tablet_id: str, *, force: bool = False) -> None:
+        """Stop this server's replica of ``tablet_id`` and remove its files, leaving a
+        tombstone (so no restart opens it again).  Refused while the replica is a member of
+        its group, unless ``force``."""
+        with self._replicas_lock:
+            replica = self.replicas.get(tablet_id)
+            failed = self.failed_tablets.get(tablet_id)
+            if replica is None and failed is None:
+                raise UnknownTablet(tablet_id)
+            if replica is not None:
+                if replica.is_member() and not force:
+                    m = replica.consensus.membership
+                    raise InvalidRequest(
+                        f"the replica of {tablet_id} on {self.server_id} is still a member of "
+                        f"its group (voters {list(m.voters)}, learners {list(m.learners)}): "
+                        "remove it from the group first"
+                    )
+                self.replicas.pop(tablet_id)
+                replica.stop()
+            else:
+                self.failed_tablets.pop(tablet_id)
+            self.registry.remove_entity("tablet", tablet_id)
+            directory = self.settings.data_dir / tablet_id
+            _tombstone(directory)
+        logger.info("deleted the replica of tablet %s (%s)", tablet_id, directory)
+
+    def _open(self, placement: TabletPlacement) -> TabletReplica | FailedTablet:
+        """This server's replica of ``placement``'s tablet from its directory (its metadata's
+        membership stands once it exists), or FAILED; not started."""
+        return open_or_fail(
+            functools.partial(self._new_replica, placement, placement.replicas, ()),
+            tablet_id=placement.tablet_id,
             table=placement.table,
             partition=placement.partition,
             voters=tuple(placement.replicas),
-            directory=directory,
+            directory=self.settings.data_dir / placement.tablet_id,
         )
-        register_tablet_gauges(entity, functools.partial(self.hosted, tablet_id))
-        self._place(tablet_id, self._openers[tablet_id]())
 
     def _place(self, tablet_id: str, replica: TabletReplica | FailedTablet) -> None:
         if isinstance(replica, FailedTablet):
-            self.failed_tablets[tablet_id] = replica
+            self.failed_tablets.put(tablet_id, replica)
         else:
-            self.replicas[tablet_id] = replica
+            self.replicas.put(tablet_id, replica)
 
-    # --- replicas replaced by a tablet copy (tserver.tablet_copier) ---------------------
+    # --- replicas replaced by a tablet copy (tserver.tablet_copier) -------------------------
 
     def hosted(self, tablet_id: str) -> TabletReplica | FailedTablet | None:
         """This server's replica of ``tablet_id``, running or FAILED; None if none."""
@@ -401,26 +524,29 @@ class TabletServer:
     def take_replica(self, tablet_id: str) -> TabletReplica | FailedTablet | None:
         """Stop serving ``tablet_id`` and close its files (a copy is about to replace them);
         calls for it meanwhile are answered "not found", as a lost message."""
-        replica = self.replicas.pop(tablet_id, None) or self.failed_tablets.pop(tablet_id, None)
+        with self._replicas_lock:
+            replica = self.replicas.pop(tablet_id) or self.failed_tablets.pop(tablet_id)
         if isinstance(replica, TabletReplica):
             replica.stop()
         return replica
 
     def reopen_replica(self, tablet_id: str) -> TabletReplica | FailedTablet:
         """Open ``tablet_id`` from its directory again and serve it (or list it FAILED)."""
-        replica = self._openers[tablet_id]()
-        if isinstance(replica, TabletReplica) and self._grpc is not None:
-            replica.start()
-        self._place(tablet_id, replica)
+        placement = self.tablets[tablet_id]
+        with self._replicas_lock:
+            replica = self._open(placement)
+            if isinstance(replica, TabletReplica) and self._grpc is not None:
+                replica.start()
+            self._place(tablet_id, replica)
         return replica
 
     def tablets_needing_repair(self) -> list[tuple[str, tuple[str, ...]]]:
-        """(tablet, voters) of every tablet FAILED here that a copy may repair: one that
-        failed to open, or whose store was found damaged or whose log failed."""
+        """(tablet, peers to copy from) of every tablet FAILED here that a copy may repair:
+        one that failed to open, or whose store was found damaged or whose log failed."""
         out = [(t, f.voters) for t, f in list(self.failed_tablets.items())]
         for t, r in list(self.replicas.items()):
             if r.needs_repair():
-                out.append((t, tuple(r.consensus.voters)))
+                out.append((t, tuple(r.consensus.membership.voters)))
         return [(t, v) for t, v in out if not self.copier.copying(t)]
 
     async def stop(self, grace_s: float = _SHUTDOWN_GRACE_S) -> None:
@@ -492,6 +618,17 @@ class TabletServer:
             return None
         return replica.consensus
 
+    def live_config(self) -> tablet_pb2.GetClusterConfigResponse:
+        """The cluster config, and for every tablet hosted here its replicas as this
+        replica's membership has them (``TabletPB.voters``: where clients go now)."""
+        response = self.config.to_pb()
+        replicas = self.replicas
+        for tablet in response.tablets:
+            replica = replicas.get(tablet.tablet_id)
+            if replica is not None and replica.is_member():
+                tablet.voters.extend(replica.consensus.membership.voters)
+        return response
+
     def leader_addr(self, server_id: str) -> str:
         try:
             return self.config.server(server_id).rpc_addr if server_id else ""
@@ -516,3 +653,11 @@ class TabletServer:
             log.options = dataclasses.replace(
                 log.options, inject_latency_ms=latency, inject_latency_jitter_ms=jitter
             )
+
+
+def _tombstone(directory: Path) -> None:
+    """Empty ``directory`` but for a tombstone file."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    (directory / TOMBSTONE_FILE).write_text("deleted from its group\n")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c
 import grpc
 
-from raftlet.consensus.core import NO_NODE
+from raftlet.consensus.core import NO_NODE, ConfigChange, ConfigChangeType
 from raftlet.proto import (
     admin_pb2,
     admin_pb2_grpc,
@@ -145,6 +145,8 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
                 if why is not None
                 else tablet_pb2.TABLET_STATE_RUNNING,
                 failure_reason=why or "",
+                voters=replica.consensus.membership.voters,
+                learners=replica.consensus.membership.learners,
             )
         for failed in self._s.failed_tablets.values():
             response.tablets.add(
@@ -160,7 +162,8 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
     async def GetClusterConfig(
         self, request: tablet_pb2.GetClusterConfigRequest, context: Any
     ) -> Any:
-        return await self._dispatch("GetClusterConfig", context, _run_sync(self._s.config.to_pb))
+        # The replicas of the tablets hosted here as their memberships are now.
+        return await self._dispatch("GetClusterConfig", context, _run_sync(self._s.live_config))
 
 
 class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
@@ -337,6 +340,57 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
         return await self._call("ChecksumTablet", context, checksum)
 
+    async def CreateReplica(self, request: admin_pb2.CreateReplicaRequest, context: Any) -> Any:
+        def create() -> admin_pb2.CreateReplicaResponse:
+            _check_ids(request.tablet_id, [*request.voters, *request.learners])
+            self._s.create_replica(
+                request.tablet_id, tuple(request.voters), tuple(request.learners)
+            )
+            return admin_pb2.CreateReplicaResponse()
+
+        return await self._call("CreateReplica", context, create)
+
+    async def ChangeConfig(self, request: admin_pb2.ChangeConfigRequest, context: Any) -> Any:
+        def change() -> admin_pb2.ChangeConfigResponse:
+            kind = _CHANGE_TYPES.get(request.type)
+            if kind is None:
+                raise InvalidRequest(f"unknown config change type {request.type}")
+            _check_ids(request.tablet_id, [request.server_uuid])
+            if request.server_uuid not in self._s.config.server_ids:
+                raise InvalidRequest(f"server {request.server_uuid!r} is not in the cluster config")
+            replica = self._s.replica(request.tablet_id)
+            entry, membership = replica.consensus.change_config(
+                ConfigChange(kind, request.server_uuid)
+            )
+            return admin_pb2.ChangeConfigResponse(
+                index=entry.index, voters=membership.voters, learners=membership.learners
+            )
+
+        return await self._call("ChangeConfig", context, change)
+
+    async def DeleteReplica(self, request: admin_pb2.DeleteReplicaRequest, context: Any) -> Any:
+        def delete() -> admin_pb2.DeleteReplicaResponse:
+            _check_ids(request.tablet_id, [])
+            self._s.delete_replica(request.tablet_id, force=request.force)
+            return admin_pb2.DeleteReplicaResponse()
+
+        return await self._call("DeleteReplica", context, delete)
+
+
+_CHANGE_TYPES = {
+    admin_pb2.CONFIG_CHANGE_ADD_LEARNER: ConfigChangeType.ADD_LEARNER,
+    admin_pb2.CONFIG_CHANGE_PROMOTE: ConfigChangeType.PROMOTE,
+    admin_pb2.CONFIG_CHANGE_REMOVE: ConfigChangeType.REMOVE,
+}
+
+
+def _check_ids(tablet_id: str, servers: list[str]) -> None:
+    """Ids an admin request names must be there and short (they travel back in errors)."""
+    if not tablet_id or len(tablet_id) > 256:
+        raise InvalidRequest("tablet_id must be 1 to 256 characters")
+    if any(not s or len(s) > 256 for s in servers):
+        raise InvalidRequest("server ids must be 1 to 256 characters")
+
 
 # A checksum waits on a pool thread for its point to be applied: bounded, so a stuck
 # replica cannot hold the admin pool's few threads for long.
@@ -409,6 +463,8 @@ class TabletCopyServicer(tablet_copy_pb2_grpc.TabletCopyServiceServicer):
                 store_crc32c=s.crc,
                 source_term=s.source_term,
                 voters=list(s.voters),
+                learners=list(s.learners),
+                config_index=s.config_index,
                 idle_timeout_ms=int(self._s.copy_sessions.idle_timeout_s * 1000),
             )
 

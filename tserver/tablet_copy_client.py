@@ -144,6 +144,8 @@ def download(
         source_uuid="",  # the caller knows whom it asked
         source_term=begun.source_term,
         voters=tuple(begun.voters),
+        learners=tuple(begun.learners),
+        config_index=begun.config_index,
     )
     return Downloaded(state, begun.session_id, chunks, retries, sessions)
 

@@ -28,6 +28,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from raftlet.consensus.core import Entry, EntryType
 from raftlet.consensus.log import ConsensusMetadata, LogOptions, PersistentState, write_log_start
@@ -38,6 +39,7 @@ __all__ = [
     "CopiedState",
     "CopyNotNeeded",
     "CopyRefused",
+    "SnapshotInfo",
     "build_replica_dir",
     "installed_term_and_vote",
     "outgoing_snapshot",
@@ -72,6 +74,19 @@ class CopyNotNeeded(Exception):
         self.index = index
 
 
+class SnapshotInfo(NamedTuple):
+    """What a source's store snapshot holds: its applied entry, the source's term, and the
+    latest membership the source knows committed (with its CONFIG entry's index)."""
+
+    # Shadows tuple.index(), which nothing calls on it.
+    index: int  # type: ignore[assignment]
+    term: int
+    source_term: int
+    voters: tuple[str, ...]
+    learners: tuple[str, ...] = ()
+    config_index: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class CopiedState:
     """What a copy holds and where it came from."""
@@ -81,6 +96,8 @@ class CopiedState:
     source_uuid: str
     source_term: int
     voters: tuple[str, ...]
+    learners: tuple[str, ...] = ()
+    config_index: int = 0
 
 
 def staging_dir(data_dir: Path, tablet_id: str) -> Path:
@@ -118,12 +135,20 @@ def build_replica_dir(
         staging / WAL_DIR, Entry(copied.term, copied.index, EntryType.NO_OP), log_options
     )
     meta = ConsensusMetadata(str(staging), PersistentState(), fresh=True, sync=log_options.fsync)
+    # The membership: the source's latest committed one. Its CONFIG entry may lie past the
+    # copy's index; the leader sends it again with what follows (the entry is re-applied,
+    # the same membership), and a log without it falls back to this committed one.
     meta.save(
         PersistentState(
             current_term=term,
             voted_for=vote,
             voters=copied.voters,
             commit_index=copied.index,
+            learners=copied.learners,
+            config_index=copied.config_index,
+            committed_voters=copied.voters,
+            committed_learners=copied.learners,
+            committed_config_index=copied.config_index,
         )
     )
 

@@ -35,7 +35,7 @@ from raftlet.tserver.errors import (
     TabletFailed,
     UnknownTablet,
 )
-from raftlet.tserver.tablet_copy_install import COPY_DIR, outgoing_snapshot
+from raftlet.tserver.tablet_copy_install import COPY_DIR, SnapshotInfo, outgoing_snapshot
 
 __all__ = ["CopySession", "CopySessions", "CopySource"]
 
@@ -45,9 +45,8 @@ _READ_CHUNK = 1 << 20
 class CopySource(Protocol):
     """What a session needs of a replica (``TabletReplica`` is one)."""
 
-    def copy_snapshot(self, dest: Path) -> tuple[int, int, int, tuple[str, ...]]:
-        """Snapshot the store to ``dest``: (index, term, leader's term, voters); raises
-        NotLeaderError unless this replica leads."""
+    def copy_snapshot(self, dest: Path) -> SnapshotInfo:
+        """Snapshot the store to ``dest``; raises NotLeaderError unless this replica leads."""
         ...
 
     def report_copy(self, peer: str, ok: bool, index: int) -> None: ...
@@ -63,6 +62,8 @@ class CopySession:
     term: int
     source_term: int
     voters: tuple[str, ...]
+    learners: tuple[str, ...]
+    config_index: int
     size: int
     crc: int
     last_used: float
@@ -117,7 +118,7 @@ class CopySessions:
         path = outgoing_snapshot(self._data_dir, session_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            index, term, source_term, voters = source.copy_snapshot(path)
+            snap = source.copy_snapshot(path)
             size, crc = _size_and_crc(path)
         except BaseException:
             path.unlink(missing_ok=True)
@@ -127,10 +128,12 @@ class CopySessions:
             tablet_id,
             requester,
             path,
-            index,
-            term,
-            source_term,
-            voters,
+            snap.index,
+            snap.term,
+            snap.source_term,
+            snap.voters,
+            snap.learners,
+            snap.config_index,
             size,
             crc,
             self._clock(),

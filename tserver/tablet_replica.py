@@ -30,6 +30,11 @@ UNAVAILABLE "tablet failed: ..." (its retry elsewhere is exactly-once), and the 
 retries with backoff, reading the committed entries it could not apply back from the log
 (they are durable there).  Once everything it was given is applied, the replica serves
 again (``apply_recovered``) -- no restart needed.
+
+Membership: the replica follows its group's membership (``RaftConsensus.membership``).  A
+replica whose group removed it stops serving reads (TABLET_NOT_FOUND, "no longer a member",
+so the client looks the tablet up again) and writes (it never leads again); the server may
+then delete it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftlet.consensus.core import Entry, EntryType, NotLeaderError, ProposalDropped, Role
+from raftlet.consensus.core import (
+    Entry,
+    EntryType,
+    Membership,
+    NotLeaderError,
+    ProposalDropped,
+    Role,
+)
 from raftlet.consensus.log import Log, LogOptions, PersistentState
 from raftlet.consensus.raft_consensus import (
     ConsensusMetrics,
@@ -77,7 +89,13 @@ from raftlet.tserver.checksum import (
     is_checksum_point,
     split_after_checksum_points,
 )
-from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest, TabletFailed
+from raftlet.tserver.errors import (
+    InvalidRequest,
+    ServiceUnavailable,
+    StaleRequest,
+    TabletFailed,
+    UnknownTablet,
+)
 from raftlet.tserver.log_gc import LogGc
 from raftlet.tserver.result_tracker import (
     ANONYMOUS_PREFIX,
@@ -91,6 +109,7 @@ from raftlet.tserver.row_routing import check_rows_in_tablet
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.scan_request import check_scan_request
 from raftlet.tserver.store import InvalidScan, StoreError
+from raftlet.tserver.tablet_copy_install import SnapshotInfo
 
 __all__ = [
     "ReplicaOptions",
@@ -225,9 +244,13 @@ class TabletReplica:
         ticker: TickSource | None = None,
         workers: WorkerPool | None = None,
         log_appenders: WorkerPool | None = None,
+        learners: Sequence[str] = (),
+        peers: Sequence[str] = (),
         request_copy: Callable[[str, str, int], None] | None = None,
     ) -> None:
-        """``request_copy(tablet_id, peer, term)``: this replica leads and ``peer`` needs a
+        """``voters`` and ``learners``: the membership a fresh directory starts with (the
+        metadata's, once it exists, stands).  ``peers``: every server of the cluster.
+        ``request_copy(tablet_id, peer, term)``: this replica leads and ``peer`` needs a
         copy of the tablet (``tserver.tablet_copier``); it must only hand the work on."""
         if not 0 <= partition < num_partitions:
             raise ValueError(f"partition {partition} is not one of {num_partitions}")
@@ -239,8 +262,9 @@ class TabletReplica:
         self.schema = schema
         self.options = opts = options or ReplicaOptions()
         self._metrics = _ReplicaMetrics(metrics)
+        self.directory = directory
         self._opened: OpenedReplica = open_replica(
-            directory, schema, voters, opts.log, _LogMetrics(metrics), log_appenders
+            directory, schema, voters, opts.log, _LogMetrics(metrics), log_appenders, learners
         )
         self.store = self._opened.store
         self.lock = ProfiledLock(
@@ -267,6 +291,8 @@ class TabletReplica:
                     if request_copy is not None
                     else None
                 ),
+                peers=peers,
+                on_membership=self._on_membership,
             )
         except BaseException:
             # The files are open: a replica that cannot start must not keep them.
@@ -417,9 +443,26 @@ class TabletReplica:
         if not self._prepare_q.post(_PendingWrite(key, term, request)):
             self.tracker.abort(key, ServiceUnavailable("the tablet server is shutting down"))
 
+    def is_member(self) -> bool:
+        """Whether this replica is a voter or learner of its group (as far as it knows)."""
+        return self.server_id in self.consensus.membership.members()
+
+    def _on_membership(self, membership: Membership) -> None:
+        # Under the consensus lock: only say it.
+        logger.info(
+            "tablet %s on %s: voters %s, learners %s%s",
+            self.tablet_id,
+            self.server_id,
+            ",".join(membership.voters),
+            ",".join(membership.learners) or "-",
+            "" if self.server_id in membership.members() else " (this replica was removed)",
+        )
+
     def _check_serving(self) -> None:
         if self._stopped:
             raise ServiceUnavailable(f"tablet {self.tablet_id} is not serving")
+        if not self.is_member():
+            raise UnknownTablet(self.tablet_id, "this replica is no longer a member of its group")
         why = self.failure_reason()
         if why is not None:
             raise TabletFailed(why)
@@ -755,10 +798,11 @@ class TabletReplica:
 
     # --- tablet copy ---------------------------------------------------------------------------
 
-    def copy_snapshot(self, dest: Path) -> tuple[int, int, int, tuple[str, ...]]:
-        """Snapshot the store into ``dest`` for a tablet copy: (index, term, this leader's
-        term, voters). Only a ready leader serves one (``tserver.tablet_copy_source``); the
-        snapshot's entry is still in its log, so appends can go on from it."""
+    def copy_snapshot(self, dest: Path) -> SnapshotInfo:
+        """Snapshot the store into ``dest`` for a tablet copy, with this leader's term and
+        its latest committed membership. Only a ready leader serves one
+        (``tserver.tablet_copy_source``); the snapshot's entry is still in its log, so
+        appends can go on from it."""
         snap = self.consensus.snapshot
         if snap.role is not Role.LEADER:
             raise NotLeaderError(snap.leader_id, snap.term)
@@ -770,7 +814,10 @@ class TabletReplica:
             raise ServiceUnavailable(
                 f"the store snapshot ends at {index}, before the log's first entry {first}"
             )
-        return index, term, snap.term, tuple(self.consensus.voters)
+        config_index, membership = self.persistent_state().committed_membership()
+        return SnapshotInfo(
+            index, term, snap.term, membership.voters, membership.learners, config_index
+        )
 
     def report_copy(self, peer: str, ok: bool, index: int) -> None:
         self.consensus.report_snapshot(peer, ok, index)

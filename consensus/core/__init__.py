@@ -8,10 +8,17 @@ and the simulator (tests/sim) feed it ticks and messages and carry out the
 
 from raftlet.consensus.core.config import Config
 from raftlet.consensus.core.errors import (
+    ConfigChangeRefused,
     NotLeaderError,
     ProposalDropped,
     RaftConfigError,
     TermMismatch,
+)
+from raftlet.consensus.core.membership import (
+    ConfigChange,
+    ConfigChangeType,
+    ConfState,
+    Membership,
 )
 from raftlet.consensus.core.progress import Progress, ProgressState
 from raftlet.consensus.core.raft import Raft
@@ -33,10 +40,15 @@ from raftlet.consensus.core.types import (
 
 __all__ = [
     "NO_NODE",
+    "ConfState",
     "Config",
+    "ConfigChange",
+    "ConfigChangeRefused",
+    "ConfigChangeType",
     "Entry",
     "EntryType",
     "HardState",
+    "Membership",
     "MemoryStorage",
     "Message",
     "MessageType",

@@ -5,15 +5,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raftlet.consensus.core.errors import RaftConfigError
+from raftlet.consensus.core.membership import Membership
 
 __all__ = ["Config"]
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    # This node's id and the ids of every voter in the group (itself included).
+    # This node's id and the membership it starts with: the voters and the learners
+    # (non-voters) of the latest configuration it persisted (``Ready.conf_state``).  This
+    # node need not be among them: a learner, a replica created to join, or one removed.
     id: str
     voters: tuple[str, ...]
+    learners: tuple[str, ...] = ()
+    # The index of the CONFIG entry that holds that membership (0: the initial one, in no
+    # entry), and the latest membership known committed with its entry's index (None: the
+    # same).  If the log no longer holds the entry at ``config_index`` (the process died
+    # after persisting the membership, before the entry was durable), the node falls back
+    # to the latest CONFIG entry its log holds above ``committed_config``, else to that.
+    config_index: int = 0
+    committed_config: tuple[int, Membership] | None = None
+    # Nodes beyond the membership whose messages are stepped all the same (thesis §4.1): a
+    # node whose log lags behind the change that added a server must still hear that
+    # server as leader or candidate, or it could never catch up or help elect.  The driver
+    # passes every server of the cluster; anyone else's message is dropped.
+    peers: frozenset[str] = frozenset()
     # A follower that hears nothing for a random number of ticks in
     # [election_tick, 2 * election_tick) campaigns (paper §5.2).
     election_tick: int = 10
@@ -44,13 +60,27 @@ class Config:
     # Seed of the randomized election timeout; None draws from the OS.
     seed: int | None = None
 
+    def membership(self) -> Membership:
+        return Membership(tuple(self.voters), tuple(self.learners))
+
     def validate(self) -> None:
         if not self.id:
             raise RaftConfigError("id must be non-empty")
-        if self.id not in self.voters:
-            raise RaftConfigError(f"id {self.id!r} is not among the voters {self.voters!r}")
         if len(set(self.voters)) != len(self.voters):
             raise RaftConfigError(f"duplicate voters in {self.voters!r}")
+        why = self.membership().problem()
+        if why is not None:
+            raise RaftConfigError(why)
+        if self.config_index < 0:
+            raise RaftConfigError("config_index must be >= 0")
+        if self.committed_config is not None:
+            index, committed = self.committed_config
+            why = committed.problem()
+            if why is not None or not 0 <= index <= self.config_index:
+                raise RaftConfigError(
+                    f"committed config {self.committed_config!r} is not a membership at or "
+                    f"below config_index {self.config_index}"
+                )
         if self.heartbeat_tick <= 0:
             raise RaftConfigError("heartbeat_tick must be positive")
         if self.election_tick <= self.heartbeat_tick:

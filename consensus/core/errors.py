@@ -3,7 +3,13 @@ those are answered or dropped, because a remote node must not crash us)."""
 
 from __future__ import annotations
 
-__all__ = ["NotLeaderError", "ProposalDropped", "RaftConfigError", "TermMismatch"]
+__all__ = [
+    "ConfigChangeRefused",
+    "NotLeaderError",
+    "ProposalDropped",
+    "RaftConfigError",
+    "TermMismatch",
+]
 
 
 class RaftConfigError(ValueError):
@@ -12,6 +18,12 @@ class RaftConfigError(ValueError):
 
 class ProposalDropped(Exception):
     """A proposal was not appended to the log; nothing about it is durable."""
+
+
+class ConfigChangeRefused(ProposalDropped):
+    """A membership change was refused: another is not committed yet, this leader has not
+    committed an entry of its term, or the change does not fit the current membership (the
+    message says which).  Nothing was appended."""
 
 
 class NotLeaderError(ProposalDropped):

@@ -42,6 +42,18 @@ Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design)
   the outstanding round is confirmed, or with the next heartbeat tick (so a lost round
   delays reads by a heartbeat, never forever).  A round's number is created after every
   read it confirms arrived, so no read is confirmed by a heartbeat sent before it.
+- Membership (``membership``; thesis §4.1): voters and learners.  A node uses the latest
+  CONFIG entry in its log, committed or not, and falls back to the previous one when a cut
+  removes it.  A leader appends one change at a time (add a learner, promote one, remove a
+  member), and only once it committed an entry of its own term and every earlier change.
+  Learners get appends and heartbeats but never vote, campaign, or count toward a commit, a
+  check-quorum, a read round or ``all_replicated``.  Messages from strangers are dropped:
+  neither members nor the driver's ``Config.peers`` (every server of the cluster: a node
+  whose log lags behind the change that added a server must still hear it as leader or
+  candidate, thesis §4.1), except the leader we follow in its term (a leader our log
+  removed still commits that change and hands over).  A leader that is not a voter
+  replicates without counting itself until the entry removing it is committed, then hands
+  over and steps down.
 - ``read_round_confirmed`` is the highest round a majority acknowledged in this
   leadership; a driver that timed when each round's heartbeats left can hold a leader
   lease from it (``Config.heartbeat_read_rounds`` makes every heartbeat a new round, so
@@ -56,7 +68,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raftlet.consensus.core.config import Config
-from raftlet.consensus.core.errors import NotLeaderError, ProposalDropped, TermMismatch
+from raftlet.consensus.core.errors import (
+    ConfigChangeRefused,
+    NotLeaderError,
+    ProposalDropped,
+    TermMismatch,
+)
+from raftlet.consensus.core.membership import ConfigChange, ConfState, Membership
 from raftlet.consensus.core.progress import Progress, ProgressState
 from raftlet.consensus.core.quorum import VoteResult, committed_index, vote_result
 from raftlet.consensus.core.raft_log import RaftLog
@@ -103,10 +121,19 @@ class Raft:
         config.validate()
         self.config = config
         self.id = config.id
-        self.voters: tuple[str, ...] = config.voters
         self._rand = random.Random(config.seed)
         hard = storage.initial_state()
         self.log = RaftLog(storage, hard.commit, config.applied)
+        # Every CONFIG entry that may still matter, as (index, membership), oldest first: the
+        # latest known committed (or the initial one, index 0), then any above the commit
+        # index.  The last is the membership in use (thesis §4.1: the latest in the log,
+        # committed or not); cutting the log drops those past the cut.
+        self._configs = self._recover_configs(config)
+        self.log.on_append = self._on_log_append
+        self.membership = self._configs[-1][1]
+        self.voters: tuple[str, ...] = self.membership.voters
+        self.learners: tuple[str, ...] = self.membership.learners
+        self._members = frozenset(self.membership.members())
         self.term = 0
         self.vote = NO_NODE
         self.lead = NO_NODE
@@ -184,7 +211,10 @@ class Raft:
         self.lead_transferee = NO_NODE
         self.votes = {}
         last = self.log.last_index()
-        self.prs = {v: Progress(0, last + 1, self.config.max_inflight_msgs) for v in self.voters}
+        self.prs = {
+            v: Progress(0, last + 1, self.config.max_inflight_msgs)
+            for v in self.membership.members()
+        }
 
     def become_follower(self, term: int, lead: str) -> None:
         self._reset(term)
@@ -232,6 +262,11 @@ class Raft:
         self.election_elapsed += 1
         if self.election_elapsed >= self.randomized_election_timeout:
             self.election_elapsed = 0
+            if self.id not in self.voters:
+                # A learner (or a node removed) never campaigns, but it must not hold its
+                # leader's lease forever: having heard nothing for a timeout, it forgets
+                # that leader, so the next one's higher term reaches it.
+                self.lead = NO_NODE
             self.campaign()
 
     def _tick_heartbeat(self) -> None:
@@ -292,9 +327,14 @@ class Raft:
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election: a pre-vote round first, unless disabled or asked by
-        the leader to take over (``transfer``)."""
-        if self.role is Role.LEADER or self.term >= MAX_TERM or not self.promotable:
-            return  # at MAX_TERM there is no next term to campaign in
+        the leader to take over (``transfer``).  Only a voter campaigns."""
+        if (
+            self.role is Role.LEADER
+            or self.term >= MAX_TERM  # no next term to campaign in
+            or not self.promotable
+            or self.id not in self.voters
+        ):
+            return
         if self.config.pre_vote and not transfer:
             self.become_pre_candidate()
             if self._poll(self.id, MessageType.PRE_VOTE_RESPONSE, True) is VoteResult.WON:
@@ -345,6 +385,145 @@ class Raft:
         self._bcast_append()
         return entries
 
+    # --- membership (thesis §4.1: one server at a time) ---------------------------------
+
+    def propose_config_change(self, change: ConfigChange) -> Entry:
+        """Append a CONFIG entry with the membership ``change`` makes of the current one, and
+        use it at once.  Refused (``ConfigChangeRefused``, nothing appended) while another
+        change is not committed, before this leader committed an entry of its term (an
+        earlier leader's change may still be uncommitted in some log), during a leadership
+        transfer, or when the change does not fit (see ``ConfigChange.apply``)."""
+        if self.role is not Role.LEADER:
+            raise NotLeaderError(self.lead, self.term)
+        if self.lead_transferee != NO_NODE:
+            raise ConfigChangeRefused(f"leadership is being transferred to {self.lead_transferee}")
+        if self.log.term(self.log.committed) != self.term:
+            raise ConfigChangeRefused(
+                f"the leader of term {self.term} has not committed an entry of its term yet"
+            )
+        pending = self._configs[-1][0]
+        if pending > self.log.committed:
+            raise ConfigChangeRefused(
+                f"a config change is in progress: the one at index {pending} is not "
+                f"committed yet (commit index {self.log.committed})"
+            )
+        membership = change.apply(self.membership)
+        entry = Entry(self.term, self.log.last_index() + 1, EntryType.CONFIG, membership.encode())
+        self.log.append([entry])
+        self._bcast_append()
+        if self._maybe_commit():  # fewer voters may need fewer acknowledgements
+            self._bcast_append(send_if_empty=self.config.broadcast_commit)
+        self._leave_if_removed()
+        return entry
+
+    def conf_state(self) -> ConfState:
+        """The membership in use and the latest one committed and durable here, with the
+        indexes of their entries: what a driver persists (``Ready.conf_state``)."""
+        bound = min(self.log.committed, self.log.stable_index())
+        k = 0
+        for i, (index, _) in enumerate(self._configs):
+            if index <= bound:
+                k = i
+        if k:
+            del self._configs[:k]  # nothing before a committed entry can come back
+        latest_index, latest = self._configs[-1]
+        committed_index, committed = self._configs[0]
+        if committed_index > bound:  # none is known committed here yet: the oldest we know
+            committed_index, committed = latest_index, latest
+        return ConfState(latest, latest_index, committed, committed_index)
+
+    def _recover_configs(self, config: Config) -> list[tuple[int, Membership]]:
+        """The configurations at start: the ones persisted, less those whose entry the log
+        does not hold (persisted just before a crash took the entry), then the latest CONFIG
+        entry the log holds above what is left, if any."""
+        latest = (config.config_index, config.membership())
+        known = [latest]
+        if config.committed_config is not None and config.committed_config[0] < latest[0]:
+            known.insert(0, config.committed_config)
+        kept = [c for c in known if self._log_holds(*c)]
+        if len(kept) == len(known):
+            return known
+        floor = kept[-1][0] if kept else 0
+        found = self._last_config_entry(floor)
+        if found is not None:
+            kept.append(found)
+        return kept or [latest]
+
+    def _log_holds(self, index: int, membership: Membership) -> bool:
+        if index == 0 or index < self.log.first_index():
+            return True  # the initial membership, or an entry GC discarded: committed
+        if index > self.log.last_index():
+            return False
+        entry = self.log.storage.entries(index, index + 1)[0]
+        return entry.type is EntryType.CONFIG and entry.data == membership.encode()
+
+    def _last_config_entry(self, floor: int) -> tuple[int, Membership] | None:
+        """The last CONFIG entry of the durable log above ``floor``, read backwards."""
+        hi = self.log.last_index() + 1
+        lo_bound = max(floor + 1, self.log.first_index())
+        while hi > lo_bound:
+            lo = max(lo_bound, hi - 1024)
+            for e in reversed(self.log.storage.entries(lo, hi)):
+                if e.type is EntryType.CONFIG:
+                    try:
+                        return e.index, Membership.decode(e.data)
+                    except ValueError:
+                        continue
+            hi = lo
+        return None
+
+    def _on_log_append(self, entries: Sequence[Entry]) -> None:
+        """Follow the CONFIG entries of the log: entries from ``entries[0].index`` on were
+        replaced (an uncommitted config among them is undone), and any CONFIG entry among
+        the new ones is used at once."""
+        first = entries[0].index
+        changed = False
+        while len(self._configs) > 1 and self._configs[-1][0] >= first:
+            self._configs.pop()
+            changed = True
+        for e in entries:
+            if e.type is EntryType.CONFIG:
+                try:
+                    membership = Membership.decode(e.data)
+                except ValueError:
+                    continue  # no honest leader writes one; every replica skips it alike
+                self._configs.append((e.index, membership))
+                changed = True
+        if changed:
+            self._use(self._configs[-1][1])
+
+    def _use(self, membership: Membership) -> None:
+        self.membership = membership
+        self.voters = membership.voters
+        self.learners = membership.learners
+        self._members = frozenset(membership.members())
+        if self.role is not Role.LEADER:
+            return
+        last = self.log.last_index()
+        for node in membership.members():
+            if node not in self.prs:
+                pr = Progress(0, last + 1, self.config.max_inflight_msgs)
+                pr.recent_active = True  # a newcomer is not held against check-quorum yet
+                self.prs[node] = pr
+        if self.lead_transferee != NO_NODE and self.lead_transferee not in self.voters:
+            self.lead_transferee = NO_NODE
+
+    def _leave_if_removed(self) -> None:
+        """Once the latest membership is committed, a leader stops replicating to the
+        members it removed (until then they get the entry that tells them), and steps down
+        if it is no voter itself (until then it replicates, without counting itself),
+        handing over if it can."""
+        if self.role is not Role.LEADER or len(self.prs) == len(self._members):
+            return  # the common case, on every step: nobody removed (a leader's prs hold
+            # every member, and itself)
+        if self._configs[-1][0] > self.log.committed:
+            return
+        for node in [n for n in self.prs if n not in self._members and n != self.id]:
+            del self.prs[node]
+        if self.id not in self.voters:
+            self._hand_over()
+            self.become_follower(self.term, NO_NODE)
+
     def read_index(self, token: int) -> None:
         """Start a linearizable read (ReadIndex, thesis §6.4): note the commit index now and
         confirm with a heartbeat round that a quorum still follows this leader; then
@@ -359,7 +538,7 @@ class Raft:
             raise NotLeaderError(self.lead, self.term)
         if self.log.term(self.log.committed) != self.term:
             raise ProposalDropped("the leader has not yet committed an entry of its term")
-        if len(self.voters) == 1:
+        if self.voters == (self.id,):
             self.read_states.append(ReadState(token, self.log.committed))
             return
         # The next round is created after this moment, whichever way it is started.
@@ -421,13 +600,7 @@ class Raft:
         if promotable or self.role is Role.FOLLOWER:
             return
         if self.role is Role.LEADER:
-            last = self.log.last_index()
-            caught_up = [v for v, pr in self.prs.items() if v != self.id and pr.match == last]
-            if caught_up:
-                target = min(caught_up)  # deterministic: the simulator replays runs
-                self.lead_transferee = target
-                self._bcast_heartbeat()
-                self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
+            self._hand_over()
         self.become_follower(self.term, NO_NODE)
 
     def report_snapshot(self, peer: str, ok: bool, index: int = 0) -> None:
@@ -461,6 +634,19 @@ class Raft:
         self.log.restore(index)
         return True
 
+    def _hand_over(self) -> None:
+        """A leader about to step down: tell a voter whose log matches ours to campaign now,
+        announcing it to every follower (so their leases let it win), if there is one."""
+        last = self.log.last_index()
+        caught_up = [
+            v for v in self.voters if v != self.id and v in self.prs and self.prs[v].match == last
+        ]
+        if caught_up:
+            target = min(caught_up)  # deterministic: the simulator replays runs
+            self.lead_transferee = target
+            self._bcast_heartbeat()
+            self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
+
     def on_persisted(self, index: int, term: int) -> None:
         """Entries up to (index, term) are durable locally."""
         if not self.log.stable_to(index, term):
@@ -468,6 +654,7 @@ class Raft:
         leader = self.role is Role.LEADER
         if leader and self.prs[self.id].maybe_update(index) and self._maybe_commit():
             self._bcast_append(send_if_empty=self.config.broadcast_commit)
+            self._leave_if_removed()
 
     # --- step -------------------------------------------------------------------------
 
@@ -506,12 +693,25 @@ class Raft:
         )
 
     def step(self, m: Message) -> None:
-        if m.dst != self.id or m.src not in self.voters or m.src == self.id:
-            return  # not for us, or from a non-member: drop, never crash
+        if m.dst != self.id or m.src == self.id:
+            return  # not for us: drop, never crash
+        if (
+            m.src not in self._members
+            and m.src not in self.config.peers
+            and not (m.src == self.lead and m.term == self.term)
+        ):
+            # From a stranger: dropped.  The driver's peers are heard (Config.peers), and
+            # so is the leader we follow in this term once our log removed it (it still
+            # commits that change, and hands over).
+            return
         if m.type is MessageType.SNAPSHOT:
             return  # the leader's driver carries it out; it is no input to a core
         if self._implausible(m):
             return
+        self._step(m)
+        self._leave_if_removed()
+
+    def _step(self, m: Message) -> None:
         if m.term > self.term:
             if m.type is MessageType.TIMEOUT_NOW:
                 # A leader asks only a follower that acknowledged its log in its term, so
@@ -578,7 +778,9 @@ class Raft:
             self._send(Message(resp, self.id, m.src, self.term, reject=True))
 
     def _step_leader(self, m: Message) -> None:
-        pr = self.prs[m.src]
+        pr = self.prs.get(m.src)
+        if pr is None:
+            return  # an answer from a peer that is no member (any more)
         if m.type is MessageType.APPEND_RESPONSE:
             pr.recent_active = True
             if m.reject:
@@ -588,8 +790,10 @@ class Raft:
                     hint, _ = self.log.find_conflict_by_term(hint, m.log_term)
                 # Every voter holds every entry up to all_replicated, so no probe need go
                 # below it -- nor can it, once log GC discarded what lies below (GC keeps
-                # the entry at all_replicated, whose term the probe sends).
-                hint = max(hint, self.all_replicated)
+                # the entry at all_replicated, whose term the probe sends).  A learner may
+                # hold nothing yet: it is probed down to what it has.
+                if m.src in self.voters:
+                    hint = max(hint, self.all_replicated)
                 if pr.maybe_decrease_to(m.index, hint):
                     if pr.state is ProgressState.REPLICATE:
                         pr.become_probe()
@@ -728,13 +932,14 @@ class Raft:
         return self.log.maybe_commit(committed_index(self.voters, match), self.term)
 
     def _bcast_append(self, send_if_empty: bool = True) -> None:
-        for v in self.voters:
+        # Voters and learners alike.
+        for v in list(self.prs):
             if v != self.id:
                 self._send_append(v, send_if_empty)
 
     def _bcast_heartbeat(self) -> None:
         all_replicated = self._all_replicated_now()
-        for v in self.voters:
+        for v in self.prs:
             if v != self.id:
                 commit = min(self.prs[v].match, self.log.committed)
                 self._send(

@@ -12,7 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from raftlet.consensus.core.errors import RaftConfigError
 from raftlet.consensus.core.storage import Storage, limit_size
@@ -38,6 +38,9 @@ class RaftLog:
         self._unstable: list[Entry] = []
         self._unstable_offset = last + 1
         self._in_progress = last
+        # Told of every append, with the entries written (the first one's index is where the
+        # log was cut, if it overlapped): how the node follows CONFIG entries in its log.
+        self.on_append: Callable[[Sequence[Entry]], None] | None = None
 
     # --- reads ----------------------------------------------------------------
 
@@ -133,6 +136,8 @@ class RaftLog:
             self._unstable_offset = first
         self._unstable.extend(entries)
         self._in_progress = min(self._in_progress, first - 1)
+        if self.on_append is not None:
+            self.on_append(entries)
         return self.last_index()
 
     def find_conflict(self, entries: Sequence[Entry]) -> int:

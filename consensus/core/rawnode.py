@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raftlet.consensus.core.config import Config
+from raftlet.consensus.core.membership import ConfigChange, ConfState
 from raftlet.consensus.core.progress import ProgressState
 from raftlet.consensus.core.raft import Raft
 from raftlet.consensus.core.storage import Storage
@@ -48,6 +49,10 @@ class Status:
     # Every voter holds every entry up to here: log GC may discard entries below it.
     all_replicated: int = 0
     first_index: int = 1
+    # The membership in use and the index of its entry (0: the initial one).
+    voters: tuple[str, ...] = ()
+    learners: tuple[str, ...] = ()
+    config_index: int = 0
 
 
 class RawNode:
@@ -56,6 +61,7 @@ class RawNode:
         self._prev_hard = self.raft.hard_state()
         self._prev_soft = self.raft.soft_state()
         self._prev_confirmed = self.raft.read_round_confirmed
+        self._prev_conf = self.raft.conf_state()
 
     # --- inputs --------------------------------------------------------------------
 
@@ -96,6 +102,13 @@ class RawNode:
         ``term``); see ``Raft.restore``."""
         return self.raft.restore(index, term)
 
+    def propose_config_change(self, change: ConfigChange) -> Entry:
+        """Append a membership change (see ``Raft.propose_config_change``)."""
+        return self.raft.propose_config_change(change)
+
+    def conf_state(self) -> ConfState:
+        return self.raft.conf_state()
+
     def read_index(self, token: int) -> None:
         """Start a linearizable read; its ``ReadState`` comes in a later ready (see
         ``Raft.read_index``)."""
@@ -124,6 +137,7 @@ class RawNode:
             or r.log.has_committed_to_apply()
             or r.hard_state() != self._prev_hard
             or r.soft_state() != self._prev_soft
+            or r.conf_state() != self._prev_conf
         )
 
     def ready(self) -> Ready:
@@ -137,6 +151,7 @@ class RawNode:
         committed = tuple(r.log.committed_to_apply())
         messages = r.read_messages()
         read_states, r.read_states = tuple(r.read_states), []
+        conf = r.conf_state()
         ready = Ready(
             soft_state=soft,
             hard_state=hard if hard_changed else None,
@@ -149,10 +164,12 @@ class RawNode:
             read_round=r.read_round,
             read_round_confirmed=r.read_round_confirmed,
             soft_state_changed=soft != self._prev_soft,
+            conf_state=conf if conf != self._prev_conf else None,
         )
         self._prev_hard = hard
         self._prev_soft = soft
         self._prev_confirmed = r.read_round_confirmed
+        self._prev_conf = conf
         return ready
 
     def on_persisted(self, ready: Ready) -> None:
@@ -185,4 +202,7 @@ class RawNode:
             progress=progress,
             all_replicated=r.all_replicated,
             first_index=r.log.first_index(),
+            voters=r.voters,
+            learners=r.learners,
+            config_index=r.conf_state().index,
         )

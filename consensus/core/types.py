@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from raftlet.consensus.core.membership import ConfState
+
 __all__ = [
     "MAX_INDEX",
     "MAX_TERM",
@@ -57,6 +59,9 @@ class EntryType(enum.Enum):
     # Appended by every new leader (paper §5.4.2, §8): committing it commits
     # every earlier entry and lets the leader serve writes ("leader ready").
     NO_OP = "NO_OP"
+    # A new membership (``membership.Membership.encode``): every node uses the latest one in
+    # its log, committed or not (thesis §4.1).
+    CONFIG = "CONFIG"
 
 
 class Entry(NamedTuple):
@@ -181,7 +186,7 @@ class Ready:
     """Everything the driver must do, gathered since the previous ``ready()``.
 
     Ordering rules (the driver must keep them):
-    1. Persist ``hard_state`` (if not None) and append ``entries`` durably, in
+    1. Persist ``hard_state`` and ``conf_state`` (if not None), then append ``entries`` durably, in
        the order readies were handed out.  ``entries[0].index`` may be at or
        below an index handed out before: the log's suffix from there is replaced.
     2. ``messages`` may be sent at once, even before step 1 completes (the
@@ -216,6 +221,10 @@ class Ready:
     read_round_confirmed: int = 0
     # Whether anything at all is in this ready (soft-state changes included).
     soft_state_changed: bool = field(default=False)
+    # The membership changed (a CONFIG entry appended, truncated or committed): persist it
+    # with ``hard_state``, before ``entries``, so a restart never uses an older membership
+    # than the log it finds (see ``Config.config_index``).
+    conf_state: ConfState | None = None
 
     def is_empty(self) -> bool:
         return not (
@@ -225,4 +234,5 @@ class Ready:
             or self.persisted_messages
             or self.committed_entries
             or self.soft_state_changed
+            or self.conf_state is not None
         )

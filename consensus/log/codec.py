@@ -3,7 +3,8 @@
 The appender packs the contiguous entries of a group of batches into records of up to 64 KiB
 (``log._PACK_RECORD_BYTES``: a read from disk decodes a whole record); one larger entry gets
 a record to itself, and ``TARGET_RECORD_BYTES`` (1 MiB) is where large batches are cut.  A
-record's payload is one serialized ``EntryBatchPB``.  Entry types map one to one: NORMAL and NO_OP.
+record's payload is one serialized ``EntryBatchPB``.  Entry types map one to one: NORMAL, NO_OP
+and CONFIG (``CONFIG_CHANGE`` on disk).
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ MAX_ENTRY_BYTES = MAX_RECORD_BYTES - 64
 NORMAL = EntryType.NORMAL
 NO_OP = EntryType.NO_OP
 _NORMAL_FIELD = bytes((0x18, pb.NORMAL))
-_NO_OP_FIELD = bytes((0x18, pb.NO_OP))
-_FROM_PB = {pb.NORMAL: EntryType.NORMAL, pb.NO_OP: EntryType.NO_OP}
+_TYPE_FIELD = {
+    EntryType.NO_OP: bytes((0x18, pb.NO_OP)),
+    EntryType.CONFIG: bytes((0x18, pb.CONFIG_CHANGE)),
+}
+_FROM_PB = {
+    pb.NORMAL: EntryType.NORMAL,
+    pb.NO_OP: EntryType.NO_OP,
+    pb.CONFIG_CHANGE: EntryType.CONFIG,
+}
 
 
 def check_batch(entries: Sequence[tuple[int, int]]) -> str | None:
@@ -88,7 +96,7 @@ def batch_size(entries: Sequence[Entry]) -> int:
             raise ValueError(f"entries not contiguous: {prev_index} then {index}")
         if term < prev_term:
             raise ValueError(f"term goes back from {prev_term} to {term} at index {index}")
-        if e.type is not NORMAL and e.type is not NO_OP:
+        if e.type is not NORMAL and e.type not in _TYPE_FIELD:
             raise ValueError(f"entry {index} has unsupported type {e.type!r}")
         prev_index = index
         prev_term = term
@@ -131,7 +139,7 @@ def encode_record(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
         vi = _varint(e.index)
         vl = _varint(len(data))
         body = len(vt) + len(vi) + len(vl) + len(data) + 5
-        tf = _NO_OP_FIELD if e.type is NO_OP else _NORMAL_FIELD
+        tf = _NORMAL_FIELD if e.type is NORMAL else _TYPE_FIELD[e.type]
         parts += (b"\x0a", _varint(body), b"\x08", vt, b"\x10", vi, tf, b"\x22", vl, data)
     payload = b"".join(parts)
     return FRAME.pack(len(payload), crc32c.crc32c(payload)), payload

@@ -1,5 +1,6 @@
-"""Consensus metadata: Raft's persistent state other than the log (term, vote, voters,
-commit index), one small file per replica, replaced atomically.
+"""Consensus metadata: Raft's persistent state other than the log (term, vote, the membership
+and the latest one committed with the indexes of their entries, commit index), one small file
+per replica, replaced atomically.
 
 File: magic ``b"RLTMETA\\n"`` | version (u32 LE) | length (u32 LE) | crc32c(payload) (u32 LE)
 | payload, a serialized ``ConsensusMetadataPB``.
@@ -11,6 +12,7 @@ temporary file (a crash before the rename) is ignored and overwritten by the nex
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 import crc32c
 from google.protobuf.message import DecodeError
 
+from raftlet.consensus.core.membership import ConfState, Membership
 from raftlet.consensus.core.types import NO_NODE, HardState
 from raftlet.consensus.log.errors import MetadataCorruptionError
 from raftlet.consensus.log.segment import fsync_dir
@@ -39,16 +42,46 @@ class PersistentState:
     voted_for: str = NO_NODE
     voters: tuple[str, ...] = field(default=())
     commit_index: int = 0
+    # The membership is voters + learners, from the CONFIG entry at config_index (0: the
+    # initial one); the committed_* fields are the latest one known committed.
+    learners: tuple[str, ...] = field(default=())
+    config_index: int = 0
+    committed_voters: tuple[str, ...] = field(default=())
+    committed_learners: tuple[str, ...] = field(default=())
+    committed_config_index: int = 0
 
     def hard_state(self) -> HardState:
         return HardState(term=self.current_term, vote=self.voted_for, commit=self.commit_index)
 
     def with_hard_state(self, hard_state: HardState) -> PersistentState:
-        return PersistentState(
+        return dataclasses.replace(
+            self,
             current_term=hard_state.term,
             voted_for=hard_state.vote,
-            voters=self.voters,
             commit_index=hard_state.commit,
+        )
+
+    def membership(self) -> Membership:
+        return Membership(self.voters, self.learners)
+
+    def committed_membership(self) -> tuple[int, Membership]:
+        """The latest membership known committed with its entry's index (the membership in
+        use, at index 0, for metadata saved before memberships changed)."""
+        if not self.committed_voters:
+            return 0, self.membership()
+        return self.committed_config_index, Membership(
+            self.committed_voters, self.committed_learners
+        )
+
+    def with_conf_state(self, conf: ConfState) -> PersistentState:
+        return dataclasses.replace(
+            self,
+            voters=conf.membership.voters,
+            learners=conf.membership.learners,
+            config_index=conf.index,
+            committed_voters=conf.committed.voters,
+            committed_learners=conf.committed.learners,
+            committed_config_index=conf.committed_index,
         )
 
 
@@ -110,8 +143,13 @@ class ConsensusMetadata:
         self._fresh = False
 
     def save_hard_state(self, hard_state: HardState) -> None:
-        """Persist a Ready's hard state, keeping the voters."""
+        """Persist a Ready's hard state, keeping the membership."""
         self.save(self._state.with_hard_state(hard_state))
+
+    def save_conf_state(self, conf: ConfState, hard_state: HardState | None = None) -> None:
+        """Persist a Ready's membership (and its hard state, if any) in one save."""
+        state = self._state if hard_state is None else self._state.with_hard_state(hard_state)
+        self.save(state.with_conf_state(conf))
 
 
 def encode(state: PersistentState) -> bytes:
@@ -120,6 +158,11 @@ def encode(state: PersistentState) -> bytes:
         voted_for=state.voted_for,
         voters=list(state.voters),
         commit_index=state.commit_index,
+        learners=list(state.learners),
+        config_index=state.config_index,
+        committed_voters=list(state.committed_voters),
+        committed_learners=list(state.committed_learners),
+        committed_config_index=state.committed_config_index,
     ).SerializeToString()
     return _HEAD.pack(_MAGIC, _VERSION, len(payload), crc32c.crc32c(payload)) + payload
 
@@ -148,4 +191,9 @@ def decode(data: bytes, path: str) -> PersistentState:
         voted_for=msg.voted_for,
         voters=tuple(msg.voters),
         commit_index=msg.commit_index,
+        learners=tuple(msg.learners),
+        config_index=msg.config_index,
+        committed_voters=tuple(msg.committed_voters),
+        committed_learners=tuple(msg.committed_learners),
+        committed_config_index=msg.committed_config_index,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from raftlet.consensus.core.membership import ConfState
 from raftlet.consensus.core.types import Entry, HardState
 from raftlet.consensus.log.log import AppendCallback, Log
 from raftlet.consensus.log.metadata import ConsensusMetadata, PersistentState
@@ -66,6 +67,10 @@ class LogStorage:
 
     def voters(self) -> tuple[str, ...]:
         return self.metadata.state.voters
+
+    def save_conf_state(self, conf: ConfState, hard_state: HardState | None = None) -> None:
+        """Durable on return; do it before the Ready's entries go to the log."""
+        self.metadata.save_conf_state(conf, hard_state)
 
     def save_hard_state(self, hard_state: HardState) -> None:
         """Durable on return; do it before the Ready's entries are reported persisted."""

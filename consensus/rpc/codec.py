@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from raftlet.consensus.core.membership import Membership
 from raftlet.consensus.core.types import (
     MAX_INDEX,
     MAX_TERM,
@@ -85,8 +86,12 @@ __all__ = [
 WireRequest = pb.UpdateConsensusRequest | pb.RequestVoteRequest | pb.TimeoutNowRequest
 
 
-_TO_PB = {EntryType.NORMAL: pb.NORMAL, EntryType.NO_OP: pb.NO_OP}
-_FROM_PB = {pb.NORMAL: EntryType.NORMAL, pb.NO_OP: EntryType.NO_OP}
+_TO_PB = {
+    EntryType.NORMAL: pb.NORMAL,
+    EntryType.NO_OP: pb.NO_OP,
+    EntryType.CONFIG: pb.CONFIG_CHANGE,
+}
+_FROM_PB = {v: k for k, v in _TO_PB.items()}
 
 
 class MalformedRequest(ValueError):
@@ -131,6 +136,11 @@ def entries_from_pb(
         if e.type not in _FROM_PB:
             name = pb.EntryType.Name(e.type) if e.type in pb.EntryType.values() else e.type
             raise MalformedRequest(f"entry {e.index} has unsupported type {name}")
+        if e.type == pb.CONFIG_CHANGE:
+            try:
+                Membership.decode(e.payload)
+            except ValueError as exc:
+                raise MalformedRequest(f"entry {e.index} holds no membership: {exc}") from None
     first, last = entries[0], entries[-1]
     if first.index != prev_index + 1:
         raise MalformedRequest(

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 from raftlet.consensus.core import (
     Config,
+    ConfigChange,
+    ConfState,
     Entry,
     EntryType,
     MemoryStorage,
@@ -77,6 +79,9 @@ class SimConfig:
     chunk_bytes: int = 64
     copy_retry: int = 3
     copy_timeout: int = 20
+    # How many of the nodes (the first ones) form the group at the start; the others run
+    # outside it until a membership change adds them.  None: all of them.
+    voters: int | None = None
 
 
 @dataclass(slots=True)
@@ -98,6 +103,8 @@ class SimNode:
     # (min, max) ms of this node's disk writes, overriding SimConfig.persist_delay
     # (a slow disk on one node; it survives crashes, being the hardware's).
     disk_latency: tuple[int, int] | None = None
+    # The membership last persisted (``Ready.conf_state``): a restart starts from it.
+    conf: ConfState | None = None
 
     @property
     def alive(self) -> bool:
@@ -140,9 +147,21 @@ class SimCluster:
 
     def _start(self, sn: SimNode) -> None:
         c = self.config
+        voters = self.ids[: c.voters] if c.voters is not None else self.ids
+        learners: tuple[str, ...] = ()
+        config_index = 0
+        committed = None
+        if sn.conf is not None:
+            voters, learners = sn.conf.membership.voters, sn.conf.membership.learners
+            config_index = sn.conf.index
+            committed = (sn.conf.committed_index, sn.conf.committed)
         cfg = Config(
             id=sn.id,
-            voters=self.ids,
+            voters=voters,
+            learners=learners,
+            config_index=config_index,
+            committed_config=committed,
+            peers=frozenset(self.ids),
             election_tick=c.election_tick,
             heartbeat_tick=c.heartbeat_tick,
             pre_vote=c.pre_vote,
@@ -294,7 +313,7 @@ class SimCluster:
                 self.copies.start(sn, m.dst)  # the leader's driver copies the tablet
             else:
                 self.net.send(m, self.now)
-        if rd.hard_state is not None or rd.entries or rd.persisted_messages:
+        if rd.hard_state is not None or rd.entries or rd.persisted_messages or rd.conf_state:
             lo, hi = sn.disk_latency or (0, self.config.persist_delay)
             if hi == 0 and not sn.pending:
                 sn.pending.append(rd)
@@ -319,6 +338,8 @@ class SimCluster:
         if rd.hard_state is not None:
             sn.storage.set_hard_state(rd.hard_state)
             self.checker.observe_persisted(sn.id, rd.hard_state)
+        if rd.conf_state is not None:
+            sn.conf = rd.conf_state
         if rd.entries:
             sn.storage.append(rd.entries)
         for m in rd.persisted_messages:
@@ -347,6 +368,22 @@ class SimCluster:
         if not leaders:
             return None
         return self.propose(self.rng.choice(leaders), *datas)
+
+    def change(self, node: str, change: ConfigChange) -> Entry | None:
+        """Propose a membership change at ``node``; its entry, or None if refused."""
+        sn = self.nodes[node]
+        if sn.raw is None:
+            return None
+        try:
+            return sn.raw.propose_config_change(change)
+        except ProposalDropped:
+            return None
+        finally:
+            self._after(sn)
+
+    def members(self, node: str) -> tuple[str, ...]:
+        """The voters and learners ``node`` uses now."""
+        return self.nodes[node].node().raft.membership.members()
 
     def campaign(self, node: str) -> None:
         """Make ``node`` start an election now (scripted scenarios)."""

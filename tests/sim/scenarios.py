@@ -13,7 +13,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
-from raftlet.consensus.core import Message, MessageType
+from raftlet.consensus.core import (
+    ConfigChange,
+    ConfigChangeType,
+    Message,
+    MessageType,
+    Role,
+)
 from tests.sim.cluster import LivenessFailure, SimCluster, SimConfig
 from tests.sim.network import NetConfig
 from tests.sim.tablet_copy import CopyKind, CopyMsg
@@ -779,6 +785,123 @@ def scenario_snapshot_leader_change(seed: int) -> Stats:
     return Stats.of(c, abandoned=s["abandoned"], given_up=s["given_up"])
 
 
+# --- membership changes (thesis §4.1) -------------------------------------------------------
+
+
+def _random_change(c: SimCluster, lead: str) -> ConfigChange:
+    """A change that fits the leader's membership: add an outsider as learner, promote a
+    learner, or remove a member (the leader itself too), keeping two voters at least."""
+    m = c.nodes[lead].node().raft.membership
+    r = c.rng
+    outsiders = [i for i in c.ids if i not in m.members()]
+    options: list[ConfigChange] = []
+    if outsiders:
+        options.append(ConfigChange(ConfigChangeType.ADD_LEARNER, r.choice(outsiders)))
+    if m.learners:
+        options.append(ConfigChange(ConfigChangeType.PROMOTE, r.choice(m.learners)))
+        options.append(ConfigChange(ConfigChangeType.REMOVE, r.choice(m.learners)))
+    if len(m.voters) > 2:
+        options.append(ConfigChange(ConfigChangeType.REMOVE, r.choice(m.voters)))
+    return r.choice(options)
+
+
+def _group_converged(c: SimCluster) -> bool:
+    """One stable leader that every member of its membership follows, all of them having
+    applied everything it committed."""
+    lead = c.leader()
+    if lead is None:
+        return False
+    members = c.members(lead)
+    if c.stable_leader(members) != lead:
+        return False
+    commit = c.committed(lead)
+    return all(c.nodes[i].alive and c.applied_index(i) == commit for i in members)
+
+
+def scenario_membership(seed: int, ticks: int = 600) -> Stats:
+    """Five nodes, three voting at first: nodes join as learners, get promoted, members
+    (leaders too) are removed and come back, one change at a time, while links fail,
+    nodes crash and messages are lost.  Figure 3's properties hold throughout (the checker
+    runs after every event), and the final group converges with every committed entry
+    applied by every member."""
+    config = SimConfig(nodes=5, voters=3, persist_delay=3, net=NetConfig(drop=0.05, max_delay=6))
+    c = _cluster("membership", seed, config)
+    r = c.rng
+    proposed = changes = refused = 0
+    for _ in range(ticks):
+        if r.random() < 0.03:
+            random_fault(c)
+        live = c.live()
+        if len(live) > 3 and r.random() < 0.02:
+            c.crash(r.choice(live))
+        down = [i for i in c.ids if not c.nodes[i].alive]
+        if down and r.random() < 0.1:
+            c.restart(r.choice(down))
+        if r.random() < 0.5:
+            proposed += 1
+            c.propose_to_leader(b"m-%d" % proposed)
+        lead = c.leader()
+        if lead is not None and r.random() < 0.08:
+            if c.change(lead, _random_change(c, lead)) is None:
+                refused += 1
+            else:
+                changes += 1
+        c.step()
+    c.net.heal()
+    c.net.config = NetConfig(max_delay=c.net.config.max_delay)
+    for i in c.ids:
+        c.restart(i)
+    c.run_until(lambda: _group_converged(c), 40 * c.config.election_tick, "group convergence")
+    lead = c.leader()
+    assert lead is not None
+    committed = c.committed_data()
+    for i in c.members(lead):
+        have = set(c.applied_data(i))
+        _check(c, all(d in have for d in committed), f"member {i} lacks committed entries")
+    return Stats.of(c, proposed=proposed, changes=changes, refused=refused)
+
+
+def scenario_move_under_partition(seed: int) -> Stats:
+    """Scripted: move a replica (add n4 as learner, promote it, remove the leader n1) while
+    a follower is cut off, then heal: the removed leader steps down once its removal
+    commits, a member leads, and everyone of the new group applies every write."""
+    c = _cluster("move_under_partition", seed, SimConfig(nodes=4, voters=3, persist_delay=2))
+    lead = elect(c, among=("n1", "n2", "n3"))
+    if lead != "n1":
+        c.transfer(lead, "n1")
+        c.run_until(lambda: c.stable_leader(("n1", "n2", "n3")) == "n1", 200, "n1 leads")
+    one(c, b"before", among=("n1", "n2", "n3"))
+    c.net.isolate("n3")
+    for change in (
+        ConfigChange(ConfigChangeType.ADD_LEARNER, "n4"),
+        ConfigChange(ConfigChangeType.PROMOTE, "n4"),
+    ):
+        entry = c.change("n1", change)
+        _check(c, entry is not None, f"{change} refused")
+        assert entry is not None
+        # One at a time: nothing more until this one is committed.
+        _check(c, c.change("n1", change) is None, "a second change was accepted")
+        c.run_until(_committed(c, "n1", entry.index), 200, f"{change} committed")
+    one(c, b"during", among=("n1", "n2", "n4"))
+    removal = c.change("n1", ConfigChange(ConfigChangeType.REMOVE, "n1"))
+    _check(c, removal is not None, "the removal of the leader was refused")
+    c.run_until(lambda: c.nodes["n1"].node().raft.role is not Role.LEADER, 200, "n1 steps down")
+    c.net.heal()
+    group = ("n2", "n3", "n4")
+    new_lead = elect(c, among=group, max_ticks=300)
+    _check(c, new_lead in group, f"{new_lead} leads, not a member")
+    one(c, b"after", among=group)
+    for i in group:
+        _check(c, c.members(i) == group, f"{i} uses {c.members(i)}")
+        _check(
+            c,
+            [d for d in c.applied_data(i) if d in (b"before", b"during", b"after")]
+            == [b"before", b"during", b"after"],
+            f"{i} applied {c.applied_data(i)}",
+        )
+    return Stats.of(c)
+
+
 SCENARIOS: dict[str, Callable[[int], Stats]] = {
     "initial_election": scenario_initial_election,
     "reelection": scenario_reelection,
@@ -800,4 +923,6 @@ SCENARIOS: dict[str, Callable[[int], Stats]] = {
     "snapshot_partition": scenario_snapshot_catchup,
     "snapshot_restart": lambda seed: scenario_snapshot_catchup(seed, crash=True),
     "snapshot_leader_change": scenario_snapshot_leader_change,
+    "membership": scenario_membership,
+    "move_under_partition": scenario_move_under_partition,
 }

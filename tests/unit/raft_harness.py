@@ -22,6 +22,7 @@ from typing import Any
 from raftlet.consensus.core import (
     NO_NODE,
     Config,
+    ConfState,
     Entry,
     EntryType,
     HardState,
@@ -40,6 +41,7 @@ __all__ = [
     "Network",
     "Node",
     "accept",
+    "conf_overrides",
     "entries_of_terms",
     "make_config",
     "make_storage",
@@ -115,6 +117,9 @@ class Node:
     config: Config
     applied: list[Entry] = field(default_factory=list)
     readies: list[Ready] = field(default_factory=list)
+    # The membership last persisted (``Ready.conf_state``), as a driver keeps it in its
+    # consensus metadata; None until one was.
+    conf: ConfState | None = None
 
     @property
     def id(self) -> str:
@@ -143,6 +148,8 @@ class Node:
         """Make ``rd``'s hard state and entries durable (but do not acknowledge)."""
         if rd.hard_state is not None:
             self.storage.set_hard_state(rd.hard_state)
+        if rd.conf_state is not None:
+            self.conf = rd.conf_state
         if rd.entries:
             self.storage.append(rd.entries)
 
@@ -287,8 +294,11 @@ class Network:
 
     def restart(self, node_id: str, **overrides: Any) -> Node:
         old = self.nodes[node_id]
-        config = replace(old.config, **overrides) if overrides else old.config
-        node = Node(RawNode(config, old.storage), old.storage, config)
+        config = old.config
+        if old.conf is not None:  # the membership it persisted, as a driver restores it
+            config = replace(config, **conf_overrides(old.conf))
+        config = replace(config, **overrides) if overrides else config
+        node = Node(RawNode(config, old.storage), old.storage, config, conf=old.conf)
         self.nodes[node_id] = node
         self.down.discard(node_id)
         self.send(node.drain())
@@ -358,6 +368,16 @@ class Network:
             for m in self.delivered
             if m.type is kind and (src is None or m.src == src) and (dst is None or m.dst == dst)
         )
+
+
+def conf_overrides(conf: ConfState) -> dict[str, Any]:
+    """The ``Config`` fields that restore a persisted membership."""
+    return {
+        "voters": conf.membership.voters,
+        "learners": conf.membership.learners,
+        "config_index": conf.index,
+        "committed_config": (conf.committed_index, conf.committed),
+    }
 
 
 def data_entries(entries: Iterable[Entry]) -> list[bytes]:

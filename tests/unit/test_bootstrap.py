@@ -17,6 +17,7 @@ from raftlet.schema.rows import OpType, encode_row_op
 from raftlet.tserver import bootstrap
 from raftlet.tserver.bootstrap import (
     STORE_FILE,
+    TOMBSTONE_FILE,
     ReplicaOpenError,
     apply_entries,
     open_replica,
@@ -67,10 +68,21 @@ def test_reopen_without_new_commits_replays_nothing(tmp_path: Path) -> None:
         r.close()
 
 
-def test_a_replica_of_other_voters_is_refused(tmp_path: Path) -> None:
-    open_replica(tmp_path, SCHEMA, VOTERS).close()
-    with pytest.raises(ReplicaOpenError, match="belongs to voters"):
-        open_replica(tmp_path, SCHEMA, ["a", "b", "d"])
+def test_the_metadata_membership_is_authoritative_once_it_exists(tmp_path: Path) -> None:
+    """Memberships change at run time: the placement only seeds a fresh directory."""
+    open_replica(tmp_path, SCHEMA, VOTERS, learners=["d"]).close()
+    r = open_replica(tmp_path, SCHEMA, ["a", "b", "d"])
+    try:
+        state = r.storage.metadata.state
+        assert (state.voters, state.learners) == (tuple(VOTERS), ("d",))
+    finally:
+        r.close()
+
+
+def test_a_tombstoned_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / TOMBSTONE_FILE).write_text("")
+    with pytest.raises(ReplicaOpenError, match="tombstone"):
+        open_replica(tmp_path, SCHEMA, VOTERS)
 
 
 def test_a_store_ahead_of_its_log_is_refused(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ from raftlet.cli.main import build_parser, main
 def test_the_tree_follows_the_parser() -> None:
     tree = command_tree(build_parser())
     assert {"cluster", "write", "scan", "completion"} <= set(tree[""])
-    assert tree["cluster"][:4] == ["down", "ksck", "status", "up"]
+    assert tree["cluster"][:5] == ["down", "ksck", "replace-server", "status", "up"]
+    assert tree["tablet"][:3] == ["add-replica", "move-replica", "remove-replica"]
+    assert "--wait" in tree["tablet move-replica"]
     assert "--in-flight" in tree["write"]
     assert "--data-dir" in tree["cluster up"]
 
@@ -41,7 +43,15 @@ def complete(script: str, line: str) -> list[str]:
 def test_bash_completes_commands_subcommands_and_options() -> None:
     script = render(command_tree(build_parser()), "bash")
     assert complete(script, "raftlet clu") == ["cluster"]
-    assert complete(script, "raftlet cluster ") == ["down", "ksck", "status", "up", "--help"]
+    assert complete(script, "raftlet cluster ") == [
+        "down",
+        "ksck",
+        "replace-server",
+        "status",
+        "up",
+        "--help",
+    ]
+    assert complete(script, "raftlet tablet m") == ["move-replica"]
     assert complete(script, "raftlet cluster up --tab") == ["--tablets"]
     assert complete(script, "raftlet write --data-dir ./c1 --in") == ["--in-flight"]
     assert complete(script, "raftlet nope --") == ["--help", "--version"]  # unknown: top level

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raftlet.consensus.core.membership import Membership
 from raftlet.consensus.core.types import (
     MAX_INDEX,
     MAX_TERM,
@@ -83,14 +84,14 @@ def appends(draw: st.DrawFn, heartbeat: bool = False) -> Message:
         entry_term = max(prev_term, 1)
         for i in range(count):
             entry_term = draw(st.integers(entry_term, min(term, entry_term + 2)))
-            entries.append(
-                Entry(
-                    term=entry_term,
-                    index=prev_index + 1 + i,
-                    type=draw(st.sampled_from(EntryType)),
-                    data=draw(st.binary(max_size=40)),
-                )
+            kind = draw(st.sampled_from(EntryType))
+            # A CONFIG entry carries a membership; the codec refuses anything else there.
+            data = (
+                Membership(("a", "b"), tuple(draw(st.sampled_from([[], ["c"]])))).encode()
+                if kind is EntryType.CONFIG
+                else draw(st.binary(max_size=40))
             )
+            entries.append(Entry(term=entry_term, index=prev_index + 1 + i, type=kind, data=data))
     return Message(
         MessageType.HEARTBEAT if heartbeat else MessageType.APPEND,
         src,
@@ -324,7 +325,7 @@ def _entry(index: int, term: int = 5, type_: int = pb.NORMAL) -> pb.EntryPB:
         (_update(dest_uuid=""), "dest_uuid is missing"),
         (_update(caller_uuid="b"), "same server"),
         (_update(entries=[_entry(4, type_=pb.ENTRY_UNKNOWN)]), "unsupported type ENTRY_UNKNOWN"),
-        (_update(entries=[_entry(4, type_=pb.CONFIG_CHANGE)]), "unsupported type CONFIG_CHANGE"),
+        (_update(entries=[_entry(4, type_=pb.CONFIG_CHANGE)]), "entry 4 holds no membership"),
         (_update(entries=[_entry(4, type_=77)]), "unsupported type 77"),
         (_update(entries=[_entry(4), _entry(6)]), "not contiguous: 4 then 6"),
         (_update(entries=[_entry(5)]), "not right after prev_log_index 3"),

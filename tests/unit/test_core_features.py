@@ -704,7 +704,11 @@ def test_whole_cluster_restart_keeps_committed_entries() -> None:
 
 _BAD_CONFIGS: list[dict[str, Any]] = [
     {"id": ""},
-    {"id": "z"},
+    # A node need not be a member (a learner, a replica created to join, a removed one), but
+    # a membership must make sense.
+    {"learners": ("c",)},
+    {"voters": ()},
+    {"config_index": -1},
     {"voters": ("a", "a", "b")},
     {"heartbeat_tick": 0},
     {"election_tick": 1, "heartbeat_tick": 1},

@@ -11,6 +11,7 @@ import pytest
 
 from raftlet.consensus.core import NotLeaderError
 from raftlet.tserver.errors import CopySessionNotFound
+from raftlet.tserver.tablet_copy_install import SnapshotInfo
 from raftlet.tserver.tablet_copy_source import CopySessions
 
 
@@ -19,11 +20,11 @@ class FakeReplica:
         self.reports: list[tuple[str, bool, int]] = []
         self.leader = True
 
-    def copy_snapshot(self, dest: Path) -> tuple[int, int, int, tuple[str, ...]]:
+    def copy_snapshot(self, dest: Path) -> SnapshotInfo:
         if not self.leader:
             raise NotLeaderError("b", 7)
         dest.write_bytes(b"snapshot-bytes" * 1000)
-        return 40, 3, 7, ("a", "b", "c")
+        return SnapshotInfo(40, 3, 7, ("a", "b", "c"), ("d",), 12)
 
     def report_copy(self, peer: str, ok: bool, index: int) -> None:
         self.reports.append((peer, ok, index))
@@ -49,6 +50,7 @@ def test_a_session_serves_its_snapshot_in_chunks_and_reports_its_end(tmp_path: P
     sessions, replica, _, ended = _sessions(tmp_path)
     s = sessions.begin("t1", "c")
     assert (s.index, s.term, s.source_term, s.voters) == (40, 3, 7, ("a", "b", "c"))
+    assert (s.learners, s.config_index) == (("d",), 12)
     data = b"".join(sessions.fetch(s.session_id, off, 4096, "c") for off in range(0, s.size, 4096))
     assert crc32c.crc32c(data) == s.crc
     assert len(data) == s.size

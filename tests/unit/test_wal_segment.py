@@ -28,10 +28,10 @@ from raftlet.consensus.log.segment import (
     scan_segment,
     segment_name,
 )
-from raftlet.proto.consensus_pb2 import NO_OP, NORMAL, EntryBatchPB
+from raftlet.proto.consensus_pb2 import CONFIG_CHANGE, NO_OP, NORMAL, EntryBatchPB
 from tests.unit.wal_helpers import entries, no_op, segment_image
 
-_PB_TYPE = {EntryType.NORMAL: NORMAL, EntryType.NO_OP: NO_OP}
+_PB_TYPE = {EntryType.NORMAL: NORMAL, EntryType.NO_OP: NO_OP, EntryType.CONFIG: CONFIG_CHANGE}
 
 PATH = "/wal/wal-0000000000000001.seg"
 

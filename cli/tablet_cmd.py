@@ -1,0 +1,162 @@
+"""``raftlet tablet add-replica / remove-replica / move-replica`` and ``raftlet cluster
+replace-server``: move tablet replicas between servers (membership changes; the steps and
+their rules: ``raftlet.client.membership``).
+
+Each prints a line per step taken. Errors an operator can act on (unknown tablet or server,
+a change already in progress, a target that holds a replica, no server left to move to) end
+the command with exit 1 and the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from raftlet.cli.common import CliError, add_target_arguments, console, resolve_target
+
+__all__ = ["add_parser", "add_replace_server_parser", "run", "run_replace_server"]
+
+_EPILOG = """\
+examples:
+  raftlet tablet add-replica kv-p0 ts4 --data-dir ./c1 --wait
+  raftlet tablet remove-replica kv-p0 ts1 --data-dir ./c1 --wait
+  raftlet tablet move-replica kv-p0 ts1 ts4 --data-dir ./c1 --wait
+
+add-replica creates an empty replica on SERVER and adds it as a learner (a non-voter the
+leader catches up); with --wait it waits until the learner caught up and promotes it to a
+voter. remove-replica hands leadership to another voter first if SERVER leads; with --wait
+it waits for the removal to commit and deletes the replica from SERVER if SERVER answers.
+move-replica adds TO (caught up and promoted), then removes FROM. One change at a time: a
+tablet whose last change is not committed yet refuses another.
+"""
+
+_REPLACE_EPILOG = """\
+examples:
+  raftlet cluster replace-server ts2 --data-dir ./c1
+
+Moves every replica on SERVER -- which may be down for good -- to a live server that holds no
+replica of its tablet, the least loaded first, one tablet at a time. A replaced server must
+not come back with its old data: delete its data directory first.
+"""
+
+
+def _timeout(p: argparse.ArgumentParser, default: float) -> None:
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=default,
+        metavar="S",
+        help=f"seconds to wait for each step (default {default:g})",
+    )
+
+
+def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    tablet = commands.add_parser(
+        "tablet",
+        help="move a tablet's replicas between servers",
+        description="Add, remove and move the replicas of one tablet (membership changes).",
+        epilog=_EPILOG,
+        formatter_class=formatter,
+        allow_abbrev=False,
+    )
+    sub = tablet.add_subparsers(dest="tablet_command", metavar="ACTION", required=True)
+    add = sub.add_parser(
+        "add-replica",
+        help="add a replica on SERVER (a learner; --wait: caught up and promoted to voter)",
+        epilog=_EPILOG,
+        formatter_class=formatter,
+    )
+    add.add_argument("tablet", metavar="TABLET", help="tablet id, e.g. kv-p0")
+    add.add_argument("server", metavar="SERVER", help="server id to add a replica on")
+    remove = sub.add_parser(
+        "remove-replica",
+        help="remove SERVER's replica (leadership moves first if it leads)",
+        epilog=_EPILOG,
+        formatter_class=formatter,
+    )
+    remove.add_argument("tablet", metavar="TABLET", help="tablet id, e.g. kv-p0")
+    remove.add_argument("server", metavar="SERVER", help="server id whose replica leaves")
+    move = sub.add_parser(
+        "move-replica",
+        help="move a replica from FROM to TO (add TO, then remove FROM)",
+        epilog=_EPILOG,
+        formatter_class=formatter,
+    )
+    move.add_argument("tablet", metavar="TABLET", help="tablet id, e.g. kv-p0")
+    move.add_argument("source", metavar="FROM", help="server id the replica leaves")
+    move.add_argument("target", metavar="TO", help="server id the replica moves to")
+    for p in (add, remove, move):
+        add_target_arguments(p)
+        p.add_argument("--wait", action="store_true", help="wait until the change is complete")
+        _timeout(p, 120.0)
+
+
+def add_replace_server_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "replace-server",
+        help="move every replica off SERVER (which may be dead) to other servers",
+        description="Move every replica on SERVER to a live server without one of its tablet.",
+        epilog=_REPLACE_EPILOG,
+        formatter_class=formatter,
+    )
+    p.add_argument("server", metavar="SERVER", help="the server id to empty")
+    add_target_arguments(p)
+    _timeout(p, 300.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from raftlet.client import RaftletError
+    from raftlet.client import membership as mc
+
+    out = console()
+
+    def say(line: str) -> None:
+        out.print(line, markup=False)
+
+    client = resolve_target(args).client(timeout_s=min(args.timeout, 30.0))
+    try:
+        if args.tablet_command == "add-replica":
+            m = mc.add_replica(
+                client, args.tablet, args.server, wait=args.wait, timeout_s=args.timeout, say=say
+            )
+        elif args.tablet_command == "remove-replica":
+            m = mc.remove_replica(
+                client, args.tablet, args.server, wait=args.wait, timeout_s=args.timeout, say=say
+            )
+        else:
+            m = mc.move_replica(
+                client,
+                args.tablet,
+                args.source,
+                args.target,
+                wait=args.wait,
+                timeout_s=args.timeout,
+                say=say,
+            )
+    except RaftletError as e:
+        raise CliError(f"{args.tablet}: {e}") from None
+    finally:
+        client.close()
+    learners = f"; learners {', '.join(m.learners)}" if m.learners else ""
+    say(f"{args.tablet}: voters {', '.join(m.voters)}{learners} (leader {m.leader})")
+    return 0
+
+
+def run_replace_server(args: argparse.Namespace) -> int:
+    from raftlet.client import RaftletError
+    from raftlet.client import membership as mc
+
+    out = console()
+
+    def say(line: str) -> None:
+        out.print(line, markup=False)
+
+    client = resolve_target(args).client(timeout_s=30.0)
+    try:
+        moved = mc.replace_server(client, args.server, timeout_s=args.timeout, say=say)
+    except RaftletError as e:
+        raise CliError(f"replacing {args.server}: {e}") from None
+    finally:
+        client.close()
+    say(f"{args.server}: {len(moved)} replica(s) moved" if moved else f"{args.server}: no replicas")
+    return 0

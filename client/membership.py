@@ -1,0 +1,291 @@
+"""Moving a tablet's replicas between servers: the client's side of membership changes
+(``raftlet tablet add-replica / remove-replica / move-replica``, ``raftlet cluster
+replace-server``).
+
+The server side changes one thing at a time (``consensus.core.membership``): a replica is
+created empty on its new server (CreateReplica), added to the group as a learner
+(ChangeConfig), caught up by the leader with ordinary appends, then promoted to voter; a
+replica leaves by ChangeConfig REMOVE on the leader (leadership is handed to another voter
+first if it leads) and is then deleted from its server (DeleteReplica, a tombstone). Every
+step waits for the previous one to commit, since the leader refuses a change while one is
+pending.  Errors an operator can act on are ``InvalidArgument`` with the reason (unknown
+tablet or server, a change in progress, a target that holds a replica already, no server
+left to move to); the rest are the client's usual errors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import grpc
+
+from raftlet.client.client import Client
+from raftlet.client.errors import InvalidArgument, Timeout
+from raftlet.proto import admin_pb2, consensus_pb2
+
+__all__ = [
+    "TabletMembership",
+    "add_replica",
+    "leader_membership",
+    "move_replica",
+    "remove_replica",
+    "replace_server",
+]
+
+# How often a wait re-reads the state it waits for.
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class TabletMembership:
+    """A tablet's group as its leader sees it."""
+
+    tablet_id: str
+    leader: str
+    term: int
+    voters: tuple[str, ...]
+    learners: tuple[str, ...]
+    commit_index: int
+    config_index: int
+
+    def members(self) -> tuple[str, ...]:
+        return self.voters + self.learners
+
+    @property
+    def change_pending(self) -> bool:
+        return self.config_index > self.commit_index
+
+
+def _pause(deadline: float, what: str) -> None:
+    if time.monotonic() >= deadline:
+        raise Timeout(f"timed out waiting for {what}")
+    threading.Event().wait(_POLL_S)
+
+
+def _state(
+    client: Client, server: str, tablet_id: str, timeout_s: float
+) -> consensus_pb2.ConsensusStatePB:
+    request = consensus_pb2.GetConsensusStateRequest(tablet_id=tablet_id)
+    response = client.admin_stub(server).GetConsensusStatus(request, timeout=timeout_s)
+    return cast(consensus_pb2.GetConsensusStateResponse, response).state
+
+
+def leader_membership(client: Client, tablet_id: str, timeout_s: float) -> TabletMembership:
+    """The membership of ``tablet_id`` from its ready leader (waiting up to ``timeout_s``
+    for one)."""
+    client.replicas(tablet_id)  # TabletNotFound for an unknown tablet
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leader = client.leader_of(tablet_id, refresh=True)
+        if leader is not None:
+            try:
+                st = _state(client, leader, tablet_id, min(5.0, timeout_s))
+            except grpc.RpcError:
+                st = None
+            if st is not None and st.role == consensus_pb2.LEADER and st.leader_ready:
+                return TabletMembership(
+                    tablet_id,
+                    leader,
+                    st.current_term,
+                    tuple(st.voters),
+                    tuple(st.learners),
+                    st.commit_index,
+                    st.config_index,
+                )
+        _pause(deadline, f"a ready leader of {tablet_id}")
+
+
+def _change(
+    client: Client, tablet_id: str, kind: int, server: str, timeout_s: float
+) -> admin_pb2.ChangeConfigResponse:
+    request = admin_pb2.ChangeConfigRequest(tablet_id=tablet_id, type=kind, server_uuid=server)  # type: ignore[arg-type]
+    response, _ = client.on_leader(
+        tablet_id,
+        lambda stub, timeout: stub.ChangeConfig(request, timeout=timeout),
+        what=f"membership change of tablet {tablet_id}",
+        timeout_s=timeout_s,
+    )
+    return cast(admin_pb2.ChangeConfigResponse, response)
+
+
+def _wait_committed(
+    client: Client, tablet_id: str, index: int, deadline: float
+) -> TabletMembership:
+    """Wait until the leader (whoever it is by then) has committed ``index``."""
+    while True:
+        m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+        if m.commit_index >= index:
+            return m
+        _pause(deadline, f"entry {index} of {tablet_id} to commit")
+
+
+def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float) -> None:
+    """Wait until ``server``'s replica holds every entry its leader had committed when the
+    wait began (then promoting it costs the group no availability)."""
+    target = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+    while True:
+        try:
+            st = _state(client, server, tablet_id, 5.0)
+            if st.last_log_index >= target.commit_index and st.applied_index >= target.commit_index:
+                return
+        except grpc.RpcError:
+            pass
+        _pause(deadline, f"the replica of {tablet_id} on {server} to catch up")
+
+
+def _check_server(client: Client, server: str) -> None:
+    servers = client.servers()
+    if server not in servers:
+        raise InvalidArgument(f"unknown server {server!r} (servers: {', '.join(sorted(servers))})")
+
+
+def add_replica(
+    client: Client,
+    tablet_id: str,
+    server: str,
+    *,
+    wait: bool = True,
+    timeout_s: float = 120.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> TabletMembership:
+    """Add a replica of ``tablet_id`` on ``server``: create it empty there, add it as a
+    learner, and with ``wait`` wait until it caught up and promote it to voter (waiting for
+    that to commit).  A server that is a learner already is caught up and promoted."""
+    _check_server(client, server)
+    deadline = time.monotonic() + timeout_s
+    m = leader_membership(client, tablet_id, timeout_s)
+    if server in m.voters:
+        raise InvalidArgument(f"{server} already holds a replica of {tablet_id} (a voter)")
+    if server not in m.learners:
+        if m.change_pending:
+            raise InvalidArgument(
+                f"a membership change of {tablet_id} is in progress (entry {m.config_index} "
+                "is not committed yet); try again once it is"
+            )
+        request = admin_pb2.CreateReplicaRequest(
+            tablet_id=tablet_id, voters=m.voters, learners=(*m.learners, server)
+        )
+        try:
+            client.admin_stub(server).CreateReplica(request, timeout=min(30.0, timeout_s))
+        except grpc.RpcError as e:
+            raise InvalidArgument(
+                f"creating a replica of {tablet_id} on {server} failed: {e.details()}"
+            ) from None
+        added = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_ADD_LEARNER, server, timeout_s)
+        say(f"{tablet_id}: {server} added as a learner (entry {added.index})")
+        m = _wait_committed(client, tablet_id, added.index, deadline)
+    if not wait:
+        return m
+    _wait_caught_up(client, tablet_id, server, deadline)
+    promoted = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_PROMOTE, server, timeout_s)
+    m = _wait_committed(client, tablet_id, promoted.index, deadline)
+    say(f"{tablet_id}: {server} caught up and promoted to voter (entry {promoted.index})")
+    return m
+
+
+def remove_replica(
+    client: Client,
+    tablet_id: str,
+    server: str,
+    *,
+    wait: bool = True,
+    timeout_s: float = 120.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> TabletMembership:
+    """Remove ``server``'s replica of ``tablet_id`` from the group (handing leadership to
+    another voter first if it leads); with ``wait``, wait for the removal to commit and
+    delete the replica from its server if that server answers."""
+    _check_server(client, server)
+    deadline = time.monotonic() + timeout_s
+    m = leader_membership(client, tablet_id, timeout_s)
+    if server not in m.members():
+        raise InvalidArgument(
+            f"{server} holds no replica of {tablet_id} (voters {', '.join(m.voters)}"
+            + (f"; learners {', '.join(m.learners)})" if m.learners else ")")
+        )
+    if m.change_pending:
+        raise InvalidArgument(
+            f"a membership change of {tablet_id} is in progress (entry {m.config_index} is "
+            "not committed yet); try again once it is"
+        )
+    if m.leader == server:
+        others = [v for v in m.voters if v != server]
+        if not others:
+            raise InvalidArgument(f"{server} is the only voter of {tablet_id}")
+        client.leader_step_down(tablet_id, new_leader=others[0], timeout_s=timeout_s)
+        while m.leader == server:
+            _pause(deadline, f"leadership of {tablet_id} to leave {server}")
+            m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+        say(f"{tablet_id}: leadership moved from {server} to {m.leader}")
+    removed = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s)
+    say(f"{tablet_id}: {server} removed (entry {removed.index})")
+    if not wait:
+        return m
+    m = _wait_committed(client, tablet_id, removed.index, deadline)
+    try:
+        # Committed: the replica is out of the group whether or not it heard of it.
+        client.admin_stub(server).DeleteReplica(
+            admin_pb2.DeleteReplicaRequest(tablet_id=tablet_id, force=True), timeout=10.0
+        )
+        say(f"{tablet_id}: the replica on {server} was deleted")
+    except grpc.RpcError as e:
+        say(f"{tablet_id}: the replica on {server} was not deleted ({e.code().name})")
+    return m
+
+
+def move_replica(
+    client: Client,
+    tablet_id: str,
+    source: str,
+    target: str,
+    *,
+    wait: bool = True,
+    timeout_s: float = 120.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> TabletMembership:
+    """Move ``tablet_id``'s replica from ``source`` to ``target``: add ``target`` (caught up
+    and promoted), then remove ``source``."""
+    _check_server(client, source)
+    _check_server(client, target)
+    m = leader_membership(client, tablet_id, timeout_s)
+    if source not in m.members():
+        raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
+    if target in m.voters:
+        raise InvalidArgument(f"{target} already holds a replica of {tablet_id}")
+    add_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
+    return remove_replica(client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say)
+
+
+def replace_server(
+    client: Client,
+    server: str,
+    *,
+    timeout_s: float = 300.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, str]:
+    """Move every replica on ``server`` (which may be dead) to a live server that holds no
+    replica of its tablet, the least loaded first; returns tablet -> new server."""
+    _check_server(client, server)
+    answers = client.list_tablets(timeout_s=5.0)
+    load = {uuid: len(answer.tablets) for uuid, answer in answers.items() if uuid != server}
+    moved: dict[str, str] = {}
+    tablet_ids = [t for table in client.tables() for t in client.tablets(table)]
+    for tablet_id in tablet_ids:
+        m = leader_membership(client, tablet_id, timeout_s)
+        if server not in m.members():
+            continue
+        candidates = sorted((n, uuid) for uuid, n in load.items() if uuid not in m.members())
+        if not candidates:
+            raise InvalidArgument(
+                f"no live server to move {tablet_id} to: every live server "
+                f"({', '.join(sorted(load)) or 'none'}) holds a replica of it already"
+            )
+        target = candidates[0][1]
+        move_replica(client, tablet_id, server, target, timeout_s=timeout_s, say=say)
+        load[target] += 1
+        moved[tablet_id] = target
+    return moved

@@ -1,0 +1,242 @@
+"""Membership changes on real servers: a replica moved to a fourth server under a write load
+(``raftlet tablet move-replica``), and every replica of a permanently killed server replaced
+(``raftlet cluster replace-server``).  Afterwards every replica of the new groups holds
+exactly the acknowledged rows (no row lost, none twice: every write inserts a key of its
+own, so a write applied twice would have failed with KEY_EXISTS), the replicas' checksums
+agree (``raftlet cluster ksck --checksum``), and the moves survive restarts.
+
+Each test runs twice: with log GC off (``--log_gc_interval_s=3600``), where a new replica
+catches up by ordinary appends from a log that still starts at index 1; and with log GC
+forced small, where the log it would need is gone and it catches up by a tablet copy."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftlet.cli.main import main as cli
+from raftlet.client import Client, FlushMode, RaftletError
+from raftlet.client.membership import leader_membership
+from raftlet.tserver.bootstrap import TOMBSTONE_FILE
+from tests.integration.tserver_cluster import TserverCluster, running_cluster, wait_for
+
+FLAGS = {
+    "log": ["--log_gc_interval_s=3600"],
+    "copy": [
+        "--log_segment_size_bytes=32768",
+        "--log_gc_interval_s=0.2",
+        "--log_max_segments_retained=2",
+        "--tablet_copy_chunk_bytes=4096",
+    ],
+}
+
+
+class ClientLoad:
+    """Writer threads inserting keys of their own through the client library (which must
+    follow the tablet's replicas as they move); every acknowledged key is recorded."""
+
+    def __init__(self, cluster: TserverCluster, writers: int = 3, key_base: int = 0) -> None:
+        self.key_base = key_base
+        self.client = Client.from_config(str(cluster.path), timeout_s=60.0)
+        self.acked: dict[int, str] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(w,), daemon=True) for w in range(writers)
+        ]
+
+    def _run(self, writer: int) -> None:
+        session = self.client.new_session(FlushMode.AUTO_FLUSH_SYNC, timeout_s=60.0)
+        key = self.key_base + writer * 1_000_000
+        while not self._stop.is_set():
+            key += 1
+            value = f"w{writer}-{key}"
+            try:
+                session.insert("kv", {"key": key, "value": value})
+            except RaftletError as e:  # a write never acknowledged: the test fails
+                with self._lock:
+                    self.errors.append(f"key {key}: {e}")
+                return
+            with self._lock:
+                self.acked[key] = value
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def wait_more(self, n: int, timeout: float = 60.0) -> None:
+        start = self.count()
+        wait_for(lambda: self.count() >= start + n or bool(self.errors), timeout, f"{n} writes")
+        assert not self.errors, self.errors
+
+    def __enter__(self) -> ClientLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=120)
+        self.client.close()
+
+
+@pytest.fixture(params=sorted(FLAGS))
+def four(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[TserverCluster]:
+    """Four servers, table kv of two tablets of three replicas each: every tablet has a
+    server that holds no replica of it. ``four.catch_up`` says how new replicas catch up."""
+    with running_cluster(tmp_path, n_servers=4, partitions=2, flags=FLAGS[request.param]) as c:
+        c.wait_leaders()
+        c.catch_up = request.param  # type: ignore[attr-defined]
+        yield c
+
+
+def _gc_past_the_start(cluster: TserverCluster, tid: str, load: ClientLoad) -> None:
+    """In "copy" mode, write until the logs no longer start at 1: a new replica cannot be
+    caught up from them."""
+    if cluster.catch_up != "copy":  # type: ignore[attr-defined]
+        return
+    for sid in cluster.config.placement(tid).replicas:
+        if not cluster.servers[sid].alive:
+            continue
+        wait_for(
+            lambda sid=sid: (
+                any(
+                    t["tablet_id"] == tid and int(t["first_index"]) > 1
+                    for t in cluster.servers[sid].tablets_json()
+                )
+                or bool(load.errors)
+            ),
+            120,
+            f"log GC of {tid} on {sid}",
+        )
+
+
+def _copies(cluster: TserverCluster, sid: str) -> float:
+    return cluster.servers[sid].metric("tablet_copies_installed_total")
+
+
+def _expected(load: ClientLoad, cluster: TserverCluster, tablet_id: str) -> dict[int, str]:
+    return {k: v for k, v in load.acked.items() if cluster.tablet_for_key(k) == tablet_id}
+
+
+def _check_groups(
+    cluster: TserverCluster,
+    load: ClientLoad,
+    client: Client,
+    capsys: pytest.CaptureFixture[str],
+    servers_down: int = 0,
+) -> None:
+    """Every tablet: three voters, each holding exactly the acknowledged rows, checksums
+    equal, and ksck --checksum content (but for the servers down: a WARN, exit 1)."""
+    for tid in cluster.tablet_ids():
+        m = leader_membership(client, tid, 30.0)
+        assert len(m.voters) == 3, m
+        assert not m.learners, m
+        cluster.wait_converged(tid, _expected(load, cluster, tid), timeout=60, servers=m.voters)
+        checksum = client.checksum(tid, timeout_s=30.0)
+        assert {r.server for r in checksum.replicas} == set(m.voters), checksum
+        assert checksum.ok, checksum
+    capsys.readouterr()
+    code = cli(["cluster", "ksck", "--cluster", str(cluster.path), "--checksum"])
+    out = capsys.readouterr().out
+    assert "CHECKSUMS OK" in out, out
+    n = len(cluster.tablet_ids())
+    assert f"{n}/{n} tablets with a ready leader" in out, out
+    up = len(cluster.servers) - servers_down
+    assert f"{up}/{len(cluster.servers)} servers up" in out, out
+    assert code == (1 if servers_down else 0), out
+
+
+def test_move_a_replica_to_a_fourth_server_under_write_load(
+    four: TserverCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tid = "kv-p0"
+    placed = four.config.placement(tid).replicas
+    (spare,) = sorted(set(four.servers) - set(placed))
+    source = four.leader_of(tid).id  # the leader leaves: leadership moves first
+    target = ["--cluster", str(four.path)]
+
+    # Clear refusals, nothing changed.
+    assert cli(["tablet", "add-replica", tid, placed[0], *target, "--wait"]) == 1
+    assert "already holds a replica" in capsys.readouterr().err
+    assert cli(["tablet", "add-replica", tid, "ts9", *target]) == 1
+    assert "unknown server 'ts9'" in capsys.readouterr().err
+    assert cli(["tablet", "remove-replica", "kv-p7", placed[0], *target]) == 1
+    assert "kv-p7" in capsys.readouterr().err
+    assert cli(["tablet", "remove-replica", tid, spare, *target]) == 1
+    assert f"{spare} holds no replica" in capsys.readouterr().err
+
+    with ClientLoad(four) as load, Client.from_config(str(four.path)) as client:
+        load.wait_more(50)
+        _gc_past_the_start(four, tid, load)
+        assert cli(["tablet", "move-replica", tid, source, spare, *target, "--wait"]) == 0
+        out = capsys.readouterr().out
+        assert f"leadership moved from {source}" in out
+        assert f"{spare} caught up and promoted to voter" in out
+        load.wait_more(50)  # the client found the tablet where it is now
+    assert not load.errors, load.errors
+    if four.catch_up == "copy":  # type: ignore[attr-defined]
+        assert _copies(four, spare) >= 1
+
+    with Client.from_config(str(four.path)) as client:
+        m = leader_membership(client, tid, 30.0)
+        assert sorted(m.voters) == sorted({*placed, spare} - {source})
+        assert m.leader != source
+        _check_groups(four, load, client, capsys)
+    # A client that only knows an address finds the config there, the moved tablet too.
+    via = ["--servers", four.servers[spare].config.rpc_addr]
+    assert cli(["tablet", "remove-replica", tid, source, *via]) == 1
+    assert f"{source} holds no replica of {tid}" in capsys.readouterr().err
+    # The removed replica is deleted, leaving a tombstone; its server serves it no more.
+    assert (four.servers[source].config.data_dir / tid / TOMBSTONE_FILE).exists()
+    assert tid not in four.servers[source].list_tablets()
+
+    # Restarts keep it so: the new replica reopens from its directory (it is in no placement
+    # of the config), and the old server does not recreate the placement's replica.
+    for sid in (source, spare):
+        four.servers[sid].terminate()
+        four.servers[sid].start()
+    wait_for(lambda: tid in four.servers[spare].list_tablets(), 30, "the moved replica")
+    assert tid not in four.servers[source].list_tablets()
+    with ClientLoad(four, writers=1, key_base=10_000_000) as more:
+        more.wait_more(20)
+    assert not more.errors, more.errors
+    everything = {**load.acked, **more.acked}
+    four.wait_converged(tid, _expected_of(four, everything, tid), timeout=60, servers=m.voters)
+
+
+def _expected_of(cluster: TserverCluster, rows: dict[int, str], tid: str) -> dict[int, str]:
+    return {k: v for k, v in rows.items() if cluster.tablet_for_key(k) == tid}
+
+
+def test_replace_a_permanently_killed_server(
+    four: TserverCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hosting = {
+        sid: [p.tablet_id for p in four.config.placements() if sid in p.replicas]
+        for sid in four.servers
+    }
+    dead = max(sorted(hosting), key=lambda sid: len(hosting[sid]))
+    with ClientLoad(four) as load, Client.from_config(str(four.path)) as client:
+        load.wait_more(50)
+        four.servers[dead].kill()  # for good: its data is never used again
+        load.wait_more(50)
+        for tid in hosting[dead]:
+            _gc_past_the_start(four, tid, load)
+        assert cli(["cluster", "replace-server", dead, "--cluster", str(four.path)]) == 0
+        out = capsys.readouterr().out
+        assert f"{len(hosting[dead])} replica(s) moved" in out
+        load.wait_more(50)
+    assert not load.errors, load.errors
+    if four.catch_up == "copy":  # type: ignore[attr-defined]
+        assert sum(_copies(four, sid) for sid in four.servers if sid != dead) >= 1
+    with Client.from_config(str(four.path)) as client:
+        for tid in four.tablet_ids():
+            assert dead not in leader_membership(client, tid, 30.0).members()
+        # The dead server is still in the config, down: ksck warns about it, and only it.
+        _check_groups(four, load, client, capsys, servers_down=1)

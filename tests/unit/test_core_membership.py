@@ -1,0 +1,270 @@
+"""Membership changes in the core (thesis §4.1): learners, promotion, removal, one change at
+a time, the removed leader stepping down, and what a restart or a cut log does to them."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftlet.consensus.core import (
+    Config,
+    ConfigChange,
+    ConfigChangeRefused,
+    ConfigChangeType,
+    Entry,
+    EntryType,
+    Membership,
+    MemoryStorage,
+    MessageType,
+    RawNode,
+    Role,
+)
+from tests.unit.raft_harness import IDS3, Network, Node, data_entries, new_node
+
+ADD = ConfigChangeType.ADD_LEARNER
+PROMOTE = ConfigChangeType.PROMOTE
+REMOVE = ConfigChangeType.REMOVE
+
+
+def _cluster(*extra: str) -> Network:
+    """a, b, c voting, ``extra`` nodes started outside the group (as a replica created to
+    join is), and a elected with its no-op committed everywhere."""
+    net = Network([*(new_node(i) for i in IDS3), *(new_node(i) for i in extra)])
+    net.campaign("a")
+    assert net.leader().id == "a"
+    return net
+
+
+def _change(net: Network, node: str, kind: ConfigChangeType, target: str) -> Entry:
+    leader = net[node]
+    entry = leader.raw.propose_config_change(ConfigChange(kind, target))
+    net.deliver(leader.drain())
+    return entry
+
+
+def _committed(node: Node, entry: Entry) -> bool:
+    return node.raft.log.committed >= entry.index
+
+
+def test_a_learner_catches_up_but_never_votes_campaigns_or_counts() -> None:
+    net = _cluster("d")
+    net.propose("a", b"x")
+    entry = _change(net, "a", ADD, "d")
+    assert entry.type is EntryType.CONFIG
+    for n in ("a", "b", "c", "d"):
+        assert net[n].raft.membership == Membership(IDS3, ("d",)), n
+        assert _committed(net[n], entry), n
+    assert net["d"].raft.log.all_entries() == net["a"].raft.log.all_entries()
+    assert data_entries(net["d"].applied) == [b"x"]
+
+    # Not counted toward a commit: with b and c away, a and its learner commit nothing.
+    net.isolate("b")
+    net.isolate("c")
+    y = net.propose("a", b"y")
+    assert net["d"].raft.log.last_index() == y.index
+    assert not _committed(net["a"], y)
+    # A learner never campaigns, however long it hears nothing.
+    net.isolate("a")
+    net.tick("d", 50)
+    assert net["d"].role is Role.FOLLOWER
+    assert net.sent(MessageType.VOTE, src="d") == net.sent(MessageType.PRE_VOTE, src="d") == 0
+    # And a candidate does not ask it for a vote.
+    net.heal()
+    net.campaign("b")
+    assert net.leader().id == "b"
+    assert net.sent(MessageType.VOTE, dst="d") == 0
+
+
+def test_only_one_change_at_a_time() -> None:
+    net = _cluster("d", "e")
+    net.drop("a", "b")
+    net.drop("a", "c")
+    first = _change(net, "a", ADD, "d")
+    assert not _committed(net["a"], first)
+    with pytest.raises(ConfigChangeRefused, match="in progress"):
+        net["a"].raw.propose_config_change(ConfigChange(ADD, "e"))
+    net.heal()
+    net.tick("a")  # a heartbeat; the answers bring b and c the entry
+    assert _committed(net["a"], first)
+    _change(net, "a", ADD, "e")
+    assert net["a"].raft.membership == Membership(IDS3, ("d", "e"))
+
+
+def test_no_change_before_the_leader_committed_an_entry_of_its_term() -> None:
+    a = new_node("a")
+    a.elect()  # its no-op is not acknowledged by anyone
+    with pytest.raises(ConfigChangeRefused, match="not committed an entry of its term"):
+        a.raw.propose_config_change(ConfigChange(ADD, "d"))
+    b = new_node("b")
+    b.elect_and_commit_noop()
+    assert b.raw.propose_config_change(ConfigChange(ADD, "d")).type is EntryType.CONFIG
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (ConfigChange(ADD, "b"), "already a member"),
+        (ConfigChange(PROMOTE, "b"), "not a learner"),
+        (ConfigChange(PROMOTE, "z"), "not a learner"),
+        (ConfigChange(REMOVE, "z"), "not a member"),
+    ],
+)
+def test_changes_that_do_not_fit_are_refused(change: ConfigChange, why: str) -> None:
+    net = _cluster()
+    last = net["a"].raft.log.last_index()
+    with pytest.raises(ConfigChangeRefused, match=why):
+        net["a"].raw.propose_config_change(change)
+    assert net["a"].raft.log.last_index() == last
+
+
+def test_the_only_voter_cannot_be_removed() -> None:
+    a = new_node("a", ("a",))
+    a.campaign()
+    with pytest.raises(ConfigChangeRefused, match="only voter"):
+        a.raw.propose_config_change(ConfigChange(REMOVE, "a"))
+
+
+def test_a_promoted_learner_counts_toward_the_majority() -> None:
+    net = _cluster("d")
+    _change(net, "a", ADD, "d")
+    promote = _change(net, "a", PROMOTE, "d")
+    assert _committed(net["a"], promote)
+    assert net["d"].raft.voters == ("a", "b", "c", "d")
+    # Four voters: a majority is three, so a and d alone commit nothing...
+    net.isolate("b")
+    net.isolate("c")
+    y = net.propose("a", b"y")
+    assert not _committed(net["a"], y)
+    # ...and a third voter is enough.
+    net.heal()
+    net.isolate("b")
+    net.tick("a")
+    assert _committed(net["a"], y)
+
+
+def test_a_removed_voter_neither_counts_nor_campaigns() -> None:
+    net = _cluster()
+    removal = _change(net, "a", REMOVE, "c")
+    assert _committed(net["a"], removal)
+    assert net["c"].raft.voters == ("a", "b")
+    net.isolate("c")
+    y = net.propose("a", b"y")
+    assert _committed(net["a"], y)  # a and b are the majority now
+    net.tick("c", 50)
+    assert net.sent(MessageType.VOTE, src="c") == 0
+    # Whatever it sends now, the others drop: it is no member of theirs.
+    net.heal()
+    assert net["a"].raft.prs.keys() == {"a", "b"}
+
+
+def test_a_removed_leader_replicates_until_the_removal_commits_then_hands_over() -> None:
+    net = _cluster()
+    net.drop("a", "b")
+    net.drop("a", "c")
+    removal = _change(net, "a", REMOVE, "a")
+    # Not a voter of its own log's membership: it does not count itself, so nothing commits,
+    # but it leads on, and takes writes that the next leader keeps.
+    assert net["a"].role is Role.LEADER
+    assert not _committed(net["a"], removal)
+    x = net["a"].raw.propose(b"x")
+    net.heal()
+    net.tick("a")
+    # b and c acknowledged: the removal is committed, a stepped down and told a caught-up
+    # voter to campaign at once.
+    assert net["a"].role is Role.FOLLOWER
+    assert net.sent(MessageType.TIMEOUT_NOW, src="a") == 1
+    leader = net.leader()
+    assert leader.id in ("b", "c")
+    assert leader.raft.voters == ("b", "c")
+    z = net.propose(leader.id, b"z")
+    for n in ("b", "c"):
+        assert data_entries(net[n].applied) == [b"x", b"z"], n
+        assert _committed(net[n], z)
+    assert x.index < z.index
+    # The removed node never campaigns again.
+    net.isolate("a")
+    net.tick("a", 50)
+    assert net["a"].role is Role.FOLLOWER
+
+
+def test_a_cut_config_entry_is_undone() -> None:
+    net = _cluster("d")
+    net.isolate("a")
+    pending = _change(net, "a", ADD, "d")
+    assert net["a"].raft.membership == Membership(IDS3, ("d",))
+    net.campaign("b")
+    assert net.leaders() == ["a", "b"] or net.leaders() == ["b", "a"]
+    net.propose("b", b"y")
+    net.heal()
+    net.tick("b")
+    # b's entries replaced a's uncommitted config entry, and with it its membership.
+    assert net["a"].role is Role.FOLLOWER
+    assert net["a"].raft.log.term(pending.index) == net["b"].term
+    assert net["a"].raft.membership == Membership(IDS3)
+    assert net["a"].conf is not None
+    assert net["a"].conf.index == 0
+
+
+def test_the_ready_carries_the_membership_to_persist() -> None:
+    net = _cluster("d")
+    a = net["a"]
+    entry = a.raw.propose_config_change(ConfigChange(ADD, "d"))
+    rd = a.raw.ready()
+    assert rd.conf_state is not None
+    assert rd.conf_state.membership == Membership(IDS3, ("d",))
+    assert rd.conf_state.index == entry.index
+    assert rd.conf_state.committed_index == 0
+    assert rd.entries[-1] == entry
+    a.persist(rd)
+    a.raw.on_persisted(rd)
+    net.deliver(rd.messages)
+    net.deliver(a.drain())
+    assert a.conf is not None
+    assert (a.conf.committed_index, a.conf.committed) == (entry.index, Membership(IDS3, ("d",)))
+
+
+def test_a_restart_restores_the_persisted_membership() -> None:
+    net = _cluster("d")
+    _change(net, "a", ADD, "d")
+    _change(net, "a", PROMOTE, "d")
+    net.crash("b")
+    b = net.restart("b")
+    assert b.raft.voters == ("a", "b", "c", "d")
+    net.isolate("c")
+    y = net.propose("a", b"y")
+    assert _committed(net["a"], y)  # a, b and d: a majority of four
+
+
+def _config(voters: tuple[str, ...], index: int, committed: tuple[int, Membership]) -> Config:
+    return Config(
+        id="a",
+        voters=voters,
+        config_index=index,
+        committed_config=committed,
+        pre_vote=False,
+        check_quorum=False,
+        seed=1,
+    )
+
+
+def test_a_membership_whose_entry_the_crash_took_falls_back_to_the_log() -> None:
+    """The driver persists a membership before its entry is durable; if the process dies in
+    between, the node starts from what its log holds."""
+    four = Membership(("a", "b", "c", "d"))
+    storage = MemoryStorage()
+    storage.append([Entry(1, 1, EntryType.NO_OP), Entry(1, 2)])
+    lost = RawNode(_config(four.voters, 3, (0, Membership(IDS3))), storage)
+    assert lost.raft.membership == Membership(IDS3)
+    # A CONFIG entry the log does hold, above the committed one, is the one in use.
+    learner = Membership(IDS3, ("d",))
+    storage.append([Entry(1, 3, EntryType.CONFIG, learner.encode())])
+    held = RawNode(_config(four.voters, 4, (0, Membership(IDS3))), storage)
+    assert held.raft.membership == learner
+    assert held.conf_state().index == 3
+
+
+def test_membership_payload_round_trips_and_refuses_garbage() -> None:
+    m = Membership(("b", "a"), ("d",))
+    assert Membership.decode(m.encode()) == Membership(("a", "b"), ("d",))
+    for bad in (b"", b"{}", b'{"voters": []}', b'{"voters": ["a"], "learners": ["a"]}', b"\xff"):
+        with pytest.raises(ValueError, match=r"."):
+            Membership.decode(bad)
