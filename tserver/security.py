@@ -70,6 +70,7 @@ __all__ = [
     "TokenTable",
     "caller_identity",
     "check_sender",
+    "check_sender_id",
     "is_loopback_addr",
     "parse_tokens",
     "required_role",
@@ -416,11 +417,17 @@ def check_sender(request: object, peer: Identity | None) -> None:
     server its TLS certificate names. ``peer`` None: auth is off, nothing to check."""
     if peer is None:
         return
-    claimed = claimed_sender(request)
+    check_sender_id(claimed_sender(request), peer, type(request).__name__)
+
+
+def check_sender_id(claimed: str, peer: Identity | None, what: str = "the request") -> None:
+    """Refuse (``SenderMismatch``) a request that claims to come from server ``claimed``
+    unless ``peer`` -- the caller's verified identity -- is that server."""
+    if peer is None:
+        raise SenderMismatch(f"{what} claims to come from {claimed!r}, but the caller is unknown")
     if not peer.is_server or claimed != peer.name:
         raise SenderMismatch(
-            f"{type(request).__name__} claims to come from {claimed!r}, but the caller's "
-            f"certificate is {peer}"
+            f"{what} claims to come from {claimed!r}, but the caller's certificate is {peer}"
         )
 
 

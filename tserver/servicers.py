@@ -36,8 +36,14 @@ from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import InvalidRequest
 from raftlet.tserver.flag_spec import FlagError
 from raftlet.tserver.rpc_dispatch import abort_with, dispatch
-from raftlet.tserver.security import AuthError, SenderMismatch, caller_identity, check_sender
-from raftlet.tserver.service_pool import InboundCall
+from raftlet.tserver.security import (
+    AuthError,
+    SenderMismatch,
+    caller_identity,
+    check_sender,
+    check_sender_id,
+)
+from raftlet.tserver.service_pool import InboundCall, ServicePool
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_stream import WriteStreamSession
 
@@ -59,6 +65,29 @@ def _run_sync(handler: Callable[[], object]) -> Callable[[InboundCall], None]:
         call.respond(handler())
 
     return run
+
+
+async def _dispatch_sync(
+    server: TabletServer,
+    pool: ServicePool,
+    method: str,
+    context: Any,
+    fn: Callable[[], object],
+    check: Callable[[], None] | None = None,
+) -> Any:
+    """Run ``check`` (whose errors are its own: a SenderMismatch is PERMISSION_DENIED) then
+    ``fn`` on ``pool``, and answer with what ``fn`` returns; a ValueError it raises is
+    INVALID_ARGUMENT, NOT_LEADER names the leader's address."""
+    guarded = _invalid_on_value_error(fn)
+
+    def run() -> object:
+        if check is not None:
+            check()
+        return guarded()
+
+    return await dispatch(
+        pool, method, context, _run_sync(run), leader_addr_lookup=server.leader_addr
+    )
 
 
 class _StreamTasks:
@@ -256,13 +285,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._step_downs = StepDownLimiter(raft.election_ticks * raft.tick_interval_s)
 
     async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
-        return await dispatch(
-            self._pool,
-            method,
-            context,
-            _run_sync(_invalid_on_value_error(fn)),
-            leader_addr_lookup=self._s.leader_addr,
-        )
+        return await _dispatch_sync(self._s, self._pool, method, context, fn)
 
     async def LeaderStepDown(self, request: admin_pb2.LeaderStepDownRequest, context: Any) -> Any:
         # The rate check runs here, on the loop, before the call takes a pool thread: a
@@ -413,33 +436,32 @@ def _invalid_on_value_error(fn: Callable[[], object]) -> Callable[[], object]:
 class TabletCopyServicer(tablet_copy_pb2_grpc.TabletCopyServiceServicer):
     """Tablet copy between servers (``tserver.tablet_copier``, ``tablet_copy_source``): a
     leader's request to copy, and the copying replica's session calls. With auth on, only
-    servers may call, and a session's requester must be the server its certificate names."""
+    servers may call (the interceptor), and only for themselves: the server a request names
+    as its sender must be the one its certificate names (PERMISSION_DENIED, counted)."""
 
     def __init__(self, server: TabletServer) -> None:
         self._s = server
         self._pool = server.pools["tablet_copy"]
 
-    async def _call(self, method: str, context: Any, fn: Callable[[], object]) -> Any:
-        return await dispatch(
-            self._pool,
-            method,
-            context,
-            _run_sync(_invalid_on_value_error(fn)),
-            leader_addr_lookup=self._s.leader_addr,
-        )
-
-    def _check_caller(self, claimed: str) -> None:
+    async def _call(self, method: str, context: Any, claimed: str, fn: Callable[[], object]) -> Any:
         peer = caller_identity()
-        if self._s.auth is not None and (
-            peer is None or not peer.is_server or peer.name != claimed
-        ):
-            raise SenderMismatch(f"a tablet copy call claims {claimed!r}, but the caller is {peer}")
+
+        def check() -> None:
+            auth = self._s.auth
+            if auth is None:
+                return
+            try:
+                check_sender_id(claimed, peer)
+            except SenderMismatch as e:
+                auth.denied(AuthError.sender_mismatch(str(e)), method, str(peer))
+                raise
+
+        return await _dispatch_sync(self._s, self._pool, method, context, fn, check)
 
     async def StartTabletCopy(
         self, request: tablet_copy_pb2.StartTabletCopyRequest, context: Any
     ) -> Any:
         def start() -> tablet_copy_pb2.StartTabletCopyResponse:
-            self._check_caller(request.source_uuid)
             started, why = self._s.copier.copy_from(
                 request.tablet_id, request.source_uuid, request.source_term
             )
@@ -447,13 +469,12 @@ class TabletCopyServicer(tablet_copy_pb2_grpc.TabletCopyServiceServicer):
                 started=started, error=ServerErrorPB(message=why) if why else None
             )
 
-        return await self._call("StartTabletCopy", context, start)
+        return await self._call("StartTabletCopy", context, request.source_uuid, start)
 
     async def BeginTabletCopySession(
         self, request: tablet_copy_pb2.BeginTabletCopySessionRequest, context: Any
     ) -> Any:
         def begin() -> tablet_copy_pb2.BeginTabletCopySessionResponse:
-            self._check_caller(request.requester_uuid)
             s = self._s.copy_sessions.begin(request.tablet_id, request.requester_uuid)
             return tablet_copy_pb2.BeginTabletCopySessionResponse(
                 session_id=s.session_id,
@@ -468,13 +489,12 @@ class TabletCopyServicer(tablet_copy_pb2_grpc.TabletCopyServiceServicer):
                 idle_timeout_ms=int(self._s.copy_sessions.idle_timeout_s * 1000),
             )
 
-        return await self._call("BeginTabletCopySession", context, begin)
+        return await self._call("BeginTabletCopySession", context, request.requester_uuid, begin)
 
     async def FetchTabletCopyData(
         self, request: tablet_copy_pb2.FetchTabletCopyDataRequest, context: Any
     ) -> Any:
         def fetch() -> tablet_copy_pb2.FetchTabletCopyDataResponse:
-            self._check_caller(request.requester_uuid)
             limit = min(request.max_bytes, self._s.limits.client_bytes // 2)
             data = self._s.copy_sessions.fetch(
                 request.session_id, request.offset, limit, request.requester_uuid
@@ -483,13 +503,12 @@ class TabletCopyServicer(tablet_copy_pb2_grpc.TabletCopyServiceServicer):
                 data=data, crc32c=crc32c.crc32c(data)
             )
 
-        return await self._call("FetchTabletCopyData", context, fetch)
+        return await self._call("FetchTabletCopyData", context, request.requester_uuid, fetch)
 
     async def EndTabletCopySession(
         self, request: tablet_copy_pb2.EndTabletCopySessionRequest, context: Any
     ) -> Any:
         def end() -> tablet_copy_pb2.EndTabletCopySessionResponse:
-            self._check_caller(request.requester_uuid)
             self._s.copy_sessions.end(
                 request.session_id,
                 request.success,
@@ -498,4 +517,4 @@ class TabletCopyServicer(tablet_copy_pb2_grpc.TabletCopyServiceServicer):
             )
             return tablet_copy_pb2.EndTabletCopySessionResponse()
 
-        return await self._call("EndTabletCopySession", context, end)
+        return await self._call("EndTabletCopySession", context, request.requester_uuid, end)

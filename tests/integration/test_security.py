@@ -37,6 +37,8 @@ from raftlet.proto import (
     admin_pb2_grpc,
     consensus_pb2,
     consensus_pb2_grpc,
+    tablet_copy_pb2,
+    tablet_copy_pb2_grpc,
     tablet_pb2,
     tablet_pb2_grpc,
 )
@@ -273,6 +275,68 @@ def test_a_writer_cannot_step_down_a_leader_or_set_a_flag(env: Env) -> None:
     finally:
         channels.close()
     assert env.denials("role_too_low") >= before + 2
+
+
+def test_tablet_copy_is_for_servers_each_speaking_for_itself(env: Env) -> None:
+    """Only a server certificate may call TabletCopyService, and only for itself: an
+    operator's admin certificate and a server claiming to be another are refused, while a
+    server asking its leader for a copy of a tablet gets a session over mutual TLS."""
+    begin = tablet_copy_pb2.BeginTabletCopySessionRequest
+    servers = [s.id for s in env.cluster.config.servers]
+    admin = env.channels(env.tls("admin", env.tls_dir))
+    try:
+        stub = tablet_copy_pb2_grpc.TabletCopyServiceStub(admin.channel(env.seeds[0]))
+        request = begin(tablet_id="kv-p0", requester_uuid=servers[1])
+        assert _code(lambda: stub.BeginTabletCopySession(request, timeout=5)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        start = tablet_copy_pb2.StartTabletCopyRequest(
+            tablet_id="kv-p0", source_uuid=servers[1], source_term=1
+        )
+        assert _code(lambda: stub.StartTabletCopy(start, timeout=5)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+    finally:
+        admin.close()
+    opened = 0
+    for me in servers:
+        channels = env.channels(env.server_tls(me))
+        try:
+            for i, other in enumerate(servers):
+                if other == me:
+                    continue
+                stub = tablet_copy_pb2_grpc.TabletCopyServiceStub(channels.channel(env.seeds[i]))
+                impostor = next(s for s in servers if s not in (me, other))
+                forged = begin(tablet_id="kv-p0", requester_uuid=impostor)
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.BeginTabletCopySession(forged, timeout=5)
+                assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+                try:
+                    session = stub.BeginTabletCopySession(
+                        begin(tablet_id="kv-p0", requester_uuid=me), timeout=10
+                    )
+                except grpc.RpcError as e:
+                    not_leader = e.code() is grpc.StatusCode.FAILED_PRECONDITION
+                    if not not_leader:
+                        raise
+                    continue
+                chunk = stub.FetchTabletCopyData(
+                    tablet_copy_pb2.FetchTabletCopyDataRequest(
+                        session_id=session.session_id, max_bytes=4096, requester_uuid=me
+                    ),
+                    timeout=10,
+                )
+                assert chunk.data.startswith(b"SQLite format 3")
+                stub.EndTabletCopySession(
+                    tablet_copy_pb2.EndTabletCopySessionRequest(
+                        session_id=session.session_id, success=False, requester_uuid=me
+                    ),
+                    timeout=10,
+                )
+                opened += 1
+        finally:
+            channels.close()
+    assert opened == 2  # the leader of kv-p0, asked by each of the other two
 
 
 def test_tokens_name_the_caller(env: Env) -> None:
