@@ -35,6 +35,7 @@ from tests.integration.tserver_cluster import (
     server_error,
     wait_for,
     write_request,
+    write_with_retry,
 )
 
 pytestmark = pytest.mark.integration
@@ -215,15 +216,17 @@ def test_a_write_at_the_limit_replicates_to_every_replica(
     """16 MiB - 16 bytes is the write that wedged a tablet; 16 MiB the largest accepted."""
     tablet = "kv-p0"
     leader = cluster.leader_of(tablet)
-    term = leader.list_tablets()[tablet].term
     big, after = _keys_of(tablet, 30_000 + nbytes % 1000, 2)
     request = _sized(tablet, big, nbytes, 100 + nbytes % 1000)
     value = request.ops[0].cells[1].value.string_value
-    response = leader.tablet.Write(request, timeout=30)
-    assert not response.row_errors
-    _prompt_write(leader, tablet, after, nbytes % 1000)
+    # A leader change is no failure here -- on a loaded 2-core machine, 16 MiB writes can
+    # keep a leader from heartbeating for an election timeout -- but a wedge is: the write
+    # goes in (once: a retry carries the same request id) and a small one right after it is
+    # answered promptly by whoever leads.
+    result = write_with_retry(cluster, request, first=leader.id, timeout=120, attempt_timeout=30)
+    assert not result.response.row_errors
+    _prompt_write(cluster.leader_of(tablet), tablet, after, nbytes % 1000)
     _wait_replicated(cluster, tablet, {big: value, after: "after"})
-    assert leader.list_tablets()[tablet].term == term
 
 
 def test_the_unary_consensus_transport_replicates_a_write_at_the_limit(tmp_path: Path) -> None:
