@@ -633,6 +633,35 @@ class LocalCluster:
         self._children.clear()
         return [results[sid] for sid in self.servers]
 
+    def restart_server(
+        self,
+        server_id: str,
+        before_start: Callable[[], None] | None = None,
+        *,
+        stop_timeout: float = DOWN_TIMEOUT_S,
+        ready_timeout: float = READY_TIMEOUT_S,
+    ) -> ServerProcess:
+        """Stop one server this object started (SIGTERM, SIGKILL after ``stop_timeout``),
+        call ``before_start`` while it is down (a bench wipes its files there), start it
+        again with the same flags and wait for its ready line."""
+        old = self.servers[server_id]
+        proc = self._children.get(server_id)
+        if proc is None:
+            raise LauncherError(f"{server_id} was not started by this launcher")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=stop_timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=_KILL_WAIT_S)
+        if before_start is not None:
+            before_start()
+        flags = old.argv[old.argv.index(server_id) + 1 :]
+        self._spawn(self.config.server(server_id), flags)
+        self._wait_ready(server_id, ready_timeout)
+        return self.servers[server_id]
+
     def remove_data(self) -> None:
         """Delete the data directory (only when nothing runs)."""
         if any(self.running().values()):

@@ -823,6 +823,12 @@ class Raft:
                 self._send(Message(MessageType.TIMEOUT_NOW, self.id, m.src, self.term))
         elif m.type is MessageType.HEARTBEAT_RESPONSE:
             pr.recent_active = True
+            if m.reject and m.reject_hint < pr.match:
+                # It lost entries it had acknowledged: start over from what it holds (a copy
+                # of the tablet, if the log no longer reaches back there).  Its old
+                # acknowledgements were counted already; fewer now only delays commits.
+                pr.match = m.reject_hint
+                pr.become_probe()
             pr.probe_sent = False
             if m.context:
                 # A round it cannot have been sent yet confirms nothing more than the last.
@@ -909,10 +915,23 @@ class Raft:
         )
 
     def _handle_heartbeat(self, m: Message) -> None:
-        self.log.commit_to(min(m.commit, self.log.last_index()))
+        last = self.log.last_index()
+        self.log.commit_to(min(m.commit, last))
         self._learn_all_replicated(m.all_replicated)
+        # A leader never commits past what it knows we hold; a commit beyond our log means
+        # we lost entries we had acknowledged (our replica was wiped or replaced).  Say where
+        # our log ends, or an idle leader would go on thinking we hold them.
+        lost = m.commit > last
         self._send(
-            Message(MessageType.HEARTBEAT_RESPONSE, self.id, m.src, self.term, context=m.context)
+            Message(
+                MessageType.HEARTBEAT_RESPONSE,
+                self.id,
+                m.src,
+                self.term,
+                context=m.context,
+                reject=lost,
+                reject_hint=last if lost else 0,
+            )
         )
 
     def _learn_all_replicated(self, index: int) -> None:

@@ -6,9 +6,9 @@ itself is the driver's (tablet copy); here a test plays the driver."""
 
 from __future__ import annotations
 
-from raftlet.consensus.core import Message, MessageType, Role
+from raftlet.consensus.core import HardState, MemoryStorage, Message, MessageType, RawNode, Role
 from raftlet.consensus.core.progress import ProgressState
-from tests.unit.raft_harness import Network
+from tests.unit.raft_harness import Network, Node
 
 
 def _write(net: Network, n: int, start: int = 0, leader: str = "a") -> None:
@@ -152,3 +152,29 @@ def test_snapshot_messages_are_never_stepped_by_a_core() -> None:
     c.raw.step(Message(MessageType.SNAPSHOT, "a", "c", term + 5, index=1))
     assert c.raft.term == term
     assert not c.raw.has_ready()
+
+
+def test_an_idle_leader_learns_that_a_follower_lost_its_log_and_copies_it_back() -> None:
+    """A follower whose replica was wiped comes back with an empty log while the leader,
+    with nothing to write, believes it holds everything: its heartbeat answer says where
+    its log ends, and the leader asks for a copy (its own log no longer reaches back)."""
+    net = Network.create()
+    net.campaign("a")
+    net.run()
+    _write(net, 10)
+    net.tick("a")
+    net.run()
+    a = net["a"]
+    a.storage.compact(a.raft.log.applied - 1)
+    assert a.raft.prs["c"].match == a.raft.log.last_index()
+    # c loses everything and starts afresh, in its old term (it kept nothing else either).
+    fresh = MemoryStorage()
+    fresh.set_hard_state(HardState(term=net["c"].term))
+    config = net["c"].config
+    net.nodes["c"] = Node(RawNode(config, fresh), fresh, config)
+    net.tick("a")  # a heartbeat, and nothing else
+    net.run()
+    pr = a.raft.prs["c"]
+    assert pr.match == 0
+    assert pr.state is ProgressState.SNAPSHOT
+    assert [m.dst for m in _snapshots(net)] == ["c"]
