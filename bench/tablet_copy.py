@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,11 +60,12 @@ def _tablet(http_addr: str) -> dict[str, object]:
     return dict(tablet)
 
 
-def _wait(predicate: object, timeout: float, what: str) -> float:
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """The monotonic time ``predicate`` first held (a server not answering yet is "no")."""
     start = time.monotonic()
     while True:
         try:
-            if predicate():  # type: ignore[operator]
+            if predicate():
                 return time.monotonic()
         except OSError:
             pass  # not answering yet

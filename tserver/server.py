@@ -271,7 +271,7 @@ class TabletServer:
             stall_margin_s=s.stall_margin_s(),
         )
         # A follower answers an append once it is durable: the deadline covers its fsync.
-        peer_timeout_s = self._peer_timeout_s = options.consensus.request_timeout_s + 5.0
+        peer_timeout_s = options.consensus.request_timeout_s + 5.0
         if s.consensus_transport == "stream":
             self.stream_channels = AsyncChannelPool(
                 self.peer_channel_options, credentials=self.peer_credentials
@@ -543,8 +543,8 @@ class TabletServer:
     def tablets_needing_repair(self) -> list[tuple[str, tuple[str, ...]]]:
         """(tablet, peers to copy from) of every tablet FAILED here that a copy may repair:
         one that failed to open, or whose store was found damaged or whose log failed."""
-        out = [(t, f.voters) for t, f in list(self.failed_tablets.items())]
-        for t, r in list(self.replicas.items()):
+        out = [(t, f.voters) for t, f in self.failed_tablets.items()]
+        for t, r in self.replicas.items():
             if r.needs_repair():
                 out.append((t, tuple(r.consensus.membership.voters)))
         return [(t, v) for t, v in out if not self.copier.copying(t)]
@@ -588,7 +588,7 @@ class TabletServer:
             self.ticker.stop()
         for pool in self.pools.values():
             pool.stop(timeout=10)
-        for replica in list(self.replicas.values()):
+        for replica in self.replicas.values():
             try:
                 replica.stop()
             except Exception:

@@ -98,8 +98,7 @@ def register_tablet_pages(
     failed = failed if failed is not None else {}
 
     def statuses() -> list[dict[str, object]]:
-        # list() copies in one step: a tablet copy may swap a replica meanwhile.
-        return tablet_statuses(list(replicas.values()), list(failed.values()))
+        return tablet_statuses(replicas.values(), failed.values())
 
     def tablets_json(request: PageRequest) -> PageResponse:
         return PageResponse.json({"server": server_id, "tablets": statuses()})

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from raftlet.client.retry import classify
 from raftlet.consensus.log import ConsensusMetadata, LogError, PersistentState
 from raftlet.metrics import catalogue as cat
 from raftlet.proto import tablet_copy_pb2 as pb
@@ -123,7 +124,7 @@ class TabletCopier:
             started = resp.started
             why = resp.error.message
         except grpc.RpcError as e:
-            started, why = False, str(e.code())
+            started, why = False, str(classify(e))
         if started:
             logger.info("tablet %s: %s is copying it from here (term %d)", tablet_id, peer, term)
             return

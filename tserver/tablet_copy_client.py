@@ -23,9 +23,8 @@ from typing import Any
 import crc32c
 import grpc
 
-from raftlet.client.retry import server_error_of
+from raftlet.client.retry import Cause, classify
 from raftlet.proto import tablet_copy_pb2 as pb
-from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.bootstrap import STORE_FILE
 from raftlet.tserver.tablet_copy_install import CopiedState
 
@@ -34,6 +33,10 @@ __all__ = ["CopyFailed", "CopySourceNotLeader", "Downloaded", "download"]
 logger = logging.getLogger(__name__)
 
 _PART = ".part"
+# A source that answers so serves no copy: another may (NOT_LEADER names the leader).
+_NO_SOURCE_HERE = frozenset(
+    {Cause.NOT_LEADER, Cause.TABLET_NOT_FOUND, Cause.TABLET_NOT_RUNNING, Cause.LEADER_NOT_READY}
+)
 
 
 class CopyFailed(Exception):
@@ -95,10 +98,10 @@ def download(
                 try:
                     fresh = _begin(stub, tablet_id, requester, timeout_s)
                 except grpc.RpcError as e:
-                    backoff(f"begin: {_describe(e)}")
+                    backoff(f"begin: {classify(e)}")
                     continue
                 sessions += 1
-                if prev is not None and not _same_snapshot(fresh, prev):
+                if prev is not None and _snapshot_of(fresh) != _snapshot_of(prev):
                     offset, crc = 0, 0  # a different snapshot: what we have is of no use
                     out.seek(0)
                     out.truncate()
@@ -116,9 +119,10 @@ def download(
                     timeout=timeout_s,
                 )
             except grpc.RpcError as e:
-                if _code(e) is grpc.StatusCode.NOT_FOUND:
+                failure = classify(e)
+                if failure.status == grpc.StatusCode.NOT_FOUND.name:
                     begun = None  # the session is gone: begin again, resume if we can
-                backoff(f"fetch at {offset}: {_describe(e)}")
+                backoff(f"fetch at {offset}: {failure}")
                 continue
             data = got.data
             if crc32c.crc32c(data) != got.crc32c or not data:
@@ -165,7 +169,7 @@ def end_session(
             timeout=timeout_s,
         )
     except grpc.RpcError as e:
-        logger.info("tablet copy session %s: end not delivered (%s)", session_id, _describe(e))
+        logger.info("tablet copy session %s: end not delivered (%s)", session_id, classify(e))
 
 
 def _begin(
@@ -177,37 +181,13 @@ def _begin(
             timeout=timeout_s,
         )
     except grpc.RpcError as e:
-        error = server_error_of(e)
-        if error is not None and error.code == ServerErrorPB.NOT_LEADER:
-            raise CopySourceNotLeader(_describe(e), error.leader_uuid) from None
-        if error is not None and error.code in (
-            ServerErrorPB.TABLET_NOT_FOUND,
-            ServerErrorPB.TABLET_NOT_RUNNING,
-            ServerErrorPB.LEADER_NOT_READY,
-        ):
-            raise CopySourceNotLeader(_describe(e), "") from None
+        failure = classify(e)
+        if failure.cause in _NO_SOURCE_HERE:
+            raise CopySourceNotLeader(str(failure), failure.leader_uuid) from None
         raise
     return resp
 
 
-def _same_snapshot(
-    a: pb.BeginTabletCopySessionResponse, b: pb.BeginTabletCopySessionResponse
-) -> bool:
-    return (a.snapshot_index, a.snapshot_term, a.store_bytes, a.store_crc32c) == (
-        b.snapshot_index,
-        b.snapshot_term,
-        b.store_bytes,
-        b.store_crc32c,
-    )
-
-
-def _code(e: grpc.RpcError) -> grpc.StatusCode | None:
-    code = getattr(e, "code", None)
-    return code() if callable(code) else None
-
-
-def _describe(e: grpc.RpcError) -> str:
-    code = _code(e)
-    details = getattr(e, "details", None)
-    text = details() if callable(details) else ""
-    return f"{code.name if code else 'error'}: {text}"
+def _snapshot_of(r: pb.BeginTabletCopySessionResponse) -> tuple[int, int, int, int]:
+    """What names a snapshot: two sessions with equal ones serve the same bytes."""
+    return (r.snapshot_index, r.snapshot_term, r.store_bytes, r.store_crc32c)

@@ -33,6 +33,7 @@ from typing import NamedTuple
 from raftlet.consensus.core import Entry, EntryType
 from raftlet.consensus.log import ConsensusMetadata, LogOptions, PersistentState, write_log_start
 from raftlet.consensus.log.raft_storage import WAL_DIR
+from raftlet.consensus.log.segment import fsync_dir
 
 __all__ = [
     "COPY_DIR",
@@ -160,8 +161,8 @@ def swap_in(live: Path, staging: Path, replaced: Path) -> None:
     if live.exists():
         os.rename(live, replaced)
     os.rename(staging, live)
-    _fsync_dir(live.parent)
-    _fsync_dir(replaced.parent)
+    fsync_dir(live.parent)
+    fsync_dir(replaced.parent)
     shutil.rmtree(replaced, ignore_errors=True)
 
 
@@ -192,13 +193,5 @@ def recover_interrupted_copies(data_dir: Path) -> list[str]:
             shutil.rmtree(entry, ignore_errors=True)  # a copy that never completed
         else:
             entry.unlink(missing_ok=True)  # a source's snapshot of a session now gone
-    _fsync_dir(data_dir)
+    fsync_dir(data_dir)
     return restored
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
