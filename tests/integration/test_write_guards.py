@@ -35,7 +35,6 @@ from tests.integration.tserver_cluster import (
     server_error,
     wait_for,
     write_request,
-    write_with_retry,
 )
 
 pytestmark = pytest.mark.integration
@@ -163,6 +162,29 @@ def _sized(tablet: str, key: int, nbytes: int, seq: int) -> tablet_pb2.WriteRequ
     return request
 
 
+def _write_at_leader(
+    cluster: TserverCluster, tablet: str, request: tablet_pb2.WriteRequest
+) -> tablet_pb2.WriteResponse:
+    """Send ``request`` unchanged -- its size is the point, so not even ``attempt_no`` moves
+    -- to the tablet's leader, and again to the next one if leadership moves meanwhile (the
+    same request id: applied once)."""
+    retriable = (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            response: tablet_pb2.WriteResponse = cluster.leader_of(tablet).tablet.Write(
+                request, timeout=30
+            )
+            return response
+        except grpc.RpcError as e:
+            if e.code() not in retriable or time.monotonic() > deadline:
+                raise
+
+
 def _prompt_write(leader: Server, tablet: str, key: int, seq: int) -> None:
     start = time.monotonic()
     response = leader.tablet.Write(
@@ -215,7 +237,6 @@ def test_a_write_at_the_limit_replicates_to_every_replica(
 ) -> None:
     """16 MiB - 16 bytes is the write that wedged a tablet; 16 MiB the largest accepted."""
     tablet = "kv-p0"
-    leader = cluster.leader_of(tablet)
     big, after = _keys_of(tablet, 30_000 + nbytes % 1000, 2)
     request = _sized(tablet, big, nbytes, 100 + nbytes % 1000)
     value = request.ops[0].cells[1].value.string_value
@@ -223,8 +244,7 @@ def test_a_write_at_the_limit_replicates_to_every_replica(
     # keep a leader from heartbeating for an election timeout -- but a wedge is: the write
     # goes in (once: a retry carries the same request id) and a small one right after it is
     # answered promptly by whoever leads.
-    result = write_with_retry(cluster, request, first=leader.id, timeout=120, attempt_timeout=30)
-    assert not result.response.row_errors
+    assert not _write_at_leader(cluster, tablet, request).row_errors
     _prompt_write(cluster.leader_of(tablet), tablet, after, nbytes % 1000)
     _wait_replicated(cluster, tablet, {big: value, after: "after"})
 
@@ -234,11 +254,9 @@ def test_the_unary_consensus_transport_replicates_a_write_at_the_limit(tmp_path:
     the peer channels and servers accept the client limit plus the framing margin."""
     with running_cluster(tmp_path, partitions=1, flags=["--consensus_transport", "unary"]) as unary:
         tablet = "kv-p0"
-        leader = unary.leader_of(tablet)
         request = _sized(tablet, 1, CLIENT_LIMIT, 1)
         # As above: a leader change may follow on a loaded machine, a wedge may not.
-        result = write_with_retry(unary, request, first=leader.id, timeout=120, attempt_timeout=30)
-        assert not result.response.row_errors
+        assert not _write_at_leader(unary, tablet, request).row_errors
         _prompt_write(unary.leader_of(tablet), tablet, 2, 1)
         value = request.ops[0].cells[1].value.string_value
         _wait_replicated(unary, tablet, {1: value, 2: "after"})
