@@ -712,14 +712,25 @@ class Raftlet:
     durability = "fsync (WAL group commit) on each replica"
 
     def __init__(
-        self, tablets: int, root: Path, value_bytes: int, client: str = "auto", tls: bool = False
+        self,
+        tablets: int,
+        root: Path,
+        value_bytes: int,
+        client: str = "auto",
+        tls: bool = False,
+        transport: str = "",
     ) -> None:
         self.tablets = tablets
         self.client = client
         self.tls = tls
+        # "": the server's default --consensus_transport (tcp, or the stream with TLS).
+        self.transport = transport
         self.name = f"raftlet {tablets} tablet" + ("s" if tablets != 1 else "")
         self.name += " TLS" if tls else ""
-        self.dir = root / (f"raftlet-{tablets}" + ("-tls" if tls else ""))
+        self.name += f" ({transport})" if transport else ""
+        self.dir = root / (
+            f"raftlet-{tablets}" + ("-tls" if tls else "") + (f"-{transport}" if transport else "")
+        )
         self.value = "v" * value_bytes
         self.cluster: Any = None
         self.driver: RaftletDriver | None = None
@@ -729,8 +740,14 @@ class Raftlet:
         from raftlet.deploy.local import LocalCluster
 
         # tls: mutual TLS between servers and with the client, roles checked on every call.
+        flags = [f"--consensus_transport={self.transport}"] if self.transport else []
         self.cluster = LocalCluster.create(
-            self.dir, servers=3, tablets=self.tablets, leader_timeout_s=180, tls=self.tls
+            self.dir,
+            servers=3,
+            tablets=self.tablets,
+            leader_timeout_s=180,
+            tls=self.tls,
+            extra_flags=flags,
         )
 
     def pids(self) -> list[int]:
@@ -1057,6 +1074,8 @@ SYSTEM_NAMES = (
     "raftlet-4",
     "raftlet-1-tls",
     "raftlet-4-tls",
+    "raftlet-1-stream",
+    "raftlet-4-stream",
     "etcd",
     "pysyncobj",
     "pysyncobj-batch",
@@ -1070,6 +1089,10 @@ def make_system(name: str, root: Path, args: argparse.Namespace) -> System:
         return Raftlet(4, root, args.value_bytes, args.raftlet_client)
     if name in ("raftlet-1-tls", "raftlet-4-tls"):
         return Raftlet(int(name[8]), root, args.value_bytes, args.raftlet_client, tls=True)
+    if name in ("raftlet-1-stream", "raftlet-4-stream"):
+        return Raftlet(
+            int(name[8]), root, args.value_bytes, args.raftlet_client, transport="stream"
+        )
     if name == "etcd":
         return Etcd(root, args.value_bytes, not args.no_install)
     return PySyncObj(

@@ -22,6 +22,7 @@ __all__ = [
     "ALL_PROTOTYPES",
     "CONSENSUS_LOCK_CONTENTION_TIME_US",
     "CONSENSUS_LOCK_WAIT_TIME_US",
+    "CONSENSUS_TCP_CONNECTIONS",
     "HANDLER_LATENCY_US",
     "LEADER_ELECTIONS_TOTAL",
     "LOG_APPEND_LATENCY_US",
@@ -214,6 +215,15 @@ TABLET_COPY_SESSIONS_TOTAL = MetricPrototype(
     entity_type="server",
     label_names=("outcome",),
 )
+CONSENSUS_TCP_CONNECTIONS = MetricPrototype(
+    "consensus_tcp_connections",
+    GAUGE,
+    "connections",
+    "Open tcp consensus connections (--consensus_transport=tcp): out, to peers this server "
+    "sends its tablets' requests to; in, from peers that send theirs here",
+    entity_type="server",
+    label_names=("direction",),
+)
 ROWS_INSERTED_TOTAL = MetricPrototype(
     "rows_inserted_total",
     COUNTER,
@@ -328,6 +338,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     RPC_AUTH_DENIALS,
     TABLET_COPIES_INSTALLED_TOTAL,
     TABLET_COPY_SESSIONS_TOTAL,
+    CONSENSUS_TCP_CONNECTIONS,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

@@ -244,3 +244,15 @@ class ConsensusFramePB(_message.Message):
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ConsensusItemPB]
     def __init__(self, items: _Optional[_Iterable[_Union[ConsensusItemPB, _Mapping]]] = ...) -> None: ...
+
+class PeerEndpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PeerEndpointResponse(_message.Message):
+    __slots__ = ("port", "advertised_address")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    advertised_address: str
+    def __init__(self, port: _Optional[int] = ..., advertised_address: _Optional[str] = ...) -> None: ...

@@ -61,6 +61,11 @@ class ConsensusServiceStub:
                 request_serializer=raftlet_dot_proto_dot_consensus__pb2.TimeoutNowRequest.SerializeToString,
                 response_deserializer=raftlet_dot_proto_dot_consensus__pb2.TimeoutNowResponse.FromString,
                 _registered_method=True)
+        self.PeerEndpoint = channel.unary_unary(
+                '/raftlet.ConsensusService/PeerEndpoint',
+                request_serializer=raftlet_dot_proto_dot_consensus__pb2.PeerEndpointRequest.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_consensus__pb2.PeerEndpointResponse.FromString,
+                _registered_method=True)
 
 
 class ConsensusServiceServicer:
@@ -99,6 +104,12 @@ class ConsensusServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerEndpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConsensusServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +137,11 @@ def add_ConsensusServiceServicer_to_server(servicer, server):
                     servicer.TimeoutNow,
                     request_deserializer=raftlet_dot_proto_dot_consensus__pb2.TimeoutNowRequest.FromString,
                     response_serializer=raftlet_dot_proto_dot_consensus__pb2.TimeoutNowResponse.SerializeToString,
+            ),
+            'PeerEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerEndpoint,
+                    request_deserializer=raftlet_dot_proto_dot_consensus__pb2.PeerEndpointRequest.FromString,
+                    response_serializer=raftlet_dot_proto_dot_consensus__pb2.PeerEndpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +280,33 @@ class ConsensusService:
             '/raftlet.ConsensusService/TimeoutNow',
             raftlet_dot_proto_dot_consensus__pb2.TimeoutNowRequest.SerializeToString,
             raftlet_dot_proto_dot_consensus__pb2.TimeoutNowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.ConsensusService/PeerEndpoint',
+            raftlet_dot_proto_dot_consensus__pb2.PeerEndpointRequest.SerializeToString,
+            raftlet_dot_proto_dot_consensus__pb2.PeerEndpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

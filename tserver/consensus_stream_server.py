@@ -35,7 +35,7 @@ from raftlet.tserver.loop_outbox import LoopOutbox
 from raftlet.tserver.message_limits import chunks_by_size
 from raftlet.tserver.rpc_dispatch import status_for
 
-__all__ = ["StreamSession"]
+__all__ = ["StreamSession", "step_item"]
 
 _sessions = itertools.count(1)
 
@@ -102,31 +102,42 @@ class StreamSession:
                 self._start(item)
 
     def _start(self, item: pb.ConsensusItemPB) -> None:
-        seq = item.seq
-        kind = item.WhichOneof("kind")
-        if kind not in ("update", "vote", "timeout_now"):
-            error = common_pb2.ServerErrorPB(
-                code=common_pb2.ServerErrorPB.INVALID_ARGUMENT,
-                message=f"consensus stream: item {seq} holds no request ({kind})",
-            )
-            self._post(pb.ConsensusItemPB(seq=seq, failed=error))
-            return
-
-        def done(response: WireResponse) -> None:
-            self._post(_answer_item(seq, response))
-
-        try:
-            if self._check is not None:
-                self._check(getattr(item, kind))
-            self._handler.start(getattr(item, kind), done)
-        except Exception as exc:  # unknown tablet, malformed or misaddressed request
-            _, message, error_pb = status_for(exc)
-            if error_pb is None:
-                error_pb = common_pb2.ServerErrorPB(message=message)
-            self._post(pb.ConsensusItemPB(seq=seq, failed=error_pb))
+        step_item(item, self._handler, self._check, self._post)
 
     def _post(self, item: pb.ConsensusItemPB) -> None:
         self._outbox.post(item)
+
+
+def step_item(
+    item: pb.ConsensusItemPB,
+    handler: ConsensusRequestHandler,
+    check: Callable[[WireRequest], None] | None,
+    post: Callable[[pb.ConsensusItemPB], None],
+) -> None:
+    """Step the request in ``item`` and return at once; ``post`` gets the item that answers
+    it (the same ``seq``), now if it is refused, else once the answer may leave."""
+    seq = item.seq
+    kind = item.WhichOneof("kind")
+    if kind not in ("update", "vote", "timeout_now"):
+        error = common_pb2.ServerErrorPB(
+            code=common_pb2.ServerErrorPB.INVALID_ARGUMENT,
+            message=f"consensus stream: item {seq} holds no request ({kind})",
+        )
+        post(pb.ConsensusItemPB(seq=seq, failed=error))
+        return
+
+    def done(response: WireResponse) -> None:
+        post(_answer_item(seq, response))
+
+    try:
+        if check is not None:
+            check(getattr(item, kind))
+        handler.start(getattr(item, kind), done)
+    except Exception as exc:  # unknown tablet, malformed or misaddressed request
+        _, message, error_pb = status_for(exc)
+        if error_pb is None:
+            error_pb = common_pb2.ServerErrorPB(message=message)
+        post(pb.ConsensusItemPB(seq=seq, failed=error_pb))
 
 
 def _byte_size(item: pb.ConsensusItemPB) -> int:

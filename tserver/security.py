@@ -110,6 +110,7 @@ _ROLES: dict[str, AccessRole | None] = {
     _CONSENSUS + "RequestVote": AccessRole.SERVER,
     _CONSENSUS + "TimeoutNow": AccessRole.SERVER,
     _CONSENSUS + "Stream": AccessRole.SERVER,
+    _CONSENSUS + "PeerEndpoint": AccessRole.SERVER,
     _COPY + "StartTabletCopy": AccessRole.SERVER,
     _COPY + "BeginTabletCopySession": AccessRole.SERVER,
     _COPY + "FetchTabletCopyData": AccessRole.SERVER,

@@ -58,6 +58,7 @@ from raftlet.consensus.log import LogOptions
 from raftlet.consensus.log.metadata import FILE_NAME as CONSENSUS_META_FILE
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
 from raftlet.consensus.rpc.stream_transport import StreamHub
+from raftlet.consensus.rpc.tcp_transport import Endpoint, TcpHub
 from raftlet.consensus.ticker import Ticker
 from raftlet.consensus.transport import Transport
 from raftlet.consensus.workers import WorkerPool
@@ -77,6 +78,7 @@ from raftlet.proto import (
 )
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
+from raftlet.tserver.consensus_tcp_server import TcpConsensusListener
 from raftlet.tserver.errors import InvalidRequest, UnknownTablet
 from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
@@ -220,6 +222,11 @@ class TabletServer:
         self._tablet_servicer = TabletServicer(self)
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
+        self.tcp_hub: TcpHub | None = None  # the tcp connections to peers, if used
+        self.tcp_listener: TcpConsensusListener | None = None  # peers' tcp connections to us
+        # Where peers dial us; a peer that dials another address must not use our tcp port.
+        self.advertised_address = self.config.server(s.server_id).rpc_addr
+        self._stream_only_peers: set[str] = set()  # told once that they stay on the stream
         self.stream_channels: AsyncChannelPool | None = None  # the streams' channels
         self._grpc: grpc.aio.Server | None = None
         self._verifier: StoreVerifier | None = None
@@ -272,7 +279,7 @@ class TabletServer:
         )
         # A follower answers an append once it is durable: the deadline covers its fsync.
         peer_timeout_s = options.consensus.request_timeout_s + 5.0
-        if s.consensus_transport == "stream":
+        if s.consensus_transport in ("stream", "tcp"):
             self.stream_channels = AsyncChannelPool(
                 self.peer_channel_options, credentials=self.peer_credentials
             )
@@ -281,6 +288,26 @@ class TabletServer:
                 self.stream_channels,
                 peer_timeout_s,
                 max_frame_bytes=self.limits.peer_bytes,
+            )
+        if s.consensus_transport == "tcp" and self.streams is not None:
+            if s.tls:
+                logger.info("--consensus_transport=tcp carries no TLS: peers use the stream")
+            else:
+                self.tcp_hub = TcpHub(self.streams, self._tcp_endpoint)
+        if self.tcp_hub is not None:
+            self.entity.function_gauge(
+                cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_hub.connections, direction="out"
+            )
+        if not s.tls:
+            self.tcp_listener = TcpConsensusListener(
+                parse_host_port(s.rpc_addr)[0],
+                s.consensus_tcp_port,
+                self.consensus_handler,
+                max_frame_bytes=self.limits.peer_bytes,
+                send_timeout_s=peer_timeout_s,
+            )
+            self.entity.function_gauge(
+                cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_listener.connections, direction="in"
             )
         self._replica_options = options
         self._peer_timeout_s = peer_timeout_s
@@ -345,6 +372,8 @@ class TabletServer:
                 raise OSError(f"cannot listen for token RPCs on {s.token_rpc_addr}")
         await server.start()
         self._grpc = server
+        if self.tcp_listener is not None:
+            self.tcp_listener.start()
         for replica in self.replicas.values():
             replica.start()
         self.ticker.start()
@@ -401,7 +430,9 @@ class TabletServer:
         # server of the cluster, since a group's membership may come to include any of them.
         addresses = {sid: s.peer_addr(sid) for sid in self.config.server_ids if sid != s.server_id}
         transport: Transport
-        if self.streams is not None:
+        if self.tcp_hub is not None:
+            transport = self.tcp_hub.transport(placement.tablet_id, addresses)
+        elif self.streams is not None:
             transport = self.streams.transport(placement.tablet_id, addresses)
         else:
             transport = GrpcTransport(
@@ -426,6 +457,30 @@ class TabletServer:
             log_appenders=self.log_appenders,
             request_copy=self.copier.request_copy,
         )
+
+    def _tcp_endpoint(self, addr: str) -> Endpoint | None:
+        """The tcp hub's dial thread: where peer ``addr`` takes consensus frames over tcp, or
+        None -- it has no tcp listener (TLS), or ``addr`` is not the address it advertises
+        (something in between, which its tcp port would bypass), or it cannot be asked."""
+        stub = consensus_pb2_grpc.ConsensusServiceStub(self.channels.channel(addr))
+        try:
+            answer = stub.PeerEndpoint(consensus_pb2.PeerEndpointRequest(), timeout=2.0)
+        except grpc.RpcError as e:
+            logger.debug("PeerEndpoint of %s: %s", addr, e)
+            return None
+        if answer.port == 0 or answer.advertised_address != addr:
+            if addr in self._stream_only_peers:
+                return None
+            self._stream_only_peers.add(addr)
+            logger.info(
+                "consensus traffic to %s stays on the stream: %s",
+                addr,
+                "it has no tcp listener"
+                if answer.port == 0
+                else f"it advertises {answer.advertised_address}",
+            )
+            return None
+        return Endpoint(parse_host_port(addr)[0], answer.port)
 
     # --- replicas created and deleted at run time (AdminService) ---------------------------
 
@@ -565,13 +620,17 @@ class TabletServer:
         if self._grpc is not None:
             grpc_stopped = asyncio.ensure_future(self._grpc.stop(grace_s))
         loop = asyncio.get_running_loop()
+        if self.tcp_listener is not None:
+            await loop.run_in_executor(None, self.tcp_listener.close)
         # Blocking joins and fsyncs: off the event loop, which must keep sending answers.
         await loop.run_in_executor(None, self._stop_blocking)
         # Clients' write streams end once the replicas have answered what was in flight.
         self._tablet_servicer.end_streams()
         if grpc_stopped is not None:
             await grpc_stopped
-        if self.streams is not None:
+        if self.tcp_hub is not None:
+            await self.tcp_hub.close()  # and the streams it falls back on
+        elif self.streams is not None:
             await self.streams.close()
         if self.stream_channels is not None:
             await self.stream_channels.close()

@@ -199,6 +199,7 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
     """The Raft RPCs from peers, unary or on a stream, answered by the consensus handler."""
 
     def __init__(self, server: TabletServer) -> None:
+        self._server = server
         self._h = server.consensus_handler
         self._max_frame_bytes = server.limits.peer_bytes
         self._pool = server.pools["consensus"]
@@ -232,6 +233,13 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
                 max_frame_bytes=self._max_frame_bytes,
             )
             await session.serve(context)
+
+    async def PeerEndpoint(self, request: Any, context: Any) -> Any:
+        listener = self._server.tcp_listener
+        return consensus_pb2.PeerEndpointResponse(
+            port=listener.port if listener is not None else 0,
+            advertised_address=self._server.advertised_address,
+        )
 
     def end_streams(self) -> None:
         """Cancel every peer's stream to this server (shutdown: the peers see it break)."""

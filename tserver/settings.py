@@ -96,7 +96,8 @@ class ServerSettings:
     term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
     leader_read_mode: LeaderReadMode = LeaderReadMode.READ_INDEX
     lease_clock_drift: float = 0.1
-    consensus_transport: str = "stream"
+    consensus_transport: str = "tcp"
+    consensus_tcp_port: int = 0
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
@@ -384,7 +385,7 @@ def _peer_addresses_check(value: Any) -> None:
             raise ValueError(f"{sid}: {e}") from None
 
 
-CONSENSUS_TRANSPORTS = ("stream", "unary")
+CONSENSUS_TRANSPORTS = ("tcp", "stream", "unary")
 
 
 def _consensus_transport(text: str) -> str:
@@ -601,12 +602,22 @@ FLAGS: tuple[FlagSpec, ...] = (
         convert=float_value, check=_drift_check,
     ),
     FlagSpec(
-        "consensus_transport", _CONSENSUS, "{stream,unary}",
-        "How replicas reach their peers. stream (default): one long-lived bidirectional "
-        "stream per pair of servers carries every tablet's messages, batched, and a "
+        "consensus_transport", _CONSENSUS, "{tcp,stream,unary}",
+        "How replicas reach their peers. tcp (default): one plain TCP connection per pair of "
+        "servers carries every tablet's messages, sent and read by plain threads; a peer "
+        "that cannot take it (TLS is on, or it is dialed through a proxy or NAT: "
+        "--peer_addresses differs from its own address) is reached on the stream. stream: "
+        "one long-lived bidirectional gRPC stream per pair of servers, batched. Either way a "
         "follower answers from its durability callback. unary: one UpdateConsensus / "
         "RequestVote call per message, the round-1 path, kept for comparison.",
         convert=_consensus_transport, check=_transport_check,
+    ),
+    FlagSpec(
+        "consensus_tcp_port", _CONSENSUS, "PORT",
+        "The port this server takes peers' consensus traffic on over plain TCP, on the "
+        "host of --rpc_addr (default 0: any free port; peers ask for it over RPC). Not "
+        "opened with TLS: the connection carries no TLS, so peers use the gRPC stream.",
+        convert=int, check=at_least(0, 65535),
     ),
     FlagSpec(
         "log_inject_latency_ms", _WAL, "MS",

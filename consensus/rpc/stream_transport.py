@@ -47,7 +47,15 @@ from raftlet.consensus.rpc.grpc_transport import log_unsendable
 from raftlet.consensus.transport import ResponseCallback
 from raftlet.proto import consensus_pb2 as pb
 
-__all__ = ["STREAM_METHOD", "AsyncChannelSource", "StreamHub", "StreamTransport", "encode_item"]
+__all__ = [
+    "STREAM_METHOD",
+    "AsyncChannelSource",
+    "PeerHub",
+    "StreamHub",
+    "StreamTransport",
+    "answer_of",
+    "encode_item",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +100,7 @@ def _identity(data: bytes) -> bytes:
 
 
 @dataclass(slots=True)
-class _Pending:
+class Pending:
     tablet_id: str
     message: Message
     on_response: ResponseCallback
@@ -107,17 +115,17 @@ class _PeerStream:
         self._hub = hub
         self._lock = threading.Lock()
         # (seq, item bytes, pending); appended by senders, taken by the loop.
-        self._outbox: list[tuple[int, bytes, _Pending]] = []
+        self._outbox: list[tuple[int, bytes, Pending]] = []
         self._due = False  # the loop has been asked to look at the outbox
         self._wake = asyncio.Event()
-        self._pending: dict[int, _Pending] = {}  # loop only; insertion order = send order
+        self._pending: dict[int, Pending] = {}  # loop only; insertion order = send order
         self._closed = False
         self._sweeper: asyncio.TimerHandle | None = None  # while a stream is open
         self._task = hub.loop.create_task(self._run(), name=f"consensus-stream:{addr}")
 
     # --- any thread ----------------------------------------------------------------------
 
-    def send(self, seq: int, item: bytes, pending: _Pending) -> None:
+    def send(self, seq: int, item: bytes, pending: Pending) -> None:
         with self._lock:
             if self._closed:
                 closed = True
@@ -224,25 +232,8 @@ class _PeerStream:
 
     def _answer(self, item: pb.ConsensusItemPB) -> None:
         pending = self._pending.pop(item.seq, None)
-        if pending is None:  # overdue and dropped already
-            return
-        answer: Message | None = None
-        kind = item.WhichOneof("kind")
-        request = pending.message
-        try:
-            if kind == "failed":
-                logger.debug(
-                    "%s: %s to %s failed: %s",
-                    pending.tablet_id,
-                    request.type.value,
-                    request.dst,
-                    item.failed.message,
-                )
-            elif kind in ("update_response", "vote_response"):
-                answer = decode_response(request, getattr(item, kind))
-        except MalformedResponse as exc:
-            logger.debug("%s: dropping answer from %s: %s", pending.tablet_id, request.dst, exc)
-        _deliver(pending, answer)
+        if pending is not None:  # else overdue and dropped already
+            deliver(pending, answer_of(pending, item))
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -251,12 +242,12 @@ class _PeerStream:
             if pending.deadline > now:
                 return
             del self._pending[seq]
-            _deliver(pending, None)
+            deliver(pending, None)
 
     def _fail_all(self) -> None:
         pending, self._pending = self._pending, {}
         for p in pending.values():
-            _deliver(p, None)
+            deliver(p, None)
 
     async def close(self) -> None:
         with self._lock:
@@ -268,7 +259,28 @@ class _PeerStream:
             await self._task
         self._fail_all()
         for _, _, p in queued:
-            _deliver(p, None)
+            deliver(p, None)
+
+
+def answer_of(pending: Pending, item: pb.ConsensusItemPB) -> Message | None:
+    """The message to step for ``item``, the answer to ``pending`` (None: nothing to step --
+    the peer reported a failure, or its answer does not decode)."""
+    kind = item.WhichOneof("kind")
+    request = pending.message
+    try:
+        if kind == "failed":
+            logger.debug(
+                "%s: %s to %s failed: %s",
+                pending.tablet_id,
+                request.type.value,
+                request.dst,
+                item.failed.message,
+            )
+        elif kind in ("update_response", "vote_response"):
+            return decode_response(request, getattr(item, kind))
+    except MalformedResponse as exc:
+        logger.debug("%s: dropping answer from %s: %s", pending.tablet_id, request.dst, exc)
+    return None
 
 
 def _frames(items: list[bytes], max_bytes: int) -> list[bytes]:
@@ -286,7 +298,7 @@ def _frames(items: list[bytes], max_bytes: int) -> list[bytes]:
     return frames
 
 
-def _deliver(pending: _Pending, answer: Message | None) -> None:
+def deliver(pending: Pending, answer: Message | None) -> None:
     try:
         pending.on_response(answer)
     except Exception:
@@ -380,10 +392,28 @@ def _create_on_loop(
     return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=10)
 
 
-class StreamTransport:
-    """One replica's ``Transport`` over its server's ``StreamHub``."""
+class PeerSender(Protocol):
+    """How a hub reaches one peer server: ``send`` queues a request and never blocks."""
 
-    def __init__(self, hub: StreamHub, tablet_id: str, addresses: Mapping[str, str]) -> None:
+    def send(self, seq: int, item: bytes, pending: Pending) -> None: ...
+
+
+class PeerHub(Protocol):
+    """What a ``StreamTransport`` needs of its server's hub: ``StreamHub``, or
+    ``consensus.rpc.tcp_transport.TcpHub``."""
+
+    timeout_s: float
+    max_frame_bytes: int
+
+    def next_seq(self) -> int: ...
+
+    def stream_to(self, addr: str) -> PeerSender: ...
+
+
+class StreamTransport:
+    """One replica's ``Transport`` over its server's hub of peer connections."""
+
+    def __init__(self, hub: PeerHub, tablet_id: str, addresses: Mapping[str, str]) -> None:
         self.tablet_id = tablet_id
         self._hub = hub
         self._addresses = dict(addresses)
@@ -416,7 +446,7 @@ class StreamTransport:
         else:
             callback = on_response
         deadline = time.monotonic() + self._hub.timeout_s
-        stream.send(seq, item, _Pending(self.tablet_id, message, callback, deadline))
+        stream.send(seq, item, Pending(self.tablet_id, message, callback, deadline))
 
     def close(self) -> None:
         """Refuse further sends; what is in flight is answered or dropped by its stream."""

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 TABLET = "kv-p0"
 
 
-@pytest.fixture(params=["stream", "unary"])
+@pytest.fixture(params=["tcp", "stream", "unary"])
 def proxied(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[TserverCluster, ProxyNetwork]]:

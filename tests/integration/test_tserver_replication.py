@@ -60,7 +60,7 @@ def _check_unique_entries(acked: list[AckedWrite]) -> None:
     assert all(a.op_index > 0 for a in acked)
 
 
-@pytest.mark.parametrize("transport", ["stream", "unary"])
+@pytest.mark.parametrize("transport", ["tcp", "stream", "unary"])
 def test_one_leader_per_tablet_and_batch_applied_on_all_replicas(
     tmp_path: Path, transport: str
 ) -> None:
@@ -101,6 +101,30 @@ def test_one_leader_per_tablet_and_batch_applied_on_all_replicas(
                 assert s.scan_rows(tid, batch_size_rows=3) == batch
         # Nobody moved: still one leader per tablet, in the same term.
         assert _agreed_leaders(cluster) == leaders
+        _check_tcp_connections(cluster, {sid for sid, _ in leaders.values()}, transport)
+
+
+def _check_tcp_connections(cluster: TserverCluster, leaders: set[str], transport: str) -> None:
+    """With tcp, each leader reached both its followers over tcp, not the stream (on
+    loopback, nothing sits between the servers); with the other transports no connection
+    is made, though every server listens."""
+
+    def connections(sid: str, direction: str) -> float:
+        return cluster.servers[sid].metric("consensus_tcp_connections", direction=direction)
+
+    if transport != "tcp":
+        assert all(connections(sid, "in") == 0 for sid in cluster.servers)
+        return
+    for sid in leaders:
+        wait_for(lambda sid=sid: connections(sid, "out") == 2, 20, f"{sid} connected to its peers")
+    wait_for(
+        lambda: (
+            sum(connections(s, "in") for s in cluster.servers)
+            == sum(connections(s, "out") for s in cluster.servers)
+        ),
+        20,
+        "every connection counted at both ends",
+    )
 
 
 def test_leader_sigkill_under_write_load(tmp_path: Path) -> None:

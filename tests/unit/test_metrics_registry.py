@@ -67,6 +67,7 @@ DESIGN_NAMES = {
     "rpc_auth_denials": MetricType.COUNTER,
     "tablet_copies_installed_total": MetricType.COUNTER,
     "tablet_copy_sessions_total": MetricType.COUNTER,
+    "consensus_tcp_connections": MetricType.GAUGE,
 }
 
 DEBUG_GAUGE = MetricPrototype(

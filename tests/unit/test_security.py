@@ -190,6 +190,7 @@ def test_the_role_table() -> None:
         "/raftlet.ConsensusService/RequestVote": {server},
         "/raftlet.ConsensusService/TimeoutNow": {server},
         "/raftlet.ConsensusService/Stream": {server},
+        "/raftlet.ConsensusService/PeerEndpoint": {server},
         "/raftlet.NewService/Anything": {admin},  # closed until someone decides
     }
     for method, allowed in cases.items():

@@ -1,0 +1,226 @@
+"""The tcp consensus transport: one plain TCP connection per pair of servers, frames of
+``ConsensusItemPB`` (``consensus.rpc.frame_link``), with the gRPC stream as its fallback.
+
+Same messages as the stream transport (``consensus.rpc.stream_transport``): a request is a
+``ConsensusFramePB`` ``items`` entry made by ``encode_item`` on the sender's thread, and its
+answer comes back on the same connection with the same ``seq``.  What differs is the path:
+a request leaves with one non-blocking ``send`` from the thread that made it, and an answer
+is stepped by the connection's reader thread as soon as ``recv`` returns -- no event loop,
+no gRPC thread, between two servers.
+
+``TcpHub`` (one per server) finds out how to reach a peer with ``lookup(address)`` -- the
+tablet server asks the peer's ``ConsensusService.PeerEndpoint`` -- which gives the peer's
+tcp port, or None when the peer has no tcp listener (TLS is on: the listener has no TLS,
+so the gRPC stream carries consensus traffic) or is not dialed directly (its address in our
+``--peer_addresses`` is not the one it advertises: a proxy or NAT in between, which would
+be bypassed).  Until a connection is up, and whenever it is not, requests go on the gRPC
+stream (``StreamHub``), which always works; a broken connection is Raft's lost message for
+what was in flight on it, and is dialed again after a backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
+from raftlet.consensus.rpc.stream_transport import (
+    Pending,
+    StreamHub,
+    StreamTransport,
+    answer_of,
+    deliver,
+)
+from raftlet.proto import consensus_pb2 as pb
+
+__all__ = ["Endpoint", "TcpHub"]
+
+logger = logging.getLogger(__name__)
+
+_BACKOFF_INITIAL_S = 0.5
+_BACKOFF_MAX_S = 10.0
+_CONNECT_TIMEOUT_S = 2.0
+# How often requests whose answer is overdue are dropped.
+_SWEEP_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a peer takes consensus frames over plain TCP."""
+
+    host: str
+    port: int
+
+
+class _TcpPeer:
+    """The connection to one peer server (client side), and the requests awaiting answers
+    on it."""
+
+    def __init__(self, hub: TcpHub, addr: str) -> None:
+        self.addr = addr
+        self._hub = hub
+        self._lock = threading.Lock()
+        self._link: FrameLink | None = None
+        self._pending: dict[int, Pending] = {}  # on the current link; insertion = send order
+        self._connecting = False
+        self._next_attempt = 0.0
+        self._backoff = _BACKOFF_INITIAL_S
+        self._closed = False
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None
+
+    def send(self, seq: int, item: bytes, pending: Pending) -> None:
+        """Any thread, never blocks: on the connection if it is up, else on the stream."""
+        link = self._link
+        if link is not None:
+            with self._lock:
+                self._pending[seq] = pending
+            try:
+                link.send(frame(item))
+                return
+            except LinkClosed:
+                with self._lock:
+                    taken = self._pending.pop(seq, None)
+                if taken is None:  # the link's close already reported it lost
+                    return
+        else:
+            self._maybe_connect()
+        self._hub.fallback.stream_to(self.addr).send(seq, item, pending)
+
+    def _maybe_connect(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._closed or self._connecting or now < self._next_attempt:
+                return
+            self._connecting = True
+        threading.Thread(target=self._connect, name=f"tcp-dial:{self.addr}", daemon=True).start()
+
+    def _connect(self) -> None:
+        link: FrameLink | None = None
+        try:
+            endpoint = self._hub.lookup(self.addr)
+            if endpoint is not None:
+                sock = socket.create_connection(
+                    (endpoint.host, endpoint.port), timeout=_CONNECT_TIMEOUT_S
+                )
+                link = FrameLink(
+                    sock,
+                    f"to {self.addr}",
+                    self._on_frame,
+                    self._on_close,
+                    max_frame_bytes=self._hub.max_frame_bytes,
+                    send_timeout_s=self._hub.timeout_s,
+                )
+        except OSError as exc:
+            logger.debug("consensus tcp to %s: %s", self.addr, exc)
+        except Exception:  # the lookup's bug must not stop us retrying
+            logger.exception("consensus tcp to %s: finding its endpoint failed", self.addr)
+        with self._lock:
+            self._connecting = False
+            if link is not None and not self._closed:
+                self._link = link.start()
+                self._backoff = _BACKOFF_INITIAL_S
+                logger.info("consensus traffic to %s now on plain tcp", self.addr)
+                return
+            self._next_attempt = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, _BACKOFF_MAX_S)
+        if link is not None:  # closed meanwhile
+            link.start().close()
+
+    def _on_frame(self, body: bytes) -> None:
+        """The link's reader thread: answers, each to its request."""
+        for item in pb.ConsensusFramePB.FromString(body).items:
+            with self._lock:
+                pending = self._pending.pop(item.seq, None)
+            if pending is not None:  # else overdue and dropped already
+                deliver(pending, answer_of(pending, item))
+
+    def _on_close(self, link: FrameLink) -> None:
+        with self._lock:
+            if self._link is link:
+                self._link = None
+                self._next_attempt = time.monotonic() + self._backoff
+            lost, self._pending = self._pending, {}
+        for pending in lost.values():
+            deliver(pending, None)
+
+    def sweep(self, now: float) -> None:
+        overdue: list[Pending] = []
+        with self._lock:
+            while self._pending:
+                seq, pending = next(iter(self._pending.items()))
+                if pending.deadline > now:
+                    break
+                del self._pending[seq]
+                overdue.append(pending)
+        for pending in overdue:
+            deliver(pending, None)
+
+    def close(self) -> FrameLink | None:
+        with self._lock:
+            self._closed = True
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()
+        return link
+
+
+class TcpHub:
+    """This server's tcp connections to its peers; the transports it makes fall back on
+    ``fallback``'s streams, which the hub closes with itself."""
+
+    def __init__(
+        self,
+        fallback: StreamHub,
+        lookup: Callable[[str], Endpoint | None],
+    ) -> None:
+        self.fallback = fallback
+        self.lookup = lookup
+        self.timeout_s = fallback.timeout_s
+        self.max_frame_bytes = fallback.max_frame_bytes
+        self._lock = threading.Lock()
+        self._peers: dict[str, _TcpPeer] = {}
+        self._closed = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="tcp-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def transport(self, tablet_id: str, addresses: Mapping[str, str]) -> StreamTransport:
+        """The Transport of one replica; ``addresses`` maps peer node ids to RPC addresses."""
+        return StreamTransport(self, tablet_id, addresses)
+
+    def next_seq(self) -> int:
+        return self.fallback.next_seq()
+
+    def stream_to(self, addr: str) -> _TcpPeer:
+        peer = self._peers.get(addr)
+        if peer is not None:
+            return peer
+        with self._lock:
+            if self._closed.is_set():
+                raise RuntimeError("the consensus connections are closed")
+            return self._peers.setdefault(addr, _TcpPeer(self, addr))
+
+    def connections(self) -> float:
+        """How many peers are reached over tcp now (the others on the stream)."""
+        return float(sum(1 for peer in list(self._peers.values()) if peer.connected))
+
+    def _sweep(self) -> None:
+        while not self._closed.wait(_SWEEP_INTERVAL_S):
+            now = time.monotonic()
+            for peer in list(self._peers.values()):
+                peer.sweep(now)
+
+    async def close(self) -> None:
+        with self._lock:
+            self._closed.set()
+            peers = list(self._peers.values())
+        links = [link for link in (peer.close() for peer in peers) if link is not None]
+        for link in links:
+            link.join(timeout=5.0)
+        await self.fallback.close()

@@ -1,0 +1,171 @@
+"""The tcp consensus port against hostile or broken callers, on a real plaintext loopback
+3-server cluster under write load.
+
+Whatever arrives on a server's tcp consensus port -- a length over the peers' limit, bytes
+that do not decode, items with no request, requests for tablets it does not host, more
+connections than it takes -- is refused (the connection closed, or the item answered with
+``failed``), and the cluster goes on: the write load keeps being acknowledged, and every
+acknowledged write ends up on every replica.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftlet.proto import common_pb2
+from raftlet.proto import consensus_pb2 as pb
+from tests.integration.tserver_cluster import (
+    Server,
+    TserverCluster,
+    WriteLoad,
+    running_cluster,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+TABLET = "kv-p0"
+MAX_CONNECTIONS = 64  # tserver.consensus_tcp_server's default
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TserverCluster]:
+    root: Path = tmp_path_factory.mktemp("tcp")
+    with running_cluster(root, partitions=1) as c:  # stops every server by PID at the end
+        c.wait_leaders()
+        yield c
+
+
+def _endpoint(server: Server) -> tuple[str, int]:
+    answer = server.consensus.PeerEndpoint(pb.PeerEndpointRequest(), timeout=10)
+    assert answer.port > 0
+    assert answer.advertised_address == server.config.rpc_addr
+    return server.config.rpc_addr.rsplit(":", 1)[0], answer.port
+
+
+def _dial(server: Server) -> socket.socket:
+    sock = socket.create_connection(_endpoint(server), timeout=10)
+    sock.settimeout(10)
+    return sock
+
+
+def _send_frame(sock: socket.socket, body: bytes) -> None:
+    sock.sendall(struct.pack(">I", len(body)) + body)
+
+
+def _read_frame(sock: socket.socket) -> pb.ConsensusFramePB:
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "the server closed the connection"
+            buf += chunk
+        return buf
+
+    (length,) = struct.unpack(">I", exactly(4))
+    return pb.ConsensusFramePB.FromString(exactly(length))
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+_loads = iter(range(1, 100))
+# Every row the module's loads had acknowledged: what each replica must hold in the end.
+_acked: dict[int, str] = {}
+
+
+def _load(cluster: TserverCluster, name: str) -> WriteLoad:
+    """A write load with client ids and keys of its own (the cluster is the module's)."""
+    return WriteLoad(cluster, n_writers=2, key_base=next(_loads) * 10_000_000, name=name)
+
+
+def _converged(cluster: TserverCluster, load: WriteLoad) -> None:
+    _acked.update(load.expected(TABLET))
+    cluster.wait_converged(TABLET, dict(_acked), timeout=30)
+
+
+def _answers_still_flow(load: WriteLoad) -> None:
+    load.wait_acked(20, timeout=30, after=time.monotonic())
+
+
+def test_a_frame_over_the_limit_closes_the_connection(cluster: TserverCluster) -> None:
+    with _load(cluster, "oversize") as load, _dial(cluster.leader_of(TABLET)) as sock:
+        sock.sendall(struct.pack(">I", 0xFFFF_FFFF))
+        assert _closed_by_server(sock)
+        _answers_still_flow(load)
+    _converged(cluster, load)
+
+
+def test_bytes_that_do_not_decode_close_the_connection(cluster: TserverCluster) -> None:
+    with _load(cluster, "garbage") as load:
+        for server in cluster.servers.values():
+            with _dial(server) as sock:
+                _send_frame(sock, b"\xff" * 64)
+                assert _closed_by_server(sock)
+        _answers_still_flow(load)
+    _converged(cluster, load)
+
+
+def test_items_without_a_request_or_for_unknown_tablets_are_answered_failed(
+    cluster: TserverCluster,
+) -> None:
+    follower = next(s for s in cluster.servers.values() if s is not cluster.leader_of(TABLET))
+    frame = pb.ConsensusFramePB(
+        items=[
+            pb.ConsensusItemPB(seq=7),  # no request at all
+            pb.ConsensusItemPB(seq=8, update_response=pb.UpdateConsensusResponse()),
+            pb.ConsensusItemPB(
+                seq=9,
+                update=pb.UpdateConsensusRequest(
+                    tablet_id="no-such-tablet",
+                    caller_uuid="ts1",
+                    dest_uuid=follower.id,
+                    caller_term=1,
+                ),
+            ),
+        ]
+    )
+    with _dial(follower) as sock:
+        _send_frame(sock, frame.SerializeToString())
+        answers: dict[int, pb.ConsensusItemPB] = {}
+        while len(answers) < 3:
+            for item in _read_frame(sock).items:
+                answers[item.seq] = item
+    assert all(a.WhichOneof("kind") == "failed" for a in answers.values())
+    invalid = common_pb2.ServerErrorPB.INVALID_ARGUMENT
+    assert answers[7].failed.code == invalid
+    assert answers[8].failed.code == invalid
+    assert "no-such-tablet" in answers[9].failed.message
+
+
+def test_connections_beyond_the_cap_are_refused_and_the_cluster_goes_on(
+    cluster: TserverCluster,
+) -> None:
+    target = cluster.leader_of(TABLET)
+    socks: list[socket.socket] = []
+    try:
+        with _load(cluster, "cap") as load:
+            for _ in range(MAX_CONNECTIONS + 4):
+                socks.append(_dial(target))
+            # The last ones were over the cap (the peers hold two of its 64): closed at once.
+            assert _closed_by_server(socks[-1])
+            _answers_still_flow(load)
+    finally:
+        for s in socks:
+            s.close()
+    wait_for(
+        lambda: target.metric("consensus_tcp_connections", direction="in") <= 2,
+        30,
+        "the closed connections forgotten",
+    )
+    _converged(cluster, load)

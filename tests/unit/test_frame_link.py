@@ -1,0 +1,161 @@
+"""FrameLink: length-prefixed frames over one socket, read and written by plain threads."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
+
+LIMIT = 32 * 1024 * 1024
+
+
+class End:
+    """One end of a link, remembering what it received and whether it closed."""
+
+    def __init__(self, sock: socket.socket, name: str, **kw: float) -> None:
+        self.frames: list[bytes] = []
+        self.closes = 0
+        self.got = threading.Condition()
+        self.link = FrameLink(
+            sock,
+            name,
+            self._on_frame,
+            self._on_close,
+            max_frame_bytes=int(kw.get("limit", LIMIT)),
+            send_timeout_s=kw.get("send_timeout_s", 10.0),
+        ).start()
+
+    def _on_frame(self, body: bytes) -> None:
+        with self.got:
+            self.frames.append(body)
+            self.got.notify_all()
+
+    def _on_close(self, _link: FrameLink) -> None:
+        with self.got:
+            self.closes += 1
+            self.got.notify_all()
+
+    def wait_frames(self, n: int, timeout: float = 20.0) -> list[bytes]:
+        with self.got:
+            assert self.got.wait_for(lambda: len(self.frames) >= n, timeout), len(self.frames)
+            return list(self.frames)
+
+    def wait_closed(self, timeout: float = 20.0) -> None:
+        with self.got:
+            assert self.got.wait_for(lambda: self.closes > 0, timeout)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    yield a, b
+    for s in (a, b):
+        s.close()
+
+
+def test_frames_arrive_whole_and_in_order_both_ways(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a, b = End(pair[0], "a"), End(pair[1], "b")
+    try:
+        sizes = [0, 1, 3, 70_000, 5, 4 * 1024 * 1024, 2]  # some span many recv calls
+        bodies = [os.urandom(n) for n in sizes]
+        for body in bodies:
+            a.link.send(frame(body))
+            b.link.send(frame(body[::-1]))
+        assert b.wait_frames(len(bodies)) == bodies
+        assert a.wait_frames(len(bodies)) == [x[::-1] for x in bodies]
+    finally:
+        a.link.close()
+        b.link.close()
+    a.wait_closed()
+    b.wait_closed()
+
+
+def test_sends_from_many_threads_never_interleave_frames(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a, b = End(pair[0], "a"), End(pair[1], "b")
+    per_thread, threads = 200, 4
+    # Large enough that some sends fill the socket buffer and queue for the writer thread.
+    body_of = {t: bytes([t]) * 50_000 for t in range(threads)}
+
+    def sender(t: int) -> None:
+        for k in range(per_thread):
+            a.link.send(frame(body_of[t] + struct.pack(">I", k)))
+
+    workers = [threading.Thread(target=sender, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    got = b.wait_frames(per_thread * threads, timeout=60)
+    seen: dict[int, list[int]] = {t: [] for t in range(threads)}
+    for body in got:
+        t = body[0]
+        assert body[:-4] == body_of[t]
+        seen[t].append(struct.unpack(">I", body[-4:])[0])
+    # Each thread's frames arrive in the order it sent them.
+    assert all(seen[t] == list(range(per_thread)) for t in range(threads))
+    a.link.close()
+    b.link.close()
+
+
+def test_the_peer_closing_closes_the_link_once_and_later_sends_fail(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a, b = End(pair[0], "a"), End(pair[1], "b")
+    b.link.close()
+    a.wait_closed()
+    b.wait_closed()
+    with pytest.raises(LinkClosed):
+        a.link.send(frame(b"late"))
+    a.link.close()  # idempotent
+    a.link.join(5)
+    assert (a.closes, b.closes) == (1, 1)
+
+
+def test_a_frame_over_the_limit_is_refused_by_the_sender_and_closes_the_reader(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a = End(pair[0], "a", limit=100)
+    with pytest.raises(ValueError, match="exceeds the link's limit of 100"):
+        a.link.send(frame(b"x" * 101))
+    assert not a.link.closed  # refusing to send breaks nothing
+    # A peer that announces a frame over the limit is broken or hostile: closed, unread.
+    pair[1].sendall(struct.pack(">I", 101) + b"x" * 101)
+    a.wait_closed()
+    assert a.frames == []
+
+
+def test_a_peer_that_reads_nothing_breaks_the_link_after_the_send_timeout(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a = End(pair[0], "a", send_timeout_s=0.5)
+    big = frame(b"y" * (8 * 1024 * 1024))  # more than the socket buffers hold
+    a.link.send(big)  # never blocks: what the kernel did not take waits for the writer
+    a.wait_closed(timeout=20)
+    with pytest.raises(LinkClosed):
+        a.link.send(frame(b"z"))
+
+
+def test_tcp_connection_between_two_links() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    finally:
+        listener.close()
+    a, b = End(client, "client"), End(server, "server")
+    for k in range(100):
+        a.link.send(frame(b"req%d" % k))
+    assert b.wait_frames(100)[-1] == b"req99"
+    a.link.close()
+    b.wait_closed()
+    a.wait_closed()  # the closing side reports its own close too
