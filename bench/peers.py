@@ -686,12 +686,14 @@ RAFTLET_CLIENTS = ("auto", "aio", "grpc")
 
 
 async def open_raftlet_driver(
-    addresses: Sequence[str], which: str, tls: Any = None
+    addresses: Sequence[str], which: str, tls: Any = None, tcp_writes: bool = True
 ) -> tuple[RaftletDriver, str]:
     """The raftlet client path of the bench, and its name for the printout.  ``which``:
     ``aio`` the asyncio client ``raftlet.client.aio`` (an error if it is missing), ``grpc``
     grpc.aio straight on the Write RPC, ``auto`` the first when it imports, else the second.
     ``tls``: the ``TlsOptions`` of a TLS cluster (its admin certificate), or None.
+    ``tcp_writes``: the asyncio client's writes on the servers' plain-TCP write ports (when
+    they have them), else on their gRPC WriteStream.
     """
     if which in ("auto", "aio"):
         try:
@@ -701,8 +703,9 @@ async def open_raftlet_driver(
                 raise
             say(f"raftlet.client.aio unavailable ({e}); grpc.aio on the Write RPC instead")
         else:
-            client = await AsyncClient.connect(list(addresses), tls=tls)
-            return AioClientRaftletDriver(client), "raftlet.client.aio AsyncClient.insert"
+            client = await AsyncClient.connect(list(addresses), tls=tls, tcp_writes=tcp_writes)
+            path = "tcp write port" if tcp_writes and tls is None else "WriteStream"
+            return AioClientRaftletDriver(client), f"raftlet.client.aio AsyncClient.insert ({path})"
     driver = GrpcAioRaftletDriver(addresses, tls.credentials() if tls is not None else None)
     await driver.open()
     return driver, "grpc.aio on the Write RPC (bench's own routing)"
@@ -766,8 +769,9 @@ class Raftlet:
                 files = local_tls_files(self.cluster.data_dir)
                 assert files is not None
                 tls = TlsOptions(*files)
+            # The stream systems measure the path before plain TCP: peers and client on gRPC.
             self.driver, self.client_path = await open_raftlet_driver(
-                self.addresses(), self.client, tls
+                self.addresses(), self.client, tls, tcp_writes=self.transport != "stream"
             )
         driver = self.driver
 

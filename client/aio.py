@@ -129,11 +129,14 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         token: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        tcp_writes: bool = True,
     ) -> None:
         """Not connected yet: use ``AsyncClient.connect(...)`` (or ``await load()``).
         ``timeout_s`` is the default deadline of every operation, retries included, and of
         the config fetch; ``rpc_timeout_s`` caps one attempt. ``tls`` and ``token``: as
-        for ``Client`` (``client.tls``). ``stubs``, ``clock`` and
+        for ``Client`` (``client.tls``). ``tcp_writes``: without TLS, send writes on each
+        server's plain-TCP write port when it has one (``client.aio_tcp_writes``), else on
+        its gRPC WriteStream; False keeps to the WriteStream. ``stubs``, ``clock`` and
         ``sleep`` are for tests (fake servers, a fake clock)."""
         if timeout_s <= 0 or rpc_timeout_s <= 0:
             raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
@@ -149,6 +152,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
                 options=list(channel_options) if channel_options is not None else CHANNEL_OPTIONS,
                 on_created=lambda _addr: self._stats.channel_created(),
                 credentials=channel_credentials(tls, token),
+                tcp_writes=tcp_writes,
             )
             stubs = self._pool
         self._meta = AsyncMetaCache(

@@ -9,10 +9,12 @@ and the retry policy moves on. ``channel(address)`` is the raw channel, for stre
 services (the tablet server's consensus streams to its peers).
 
 ``AsyncServerStub`` / ``AsyncStubProvider`` are the seam the asyncio client uses, so unit
-tests plug in fakes. ``GrpcAsyncServerStub.write`` goes over the server's write stream
-(``aio_write_stream``) unless built with ``write_stream=False``. A failed call raises a
-``grpc.RpcError`` (``grpc.aio.AioRpcError``, or ``StreamedRpcError`` for a streamed write)
-with the ``code()``/``details()``/``trailing_metadata()`` that ``retry.classify`` reads.
+tests plug in fakes. ``GrpcAsyncServerStub.write`` goes over the server's plain-TCP write
+port (``aio_tcp_writes``: plaintext clients, when the server has one and is dialed directly),
+else its write stream (``aio_write_stream``), unless built with ``write_stream=False``. A
+failed call raises a ``grpc.RpcError`` (``grpc.aio.AioRpcError``, or ``StreamedRpcError``
+for a streamed write) with the ``code()``/``details()``/``trailing_metadata()`` that
+``retry.classify`` reads.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Protocol, cast
 
 import grpc
 
+from raftlet.client.aio_tcp_writes import TcpWritesTo
 from raftlet.client.aio_write_stream import AsyncWriteStream, StreamedRpcError
 from raftlet.client.channels import CHANNEL_OPTIONS, ChannelsByAddress
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
@@ -54,17 +57,29 @@ class AsyncStubProvider(Protocol):
 class GrpcAsyncServerStub:
     """``AsyncServerStub`` over a shared ``grpc.aio.Channel``."""
 
-    def __init__(self, address: str, channel: grpc.aio.Channel, write_stream: bool = True) -> None:
+    def __init__(
+        self,
+        address: str,
+        channel: grpc.aio.Channel,
+        write_stream: bool = True,
+        tcp_writes: bool = False,
+    ) -> None:
         self.address = address
         self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
         # Writes go on the server's WriteStream (many in flight, few messages) unless the
         # client asked for one unary Write call per write.
         self._stream = AsyncWriteStream(address, channel) if write_stream else None
+        # ...and over its plain-TCP write port instead, when it has one we may use.
+        self._tcp = TcpWritesTo(address, self._tablet) if tcp_writes and write_stream else None
 
     async def write(
         self, request: tablet_pb2.WriteRequest, timeout: float
     ) -> tablet_pb2.WriteResponse:
+        if self._tcp is not None:
+            tcp = await self._tcp.stream()
+            if tcp is not None:
+                return await tcp.write(request, timeout)
         if self._stream is not None:
             try:
                 return await self._stream.write(request, timeout)
@@ -77,6 +92,8 @@ class GrpcAsyncServerStub:
         return cast(tablet_pb2.WriteResponse, await self._tablet.Write(request, timeout=timeout))
 
     async def close(self) -> None:
+        if self._tcp is not None:
+            await self._tcp.close()
         if self._stream is not None:
             await self._stream.close()
 
@@ -113,10 +130,13 @@ class AsyncChannelPool:
         on_created: Callable[[str], None] | None = None,
         write_stream: bool = True,
         credentials: grpc.ChannelCredentials | None = None,
+        tcp_writes: bool = True,
     ) -> None:
         self._options = list(options)
         self._credentials = credentials  # None: plaintext (client.tls)
         self._write_stream = write_stream
+        # A server's tcp write port has no TLS: used only by a plaintext client.
+        self._tcp_writes = tcp_writes and credentials is None
         self._channels: ChannelsByAddress[grpc.aio.Channel] = ChannelsByAddress(
             self._open, on_created
         )
@@ -134,7 +154,9 @@ class AsyncChannelPool:
     def stub(self, address: str) -> AsyncServerStub:
         stub = self._stubs.get(address)
         if stub is None:
-            stub = GrpcAsyncServerStub(address, self._channels.get(address), self._write_stream)
+            stub = GrpcAsyncServerStub(
+                address, self._channels.get(address), self._write_stream, self._tcp_writes
+            )
             self._stubs[address] = stub
         return stub
 

@@ -33,7 +33,7 @@ from raftlet.client.retry import too_large
 from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 
-__all__ = ["WRITE_STREAM_METHOD", "AsyncWriteStream", "StreamedRpcError"]
+__all__ = ["WRITE_STREAM_METHOD", "AsyncWriteStream", "StreamedRpcError", "write_result"]
 
 WRITE_STREAM_METHOD = "/raftlet.TabletService/WriteStream"
 
@@ -63,6 +63,19 @@ class StreamedRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no ty
         if self._error is None:
             return ()
         return ((ERROR_METADATA_KEY, self._error.SerializeToString()),)
+
+
+def write_result(
+    future: asyncio.Future[tablet_pb2.WriteResponse], result: tablet_pb2.WriteStreamResultPB
+) -> None:
+    """Complete a write's ``future`` with its streamed ``result``: the response, or the
+    error the unary call would have raised."""
+    if result.status_code == 0:
+        future.set_result(result.response)
+        return
+    code = _STATUS_BY_VALUE.get(result.status_code, grpc.StatusCode.UNKNOWN)
+    error = result.error if result.HasField("error") else None
+    future.set_exception(StreamedRpcError(code, result.status_message, error))
 
 
 def _stream_failed(code: grpc.StatusCode, details: str | None) -> StreamedRpcError:
@@ -201,14 +214,8 @@ class AsyncWriteStream:
 
     def _answer(self, result: tablet_pb2.WriteStreamResultPB) -> None:
         future = self._pending.pop(result.id, None)
-        if future is None or future.done():
-            return  # expired already
-        if result.status_code == 0:
-            future.set_result(result.response)
-            return
-        code = _STATUS_BY_VALUE.get(result.status_code, grpc.StatusCode.UNKNOWN)
-        error = result.error if result.HasField("error") else None
-        future.set_exception(StreamedRpcError(code, result.status_message, error))
+        if future is not None and not future.done():  # else expired already
+            write_result(future, result)
 
     def _fail_waiting(self, error: StreamedRpcError | None) -> None:
         """Every write sent on the ended stream and not answered: UNAVAILABLE, retriable --

@@ -51,6 +51,7 @@ __all__ = [
     "TABLET_FAILED",
     "TERM_CHECKS_TOTAL",
     "WRITE_OPS_TOTAL",
+    "WRITE_TCP_CONNECTIONS",
     "by_name",
 ]
 
@@ -224,6 +225,14 @@ CONSENSUS_TCP_CONNECTIONS = MetricPrototype(
     entity_type="server",
     label_names=("direction",),
 )
+WRITE_TCP_CONNECTIONS = MetricPrototype(
+    "write_tcp_connections",
+    GAUGE,
+    "connections",
+    "Open client connections to this server's plain-TCP write port (the asyncio client's "
+    "writes, without TLS)",
+    entity_type="server",
+)
 ROWS_INSERTED_TOTAL = MetricPrototype(
     "rows_inserted_total",
     COUNTER,
@@ -339,6 +348,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     TABLET_COPIES_INSTALLED_TOTAL,
     TABLET_COPY_SESSIONS_TOTAL,
     CONSENSUS_TCP_CONNECTIONS,
+    WRITE_TCP_CONNECTIONS,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

@@ -399,3 +399,17 @@ class WriteStreamResponsePB(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[WriteStreamResultPB]
     def __init__(self, results: _Optional[_Iterable[_Union[WriteStreamResultPB, _Mapping]]] = ...) -> None: ...
+
+class WriteEndpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WriteEndpointResponse(_message.Message):
+    __slots__ = ("port", "advertised_address", "max_frame_bytes")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    advertised_address: str
+    max_frame_bytes: int
+    def __init__(self, port: _Optional[int] = ..., advertised_address: _Optional[str] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...

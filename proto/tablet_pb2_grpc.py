@@ -60,6 +60,11 @@ class TabletServiceStub:
                 request_serializer=raftlet_dot_proto_dot_tablet__pb2.GetClusterConfigRequest.SerializeToString,
                 response_deserializer=raftlet_dot_proto_dot_tablet__pb2.GetClusterConfigResponse.FromString,
                 _registered_method=True)
+        self.WriteEndpoint = channel.unary_unary(
+                '/raftlet.TabletService/WriteEndpoint',
+                request_serializer=raftlet_dot_proto_dot_tablet__pb2.WriteEndpointRequest.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_tablet__pb2.WriteEndpointResponse.FromString,
+                _registered_method=True)
 
 
 class TabletServiceServicer:
@@ -95,6 +100,12 @@ class TabletServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteEndpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TabletServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -122,6 +133,11 @@ def add_TabletServiceServicer_to_server(servicer, server):
                     servicer.GetClusterConfig,
                     request_deserializer=raftlet_dot_proto_dot_tablet__pb2.GetClusterConfigRequest.FromString,
                     response_serializer=raftlet_dot_proto_dot_tablet__pb2.GetClusterConfigResponse.SerializeToString,
+            ),
+            'WriteEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteEndpoint,
+                    request_deserializer=raftlet_dot_proto_dot_tablet__pb2.WriteEndpointRequest.FromString,
+                    response_serializer=raftlet_dot_proto_dot_tablet__pb2.WriteEndpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -259,6 +275,33 @@ class TabletService:
             '/raftlet.TabletService/GetClusterConfig',
             raftlet_dot_proto_dot_tablet__pb2.GetClusterConfigRequest.SerializeToString,
             raftlet_dot_proto_dot_tablet__pb2.GetClusterConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.TabletService/WriteEndpoint',
+            raftlet_dot_proto_dot_tablet__pb2.WriteEndpointRequest.SerializeToString,
+            raftlet_dot_proto_dot_tablet__pb2.WriteEndpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

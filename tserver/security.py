@@ -97,6 +97,7 @@ _ROLES: dict[str, AccessRole | None] = {
     _TABLET + "GetClusterConfig": AccessRole.READER,
     _TABLET + "Write": AccessRole.WRITER,
     _TABLET + "WriteStream": AccessRole.WRITER,
+    _TABLET + "WriteEndpoint": AccessRole.WRITER,
     _ADMIN + "LeaderStepDown": AccessRole.ADMIN,
     _ADMIN + "GetConsensusStatus": AccessRole.ADMIN,
     _ADMIN + "GetFlags": AccessRole.ADMIN,

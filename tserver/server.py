@@ -78,7 +78,7 @@ from raftlet.proto import (
 )
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
-from raftlet.tserver.consensus_tcp_server import TcpConsensusListener
+from raftlet.tserver.consensus_tcp_server import consensus_links
 from raftlet.tserver.errors import InvalidRequest, UnknownTablet
 from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
@@ -116,6 +116,8 @@ from raftlet.tserver.tablet_copier import TabletCopier
 from raftlet.tserver.tablet_copy_install import recover_interrupted_copies
 from raftlet.tserver.tablet_copy_source import CopySessions
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
+from raftlet.tserver.tcp_listener import TcpListener
+from raftlet.tserver.write_tcp_server import write_links
 
 __all__ = ["TabletServer"]
 
@@ -130,6 +132,12 @@ _POOL_SERVICES = {
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+
+
+# At most this many open tcp connections from peers (a peer server needs one) and from
+# clients (one per client and server): more are closed as soon as they are accepted.
+MAX_PEER_CONNECTIONS = 64
+MAX_WRITE_CONNECTIONS = 1024
 
 
 class TabletServer:
@@ -223,7 +231,9 @@ class TabletServer:
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self.tcp_hub: TcpHub | None = None  # the tcp connections to peers, if used
-        self.tcp_listener: TcpConsensusListener | None = None  # peers' tcp connections to us
+        # Plain-TCP ports (no TLS): peers' consensus traffic, clients' write streams.
+        self.tcp_listener: TcpListener | None = None
+        self.write_listener: TcpListener | None = None
         # Where peers dial us; a peer that dials another address must not use our tcp port.
         self.advertised_address = self.config.server(s.server_id).rpc_addr
         self._stream_only_peers: set[str] = set()  # told once that they stay on the stream
@@ -299,16 +309,35 @@ class TabletServer:
                 cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_hub.connections, direction="out"
             )
         if not s.tls:
-            self.tcp_listener = TcpConsensusListener(
-                parse_host_port(s.rpc_addr)[0],
+            host = parse_host_port(s.rpc_addr)[0]
+            self.tcp_listener = TcpListener(
+                "consensus",
+                host,
                 s.consensus_tcp_port,
-                self.consensus_handler,
-                max_frame_bytes=self.limits.peer_bytes,
-                send_timeout_s=peer_timeout_s,
+                consensus_links(
+                    self.consensus_handler,
+                    max_frame_bytes=self.limits.peer_bytes,
+                    send_timeout_s=peer_timeout_s,
+                ),
+                max_connections=MAX_PEER_CONNECTIONS,
             )
             self.entity.function_gauge(
                 cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_listener.connections, direction="in"
             )
+            self.write_listener = TcpListener(
+                "write",
+                host,
+                s.write_tcp_port,
+                write_links(
+                    self.pools["tablet"],
+                    self.replica,
+                    self.leader_addr,
+                    max_frame_bytes=self.limits.client_bytes,
+                    send_timeout_s=peer_timeout_s,
+                ),
+                max_connections=MAX_WRITE_CONNECTIONS,
+            )
+            self.entity.function_gauge(cat.WRITE_TCP_CONNECTIONS, self.write_listener.connections)
         self._replica_options = options
         self._peer_timeout_s = peer_timeout_s
         self.log_options = options.log
@@ -372,8 +401,9 @@ class TabletServer:
                 raise OSError(f"cannot listen for token RPCs on {s.token_rpc_addr}")
         await server.start()
         self._grpc = server
-        if self.tcp_listener is not None:
-            self.tcp_listener.start()
+        for listener in (self.tcp_listener, self.write_listener):
+            if listener is not None:
+                listener.start()
         for replica in self.replicas.values():
             replica.start()
         self.ticker.start()
@@ -626,6 +656,8 @@ class TabletServer:
         await loop.run_in_executor(None, self._stop_blocking)
         # Clients' write streams end once the replicas have answered what was in flight.
         self._tablet_servicer.end_streams()
+        if self.write_listener is not None:
+            await loop.run_in_executor(None, self.write_listener.close)
         if grpc_stopped is not None:
             await grpc_stopped
         if self.tcp_hub is not None:

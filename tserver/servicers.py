@@ -143,6 +143,14 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             )
             await session.serve(context)
 
+    async def WriteEndpoint(self, request: Any, context: Any) -> Any:
+        listener = self._s.write_listener
+        return tablet_pb2.WriteEndpointResponse(
+            port=listener.port if listener is not None else 0,
+            advertised_address=self._s.advertised_address,
+            max_frame_bytes=self._s.limits.client_bytes,
+        )
+
     def end_streams(self) -> None:
         """Cancel every client's write stream (shutdown: clients retry elsewhere)."""
         self._streams.cancel_all()

@@ -98,6 +98,7 @@ class ServerSettings:
     lease_clock_drift: float = 0.1
     consensus_transport: str = "tcp"
     consensus_tcp_port: int = 0
+    write_tcp_port: int = 0
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
@@ -617,6 +618,13 @@ FLAGS: tuple[FlagSpec, ...] = (
         "The port this server takes peers' consensus traffic on over plain TCP, on the "
         "host of --rpc_addr (default 0: any free port; peers ask for it over RPC). Not "
         "opened with TLS: the connection carries no TLS, so peers use the gRPC stream.",
+        convert=int, check=at_least(0, 65535),
+    ),
+    FlagSpec(
+        "write_tcp_port", _CLUSTER, "PORT",
+        "The port this server takes clients' write streams on over plain TCP, on the host "
+        "of --rpc_addr (default 0: any free port; the asyncio client asks for it over RPC "
+        "and uses it instead of the gRPC WriteStream). Not opened with TLS.",
         convert=int, check=at_least(0, 65535),
     ),
     FlagSpec(

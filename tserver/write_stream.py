@@ -38,7 +38,7 @@ from raftlet.tserver.rpc_dispatch import (
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 from raftlet.tserver.tablet_replica import TabletReplica, WriteCallbacks
 
-__all__ = ["WriteStreamSession"]
+__all__ = ["ReplicaLookup", "WriteStreamSession", "offer_writes"]
 
 ReplicaLookup = Callable[[str], TabletReplica]
 
@@ -115,56 +115,76 @@ class WriteStreamSession:
             return
         self._outstanding += len(items)
         self._idle.clear()
-        call = InboundCall("WriteStream", lambda call: self._start_all(items, call))
-        if not self._pool.offer(call):
-            # As a unary Write would be refused: shutting down, or the queue is full.
-            refusal = (
-                ServiceUnavailable(SHUTTING_DOWN_MESSAGE)
-                if self._pool.stopped
-                else ServiceQueueFull(QUEUE_FULL_MESSAGE)
-            )
-            for item in items:
-                self._outbox.post(self._failed(item.id, refusal))
+        offer_writes(self._pool, items, self._replica_of, self._leader_addr, self._outbox.post)
 
-    def _start_all(self, items: list[tablet_pb2.WriteStreamItemPB], call: InboundCall) -> None:
-        """Pool thread: start every write of the frame; each answers when it is done."""
+
+def offer_writes(
+    pool: ServicePool,
+    items: list[tablet_pb2.WriteStreamItemPB],
+    replica_of: ReplicaLookup,
+    leader_addr: LeaderAddrLookup,
+    post: Callable[[tablet_pb2.WriteStreamResultPB], None],
+) -> None:
+    """Hand a frame's writes to the tablet service pool as one call; ``post`` gets each
+    write's result, once, from whichever thread finishes it (at once if the pool refuses
+    the frame: shutting down, or its queue is full, as a unary Write would be refused)."""
+
+    def start_all(call: InboundCall) -> None:
         for item in items:
-            self._start(item)
+            _start(item, replica_of, leader_addr, post)
         call.respond(None)
 
-    def _start(self, item: tablet_pb2.WriteStreamItemPB) -> None:
-        write_id = item.id
-        answered = threading.Lock()  # the first answer wins, as for an InboundCall
-
-        def respond(response: object) -> None:
-            if answered.acquire(blocking=False):
-                assert isinstance(response, tablet_pb2.WriteResponse)
-                self._outbox.post(tablet_pb2.WriteStreamResultPB(id=write_id, response=response))
-
-        def fail(exc: BaseException) -> None:
-            if answered.acquire(blocking=False):
-                self._outbox.post(self._failed(write_id, exc))
-
-        try:
-            replica = self._replica_of(item.request.tablet_id)
-            replica.write(item.request, WriteCallbacks(respond, fail))
-        except Exception as exc:  # unknown tablet, not leader, bad rows: as the unary call
-            fail(exc)
-
-    def _failed(self, write_id: int, exc: BaseException) -> tablet_pb2.WriteStreamResultPB:
-        if isinstance(exc, ServiceQueueFull):
-            code, details = grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
-            error: ServerErrorPB | None = ServerErrorPB(
-                code=ServerErrorPB.SERVICE_QUEUE_FULL, message=QUEUE_FULL_MESSAGE
-            )
-        else:
-            code, details, error = status_for(exc, self._leader_addr)
-        result = tablet_pb2.WriteStreamResultPB(
-            id=write_id, status_code=code.value[0], status_message=details
+    if not pool.offer(InboundCall("WriteStream", start_all)):
+        refusal = (
+            ServiceUnavailable(SHUTTING_DOWN_MESSAGE)
+            if pool.stopped
+            else ServiceQueueFull(QUEUE_FULL_MESSAGE)
         )
-        if error is not None:
-            result.error.CopyFrom(error)
-        return result
+        for item in items:
+            post(_failed(item.id, refusal, leader_addr))
+
+
+def _start(
+    item: tablet_pb2.WriteStreamItemPB,
+    replica_of: ReplicaLookup,
+    leader_addr: LeaderAddrLookup,
+    post: Callable[[tablet_pb2.WriteStreamResultPB], None],
+) -> None:
+    write_id = item.id
+    answered = threading.Lock()  # the first answer wins, as for an InboundCall
+
+    def respond(response: object) -> None:
+        if answered.acquire(blocking=False):
+            assert isinstance(response, tablet_pb2.WriteResponse)
+            post(tablet_pb2.WriteStreamResultPB(id=write_id, response=response))
+
+    def fail(exc: BaseException) -> None:
+        if answered.acquire(blocking=False):
+            post(_failed(write_id, exc, leader_addr))
+
+    try:
+        replica = replica_of(item.request.tablet_id)
+        replica.write(item.request, WriteCallbacks(respond, fail))
+    except Exception as exc:  # unknown tablet, not leader, bad rows: as the unary call
+        fail(exc)
+
+
+def _failed(
+    write_id: int, exc: BaseException, leader_addr: LeaderAddrLookup
+) -> tablet_pb2.WriteStreamResultPB:
+    if isinstance(exc, ServiceQueueFull):
+        code, details = grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
+        error: ServerErrorPB | None = ServerErrorPB(
+            code=ServerErrorPB.SERVICE_QUEUE_FULL, message=QUEUE_FULL_MESSAGE
+        )
+    else:
+        code, details, error = status_for(exc, leader_addr)
+    result = tablet_pb2.WriteStreamResultPB(
+        id=write_id, status_code=code.value[0], status_message=details
+    )
+    if error is not None:
+        result.error.CopyFrom(error)
+    return result
 
 
 def _byte_size(result: tablet_pb2.WriteStreamResultPB) -> int:

@@ -20,6 +20,7 @@ import pytest
 
 from raftlet.client import Client, Predicate
 from raftlet.client.aio import AsyncClient
+from raftlet.client.errors import MessageTooLarge
 from raftlet.proto import admin_pb2
 from tests.integration.tserver_cluster import REPO, TserverCluster, running_cluster, wait_for
 
@@ -79,6 +80,59 @@ def test_64_concurrent_inserts_all_succeed_and_are_readable(cluster: TserverClus
     assert stats.errors_by_cause == {}
     assert stats.channels_created <= len(cluster.servers)  # one channel per server at most
     assert scan_range(cluster, base, base + 64) == {base + i: f"a{i}" for i in range(64)}
+
+
+def _write_connections(cluster: TserverCluster) -> float:
+    return sum(s.metric("write_tcp_connections") for s in cluster.servers.values())
+
+
+@pytest.mark.parametrize("tcp_writes", [False, True])
+def test_writes_take_the_tcp_port_unless_told_not_to(
+    cluster: TserverCluster, tcp_writes: bool
+) -> None:
+    """A plaintext client's writes go on each leader's plain-TCP write port (one connection
+    per server written to); ``tcp_writes=False`` keeps them on the gRPC WriteStream."""
+    base = 1_050_000 if tcp_writes else 1_060_000
+    wait_for(lambda: _write_connections(cluster) == 0, 30, "earlier clients' connections gone")
+
+    async def main() -> tuple[float, int]:
+        async with AsyncClient.connect(addresses(cluster), tcp_writes=tcp_writes) as c:
+            await asyncio.gather(
+                *(c.insert("kv", {"key": base + i, "value": f"t{i}"}) for i in range(32))
+            )
+            leaders = {c._meta.leader(t) for t in cluster.tablet_ids()}
+            want = len(leaders) if tcp_writes else 0
+            await asyncio.to_thread(
+                wait_for,
+                lambda: _write_connections(cluster) == want,
+                30,
+                f"{want} connections (one per leader written to, if tcp)",
+            )
+            return _write_connections(cluster), want
+
+    connections, want = run(main())
+    assert connections == want
+    assert scan_range(cluster, base, base + 32) == {base + i: f"t{i}" for i in range(32)}
+    wait_for(lambda: _write_connections(cluster) == 0, 30, "the closed client's connections gone")
+
+
+def test_a_write_too_large_for_a_frame_fails_alone(cluster: TserverCluster) -> None:
+    """Over the tcp port too, a write over the server's message limit fails on its own with
+    MESSAGE_TOO_LARGE (not retried), and the writes around it succeed."""
+    base = 1_070_000
+
+    async def main() -> list[object]:
+        async with AsyncClient.connect(addresses(cluster), timeout_s=30.0) as c:
+            return await asyncio.gather(
+                c.insert("kv", {"key": base, "value": "x" * (17 * 1024 * 1024)}),
+                *(c.insert("kv", {"key": base + 1 + i, "value": "ok"}) for i in range(8)),
+                return_exceptions=True,
+            )
+
+    results = run(main())
+    assert isinstance(results[0], MessageTooLarge), results[0]
+    assert not any(isinstance(r, BaseException) for r in results[1:]), results[1:]
+    assert scan_range(cluster, base, base + 9) == {base + 1 + i: "ok" for i in range(8)}
 
 
 def test_write_batches_round_trip(cluster: TserverCluster) -> None:

@@ -68,6 +68,7 @@ DESIGN_NAMES = {
     "tablet_copies_installed_total": MetricType.COUNTER,
     "tablet_copy_sessions_total": MetricType.COUNTER,
     "consensus_tcp_connections": MetricType.GAUGE,
+    "write_tcp_connections": MetricType.GAUGE,
 }
 
 DEBUG_GAUGE = MetricPrototype(

@@ -183,6 +183,7 @@ def test_the_role_table() -> None:
         "/raftlet.TabletService/GetClusterConfig": {reader, writer, admin},
         "/raftlet.TabletService/Write": {writer, admin},
         "/raftlet.TabletService/WriteStream": {writer, admin},
+        "/raftlet.TabletService/WriteEndpoint": {writer, admin},
         "/raftlet.AdminService/LeaderStepDown": {admin},
         "/raftlet.AdminService/SetFlag": {admin},
         "/raftlet.AdminService/GetFlags": {admin},

@@ -1,0 +1,116 @@
+"""Clients' write streams over plain TCP: ``TabletService.WriteStream``'s messages without
+gRPC (the client side: ``client.aio_tcp_writes``).
+
+Why: on the leader, a write's trip through ``grpc.aio`` -- gRPC's event-engine thread, its
+poller, the event loop, and back for the answer -- was most of the CPU a write cost once the
+peers' traffic had left gRPC (docs/benchmarks.md, "Client writes over tcp"). Here a
+connection's reader thread decodes each frame (a ``WriteStreamRequestPB``) and hands its
+writes to the tablet service pool as one call (``offer_writes``, exactly what the gRPC
+stream does: the bounded pool and its overflow accounting stay in the path), and each
+write's result is sent as its own frame (a ``WriteStreamResponsePB``) by the thread that
+finishes it -- the apply stage, with one non-blocking ``send``.
+
+A client that sends writes faster than it reads their answers is held back: once
+``max_outstanding`` writes of one connection are unanswered, its reader stops reading until
+some are answered, and TCP pushes back on the client. A frame over the client limit, or one
+that does not decode, closes the connection (the client refuses such frames before
+sending, from the limit ``WriteEndpoint`` gave it). The listener: ``tserver.tcp_listener``,
+opened only without TLS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Callable
+
+from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
+from raftlet.proto import tablet_pb2
+from raftlet.tserver.rpc_dispatch import LeaderAddrLookup
+from raftlet.tserver.service_pool import ServicePool
+from raftlet.tserver.tcp_listener import LinkFactory
+from raftlet.tserver.write_stream import ReplicaLookup, offer_writes
+
+__all__ = ["write_links"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Connection:
+    def __init__(self, max_outstanding: int) -> None:
+        self.link: FrameLink | None = None
+        self.outstanding = 0  # writes received and not yet answered
+        self.max_outstanding = max_outstanding
+        self.room = threading.Condition()
+
+    def answered(self) -> None:
+        with self.room:
+            self.outstanding -= 1
+            if self.outstanding == self.max_outstanding - 1:
+                self.room.notify_all()
+
+    def wait_for_room(self) -> None:
+        """The reader: hold off reading while too many writes wait for their answers."""
+        link = self.link
+        assert link is not None
+        with self.room:
+            while self.outstanding >= self.max_outstanding and not link.closed:
+                self.room.wait(1.0)  # closing notifies nobody: look again now and then
+
+
+def write_links(
+    pool: ServicePool,
+    replica_of: ReplicaLookup,
+    leader_addr: LeaderAddrLookup,
+    *,
+    max_frame_bytes: int,
+    send_timeout_s: float,
+    max_outstanding: int = 4096,
+) -> LinkFactory:
+    """The ``TcpListener`` link factory of the write port."""
+
+    def make(conn: socket.socket, name: str, on_close: Callable[[FrameLink], None]) -> FrameLink:
+        connection = _Connection(max_outstanding)
+
+        def post(result: tablet_pb2.WriteStreamResultPB) -> None:
+            link = connection.link
+            assert link is not None
+            body = tablet_pb2.WriteStreamResponsePB(results=[result]).SerializeToString()
+            try:
+                with contextlib.suppress(LinkClosed):  # the client is gone: it retries
+                    link.send(frame(body))
+            except ValueError:  # an answer over the limit (thousands of row errors)
+                logger.warning("write tcp %s: an answer over the frame limit: closing", name)
+                link.close()
+            finally:
+                connection.answered()
+
+        def on_frame(body: bytes) -> None:
+            link = connection.link
+            assert link is not None
+            try:
+                items = list(tablet_pb2.WriteStreamRequestPB.FromString(body).items)
+            except Exception as exc:  # DecodeError: a broken or hostile client
+                logger.warning("write tcp %s: undecodable frame (%s): closing", name, exc)
+                link.close()
+                return
+            if not items:
+                return
+            with connection.room:
+                connection.outstanding += len(items)
+            offer_writes(pool, items, replica_of, leader_addr, post)
+            connection.wait_for_room()
+
+        connection.link = FrameLink(
+            conn,
+            name,
+            on_frame,
+            on_close,
+            max_frame_bytes=max_frame_bytes,
+            send_timeout_s=send_timeout_s,
+        )
+        return connection.link
+
+    return make
