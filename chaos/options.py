@@ -38,6 +38,9 @@ class WorkloadOptions:
     keys: int = 12
     register_workers: int = 6
     insert_workers: int = 2
+    # Insert workers on the asyncio client: its writes take the servers' plain-TCP write
+    # port (the chaos servers run without TLS), so faults reach that path too.
+    async_insert_workers: int = 1
     read_fraction: float = 0.5
     # Of the reads, those sent straight to a random server (see chaos.workload).
     direct_read_fraction: float = 0.25
@@ -56,9 +59,10 @@ class WorkloadOptions:
     def __post_init__(self) -> None:
         if self.keys < 1:
             raise ValueError(f"keys must be at least 1, got {self.keys}")
-        if self.register_workers < 0 or self.insert_workers < 0:
+        workers = (self.register_workers, self.insert_workers, self.async_insert_workers)
+        if min(workers) < 0:
             raise ValueError("worker counts cannot be negative")
-        if self.register_workers + self.insert_workers == 0:
+        if sum(workers) == 0:
             raise ValueError("the workload needs at least one worker")
         for name in ("read_fraction", "direct_read_fraction", "direct_write_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:

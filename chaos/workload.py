@@ -23,6 +23,7 @@ time, and the checker must treat that process as still busy with it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import random
@@ -37,6 +38,7 @@ from raftlet.chaos.history import History, OpKind, Outcome
 from raftlet.chaos.options import WorkloadOptions
 from raftlet.chaos.servers import ServerProbe
 from raftlet.client import Client
+from raftlet.client.aio import AsyncClient
 from raftlet.client.errors import RaftletError
 from raftlet.client.retry import classify, refused_before_log
 from raftlet.client.scanner import ReadMode
@@ -111,6 +113,8 @@ class Workload:
             self._spawn(f"chaos-register-{i}", lambda rng=rng: self._registers(rng))
         for i in range(opts.insert_workers):
             self._spawn(f"chaos-insert-{i}", self._inserts)
+        for i in range(opts.async_insert_workers):
+            self._spawn(f"chaos-aio-insert-{i}", lambda: asyncio.run(self._async_inserts()))
 
     def _spawn(self, name: str, target: object) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
@@ -220,6 +224,23 @@ class Workload:
         finally:
             session.close()
 
+    async def _async_inserts(self) -> None:
+        """Inserts as ``_inserts`` makes them, one at a time, through the asyncio client."""
+        process = self._next(self._processes)
+        client = AsyncClient(self.client.seeds, timeout_s=self.options.op_timeout_s)
+        try:
+            while not self._stop.is_set():
+                row_id = self._next(self._ids)
+                started = self.history.call()
+                try:
+                    await client.insert(INSERTS, {"id": row_id, "process": process})
+                    failure = None
+                except RaftletError as e:
+                    failure = e
+                process = self._record(started, process, OpKind.INSERT, row_id, process, failure)
+        finally:
+            await client.close()
+
     def _write(
         self, process: int, kind: OpKind, key: int, value: int, write: Callable[[], object]
     ) -> int:
@@ -228,11 +249,26 @@ class Workload:
         started = self.history.call()
         try:
             write()
-            outcome, error = Outcome.OK, ""
+            failure = None
         except RaftletError as e:
+            failure = e
+        return self._record(started, process, kind, key, value, failure)
+
+    def _record(
+        self,
+        started: tuple[int, int],
+        process: int,
+        kind: OpKind,
+        key: int,
+        value: int,
+        failure: RaftletError | None,
+    ) -> int:
+        if failure is None:
+            outcome, error = Outcome.OK, ""
+        else:
             # A RowError is certain (may_have_applied False): KEY_EXISTS on an id no one else
             # inserts means our own retry applied twice, which the insert check then finds.
-            outcome = Outcome.INFO if e.may_have_applied else Outcome.FAIL
-            error = f"{e.cause}: {e}"
+            outcome = Outcome.INFO if failure.may_have_applied else Outcome.FAIL
+            error = f"{failure.cause}: {failure}"
         self.history.done(started, process, kind, key, value, outcome, error)
         return self._next(self._processes) if outcome is Outcome.INFO else process

@@ -69,6 +69,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--register-workers", type=int, default=6, metavar="N")
     p.add_argument("--insert-workers", type=int, default=2, metavar="N")
     p.add_argument(
+        "--async-insert-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="insert workers on the asyncio client (its writes take the plain-TCP write port)",
+    )
+    p.add_argument(
         "--op-timeout", type=float, default=5.0, metavar="S", help="deadline of one operation"
     )
     p.add_argument(
@@ -120,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 keys=args.keys,
                 register_workers=args.register_workers,
                 insert_workers=args.insert_workers,
+                async_insert_workers=args.async_insert_workers,
                 op_timeout_s=args.op_timeout,
                 seed=args.seed,
             ),

@@ -103,7 +103,11 @@ def test_bad_options_are_refused_with_the_reason(kwargs: dict[str, object], mess
     ("kwargs", "message"),
     [
         ({"keys": 0}, "keys must be at least 1"),
-        ({"register_workers": 0, "insert_workers": 0}, "at least one worker"),
+        (
+            {"register_workers": 0, "insert_workers": 0, "async_insert_workers": 0},
+            "at least one worker",
+        ),
+        ({"async_insert_workers": -1}, "cannot be negative"),
         ({"direct_read_fraction": 1.5}, r"direct_read_fraction must be in \[0, 1\]"),
         ({"op_timeout_s": 0}, "op_timeout_s must be positive"),
     ],
