@@ -20,6 +20,14 @@ A frame is a 4-byte big-endian length and that many bytes.  ``FrameLink``:
   (a peer that sends one is broken or hostile), ``send`` raises ``ValueError``;
 - once closed (either side, an error, ``close()``), calls ``on_close`` exactly once, from
   the reader thread.
+
+Over TLS (an ``ssl.SSLSocket``, already handshaken): an OpenSSL connection must not be used
+by two threads at once, and the reader and the senders would.  So every SSL call on the
+link is made under the link's lock, and no thread holds the lock while it waits: the socket
+is non-blocking, the reader ``poll``s for input outside the lock and then reads all that is
+there under it (``SSLWantReadError`` ends a read), and the writer thread polls for room
+outside the lock too.  A send still costs one non-blocking ``send`` under the lock.  A plain
+socket keeps the blocking ``recv`` and ``MSG_DONTWAIT`` sends: nothing of this costs it.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import contextlib
 import logging
 import select
 import socket
+import ssl
 import struct
 import threading
 from collections import deque
@@ -39,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 _RECV_BYTES = 256 * 1024
+# A TLS reader lets go of the lock after this much, so senders are not held up for long.
+_TLS_READ_BURST_BYTES = 1024 * 1024
+# A TLS write that needs the peer's bytes first (a key update) looks again this often.
+_TLS_WANT_READ_POLL_MS = 10
 
 
 class LinkClosed(ConnectionError):
@@ -61,7 +74,11 @@ class FrameLink:
         max_frame_bytes: int,
         send_timeout_s: float,
     ) -> None:
-        sock.settimeout(None)  # blocking: the reader waits in recv, sends pass MSG_DONTWAIT
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        if self._tls:
+            sock.setblocking(False)  # every SSL call is under the lock: none may wait there
+        else:
+            sock.settimeout(None)  # blocking: the reader waits in recv, sends pass MSG_DONTWAIT
         with contextlib.suppress(OSError):  # not TCP (a socketpair in tests)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.name = name
@@ -70,7 +87,8 @@ class FrameLink:
         self._on_close = on_close
         self._max_frame_bytes = max_frame_bytes
         self._send_timeout_s = send_timeout_s
-        self._lock = threading.Lock()  # the send side: _backlog, _writing, _closed
+        # The send side (_backlog, _writing, _closed), and over TLS every SSL call.
+        self._lock = threading.Lock()
         self._backlog: deque[memoryview] = deque()
         self._writing = False  # the writer thread owns the socket's send side
         self._wake_writer = threading.Condition(self._lock)
@@ -105,17 +123,27 @@ class FrameLink:
             if self._closed:
                 raise LinkClosed(f"link {self.name} is closed")
             if not self._writing:
+                error: OSError | None = None
                 try:
-                    sent = self._sock.send(data, socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
+                    if self._tls:  # non-blocking; flags are refused on an SSLSocket
+                        sent = self._sock.send(data)
+                    else:
+                        sent = self._sock.send(data, socket.MSG_DONTWAIT)
+                except (
+                    BlockingIOError,
+                    InterruptedError,
+                    ssl.SSLWantWriteError,
+                    ssl.SSLWantReadError,
+                ):
+                    # Over TLS the writer must retry with the same bytes (OpenSSL's rule
+                    # for a write that wanted to wait): the whole of data is queued.
                     sent = 0
                 except OSError as exc:
                     self._closed = True
-                    error: OSError | None = exc
+                    error = exc
                 else:
                     if sent == len(data):
                         return
-                    error = None
                 if error is None:
                     self._backlog.append(memoryview(data)[sent:])
                     self._writing = True
@@ -153,6 +181,9 @@ class FrameLink:
                     self._writing = False
 
     def _send_all(self, chunk: memoryview) -> None:
+        if self._tls:
+            self._send_all_tls(chunk)
+            return
         poller = select.poll()
         poller.register(self._sock, select.POLLOUT)
         while chunk:
@@ -164,13 +195,44 @@ class FrameLink:
                 continue
             chunk = chunk[sent:]
 
+    def _send_all_tls(self, chunk: memoryview) -> None:
+        """Wait outside the lock, write under it; a write that could not finish is made
+        again with the same bytes, as OpenSSL requires."""
+        poller = select.poll()
+        poller.register(self._sock, select.POLLOUT)
+        wait_ms = self._send_timeout_s * 1000
+        while chunk:
+            if not poller.poll(wait_ms):
+                raise TimeoutError(f"the peer took nothing for {self._send_timeout_s:g} s")
+            with self._lock:
+                if self._closed:
+                    raise LinkClosed(f"link {self.name} is closed")
+                try:
+                    sent = self._sock.send(chunk)
+                except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+                    continue
+                except ssl.SSLWantReadError:
+                    sent = 0
+                    want_read = True
+                else:
+                    want_read = False
+            if want_read:
+                # The peer's bytes first (a key update), which the reader takes in: look
+                # again once some arrive, or shortly.
+                readable = select.poll()
+                readable.register(self._sock, select.POLLIN)
+                readable.poll(_TLS_WANT_READ_POLL_MS)
+                continue
+            chunk = chunk[sent:]
+
     # --- receiving, the reader thread ------------------------------------------------------
 
     def _read(self) -> None:
         buf = bytearray()
+        receive = self._receive_tls if self._tls else self._receive_plain
         try:
             while True:
-                data = self._sock.recv(_RECV_BYTES)
+                data = receive()
                 if not data:
                     return
                 buf += data
@@ -205,6 +267,47 @@ class FrameLink:
                 logger.exception("link %s: on_close failed", self.name)
             self._thread_done()
 
+    def _receive_plain(self) -> bytes:
+        return self._sock.recv(_RECV_BYTES)
+
+    def _receive_tls(self) -> bytes:
+        """What has arrived (b"": the peer closed), waiting for it outside the lock."""
+        poller = select.poll()
+        while True:
+            data, more, want = self._read_tls_burst()
+            if data:
+                return data
+            if not more:
+                return b""
+            # Nothing decrypted yet: wait for the socket to be readable (or writable, when
+            # OpenSSL must send before it can read), never holding the lock.
+            poller.register(self._sock, want)
+            poller.poll()
+            poller.unregister(self._sock)
+
+    def _read_tls_burst(self) -> tuple[bytes, bool, int]:
+        """Under the lock: read until OpenSSL has no more (or a burst's worth). Returns the
+        bytes, whether the link is still open, and what to poll for before the next read."""
+        parts: list[bytes] = []
+        size = 0
+        with self._lock:
+            if self._shut:
+                return b"", False, 0
+            while size < _TLS_READ_BURST_BYTES:
+                try:
+                    part = self._sock.recv(_RECV_BYTES)
+                except ssl.SSLWantReadError:
+                    return b"".join(parts), True, select.POLLIN
+                except ssl.SSLWantWriteError:
+                    return b"".join(parts), True, select.POLLOUT
+                if not part:  # the peer closed
+                    return b"".join(parts), bool(parts), select.POLLIN
+                parts.append(part)
+                size += len(part)
+        # A burst's worth: more may be waiting in OpenSSL, where poll cannot see it, so the
+        # caller reads again at once (it polls only after a read that found nothing).
+        return b"".join(parts), True, 0
+
     # --- closing -----------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -227,7 +330,9 @@ class FrameLink:
         # Wakes the reader out of recv and the writer out of poll; the fd itself is closed
         # by whichever of them ends last, so no thread ever uses a number the kernel reused.
         with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+            # The plain socket's shutdown, even under TLS: SSLSocket.shutdown drops its SSL
+            # object, which the other threads may be using this very moment.
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
 
     def _thread_done(self) -> None:
         with self._lock:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Iterator
 
 import pytest
 
+from raftlet.cluster.identity import AccessRole
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
+from raftlet.deploy.certs import ClientSpec, CreatedCerts, create_certs
 
 LIMIT = 32 * 1024 * 1024
 
@@ -159,3 +162,146 @@ def test_tcp_connection_between_two_links() -> None:
     a.link.close()
     b.wait_closed()
     a.wait_closed()  # the closing side reports its own close too
+
+
+# --- over TLS ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> CreatedCerts:
+    """A throwaway CA, a server certificate and a writer's, as ``raftlet certs create``."""
+    return create_certs(
+        tmp_path_factory.mktemp("certs"),
+        servers=["s1"],
+        clients=[ClientSpec("app", AccessRole.WRITER)],
+        days=1,
+    )
+
+
+def _tls_sockets(certs: CreatedCerts) -> tuple[ssl.SSLSocket, ssl.SSLSocket]:
+    """Both ends of a loopback TCP connection, TLS handshaken (mutual, as the tcp ports)."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(certs.servers["s1"].cert, certs.servers["s1"].key)
+    server_ctx.load_verify_locations(certs.ca)
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
+    client_ctx = ssl.create_default_context(cafile=str(certs.ca))
+    client_ctx.load_cert_chain(certs.clients["app"].cert, certs.clients["app"].key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[ssl.SSLSocket] = []
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        accepted.append(server_ctx.wrap_socket(conn, server_side=True))
+
+    acceptor = threading.Thread(target=accept)
+    acceptor.start()
+    try:
+        raw = socket.create_connection(listener.getsockname(), timeout=10)
+        client = client_ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    finally:
+        acceptor.join(10)
+        listener.close()
+    assert accepted, "the server side's handshake did not finish"
+    return client, accepted[0]
+
+
+@pytest.fixture
+def tls_pair(certs: CreatedCerts) -> Iterator[tuple[ssl.SSLSocket, ssl.SSLSocket]]:
+    a, b = _tls_sockets(certs)
+    yield a, b
+    for s in (a, b):
+        s.close()
+
+
+def test_tls_frames_arrive_whole_and_in_order_both_ways(
+    tls_pair: tuple[ssl.SSLSocket, ssl.SSLSocket],
+) -> None:
+    a, b = End(tls_pair[0], "a"), End(tls_pair[1], "b")
+    try:
+        sizes = [0, 1, 3, 70_000, 5, 4 * 1024 * 1024, 2]  # some span many TLS records
+        bodies = [os.urandom(n) for n in sizes]
+        for body in bodies:
+            a.link.send(frame(body))
+            b.link.send(frame(body[::-1]))
+        assert b.wait_frames(len(bodies)) == bodies
+        assert a.wait_frames(len(bodies)) == [x[::-1] for x in bodies]
+    finally:
+        a.link.close()
+        b.link.close()
+    a.wait_closed()
+    b.wait_closed()
+
+
+def test_tls_sends_from_many_threads_while_both_readers_are_busy(
+    tls_pair: tuple[ssl.SSLSocket, ssl.SSLSocket],
+) -> None:
+    # Both ways at once, so every link's reader takes TLS records in while its own
+    # senders and writer thread put others out on the same SSL object.
+    a, b = End(tls_pair[0], "a"), End(tls_pair[1], "b")
+    per_thread, threads = 100, 4
+    body_of = {t: bytes([t]) * 60_000 for t in range(threads)}
+
+    def sender(end: End, t: int) -> None:
+        for k in range(per_thread):
+            end.link.send(frame(body_of[t] + struct.pack(">I", k)))
+
+    workers = [
+        threading.Thread(target=sender, args=(end, t)) for end in (a, b) for t in range(threads)
+    ]
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60)
+        for end in (a, b):
+            got = end.wait_frames(per_thread * threads, timeout=60)
+            seen: dict[int, list[int]] = {t: [] for t in range(threads)}
+            for body in got:
+                t = body[0]
+                assert body[:-4] == body_of[t]
+                seen[t].append(struct.unpack(">I", body[-4:])[0])
+            assert all(seen[t] == list(range(per_thread)) for t in range(threads))
+        assert not a.link.closed
+        assert not b.link.closed
+    finally:
+        a.link.close()
+        b.link.close()
+
+
+def test_tls_the_peer_closing_closes_the_link_once(
+    tls_pair: tuple[ssl.SSLSocket, ssl.SSLSocket],
+) -> None:
+    a, b = End(tls_pair[0], "a"), End(tls_pair[1], "b")
+    b.link.close()
+    a.wait_closed()
+    b.wait_closed()
+    with pytest.raises(LinkClosed):
+        a.link.send(frame(b"late"))
+    a.link.close()
+    a.link.join(5)
+    b.link.join(5)
+    assert (a.closes, b.closes) == (1, 1)
+
+
+def test_tls_a_frame_over_the_limit_closes_the_reader(
+    tls_pair: tuple[ssl.SSLSocket, ssl.SSLSocket],
+) -> None:
+    a, b = End(tls_pair[0], "a", limit=100), End(tls_pair[1], "b")
+    with pytest.raises(ValueError, match="exceeds the link's limit of 100"):
+        a.link.send(frame(b"x" * 101))
+    assert not a.link.closed
+    b.link.send(frame(b"x" * 101))  # b's limit is larger: it goes, and a refuses it
+    a.wait_closed()
+    b.wait_closed()  # a closed the connection
+    assert a.frames == []
+
+
+def test_tls_a_peer_that_reads_nothing_breaks_the_link_after_the_send_timeout(
+    tls_pair: tuple[ssl.SSLSocket, ssl.SSLSocket],
+) -> None:
+    a = End(tls_pair[0], "a", send_timeout_s=0.5)  # the other end has no link: reads nothing
+    a.link.send(frame(b"y" * (8 * 1024 * 1024)))
+    a.wait_closed(timeout=20)
+    with pytest.raises(LinkClosed):
+        a.link.send(frame(b"z"))
