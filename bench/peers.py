@@ -726,7 +726,7 @@ class Raftlet:
         self.tablets = tablets
         self.client = client
         self.tls = tls
-        # "": the server's default --consensus_transport (tcp, or the stream with TLS).
+        # "": the server's default --consensus_transport (tcp).
         self.transport = transport
         self.name = f"raftlet {tablets} tablet" + ("s" if tablets != 1 else "")
         self.name += " TLS" if tls else ""

@@ -70,7 +70,12 @@ from raftlet.client.meta_cache import ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.stats import StatsRecorder
-from raftlet.client.tls import TlsOptions, channel_credentials, uses_token_ports
+from raftlet.client.tls import (
+    TlsOptions,
+    channel_credentials,
+    client_ssl_context,
+    uses_token_ports,
+)
 from raftlet.client.write_batch import (
     Operation,
     WriteResult,
@@ -134,10 +139,11 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         """Not connected yet: use ``AsyncClient.connect(...)`` (or ``await load()``).
         ``timeout_s`` is the default deadline of every operation, retries included, and of
         the config fetch; ``rpc_timeout_s`` caps one attempt. ``tls`` and ``token``: as
-        for ``Client`` (``client.tls``). ``tcp_writes``: without TLS, send writes on each
-        server's plain-TCP write port when it has one (``client.aio_tcp_writes``), else on
-        its gRPC WriteStream; False keeps to the WriteStream. ``stubs``, ``clock`` and
-        ``sleep`` are for tests (fake servers, a fake clock)."""
+        for ``Client`` (``client.tls``). ``tcp_writes``: send writes on each server's tcp
+        write port when it has one (``client.aio_tcp_writes``; TLS with the client's
+        certificate when ``tls`` is given), else on its gRPC WriteStream; a client with a
+        ``token`` (which the tcp port does not take), or False, keeps to the WriteStream.
+        ``stubs``, ``clock`` and ``sleep`` are for tests (fake servers, a fake clock)."""
         if timeout_s <= 0 or rpc_timeout_s <= 0:
             raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
         if max_batch_rows < 1:
@@ -152,7 +158,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
                 options=list(channel_options) if channel_options is not None else CHANNEL_OPTIONS,
                 on_created=lambda _addr: self._stats.channel_created(),
                 credentials=channel_credentials(tls, token),
-                tcp_writes=tcp_writes,
+                tcp_writes=tcp_writes and token is None,
+                tcp_ssl=client_ssl_context(tls) if tls is not None and token is None else None,
             )
             stubs = self._pool
         self._meta = AsyncMetaCache(

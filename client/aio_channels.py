@@ -10,7 +10,8 @@ services (the tablet server's consensus streams to its peers).
 
 ``AsyncServerStub`` / ``AsyncStubProvider`` are the seam the asyncio client uses, so unit
 tests plug in fakes. ``GrpcAsyncServerStub.write`` goes over the server's plain-TCP write
-port (``aio_tcp_writes``: plaintext clients, when the server has one and is dialed directly),
+port (``aio_tcp_writes``: when the server has one and is dialed directly; a TLS client
+only when given ``tcp_ssl``, the same TLS for Python's ``ssl``),
 else its write stream (``aio_write_stream``), unless built with ``write_stream=False``. A
 failed call raises a ``grpc.RpcError`` (``grpc.aio.AioRpcError``, or ``StreamedRpcError``
 for a streamed write) with the ``code()``/``details()``/``trailing_metadata()`` that
@@ -19,6 +20,7 @@ for a streamed write) with the ``code()``/``details()``/``trailing_metadata()`` 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
@@ -63,6 +65,7 @@ class GrpcAsyncServerStub:
         channel: grpc.aio.Channel,
         write_stream: bool = True,
         tcp_writes: bool = False,
+        tcp_ssl: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)
@@ -71,7 +74,9 @@ class GrpcAsyncServerStub:
         # client asked for one unary Write call per write.
         self._stream = AsyncWriteStream(address, channel) if write_stream else None
         # ...and over its plain-TCP write port instead, when it has one we may use.
-        self._tcp = TcpWritesTo(address, self._tablet) if tcp_writes and write_stream else None
+        self._tcp = (
+            TcpWritesTo(address, self._tablet, tcp_ssl) if tcp_writes and write_stream else None
+        )
 
     async def write(
         self, request: tablet_pb2.WriteRequest, timeout: float
@@ -131,12 +136,15 @@ class AsyncChannelPool:
         write_stream: bool = True,
         credentials: grpc.ChannelCredentials | None = None,
         tcp_writes: bool = True,
+        tcp_ssl: ssl.SSLContext | None = None,
     ) -> None:
         self._options = list(options)
         self._credentials = credentials  # None: plaintext (client.tls)
         self._write_stream = write_stream
-        # A server's tcp write port has no TLS: used only by a plaintext client.
-        self._tcp_writes = tcp_writes and credentials is None
+        # A TLS client (credentials) uses the tcp write ports only with their TLS, tcp_ssl:
+        # never in clear what it would send encrypted over gRPC.
+        self._tcp_writes = tcp_writes and (credentials is None or tcp_ssl is not None)
+        self._tcp_ssl = tcp_ssl
         self._channels: ChannelsByAddress[grpc.aio.Channel] = ChannelsByAddress(
             self._open, on_created
         )
@@ -155,7 +163,11 @@ class AsyncChannelPool:
         stub = self._stubs.get(address)
         if stub is None:
             stub = GrpcAsyncServerStub(
-                address, self._channels.get(address), self._write_stream, self._tcp_writes
+                address,
+                self._channels.get(address),
+                self._write_stream,
+                self._tcp_writes,
+                self._tcp_ssl,
             )
             self._stubs[address] = stub
         return stub

@@ -15,6 +15,11 @@ every write on it, so a write too large for a frame of its own fails alone, with
 A connection that breaks fails every write still waiting on it with UNAVAILABLE (retried
 with the same request id, so applied at most once); a write unanswered within its
 ``timeout`` fails with DEADLINE_EXCEEDED.
+
+Against a TLS cluster the connection is TLS (``ssl_context``, from the client's
+``TlsOptions``: its certificate presented, the server's verified by the host dialed); the
+server admits writers only (``tserver.tcp_admission``), and a reader never gets this far:
+``WriteEndpoint`` already needs the writer role.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 import struct
 
 import grpc
@@ -42,9 +48,15 @@ class TcpWritesTo:
     """The tcp write stream to one server, opened on first use and again after it broke;
     ``stream()`` is None while there is none to use (the caller uses the gRPC stream)."""
 
-    def __init__(self, address: str, stub: tablet_pb2_grpc.TabletServiceStub) -> None:
+    def __init__(
+        self,
+        address: str,
+        stub: tablet_pb2_grpc.TabletServiceStub,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.address = address
         self._stub = stub
+        self._ssl = ssl_context
         self._stream: TcpWriteStream | None = None
         self._opening: asyncio.Future[TcpWriteStream | None] | None = None
         self._retry_at = 0.0
@@ -63,7 +75,7 @@ class TcpWritesTo:
         self._opening = loop.create_future()
         stream = None
         try:
-            stream = await open_tcp_write_stream(self.address, self._stub)
+            stream = await open_tcp_write_stream(self.address, self._stub, self._ssl)
             if stream is not None and self._stopping():  # closed while it opened
                 await stream.close()
                 stream = None
@@ -91,12 +103,16 @@ class TcpWritesTo:
 
 
 async def open_tcp_write_stream(
-    address: str, stub: tablet_pb2_grpc.TabletServiceStub, timeout: float = 5.0
+    address: str,
+    stub: tablet_pb2_grpc.TabletServiceStub,
+    ssl_context: ssl.SSLContext | None = None,
+    timeout: float = 5.0,
 ) -> TcpWriteStream | None:
-    """A connected write stream to the server at ``address``, or None when it has no tcp
-    write port (TLS), or advertises another address (we reach it through a proxy or NAT,
-    which its port would bypass), or cannot be asked or reached (the caller then uses the
-    gRPC stream)."""
+    """A connected write stream to the server at ``address`` (TLS with ``ssl_context``,
+    the server verified by the host of ``address`` as gRPC verifies it), or None when it
+    has no tcp write port, or advertises another address (we reach it through a proxy or
+    NAT, which its port would bypass), or cannot be asked (a reader may not) or reached or
+    handshaken with (the caller then uses the gRPC stream)."""
     try:
         answer = await stub.WriteEndpoint(tablet_pb2.WriteEndpointRequest(), timeout=timeout)
     except grpc.RpcError:
@@ -106,7 +122,13 @@ async def open_tcp_write_stream(
     host = address.rsplit(":", 1)[0].strip("[]")
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, answer.port), _CONNECT_TIMEOUT_S
+            asyncio.open_connection(
+                host,
+                answer.port,
+                ssl=ssl_context,
+                server_hostname=host if ssl_context is not None else None,
+            ),
+            _CONNECT_TIMEOUT_S,
         )
     except (OSError, TimeoutError):
         return None

@@ -12,6 +12,10 @@ its role instead of the certificate.
 (the client needs no ``cryptography``). Tokens go as ``authorization: Bearer <token>``
 call credentials, which grpc sends only over TLS.
 
+``client_ssl_context(tls)`` is the same TLS for Python's ``ssl`` -- the plain-TCP paths (a
+server's tcp write port; a tablet server's tcp connections to its peers): the server's
+certificate verified against ``ca`` and its name against the host dialed, as grpc does.
+
 ``TlsOptions.from_env()`` reads ``RAFTLET_TLS_CA``, ``RAFTLET_TLS_CERT``,
 ``RAFTLET_TLS_KEY``; ``token_from_env()`` reads ``RAFTLET_TOKEN``.
 """
@@ -19,6 +23,8 @@ call credentials, which grpc sends only over TLS.
 from __future__ import annotations
 
 import os
+import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +32,13 @@ import grpc
 
 from raftlet.client.errors import InvalidArgument
 
-__all__ = ["TlsOptions", "channel_credentials", "token_from_env", "uses_token_ports"]
+__all__ = [
+    "TlsOptions",
+    "channel_credentials",
+    "client_ssl_context",
+    "token_from_env",
+    "uses_token_ports",
+]
 
 PemSource = str | os.PathLike[str] | bytes
 
@@ -74,6 +86,38 @@ class TlsOptions:
             private_key=_pem(self.key, "key"),
             certificate_chain=_pem(self.cert, "certificate"),
         )
+
+
+def _load_cert_chain(context: ssl.SSLContext, cert: PemSource, key: PemSource) -> None:
+    if not isinstance(cert, bytes) and not isinstance(key, bytes):
+        context.load_cert_chain(cert, key)
+        return
+    # ssl loads a certificate chain from files only: PEM bytes go through a private
+    # directory (0700) that is gone once they are loaded.
+    with tempfile.TemporaryDirectory(prefix="raftlet-tls-") as tmp:
+        paths = []
+        for name, source in (("cert.pem", cert), ("key.pem", key)):
+            path = Path(tmp) / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(_pem(source, name) or b"")
+            paths.append(path)
+        context.load_cert_chain(paths[0], paths[1])
+
+
+def client_ssl_context(tls: TlsOptions) -> ssl.SSLContext:
+    """``tls`` for Python's ``ssl`` (TLS 1.2 or later): servers verified against its CA and
+    by the host name or IP dialed; its certificate, if any, presented."""
+    ca = _pem(tls.ca, "CA")
+    assert ca is not None
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca.decode())
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if tls.cert is not None and tls.key is not None:
+            _load_cert_chain(context, tls.cert, tls.key)
+    except (ssl.SSLError, ValueError, OSError) as e:
+        raise InvalidArgument(f"TLS: cannot load the CA, certificate or key: {e}") from None
+    return context
 
 
 def uses_token_ports(tls: TlsOptions | None) -> bool:

@@ -7,7 +7,11 @@ connection by whichever thread completes it -- a follower's append by the WAL ap
 made it durable, with one non-blocking ``send``.  So a request crosses one thread hand-off
 on a follower (reader → appender) and its answer none.  A frame over the peers' message
 limit, or one that does not decode, closes the connection.  The listener itself:
-``tserver.tcp_listener`` (no TLS: opened only when the server runs without it).
+``tserver.tcp_listener``.
+
+Under TLS only a server's certificate gets this far (``tserver.tcp_admission``), and each
+request is checked as on the gRPC stream (``security.sender_check``): one that claims a
+sender other than the certificate's server is answered ``failed``, and counted.
 """
 
 from __future__ import annotations
@@ -17,14 +21,18 @@ import logging
 import socket
 from collections.abc import Callable
 
-from raftlet.consensus.rpc.codec import WireRequest
+from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_stream_server import step_item
+from raftlet.tserver.security import Authenticator, sender_check
 from raftlet.tserver.tcp_listener import LinkFactory
 
-__all__ = ["consensus_links"]
+__all__ = ["CONSENSUS_TCP_METHOD", "consensus_links"]
+
+# What refusals on this port are logged as (the gRPC port logs its method names).
+CONSENSUS_TCP_METHOD = "/raftlet.ConsensusService/Tcp"
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +42,19 @@ def consensus_links(
     *,
     max_frame_bytes: int,
     send_timeout_s: float,
-    check: Callable[[WireRequest], None] | None = None,
+    auth: Authenticator | None = None,
 ) -> LinkFactory:
-    """The ``TcpListener`` link factory of the consensus port."""
+    """The ``TcpListener`` link factory of the consensus port; ``auth``: the server's, when
+    it runs with TLS."""
 
-    def make(conn: socket.socket, name: str, on_close: Callable[[FrameLink], None]) -> FrameLink:
+    def make(
+        conn: socket.socket,
+        name: str,
+        on_close: Callable[[FrameLink], None],
+        peer: Identity | None,
+    ) -> FrameLink:
         holder: list[FrameLink] = []
+        check = sender_check(auth, peer, CONSENSUS_TCP_METHOD)
 
         def post(item: pb.ConsensusItemPB) -> None:
             body = pb.ConsensusFramePB(items=[item]).SerializeToString()

@@ -35,6 +35,15 @@ claimed sender (``caller_uuid`` / ``candidate_uuid``) is not the server the cert
 names; with that equal, the consensus handler's check that the sender is a voter of the
 tablet makes "a member of that tablet's configuration" a property of the certificate.
 
+**The plain-TCP ports** (the consensus port, ``--consensus_tcp_port``, and the write port,
+``--write_tcp_port``) follow the same rules without gRPC (``tserver.tcp_admission``): with
+TLS each requires a client certificate from the CA, and right after the handshake -- before
+any frame is read -- the caller is ``identify``-d from the certificate's SAN URIs (there
+are no bearer tokens there: a client with a token stays on gRPC) and ``authorize``-d for
+the port's role: ``server`` on the consensus port, ``writer`` on the write port. A refusal
+closes the connection and is counted like a refused RPC. Every consensus request on the
+tcp port then goes through ``check_sender`` (``sender_check``), as on the gRPC stream.
+
 With TLS off the server has no interceptor at all: every RPC is open, as on a developer's
 loopback cluster (the settings refuse plaintext on any other address without
 ``--insecure``).
@@ -74,6 +83,7 @@ __all__ = [
     "is_loopback_addr",
     "parse_tokens",
     "required_role",
+    "sender_check",
     "server_credentials",
     "status_ssl_context",
     "token_port_credentials",
@@ -420,6 +430,25 @@ def check_sender(request: object, peer: Identity | None) -> None:
     if peer is None:
         return
     check_sender_id(claimed_sender(request), peer, type(request).__name__)
+
+
+def sender_check(
+    auth: Authenticator | None, peer: Identity | None, what: str
+) -> Callable[[object], None] | None:
+    """With auth on, what refuses (``SenderMismatch``, counted and logged as ``what``) the
+    consensus requests of a caller ``peer`` that claim another sender; None with auth off.
+    The gRPC consensus calls and the tcp consensus port use the same."""
+    if auth is None:
+        return None
+
+    def check(request: object) -> None:
+        try:
+            check_sender(request, peer)
+        except SenderMismatch as e:
+            auth.denied(AuthError.sender_mismatch(str(e)), what, str(peer))
+            raise
+
+    return check
 
 
 def check_sender_id(claimed: str, peer: Identity | None, what: str = "the request") -> None:

@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import logging
 import shutil
+import ssl
 import threading
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,9 @@ from grpc_reflection.v1alpha import reflection
 
 from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import ChannelPool, channel_options, server_options
-from raftlet.client.tls import TlsOptions, channel_credentials
+from raftlet.client.tls import TlsOptions, channel_credentials, client_ssl_context
 from raftlet.cluster import parse_host_port
+from raftlet.cluster.identity import AccessRole
 from raftlet.cluster.placement import TabletPlacement
 from raftlet.consensus.log import LogOptions
 from raftlet.consensus.log.metadata import FILE_NAME as CONSENSUS_META_FILE
@@ -78,7 +80,7 @@ from raftlet.proto import (
 )
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
-from raftlet.tserver.consensus_tcp_server import consensus_links
+from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.errors import InvalidRequest, UnknownTablet
 from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
@@ -116,8 +118,9 @@ from raftlet.tserver.tablet_copier import TabletCopier
 from raftlet.tserver.tablet_copy_install import recover_interrupted_copies
 from raftlet.tserver.tablet_copy_source import CopySessions
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
+from raftlet.tserver.tcp_admission import TcpAdmission, tcp_server_ssl_context
 from raftlet.tserver.tcp_listener import TcpListener
-from raftlet.tserver.write_tcp_server import write_links
+from raftlet.tserver.write_tcp_server import WRITE_TCP_METHOD, write_links
 
 __all__ = ["TabletServer"]
 
@@ -231,7 +234,8 @@ class TabletServer:
         self.ticker: Ticker | None = None  # one thread ticks every replica (set in start)
         self.streams: StreamHub | None = None  # the consensus streams to peers, if used
         self.tcp_hub: TcpHub | None = None  # the tcp connections to peers, if used
-        # Plain-TCP ports (no TLS): peers' consensus traffic, clients' write streams.
+        # Plain-TCP ports (TLS when the server runs it): peers' consensus traffic, clients'
+        # write streams.
         self.tcp_listener: TcpListener | None = None
         self.write_listener: TcpListener | None = None
         # Where peers dial us; a peer that dials another address must not use our tcp port.
@@ -299,45 +303,54 @@ class TabletServer:
                 peer_timeout_s,
                 max_frame_bytes=self.limits.peer_bytes,
             )
+        # With TLS the tcp paths are TLS too, with the gRPC port's identity rules
+        # (tserver.tcp_admission): peers dial with this server's certificate.
+        server_tls = (
+            tcp_server_ssl_context(s.tls_cert, s.tls_key, s.tls_ca)
+            if self.auth is not None
+            else None
+        )
         if s.consensus_transport == "tcp" and self.streams is not None:
-            if s.tls:
-                logger.info("--consensus_transport=tcp carries no TLS: peers use the stream")
-            else:
-                self.tcp_hub = TcpHub(self.streams, self._tcp_endpoint)
-        if self.tcp_hub is not None:
+            self.tcp_hub = TcpHub(
+                self.streams,
+                self._tcp_endpoint,
+                client_ssl_context(TlsOptions(s.tls_ca, s.tls_cert, s.tls_key)) if s.tls else None,
+            )
             self.entity.function_gauge(
                 cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_hub.connections, direction="out"
             )
-        if not s.tls:
-            host = parse_host_port(s.rpc_addr)[0]
-            self.tcp_listener = TcpListener(
-                "consensus",
-                host,
-                s.consensus_tcp_port,
-                consensus_links(
-                    self.consensus_handler,
-                    max_frame_bytes=self.limits.peer_bytes,
-                    send_timeout_s=peer_timeout_s,
-                ),
-                max_connections=MAX_PEER_CONNECTIONS,
-            )
-            self.entity.function_gauge(
-                cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_listener.connections, direction="in"
-            )
-            self.write_listener = TcpListener(
-                "write",
-                host,
-                s.write_tcp_port,
-                write_links(
-                    self.pools["tablet"],
-                    self.replica,
-                    self.leader_addr,
-                    max_frame_bytes=self.limits.client_bytes,
-                    send_timeout_s=peer_timeout_s,
-                ),
-                max_connections=MAX_WRITE_CONNECTIONS,
-            )
-            self.entity.function_gauge(cat.WRITE_TCP_CONNECTIONS, self.write_listener.connections)
+        host = parse_host_port(s.rpc_addr)[0]
+        self.tcp_listener = TcpListener(
+            "consensus",
+            host,
+            s.consensus_tcp_port,
+            consensus_links(
+                self.consensus_handler,
+                max_frame_bytes=self.limits.peer_bytes,
+                send_timeout_s=peer_timeout_s,
+                auth=self.auth,
+            ),
+            max_connections=MAX_PEER_CONNECTIONS,
+            admission=self._admission(server_tls, AccessRole.SERVER, CONSENSUS_TCP_METHOD),
+        )
+        self.entity.function_gauge(
+            cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_listener.connections, direction="in"
+        )
+        self.write_listener = TcpListener(
+            "write",
+            host,
+            s.write_tcp_port,
+            write_links(
+                self.pools["tablet"],
+                self.replica,
+                self.leader_addr,
+                max_frame_bytes=self.limits.client_bytes,
+                send_timeout_s=peer_timeout_s,
+            ),
+            max_connections=MAX_WRITE_CONNECTIONS,
+            admission=self._admission(server_tls, AccessRole.WRITER, WRITE_TCP_METHOD),
+        )
+        self.entity.function_gauge(cat.WRITE_TCP_CONNECTIONS, self.write_listener.connections)
         self._replica_options = options
         self._peer_timeout_s = peer_timeout_s
         self.log_options = options.log
@@ -427,6 +440,14 @@ class TabletServer:
             f"; FAILED: {', '.join(sorted(self.failed_tablets))}" if self.failed_tablets else "",
         )
 
+    def _admission(
+        self, context: ssl.SSLContext | None, role: AccessRole, what: str
+    ) -> TcpAdmission | None:
+        """Who a tcp port admits under TLS; None without TLS (anyone, as the gRPC port)."""
+        if context is None or self.auth is None:
+            return None
+        return TcpAdmission(context, self.auth, role, what)
+
     def _tablets_to_open(self) -> list[TabletPlacement]:
         """The placement's tablets, then every other tablet with a replica directory here
         (created later), less the deleted ones (a tombstone)."""
@@ -490,7 +511,7 @@ class TabletServer:
 
     def _tcp_endpoint(self, addr: str) -> Endpoint | None:
         """The tcp hub's dial thread: where peer ``addr`` takes consensus frames over tcp, or
-        None -- it has no tcp listener (TLS), or ``addr`` is not the address it advertises
+        None -- it has no tcp listener, or ``addr`` is not the address it advertises
         (something in between, which its tcp port would bypass), or it cannot be asked."""
         stub = consensus_pb2_grpc.ConsensusServiceStub(self.channels.channel(addr))
         try:

@@ -40,8 +40,8 @@ from raftlet.tserver.security import (
     AuthError,
     SenderMismatch,
     caller_identity,
-    check_sender,
     check_sender_id,
+    sender_check,
 )
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 from raftlet.tserver.tablet_replica import WriteCallbacks
@@ -218,18 +218,7 @@ class ConsensusServicer(consensus_pb2_grpc.ConsensusServiceServicer):
     def _sender_check(self, method: str) -> Callable[[object], None] | None:
         """With auth on, what refuses this call's requests that claim a sender other than
         the server its certificate names (the interceptor already let only servers in)."""
-        auth, peer = self._auth, caller_identity()
-        if auth is None:
-            return None
-
-        def check(request: object) -> None:
-            try:
-                check_sender(request, peer)
-            except SenderMismatch as e:
-                auth.denied(AuthError.sender_mismatch(str(e)), method, str(peer))
-                raise
-
-        return check
+        return sender_check(self._auth, caller_identity(), method)
 
     async def Stream(self, request_iterator: Any, context: Any) -> None:
         with self._streams.serving():

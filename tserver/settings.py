@@ -605,9 +605,10 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "consensus_transport", _CONSENSUS, "{tcp,stream,unary}",
         "How replicas reach their peers. tcp (default): one plain TCP connection per pair of "
-        "servers carries every tablet's messages, sent and read by plain threads; a peer "
-        "that cannot take it (TLS is on, or it is dialed through a proxy or NAT: "
-        "--peer_addresses differs from its own address) is reached on the stream. stream: "
+        "servers carries every tablet's messages, sent and read by plain threads (TLS with "
+        "this server's certificate when --tls_cert is set); a peer that cannot take it (it "
+        "is dialed through a proxy or NAT: --peer_addresses differs from its own address) "
+        "is reached on the stream. stream: "
         "one long-lived bidirectional gRPC stream per pair of servers, batched. Either way a "
         "follower answers from its durability callback. unary: one UpdateConsensus / "
         "RequestVote call per message, the round-1 path, kept for comparison.",
@@ -616,15 +617,18 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "consensus_tcp_port", _CONSENSUS, "PORT",
         "The port this server takes peers' consensus traffic on over plain TCP, on the "
-        "host of --rpc_addr (default 0: any free port; peers ask for it over RPC). Not "
-        "opened with TLS: the connection carries no TLS, so peers use the gRPC stream.",
+        "host of --rpc_addr (default 0: any free port; peers ask for it over RPC). With TLS "
+        "it is TLS too and admits only server certificates, each request's sender checked "
+        "against the certificate as on the gRPC port.",
         convert=int, check=at_least(0, 65535),
     ),
     FlagSpec(
         "write_tcp_port", _CLUSTER, "PORT",
         "The port this server takes clients' write streams on over plain TCP, on the host "
         "of --rpc_addr (default 0: any free port; the asyncio client asks for it over RPC "
-        "and uses it instead of the gRPC WriteStream). Not opened with TLS.",
+        "and uses it instead of the gRPC WriteStream). With TLS it is TLS too and admits "
+        "client certificates with the writer role or above (no bearer tokens: a client "
+        "with a token stays on gRPC).",
         convert=int, check=at_least(0, 65535),
     ),
     FlagSpec(

@@ -4,9 +4,14 @@ streams, ``tserver.write_tcp_server``).
 
 One acceptor thread; each accepted connection is handed to ``make_link``, which wires what
 its frames do and returns the link, not yet started. At most ``max_connections`` are open at
-once: one more is closed as soon as it is accepted. Neither path carries TLS or checks an
-identity, so the server opens these listeners only when it runs without TLS -- where anyone
-who can reach the RPC port may make the same calls over gRPC.
+once (counting those still in their TLS handshake): one more is closed as soon as it is
+accepted.
+
+Without TLS (``admission`` None) a connection is linked at once and its caller is unknown
+-- as on the plaintext gRPC port, anyone who can reach it may make the same calls. With TLS
+each new connection gets a thread of its own that does the handshake and checks the caller's
+certificate (``tserver.tcp_admission``) before the link starts reading, so a slow or hostile
+peer never holds up the acceptor; ``make_link`` then gets the caller's identity.
 """
 
 from __future__ import annotations
@@ -15,32 +20,47 @@ import contextlib
 import itertools
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 
+from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink
+from raftlet.tserver.tcp_admission import TcpAdmission
 
 __all__ = ["LinkFactory", "TcpListener"]
 
 logger = logging.getLogger(__name__)
 
-# (accepted socket, a name for logs, what the link must call when it closes) -> the link.
-LinkFactory = Callable[[socket.socket, str, Callable[[FrameLink], None]], FrameLink]
+# (accepted socket -- handshaken under TLS, a name for logs, what the link must call when it
+# closes, the caller's certificate identity or None without TLS) -> the link.
+LinkFactory = Callable[
+    [socket.socket, str, Callable[[FrameLink], None], Identity | None], FrameLink
+]
 
 _connections = itertools.count(1)
 
 
 class TcpListener:
     def __init__(
-        self, what: str, host: str, port: int, make_link: LinkFactory, *, max_connections: int
+        self,
+        what: str,
+        host: str,
+        port: int,
+        make_link: LinkFactory,
+        *,
+        max_connections: int,
+        admission: TcpAdmission | None = None,
     ) -> None:
         self.what = what
         self._make_link = make_link
         self._max_connections = max_connections
+        self._admission = admission
         self._sock = socket.create_server((host, port))
         self.port: int = self._sock.getsockname()[1]
         self._lock = threading.Lock()
         self._links: set[FrameLink] = set()
+        self._handshaking: set[ssl.SSLSocket] = set()  # accepted, not yet admitted (TLS)
         self._closed = False
         self._acceptor = threading.Thread(
             target=self._accept, name=f"{what}-tcp:{self.port}", daemon=True
@@ -59,21 +79,62 @@ class TcpListener:
                 logger.exception("%s tcp: accept failed", self.what)
                 continue
             name = f"{self.what} from {peer[0]}:{peer[1]}#{next(_connections)}"
-            link: FrameLink | None = None
-            with self._lock:
-                if not self._closed and len(self._links) < self._max_connections:
-                    link = self._make_link(conn, name, self._forget)
-                    self._links.add(link)
-            if link is None:
-                logger.warning(
-                    "%s tcp: refusing %s: %d connections open",
-                    self.what,
-                    name,
-                    self._max_connections,
-                )
+            if self._admission is None:
+                self._link(conn, name, None)
+                continue
+            try:
+                tls = self._admission.wrap(conn)
+            except (OSError, ValueError) as e:
+                logger.debug("%s tcp: %s: %s", self.what, name, e)
                 conn.close()
                 continue
-            link.start()
+            with self._lock:
+                if self._has_room():
+                    self._handshaking.add(tls)
+                    admitting = True
+                else:
+                    admitting = False
+            if not admitting:
+                self._refuse(tls, name)
+                continue
+            threading.Thread(
+                target=self._admit, args=(tls, name), name=f"tls:{name}", daemon=True
+            ).start()
+
+    def _has_room(self) -> bool:
+        # Under the lock. Handshakes count: each holds a thread and a socket.
+        return not self._closed and (
+            len(self._links) + len(self._handshaking) < self._max_connections
+        )
+
+    def _refuse(self, conn: socket.socket, name: str) -> None:
+        logger.warning(
+            "%s tcp: refusing %s: %d connections open", self.what, name, self._max_connections
+        )
+        conn.close()
+
+    def _admit(self, tls: ssl.SSLSocket, name: str) -> None:
+        """A new TLS connection's own thread: handshake, check the caller, then link it."""
+        assert self._admission is not None
+        try:
+            identity = self._admission.admit(tls, name)
+        finally:
+            with self._lock:
+                self._handshaking.discard(tls)
+        if identity is not None:
+            self._link(tls, name, identity)
+
+    def _link(self, conn: socket.socket, name: str, identity: Identity | None) -> None:
+        link: FrameLink | None = None
+        with self._lock:
+            # Without TLS the room is checked here; with it, it was before the handshake.
+            if (identity is not None or self._has_room()) and not self._closed:
+                link = self._make_link(conn, name, self._forget, identity)
+                self._links.add(link)
+        if link is None:
+            self._refuse(conn, name)
+            return
+        link.start()
 
     def _forget(self, link: FrameLink) -> None:
         with self._lock:
@@ -88,8 +149,12 @@ class TcpListener:
         with self._lock:
             self._closed = True
             links = list(self._links)
+            handshaking = list(self._handshaking)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept
+        for tls in handshaking:  # their handshakes fail at once; their threads end
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(tls, socket.SHUT_RDWR)  # the TCP's, not the TLS's
         self._acceptor.join(timeout=5.0)
         self._sock.close()
         for link in links:

@@ -14,8 +14,9 @@ A client that sends writes faster than it reads their answers is held back: once
 ``max_outstanding`` writes of one connection are unanswered, its reader stops reading until
 some are answered, and TCP pushes back on the client. A frame over the client limit, or one
 that does not decode, closes the connection (the client refuses such frames before
-sending, from the limit ``WriteEndpoint`` gave it). The listener: ``tserver.tcp_listener``,
-opened only without TLS.
+sending, from the limit ``WriteEndpoint`` gave it). The listener: ``tserver.tcp_listener``;
+under TLS it admits only certificates with the writer role or above
+(``tserver.tcp_admission``), as the gRPC ``WriteStream`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import socket
 import threading
 from collections.abc import Callable
 
+from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
 from raftlet.proto import tablet_pb2
 from raftlet.tserver.rpc_dispatch import LeaderAddrLookup
@@ -33,7 +35,10 @@ from raftlet.tserver.service_pool import ServicePool
 from raftlet.tserver.tcp_listener import LinkFactory
 from raftlet.tserver.write_stream import ReplicaLookup, offer_writes
 
-__all__ = ["write_links"]
+__all__ = ["WRITE_TCP_METHOD", "write_links"]
+
+# What refusals on this port are logged as (the gRPC port logs its method names).
+WRITE_TCP_METHOD = "/raftlet.TabletService/WriteTcp"
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +76,12 @@ def write_links(
 ) -> LinkFactory:
     """The ``TcpListener`` link factory of the write port."""
 
-    def make(conn: socket.socket, name: str, on_close: Callable[[FrameLink], None]) -> FrameLink:
+    def make(
+        conn: socket.socket,
+        name: str,
+        on_close: Callable[[FrameLink], None],
+        peer: Identity | None,  # admitted already: the role is all that mattered
+    ) -> FrameLink:
         connection = _Connection(max_outstanding)
 
         def post(result: tablet_pb2.WriteStreamResultPB) -> None:

@@ -10,18 +10,23 @@ no gRPC thread, between two servers.
 
 ``TcpHub`` (one per server) finds out how to reach a peer with ``lookup(address)`` -- the
 tablet server asks the peer's ``ConsensusService.PeerEndpoint`` -- which gives the peer's
-tcp port, or None when the peer has no tcp listener (TLS is on: the listener has no TLS,
-so the gRPC stream carries consensus traffic) or is not dialed directly (its address in our
+tcp port, or None when the peer has no tcp listener (``--consensus_transport`` other than
+tcp on its side, or an older server) or is not dialed directly (its address in our
 ``--peer_addresses`` is not the one it advertises: a proxy or NAT in between, which would
-be bypassed).  Until a connection is up, and whenever it is not, requests go on the gRPC
-stream (``StreamHub``), which always works; a broken connection is Raft's lost message for
-what was in flight on it, and is dialed again after a backoff.
+be bypassed).  With ``ssl_context`` (the cluster runs TLS) a connection is TLS with this
+server's own certificate as the client certificate -- the peer admits only a server's
+(``tserver.tcp_admission``) -- and the peer's certificate is verified against the CA and by
+the host of its address, as the gRPC channels verify it.  Until a connection is up, and
+whenever it is not, requests go on the gRPC stream (``StreamHub``), which always works; a
+broken connection is Raft's lost message for what was in flight on it, and is dialed again
+after a backoff.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -109,6 +114,13 @@ class _TcpPeer:
                 sock = socket.create_connection(
                     (endpoint.host, endpoint.port), timeout=_CONNECT_TIMEOUT_S
                 )
+                context = self._hub.ssl_context
+                if context is not None:  # the handshake, within the connect timeout
+                    try:
+                        sock = context.wrap_socket(sock, server_hostname=endpoint.host)
+                    except BaseException:
+                        sock.close()
+                        raise
                 link = FrameLink(
                     sock,
                     f"to {self.addr}",
@@ -117,6 +129,8 @@ class _TcpPeer:
                     max_frame_bytes=self._hub.max_frame_bytes,
                     send_timeout_s=self._hub.timeout_s,
                 )
+        except ssl.SSLError as exc:  # a certificate or name that does not match: say why
+            logger.info("consensus tcp to %s: TLS failed: %s", self.addr, exc)
         except OSError as exc:
             logger.debug("consensus tcp to %s: %s", self.addr, exc)
         except Exception:  # the lookup's bug must not stop us retrying
@@ -172,16 +186,18 @@ class _TcpPeer:
 
 
 class TcpHub:
-    """This server's tcp connections to its peers; the transports it makes fall back on
-    ``fallback``'s streams, which the hub closes with itself."""
+    """This server's tcp connections to its peers, TLS with ``ssl_context``; the transports
+    it makes fall back on ``fallback``'s streams, which the hub closes with itself."""
 
     def __init__(
         self,
         fallback: StreamHub,
         lookup: Callable[[str], Endpoint | None],
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.fallback = fallback
         self.lookup = lookup
+        self.ssl_context = ssl_context  # None: plain TCP (the cluster runs without TLS)
         self.timeout_s = fallback.timeout_s
         self.max_frame_bytes = fallback.max_frame_bytes
         self._lock = threading.Lock()

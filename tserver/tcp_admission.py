@@ -1,0 +1,91 @@
+"""Who may use a plain-TCP port of a TLS server (``tserver.tcp_listener``): the TLS
+handshake and the same identity rules as the gRPC port (``tserver.security``).
+
+``TcpAdmission.admit(tls, name)`` runs on the new connection's own thread, never on the
+acceptor's: the handshake waits on the peer, which may be slow or hostile, for at most
+``handshake_timeout_s``. The server's context requires a client certificate signed by the
+cluster's CA (TLS 1.2 or later), so a peer without one -- or a plaintext one -- fails the
+handshake and is closed. Then the certificate's SAN URIs name the caller
+(``Authenticator.identify``; no bearer token: a client with one stays on gRPC) and its role
+must be ``role`` (``Authenticator.authorize``): the consensus port takes servers only, the
+write port writers. A refusal is counted in ``rpc_auth_denials`` under ``what`` and closes
+the connection before any frame is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import cast
+
+from raftlet.cluster.identity import AccessRole, Identity
+from raftlet.tserver.security import Authenticator, AuthError
+
+__all__ = ["TcpAdmission", "cert_uris", "tcp_server_ssl_context"]
+
+logger = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def tcp_server_ssl_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """TLS for the tcp ports: our certificate; the caller's required and verified against
+    ``ca``, as on the gRPC port."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+        context.load_verify_locations(ca)
+    except (OSError, ssl.SSLError) as e:
+        raise OSError(f"tcp port TLS ({cert}, {key}, {ca}): {e}") from None
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def cert_uris(sock: ssl.SSLSocket) -> list[str]:
+    """The URIs in the verified peer certificate's subjectAltName (where identities are)."""
+    cert = sock.getpeercert()
+    if not cert:
+        return []
+    sans = cast(tuple[tuple[str, str], ...], cert.get("subjectAltName", ()))
+    return [value for kind, value in sans if kind == "URI"]
+
+
+@dataclass(frozen=True)
+class TcpAdmission:
+    """TLS and the role a tcp port requires. ``what`` names the port in refusals (the
+    ``rpc_auth_denials`` log line), as a gRPC method name would."""
+
+    context: ssl.SSLContext
+    auth: Authenticator
+    role: AccessRole
+    what: str
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
+
+    def wrap(self, conn: socket.socket) -> ssl.SSLSocket:
+        """``conn`` as a TLS socket, not handshaken yet (no I/O: the acceptor may call it)."""
+        conn.settimeout(self.handshake_timeout_s)
+        return self.context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+
+    def admit(self, tls: ssl.SSLSocket, name: str) -> Identity | None:
+        """The connection's own thread: handshake, then who the caller is; None: refused,
+        and ``tls`` closed."""
+        try:
+            tls.do_handshake()
+        except (OSError, ValueError) as e:  # no certificate, plaintext, a timeout...
+            logger.debug("%s %s: TLS handshake failed: %s", self.what, name, e)
+            tls.close()
+            return None
+        uris = cert_uris(tls)
+        try:
+            identity = self.auth.identify(uris, None)
+            self.auth.authorize(identity, self.role, self.what)
+        except AuthError as e:
+            self.auth.denied(e, self.what, ",".join(uris) or name)
+            with contextlib.suppress(OSError):
+                tls.close()
+            return None
+        return identity
