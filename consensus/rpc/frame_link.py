@@ -104,25 +104,23 @@ class FrameLink:
         with self._lock:
             if self._closed:
                 raise LinkClosed(f"link {self.name} is closed")
-            if not self._writing:
-                try:
-                    sent = self._sock.send(data, socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError as exc:
-                    self._closed = True
-                    error: OSError | None = exc
-                else:
-                    if sent == len(data):
-                        return
-                    error = None
-                if error is None:
-                    self._backlog.append(memoryview(data)[sent:])
-                    self._writing = True
-                    self._wake_writer.notify()
-                    return
-            else:
+            if self._writing:  # the writer has bytes queued: these go after them
                 self._backlog.append(memoryview(data))
+                return
+            try:
+                sent = self._sock.send(data, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                sent = 0  # the kernel took nothing now: all of it to the writer
+            except OSError as exc:
+                self._closed = True
+                error = exc
+            else:
+                if sent == len(data):
+                    return
+            if not self._closed:
+                self._backlog.append(memoryview(data)[sent:])
+                self._writing = True
+                self._wake_writer.notify()
                 return
         logger.debug("link %s: send failed: %s", self.name, error)
         self._shutdown()
