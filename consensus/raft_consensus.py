@@ -645,8 +645,15 @@ class RaftConsensus:
             else:
                 self._node.report_snapshot(message.dst, False)
             return
-        # The transport never blocks, and its answer only queues: safe under the lock.
-        self._transport.send(message, self._on_answer)
+        # The transport never blocks, and its answer only queues: safe under the lock.  It
+        # must not raise either; if a bug makes it, the message is lost (which Raft allows)
+        # rather than the rest of this Ready: a half-carried-out Ready corrupts the replica.
+        try:
+            self._transport.send(message, self._on_answer)
+        except Exception:
+            logger.exception(
+                "%s: sending %s to %s failed", self.group_id, message.type, message.dst
+            )
 
     def report_snapshot(self, peer: str, ok: bool, index: int = 0) -> None:
         """How the tablet copy ``on_snapshot_needed`` asked for ended: ``ok`` with the index

@@ -16,7 +16,6 @@ sender other than the certificate's server is answered ``failed``, and counted.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -58,8 +57,13 @@ def consensus_links(
 
         def post(item: pb.ConsensusItemPB) -> None:
             body = pb.ConsensusFramePB(items=[item]).SerializeToString()
-            with contextlib.suppress(LinkClosed):  # the asker is gone: the answer is lost
+            try:
                 holder[0].send(frame(body))
+            except LinkClosed:  # the asker is gone: the answer is lost, as Raft allows
+                pass
+            except Exception:  # a bug: lose this answer and the link, not the caller
+                logger.exception("consensus tcp %s: answering failed", name)
+                holder[0].close()
 
         def on_frame(body: bytes) -> None:
             try:

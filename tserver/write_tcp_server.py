@@ -21,7 +21,6 @@ under TLS it admits only certificates with the writer role or above
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import threading
@@ -89,10 +88,14 @@ def write_links(
             assert link is not None
             body = tablet_pb2.WriteStreamResponsePB(results=[result]).SerializeToString()
             try:
-                with contextlib.suppress(LinkClosed):  # the client is gone: it retries
-                    link.send(frame(body))
+                link.send(frame(body))
+            except LinkClosed:  # the client is gone: it retries, with the same request id
+                pass
             except ValueError:  # an answer over the limit (thousands of row errors)
                 logger.warning("write tcp %s: an answer over the frame limit: closing", name)
+                link.close()
+            except Exception:  # a bug: lose the link (the client retries), not the caller
+                logger.exception("write tcp %s: answering failed", name)
                 link.close()
             finally:
                 connection.answered()

@@ -122,35 +122,34 @@ class FrameLink:
         with self._lock:
             if self._closed:
                 raise LinkClosed(f"link {self.name} is closed")
-            if not self._writing:
-                error: OSError | None = None
-                try:
-                    if self._tls:  # non-blocking; flags are refused on an SSLSocket
-                        sent = self._sock.send(data)
-                    else:
-                        sent = self._sock.send(data, socket.MSG_DONTWAIT)
-                except (
-                    BlockingIOError,
-                    InterruptedError,
-                    ssl.SSLWantWriteError,
-                    ssl.SSLWantReadError,
-                ):
-                    # Over TLS the writer must retry with the same bytes (OpenSSL's rule
-                    # for a write that wanted to wait): the whole of data is queued.
-                    sent = 0
-                except OSError as exc:
-                    self._closed = True
-                    error = exc
-                else:
-                    if sent == len(data):
-                        return
-                if error is None:
-                    self._backlog.append(memoryview(data)[sent:])
-                    self._writing = True
-                    self._wake_writer.notify()
-                    return
-            else:
+            if self._writing:  # the writer has bytes queued: these go after them
                 self._backlog.append(memoryview(data))
+                return
+            try:
+                if self._tls:  # non-blocking; flags are refused on an SSLSocket
+                    sent = self._sock.send(data)
+                else:
+                    sent = self._sock.send(data, socket.MSG_DONTWAIT)
+            except (
+                BlockingIOError,
+                InterruptedError,
+                ssl.SSLWantWriteError,
+                ssl.SSLWantReadError,
+            ):
+                # The kernel took nothing now (over TLS the writer must also retry with the
+                # same bytes, OpenSSL's rule for a write that wanted to wait): all of it is
+                # queued for the writer.
+                sent = 0
+            except OSError as exc:
+                self._closed = True
+                error = exc
+            else:
+                if sent == len(data):
+                    return
+            if not self._closed:
+                self._backlog.append(memoryview(data)[sent:])
+                self._writing = True
+                self._wake_writer.notify()
                 return
         logger.debug("link %s: send failed: %s", self.name, error)
         self._shutdown()

@@ -89,7 +89,10 @@ class _TcpPeer:
             try:
                 link.send(frame(item))
                 return
-            except LinkClosed:
+            except Exception as exc:  # closed, or a bug: never raise into the caller's lock
+                if not isinstance(exc, LinkClosed):
+                    logger.exception("consensus tcp to %s: send failed", self.addr)
+                    link.close()
                 with self._lock:
                     taken = self._pending.pop(seq, None)
                 if taken is None:  # the link's close already reported it lost

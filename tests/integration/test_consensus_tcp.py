@@ -1,11 +1,12 @@
-"""The tcp consensus port against hostile or broken callers, on a real plaintext loopback
-3-server cluster under write load.
+"""The plain-TCP ports -- consensus and writes -- against hostile or broken callers, on a
+real plaintext loopback 3-server cluster under write load.
 
 Whatever arrives on a server's tcp consensus port -- a length over the peers' limit, bytes
 that do not decode, items with no request, requests for tablets it does not host, more
 connections than it takes -- is refused (the connection closed, or the item answered with
 ``failed``), and the cluster goes on: the write load keeps being acknowledged, and every
-acknowledged write ends up on every replica.
+acknowledged write ends up on every replica.  On the write port the same; and a write sent
+there is answered as on the gRPC WriteStream.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from raftlet.proto import common_pb2
+from raftlet.proto import common_pb2, tablet_pb2
 from raftlet.proto import consensus_pb2 as pb
 from tests.integration.tserver_cluster import (
     Server,
     TserverCluster,
     WriteLoad,
+    kv_op,
     running_cluster,
     wait_for,
+    write_request,
 )
 
 pytestmark = pytest.mark.integration
@@ -51,6 +54,16 @@ def _endpoint(server: Server) -> tuple[str, int]:
 
 def _dial(server: Server) -> socket.socket:
     sock = socket.create_connection(_endpoint(server), timeout=10)
+    sock.settimeout(10)
+    return sock
+
+
+def _dial_writes(server: Server) -> socket.socket:
+    answer = server.tablet.WriteEndpoint(tablet_pb2.WriteEndpointRequest(), timeout=10)
+    assert answer.port > 0
+    assert answer.max_frame_bytes > 0
+    host = server.config.rpc_addr.rsplit(":", 1)[0]
+    sock = socket.create_connection((host, answer.port), timeout=10)
     sock.settimeout(10)
     return sock
 
@@ -169,3 +182,51 @@ def test_connections_beyond_the_cap_are_refused_and_the_cluster_goes_on(
         "the closed connections forgotten",
     )
     _converged(cluster, load)
+
+
+def test_the_write_port_closes_on_garbage_and_oversize_frames(cluster: TserverCluster) -> None:
+    leader = cluster.leader_of(TABLET)
+    with _load(cluster, "write-garbage") as load:
+        with _dial_writes(leader) as sock:
+            sock.sendall(struct.pack(">I", 0xFFFF_FFFF))
+            assert _closed_by_server(sock)
+        with _dial_writes(leader) as sock:
+            _send_frame(sock, b"\xff" * 64)
+            assert _closed_by_server(sock)
+        _answers_still_flow(load)
+    _converged(cluster, load)
+
+
+def test_a_write_on_the_write_port_is_answered_like_the_stream(cluster: TserverCluster) -> None:
+    leader = cluster.leader_of(TABLET)
+    follower = next(s for s in cluster.servers.values() if s is not leader)
+    key = 90_000_001
+    request = write_request(TABLET, [kv_op(key, "raw")], "raw-writer", 1)
+    frame = tablet_pb2.WriteStreamRequestPB(
+        items=[tablet_pb2.WriteStreamItemPB(id=5, request=request)]
+    )
+    with _dial_writes(leader) as sock:
+        _send_frame(sock, frame.SerializeToString())
+        (result,) = _read_write_answer(sock).results
+    assert (result.id, result.status_code) == (5, 0)
+    assert result.response.op_index > 0
+    _acked[key] = "raw"
+    # A follower refuses it as the unary call would: FAILED_PRECONDITION, NOT_LEADER.
+    with _dial_writes(follower) as sock:
+        _send_frame(sock, frame.SerializeToString())
+        (result,) = _read_write_answer(sock).results
+    assert result.status_code == 9  # FAILED_PRECONDITION
+    assert result.error.code == result.error.NOT_LEADER
+
+
+def _read_write_answer(sock: socket.socket) -> tablet_pb2.WriteStreamResponsePB:
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "the server closed the connection"
+            buf += chunk
+        return buf
+
+    (length,) = struct.unpack(">I", exactly(4))
+    return tablet_pb2.WriteStreamResponsePB.FromString(exactly(length))

@@ -164,6 +164,34 @@ def test_tcp_connection_between_two_links() -> None:
     a.wait_closed()  # the closing side reports its own close too
 
 
+class _FullOnce(socket.socket):
+    """A socket whose first send finds the kernel's buffer full (EAGAIN), as a peer that
+    stopped reading would leave it."""
+
+    full_once = True
+
+    def send(self, data: object, flags: int = 0) -> int:  # type: ignore[override]
+        if self.full_once:
+            self.full_once = False
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return super().send(data, flags)  # type: ignore[arg-type]
+
+
+def test_a_send_the_kernel_takes_none_of_goes_whole_to_the_writer() -> None:
+    """The chaos suite's find: a full socket buffer on the non-blocking first try must queue
+    the frame, not raise into the caller (which holds the consensus lock)."""
+    a, b = socket.socketpair()
+    flaky = _FullOnce(a.family, a.type, a.proto, fileno=a.detach())
+    sender, receiver = End(flaky, "a"), End(b, "b")
+    try:
+        sender.link.send(frame(b"first"))
+        sender.link.send(frame(b"second"))
+        assert receiver.wait_frames(2) == [b"first", b"second"]
+    finally:
+        sender.link.close()
+        receiver.link.close()
+
+
 # --- over TLS ---------------------------------------------------------------------------------
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from raftlet.consensus.core import NotLeaderError, Role, TermMismatch
+from raftlet.consensus.core import Message, NotLeaderError, Role, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
 from raftlet.consensus.ticker import ManualTicker
+from raftlet.consensus.transport import InMemoryTransport, ResponseCallback
 from tests.unit.consensus_cluster import Cluster
 
 
@@ -281,3 +282,40 @@ def test_a_leader_cut_off_from_its_quorum_serves_no_read(cluster: Cluster) -> No
     cluster.wait_for(lambda: bool(served), what="the read after healing")
     reader.join()
     assert served[0] >= 1
+
+
+class _BrokenTo(InMemoryTransport):
+    """Raises on every send to ``dst`` while ``broken``, as a transport with a bug would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dst = ""
+        self.broken = False
+
+    def send(self, message: Message, on_response: ResponseCallback) -> None:
+        if self.broken and message.dst == self.dst:
+            raise RuntimeError("a transport bug")
+        super().send(message, on_response)
+
+
+def test_a_transport_that_raises_loses_the_message_not_the_replica(tmp_path: Path) -> None:
+    """A send that raises under the consensus lock is a lost message: the leader goes on
+    committing with the other follower, and the cut-off one catches up once sends work."""
+    transport = _BrokenTo()
+    cluster = Cluster(tmp_path, ticker=ManualTicker(), transport=transport)
+    try:
+        leader = cluster.wait_leader()
+        cut, other = (r for r in cluster.replicas.values() if r is not leader)
+        transport.dst, transport.broken = cut.node_id, True
+        term = leader.consensus.check_leadership_and_bind_term()
+        for i in range(10):
+            leader.consensus.replicate([b"w-%d" % i], term)
+        want = [b"w-%d" % i for i in range(10)]
+        for r in (leader, other):
+            cluster.wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 10")
+        assert cut.data() == []  # nothing reached it
+        transport.broken = False
+        cluster.wait_for(lambda: cut.data() == want, what=f"{cut.node_id} catches up")
+        assert leader.consensus.snapshot.role is Role.LEADER
+    finally:
+        cluster.close()
