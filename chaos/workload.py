@@ -228,6 +228,14 @@ class Workload:
         """Inserts as ``_inserts`` makes them, one at a time, through the asyncio client."""
         process = self._next(self._processes)
         client = AsyncClient(self.client.seeds, timeout_s=self.options.op_timeout_s)
+        while True:  # the cluster config, from any server that answers
+            try:
+                await client.load()
+                break
+            except RaftletError:
+                if self._stop.is_set():
+                    await client.close()
+                    return
         try:
             while not self._stop.is_set():
                 row_id = self._next(self._ids)
