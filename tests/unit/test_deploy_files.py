@@ -295,6 +295,8 @@ def test_compose_runs_three_servers_with_the_real_flags() -> None:
         ):
             assert parse_host_port(listen) == ("0.0.0.0", port(advertised))
             assert port(advertised) in dockerfile_exposed()
+        # The fast paths' ports are fixed, and the image says so.
+        assert {settings.consensus_tcp_port, settings.write_tcp_port} <= dockerfile_exposed()
         # The data dir is on the service's own named volume, which the image declares.
         data_mount = next(t for t in mounts if settings.data_dir.is_relative_to(t))
         assert mounts[data_mount] in doc["volumes"]
@@ -382,6 +384,8 @@ def test_k8s_statefulset_args_parse_and_name_servers_of_the_configmap() -> None:
         assert parse_host_port(settings.http_addr) == ("0.0.0.0", ports["http"])
         assert port(settings.server.rpc_addr) == ports["rpc"]
         assert port(settings.server.http_addr) == ports["http"]
+        assert settings.consensus_tcp_port == ports["consensus-tcp"]
+        assert settings.write_tcp_port == ports["write-tcp"]
         # The data dir is on the pod's persistent volume.
         data_mount = next(t for t in mounts if settings.data_dir.is_relative_to(t))
         claims = {c["metadata"]["name"] for c in spec["volumeClaimTemplates"]}
