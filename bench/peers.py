@@ -21,6 +21,10 @@ kernel and data in one temporary directory:
 - raftlet with TLS (``--systems raftlet-1-tls,raftlet-4-tls``): the same clusters made by
   ``cluster up --tls``: mutual TLS between servers and with the client, every call's role
   checked; compare with the plaintext columns for what transport security costs.
+- raftlet on gRPC only (``--systems raftlet-1-stream,raftlet-4-stream``, and
+  ``raftlet-1-tls-stream,raftlet-4-tls-stream``): peers on ``--consensus_transport=stream``
+  and the client on the gRPC WriteStream (``AsyncClient(tcp_writes=False)``) -- the write
+  path before the tcp ports, measured side by side with it.
 
 A system that cannot be set up is skipped with the reason printed.  Then, for each repetition,
 each system in turn (round-robin, the starting system rotating) and each in-flight level:
@@ -1080,6 +1084,8 @@ SYSTEM_NAMES = (
     "raftlet-4-tls",
     "raftlet-1-stream",
     "raftlet-4-stream",
+    "raftlet-1-tls-stream",
+    "raftlet-4-tls-stream",
     "etcd",
     "pysyncobj",
     "pysyncobj-batch",
@@ -1093,6 +1099,10 @@ def make_system(name: str, root: Path, args: argparse.Namespace) -> System:
         return Raftlet(4, root, args.value_bytes, args.raftlet_client)
     if name in ("raftlet-1-tls", "raftlet-4-tls"):
         return Raftlet(int(name[8]), root, args.value_bytes, args.raftlet_client, tls=True)
+    if name in ("raftlet-1-tls-stream", "raftlet-4-tls-stream"):
+        return Raftlet(
+            int(name[8]), root, args.value_bytes, args.raftlet_client, tls=True, transport="stream"
+        )
     if name in ("raftlet-1-stream", "raftlet-4-stream"):
         return Raftlet(
             int(name[8]), root, args.value_bytes, args.raftlet_client, transport="stream"

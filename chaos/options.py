@@ -38,8 +38,8 @@ class WorkloadOptions:
     keys: int = 12
     register_workers: int = 6
     insert_workers: int = 2
-    # Insert workers on the asyncio client: its writes take the servers' plain-TCP write
-    # port (the chaos servers run without TLS), so faults reach that path too.
+    # Insert workers on the asyncio client: its writes take the servers' tcp write port,
+    # so faults reach that path too.
     async_insert_workers: int = 1
     read_fraction: float = 0.5
     # Of the reads, those sent straight to a random server (see chaos.workload).

@@ -32,7 +32,7 @@ import struct
 
 import grpc
 
-from raftlet.client.aio_write_stream import StreamedRpcError, write_result
+from raftlet.client.aio_write_stream import StreamedRpcError, expire, write_result
 from raftlet.proto import tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["TcpWriteStream", "TcpWritesTo", "open_tcp_write_stream"]
@@ -187,7 +187,7 @@ class TcpWriteStream:
         if not self._flush_due:
             self._flush_due = True
             loop.call_soon(self._flush)
-        expiry = loop.call_later(timeout, self._expire, write_id)
+        expiry = loop.call_later(timeout, expire, self._pending, write_id)
         try:
             return await future
         finally:
@@ -215,13 +215,6 @@ class TcpWriteStream:
             self._writer.writelines(out)
         except (OSError, RuntimeError) as exc:
             self._fail(_unavailable(f"write connection to {self.address} failed: {exc}"))
-
-    def _expire(self, write_id: int) -> None:
-        future = self._pending.pop(write_id, None)
-        if future is not None and not future.done():
-            future.set_exception(
-                StreamedRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            )
 
     async def _read(self) -> None:
         try:

@@ -33,7 +33,7 @@ from raftlet.client.retry import too_large
 from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 
-__all__ = ["WRITE_STREAM_METHOD", "AsyncWriteStream", "StreamedRpcError", "write_result"]
+__all__ = ["WRITE_STREAM_METHOD", "AsyncWriteStream", "StreamedRpcError", "expire", "write_result"]
 
 WRITE_STREAM_METHOD = "/raftlet.TabletService/WriteStream"
 
@@ -63,6 +63,15 @@ class StreamedRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no ty
         if self._error is None:
             return ()
         return ((ERROR_METADATA_KEY, self._error.SerializeToString()),)
+
+
+def expire(pending: dict[int, asyncio.Future[tablet_pb2.WriteResponse]], write_id: int) -> None:
+    """A write's deadline passed before its answer came: DEADLINE_EXCEEDED, as for a call."""
+    future = pending.pop(write_id, None)
+    if future is not None and not future.done():
+        future.set_exception(
+            StreamedRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        )
 
 
 def write_result(
@@ -150,20 +159,13 @@ class AsyncWriteStream:
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run(), name=f"write-stream:{self.address}")
-        expiry = loop.call_later(timeout, self._expire, write_id)
+        expiry = loop.call_later(timeout, expire, self._pending, write_id)
         try:
             return await future
         finally:
             expiry.cancel()
             self._pending.pop(write_id, None)
             self._requests.pop(write_id, None)
-
-    def _expire(self, write_id: int) -> None:
-        future = self._pending.pop(write_id, None)
-        if future is not None and not future.done():
-            future.set_exception(
-                StreamedRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            )
 
     async def _run(self) -> None:
         """Open the stream; write what is queued, one frame per turn; until it breaks.

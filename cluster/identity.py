@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import enum
 import re
+import ssl
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "client_uri",
     "parse_identity_uri",
     "parse_role",
+    "peer_cert_uris",
     "server_uri",
 ]
 
@@ -121,3 +124,15 @@ def parse_identity_uri(uri: str) -> Identity | None:
     except ValueError:
         return None
     return None
+
+
+def peer_cert_uris(sock: object) -> tuple[str, ...]:
+    """The URIs in the subjectAltName of the peer certificate ``sock`` verified (where
+    identities are); none for a plain socket or a peer that sent no certificate."""
+    if not isinstance(sock, ssl.SSLSocket):
+        return ()
+    cert = sock.getpeercert()
+    if not cert:
+        return ()
+    sans = cast(tuple[tuple[str, str], ...], cert.get("subjectAltName", ()))
+    return tuple(value for kind, value in sans if kind == "URI")

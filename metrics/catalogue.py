@@ -229,8 +229,8 @@ WRITE_TCP_CONNECTIONS = MetricPrototype(
     "write_tcp_connections",
     GAUGE,
     "connections",
-    "Open client connections to this server's plain-TCP write port (the asyncio client's "
-    "writes, without TLS)",
+    "Open client connections to this server's tcp write port (the asyncio client's writes "
+    "outside gRPC)",
     entity_type="server",
 )
 ROWS_INSERTED_TOTAL = MetricPrototype(

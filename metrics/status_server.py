@@ -58,6 +58,7 @@ from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import raftlet
+from raftlet.cluster.identity import peer_cert_uris
 from raftlet.metrics import export_json, export_prometheus
 from raftlet.metrics.human import human_duration, utc_time
 from raftlet.metrics.process import ProcessCollector
@@ -538,7 +539,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             path=parts.path,
             query=parse_qs(parts.query, keep_blank_values=True),
             headers=dict(self.headers.items()),
-            peer_uris=_peer_uris(self.connection),
+            peer_uris=peer_cert_uris(self.connection),
         )
         try:
             guard = self.server.status_server.guard
@@ -579,16 +580,6 @@ class _RequestHandler(BaseHTTPRequestHandler):
         # Every request and every error response passes through here; the standard library
         # writes them to stderr.
         _log.debug("status server %s: " + format, self.address_string(), *args)
-
-
-def _peer_uris(connection: Any) -> tuple[str, ...]:
-    if not isinstance(connection, ssl.SSLSocket):
-        return ()
-    cert = connection.getpeercert()  # verified against the CA, or None if none was sent
-    if not cert:
-        return ()
-    sans = cast(tuple[tuple[str, str], ...], cert.get("subjectAltName", ()))
-    return tuple(value for kind, value in sans if kind == "URI")
 
 
 def _one_line(message: str) -> str:

@@ -85,6 +85,7 @@ __all__ = [
     "required_role",
     "sender_check",
     "server_credentials",
+    "server_ssl_context",
     "status_ssl_context",
     "token_port_credentials",
 ]
@@ -493,14 +494,22 @@ def token_port_credentials(cert: str, key: str) -> grpc.ServerCredentials:
 def status_ssl_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     """HTTPS for the status server: a client certificate is asked for and verified if sent
     (CERT_OPTIONAL), so a bearer token alone also works."""
+    return server_ssl_context(cert, key, ca, ssl.CERT_OPTIONAL, "status server")
+
+
+def server_ssl_context(
+    cert: str, key: str, ca: str, verify_mode: ssl.VerifyMode, what: str
+) -> ssl.SSLContext:
+    """Python ``ssl`` for a server port: our certificate, TLS >= 1.2, callers' certificates
+    verified against ``ca`` (asked for, or required, by ``verify_mode``)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(cert, key)
         context.load_verify_locations(ca)
     except (OSError, ssl.SSLError) as e:
-        raise OSError(f"status server TLS ({cert}, {key}, {ca}): {e}") from None
-    context.verify_mode = ssl.CERT_OPTIONAL
+        raise OSError(f"{what} TLS ({cert}, {key}, {ca}): {e}") from None
+    context.verify_mode = verify_mode
     return context
 
 

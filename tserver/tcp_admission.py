@@ -19,12 +19,11 @@ import logging
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import cast
 
-from raftlet.cluster.identity import AccessRole, Identity
-from raftlet.tserver.security import Authenticator, AuthError
+from raftlet.cluster.identity import AccessRole, Identity, peer_cert_uris
+from raftlet.tserver.security import Authenticator, AuthError, server_ssl_context
 
-__all__ = ["TcpAdmission", "cert_uris", "tcp_server_ssl_context"]
+__all__ = ["TcpAdmission", "tcp_server_ssl_context"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,24 +33,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 def tcp_server_ssl_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     """TLS for the tcp ports: our certificate; the caller's required and verified against
     ``ca``, as on the gRPC port."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(cert, key)
-        context.load_verify_locations(ca)
-    except (OSError, ssl.SSLError) as e:
-        raise OSError(f"tcp port TLS ({cert}, {key}, {ca}): {e}") from None
-    context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-def cert_uris(sock: ssl.SSLSocket) -> list[str]:
-    """The URIs in the verified peer certificate's subjectAltName (where identities are)."""
-    cert = sock.getpeercert()
-    if not cert:
-        return []
-    sans = cast(tuple[tuple[str, str], ...], cert.get("subjectAltName", ()))
-    return [value for kind, value in sans if kind == "URI"]
+    return server_ssl_context(cert, key, ca, ssl.CERT_REQUIRED, "tcp port")
 
 
 @dataclass(frozen=True)
@@ -79,7 +61,7 @@ class TcpAdmission:
             logger.debug("%s %s: TLS handshake failed: %s", self.what, name, e)
             tls.close()
             return None
-        uris = cert_uris(tls)
+        uris = list(peer_cert_uris(tls))
         try:
             identity = self.auth.identify(uris, None)
             self.auth.authorize(identity, self.role, self.what)

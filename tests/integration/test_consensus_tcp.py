@@ -21,6 +21,7 @@ import pytest
 
 from raftlet.proto import common_pb2, tablet_pb2
 from raftlet.proto import consensus_pb2 as pb
+from tests.integration.raw_frames import closed_by_server, read_frame, send_frame
 from tests.integration.tserver_cluster import (
     Server,
     TserverCluster,
@@ -68,30 +69,6 @@ def _dial_writes(server: Server) -> socket.socket:
     return sock
 
 
-def _send_frame(sock: socket.socket, body: bytes) -> None:
-    sock.sendall(struct.pack(">I", len(body)) + body)
-
-
-def _read_frame(sock: socket.socket) -> pb.ConsensusFramePB:
-    def exactly(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            assert chunk, "the server closed the connection"
-            buf += chunk
-        return buf
-
-    (length,) = struct.unpack(">I", exactly(4))
-    return pb.ConsensusFramePB.FromString(exactly(length))
-
-
-def _closed_by_server(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 _loads = iter(range(1, 100))
 # Every row the module's loads had acknowledged: what each replica must hold in the end.
 _acked: dict[int, str] = {}
@@ -114,7 +91,7 @@ def _answers_still_flow(load: WriteLoad) -> None:
 def test_a_frame_over_the_limit_closes_the_connection(cluster: TserverCluster) -> None:
     with _load(cluster, "oversize") as load, _dial(cluster.leader_of(TABLET)) as sock:
         sock.sendall(struct.pack(">I", 0xFFFF_FFFF))
-        assert _closed_by_server(sock)
+        assert closed_by_server(sock)
         _answers_still_flow(load)
     _converged(cluster, load)
 
@@ -123,8 +100,8 @@ def test_bytes_that_do_not_decode_close_the_connection(cluster: TserverCluster) 
     with _load(cluster, "garbage") as load:
         for server in cluster.servers.values():
             with _dial(server) as sock:
-                _send_frame(sock, b"\xff" * 64)
-                assert _closed_by_server(sock)
+                send_frame(sock, b"\xff" * 64)
+                assert closed_by_server(sock)
         _answers_still_flow(load)
     _converged(cluster, load)
 
@@ -149,10 +126,10 @@ def test_items_without_a_request_or_for_unknown_tablets_are_answered_failed(
         ]
     )
     with _dial(follower) as sock:
-        _send_frame(sock, frame.SerializeToString())
+        send_frame(sock, frame.SerializeToString())
         answers: dict[int, pb.ConsensusItemPB] = {}
         while len(answers) < 3:
-            for item in _read_frame(sock).items:
+            for item in pb.ConsensusFramePB.FromString(read_frame(sock)).items:
                 answers[item.seq] = item
     assert all(a.WhichOneof("kind") == "failed" for a in answers.values())
     invalid = common_pb2.ServerErrorPB.INVALID_ARGUMENT
@@ -171,7 +148,7 @@ def test_connections_beyond_the_cap_are_refused_and_the_cluster_goes_on(
             for _ in range(MAX_CONNECTIONS + 4):
                 socks.append(_dial(target))
             # The last ones were over the cap (the peers hold two of its 64): closed at once.
-            assert _closed_by_server(socks[-1])
+            assert closed_by_server(socks[-1])
             _answers_still_flow(load)
     finally:
         for s in socks:
@@ -189,10 +166,10 @@ def test_the_write_port_closes_on_garbage_and_oversize_frames(cluster: TserverCl
     with _load(cluster, "write-garbage") as load:
         with _dial_writes(leader) as sock:
             sock.sendall(struct.pack(">I", 0xFFFF_FFFF))
-            assert _closed_by_server(sock)
+            assert closed_by_server(sock)
         with _dial_writes(leader) as sock:
-            _send_frame(sock, b"\xff" * 64)
-            assert _closed_by_server(sock)
+            send_frame(sock, b"\xff" * 64)
+            assert closed_by_server(sock)
         _answers_still_flow(load)
     _converged(cluster, load)
 
@@ -206,27 +183,14 @@ def test_a_write_on_the_write_port_is_answered_like_the_stream(cluster: TserverC
         items=[tablet_pb2.WriteStreamItemPB(id=5, request=request)]
     )
     with _dial_writes(leader) as sock:
-        _send_frame(sock, frame.SerializeToString())
-        (result,) = _read_write_answer(sock).results
+        send_frame(sock, frame.SerializeToString())
+        (result,) = tablet_pb2.WriteStreamResponsePB.FromString(read_frame(sock)).results
     assert (result.id, result.status_code) == (5, 0)
     assert result.response.op_index > 0
     _acked[key] = "raw"
     # A follower refuses it as the unary call would: FAILED_PRECONDITION, NOT_LEADER.
     with _dial_writes(follower) as sock:
-        _send_frame(sock, frame.SerializeToString())
-        (result,) = _read_write_answer(sock).results
+        send_frame(sock, frame.SerializeToString())
+        (result,) = tablet_pb2.WriteStreamResponsePB.FromString(read_frame(sock)).results
     assert result.status_code == 9  # FAILED_PRECONDITION
     assert result.error.code == result.error.NOT_LEADER
-
-
-def _read_write_answer(sock: socket.socket) -> tablet_pb2.WriteStreamResponsePB:
-    def exactly(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            assert chunk, "the server closed the connection"
-            buf += chunk
-        return buf
-
-    (length,) = struct.unpack(">I", exactly(4))
-    return tablet_pb2.WriteStreamResponsePB.FromString(exactly(length))

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import socket
 import ssl
-import struct
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from raftlet.deploy.local import LocalCluster
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.proto import consensus_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 from tests import waiting
+from tests.integration.raw_frames import closed_by_server, read_frame, send_frame
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -137,34 +137,9 @@ def _keys(env: Env, lo: int, hi: int) -> set[int]:
         return {int(r["key"]) for r in c.scan("kv") if lo <= int(r["key"]) < hi}
 
 
-def _closed_by_server(sock: socket.socket) -> bool:
-    """Whether the server ends the connection (EOF, a reset, or a TLS alert)."""
-    try:
-        return sock.recv(1) == b""
-    except (ConnectionResetError, ssl.SSLError):
-        return True
-
-
 def _dial(env: Env, where: tuple[str, int], who: str) -> ssl.SSLSocket:
     raw = socket.create_connection(where, timeout=10)
     return env.ssl_context(who).wrap_socket(raw, server_hostname=where[0])
-
-
-def _send_frame(sock: socket.socket, body: bytes) -> None:
-    sock.sendall(struct.pack(">I", len(body)) + body)
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            assert chunk, "the server closed the connection"
-            buf += chunk
-        return buf
-
-    (length,) = struct.unpack(">I", exactly(4))
-    return exactly(length)
 
 
 def test_peers_replicate_over_tls_tcp(env: Env) -> None:
@@ -194,23 +169,17 @@ def test_the_asyncio_client_writes_over_the_tls_write_port(env: Env) -> None:
     assert _keys(env, base, base + 32) == set(range(base, base + 32))
 
 
-def test_a_client_certificate_is_refused_on_the_consensus_port(env: Env) -> None:
+@pytest.mark.parametrize(
+    ("port", "who"),
+    [("consensus", "client-alice"), ("write", "client-bob")],
+    ids=["a writer on the consensus port", "a reader on the write port"],
+)
+def test_a_certificate_below_the_ports_role_is_refused(env: Env, port: str, who: str) -> None:
     before = env.total("rpc_auth_denials_total", reason="role_too_low")
-    sock = _dial(env, env.consensus_port(env.leader()), "client-alice")
-    with contextlib.closing(sock):
-        assert _closed_by_server(sock)
-    waiting.wait_for(
-        lambda: env.total("rpc_auth_denials_total", reason="role_too_low") > before,
-        30,
-        "the refusal counted",
-    )
-
-
-def test_a_reader_certificate_is_refused_on_the_write_port(env: Env) -> None:
-    before = env.total("rpc_auth_denials_total", reason="role_too_low")
-    sock = _dial(env, env.write_port(env.leader()), "client-bob")
-    with contextlib.closing(sock):
-        assert _closed_by_server(sock)
+    leader = env.leader()
+    where = env.consensus_port(leader) if port == "consensus" else env.write_port(leader)
+    with contextlib.closing(_dial(env, where, who)) as sock:
+        assert closed_by_server(sock)
     waiting.wait_for(
         lambda: env.total("rpc_auth_denials_total", reason="role_too_low") > before,
         30,
@@ -228,8 +197,8 @@ def test_a_server_claiming_another_servers_id_is_refused(env: Env) -> None:
     sock = _dial(env, env.consensus_port(follower), f"server-{third}")
     with contextlib.closing(sock):
         item = pb.ConsensusItemPB(seq=7, update=forged)
-        _send_frame(sock, pb.ConsensusFramePB(items=[item]).SerializeToString())
-        (answer,) = pb.ConsensusFramePB.FromString(_read_frame(sock)).items
+        send_frame(sock, pb.ConsensusFramePB(items=[item]).SerializeToString())
+        (answer,) = pb.ConsensusFramePB.FromString(read_frame(sock)).items
     assert answer.seq == 7
     assert answer.HasField("failed")
     assert "certificate" in answer.failed.message
@@ -251,8 +220,8 @@ def test_plaintext_on_a_tls_tcp_port_is_closed(env: Env, port: str) -> None:
     where = env.consensus_port(leader) if port == "consensus" else env.write_port(leader)
     with socket.create_connection(where, timeout=10) as sock:
         # A frame as a plaintext peer would send it: not a TLS ClientHello.
-        _send_frame(sock, pb.ConsensusFramePB().SerializeToString() + b"x" * 64)
-        assert _closed_by_server(sock)
+        send_frame(sock, pb.ConsensusFramePB().SerializeToString() + b"x" * 64)
+        assert closed_by_server(sock)
     # Nothing crashed: the peers are still on tcp, and writes go through.
     base = 30_000 if port == "consensus" else 31_000
     _insert(env, range(base, base + 10))
