@@ -35,7 +35,7 @@ from raftlet.tserver.loop_outbox import LoopOutbox
 from raftlet.tserver.message_limits import chunks_by_size
 from raftlet.tserver.rpc_dispatch import status_for
 
-__all__ = ["StreamSession", "step_item"]
+__all__ = ["StreamSession", "item_byte_size", "step_item"]
 
 _sessions = itertools.count(1)
 
@@ -71,7 +71,7 @@ class StreamSession:
             if frame.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
                 await context.write(frame)
                 return
-            for chunk in chunks_by_size(items, _byte_size, self._max_frame_bytes):
+            for chunk in chunks_by_size(items, item_byte_size, self._max_frame_bytes):
                 await context.write(pb.ConsensusFramePB(items=chunk))
 
         writer = asyncio.ensure_future(self._outbox.drain_to(write))
@@ -140,7 +140,8 @@ def step_item(
         post(pb.ConsensusItemPB(seq=seq, failed=error_pb))
 
 
-def _byte_size(item: pb.ConsensusItemPB) -> int:
+def item_byte_size(item: pb.ConsensusItemPB) -> int:
+    """What ``item`` takes in a frame, before its field framing (``chunks_by_size``)."""
     return item.ByteSize()
 
 

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Callable
 
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
-from raftlet.tserver.consensus_stream_server import step_item
+from raftlet.tserver.consensus_stream_server import item_byte_size, step_item
+from raftlet.tserver.message_limits import chunks_by_size
 from raftlet.tserver.security import Authenticator, sender_check
 from raftlet.tserver.tcp_listener import LinkFactory
 
@@ -55,17 +57,38 @@ def consensus_links(
         holder: list[FrameLink] = []
         check = sender_check(auth, peer, CONSENSUS_TCP_METHOD)
 
-        def post(item: pb.ConsensusItemPB) -> None:
-            body = pb.ConsensusFramePB(items=[item]).SerializeToString()
+        # Answers made on the reader thread while it handles what one read brought in (a
+        # burst of every tablet's heartbeat, say) leave together when it is done.
+        burst: list[pb.ConsensusItemPB] = []
+        reader: list[int] = []  # the reader thread's ident, once known
+
+        def send(items: list[pb.ConsensusItemPB]) -> None:
+            body = pb.ConsensusFramePB(items=items).SerializeToString()
             try:
                 holder[0].send(frame(body))
-            except LinkClosed:  # the asker is gone: the answer is lost, as Raft allows
+            except LinkClosed:  # the asker is gone: the answers are lost, as Raft allows
                 pass
-            except Exception:  # a bug: lose this answer and the link, not the caller
+            except Exception:  # a bug: lose these answers and the link, not the caller
                 logger.exception("consensus tcp %s: answering failed", name)
                 holder[0].close()
 
+        def post(item: pb.ConsensusItemPB) -> None:
+            if reader and reader[0] == threading.get_ident():
+                burst.append(item)
+            else:  # a durability callback's thread: it leaves now
+                send([item])
+
+        def on_burst_end() -> None:
+            if burst:
+                items = list(burst)
+                burst.clear()
+                # One frame unless that passes the peers' limit (many large answers).
+                for chunk in chunks_by_size(items, item_byte_size, max_frame_bytes):
+                    send(chunk)
+
         def on_frame(body: bytes) -> None:
+            if not reader:
+                reader.append(threading.get_ident())
             try:
                 items = pb.ConsensusFramePB.FromString(body).items
             except Exception as exc:  # DecodeError: a broken or hostile peer
@@ -82,6 +105,7 @@ def consensus_links(
             on_close,
             max_frame_bytes=max_frame_bytes,
             send_timeout_s=send_timeout_s,
+            on_burst_end=on_burst_end,
         )
         holder.append(link)
         return link

@@ -284,12 +284,13 @@ class Raft:
             self._heartbeat()
 
     def _heartbeat(self) -> None:
+        routine = not self._round_wanted  # no read waits on this one
         if self._round_wanted or self.config.heartbeat_read_rounds:
             # Reads waiting for a round go with this heartbeat even if the outstanding
             # round was lost; with heartbeat rounds, every heartbeat is a new round.
-            self._start_read_round()
+            self._start_read_round(routine)
         else:
-            self._bcast_heartbeat()
+            self._bcast_heartbeat(routine)
 
     def on_stall(self, ticks: int) -> None:
         """The driver saw this process stop for about ``ticks`` ticks (a SIGSTOP, a paused
@@ -548,11 +549,11 @@ class Raft:
         else:
             self._round_wanted = True
 
-    def _start_read_round(self) -> None:
+    def _start_read_round(self, routine: bool = False) -> None:
         """Broadcast heartbeats of a new round; reads waiting for it now hold its number."""
         self.read_round += 1
         self._round_wanted = False
-        self._bcast_heartbeat()
+        self._bcast_heartbeat(routine)
 
     def _confirm_reads(self, voter: str, round_seen: int) -> None:
         """``voter`` answered a heartbeat of ``round_seen`` in this term: it followed this
@@ -956,7 +957,7 @@ class Raft:
             if v != self.id:
                 self._send_append(v, send_if_empty)
 
-    def _bcast_heartbeat(self) -> None:
+    def _bcast_heartbeat(self, routine: bool = False) -> None:
         all_replicated = self._all_replicated_now()
         for v in self.prs:
             if v != self.id:
@@ -971,6 +972,7 @@ class Raft:
                         context=self.read_round,
                         transferee=self.lead_transferee,
                         all_replicated=all_replicated,
+                        routine=routine and self.lead_transferee == NO_NODE,
                     )
                 )
 

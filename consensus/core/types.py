@@ -144,6 +144,9 @@ class Message:
     transferee: str = NO_NODE
     # APPEND / HEARTBEAT: every voter holds every entry up to this index (log GC's bound).
     all_replicated: int = 0
+    # HEARTBEAT: sent by the heartbeat timer with no read or transfer waiting on it, so a
+    # transport may hold it a moment to send it with other tablets' (never on the wire).
+    routine: bool = False
 
 
 @dataclass(frozen=True, slots=True)

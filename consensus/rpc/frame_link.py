@@ -9,13 +9,18 @@ small and frequent, so the tcp transport (``consensus.rpc.tcp_transport``) uses 
 
 A frame is a 4-byte big-endian length and that many bytes.  ``FrameLink``:
 - reads on a thread of its own (a blocking ``recv`` releases the GIL) and hands each
-  complete frame to ``on_frame`` on that thread, in order;
+  complete frame to ``on_frame`` on that thread, in order, then calls ``on_burst_end``
+  once all the frames one read brought in are handled (answers made meanwhile can leave
+  together);
 - sends from the caller's thread without ever blocking it: a frame goes out with one
   non-blocking ``send`` when nothing is queued before it (the usual case: no thread is
   woken); whatever the kernel does not take at once is queued for the link's writer
   thread, which waits for the socket to drain.  So ``send`` is safe under a lock, as
   ``consensus.transport.Transport.send`` must be.  A peer that takes nothing for
   ``send_timeout_s`` (stopped, or behind a partition) breaks the link;
+- ``send(lazy=True)`` lets a frame wait up to ``LAZY_DELAY_S`` for others to join it, so
+  a burst (every tablet's heartbeat to one peer) costs one write and one wake-up of the
+  peer's reader, not one per frame; the next ordinary send takes waiting frames along;
 - refuses a frame longer than ``max_frame_bytes`` either way: the reader closes the link
   (a peer that sends one is broken or hostile), ``send`` raises ``ValueError``;
 - once closed (either side, an error, ``close()``), calls ``on_close`` exactly once, from
@@ -47,6 +52,9 @@ __all__ = ["FrameLink", "LinkClosed", "frame"]
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
+# How long a lazy frame may wait for others to join it (a burst of heartbeats, one per
+# tablet, leaves as one write instead of one each).
+LAZY_DELAY_S = 0.005
 _RECV_BYTES = 256 * 1024
 # A TLS reader lets go of the lock after this much, so senders are not held up for long.
 _TLS_READ_BURST_BYTES = 1024 * 1024
@@ -73,6 +81,7 @@ class FrameLink:
         *,
         max_frame_bytes: int,
         send_timeout_s: float,
+        on_burst_end: Callable[[], None] | None = None,
     ) -> None:
         self._tls = isinstance(sock, ssl.SSLSocket)
         if self._tls:
@@ -84,6 +93,7 @@ class FrameLink:
         self.name = name
         self._sock = sock
         self._on_frame = on_frame
+        self._on_burst_end = on_burst_end
         self._on_close = on_close
         self._max_frame_bytes = max_frame_bytes
         self._send_timeout_s = send_timeout_s
@@ -92,6 +102,10 @@ class FrameLink:
         self._backlog: deque[memoryview] = deque()
         self._writing = False  # the writer thread owns the socket's send side
         self._wake_writer = threading.Condition(self._lock)
+        # Frames that may wait a moment (send(lazy=True)): the writer sends them together
+        # LAZY_DELAY_S after the first, or the next ordinary send takes them along.
+        self._lazy: list[bytes] = []
+        self._lazy_due = False
         self._closed = False
         self._shut = False  # the socket was shut down
         self._threads_left = 2
@@ -107,9 +121,17 @@ class FrameLink:
     def closed(self) -> bool:
         return self._closed
 
+    # Calls, not attribute reads, after a wait: a type checker narrowing the attributes
+    # across the wait would call what follows unreachable.
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _is_writing(self) -> bool:
+        return self._writing
+
     # --- sending, any thread -------------------------------------------------------------
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, *, lazy: bool = False) -> None:
         """Send ``data``: one or more whole frames (``frame(body)`` each).  Never blocks;
         raises ``LinkClosed`` if the link is closed, ``ValueError`` for a frame over the
         limit (checked on the first frame only: callers send one frame per call or frames
@@ -122,6 +144,15 @@ class FrameLink:
         with self._lock:
             if self._closed:
                 raise LinkClosed(f"link {self.name} is closed")
+            if lazy:
+                self._lazy.append(data)
+                if not self._lazy_due:
+                    self._lazy_due = True
+                    self._wake_writer.notify()
+                return
+            if self._lazy:  # what waits goes first, in this same send
+                data = b"".join(self._lazy) + data
+                self._lazy.clear()
             if self._writing:  # the writer has bytes queued: these go after them
                 self._backlog.append(memoryview(data))
                 return
@@ -165,9 +196,21 @@ class FrameLink:
     def _write_backlog(self) -> None:
         while True:
             with self._lock:
-                self._wake_writer.wait_for(lambda: self._writing or self._closed)
+                self._wake_writer.wait_for(lambda: self._writing or self._closed or self._lazy_due)
                 if self._closed:
                     return
+                if not self._writing:
+                    # Woken for lazy frames: let the rest of their burst join them.
+                    self._wake_writer.wait_for(lambda: self._writing or self._closed, LAZY_DELAY_S)
+                    if self._is_closed():
+                        return
+                    if not self._is_writing():
+                        self._lazy_due = False
+                        if not self._lazy:  # an ordinary send took them along
+                            continue
+                        self._backlog.append(memoryview(b"".join(self._lazy)))
+                        self._lazy.clear()
+                        self._writing = True
                 chunk = self._backlog.popleft()
             try:
                 self._send_all(chunk)
@@ -178,6 +221,8 @@ class FrameLink:
             with self._lock:
                 if not self._backlog:
                     self._writing = False
+                    # Lazy frames that came while the backlog drained: their turn next.
+                    self._lazy_due = bool(self._lazy)
 
     def _send_all(self, chunk: memoryview) -> None:
         if self._tls:
@@ -254,6 +299,8 @@ class FrameLink:
                     self._on_frame(body)
                 if start:
                     del buf[:start]
+                    if self._on_burst_end is not None:
+                        self._on_burst_end()
         except OSError as exc:
             logger.debug("link %s: %s", self.name, exc)
         except Exception:  # a bug in on_frame must close the link, not leave it half alive

@@ -125,7 +125,8 @@ class _PeerStream:
 
     # --- any thread ----------------------------------------------------------------------
 
-    def send(self, seq: int, item: bytes, pending: Pending) -> None:
+    def send(self, seq: int, item: bytes, pending: Pending, *, lazy: bool = False) -> None:
+        # lazy: the loop batches whatever is queued when it looks anyway.
         with self._lock:
             if self._closed:
                 closed = True
@@ -395,7 +396,9 @@ def _create_on_loop(
 class PeerSender(Protocol):
     """How a hub reaches one peer server: ``send`` queues a request and never blocks."""
 
-    def send(self, seq: int, item: bytes, pending: Pending) -> None: ...
+    def send(self, seq: int, item: bytes, pending: Pending, *, lazy: bool = False) -> None:
+        """``lazy``: it may wait a moment to leave with others (a heartbeat)."""
+        ...
 
 
 class PeerHub(Protocol):
@@ -446,7 +449,10 @@ class StreamTransport:
         else:
             callback = on_response
         deadline = time.monotonic() + self._hub.timeout_s
-        stream.send(seq, item, Pending(self.tablet_id, message, callback, deadline))
+        # Every tablet's routine heartbeat to a peer is due at the same tick: let them leave
+        # together (a read or a transfer waiting on a heartbeat does not wait for that).
+        lazy = message.routine
+        stream.send(seq, item, Pending(self.tablet_id, message, callback, deadline), lazy=lazy)
 
     def close(self) -> None:
         """Refuse further sends; what is in flight is answered or dropped by its stream."""

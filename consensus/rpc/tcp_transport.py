@@ -80,14 +80,14 @@ class _TcpPeer:
     def connected(self) -> bool:
         return self._link is not None
 
-    def send(self, seq: int, item: bytes, pending: Pending) -> None:
+    def send(self, seq: int, item: bytes, pending: Pending, *, lazy: bool = False) -> None:
         """Any thread, never blocks: on the connection if it is up, else on the stream."""
         link = self._link
         if link is not None:
             with self._lock:
                 self._pending[seq] = pending
             try:
-                link.send(frame(item))
+                link.send(frame(item), lazy=lazy)
                 return
             except Exception as exc:  # closed, or a bug: never raise into the caller's lock
                 if not isinstance(exc, LinkClosed):

@@ -25,6 +25,7 @@ class End:
         self.frames: list[bytes] = []
         self.closes = 0
         self.got = threading.Condition()
+        self.bursts = 0  # on_burst_end calls: reads that brought whole frames in
         self.link = FrameLink(
             sock,
             name,
@@ -32,7 +33,12 @@ class End:
             self._on_close,
             max_frame_bytes=int(kw.get("limit", LIMIT)),
             send_timeout_s=kw.get("send_timeout_s", 10.0),
+            on_burst_end=self._on_burst_end,
         ).start()
+
+    def _on_burst_end(self) -> None:
+        with self.got:
+            self.bursts += 1
 
     def _on_frame(self, body: bytes) -> None:
         with self.got:
@@ -138,6 +144,29 @@ def test_tcp_connection_between_two_links() -> None:
     a.link.close()
     b.wait_closed()
     a.wait_closed()  # the closing side reports its own close too
+
+
+def test_lazy_frames_leave_together_and_before_the_next_ordinary_one(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a, b = End(pair[0], "a"), End(pair[1], "b")
+    try:
+        # A burst of lazy frames (every tablet's heartbeat) leaves as one write: the reader
+        # takes them in with far fewer reads than frames.
+        for k in range(50):
+            a.link.send(frame(b"hb%d" % k), lazy=True)
+        assert b.wait_frames(50) == [b"hb%d" % k for k in range(50)]
+        assert b.bursts < 10, b.bursts
+        # Lazy frames waiting when an ordinary one is sent go first, in that same send.
+        a.link.send(frame(b"lazy"), lazy=True)
+        a.link.send(frame(b"now"))
+        assert b.wait_frames(52)[50:] == [b"lazy", b"now"]
+        # A lazy frame alone still leaves, once the delay is up.
+        a.link.send(frame(b"alone"), lazy=True)
+        assert b.wait_frames(53)[-1] == b"alone"
+    finally:
+        a.link.close()
+        b.link.close()
 
 
 class _FullOnce(socket.socket):
