@@ -708,7 +708,7 @@ async def open_raftlet_driver(
             say(f"raftlet.client.aio unavailable ({e}); grpc.aio on the Write RPC instead")
         else:
             client = await AsyncClient.connect(list(addresses), tls=tls, tcp_writes=tcp_writes)
-            path = "tcp write port" if tcp_writes and tls is None else "WriteStream"
+            path = "tcp write port" if tcp_writes else "WriteStream"  # TLS there under TLS
             return AioClientRaftletDriver(client), f"raftlet.client.aio AsyncClient.insert ({path})"
     driver = GrpcAioRaftletDriver(addresses, tls.credentials() if tls is not None else None)
     await driver.open()
