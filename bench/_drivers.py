@@ -5,9 +5,14 @@ whose name starts with an underscore.)"""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import signal
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 
@@ -50,3 +55,15 @@ async def run_coroutines_for(
     stop.set()
     counts = await asyncio.gather(*tasks)
     return sum(counts), time.perf_counter() - start
+
+
+def run_in_scratch_dir(prefix: str, parent: str | None, run: Callable[[Path], None]) -> None:
+    """``run(root)`` in a new temporary directory under ``parent`` (None: the system's),
+    removed afterwards -- also when SIGTERM ends the run: it unwinds like Ctrl-C, so the
+    clusters the run started are stopped first."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        run(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -31,10 +31,7 @@ import json
 import os
 import platform
 import random
-import shutil
-import signal
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -45,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._drivers import run_in_scratch_dir  # noqa: E402
 from raftlet.client import Client, FlushMode, Predicate, ReadMode  # noqa: E402
 from raftlet.deploy.local import LocalCluster  # noqa: E402
 
@@ -242,13 +240,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "3 servers, 1 tablet, point reads through Client.scan",
         flush=True,
     )
-    # SIGTERM unwinds like Ctrl-C, so the clusters are stopped and the directory removed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    root = Path(tempfile.mkdtemp(prefix="raftlet-bench-reads-", dir=args.dir))
-    try:
-        run(args, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    run_in_scratch_dir("raftlet-bench-reads-", args.dir, lambda root: run(args, root))
 
 
 if __name__ == "__main__":

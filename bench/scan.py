@@ -25,11 +25,8 @@ import json
 import os
 import platform
 import resource
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._drivers import run_in_scratch_dir  # noqa: E402
 from raftlet.cli.server_cpu import ServerCpu, read_cpu_seconds  # noqa: E402
 from raftlet.client import Client, RowFormat  # noqa: E402
 from raftlet.deploy.local import LocalCluster  # noqa: E402
@@ -244,13 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{args.rows:,} rows of {args.row_bytes} B, 3 servers, 1 tablet",
         flush=True,
     )
-    # SIGTERM unwinds like Ctrl-C, so the cluster is stopped and the directory removed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    root = Path(tempfile.mkdtemp(prefix="raftlet-bench-scan-", dir=args.dir))
-    try:
-        run(args, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    run_in_scratch_dir("raftlet-bench-scan-", args.dir, lambda root: run(args, root))
 
 
 if __name__ == "__main__":

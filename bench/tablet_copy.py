@@ -23,9 +23,7 @@ import json
 import os
 import platform
 import shutil
-import signal
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -34,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._drivers import run_in_scratch_dir  # noqa: E402
 from bench.scan import load  # noqa: E402
 from raftlet.cli.server_cpu import read_cpu_seconds  # noqa: E402
 from raftlet.deploy.local import LocalCluster  # noqa: E402
@@ -151,12 +150,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"chunks of {args.chunk_bytes:,} B",
         flush=True,
     )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    root = Path(tempfile.mkdtemp(prefix="raftlet-bench-copy-", dir=args.dir))
-    try:
-        run(args, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    run_in_scratch_dir("raftlet-bench-copy-", args.dir, lambda root: run(args, root))
 
 
 if __name__ == "__main__":

@@ -20,11 +20,8 @@ import datetime
 import json
 import os
 import platform
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -33,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._drivers import run_in_scratch_dir  # noqa: E402
 from raftlet.deploy.local import LocalCluster  # noqa: E402
 
 MiB = 1 << 20
@@ -125,12 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# bench/wal_bytes.py  {now}  python {platform.python_version()}  "
         f"{os.cpu_count()} cpus  {args.minutes:g} min  in flight {args.in_flight} per cluster"
     )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    root = Path(tempfile.mkdtemp(prefix="raftlet-wal-bytes-", dir=args.dir))
-    try:
-        run(args, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    run_in_scratch_dir("raftlet-wal-bytes-", args.dir, lambda root: run(args, root))
     return 0
 
 

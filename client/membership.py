@@ -137,6 +137,15 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
         _pause(deadline, f"the replica of {tablet_id} on {server} to catch up")
 
 
+def _refuse_if_pending(m: TabletMembership, tablet_id: str) -> None:
+    """One membership change at a time: the group's last one must be committed first."""
+    if m.change_pending:
+        raise InvalidArgument(
+            f"a membership change of {tablet_id} is in progress (entry {m.config_index} is "
+            "not committed yet); try again once it is"
+        )
+
+
 def _check_server(client: Client, server: str) -> None:
     servers = client.servers()
     if server not in servers:
@@ -161,11 +170,7 @@ def add_replica(
     if server in m.voters:
         raise InvalidArgument(f"{server} already holds a replica of {tablet_id} (a voter)")
     if server not in m.learners:
-        if m.change_pending:
-            raise InvalidArgument(
-                f"a membership change of {tablet_id} is in progress (entry {m.config_index} "
-                "is not committed yet); try again once it is"
-            )
+        _refuse_if_pending(m, tablet_id)
         request = admin_pb2.CreateReplicaRequest(
             tablet_id=tablet_id, voters=m.voters, learners=(*m.learners, server)
         )
@@ -207,11 +212,7 @@ def remove_replica(
             f"{server} holds no replica of {tablet_id} (voters {', '.join(m.voters)}"
             + (f"; learners {', '.join(m.learners)})" if m.learners else ")")
         )
-    if m.change_pending:
-        raise InvalidArgument(
-            f"a membership change of {tablet_id} is in progress (entry {m.config_index} is "
-            "not committed yet); try again once it is"
-        )
+    _refuse_if_pending(m, tablet_id)
     if m.leader == server:
         others = [v for v in m.voters if v != server]
         if not others:
