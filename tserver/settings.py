@@ -617,7 +617,8 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "consensus_tcp_port", _CONSENSUS, "PORT",
         "The port this server takes peers' consensus traffic on over plain TCP, on the "
-        "host of --rpc_addr (default 0: any free port; peers ask for it over RPC). With TLS "
+        "host of --rpc_addr (default 0: a free port below the kernel's ephemeral range; "
+        "peers ask for it over RPC). With TLS "
         "it is TLS too and admits only server certificates, each request's sender checked "
         "against the certificate as on the gRPC port.",
         convert=int, check=at_least(0, 65535),
@@ -625,7 +626,8 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "write_tcp_port", _CLUSTER, "PORT",
         "The port this server takes clients' write streams on over plain TCP, on the host "
-        "of --rpc_addr (default 0: any free port; the asyncio client asks for it over RPC "
+        "of --rpc_addr (default 0: a free port below the kernel's ephemeral range; the "
+        "asyncio client asks for it over RPC "
         "and uses it instead of the gRPC WriteStream). With TLS it is TLS too and admits "
         "client certificates with the writer role or above (no bearer tokens: a client "
         "with a token stays on gRPC).",

@@ -17,12 +17,15 @@ peer never holds up the acceptor; ``make_link`` then gets the caller's identity.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
+import random
 import socket
 import ssl
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink
@@ -41,6 +44,37 @@ LinkFactory = Callable[
 _connections = itertools.count(1)
 
 
+# Where a port the kernel would not hand out by itself starts (below its ephemeral range).
+_LOWEST_PICKED_PORT = 10_000
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on ``port``; 0 picks a free one *below* the kernel's ephemeral
+    range.  Why not let the kernel pick: launchers (``raftlet cluster up``, the test
+    harnesses) reserve every server's RPC port up front by asking the kernel for one, then
+    start the servers one by one; a listener of an early server picked by the kernel could
+    take a later server's reserved port before it binds it."""
+    if port != 0:
+        return socket.create_server((host, port))
+    high = _ephemeral_low()
+    if high > _LOWEST_PICKED_PORT:
+        for candidate in random.sample(range(_LOWEST_PICKED_PORT, high), 32):
+            try:
+                return socket.create_server((host, candidate))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+    return socket.create_server((host, 0))
+
+
+def _ephemeral_low() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 class TcpListener:
     def __init__(
         self,
@@ -56,7 +90,7 @@ class TcpListener:
         self._make_link = make_link
         self._max_connections = max_connections
         self._admission = admission
-        self._sock = socket.create_server((host, port))
+        self._sock = bind_listener(host, port)
         self.port: int = self._sock.getsockname()[1]
         self._lock = threading.Lock()
         self._links: set[FrameLink] = set()

@@ -104,7 +104,11 @@ class _TcpPeer:
     def _maybe_connect(self) -> None:
         now = time.monotonic()
         with self._lock:
-            if self._closed or self._connecting or now < self._next_attempt:
+            # A send that saw no link may get here just after a dial succeeded: one
+            # connection per peer, never a second (it would leak, open and unused).
+            if self._closed or self._connecting or self._link is not None:
+                return
+            if now < self._next_attempt:
                 return
             self._connecting = True
         threading.Thread(target=self._connect, name=f"tcp-dial:{self.addr}", daemon=True).start()
@@ -140,7 +144,7 @@ class _TcpPeer:
             logger.exception("consensus tcp to %s: finding its endpoint failed", self.addr)
         with self._lock:
             self._connecting = False
-            if link is not None and not self._closed:
+            if link is not None and not self._closed and self._link is None:
                 self._link = link.start()
                 self._backoff = _BACKOFF_INITIAL_S
                 logger.info("consensus traffic to %s now on plain tcp", self.addr)
