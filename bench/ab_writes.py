@@ -1,0 +1,147 @@
+"""Two builds of raftlet side by side: the same write load, interleaved, on a cluster of each.
+
+    .venv/bin/python bench/ab_writes.py --a DIR_A --b DIR_B [--tablets 4]
+        [--in-flight 1,16,64] [--reps 3] [--seconds 4] [--a-flag=--x=1 ...] [--b-flag=...]
+
+DIR_A and DIR_B are source trees (a checkout, or ``git archive REV | tar -x -C DIR``). Each
+gets its own 3-server cluster (``raftlet cluster up``, started from that tree) and is driven
+by that tree's asyncio client (``raftlet write --in-flight N``), A then B in every cell of
+every repetition, so both see the same machine noise. A and B may also be one tree with
+different server flags (``--a-flag``/``--b-flag``, passed on as ``--tserver-flag``).
+Printed: per cell the median writes/s, server CPU per write and p50 latency of each side
+over the repetitions, and B/A. The clusters and their directories are removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _drivers import run_in_scratch_dir
+
+_RATE = re.compile(r"^write RPCs\s+[\d,]+\s+([\d,]+) writes/s", re.M)
+_CPU = re.compile(r"^server CPU\s+[\d.]+ s\s+([\d.]+) ms/write", re.M)
+_P50 = re.compile(r"p50.*\n\s*([\d.]+) (ms|us|µs|s)\b")
+_UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 0.001, "µs": 0.001}
+_HEADER = (
+    "| in flight | A w/s | B w/s | B/A | A ms CPU/write | B ms CPU/write | A p50 ms | B p50 ms |"
+)
+
+
+def _raftlet(tree: Path, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    done = subprocess.run(
+        [sys.executable, "-m", "raftlet", *args],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"raftlet {' '.join(args)} ({tree}) failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def _one_run(tree: Path, data: Path, in_flight: int, seconds: float) -> tuple[float, float, float]:
+    out = _raftlet(
+        tree,
+        "write",
+        "--data-dir", str(data),
+        "--duration", str(seconds),
+        "--in-flight", str(in_flight),
+        "--no-progress",
+    )  # fmt: skip
+    return parse_write_output(out)
+
+
+def parse_write_output(out: str) -> tuple[float, float, float]:
+    """Writes/s, server CPU ms per write and p50 ms from what ``raftlet write`` printed."""
+    rate, cpu, p50 = _RATE.search(out), _CPU.search(out), _P50.search(out)
+    if not (rate and cpu and p50):
+        raise RuntimeError(f"unexpected output of raftlet write:\n{out}")
+    return (
+        float(rate.group(1).replace(",", "")),
+        float(cpu.group(1)),
+        float(p50.group(1)) * _UNIT_MS[p50.group(2)],
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--a", type=Path, required=True, help="source tree A")
+    ap.add_argument("--b", type=Path, required=True, help="source tree B")
+    ap.add_argument("--tablets", type=int, default=4)
+    ap.add_argument("--in-flight", default="1,16,64", help="comma-separated (default 1,16,64)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--a-flag", action="append", default=[], help="server flag for A")
+    ap.add_argument("--b-flag", action="append", default=[], help="server flag for B")
+    ap.add_argument("--dir", default=None, help="where the clusters live (default: a temp dir)")
+    args = ap.parse_args()
+    loads = [int(n) for n in args.in_flight.split(",")]
+    sides = {"A": (args.a.resolve(), args.a_flag), "B": (args.b.resolve(), args.b_flag)}
+
+    def run(root: Path) -> None:
+        up: list[tuple[Path, Path]] = []
+        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        try:
+            for side, (tree, flags) in sides.items():
+                data = root / side
+                _raftlet(
+                    tree,
+                    "cluster", "up",
+                    "--data-dir", str(data),
+                    "--tablets", str(args.tablets),
+                    *[f"--tserver-flag={f}" for f in flags],
+                )  # fmt: skip
+                up.append((tree, data))
+                pids = [
+                    str(srv["pid"])
+                    for srv in json.loads((data / "cluster.json").read_text())["servers"]
+                ]
+                print(f"cluster {side}: {args.tablets} tablets, server pids {' '.join(pids)}")
+            for rep in range(args.reps):
+                for n in loads:
+                    for side, (tree, _) in sides.items():
+                        got = _one_run(tree, root / side, n, args.seconds)
+                        results.setdefault((side, n), []).append(got)
+                        line = f"{got[0]:,.0f} w/s, {got[1]:.3f} ms CPU/write, p50 {got[2]:.2f} ms"
+                        print(f"rep {rep + 1} in flight {n:>3} {side}: {line}", flush=True)
+        finally:
+            for tree, data in up:
+                try:
+                    _raftlet(tree, "cluster", "down", "--data-dir", str(data))
+                except Exception as exc:  # the other cluster must still come down
+                    print(f"cluster down {data}: {exc}", file=sys.stderr)
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        print(
+            f"\n# bench/ab_writes.py  {stamp}  python {platform.python_version()}  "
+            f"{os.cpu_count()} cpus  {args.tablets} tablets  medians of {args.reps}\n"
+            f"# A: {args.a} {' '.join(args.a_flag)}\n# B: {args.b} {' '.join(args.b_flag)}\n"
+        )
+        print(_HEADER)
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for n in loads:
+            a = [statistics.median(x) for x in zip(*results[("A", n)], strict=True)]
+            b = [statistics.median(x) for x in zip(*results[("B", n)], strict=True)]
+            print(
+                f"| {n} | {a[0]:,.0f} | {b[0]:,.0f} | {b[0] / a[0]:.2f} | {a[1]:.3f} | "
+                f"{b[1]:.3f} | {a[2]:.2f} | {b[2]:.2f} |"
+            )
+
+    run_in_scratch_dir("raftlet-ab-", args.dir, run)
+
+
+if __name__ == "__main__":
+    main()
