@@ -5,8 +5,11 @@ whose name starts with an underscore.)"""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -67,3 +70,66 @@ def run_in_scratch_dir(prefix: str, parent: str | None, run: Callable[[Path], No
         run(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def raftlet_cli(tree: Path, *args: str) -> str:
+    """``python -m raftlet ARGS`` run from source tree ``tree``; what it printed."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    done = subprocess.run(
+        [sys.executable, "-m", "raftlet", *args],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"raftlet {' '.join(args)} ({tree}) failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+_STEP_DOWN = (
+    "import sys; from pathlib import Path; from raftlet.client import Client; "
+    "from raftlet.client.tls import TlsOptions; from raftlet.deploy.local import local_tls_files; "
+    "f = local_tls_files(Path(sys.argv[2])); "
+    "c = Client(sys.argv[1].split(','), tls=TlsOptions(*f) if f else None)\n"
+    "for move in sys.argv[3:]:\n"
+    "    tablet, _, to = move.partition('=')\n"
+    "    try: c.leader_step_down(tablet, to)\n"
+    "    except Exception as e: print(tablet, e, file=sys.stderr)\n"
+    "c.close()"
+)
+
+
+def _leaders(tree: Path, data: Path) -> dict[str, str]:
+    status = json.loads(
+        raftlet_cli(tree, "cluster", "status", "--data-dir", str(data), "--format", "json")
+    )
+    return {t["tablet_id"]: t.get("leader") or "" for t in status["tablets"]}
+
+
+def place_leaders(tree: Path, data: Path, timeout_s: float = 120.0) -> dict[str, str]:
+    """Move the leader of tablet i to server i mod 3 (kv-p0 on the first server, ...):
+    where elections put leaders moves a many-tablet run more than most changes do, so
+    every run of a bench gets the same placement.  Returns tablet id -> leader."""
+    servers = json.loads((data / "cluster.json").read_text())["servers"]
+    ids = [srv["id"] for srv in servers]
+    seeds = ",".join(srv["rpc_addr"] for srv in servers)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leaders = _leaders(tree, data)
+        want = {tid: ids[int(tid.rsplit("p", 1)[1]) % len(ids)] for tid in leaders}
+        wrong = [tid for tid in leaders if leaders[tid] != want[tid]]
+        if not wrong:
+            return leaders
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"leaders {leaders} not moved to {want} in {timeout_s} s")
+        # A tablet without a leader now is in an election: looked at again next time.
+        moves = [f"{tid}={want[tid]}" for tid in wrong if leaders[tid]]
+        if moves:
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            subprocess.run(
+                [sys.executable, "-c", _STEP_DOWN, seeds, str(data), *moves],
+                cwd=tree, env=env, capture_output=True, timeout=120,
+            )  # fmt: skip
+        time.sleep(0.5)  # a transfer takes an election round; not a test, so polling is fine

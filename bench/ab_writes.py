@@ -8,6 +8,9 @@ gets its own 3-server cluster (``raftlet cluster up``, started from that tree) a
 by that tree's asyncio client (``raftlet write --in-flight N``), A then B in every cell of
 every repetition, so both see the same machine noise. A and B may also be one tree with
 different server flags (``--a-flag``/``--b-flag``, passed on as ``--tserver-flag``).
+Both clusters get the same leader placement (tablet i's leader on server i mod 3, moved
+there by leader transfers): where elections happen to put leaders moves a many-tablet run
+by more than most changes do.
 Printed: per cell the median writes/s, server CPU per write and p50 latency of each side
 over the repetitions, and B/A. The clusters and their directories are removed at the end.
 """
@@ -21,13 +24,12 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _drivers import run_in_scratch_dir
+from _drivers import place_leaders, raftlet_cli, run_in_scratch_dir
 
 _RATE = re.compile(r"^write RPCs\s+[\d,]+\s+([\d,]+) writes/s", re.M)
 _CPU = re.compile(r"^server CPU\s+[\d.]+ s\s+([\d.]+) ms/write", re.M)
@@ -38,23 +40,8 @@ _HEADER = (
 )
 
 
-def _raftlet(tree: Path, *args: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    done = subprocess.run(
-        [sys.executable, "-m", "raftlet", *args],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"raftlet {' '.join(args)} ({tree}) failed:\n{done.stderr[-2000:]}")
-    return done.stdout
-
-
 def _one_run(tree: Path, data: Path, in_flight: int, seconds: float) -> tuple[float, float, float]:
-    out = _raftlet(
+    out = raftlet_cli(
         tree,
         "write",
         "--data-dir", str(data),
@@ -98,7 +85,7 @@ def main() -> None:
         try:
             for side, (tree, flags) in sides.items():
                 data = root / side
-                _raftlet(
+                raftlet_cli(
                     tree,
                     "cluster", "up",
                     "--data-dir", str(data),
@@ -106,11 +93,13 @@ def main() -> None:
                     *[f"--tserver-flag={f}" for f in flags],
                 )  # fmt: skip
                 up.append((tree, data))
+                leaders = place_leaders(tree, data)
                 pids = [
                     str(srv["pid"])
                     for srv in json.loads((data / "cluster.json").read_text())["servers"]
                 ]
-                print(f"cluster {side}: {args.tablets} tablets, server pids {' '.join(pids)}")
+                placed = " ".join(f"{t}:{s}" for t, s in sorted(leaders.items()))
+                print(f"cluster {side}: server pids {' '.join(pids)}; leaders {placed}")
             for rep in range(args.reps):
                 for n in loads:
                     for side, (tree, _) in sides.items():
@@ -121,7 +110,7 @@ def main() -> None:
         finally:
             for tree, data in up:
                 try:
-                    _raftlet(tree, "cluster", "down", "--data-dir", str(data))
+                    raftlet_cli(tree, "cluster", "down", "--data-dir", str(data))
                 except Exception as exc:  # the other cluster must still come down
                     print(f"cluster down {data}: {exc}", file=sys.stderr)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -87,7 +87,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from _drivers import run_coroutines_for  # noqa: E402
+from _drivers import place_leaders, run_coroutines_for  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_BENCH_VENV = ROOT / ".bench-venv"
@@ -756,6 +756,8 @@ class Raftlet:
             tls=self.tls,
             extra_flags=flags,
         )
+        # Tablet i's leader on server i mod 3, every run: elections alone would leave it to luck.
+        place_leaders(ROOT, self.dir)
 
     def pids(self) -> list[int]:
         return [s.pid for s in self.cluster.servers.values()]

@@ -224,13 +224,7 @@ class ConsensusOptions:
     heartbeat_ticks: int = 1
     pre_vote: bool = True
     check_quorum: bool = True
-    # Appends in flight to one follower.  Two, not etcd's pipeline of many: what a tablet
-    # proposes while a round is out goes in the next round's append, so a round carries
-    # more entries -- and a round (a follower's step, WAL turn, answer and apply; the
-    # leader's step of the answer) costs more CPU than its entries.  Measured +5-10%
-    # writes/s with 4 tablets at 16-64 in flight (docs/benchmarks.md); the second slot
-    # lets a lost append show as a gap at once instead of waiting for a heartbeat.
-    max_inflight_msgs: int = 2
+    max_inflight_msgs: int = 64
     max_size_per_msg: int = 1 << 20
     # See consensus.core.Config: off, a moved commit index waits for the next append or
     # heartbeat instead of costing every follower a message of its own.

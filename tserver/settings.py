@@ -104,6 +104,7 @@ class ServerSettings:
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
     log_gc_interval_s: float = 10.0
+    follower_apply_delay_ms: float = 20.0
     store_verify_interval_s: float = 3600.0
     log_max_segments_retained: int = 64
     tablet_copy_chunk_bytes: int = MiB
@@ -663,6 +664,15 @@ FLAGS: tuple[FlagSpec, ...] = (
         "reserves this much disk space up front, so a filling disk fails the store "
         "(which recovers) before the log (which needs a restart).",
         convert=int_value, check=int_in_range(1),
+    ),
+    FlagSpec(
+        "follower_apply_delay_ms", _CONSENSUS, "MS",
+        f"While more commits are on their way, a follower applies committed entries to "
+        f"its store at most this long after the first of them (default "
+        f"{_D('follower_apply_delay_ms'):g}), or at 256: fewer, larger store transactions. "
+        "A follower at rest and a leader apply at once; a follower read that waits for an "
+        "index (min_applied_index) has it applied at once; 0: every round applies.",
+        convert=float_value, check=at_least(0, 1000),
     ),
     FlagSpec(
         "log_gc_interval_s", _WAL, "S",

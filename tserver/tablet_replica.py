@@ -131,6 +131,8 @@ _APPLY_RETRY_FIRST_S = 0.05
 _APPLY_RETRY_MAX_S = 2.0
 # Entries read back from the log per store transaction when catching up after a failure.
 _CATCH_UP_CHUNK = 4096
+# A follower applies what it holds once it is this many entries (``_hold``).
+_HOLD_MAX_ENTRIES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,10 @@ class ReplicaOptions:
     read_wait_s: float = 5.0
     # Log GC at most this often (tserver.log_gc); 0: never.
     log_gc_interval_s: float = 10.0
+    # While more commits are coming, a follower applies what has committed at most this
+    # long after the first of it (fewer, larger store transactions; see ``_hold``); 0:
+    # every round.
+    follower_apply_delay_s: float = 0.02
     # Segments log GC keeps for a lagging voter at most (tserver.log_gc); 0: no cap.
     log_max_segments_retained: int = 64
     # A scan page's bytes when the request leaves it to the server, and at most.
@@ -331,7 +337,7 @@ class TabletReplica:
             if opts.log_gc_interval_s > 0
             else None
         )
-        self._unregister_gc: Callable[[], None] | None = None
+        self._unregister_tick: Callable[[], None] | None = None
         # The store's failure while applying, until a retry succeeds (apply stage only).
         self._apply_error: BaseException | None = None
         # The highest committed index handed to the apply stage: what a retry must reach.
@@ -342,6 +348,10 @@ class TabletReplica:
         # Set (once) by the store verifier: the file is damaged, and no retry will mend it.
         self._store_damage: str | None = None
         self._stopped = False
+        # A follower's committed entries waiting to be applied together, since when.
+        self._held: list[Entry] = []
+        self._held_since = 0.0
+        self._reads_waiting = 0  # reads in _wait_applied: nothing is held meanwhile
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -352,12 +362,13 @@ class TabletReplica:
 
     def start(self) -> None:
         self.consensus.start()
-        if self._log_gc is not None:
-            self._unregister_gc = self.consensus.ticker.register(self._gc_tick)
+        if self._log_gc is not None or self.options.follower_apply_delay_s > 0:
+            self._unregister_tick = self.consensus.ticker.register(self._on_tick)
 
-    def _gc_tick(self, _ticks: int) -> None:
-        # On the ticker's thread: only a clock read, and when due a post to the apply worker.
-        if self._log_gc is not None and self._log_gc.due():
+    def _on_tick(self, _ticks: int) -> None:
+        # On the ticker's thread: only a clock read, and when due a nudge to the apply
+        # worker (an empty batch): log GC's turn, and held entries go to the store.
+        if self._held or (self._log_gc is not None and self._log_gc.due()):
             self._apply_q.post([])
 
     def stop(self) -> None:
@@ -365,13 +376,14 @@ class TabletReplica:
         if self._stopped:
             return
         self._stopped = True
-        if self._unregister_gc is not None:
-            self._unregister_gc()
+        if self._unregister_tick is not None:
+            self._unregister_tick()
         timer = self._retry_timer
         if timer is not None:
             timer.cancel()
         self._prepare_q.close(timeout=30)
         self.consensus.stop()
+        self._apply_q.post([])  # held entries into the store before it closes
         self._apply_q.close(timeout=30)
         if self._own_workers:
             self._workers.stop()
@@ -559,6 +571,14 @@ class TabletReplica:
 
     def _apply_batches(self, batches: list[list[Entry]]) -> None:
         entries = [e for batch in batches for e in batch]
+        with self._applied_cond:  # see _wait_applied
+            if self._held:
+                entries = self._held + entries
+                self._held = []
+            if entries and self._hold(entries, nudged=not all(batches)):
+                self._held = entries
+                return
+        self._held_since = 0.0
         if entries:
             self._given_up_to = max(self._given_up_to, entries[-1].index)
         if self._store_damage is not None and self._apply_error is None:
@@ -578,6 +598,40 @@ class TabletReplica:
             except (OSError, StoreError) as exc:
                 # Nothing is lost by keeping the log: say so and try again next time.
                 logger.warning("%s: log GC failed: %r", self.tablet_id, exc)
+
+    @property
+    def held_entries(self) -> int:
+        """Committed entries this follower holds back for a larger apply (``_hold``)."""
+        return len(self._held)
+
+    def _hold(self, entries: list[Entry], *, nudged: bool) -> bool:
+        """Whether a follower keeps ``entries`` (committed) for a later, larger apply.
+
+        A round's apply -- decoding its entries, one store transaction -- costs more than
+        the entries in it, and was most of a follower's CPU per round; a follower answers
+        no writer, so while more commits are on their way (its log goes on past what has
+        committed) it applies at most ``follower_apply_delay_s`` after the first entry it
+        holds, or at 256 entries.  Never with nothing more to come (a follower at rest
+        applies what it learns at once), never on a leader (its writers wait), nor after
+        a nudge: the ticker's, a read waiting for an index (``_wait_applied``; nor while
+        one waits), a retry, or stop."""
+        delay = self.options.follower_apply_delay_s
+        if (
+            delay <= 0
+            or nudged
+            or self._reads_waiting
+            or self._stopped
+            or len(entries) >= _HOLD_MAX_ENTRIES
+            or self._apply_error is not None
+            or self._store_damage is not None
+            or self.consensus.snapshot.role is Role.LEADER
+            or self.consensus_log().last_index() <= entries[-1].index
+        ):
+            return False
+        now = time.monotonic()
+        if not self._held_since:
+            self._held_since = now
+        return now - self._held_since < delay
 
     def _apply_pieces(self, entries: list[Entry]) -> bool:
         """Apply ``entries``; False (and the replica FAILED) if the store failed."""
@@ -785,15 +839,24 @@ class TabletReplica:
         reads see everything committed before the read arrived, bounded-staleness reads
         the index they ask for.  UNAVAILABLE after that, so the client tries elsewhere."""
         with self._applied_cond:
-            if not self._applied_cond.wait_for(
-                lambda: self.store.applied_index() >= index or self._apply_error is not None,
-                self.options.read_wait_s,
-            ):
-                raise ServiceUnavailable(
-                    f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
-                    f"(applied {self.store.applied_index()}) after "
-                    f"{self.options.read_wait_s:g} s; try another replica"
+            # Under the lock the apply stage holds entries with: held before this, they
+            # are nudged out now; after, the stage sees this read waiting and holds none.
+            self._reads_waiting += 1
+            try:
+                if self._held:
+                    self._apply_q.post([])
+                applied = self._applied_cond.wait_for(
+                    lambda: self.store.applied_index() >= index or self._apply_error is not None,
+                    self.options.read_wait_s,
                 )
+            finally:
+                self._reads_waiting -= 1
+        if not applied:
+            raise ServiceUnavailable(
+                f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
+                f"(applied {self.store.applied_index()}) after "
+                f"{self.options.read_wait_s:g} s; try another replica"
+            )
         self._check_serving()
 
     # --- tablet copy ---------------------------------------------------------------------------

@@ -216,12 +216,11 @@ def test_three_servers_elect_replicate_and_fail_over(grpc_cluster: dict[str, Nod
     for node in survivors.values():
         _wait_applied(node, first + more)
 
-    # One channel per peer address, shared by every call the replica made (its heartbeats
-    # and appends), never one per call.  Both leaders called both peers (the crashed one
-    # included); a follower that never campaigned never called anyone.
+    # One channel per peer address, shared by every call the replica made (hundreds of
+    # heartbeats and appends), never one per call.  Both leaders called both peers (the
+    # crashed one included); a follower that never campaigned never called anyone.
     calls = sum(n.server.servicer.calls for n in nodes.values())
-    channels = sum(n.pool.channels_created for n in nodes.values())
-    assert calls > 2 * channels
+    assert calls > 50
     for uuid, node in nodes.items():
         peers = {n.server.addr for u, n in nodes.items() if u != uuid}
         assert node.pool.channels_created == len(node.pool.addresses()), uuid

@@ -66,8 +66,15 @@ class Tablet:
     """Three replicas of one tablet over an in-memory transport.  The test is the clock:
     ticks pass only while it waits (``wait_for``), so no wall-clock election races it."""
 
-    def __init__(self, root: Path, partition: int = 0, num_partitions: int = 1) -> None:
+    def __init__(
+        self,
+        root: Path,
+        partition: int = 0,
+        num_partitions: int = 1,
+        options: ReplicaOptions | None = None,
+    ) -> None:
         self.root = root
+        self.options = options or ReplicaOptions(consensus=FAST)
         self.partition = partition
         self.num_partitions = num_partitions
         self.ticker = ManualTicker()
@@ -87,7 +94,7 @@ class Tablet:
             directory=self.root / node,
             schema=SCHEMA,
             transport=self.transport,
-            options=ReplicaOptions(consensus=FAST),
+            options=self.options,
             ticker=self.ticker,
         )
         self.transport.register(node, r.consensus.handle_request)
@@ -524,3 +531,50 @@ def test_a_row_of_another_tablet_fails_the_whole_write_and_nothing_is_stored(
     assert not send(leader, make(ours, "c1", 1)).result().row_errors
     for r in tablet.replicas.values():
         tablet.wait_for(lambda r=r: keys_on(r) == sorted(ours), what=f"{r.server_id} applies")
+
+
+def test_a_follower_applies_what_commits_together_and_a_read_gets_its_index_at_once(
+    tmp_path: Path,
+) -> None:
+    """A follower holds committed entries back for one larger store transaction (here for
+    as long as no tick comes); the leader never does -- its writers are answered without a
+    tick. A follower read waiting for an index has the held entries applied at once."""
+    options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=3600, read_wait_s=5)
+    tablet = Tablet(tmp_path, options=options)
+    try:
+        leader = tablet.leader()
+        follower = next(r for r in tablet.replicas.values() if r is not leader)
+        indexes = [send(leader, write([k], "c1", k)).result().op_index for k in (1, 2, 3, 4)]
+        # No tick from here on: each append carries the commit of the write before it.
+        wait_for(lambda: follower.held_entries >= 3, what="the follower holding 3 writes")
+        assert follower.store.applied_index() < indexes[0]  # none of the writes yet
+        assert leader.store.applied_index() >= indexes[-1]
+        page = follower.scan(
+            tablet_pb2.ScanRequest(
+                tablet_id="kv-p0",
+                read_mode=tablet_pb2.READ_FOLLOWER_APPLIED,
+                min_applied_index=indexes[2],
+            )
+        )
+        assert page.applied_index >= indexes[2]
+        assert [row.values[0].int_value for row in page.rows][:3] == [1, 2, 3]
+    finally:
+        tablet.close()
+
+
+def test_a_tick_or_a_stop_applies_what_a_follower_holds(tmp_path: Path) -> None:
+    options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=3600)
+    tablet = Tablet(tmp_path, options=options)
+    try:
+        leader = tablet.leader()
+        a, b = (r for r in tablet.replicas.values() if r is not leader)
+        indexes = [send(leader, write([k], "c1", k)).result().op_index for k in (1, 2, 3)]
+        wait_for(
+            lambda: b.held_entries and b.consensus.commit_index() >= indexes[1],
+            what="b holding the second write",
+        )
+        tablet.stop(b.server_id)  # applies what it holds before the store closes
+        assert b.store.applied_index() >= indexes[1]
+        tablet.wait_for(lambda: keys_on(a) == [1, 2, 3], what="a tick's nudge")  # ticks
+    finally:
+        tablet.close()
