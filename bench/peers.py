@@ -1263,7 +1263,7 @@ async def run_tablets(args: argparse.Namespace, root: Path) -> None:
         say(f"starting raftlet with {n} tablets")
         try:
             system.start()
-            time.sleep(2)  # let elections and the first heartbeats settle
+            time.sleep(5)  # let elections, leader moves and the first heartbeats settle
             pids = system.pids()
             idle = idle_cpu_pct(pids, args.idle)
             threads = [thread_count(p) for p in pids]
