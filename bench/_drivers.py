@@ -72,17 +72,23 @@ def run_in_scratch_dir(prefix: str, parent: str | None, run: Callable[[Path], No
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _python_in(tree: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` importing raftlet from source tree ``tree``, output captured."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    return subprocess.run(
+        [sys.executable, *args], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def cluster_servers(data: Path) -> list[dict[str, Any]]:
+    """The servers of the local cluster in ``data`` (its cluster.json): id, pid, rpc_addr..."""
+    servers: list[dict[str, Any]] = json.loads((data / "cluster.json").read_text())["servers"]
+    return servers
+
+
 def raftlet_cli(tree: Path, *args: str) -> str:
     """``python -m raftlet ARGS`` run from source tree ``tree``; what it printed."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    done = subprocess.run(
-        [sys.executable, "-m", "raftlet", *args],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _python_in(tree, "-m", "raftlet", *args, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"raftlet {' '.join(args)} ({tree}) failed:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -112,7 +118,7 @@ def place_leaders(tree: Path, data: Path, timeout_s: float = 120.0) -> dict[str,
     """Move the leader of tablet i to server i mod 3 (kv-p0 on the first server, ...):
     where elections put leaders moves a many-tablet run more than most changes do, so
     every run of a bench gets the same placement.  Returns tablet id -> leader."""
-    servers = json.loads((data / "cluster.json").read_text())["servers"]
+    servers = cluster_servers(data)
     ids = [srv["id"] for srv in servers]
     seeds = ",".join(srv["rpc_addr"] for srv in servers)
     deadline = time.monotonic() + timeout_s
@@ -126,10 +132,6 @@ def place_leaders(tree: Path, data: Path, timeout_s: float = 120.0) -> dict[str,
             raise RuntimeError(f"leaders {leaders} not moved to {want} in {timeout_s} s")
         # A tablet without a leader now is in an election: looked at again next time.
         moves = [f"{tid}={want[tid]}" for tid in wrong if leaders[tid]]
-        if moves:
-            env = dict(os.environ, PYTHONPATH=str(tree))
-            subprocess.run(
-                [sys.executable, "-c", _STEP_DOWN, seeds, str(data), *moves],
-                cwd=tree, env=env, capture_output=True, timeout=120,
-            )  # fmt: skip
+        if moves:  # a refused move is looked at again next time, like a missing leader
+            _python_in(tree, "-c", _STEP_DOWN, seeds, str(data), *moves, timeout=120)
         time.sleep(0.5)  # a transfer takes an election round; not a test, so polling is fine

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _drivers import place_leaders, raftlet_cli, run_in_scratch_dir
+from _drivers import cluster_servers, place_leaders, raftlet_cli, run_in_scratch_dir
 
 _RATE = re.compile(r"^write RPCs\s+[\d,]+\s+([\d,]+) writes/s", re.M)
 _CPU = re.compile(r"^server CPU\s+[\d.]+ s\s+([\d.]+) ms/write", re.M)
@@ -94,10 +93,7 @@ def main() -> None:
                 )  # fmt: skip
                 up.append((tree, data))
                 leaders = place_leaders(tree, data)
-                pids = [
-                    str(srv["pid"])
-                    for srv in json.loads((data / "cluster.json").read_text())["servers"]
-                ]
+                pids = [str(srv["pid"]) for srv in cluster_servers(data)]
                 placed = " ".join(f"{t}:{s}" for t, s in sorted(leaders.items()))
                 print(f"cluster {side}: server pids {' '.join(pids)}; leaders {placed}")
             for rep in range(args.reps):

@@ -273,4 +273,3 @@ def test_sends_from_many_threads_both_ways_while_both_readers_are_busy(
     finally:
         a.link.close()
         b.link.close()
-
