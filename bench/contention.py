@@ -1,7 +1,7 @@
 """The same-tablet concurrent-writes scenario (KUDU-2727) at a chosen scale, repeated.
 
     .venv/bin/python bench/contention.py [--reps 5] [--seconds 10] [--writers 32]
-        [--latency-ms 20] [--queue-bytes 32768] [--out out/contention]
+        [--latency-ms 20] [--queue-bytes 32768] [--leaders 0,0] [--out out/contention]
 
 Runs the scenario of tests/integration/contention.py R times per term-check mode,
 interleaved (locked, lockfree, locked, ...), each on a fresh 3-server cluster; prints the
@@ -90,6 +90,11 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=32)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--queue-bytes", type=int, default=32 * 1024)
+    parser.add_argument(
+        "--leaders",
+        default="0,0",
+        help="server index leading each tablet, e.g. 0,1 (default 0,0: one server leads both)",
+    )
     parser.add_argument("--out", default="out/contention")
     args = parser.parse_args()
     sc = Scenario(
@@ -97,6 +102,7 @@ def main() -> None:
         seconds=args.seconds,
         log_inject_latency_ms=args.latency_ms,
         group_commit_queue_size_bytes=args.queue_bytes,
+        leader_servers=tuple(int(i) for i in args.leaders.split(",")),
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ from raftlet.cluster import (
 )
 from raftlet.proto import (
     ERROR_METADATA_KEY,
+    admin_pb2,
     admin_pb2_grpc,
     consensus_pb2_grpc,
     tablet_pb2,
@@ -337,6 +338,28 @@ class TserverCluster:
             f"a leader of {tablet_id} other than {old}",
         )
         return self.servers[self.leaders()[tablet_id]]
+
+    def move_leader(self, tablet_id: str, to: str, timeout: float = 60.0) -> None:
+        """Make server ``to`` the ready leader of ``tablet_id`` (leader transfers, asked
+        again while another server leads: a transfer may lose to an election)."""
+        asked_at = -float("inf")
+
+        def there() -> bool:
+            nonlocal asked_at
+            leader = self.leaders().get(tablet_id)
+            if leader is None or leader == to:
+                return leader == to
+            if time.monotonic() - asked_at < 2.0:  # a transfer takes a few heartbeats
+                return False
+            asked_at = time.monotonic()
+            with contextlib.suppress(grpc.RpcError):  # not ready, or leadership moved
+                self.servers[leader].admin.LeaderStepDown(
+                    admin_pb2.LeaderStepDownRequest(tablet_id=tablet_id, new_leader_uuid=to),
+                    timeout=10,
+                )
+            return False
+
+        wait_for(there, timeout, f"{to} leading {tablet_id}")
 
     def tablet_for_key(self, key: object) -> str:
         """The tablet holding ``key`` of table kv (the client's routing)."""
