@@ -26,6 +26,13 @@ kernel and data in one temporary directory:
   and the client on the gRPC WriteStream (``AsyncClient(tcp_writes=False)``) -- the write
   path before the tcp ports, measured side by side with it.
 
+- CPU placement: every server process of every system gets one CPU, round-robin over the
+  CPUs the bench may use (raftlet's ``cluster up`` default, ``--cpu_affinity auto``; etcd and
+  PySyncObj members started bound the same way), since on a small VM waking a thread on
+  another CPU costs more than the work it hands over.  ``raftlet-1-unpinned``,
+  ``raftlet-4-unpinned``, ``etcd-unpinned`` and ``pysyncobj-unpinned`` leave placement to
+  the OS, for the side-by-side.
+
 A system that cannot be set up is skipped with the reason printed.  Then, for each repetition,
 each system in turn (round-robin, the starting system rotating) and each in-flight level:
 a closed loop of N concurrent writers, each write one ~100-byte row (``--value-bytes``) under
@@ -462,6 +469,17 @@ def free_ports(n: int) -> list[int]:
     return _free_ports(n, "127.0.0.1")
 
 
+def one_cpu(i: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` binding the child (and every thread it starts) to one CPU: member
+    ``i`` gets the i-th of the CPUs this process may use, round-robin -- what raftlet's
+    ``--cpu_affinity auto`` does for server i.  None where there is no CPU affinity."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[i % len(cpus)]
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
 def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
     """SIGTERM each (by its PID), wait, SIGKILL what is left, reap all."""
     for p in procs:
@@ -726,8 +744,10 @@ class Raftlet:
         client: str = "auto",
         tls: bool = False,
         transport: str = "",
+        pinned: bool = True,
     ) -> None:
         self.tablets = tablets
+        self.pinned = pinned
         self.client = client
         self.tls = tls
         # "": the server's default --consensus_transport (tcp).
@@ -735,8 +755,12 @@ class Raftlet:
         self.name = f"raftlet {tablets} tablet" + ("s" if tablets != 1 else "")
         self.name += " TLS" if tls else ""
         self.name += f" ({transport})" if transport else ""
+        self.name += "" if pinned else " unpinned"
         self.dir = root / (
-            f"raftlet-{tablets}" + ("-tls" if tls else "") + (f"-{transport}" if transport else "")
+            f"raftlet-{tablets}"
+            + ("-tls" if tls else "")
+            + (f"-{transport}" if transport else "")
+            + ("" if pinned else "-unpinned")
         )
         self.value = "v" * value_bytes
         self.cluster: Any = None
@@ -755,6 +779,7 @@ class Raftlet:
             leader_timeout_s=180,
             tls=self.tls,
             extra_flags=flags,
+            cpu_affinity="auto" if self.pinned else "",
         )
         # Tablet i's leader on server i mod 3, every run: elections alone would leave it to luck.
         place_leaders(ROOT, self.dir)
@@ -847,8 +872,9 @@ class Etcd:
     name = "etcd"
     durability = "fsync (WAL) on each member"
 
-    def __init__(self, root: Path, value_bytes: int, install: bool) -> None:
-        self.dir = root / "etcd"
+    def __init__(self, root: Path, value_bytes: int, install: bool, pinned: bool = True) -> None:
+        self.pinned = pinned
+        self.dir = root / ("etcd" if pinned else "etcd-unpinned")
         self.value = b"v" * value_bytes
         self.install = install
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -859,6 +885,7 @@ class Etcd:
     def start(self) -> None:
         binary = ensure_etcd(self.install)
         self.name = f"etcd ({etcd_version(binary).split()[-1]})"
+        self.name += "" if self.pinned else " unpinned"
         ports = free_ports(6)
         self.client_ports, peer_ports = ports[:3], ports[3:]
         names = [f"m{i + 1}" for i in range(3)]
@@ -866,7 +893,9 @@ class Etcd:
             f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peer_ports, strict=True)
         )
         self.dir.mkdir(parents=True)
-        for name, cport, pport in zip(names, self.client_ports, peer_ports, strict=True):
+        for i, (name, cport, pport) in enumerate(
+            zip(names, self.client_ports, peer_ports, strict=True)
+        ):
             argv = [
                 binary,
                 "--name", name,
@@ -889,6 +918,7 @@ class Etcd:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
+                        preexec_fn=one_cpu(i) if self.pinned else None,
                     )
                 )
         deadline = time.monotonic() + 60
@@ -986,10 +1016,19 @@ class PySyncObj:
     durability = "no fsync (in-memory log, no journal)"
 
     def __init__(
-        self, root: Path, value_bytes: int, venv: Path, install: bool, batch: bool = False
+        self,
+        root: Path,
+        value_bytes: int,
+        venv: Path,
+        install: bool,
+        batch: bool = False,
+        pinned: bool = True,
     ) -> None:
         self.batch = batch
-        self.dir = root / ("pysyncobj-batch" if batch else "pysyncobj")
+        self.pinned = pinned
+        self.dir = root / (
+            ("pysyncobj-batch" if batch else "pysyncobj") + ("" if pinned else "-unpinned")
+        )
         self.value_bytes = value_bytes
         self.venv = venv
         self.install = install
@@ -1010,6 +1049,8 @@ class PySyncObj:
             self.name = f"PySyncObj ({version})"
         if self.batch:
             self.name += " batched"
+        if not self.pinned:
+            self.name += " unpinned"
         ports = free_ports(6)
         self.raft_ports, self.control_ports = ports[:3], ports[3:]
         addrs = [f"127.0.0.1:{p}" for p in self.raft_ports]
@@ -1032,6 +1073,7 @@ class PySyncObj:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
+                        preexec_fn=one_cpu(i) if self.pinned else None,
                     )
                 )
         self.leader_control()
@@ -1091,14 +1133,17 @@ SYSTEM_NAMES = (
     "etcd",
     "pysyncobj",
     "pysyncobj-batch",
+    "raftlet-1-unpinned",
+    "raftlet-4-unpinned",
+    "etcd-unpinned",
+    "pysyncobj-unpinned",
 )
 
 
 def make_system(name: str, root: Path, args: argparse.Namespace) -> System:
-    if name == "raftlet-1":
-        return Raftlet(1, root, args.value_bytes, args.raftlet_client)
-    if name == "raftlet-4":
-        return Raftlet(4, root, args.value_bytes, args.raftlet_client)
+    if name in ("raftlet-1", "raftlet-4", "raftlet-1-unpinned", "raftlet-4-unpinned"):
+        pinned = not name.endswith("-unpinned")
+        return Raftlet(int(name[8]), root, args.value_bytes, args.raftlet_client, pinned=pinned)
     if name in ("raftlet-1-tls", "raftlet-4-tls"):
         return Raftlet(int(name[8]), root, args.value_bytes, args.raftlet_client, tls=True)
     if name in ("raftlet-1-tls-stream", "raftlet-4-tls-stream"):
@@ -1109,10 +1154,15 @@ def make_system(name: str, root: Path, args: argparse.Namespace) -> System:
         return Raftlet(
             int(name[8]), root, args.value_bytes, args.raftlet_client, transport="stream"
         )
-    if name == "etcd":
-        return Etcd(root, args.value_bytes, not args.no_install)
+    if name in ("etcd", "etcd-unpinned"):
+        return Etcd(root, args.value_bytes, not args.no_install, pinned=name == "etcd")
     return PySyncObj(
-        root, args.value_bytes, args.bench_venv, not args.no_install, name == "pysyncobj-batch"
+        root,
+        args.value_bytes,
+        args.bench_venv,
+        not args.no_install,
+        name == "pysyncobj-batch",
+        pinned=not name.endswith("-unpinned"),
     )
 
 

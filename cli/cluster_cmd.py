@@ -23,6 +23,7 @@ from raftlet.cli.common import (
 )
 from raftlet.cli.tserver_args import build_tserver_parser
 from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.tserver.cpu_affinity import check_cpu_affinity
 
 __all__ = ["add_parsers", "run"]
 
@@ -121,6 +122,14 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         type=positive_int,
         metavar="PORT",
         help="server i listens on PORT+i (RPC) and PORT+1000+i (status); default: free ports",
+    )
+    up.add_argument(
+        "--cpu-affinity",
+        default="auto",
+        metavar="{auto,none,CPUS}",
+        help="bind each server's threads to CPUs (its --cpu_affinity): auto (default) one "
+        "CPU per server, round-robin over this machine's; none leaves placement to the OS; "
+        "or a CPU list for every server, e.g. 0-1",
     )
     up.add_argument(
         "--tserver-flag",
@@ -241,6 +250,11 @@ def _up(args: argparse.Namespace) -> int:
         # rather than three servers failing to start.
         check = build_tserver_parser("raftlet cluster up --tserver-flag")
         check.parse_args(["--config", "-", "--server_id", "-", *args.tserver_flag])
+    if args.cpu_affinity != "none":
+        try:
+            check_cpu_affinity(args.cpu_affinity)
+        except ValueError as e:
+            raise UsageError(f"--cpu-affinity {args.cpu_affinity}: {e}") from None
     out = console()
     try:
         cluster = LocalCluster.create(
@@ -252,6 +266,7 @@ def _up(args: argparse.Namespace) -> int:
             extra_flags=args.tserver_flag,
             base_port=args.base_port,
             tls=args.tls,
+            cpu_affinity="" if args.cpu_affinity == "none" else args.cpu_affinity,
             ready_timeout_s=args.timeout,
             leader_timeout_s=args.timeout,
             on_progress=lambda msg: out.print(f"  {msg}"),

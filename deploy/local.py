@@ -301,6 +301,7 @@ class LocalCluster:
         base_port: int | None = None,
         tls: bool = False,
         raft: RaftTimings | None = None,
+        cpu_affinity: str = "auto",
         ready_timeout_s: float = READY_TIMEOUT_S,
         leader_timeout_s: float = LEADER_TIMEOUT_S,
         on_progress: Callable[[str], None] | None = None,
@@ -312,6 +313,9 @@ class LocalCluster:
         ``data_dir`` None makes a new temporary directory. A directory that already holds a
         ``cluster.toml`` restarts that cluster (same servers, ports and data); ``servers``
         and ``tablets``, if given, must then match it. ``servers``/``tablets`` default to 3/4.
+        ``cpu_affinity`` is every server's ``--cpu_affinity``: ``auto`` (the default) gives
+        each server one CPU, round-robin over this machine's, since they all share it
+        (``tserver.cpu_affinity``); ``""`` leaves placement to the OS.
         Raises ``LauncherError`` (after stopping whatever it started) on any failure.
         """
         say = on_progress or (lambda _msg: None)
@@ -367,6 +371,8 @@ class LocalCluster:
             flags += ["--term_check_mode", term_check_mode]
         if log_inject_latency_ms is not None:
             flags += ["--log_inject_latency_ms", f"{log_inject_latency_ms:g}"]
+        if cpu_affinity:
+            flags = ["--cpu_affinity", cpu_affinity, *flags]
         try:
             for s in config.servers:
                 # The caller's flags last: argparse keeps the last value, so they win.

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from raftlet.tserver.cpu_affinity import apply_cpu_affinity
 from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import ServerSettings
 
@@ -22,6 +23,15 @@ def run(settings: ServerSettings) -> int:
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    position = [s.id for s in settings.config.servers].index(settings.server_id)
+    try:
+        cpus = apply_cpu_affinity(settings.cpu_affinity, position)
+    except (ValueError, OSError) as e:
+        flag = f"--cpu_affinity {settings.cpu_affinity}"
+        print(f"raftlet tserver: error: {flag}: {e}", file=sys.stderr)
+        return 1
+    if cpus is not None:
+        logger.info("threads bound to CPU %s", ",".join(str(c) for c in sorted(cpus)))
     try:
         asyncio.run(_serve(settings))
     except OSError as e:

@@ -81,6 +81,22 @@ def test_up_prints_urls_and_records_live_pids(data_dir: Path) -> None:
     assert (data_dir / "cluster.toml").exists()
 
 
+def _cpus_of_threads(pid: int) -> set[str]:
+    lists = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            lists.add(next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:")))
+    return {line.split(":", 1)[1].strip() for line in lists}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc")
+def test_up_gives_each_server_one_cpu_round_robin(data_dir: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    for i, s in enumerate(state(data_dir)["servers"]):
+        assert _cpus_of_threads(s["pid"]) == {str(cpus[i % len(cpus)])}, s["id"]
+
+
 def test_status_is_ok_on_a_healthy_cluster(data_dir: Path) -> None:
     out = ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
     assert "OK: 3/3 servers up, 2/2 tablets with a ready leader" in out

@@ -5,6 +5,10 @@ network; the numbers the bench prints are for docs/benchmarks.md and never asser
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +50,34 @@ def test_bad_flags_are_usage_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         peers.parse_args(argv)
     assert e.value.code == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity")
+def test_peer_members_get_one_cpu_each_round_robin() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    for i in range(3):
+        out = subprocess.run(
+            [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+            preexec_fn=peers.one_cpu(i),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        assert out == f"[{cpus[i % len(cpus)]}]"
+
+
+def test_pinned_and_unpinned_systems(tmp_path: Path) -> None:
+    args = peers.parse_args(["--systems", "raftlet-4-unpinned,etcd-unpinned,pysyncobj-unpinned"])
+    names = args.systems.split(",")
+    made = [peers.make_system(n, tmp_path, args) for n in names]
+    assert [m.pinned for m in made] == [False, False, False]
+    assert peers.make_system("raftlet-1", tmp_path, args).pinned
+    assert [peers.make_system(n, tmp_path, args).pinned for n in ("etcd", "pysyncobj")] == [
+        True,
+        True,
+    ]
+    assert made[0].tablets == 4
 
 
 def test_percentile_median_ratio() -> None:

@@ -127,6 +127,7 @@ USAGE_ERRORS = [
     (["cluster", "up", "--term-check-mode", "sometimes"], "invalid choice"),
     (["cluster", "up", "--tserver-flag=--bogus=1"], "unrecognized arguments: --bogus=1"),
     (["cluster", "up", "--tserver-flag=--config=x.toml"], "the launcher sets --config itself"),
+    (["cluster", "up", "--cpu-affinity", "all"], "--cpu-affinity all: 'all' is not a CPU number"),
     (["cluster", "down"], "one of the arguments --data-dir --cluster is required"),
     (["metrics", "--data-dir", "x", "--format", "yaml"], "invalid choice"),
     (["leader-step-down", "--data-dir", "x"], "the following arguments are required: TABLET"),

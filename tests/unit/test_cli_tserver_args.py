@@ -97,6 +97,8 @@ BAD_FLAGS: list[tuple[list[str], str]] = [
     (["--heartbeat_ticks", "0"], "argument --heartbeat_ticks: must be >= 1, got 0"),
     (["--rpc_addr", "localhost"], "argument --rpc_addr: 'localhost' is not host:port"),
     (["--http_addr", "h:0"], "argument --http_addr: 'h:0': port must be a number in 1..65535"),
+    (["--cpu_affinity", "x"], "--cpu_affinity: 'x' is not a CPU number or range (e.g. 0, 2-3)"),
+    (["--cpu_affinity", "3-1"], "--cpu_affinity: '3-1' is not a CPU number or range"),
     # Cross-flag and flag-vs-config checks, after parsing.
     (["--heartbeat_ticks", "6"],
      "[raft] election_ticks: must be an integer greater than --heartbeat_ticks (6), got 6"),
