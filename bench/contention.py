@@ -1,7 +1,8 @@
 """The same-tablet concurrent-writes scenario (KUDU-2727) at a chosen scale, repeated.
 
     .venv/bin/python bench/contention.py [--reps 5] [--seconds 10] [--writers 32]
-        [--latency-ms 20] [--queue-bytes 32768] [--leaders 0,0] [--out out/contention]
+        [--latency-ms 20] [--queue-bytes 32768] [--leaders 0,0] [--cpu-affinity auto|none]
+        [--out out/contention]
 
 Runs the scenario of tests/integration/contention.py R times per term-check mode,
 interleaved (locked, lockfree, locked, ...), each on a fresh 3-server cluster; prints the
@@ -95,6 +96,11 @@ def main() -> None:
         default="0,0",
         help="server index leading each tablet, e.g. 0,1 (default 0,0: one server leads both)",
     )
+    parser.add_argument(
+        "--cpu-affinity",
+        default="auto",
+        help="every server's --cpu_affinity (default auto: one CPU each; none: the OS places them)",
+    )
     parser.add_argument("--out", default="out/contention")
     args = parser.parse_args()
     sc = Scenario(
@@ -103,6 +109,7 @@ def main() -> None:
         log_inject_latency_ms=args.latency_ms,
         group_commit_queue_size_bytes=args.queue_bytes,
         leader_servers=tuple(int(i) for i in args.leaders.split(",")),
+        cpu_affinity="" if args.cpu_affinity == "none" else args.cpu_affinity,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

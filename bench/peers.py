@@ -59,7 +59,8 @@ The clients:
 ``--mode tablets``: for each tablet count (tablets per server: 3 servers, replication 3), a
 fresh raftlet cluster; its idle CPU per server (% of one core over ``--idle`` seconds), threads
 per server (/proc/<pid>/status), and writes at the highest in-flight level (median of
-``--repeat`` cells).  ``--mode all`` runs both.
+``--repeat`` cells); servers one CPU each, or left to the OS with ``--unpinned``.  ``--mode
+all`` runs both.
 
 Every process the bench starts is stopped (by PID) and the temporary directory removed, also on
 failure and Ctrl-C.  Not part of ``make bench``: it installs packages and runs for minutes.
@@ -131,6 +132,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--tablets", type=int_list, default=[1, 4, 16, 64], help="--mode tablets")
     parser.add_argument("--idle", type=float, default=5.0, help="idle CPU window, seconds")
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="--mode tablets: leave the servers' CPU placement to the OS (cluster up "
+        "--cpu-affinity none) instead of one CPU each",
+    )
     parser.add_argument("--warmup", type=float, default=1.0, help="unrecorded seconds per system")
     parser.add_argument(
         "--raftlet-client",
@@ -1309,7 +1316,7 @@ async def run_tablets(args: argparse.Namespace, root: Path) -> None:
     rows: list[TabletsRow] = []
     client_path = ""
     for n in args.tablets:
-        system = Raftlet(n, root, args.value_bytes, args.raftlet_client)
+        system = Raftlet(n, root, args.value_bytes, args.raftlet_client, pinned=not args.unpinned)
         say(f"starting raftlet with {n} tablets")
         try:
             system.start()

@@ -4,8 +4,10 @@ and bench/contention.py.
 A 3-server cluster, one table with an INT64 key and four STRING columns (rows of 10-50 KiB),
 2 hash partitions, replication factor 3.  The servers run with a slow WAL (an injected sync
 latency), a tiny group-commit queue, 2 tablet-service threads and a service queue of 3 --
-Kudu's settings, scaled down.  W writer threads, each with its own client, write single
-rows in AUTO_FLUSH_SYNC for a fixed time.  Then every server's metrics are gathered.
+Kudu's settings, scaled down -- each server's threads on one CPU, as ``raftlet cluster up``
+starts them, and both tablets' leaders on the first server.  W writer threads, each with
+its own client, write single rows in AUTO_FLUSH_SYNC for a fixed time.  Then every
+server's metrics are gathered.
 
 With ``--term_check_mode=locked`` the holder of the consensus lock waits for room in the
 WAL queue while the service threads queue behind it in the leadership check, so the
@@ -50,9 +52,14 @@ class Scenario:
     # Both on one server: one service pool takes every write, as in KUDU-2727.  Left to
     # elections, the placement changed the locked mode's overflows by 2-3x between runs.
     leader_servers: tuple[int, ...] = (0, 0)
+    # Every server's --cpu_affinity: one CPU each, as `raftlet cluster up` starts them
+    # ("": placement left to the OS).
+    cpu_affinity: str = "auto"
 
     def flags(self, mode: str) -> list[str]:
+        pin = ["--cpu_affinity", self.cpu_affinity] if self.cpu_affinity else []
         return [
+            *pin,
             "--term_check_mode",
             mode,
             "--log_inject_latency_ms",
