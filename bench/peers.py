@@ -478,13 +478,15 @@ def free_ports(n: int) -> list[int]:
 
 def one_cpu(i: int) -> Callable[[], None] | None:
     """A ``preexec_fn`` binding the child (and every thread it starts) to one CPU: member
-    ``i`` gets the i-th of the CPUs this process may use, round-robin -- what raftlet's
-    ``--cpu_affinity auto`` does for server i.  None where there is no CPU affinity."""
+    ``i`` gets the CPU raftlet's ``--cpu_affinity auto`` gives server i.  None where there
+    is no CPU affinity."""
     if not hasattr(os, "sched_setaffinity"):
         return None
-    cpus = sorted(os.sched_getaffinity(0))
-    cpu = cpus[i % len(cpus)]
-    return lambda: os.sched_setaffinity(0, {cpu})
+    from raftlet.tserver.cpu_affinity import AUTO, resolve_cpus
+
+    cpus = resolve_cpus(AUTO, i, frozenset(os.sched_getaffinity(0)))
+    assert cpus is not None  # auto always names a CPU
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:

@@ -23,7 +23,7 @@ def run(settings: ServerSettings) -> int:
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    position = [s.id for s in settings.config.servers].index(settings.server_id)
+    position = settings.config.server_ids.index(settings.server_id)
     try:
         cpus = apply_cpu_affinity(settings.cpu_affinity, position)
     except (ValueError, OSError) as e:
