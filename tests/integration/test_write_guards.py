@@ -23,6 +23,7 @@ import pytest
 
 from raftlet.client import Client
 from raftlet.client.errors import InvalidArgument
+from raftlet.cluster import RaftTimings
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.partition import partition_for_key
@@ -49,7 +50,14 @@ PROMPT_S = 5.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TserverCluster]:
-    with running_cluster(tmp_path_factory.mktemp("write_guards"), partitions=PARTITIONS) as c:
+    # Elections after 2-4 s without a heartbeat, not the harness's 0.5-1 s: a 16 MiB request
+    # keeps the leader's process busy for a few hundred ms on a loaded 2-core machine (its
+    # ticker logs the stall), which must not pass for a dead leader here -- the test checks
+    # that a refused write costs the leader nothing.
+    timings = RaftTimings(tick_interval_ms=50, election_ticks=40, heartbeat_ticks=1)
+    with running_cluster(
+        tmp_path_factory.mktemp("write_guards"), partitions=PARTITIONS, raft=timings
+    ) as c:
         c.wait_leaders()
         yield c
 
