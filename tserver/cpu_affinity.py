@@ -22,7 +22,14 @@ import contextlib
 import os
 from collections.abc import Iterable
 
-__all__ = ["AUTO", "apply_cpu_affinity", "check_cpu_affinity", "parse_cpu_list", "resolve_cpus"]
+__all__ = [
+    "AUTO",
+    "apply_cpu_affinity",
+    "check_cpu_affinity",
+    "parse_cpu_list",
+    "process_thread_ids",
+    "resolve_cpus",
+]
 
 AUTO = "auto"
 
@@ -87,11 +94,17 @@ def apply_cpu_affinity(value: str, position: int) -> frozenset[int] | None:
     assert cpus is not None
     os.sched_setaffinity(0, cpus)
     # Threads already started (by imports) keep their own mask: bind them too.
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = []
-    for tid in tids:
+    for tid in process_thread_ids():
         with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
             os.sched_setaffinity(tid, cpus)
     return cpus
+
+
+def process_thread_ids() -> list[int]:
+    """The kernel ids of this process's threads now (empty where /proc cannot tell): a
+    setting applied to the process reaches only threads started after it, and imports may
+    already have started some."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return []

@@ -8,6 +8,7 @@ import signal
 import sys
 
 from raftlet.tserver.cpu_affinity import apply_cpu_affinity
+from raftlet.tserver.sched_batch import apply_sched_batch, sched_batch_supported
 from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import ServerSettings
 
@@ -32,12 +33,27 @@ def run(settings: ServerSettings) -> int:
         return 1
     if cpus is not None:
         logger.info("threads bound to CPU %s", ",".join(str(c) for c in sorted(cpus)))
+    if settings.sched_batch:
+        _apply_sched_batch()
     try:
         asyncio.run(_serve(settings))
     except OSError as e:
         print(f"raftlet tserver: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _apply_sched_batch() -> None:
+    # Only a scheduling hint: a server that cannot have it runs as before, and says so.
+    if not sched_batch_supported():
+        logger.info("--sched_batch: this platform has no SCHED_BATCH; default policy kept")
+        return
+    try:
+        apply_sched_batch()
+    except OSError as e:
+        logger.warning("--sched_batch: the kernel refused SCHED_BATCH (%s); default policy kept", e)
+        return
+    logger.info("threads run under SCHED_BATCH")
 
 
 async def _serve(settings: ServerSettings) -> None:

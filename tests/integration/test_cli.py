@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from raftlet.deploy.local import LocalCluster, NoClusterError, pid_alive
+from raftlet.tserver.sched_batch import sched_batch_supported
 from tests.integration.tserver_cluster import wait_for
 
 pytestmark = pytest.mark.integration
@@ -95,6 +96,16 @@ def test_up_gives_each_server_one_cpu_round_robin(data_dir: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     for i, s in enumerate(state(data_dir)["servers"]):
         assert _cpus_of_threads(s["pid"]) == {str(cpus[i % len(cpus)])}, s["id"]
+
+
+@pytest.mark.skipif(not sched_batch_supported(), reason="needs Linux's SCHED_BATCH")
+def test_every_thread_of_every_server_runs_under_sched_batch(data_dir: Path) -> None:
+    for s in state(data_dir)["servers"]:
+        policies = set()
+        for tid in os.listdir(f"/proc/{s['pid']}/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                policies.add(os.sched_getscheduler(int(tid)))
+        assert policies == {os.SCHED_BATCH}, s["id"]
 
 
 def test_status_is_ok_on_a_healthy_cluster(data_dir: Path) -> None:
