@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/contention.py [--reps 5] [--seconds 10] [--writers 32]
         [--latency-ms 20] [--queue-bytes 32768] [--leaders 0,0] [--cpu-affinity auto|none]
+        [--rows-per-s 120]
         [--out out/contention]
 
 Runs the scenario of tests/integration/contention.py R times per term-check mode,
@@ -101,6 +102,14 @@ def main() -> None:
         default="auto",
         help="every server's --cpu_affinity (default auto: one CPU each; none: the OS places them)",
     )
+    parser.add_argument(
+        "--rows-per-s",
+        type=float,
+        default=120.0,
+        help="rows/s offered by all writers together (default 120, about 3/4 of what the "
+        "locked mode carries here, so both modes write at one rate; 0: closed loop, each "
+        "writer as fast as it is acknowledged)",
+    )
     parser.add_argument("--out", default="out/contention")
     args = parser.parse_args()
     sc = Scenario(
@@ -110,6 +119,7 @@ def main() -> None:
         group_commit_queue_size_bytes=args.queue_bytes,
         leader_servers=tuple(int(i) for i in args.leaders.split(",")),
         cpu_affinity="" if args.cpu_affinity == "none" else args.cpu_affinity,
+        rows_per_s=args.rows_per_s,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,9 @@ A 3-server cluster, one table with an INT64 key and four STRING columns (rows of
 latency), a tiny group-commit queue, 2 tablet-service threads and a service queue of 3 --
 Kudu's settings, scaled down -- each server's threads on one CPU, as ``raftlet cluster up``
 starts them, and both tablets' leaders on the first server.  W writer threads, each with
-its own client, write single rows in AUTO_FLUSH_SYNC for a fixed time.  Then every
-server's metrics are gathered.
+its own client, write single rows in AUTO_FLUSH_SYNC for a fixed time, as fast as they are
+acknowledged or together at a fixed rate (``Scenario.rows_per_s``).  Then every server's
+metrics are gathered.
 
 With ``--term_check_mode=locked`` the holder of the consensus lock waits for room in the
 WAL queue while the service threads queue behind it in the leadership check, so the
@@ -55,6 +56,14 @@ class Scenario:
     # Every server's --cpu_affinity: one CPU each, as `raftlet cluster up` starts them
     # ("": placement left to the OS).
     cpu_affinity: str = "auto"
+    # Rows per second offered by all writers together, spread evenly over them (each still
+    # has at most one write in flight); 0: closed loop, every writer as fast as it is
+    # acknowledged.  Closed loop (the test's setting: it overflows the locked mode's queue
+    # most surely), the locked mode also writes slower -- its service threads block on one
+    # tablet's lock while the other tablet's WAL idles.  Offered below what both modes
+    # carry (bench/contention.py's default), both write at the same rate and only how
+    # long writes wait differs.
+    rows_per_s: float = 0.0
 
     def flags(self, mode: str) -> list[str]:
         pin = ["--cpu_affinity", self.cpu_affinity] if self.cpu_affinity else []
@@ -215,10 +224,18 @@ def _drive(cluster: TserverCluster, mode: str, sc: Scenario, seed: int) -> ModeR
         rng = random.Random(seed * 1000 + slot)
         client = Client(seeds, timeout_s=60.0)
         session = client.new_session(flush_mode=FlushMode.AUTO_FLUSH_SYNC, timeout_s=60.0)
+        # Evenly spaced sends from a random phase: the writers must not fire together.
+        interval = sc.writers / sc.rows_per_s if sc.rows_per_s > 0 else 0.0
         try:
             start.wait()
+            due = time.monotonic() + rng.uniform(0.0, interval)
             n = 0
             while not stop.is_set():
+                if interval:
+                    if stop.wait(max(0.0, due - time.monotonic())):
+                        break
+                    # A writer that fell behind (a slow write) does not catch up in a burst.
+                    due = max(due + interval, time.monotonic())
                 n += 1
                 key = slot * 1_000_000_000 + n
                 size = rng.randint(sc.row_kib[0] * 1024, sc.row_kib[1] * 1024)
