@@ -2,12 +2,13 @@
 
 Why: a write is handed from thread to thread several times (docs/ARCHITECTURE.md, "A write,
 hand-off by hand-off"), and under the default policy the kernel lets a thread it wakes
-preempt the thread that woke it when both share a CPU (always, with ``--cpu_affinity``).  In
-a Python server the woken thread then finds the GIL still held by its waker, sleeps on it,
-and the waker is switched back in: two context switches, and CPU spent, for nothing.  A
-SCHED_BATCH thread never preempts on wake-up: the waker runs on until it blocks, which it
-does soon (it waits for its next input, releasing the GIL), and the woken thread then starts
-with the GIL free.  Measured on the project's 2-vCPU VM: docs/benchmarks.md, "SCHED_BATCH".
+preempt the thread that woke it when both share a CPU (as they always do under
+``--cpu_affinity``).  In a Python server the woken thread then finds the GIL still held by
+its waker, sleeps on it, and the waker is switched back in: two context switches, and CPU
+spent, for nothing.  A SCHED_BATCH thread never preempts on wake-up: the waker runs on until
+it blocks, which it does soon (it waits for its next input, releasing the GIL), and the
+woken thread then starts with the GIL free.  Measured on the project's 2-vCPU VM:
+docs/benchmarks.md, "SCHED_BATCH".
 
 Otherwise SCHED_BATCH is ordinary time sharing (same nice, same share of CPU over time), and
 any user may choose it for their own threads.  Applied once, at startup, to every thread of

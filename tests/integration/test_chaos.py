@@ -85,13 +85,30 @@ def _first_index(wal: Path) -> int:
     return scan.records[0].first_index
 
 
+# The stale window is short, so a run of about twenty partitions has caught a stale read in
+# all but about one run in five: a miss runs again with the next seed, and the control fails
+# only if no run catches one.
+NEGATIVE_CONTROL_SEEDS = (3, 31, 59)
+
+
 def test_negative_control_stale_leader_reads_are_caught(tmp_path: Path) -> None:
+    for seed in NEGATIVE_CONTROL_SEEDS:
+        report = _stale_reads_run(tmp_path / f"seed-{seed}", seed)
+        if report.linearizable is False:
+            break
+    assert report.linearizable is False, report.format()
+    bad = [v for v in report.verdicts.values() if v.result is CheckResult.NOT_LINEARIZABLE]
+    assert all(v.counterexample for v in bad)
+    assert not report.ok
+
+
+def _stale_reads_run(tmp_path: Path, seed: int) -> ChaosReport:
     # A cut-off leader that clients still reach, about twenty times: each time the others elect
     # and acknowledge writes before it notices (check-quorum) that it no longer leads.
-    report = _run(
+    return _run(
         tmp_path,
         duration_s=60.0,
-        seed=3,
+        seed=seed,
         faults=("partition-leader",),
         unsafe=("stale-reads",),
         hold_s=(1.5, 2.5),
@@ -109,10 +126,6 @@ def test_negative_control_stale_leader_reads_are_caught(tmp_path: Path) -> None:
             direct_timeout_s=0.25,
         ),
     )
-    assert report.linearizable is False, report.format()
-    bad = [v for v in report.verdicts.values() if v.result is CheckResult.NOT_LINEARIZABLE]
-    assert all(v.counterexample for v in bad)
-    assert not report.ok
 
 
 def test_negative_control_acknowledging_before_a_majority_is_caught(tmp_path: Path) -> None:
