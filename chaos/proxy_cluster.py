@@ -27,7 +27,7 @@ from raftlet.cluster import (
     TableConfig,
     write_cluster_config,
 )
-from raftlet.deploy.local import free_ports
+from raftlet.deploy.local import reserved_ports
 from raftlet.deploy.ready import wait_ready_line
 
 __all__ = ["ProxyChaosCluster"]
@@ -66,19 +66,21 @@ class ProxyChaosCluster(ProcessCluster):
 
     def start_all(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        ports = free_ports(2 * self._n)
-        servers = tuple(
-            ServerConfig(
-                f"ts{i + 1}",
-                f"127.0.0.1:{ports[2 * i]}",
-                f"127.0.0.1:{ports[2 * i + 1]}",
-                self.root / f"ts{i + 1}",
+        # The servers' ports stay held while the proxies bind theirs (to port 0): a proxy
+        # given a server's port would keep that server from starting (seen once in CI).
+        with reserved_ports(2 * self._n) as ports:
+            servers = tuple(
+                ServerConfig(
+                    f"ts{i + 1}",
+                    f"127.0.0.1:{ports[2 * i]}",
+                    f"127.0.0.1:{ports[2 * i + 1]}",
+                    self.root / f"ts{i + 1}",
+                )
+                for i in range(self._n)
             )
-            for i in range(self._n)
-        )
-        config = ClusterConfig("chaos-proxy", servers, self._tables, self._raft)
-        self._config = write_cluster_config(config, self.config_path)
-        self._network = ProxyNetwork.for_config(self._config)
+            config = ClusterConfig("chaos-proxy", servers, self._tables, self._raft)
+            self._config = write_cluster_config(config, self.config_path)
+            self._network = ProxyNetwork.for_config(self._config)
         self._probe = ServerProbe(self._config)
         for sid in self.server_ids():
             self._spawn(sid)

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,7 @@ __all__ = [
     "ServerStop",
     "free_ports",
     "pid_alive",
+    "reserved_ports",
 ]
 
 CONFIG_FILE = "cluster.toml"
@@ -131,13 +132,21 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     All sockets stay open until every port is picked, so the kernel cannot hand out the same
     port twice; the window between release and the server's bind is the usual small race.
     """
+    with reserved_ports(n, host) as ports:
+        return ports
+
+
+@contextlib.contextmanager
+def reserved_ports(n: int, host: str = "127.0.0.1") -> Iterator[list[int]]:
+    """``n`` distinct free ports, held (bound, not listening) until the block ends: whatever
+    else the block binds to port 0 -- a proxy's listener, say -- cannot be given one of them."""
     socks: list[socket.socket] = []
     try:
         for _ in range(n):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        yield [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()

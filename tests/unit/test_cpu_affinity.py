@@ -4,15 +4,13 @@ server refusing CPUs it may not use."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from raftlet.tserver.cpu_affinity import check_cpu_affinity, parse_cpu_list, resolve_cpus
 from raftlet.tserver.main import run
+from tests.unit.thread_child import run_with_an_early_thread
 from tests.unit.tserver_settings_helpers import parse, write_config
 
 needs_affinity = pytest.mark.skipif(
@@ -51,33 +49,17 @@ def test_empty_leaves_placement_to_the_os_and_lists_must_be_allowed() -> None:
 
 
 @needs_affinity
-def test_every_thread_of_the_process_is_bound(tmp_path: Path) -> None:
-    # In a child process: binding this test process would outlive the test.
+def test_every_thread_of_the_process_is_bound() -> None:
     cpu = min(os.sched_getaffinity(0))
-    script = textwrap.dedent(
+    out = run_with_an_early_thread(
         f"""
-        import os, threading
         from raftlet.tserver.cpu_affinity import apply_cpu_affinity
-        started, done = threading.Event(), threading.Event()
-        def before():
-            started.set()
-            done.wait(30)
-        t = threading.Thread(target=before)
-        t.start()
-        started.wait(30)
         print(sorted(apply_cpu_affinity("{cpu}", 0)))
-        after = threading.Thread(target=lambda: print(sorted(os.sched_getaffinity(0))))
-        after.start()
-        after.join()
-        print(sorted(os.sched_getaffinity(t.native_id)))
-        done.set()
-        t.join()
+        print(sorted(in_new_thread(lambda: os.sched_getaffinity(0))))
+        print(sorted(os.sched_getaffinity(early.native_id)))
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
-    ).stdout.split("\n")
-    assert out[:3] == [f"[{cpu}]"] * 3, out
+    assert out == [f"[{cpu}]"] * 3, out
 
 
 @needs_affinity

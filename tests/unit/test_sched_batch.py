@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from raftlet.tserver.sched_batch import sched_batch_supported
+from tests.unit.thread_child import run_with_an_early_thread
 from tests.unit.tserver_settings_helpers import parse, write_config
 
 needs_sched_batch = pytest.mark.skipif(
@@ -27,31 +25,15 @@ def test_the_flag_is_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None
 
 @needs_sched_batch
 def test_threads_started_before_and_after_run_under_sched_batch() -> None:
-    # In a child process: the policy would outlive the test in this one.
-    script = textwrap.dedent(
+    out = run_with_an_early_thread(
         """
-        import os, threading
         from raftlet.tserver.sched_batch import apply_sched_batch
-        started, done = threading.Event(), threading.Event()
-        def before():
-            started.set()
-            done.wait(30)
-        t = threading.Thread(target=before)
-        t.start()
-        started.wait(30)
-        print(os.sched_getscheduler(t.native_id) == os.SCHED_BATCH)
+        print(os.sched_getscheduler(early.native_id) == os.SCHED_BATCH)
         print(apply_sched_batch() >= 2)
-        after = threading.Thread(target=lambda: print(os.sched_getscheduler(0) == os.SCHED_BATCH))
-        after.start()
-        after.join()
-        print(os.sched_getscheduler(t.native_id) == os.SCHED_BATCH)
+        print(in_new_thread(lambda: os.sched_getscheduler(0)) == os.SCHED_BATCH)
+        print(os.sched_getscheduler(early.native_id) == os.SCHED_BATCH)
         print(os.sched_getscheduler(0) == os.SCHED_BATCH)
-        done.set()
-        t.join()
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
-    ).stdout.split()
-    # The thread started before was not under the policy until apply_sched_batch set it.
+    # The early thread was not under the policy until apply_sched_batch set it.
     assert out == ["False", "True", "True", "True", "True"], out
