@@ -7,6 +7,7 @@ advance time, so the backoff and the deadline are checked exactly and instantly.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from raftlet.client.retry import (
     classify_error_pb,
     fatal_error,
     run_with_retries,
+    run_with_retries_async,
 )
 from raftlet.proto.common_pb2 import ServerErrorPB
 from tests.unit.client_fakes import FakeClock, FakeRpcError, not_leader, queue_full
@@ -341,3 +343,70 @@ def test_a_size_error_ends_the_retries_at_once() -> None:
         )
     assert calls == [0]
     assert clock.sleeps == []
+
+
+def test_the_asyncio_driver_retries_and_backs_off_like_the_threaded_one() -> None:
+    # The first attempt runs outside tenacity in both drivers; its failure must still count
+    # as attempt 1 (the n-th wait's bound depends on n).
+    clock = FakeClock()
+    fails = [_failure(Cause.RESOURCE_EXHAUSTED)] * 6 + [_failure(Cause.NOT_LEADER)]
+    calls, attempt = _failing(clock, fails)
+    seen: list[Cause] = []
+
+    async def attempt_async(n: int, timeout: float) -> str:
+        return attempt(n, timeout)
+
+    async def sleep_async(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    result = asyncio.run(
+        run_with_retries_async(
+            attempt_async,
+            what="op",
+            deadline=clock.now + 100,
+            timeout_s=100,
+            on_retry=lambda f: seen.append(f.cause),
+            clock=clock.clock,
+            sleep=sleep_async,
+        )
+    )
+    assert result == "done"
+    assert [n for n, _, _ in calls] == list(range(8))
+    assert seen == [Cause.RESOURCE_EXHAUSTED] * 6 + [Cause.NOT_LEADER]
+    assert len(clock.sleeps) == 7
+    for n, slept in enumerate(clock.sleeps[:6], start=1):
+        assert 0 <= slept <= min(0.5, 0.01 * 2 ** (n - 1)) + 1e-9
+
+
+def test_the_asyncio_driver_passes_non_retriable_errors_and_times_out() -> None:
+    clock = FakeClock()
+
+    async def fatal(n: int, timeout: float) -> str:
+        raise InvalidArgument("no such column")
+
+    with pytest.raises(InvalidArgument):
+        asyncio.run(
+            run_with_retries_async(
+                fatal, what="op", deadline=clock.now + 5, timeout_s=5, clock=clock.clock
+            )
+        )
+    calls, attempt = _failing(clock, [_failure(Cause.UNAVAILABLE)] * 1000)
+
+    async def attempt_async(n: int, timeout: float) -> str:
+        return attempt(n, timeout)
+
+    async def sleep_async(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    with pytest.raises(Timeout):
+        asyncio.run(
+            run_with_retries_async(
+                attempt_async,
+                what="op",
+                deadline=clock.now + 5,
+                timeout_s=5,
+                clock=clock.clock,
+                sleep=sleep_async,
+            )
+        )
+    assert len(calls) > 1
