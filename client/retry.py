@@ -523,25 +523,19 @@ def run_with_retries(
     # work; a retriable failure is then replayed as tenacity's first attempt, so the waits,
     # stops and counts are what they would have been.
     replay: list[RetriableFailure] = []
-    gave_up: tenacity.RetryError | None = None
-    try:
-        return attempt(*run.next_attempt())
-    except RetriableFailure as e:
-        replay.append(e)
-    except _DeadlinePassed:
-        raise run.timeout(None) from None
-    except RaftletError as e:
-        run.final(e)
-        raise
 
     def one() -> T:
         if replay:
             raise replay.pop()
         return attempt(*run.next_attempt())
 
-    retrying = tenacity.Retrying(sleep=sleep, **run.tenacity_kwargs())
+    gave_up: tenacity.RetryError | None = None
     try:
-        return retrying(one)
+        try:
+            return one()
+        except RetriableFailure as e:
+            replay.append(e)
+        return tenacity.Retrying(sleep=sleep, **run.tenacity_kwargs())(one)
     except tenacity.RetryError as e:
         gave_up = e
     except _DeadlinePassed:
@@ -578,25 +572,19 @@ async def run_with_retries_async(
 
     # As in run_with_retries: the first attempt outside tenacity, a failure replayed into it.
     replay: list[RetriableFailure] = []
-    gave_up: tenacity.RetryError | None = None
-    try:
-        return await attempt(*run.next_attempt())
-    except RetriableFailure as e:
-        replay.append(e)
-    except _DeadlinePassed:
-        raise run.timeout(None) from None
-    except RaftletError as e:
-        run.final(e)
-        raise
 
     async def one() -> T:
         if replay:
             raise replay.pop()
         return await attempt(*run.next_attempt())
 
-    retrying = tenacity.AsyncRetrying(sleep=sleep, **run.tenacity_kwargs())
+    gave_up: tenacity.RetryError | None = None
     try:
-        result: T = await retrying(one)
+        try:
+            return await one()
+        except RetriableFailure as e:
+            replay.append(e)
+        result: T = await tenacity.AsyncRetrying(sleep=sleep, **run.tenacity_kwargs())(one)
         return result
     except tenacity.RetryError as e:
         gave_up = e

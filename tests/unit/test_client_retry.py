@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -345,13 +345,10 @@ def test_a_size_error_ends_the_retries_at_once() -> None:
     assert clock.sleeps == []
 
 
-def test_the_asyncio_driver_retries_and_backs_off_like_the_threaded_one() -> None:
-    # The first attempt runs outside tenacity in both drivers; its failure must still count
-    # as attempt 1 (the n-th wait's bound depends on n).
-    clock = FakeClock()
-    fails = [_failure(Cause.RESOURCE_EXHAUSTED)] * 6 + [_failure(Cause.NOT_LEADER)]
-    calls, attempt = _failing(clock, fails)
-    seen: list[Cause] = []
+def _as_coroutines(
+    clock: FakeClock, attempt: Callable[[int, float], str]
+) -> tuple[Callable[[int, float], Awaitable[str]], Callable[[float], Awaitable[None]]]:
+    """``attempt`` and ``clock.sleep`` for the asyncio driver."""
 
     async def attempt_async(n: int, timeout: float) -> str:
         return attempt(n, timeout)
@@ -359,6 +356,17 @@ def test_the_asyncio_driver_retries_and_backs_off_like_the_threaded_one() -> Non
     async def sleep_async(seconds: float) -> None:
         clock.sleep(seconds)
 
+    return attempt_async, sleep_async
+
+
+def test_the_asyncio_driver_retries_and_backs_off_like_the_threaded_one() -> None:
+    # The first attempt runs outside tenacity in both drivers; its failure must still count
+    # as attempt 1 (the n-th wait's bound depends on n).
+    clock = FakeClock()
+    fails = [_failure(Cause.RESOURCE_EXHAUSTED)] * 6 + [_failure(Cause.NOT_LEADER)]
+    calls, attempt = _failing(clock, fails)
+    attempt_async, sleep_async = _as_coroutines(clock, attempt)
+    seen: list[Cause] = []
     result = asyncio.run(
         run_with_retries_async(
             attempt_async,
@@ -374,8 +382,10 @@ def test_the_asyncio_driver_retries_and_backs_off_like_the_threaded_one() -> Non
     assert [n for n, _, _ in calls] == list(range(8))
     assert seen == [Cause.RESOURCE_EXHAUSTED] * 6 + [Cause.NOT_LEADER]
     assert len(clock.sleeps) == 7
-    for n, slept in enumerate(clock.sleeps[:6], start=1):
-        assert 0 <= slept <= min(0.5, 0.01 * 2 ** (n - 1)) + 1e-9
+    assert all(
+        0 <= slept <= min(0.5, 0.01 * 2 ** (n - 1)) + 1e-9
+        for n, slept in enumerate(clock.sleeps[:6], start=1)
+    )
 
 
 def test_the_asyncio_driver_passes_non_retriable_errors_and_times_out() -> None:
@@ -391,13 +401,7 @@ def test_the_asyncio_driver_passes_non_retriable_errors_and_times_out() -> None:
             )
         )
     calls, attempt = _failing(clock, [_failure(Cause.UNAVAILABLE)] * 1000)
-
-    async def attempt_async(n: int, timeout: float) -> str:
-        return attempt(n, timeout)
-
-    async def sleep_async(seconds: float) -> None:
-        clock.sleep(seconds)
-
+    attempt_async, sleep_async = _as_coroutines(clock, attempt)
     with pytest.raises(Timeout):
         asyncio.run(
             run_with_retries_async(
