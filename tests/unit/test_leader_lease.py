@@ -160,14 +160,27 @@ def test_no_lease_before_the_leader_has_committed_its_no_op(
     new = next(r for r in cluster.replicas.values() if r is not old)
     transport = cluster.transport
     assert isinstance(transport, FilteringTransport)
-    transport.drop = lambda m: m.type is MessageType.APPEND and m.src == new.node_id
+    heartbeats = [0]
+
+    def drop(m: Message) -> bool:
+        if m.src == new.node_id and m.type is MessageType.HEARTBEAT:
+            heartbeats[0] += 1
+        return m.type is MessageType.APPEND and m.src == new.node_id
+
+    transport.drop = drop
     old.consensus.step_down(new.node_id)
     cluster.wait_for(lambda: new.consensus.snapshot.role is Role.LEADER, what="b leads")
     assert old.consensus.lease_remaining_s() == 0
     rounds = new.consensus.metrics.read_index_reads.value()
-    for _ in range(3 * LEASE.election_ticks // 2):  # heartbeats go and are answered
-        assert cluster.ticker is not None
-        cluster.ticker.tick()
+    # Heartbeats go and are answered, a few rounds of them.  Ticked one per poll, not in a
+    # burst: ticks given faster than the replicas' threads deliver heartbeats would let a
+    # follower's election timeout run out on a loaded machine, and b lose its term.
+    first = heartbeats[0]
+    cluster.wait_for(
+        lambda: heartbeats[0] >= first + 3 * (len(cluster.ids) - 1) and transport.idle(),
+        what="three rounds of b's heartbeats answered",
+    )
+    assert new.consensus.snapshot.role is Role.LEADER
     assert not new.consensus.snapshot.leader_ready
     assert new.consensus.lease_remaining_s() == 0
     with pytest.raises(LeaderNotReady):
