@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 
 from raftlet.tserver.cpu_affinity import process_thread_ids
 
@@ -39,11 +38,10 @@ def apply_sched_batch() -> int:
         raise RuntimeError("this platform has no SCHED_BATCH scheduling policy")
     param = os.sched_param(0)
     os.sched_setscheduler(0, os.SCHED_BATCH, param)  # Linux: 0 is the calling thread
-    count = 1
-    me = threading.get_native_id()
+    # Threads already started (by imports) keep their own policy: set them too.
+    count = 0
     for tid in process_thread_ids():
-        if tid != me:
-            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-                os.sched_setscheduler(tid, os.SCHED_BATCH, param)
-                count += 1
-    return count
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.sched_setscheduler(tid, os.SCHED_BATCH, param)
+            count += 1
+    return max(count, 1)  # without /proc: the calling thread alone

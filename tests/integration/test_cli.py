@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +82,22 @@ def test_up_prints_urls_and_records_live_pids(data_dir: Path) -> None:
     assert (data_dir / "cluster.toml").exists()
 
 
-def _cpus_of_threads(pid: int) -> set[str]:
-    lists = set()
+def _of_every_thread(pid: int, read: Callable[[str], object]) -> set[object]:
+    """``read(tid)`` for each thread of ``pid``, skipping threads that end meanwhile."""
+    seen = set()
     for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-            lists.add(next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:")))
-    return {line.split(":", 1)[1].strip() for line in lists}
+        with contextlib.suppress(OSError):
+            seen.add(read(tid))
+    return seen
+
+
+def _cpus_of_threads(pid: int) -> set[object]:
+    def cpus(tid: str) -> str:
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+        return line.split(":", 1)[1].strip()
+
+    return _of_every_thread(pid, cpus)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc")
@@ -101,10 +110,7 @@ def test_up_gives_each_server_one_cpu_round_robin(data_dir: Path) -> None:
 @pytest.mark.skipif(not sched_batch_supported(), reason="needs Linux's SCHED_BATCH")
 def test_every_thread_of_every_server_runs_under_sched_batch(data_dir: Path) -> None:
     for s in state(data_dir)["servers"]:
-        policies = set()
-        for tid in os.listdir(f"/proc/{s['pid']}/task"):
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                policies.add(os.sched_getscheduler(int(tid)))
+        policies = _of_every_thread(s["pid"], lambda tid: os.sched_getscheduler(int(tid)))
         assert policies == {os.SCHED_BATCH}, s["id"]
 
 
