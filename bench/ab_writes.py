@@ -3,16 +3,24 @@
     .venv/bin/python bench/ab_writes.py --a DIR_A --b DIR_B [--tablets 4]
         [--in-flight 1,16,64] [--reps 3] [--seconds 4] [--a-flag=--x=1 ...] [--b-flag=...]
 
-DIR_A and DIR_B are source trees (a checkout, or ``git archive REV | tar -x -C DIR``). Each
-gets its own 3-server cluster (``raftlet cluster up``, started from that tree) and is driven
-by that tree's asyncio client (``raftlet write --in-flight N``), A then B in every cell of
-every repetition, so both see the same machine noise. A and B may also be one tree with
-different server flags (``--a-flag``/``--b-flag``, passed on as ``--tserver-flag``).
-Both clusters get the same leader placement (tablet i's leader on server i mod 3, moved
-there by leader transfers): where elections happen to put leaders moves a many-tablet run
-by more than most changes do.
+DIR_A and DIR_B are source trees (a checkout, or ``git archive REV | tar -x -C DIR``). In
+every repetition each gets a new 3-server cluster (``raftlet cluster up``, started from that
+tree) and is driven by that tree's asyncio client (``raftlet write --in-flight N``), A and B
+one after the other in every cell, so both see the same machine noise. A and B may also be
+one tree with different server flags (``--a-flag``/``--b-flag``, passed on as
+``--tserver-flag``).
+
+Two clusters of one build differ by more than many changes do, and keep their difference
+for as long as they run: in an A/A run on one pair of clusters, one side was ahead by
+5-15% in 4 of 5 repetitions (docs/benchmarks.md, "Two clusters of one build"). So every
+repetition starts new clusters, and odd repetitions run B first: a difference has to
+survive new clusters and both orders to show in the medians. Both clusters get the same
+leader placement (tablet i's leader on server i mod 3, moved there by leader transfers):
+where elections happen to put leaders moves a many-tablet run by more than most changes do.
+
 Printed: per cell the median writes/s, server CPU per write and p50 latency of each side
-over the repetitions, and B/A. The clusters and their directories are removed at the end.
+over the repetitions, and B/A. The clusters and their directories are removed as each
+repetition ends.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import datetime
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -34,6 +43,9 @@ _RATE = re.compile(r"^write RPCs\s+[\d,]+\s+([\d,]+) writes/s", re.M)
 _CPU = re.compile(r"^server CPU\s+[\d.]+ s\s+([\d.]+) ms/write", re.M)
 _P50 = re.compile(r"p50.*\n\s*([\d.]+) (ms|us|µs|s)\b")
 _UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 0.001, "µs": 0.001}
+# Each new cluster's first writes, not measured.
+_WARM_UP_IN_FLIGHT = 16
+_WARM_UP_S = 1.0
 _HEADER = (
     "| in flight | A w/s | B w/s | B/A | A ms CPU/write | B ms CPU/write | A p50 ms | B p50 ms |"
 )
@@ -78,37 +90,44 @@ def main() -> None:
     loads = [int(n) for n in args.in_flight.split(",")]
     sides = {"A": (args.a.resolve(), args.a_flag), "B": (args.b.resolve(), args.b_flag)}
 
+    def start(side: str, tree: Path, flags: list[str], data: Path) -> None:
+        raftlet_cli(
+            tree,
+            "cluster", "up",
+            "--data-dir", str(data),
+            "--tablets", str(args.tablets),
+            *[f"--tserver-flag={f}" for f in flags],
+        )  # fmt: skip
+        leaders = place_leaders(tree, data)
+        pids = [str(srv["pid"]) for srv in cluster_servers(data)]
+        placed = " ".join(f"{t}:{s}" for t, s in sorted(leaders.items()))
+        print(f"cluster {side}: server pids {' '.join(pids)}; leaders {placed}", flush=True)
+        _one_run(tree, data, _WARM_UP_IN_FLIGHT, _WARM_UP_S)  # files grown, caches warm
+
     def run(root: Path) -> None:
-        up: list[tuple[Path, Path]] = []
         results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-        try:
-            for side, (tree, flags) in sides.items():
-                data = root / side
-                raftlet_cli(
-                    tree,
-                    "cluster", "up",
-                    "--data-dir", str(data),
-                    "--tablets", str(args.tablets),
-                    *[f"--tserver-flag={f}" for f in flags],
-                )  # fmt: skip
-                up.append((tree, data))
-                leaders = place_leaders(tree, data)
-                pids = [str(srv["pid"]) for srv in cluster_servers(data)]
-                placed = " ".join(f"{t}:{s}" for t, s in sorted(leaders.items()))
-                print(f"cluster {side}: server pids {' '.join(pids)}; leaders {placed}")
-            for rep in range(args.reps):
+        for rep in range(args.reps):
+            order = list(sides.items()) if rep % 2 == 0 else list(reversed(sides.items()))
+            up: list[tuple[Path, Path]] = []
+            try:
+                for side, (tree, flags) in order:
+                    data = root / f"{side}{rep + 1}"
+                    up.append((tree, data))
+                    start(side, tree, flags, data)
                 for n in loads:
-                    for side, (tree, _) in sides.items():
-                        got = _one_run(tree, root / side, n, args.seconds)
+                    for side, (tree, _) in order:
+                        got = _one_run(tree, root / f"{side}{rep + 1}", n, args.seconds)
                         results.setdefault((side, n), []).append(got)
                         line = f"{got[0]:,.0f} w/s, {got[1]:.3f} ms CPU/write, p50 {got[2]:.2f} ms"
                         print(f"rep {rep + 1} in flight {n:>3} {side}: {line}", flush=True)
-        finally:
-            for tree, data in up:
-                try:
-                    raftlet_cli(tree, "cluster", "down", "--data-dir", str(data))
-                except Exception as exc:  # the other cluster must still come down
-                    print(f"cluster down {data}: {exc}", file=sys.stderr)
+            finally:
+                for tree, data in up:
+                    try:
+                        raftlet_cli(tree, "cluster", "down", "--data-dir", str(data))
+                    except Exception as exc:  # the other cluster must still come down
+                        print(f"cluster down {data}: {exc}", file=sys.stderr)
+                    else:
+                        shutil.rmtree(data, ignore_errors=True)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         print(
             f"\n# bench/ab_writes.py  {stamp}  python {platform.python_version()}  "

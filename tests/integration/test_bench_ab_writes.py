@@ -1,6 +1,7 @@
-"""``bench/ab_writes.py`` still runs end to end, briefly: two clusters (here of one tree,
-B with a server flag of its own) start, both are written to, the table comes out, and
-everything it started and made is gone at the end."""
+"""``bench/ab_writes.py`` still runs end to end, briefly: two clusters per repetition (here
+of one tree, B with a server flag of its own) start, both are written to, in the other
+order in the second repetition, the table comes out, and everything it started and made is
+gone at the end."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_the_ab_writes_benchmark_runs_briefly(tmp_path: Path) -> None:
     out = run_bench(
         "ab_writes.py", "--a", str(ROOT), "--b", str(ROOT),
         "--b-flag=--rpc_num_service_threads=2",
-        "--tablets", "1", "--in-flight", "2", "--reps", "1", "--seconds", "1",
+        "--tablets", "1", "--in-flight", "2", "--reps", "2", "--seconds", "1",
         directory=tmp_path, timeout=240,
     )  # fmt: skip
     (rows,) = tables(out)
@@ -28,6 +29,11 @@ def test_the_ab_writes_benchmark_runs_briefly(tmp_path: Path) -> None:
     figures = [a_rate, b_rate, ratio, a_cpu, b_cpu, a_p50, b_p50]
     assert all(float(f.replace(",", "")) > 0 for f in figures), rows
     assert "--rpc_num_service_threads=2" in out  # B's flag, said in the header
+    # New clusters in every repetition, B first in the second.
+    assert re.findall(r"^cluster ([AB]):", out, re.M) == ["A", "B", "B", "A"]
+    assert re.findall(r"^rep (\d) in flight +2 ([AB]):", out, re.M) == [
+        ("1", "A"), ("1", "B"), ("2", "B"), ("2", "A"),
+    ]  # fmt: skip
     pids = [int(p) for line in re.findall(r"server pids ([\d ]+)", out) for p in line.split()]
-    assert len(pids) == 6
+    assert len(set(pids)) == 12
     assert not any(pid_alive(p) for p in pids)
