@@ -33,8 +33,12 @@ kernel and data in one temporary directory:
   ``raftlet-4-unpinned``, ``etcd-unpinned`` and ``pysyncobj-unpinned`` leave placement to
   the OS, for the side-by-side.
 
-A system that cannot be set up is skipped with the reason printed.  Then, for each repetition,
-each system in turn (round-robin, the starting system rotating) and each in-flight level:
+A system that cannot be set up is skipped with the reason printed.  Every repetition starts
+every system anew (new directories, new processes; all of them up together) and stops them
+at its end: two clusters of one build can differ by 10-30% for as long as they run
+(docs/benchmarks.md, "Two clusters of one build"), so no one cluster of a system decides
+its medians.  In each repetition, each system in turn (round-robin, the starting system
+rotating), after ``--warmup`` unrecorded seconds, and each in-flight level:
 a closed loop of N concurrent writers, each write one ~100-byte row (``--value-bytes``) under
 a new key, for ``--duration`` seconds.  Per cell: writes/s, p50/p99 latency, the CPU time
 (utime+stime from /proc/<pid>/stat) of the system's three server processes per acknowledged
@@ -1218,13 +1222,14 @@ def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-async def run_peers(args: argparse.Namespace, root: Path) -> None:
-    started_at, load_before = utc_now(), load_average()
-    levels: list[int] = args.inflight
-    started: list[System] = []
-    skipped: list[str] = []
+async def start_systems(
+    names: Sequence[str], root: Path, args: argparse.Namespace, skipped: list[str]
+) -> dict[str, System]:
+    """Every system of ``names`` (``--systems`` names) that can be set up here, started
+    under ``root``, by name; the others are stopped again and said in ``skipped``."""
+    started: dict[str, System] = {}
     try:
-        for name in args.systems.split(","):
+        for name in names:
             system = make_system(name, root, args)
             say(f"starting {name}")
             try:
@@ -1237,17 +1242,48 @@ async def run_peers(args: argparse.Namespace, root: Path) -> None:
             except BaseException:
                 system.stop()
                 raise
-            started.append(system)
-        if not started:
-            print("nothing to measure:", *skipped, sep="\n  ")
-            return
-        idle = {s.name: idle_cpu_pct(s.pids(), min(args.idle, 3.0)) for s in started}
-        for s in started:
-            if args.warmup > 0:
-                await s.run_cell(16, args.warmup)
-        cells: dict[tuple[str, int], list[Cell]] = {}
-        for rep in range(args.repeat):
-            k = rep % len(started)
+            started[name] = system
+    except BaseException:
+        await stop_systems(list(started.values()))
+        raise
+    return started
+
+
+async def stop_systems(systems: Sequence[System]) -> None:
+    for s in systems:
+        with contextlib.suppress(Exception):
+            await s.close()
+        try:
+            s.stop()
+        except Exception as e:
+            say(f"stopping {s.name}: {e}")
+
+
+async def run_peers(args: argparse.Namespace, root: Path) -> None:
+    started_at, load_before = utc_now(), load_average()
+    levels: list[int] = args.inflight
+    names: list[str] = args.systems.split(",")
+    skipped: list[str] = []
+    first: list[System] = []  # as the first repetition started them: what the tables show
+    idle: dict[str, list[float]] = {}
+    cells: dict[tuple[str, int], list[Cell]] = {}
+    for rep in range(args.repeat):
+        up = await start_systems(names, root / f"rep{rep + 1}", args, skipped)
+        started = list(up.values())
+        try:
+            if rep == 0:
+                first = started
+                # Later repetitions run what the first could start (a later failure to
+                # start is said, and that system has a cell fewer).
+                names = list(up)
+                if not started:
+                    print("nothing to measure:", *skipped, sep="\n  ")
+                    return
+                idle = {s.name: idle_cpu_pct(s.pids(), min(args.idle, 3.0)) for s in started}
+            for s in started:
+                if args.warmup > 0:
+                    await s.run_cell(16, args.warmup)
+            k = rep % len(started) if started else 0
             for s in started[k:] + started[:k]:
                 for level in levels:
                     cell = await measure(s, level, args.duration)
@@ -1257,16 +1293,10 @@ async def run_peers(args: argparse.Namespace, root: Path) -> None:
                         f"{cell.rate:,.0f} w/s p50 {percentile(cell.latencies_ms, 0.5):.2f} ms "
                         f"server {cell.server_ms_per_write:.3f} ms/w errors {cell.errors or '-'}"
                     )
-        for s in started:
-            await s.close()
-    finally:
-        for s in started:
-            with contextlib.suppress(Exception):
-                await s.close()
-            try:
-                s.stop()
-            except Exception as e:
-                say(f"stopping {s.name}: {e}")
+        finally:
+            await stop_systems(started)
+        shutil.rmtree(root / f"rep{rep + 1}", ignore_errors=True)
+    started = first
     results = {key: summarize(v) for key, v in cells.items()}
     load = f"{load_before} at the start, {load_average()} at the end (1/5/15 min)"
     print(header(args, "peers", started_at, load))
@@ -1296,8 +1326,8 @@ async def run_peers(args: argparse.Namespace, root: Path) -> None:
     print(*peer_targets(results, **by_kind), sep="\n")
     print()
     print(
-        "Idle CPU per server process before the run, % of a core (all systems were up "
-        "during every cell): "
+        "Idle CPU per server process before the first repetition, % of a core (all systems "
+        "were up during every cell): "
         + "; ".join(f"{name} {'/'.join(f'{v:.1f}' for v in pct)}" for name, pct in idle.items())
     )
     clients = [f"{s.name}: {s.client_path}" for s in started if isinstance(s, Raftlet)]
