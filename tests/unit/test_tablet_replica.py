@@ -534,21 +534,25 @@ def test_a_row_of_another_tablet_fails_the_whole_write_and_nothing_is_stored(
         tablet.wait_for(lambda r=r: keys_on(r) == sorted(ours), what=f"{r.server_id} applies")
 
 
-def _caught_up_leader(tablet: Tablet) -> TabletReplica:
-    """The leader, once every follower has applied what it committed (ticking until then).
+def _caught_up_tablet(root: Path, options: ReplicaOptions) -> Tablet:
+    """A tablet over a one-thread transport, which delivers in order, once every follower
+    has applied what its leader committed (ticking until then).
 
     The tests of a follower's holding count on it learning each commit with the next write's
     append.  A follower the leader is still probing -- it lags, or took two appends out of
     order -- is sent an empty append with the new commit when it answers, and a follower
-    that learns the last commit at rest applies at once.  So: every follower caught up
-    first, and a transport with one thread, which delivers in order."""
-    leader = tablet.leader()
-    committed = leader.consensus.commit_index()
-    tablet.wait_for(
-        lambda: all(r.store.applied_index() >= committed for r in tablet.replicas.values()),
-        what="every follower caught up",
-    )
-    return leader
+    that learns the last commit at rest applies at once."""
+    tablet = Tablet(root, options=options, transport_workers=1)
+    try:
+        committed = tablet.leader().consensus.commit_index()
+        tablet.wait_for(
+            lambda: all(r.store.applied_index() >= committed for r in tablet.replicas.values()),
+            what="every follower caught up",
+        )
+    except BaseException:
+        tablet.close()
+        raise
+    return tablet
 
 
 def test_a_follower_applies_what_commits_together_and_a_read_gets_its_index_at_once(
@@ -558,9 +562,9 @@ def test_a_follower_applies_what_commits_together_and_a_read_gets_its_index_at_o
     as long as no tick comes); the leader never does -- its writers are answered without a
     tick. A follower read waiting for an index has the held entries applied at once."""
     options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=3600, read_wait_s=5)
-    tablet = Tablet(tmp_path, options=options, transport_workers=1)
+    tablet = _caught_up_tablet(tmp_path, options)
     try:
-        leader = _caught_up_leader(tablet)
+        leader = tablet.leader()
         follower = next(r for r in tablet.replicas.values() if r is not leader)
         indexes = [send(leader, write([k], "c1", k)).result().op_index for k in (1, 2, 3, 4)]
         # No tick from here on: each append carries the commit of the write before it.
@@ -582,9 +586,9 @@ def test_a_follower_applies_what_commits_together_and_a_read_gets_its_index_at_o
 
 def test_a_tick_or_a_stop_applies_what_a_follower_holds(tmp_path: Path) -> None:
     options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=3600)
-    tablet = Tablet(tmp_path, options=options, transport_workers=1)
+    tablet = _caught_up_tablet(tmp_path, options)
     try:
-        leader = _caught_up_leader(tablet)
+        leader = tablet.leader()
         a, b = (r for r in tablet.replicas.values() if r is not leader)
         indexes = [send(leader, write([k], "c1", k)).result().op_index for k in (1, 2, 3)]
         wait_for(
