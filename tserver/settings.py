@@ -105,7 +105,7 @@ class ServerSettings:
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
     log_gc_interval_s: float = 10.0
-    follower_apply_delay_ms: float = 20.0
+    follower_apply_delay_ms: float = 100.0
     store_verify_interval_s: float = 3600.0
     log_max_segments_retained: int = 64
     tablet_copy_chunk_bytes: int = MiB

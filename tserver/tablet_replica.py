@@ -158,7 +158,7 @@ class ReplicaOptions:
     # While more commits are coming, a follower applies what has committed at most this
     # long after the first of it (fewer, larger store transactions; see ``_hold``); 0:
     # every round.
-    follower_apply_delay_s: float = 0.02
+    follower_apply_delay_s: float = 0.1
     # Segments log GC keeps for a lagging voter at most (tserver.log_gc); 0: no cap.
     log_max_segments_retained: int = 64
     # A scan page's bytes when the request leaves it to the server, and at most.
