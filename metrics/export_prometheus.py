@@ -34,7 +34,7 @@ buckets' 1% resolution). `_count` is the snapshot's count and `_sum` its sum.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import cast
 
 from prometheus_client import exposition, utils
@@ -59,6 +59,7 @@ __all__ = [
     "generate_prometheus_text",
     "prometheus_buckets",
     "sample_labels",
+    "sample_names",
 ]
 
 # generate_latest renders the classic text format, version 0.0.4; say so, rather than
@@ -96,19 +97,33 @@ def prometheus_buckets(snap: HistogramSnapshot) -> list[tuple[str, float]]:
     return [(_le_text(bound), float(n)) for bound, n in snap.buckets(EXPORT_BUCKET_BOUNDS)]
 
 
-class RegistryCollector:
-    """A prometheus_client `Collector` over a `MetricRegistry`, built fresh at every scrape."""
+def sample_names(proto: MetricPrototype) -> tuple[str, ...]:
+    """Every sample name a scraper sees for ``proto``."""
+    if proto.type.value == "histogram":
+        return (f"{proto.name}_bucket", f"{proto.name}_sum", f"{proto.name}_count")
+    return (exposed_name(proto),)
 
-    def __init__(self, registry: MetricRegistry) -> None:
+
+class RegistryCollector:
+    """A prometheus_client `Collector` over a `MetricRegistry`, built fresh at every scrape.
+
+    ``names``: only the metrics named (by family or sample name, as Prometheus's ``name[]``
+    parameter), so a reader of one figure does not pay for every histogram."""
+
+    def __init__(self, registry: MetricRegistry, names: Collection[str] | None = None) -> None:
         self._registry = registry
+        self._names = names
 
     def collect(self) -> Iterator[Metric]:
         # Group every instance by metric name across entities: the text format wants one
         # family (one HELP/TYPE) per name, with all its samples together.
         groups: dict[str, list[tuple[MetricEntity, MetricInstance]]] = defaultdict(list)
+        names = self._names
         for entity in self._registry.entities():
             for instance in entity.instances():
-                groups[instance.prototype.name].append((entity, instance))
+                proto = instance.prototype
+                if names is None or proto.name in names or _any_in(sample_names(proto), names):
+                    groups[proto.name].append((entity, instance))
         for name in sorted(groups):
             family = _family(groups[name])
             if family is not None:
@@ -145,14 +160,34 @@ def _family(members: list[tuple[MetricEntity, MetricInstance]]) -> Metric | None
 
 
 def generate_prometheus_text(
-    registry: MetricRegistry, extra_collectors: Iterable[Collector] = ()
+    registry: MetricRegistry,
+    extra_collectors: Iterable[Collector] = (),
+    names: Collection[str] | None = None,
 ) -> bytes:
     """The registry in Prometheus text format 0.0.4 (serve with `CONTENT_TYPE`).
 
     `extra_collectors` (e.g. prometheus_client's `ProcessCollector`) are appended as-is;
-    they must not reuse our metric names.
+    they must not reuse our metric names. `names`: only the metrics of those family or
+    sample names (all when None).
     """
-    text = exposition.generate_latest(RegistryCollector(registry))
+    text = exposition.generate_latest(RegistryCollector(registry, names))
     for collector in extra_collectors:
-        text += exposition.generate_latest(collector)
+        text += exposition.generate_latest(collector if names is None else _Only(collector, names))
     return text
+
+
+def _any_in(candidates: Iterable[str], names: Collection[str]) -> bool:
+    return any(n in names for n in candidates)
+
+
+class _Only:
+    """The families of ``collector`` named in ``names`` (by family or sample name)."""
+
+    def __init__(self, collector: Collector, names: Collection[str]) -> None:
+        self._collector = collector
+        self._names = names
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._collector.collect():
+            if family.name in self._names or _any_in((s.name for s in family.samples), self._names):
+                yield family

@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -120,6 +121,48 @@ def test_metrics_page_exposes_the_process_cpu_time(server: StatusServer) -> None
     first = cpu()
     assert first > 0
     wait_for(lambda: cpu() > first, WAIT, "the process's CPU time to grow")
+
+
+def test_metrics_page_names_only_the_metrics_asked_for(server: StatusServer) -> None:
+    """``name[]`` (repeatable, family or sample name, as Prometheus's federation asks)
+    gives only those metrics: a reader of one figure does not pay for the whole page."""
+
+    def names(path: str) -> set[str]:
+        status, _, body = fetch(server, path)
+        assert status == 200
+        return {f.name for f in text_string_to_metric_families(body.decode())}
+
+    everything = names("/metrics")
+    assert {"rpcs_queue_overflow", "raft_term", "log_sync_latency_us"} < everything
+    assert names("/metrics?name%5B%5D=process_cpu_seconds_total") == {"process_cpu_seconds"}
+    asked = "name%5B%5D=raft_term&name%5B%5D=rpcs_queue_overflow_total"
+    assert names(f"/metrics?{asked}") == {"raft_term", "rpcs_queue_overflow"}
+    assert names("/metrics?name%5B%5D=log_sync_latency_us_count") == {"log_sync_latency_us"}
+    assert names("/metrics?name%5B%5D=no_such_metric") == set()
+    assert names("/metrics?other=1") == everything  # not a filter: everything
+
+
+def test_server_cpu_reading_asks_for_the_cpu_figure_alone(server: StatusServer) -> None:
+    from raftlet.cli import server_cpu
+    from raftlet.cli.common import Credentials
+    from raftlet.cluster import ServerConfig
+
+    seen: list[str] = []
+    original = server._metrics_page
+
+    def spy(request: PageRequest) -> PageResponse:
+        seen.append(",".join(request.query.get("name[]", [])))
+        return original(request)
+
+    server.register_page("/metrics", spy, replace=True)
+    config = ServerConfig(
+        id="ts-1", rpc_addr=f"{HOST}:1", http_addr=f"{HOST}:{server.port}", data_dir=Path("ts-1")
+    )
+    seconds = server_cpu.read_cpu_seconds([config], creds=Credentials())
+    cpu = seconds["ts-1"]
+    assert cpu is not None
+    assert cpu > 0
+    assert seen == ["process_cpu_seconds_total"]
 
 
 def test_process_collector_reads_its_clock_at_collect_time() -> None:
