@@ -4,9 +4,10 @@ Every tablet server's status page exports ``process_cpu_seconds_total`` (user + 
 the whole process, read when the page is built: ``metrics.process``). ``raftlet write`` reads
 it (that metric alone: ``/metrics?name[]=process_cpu_seconds_total``) from every server of
 the cluster just before and just after its run; the difference, summed over the servers,
-divided by the writes acknowledged, is the **server CPU per acknowledged write** — replication, fsync bookkeeping and apply on every replica included,
-the client's own CPU not. A server that does not answer (down, or an older server without
-the metric) is reported as ``None`` and left out of the sum, and the summary says so.
+divided by the writes acknowledged, is the **server CPU per acknowledged write** --
+replication, fsync bookkeeping and apply on every replica included, the client's own CPU
+not. A server that does not answer (down, or an older server without the metric) is
+reported as ``None`` and left out of the sum, and the summary says so.
 """
 
 from __future__ import annotations
