@@ -59,7 +59,6 @@ __all__ = [
     "generate_prometheus_text",
     "prometheus_buckets",
     "sample_labels",
-    "sample_names",
 ]
 
 # generate_latest renders the classic text format, version 0.0.4; say so, rather than
@@ -97,7 +96,7 @@ def prometheus_buckets(snap: HistogramSnapshot) -> list[tuple[str, float]]:
     return [(_le_text(bound), float(n)) for bound, n in snap.buckets(EXPORT_BUCKET_BOUNDS)]
 
 
-def sample_names(proto: MetricPrototype) -> tuple[str, ...]:
+def _sample_names(proto: MetricPrototype) -> tuple[str, ...]:
     """Every sample name a scraper sees for ``proto``."""
     if proto.type.value == "histogram":
         return (f"{proto.name}_bucket", f"{proto.name}_sum", f"{proto.name}_count")
@@ -122,7 +121,7 @@ class RegistryCollector:
         for entity in self._registry.entities():
             for instance in entity.instances():
                 proto = instance.prototype
-                if names is None or proto.name in names or _any_in(sample_names(proto), names):
+                if names is None or proto.name in names or _any_in(_sample_names(proto), names):
                     groups[proto.name].append((entity, instance))
         for name in sorted(groups):
             family = _family(groups[name])
