@@ -42,6 +42,7 @@ import logging
 import shutil
 import ssl
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -402,17 +403,20 @@ class TabletServer:
         reflection.enable_server_reflection(names, server)
         if s.tls:
             credentials = server_credentials(s.tls_cert, s.tls_key, s.tls_ca)
-            self.rpc_port = server.add_secure_port(s.rpc_addr, credentials)
-        else:
-            self.rpc_port = server.add_insecure_port(s.rpc_addr)
-        if self.rpc_port == 0:
-            raise OSError(f"cannot listen for RPCs on {s.rpc_addr}")
-        if s.token_rpc_addr:
-            token_port = server.add_secure_port(
-                s.token_rpc_addr, token_port_credentials(s.tls_cert, s.tls_key)
+            self.rpc_port = _listen(
+                lambda: server.add_secure_port(s.rpc_addr, credentials), "RPCs", s.rpc_addr
             )
-            if token_port == 0:
-                raise OSError(f"cannot listen for token RPCs on {s.token_rpc_addr}")
+        else:
+            self.rpc_port = _listen(
+                lambda: server.add_insecure_port(s.rpc_addr), "RPCs", s.rpc_addr
+            )
+        if s.token_rpc_addr:
+            token_credentials = token_port_credentials(s.tls_cert, s.tls_key)
+            _listen(
+                lambda: server.add_secure_port(s.token_rpc_addr, token_credentials),
+                "token RPCs",
+                s.token_rpc_addr,
+            )
         await server.start()
         self._grpc = server
         for listener in (self.tcp_listener, self.write_listener):
@@ -774,3 +778,18 @@ def _tombstone(directory: Path) -> None:
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     (directory / TOMBSTONE_FILE).write_text("deleted from its group\n")
+
+
+def _listen(add_port: Callable[[], int], what: str, address: str) -> int:
+    """The port ``add_port`` bound, or OSError naming the address: older grpcio returned 0
+    for an address it could not bind, newer raises RuntimeError, and either way the
+    operator should read one line (``tserver.main``), not a traceback."""
+    try:
+        port = add_port()
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(
+            f"cannot listen for {what} on {address}: in use, or not an address of this host"
+        )
+    return port

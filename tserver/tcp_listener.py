@@ -189,7 +189,8 @@ class TcpListener:
         for tls in handshaking:  # their handshakes fail at once; their threads end
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(tls, socket.SHUT_RDWR)  # the TCP's, not the TLS's
-        self._acceptor.join(timeout=5.0)
+        if self._acceptor.ident is not None:  # a server whose start failed never started it
+            self._acceptor.join(timeout=5.0)
         self._sock.close()
         for link in links:
             link.close()
