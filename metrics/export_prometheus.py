@@ -96,11 +96,12 @@ def prometheus_buckets(snap: HistogramSnapshot) -> list[tuple[str, float]]:
     return [(_le_text(bound), float(n)) for bound, n in snap.buckets(EXPORT_BUCKET_BOUNDS)]
 
 
-def _sample_names(proto: MetricPrototype) -> tuple[str, ...]:
-    """Every sample name a scraper sees for ``proto``."""
+def _asked(proto: MetricPrototype, names: Collection[str]) -> bool:
+    """Whether ``names`` holds ``proto``'s name or one of the sample names it exports."""
+    samples: tuple[str, ...] = (exposed_name(proto),)
     if proto.type.value == "histogram":
-        return (f"{proto.name}_bucket", f"{proto.name}_sum", f"{proto.name}_count")
-    return (exposed_name(proto),)
+        samples = (f"{proto.name}_bucket", f"{proto.name}_sum", f"{proto.name}_count")
+    return proto.name in names or _any_in(samples, names)
 
 
 class RegistryCollector:
@@ -117,13 +118,12 @@ class RegistryCollector:
         # Group every instance by metric name across entities: the text format wants one
         # family (one HELP/TYPE) per name, with all its samples together.
         groups: dict[str, list[tuple[MetricEntity, MetricInstance]]] = defaultdict(list)
-        names = self._names
         for entity in self._registry.entities():
             for instance in entity.instances():
-                proto = instance.prototype
-                if names is None or proto.name in names or _any_in(_sample_names(proto), names):
-                    groups[proto.name].append((entity, instance))
+                groups[instance.prototype.name].append((entity, instance))
         for name in sorted(groups):
+            if self._names is not None and not _asked(groups[name][0][1].prototype, self._names):
+                continue  # filtered before its family is built, the costly part
             family = _family(groups[name])
             if family is not None:
                 yield family
