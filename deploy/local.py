@@ -107,6 +107,10 @@ DOWN_TIMEOUT_S = 30.0
 # SIGKILL cannot be caught; a process still there this long after it is stuck in the kernel.
 _KILL_WAIT_S = 10.0
 _POLL_S = 0.05
+# What a tablet server says when an address it was given is not free (tserver.server), and
+# how many sets of kernel-picked ports a new cluster tries.
+PORT_TAKEN = "cannot listen for"
+PORT_ATTEMPTS = 3
 
 
 class LauncherError(RuntimeError):
@@ -344,6 +348,9 @@ class LocalCluster:
                     f"stop it with: raftlet cluster down --data-dir {root}"
                 )
             (root / STATE_FILE).unlink()  # stale: every process is gone
+        # Ports the kernel picked for a new cluster were only free when picked: if a server
+        # finds one taken, the cluster (nothing in it yet) starts again on new ones.
+        may_repick = base_port is None and not config_path.exists()
         if config_path.exists():
             try:
                 config = load_cluster_config(config_path)
@@ -368,36 +375,62 @@ class LocalCluster:
                 ),
                 config_path,
             )
-        cluster = cls(root, config)
         flags = list(extra_flags)
         if tls and local_tls_files(root) is None:
             say(f"making a CA and certificates in {root / TLS_DIR}")
             _make_certs(root, config)
         if local_tls_files(root) is not None:
             _make_tokens(root / TLS_DIR / TOKENS_FILE)
-        tls_flags = cluster.tls_flags
         if term_check_mode is not None:
             flags += ["--term_check_mode", term_check_mode]
         if log_inject_latency_ms is not None:
             flags += ["--log_inject_latency_ms", f"{log_inject_latency_ms:g}"]
         if cpu_affinity:
             flags = ["--cpu_affinity", cpu_affinity, *flags]
-        try:
-            for s in config.servers:
-                # The caller's flags last: argparse keeps the last value, so they win.
-                cluster._spawn(s, [*tls_flags(s.id), *flags])
-            for s in config.servers:
-                cluster._wait_ready(s.id, ready_timeout_s)
-                token = f", token port {s.token_rpc_addr}" if s.token_rpc_addr else ""
-                status = cluster.servers[s.id].status_url
-                say(f"{s.id} ready: rpc {s.rpc_addr}{token}, status {status}")
-            cluster.wait_leaders(leader_timeout_s)
-        except BaseException:
-            # Includes KeyboardInterrupt: a Ctrl-C during `up` must not leave orphans.
-            with contextlib.suppress(Exception):
-                cluster.down(timeout=10.0)
-            raise
-        return cluster
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            cluster = cls(root, config)
+            try:
+                cluster._start_all(flags, ready_timeout_s, leader_timeout_s, say)
+            except BaseException as e:
+                # Includes KeyboardInterrupt: a Ctrl-C during `up` must not leave orphans.
+                with contextlib.suppress(Exception):
+                    cluster.down(timeout=10.0)
+                taken = isinstance(e, LauncherError) and PORT_TAKEN in e.details
+                if not (taken and may_repick and attempt < PORT_ATTEMPTS):
+                    raise
+                say(f"{e}; starting again on new ports")
+                for s in config.servers:
+                    shutil.rmtree(s.data_dir, ignore_errors=True)
+                config = write_cluster_config(
+                    new_config(
+                        root,
+                        servers=len(config.servers),
+                        tablets=len(config.placements()),
+                        raft=config.raft,
+                        token_ports=tls,
+                    ),
+                    config_path,
+                )
+            else:
+                return cluster
+        raise AssertionError("unreachable")
+
+    def _start_all(
+        self,
+        flags: Sequence[str],
+        ready_timeout_s: float,
+        leader_timeout_s: float,
+        say: Callable[[str], None],
+    ) -> None:
+        for s in self.config.servers:
+            # The caller's flags last: argparse keeps the last value, so they win.
+            self._spawn(s, [*self.tls_flags(s.id), *flags])
+        for s in self.config.servers:
+            self._wait_ready(s.id, ready_timeout_s)
+            token = f", token port {s.token_rpc_addr}" if s.token_rpc_addr else ""
+            status = self.servers[s.id].status_url
+            say(f"{s.id} ready: rpc {s.rpc_addr}{token}, status {status}")
+        self.wait_leaders(leader_timeout_s)
 
     def tls_flags(self, server_id: str) -> list[str]:
         """The tserver flags of ``server_id``'s certificates; [] for a plaintext cluster."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import functools
 import logging
 import shutil
@@ -432,7 +433,12 @@ class TabletServer:
             )
             self._verifier.start()
         register_tablet_pages(self.status, self.server_id, self.replicas, self.failed_tablets)
-        self.status.start()
+        try:
+            self.status.start()
+        except OSError as e:
+            if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                raise
+            raise OSError(_cannot_listen("status pages", s.http_addr)) from None
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         logger.info(
             "tablet server %s serving RPCs on %s (%s), status on %s (%d tablets%s)",
@@ -789,7 +795,10 @@ def _listen(add_port: Callable[[], int], what: str, address: str) -> int:
     except RuntimeError:
         port = 0
     if port == 0:
-        raise OSError(
-            f"cannot listen for {what} on {address}: in use, or not an address of this host"
-        )
+        raise OSError(_cannot_listen(what, address))
     return port
+
+
+def _cannot_listen(what: str, address: str) -> str:
+    # Launchers that picked the port themselves look for these words and pick another.
+    return f"cannot listen for {what} on {address}: in use, or not an address of this host"

@@ -1,7 +1,8 @@
 """Real ``raftlet tserver`` processes on loopback for integration tests.
 
 Every port is picked by the test (bound to port 0 by the kernel, then released just before
-the server binds it), every directory lives under the test's tmp_path, and every process
+the server binds it; if someone else takes one first, the cluster starts again on new
+ports), every directory lives under the test's tmp_path, and every process
 is stopped by PID when the test ends -- gracefully with SIGTERM, SIGKILL after a timeout.
 
 Besides starting and stopping servers:
@@ -22,6 +23,7 @@ import dataclasses
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,6 +64,9 @@ from tests import waiting
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
+# What a tablet server says when an address it was given is not free (tserver.server).
+PORT_TAKEN = "cannot listen for"
+PORT_ATTEMPTS = 3
 
 KV_SCHEMA = Schema(
     [
@@ -93,6 +98,22 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _empty(directory: Path) -> None:
+    # Only the contents: the directory may be a mount point (the full-disk test's tmpfs).
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
+class ServerDidNotStart(AssertionError):
+    def __init__(self, message: str, *, port_taken: bool) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 def server_error(err: grpc.RpcError) -> ServerErrorPB | None:
@@ -137,7 +158,10 @@ class Server:
         log.close()
         line = _read_line(self.proc, START_TIMEOUT_S)
         if "ready" not in line:
-            raise AssertionError(f"{self.id} did not start: {line!r}\n{self.log_tail()}")
+            tail = self.log_tail()
+            raise ServerDidNotStart(
+                f"{self.id} did not start: {line!r}\n{tail}", port_taken=PORT_TAKEN in tail
+            )
 
     def log_tail(self, n: int = 40) -> str:
         with contextlib.suppress(OSError):
@@ -270,38 +294,65 @@ class TserverCluster:
         # Flags for one server only (after ``flags``, kept across restarts), e.g. the
         # --peer_addresses of a ProxyNetwork, which needs the config's ports to exist first.
         self.server_flags: dict[str, list[str]] = {}
-        ports = free_ports(2 * n_servers)
+        self.path = root / "cluster.toml"
+        self.schema = schema
+        self.partitions = partitions
+        self.channels = ChannelPool(TEST_CHANNEL_OPTIONS)
+        self._n_servers = n_servers
+        self._raft = raft or RaftTimings(tick_interval_ms=50, election_ticks=10, heartbeat_ticks=1)
+        self._started = False
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
+        ports = free_ports(2 * self._n_servers)
         servers = tuple(
             ServerConfig(
                 id=f"ts{i + 1}",
                 rpc_addr=f"127.0.0.1:{ports[2 * i]}",
                 http_addr=f"127.0.0.1:{ports[2 * i + 1]}",
-                data_dir=root / f"ts{i + 1}",
+                data_dir=self.root / f"ts{i + 1}",
             )
-            for i in range(n_servers)
+            for i in range(self._n_servers)
         )
         config = ClusterConfig(
             name="itest",
             servers=servers,
-            tables=(TableConfig("kv", schema, partitions, min(3, n_servers)),),
-            raft=raft or RaftTimings(tick_interval_ms=50, election_ticks=10, heartbeat_ticks=1),
+            tables=(TableConfig("kv", self.schema, self.partitions, min(3, self._n_servers)),),
+            raft=self._raft,
         )
-        self.path = root / "cluster.toml"
-        self.schema = schema
-        self.partitions = partitions
         self.config = write_cluster_config(config, self.path)
-        self.channels = ChannelPool(TEST_CHANNEL_OPTIONS)
         self.servers = {s.id: Server(self, s) for s in self.config.servers}
 
     def start(self) -> TserverCluster:
-        for s in self.servers.values():
-            s.start()
-        return self
+        """Start every server.  A port picked for the first start can be taken by someone
+        else before its server binds it (it was free only when picked); then, if nothing
+        yet depends on the ports, every server is stopped, its data removed, and the
+        cluster starts again on new ports."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                for s in self.servers.values():
+                    s.start()
+            except ServerDidNotStart as e:
+                if not e.port_taken or self._started or self.server_flags:
+                    raise
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self._stop_servers()
+                for s in self.servers.values():
+                    _empty(s.config.data_dir)
+                self._pick_ports()
+            else:
+                self._started = True
+                return self
+        raise AssertionError("unreachable")
 
-    def stop(self) -> None:
+    def _stop_servers(self) -> None:
         for s in self.servers.values():
             if s.proc is not None:
                 s.terminate()
+
+    def stop(self) -> None:
+        self._stop_servers()
         self.channels.close()
 
     def tablet_ids(self) -> list[str]:
