@@ -237,6 +237,8 @@ def decode_row_blocks(schema: Schema, blocks: Sequence[tuple[bytes, bytes]]) -> 
     column by column; a block whose length or header is in doubt is decoded alone, and a
     cell in doubt sends every block to ``decode_row_runs`` one by one, so each outcome is
     exactly what that call gives."""
+    if len(blocks) < 2:  # the common batch of a lightly loaded tablet: nothing to share
+        return [_decode_alone(schema, *block) for block in blocks]
     layout = row_layout(schema)
     width = layout.row.size
     out: list[BlockOutcome | None] = [None] * len(blocks)

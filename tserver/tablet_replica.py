@@ -77,10 +77,15 @@ from raftlet.metrics.registry import MetricEntity, MetricPrototype
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.row_block import RowBlockError, row_width
-from raftlet.schema.row_runs import RowRun, decode_row_runs
+from raftlet.schema.row_runs import BlockOutcome, RowRun, decode_row_blocks
 from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
 from raftlet.schema.schema import Schema
-from raftlet.tserver.bootstrap import OpenedReplica, open_replica, to_apply_entry
+from raftlet.tserver.bootstrap import (
+    OpenedReplica,
+    open_replica,
+    to_apply_entries,
+    to_apply_entry,
+)
 from raftlet.tserver.checksum import (
     CHECKSUM_MARKER,
     ChecksumResult,
@@ -480,7 +485,14 @@ class TabletReplica:
             raise TabletFailed(why)
 
     def _prepare_batch(self, ops: list[_PendingWrite]) -> None:
-        datas = [self._encode(op) for op in ops]
+        # The row blocks of the batch decoded together, as apply does for a follower's.
+        has_block = [op.request.HasField("row_block") for op in ops]
+        blocks = [op.request.row_block for op, b in zip(ops, has_block, strict=True) if b]
+        outcomes = iter(decode_row_blocks(self.schema, [(b.rows, b.indirect) for b in blocks]))
+        datas = [
+            self._encode(op, next(outcomes) if b else None)
+            for op, b in zip(ops, has_block, strict=True)
+        ]
         valid = [(op, data) for op, data in zip(ops, datas, strict=True) if data is not None]
         for _, group_iter in itertools.groupby(valid, key=lambda pair: pair[0].term):
             self._replicate(list(group_iter))
@@ -500,17 +512,16 @@ class TabletReplica:
             )
         return size // width
 
-    def _encode(self, op: _PendingWrite) -> bytes | None:
+    def _encode(self, op: _PendingWrite, block: BlockOutcome | None) -> bytes | None:
         """The entry payload of ``op``, or None if it was answered here: every row invalid
-        (nothing to apply), a row of another tablet, or the request could not be decoded."""
+        (nothing to apply), a row of another tablet, or the request could not be decoded.
+        ``block``: what decoding its row block gave (None: it has none)."""
         request = op.request
         try:
-            if request.HasField("row_block"):
-                block = request.row_block
-                try:
-                    runs, row_errors = decode_row_runs(self.schema, block.rows, block.indirect)
-                except RowBlockError as e:
-                    raise InvalidRequest(f"malformed row block: {e}") from None
+            if block is not None:
+                if isinstance(block, RowBlockError):
+                    raise InvalidRequest(f"malformed row block: {block}")
+                runs, row_errors = block
                 rows = sum(map(len, runs)) + len(row_errors)
                 op.decoded = (runs, row_errors)
             else:
@@ -720,9 +731,13 @@ class TabletReplica:
         with self._proposed_lock:
             ours = [self._proposed.get(e.index) for e in entries]
         # The rows of our own entries were decoded when they were prepared: not again here.
+        # The others' (a follower's every entry) are decoded together: for one-row writes
+        # a block's fixed decoding cost is most of the work.
+        own = [m if m and m[0] == e.term else None for e, m in zip(entries, ours, strict=True)]
+        pairs = list(zip(entries, own, strict=True))
+        others = iter(to_apply_entries([e for e, m in pairs if m is None], self.schema))
         batch = [
-            to_apply_entry(e, self.schema, mine[2] if mine and mine[0] == e.term else None)
-            for e, mine in zip(entries, ours, strict=True)
+            next(others) if m is None else to_apply_entry(e, self.schema, m[2]) for e, m in pairs
         ]
         try:
             results = self.store.apply_batch(batch)

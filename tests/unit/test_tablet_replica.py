@@ -404,6 +404,48 @@ def test_bad_row_blocks_are_refused_as_invalid_requests(tablet: Tablet) -> None:
     assert keys_on(leader) == []
 
 
+def test_writes_prepared_together_each_get_their_own_verdict(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row blocks of writes waiting for the prepare stage are decoded in one call; a
+    malformed one among them is refused alone, and the others replicate."""
+    import raftlet.tserver.tablet_replica as tablet_replica
+
+    leader = tablet.leader()
+    entered, release = threading.Event(), threading.Event()
+    sizes: list[int] = []
+    real = tablet_replica.decode_row_blocks
+
+    def decode(schema: Any, blocks: Any) -> Any:
+        sizes.append(len(blocks))
+        if len(sizes) == 1:  # hold the stage while the next writes queue up behind it
+            entered.set()
+            assert release.wait(10)
+        return real(schema, blocks)
+
+    monkeypatch.setattr(tablet_replica, "decode_row_blocks", decode)
+    first = send(leader, block_write([1], "c1", 1))
+    assert entered.wait(10)
+    malformed = block_write([20], "c1", 3)
+    malformed.row_block.indirect = b""
+    queued = [
+        send(leader, block_write([10], "c1", 2)),
+        send(leader, malformed),
+        send(leader, write([30], "c1", 4)),  # the per-cell form: no block to decode
+        send(leader, block_write([11], "c1", 5)),
+    ]
+    release.set()
+    assert not first.result().row_errors
+    assert not queued[0].result().row_errors
+    with pytest.raises(InvalidRequest, match="malformed row block"):
+        queued[1].result()
+    assert not queued[2].result().row_errors
+    assert not queued[3].result().row_errors
+    assert sizes == [1, 3]
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == [1, 10, 11, 30], what=f"{r.server_id} applies")
+
+
 def test_the_leader_decodes_its_rows_once_and_each_follower_once(
     tablet: Tablet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -411,21 +453,34 @@ def test_the_leader_decodes_its_rows_once_and_each_follower_once(
     import raftlet.tserver.tablet_replica as tablet_replica
 
     leader = tablet.leader()
-    calls: dict[str, list[str]] = {"prepare": [], "apply": []}
+    calls: dict[str, list[str]] = {"prepare": [], "apply": []}  # a thread's name per block
     lock = threading.Lock()
 
-    def counting(stage: str, real: Any) -> Any:
+    def counting(stage: str, real: Any, blocks: Callable[[tuple[Any, ...]], int]) -> Any:
         def decode(*args: Any) -> Any:
             with lock:
-                calls[stage].append(threading.current_thread().name)
+                calls[stage] += [threading.current_thread().name] * blocks(args)
             return real(*args)
 
         return decode
 
+    def one(_args: tuple[Any, ...]) -> int:
+        return 1
+
+    def each(args: tuple[Any, ...]) -> int:
+        return len(args[1])
+
     monkeypatch.setattr(
-        tablet_replica, "decode_row_runs", counting("prepare", tablet_replica.decode_row_runs)
+        tablet_replica,
+        "decode_row_blocks",
+        counting("prepare", tablet_replica.decode_row_blocks, each),
     )
-    monkeypatch.setattr(bootstrap, "decode_row_runs", counting("apply", bootstrap.decode_row_runs))
+    monkeypatch.setattr(
+        bootstrap, "decode_row_runs", counting("apply", bootstrap.decode_row_runs, one)
+    )
+    monkeypatch.setattr(
+        bootstrap, "decode_row_blocks", counting("apply", bootstrap.decode_row_blocks, each)
+    )
     send(leader, block_write([1, 2, 3], "c1", 1)).result()
     for r in tablet.replicas.values():
         tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3], what=f"{r.server_id} applies")
