@@ -29,13 +29,20 @@ def _closing(cluster: TserverCluster) -> Iterator[None]:
         cluster.stop()
 
 
+@contextlib.contextmanager
+def _taken(address: str) -> Iterator[None]:
+    """Someone else listening on ``address`` (host:port) for the block."""
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind((host, int(port)))
+        taken.listen()
+        yield
+
+
 def test_a_taken_rpc_port_is_one_error_line(tmp_path: Path) -> None:
     cluster = TserverCluster(tmp_path, partitions=1)
     rpc_addr = cluster.config.servers[0].rpc_addr
-    host, port = rpc_addr.rsplit(":", 1)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken, _closing(cluster):
-        taken.bind((host, int(port)))
-        taken.listen()
+    with _taken(rpc_addr), _closing(cluster):
         proc = subprocess.Popen(
             [sys.executable, "-m", "raftlet", "tserver", "--config", str(cluster.path),
              "--server_id", "ts1"],
@@ -61,10 +68,7 @@ def test_a_status_port_taken_before_the_first_start_makes_the_harness_pick_new_p
 ) -> None:
     cluster = TserverCluster(tmp_path, partitions=1)
     http_addr = cluster.config.servers[1].http_addr
-    host, port = http_addr.rsplit(":", 1)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken, _closing(cluster):
-        taken.bind((host, int(port)))
-        taken.listen()
+    with _taken(http_addr), _closing(cluster):
         cluster.start()
         assert all(s.alive for s in cluster.servers.values())
         assert cluster.config.servers[1].http_addr != http_addr
