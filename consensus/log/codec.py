@@ -107,15 +107,17 @@ def batch_size(entries: Sequence[Entry]) -> int:
     return nbytes
 
 
-def split_records(entries: Sequence[Entry]) -> list[Sequence[Entry]]:
-    """Cut checked, contiguous entries into records of at most ``TARGET_RECORD_BYTES``
-    (a single larger entry gets a record of its own)."""
+def split_records(
+    entries: Sequence[Entry], limit: int = TARGET_RECORD_BYTES
+) -> list[Sequence[Entry]]:
+    """Cut checked, contiguous entries into records of at most ``limit`` bytes (a single
+    larger entry gets a record of its own)."""
     out: list[Sequence[Entry]] = []
     start = 0
     size = 0
     for k, e in enumerate(entries):
         n = len(e.data) + 24
-        if k > start and size + n > TARGET_RECORD_BYTES:
+        if k > start and size + n > limit:
             out.append(entries[start:k])
             start = k
             size = 0

@@ -47,6 +47,7 @@ from raftlet.consensus.log.codec import (
     MAX_ENTRY_BYTES,
     NO_OP,
     NORMAL,
+    TARGET_RECORD_BYTES,
     batch_size,
     decode_entries,
     encode_record,
@@ -434,7 +435,7 @@ class Log:
         limit = self.options.segment_size_bytes
         chunks: list[bytes] = []
         pending = 0
-        for run in _pack_records(group.batches):
+        for run in _pack_records(group.batches, limit):
             head, payload = encode_record(run)
             n = len(head) + len(payload)
             total = w.size + pending
@@ -795,10 +796,14 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
     return index, segments, writer
 
 
-def _pack_records(batches: list[_Batch]) -> list[Sequence[Entry]]:
+def _pack_records(batches: list[_Batch], segment_bytes: int) -> list[Sequence[Entry]]:
     """The records a group is written as.  Contiguous small batches share one; a batch
     that replaces a suffix starts a new one (on replay, the later record wins); a large
-    batch is cut on its own."""
+    batch is cut on its own.  No record is larger than a segment (unless one entry is):
+    a follower catching up takes a whole backlog in one append, and as one record it
+    would sit in the active segment, which log GC never deletes, until the next append
+    -- holding entries every voter has for as long as the tablet is idle."""
+    pack = min(_PACK_RECORD_BYTES, segment_bytes)
     runs: list[Sequence[Entry]] = []
     run: list[Entry] = []
     run_bytes = 0
@@ -806,12 +811,12 @@ def _pack_records(batches: list[_Batch]) -> list[Sequence[Entry]]:
     for entries, _, nbytes, _ in batches:
         if not entries:
             continue
-        if run and (entries[0].index != next_index or run_bytes + nbytes > _PACK_RECORD_BYTES):
+        if run and (entries[0].index != next_index or run_bytes + nbytes > pack):
             runs.append(run)
             run = []
             run_bytes = 0
-        if nbytes > _PACK_RECORD_BYTES:
-            runs.extend(split_records(entries))
+        if nbytes > pack:
+            runs.extend(split_records(entries, min(TARGET_RECORD_BYTES, segment_bytes)))
         else:
             run += entries
             run_bytes += nbytes

@@ -82,6 +82,24 @@ def test_record_bigger_than_a_segment_gets_its_own(tmp_path: Path) -> None:
         assert log.entries(2, 3)[0].data == b"x" * 2000
 
 
+def test_a_large_batch_is_cut_at_segment_size_so_gc_can_reach_its_tail(tmp_path: Path) -> None:
+    # A follower catching up takes its whole backlog in one append: as one record it would
+    # fill the active segment, which GC never deletes, until the next append.
+    written = entries(1, 201, size=40)
+    with Log.open(tmp_path, SMALL) as log:
+        log.append(written)
+        paths = log.segment_paths()
+        assert len(paths) > 10
+        slack = written[0].size() + 16  # a record may end just past the segment's size
+        assert all(os.path.getsize(p) <= SMALL.segment_size_bytes + slack for p in paths)
+        log.gc(200)
+        assert log.first_index() > 180
+        assert log_contents(log) == written[log.first_index() - 1 :]
+    with Log.open(tmp_path, SMALL) as log:
+        assert log_contents(log) == written[-len(log_contents(log)) :]
+        assert log.last_index() == 200
+
+
 def test_reads_come_back_from_disk_when_the_cache_is_tiny(tmp_path: Path) -> None:
     written = entries(1, 41, size=40)
     with Log.open(tmp_path, LogOptions(segment_size_bytes=600, cache_size_bytes=200)) as log:
