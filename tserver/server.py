@@ -276,6 +276,7 @@ class TabletServer:
             scan_page_bytes=s.scan_page_bytes,
             log_gc_interval_s=s.log_gc_interval_s,
             follower_apply_delay_s=s.follower_apply_delay_ms / 1000,
+            rounds_in_flight=s.write_rounds_in_flight,
             log_max_segments_retained=s.log_max_segments_retained,
             # Room for the row that crosses a page's budget, under gRPC's message limit.
             scan_max_page_bytes=s.max_message_bytes // 2,

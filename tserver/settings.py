@@ -106,6 +106,7 @@ class ServerSettings:
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
     log_gc_interval_s: float = 10.0
     follower_apply_delay_ms: float = 100.0
+    write_rounds_in_flight: int = 1
     store_verify_interval_s: float = 3600.0
     log_max_segments_retained: int = 64
     tablet_copy_chunk_bytes: int = MiB
@@ -695,6 +696,16 @@ FLAGS: tuple[FlagSpec, ...] = (
         "A follower at rest and a leader apply at once; a follower read that waits for an "
         "index (min_applied_index) has it applied at once; 0: every round applies.",
         convert=float_value, check=at_least(0, 1000),
+    ),
+    FlagSpec(
+        "write_rounds_in_flight", _CONSENSUS, "N",
+        f"A leader replicates at most this many rounds of writes of a tablet at once "
+        f"(default {_D('write_rounds_in_flight')}); writes that come meanwhile wait for "
+        "one to be applied and go together in the next. Every round costs each replica a "
+        "pass through its stages, so fewer, fuller rounds take less CPU per write under "
+        "load; a writer alone never waits. 0: no cap, every batch the prepare stage takes "
+        "is a round of its own. At most 1000.",
+        convert=int_value, check=int_in_range(0, 1000),
     ),
     FlagSpec(
         "log_gc_interval_s", _WAL, "S",

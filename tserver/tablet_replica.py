@@ -13,7 +13,9 @@ takes turns on the server's appender pool):
   and replicates the rest in one ``replicate`` call per bound term:
   under the consensus lock, where it may wait for room in the WAL's group-commit queue.
   No row locks are taken: every replica applies entries serially in log order, so
-  concurrent writes to one row are already ordered by the log.
+  concurrent writes to one row are already ordered by the log.  While
+  ``rounds_in_flight`` rounds it proposed are not applied, what it takes waits for the
+  next round (``_next_round``).
 - the apply stage applies committed entries -- one store transaction per
   batch, the applied index and request outcomes in the same transaction -- reports the
   applied index to consensus, and answers the waiting calls.  Followers apply too, and
@@ -39,6 +41,7 @@ then delete it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -67,7 +70,7 @@ from raftlet.consensus.raft_consensus import (
 )
 from raftlet.consensus.ticker import TickSource
 from raftlet.consensus.transport import Transport
-from raftlet.consensus.workers import WorkerPool
+from raftlet.consensus.workers import Mailbox, WorkerPool
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.histogram import Histogram
@@ -138,6 +141,8 @@ _APPLY_RETRY_MAX_S = 2.0
 _CATCH_UP_CHUNK = 4096
 # A follower applies what it holds once it is this many entries (``_hold``).
 _HOLD_MAX_ENTRIES = 256
+# Writes wait for a round at most this long before they go on alone (``_next_round``).
+_ROUND_WAIT_MAX_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +161,9 @@ class ReplicaOptions:
     max_write_bytes: int = 16 << 20
     # Ops replicated per consensus call at most (bounds one entry batch).
     max_prepare_batch: int = 256
+    # A leader replicates at most this many rounds of writes at once; writes that come
+    # meanwhile wait for one to be applied and go together (``_next_round``); 0: no cap.
+    rounds_in_flight: int = 1
     # How long a leader-latest scan waits for the store to apply what is committed.
     read_wait_s: float = 5.0
     # Log GC at most this often (tserver.log_gc); 0: never.
@@ -317,13 +325,19 @@ class TabletReplica:
         # The server's pool runs every replica's stages; a replica on its own gets one.
         self._own_workers = workers is None
         self._workers = workers or WorkerPool(f"replica:{tablet_id}", min_threads=1)
-        self._prepare_q = self._workers.mailbox(
+        # None: a nudge to release the writes waiting for a round (``_next_round``).
+        self._prepare_q: Mailbox[_PendingWrite | None] = self._workers.mailbox(
             f"prepare:{tablet_id}", self._prepare_batch, max_batch=opts.max_prepare_batch
         )
         self._apply_q = self._workers.mailbox(f"apply:{tablet_id}", self._apply_batches)
         # index -> (term, key) of entries this replica proposed and has not applied yet.
         self._proposed: dict[int, tuple[int, RequestKey, _Decoded | None]] = {}
         self._proposed_lock = threading.Lock()
+        # Under _proposed_lock: the last index of each round proposed and not yet applied,
+        # and the writes waiting for one of them to be applied (``_next_round``).
+        self._rounds: collections.deque[int] = collections.deque()
+        self._waiting: list[_PendingWrite] = []
+        self._waiting_since = 0.0
         self._applied_index = self.store.applied_index()
         self._applied_cond = threading.Condition()
         # Checksum points at or below this were applied by the replay: none was taken.
@@ -367,7 +381,8 @@ class TabletReplica:
 
     def start(self) -> None:
         self.consensus.start()
-        if self._log_gc is not None or self.options.follower_apply_delay_s > 0:
+        opts = self.options
+        if self._log_gc is not None or opts.follower_apply_delay_s > 0 or opts.rounds_in_flight:
             self._unregister_tick = self.consensus.ticker.register(self._on_tick)
 
     def _on_tick(self, _ticks: int) -> None:
@@ -375,6 +390,10 @@ class TabletReplica:
         # worker (an empty batch): log GC's turn, and held entries go to the store.
         if self._held or (self._log_gc is not None and self._log_gc.due()):
             self._apply_q.post([])
+        # Writes that waited this long for a round that does not apply (leadership lost,
+        # no quorum, the store failing) go on alone: replicate answers them.
+        if self._waiting and time.monotonic() - self._waiting_since >= _ROUND_WAIT_MAX_S:
+            self._prepare_q.post(None)
 
     def stop(self) -> None:
         """Stop replicating; fail what is in flight; flush and close the files."""
@@ -394,8 +413,10 @@ class TabletReplica:
             self._workers.stop()
         with self._proposed_lock:
             self._proposed.clear()
-        # Proposed or still queued: nothing more will answer them here.  A retry elsewhere
-        # with the same request id is exactly-once.
+            self._rounds.clear()
+            self._waiting = []
+        # Proposed, waiting for a round or still queued: nothing more will answer them
+        # here.  A retry elsewhere with the same request id is exactly-once.
         self.tracker.abort_all(ServiceUnavailable("the tablet server is shutting down"))
         self._opened.close()
 
@@ -484,7 +505,36 @@ class TabletReplica:
         if why is not None:
             raise TabletFailed(why)
 
-    def _prepare_batch(self, ops: list[_PendingWrite]) -> None:
+    def _prepare_batch(self, items: list[_PendingWrite | None]) -> None:
+        ops = [op for op in items if op is not None]
+        ops = self._next_round(ops, nudged=len(ops) < len(items))
+        for lo in range(0, len(ops), self.options.max_prepare_batch):
+            self._prepare_round(ops[lo : lo + self.options.max_prepare_batch])
+
+    def _next_round(self, ops: list[_PendingWrite], *, nudged: bool) -> list[_PendingWrite]:
+        """The writes to replicate now: ``ops`` and those that waited -- or none, while
+        ``rounds_in_flight`` rounds are proposed and not applied; ``ops`` then wait too.
+
+        Every round costs each of the three servers a pass through its stages whatever it
+        carries, and rounds in flight together share the CPU: when writes keep coming,
+        one round at a time, carrying all that came while the last was out, takes fewer
+        passes per write than a round for each handful (docs/benchmarks.md).  A writer
+        alone never waits: with no round out, its write goes at once.  ``nudged``: the
+        apply stage (a round applied) or the ticker (they waited too long) asks for them.
+        """
+        limit = self.options.rounds_in_flight
+        with self._proposed_lock:
+            if ops and limit and not nudged and len(self._rounds) >= limit:
+                if not self._waiting:
+                    self._waiting_since = time.monotonic()
+                self._waiting.extend(ops)
+                return []
+            if self._waiting:
+                ops = self._waiting + ops
+                self._waiting = []
+            return ops
+
+    def _prepare_round(self, ops: list[_PendingWrite]) -> None:
         # The row blocks of the batch decoded together, as apply does for a follower's.
         has_block = [op.request.HasField("row_block") for op in ops]
         blocks = [op.request.row_block for op, b in zip(ops, has_block, strict=True) if b]
@@ -549,6 +599,8 @@ class TabletReplica:
                 for op, entry in zip(ops, entries, strict=True):
                     if entry.index > self._applied_index:
                         self._proposed[entry.index] = (entry.term, op.key, op.decoded)
+                if entries and entries[-1].index > self._applied_index:
+                    self._rounds.append(entries[-1].index)
 
         try:
             entries = self.consensus.replicate([data for _, data in pairs], ops[0].term, remember)
@@ -609,6 +661,11 @@ class TabletReplica:
             except (OSError, StoreError) as exc:
                 # Nothing is lost by keeping the log: say so and try again next time.
                 logger.warning("%s: log GC failed: %r", self.tablet_id, exc)
+
+    @property
+    def waiting_writes(self) -> int:
+        """Writes this leader holds for its next round (``_next_round``)."""
+        return len(self._waiting)
 
     @property
     def held_entries(self) -> int:
@@ -750,7 +807,12 @@ class TabletReplica:
             self._applied_cond.notify_all()
         with self._proposed_lock:
             proposed = [self._proposed.pop(e.index, None) for e in entries]
-            self._applied_index = entries[-1].index
+            self._applied_index = last = entries[-1].index
+            while self._rounds and self._rounds[0] <= last:
+                self._rounds.popleft()
+            release = bool(self._waiting) and len(self._rounds) < self.options.rounds_in_flight
+        if release:
+            self._prepare_q.post(None)  # the next round: what waited for this one
         for entry, applied, result, mine in zip(entries, batch, results, proposed, strict=True):
             if mine is not None and mine[0] != entry.term:
                 # Our entry at this index was replaced: this leader lost its term.

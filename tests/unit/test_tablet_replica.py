@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from raftlet.consensus.core import NotLeaderError
+from raftlet.consensus.core import NotLeaderError, ProposalDropped
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from raftlet.consensus.workers import WorkerPool
@@ -655,3 +655,100 @@ def test_a_tick_or_a_stop_applies_what_a_follower_holds(tmp_path: Path) -> None:
         tablet.wait_for(lambda: keys_on(a) == [1, 2, 3], what="a tick's nudge")  # ticks
     finally:
         tablet.close()
+
+
+def _round_sizes(replica: TabletReplica, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of writes in each round ``replica`` proposes from now on."""
+    sizes: list[int] = []
+    real = replica.consensus.replicate
+
+    def replicate(datas: Any, *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(datas))
+        return real(datas, *args, **kwargs)
+
+    monkeypatch.setattr(replica.consensus, "replicate", replicate)
+    return sizes
+
+
+def _cut_off(tablet: Tablet, leader: TabletReplica) -> None:
+    """No message between ``leader`` and its followers from here on: its rounds stay out."""
+    for node in tablet.replicas:
+        if node != leader.server_id:
+            tablet.transport.cut(leader.server_id, node)
+    wait_for(tablet.transport.idle, what="nothing in flight")
+
+
+def test_writes_that_come_while_a_round_is_out_go_together_in_the_next(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader = tablet.leader()
+    sizes = _round_sizes(leader, monkeypatch)
+    _cut_off(tablet, leader)
+    # No tick until the heal: nothing but an applied round releases the writes waiting.
+    first = send(leader, write([1], "c1", 1))
+    wait_for(lambda: sizes == [1], what="the first round out")
+    queued = [send(leader, write([k], "c1", k)) for k in (2, 3, 4)]
+    wait_for(lambda: leader.waiting_writes == 3, what="three writes waiting")
+    assert sizes == [1]
+    tablet.transport.heal()
+    tablet.wait_for(lambda: all(c.done.is_set() for c in [first, *queued]), what="answers")
+    assert [c.result().op_index for c in [first, *queued]] == list(
+        range(first.result().op_index, first.result().op_index + 4)
+    )
+    assert sizes == [1, 3]
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what=f"{r.server_id} applies")
+
+
+def test_with_no_cap_on_rounds_every_write_goes_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tablet = Tablet(tmp_path, options=ReplicaOptions(consensus=FAST, rounds_in_flight=0))
+    try:
+        leader = tablet.leader()
+        sizes = _round_sizes(leader, monkeypatch)
+        _cut_off(tablet, leader)
+        calls = [send(leader, write([k], "c1", k)) for k in (1, 2, 3)]
+        wait_for(lambda: sum(sizes) == 3, what="every write proposed with the first out")
+        assert leader.waiting_writes == 0
+        tablet.transport.heal()
+        tablet.wait_for(lambda: all(c.done.is_set() for c in calls), what="answers")
+        assert all(not c.result().row_errors for c in calls)
+    finally:
+        tablet.close()
+
+
+def test_writes_waiting_behind_a_round_that_cannot_commit_are_answered(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader is cut off: its round never commits, and it loses its leadership.  The
+    writes that waited for that round go on after a while and are refused, not kept."""
+    leader = tablet.leader()
+    sizes = _round_sizes(leader, monkeypatch)
+    _cut_off(tablet, leader)
+    first = send(leader, write([1], "c1", 1))
+    wait_for(lambda: sizes == [1], what="the first round out")
+    queued = [send(leader, write([k], "c1", k)) for k in (2, 3)]
+    wait_for(lambda: leader.waiting_writes == 2, what="two writes waiting")
+    tablet.wait_for(lambda: all(c.done.is_set() for c in queued), what="the waiting answered")
+    for call in queued:
+        with pytest.raises(ProposalDropped):
+            call.result()
+    tablet.transport.heal()
+    tablet.wait_for(first.done.is_set, what="the first write answered")
+
+
+def test_a_stop_answers_the_writes_waiting_for_a_round(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader = tablet.leader()
+    sizes = _round_sizes(leader, monkeypatch)
+    _cut_off(tablet, leader)
+    first = send(leader, write([1], "c1", 1))
+    wait_for(lambda: sizes == [1], what="the first round out")
+    queued = [send(leader, write([k], "c1", k)) for k in (2, 3)]
+    wait_for(lambda: leader.waiting_writes == 2, what="two writes waiting")
+    tablet.stop(leader.server_id)
+    for call in [first, *queued]:
+        with pytest.raises(ServiceUnavailable):
+            call.result()
