@@ -110,6 +110,13 @@ def main() -> None:
         "locked mode carries here, so both modes write at one rate; 0: closed loop, each "
         "writer as fast as it is acknowledged)",
     )
+    parser.add_argument(
+        "--write-rounds-in-flight",
+        type=int,
+        default=0,
+        help="every server's --write_rounds_in_flight (default 0: Kudu's pipeline, which "
+        "KUDU-2727 is about; raftlet's own default, 1, keeps the WAL queue from filling)",
+    )
     parser.add_argument("--out", default="out/contention")
     args = parser.parse_args()
     sc = Scenario(
@@ -120,6 +127,7 @@ def main() -> None:
         leader_servers=tuple(int(i) for i in args.leaders.split(",")),
         cpu_affinity="" if args.cpu_affinity == "none" else args.cpu_affinity,
         rows_per_s=args.rows_per_s,
+        write_rounds_in_flight=args.write_rounds_in_flight,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,8 @@ examples:
   raftlet cluster up                          # 3 servers, table kv of 4 tablets, in a new temp dir
   raftlet cluster up --data-dir ./c1 --servers 5 --tablets 8
   raftlet cluster up --data-dir ./c1          # again after `down`: restarts it, data kept
-  raftlet cluster up --term-check-mode locked --log-inject-latency-ms 20   # KUDU-2727 setup
+  raftlet cluster up --term-check-mode locked --log-inject-latency-ms 20 \\
+      --tserver-flag=--write_rounds_in_flight=0   # KUDU-2727 setup
   raftlet cluster up --tserver-flag=--rpc_service_queue_length=1
 
 The servers run in the background (they outlive this command); their logs are

@@ -9,7 +9,8 @@
 #
 # Environment: RAFTLET (the command, default .venv/bin/raftlet), DEMO_DURATION (10),
 # DEMO_THREADS (8), DEMO_ARGS (extra `raftlet cluster up` flags, e.g.
-# "--term-check-mode locked --log-inject-latency-ms 20" for the KUDU-2727 setup).
+# "--term-check-mode locked --log-inject-latency-ms 20 --tserver-flag=--write_rounds_in_flight=0"
+# for the KUDU-2727 setup).
 set -euo pipefail
 
 RAFTLET=${RAFTLET:-.venv/bin/raftlet}

@@ -64,6 +64,12 @@ class Scenario:
     # carry (bench/contention.py's default), both write at the same rate and only how
     # long writes wait differs.
     rows_per_s: float = 0.0
+    # Every server's --write_rounds_in_flight.  0, Kudu's pipeline: every batch the
+    # prepare stage takes goes to consensus at once, and so waits under the consensus
+    # lock whenever the WAL's queue is full -- the wait KUDU-2727 is about.  raftlet's
+    # default (1) sends a tablet's next round only once the last is applied, which keeps
+    # the queue from filling in the first place (docs/contention.md, "Measured").
+    write_rounds_in_flight: int = 0
 
     def flags(self, mode: str) -> list[str]:
         pin = ["--cpu_affinity", self.cpu_affinity] if self.cpu_affinity else []
@@ -79,6 +85,8 @@ class Scenario:
             str(self.service_threads),
             "--rpc_service_queue_length",
             str(self.service_queue),
+            "--write_rounds_in_flight",
+            str(self.write_rounds_in_flight),
         ]
 
 
