@@ -678,17 +678,26 @@ def _cut_off(tablet: Tablet, leader: TabletReplica) -> None:
     wait_for(tablet.transport.idle, what="nothing in flight")
 
 
-def test_writes_that_come_while_a_round_is_out_go_together_in_the_next(
-    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _writes_behind_a_round(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch, keys: list[int]
+) -> tuple[TabletReplica, list[int], Call, list[Call]]:
+    """A leader cut off with one round out (key 1) and writes of ``keys`` waiting for it:
+    (the leader, its round sizes, the round's write, the waiting writes)."""
     leader = tablet.leader()
     sizes = _round_sizes(leader, monkeypatch)
     _cut_off(tablet, leader)
-    # No tick until the heal: nothing but an applied round releases the writes waiting.
+    # No tick from here on: nothing but an applied round releases the writes waiting.
     first = send(leader, write([1], "c1", 1))
     wait_for(lambda: sizes == [1], what="the first round out")
-    queued = [send(leader, write([k], "c1", k)) for k in (2, 3, 4)]
-    wait_for(lambda: leader.waiting_writes == 3, what="three writes waiting")
+    queued = [send(leader, write([k], "c1", k)) for k in keys]
+    wait_for(lambda: leader.waiting_writes == len(keys), what="the writes waiting")
+    return leader, sizes, first, queued
+
+
+def test_writes_that_come_while_a_round_is_out_go_together_in_the_next(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, sizes, first, queued = _writes_behind_a_round(tablet, monkeypatch, [2, 3, 4])
     assert sizes == [1]
     tablet.transport.heal()
     tablet.wait_for(lambda: all(c.done.is_set() for c in [first, *queued]), what="answers")
@@ -723,13 +732,7 @@ def test_writes_waiting_behind_a_round_that_cannot_commit_are_answered(
 ) -> None:
     """The leader is cut off: its round never commits, and it loses its leadership.  The
     writes that waited for that round go on after a while and are refused, not kept."""
-    leader = tablet.leader()
-    sizes = _round_sizes(leader, monkeypatch)
-    _cut_off(tablet, leader)
-    first = send(leader, write([1], "c1", 1))
-    wait_for(lambda: sizes == [1], what="the first round out")
-    queued = [send(leader, write([k], "c1", k)) for k in (2, 3)]
-    wait_for(lambda: leader.waiting_writes == 2, what="two writes waiting")
+    _, _, first, queued = _writes_behind_a_round(tablet, monkeypatch, [2, 3])
     tablet.wait_for(lambda: all(c.done.is_set() for c in queued), what="the waiting answered")
     for call in queued:
         with pytest.raises(ProposalDropped):
@@ -741,13 +744,7 @@ def test_writes_waiting_behind_a_round_that_cannot_commit_are_answered(
 def test_a_stop_answers_the_writes_waiting_for_a_round(
     tablet: Tablet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    leader = tablet.leader()
-    sizes = _round_sizes(leader, monkeypatch)
-    _cut_off(tablet, leader)
-    first = send(leader, write([1], "c1", 1))
-    wait_for(lambda: sizes == [1], what="the first round out")
-    queued = [send(leader, write([k], "c1", k)) for k in (2, 3)]
-    wait_for(lambda: leader.waiting_writes == 2, what="two writes waiting")
+    leader, _, first, queued = _writes_behind_a_round(tablet, monkeypatch, [2, 3])
     tablet.stop(leader.server_id)
     for call in [first, *queued]:
         with pytest.raises(ServiceUnavailable):
