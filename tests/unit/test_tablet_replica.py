@@ -122,6 +122,11 @@ class Tablet:
 
         wait_for(ticked, what=what)
 
+    def wait_keys_everywhere(self, keys: list[int]) -> None:
+        """Wait until every replica's store holds exactly ``keys``."""
+        for r in self.replicas.values():
+            self.wait_for(lambda r=r: keys_on(r) == keys, what=f"{r.server_id} applies")
+
     def close(self) -> None:
         for node in list(self.replicas):
             self.stop(node)
@@ -167,8 +172,7 @@ def test_concurrent_writes_apply_on_every_replica(tablet: Tablet) -> None:
     calls = [send(leader, write([i], "c1", i)) for i in range(1, 51)]
     for call in calls:
         assert not call.result().row_errors
-    for r in tablet.replicas.values():
-        tablet.wait_for(lambda r=r: keys_on(r) == list(range(1, 51)), what=f"{r.server_id} applies")
+    tablet.wait_keys_everywhere(list(range(1, 51)))
 
 
 def test_row_errors_come_back_per_row(tablet: Tablet) -> None:
@@ -383,8 +387,7 @@ def test_packed_rows_replicate_and_report_row_errors_like_the_per_cell_form(
     # The same request again is answered, not applied twice.
     again = send(leader, block_write([3, 4], "c1", 2)).result()
     assert [(e.row_index, e.code) for e in again.row_errors] == [(0, ErrorCode.KEY_EXISTS)]
-    for r in tablet.replicas.values():
-        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what=f"{r.server_id} applies")
+    tablet.wait_keys_everywhere([1, 2, 3, 4])
 
 
 def test_bad_row_blocks_are_refused_as_invalid_requests(tablet: Tablet) -> None:
@@ -442,8 +445,7 @@ def test_writes_prepared_together_each_get_their_own_verdict(
     assert not queued[2].result().row_errors
     assert not queued[3].result().row_errors
     assert sizes == [1, 3]
-    for r in tablet.replicas.values():
-        tablet.wait_for(lambda r=r: keys_on(r) == [1, 10, 11, 30], what=f"{r.server_id} applies")
+    tablet.wait_keys_everywhere([1, 10, 11, 30])
 
 
 def test_the_leader_decodes_its_rows_once_and_each_follower_once(
@@ -482,8 +484,7 @@ def test_the_leader_decodes_its_rows_once_and_each_follower_once(
         bootstrap, "decode_row_blocks", counting("apply", bootstrap.decode_row_blocks, each)
     )
     send(leader, block_write([1, 2, 3], "c1", 1)).result()
-    for r in tablet.replicas.values():
-        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3], what=f"{r.server_id} applies")
+    tablet.wait_keys_everywhere([1, 2, 3])
     assert len(calls["prepare"]) == 1  # the leader validates once ...
     assert len(calls["apply"]) == 2  # ... and only the two followers decode to apply
 
@@ -553,8 +554,7 @@ def test_a_write_larger_than_what_peers_accept_is_refused_before_it_is_admitted(
     assert leader.consensus.status()["last_index"] == before  # nothing was replicated
     assert not send(leader, sized(limit, 2)).result().row_errors
     assert not send(leader, write([3], "big", 3)).result().row_errors
-    for r in tablet.replicas.values():
-        tablet.wait_for(lambda r=r: keys_on(r) == [2, 3], what=f"{r.server_id} applies")
+    tablet.wait_keys_everywhere([2, 3])
 
 
 @pytest.fixture
@@ -585,8 +585,7 @@ def test_a_row_of_another_tablet_fails_the_whole_write_and_nothing_is_stored(
     assert leader.consensus.status()["last_index"] == before  # never replicated
     # The same request id is free again: the write corrected is applied, once.
     assert not send(leader, make(ours, "c1", 1)).result().row_errors
-    for r in tablet.replicas.values():
-        tablet.wait_for(lambda r=r: keys_on(r) == sorted(ours), what=f"{r.server_id} applies")
+    tablet.wait_keys_everywhere(sorted(ours))
 
 
 def _caught_up_tablet(root: Path, options: ReplicaOptions) -> Tablet:
@@ -705,8 +704,7 @@ def test_writes_that_come_while_a_round_is_out_go_together_in_the_next(
         range(first.result().op_index, first.result().op_index + 4)
     )
     assert sizes == [1, 3]
-    for r in tablet.replicas.values():
-        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what=f"{r.server_id} applies")
+    tablet.wait_keys_everywhere([1, 2, 3, 4])
 
 
 def test_with_no_cap_on_rounds_every_write_goes_at_once(
