@@ -34,7 +34,8 @@ class Transport(Protocol):
 class InMemoryTransport:
     """Delivers requests to handlers registered by node id, on a small thread pool (the
     way a server's consensus service would run them).  ``cut(a, b)`` drops traffic both
-    ways between two nodes, so tests can partition a cluster without sockets."""
+    ways between two nodes, and ``isolate(a)`` between ``a`` and every other node registered,
+    so tests can partition a cluster without sockets."""
 
     def __init__(self, workers: int = 8) -> None:
         self._handlers: dict[str, RequestHandler] = {}
@@ -54,6 +55,10 @@ class InMemoryTransport:
     def cut(self, a: str, b: str) -> None:
         with self._lock:
             self._cut.add(frozenset((a, b)))
+
+    def isolate(self, node_id: str) -> None:
+        with self._lock:
+            self._cut.update(frozenset((node_id, o)) for o in self._handlers if o != node_id)
 
     def heal(self) -> None:
         with self._lock:

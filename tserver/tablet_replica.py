@@ -523,8 +523,10 @@ class TabletReplica:
         apply stage (a round applied) or the ticker (they waited too long) asks for them.
         """
         limit = self.options.rounds_in_flight
+        if not limit:
+            return ops  # nothing ever waits
         with self._proposed_lock:
-            if ops and limit and not nudged and len(self._rounds) >= limit:
+            if ops and not nudged and len(self._rounds) >= limit:
                 if not self._waiting:
                     self._waiting_since = time.monotonic()
                 self._waiting.extend(ops)
@@ -599,7 +601,7 @@ class TabletReplica:
                 for op, entry in zip(ops, entries, strict=True):
                     if entry.index > self._applied_index:
                         self._proposed[entry.index] = (entry.term, op.key, op.decoded)
-                if entries and entries[-1].index > self._applied_index:
+                if self.options.rounds_in_flight and entries[-1].index > self._applied_index:
                     self._rounds.append(entries[-1].index)
 
         try:

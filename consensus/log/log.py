@@ -804,6 +804,7 @@ def _pack_records(batches: list[_Batch], segment_bytes: int) -> list[Sequence[En
     would sit in the active segment, which log GC never deletes, until the next append
     -- holding entries every voter has for as long as the tablet is idle."""
     pack = min(_PACK_RECORD_BYTES, segment_bytes)
+    split = min(TARGET_RECORD_BYTES, segment_bytes)
     runs: list[Sequence[Entry]] = []
     run: list[Entry] = []
     run_bytes = 0
@@ -816,7 +817,7 @@ def _pack_records(batches: list[_Batch], segment_bytes: int) -> list[Sequence[En
             run = []
             run_bytes = 0
         if nbytes > pack:
-            runs.extend(split_records(entries, min(TARGET_RECORD_BYTES, segment_bytes)))
+            runs.extend(split_records(entries, split))
         else:
             run += entries
             run_bytes += nbytes

@@ -68,9 +68,7 @@ def _leased_leader(cluster: Cluster) -> Replica:
 
 
 def _cut_off(cluster: Cluster, leader: Replica) -> None:
-    for other in cluster.ids:
-        if other != leader.node_id:
-            cluster.transport.cut(leader.node_id, other)
+    cluster.transport.isolate(leader.node_id)
     cluster.wait_for(cluster.transport.idle, what="nothing in flight")
 
 

@@ -122,6 +122,11 @@ class Tablet:
 
         wait_for(ticked, what=what)
 
+    def cut_off(self, node: str) -> None:
+        """No message between ``node`` and the others from here on."""
+        self.transport.isolate(node)
+        wait_for(self.transport.idle, what="nothing in flight")
+
     def wait_keys_everywhere(self, keys: list[int]) -> None:
         """Wait until every replica's store holds exactly ``keys``."""
         for r in self.replicas.values():
@@ -669,14 +674,6 @@ def _round_sizes(replica: TabletReplica, monkeypatch: pytest.MonkeyPatch) -> lis
     return sizes
 
 
-def _cut_off(tablet: Tablet, leader: TabletReplica) -> None:
-    """No message between ``leader`` and its followers from here on: its rounds stay out."""
-    for node in tablet.replicas:
-        if node != leader.server_id:
-            tablet.transport.cut(leader.server_id, node)
-    wait_for(tablet.transport.idle, what="nothing in flight")
-
-
 def _writes_behind_a_round(
     tablet: Tablet, monkeypatch: pytest.MonkeyPatch, keys: list[int]
 ) -> tuple[TabletReplica, list[int], Call, list[Call]]:
@@ -684,7 +681,7 @@ def _writes_behind_a_round(
     (the leader, its round sizes, the round's write, the waiting writes)."""
     leader = tablet.leader()
     sizes = _round_sizes(leader, monkeypatch)
-    _cut_off(tablet, leader)
+    tablet.cut_off(leader.server_id)  # its rounds stay out
     # No tick from here on: nothing but an applied round releases the writes waiting.
     first = send(leader, write([1], "c1", 1))
     wait_for(lambda: sizes == [1], what="the first round out")
@@ -714,7 +711,7 @@ def test_with_no_cap_on_rounds_every_write_goes_at_once(
     try:
         leader = tablet.leader()
         sizes = _round_sizes(leader, monkeypatch)
-        _cut_off(tablet, leader)
+        tablet.cut_off(leader.server_id)
         calls = [send(leader, write([k], "c1", k)) for k in (1, 2, 3)]
         wait_for(lambda: sum(sizes) == 3, what="every write proposed with the first out")
         assert leader.waiting_writes == 0
