@@ -68,10 +68,13 @@ class WorkerPool:
         self.min_threads = min_threads
         self.max_threads = max_threads
         self.idle_timeout_s = idle_timeout_s
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
         self._ready: collections.deque[Mailbox[object]] = collections.deque()
+        # Idle threads' wake-up locks, each held until its thread is given work: a thread
+        # sleeps acquiring its own.  Lighter than a Condition, whose wait and notify run
+        # Python code (a lock allocated per wait) on every hand-off of every write.
+        self._sleepers: list[threading.Lock] = []
         self._threads = 0
-        self._idle = 0
         self._stopping = False
         self._serial = 0
         self._live: set[threading.Thread] = set()
@@ -84,15 +87,17 @@ class WorkerPool:
 
     def threads(self) -> int:
         """Threads alive now (started and not yet ended)."""
-        with self._cond:
+        with self._mutex:
             return self._threads
 
     def stop(self, timeout: float = 10.0) -> None:
         """End the threads once the ready mailboxes are run (close the mailboxes first)."""
-        with self._cond:
+        with self._mutex:
             self._stopping = True
-            self._cond.notify_all()
+            sleepers, self._sleepers = self._sleepers, []
             live = list(self._live)
+        for waker in sleepers:
+            waker.release()
         for thread in live:
             if thread is not threading.current_thread():
                 thread.join(timeout)
@@ -102,51 +107,72 @@ class WorkerPool:
         if here.pool is self and here.next is None and not (requeue and self._ready):
             here.next = box  # this thread runs it as soon as its handler returns
             return
-        with self._cond:
+        with self._mutex:
             self._ready.append(box)
-            if self._idle > len(self._ready) - 1:
-                self._cond.notify()
-                return
-            if self._threads >= self.max_threads:
+            if self._sleepers:
+                waker = self._sleepers.pop()  # the thread that slept least: caches warm
+            elif self._threads >= self.max_threads:
                 return  # every thread is busy; the next to finish takes it
-            self._threads += 1
-            self._serial += 1
-            thread = threading.Thread(
-                target=self._work, name=f"{self.name}-{self._serial}", daemon=True
-            )
-            self._live.add(thread)
-            thread.start()  # under the lock, so stop() never joins a thread not yet started
+            else:
+                self._threads += 1
+                self._serial += 1
+                thread = threading.Thread(
+                    target=self._work, name=f"{self.name}-{self._serial}", daemon=True
+                )
+                self._live.add(thread)
+                thread.start()  # under the lock: stop() never joins a thread not yet started
+                return
+        waker.release()
 
     def _work(self) -> None:
         me = threading.current_thread()
         here = _here
         here.pool = self
+        waker = threading.Lock()
+        waker.acquire()  # released by whoever gives this thread work
         while True:
-            with self._cond:
-                while not self._ready:
-                    if self._stopping or not self._wait_for_work():
-                        self._threads -= 1
-                        self._live.discard(me)
-                        return
-                box = self._ready.popleft()
+            with self._mutex:
+                if self._ready:
+                    box = self._ready.popleft()
+                elif self._stopping:
+                    self._threads -= 1
+                    self._live.discard(me)
+                    return
+                else:
+                    self._sleepers.append(waker)
+                    box = None
+            if box is None:
+                if not self._sleep(waker):
+                    self._live.discard(me)
+                    return
+                continue
             box._run_once()
             while (after := here.next) is not None:
                 here.next = None
                 after._run_once()
 
-    def _wait_for_work(self) -> bool:
-        """With ``_cond`` held: sleep until woken; False if a thread beyond the minimum
-        found no work for ``idle_timeout_s`` and should end."""
-        self._idle += 1
-        try:
-            if self._threads > self.min_threads:
-                woken = self._cond.wait(self.idle_timeout_s)
-                # Others may have timed out and ended meanwhile: keep the minimum.
-                return woken or bool(self._ready) or self._threads <= self.min_threads
-            self._cond.wait()
+    def _sleep(self, waker: threading.Lock) -> bool:
+        """Sleep on ``waker`` (listed in ``_sleepers``) until given work or stopped; False
+        if a thread beyond the minimum found no work for ``idle_timeout_s`` and ended (its
+        count already taken off)."""
+        if self._threads <= self.min_threads:
+            waker.acquire()
             return True
-        finally:
-            self._idle -= 1
+        if waker.acquire(timeout=self.idle_timeout_s):
+            return True
+        with self._mutex:
+            if waker not in self._sleepers:
+                claimed = True  # given work (or stopped) just now: its release is on the way
+            else:
+                claimed = False
+                self._sleepers.remove(waker)
+                # Others may have timed out and ended meanwhile: keep the minimum.
+                if not self._ready and self._threads > self.min_threads:
+                    self._threads -= 1
+                    return False
+        if claimed:
+            waker.acquire()
+        return True
 
 
 class Mailbox(Generic[T]):
@@ -224,7 +250,8 @@ class Mailbox(Generic[T]):
             if self._items:
                 return True
             self._scheduled = False
-            self._drained.notify_all()
+            if self._closed:  # only close() waits for this
+                self._drained.notify_all()
             return False
 
     def _run_once(self) -> None:

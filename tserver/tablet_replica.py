@@ -805,8 +805,11 @@ class TabletReplica:
             return False
         self._metrics.apply_time.observe((time.perf_counter() - start) * 1e6)
         self.consensus.on_applied(entries[-1].index)
-        with self._applied_cond:
-            self._applied_cond.notify_all()
+        # A read counts itself waiting before it looks at the store, which is applied now:
+        # it sees either this apply or the count taken off again, never neither.
+        if self._reads_waiting:
+            with self._applied_cond:
+                self._applied_cond.notify_all()
         with self._proposed_lock:
             proposed = [self._proposed.pop(e.index, None) for e in entries]
             self._applied_index = last = entries[-1].index

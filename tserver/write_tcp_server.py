@@ -47,16 +47,25 @@ class _Connection:
         self.link: FrameLink | None = None
         self.outstanding = 0  # writes received and not yet answered
         self.max_outstanding = max_outstanding
-        self.room = threading.Condition()
+        # The count is kept under the plain lock (a Condition's own `with` is Python code,
+        # paid by every write); the condition is for the reader, when the count is at the cap.
+        self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)
+
+    def received(self, count: int) -> None:
+        with self.lock:
+            self.outstanding += count
 
     def answered(self) -> None:
-        with self.room:
+        with self.lock:
             self.outstanding -= 1
             if self.outstanding == self.max_outstanding - 1:
                 self.room.notify_all()
 
     def wait_for_room(self) -> None:
         """The reader: hold off reading while too many writes wait for their answers."""
+        if self.outstanding < self.max_outstanding:
+            return  # only this thread adds: a stale count is too high, and is looked at again
         link = self.link
         assert link is not None
         with self.room:
@@ -111,8 +120,7 @@ def write_links(
                 return
             if not items:
                 return
-            with connection.room:
-                connection.outstanding += len(items)
+            connection.received(len(items))
             offer_writes(pool, items, replica_of, leader_addr, post)
             connection.wait_for_room()
 

@@ -185,6 +185,26 @@ class Raft:
             transferring=leader and self.lead_transferee != NO_NODE,
         )
 
+    def state_differs(self, hard: HardState, soft: SoftState, conf: ConfState) -> bool:
+        """Whether ``hard_state()``, ``soft_state()`` or ``conf_state()`` would differ from
+        these, without building them: a driver asks after every input, and mostly nothing
+        changed."""
+        if self.term != hard.term or self.vote != hard.vote or self.log.committed != hard.commit:
+            return True
+        if self.role is not soft.role or self.term != soft.term or self.lead != soft.leader_id:
+            return True
+        if self.role is Role.LEADER and self.soft_state() != soft:
+            return True  # off-leader the two flags are always False
+        configs = self._configs
+        if len(configs) == 1:  # one membership: conf_state() is it, at its index, twice
+            index, membership = configs[0]
+            return not (
+                conf.index == index == conf.committed_index
+                and conf.membership is membership
+                and conf.committed is membership
+            )
+        return self.conf_state() != conf
+
     def read_messages(self) -> list[Message]:
         out, self.msgs = self.msgs, []
         return out

@@ -32,8 +32,13 @@ __all__ = ["RawNode", "Status"]
 # Only the leader's outbound replication may leave before local persistence
 # (thesis §10.2.1); anything else speaks for a term, vote or log we must not
 # forget after a crash.
-_SEND_NOW = frozenset(
-    {MessageType.APPEND, MessageType.HEARTBEAT, MessageType.TIMEOUT_NOW, MessageType.SNAPSHOT}
+# A tuple, not a set: an enum member's hash is Python code, while `in` on a tuple
+# compares identity first, in C.
+_SEND_NOW = (
+    MessageType.APPEND,
+    MessageType.HEARTBEAT,
+    MessageType.TIMEOUT_NOW,
+    MessageType.SNAPSHOT,
 )
 
 
@@ -135,9 +140,7 @@ class RawNode:
             or r.read_round_confirmed != self._prev_confirmed
             or r.log.has_unstable_to_persist()
             or r.log.has_committed_to_apply()
-            or r.hard_state() != self._prev_hard
-            or r.soft_state() != self._prev_soft
-            or r.conf_state() != self._prev_conf
+            or r.state_differs(self._prev_hard, self._prev_soft, self._prev_conf)
         )
 
     def ready(self) -> Ready:

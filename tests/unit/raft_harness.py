@@ -162,6 +162,7 @@ class Node:
         """Handle every pending Ready; return the messages to send, in order."""
         out: list[Message] = []
         for _ in range(1000):
+            self.check_state_differs()
             if not self.raw.has_ready():
                 return out
             rd = self.raw.ready()
@@ -172,6 +173,17 @@ class Node:
             out.extend(rd.persisted_messages)
             self.apply(rd)
         raise AssertionError(f"{self.id}: has_ready() stays True after 1000 readies")
+
+    def check_state_differs(self) -> None:
+        """``Raft.state_differs`` (``has_ready``'s shortcut) never misses a change that
+        building the three states would show: every core test checks it at every drain."""
+        raw, raft = self.raw, self.raw.raft
+        built = (
+            raft.hard_state() != raw._prev_hard
+            or raft.soft_state() != raw._prev_soft
+            or raft.conf_state() != raw._prev_conf
+        )
+        assert raft.state_differs(raw._prev_hard, raw._prev_soft, raw._prev_conf) or not built
 
     def step(self, m: Message) -> list[Message]:
         self.raw.step(m)

@@ -219,6 +219,45 @@ def test_threads_beyond_the_minimum_end_when_idle_and_stop_ends_the_rest() -> No
     wait_until(lambda: pool.threads() == 0)
 
 
+def test_no_work_is_lost_while_idle_threads_time_out_as_work_arrives() -> None:
+    # Threads beyond the minimum end after 0.2 ms idle, so threads sleep, wake, time out and
+    # start all the time while four posters keep giving work. A lost wake-up leaves a
+    # mailbox scheduled with no thread to run it, and the count below never completes.
+    pool = WorkerPool("churn", min_threads=1, max_threads=4, idle_timeout_s=0.0002)
+    handled = 0
+    lock = threading.Lock()
+    done = threading.Event()
+    total = 4 * 2000
+
+    def handle(batch: list[int]) -> None:
+        nonlocal handled
+        with lock:
+            handled += len(batch)
+            if handled == total:
+                done.set()
+
+    boxes = [pool.mailbox(f"b{i}", handle) for i in range(8)]
+
+    def post_many(k: int) -> None:
+        for n in range(2000):
+            boxes[(k + n) % len(boxes)].post(n)
+            if n % 50 == 0:
+                threading.Event().wait(0.0005)  # gaps, so threads go idle between bursts
+
+    posters = [threading.Thread(target=post_many, args=(k,)) for k in range(4)]
+    for t in posters:
+        t.start()
+    for t in posters:
+        t.join(TIMEOUT)
+    try:
+        assert done.wait(TIMEOUT), f"handled {handled} of {total}"
+    finally:
+        for box in boxes:
+            box.close()
+        pool.stop()
+    wait_until(lambda: pool.threads() == 0)
+
+
 def test_pool_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="min_threads"):
         WorkerPool(min_threads=0)
