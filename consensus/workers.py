@@ -256,8 +256,12 @@ class Mailbox(Generic[T]):
 
     def _run_once(self) -> None:
         with self._lock:
-            n = min(len(self._items), self._max_batch)
-            batch = [self._items.popleft() for _ in range(n)]
+            items = self._items
+            if len(items) <= self._max_batch:
+                batch = list(items)  # the usual case: all of it, in one C call
+                items.clear()
+            else:
+                batch = [items.popleft() for _ in range(self._max_batch)]
             self._runner = threading.get_ident()
         try:
             if batch:

@@ -228,9 +228,12 @@ class ServicePool:
         self._num_threads = num_threads
         self.queue_length = queue_length
         self.metrics = metrics if metrics is not None else ServicePoolMetrics.standalone(name)
-        # One lock, one condition: `offer` holds it for an append, a worker for a pop, so
-        # the event loop never waits behind a handler.
-        self._cond = threading.Condition(threading.Lock())
+        # One lock: `offer` holds it for an append, a worker for a pop, so the event loop
+        # never waits behind a handler.  An idle worker sleeps on its own lock, listed in
+        # `_sleepers`, and `offer` wakes one by releasing it: a Condition's wait and notify
+        # run Python code (a lock allocated per wait) for every call.
+        self._mutex = threading.Lock()
+        self._sleepers: list[threading.Lock] = []
         self._queue: deque[InboundCall] = deque()
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -256,7 +259,7 @@ class ServicePool:
 
     def start(self) -> None:
         """Start the worker threads (idempotent; a stopped pool cannot be restarted)."""
-        with self._cond:
+        with self._mutex:
             if self._stopping:
                 raise RuntimeError(f"service pool {self.name!r} is stopped")
             if self._threads:
@@ -275,13 +278,19 @@ class ServicePool:
         per method); a refusal because the pool is stopping is not — it is no overload.
         """
         call.enqueued_at = time.monotonic()
-        with self._cond:
+        with self._mutex:
             if self._stopping:
                 return False
             if len(self._queue) < self.queue_length:
                 self._queue.append(call)
-                self._cond.notify()
-                return True
+                waker = self._sleepers.pop() if self._sleepers else None
+                queued = True
+            else:
+                queued = False
+        if queued:
+            if waker is not None:
+                waker.release()
+            return True
         # Counted outside the lock: the counters need none, and the lock is the queue's.
         self.metrics.queue_overflow.increment()
         self.metrics.queue_overflow_for(call.method).increment()
@@ -294,11 +303,13 @@ class ServicePool:
         they handed on are completed by whoever holds them. Returns True if every worker
         exited in time. Safe to call more than once and from a worker thread.
         """
-        with self._cond:
+        with self._mutex:
             self._stopping = True
             leftover = list(self._queue)
             self._queue.clear()
-            self._cond.notify_all()
+            sleepers, self._sleepers = self._sleepers, []
+        for waker in sleepers:
+            waker.release()
         # Failed outside the lock: completion runs callbacks, which must not hold up offers.
         # Before the join, so queued clients hear at once rather than after the last handler.
         for call in leftover:
@@ -312,15 +323,22 @@ class ServicePool:
         return not any(t.is_alive() for t in self._threads if t is not me)
 
     def _work(self) -> None:
+        waker = threading.Lock()
+        waker.acquire()  # released by the offer (or stop) that gives this thread work
         while True:
-            with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
+            with self._mutex:
                 if self._stopping:
                     # Whatever is still queued is failed by stop(), not run: a shutting-down
                     # server should not start new work.
                     return
-                call = self._queue.popleft()
+                if self._queue:
+                    call = self._queue.popleft()
+                else:
+                    self._sleepers.append(waker)
+                    call = None
+            if call is None:
+                waker.acquire()
+                continue
             self._handle(call)
 
     def _handle(self, call: InboundCall) -> None:
