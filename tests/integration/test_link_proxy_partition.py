@@ -39,7 +39,8 @@ def proxied(
 ) -> Iterator[tuple[TserverCluster, ProxyNetwork]]:
     """A started 3-server cluster whose servers reach each other only through the proxies."""
     cluster = TserverCluster(tmp_path, partitions=1, flags=["--consensus_transport", request.param])
-    net = ProxyNetwork.for_config(cluster.config)
+    with cluster.ports_held():
+        net = ProxyNetwork.for_config(cluster.config)
     try:
         for sid in cluster.servers:
             cluster.server_flags[sid] = ["--peer_addresses", net.peer_addresses_flag(sid)]

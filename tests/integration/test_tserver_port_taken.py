@@ -77,6 +77,26 @@ def test_a_status_port_taken_before_the_first_start_makes_the_harness_pick_new_p
         cluster.wait_leaders()
 
 
+def test_ports_held_keeps_every_port_of_the_cluster_from_others_until_the_servers_start(
+    tmp_path: Path,
+) -> None:
+    """What a test that opens its own listeners first (link proxies) relies on."""
+    cluster = TserverCluster(tmp_path, partitions=1)
+    addresses = [a for s in cluster.config.servers for a in (s.rpc_addr, s.http_addr)]
+    with _closing(cluster):
+        with cluster.ports_held():
+            for address in addresses:
+                host, port = address.rsplit(":", 1)
+                with (
+                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other,
+                    pytest.raises(OSError, match="in use"),
+                ):
+                    other.bind((host, int(port)))
+        cluster.start()  # released: the servers bind them
+        started = [a for s in cluster.config.servers for a in (s.rpc_addr, s.http_addr)]
+        assert started == addresses
+
+
 def test_cluster_up_picks_new_ports_when_one_it_picked_is_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

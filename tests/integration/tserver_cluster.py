@@ -355,6 +355,25 @@ class TserverCluster:
         self._stop_servers()
         self.channels.close()
 
+    @contextlib.contextmanager
+    def ports_held(self) -> Iterator[None]:
+        """Hold this cluster's ports (bound, not listening) until the block ends, for a
+        test that opens listeners of its own before the servers start: one on port 0 --
+        a link proxy, say -- could otherwise be given a port picked for a server, which
+        then cannot start (seen in CI)."""
+        socks: list[socket.socket] = []
+        try:
+            for server in self.config.servers:
+                for addr in (server.rpc_addr, server.http_addr):
+                    host, port = addr.rsplit(":", 1)
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    socks.append(sock)
+                    sock.bind((host, int(port)))
+            yield
+        finally:
+            for sock in socks:
+                sock.close()
+
     def tablet_ids(self) -> list[str]:
         return [p.tablet_id for p in self.config.placements()]
 
