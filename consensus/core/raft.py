@@ -185,16 +185,26 @@ class Raft:
             transferring=leader and self.lead_transferee != NO_NODE,
         )
 
-    def state_differs(self, hard: HardState, soft: SoftState, conf: ConfState) -> bool:
-        """Whether ``hard_state()``, ``soft_state()`` or ``conf_state()`` would differ from
-        these, without building them: a driver asks after every input, and mostly nothing
-        changed."""
-        if self.term != hard.term or self.vote != hard.vote or self.log.committed != hard.commit:
-            return True
+    # Whether hard_state(), soft_state() or conf_state() would differ from what a driver
+    # last took, without building them: a driver asks after every input, and mostly
+    # nothing changed.  Exact, but for conf_state_differs, which may say True for an
+    # equal state (never False for a changed one).
+
+    def hard_state_differs(self, hard: HardState) -> bool:
+        return self.term != hard.term or self.vote != hard.vote or self.log.committed != hard.commit
+
+    def soft_state_differs(self, soft: SoftState) -> bool:
         if self.role is not soft.role or self.term != soft.term or self.lead != soft.leader_id:
             return True
-        if self.role is Role.LEADER and self.soft_state() != soft:
-            return True  # off-leader the two flags are always False
+        if self.role is not Role.LEADER:
+            return False  # off-leader the two flags are always False
+        if (self.lead_transferee != NO_NODE) is not soft.transferring:
+            return True
+        # Ready in this term stays ready: the commit index only grows, and every entry
+        # past this leader's NO_OP is of its term.
+        return not soft.leader_ready and self.log.term(self.log.committed) == self.term
+
+    def conf_state_differs(self, conf: ConfState) -> bool:
         configs = self._configs
         if len(configs) == 1:  # one membership: conf_state() is it, at its index, twice
             index, membership = configs[0]

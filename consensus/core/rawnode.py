@@ -140,34 +140,43 @@ class RawNode:
             or r.read_round_confirmed != self._prev_confirmed
             or r.log.has_unstable_to_persist()
             or r.log.has_committed_to_apply()
-            or r.state_differs(self._prev_hard, self._prev_soft, self._prev_conf)
+            or r.hard_state_differs(self._prev_hard)
+            or r.soft_state_differs(self._prev_soft)
+            or r.conf_state_differs(self._prev_conf)
         )
 
     def ready(self) -> Ready:
         """Everything pending since the last call, each item handed out once."""
         r = self.raft
-        hard = r.hard_state()
-        soft = r.soft_state()
-        hard_changed = hard != self._prev_hard
-        must_sync = hard.term != self._prev_hard.term or hard.vote != self._prev_hard.vote
+        # What did not change is handed on as the object the last Ready had: building the
+        # three states for every Ready was most of what a Ready cost.
+        prev_hard, prev_soft, prev_conf = self._prev_hard, self._prev_soft, self._prev_conf
+        hard_changed = r.hard_state_differs(prev_hard)
+        hard = r.hard_state() if hard_changed else prev_hard
+        soft_changed = r.soft_state_differs(prev_soft)
+        soft = r.soft_state() if soft_changed else prev_soft
+        conf = r.conf_state() if r.conf_state_differs(prev_conf) else prev_conf
+        must_sync = hard.term != prev_hard.term or hard.vote != prev_hard.vote
         entries = tuple(r.log.unstable_to_persist())
         committed = tuple(r.log.committed_to_apply())
-        messages = r.read_messages()
+        now: list[Message] = []
+        later: list[Message] = []
+        for m in r.read_messages():
+            (now if m.type in _SEND_NOW else later).append(m)
         read_states, r.read_states = tuple(r.read_states), []
-        conf = r.conf_state()
         ready = Ready(
             soft_state=soft,
             hard_state=hard if hard_changed else None,
             entries=entries,
-            messages=tuple(m for m in messages if m.type in _SEND_NOW),
-            persisted_messages=tuple(m for m in messages if m.type not in _SEND_NOW),
+            messages=tuple(now),
+            persisted_messages=tuple(later),
             committed_entries=committed,
             must_sync=must_sync or bool(entries),
             read_states=read_states,
             read_round=r.read_round,
             read_round_confirmed=r.read_round_confirmed,
-            soft_state_changed=soft != self._prev_soft,
-            conf_state=conf if conf != self._prev_conf else None,
+            soft_state_changed=soft_changed,
+            conf_state=conf if conf is not prev_conf and conf != prev_conf else None,
         )
         self._prev_hard = hard
         self._prev_soft = soft
