@@ -805,8 +805,8 @@ class TabletReplica:
             return False
         self._metrics.apply_time.observe((time.perf_counter() - start) * 1e6)
         self.consensus.on_applied(entries[-1].index)
-        # A read counts itself waiting before it looks at the store, which is applied now:
-        # it sees either this apply or the count taken off again, never neither.
+        # A read counts itself waiting before it looks at the store, which holds this apply
+        # by now: either the read finds it there, or it is counted here and woken.
         if self._reads_waiting:
             with self._applied_cond:
                 self._applied_cond.notify_all()
