@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["Mailbox", "WorkerPool"]
+__all__ = ["Mailbox", "Sleepers", "WorkerPool"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,44 @@ class _Here(threading.local):
 
 
 _here = _Here()
+
+
+class Sleepers:
+    """A pool's idle threads, each asleep on a lock of its own, which whoever gives it work
+    (or stops the pool) releases.  Lighter than a ``threading.Condition``, whose wait and
+    notify run Python code -- a lock allocated per wait -- on every hand-off of every write.
+
+    Not locked itself: the pool's mutex guards ``park``, ``take_one``, ``take_all`` and
+    ``withdraw``; releasing a taken lock, and sleeping on one's own, happen outside it."""
+
+    def __init__(self) -> None:
+        self._locks: list[threading.Lock] = []
+
+    @staticmethod
+    def new_waker() -> threading.Lock:
+        """A thread's own wake-up lock, held already: the thread sleeps acquiring it."""
+        waker = threading.Lock()
+        waker.acquire()
+        return waker
+
+    def park(self, waker: threading.Lock) -> None:
+        self._locks.append(waker)
+
+    def take_one(self) -> threading.Lock | None:
+        """The thread that slept least (its caches warmest), or None if none sleeps."""
+        return self._locks.pop() if self._locks else None
+
+    def take_all(self) -> list[threading.Lock]:
+        locks, self._locks = self._locks, []
+        return locks
+
+    def withdraw(self, waker: threading.Lock) -> bool:
+        """Off the list, for a thread whose sleep timed out; False if someone took it
+        first -- its release is then on the way."""
+        if waker not in self._locks:
+            return False
+        self._locks.remove(waker)
+        return True
 
 
 class WorkerPool:
@@ -70,10 +108,7 @@ class WorkerPool:
         self.idle_timeout_s = idle_timeout_s
         self._mutex = threading.Lock()
         self._ready: collections.deque[Mailbox[object]] = collections.deque()
-        # Idle threads' wake-up locks, each held until its thread is given work: a thread
-        # sleeps acquiring its own.  Lighter than a Condition, whose wait and notify run
-        # Python code (a lock allocated per wait) on every hand-off of every write.
-        self._sleepers: list[threading.Lock] = []
+        self._sleepers = Sleepers()
         self._threads = 0
         self._stopping = False
         self._serial = 0
@@ -94,7 +129,7 @@ class WorkerPool:
         """End the threads once the ready mailboxes are run (close the mailboxes first)."""
         with self._mutex:
             self._stopping = True
-            sleepers, self._sleepers = self._sleepers, []
+            sleepers = self._sleepers.take_all()
             live = list(self._live)
         for waker in sleepers:
             waker.release()
@@ -109,18 +144,16 @@ class WorkerPool:
             return
         with self._mutex:
             self._ready.append(box)
-            if self._sleepers:
-                waker = self._sleepers.pop()  # the thread that slept least: caches warm
-            elif self._threads >= self.max_threads:
-                return  # every thread is busy; the next to finish takes it
-            else:
-                self._threads += 1
-                self._serial += 1
-                thread = threading.Thread(
-                    target=self._work, name=f"{self.name}-{self._serial}", daemon=True
-                )
-                self._live.add(thread)
-                thread.start()  # under the lock: stop() never joins a thread not yet started
+            waker = self._sleepers.take_one()
+            if waker is None:
+                if self._threads < self.max_threads:  # else the next to finish takes it
+                    self._threads += 1
+                    self._serial += 1
+                    thread = threading.Thread(
+                        target=self._work, name=f"{self.name}-{self._serial}", daemon=True
+                    )
+                    self._live.add(thread)
+                    thread.start()  # under the lock: stop() never joins one not yet started
                 return
         waker.release()
 
@@ -128,8 +161,7 @@ class WorkerPool:
         me = threading.current_thread()
         here = _here
         here.pool = self
-        waker = threading.Lock()
-        waker.acquire()  # released by whoever gives this thread work
+        waker = Sleepers.new_waker()
         while True:
             with self._mutex:
                 if self._ready:
@@ -139,7 +171,7 @@ class WorkerPool:
                     self._live.discard(me)
                     return
                 else:
-                    self._sleepers.append(waker)
+                    self._sleepers.park(waker)
                     box = None
             if box is None:
                 if not self._sleep(waker):
@@ -161,17 +193,13 @@ class WorkerPool:
         if waker.acquire(timeout=self.idle_timeout_s):
             return True
         with self._mutex:
-            if waker not in self._sleepers:
-                claimed = True  # given work (or stopped) just now: its release is on the way
-            else:
-                claimed = False
-                self._sleepers.remove(waker)
-                # Others may have timed out and ended meanwhile: keep the minimum.
-                if not self._ready and self._threads > self.min_threads:
-                    self._threads -= 1
-                    return False
+            claimed = not self._sleepers.withdraw(waker)
+            # Others may have timed out and ended meanwhile: keep the minimum.
+            if not claimed and not self._ready and self._threads > self.min_threads:
+                self._threads -= 1
+                return False
         if claimed:
-            waker.acquire()
+            waker.acquire()  # given work (or stopped) just now: its release is on the way
         return True
 
 

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from raftlet.consensus.workers import Sleepers
 from raftlet.metrics import catalogue
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.histogram import Histogram
@@ -229,11 +230,9 @@ class ServicePool:
         self.queue_length = queue_length
         self.metrics = metrics if metrics is not None else ServicePoolMetrics.standalone(name)
         # One lock: `offer` holds it for an append, a worker for a pop, so the event loop
-        # never waits behind a handler.  An idle worker sleeps on its own lock, listed in
-        # `_sleepers`, and `offer` wakes one by releasing it: a Condition's wait and notify
-        # run Python code (a lock allocated per wait) for every call.
+        # never waits behind a handler.  `offer` wakes an idle worker through `_sleepers`.
         self._mutex = threading.Lock()
-        self._sleepers: list[threading.Lock] = []
+        self._sleepers = Sleepers()
         self._queue: deque[InboundCall] = deque()
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -283,7 +282,7 @@ class ServicePool:
                 return False
             if len(self._queue) < self.queue_length:
                 self._queue.append(call)
-                waker = self._sleepers.pop() if self._sleepers else None
+                waker = self._sleepers.take_one()
                 queued = True
             else:
                 queued = False
@@ -307,7 +306,7 @@ class ServicePool:
             self._stopping = True
             leftover = list(self._queue)
             self._queue.clear()
-            sleepers, self._sleepers = self._sleepers, []
+            sleepers = self._sleepers.take_all()
         for waker in sleepers:
             waker.release()
         # Failed outside the lock: completion runs callbacks, which must not hold up offers.
@@ -323,8 +322,7 @@ class ServicePool:
         return not any(t.is_alive() for t in self._threads if t is not me)
 
     def _work(self) -> None:
-        waker = threading.Lock()
-        waker.acquire()  # released by the offer (or stop) that gives this thread work
+        waker = Sleepers.new_waker()  # released by the offer (or stop) that gives it work
         while True:
             with self._mutex:
                 if self._stopping:
@@ -334,7 +332,7 @@ class ServicePool:
                 if self._queue:
                     call = self._queue.popleft()
                 else:
-                    self._sleepers.append(waker)
+                    self._sleepers.park(waker)
                     call = None
             if call is None:
                 waker.acquire()
