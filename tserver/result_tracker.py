@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from raftlet.proto import tablet_pb2
@@ -48,6 +48,8 @@ DEFAULT_MAX_BYTES = 8 << 20
 # a client's own entry costs: rough, but they keep many tiny responses from looking free.
 _RESPONSE_OVERHEAD = 200
 _CLIENT_OVERHEAD = 400
+# What a request learned applied (no response kept) costs: its dict slot.
+_LEARNED_OVERHEAD = 100
 
 RequestKey = tuple[str, int]
 Respond = Callable[[tablet_pb2.WriteResponse], None]
@@ -58,6 +60,9 @@ class Admission(enum.Enum):
     NEW = "NEW"  # the caller must execute the request
     ATTACHED = "ATTACHED"  # in flight already; the caller will be answered with it
     COMPLETED = "COMPLETED"  # answered already from the stored response
+    # Applied (another replica proposed it), its response not kept: in flight now, as NEW,
+    # for the caller to answer from the store's record (``TabletStore.lookup_request``).
+    APPLIED = "APPLIED"
     STALE = "STALE"  # below the client's first incomplete seq_no
 
 
@@ -69,8 +74,8 @@ class _InFlight:
 @dataclass
 class _Client:
     first_incomplete: int = 0
-    # seq_no -> (response, the bytes it is counted for)
-    done: dict[int, tuple[tablet_pb2.WriteResponse, int]] = field(default_factory=dict)
+    # seq_no -> (response, the bytes it is counted for); None: applied, response not kept
+    done: dict[int, tuple[tablet_pb2.WriteResponse | None, int]] = field(default_factory=dict)
     size: int = _CLIENT_OVERHEAD
 
 
@@ -101,6 +106,7 @@ class ResultTracker:
         self, key: RequestKey, first_incomplete_seq_no: int, respond: Respond, fail: Fail
     ) -> tuple[Admission, tablet_pb2.WriteResponse | None]:
         client_id, seq_no = key
+        done: tuple[tablet_pb2.WriteResponse | None, int] | None = None
         with self._lock:
             if not client_id.startswith(ANONYMOUS_PREFIX):
                 client = self._use(client_id)
@@ -108,25 +114,27 @@ class ResultTracker:
                 if seq_no < client.first_incomplete:
                     return Admission.STALE, None
                 done = client.done.get(seq_no)
-                if done is not None:
+                if done is not None and done[0] is not None:
                     return Admission.COMPLETED, done[0]
             flight = self._in_flight.get(key)
             if flight is not None:
                 flight.waiters.append((respond, fail))
                 return Admission.ATTACHED, None
             self._in_flight[key] = _InFlight([(respond, fail)])
-            return Admission.NEW, None
+            # Applied, its response not kept: the caller reads it back from the store and
+            # completes the request (or executes it, as NEW, if the store forgot it).
+            return (Admission.APPLIED if done is not None else Admission.NEW), None
 
     def complete(
         self, key: RequestKey, response: tablet_pb2.WriteResponse, first_incomplete_seq_no: int = 0
     ) -> int:
         """Record the outcome and answer every waiter; returns how many were answered.
 
-        Called for every applied entry with a request id, on leaders and followers alike,
-        so whoever leads next already knows the outcome.  ``first_incomplete_seq_no`` is the
-        one the entry carried: a follower never sees ``admit``, so this is where it forgets
-        what the client no longer needs (otherwise its table only grows, and the cap's
-        ``min()`` runs over it on every apply)."""
+        Called for the entries this replica proposed (and for those a retry it admitted
+        waits on); the others only teach it how far their clients got (``learn_applied``).
+        ``first_incomplete_seq_no`` is the one the entry carried: this is where a replica
+        forgets what the client no longer needs (otherwise its table only grows, and the
+        cap's ``min()`` runs over it on every apply)."""
         client_id, seq_no = key
         if client_id.startswith(ANONYMOUS_PREFIX):
             with self._lock:
@@ -140,10 +148,12 @@ class ResultTracker:
             flight = self._in_flight.pop(key, None)
             if seq_no >= client.first_incomplete:
                 held = client.done.get(seq_no)
-                if held is not None:
+                if held is not None and held[0] is not None:
                     # The first answer stands: a later duplicate must not replace it.
                     response = held[0]
                 else:
+                    if held is not None:  # learned applied: now its response too
+                        self._drop(client, seq_no)
                     self._store(client, seq_no, response)
                     if len(client.done) > self._max_completed:
                         # A client that never advances first_incomplete_seq_no must not
@@ -154,6 +164,37 @@ class ResultTracker:
         for respond, _ in waiters:
             respond(response)
         return len(waiters)
+
+    def learn_applied(self, applied: Sequence[tuple[RequestKey, int]]) -> list[RequestKey]:
+        """Requests applied here that this replica did not propose: each (key, the first
+        incomplete seq_no its entry carried).  Remembers that each was applied and how far
+        its client got -- what a retry's answer and a STALE one need once this replica
+        leads -- but not the response: building and sizing one per write was a follower's
+        largest cost after the rows.  A retry of one is admitted as ``APPLIED``, and its
+        response read from the store's record, which every replica writes in the same
+        transaction as the rows.  Returns the keys that are in flight here (a retry this
+        replica admitted while the entry was on its way), which the caller must
+        ``complete``: they have waiters."""
+        waiting: list[RequestKey] = []
+        with self._lock:
+            in_flight = self._in_flight
+            for key in applied:
+                (client_id, seq_no), first_incomplete = key
+                if key[0] in in_flight:
+                    waiting.append(key[0])
+                if client_id.startswith(ANONYMOUS_PREFIX):
+                    continue
+                client = self._use(client_id)
+                self._forget_below(client, first_incomplete)
+                done = client.done
+                if seq_no >= client.first_incomplete and seq_no not in done:
+                    done[seq_no] = (None, _LEARNED_OVERHEAD)
+                    client.size += _LEARNED_OVERHEAD
+                    self._bytes += _LEARNED_OVERHEAD
+                    if len(done) > self._max_completed:
+                        self._drop(client, min(done))
+                self._evict(client_id)
+        return waiting
 
     def abort(self, key: RequestKey, error: BaseException) -> None:
         """The request will not complete here (its entry was lost, or never proposed):

@@ -18,8 +18,9 @@ takes turns on the server's appender pool):
   next round (``_next_round``).
 - the apply stage applies committed entries -- one store transaction per
   batch, the applied index and request outcomes in the same transaction -- reports the
-  applied index to consensus, and answers the waiting calls.  Followers apply too, and
-  their trackers learn every outcome, so the next leader can answer a retry.
+  applied index to consensus, and answers the waiting calls.  Followers apply too: their
+  stores record every request's outcome, so the next leader answers a retry from there,
+  and their trackers learn how far each client got (``ResultTracker.learn_applied``).
 
 An op whose entry is replaced before it commits (this leader lost its term) is aborted
 with NotLeaderError when the apply stage reaches its index: the client retries at the new
@@ -466,8 +467,9 @@ class TabletReplica:
             return
         try:
             # A first attempt cannot have been applied before, so only retries pay for the
-            # store lookup (apply refuses a duplicate request id in any case).
-            if rid.client_id and rid.attempt_no > 0:
+            # store lookup (apply refuses a duplicate request id in any case) -- and the
+            # requests this replica learned were applied, whose responses it did not keep.
+            if rid.client_id and (rid.attempt_no > 0 or admission is Admission.APPLIED):
                 record = self.store.lookup_request(rid.client_id, rid.seq_no)
                 if record is not None:  # applied before a restart or under another leader
                     self._metrics.replays.increment()
@@ -818,6 +820,11 @@ class TabletReplica:
             release = bool(self._waiting) and len(self._rounds) < self.options.rounds_in_flight
         if release:
             self._prepare_q.post(None)  # the next round: what waited for this one
+        writes = rows = 0
+        # Requests another replica proposed (a follower's every one): their clients wait
+        # elsewhere, so only how far each client got is learned, in one go.
+        learned: list[tuple[RequestKey, int]] = []
+        outcomes: dict[RequestKey, tuple[int, int, Sequence[RowFailure], int]] = {}
         for entry, applied, result, mine in zip(entries, batch, results, proposed, strict=True):
             if mine is not None and mine[0] != entry.term:
                 # Our entry at this index was replaced: this leader lost its term.
@@ -835,12 +842,24 @@ class TabletReplica:
                 index, term = result.duplicate_of, result.duplicate_term
             else:
                 index, term = entry.index, entry.term
-                self._metrics.write_ops.increment()
-                self._metrics.rows_inserted.increment(result.rows_applied)
-            if key is not None:
-                self.tracker.complete(
-                    key, _response(index, term, result.row_errors), applied.first_incomplete_seq_no
-                )
+                writes += 1
+                rows += result.rows_applied
+            if key is None:
+                continue
+            first_incomplete = applied.first_incomplete_seq_no
+            if mine is None:
+                learned.append((key, first_incomplete))
+                if key not in outcomes:  # the first outcome of a request stands
+                    outcomes[key] = (index, term, result.row_errors, first_incomplete)
+                continue
+            self.tracker.complete(key, _response(index, term, result.row_errors), first_incomplete)
+        if learned:
+            for key in self.tracker.learn_applied(learned):
+                index, term, row_errors, first_incomplete = outcomes[key]
+                self.tracker.complete(key, _response(index, term, row_errors), first_incomplete)
+        if writes:
+            self._metrics.write_ops.increment(writes)
+            self._metrics.rows_inserted.increment(rows)
         return True
 
     # --- checksums (raftlet cluster ksck --checksum) -----------------------------------------

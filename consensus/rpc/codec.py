@@ -360,7 +360,84 @@ def _check_position(
 def message_from_update_request(
     req: pb.UpdateConsensusRequest, server_uuid: str | None = None
 ) -> Message:
-    """APPEND or HEARTBEAT; with ``server_uuid``, also checks the request is addressed here."""
+    """APPEND or HEARTBEAT; with ``server_uuid``, also checks the request is addressed here.
+
+    Every follower decodes one of these per append, so the checks run first as bare
+    comparisons, without building the words of an error nobody will read; a request that
+    fails any of them is decoded again by ``_checked_update_request``, whose checks say
+    what is wrong.  A request accepted here is one that one accepts, decoded the same
+    (``tests/unit/test_consensus_rpc_codec.py`` holds the two to that)."""
+    caller = req.caller_uuid
+    dest = req.dest_uuid
+    term = req.caller_term
+    prev_index = req.prev_log_index
+    prev_term = req.prev_log_term
+    commit = req.committed_index
+    read_round = req.read_round
+    all_replicated = req.all_replicated_index
+    heartbeat = req.is_heartbeat
+    transferee = req.transferee_uuid
+    wire_entries = req.entries
+    if not (
+        req.tablet_id
+        and caller
+        and dest
+        and caller != dest
+        and (server_uuid is None or dest == server_uuid)
+        and 1 <= term <= MAX_TERM
+        and 0 <= prev_index <= MAX_INDEX - len(wire_entries)
+        and 0 <= prev_term <= term
+        and (prev_index == 0) == (prev_term == 0)
+        and 0 <= commit <= MAX_INDEX
+        and 0 <= read_round <= MAX_INDEX
+        and 0 <= all_replicated <= MAX_INDEX
+        and transferee != caller
+        and not (heartbeat and (wire_entries or prev_index))
+    ):
+        return _checked_update_request(req, server_uuid)
+    entries: tuple[Entry, ...] = ()
+    if wire_entries:
+        decoded: list[Entry] = []
+        index = prev_index
+        least = prev_term or 1  # no entry has term 0, and none is older than prev_log_term
+        kind_of = _FROM_PB.get
+        for e in wire_entries:
+            index += 1
+            entry_term = e.term
+            kind = kind_of(e.type)
+            if (
+                e.index != index
+                or not least <= entry_term <= term
+                or kind is None
+                or kind is EntryType.CONFIG  # its payload is checked there
+            ):
+                return _checked_update_request(req, server_uuid)
+            decoded.append(_new_entry(Entry, (entry_term, index, kind, e.payload)))
+            least = entry_term
+        entries = tuple(decoded)
+    return Message(
+        MessageType.HEARTBEAT if heartbeat else MessageType.APPEND,
+        src=caller,
+        dst=dest,
+        term=term,
+        log_term=prev_term,
+        index=prev_index,
+        entries=entries,
+        commit=commit,
+        context=read_round if heartbeat else 0,
+        transferee=transferee or NO_NODE,
+        all_replicated=all_replicated,
+    )
+
+
+# Builds an Entry without the named tuple's Python-level __new__: every field is given.
+_new_entry = tuple.__new__
+
+
+def _checked_update_request(
+    req: pb.UpdateConsensusRequest, server_uuid: str | None = None
+) -> Message:
+    """``message_from_update_request`` check by check, each failure in words."""
     _check_addressing(req.tablet_id, req.caller_uuid, req.dest_uuid, server_uuid, "UpdateConsensus")
     _check_term(req.caller_term, "UpdateConsensus: caller_term")
     _check_position(req.prev_log_index, req.prev_log_term, req.caller_term, "prev", "caller_term")
@@ -442,30 +519,35 @@ def _check_response(
 
 def message_from_update_response(resp: pb.UpdateConsensusResponse, dst: str) -> Message:
     """APPEND_RESPONSE or HEARTBEAT_RESPONSE addressed to ``dst`` (the caller)."""
-    _check_response(
-        resp.responder_uuid,
-        resp.HasField("error"),
-        resp.error,
-        dst,
-        "UpdateConsensusResponse",
-        (
-            resp.responder_term,
-            resp.last_log_index,
-            resp.conflict_term,
-            resp.conflict_index,
-            resp.read_round,
-        ),
-    )
+    responder = resp.responder_uuid
+    term = resp.responder_term
+    index = resp.last_log_index
+    conflict_term = resp.conflict_term
+    conflict_index = resp.conflict_index
+    read_round = resp.read_round
+    # The leader decodes one per follower per round: bare comparisons first, and the
+    # check that says what is wrong only when one fails (the fields are unsigned).
+    if (
+        not responder
+        or responder == dst
+        or max(term, index, conflict_term, conflict_index, read_round) > MAX_INDEX
+        or resp.HasField("error")
+    ):
+        numbers = (term, index, conflict_term, conflict_index, read_round)
+        _check_response(
+            responder, resp.HasField("error"), resp.error, dst, "UpdateConsensusResponse", numbers
+        )
+    heartbeat = resp.is_heartbeat
     return Message(
-        MessageType.HEARTBEAT_RESPONSE if resp.is_heartbeat else MessageType.APPEND_RESPONSE,
-        src=resp.responder_uuid,
+        MessageType.HEARTBEAT_RESPONSE if heartbeat else MessageType.APPEND_RESPONSE,
+        src=responder,
         dst=dst,
-        term=resp.responder_term,
-        log_term=resp.conflict_term,
-        index=resp.last_log_index,
+        term=term,
+        log_term=conflict_term,
+        index=index,
         reject=resp.rejected,
-        reject_hint=resp.conflict_index,
-        context=resp.read_round if resp.is_heartbeat else 0,
+        reject_hint=conflict_index,
+        context=read_round if heartbeat else 0,
     )
 
 

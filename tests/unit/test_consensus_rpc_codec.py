@@ -27,6 +27,7 @@ from raftlet.consensus.rpc.codec import (
     MalformedRequest,
     MalformedResponse,
     WrongServerUuid,
+    _checked_update_request,
     decode_response,
     encode_request,
     message_from_timeout_now_request,
@@ -359,6 +360,68 @@ def test_malformed_update_consensus_is_refused(
         message_from_update_request(request_, server_uuid="b")
     # What the service boundary maps to INVALID_ARGUMENT (tests/unit/test_rpc_dispatch.py).
     assert isinstance(info.value, ValueError)
+
+
+_EDGE_TERMS = [0, 1, 2, 5, 6, I63, I63 + 1, U64]
+_EDGE_INDEXES = [0, 1, 3, 4, I63 - 2, I63 - 1, I63, I63 + 1, U64]
+_MEMBERSHIP = Membership(voters=("a", "b")).encode()
+
+
+def _mostly(valid: Any, *others: Any) -> st.SearchStrategy[Any]:
+    """``valid`` nine times in ten, else one of ``others``: most requests are then one or
+    two edges away from valid, where a fast path and the full checks could part ways."""
+    return st.sampled_from([valid] * 9 * len(others) + list(others))
+
+
+@st.composite
+def near_valid_updates(draw: st.DrawFn) -> pb.UpdateConsensusRequest:
+    """UpdateConsensus requests one edge away from valid, or valid, in every field."""
+    prev = draw(_mostly(3, *_EDGE_INDEXES))
+    prev_term = draw(_mostly(2, *_EDGE_TERMS))
+    caller_term = draw(_mostly(5, *_EDGE_TERMS))
+    entries = []
+    for k in range(draw(st.integers(0, 4))):
+        kind = draw(_mostly(pb.NORMAL, pb.NO_OP, pb.CONFIG_CHANGE, 77))
+        payload = draw(st.sampled_from([b"x", _MEMBERSHIP])) if kind == pb.CONFIG_CHANGE else b"x"
+        entries.append(
+            pb.EntryPB(
+                term=draw(_mostly(min(max(prev_term, 1) + k, caller_term), *_EDGE_TERMS)),
+                index=draw(_mostly(prev + 1 + k, prev + k, prev + 2 + k, 0)) % (U64 + 1),
+                type=kind,  # type: ignore[arg-type]
+                payload=payload,
+            )
+        )
+    return pb.UpdateConsensusRequest(
+        tablet_id=draw(_mostly(TABLET, "")),
+        caller_uuid=draw(_mostly("a", "b", "")),
+        dest_uuid=draw(_mostly("b", "a", "c", "")),
+        caller_term=caller_term,
+        prev_log_index=prev,
+        prev_log_term=prev_term,
+        committed_index=draw(_mostly(3, *_EDGE_INDEXES)),
+        read_round=draw(_mostly(0, *_EDGE_INDEXES)),
+        all_replicated_index=draw(_mostly(2, *_EDGE_INDEXES)),
+        is_heartbeat=draw(_mostly(False, True)),
+        transferee_uuid=draw(_mostly("", "a", "c")),
+        entries=entries,
+    )
+
+
+@settings(max_examples=3000, deadline=None)
+@given(near_valid_updates(), st.sampled_from([None, "b"]))
+def test_update_request_fast_path_agrees_with_the_checks(
+    request_: pb.UpdateConsensusRequest, server_uuid: str | None
+) -> None:
+    """The fast path of message_from_update_request accepts only what the check-by-check
+    decoding accepts, and decodes it the same; whatever it refuses gets that one's words."""
+
+    def outcome(decode: Any) -> object:
+        try:
+            return decode(request_, server_uuid)
+        except ValueError as exc:
+            return (type(exc), str(exc))
+
+    assert outcome(message_from_update_request) == outcome(_checked_update_request)
 
 
 def test_request_for_another_server_is_refused() -> None:

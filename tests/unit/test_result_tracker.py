@@ -129,3 +129,56 @@ def test_anonymous_writes_are_answered_and_not_remembered() -> None:
     assert tracker.evictions() == 0
     assert tracker.in_flight() == 0
     assert _admitted(tracker, ("real", 1)) is Admission.COMPLETED
+
+
+def test_learning_what_another_replica_proposed_keeps_no_response() -> None:
+    # A follower applies requests some leader proposed: it learns that they were applied
+    # and how far each client got (so it answers STALE once it leads), but keeps no
+    # response -- a retry is APPLIED, and the store's record answers it.
+    tracker = ResultTracker()
+    assert tracker.learn_applied([(("c", seq), seq) for seq in range(1, 6)]) == []
+    assert _admitted(tracker, ("c", 2)) is Admission.STALE
+    answers: list[tablet_pb2.WriteResponse] = []
+    assert tracker.admit(("c", 5), 0, answers.append, _ignore) == (Admission.APPLIED, None)
+    # In flight, as a NEW one is: a second retry waits for the first one's answer.
+    assert _admitted(tracker, ("c", 5)) is Admission.ATTACHED
+    assert _admitted(tracker, ("c", 6)) is Admission.NEW
+    assert tracker.memory_bytes() == _bytes_of(tracker)
+    # The response read back for the retry answers both, and is kept from then on; the
+    # first answer stands.
+    assert tracker.complete(("c", 5), _response(5)) == 2
+    assert [a.op_index for a in answers] == [5]
+    tracker.complete(("c", 5), _response(8))
+    state, stored = tracker.admit(("c", 5), 0, _ignore, _ignore)
+    assert state is Admission.COMPLETED
+    assert stored is not None
+    assert stored.op_index == 5
+    assert tracker.memory_bytes() == _bytes_of(tracker)
+    # Learning again what was answered changes nothing.
+    tracker.learn_applied([(("c", 5), 0)])
+    assert tracker.admit(("c", 5), 0, _ignore, _ignore)[0] is Admission.COMPLETED
+
+
+def test_learning_is_bounded_like_completing() -> None:
+    tracker = ResultTracker(max_completed_per_client=100, max_bytes=20_000)
+    tracker.learn_applied([(("c", seq), 0) for seq in range(1_000)])
+    assert len(tracker._clients["c"].done) <= 100
+    assert tracker.memory_bytes() == _bytes_of(tracker) <= 20_000
+    assert _admitted(tracker, ("c", 999)) is Admission.APPLIED
+
+
+def test_learning_reports_the_requests_that_wait_here() -> None:
+    # A retry admitted here while the entry another leader proposed was on its way: the
+    # caller must complete it, or its waiters would wait for the retry's own entry.
+    tracker = ResultTracker()
+    answers: list[tablet_pb2.WriteResponse] = []
+    anonymous = (f"{ANONYMOUS_PREFIX}7", 0)
+    tracker.admit(("c", 3), 0, answers.append, _ignore)
+    tracker.admit(anonymous, 0, answers.append, _ignore)
+    waiting = tracker.learn_applied([(("c", 2), 0), (("c", 3), 0), (anonymous, 0)])
+    assert waiting == [("c", 3), anonymous]
+    assert tracker.in_flight() == 2  # learning answers nobody: complete does
+    for key in waiting:
+        tracker.complete(key, _response(9))
+    assert [a.op_index for a in answers] == [9, 9]
+    assert tracker.in_flight() == 0

@@ -1,0 +1,237 @@
+"""Where a write's server CPU goes, pass by pass: thread CPU time of each stage, per server.
+
+    .venv/bin/python bench/pass_cpu.py [--tablets 1] [--in-flight 16] [--seconds 8]
+        [--tree DIR]
+
+Starts a 3-server cluster (``raftlet cluster up``, from source tree DIR, default this
+checkout), restarts each server under this script (``--serve``), which wraps the entry
+point of every pass a write takes -- a stage of the replica worker pool, a WAL appender
+turn, a service call, a frame read off a tcp link -- so that it adds the thread CPU time
+(``time.thread_time``) it ran for to a per-server table.  Then it places the leaders
+(tablet i on server i mod 3), writes for a while at the given depth with ``raftlet write
+--in-flight``, and prints per server: each pass's calls and thread CPU per acknowledged
+write and per call, and how much of the process's CPU the passes account for.
+
+Thread CPU, not wall time: a pass that waits for the GIL or for its CPU is not charged
+for the wait, so the tables add up to the CPU the servers burnt (the rest, "elsewhere",
+is threads no wrapper covers: gRPC's, the ticker, the event loop).  Nested rows (indented)
+are part of the row above them.  Each wrapped call costs two clock reads (~1 us), which
+the figures include.  The profile behind docs/benchmarks.md, "Where a round goes".
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# (label, module, attribute path): the passes, outermost first; a label starting with
+# spaces is part of the pass above it.
+PASSES = [
+    ("service call (client writes admitted)", "tserver.service_pool", "ServicePool._handle"),
+    ("prepare stage", "tserver.tablet_replica", "TabletReplica._prepare_batch"),
+    ("raft worker (answers, ticks)", "consensus.raft_consensus", "RaftConsensus._handle_inputs"),
+    ("WAL appender turn", "consensus.log.log", "Log._take_turn"),
+    ("  of which write", "consensus.log.log", "Log._write_group"),
+    ("  of which fdatasync", "consensus.log.log", "Log._sync_group"),
+    ("  of which callbacks (durable: step, answer)", "consensus.log.log", "Log._complete"),
+    ("apply stage", "tserver.tablet_replica", "TabletReplica._apply_batches"),
+    ("  of which store transaction", "tserver.store.tablet_store", "TabletStore.apply_batch"),
+    ("  of which tracker and answers", "tserver.result_tracker", "ResultTracker.complete"),
+]  # fmt: skip
+# FrameLink callbacks, by the link's name: what a server reads off each kind of tcp link.
+LINKS = [
+    ("consensus from", "frame from a leader (step an append)"),
+    ("to ", "frame from a follower (answers)"),
+    ("write from", "frame from a client (writes)"),
+]
+
+
+# --- in the server ---------------------------------------------------------------------------
+
+
+def _serve(argv: list[str]) -> None:
+    out = Path(os.environ["PASS_CPU_OUT"])
+    table: dict[str, list[float]] = {}
+    counting = threading.Event()
+    clock = time.thread_time
+
+    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        cell = table.setdefault(label, [0, 0.0])
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not counting.is_set():
+                return fn(*args, **kwargs)
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cell[0] += 1  # under the GIL: no update is lost between threads
+                cell[1] += clock() - start
+
+        return run
+
+    import importlib
+
+    for label, module, path in PASSES:
+        owner = importlib.import_module(f"raftlet.{module}")
+        cls_name, attr = path.split(".")
+        cls = getattr(owner, cls_name)
+        setattr(cls, attr, timed(label, getattr(cls, attr)))
+    from raftlet.consensus.rpc import frame_link
+
+    original = frame_link.FrameLink.__init__
+
+    def init(self: Any, sock: Any, name: str, on_frame: Any, *args: Any, **kwargs: Any) -> None:
+        label = next((lab for prefix, lab in LINKS if name.startswith(prefix)), "frame (other)")
+        original(self, sock, name, timed(label, on_frame), *args, **kwargs)
+
+    frame_link.FrameLink.__init__ = init  # type: ignore[method-assign]
+
+    def dump(*_: object) -> None:
+        out.write_text(json.dumps(table))
+        os._exit(0)
+
+    signal.signal(signal.SIGUSR1, dump)
+    signal.signal(signal.SIGUSR2, lambda *_: counting.set())
+    sys.argv = ["raftlet", *argv]
+    import runpy
+
+    runpy.run_module("raftlet", run_name="__main__", alter_sys=True)
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _print_tables(
+    tables: dict[str, dict[str, list[float]]],
+    cpu: dict[str, float],
+    leads: dict[str, list[str]],
+    writes: int,
+) -> None:
+    order = [label for label, _, _ in PASSES[:3]] + [lab for _, lab in LINKS]
+    order += [label for label, _, _ in PASSES[3:]] + ["frame (other)"]
+    for server, table in tables.items():
+        role = f"leads {', '.join(leads[server])}" if leads.get(server) else "follows"
+        print(f"\n{server} ({role}): process CPU {cpu[server] / writes * 1e6:,.1f} us/write")
+        print("| pass | calls/write | us/write | us/call |")
+        print("|---|---:|---:|---:|")
+        top = 0.0
+        for label in order:
+            calls, seconds = table.get(label, (0, 0.0))
+            if not calls:
+                continue
+            if not label.startswith(" "):
+                top += seconds
+            name = label.replace("  ", "&nbsp;&nbsp;", 1) if label.startswith(" ") else label
+            per_write, per_call = seconds / writes * 1e6, seconds / calls * 1e6
+            print(f"| {name} | {calls / writes:.3f} | {per_write:.1f} | {per_call:.1f} |")
+        print(f"| elsewhere (threads not wrapped) | | {(cpu[server] - top) / writes * 1e6:.1f} | |")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        _serve(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tablets", type=int, default=1)
+    ap.add_argument("--in-flight", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
+    args = ap.parse_args()
+    tree = args.tree.resolve()
+
+    from _drivers import cluster_servers, place_leaders, raftlet_cli, run_in_scratch_dir
+
+    def run(root: Path) -> None:
+        data = root / "cluster"
+        raftlet_cli(tree, "cluster", "up", "--data-dir", str(data), "--tablets", str(args.tablets))
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            for srv in cluster_servers(data):
+                os.kill(srv["pid"], signal.SIGTERM)
+                _wait_gone(srv["pid"], 30)
+                # The same command line: python -m raftlet tserver ...
+                argv = srv["argv"][srv["argv"].index("raftlet") + 1 :]
+                procs[srv["id"]] = subprocess.Popen(
+                    [sys.executable, __file__, "--serve", *argv],
+                    cwd=tree,
+                    env=dict(env, PASS_CPU_OUT=str(root / f"{srv['id']}.json")),
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(root / f"{srv['id']}.log", "wb"),  # noqa: SIM115
+                    start_new_session=True,
+                )
+            deadline = time.monotonic() + 60
+            while True:  # the restarted servers answer once their tablets are open
+                try:
+                    raftlet_cli(tree, "cluster", "status", "--data-dir", str(data))
+                    break
+                except RuntimeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            leaders = place_leaders(tree, data)
+            leads: dict[str, list[str]] = {}
+            for tablet, server in sorted(leaders.items()):
+                leads.setdefault(server, []).append(tablet)
+            write = ["write", "--data-dir", str(data), "--no-progress"]
+            raftlet_cli(tree, *write, "--in-flight", str(args.in_flight), "--duration", "2")
+            before = {sid: _cpu_seconds(p.pid) for sid, p in procs.items()}
+            for p in procs.values():
+                p.send_signal(signal.SIGUSR2)
+            out = raftlet_cli(
+                tree, *write, "--in-flight", str(args.in_flight), "--duration", str(args.seconds)
+            )
+            cpu = {sid: _cpu_seconds(p.pid) - before[sid] for sid, p in procs.items()}
+            for p in procs.values():
+                p.send_signal(signal.SIGUSR1)
+            for p in procs.values():
+                p.wait(timeout=30)
+            tables = {sid: json.loads((root / f"{sid}.json").read_text()) for sid in procs}
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.terminate()
+                    p.wait(timeout=30)
+        line = next(ln for ln in out.splitlines() if ln.startswith("write RPCs"))
+        writes = int(line.split()[2].replace(",", ""))
+        print(
+            f"# bench/pass_cpu.py  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
+            f"{args.tablets} tablet(s), {args.in_flight} in flight, {args.seconds:g} s: {line}"
+        )
+        _print_tables(tables, cpu, leads, writes)
+
+    run_in_scratch_dir("pass-cpu-", None, run)
+
+
+if __name__ == "__main__":
+    main()
