@@ -84,6 +84,7 @@ from raftlet.schema.row_block import RowBlockError, row_width
 from raftlet.schema.row_runs import BlockOutcome, RowRun, decode_row_blocks
 from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
 from raftlet.schema.schema import Schema
+from raftlet.tserver import deferred_answers
 from raftlet.tserver.bootstrap import (
     OpenedReplica,
     open_replica,
@@ -117,7 +118,7 @@ from raftlet.tserver.result_tracker import (
 from raftlet.tserver.row_routing import check_rows_in_tablet
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.scan_request import check_scan_request
-from raftlet.tserver.store import InvalidScan, StoreError
+from raftlet.tserver.store import ApplyEntry, EntryResult, InvalidScan, StoreError
 from raftlet.tserver.tablet_copy_install import SnapshotInfo
 
 __all__ = [
@@ -820,6 +821,18 @@ class TabletReplica:
             release = bool(self._waiting) and len(self._rounds) < self.options.rounds_in_flight
         if release:
             self._prepare_q.post(None)  # the next round: what waited for this one
+        with deferred_answers.together():  # a round's answers: one frame per connection
+            self._complete_applied(entries, batch, results, proposed)
+        return True
+
+    def _complete_applied(
+        self,
+        entries: list[Entry],
+        batch: list[ApplyEntry],
+        results: list[EntryResult],
+        proposed: list[tuple[int, RequestKey, _Decoded | None] | None],
+    ) -> None:
+        """Answer and remember the requests of an applied batch, and count its writes."""
         writes = rows = 0
         # Requests another replica proposed (a follower's every one): their clients wait
         # elsewhere, so only how far each client got is learned, in one go.
@@ -860,7 +873,6 @@ class TabletReplica:
         if writes:
             self._metrics.write_ops.increment(writes)
             self._metrics.rows_inserted.increment(rows)
-        return True
 
     # --- checksums (raftlet cluster ksck --checksum) -----------------------------------------
 

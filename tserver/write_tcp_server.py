@@ -29,6 +29,7 @@ from collections.abc import Callable
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
 from raftlet.proto import tablet_pb2
+from raftlet.tserver import deferred_answers
 from raftlet.tserver.rpc_dispatch import LeaderAddrLookup
 from raftlet.tserver.service_pool import ServicePool
 from raftlet.tserver.tcp_listener import LinkFactory
@@ -56,10 +57,10 @@ class _Connection:
         with self.lock:
             self.outstanding += count
 
-    def answered(self) -> None:
+    def answered(self, count: int = 1) -> None:
         with self.lock:
-            self.outstanding -= 1
-            if self.outstanding == self.max_outstanding - 1:
+            self.outstanding -= count
+            if self.outstanding < self.max_outstanding <= self.outstanding + count:
                 self.room.notify_all()
 
     def wait_for_room(self) -> None:
@@ -92,11 +93,15 @@ def write_links(
     ) -> FrameLink:
         connection = _Connection(max_outstanding)
 
-        def post(result: tablet_pb2.WriteStreamResultPB) -> None:
+        def send_frame(results: list[tablet_pb2.WriteStreamResultPB]) -> None:
             link = connection.link
             assert link is not None
-            body = tablet_pb2.WriteStreamResponsePB(results=[result]).SerializeToString()
             try:
+                body = tablet_pb2.WriteStreamResponsePB(results=results).SerializeToString()
+                if len(results) > 1 and len(body) > max_frame_bytes:
+                    for result in results:  # together over the limit: one frame each
+                        send_frame([result])
+                    return
                 link.send(frame(body))
             except LinkClosed:  # the client is gone: it retries, with the same request id
                 pass
@@ -106,8 +111,18 @@ def write_links(
             except Exception:  # a bug: lose the link (the client retries), not the caller
                 logger.exception("write tcp %s: answering failed", name)
                 link.close()
+
+        def send(results: list[tablet_pb2.WriteStreamResultPB]) -> None:
+            try:
+                send_frame(results)
             finally:
-                connection.answered()
+                connection.answered(len(results))
+
+        def post(result: tablet_pb2.WriteStreamResultPB) -> None:
+            # The apply stage answers a round's writes together: one frame for all of this
+            # connection's (tserver.deferred_answers).
+            if not deferred_answers.defer(connection, result, send):
+                send([result])
 
         def on_frame(body: bytes) -> None:
             link = connection.link
