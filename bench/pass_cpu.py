@@ -1,7 +1,7 @@
 """Where a write's server CPU goes, pass by pass: thread CPU time of each stage, per server.
 
     .venv/bin/python bench/pass_cpu.py [--tablets 1] [--in-flight 16] [--seconds 8]
-        [--tree DIR]
+        [--tree DIR] [--dir DIR]
 
 Starts a 3-server cluster (``raftlet cluster up``, from source tree DIR, default this
 checkout), restarts each server under this script (``--serve``), which wraps the entry
@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--dir", default=None, help="where the cluster lives (default: a temp dir)")
     args = ap.parse_args()
     tree = args.tree.resolve()
 
@@ -200,6 +201,7 @@ def main() -> None:
                         raise
                     time.sleep(0.5)
             leaders = place_leaders(tree, data)
+            print(f"servers: pids {' '.join(str(p.pid) for p in procs.values())}", flush=True)
             leads: dict[str, list[str]] = {}
             for tablet, server in sorted(leaders.items()):
                 leads.setdefault(server, []).append(tablet)
@@ -230,7 +232,7 @@ def main() -> None:
         )
         _print_tables(tables, cpu, leads, writes)
 
-    run_in_scratch_dir("pass-cpu-", None, run)
+    run_in_scratch_dir("pass-cpu-", args.dir, run)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""``bench/pass_cpu.py`` still runs end to end, briefly: the restarted servers time their
+passes, the tables come out with the passes a write takes on its leader and followers, and
+the servers it started and the files it made are gone at the end."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from raftlet.deploy.local import pid_alive
+from tests.bench_scripts import run_bench, tables
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_pass_cpu_benchmark_runs_briefly(tmp_path: Path) -> None:
+    out = run_bench(
+        "pass_cpu.py", "--tablets", "1", "--in-flight", "4", "--seconds", "1",
+        directory=tmp_path, timeout=240,
+    )  # fmt: skip
+    per_server = tables(out)
+    assert len(per_server) == 3
+    roles = re.findall(r"^(ts\d) \((leads kv-p0|follows)\)", out, re.M)
+    assert sorted(r for _, r in roles) == ["follows", "follows", "leads kv-p0"]
+    for (server, role), rows in zip(roles, per_server, strict=True):
+        timed = {name: float(per_write) for name, _calls, per_write, _per_call in rows}
+        passes = ["WAL appender turn", "apply stage"]
+        passes += ["prepare stage"] if role.startswith("leads") else ["frame from a leader"]
+        for name in passes:
+            assert any(k.startswith(name) and v > 0 for k, v in timed.items()), (server, rows)
+    (pids,) = re.findall(r"^servers: pids ([\d ]+)$", out, re.M)
+    assert not any(pid_alive(int(p)) for p in pids.split())
