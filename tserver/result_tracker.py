@@ -178,10 +178,10 @@ class ResultTracker:
         waiting: list[RequestKey] = []
         with self._lock:
             in_flight = self._in_flight
-            for key in applied:
-                (client_id, seq_no), first_incomplete = key
-                if key[0] in in_flight:
-                    waiting.append(key[0])
+            for key, first_incomplete in applied:
+                client_id, seq_no = key
+                if key in in_flight:
+                    waiting.append(key)
                 if client_id.startswith(ANONYMOUS_PREFIX):
                     continue
                 client = self._use(client_id)

@@ -837,7 +837,7 @@ class TabletReplica:
         # Requests another replica proposed (a follower's every one): their clients wait
         # elsewhere, so only how far each client got is learned, in one go.
         learned: list[tuple[RequestKey, int]] = []
-        outcomes: dict[RequestKey, tuple[int, int, Sequence[RowFailure], int]] = {}
+        outcomes: list[tuple[int, int, Sequence[RowFailure]]] = []  # learned's, in step
         for entry, applied, result, mine in zip(entries, batch, results, proposed, strict=True):
             if mine is not None and mine[0] != entry.term:
                 # Our entry at this index was replaced: this leader lost its term.
@@ -862,14 +862,16 @@ class TabletReplica:
             first_incomplete = applied.first_incomplete_seq_no
             if mine is None:
                 learned.append((key, first_incomplete))
-                if key not in outcomes:  # the first outcome of a request stands
-                    outcomes[key] = (index, term, result.row_errors, first_incomplete)
+                outcomes.append((index, term, result.row_errors))
                 continue
             self.tracker.complete(key, _response(index, term, result.row_errors), first_incomplete)
         if learned:
+            # Rarely any: a retry admitted here while another leader's entry was on its way.
             for key in self.tracker.learn_applied(learned):
-                index, term, row_errors, first_incomplete = outcomes[key]
-                self.tracker.complete(key, _response(index, term, row_errors), first_incomplete)
+                # The first outcome of a request stands (a batch may hold it twice).
+                pos = next(i for i, (k, _) in enumerate(learned) if k == key)
+                index, term, row_errors = outcomes[pos]
+                self.tracker.complete(key, _response(index, term, row_errors), learned[pos][1])
         if writes:
             self._metrics.write_ops.increment(writes)
             self._metrics.rows_inserted.increment(rows)
