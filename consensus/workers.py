@@ -97,6 +97,7 @@ class WorkerPool:
         min_threads: int = 2,
         max_threads: int = 32,
         idle_timeout_s: float = 30.0,
+        thread_start: Callable[[], None] | None = None,
     ) -> None:
         if min_threads < 1 or max_threads < min_threads:
             raise ValueError(
@@ -106,6 +107,8 @@ class WorkerPool:
         self.min_threads = min_threads
         self.max_threads = max_threads
         self.idle_timeout_s = idle_timeout_s
+        # Run first by each thread of the pool (the server sets its priority with it).
+        self._thread_start = thread_start
         self._mutex = threading.Lock()
         self._ready: collections.deque[Mailbox[object]] = collections.deque()
         self._sleepers = Sleepers()
@@ -158,6 +161,8 @@ class WorkerPool:
         waker.release()
 
     def _work(self) -> None:
+        if self._thread_start is not None:
+            self._thread_start()
         me = threading.current_thread()
         here = _here
         here.pool = self

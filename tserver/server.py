@@ -122,6 +122,7 @@ from raftlet.tserver.tablet_copy_source import CopySessions
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 from raftlet.tserver.tcp_admission import TcpAdmission, tcp_server_ssl_context
 from raftlet.tserver.tcp_listener import TcpListener
+from raftlet.tserver.worker_nice import nicer_thread_start
 from raftlet.tserver.write_tcp_server import WRITE_TCP_METHOD, write_links
 
 __all__ = ["TabletServer"]
@@ -211,15 +212,21 @@ class TabletServer:
         }
         # Every replica's worker, prepare and apply stages, and the peers'
         # consensus streams, run on this one pool.
+        # Both pools run at --worker_nice below the front door (tserver/worker_nice.py).
+        pipeline_start = nicer_thread_start(s.worker_nice)
         self.workers = WorkerPool(
             "replica-worker",
             min_threads=s.replica_worker_min_threads,
             max_threads=s.replica_worker_max_threads,
+            thread_start=pipeline_start,
         )
         # Every replica's WAL writes and syncs on these: fsyncs release the GIL, so several
         # may run at once, but not one thread per tablet.
         self.log_appenders = WorkerPool(
-            "log-appender", min_threads=1, max_threads=s.log_appender_threads
+            "log-appender",
+            min_threads=1,
+            max_threads=s.log_appender_threads,
+            thread_start=pipeline_start,
         )
         self.consensus_handler = ConsensusRequestHandler(
             self._consensus_of, s.server_id, peers=self.config.server_ids

@@ -121,6 +121,7 @@ class ServerSettings:
     log_level: str = "INFO"
     cpu_affinity: str = ""
     sched_batch: bool = True
+    worker_nice: int = 10
     peer_addresses: Mapping[str, str] = field(default_factory=dict)
     unsafe_leader_reads_without_quorum: bool = False
     unsafe_ack_before_commit: bool = False
@@ -590,6 +591,17 @@ FLAGS: tuple[FlagSpec, ...] = (
         "ordinary time sharing. Ignored, with a log line, where the platform lacks it. Read "
         "at startup only.",
         convert=bool_value, check=is_bool,
+    ),
+    FlagSpec(
+        "worker_nice", _POOLS, "N",
+        "Nice levels the write pipeline's threads (the replica worker pool: prepare, Raft "
+        "and apply stages; the WAL appenders) run below the rest of the server (default "
+        f"{_D('worker_nice')}; 0 to 19, capped at 19 in all): a woken service thread, tcp "
+        "reader or ticker then runs before them, so a busy server still takes RPCs off its "
+        "queues at once. Orders the server's own threads where each service has its own "
+        "scheduling group (autogroups, cgroups); set 0 where the server shares one with "
+        "unrelated CPU-bound work. Linux only; read at startup only.",
+        convert=int_value, check=int_in_range(0, 19),
     ),
     FlagSpec(
         "log_appender_threads", _POOLS, "N",

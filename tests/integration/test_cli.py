@@ -21,6 +21,7 @@ import pytest
 
 from raftlet.deploy.local import LocalCluster, NoClusterError, pid_alive
 from raftlet.tserver.sched_batch import sched_batch_supported
+from raftlet.tserver.worker_nice import thread_nice, worker_nice_supported
 from tests.integration.tserver_cluster import wait_for
 
 pytestmark = pytest.mark.integration
@@ -112,6 +113,15 @@ def test_every_thread_of_every_server_runs_under_sched_batch(data_dir: Path) -> 
     for s in state(data_dir)["servers"]:
         policies = _of_every_thread(s["pid"], lambda tid: os.sched_getscheduler(int(tid)))
         assert policies == {os.SCHED_BATCH}, s["id"]
+
+
+@pytest.mark.skipif(not worker_nice_supported(), reason="needs Linux's per-thread nice")
+def test_the_write_pipeline_runs_ten_nice_levels_below_the_rest(data_dir: Path) -> None:
+    # The replica worker pool and the WAL appenders have threads once the leaders are up.
+    for s in state(data_dir)["servers"]:
+        base = thread_nice(s["pid"])  # the main thread's
+        levels = _of_every_thread(s["pid"], lambda tid: thread_nice(int(tid)))
+        assert levels == {base, min(19, base + 10)}, s["id"]
 
 
 def test_status_is_ok_on_a_healthy_cluster(data_dir: Path) -> None:
