@@ -49,6 +49,9 @@ PASSES = [
     ("apply stage", "tserver.tablet_replica", "TabletReplica._apply_batches"),
     ("  of which store transaction", "tserver.store.tablet_store", "TabletStore.apply_batch"),
     ("  of which tracker and answers", "tserver.result_tracker", "ResultTracker.complete"),
+    ("  of which decoding entries", "tserver.tablet_replica", "to_apply_entries"),
+    ("  of which completing requests", "tserver.tablet_replica", "TabletReplica._complete_applied"),
+    ("  of which log GC check", "tserver.log_gc", "LogGc.maybe_collect"),
 ]  # fmt: skip
 # FrameLink callbacks, by the link's name: what a server reads off each kind of tcp link.
 LINKS = [
@@ -86,10 +89,11 @@ def _serve(argv: list[str]) -> None:
     import importlib
 
     for label, module, path in PASSES:
-        owner = importlib.import_module(f"raftlet.{module}")
-        cls_name, attr = path.split(".")
-        cls = getattr(owner, cls_name)
-        setattr(cls, attr, timed(label, getattr(cls, attr)))
+        owner: Any = importlib.import_module(f"raftlet.{module}")
+        *cls_name, attr = path.split(".")  # a method, or a function the module imported
+        if cls_name:
+            owner = getattr(owner, cls_name[0])
+        setattr(owner, attr, timed(label, getattr(owner, attr)))
     from raftlet.consensus.rpc import frame_link
 
     original = frame_link.FrameLink.__init__
