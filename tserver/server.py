@@ -210,9 +210,9 @@ class TabletServer:
             # never queues behind (or holds up) Raft's messages.
             "tablet_copy": self._pool("tablet_copy", 2, 16),
         }
-        # Every replica's worker, prepare and apply stages, and the peers'
-        # consensus streams, run on this one pool.
-        # Both pools run at --worker_nice below the front door (tserver/worker_nice.py).
+        # Every replica's worker, prepare and apply stages, and the peers' consensus
+        # streams, run on this one pool; it and the WAL appenders below run --worker_nice
+        # levels below the front door (tserver/worker_nice.py).
         pipeline_start = nicer_thread_start(s.worker_nice)
         self.workers = WorkerPool(
             "replica-worker",

@@ -9,8 +9,8 @@ decode.  With the pipeline's threads (the replica worker pool and the WAL append
 nice levels lower in priority than the rest, a woken service thread, tcp reader, event loop
 or ticker runs first, and the pipeline takes the CPU it leaves, which under saturation is
 still nearly all of it.  Measured on the project's 2-vCPU VM (docs/benchmarks.md, "The
-pipeline at a lower priority"): the KUDU-2727 scenario's lock-free p99 incoming queue time
-fell by about half, and writes/s did not change beyond the noise.
+pipeline below the front door"): the KUDU-2727 scenario's lock-free p99 incoming queue time
+fell from ~2.0 to ~0.8 ms, and writes/s did not change beyond the noise.
 
 Nice only orders the threads that share a scheduling group.  With Linux's autogroups (one
 group per session) or a cgroup per service (systemd, containers), that is the server's own
