@@ -627,8 +627,15 @@ class TabletReplica:
     # --- applying --------------------------------------------------------------------------
 
     def _on_committed(self, entries: Sequence[Entry]) -> None:
-        # Called under the consensus lock: hand over and return at once.
-        self._apply_q.post(list(entries))
+        # Called under the consensus lock: hand over and return at once.  Every committed
+        # entry goes through ``_held``, in commit order; the apply stage is woken only when
+        # they are to be applied now, so a follower holding them (``_hold``) costs no pass.
+        with self._applied_cond:  # see _wait_applied
+            held = self._held
+            held.extend(entries)
+            if self._hold(held):
+                return
+        self._apply_q.post([])
 
     def store_damaged(self, reason: str) -> None:
         """The store verifier found the file damaged (``tserver.store_verifier``): fail
@@ -637,16 +644,12 @@ class TabletReplica:
             self._store_damage = reason
             self._apply_q.post([])
 
-    def _apply_batches(self, batches: list[list[Entry]]) -> None:
-        entries = [e for batch in batches for e in batch]
+    def _apply_batches(self, _nudges: list[list[Entry]]) -> None:
+        # Whoever posted (a commit not held, the ticker, a read, a retry, stop) wants what
+        # is held applied now.
         with self._applied_cond:  # see _wait_applied
-            if self._held:
-                entries = self._held + entries
-                self._held = []
-            if entries and self._hold(entries, nudged=not all(batches)):
-                self._held = entries
-                return
-        self._held_since = 0.0
+            entries, self._held = self._held, []
+            self._held_since = 0.0
         if entries:
             self._given_up_to = max(self._given_up_to, entries[-1].index)
         if self._store_damage is not None and self._apply_error is None:
@@ -677,21 +680,21 @@ class TabletReplica:
         """Committed entries this follower holds back for a larger apply (``_hold``)."""
         return len(self._held)
 
-    def _hold(self, entries: list[Entry], *, nudged: bool) -> bool:
-        """Whether a follower keeps ``entries`` (committed) for a later, larger apply.
+    def _hold(self, entries: list[Entry]) -> bool:
+        """Whether a follower keeps ``entries`` (committed, under ``_applied_cond``) for a
+        later, larger apply.
 
         A round's apply -- decoding its entries, one store transaction -- costs more than
         the entries in it, and was most of a follower's CPU per round; a follower answers
         no writer, so while more commits are on their way (its log goes on past what has
         committed) it applies at most ``follower_apply_delay_s`` after the first entry it
         holds, or at 256 entries.  Never with nothing more to come (a follower at rest
-        applies what it learns at once), never on a leader (its writers wait), nor after
-        a nudge: the ticker's, a read waiting for an index (``_wait_applied``; nor while
-        one waits), a retry, or stop."""
+        applies what it learns at once), never on a leader (its writers wait), nor while
+        a read waits for an index (``_wait_applied``).  The ticker, a read, a retry and
+        stop each have what is held applied at once (they post to the apply stage)."""
         delay = self.options.follower_apply_delay_s
         if (
             delay <= 0
-            or nudged
             or self._reads_waiting
             or self._stopped
             or len(entries) >= _HOLD_MAX_ENTRIES

@@ -615,20 +615,27 @@ def _caught_up_tablet(root: Path, options: ReplicaOptions) -> Tablet:
 
 
 def test_a_follower_applies_what_commits_together_and_a_read_gets_its_index_at_once(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A follower holds committed entries back for one larger store transaction (here for
-    as long as no tick comes); the leader never does -- its writers are answered without a
-    tick. A follower read waiting for an index has the held entries applied at once."""
+    as long as no tick comes), without a pass of its apply stage per commit; the leader
+    never does -- its writers are answered without a tick. A follower read waiting for an
+    index has the held entries applied at once."""
     options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=3600, read_wait_s=5)
     tablet = _caught_up_tablet(tmp_path, options)
     try:
         leader = tablet.leader()
         follower = next(r for r in tablet.replicas.values() if r is not leader)
+        passes: list[int] = []
+        stage = follower._apply_q._handler
+        monkeypatch.setattr(
+            follower._apply_q, "_handler", lambda batch: (passes.append(1), stage(batch))
+        )
         indexes = [send(leader, write([k], "c1", k)).result().op_index for k in (1, 2, 3, 4)]
         # No tick from here on: each append carries the commit of the write before it.
         wait_for(lambda: follower.held_entries >= 3, what="the follower holding 3 writes")
         assert follower.store.applied_index() < indexes[0]  # none of the writes yet
+        assert passes == []  # holding woke no one
         assert leader.store.applied_index() >= indexes[-1]
         page = follower.scan(
             tablet_pb2.ScanRequest(
