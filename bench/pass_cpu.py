@@ -41,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PASSES = [
     ("service call (client writes admitted)", "tserver.service_pool", "ServicePool._handle"),
     ("prepare stage", "tserver.tablet_replica", "TabletReplica._prepare_batch"),
+    ("  of which decoding and checking rows", "tserver.tablet_replica", "TabletReplica._encode"),
+    ("  of which replicate", "consensus.raft_consensus", "RaftConsensus.replicate"),
+    ("    of which sending", "consensus.raft_consensus", "RaftConsensus._send_unlocked"),
+    ("    of which the WAL's queue", "consensus.log.log", "Log.append_async"),
     ("raft worker (answers, ticks)", "consensus.raft_consensus", "RaftConsensus._handle_inputs"),
     ("WAL appender turn", "consensus.log.log", "Log._take_turn"),
     ("  of which write", "consensus.log.log", "Log._write_group"),
@@ -49,6 +53,8 @@ PASSES = [
     ("apply stage", "tserver.tablet_replica", "TabletReplica._apply_batches"),
     ("  of which store transaction", "tserver.store.tablet_store", "TabletStore.apply_batch"),
     ("  of which tracker and answers", "tserver.result_tracker", "ResultTracker.complete"),
+    ("  of which on_applied", "consensus.raft_consensus", "RaftConsensus.on_applied"),
+    ("  of which own entries for the store", "tserver.tablet_replica", "to_apply_entry"),
     ("  of which decoding entries", "tserver.tablet_replica", "to_apply_entries"),
     ("  of which completing requests", "tserver.tablet_replica", "TabletReplica._complete_applied"),
     ("  of which log GC check", "tserver.log_gc", "LogGc.maybe_collect"),
@@ -141,8 +147,10 @@ def _print_tables(
     leads: dict[str, list[str]],
     writes: int,
 ) -> None:
-    order = [label for label, _, _ in PASSES[:3]] + [lab for _, lab in LINKS]
-    order += [label for label, _, _ in PASSES[3:]] + ["frame (other)"]
+    labels = [label for label, _, _ in PASSES]
+    after_raft = labels.index("raft worker (answers, ticks)") + 1
+    order = labels[:after_raft] + [lab for _, lab in LINKS]
+    order += [*labels[after_raft:], "frame (other)"]
     for server, table in tables.items():
         role = f"leads {', '.join(leads[server])}" if leads.get(server) else "follows"
         print(f"\n{server} ({role}): process CPU {cpu[server] / writes * 1e6:,.1f} us/write")
