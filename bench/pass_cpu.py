@@ -50,7 +50,7 @@ PASSES = [
     ("  of which write", "consensus.log.log", "Log._write_group"),
     ("  of which fdatasync", "consensus.log.log", "Log._sync_group"),
     ("  of which callbacks (durable: step, answer)", "consensus.log.log", "Log._complete"),
-    ("apply stage", "tserver.tablet_replica", "TabletReplica._apply_batches"),
+    ("apply stage", "tserver.tablet_replica", "TabletReplica._apply_held"),
     ("  of which store transaction", "tserver.store.tablet_store", "TabletStore.apply_batch"),
     ("  of which tracker and answers", "tserver.result_tracker", "ResultTracker.complete"),
     ("  of which on_applied", "consensus.raft_consensus", "RaftConsensus.on_applied"),

@@ -331,7 +331,7 @@ class TabletReplica:
         self._prepare_q: Mailbox[_PendingWrite | None] = self._workers.mailbox(
             f"prepare:{tablet_id}", self._prepare_batch, max_batch=opts.max_prepare_batch
         )
-        self._apply_q = self._workers.mailbox(f"apply:{tablet_id}", self._apply_batches)
+        self._apply_q = self._workers.mailbox(f"apply:{tablet_id}", self._apply_held)
         # index -> (term, key) of entries this replica proposed and has not applied yet.
         self._proposed: dict[int, tuple[int, RequestKey, _Decoded | None]] = {}
         self._proposed_lock = threading.Lock()
@@ -389,9 +389,9 @@ class TabletReplica:
 
     def _on_tick(self, _ticks: int) -> None:
         # On the ticker's thread: only a clock read, and when due a nudge to the apply
-        # worker (an empty batch): log GC's turn, and held entries go to the store.
+        # stage: log GC's turn, and held entries go to the store.
         if self._held or (self._log_gc is not None and self._log_gc.due()):
-            self._apply_q.post([])
+            self._apply_q.post(None)
         # Writes that waited this long for a round that does not apply (leadership lost,
         # no quorum, the store failing) go on alone: replicate answers them.
         if self._waiting and time.monotonic() - self._waiting_since >= _ROUND_WAIT_MAX_S:
@@ -409,7 +409,7 @@ class TabletReplica:
             timer.cancel()
         self._prepare_q.close(timeout=30)
         self.consensus.stop()
-        self._apply_q.post([])  # held entries into the store before it closes
+        self._apply_q.post(None)  # held entries into the store before it closes
         self._apply_q.close(timeout=30)
         if self._own_workers:
             self._workers.stop()
@@ -635,18 +635,19 @@ class TabletReplica:
             held.extend(entries)
             if self._hold(held):
                 return
-        self._apply_q.post([])
+        self._apply_q.post(None)
 
     def store_damaged(self, reason: str) -> None:
         """The store verifier found the file damaged (``tserver.store_verifier``): fail
         for good, in the apply stage (the store's only writer), which it is nudged to run."""
         if self._store_damage is None:
             self._store_damage = reason
-            self._apply_q.post([])
+            self._apply_q.post(None)
 
-    def _apply_batches(self, _nudges: list[list[Entry]]) -> None:
-        # Whoever posted (a commit not held, the ticker, a read, a retry, stop) wants what
-        # is held applied now.
+    def _apply_held(self, _nudges: list[None]) -> None:
+        # The apply stage's mailbox carries nudges only (the entries wait in ``_held``):
+        # whoever posted -- a commit not held, the ticker, a read, a retry, stop -- wants
+        # what is held applied now.
         with self._applied_cond:  # see _wait_applied
             entries, self._held = self._held, []
             self._held_since = 0.0
@@ -659,7 +660,7 @@ class TabletReplica:
         if self._apply_error is None:
             if entries and not self._apply_pieces(entries):
                 self._schedule_retry()
-        elif self._retry_due:  # an empty batch posted by the retry timer
+        elif self._retry_due:  # the retry timer's nudge
             self._retry_due = False
             self._catch_up()
         # Otherwise failed, and not yet time to retry: the entries are in the log.
@@ -713,8 +714,6 @@ class TabletReplica:
         """Apply ``entries``; False (and the replica FAILED) if the store failed."""
         # A checksum point ends a piece: the rows are checksummed between two applies.
         for piece in split_after_checksum_points(entries):
-            if not piece:
-                continue  # the ticker's nudge for log GC: nothing to apply
             if not self._apply(piece):
                 return False
             if is_checksum_point(piece[-1]):
@@ -789,7 +788,7 @@ class TabletReplica:
     def _retry_now(self) -> None:
         # The timer's thread: hand the retry to the apply stage, which runs one at a time.
         self._retry_due = True
-        self._apply_q.post([])
+        self._apply_q.post(None)
 
     def _apply(self, entries: list[Entry]) -> bool:
         start = time.perf_counter()
@@ -962,7 +961,7 @@ class TabletReplica:
             self._reads_waiting += 1
             try:
                 if self._held:
-                    self._apply_q.post([])
+                    self._apply_q.post(None)
                 applied = self._applied_cond.wait_for(
                     lambda: self.store.applied_index() >= index or self._apply_error is not None,
                     self.options.read_wait_s,
