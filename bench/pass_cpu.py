@@ -22,9 +22,11 @@ the figures include.  The profile behind docs/benchmarks.md, "Where a round goes
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
 import json
 import os
+import pstats
 import signal
 import subprocess
 import sys
@@ -76,6 +78,12 @@ def _serve(argv: list[str]) -> None:
     counting = threading.Event()
     clock = time.thread_time
 
+    profile_dir = os.environ.get("PASS_CPU_PROFILE")
+    # (label, thread id) -> that thread's profile of that pass; one profiler per thread at a
+    # time (cProfile's hook is per thread), so a pass nested in another is the outer's.
+    profiles: dict[tuple[str, int], cProfile.Profile] = {}
+    local = threading.local()
+
     def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         cell = table.setdefault(label, [0, 0.0])
 
@@ -83,12 +91,21 @@ def _serve(argv: list[str]) -> None:
         def run(*args: Any, **kwargs: Any) -> Any:
             if not counting.is_set():
                 return fn(*args, **kwargs)
+            prof = None
+            if profile_dir and not getattr(local, "profiling", False):
+                key = (label, threading.get_ident())
+                prof = profiles.get(key) or profiles.setdefault(key, cProfile.Profile(clock))
+                local.profiling = True
+                prof.enable()
             start = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 cell[0] += 1  # under the GIL: no update is lost between threads
                 cell[1] += clock() - start
+                if prof is not None:
+                    prof.disable()
+                    local.profiling = False
 
         return run
 
@@ -112,6 +129,16 @@ def _serve(argv: list[str]) -> None:
 
     def dump(*_: object) -> None:
         out.write_text(json.dumps(table))
+        by_label: dict[str, pstats.Stats] = {}
+        for (label, _thread), prof in list(profiles.items()):
+            prof.create_stats()
+            if label in by_label:
+                by_label[label].add(prof)
+            else:
+                by_label[label] = pstats.Stats(prof)
+        for n, (label, stats) in enumerate(sorted(by_label.items())):
+            stats.dump_stats(Path(profile_dir or ".") / f"{out.stem}.{n}.prof")
+            (Path(profile_dir or ".") / f"{out.stem}.{n}.label").write_text(label)
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, dump)
@@ -125,9 +152,11 @@ def _serve(argv: list[str]) -> None:
 # --- the driver ------------------------------------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """The process's (user, system) CPU seconds so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _wait_gone(pid: int, timeout_s: float) -> None:
@@ -143,7 +172,7 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
 
 def _print_tables(
     tables: dict[str, dict[str, list[float]]],
-    cpu: dict[str, float],
+    cpu: dict[str, tuple[float, float]],
     leads: dict[str, list[str]],
     writes: int,
 ) -> None:
@@ -153,7 +182,12 @@ def _print_tables(
     order += [*labels[after_raft:], "frame (other)"]
     for server, table in tables.items():
         role = f"leads {', '.join(leads[server])}" if leads.get(server) else "follows"
-        print(f"\n{server} ({role}): process CPU {cpu[server] / writes * 1e6:,.1f} us/write")
+        user, system = cpu[server]
+        total = user + system
+        print(
+            f"\n{server} ({role}): process CPU {total / writes * 1e6:,.1f} us/write "
+            f"(user {user / writes * 1e6:,.1f}, kernel {system / writes * 1e6:,.1f})"
+        )
         print("| pass | calls/write | us/write | us/call |")
         print("|---|---:|---:|---:|")
         top = 0.0
@@ -166,7 +200,34 @@ def _print_tables(
             name = label.replace("  ", "&nbsp;&nbsp;", 1) if label.startswith(" ") else label
             per_write, per_call = seconds / writes * 1e6, seconds / calls * 1e6
             print(f"| {name} | {calls / writes:.3f} | {per_write:.1f} | {per_call:.1f} |")
-        print(f"| elsewhere (threads not wrapped) | | {(cpu[server] - top) / writes * 1e6:.1f} | |")
+        print(f"| elsewhere (threads not wrapped) | | {(total - top) / writes * 1e6:.1f} | |")
+
+
+def _print_profiles(where: Path, writes: int, top: int = 12) -> None:
+    """Per server and pass, then over all of them, the functions with the most thread CPU
+    of their own."""
+    overall: dict[str, list[float]] = {}
+    for label_file in sorted(where.glob("*.label")):
+        stats: Any = pstats.Stats(str(label_file.with_suffix(".prof")))
+        rows = {}
+        for (file, line, name), (_cc, nc, tt, _ct, _callers) in stats.stats.items():
+            key = f"{name} ({Path(file).parent.name}/{Path(file).name}:{line})" if line else name
+            rows[key] = [nc, tt]
+            cell = overall.setdefault(key, [0, 0.0])
+            cell[0] += nc
+            cell[1] += tt
+        server = label_file.name.split(".")[0]
+        _print_functions(f"{server}, {label_file.read_text().strip()}", rows, writes, top)
+    _print_functions("every server, every pass", overall, writes, 2 * top)
+
+
+def _print_functions(title: str, rows: dict[str, list[float]], writes: int, top: int) -> None:
+    total = sum(tt for _nc, tt in rows.values())
+    print(f"\n{title}: {total / writes * 1e6:,.1f} us/write")
+    print("| function | own us/write | share | calls/write |")
+    print("|---|---:|---:|---:|")
+    for key, (nc, tt) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"| {key} | {tt / writes * 1e6:.1f} | {tt / total:.0%} | {nc / writes:.2f} |")
 
 
 def main() -> None:
@@ -179,6 +240,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1])
     ap.add_argument("--dir", default=None, help="where the cluster lives (default: a temp dir)")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="also cProfile each pass (thread CPU clock) into DIR and print its top "
+        "functions; the profiler's own cost inflates every figure, so read its shares only",
+    )
     args = ap.parse_args()
     tree = args.tree.resolve()
 
@@ -190,6 +258,9 @@ def main() -> None:
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
             env = dict(os.environ, PYTHONPATH=str(tree))
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                env["PASS_CPU_PROFILE"] = str(args.profile.resolve())
             for srv in cluster_servers(data):
                 os.kill(srv["pid"], signal.SIGTERM)
                 _wait_gone(srv["pid"], 30)
@@ -225,7 +296,11 @@ def main() -> None:
             out = raftlet_cli(
                 tree, *write, "--in-flight", str(args.in_flight), "--duration", str(args.seconds)
             )
-            cpu = {sid: _cpu_seconds(p.pid) - before[sid] for sid, p in procs.items()}
+            after = {sid: _cpu_seconds(p.pid) for sid, p in procs.items()}
+            cpu = {
+                sid: (after[sid][0] - before[sid][0], after[sid][1] - before[sid][1])
+                for sid in procs
+            }
             for p in procs.values():
                 p.send_signal(signal.SIGUSR1)
             for p in procs.values():
@@ -243,6 +318,8 @@ def main() -> None:
             f"{args.tablets} tablet(s), {args.in_flight} in flight, {args.seconds:g} s: {line}"
         )
         _print_tables(tables, cpu, leads, writes)
+        if args.profile:
+            _print_profiles(args.profile, writes)
 
     run_in_scratch_dir("pass-cpu-", args.dir, run)
 

@@ -247,6 +247,15 @@ class _LogMetrics:
         pass  # the wait shows up as consensus lock contention in the writers that queue behind
 
 
+@dataclass(slots=True)
+class _Answering:
+    """What answering an applied batch before its commit leaves for the rest of the pass."""
+
+    round_ended: bool = False  # the round ended before the commit (a lone writer's)
+    counts: tuple[int, int] | None = None  # (writes, rows) answered; None: not yet
+    error: BaseException | None = None  # raised once the batch is committed
+
+
 class TabletReplica:
     def __init__(
         self,
@@ -803,29 +812,69 @@ class TabletReplica:
         batch = [
             next(others) if m is None else to_apply_entry(e, self.schema, m[2]) for e, m in pairs
         ]
+        answering = _Answering()
         try:
-            results = self.store.apply_batch(batch)
+            results = self.store.apply_batch(
+                batch, before_commit=lambda r: self._answer(entries, batch, r, answering)
+            )
         except (StoreError, ValueError, OSError) as exc:
             self._on_apply_failed(exc)
             return False
+        if answering.counts is None:  # replayed entries only: the store had nothing to commit
+            self._answer(entries, batch, results, answering)
         self._metrics.apply_time.observe((time.perf_counter() - start) * 1e6)
+        writes, rows = answering.counts or (0, 0)
+        if writes:
+            self._metrics.write_ops.increment(writes)
+            self._metrics.rows_inserted.increment(rows)
         self.consensus.on_applied(entries[-1].index)
         # A read counts itself waiting before it looks at the store, which holds this apply
         # by now: either the read finds it there, or it is counted here and woken.
         if self._reads_waiting:
             with self._applied_cond:
                 self._applied_cond.notify_all()
+        if not answering.round_ended:
+            # Writes waited for this round: they go now, with those its answers brought in
+            # while the store committed -- one round for both instead of two.
+            with self._proposed_lock:
+                self._end_rounds(entries[-1].index)
+                release = bool(self._waiting) and len(self._rounds) < self.options.rounds_in_flight
+            if release:
+                self._prepare_q.post(None)  # the next round: what waited for this one
+        if answering.error is not None:
+            raise answering.error
+        return True
+
+    def _answer(
+        self,
+        entries: list[Entry],
+        batch: list[ApplyEntry],
+        results: list[EntryResult],
+        answering: _Answering,
+    ) -> None:
+        """Answer an applied batch's writers, between its last statement and its commit:
+        the results are final once the statements ran (the entries are committed in the
+        log), so the writers need not wait for the commit's page writes.  A read still
+        waits for the commit: it waits for the store's applied index, which moves only
+        then."""
         with self._proposed_lock:
             proposed = [self._proposed.pop(e.index, None) for e in entries]
-            self._applied_index = last = entries[-1].index
-            while self._rounds and self._rounds[0] <= last:
-                self._rounds.popleft()
-            release = bool(self._waiting) and len(self._rounds) < self.options.rounds_in_flight
-        if release:
-            self._prepare_q.post(None)  # the next round: what waited for this one
-        with deferred_answers.together():  # a round's answers: one frame per connection
-            self._complete_applied(entries, batch, results, proposed)
-        return True
+            self._applied_index = entries[-1].index
+            if not self._waiting and sum(p is not None for p in proposed) <= 1:
+                # A lone writer: its next write goes at once, nothing to gather.
+                self._end_rounds(entries[-1].index)
+                answering.round_ended = True
+        try:
+            with deferred_answers.together():  # a round's answers: one frame per connection
+                answering.counts = self._complete_applied(entries, batch, results, proposed)
+        except BaseException as exc:  # a bug here, not the store's failure: raised after it
+            answering.error = exc
+            answering.counts = (0, 0)
+
+    def _end_rounds(self, last: int) -> None:
+        """The rounds up to index ``last`` are done (under ``_proposed_lock``)."""
+        while self._rounds and self._rounds[0] <= last:
+            self._rounds.popleft()
 
     def _complete_applied(
         self,
@@ -833,8 +882,8 @@ class TabletReplica:
         batch: list[ApplyEntry],
         results: list[EntryResult],
         proposed: list[tuple[int, RequestKey, _Decoded | None] | None],
-    ) -> None:
-        """Answer and remember the requests of an applied batch, and count its writes."""
+    ) -> tuple[int, int]:
+        """Answer and remember the requests of an applied batch; its writes and rows."""
         writes = rows = 0
         # Requests another replica proposed (a follower's every one): their clients wait
         # elsewhere, so only how far each client got is learned, in one go.
@@ -874,9 +923,7 @@ class TabletReplica:
                 pos = next(i for i, (k, _) in enumerate(learned) if k == key)
                 index, term, row_errors = outcomes[pos]
                 self.tracker.complete(key, _response(index, term, row_errors), learned[pos][1])
-        if writes:
-            self._metrics.write_ops.increment(writes)
-            self._metrics.rows_inserted.increment(rows)
+        return writes, rows
 
     # --- checksums (raftlet cluster ksck --checksum) -----------------------------------------
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import OpType, encode_row_op
@@ -54,3 +55,35 @@ def store_contents(path: Path) -> dict[str, list[tuple[object, ...]]]:
         return {t: conn.execute(f'SELECT * FROM "{t}" ORDER BY 1, 2').fetchall() for t in tables}
     finally:
         conn.close()
+
+
+class CommitHook:
+    """Runs ``before(self)`` whenever ``store``'s writer is about to COMMIT (after every
+    statement of the transaction ran): to fail the commit (raise) or hold it (wait)."""
+
+    def __init__(self, store: Any, before: Callable[[CommitHook], None]) -> None:
+        self.commits = 0
+        hook = self
+        real: sqlite3.Connection = store._writer
+
+        class Cursor:
+            def __init__(self, cur: sqlite3.Cursor) -> None:
+                self._cur = cur
+
+            def execute(self, sql: str, *args: Any) -> Any:
+                if sql == "COMMIT":
+                    hook.commits += 1
+                    before(hook)
+                return self._cur.execute(sql, *args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._cur, name)
+
+        class Connection:
+            def cursor(self) -> Cursor:
+                return Cursor(real.cursor())
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        store._writer = Connection()

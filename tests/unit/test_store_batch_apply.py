@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -164,6 +165,56 @@ def test_a_store_keeps_request_records_only_within_its_window(tmp_path: Path) ->
         (fresh,) = store.apply_batch([ApplyEntry(22, 1, [old], request=("c1", 1))])
         assert not fresh.duplicate_of
         assert [e.code for e in fresh.row_errors] == [ErrorCode.KEY_EXISTS]
+
+
+def test_before_commit_sees_the_results_and_readers_see_the_batch_after_it(
+    tmp_path: Path,
+) -> None:
+    with TabletStore.open(tmp_path / "t.db", SCHEMA) as store:
+        first = encode_row_op(SCHEMA, OpType.INSERT, {"k": 1, "v": "a"})
+        store.apply_batch([ApplyEntry(1, 1, [first], request=("c", 1))])
+        seen: list[tuple[list[int], int, int, list[ErrorCode]]] = []
+
+        def before_commit(results: list[Any]) -> None:
+            # Another connection, and the applied index, still show the last commit.
+            seen.append(
+                (
+                    [e.index for e in results],
+                    store.applied_index(),
+                    store.count(),
+                    [f.code for r in results for f in r.row_errors],
+                )
+            )
+
+        again = encode_row_op(SCHEMA, OpType.INSERT, {"k": 1, "v": "b"})
+        fresh = encode_row_op(SCHEMA, OpType.INSERT, {"k": 2, "v": "c"})
+        results = store.apply_batch(
+            [ApplyEntry(2, 1, [again], request=("c", 2)), ApplyEntry(3, 1, [fresh])],
+            before_commit=before_commit,
+        )
+        assert seen == [([2, 3], 1, 1, [ErrorCode.KEY_EXISTS])]
+        assert [e.index for e in results] == [2, 3]
+        assert (store.applied_index(), store.count()) == (3, 2)
+
+        # A replay of applied entries only has nothing to commit: no call.
+        store.apply_batch([ApplyEntry(3, 1, [fresh])], before_commit=before_commit)
+        assert len(seen) == 1
+
+
+def test_a_batch_is_committed_even_if_before_commit_raises(tmp_path: Path) -> None:
+    with TabletStore.open(tmp_path / "t.db", SCHEMA) as store:
+
+        def before_commit(_results: list[Any]) -> None:
+            raise RuntimeError("a bug in the caller")
+
+        op = encode_row_op(SCHEMA, OpType.INSERT, {"k": 7, "v": None})
+        with pytest.raises(RuntimeError, match="a bug in the caller"):
+            store.apply_batch([ApplyEntry(1, 1, [op])], before_commit=before_commit)
+        assert (store.applied_index(), store.count()) == (1, 1)
+        # The entries are committed in the log: applying them is right whatever the
+        # caller did with their results, and a replay now skips them.
+        (again,) = store.apply_batch([ApplyEntry(1, 1, [op])])
+        assert again.skipped
 
 
 @st.composite

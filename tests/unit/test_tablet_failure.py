@@ -1,18 +1,21 @@
 """A running replica that fails, over three in-process replicas: a store that cannot apply
-(ENOSPC) and a log whose fdatasync fails.  The failed leader leaves at once, the replica
-reports FAILED with its reason and refuses calls with "tablet failed: ...", another leader
-takes over with no acknowledged write lost, and -- for the store -- the replica applies
-again, clears FAILED and catches up once the disk works, without being reopened.
+(ENOSPC) or cannot commit once its writers were answered, and a log whose fdatasync
+fails.  The failed leader leaves at once, the replica reports FAILED with its reason and
+refuses calls with "tablet failed: ...", another leader takes over with no acknowledged
+write lost, and -- for the store -- the replica applies again, clears FAILED and catches
+up once the disk works, without being reopened.
 
-The store's failure is injected here by wrapping its ``apply_batch`` (a unit test); the
-integration test ``tests/integration/test_tablet_failure.py`` fills a real disk."""
+The store's failure is injected here by wrapping its ``apply_batch`` or its connection (a
+unit test); the integration test ``tests/integration/test_tablet_failure.py`` fills a real
+disk."""
 
 from __future__ import annotations
 
 import errno
 import logging
+import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.tserver.errors import TabletFailed
 from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError
 from raftlet.tserver.tablet_replica import TabletReplica
+from tests.unit.store_helpers import CommitHook
 from tests.unit.test_tablet_replica import Tablet, keys_on, send, write
 
 
@@ -36,12 +40,15 @@ class DiskSwitch:
         store = replica.store
         real = store.apply_batch
 
-        def apply_batch(batch: Sequence[ApplyEntry]) -> list[EntryResult]:
+        def apply_batch(
+            batch: Sequence[ApplyEntry],
+            before_commit: Callable[[list[EntryResult]], None] | None = None,
+        ) -> list[EntryResult]:
             if self.full.is_set():
                 self.attempts += 1
                 cause = OSError(errno.ENOSPC, "No space left on device")
                 raise StoreError("tablet store: apply failed: database or disk is full") from cause
-            return real(batch)
+            return real(batch, before_commit)
 
         store.apply_batch = apply_batch  # type: ignore[method-assign]
 
@@ -108,6 +115,44 @@ def test_a_leader_whose_store_fails_steps_down_and_recovers_when_the_disk_works(
         tablet_id="kv-p0", read_mode=tablet_pb2.READ_FOLLOWER_APPLIED
     )
     assert len(leader.scan(follower_read).rows) == len(expected)
+
+
+def test_a_commit_that_fails_after_the_answer_loses_nothing_and_applies_once(
+    tablet: Tablet,
+) -> None:
+    """A leader answers a round's writers before its store commits them (the entries are
+    committed in the log, their results final).  When that commit fails, the answer
+    stands: the leader fails over, the write is in every store exactly once, and a
+    retry of it gets the first outcome."""
+    leader = tablet.leader()
+    for i in range(1, 4):
+        send(leader, write([i], "c5", i)).result()
+    failing = threading.Event()
+
+    def fail_commit(_hook: CommitHook) -> None:
+        if failing.is_set():
+            raise sqlite3.OperationalError("disk I/O error")
+
+    hook = CommitHook(leader.store, fail_commit)
+    failing.set()
+    answered = send(leader, write([4], "c5", 4)).result()  # answered, then the commit fails
+    assert not answered.row_errors
+    tablet.wait_for(lambda: hook.commits >= 1, what="the commit fails")
+    tablet.wait_for(lambda: leader.failure_reason() is not None, what="the leader fails")
+    assert "disk I/O error" in (leader.failure_reason() or "")
+    assert leader.store.applied_index() < answered.op_index  # rolled back: not in its store
+
+    new = tablet.leader()
+    assert new is not leader
+    retry = send(new, write([4], "c5", 4)).result()  # the client's retry, elsewhere
+    assert (retry.op_index, retry.op_term) == (answered.op_index, answered.op_term)
+    assert not retry.row_errors
+    send(new, write([5], "c5", 5)).result()
+
+    failing.clear()
+    tablet.wait_for(lambda: leader.failure_reason() is None, what="FAILED clears")
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4, 5], what=f"{r.server_id} converges")
 
 
 def test_a_follower_whose_store_fails_keeps_the_tablet_available(tablet: Tablet) -> None:

@@ -27,6 +27,7 @@ from raftlet.schema.types import DataType
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 from tests.unit.consensus_cluster import FAST, wait_for
+from tests.unit.store_helpers import CommitHook
 
 SCHEMA = Schema(
     [
@@ -636,7 +637,9 @@ def test_a_follower_applies_what_commits_together_and_a_read_gets_its_index_at_o
         wait_for(lambda: follower.held_entries >= 3, what="the follower holding 3 writes")
         assert follower.store.applied_index() < indexes[0]  # none of the writes yet
         assert passes == []  # holding woke no one
-        assert leader.store.applied_index() >= indexes[-1]
+        # The leader holds nothing: its store commits the writes with no tick (just after
+        # answering them).
+        wait_for(lambda: leader.store.applied_index() >= indexes[-1], what="the leader applies")
         page = follower.scan(
             tablet_pb2.ScanRequest(
                 tablet_id="kv-p0",
@@ -709,6 +712,72 @@ def test_writes_that_come_while_a_round_is_out_go_together_in_the_next(
     )
     assert sizes == [1, 3]
     tablet.wait_keys_everywhere([1, 2, 3, 4])
+
+
+def _held_commits(replica: TabletReplica) -> tuple[CommitHook, threading.Semaphore]:
+    """From now on each of ``replica``'s store commits waits, after every statement of its
+    transaction ran, until the test lets it go (``release()`` on the semaphore);
+    ``hook.commits`` counts the commits that reached that point."""
+    go = threading.Semaphore(0)
+    # What committed before (a new leader's no-op) is applied first: not held.
+    wait_for(
+        lambda: replica.store.applied_index() >= replica.commit_index_cached(),
+        what="what committed so far applied",
+    )
+
+    def hold(_hook: CommitHook) -> None:
+        assert go.acquire(timeout=30), "the test never let the commit go"
+
+    return CommitHook(replica.store, hold), go
+
+
+def test_a_rounds_writers_are_answered_before_the_store_commits_and_come_back_as_one_round(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round of several writes is answered before its store transaction commits; the
+    writes its writers send next, while it commits, go together in the round after."""
+    leader, sizes, first, queued = _writes_behind_a_round(tablet, monkeypatch, [2, 3])
+    hook, go = _held_commits(leader)
+    tablet.transport.heal()
+    # Ticks resend the round the cut dropped; none after it (a tick also lets writes that
+    # waited 0.1 s go on their own), and none are needed: rounds leave when proposed.
+    tablet.wait_for(lambda: hook.commits == 1, what="the first round's commit")  # [1]
+    go.release()
+    wait_for(lambda: hook.commits == 2, what="the second round's commit")  # [2, 3]
+    assert sizes == [1, 2]
+    # Its writers have their answers while its commit is held ...
+    wait_for(lambda: all(c.done.is_set() for c in queued), what="answers before the commit")
+    assert leader.store.applied_index() < queued[-1].result().op_index
+    # ... and what they send next waits for the commit, to go as one round.
+    again = [send(leader, write([k], "c1", k)) for k in (4, 5)]
+    wait_for(lambda: leader.waiting_writes == 2, what="the next writes waiting")
+    assert sizes == [1, 2]
+    go.release()
+    wait_for(lambda: hook.commits == 3, what="the third round's commit")
+    assert sizes == [1, 2, 2]
+    wait_for(lambda: all(c.done.is_set() for c in again), what="their answers")
+    go.release()
+    assert not first.result().row_errors
+    tablet.wait_keys_everywhere([1, 2, 3, 4, 5])
+
+
+def test_a_lone_writers_next_write_does_not_wait_for_the_store_commit(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader = tablet.leader()
+    sizes = _round_sizes(leader, monkeypatch)
+    hook, go = _held_commits(leader)
+    first = send(leader, write([1], "c1", 1))
+    wait_for(lambda: hook.commits == 1, what="the round's commit")
+    assert not first.result().row_errors  # answered while the commit is held
+    second = send(leader, write([2], "c1", 2))
+    wait_for(lambda: sizes == [1, 1], what="the next write proposed during the commit")
+    assert leader.waiting_writes == 0
+    go.release()
+    wait_for(lambda: hook.commits == 2, what="the second round's commit")
+    go.release()
+    assert not second.result().row_errors
+    tablet.wait_keys_everywhere([1, 2])
 
 
 def test_with_no_cap_on_rounds_every_write_goes_at_once(

@@ -27,7 +27,7 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -424,6 +424,7 @@ class TabletStore:
     def apply_batch(
         self,
         entries: Iterable[ApplyEntry | tuple[int, int, Sequence[AnyOp]]],
+        before_commit: Callable[[list[EntryResult]], None] | None = None,
     ) -> list[EntryResult]:
         """Apply committed entries in ONE transaction that also records the last one's index
         and term as applied. Returns one ``EntryResult`` per entry, in order.
@@ -434,6 +435,14 @@ class TabletStore:
         DELETE; a row that does not decode) is reported and the rest of the batch is applied.
         Any other failure rolls the whole batch back and raises ``StoreError``: the replica
         must then stop applying, since this store no longer knows what it has.
+
+        ``before_commit(results)`` runs once every statement has run and before COMMIT, so
+        that what waits on the results (a leader's writers) need not wait for the commit:
+        the entries are committed in the Raft log already and their results are a
+        function of them, so a commit that then fails changes no result, only when the
+        store holds them. Readers see the batch, and ``applied_index`` moves, only after
+        the commit. An exception it raises is raised after the commit (the batch is
+        applied either way); it is not called for a batch of replayed entries only.
         """
         batch = [e if isinstance(e, ApplyEntry) else ApplyEntry(*e) for e in entries]
         with self._write_lock:
@@ -465,6 +474,7 @@ class TabletStore:
                 if e.index <= applied_index
             ]
             cur = self._writer.cursor()
+            callback_error: BaseException | None = None
             try:
                 cur.execute("BEGIN IMMEDIATE")
                 results = skipped + self._apply_entries(cur, batch[len(skipped) :])
@@ -472,6 +482,11 @@ class TabletStore:
                     f"UPDATE {quote_ident(META_TABLE)} SET value = ? WHERE key = ?",
                     [(last_index, "applied_index"), (last_term, "applied_term")],
                 )
+                if before_commit is not None:
+                    try:
+                        before_commit(results)
+                    except BaseException as exc:  # the batch is applied all the same
+                        callback_error = exc
                 cur.execute("COMMIT")
             except BaseException as exc:
                 with contextlib.suppress(sqlite3.Error):
@@ -486,7 +501,9 @@ class TabletStore:
             finally:
                 cur.close()
             self._applied = (last_index, last_term)
-            return results
+        if callback_error is not None:
+            raise callback_error
+        return results
 
     def _apply_entries(self, cur: sqlite3.Cursor, entries: list[ApplyEntry]) -> list[EntryResult]:
         """Apply entries above the applied index, with exactly the outcome of applying them
