@@ -834,8 +834,8 @@ class TabletReplica:
             with self._applied_cond:
                 self._applied_cond.notify_all()
         if not answering.round_ended:
-            # Writes waited for this round: they go now, with those its answers brought in
-            # while the store committed -- one round for both instead of two.
+            # The round ends with its commit: the writes that waited for it and those its
+            # answers brought in meanwhile go as one round, where they would have been two.
             with self._proposed_lock:
                 self._end_rounds(entries[-1].index)
                 release = bool(self._waiting) and len(self._rounds) < self.options.rounds_in_flight
