@@ -94,7 +94,9 @@ def _serve(argv: list[str]) -> None:
             prof = None
             if profile_dir and not getattr(local, "profiling", False):
                 key = (label, threading.get_ident())
-                prof = profiles.get(key) or profiles.setdefault(key, cProfile.Profile(clock))
+                prof = profiles.get(key)
+                if prof is None:  # this thread's first call of this pass
+                    prof = profiles[key] = cProfile.Profile(clock)
                 local.profiling = True
                 prof.enable()
             start = clock()

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from raftlet.cli.write_load import RowFactory
 from raftlet.schema.row_runs import RowRun
 from raftlet.schema.rows import OpType
 from raftlet.schema.schema import ColumnSchema, Schema
@@ -42,9 +43,8 @@ _WARMUP = 200  # applies before the clock starts: the tree's upper pages in cach
 
 
 def _batches(per_apply: int, applies: int, writers: int) -> list[list[ApplyEntry]]:
-    run_id = random.getrandbits(22)
+    rows = RowFactory(SCHEMA, row_bytes=100)  # raftlet write's keys and values
     seq = [0] * writers
-    value = "x" * 100
     index = 0
     out = []
     for _ in range(applies):
@@ -53,8 +53,9 @@ def _batches(per_apply: int, applies: int, writers: int) -> list[list[ApplyEntry
             w = random.randrange(writers)
             seq[w] += 1
             index += 1
-            row = RowRun(OpType.INSERT, 1, ("v",), [(run_id << 40 | w << 32 | seq[w], value)], [0])
-            batch.append(ApplyEntry(index, 1, [row], (f"client-{w}", seq[w]), seq[w]))
+            row = rows.row(w, seq[w])
+            run = RowRun(OpType.INSERT, 1, ("v",), [(row["k"], row["v"])], [0])
+            batch.append(ApplyEntry(index, 1, [run], (f"client-{w}", seq[w]), seq[w]))
         out.append(batch)
     return out
 
