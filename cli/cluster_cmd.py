@@ -166,8 +166,9 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         type=non_negative_int,
         default=100,
         metavar="N",
-        help="entries a replica's applied index may trail the leader's commit before it is "
-        "reported (default 100: under a write load a few are normal)",
+        help="entries a replica may trail the leader's commit by before it is reported, not "
+        "counting those on their way into its store (default 100: under a write load a few "
+        "are normal)",
     )
     status.add_argument(
         "--timeout",
@@ -447,8 +448,10 @@ def _print_status(
                 reps.append(f"{r.server} {mark(r.state)}")
                 continue
             role = {"LEADER": "L", "FOLLOWER": "F"}.get(r.role, r.role[:4].lower())
+            ahead = r.applying_index - r.applied_index
+            applying = f" (+{ahead} applying)" if ahead > 0 else ""
             lag = "" if r.lag is None else f" lag {r.lag}"
-            text = f"{r.server} {role} {r.applied_index}{lag}"
+            text = f"{r.server} {role} {r.applied_index}{applying}{lag}"
             reps.append(f"[yellow]{text}[/]" if r.state == "LAGGING" else text)
         tablets.add_row(
             t.tablet_id,

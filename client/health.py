@@ -12,7 +12,11 @@ costs the check one timeout, not one per server. From the answers:
   (the highest term wins if two do, as after a partition heals). A tablet's replicas are its
   leader's voters (memberships change: ``raftlet tablet move-replica``), or the config's
   placement while it has no leader. For every replica: its
-  role, term and ``applied_index``; its *lag* is the leader's ``commit_index`` minus that.
+  role, term, ``applied_index`` and ``applying_index``; its *lag* is the leader's
+  ``commit_index`` minus the larger of the two. Entries up to ``applying_index`` are
+  replicated and on their way into the store -- a follower holds committed entries back on
+  purpose for one larger store transaction (up to 256, or ``--follower_apply_delay_ms``),
+  or is writing them now -- so they are not lag; what piles up beyond that is.
 - **verdict** per tablet and overall, like Kudu's ksck:
   ERROR: no ready leader, or fewer than a majority of replicas reachable (writes fail).
   WARN: a server down or busy, a replica missing or lagging more than ``max_lag`` entries,
@@ -102,8 +106,8 @@ class ProbeOptions:
     timeout_s: float = 3.0
     # grpc.ChannelCredentials for a TLS cluster (``tls.channel_credentials``); None: plaintext.
     credentials: Any = None
-    # Entries a replica's applied index may trail the leader's commit index before it is
-    # reported as lagging (see the module docstring).
+    # Entries a replica may trail the leader's commit index by, not counting those on their
+    # way into its store, before it is reported as lagging (see the module docstring).
     max_lag: int = 100
 
 
@@ -130,6 +134,7 @@ class ReplicaHealth:
     term: int = 0
     applied_index: int = 0
     commit_index: int = 0
+    applying_index: int = 0  # entries up to here are on their way into its store
     lag: int | None = None
 
 
@@ -206,6 +211,7 @@ class ClusterHealth:
                             "role": r.role,
                             "term": r.term,
                             "applied_index": r.applied_index,
+                            "applying_index": r.applying_index,
                             "lag": r.lag,
                         }
                         for r in t.replicas
@@ -342,14 +348,20 @@ def _check_tablet(
             st.term,
             st.applied_index,
             st.commit_index,
+            st.applying_index,
         )
         if leader is not None:
-            r.lag = max(0, leader.commit_index - st.applied_index)
+            r.lag = max(0, leader.commit_index - max(st.applied_index, st.applying_index))
             if r.lag > opts.max_lag:
                 r.state = "LAGGING"
+                applying = (
+                    f", applying to {st.applying_index}"
+                    if st.applying_index > st.applied_index
+                    else ""
+                )
                 tablet.issues.append(
-                    f"replica on {sid} lags the leader by {r.lag} entries "
-                    f"(applied {st.applied_index}, leader committed {leader.commit_index})"
+                    f"replica on {sid} lags the leader by {r.lag} entries (applied "
+                    f"{st.applied_index}{applying}, leader committed {leader.commit_index})"
                 )
         tablet.replicas.append(r)
     majority = len(replicas) // 2 + 1

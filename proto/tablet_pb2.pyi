@@ -311,7 +311,7 @@ class TabletPB(_message.Message):
     def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., replica_uuids: _Optional[_Iterable[str]] = ..., voters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TabletStatusPB(_message.Message):
-    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason", "voters", "learners")
+    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason", "voters", "learners", "applying_index")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +325,7 @@ class TabletStatusPB(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    APPLYING_INDEX_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     table_name: str
     partition: int
@@ -338,7 +339,8 @@ class TabletStatusPB(_message.Message):
     failure_reason: str
     voters: _containers.RepeatedScalarFieldContainer[str]
     learners: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state: _Optional[_Union[TabletState, str]] = ..., failure_reason: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ...) -> None: ...
+    applying_index: int
+    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state: _Optional[_Union[TabletState, str]] = ..., failure_reason: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., applying_index: _Optional[int] = ...) -> None: ...
 
 class ListTabletsRequest(_message.Message):
     __slots__ = ()

@@ -178,6 +178,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
                 leader_ready=snap.leader_ready,
                 commit_index=replica.commit_index_cached(),
                 applied_index=replica.store.applied_index(),
+                applying_index=replica.applying_index(),
                 state=tablet_pb2.TABLET_STATE_FAILED
                 if why is not None
                 else tablet_pb2.TABLET_STATE_RUNNING,

@@ -381,6 +381,7 @@ class TabletReplica:
         # A follower's committed entries waiting to be applied together, since when.
         self._held: list[Entry] = []
         self._held_since = 0.0
+        self._holding = False  # the last commit learned was held (``_hold``), not posted
         self._reads_waiting = 0  # reads in _wait_applied: nothing is held meanwhile
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -642,7 +643,8 @@ class TabletReplica:
         with self._applied_cond:  # see _wait_applied
             held = self._held
             held.extend(entries)
-            if self._hold(held):
+            self._holding = self._hold(held)
+            if self._holding:
                 return
         self._apply_q.post(None)
 
@@ -660,6 +662,7 @@ class TabletReplica:
         with self._applied_cond:  # see _wait_applied
             entries, self._held = self._held, []
             self._held_since = 0.0
+            self._holding = False
         if entries:
             self._given_up_to = max(self._given_up_to, entries[-1].index)
         if self._store_damage is not None and self._apply_error is None:
@@ -689,6 +692,22 @@ class TabletReplica:
     def held_entries(self) -> int:
         """Committed entries this follower holds back for a larger apply (``_hold``)."""
         return len(self._held)
+
+    def applying_index(self) -> int:
+        """The index up to which committed entries are on their way into the store: held
+        back on purpose (``_hold``) or in the pass the apply stage runs now; 0 when the
+        replica failed.  Not lag, which ``cluster status`` counts from here.
+
+        Entries that pile up beyond what a hold allows -- the stage is slow, or stuck in a
+        long transaction -- are not counted, so a stuck apply shows.  Unlocked: both parts
+        only grow, so a racing read can only under-state the lag."""
+        if self._apply_error is not None or self._store_damage is not None:
+            return 0
+        held = self._held
+        top = self._given_up_to
+        if self._holding and held:
+            top = max(top, held[-1].index)
+        return top
 
     def _hold(self, entries: list[Entry]) -> bool:
         """Whether a follower keeps ``entries`` (committed, under ``_applied_cond``) for a

@@ -9,10 +9,12 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from raftlet.client import health
 from raftlet.consensus.core import NotLeaderError, ProposalDropped
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
@@ -25,6 +27,7 @@ from raftlet.schema.rows import ErrorCode, OpType, encode_row_op, row_from_pb
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
+from raftlet.tserver.servicers import TabletServicer
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 from tests.unit.consensus_cluster import FAST, wait_for
 from tests.unit.store_helpers import CommitHook
@@ -212,6 +215,8 @@ def test_the_same_request_twice_is_applied_once(tablet: Tablet) -> None:
     assert not first.result().row_errors  # a second apply would have said KEY_EXISTS
     third = send(leader, write([5], "c1", 1)).result()
     assert third == first.result()
+    # Answered before its store commits: the row is there once the commit is.
+    wait_for(lambda: leader.store.applied_index() >= third.op_index, what="the leader's commit")
     assert keys_on(leader) == [5]
 
 
@@ -353,7 +358,9 @@ def test_many_tablets_share_the_servers_pools_and_start_no_threads_of_their_own(
 
 def test_published_status_never_waits_for_the_consensus_lock(tablet: Tablet) -> None:
     leader = tablet.leader()
-    send(leader, write([1], "c1", 1)).result()
+    index = send(leader, write([1], "c1", 1)).result().op_index
+    # Answered before its store commits: let the applied index settle before comparing.
+    wait_for(lambda: leader.store.applied_index() >= index, what="the leader's commit")
     box: list[dict[str, object]] = []
     with leader.lock:  # a replica stuck behind a slow disk holds it like this
         reader = threading.Thread(target=lambda: box.append(leader.published_status()))
@@ -668,6 +675,107 @@ def test_a_tick_or_a_stop_applies_what_a_follower_holds(tmp_path: Path) -> None:
         assert b.store.applied_index() >= indexes[1]
         tablet.wait_for(lambda: keys_on(a) == [1, 2, 3], what="a tick's nudge")  # ticks
     finally:
+        tablet.close()
+
+
+def test_a_holding_follower_is_listed_with_what_it_holds_and_not_as_lagging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ListTablets`` says how far the committed entries a follower holds back reach, and
+    the health check does not count them as lag: they are replicated, only not yet in the
+    store."""
+    options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=3600)
+    tablet = _caught_up_tablet(tmp_path, options)
+    try:
+        leader = tablet.leader()
+        followers = [r for r in tablet.replicas.values() if r is not leader]
+        indexes = [send(leader, write([k], "c1", k)).result().op_index for k in (1, 2, 3, 4)]
+        # No tick: each follower learns each commit with the next append, so it holds the
+        # first three writes and has not yet heard that the fourth committed.
+        wait_for(lambda: all(f.held_entries >= 3 for f in followers), what="both followers holding")
+        listed = _listed(tablet)
+        for f in followers:
+            st = listed[f.server_id].tablets[0]
+            assert st.applied_index < indexes[0] <= indexes[2] <= st.applying_index
+        assert listed[leader.server_id].tablets[0].commit_index >= indexes[-1]
+
+        # Each follower trails the leader's commit by one entry it has not heard committed;
+        # the three it holds are not lag.
+        verdict = _checked(listed, 1, monkeypatch)
+        assert verdict.severity is health.Severity.OK, verdict.issues
+        seen = {r.server: r for r in verdict.tablets[0].replicas}
+        for f in followers:
+            assert seen[f.server_id].lag <= 1, seen
+            assert seen[f.server_id].applying_index >= indexes[2], seen
+    finally:
+        tablet.close()
+
+
+def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
+    """What each replica's server would answer to ``ListTablets``."""
+    return {
+        node: TabletServicer(
+            SimpleNamespace(  # the part of a TabletServer that ListTablets reads
+                server_id=node,
+                replicas={r.tablet_id: r},
+                failed_tablets={},
+                pools={"tablet": None},
+            )
+        )._list_tablets()
+        for node, r in tablet.replicas.items()
+    }
+
+
+def _checked(
+    listed: dict[str, tablet_pb2.ListTabletsResponse], max_lag: int, monkeypatch: pytest.MonkeyPatch
+) -> health.ClusterHealth:
+    """``cluster status``'s verdict on servers that answered ``listed``."""
+    layout = SimpleNamespace(
+        name="t",
+        servers=[SimpleNamespace(id=n, rpc_addr=n, http_addr=n) for n in IDS],
+        placements=lambda: [
+            SimpleNamespace(tablet_id="kv-p0", table="kv", partition=0, replicas=IDS)
+        ],
+    )
+    monkeypatch.setattr(
+        health, "probe_servers", lambda *_a, **_k: {n: (r, "UP", "") for n, r in listed.items()}
+    )
+    return health.check_cluster(layout, health.ProbeOptions(max_lag=max_lag))
+
+
+def test_a_follower_whose_store_is_stuck_is_lagging_past_one_holds_worth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a follower is writing into its store is not lag, and neither is what it holds
+    on purpose; what piles up while its store is stuck, past what one hold allows, is."""
+    options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=3600)
+    tablet = _caught_up_tablet(tmp_path, options)
+    leader = tablet.leader()
+    follower, other = (r for r in tablet.replicas.values() if r is not leader)
+    hook, go = _held_commits(follower)
+    try:
+        first = send(leader, write([1])).result().op_index
+        # A tick brings the commit; the follower, at rest, applies it, and its commit waits.
+        tablet.wait_for(
+            lambda: hook.commits == 1 and other.store.applied_index() >= first,
+            what="the follower's commit waiting, the other follower applied",
+        )
+        assert follower.store.applied_index() < first <= follower.applying_index()
+        assert _checked(_listed(tablet), 0, monkeypatch).severity is health.Severity.OK
+
+        # One at a time, so each is an entry of its own.
+        last = max(send(leader, write([k])).result().op_index for k in range(2, 302))
+        # No tick: the follower learns each commit with a later append and holds them until
+        # it holds 256; from then on they are not on their way, they wait.
+        wait_for(lambda: follower.held_entries >= 256, what="256 entries piled up")
+        assert follower.applying_index() == first
+        verdict = _checked(_listed(tablet), 100, monkeypatch)
+        assert verdict.severity is health.Severity.WARN
+        stuck = next(r for r in verdict.tablets[0].replicas if r.server == follower.server_id)
+        assert stuck.state == "LAGGING"
+        assert stuck.lag == last - first
+    finally:
+        go.release(1000)
         tablet.close()
 
 
