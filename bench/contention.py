@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/contention.py [--reps 5] [--seconds 10] [--writers 32]
         [--latency-ms 20] [--queue-bytes 32768] [--leaders 0,0] [--cpu-affinity auto|none]
-        [--rows-per-s 120]
+        [--rows-per-s 120] [--server-flag=--name=value ...]
         [--out out/contention]
 
 Runs the scenario of tests/integration/contention.py R times per term-check mode,
@@ -117,6 +117,14 @@ def main() -> None:
         help="every server's --write_rounds_in_flight (default 0: Kudu's pipeline, which "
         "KUDU-2727 is about; raftlet's own default, 1, keeps the WAL queue from filling)",
     )
+    parser.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for every server, e.g. --server-flag=--rpc_handoff_yield=false "
+        "(repeatable)",
+    )
     parser.add_argument("--out", default="out/contention")
     args = parser.parse_args()
     sc = Scenario(
@@ -128,6 +136,7 @@ def main() -> None:
         cpu_affinity="" if args.cpu_affinity == "none" else args.cpu_affinity,
         rows_per_s=args.rows_per_s,
         write_rounds_in_flight=args.write_rounds_in_flight,
+        extra_flags=tuple(args.server_flag),
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

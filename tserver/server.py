@@ -263,6 +263,7 @@ class TabletServer:
             num_threads=threads,
             queue_length=queue_length,
             metrics=ServicePoolMetrics(self.entity, name, [m.name for m in service.methods]),
+            yield_on_wake=self.settings.rpc_handoff_yield,
         )
 
     # --- lifecycle --------------------------------------------------------------------

@@ -12,11 +12,20 @@ with DEADLINE_EXCEEDED if its deadline already passed (running it could only was
 client no longer waits for; `rpcs_timed_out_in_queue`), else runs its handler. A handler may
 complete the call before returning, or hand it on (a write is completed by the tablet's
 apply thread): `handler_latency_us` is measured from dequeue to completion either way.
+
+With `yield_on_wake`, an `offer` that wakes an idle worker yields its CPU (`sched_yield`).
+The callers are the front door -- the event loop, a write connection's reader -- and under
+SCHED_BATCH, on a server bound to one CPU, the worker they wake cannot run until they
+block; with more input at hand the event loop goes on for up to a millisecond first, and
+that was the lock-free mode's queue time at p99 in the KUDU-2727 scenario
+(docs/benchmarks.md, "The front door yields to the call it hands off"). The yield costs a
+system call, and the context switch it makes would have come at the caller's next block.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -219,6 +228,7 @@ class ServicePool:
         num_threads: int = 10,
         queue_length: int = 50,
         metrics: ServicePoolMetrics | None = None,
+        yield_on_wake: bool = False,
     ) -> None:
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
@@ -233,6 +243,8 @@ class ServicePool:
         # never waits behind a handler.  `offer` wakes an idle worker through `_sleepers`.
         self._mutex = threading.Lock()
         self._sleepers = Sleepers()
+        # See the module docstring; not every platform has sched_yield.
+        self._yield = getattr(os, "sched_yield", None) if yield_on_wake else None
         self._queue: deque[InboundCall] = deque()
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -289,6 +301,8 @@ class ServicePool:
         if queued:
             if waker is not None:
                 waker.release()
+                if self._yield is not None:
+                    self._yield()  # let the woken worker start the call now
             return True
         # Counted outside the lock: the counters need none, and the lock is the queue's.
         self.metrics.queue_overflow.increment()

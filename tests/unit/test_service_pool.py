@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +19,11 @@ from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.export_prometheus import generate_prometheus_text
 from raftlet.metrics.histogram import Histogram
 from raftlet.metrics.registry import MetricRegistry
+from raftlet.tserver import service_pool
 from raftlet.tserver.errors import DeadlineExceededInQueue, ServiceUnavailable
 from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
+from tests.unit.tserver_settings_helpers import parse, write_config
+from tests.waiting import wait_for
 
 WAIT = 5.0  # generous upper bound for anything that should happen promptly
 
@@ -464,3 +468,48 @@ def test_the_overflow_series_of_every_method_exist_from_startup_at_zero() -> Non
             f'rpcs_queue_overflow_total{{method="{method}",server="ts-1",service="tablet"}} 0.0'
             in text
         ), text
+
+
+def _parked(pool: ServicePool) -> bool:
+    """Whether a worker of ``pool`` sleeps waiting for a call."""
+    return bool(pool._sleepers._locks)
+
+
+def test_an_offer_that_wakes_a_worker_yields_the_cpu_when_asked(
+    pools: list[ServicePool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``yield_on_wake`` the offering thread yields right after it wakes an idle
+    worker (so the call starts before whatever else that thread has to do); an offer that
+    wakes no one -- the worker busy -- does not yield, and neither does a pool without."""
+    yields: list[str] = []
+    monkeypatch.setattr(
+        service_pool.os, "sched_yield", lambda: yields.append(threading.current_thread().name)
+    )
+    pool = ServicePool("yielding", num_threads=1, queue_length=2, yield_on_wake=True)
+    plain = ServicePool("plain", num_threads=1, queue_length=2)
+    pools += [pool, plain]
+    me = threading.current_thread().name
+    for p in (pool, plain):
+        p.start()
+        wait_for(lambda p=p: _parked(p), WAIT, "the worker asleep")
+        blocker = Blocker()
+        blocked, first = make_call("Write", blocker)
+        assert p.offer(blocked)  # wakes the worker
+        assert blocker.started.wait(WAIT)
+        queued, second = make_call("Write", respond_with("ok"))
+        assert p.offer(queued)  # the worker is busy: nobody to wake
+        blocker.release.set()
+        assert first.wait().result == "unblocked"
+        assert second.wait().result == "ok"
+    assert yields == [me]  # the yielding pool's first offer, on the offering thread
+
+
+def test_the_handoff_yield_flag_is_on_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path)
+    assert parse(config).rpc_handoff_yield is True
+    assert parse(config, "--rpc_handoff_yield", "false").rpc_handoff_yield is False
+    with pytest.raises(SystemExit):
+        parse(config, "--rpc_handoff_yield", "sometimes")
+    assert "argument --rpc_handoff_yield:" in capsys.readouterr().err
