@@ -660,11 +660,12 @@ class TabletReplica:
         # whoever posted -- a commit not held, the ticker, a read, a retry, stop -- wants
         # what is held applied now.
         with self._applied_cond:  # see _wait_applied
+            # In this order, for ``applying_index``'s unlocked reads.
+            if self._held:
+                self._given_up_to = max(self._given_up_to, self._held[-1].index)
             entries, self._held = self._held, []
             self._held_since = 0.0
             self._holding = False
-        if entries:
-            self._given_up_to = max(self._given_up_to, entries[-1].index)
         if self._store_damage is not None and self._apply_error is None:
             # As a failed apply, minus the retry: the committed entries wait in the log.
             self._on_apply_failed(StoreError(f"the store file is damaged ({self._store_damage})"))
@@ -699,13 +700,16 @@ class TabletReplica:
         replica failed.  Not lag, which ``cluster status`` counts from here.
 
         Entries that pile up beyond what a hold allows -- the stage is slow, or stuck in a
-        long transaction -- are not counted, so a stuck apply shows.  Unlocked: both parts
-        only grow, so a racing read can only under-state the lag."""
+        long transaction -- are not counted, so a stuck apply shows.  Unlocked: read in the
+        reverse of the order ``_apply_held`` writes them (the index it takes up to, the held
+        list, the flag), so a racing read never misses entries moving from held to taken
+        and can only under-state the lag."""
         if self._apply_error is not None or self._store_damage is not None:
             return 0
+        holding = self._holding
         held = self._held
         top = self._given_up_to
-        if self._holding and held:
+        if holding and held:
             top = max(top, held[-1].index)
         return top
 
