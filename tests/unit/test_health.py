@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from raftlet.client import health
 from raftlet.proto import tablet_pb2
 from raftlet.proto.consensus_pb2 import RaftRole
-
-IDS = ("a", "b", "c")
-LAYOUT = SimpleNamespace(
-    name="t",
-    servers=[SimpleNamespace(id=n, rpc_addr=n, http_addr=n) for n in IDS],
-    placements=lambda: [SimpleNamespace(tablet_id="kv-p0", table="kv", partition=0, replicas=IDS)],
-)
+from tests.unit.health_fakes import IDS, checked
 
 
 def _listed(node: str, **status: int) -> tablet_pb2.ListTabletsResponse:
@@ -52,10 +44,7 @@ def test_lag_counts_from_what_is_on_its_way_into_a_replicas_store(
         "b": _listed("b", commit_index=150, applied_index=applied, applying_index=applying),
         "c": _listed("c", commit_index=150, applied_index=150),
     }
-    monkeypatch.setattr(
-        health, "probe_servers", lambda *_a, **_k: {n: (r, "UP", "") for n, r in listed.items()}
-    )
-    verdict = health.check_cluster(LAYOUT, health.ProbeOptions(max_lag=100))
+    verdict = checked(listed, 100, monkeypatch)
     b = next(r for r in verdict.tablets[0].replicas if r.server == "b")
     assert (b.state, b.lag) == (state, lag)
     if state == "OK":

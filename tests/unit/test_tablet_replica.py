@@ -30,6 +30,7 @@ from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequ
 from raftlet.tserver.servicers import TabletServicer
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 from tests.unit.consensus_cluster import FAST, wait_for
+from tests.unit.health_fakes import checked
 from tests.unit.store_helpers import CommitHook
 
 SCHEMA = Schema(
@@ -701,7 +702,7 @@ def test_a_holding_follower_is_listed_with_what_it_holds_and_not_as_lagging(
 
         # Each follower trails the leader's commit by one entry it has not heard committed;
         # the three it holds are not lag.
-        verdict = _checked(listed, 1, monkeypatch)
+        verdict = checked(listed, 1, monkeypatch)
         assert verdict.severity is health.Severity.OK, verdict.issues
         seen = {r.server: r for r in verdict.tablets[0].replicas}
         for f in followers:
@@ -726,23 +727,6 @@ def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
     }
 
 
-def _checked(
-    listed: dict[str, tablet_pb2.ListTabletsResponse], max_lag: int, monkeypatch: pytest.MonkeyPatch
-) -> health.ClusterHealth:
-    """``cluster status``'s verdict on servers that answered ``listed``."""
-    layout = SimpleNamespace(
-        name="t",
-        servers=[SimpleNamespace(id=n, rpc_addr=n, http_addr=n) for n in IDS],
-        placements=lambda: [
-            SimpleNamespace(tablet_id="kv-p0", table="kv", partition=0, replicas=IDS)
-        ],
-    )
-    monkeypatch.setattr(
-        health, "probe_servers", lambda *_a, **_k: {n: (r, "UP", "") for n, r in listed.items()}
-    )
-    return health.check_cluster(layout, health.ProbeOptions(max_lag=max_lag))
-
-
 def test_a_follower_whose_store_is_stuck_is_lagging_past_one_holds_worth(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -761,7 +745,7 @@ def test_a_follower_whose_store_is_stuck_is_lagging_past_one_holds_worth(
             what="the follower's commit waiting, the other follower applied",
         )
         assert follower.store.applied_index() < first <= follower.applying_index()
-        assert _checked(_listed(tablet), 0, monkeypatch).severity is health.Severity.OK
+        assert checked(_listed(tablet), 0, monkeypatch).severity is health.Severity.OK
 
         # One at a time, so each is an entry of its own.
         last = max(send(leader, write([k])).result().op_index for k in range(2, 302))
@@ -769,7 +753,7 @@ def test_a_follower_whose_store_is_stuck_is_lagging_past_one_holds_worth(
         # it holds 256; from then on they are not on their way, they wait.
         wait_for(lambda: follower.held_entries >= 256, what="256 entries piled up")
         assert follower.applying_index() == first
-        verdict = _checked(_listed(tablet), 100, monkeypatch)
+        verdict = checked(_listed(tablet), 100, monkeypatch)
         assert verdict.severity is health.Severity.WARN
         stuck = next(r for r in verdict.tablets[0].replicas if r.server == follower.server_id)
         assert stuck.state == "LAGGING"
