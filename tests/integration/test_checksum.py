@@ -49,6 +49,9 @@ def test_ksck_checksum_agrees_under_load_and_names_a_flipped_byte(tmp_path: Path
         cluster.wait_leaders()
         tablet = cluster.tablet_for_key(CANARY_KEY)
         write_with_retry(cluster, write_request(tablet, [kv_op(CANARY_KEY, CANARY)], "canary", 1))
+        # Healthy before the load: ts3, started last, can still be waiting out a reconnect
+        # backoff, and the check would rightly call it lagging.
+        cluster.wait_caught_up()
         with WriteLoad(cluster, n_writers=2) as load:
             load.wait_acked(50, timeout=60)
             code, doc = _ksck(cluster)

@@ -396,6 +396,27 @@ class TserverCluster:
         wait_for(lambda: len(self.leaders()) == len(self.tablet_ids()), timeout, "every leader")
         return self.leaders()
 
+    def wait_caught_up(self, timeout: float = 30.0) -> None:
+        """Wait until every replica of every tablet has applied what its leader had
+        committed when the wait began: a server started last may take a reconnect backoff
+        or two to be reached, and until then ``cluster status`` rightly calls it lagging."""
+        leaders = self.wait_leaders(timeout)
+        target = {t: self.servers[sid].list_tablets()[t].commit_index for t, sid in leaders.items()}
+
+        def caught_up() -> bool:
+            for s in self.alive_servers():
+                try:
+                    listed = s.list_tablets()
+                except grpc.RpcError:
+                    return False
+                for t, index in target.items():
+                    st = listed.get(t)
+                    if st is not None and st.applied_index < index:
+                        return False
+            return True
+
+        wait_for(caught_up, timeout, f"every replica applied up to {target}")
+
     def leader_of(self, tablet_id: str, timeout: float = 30.0) -> Server:
         wait_for(lambda: tablet_id in self.leaders(), timeout, f"a leader of {tablet_id}")
         return self.servers[self.leaders()[tablet_id]]
