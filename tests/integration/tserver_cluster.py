@@ -405,13 +405,16 @@ class TserverCluster:
 
         def caught_up() -> bool:
             for s in self.alive_servers():
+                hosted = [t for t in target if s.id in self.config.placement(t).replicas]
+                if not hosted:
+                    continue
                 try:
                     listed = s.list_tablets()
                 except grpc.RpcError:
                     return False
-                for t, index in target.items():
+                for t in hosted:
                     st = listed.get(t)
-                    if st is not None and st.applied_index < index:
+                    if st is None or st.applied_index < target[t]:
                         return False
             return True
 
