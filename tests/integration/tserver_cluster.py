@@ -401,18 +401,24 @@ class TserverCluster:
         committed when the wait began: a server started last may take a reconnect backoff
         or two to be reached, and until then ``cluster status`` rightly calls it lagging."""
         leaders = self.wait_leaders(timeout)
-        target = {t: self.servers[sid].list_tablets()[t].commit_index for t, sid in leaders.items()}
+        target: dict[str, int] = {}
+        for sid in set(leaders.values()):  # one ListTablets per leading server
+            listed = self.servers[sid].list_tablets()
+            target |= {t: listed[t].commit_index for t, led in leaders.items() if led == sid}
+        hosted = {
+            s.id: [t for t in target if s.id in self.config.placement(t).replicas]
+            for s in self.alive_servers()
+        }
 
         def caught_up() -> bool:
-            for s in self.alive_servers():
-                hosted = [t for t in target if s.id in self.config.placement(t).replicas]
-                if not hosted:
+            for sid, tablets in hosted.items():
+                if not tablets or not self.servers[sid].alive:
                     continue
                 try:
-                    listed = s.list_tablets()
+                    listed = self.servers[sid].list_tablets()
                 except grpc.RpcError:
                     return False
-                for t in hosted:
+                for t in tablets:
                     st = listed.get(t)
                     if st is None or st.applied_index < target[t]:
                         return False
