@@ -72,7 +72,7 @@ def run_in_scratch_dir(prefix: str, parent: str | None, run: Callable[[Path], No
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _python_in(tree: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def python_in(tree: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` importing raftlet from source tree ``tree``, output captured."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     return subprocess.run(
@@ -88,7 +88,7 @@ def cluster_servers(data: Path) -> list[dict[str, Any]]:
 
 def raftlet_cli(tree: Path, *args: str) -> str:
     """``python -m raftlet ARGS`` run from source tree ``tree``; what it printed."""
-    done = _python_in(tree, "-m", "raftlet", *args, timeout=300)
+    done = python_in(tree, "-m", "raftlet", *args, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"raftlet {' '.join(args)} ({tree}) failed:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -133,5 +133,5 @@ def place_leaders(tree: Path, data: Path, timeout_s: float = 120.0) -> dict[str,
         # A tablet without a leader now is in an election: looked at again next time.
         moves = [f"{tid}={want[tid]}" for tid in wrong if leaders[tid]]
         if moves:  # a refused move is looked at again next time, like a missing leader
-            _python_in(tree, "-c", _STEP_DOWN, seeds, str(data), *moves, timeout=120)
+            python_in(tree, "-c", _STEP_DOWN, seeds, str(data), *moves, timeout=120)
         time.sleep(0.5)  # a transfer takes an election round; not a test, so polling is fine

@@ -1,7 +1,7 @@
 """Where a write's server CPU goes, pass by pass: thread CPU time of each stage, per server.
 
     .venv/bin/python bench/pass_cpu.py [--tablets 1] [--in-flight 16] [--seconds 8]
-        [--tree DIR] [--dir DIR]
+        [--tree DIR] [--dir DIR] [--profile DIR] [--timeline]
 
 Starts a 3-server cluster (``raftlet cluster up``, from source tree DIR, default this
 checkout), restarts each server under this script (``--serve``), which wraps the entry
@@ -11,6 +11,11 @@ turn, a service call, a frame read off a tcp link -- so that it adds the thread 
 (tablet i on server i mod 3), writes for a while at the given depth with ``raftlet write
 --in-flight``, and prints per server: each pass's calls and thread CPU per acknowledged
 write and per call, and how much of the process's CPU the passes account for.
+
+``--timeline`` (with ``--in-flight 1``): the servers also note every pass's wall-clock start
+and end, the writer notes each write's call and return, and the lone write's critical path
+is printed -- client, leader, the follower whose answer went first, leader, client -- in
+segments that add up to its latency, with the passes of each role (``bench/_timeline.py``).
 
 Thread CPU, not wall time: a pass that waits for the GIL or for its CPU is not charged
 for the wait, so the tables add up to the CPU the servers burnt (the rest, "elsewhere",
@@ -69,6 +74,27 @@ LINKS = [
 ]
 
 
+# Passes a server notes for --timeline at most (~40 a write at one in flight).
+_MAX_EVENTS = 1_000_000
+
+# --timeline's writer: ``raftlet write`` with every AsyncClient.insert's call and return
+# noted (CLOCK_MONOTONIC ns) and written as JSON to argv[1] when it exits.
+_TIMED_WRITER = """
+import atexit, json, runpy, sys, time
+from raftlet.client import aio
+out, spans, insert = sys.argv[1], [], aio.AsyncClient.insert
+async def timed(self, table, row):
+    began = time.monotonic_ns()
+    result = await insert(self, table, row)
+    spans.append((began, time.monotonic_ns()))
+    return result
+aio.AsyncClient.insert = timed
+atexit.register(lambda: open(out, "w").write(json.dumps(spans)))
+sys.argv = ["raftlet", *sys.argv[2:]]
+runpy.run_module("raftlet", run_name="__main__", alter_sys=True)
+"""
+
+
 # --- in the server ---------------------------------------------------------------------------
 
 
@@ -79,6 +105,11 @@ def _serve(argv: list[str]) -> None:
     clock = time.thread_time
 
     profile_dir = os.environ.get("PASS_CPU_PROFILE")
+    # --timeline: every timed call's (label, thread, wall start, wall end, thread CPU).
+    events: list[tuple[str, int, int, int, float]] | None = (
+        [] if os.environ.get("PASS_CPU_EVENTS") else None
+    )
+    wall = time.monotonic_ns
     # (label, thread id) -> that thread's profile of that pass; one profiler per thread at a
     # time (cProfile's hook is per thread), so a pass nested in another is the outer's.
     profiles: dict[tuple[str, int], cProfile.Profile] = {}
@@ -100,11 +131,15 @@ def _serve(argv: list[str]) -> None:
                 local.profiling = True
                 prof.enable()
             start = clock()
+            began = wall() if events is not None else 0
             try:
                 return fn(*args, **kwargs)
             finally:
+                cpu = clock() - start
                 cell[0] += 1  # under the GIL: no update is lost between threads
-                cell[1] += clock() - start
+                cell[1] += cpu
+                if events is not None and len(events) < _MAX_EVENTS:
+                    events.append((label, threading.get_ident(), began, wall(), cpu))
                 if prof is not None:
                     prof.disable()
                     local.profiling = False
@@ -131,6 +166,8 @@ def _serve(argv: list[str]) -> None:
 
     def dump(*_: object) -> None:
         out.write_text(json.dumps(table))
+        if events is not None:
+            Path(os.environ["PASS_CPU_EVENTS"]).write_text(json.dumps(events))
         by_label: dict[str, pstats.Stats] = {}
         for (label, _thread), prof in list(profiles.items()):
             prof.create_stats()
@@ -249,10 +286,23 @@ def main() -> None:
         help="also cProfile each pass (thread CPU clock) into DIR and print its top "
         "functions; the profiler's own cost inflates every figure, so read its shares only",
     )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also print the critical path of a lone write (needs --in-flight 1)",
+    )
     args = ap.parse_args()
+    if args.timeline and args.in_flight != 1:
+        ap.error("--timeline traces a lone write: use it with --in-flight 1")
     tree = args.tree.resolve()
 
-    from _drivers import cluster_servers, place_leaders, raftlet_cli, run_in_scratch_dir
+    from _drivers import (
+        cluster_servers,
+        place_leaders,
+        python_in,
+        raftlet_cli,
+        run_in_scratch_dir,
+    )
 
     def run(root: Path) -> None:
         data = root / "cluster"
@@ -268,10 +318,13 @@ def main() -> None:
                 _wait_gone(srv["pid"], 30)
                 # The same command line: python -m raftlet tserver ...
                 argv = srv["argv"][srv["argv"].index("raftlet") + 1 :]
+                server_env = dict(env, PASS_CPU_OUT=str(root / f"{srv['id']}.json"))
+                if args.timeline:
+                    server_env["PASS_CPU_EVENTS"] = str(root / f"{srv['id']}.events.json")
                 procs[srv["id"]] = subprocess.Popen(
                     [sys.executable, __file__, "--serve", *argv],
                     cwd=tree,
-                    env=dict(env, PASS_CPU_OUT=str(root / f"{srv['id']}.json")),
+                    env=server_env,
                     stdout=subprocess.DEVNULL,
                     stderr=open(root / f"{srv['id']}.log", "wb"),  # noqa: SIM115
                     start_new_session=True,
@@ -295,9 +348,16 @@ def main() -> None:
             before = {sid: _cpu_seconds(p.pid) for sid, p in procs.items()}
             for p in procs.values():
                 p.send_signal(signal.SIGUSR2)
-            out = raftlet_cli(
-                tree, *write, "--in-flight", str(args.in_flight), "--duration", str(args.seconds)
-            )
+            measured = [*write, "--in-flight", str(args.in_flight), "--duration", str(args.seconds)]
+            if args.timeline:
+                done = python_in(
+                    tree, "-c", _TIMED_WRITER, str(root / "client.json"), *measured, timeout=300
+                )
+                if done.returncode != 0:
+                    raise RuntimeError(f"the timed writer failed:\n{done.stderr[-2000:]}")
+                out = done.stdout
+            else:
+                out = raftlet_cli(tree, *measured)
             after = {sid: _cpu_seconds(p.pid) for sid, p in procs.items()}
             cpu = {
                 sid: (after[sid][0] - before[sid][0], after[sid][1] - before[sid][1])
@@ -308,6 +368,15 @@ def main() -> None:
             for p in procs.values():
                 p.wait(timeout=30)
             tables = {sid: json.loads((root / f"{sid}.json").read_text()) for sid in procs}
+            if args.timeline:
+                from _timeline import report
+
+                spans = [tuple(s) for s in json.loads((root / "client.json").read_text())]
+                events = {
+                    sid: [tuple(e) for e in json.loads((root / f"{sid}.events.json").read_text())]
+                    for sid in procs
+                }
+                timeline = report(spans, events)
         finally:
             for p in procs.values():
                 if p.poll() is None:
@@ -320,6 +389,8 @@ def main() -> None:
             f"{args.tablets} tablet(s), {args.in_flight} in flight, {args.seconds:g} s: {line}"
         )
         _print_tables(tables, cpu, leads, writes)
+        if args.timeline:
+            print(timeline, end="")
         if args.profile:
             _print_profiles(args.profile, writes)
 

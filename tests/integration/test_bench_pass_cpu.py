@@ -32,3 +32,16 @@ def test_the_pass_cpu_benchmark_runs_briefly(tmp_path: Path) -> None:
             assert any(k.startswith(name) and v > 0 for k, v in timed.items()), (server, rows)
     (pids,) = re.findall(r"^servers: pids ([\d ]+)$", out, re.M)
     assert not any(pid_alive(int(p)) for p in pids.split())
+
+
+def test_the_timeline_traces_lone_writes(tmp_path: Path) -> None:
+    out = run_bench(
+        "pass_cpu.py", "--tablets", "1", "--in-flight", "1", "--seconds", "1", "--timeline",
+        directory=tmp_path, timeout=240,
+    )  # fmt: skip
+    (traced,) = re.findall(r"^The critical path of a lone write: ([\d,]+) of ([\d,]+)", out, re.M)
+    assert int(traced[0].replace(",", "")) > 0
+    segments, passes = tables(out)[3:5]
+    assert len(segments) == 10
+    assert sum(float(row[3].rstrip("%")) for row in segments) == pytest.approx(100, abs=6)
+    assert {"leader", "follower A", "follower B"} <= {row[0] for row in passes}
