@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from raftlet.client import health
-from raftlet.consensus.core import NotLeaderError, ProposalDropped
+from raftlet.consensus.core import NotLeaderError, ProposalDropped, Role
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from raftlet.consensus.workers import WorkerPool
@@ -895,7 +895,18 @@ def test_writes_waiting_behind_a_round_that_cannot_commit_are_answered(
 ) -> None:
     """The leader is cut off: its round never commits, and it loses its leadership.  The
     writes that waited for that round go on after a while and are refused, not kept."""
-    _, _, first, queued = _writes_behind_a_round(tablet, monkeypatch, [2, 3])
+    import raftlet.tserver.tablet_replica as tablet_replica
+
+    # Writes stop waiting by the clock (_ROUND_WAIT_MAX_S), the leader steps down by ticks:
+    # the writes are held until it has, or a slow machine lets them go first -- into a new
+    # round that cannot commit either, where they would wait for the outcome like any write.
+    monkeypatch.setattr(tablet_replica, "_ROUND_WAIT_MAX_S", float("inf"))
+    leader, _, first, queued = _writes_behind_a_round(tablet, monkeypatch, [2, 3])
+    tablet.wait_for(
+        lambda: leader.consensus.snapshot.role is not Role.LEADER, what="the leader stepped down"
+    )
+    assert not any(c.done.is_set() for c in queued)
+    monkeypatch.setattr(tablet_replica, "_ROUND_WAIT_MAX_S", 0.0)
     tablet.wait_for(lambda: all(c.done.is_set() for c in queued), what="the waiting answered")
     for call in queued:
         with pytest.raises(ProposalDropped):
