@@ -403,7 +403,8 @@ class TabletReplica:
         if self._held or (self._log_gc is not None and self._log_gc.due()):
             self._apply_q.post(None)
         # Writes that waited this long for a round that does not apply (leadership lost,
-        # no quorum, the store failing) go on alone: replicate answers them.
+        # no quorum, the store failing) go on alone: replicate refuses them if this replica
+        # no longer leads, else they make a round of their own.
         if self._waiting and time.monotonic() - self._waiting_since >= _ROUND_WAIT_MAX_S:
             self._prepare_q.post(None)
 
