@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from raftlet.consensus.timers import Timers
+
 __all__ = ["Mailbox", "Sleepers", "WorkerPool"]
 
 logger = logging.getLogger(__name__)
@@ -116,6 +118,8 @@ class WorkerPool:
         self._stopping = False
         self._serial = 0
         self._live: set[threading.Thread] = set()
+        # Deadlines for the pool's handlers (a thread of its own, started when first used).
+        self.timers = Timers(f"{name}-timers", thread_start=thread_start)
 
     def mailbox(
         self, name: str, handler: Callable[[list[T]], None], *, max_batch: int = 1 << 30
@@ -130,6 +134,7 @@ class WorkerPool:
 
     def stop(self, timeout: float = 10.0) -> None:
         """End the threads once the ready mailboxes are run (close the mailboxes first)."""
+        self.timers.stop(timeout)
         with self._mutex:
             self._stopping = True
             sleepers = self._sleepers.take_all()

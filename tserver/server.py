@@ -285,6 +285,7 @@ class TabletServer:
             log_gc_interval_s=s.log_gc_interval_s,
             follower_apply_delay_s=s.follower_apply_delay_ms / 1000,
             rounds_in_flight=s.write_rounds_in_flight,
+            round_linger_s=s.write_round_linger_ms / 1000,
             log_max_segments_retained=s.log_max_segments_retained,
             # Room for the row that crosses a page's budget, under gRPC's message limit.
             scan_max_page_bytes=s.max_message_bytes // 2,

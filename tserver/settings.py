@@ -107,6 +107,7 @@ class ServerSettings:
     log_gc_interval_s: float = 10.0
     follower_apply_delay_ms: float = 100.0
     write_rounds_in_flight: int = 1
+    write_round_linger_ms: float = 5.0
     store_verify_interval_s: float = 3600.0
     log_max_segments_retained: int = 64
     tablet_copy_chunk_bytes: int = MiB
@@ -728,6 +729,17 @@ FLAGS: tuple[FlagSpec, ...] = (
         "load; a writer alone never waits. 0: no cap, every batch the prepare stage takes "
         "is a round of its own. At most 1000.",
         convert=int_value, check=int_in_range(0, 1000),
+    ),
+    FlagSpec(
+        "write_round_linger_ms", _CONSENSUS, "MS",
+        f"When a tablet's round of writes ends with fewer writes waiting than its rounds "
+        f"carried lately, they wait for the rest at most this long (default "
+        f"{_D('write_round_linger_ms'):g}), and never longer than the last round took, "
+        "then go as the next round. Writers answered together come back apart: with "
+        "several tablets, rounds that go at once stay small and cost more CPU per write. "
+        "A writer alone never waits; a linger that runs out lowers what is expected. 0: "
+        "never (the next round goes as soon as the last is applied). At most 1000.",
+        convert=float_value, check=at_least(0, 1000),
     ),
     FlagSpec(
         "log_gc_interval_s", _WAL, "S",

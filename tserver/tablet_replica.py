@@ -15,7 +15,8 @@ takes turns on the server's appender pool):
   No row locks are taken: every replica applies entries serially in log order, so
   concurrent writes to one row are already ordered by the log.  While
   ``rounds_in_flight`` rounds it proposed are not applied, what it takes waits for the
-  next round (``_next_round``).
+  next round, and when a round ends with fewer writes waiting than rounds have carried
+  lately, they wait a little longer for the rest to come (``_next_round``, "lingering").
 - the apply stage applies committed entries -- one store transaction per
   batch, the applied index and request outcomes in the same transaction -- reports the
   applied index to consensus, and answers the waiting calls.  Followers apply too: their
@@ -166,6 +167,9 @@ class ReplicaOptions:
     # A leader replicates at most this many rounds of writes at once; writes that come
     # meanwhile wait for one to be applied and go together (``_next_round``); 0: no cap.
     rounds_in_flight: int = 1
+    # When a round ends with fewer writes waiting than rounds carried lately, they wait for
+    # more at most this long, and never longer than the last round took; 0: never.
+    round_linger_s: float = 0.005
     # How long a leader-latest scan waits for the store to apply what is committed.
     read_wait_s: float = 5.0
     # Log GC at most this often (tserver.log_gc); 0: never.
@@ -349,6 +353,15 @@ class TabletReplica:
         self._rounds: collections.deque[int] = collections.deque()
         self._waiting: list[_PendingWrite] = []
         self._waiting_since = 0.0
+        # Lingering (``_next_round``): the writes a round should carry -- the most a round
+        # carried since a linger last ran out -- when the last round went, and until when
+        # the writes waiting wait for more (0: they do not).
+        self._round_target = 0
+        self._round_went = 0.0
+        self._linger_until = 0.0
+        # What rounds and their waits are timed with (a test may set its own); a linger's
+        # end is on the worker pool's timer, in real time.
+        self.clock: Callable[[], float] = time.monotonic
         self._applied_index = self.store.applied_index()
         self._applied_cond = threading.Condition()
         # Checksum points at or below this were applied by the replay: none was taken.
@@ -405,7 +418,7 @@ class TabletReplica:
         # Writes that waited this long for a round that does not apply (leadership lost,
         # no quorum, the store failing) go on alone: replicate refuses them if this replica
         # no longer leads, else they make a round of their own.
-        if self._waiting and time.monotonic() - self._waiting_since >= _ROUND_WAIT_MAX_S:
+        if self._waiting and self.clock() - self._waiting_since >= _ROUND_WAIT_MAX_S:
             self._prepare_q.post(None)
 
     def stop(self) -> None:
@@ -428,6 +441,7 @@ class TabletReplica:
             self._proposed.clear()
             self._rounds.clear()
             self._waiting = []
+            self._linger_until = 0.0
         # Proposed, waiting for a round or still queued: nothing more will answer them
         # here.  A retry elsewhere with the same request id is exactly-once.
         self.tracker.abort_all(ServiceUnavailable("the tablet server is shutting down"))
@@ -527,28 +541,78 @@ class TabletReplica:
 
     def _next_round(self, ops: list[_PendingWrite], *, nudged: bool) -> list[_PendingWrite]:
         """The writes to replicate now: ``ops`` and those that waited -- or none, while
-        ``rounds_in_flight`` rounds are proposed and not applied; ``ops`` then wait too.
+        ``rounds_in_flight`` rounds are proposed and not applied, or while the writes
+        waiting linger for more; ``ops`` then wait too.
 
         Every round costs each of the three servers a pass through its stages whatever it
         carries, and rounds in flight together share the CPU: when writes keep coming,
         one round at a time, carrying all that came while the last was out, takes fewer
         passes per write than a round for each handful (docs/benchmarks.md).  A writer
-        alone never waits: with no round out, its write goes at once.  ``nudged``: the
-        apply stage (a round applied) or the ticker (they waited too long) asks for them.
+        alone never waits: with no round out and none lingering, its write goes at once.
+        ``nudged``: the apply stage (a round applied), the linger's timer or the ticker
+        (they waited too long) asks for them.
         """
         limit = self.options.rounds_in_flight
         if not limit:
             return ops  # nothing ever waits
         with self._proposed_lock:
-            if ops and not nudged and len(self._rounds) >= limit:
-                if not self._waiting:
-                    self._waiting_since = time.monotonic()
-                self._waiting.extend(ops)
+            now = self.clock()
+            if len(self._rounds) >= limit:
+                # A nudge from a linger that ended meanwhile, or a stray one, lets nothing
+                # go past a round that is out; only the ticker's, after a long wait, does.
+                hold = not nudged or now - self._waiting_since < _ROUND_WAIT_MAX_S
+            else:
+                hold = (
+                    not nudged
+                    and now < self._linger_until
+                    and len(self._waiting) + len(ops) < self._round_target
+                )
+            if hold:
+                if ops:
+                    if not self._waiting:
+                        self._waiting_since = now
+                    self._waiting.extend(ops)
                 return []
+            lingered, self._linger_until = self._linger_until, 0.0
             if self._waiting:
                 ops = self._waiting + ops
                 self._waiting = []
+            if ops:
+                # A linger that ran out shows what rounds carry now; else they carry more.
+                short = lingered and len(ops) < self._round_target
+                self._round_target = len(ops) if short else max(self._round_target, len(ops))
+                self._round_went = now
             return ops
+
+    def _linger(self) -> bool:
+        """After a round ended (under ``_proposed_lock``, writes waiting): whether they wait
+        for more before going as the next round -- and if so until when.
+
+        Writers answered together by a round come back to their tablets apart, through the
+        client and the network; the round that goes at once carries the first few, and the
+        rest wait for the one after.  With one tablet that round is soon full again; with
+        several, each tablet's rounds get a share of writers that come at random, and they
+        stay small (docs/benchmarks.md, "Rounds that wait for their writers").  So the
+        writes wait while fewer are here than rounds carried lately -- at most
+        ``round_linger_s``, and never longer than the last round took, so at low load a
+        write waits at most about one more round.  A linger that runs out resets what
+        rounds are expected to carry.
+        """
+        linger = self.options.round_linger_s
+        if not linger or len(self._waiting) >= self._round_target:
+            return False
+        now = self.clock()
+        linger = min(linger, now - self._round_went)
+        if linger <= 0:
+            return False
+        until = self._linger_until = now + linger
+        self._workers.timers.call_later(linger, lambda: self._linger_ended(until))
+        return True
+
+    def _linger_ended(self, until: float) -> None:
+        # On the pool's timer thread: a nudge, unless that linger is over already.
+        if self._linger_until == until:
+            self._prepare_q.post(None)
 
     def _prepare_round(self, ops: list[_PendingWrite]) -> None:
         # The row blocks of the batch decoded together, as apply does for a follower's.
@@ -684,6 +748,11 @@ class TabletReplica:
             except (OSError, StoreError) as exc:
                 # Nothing is lost by keeping the log: say so and try again next time.
                 logger.warning("%s: log GC failed: %r", self.tablet_id, exc)
+
+    @property
+    def lingering(self) -> bool:
+        """Writes are waiting for more to go with them (``_linger``)."""
+        return bool(self._linger_until)
 
     @property
     def waiting_writes(self) -> int:
@@ -862,7 +931,11 @@ class TabletReplica:
             # answers brought in meanwhile go as one round, where they would have been two.
             with self._proposed_lock:
                 self._end_rounds(entries[-1].index)
-                release = bool(self._waiting) and len(self._rounds) < self.options.rounds_in_flight
+                release = (
+                    bool(self._waiting)
+                    and len(self._rounds) < self.options.rounds_in_flight
+                    and not self._linger()
+                )
             if release:
                 self._prepare_q.post(None)  # the next round: what waited for this one
         if answering.error is not None:
