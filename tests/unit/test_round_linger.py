@@ -91,6 +91,12 @@ def _a_round_of_three_then_one_waiting(
     return Lingering(leader, sizes, hook, go, clock, waiting)
 
 
+def _answered_and_applied_everywhere(tablet: Tablet, s: Lingering, last_key: int) -> None:
+    s.go.release(10)  # no commit waits from here on
+    assert all(not c.result().row_errors for c in s.waiting)
+    tablet.wait_keys_everywhere(list(range(1, last_key + 1)))
+
+
 def test_a_round_that_ends_with_fewer_writes_waiting_than_the_last_carried_waits_for_more(
     tablet: Tablet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,9 +113,7 @@ def test_a_round_that_ends_with_fewer_writes_waiting_than_the_last_carried_waits
     s.waiting.append(send(s.leader, write([7], "c1", 7)))
     wait_for(lambda: s.sizes == [1, 3, 3], what="the three as one round")
     assert not s.leader.lingering
-    s.go.release(10)
-    assert all(not c.result().row_errors for c in s.waiting)
-    tablet.wait_keys_everywhere([1, 2, 3, 4, 5, 6, 7])
+    _answered_and_applied_everywhere(tablet, s, 7)
 
 
 def test_a_linger_that_runs_out_lets_the_writes_go_and_lowers_what_rounds_should_carry(
@@ -139,9 +143,7 @@ def test_a_linger_that_runs_out_lets_the_writes_go_and_lowers_what_rounds_should
     tablet.wait_for(lambda: s.hook.commits == 4, what="the round of key 6's commit")
     s.go.release()
     wait_for(lambda: s.sizes == [1, 3, 1, 1, 1], what="key 7 gone at once")
-    s.go.release(10)
-    assert all(not c.result().row_errors for c in s.waiting)
-    tablet.wait_keys_everywhere([1, 2, 3, 4, 5, 6, 7])
+    _answered_and_applied_everywhere(tablet, s, 7)
 
 
 def test_with_no_linger_the_next_round_goes_as_soon_as_the_last_is_applied(
