@@ -387,7 +387,6 @@ class TabletReplica:
         self._given_up_to = self._applied_index
         self._retry_wait_s = _APPLY_RETRY_FIRST_S
         self._retry_due = False
-        self._retry_timer: threading.Timer | None = None
         # Set (once) by the store verifier: the file is damaged, and no retry will mend it.
         self._store_damage: str | None = None
         self._stopped = False
@@ -428,9 +427,6 @@ class TabletReplica:
         self._stopped = True
         if self._unregister_tick is not None:
             self._unregister_tick()
-        timer = self._retry_timer
-        if timer is not None:
-            timer.cancel()
         self._prepare_q.close(timeout=30)
         self.consensus.stop()
         self._apply_q.post(None)  # held entries into the store before it closes
@@ -882,13 +878,13 @@ class TabletReplica:
             return
         wait = self._retry_wait_s
         self._retry_wait_s = min(2 * wait, _APPLY_RETRY_MAX_S)
-        timer = threading.Timer(wait, self._retry_now)
-        timer.daemon = True
-        self._retry_timer = timer
-        timer.start()
+        self._workers.timers.call_later(wait, self._retry_now)
 
     def _retry_now(self) -> None:
-        # The timer's thread: hand the retry to the apply stage, which runs one at a time.
+        # The pool's timer thread: hand the retry to the apply stage, which runs one at a
+        # time -- unless the replica stopped meanwhile (its timer is the server's: it runs).
+        if self._stopped:
+            return
         self._retry_due = True
         self._apply_q.post(None)
 
