@@ -5,8 +5,9 @@ holds a round's writes back for a few milliseconds (``tserver.tablet_replica``, 
 must let them go on time, with no write coming in to look; a failed replica's apply stage
 retries after a backoff.  A ``Timers`` runs such callbacks on one thread of its own, started
 with the first one, so a server with 64 replicas has one such thread, not one per wait
-(``threading.Timer`` starts a thread for each).  Callbacks run on that thread in deadline order and must be short: they post to a
-mailbox and return.  A callback's failure is logged, never the thread's end.
+(``threading.Timer`` starts a thread for each).  Callbacks run on that thread in deadline
+order and must be short: they post to a mailbox and return.  A callback's failure is
+logged, never the thread's end.
 """
 
 from __future__ import annotations
