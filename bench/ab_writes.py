@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ab_writes.py --a DIR_A --b DIR_B [--tablets 4]
         [--in-flight 1,16,64] [--reps 3] [--seconds 4] [--a-flag=--x=1 ...] [--b-flag=...]
+        [--write-arg=--keys=scattered ...]
 
 DIR_A and DIR_B are source trees (a checkout, or ``git archive REV | tar -x -C DIR``). In
 every repetition each gets a new 3-server cluster (``raftlet cluster up``, started from that
@@ -51,7 +52,9 @@ _HEADER = (
 )
 
 
-def _one_run(tree: Path, data: Path, in_flight: int, seconds: float) -> tuple[float, float, float]:
+def _one_run(
+    tree: Path, data: Path, in_flight: int, seconds: float, write_args: list[str]
+) -> tuple[float, float, float]:
     out = raftlet_cli(
         tree,
         "write",
@@ -59,6 +62,7 @@ def _one_run(tree: Path, data: Path, in_flight: int, seconds: float) -> tuple[fl
         "--duration", str(seconds),
         "--in-flight", str(in_flight),
         "--no-progress",
+        *write_args,
     )  # fmt: skip
     return parse_write_output(out)
 
@@ -85,6 +89,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--a-flag", action="append", default=[], help="server flag for A")
     ap.add_argument("--b-flag", action="append", default=[], help="server flag for B")
+    ap.add_argument(
+        "--write-arg", action="append", default=[], help="argument for raftlet write, both sides"
+    )
     ap.add_argument("--dir", default=None, help="where the clusters live (default: a temp dir)")
     args = ap.parse_args()
     loads = [int(n) for n in args.in_flight.split(",")]
@@ -102,7 +109,7 @@ def main() -> None:
         pids = [str(srv["pid"]) for srv in cluster_servers(data)]
         placed = " ".join(f"{t}:{s}" for t, s in sorted(leaders.items()))
         print(f"cluster {side}: server pids {' '.join(pids)}; leaders {placed}", flush=True)
-        _one_run(tree, data, _WARM_UP_IN_FLIGHT, _WARM_UP_S)  # files grown, caches warm
+        _one_run(tree, data, _WARM_UP_IN_FLIGHT, _WARM_UP_S, args.write_arg)  # caches warm
 
     def run(root: Path) -> None:
         results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
@@ -116,7 +123,8 @@ def main() -> None:
                     start(side, tree, flags, data)
                 for n in loads:
                     for side, (tree, _) in order:
-                        got = _one_run(tree, root / f"{side}{rep + 1}", n, args.seconds)
+                        data = root / f"{side}{rep + 1}"
+                        got = _one_run(tree, data, n, args.seconds, args.write_arg)
                         results.setdefault((side, n), []).append(got)
                         line = f"{got[0]:,.0f} w/s, {got[1]:.3f} ms CPU/write, p50 {got[2]:.2f} ms"
                         print(f"rep {rep + 1} in flight {n:>3} {side}: {line}", flush=True)
@@ -131,7 +139,8 @@ def main() -> None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         print(
             f"\n# bench/ab_writes.py  {stamp}  python {platform.python_version()}  "
-            f"{os.cpu_count()} cpus  {args.tablets} tablets  medians of {args.reps}\n"
+            f"{os.cpu_count()} cpus  {args.tablets} tablets  medians of {args.reps}  "
+            f"raftlet write {' '.join(args.write_arg)}\n"
             f"# A: {args.a} {' '.join(args.a_flag)}\n# B: {args.b} {' '.join(args.b_flag)}\n"
         )
         print(_HEADER)

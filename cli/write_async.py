@@ -40,6 +40,7 @@ def run_load_async(
     in_flight: int,
     row_bytes: int,
     timeout_s: float,
+    keys: str = "rising",
     on_tick: OnTick | None = None,
     tick_s: float = 0.2,
 ) -> LoadSummary:
@@ -54,6 +55,7 @@ def run_load_async(
             in_flight=in_flight,
             row_bytes=row_bytes,
             timeout_s=timeout_s,
+            keys=keys,
             on_tick=on_tick,
             tick_s=tick_s,
         )
@@ -83,12 +85,13 @@ async def _load(
     in_flight: int,
     row_bytes: int,
     timeout_s: float,
+    keys: str,
     on_tick: OnTick | None,
     tick_s: float,
 ) -> LoadSummary:
     from raftlet.client import ClientClosed, RaftletError
 
-    factory = RowFactory(schema, row_bytes)
+    factory = RowFactory(schema, row_bytes, keys=keys)
     shared = LoadState()
     numbers = itertools.count()
     client = await _connect(target, timeout_s)

@@ -39,7 +39,7 @@ from raftlet.cli.common import (
     resolve_target,
 )
 from raftlet.cli.server_cpu import ServerCpu, read_cpu_seconds
-from raftlet.cli.write_load import LoadSummary, OnTick, RowFactory, run_load
+from raftlet.cli.write_load import KEY_ORDERS, LoadSummary, OnTick, RowFactory, run_load
 from raftlet.cli.write_report import print_summary, with_plain_progress, with_progress_bar
 
 if TYPE_CHECKING:
@@ -113,6 +113,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         default=100,
         metavar="B",
         help="payload bytes per row in the STRING/BINARY column (default 100)",
+    )
+    p.add_argument(
+        "--keys",
+        choices=KEY_ORDERS,
+        default="rising",
+        help="rising (default): each writer's keys in order, added at the end of its range; "
+        "scattered: all over it, as random keys (hashes, UUIDs) land",
     )
     p.add_argument(
         "--flush-mode",
@@ -244,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
                 in_flight=args.in_flight,
                 row_bytes=args.row_bytes,
                 timeout_s=args.timeout,
+                keys=args.keys,
                 on_tick=on_tick,
             )
 
@@ -302,5 +310,6 @@ def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "batch_rows": args.batch_rows,
         "batches_in_flight": args.batches_in_flight,
         "packed_rows": args.row_format == "block",
+        "keys": args.keys,
         "timeout_s": args.timeout,
     }

@@ -10,8 +10,12 @@ Rows have keys no other writer or earlier run uses:
     key = run_id << 40 | thread << 32 | n        (run_id: 22 random bits, n < 2**32)
 
 so every row is an INSERT that can only fail with KEY_EXISTS if the exactly-once machinery
-failed (a retried write applied twice). Non-key columns are filled by type; a STRING or
-BINARY column gets ``--row-bytes`` of payload.
+failed (a retried write applied twice). With ``--keys scattered`` n is replaced by
+n * C mod 2**32 (C odd), a one-to-one map, so keys stay unique but each writer's land
+all over its range, as random keys (hashes, UUIDs) do: a tablet's store then changes a
+page per row, where rising keys add to the few pages at the end of each writer's range.
+Non-key columns are filled by type; a STRING or BINARY column gets ``--row-bytes`` of
+payload.
 
 What is measured (all from the client's own statistics, ``Client.stats``, so the numbers
 are the same whatever the flush mode):
@@ -46,11 +50,24 @@ from raftlet.schema.types import INTEGER_RANGES, DataType, Value
 if TYPE_CHECKING:
     from raftlet.client import Client, ClientStats, Session
 
-__all__ = ["LoadState", "LoadSummary", "OnTick", "RowFactory", "run_load", "summarize"]
+__all__ = [
+    "KEY_ORDERS",
+    "LoadState",
+    "LoadSummary",
+    "OnTick",
+    "RowFactory",
+    "run_load",
+    "summarize",
+]
 
 _SEQ_BITS = 32
 _THREAD_BITS = 8
 _RUN_BITS = 22  # 22 + 8 + 32 = 62 bits: the key stays a positive INT64
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
+# Odd, so multiplying by it mod 2**32 maps the sequence numbers one to one; 2**32 over the
+# golden ratio, so consecutive ones fall far apart.
+_SCATTER = 0x9E3779B1
+KEY_ORDERS = ("rising", "scattered")
 
 
 # --- rows ------------------------------------------------------------------------------------
@@ -59,14 +76,27 @@ _RUN_BITS = 22  # 22 + 8 + 32 = 62 bits: the key stays a positive INT64
 class RowFactory:
     """Rows for ``schema`` with unique keys per (run, thread, n); see the module docstring."""
 
-    def __init__(self, schema: Schema, row_bytes: int, run_id: int | None = None) -> None:
-        keys = schema.key_columns
-        if len(keys) != 1 or keys[0].type not in (DataType.INT64, DataType.UNIXTIME_MICROS):
+    def __init__(
+        self,
+        schema: Schema,
+        row_bytes: int,
+        run_id: int | None = None,
+        *,
+        keys: str = "rising",
+    ) -> None:
+        if keys not in KEY_ORDERS:
+            raise UsageError(f"keys must be one of {', '.join(KEY_ORDERS)}, not {keys!r}")
+        self.scattered = keys == "scattered"
+        key_columns = schema.key_columns
+        if len(key_columns) != 1 or key_columns[0].type not in (
+            DataType.INT64,
+            DataType.UNIXTIME_MICROS,
+        ):
             raise UsageError(
                 "the load generator needs a table whose primary key is one INT64 column "
-                f"(this one's key: {', '.join(f'{c.name} {c.type.name}' for c in keys)})"
+                f"(this one's key: {', '.join(f'{c.name} {c.type.name}' for c in key_columns)})"
             )
-        self.key = keys[0].name
+        self.key = key_columns[0].name
         self.others = [c for c in schema.columns if not c.is_key]
         self.run_id = random.getrandbits(_RUN_BITS) if run_id is None else run_id
         self.row_bytes = row_bytes
@@ -77,6 +107,8 @@ class RowFactory:
         self._text = "".join(rng.choice(alphabet) for _ in range(row_bytes + 256))
 
     def key_of(self, thread: int, n: int) -> int:
+        if self.scattered:
+            n = (n * _SCATTER) & _SEQ_MASK
         return (self.run_id << (_THREAD_BITS + _SEQ_BITS)) | (thread << _SEQ_BITS) | n
 
     def row(self, thread: int, n: int) -> dict[str, Value]:
@@ -289,11 +321,12 @@ def run_load(
     timeout_s: float,
     batches_in_flight: int | None = None,
     packed_rows: bool = True,
+    keys: str = "rising",
     on_tick: OnTick | None = None,
     tick_s: float = 0.2,
 ) -> LoadSummary:
     """Run the load and return its summary (see the module docstring)."""
-    factory = RowFactory(schema, row_bytes)
+    factory = RowFactory(schema, row_bytes, keys=keys)
     shared = LoadState()
     quotas: list[int | None] = (
         [rows // threads + (1 if t < rows % threads else 0) for t in range(threads)]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def test_the_ab_writes_benchmark_runs_briefly(tmp_path: Path) -> None:
     out = run_bench(
         "ab_writes.py", "--a", str(ROOT), "--b", str(ROOT),
-        "--b-flag=--rpc_num_service_threads=2",
+        "--b-flag=--rpc_num_service_threads=2", "--write-arg=--keys=scattered",
         "--tablets", "1", "--in-flight", "2", "--reps", "2", "--seconds", "1",
         directory=tmp_path, timeout=240,
     )  # fmt: skip
@@ -29,6 +29,7 @@ def test_the_ab_writes_benchmark_runs_briefly(tmp_path: Path) -> None:
     figures = [a_rate, b_rate, ratio, a_cpu, b_cpu, a_p50, b_p50]
     assert all(float(f.replace(",", "")) > 0 for f in figures), rows
     assert "--rpc_num_service_threads=2" in out  # B's flag, said in the header
+    assert "raftlet write --keys=scattered" in out  # the writer's, too
     # New clusters in every repetition, B first in the second.
     assert re.findall(r"^cluster ([AB]):", out, re.M) == ["A", "B", "B", "A"]
     assert re.findall(r"^rep (\d) in flight +2 ([AB]):", out, re.M) == [

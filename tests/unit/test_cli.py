@@ -4,6 +4,7 @@ cluster that is not running, and the launcher's refusal to signal processes not 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -309,6 +310,28 @@ def test_row_factory_keys_are_unique_per_thread_and_run() -> None:
     assert len(row["value"]) == 50
     # The largest run id, thread and sequence still fit a positive INT64.
     assert RowFactory(schema, 0, run_id=2**22 - 1).key_of(255, 2**32 - 1) < 2**63
+
+
+def test_scattered_keys_are_unique_and_land_all_over_each_writers_range() -> None:
+    from raftlet.cli.common import UsageError
+
+    schema = Schema([ColumnSchema("key", DataType.INT64, is_key=True)])
+    rising = RowFactory(schema, 0, run_id=5)
+    scattered = RowFactory(schema, 0, run_id=5, keys="scattered")
+    for thread in (0, 255):
+        keys = [scattered.key_of(thread, n) for n in range(20_000)]
+        assert len(set(keys)) == len(keys)
+        # The same range as the rising keys of that writer, spread across all of it.
+        low, high = rising.key_of(thread, 0), rising.key_of(thread, 2**32 - 1)
+        assert all(low <= k <= high for k in keys)
+        span = high - low
+        assert max(keys) - min(keys) > span * 0.99
+        # Consecutive keys fall far apart: not one run of the rising order.
+        gaps = sorted(abs(b - a) for a, b in itertools.pairwise(keys))
+        assert gaps[len(gaps) // 2] > span // 100
+    assert scattered.key_of(255, 2**32 - 1) < 2**63
+    with pytest.raises(UsageError, match="rising, scattered"):
+        RowFactory(schema, 0, keys="random")
 
 
 def test_row_factory_needs_an_int64_key() -> None:

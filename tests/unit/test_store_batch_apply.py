@@ -4,7 +4,11 @@ the duplicates, forgotten requests, failing rows and run shapes in it."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
+import os
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ from raftlet.schema.row_runs import decode_row_runs
 from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from raftlet.tserver.store import ApplyEntry, TabletStore
+from raftlet.tserver.store import ApplyEntry, TabletStore, tablet_store
 from raftlet.tserver.store.request_records import Request, StoredRecord, plan_requests
 from tests.unit.store_helpers import store_contents
 
@@ -217,6 +221,56 @@ def test_a_batch_is_committed_even_if_before_commit_raises(tmp_path: Path) -> No
         assert again.skipped
 
 
+def _open_deleted_files() -> list[str]:
+    """What this process holds open that has no name any more (SQLite's temp files are
+    unlinked as soon as they are opened)."""
+    fds = Path("/proc/self/fd")
+    targets = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # an fd closed since the listing
+            targets.append(os.readlink(fd))
+    return [t for t in targets if t.endswith("(deleted)")]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_a_bulk_run_opens_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bulk run runs in a savepoint, whose journal SQLite spills to a temp file once it
+    # holds more than 64 KiB of original pages -- in a store of any size, a run of a few
+    # dozen rows landing on as many leaf pages -- open until the savepoint's release: an
+    # open, an unlink and a close in nearly every store transaction of a loaded leader.
+    # Look at the process's files right after each statement of many rows.
+    seen: list[list[str]] = []
+
+    class Cursor(sqlite3.Cursor):
+        def executemany(self, sql: str, params: Any) -> sqlite3.Cursor:
+            result = super().executemany(sql, params)
+            seen.append(_open_deleted_files())
+            return result
+
+    class Connection(sqlite3.Connection):
+        def cursor(self, factory: Any = Cursor) -> Any:
+            return super().cursor(factory)
+
+    monkeypatch.setattr(sqlite3, "connect", functools.partial(sqlite3.connect, factory=Connection))
+
+    def run(keys: range) -> list[Any]:
+        rows = [(OpType.INSERT, {"k": k, "v": "x" * 100}) for k in keys]
+        runs, failures = decode_row_runs(SCHEMA, *encode_row_block(SCHEMA, rows))
+        assert not failures
+        return list(runs)
+
+    with TabletStore.open(tmp_path / "t.db", SCHEMA) as store:
+        store.apply_batch([ApplyEntry(1, 1, run(range(0, 60_000, 10)))])  # ~200 leaf pages
+        before = _open_deleted_files()
+        seen.clear()
+        store.apply_batch([ApplyEntry(2, 1, run(range(5, 60_000, 1_000)))])  # one row a page
+        assert store.count() == 6_060
+    assert len(seen) >= 2  # the rows' statement, the applied index's
+    assert all(files == before for files in seen), seen
+
+
 @st.composite
 def entries(draw: st.DrawFn) -> list[ApplyEntry]:
     """Writes over a few keys (so rows collide: KEY_EXISTS, KEY_NOT_FOUND), as packed runs
@@ -254,21 +308,28 @@ def entries(draw: st.DrawFn) -> list[ApplyEntry]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(entries(), st.lists(st.integers(1, 14), max_size=4))
+@given(entries(), st.lists(st.integers(1, 14), max_size=4), st.sampled_from([4, 5, 9, 512]))
 def test_a_batch_applies_as_its_entries_one_at_a_time(
-    batch: list[ApplyEntry], cuts: list[int]
+    batch: list[ApplyEntry], cuts: list[int], max_bulk_rows: int
 ) -> None:
+    """``max_bulk_rows``: the longest statement of the batches (the store's default for
+    the entries applied one at a time), so that runs are also cut into pieces."""
     with tempfile.TemporaryDirectory() as tmp:
         one = TabletStore.open(Path(tmp) / "one.sqlite", SCHEMA)
         chunked = TabletStore.open(Path(tmp) / "chunked.sqlite", SCHEMA)
         try:
             expected = [r for e in batch for r in one.apply_batch([e])]
             bounds = sorted({0, len(batch), *(c for c in cuts if c < len(batch))})
-            got = [
-                r
-                for lo, hi in itertools.pairwise(bounds)
-                for r in chunked.apply_batch(batch[lo:hi])
-            ]
+            default = tablet_store._MAX_BULK_ROWS
+            tablet_store._MAX_BULK_ROWS = max_bulk_rows
+            try:
+                got = [
+                    r
+                    for lo, hi in itertools.pairwise(bounds)
+                    for r in chunked.apply_batch(batch[lo:hi])
+                ]
+            finally:
+                tablet_store._MAX_BULK_ROWS = default
             assert got == expected
             assert chunked.applied_index() == one.applied_index() == batch[-1].index
         finally:

@@ -78,6 +78,10 @@ _BUSY_TIMEOUT_S = 30.0
 _MAX_REPR = 120
 # A run shorter than this is applied row by row: a savepoint costs more than it saves.
 _MIN_BULK_ROWS = 4
+# A savepoint's journal holds the original of each page its statement changes, in memory
+# (``temp_store=MEMORY``): longer runs go in statements of at most this many rows, so that
+# a store transaction of many rows over many pages holds ~2 MiB of them at most.
+_MAX_BULK_ROWS = 512
 _INSERTS = (OpType.INSERT, OpType.UPSERT)
 
 StorePath = str | os.PathLike[str]
@@ -288,6 +292,13 @@ class TabletStore:
                 raise StoreError(f"tablet store {path}: cannot use WAL journal mode (got {mode})")
             # See the module docstring: the Raft log, not this file, carries durability.
             conn.execute("PRAGMA synchronous=NORMAL")
+            # A bulk run's savepoint keeps the original of every page it changes in a
+            # statement journal, which SQLite spills to a file in the temp directory past
+            # 64 KiB -- a run of a few dozen rows on as many leaf pages, nearly every
+            # transaction of a loaded replica: an open, an unlink, writes and a close each
+            # time, ~40% of a store transaction's CPU (docs/benchmarks.md, "Store
+            # transactions without a temp file"). In memory it holds at most one run's pages.
+            conn.execute("PRAGMA temp_store=MEMORY")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 tables = {
@@ -587,16 +598,21 @@ class TabletStore:
         # through here once per entry.
         groups: list[list[tuple[int, RowRun]]] = []
         group: list[tuple[int, RowRun]] = []
+        group_rows = 0
         shape: tuple[OpType, int, tuple[str, ...]] | None = None
         for pos, entry in enumerate(entries):
             errs, runs = self._runs_of(entry)
             errors.append(errs)
             for run in runs:
-                if (run.type, run.num_keys, run.columns) == shape:
+                if (run.type, run.num_keys, run.columns) == shape and (
+                    group_rows + len(run) <= _MAX_BULK_ROWS
+                ):
                     group.append((pos, run))
+                    group_rows += len(run)
                 else:
                     shape = (run.type, run.num_keys, run.columns)
                     group = [(pos, run)]
+                    group_rows = len(run)
                     groups.append(group)
         for group in groups:
             if len(group) > 1:
@@ -647,7 +663,23 @@ class TabletStore:
 
     def _apply_run_or_rows(self, cur: sqlite3.Cursor, run: RowRun, errors: list[RowFailure]) -> int:
         """Apply one run, in one statement if it is long enough and no row fails, else row
-        by row (adding each failure to ``errors``); how many rows were applied."""
+        by row (adding each failure to ``errors``); how many rows were applied.  A run
+        longer than ``_MAX_BULK_ROWS`` goes in pieces that long, each on its own."""
+        if len(run) > _MAX_BULK_ROWS:
+            return sum(
+                self._apply_run_or_rows(
+                    cur,
+                    RowRun(
+                        run.type,
+                        run.num_keys,
+                        run.columns,
+                        run.params[lo : lo + _MAX_BULK_ROWS],
+                        run.row_indexes[lo : lo + _MAX_BULK_ROWS],
+                    ),
+                    errors,
+                )
+                for lo in range(0, len(run), _MAX_BULK_ROWS)
+            )
         if len(run) >= _MIN_BULK_ROWS and self._apply_run(cur, run):
             return len(run)
         applied = 0
