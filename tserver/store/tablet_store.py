@@ -80,7 +80,7 @@ _MAX_REPR = 120
 _MIN_BULK_ROWS = 4
 # A savepoint's journal holds the original of each page its statement changes, in memory
 # (``temp_store=MEMORY``): longer runs go in statements of at most this many rows, so that
-# a store transaction of many rows over many pages holds ~2 MiB of them at most.
+# a run's journal holds ~2 MiB of pages at most, however many rows the batch applies.
 _MAX_BULK_ROWS = 512
 _INSERTS = (OpType.INSERT, OpType.UPSERT)
 
@@ -294,10 +294,10 @@ class TabletStore:
             conn.execute("PRAGMA synchronous=NORMAL")
             # A bulk run's savepoint keeps the original of every page it changes in a
             # statement journal, which SQLite spills to a file in the temp directory past
-            # 64 KiB -- a run of a few dozen rows on as many leaf pages, nearly every
-            # transaction of a loaded replica: an open, an unlink, writes and a close each
-            # time, ~40% of a store transaction's CPU (docs/benchmarks.md, "Store
-            # transactions without a temp file"). In memory it holds at most one run's pages.
+            # 64 KiB: a run of a few dozen rows on as many leaf pages (scattered keys) paid
+            # an open, an unlink and a close of it, a fifth or more of the transaction's CPU
+            # (docs/benchmarks.md, "Store transactions without a temp file").  In memory it
+            # holds one statement's pages, and ``_MAX_BULK_ROWS`` bounds those.
             conn.execute("PRAGMA temp_store=MEMORY")
             conn.execute("BEGIN IMMEDIATE")
             try:
