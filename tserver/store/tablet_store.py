@@ -201,6 +201,21 @@ _REQUESTS = REQUESTS_TABLE
 _MAX_FETCHMANY = 2**31 - 1
 
 
+def _pieces(run: RowRun) -> list[RowRun]:
+    """``run`` in consecutive pieces of at most ``_MAX_BULK_ROWS`` rows: a statement each."""
+    n = _MAX_BULK_ROWS
+    return [
+        RowRun(
+            run.type,
+            run.num_keys,
+            run.columns,
+            run.params[lo : lo + n],
+            run.row_indexes[lo : lo + n],
+        )
+        for lo in range(0, len(run), n)
+    ]
+
+
 def _encode_errors(errors: Sequence[RowFailure]) -> bytes:
     return tablet_pb2.WriteResponse(row_errors=[e.to_pb() for e in errors]).SerializeToString()
 
@@ -591,7 +606,8 @@ class TabletStore:
         """Apply the rows of ``entries`` in order.  Consecutive runs alike (op type, key
         width, columns), within an entry or across entries, go in one ``executemany``; if a
         row of it fails, its runs are applied one by one instead, from the same state, so
-        each entry's outcome is what applying it alone gives."""
+        each entry's outcome is what applying it alone gives.  No statement carries more
+        than ``_MAX_BULK_ROWS`` rows: a longer run goes in pieces (``_pieces``)."""
         errors: list[list[RowFailure]] = []
         applied = [0] * len(entries)
         # Consecutive (entry position, run)s of one shape; built inline, as replay goes
@@ -603,17 +619,18 @@ class TabletStore:
         for pos, entry in enumerate(entries):
             errs, runs = self._runs_of(entry)
             errors.append(errs)
-            for run in runs:
-                if (run.type, run.num_keys, run.columns) == shape and (
-                    group_rows + len(run) <= _MAX_BULK_ROWS
-                ):
-                    group.append((pos, run))
-                    group_rows += len(run)
-                else:
-                    shape = (run.type, run.num_keys, run.columns)
-                    group = [(pos, run)]
-                    group_rows = len(run)
-                    groups.append(group)
+            for whole in runs:
+                for run in (whole,) if len(whole) <= _MAX_BULK_ROWS else _pieces(whole):
+                    if (run.type, run.num_keys, run.columns) == shape and (
+                        group_rows + len(run) <= _MAX_BULK_ROWS
+                    ):
+                        group.append((pos, run))
+                        group_rows += len(run)
+                    else:
+                        shape = (run.type, run.num_keys, run.columns)
+                        group = [(pos, run)]
+                        group_rows = len(run)
+                        groups.append(group)
         for group in groups:
             if len(group) > 1:
                 first = group[0][1]
@@ -663,23 +680,7 @@ class TabletStore:
 
     def _apply_run_or_rows(self, cur: sqlite3.Cursor, run: RowRun, errors: list[RowFailure]) -> int:
         """Apply one run, in one statement if it is long enough and no row fails, else row
-        by row (adding each failure to ``errors``); how many rows were applied.  A run
-        longer than ``_MAX_BULK_ROWS`` goes in pieces that long, each on its own."""
-        if len(run) > _MAX_BULK_ROWS:
-            return sum(
-                self._apply_run_or_rows(
-                    cur,
-                    RowRun(
-                        run.type,
-                        run.num_keys,
-                        run.columns,
-                        run.params[lo : lo + _MAX_BULK_ROWS],
-                        run.row_indexes[lo : lo + _MAX_BULK_ROWS],
-                    ),
-                    errors,
-                )
-                for lo in range(0, len(run), _MAX_BULK_ROWS)
-            )
+        by row (adding each failure to ``errors``); how many rows were applied."""
         if len(run) >= _MIN_BULK_ROWS and self._apply_run(cur, run):
             return len(run)
         applied = 0
