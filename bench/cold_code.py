@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _drivers import percentile
 from store_apply import SCHEMA, _batches
 
 from raftlet.proto import tablet_pb2
@@ -63,11 +64,6 @@ def timed(work: Callable[[], object]) -> float:
     start = time.thread_time()
     work()
     return time.thread_time() - start
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -123,9 +119,9 @@ def main() -> None:
             py, st = cells[wait, gap]
             print(
                 f"| {wait} | {gap * 1000:g} "
-                f"| {statistics.median(py) * 1e6:.1f} / {_percentile(py, 0.9) * 1e6:.1f} "
+                f"| {statistics.median(py) * 1e6:.1f} / {percentile(py, 0.9) * 1e6:.1f} "
                 f"| {statistics.median(py) / base_py:.2f} "
-                f"| {statistics.median(st) * 1e6:.1f} / {_percentile(st, 0.9) * 1e6:.1f} "
+                f"| {statistics.median(st) * 1e6:.1f} / {percentile(st, 0.9) * 1e6:.1f} "
                 f"| {statistics.median(st) / base_st:.2f} |"
             )
 

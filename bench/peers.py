@@ -99,7 +99,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from _drivers import place_leaders, run_coroutines_for  # noqa: E402
+from _drivers import percentile, place_leaders, run_coroutines_for  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_BENCH_VENV = ROOT / ".bench-venv"
@@ -160,14 +160,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown --systems {sorted(unknown)}; choose from {SYSTEM_NAMES}")
     return args
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by nearest rank of the sorted values; nan if empty."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def median(values: Sequence[float]) -> float:

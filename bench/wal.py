@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from _drivers import run_coroutines_for, run_threads_for
+from _drivers import percentile, run_coroutines_for, run_threads_for
 
 from raftlet.consensus.core.types import Entry
 from raftlet.consensus.log import Log, LogOptions
@@ -102,13 +102,6 @@ def observed_cell(
         obs.syncs,
         obs.sync_us / max(obs.syncs, 1),
     )
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def run_fsync_per_entry(base: str, size: int, seconds: float, options: LogOptions) -> Cell:

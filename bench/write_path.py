@@ -26,7 +26,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _drivers import run_threads_for
+from _drivers import percentile, run_threads_for
 
 from raftlet.proto import tablet_pb2
 from raftlet.schema.partition import partition_for_key
@@ -34,13 +34,6 @@ from raftlet.schema.rows import OpType, encode_row_op
 from tests.integration.tserver_cluster import KV_SCHEMA, TserverCluster
 
 PARTITIONS = 2
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def run_cell(cluster: TserverCluster, writers: int, seconds: float, key_base: int) -> dict:
