@@ -20,14 +20,16 @@ leader placement (tablet i's leader on server i mod 3, moved there by leader tra
 where elections happen to put leaders moves a many-tablet run by more than most changes do.
 
 Printed: per cell the median writes/s, server CPU per write and p50 latency of each side
-over the repetitions, and B/A. The clusters and their directories are removed as each
-repetition ends.
+over the repetitions, B/A, and the writer's own CPU per write (what ``raftlet write``
+prints as client CPU; "-" for a tree whose writer does not print it). The clusters and
+their directories are removed as each repetition ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import re
@@ -42,19 +44,22 @@ from _drivers import cluster_servers, place_leaders, raftlet_cli, run_in_scratch
 
 _RATE = re.compile(r"^write RPCs\s+[\d,]+\s+([\d,]+) writes/s", re.M)
 _CPU = re.compile(r"^server CPU\s+[\d.]+ s\s+([\d.]+) ms/write", re.M)
+_CLIENT_CPU = re.compile(r"^client CPU\s+[\d.,]+ s\s+([\d.]+) ms/write", re.M)
 _P50 = re.compile(r"p50.*\n\s*([\d.]+) (ms|us|µs|s)\b")
 _UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 0.001, "µs": 0.001}
 # Each new cluster's first writes, not measured.
 _WARM_UP_IN_FLIGHT = 16
 _WARM_UP_S = 1.0
 _HEADER = (
-    "| in flight | A w/s | B w/s | B/A | A ms CPU/write | B ms CPU/write | A p50 ms | B p50 ms |"
+    "| in flight | A w/s | B w/s | B/A | A ms CPU/write | B ms CPU/write | A p50 ms | B p50 ms "
+    "| A client ms/write | B client ms/write |"
 )
 
 
-def _one_run(
-    tree: Path, data: Path, in_flight: int, seconds: float, write_args: list[str]
-) -> tuple[float, float, float]:
+Run = tuple[float, float, float, float]  # writes/s, server CPU ms/write, p50 ms, client CPU
+
+
+def _one_run(tree: Path, data: Path, in_flight: int, seconds: float, write_args: list[str]) -> Run:
     out = raftlet_cli(
         tree,
         "write",
@@ -67,16 +72,23 @@ def _one_run(
     return parse_write_output(out)
 
 
-def parse_write_output(out: str) -> tuple[float, float, float]:
-    """Writes/s, server CPU ms per write and p50 ms from what ``raftlet write`` printed."""
+def parse_write_output(out: str) -> Run:
+    """Writes/s, server CPU ms per write, p50 ms and the writer's own CPU ms per write from
+    what ``raftlet write`` printed (NaN for the last from a tree whose writer prints none)."""
     rate, cpu, p50 = _RATE.search(out), _CPU.search(out), _P50.search(out)
     if not (rate and cpu and p50):
         raise RuntimeError(f"unexpected output of raftlet write:\n{out}")
+    client = _CLIENT_CPU.search(out)
     return (
         float(rate.group(1).replace(",", "")),
         float(cpu.group(1)),
         float(p50.group(1)) * _UNIT_MS[p50.group(2)],
+        float(client.group(1)) if client else math.nan,
     )
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.3f}"
 
 
 def main() -> None:
@@ -112,7 +124,7 @@ def main() -> None:
         _one_run(tree, data, _WARM_UP_IN_FLIGHT, _WARM_UP_S, args.write_arg)  # caches warm
 
     def run(root: Path) -> None:
-        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        results: dict[tuple[str, int], list[Run]] = {}
         for rep in range(args.reps):
             order = list(sides.items()) if rep % 2 == 0 else list(reversed(sides.items()))
             up: list[tuple[Path, Path]] = []
@@ -126,7 +138,10 @@ def main() -> None:
                         data = root / f"{side}{rep + 1}"
                         got = _one_run(tree, data, n, args.seconds, args.write_arg)
                         results.setdefault((side, n), []).append(got)
-                        line = f"{got[0]:,.0f} w/s, {got[1]:.3f} ms CPU/write, p50 {got[2]:.2f} ms"
+                        line = (
+                            f"{got[0]:,.0f} w/s, {got[1]:.3f} ms CPU/write, p50 {got[2]:.2f} ms, "
+                            f"client {got[3]:.3f} ms CPU/write"
+                        )
                         print(f"rep {rep + 1} in flight {n:>3} {side}: {line}", flush=True)
             finally:
                 for tree, data in up:
@@ -144,13 +159,13 @@ def main() -> None:
             f"# A: {args.a} {' '.join(args.a_flag)}\n# B: {args.b} {' '.join(args.b_flag)}\n"
         )
         print(_HEADER)
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n in loads:
             a = [statistics.median(x) for x in zip(*results[("A", n)], strict=True)]
             b = [statistics.median(x) for x in zip(*results[("B", n)], strict=True)]
             print(
                 f"| {n} | {a[0]:,.0f} | {b[0]:,.0f} | {b[0] / a[0]:.2f} | {a[1]:.3f} | "
-                f"{b[1]:.3f} | {a[2]:.2f} | {b[2]:.2f} |"
+                f"{b[1]:.3f} | {a[2]:.2f} | {b[2]:.2f} | {_ms(a[3])} | {_ms(b[3])} |"
             )
 
     run_in_scratch_dir("raftlet-ab-", args.dir, run)

@@ -129,6 +129,7 @@ async def _load(
     try:
         before = client.stats
         start = time.monotonic()
+        cpu_start = time.process_time()
         tasks = [asyncio.create_task(worker()) for _ in range(in_flight)]
         pending = set(tasks)
         while pending:
@@ -139,6 +140,7 @@ async def _load(
             if on_tick is not None:
                 on_tick(elapsed, client.stats, shared)
         elapsed = time.monotonic() - start
+        cpu = time.process_time() - cpu_start
         after = client.stats
     finally:
         for sig in handled:
@@ -157,4 +159,5 @@ async def _load(
         row_bytes,
         interrupted,
         in_flight=in_flight,
+        client_cpu_s=cpu,
     )

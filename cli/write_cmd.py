@@ -68,7 +68,7 @@ buffers rows and flushes batches per tablet in the background; manual flushes ev
 event loop (the asyncio client) instead of threads. With --batch-rows (or --flush-mode
 background) --in-flight M lets each session keep M batches per tablet in flight; --threads
 then defaults to 1. Latency is per acknowledged write RPC, retries included; server CPU per
-write is read from every server's /metrics.
+write is read from every server's /metrics, client CPU per write from this process's own.
 Exit status: 0 when every row was written, 1 if any failed, 2 for usage errors.
 """
 
@@ -80,7 +80,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         description=(
             "Insert rows into a table from concurrent threads (or N writes in flight on one "
             "event loop), with a progress bar, then print rows/s, writes/s, latency "
-            "percentiles, retries and errors by cause, and server CPU per write."
+            "percentiles, retries and errors by cause, and server and client CPU per write."
         ),
         epilog=_EPILOG,
         formatter_class=formatter,

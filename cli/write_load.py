@@ -28,7 +28,9 @@ are the same whatever the flush mode):
   rows that failed (a RowError's code, TIMEOUT, …) as the application saw them;
 - server CPU: every server's ``process_cpu_seconds_total`` (its ``/metrics``) read just
   before and just after the run, the difference summed over the servers and divided by the
-  acknowledged writes (``cli.server_cpu``): CPU per write on all replicas together.
+  acknowledged writes (``cli.server_cpu``): CPU per write on all replicas together;
+- client CPU: this process's CPU time (every thread's) from the first write to the last
+  answer, divided by the acknowledged writes: what the client's side of a write costs.
 """
 
 from __future__ import annotations
@@ -178,6 +180,8 @@ class LoadSummary:
     batches_in_flight: int | None = None
     packed_rows: bool = True  # False: rows sent in the per-cell form (--row-format cells)
     server_cpu: ServerCpu | None = None
+    # This process's CPU (every thread's) while it wrote: the client's side of each write.
+    client_cpu_s: float | None = None
 
     @property
     def failed_rows(self) -> int:
@@ -197,6 +201,12 @@ class LoadSummary:
     @property
     def server_cpu_ms_per_write(self) -> float | None:
         return self.server_cpu.ms_per_write(self.writes) if self.server_cpu else None
+
+    @property
+    def client_cpu_ms_per_write(self) -> float | None:
+        if self.client_cpu_s is None or not self.writes:
+            return None
+        return self.client_cpu_s * 1000 / self.writes
 
     def to_json(self) -> dict[str, Any]:
         el = self.elapsed_s or 1e-9
@@ -228,6 +238,8 @@ class LoadSummary:
             "server_cpu_s_by_server": {
                 sid: _round(v, 4) for sid, v in (cpu.by_server.items() if cpu else ())
             },
+            "client_cpu_s": _round(self.client_cpu_s, 4),
+            "client_cpu_ms_per_write": _round(self.client_cpu_ms_per_write, 4),
         }
 
 
@@ -345,6 +357,7 @@ def run_load(
         for t in range(threads)
     ]
     start = time.monotonic()
+    cpu_start = time.process_time()
     interrupted = False
     for w in workers:
         w.start()
@@ -363,11 +376,21 @@ def run_load(
         for w in workers:
             w.join(timeout_s + 5)
     elapsed = time.monotonic() - start
+    cpu = time.process_time() - cpu_start
     after = client.stats
     if shared.fatal:
         raise CliError(shared.fatal)
     summary = summarize(
-        before, after, shared, elapsed, table, threads, flush_mode, row_bytes, interrupted
+        before,
+        after,
+        shared,
+        elapsed,
+        table,
+        threads,
+        flush_mode,
+        row_bytes,
+        interrupted,
+        client_cpu_s=cpu,
     )
     return dataclasses.replace(
         summary, batches_in_flight=batches_in_flight, packed_rows=packed_rows
@@ -386,9 +409,11 @@ def summarize(
     interrupted: bool,
     *,
     in_flight: int | None = None,
+    client_cpu_s: float | None = None,
 ) -> LoadSummary:
     """The summary of a load from the client's statistics before and after it; the same
-    for the threaded and the asyncio load, so their figures compare."""
+    for the threaded and the asyncio load, so their figures compare.  ``client_cpu_s``:
+    this process's CPU time while it wrote."""
     snap = after.write_latency_us
     latency: dict[str, float | None] = dict.fromkeys(("p50", "p95", "p99", "p99.9", "max"))
     if snap is not None and snap.count:
@@ -415,4 +440,5 @@ def summarize(
         first_error=shared.first_error,
         interrupted=interrupted,
         in_flight=in_flight,
+        client_cpu_s=client_cpu_s,
     )

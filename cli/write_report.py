@@ -139,6 +139,10 @@ def print_summary(s: LoadSummary, out: Any) -> None:
     if s.writes:
         t.add_row("rows per write", f"{s.rows / s.writes:,.1f}", "")
     t.add_row("server CPU", *_cpu_cells(s))
+    if s.client_cpu_s is not None:
+        per_write = s.client_cpu_ms_per_write
+        rate = f"{per_write:.3f} ms/write" if per_write is not None else "-"
+        t.add_row("client CPU", f"{s.client_cpu_s:,.2f} s", rate)
     out.print(t)
     out.print(Text("Latency per acknowledged write RPC, retries included:", style="bold"))
     lat = Table(box=None, pad_edge=False)

@@ -24,9 +24,9 @@ def test_the_ab_writes_benchmark_runs_briefly(tmp_path: Path) -> None:
         directory=tmp_path, timeout=240,
     )  # fmt: skip
     (rows,) = tables(out)
-    ((in_flight, a_rate, b_rate, ratio, a_cpu, b_cpu, a_p50, b_p50),) = rows
+    ((in_flight, a_rate, b_rate, ratio, a_cpu, b_cpu, a_p50, b_p50, a_client, b_client),) = rows
     assert in_flight == "2"
-    figures = [a_rate, b_rate, ratio, a_cpu, b_cpu, a_p50, b_p50]
+    figures = [a_rate, b_rate, ratio, a_cpu, b_cpu, a_p50, b_p50, a_client, b_client]
     assert all(float(f.replace(",", "")) > 0 for f in figures), rows
     assert "--rpc_num_service_threads=2" in out  # B's flag, said in the header
     assert "raftlet write --keys=scattered" in out  # the writer's, too

@@ -154,6 +154,7 @@ def test_write_then_scan_round_trip(data_dir: Path) -> None:
     assert doc["rows"] == 300
     assert doc["errors_by_cause"] == {}
     assert doc["writes"] >= 1
+    assert doc["client_cpu_s"] > 0
     assert doc["latency_us"]["p50"] > 0
     rows = scan_json(data_dir)
     assert len(rows) == before + 300

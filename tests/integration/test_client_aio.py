@@ -269,3 +269,7 @@ def test_write_in_flight_reports_rows_and_server_cpu_per_write(cluster: TserverC
     assert doc["server_cpu_ms_per_write"] == pytest.approx(
         doc["server_cpu_s"] * 1000 / rows, rel=1e-3
     )
+    assert doc["client_cpu_s"] > 0  # the writer's own, while it wrote
+    assert doc["client_cpu_ms_per_write"] == pytest.approx(
+        doc["client_cpu_s"] * 1000 / rows, rel=1e-2
+    )

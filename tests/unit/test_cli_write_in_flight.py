@@ -76,6 +76,14 @@ def test_summary_json_has_the_in_flight_and_server_cpu_figures() -> None:
     assert (threaded["threads"], threaded["in_flight"], threaded["client"]) == (4, None, "threads")
     assert threaded["server_cpu_s"] is None
     assert threaded["server_cpu_ms_per_write"] is None
+    assert (threaded["client_cpu_s"], threaded["client_cpu_ms_per_write"]) == (None, None)
+
+
+def test_client_cpu_per_write_is_the_writers_cpu_over_its_acknowledged_writes() -> None:
+    doc = _summary(client_cpu_s=0.3).to_json()  # 400 writes
+    assert doc["client_cpu_s"] == pytest.approx(0.3)
+    assert doc["client_cpu_ms_per_write"] == pytest.approx(0.75)
+    assert _summary(client_cpu_s=0.3, writes=0, rows=0).client_cpu_ms_per_write is None
 
 
 def test_in_flight_load_writes_each_row_once_with_n_in_flight(
@@ -116,6 +124,8 @@ def test_in_flight_load_writes_each_row_once_with_n_in_flight(
         on_tick=lambda elapsed, _stats, _shared: ticks.append(elapsed),
     )
     assert (summary.rows, summary.writes, summary.in_flight) == (50, 50, 8)
+    assert summary.client_cpu_s is not None
+    assert summary.client_cpu_s > 0
     assert summary.failed_rows == 0
     assert summary.interrupted is False
     assert ticks
