@@ -109,7 +109,8 @@ def test_bytes_that_do_not_decode_close_the_connection(cluster: TserverCluster) 
 def test_items_without_a_request_or_for_unknown_tablets_are_answered_failed(
     cluster: TserverCluster,
 ) -> None:
-    follower = next(s for s in cluster.servers.values() if s is not cluster.leader_of(TABLET))
+    leader = cluster.leader_of(TABLET)
+    follower = next(s for s in cluster.servers.values() if s is not leader)
     frame = pb.ConsensusFramePB(
         items=[
             pb.ConsensusItemPB(seq=7),  # no request at all
@@ -118,7 +119,9 @@ def test_items_without_a_request_or_for_unknown_tablets_are_answered_failed(
                 seq=9,
                 update=pb.UpdateConsensusRequest(
                     tablet_id="no-such-tablet",
-                    caller_uuid="ts1",
+                    # Another server than the one dialed (which may be ts1): a request
+                    # from a server to itself is refused before its tablet is looked up.
+                    caller_uuid=leader.id,
                     dest_uuid=follower.id,
                     caller_term=1,
                 ),
