@@ -9,9 +9,17 @@ pool tokens in serial mode).
 
 Handlers may block: a prepare batch can wait for room in its WAL's queue while it holds the
 consensus lock, and that replica's other stages then wait for the lock (KUDU-2727).  So a
-blocked replica must not starve the others: the pool starts another thread whenever work is
+blocked replica must not starve the others: the pool starts another thread when work is
 ready and no thread is idle, up to ``max_threads``, and threads beyond ``min_threads`` end
 after ``idle_timeout_s`` without work.  An idle server keeps ``min_threads`` threads, asleep.
+
+But threads that merely run take nothing from each other's work: they share one GIL and,
+here, one CPU.  Waking one for every ready mailbox made each pass of many tablets a thread
+hand-off of its own -- with 16 or 64 tablets a server had dozens awake, taking turns on the
+GIL (docs/benchmarks.md, "Awake workers").  So at most ``running_target`` threads are woken
+for ready work; while that many are awake, a ready mailbox waits for one of them to finish
+its handler -- unless none does for ``STALL_S``, when they are taken for blocked and one more
+thread is woken (or started), and again each ``STALL_S`` while the stall lasts.
 
 Waking a thread is most of what a hand-off costs (on this project's 2-core machines a
 write's context switches were half its CPU), so work avoids it where it safely can:
@@ -27,6 +35,7 @@ write's context switches were half its CPU), so work avoids it where it safely c
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -34,11 +43,16 @@ from typing import Generic, TypeVar
 
 from raftlet.consensus.timers import Timers
 
-__all__ = ["Mailbox", "Sleepers", "WorkerPool"]
+__all__ = ["STALL_S", "Mailbox", "Sleepers", "WorkerPool"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# With ``running_target`` threads awake, how long none of them may go without finishing a
+# handler before they are taken for blocked and another thread is woken: above what a pass
+# takes (a round of 64 writes applies in ~2 ms here), far below an election timeout.
+STALL_S = 0.01
 
 
 class _Here(threading.local):
@@ -98,16 +112,22 @@ class WorkerPool:
         *,
         min_threads: int = 2,
         max_threads: int = 32,
+        running_target: int = 0,
         idle_timeout_s: float = 30.0,
         thread_start: Callable[[], None] | None = None,
     ) -> None:
+        """``running_target``: at most this many threads woken for ready work (see the
+        module docstring); 0, a thread for every ready mailbox while ``max_threads`` allows."""
         if min_threads < 1 or max_threads < min_threads:
             raise ValueError(
                 f"need 1 <= min_threads <= max_threads, got {min_threads}, {max_threads}"
             )
+        if running_target < 0:
+            raise ValueError(f"need running_target >= 0, got {running_target}")
         self.name = name
         self.min_threads = min_threads
         self.max_threads = max_threads
+        self.running_target = running_target
         self.idle_timeout_s = idle_timeout_s
         # Run first by each thread of the pool (the server sets its priority with it).
         self._thread_start = thread_start
@@ -115,6 +135,9 @@ class WorkerPool:
         self._ready: collections.deque[Mailbox[object]] = collections.deque()
         self._sleepers = Sleepers()
         self._threads = 0
+        self._awake = 0  # threads not asleep: running a handler or looking for one
+        self._finished = 0  # handlers run to the end (the stall watch's sign of progress)
+        self._watching = False  # a stall watch is due
         self._stopping = False
         self._serial = 0
         self._live: set[threading.Thread] = set()
@@ -132,12 +155,18 @@ class WorkerPool:
         with self._mutex:
             return self._threads
 
+    def awake(self) -> int:
+        """Threads not asleep now: running a handler, or on their way to one."""
+        with self._mutex:
+            return self._awake
+
     def stop(self, timeout: float = 10.0) -> None:
         """End the threads once the ready mailboxes are run (close the mailboxes first)."""
         self.timers.stop(timeout)
         with self._mutex:
             self._stopping = True
             sleepers = self._sleepers.take_all()
+            self._awake += len(sleepers)  # each wakes to end
             live = list(self._live)
         for waker in sleepers:
             waker.release()
@@ -152,18 +181,48 @@ class WorkerPool:
             return
         with self._mutex:
             self._ready.append(box)
-            waker = self._sleepers.take_one()
-            if waker is None:
-                if self._threads < self.max_threads:  # else the next to finish takes it
-                    self._threads += 1
-                    self._serial += 1
-                    thread = threading.Thread(
-                        target=self._work, name=f"{self.name}-{self._serial}", daemon=True
-                    )
-                    self._live.add(thread)
-                    thread.start()  # under the lock: stop() never joins one not yet started
+            if self.running_target and self._awake >= self.running_target:
+                # One of the threads awake takes it when its handler returns.
+                if not self._watching and not self._stopping:
+                    self._watching = True
+                    self.timers.call_later(STALL_S, functools.partial(self._watch, self._finished))
                 return
-        waker.release()
+            waker = self._wake_one()
+        if waker is not None:
+            waker.release()
+
+    def _wake_one(self) -> threading.Lock | None:
+        """(Under ``_mutex``.) A sleeping thread to release for ready work, else a new one
+        started, while ``max_threads`` allows (else the next to finish takes the work)."""
+        waker = self._sleepers.take_one()
+        if waker is not None:
+            self._awake += 1
+            return waker
+        if self._threads < self.max_threads:
+            self._threads += 1
+            self._awake += 1
+            self._serial += 1
+            thread = threading.Thread(
+                target=self._work, name=f"{self.name}-{self._serial}", daemon=True
+            )
+            self._live.add(thread)
+            thread.start()  # under the lock: stop() never joins one not yet started
+        return None
+
+    def _watch(self, finished: int) -> None:
+        """On the timer thread, ``STALL_S`` after ready work found the threads awake busy:
+        if none of them has finished a handler since, they are blocked -- wake another."""
+        waker = None
+        with self._mutex:
+            self._watching = False
+            if not self._ready or self._stopping:
+                return
+            if self._finished == finished:
+                waker = self._wake_one()
+            self._watching = True
+            self.timers.call_later(STALL_S, functools.partial(self._watch, self._finished))
+        if waker is not None:
+            waker.release()
 
     def _work(self) -> None:
         if self._thread_start is not None:
@@ -178,10 +237,12 @@ class WorkerPool:
                     box = self._ready.popleft()
                 elif self._stopping:
                     self._threads -= 1
+                    self._awake -= 1
                     self._live.discard(me)
                     return
                 else:
                     self._sleepers.park(waker)
+                    self._awake -= 1
                     box = None
             if box is None:
                 if not self._sleep(waker):
@@ -189,9 +250,11 @@ class WorkerPool:
                     return
                 continue
             box._run_once()
+            self._finished += 1
             while (after := here.next) is not None:
                 here.next = None
                 after._run_once()
+                self._finished += 1
 
     def _sleep(self, waker: threading.Lock) -> bool:
         """Sleep on ``waker`` (listed in ``_sleepers``) until given work or stopped; False
@@ -208,6 +271,8 @@ class WorkerPool:
             if not claimed and not self._ready and self._threads > self.min_threads:
                 self._threads -= 1
                 return False
+            if not claimed:
+                self._awake += 1  # off the list by itself, and on its way to the ready work
         if claimed:
             waker.acquire()  # given work (or stopped) just now: its release is on the way
         return True

@@ -218,6 +218,7 @@ class TabletServer:
             "replica-worker",
             min_threads=s.replica_worker_min_threads,
             max_threads=s.replica_worker_max_threads,
+            running_target=s.replica_worker_running_threads,
             thread_start=pipeline_start,
         )
         # Every replica's WAL writes and syncs on these: fsyncs release the GIL, so several

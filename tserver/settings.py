@@ -93,6 +93,7 @@ class ServerSettings:
     admin_num_service_threads: int = 2
     replica_worker_min_threads: int = 2
     replica_worker_max_threads: int = 32
+    replica_worker_running_threads: int = 2
     log_appender_threads: int = 8
     term_check_mode: TermCheckMode = TermCheckMode.LOCKFREE
     leader_read_mode: LeaderReadMode = LeaderReadMode.READ_INDEX
@@ -574,6 +575,16 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"or disks (default {_D('replica_worker_max_threads')}); each blocked replica "
         "holds at most three.",
         convert=int_value, check=int_in_range(1, _MAX_THREADS),
+    ),
+    FlagSpec(
+        "replica_worker_running_threads", _POOLS, "N",
+        f"Threads of the replica worker pool woken for ready work at most (default "
+        f"{_D('replica_worker_running_threads')}): while that many are awake, a ready "
+        "replica waits for one of them, unless none finishes a pass for 10 ms (blocked: "
+        "another is woken, up to --replica_worker_max_threads). 0: one thread for every "
+        "ready replica. Threads that only run share the GIL, and waking one per tablet "
+        "costs more than it runs.",
+        convert=int_value, check=int_in_range(0, _MAX_THREADS),
     ),
     FlagSpec(
         "cpu_affinity", _POOLS, "{auto,CPUS}",

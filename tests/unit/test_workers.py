@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from raftlet.consensus.workers import WorkerPool
+from raftlet.consensus.workers import STALL_S, WorkerPool
 
 TIMEOUT = 10.0
 
@@ -219,11 +219,19 @@ def test_threads_beyond_the_minimum_end_when_idle_and_stop_ends_the_rest() -> No
     wait_until(lambda: pool.threads() == 0)
 
 
-def test_no_work_is_lost_while_idle_threads_time_out_as_work_arrives() -> None:
+@pytest.mark.parametrize("running_target", [0, 1, 2])
+def test_no_work_is_lost_while_idle_threads_time_out_as_work_arrives(running_target: int) -> None:
     # Threads beyond the minimum end after 0.2 ms idle, so threads sleep, wake, time out and
-    # start all the time while four posters keep giving work. A lost wake-up leaves a
-    # mailbox scheduled with no thread to run it, and the count below never completes.
-    pool = WorkerPool("churn", min_threads=1, max_threads=4, idle_timeout_s=0.0002)
+    # start all the time while four posters keep giving work. A lost wake-up (or a count of
+    # threads awake that drifts) leaves a mailbox scheduled with no thread to run it, and
+    # the count below never completes.
+    pool = WorkerPool(
+        "churn",
+        min_threads=1,
+        max_threads=4,
+        running_target=running_target,
+        idle_timeout_s=0.0002,
+    )
     handled = 0
     lock = threading.Lock()
     done = threading.Event()
@@ -251,6 +259,7 @@ def test_no_work_is_lost_while_idle_threads_time_out_as_work_arrives() -> None:
         t.join(TIMEOUT)
     try:
         assert done.wait(TIMEOUT), f"handled {handled} of {total}"
+        wait_until(lambda: pool.awake() == 0)  # all asleep once the work is done
     finally:
         for box in boxes:
             box.close()
@@ -263,6 +272,63 @@ def test_pool_limits_are_checked() -> None:
         WorkerPool(min_threads=0)
     with pytest.raises(ValueError, match="min_threads"):
         WorkerPool(min_threads=4, max_threads=2)
+    with pytest.raises(ValueError, match="running_target"):
+        WorkerPool(running_target=-1)
+
+
+def test_with_a_running_target_ready_work_waits_for_the_thread_awake() -> None:
+    """While the one thread awake runs (3 ms, less than a stall), twenty mailboxes made
+    ready meanwhile wait for it rather than each waking a thread of its own -- as they did
+    without a target (up to ``max_threads``)."""
+    pool = WorkerPool("target", min_threads=1, max_threads=8, running_target=1)
+    runners: set[int] = set()
+    done = threading.Semaphore(0)
+    started = threading.Event()
+
+    def busy(batch: list[int]) -> None:
+        runners.add(threading.get_ident())
+        started.set()
+        end = time.perf_counter() + 0.003
+        while time.perf_counter() < end:
+            pass
+        done.release()
+
+    try:
+        boxes = [pool.mailbox(f"b{i}", busy) for i in range(21)]
+        boxes[0].post(0)
+        assert started.wait(TIMEOUT)
+        for box in boxes[1:]:
+            box.post(0)
+        for _ in boxes:
+            assert done.acquire(timeout=TIMEOUT)
+        # One thread ran them all; one more at most, had the machine stalled it past STALL_S.
+        assert pool.threads() <= 2, pool.threads()
+        assert len(runners) <= 2, runners
+    finally:
+        pool.stop()
+
+
+def test_with_a_running_target_a_blocked_handler_does_not_hold_up_the_others() -> None:
+    """The one thread awake blocks: after ``STALL_S`` without a handler finishing, another
+    thread is woken for the ready mailbox, and again for the next while the first stays
+    blocked."""
+    pool = WorkerPool("stall", min_threads=1, max_threads=8, running_target=1)
+    stuck = threading.Event()
+    entered = threading.Event()
+    try:
+        slow = pool.mailbox("slow", lambda b: (entered.set(), stuck.wait(TIMEOUT)))
+        slow.post(1)
+        assert entered.wait(TIMEOUT)
+        for i in range(3):
+            done = threading.Event()
+            started = time.monotonic()
+            pool.mailbox(f"fast{i}", lambda b, d=done: d.set()).post(1)  # type: ignore[misc]
+            assert done.wait(TIMEOUT), "another replica's mailbox waited for a blocked one"
+            assert time.monotonic() - started >= STALL_S * 0.9  # woken by the stall watch
+        stuck.set()
+        assert slow.close(TIMEOUT)
+    finally:
+        pool.stop()
 
 
 def test_what_a_handler_posts_runs_next_on_the_same_thread(pool: WorkerPool) -> None:
