@@ -184,8 +184,7 @@ class WorkerPool:
             if self.running_target and self._awake >= self.running_target:
                 # One of the threads awake takes it when its handler returns.
                 if not self._watching and not self._stopping:
-                    self._watching = True
-                    self.timers.call_later(STALL_S, functools.partial(self._watch, self._finished))
+                    self._arm_watch()
                 return
             waker = self._wake_one()
         if waker is not None:
@@ -219,10 +218,15 @@ class WorkerPool:
                 return
             if self._finished == finished:
                 waker = self._wake_one()
-            self._watching = True
-            self.timers.call_later(STALL_S, functools.partial(self._watch, self._finished))
+            self._arm_watch()
         if waker is not None:
             waker.release()
+
+    def _arm_watch(self) -> None:
+        """(Under ``_mutex``.) A stall watch ``STALL_S`` from now, against the handlers
+        finished so far."""
+        self._watching = True
+        self.timers.call_later(STALL_S, functools.partial(self._watch, self._finished))
 
     def _work(self) -> None:
         if self._thread_start is not None:
