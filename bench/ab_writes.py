@@ -140,7 +140,7 @@ def main() -> None:
                         results.setdefault((side, n), []).append(got)
                         line = (
                             f"{got[0]:,.0f} w/s, {got[1]:.3f} ms CPU/write, p50 {got[2]:.2f} ms, "
-                            f"client {got[3]:.3f} ms CPU/write"
+                            f"client {_ms(got[3])} ms CPU/write"
                         )
                         print(f"rep {rep + 1} in flight {n:>3} {side}: {line}", flush=True)
             finally:

@@ -254,6 +254,8 @@ class WorkerPool:
                     return
                 continue
             box._run_once()
+            # Outside the mutex: two threads may race and count one, which still tells the
+            # stall watch that a handler finished -- all it asks.
             self._finished += 1
             while (after := here.next) is not None:
                 here.next = None

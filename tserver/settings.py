@@ -34,6 +34,7 @@ from raftlet.cluster import (
 )
 from raftlet.consensus.log.options import MAX_INJECT_LATENCY_MS, LogOptions
 from raftlet.consensus.raft_consensus import ConsensusOptions, LeaderReadMode, TermCheckMode
+from raftlet.consensus.workers import STALL_S
 from raftlet.tserver.cpu_affinity import check_cpu_affinity
 from raftlet.tserver.flag_spec import (
     FlagError,
@@ -580,9 +581,9 @@ FLAGS: tuple[FlagSpec, ...] = (
         "replica_worker_running_threads", _POOLS, "N",
         f"Threads of the replica worker pool woken for ready work at most (default "
         f"{_D('replica_worker_running_threads')}): while that many are awake, a ready "
-        "replica waits for one of them, unless none finishes a pass for 10 ms (blocked: "
-        "another is woken, up to --replica_worker_max_threads). 0: one thread for every "
-        "ready replica. Threads that only run share the GIL, and waking one per tablet "
+        f"replica waits for one of them, unless none finishes a pass for {STALL_S * 1000:g} ms "
+        "(blocked: another is woken, up to --replica_worker_max_threads). 0: one thread for "
+        "every ready replica. Threads that only run share the GIL, and waking one per tablet "
         "costs more than it runs.",
         convert=int_value, check=int_in_range(0, _MAX_THREADS),
     ),
