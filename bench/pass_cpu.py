@@ -1,7 +1,7 @@
 """Where a write's server CPU goes, pass by pass: thread CPU time of each stage, per server.
 
     .venv/bin/python bench/pass_cpu.py [--tablets 1] [--in-flight 16] [--seconds 8]
-        [--tree DIR] [--dir DIR] [--profile DIR] [--timeline]
+        [--tree DIR] [--dir DIR] [--profile DIR] [--timeline] [--gaps]
 
 Starts a 3-server cluster (``raftlet cluster up``, from source tree DIR, default this
 checkout), restarts each server under this script (``--serve``), which wraps the entry
@@ -16,6 +16,11 @@ write and per call, and how much of the process's CPU the passes account for.
 and end, the writer notes each write's call and return, and the lone write's critical path
 is printed -- client, leader, the follower whose answer went first, leader, client -- in
 segments that add up to its latency, with the passes of each role (``bench/_timeline.py``).
+
+``--gaps`` (any depth): the servers note every pass the same way, and per server and pass
+the calls and their median CPU are printed against the time since that server last ran the
+same pass (``bench/_gaps.py``): whether a pass costs what it does because its code had not
+run for a while, or whatever the gap.
 
 Thread CPU, not wall time: a pass that waits for the GIL or for its CPU is not charged
 for the wait, so the tables add up to the CPU the servers burnt (the rest, "elsewhere",
@@ -74,7 +79,7 @@ LINKS = [
 ]
 
 
-# Passes a server notes for --timeline at most (~40 a write at one in flight).
+# Passes a server notes for --timeline and --gaps at most (~40 a write at one in flight).
 _MAX_EVENTS = 1_000_000
 
 # --timeline's writer: ``raftlet write`` with every AsyncClient.insert's call and return
@@ -291,9 +296,15 @@ def main() -> None:
         action="store_true",
         help="also print the critical path of a lone write (needs --in-flight 1)",
     )
+    ap.add_argument(
+        "--gaps",
+        action="store_true",
+        help="also print each pass's CPU against the time since its server last ran it",
+    )
     args = ap.parse_args()
     if args.timeline and args.in_flight != 1:
         ap.error("--timeline traces a lone write: use it with --in-flight 1")
+    note_events = args.timeline or args.gaps
     tree = args.tree.resolve()
 
     from _drivers import (
@@ -319,7 +330,7 @@ def main() -> None:
                 # The same command line: python -m raftlet tserver ...
                 argv = srv["argv"][srv["argv"].index("raftlet") + 1 :]
                 server_env = dict(env, PASS_CPU_OUT=str(root / f"{srv['id']}.json"))
-                if args.timeline:
+                if note_events:
                     server_env["PASS_CPU_EVENTS"] = str(root / f"{srv['id']}.events.json")
                 procs[srv["id"]] = subprocess.Popen(
                     [sys.executable, __file__, "--serve", *argv],
@@ -368,15 +379,20 @@ def main() -> None:
             for p in procs.values():
                 p.wait(timeout=30)
             tables = {sid: json.loads((root / f"{sid}.json").read_text()) for sid in procs}
-            if args.timeline:
-                from _timeline import report
-
-                spans = [tuple(s) for s in json.loads((root / "client.json").read_text())]
+            if note_events:
                 events = {
                     sid: [tuple(e) for e in json.loads((root / f"{sid}.events.json").read_text())]
                     for sid in procs
                 }
+            if args.timeline:
+                from _timeline import report
+
+                spans = [tuple(s) for s in json.loads((root / "client.json").read_text())]
                 timeline = report(spans, events)
+            if args.gaps:
+                from _gaps import report as gaps_report
+
+                gaps = gaps_report(events)
         finally:
             for p in procs.values():
                 if p.poll() is None:
@@ -391,6 +407,8 @@ def main() -> None:
         _print_tables(tables, cpu, leads, writes)
         if args.timeline:
             print(timeline, end="")
+        if args.gaps:
+            print(gaps, end="")
         if args.profile:
             _print_profiles(args.profile, writes)
 

@@ -17,11 +17,12 @@ pytestmark = pytest.mark.integration
 
 def test_the_pass_cpu_benchmark_runs_briefly(tmp_path: Path) -> None:
     out = run_bench(
-        "pass_cpu.py", "--tablets", "1", "--in-flight", "4", "--seconds", "1",
+        "pass_cpu.py", "--tablets", "1", "--in-flight", "4", "--seconds", "1", "--gaps",
         directory=tmp_path, timeout=240,
     )  # fmt: skip
-    per_server = tables(out)
-    assert len(per_server) == 3
+    all_tables = tables(out)
+    assert len(all_tables) == 6
+    per_server, by_gap = all_tables[:3], all_tables[3:]
     roles = re.findall(r"^(ts\d) \((leads kv-p0|follows)\)", out, re.M)
     assert sorted(r for _, r in roles) == ["follows", "follows", "leads kv-p0"]
     for (server, role), rows in zip(roles, per_server, strict=True):
@@ -30,6 +31,15 @@ def test_the_pass_cpu_benchmark_runs_briefly(tmp_path: Path) -> None:
         passes += ["prepare stage"] if role.startswith("leads") else ["frame from a leader"]
         for name in passes:
             assert any(k.startswith(name) and v > 0 for k, v in timed.items()), (server, rows)
+    # --gaps: per server, a table of the passes it ran more than once (the main table's
+    # top-level rows), each with calls in some gap bucket.
+    for rows, gap_rows in zip(per_server, by_gap, strict=True):
+        passes_timed = {row[0] for row in rows}
+        assert {row[0] for row in gap_rows} >= {"WAL appender turn", "apply stage"}
+        for name, *cells in gap_rows:
+            assert name in passes_timed
+            counts = [int(c.split("(")[1].strip(")").replace(",", "")) for c in cells if c != "-"]
+            assert sum(counts) > 0, (name, cells)
     (pids,) = re.findall(r"^servers: pids ([\d ]+)$", out, re.M)
     assert not any(pid_alive(int(p)) for p in pids.split())
 
