@@ -131,8 +131,6 @@ _NO_ANSWER = object()  # the core answered nothing
 # when there is none to give (dropped, replica stopping or failed).  Called without the
 # consensus lock held, from the thread that made the answer durable or the caller's.
 Reply = Callable[[Message | None], None]
-# Save a lagging commit index every this many ticks (it is an optimisation for restarts).
-_COMMIT_SAVE_TICKS = 20
 # Publish the status that status pages read every this many ticks.
 _STATUS_PUBLISH_TICKS = 10
 
@@ -369,7 +367,6 @@ class RaftConsensus:
         initial = storage.initial_state()
         self._saved_commit = initial.commit
         self._saved_vote = (initial.term, initial.vote)
-        self._commit_save_failing = False
         # Read without the lock by status pages and gauges; an int assignment is atomic.
         self._commit_seen = self._saved_commit
         self._last_election = 0.0  # wall-clock time this replica last saw a new leader
@@ -442,7 +439,7 @@ class RaftConsensus:
         if self._own_workers:
             self._workers.stop()
         with self._lock:
-            self._save_commit_unlocked()
+            self._save_commit_unlocked()  # the one save of a commit move: see there
             self._finish_reads_unlocked()
 
     # --- the write path ----------------------------------------------------------------
@@ -867,10 +864,11 @@ class RaftConsensus:
                 hard is not None and (hard.term, hard.vote) != self._saved_vote
             ):
                 # Only term and vote must be durable before what depends on them; entries are
-                # made durable by the WAL, and the commit index is saved lazily (a restart
-                # learns it again from the leader).  Saving on every append that also moved
-                # the commit index cost a follower two fsyncs and a rename per write.  A new
-                # membership is saved before its entry goes to the WAL (see Config).
+                # made durable by the WAL, and the commit index rides along with these saves
+                # and a clean stop only (a restart learns it again from the leader).  Saving
+                # on every append that also moved the commit index cost a follower two
+                # fsyncs and a rename per write.  A new membership is saved before its entry
+                # goes to the WAL (see Config).
                 try:
                     if conf is not None:
                         self._storage.save_conf_state(conf, hard)
@@ -973,19 +971,22 @@ class RaftConsensus:
             logger.info("%s: %s leads term %d", self.group_id, self.node_id, soft.term)
 
     def _save_commit_unlocked(self) -> None:
+        """At a clean stop, the commit index reached, so that the replica reopens knowing
+        it.  Otherwise consensus-meta is written only when term or vote change: a commit
+        index is advisory on restart (the store's applied index is a floor, the leader's
+        next append or heartbeat brings the rest), and saving it every 20 ticks meant two
+        fsyncs and a rename under the consensus lock, on whichever thread stepped the tick
+        -- a peer link's reader, holding up every tablet behind it (docs/benchmarks.md,
+        "Consensus-meta only for term and vote")."""
         hard = self._node.hard_state()
         if hard.commit > self._saved_commit and self._failure is None and not self._apply_failure:
             try:
                 self._storage.save_hard_state(hard)
                 self._saved_commit = hard.commit
                 self._saved_vote = (hard.term, hard.vote)
-                self._commit_save_failing = False
             except OSError as e:
-                # Not a failure of the replica: the commit index is advisory.  Said once
-                # per run of failures, not every time it is retried.
-                if not self._commit_save_failing:
-                    logger.warning("%s: saving the commit index failed: %s", self.group_id, e)
-                self._commit_save_failing = True
+                # Not a failure of the replica: the commit index is advisory.
+                logger.warning("%s: saving the commit index failed: %s", self.group_id, e)
 
     # --- threads ------------------------------------------------------------------------------
 
@@ -1087,8 +1088,6 @@ class RaftConsensus:
             return
         self._ticks += 1
         self._node.tick()
-        if self._ticks % _COMMIT_SAVE_TICKS == 0:
-            self._save_commit_unlocked()
         if self._ticks % _STATUS_PUBLISH_TICKS == 1:
             self._published_status = self._status_unlocked()
 

@@ -29,8 +29,9 @@ class RaftLog:
             raise RaftConfigError(f"applied index {applied} is beyond the durable log's end {last}")
         # A persisted commit index beyond the durable log cannot be trusted (the
         # entries were never fsynced); the leader will tell us the commit again.
-        # The commit index is persisted lazily, so it may lag what the state machine
-        # applied: anything applied was committed, and must never be applied twice.
+        # The commit index is persisted only with a term or vote and at a clean stop, so
+        # it may lag what the state machine applied: anything applied was committed, and
+        # must never be applied twice.
         self.committed = max(min(committed, last), applied)
         self.applied = applied
         # Highest index handed out for applying (>= applied).

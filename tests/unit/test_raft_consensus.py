@@ -169,14 +169,14 @@ def test_leader_not_ready_is_retriable() -> None:
         ConsensusSnapshot(3, Role.FOLLOWER, "b", False, False).bind_term()
 
 
-def test_followers_save_consensus_metadata_only_when_term_or_vote_change(
+def test_consensus_metadata_is_saved_only_for_term_vote_and_a_clean_stop(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The commit index moving with new entries is no reason to rewrite consensus-meta
-    (two fsyncs and a rename): the WAL holds the entries, the commit index is saved lazily."""
-    import raftlet.consensus.raft_consensus as driver
+    (two fsyncs and a rename, under the consensus lock): not with each append, nor on the
+    ticks that pass while writes go on.  A clean stop saves the commit index reached."""
+    from raftlet.consensus.log.metadata import ConsensusMetadata
 
-    monkeypatch.setattr(driver, "_COMMIT_SAVE_TICKS", 10**9)  # no periodic save in this test
     leader = cluster.wait_leader()
     term = leader.consensus.check_leadership_and_bind_term()
     saves: dict[str, list[tuple[int, str]]] = {}
@@ -201,8 +201,20 @@ def test_followers_save_consensus_metadata_only_when_term_or_vote_change(
     cluster.transport.heal()
     for r in cluster.replicas.values():
         cluster.wait_for(lambda r=r: r.data() == want, what=f"{r.node_id} applies all 8")
-    if leader.consensus.snapshot.term == term:  # no election happened meanwhile
+    # Ticks while the commit index has moved: a save every 20 ticks was the old rule.
+    replicas = list(cluster.replicas.values())
+    stepped = [r.consensus._ticks for r in replicas]
+    cluster.wait_for(
+        lambda: all(r.consensus._ticks >= n + 60 for r, n in zip(replicas, stepped, strict=True)),
+        what="every replica steps 60 more ticks",
+    )
+    if leader.consensus.snapshot.term == term:  # no election meanwhile (it saves term, vote)
         assert all(log == [] for log in saves.values()), saves
+    commit = lagging.consensus.commit_index()
+    assert commit >= 8
+    assert ConsensusMetadata.load(str(lagging.directory)).state.commit_index < commit
+    cluster.crash(lagging.node_id)  # Replica.stop: the driver stops cleanly
+    assert ConsensusMetadata.load(str(lagging.directory)).state.commit_index == commit
 
 
 def test_a_peer_request_is_answered_from_the_durability_callback(
