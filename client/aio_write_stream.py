@@ -38,6 +38,9 @@ __all__ = ["WRITE_STREAM_METHOD", "AsyncWriteStream", "StreamedRpcError", "expir
 WRITE_STREAM_METHOD = "/raftlet.TabletService/WriteStream"
 
 _STATUS_BY_VALUE = {s.value[0]: s for s in grpc.StatusCode}
+# After a failed write, how long the stream's reader may take to bring the call's status:
+# the call has ended, so its status is on its way; the bound is for a reader stuck anyway.
+_STATUS_WAIT_S = 1.0
 
 
 class StreamedRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
@@ -99,6 +102,22 @@ def _stream_failed(code: grpc.StatusCode, details: str | None) -> StreamedRpcErr
     )
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details and too_large(details):
         failure.size_error = details
+    return failure
+
+
+async def _status_or(
+    reader: asyncio.Future[StreamedRpcError | None], failure: StreamedRpcError
+) -> StreamedRpcError:
+    """Why the stream ended, when a write on it failed: what its reader got, if it gets
+    anything within ``_STATUS_WAIT_S``, else the write's own ``failure``.  A write on a call
+    the server has already ended -- at once, with UNIMPLEMENTED, for a server without
+    WriteStream -- can fail with the library's own error instead ("RPC already finished",
+    or an INTERNAL one; now and then, on a loaded machine -- a full test run hit it); the
+    reader gets the server's status, which is what tells the caller to fall back to unary
+    calls, where UNAVAILABLE would have it open the same refused stream again."""
+    await asyncio.wait({reader}, timeout=_STATUS_WAIT_S)
+    if reader.done() and not reader.cancelled() and reader.exception() is None:
+        return reader.result() or failure
     return failure
 
 
@@ -189,9 +208,9 @@ class AsyncWriteStream:
                 if reader.done():
                     break
         except grpc.aio.AioRpcError as exc:
-            error = _stream_failed(exc.code(), exc.details())
+            error = await _status_or(reader, _stream_failed(exc.code(), exc.details()))
         except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
-            error = _stream_failed(grpc.StatusCode.UNAVAILABLE, str(exc))
+            error = await _status_or(reader, _stream_failed(grpc.StatusCode.UNAVAILABLE, str(exc)))
         finally:
             reader.cancel()
             call.cancel()

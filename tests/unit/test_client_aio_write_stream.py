@@ -178,3 +178,58 @@ def test_after_a_size_error_frames_are_cut_to_the_servers_limit() -> None:
         assert servicer.frames >= 2
 
     asyncio.run(_with_server(servicer, body, receive_limit=limit))
+
+
+class _EndedCall:
+    """A write stream the server ended with UNIMPLEMENTED before the client's first write
+    went out: the write fails with ``write_error`` (what grpc.aio raises then varies), the
+    read with the server's status."""
+
+    def __init__(self, write_error: BaseException) -> None:
+        self._write_error = write_error
+
+    async def write(self, frame: Any) -> None:
+        raise self._write_error
+
+    async def read(self) -> Any:
+        empty = grpc.aio.Metadata()
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, empty, empty, "no WriteStream")
+
+    def cancel(self) -> bool:
+        return True
+
+
+class _EndedChannel:
+    def __init__(self, write_error: BaseException) -> None:
+        self._write_error = write_error
+
+    def stream_stream(self, *_: Any, **__: Any) -> Any:
+        return lambda: _EndedCall(self._write_error)
+
+
+@pytest.mark.parametrize(
+    "write_error",
+    [
+        asyncio.InvalidStateError("RPC already finished."),
+        grpc.aio.AioRpcError(
+            grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "from Core"
+        ),
+    ],
+    ids=["already-finished", "internal"],
+)
+def test_a_write_on_a_stream_the_server_refused_reports_the_servers_status(
+    write_error: BaseException,
+) -> None:
+    """However the client library fails the write, the caller sees UNIMPLEMENTED -- what
+    makes it fall back to unary calls -- not a retriable UNAVAILABLE that would open the
+    same refused stream again."""
+    from raftlet.client.aio_write_stream import AsyncWriteStream
+
+    async def body() -> None:
+        stream = AsyncWriteStream("127.0.0.1:1", _EndedChannel(write_error))  # type: ignore[arg-type]
+        with pytest.raises(StreamedRpcError) as failed:
+            await stream.write(_request(1), 10)
+        assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        await stream.close()
+
+    asyncio.run(body())
