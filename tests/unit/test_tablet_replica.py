@@ -344,7 +344,10 @@ def test_many_tablets_share_the_servers_pools_and_start_no_threads_of_their_own(
                 wait_for(applied, what=f"{r.tablet_id} on {r.server_id} applies")
         added = [t.name for t in threading.enumerate() if t.ident not in before]
         ours = [n for n in added if not n.startswith("inmem-transport")]
-        assert all(re.fullmatch(r"(replica-worker|log-appender)-\d+", n) for n in ours), ours
+        # A pool's own deadline thread counts as the pool's: it starts once a leader's
+        # writes linger for company, which a loaded machine makes them do now and then.
+        pools = r"(replica-worker|log-appender)-(\d+|timers)"
+        assert all(re.fullmatch(pools, n) for n in ours), ours
         assert workers.threads() <= 3
         assert appenders.threads() <= 2
     finally:
