@@ -13,6 +13,7 @@ part of their outer pass and left out.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -37,16 +38,12 @@ def cpu_by_gap(events: Sequence[Event]) -> dict[str, list[list[float]]]:
         if label.startswith(" "):
             continue
         previous = last_end.get(label)
-        if previous is not None:
-            gap_ms = (start - previous) / 1e6
-            slot = next(
-                (i for i, bound in enumerate(GAP_BOUNDS_MS) if gap_ms < bound),
-                len(GAP_BOUNDS_MS),
-            )
-            out.setdefault(label, [[] for _ in range(len(GAP_BOUNDS_MS) + 1)])[slot].append(
-                cpu * 1e6
-            )
-        last_end[label] = max(end, previous or end)
+        if previous is None:
+            last_end[label] = end
+            continue
+        slot = bisect.bisect_right(GAP_BOUNDS_MS, (start - previous) / 1e6)
+        out.setdefault(label, [[] for _ in range(len(GAP_BOUNDS_MS) + 1)])[slot].append(cpu * 1e6)
+        last_end[label] = max(end, previous)
     return out
 
 
