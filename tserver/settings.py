@@ -107,7 +107,7 @@ class ServerSettings:
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
     log_gc_interval_s: float = 10.0
-    follower_apply_delay_ms: float = 100.0
+    follower_apply_delay_ms: float = 500.0
     write_rounds_in_flight: int = 1
     write_round_linger_ms: float = 5.0
     store_verify_interval_s: float = 3600.0

@@ -177,7 +177,7 @@ class ReplicaOptions:
     # While more commits are coming, a follower applies what has committed at most this
     # long after the first of it (fewer, larger store transactions; see ``_hold``); 0:
     # every round.
-    follower_apply_delay_s: float = 0.1
+    follower_apply_delay_s: float = 0.5
     # Segments log GC keeps for a lagging voter at most (tserver.log_gc); 0: no cap.
     log_max_segments_retained: int = 64
     # A scan page's bytes when the request leaves it to the server, and at most.
@@ -411,8 +411,11 @@ class TabletReplica:
 
     def _on_tick(self, _ticks: int) -> None:
         # On the ticker's thread: only a clock read, and when due a nudge to the apply
-        # stage: log GC's turn, and held entries go to the store.
-        if self._held or (self._log_gc is not None and self._log_gc.due()):
+        # stage: log GC's turn, or what a follower holds once it may hold it no longer.
+        # Not whatever it holds: the ticker calls every 300 ms, which cut every hold short
+        # of a longer --follower_apply_delay_ms (docs/benchmarks.md, "Holds the ticker
+        # cut short").
+        if self._hold_ended() or (self._log_gc is not None and self._log_gc.due()):
             self._apply_q.post(None)
         # Writes that waited this long for a round that does not apply (leadership lost,
         # no quorum, the store failing) go on alone: replicate refuses them if this replica
@@ -779,6 +782,18 @@ class TabletReplica:
             top = max(top, held[-1].index)
         return top
 
+    def _hold_ended(self) -> bool:
+        """Whether what this follower holds is to be applied now that no new commit came
+        to end the hold (``_hold``, asked again): its time is up, the replica leads now, or
+        no more commits are on their way.  True once, for the caller to nudge the stage."""
+        if not self._holding:  # unlocked: nothing held, or the stage is nudged already
+            return False
+        with self._applied_cond:
+            if not self._holding or self._hold(self._held):
+                return False
+            self._holding = False
+            return True
+
     def _hold(self, entries: list[Entry]) -> bool:
         """Whether a follower keeps ``entries`` (committed, under ``_applied_cond``) for a
         later, larger apply.
@@ -789,8 +804,9 @@ class TabletReplica:
         committed) it applies at most ``follower_apply_delay_s`` after the first entry it
         holds, or at 256 entries.  Never with nothing more to come (a follower at rest
         applies what it learns at once), never on a leader (its writers wait), nor while
-        a read waits for an index (``_wait_applied``).  The ticker, a read, a retry and
-        stop each have what is held applied at once (they post to the apply stage)."""
+        a read waits for an index (``_wait_applied``).  A read, a retry and stop each have
+        what is held applied at once (they post to the apply stage); the ticker asks again
+        (``_hold_ended``), so a hold ends on time when no commit comes to end it."""
         delay = self.options.follower_apply_delay_s
         if (
             delay <= 0
@@ -803,7 +819,7 @@ class TabletReplica:
             or self.consensus_log().last_index() <= entries[-1].index
         ):
             return False
-        now = time.monotonic()
+        now = self.clock()
         if not self._held_since:
             self._held_since = now
         return now - self._held_since < delay

@@ -677,7 +677,45 @@ def test_a_tick_or_a_stop_applies_what_a_follower_holds(tmp_path: Path) -> None:
         )
         tablet.stop(b.server_id)  # applies what it holds before the store closes
         assert b.store.applied_index() >= indexes[1]
-        tablet.wait_for(lambda: keys_on(a) == [1, 2, 3], what="a tick's nudge")  # ticks
+        # Ticks: the leader's heartbeat brings the last commit, and a, at rest, applies.
+        tablet.wait_for(lambda: keys_on(a) == [1, 2, 3], what="a applying at rest")
+    finally:
+        tablet.close()
+
+
+def test_a_tick_ends_a_followers_hold_only_once_its_time_is_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ticker calls every replica every few hundred milliseconds: were each call to
+    end what a follower holds, no hold would last longer than that, whatever
+    ``follower_apply_delay_s`` says. A tick ends a hold only once its time is up."""
+    options = ReplicaOptions(consensus=FAST, follower_apply_delay_s=30, log_gc_interval_s=0)
+    tablet = _caught_up_tablet(tmp_path, options)
+    try:
+        leader = tablet.leader()
+        follower = next(r for r in tablet.replicas.values() if r is not leader)
+        now = [1000.0]
+        follower.clock = lambda: now[0]
+        nudges: list[object] = []
+        post = follower._apply_q.post
+        monkeypatch.setattr(
+            follower._apply_q, "post", lambda item: (nudges.append(item), post(item))[1]
+        )
+        indexes = [send(leader, write([k], "c1", k)).result().op_index for k in (1, 2, 3, 4)]
+        # No tick: each append carries the commit of the write before it.
+        wait_for(lambda: follower.held_entries >= 3, what="the follower holding 3 writes")
+        now[0] += 29
+        follower._on_tick(3)  # its own tick only: the leader sends nothing
+        assert nudges == []
+        assert follower.held_entries >= 3
+        assert follower.store.applied_index() < indexes[0]
+        now[0] += 2
+        follower._on_tick(3)
+        follower._on_tick(3)  # one nudge ends one hold
+        assert nudges == [None]
+        wait_for(
+            lambda: follower.store.applied_index() >= indexes[2], what="the held writes applied"
+        )
     finally:
         tablet.close()
 
