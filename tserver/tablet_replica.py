@@ -412,9 +412,9 @@ class TabletReplica:
     def _on_tick(self, _ticks: int) -> None:
         # On the ticker's thread: only a clock read, and when due a nudge to the apply
         # stage: log GC's turn, or what a follower holds once it may hold it no longer.
-        # Not whatever it holds: the ticker calls every 300 ms, which cut every hold short
-        # of a longer --follower_apply_delay_ms (docs/benchmarks.md, "Holds the ticker
-        # cut short").
+        # Not whatever it holds: the ticker calls once a heartbeat's worth of ticks (300 ms
+        # by default), which cut every longer --follower_apply_delay_ms short
+        # (docs/benchmarks.md, "Holds the ticker cut short").
         if self._hold_ended() or (self._log_gc is not None and self._log_gc.due()):
             self._apply_q.post(None)
         # Writes that waited this long for a round that does not apply (leadership lost,
