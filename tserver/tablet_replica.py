@@ -359,8 +359,8 @@ class TabletReplica:
         self._round_target = 0
         self._round_went = 0.0
         self._linger_until = 0.0
-        # What rounds and their waits are timed with (a test may set its own); a linger's
-        # end is on the worker pool's timer, in real time.
+        # What rounds, their waits and a follower's holds are timed with (a test may set its
+        # own); a linger's end is on the worker pool's timer, in real time.
         self.clock: Callable[[], float] = time.monotonic
         self._applied_index = self.store.applied_index()
         self._applied_cond = threading.Condition()
@@ -786,8 +786,6 @@ class TabletReplica:
         """Whether what this follower holds is to be applied now that no new commit came
         to end the hold (``_hold``, asked again): its time is up, the replica leads now, or
         no more commits are on their way.  True once, for the caller to nudge the stage."""
-        if not self._holding:  # unlocked: nothing held, or the stage is nudged already
-            return False
         with self._applied_cond:
             if not self._holding or self._hold(self._held):
                 return False
@@ -806,7 +804,8 @@ class TabletReplica:
         applies what it learns at once), never on a leader (its writers wait), nor while
         a read waits for an index (``_wait_applied``).  A read, a retry and stop each have
         what is held applied at once (they post to the apply stage); the ticker asks again
-        (``_hold_ended``), so a hold ends on time when no commit comes to end it."""
+        (``_hold_ended``), so a hold no commit comes to end ends at the first tick after its
+        time is up."""
         delay = self.options.follower_apply_delay_s
         if (
             delay <= 0
