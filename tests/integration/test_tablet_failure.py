@@ -280,6 +280,10 @@ def _full_disk_scenario(cluster: TserverCluster) -> None:
         )
         wait_for(lambda: cluster.leaders().get(tablet) == victim.id, 10, "ts1 leads")
     before = _populate_one(cluster, tablet)
+    # The victim's other tablet must have heard its leader before the disk fills: a first
+    # append in a new term saves that term, and on a full disk that save rightly fails the
+    # replica (seen in CI, when the leader's first connection to ts1 came late).
+    cluster.wait_caught_up()
     filler = _fill_disk(victim.config.data_dir)
 
     writer = Writer(cluster, tablet)
