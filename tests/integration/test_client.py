@@ -28,7 +28,7 @@ from raftlet.client import (
     RowFormat,
     Timeout,
 )
-from raftlet.proto import admin_pb2
+from raftlet.proto import admin_pb2, tablet_pb2
 from tests.integration.tserver_cluster import (
     TserverCluster,
     free_ports,
@@ -149,7 +149,9 @@ def test_routing_equals_server_placement(client: Client, cluster: TserverCluster
     stored_in: dict[int, str] = {}
     for tablet_id in client.tablets("kv"):
         leader = cluster.leader_of(tablet_id)
-        for key in leader.scan_rows(tablet_id):  # a follower-applied read of the leader
+        # A leader read: it waits for what was acknowledged, whose store transaction may
+        # commit just after its answer.
+        for key in leader.scan_rows(tablet_id, read_mode=tablet_pb2.READ_LEADER_LATEST):
             if base <= key < base + n:
                 assert key not in stored_in, f"key {key} in {stored_in[key]} and {tablet_id}"
                 stored_in[key] = tablet_id

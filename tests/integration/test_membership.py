@@ -174,6 +174,8 @@ def test_move_a_replica_to_a_fourth_server_under_write_load(
     with ClientLoad(four) as load, Client.from_config(str(four.path)) as client:
         load.wait_more(50)
         _gc_past_the_start(four, tid, load)
+        # Still the leader's replica that leaves, whatever an election did in the meantime.
+        four.move_leader(tid, source)
         assert cli(["tablet", "move-replica", tid, source, spare, *target, "--wait"]) == 0
         out = capsys.readouterr().out
         assert f"leadership moved from {source}" in out

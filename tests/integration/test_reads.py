@@ -62,9 +62,14 @@ def test_leader_reads_under_the_lease_see_every_acknowledged_write(
         assert rows == [{"key": key, "value": "x"}]
     session.close()
 
-    def leases_served() -> int:
-        return sum(
-            int(t.get("lease_reads", 0)) for s in cluster.servers.values() for t in s.tablets_json()
-        )
+    def served(kind: str) -> int:
+        return sum(int(t.get(kind, 0)) for s in cluster.servers.values() for t in s.tablets_json())
 
-    wait_for(lambda: leases_served() >= 40, what="the leaders' lease_reads")
+    # Every read is counted on its leader.  A read that finds the lease lapsed -- its ticker
+    # ran late, or no heartbeat round came back in time, as on a loaded machine -- is
+    # served by a ReadIndex round instead, rightly; most must be the lease's.
+    wait_for(
+        lambda: served("lease_reads") + served("read_index_reads") >= 40,
+        what="the leaders' reads",
+    )
+    assert served("lease_reads") >= 20

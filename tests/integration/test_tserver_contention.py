@@ -25,6 +25,7 @@ from tests.integration.tserver_cluster import (
     kv_op,
     running_cluster,
     server_error,
+    wait_for,
     write_request,
 )
 
@@ -45,7 +46,8 @@ def test_service_queue_overflow_is_refused_and_counted(tmp_path: Path) -> None:
         "--rpc_service_queue_length", "1",
         "--log_inject_latency_ms", "50",
     ]  # fmt: skip
-    with running_cluster(tmp_path, partitions=1, flags=flags) as cluster:
+    # STEADY (below): every refusal must be the queue's, so the leader must not move.
+    with running_cluster(tmp_path, partitions=1, flags=flags, raft=STEADY) as cluster:
         leader = cluster.leader_of(TABLET)
         assert _overflows(cluster) == 0
 
@@ -143,4 +145,9 @@ def test_term_checks_counted_per_mode(tmp_path: Path, mode: str) -> None:
         for s in cluster.servers.values():
             if s.id != leader.id:
                 assert s.metric("term_checks_total", tablet=TABLET) == 0
-        assert leader.metric("write_ops_total", tablet=TABLET) == n
+        # A write is answered before its store transaction commits, and counted after it.
+        wait_for(
+            lambda: leader.metric("write_ops_total", tablet=TABLET) == n,
+            10,
+            f"write_ops_total to reach {n}",
+        )

@@ -120,7 +120,12 @@ def test_same_request_id_applied_once_across_retries_and_failover(
                     return server.metric("rows_inserted_total", tablet=TABLET) == len(expected)
 
                 wait_for(inserted_all, 10, f"{s.id}'s rows_inserted_total to reach {len(expected)}")
-        assert new.metric("rows_inserted_total", tablet=TABLET) == len(expected)
+        # Counted once its store transaction commits, which may be just after the rows show.
+        wait_for(
+            lambda: new.metric("rows_inserted_total", tablet=TABLET) == len(expected),
+            10,
+            "the count",
+        )
 
 
 def test_concurrent_retries_of_one_request_id_apply_once(tmp_path: Path) -> None:
@@ -168,7 +173,8 @@ def test_concurrent_retries_of_one_request_id_apply_once(tmp_path: Path) -> None
         assert {a.op_index for a in answers} == {answers[0].op_index}
         assert all(list(a.row_errors) == [] for a in answers)
         cluster.wait_converged(TABLET, {10: "ten"})
-        assert new.metric("rows_inserted_total", tablet=TABLET) == 1
+        # Counted once its store transaction commits, which may be just after the rows show.
+        wait_for(lambda: new.metric("rows_inserted_total", tablet=TABLET) == 1, 10, "the count")
 
 
 def _state(server: Server) -> consensus_pb2.ConsensusStatePB:
@@ -223,6 +229,8 @@ def test_retry_at_new_leader_that_has_not_applied_the_original_gets_the_same_ans
             30,
             "every replica to apply everything",
         )
+        # Counted once its store transaction commits, which may be just after it applied.
+        wait_for(lambda: new.metric("rows_inserted_total", tablet=TABLET) == 20_001, 10, "count")
         again = new.tablet.Write(write, timeout=10)
         assert new.metric("rows_inserted_total", tablet=TABLET) == 20_001  # applied once
         assert list(original.row_errors) == list(retry.response.row_errors) == []

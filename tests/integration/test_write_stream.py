@@ -47,7 +47,7 @@ def _results(
 
 def test_each_write_of_a_frame_gets_its_own_answer(tmp_path: Path) -> None:
     with running_cluster(tmp_path, partitions=2) as cluster:
-        cluster.wait_leaders()
+        cluster.wait_caught_up()  # every follower has heard its leader: it can name it
         tablet = cluster.tablet_for_key(1)
         leader = cluster.leader_of(tablet)
         follower = next(s for s in cluster.alive_servers() if s.id != leader.id)

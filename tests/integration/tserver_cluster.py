@@ -392,9 +392,24 @@ class TserverCluster:
                     found[t.tablet_id] = s.id
         return found
 
+    def _wait_leaders_where(
+        self, ok: Callable[[dict[str, str]], bool], timeout: float, what: str
+    ) -> dict[str, str]:
+        """The first ``leaders()`` that ``ok`` accepts -- the very answer the wait saw:
+        asking again after it could meet a server that failed to answer or an election."""
+        seen: dict[str, str] = {}
+
+        def check() -> bool:
+            nonlocal seen
+            seen = self.leaders()
+            return ok(seen)
+
+        wait_for(check, timeout, what)
+        return seen
+
     def wait_leaders(self, timeout: float = 30.0) -> dict[str, str]:
-        wait_for(lambda: len(self.leaders()) == len(self.tablet_ids()), timeout, "every leader")
-        return self.leaders()
+        n = len(self.tablet_ids())
+        return self._wait_leaders_where(lambda found: len(found) == n, timeout, "every leader")
 
     def wait_caught_up(self, timeout: float = 30.0) -> None:
         """Wait until every replica of every tablet has applied what its leader had
@@ -427,17 +442,19 @@ class TserverCluster:
         wait_for(caught_up, timeout, f"every replica applied up to {target}")
 
     def leader_of(self, tablet_id: str, timeout: float = 30.0) -> Server:
-        wait_for(lambda: tablet_id in self.leaders(), timeout, f"a leader of {tablet_id}")
-        return self.servers[self.leaders()[tablet_id]]
+        found = self._wait_leaders_where(
+            lambda f: tablet_id in f, timeout, f"a leader of {tablet_id}"
+        )
+        return self.servers[found[tablet_id]]
 
     def new_leader_of(self, tablet_id: str, old: str, timeout: float = 30.0) -> Server:
         """Wait for a ready leader of ``tablet_id`` other than server ``old``."""
-        wait_for(
-            lambda: self.leaders().get(tablet_id, old) != old,
+        found = self._wait_leaders_where(
+            lambda f: f.get(tablet_id, old) != old,
             timeout,
             f"a leader of {tablet_id} other than {old}",
         )
-        return self.servers[self.leaders()[tablet_id]]
+        return self.servers[found[tablet_id]]
 
     def move_leader(self, tablet_id: str, to: str, timeout: float = 60.0) -> None:
         """Make server ``to`` the ready leader of ``tablet_id`` (leader transfers, asked
