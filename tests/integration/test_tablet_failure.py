@@ -26,14 +26,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftlet.cluster import RaftTimings
 from raftlet.consensus.log.segment import HEADER_SIZE
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from tests.integration.tserver_cluster import (
+    HARNESS_TICK_MS,
     Server,
     TserverCluster,
     WriteFailed,
+    harness_timings,
     kv_op,
     running_cluster,
     server_error,
@@ -45,7 +46,6 @@ from tests.integration.tserver_cluster import (
 PARTITIONS = 3
 # The refusal itself is what these tests look at: no repair (test_tablet_copy.py has it).
 NO_REPAIR = ["--tablet_copy_repair_interval_s", "0"]
-TICK_S = 0.05
 
 
 def _populate(cluster: TserverCluster) -> dict[str, dict[int, str]]:
@@ -265,11 +265,7 @@ def test_a_full_disk_fails_the_leaders_store_and_it_recovers_once_space_is_freed
             tmp_path,
             partitions=2,
             flags=[f"--log_segment_size_bytes={SEGMENT_BYTES}"],
-            raft=RaftTimings(
-                tick_interval_ms=round(TICK_S * 1000),
-                election_ticks=ELECTION_TICKS,
-                heartbeat_ticks=1,
-            ),
+            raft=harness_timings(ELECTION_TICKS),
         )
         try:
             cluster.start()
@@ -303,7 +299,7 @@ def _full_disk_scenario(cluster: TserverCluster) -> None:
         # A hand-over takes milliseconds; with no follower caught up the leader steps down
         # and an election follows: the longest randomized timeout (two election timeouts)
         # and one more for the vote, the new leader's first commit and this polling.
-        election_timeout_s = ELECTION_TICKS * TICK_S
+        election_timeout_s = ELECTION_TICKS * HARNESS_TICK_MS / 1000
         assert moved_s <= 3 * election_timeout_s, f"leadership moved after {moved_s:.2f} s"
         print(f"full disk: leadership moved to {new.id} {moved_s * 1000:.0f} ms after FAILED")
         # Writes go on through the new leader.

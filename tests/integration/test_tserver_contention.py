@@ -18,10 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftlet.cluster import RaftTimings
 from raftlet.proto.common_pb2 import ServerErrorPB
 from tests.integration.tserver_cluster import (
     TserverCluster,
+    harness_timings,
     kv_op,
     running_cluster,
     server_error,
@@ -103,7 +103,7 @@ def test_service_queue_overflow_is_refused_and_counted(tmp_path: Path) -> None:
 
 
 # Long election timeouts: the leader must not move while the checks are counted.
-STEADY = RaftTimings(tick_interval_ms=50, election_ticks=20, heartbeat_ticks=1)
+STEADY = harness_timings(20)
 WRITERS = 4
 WRITES_PER_WRITER = 10
 

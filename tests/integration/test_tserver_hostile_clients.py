@@ -16,11 +16,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftlet.cluster import RaftTimings
 from raftlet.proto import admin_pb2, tablet_pb2
 from raftlet.tserver.grpc_limits import MAX_CONCURRENT_STREAMS, PER_CONNECTION_UNREAD_BYTES
 from tests.hostile_h2 import StuckCaller
 from tests.integration.tserver_cluster import (
+    harness_timings,
     kv_op,
     running_cluster,
     wait_for,
@@ -99,8 +99,7 @@ def test_leader_step_down_is_refused_more_than_once_per_election_timeout(
     # Elections after 2-4 s, so the interval the server enforces (an election timeout) is
     # 2 s: the repeats below must come inside it, which a loaded machine can stretch past
     # the harness's 0.5 s.
-    timings = RaftTimings(tick_interval_ms=50, election_ticks=40, heartbeat_ticks=1)
-    with running_cluster(tmp_path, n_servers=3, partitions=1, raft=timings) as cluster:
+    with running_cluster(tmp_path, n_servers=3, partitions=1, raft=harness_timings(40)) as cluster:
         (tablet,) = cluster.tablet_ids()
         leader = cluster.leader_of(tablet)
         target = next(sid for sid in cluster.servers if sid != leader.id)

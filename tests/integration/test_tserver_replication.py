@@ -19,12 +19,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from raftlet.cluster import RaftTimings
 from raftlet.proto import consensus_pb2, tablet_pb2
 from tests.integration.tserver_cluster import (
     AckedWrite,
     TserverCluster,
     WriteLoad,
+    harness_timings,
     kv_op,
     running_cluster,
     wait_for,
@@ -68,7 +68,7 @@ def test_one_leader_per_tablet_and_batch_applied_on_all_replicas(
     flags = [f"--consensus_transport={transport}"]
     # Elections after 1-2 s without a heartbeat, not the harness's 0.5-1 s: the test ends
     # by checking that nobody moved, which a stall on a loaded machine must not undo.
-    steady = RaftTimings(tick_interval_ms=50, election_ticks=20, heartbeat_ticks=1)
+    steady = harness_timings(20)
     with running_cluster(tmp_path, partitions=2, flags=flags, raft=steady) as cluster:
         tablets = cluster.tablet_ids()
         assert len(tablets) == 2

@@ -23,7 +23,6 @@ import pytest
 
 from raftlet.client import Client
 from raftlet.client.errors import InvalidArgument
-from raftlet.cluster import RaftTimings
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.partition import partition_for_key
@@ -31,6 +30,7 @@ from tests.integration.tserver_cluster import (
     KV_SCHEMA,
     Server,
     TserverCluster,
+    harness_timings,
     kv_op,
     running_cluster,
     server_error,
@@ -54,7 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TserverCluster
     # keeps the leader's process busy for a few hundred ms on a loaded 2-core machine (its
     # ticker logs the stall), which must not pass for a dead leader here -- the test checks
     # that a refused write costs the leader nothing.
-    timings = RaftTimings(tick_interval_ms=50, election_ticks=40, heartbeat_ticks=1)
+    timings = harness_timings(40)
     with running_cluster(
         tmp_path_factory.mktemp("write_guards"), partitions=PARTITIONS, raft=timings
     ) as c:

@@ -278,6 +278,18 @@ def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     return buf.split(b"\n", 1)[0].decode(errors="replace")
 
 
+HARNESS_TICK_MS = 50
+
+
+def harness_timings(election_ticks: int = 10) -> RaftTimings:
+    """The harness's Raft timings: 50 ms ticks, a heartbeat every tick, elections after
+    ``election_ticks`` to twice that without one (0.5-1 s by default).  Tests that must see
+    no election a loaded machine could start ask for more ticks."""
+    return RaftTimings(
+        tick_interval_ms=HARNESS_TICK_MS, election_ticks=election_ticks, heartbeat_ticks=1
+    )
+
+
 class TserverCluster:
     def __init__(
         self,
@@ -299,7 +311,7 @@ class TserverCluster:
         self.partitions = partitions
         self.channels = ChannelPool(TEST_CHANNEL_OPTIONS)
         self._n_servers = n_servers
-        self._raft = raft or RaftTimings(tick_interval_ms=50, election_ticks=10, heartbeat_ticks=1)
+        self._raft = raft or harness_timings()
         self._started = False
         self._pick_ports()
 
