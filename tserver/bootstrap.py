@@ -216,12 +216,18 @@ def open_replica(
     log_observer: LogObserver | None = None,
     log_appenders: WorkerPool | None = None,
     learners: Sequence[str] = (),
+    *,
+    create: bool = True,
 ) -> OpenedReplica:
     """Open (or create, with the membership ``voters`` + ``learners``) the replica in
-    ``directory``; see the module docstring."""
+    ``directory``; see the module docstring.  With ``create`` False, a directory that holds
+    no replica (no consensus metadata) is refused, not started afresh: the replica was
+    there, and its directory was wiped or lost (``tserver.hosted_tablets``)."""
     path = Path(directory)
     if (path / TOMBSTONE_FILE).exists():
         raise ReplicaOpenError(f"{path} holds a deleted replica (a tombstone)")
+    if not create and not any(path.iterdir() if path.is_dir() else ()):
+        raise ReplicaOpenError(_lost(path))
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store = TabletStore.open(path / STORE_FILE, schema)
@@ -241,7 +247,7 @@ def open_replica(
         raise
     t2 = time.perf_counter()
     try:
-        _check_membership(storage, store, tuple(voters), tuple(learners))
+        _check_membership(storage, store, tuple(voters), tuple(learners), create)
         replayed = _replay(store, storage)
     except BaseException:
         storage.close()
@@ -263,8 +269,20 @@ def open_replica(
     return OpenedReplica(path, store, storage, replayed, seconds)
 
 
+def _lost(path: Path) -> str:
+    return (
+        f"{path} holds no replica (wiped or lost), yet the tablet is hosted here: starting "
+        "afresh would forget its term, vote and the entries it acknowledged; a tablet copy "
+        "from the leader repairs it"
+    )
+
+
 def _check_membership(
-    storage: LogStorage, store: TabletStore, voters: tuple[str, ...], learners: tuple[str, ...]
+    storage: LogStorage,
+    store: TabletStore,
+    voters: tuple[str, ...],
+    learners: tuple[str, ...],
+    create: bool,
 ) -> None:
     if storage.metadata.fresh:
         last, applied = storage.last_index(), store.applied_index()
@@ -274,6 +292,8 @@ def _check_membership(
                 f"entries up to {last} and a store applied to {applied}: starting afresh "
                 "would forget this replica's term and vote; refusing to open"
             )
+        if not create:
+            raise ReplicaOpenError(_lost(Path(storage.metadata.directory)))
         storage.save_metadata(PersistentState(voters=voters, learners=learners))
     # Otherwise the metadata's membership stands, whatever the caller placed it among.
 

@@ -28,14 +28,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from raftlet.proto import tablet_pb2
+from raftlet.tserver.errors import InvalidRequest
 
 __all__ = [
     "ANONYMOUS_PREFIX",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_CLIENTS",
+    "MAX_CLIENT_ID_BYTES",
     "Admission",
     "RequestKey",
     "ResultTracker",
+    "check_client_id",
 ]
 
 DEFAULT_MAX_CLIENTS = 4096
@@ -43,6 +46,9 @@ DEFAULT_MAX_CLIENTS = 4096
 # flight, to answer their waiters, but never remembered once complete -- nothing can retry
 # them, and thousands of them would push real clients out.
 ANONYMOUS_PREFIX = "~anonymous-"
+# The longest client id a write may carry (bytes of UTF-8; the client library's are 32):
+# every replica keeps each client's id in memory and in the store's request records.
+MAX_CLIENT_ID_BYTES = 256
 DEFAULT_MAX_BYTES = 8 << 20
 # What a stored response costs beyond its encoded size (dict slot, message object), and what
 # a client's own entry costs: rough, but they keep many tiny responses from looking free.
@@ -52,6 +58,23 @@ _CLIENT_OVERHEAD = 400
 _LEARNED_OVERHEAD = 100
 
 RequestKey = tuple[str, int]
+
+
+def check_client_id(client_id: str) -> None:
+    """Refuse (InvalidRequest) a client id a write may not carry: one of the replica's own
+    names for anonymous writes -- taken as one, its write would be answered as another
+    write's and never applied -- or one longer than ``MAX_CLIENT_ID_BYTES``."""
+    if client_id.startswith(ANONYMOUS_PREFIX):
+        raise InvalidRequest(
+            f"client ids beginning {ANONYMOUS_PREFIX!r} are reserved for writes without one"
+        )
+    size = len(client_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_CLIENT_ID_BYTES:
+        raise InvalidRequest(
+            f"a client id of {size} bytes is longer than {MAX_CLIENT_ID_BYTES} bytes"
+        )
+
+
 Respond = Callable[[tablet_pb2.WriteResponse], None]
 Fail = Callable[[BaseException], None]
 
@@ -124,6 +147,12 @@ class ResultTracker:
             # Applied, its response not kept: the caller reads it back from the store and
             # completes the request (or executes it, as NEW, if the store forgot it).
             return (Admission.APPLIED if done is not None else Admission.NEW), None
+
+    def first_incomplete(self, client_id: str) -> int:
+        """The client's first incomplete seq_no as this tracker holds it (0: unknown)."""
+        with self._lock:
+            client = self._clients.get(client_id)
+            return client.first_incomplete if client is not None else 0
 
     def complete(
         self, key: RequestKey, response: tablet_pb2.WriteResponse, first_incomplete_seq_no: int = 0
@@ -235,7 +264,8 @@ class ResultTracker:
         """The client's entry, made the most recently used (created if new)."""
         client = self._clients.get(client_id)
         if client is None:
-            client = self._clients[client_id] = _Client()
+            # The id is kept as long as the client is: counted with it.
+            client = self._clients[client_id] = _Client(size=_CLIENT_OVERHEAD + len(client_id))
             self._bytes += client.size
             self._evict(client_id)
         else:

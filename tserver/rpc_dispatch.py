@@ -46,7 +46,14 @@ from raftlet.tserver.errors import (
 from raftlet.tserver.security import SenderMismatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 
-__all__ = ["LeaderAddrLookup", "abort_with", "dispatch", "status_for"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "LeaderAddrLookup",
+    "abort_with",
+    "bounded_message",
+    "dispatch",
+    "status_for",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +125,22 @@ async def abort_with(
     raise AssertionError("ServicerContext.abort returned")  # it always raises
 
 
+# The longest message (UTF-8 bytes) a status carries.  It travels twice in the call's
+# trailers -- percent-encoded in grpc-message, up to 3 bytes a byte, and in the ServerErrorPB
+# -- and a client drops the call as RESOURCE_EXHAUSTED past 16 KiB of metadata: an error
+# quoting a client's 20,000-character column name once did that, hiding INVALID_ARGUMENT.
+MAX_MESSAGE_BYTES = 1024
+
+
+def bounded_message(msg: str) -> str:
+    """``msg``, cut to ``MAX_MESSAGE_BYTES`` (saying how long it was) when longer."""
+    raw = msg.encode("utf-8", "replace")
+    if len(raw) <= MAX_MESSAGE_BYTES:
+        return msg
+    head = raw[: MAX_MESSAGE_BYTES - 64].decode("utf-8", "ignore")
+    return f"{head}... (cut: the message was {len(raw)} bytes)"
+
+
 def status_for(
     exc: BaseException, leader_addr_lookup: LeaderAddrLookup | None = None
 ) -> tuple[grpc.StatusCode, str, ServerErrorPB | None]:
@@ -128,7 +151,7 @@ def status_for(
     """
     S = grpc.StatusCode
     E = ServerErrorPB
-    msg = str(exc) or type(exc).__name__
+    msg = bounded_message(str(exc) or type(exc).__name__)
     if isinstance(exc, SenderMismatch):
         # A peer's certificate and its request disagree about who sends it: a forgery.
         return S.PERMISSION_DENIED, msg, None

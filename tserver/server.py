@@ -91,6 +91,7 @@ from raftlet.tserver.grpc_limits import (
     UnreadResponseBudget,
     server_limit_options,
 )
+from raftlet.tserver.hosted_tablets import HostedTablets
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.message_limits import MessageLimits
 from raftlet.tserver.replica_map import ReplicaMap
@@ -372,12 +373,16 @@ class TabletServer:
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
         with self._replicas_lock:
-            for placement in self._tablets_to_open():
+            record = HostedTablets.load(s.data_dir)
+            for placement, must_exist in self._tablets_to_open(record):
                 register_tablet_gauges(
                     self._tablet_entity(placement),
                     functools.partial(self.hosted, placement.tablet_id),
                 )
-                self._place(placement.tablet_id, self._open(placement))
+                self._place(placement.tablet_id, self._open(placement, must_exist=must_exist))
+            self._placed = frozenset(p.tablet_id for p in s.placements())
+            self._hosted = {*self.replicas.keys(), *self.failed_tablets.keys()}
+            HostedTablets.save(s.data_dir, self._hosted, self._placed)
         for pool in self.pools.values():
             pool.start()
         # Authentication first: an unauthenticated caller learns nothing, not even that its
@@ -470,11 +475,28 @@ class TabletServer:
             return None
         return TcpAdmission(context, self.auth, role, what)
 
-    def _tablets_to_open(self) -> list[TabletPlacement]:
-        """The placement's tablets, then every other tablet with a replica directory here
-        (created later), less the deleted ones (a tombstone)."""
+    def _tablets_to_open(self, record: HostedTablets) -> list[tuple[TabletPlacement, bool]]:
+        """The tablets to open, each with whether its replica must be there already: the
+        placement's, every tablet ``record`` says is hosted here, and every other tablet
+        with a replica directory here (created later), less the deleted ones (a tombstone,
+        or placed here yet no longer hosted: ``tserver.hosted_tablets``)."""
         data_dir = self.settings.data_dir
-        chosen = {p.tablet_id: p for p in self.settings.placements()}
+        hosted = record.hosted or frozenset()
+        chosen: dict[str, tuple[TabletPlacement, bool]] = {}
+        for p in self.settings.placements():
+            tid = p.tablet_id
+            if record.hosted is None or tid in hosted:
+                chosen[tid] = (p, record.hosted is not None)
+            elif record.placed is not None and tid not in record.placed:
+                chosen[tid] = (p, False)  # new to the config since the record was written
+            else:
+                logger.info("tablet %s: deleted from this server, not opened", tid)
+        for tid in sorted(hosted - chosen.keys()):
+            placement = self.tablets.get(tid)
+            if placement is None:
+                logger.warning("tablet %s: hosted here, but no tablet of the cluster config", tid)
+                continue
+            chosen[tid] = (placement, True)
         for child in sorted(data_dir.iterdir()) if data_dir.is_dir() else []:
             if child.name in chosen or not (child / CONSENSUS_META_FILE).is_file():
                 continue
@@ -482,8 +504,13 @@ class TabletServer:
             if placement is None:
                 logger.warning("%s: no tablet of the cluster config, not opened", child)
                 continue
-            chosen[child.name] = placement
-        return [p for tid, p in chosen.items() if not (data_dir / tid / TOMBSTONE_FILE).exists()]
+            chosen[child.name] = (placement, True)
+        return [c for tid, c in chosen.items() if not (data_dir / tid / TOMBSTONE_FILE).exists()]
+
+    def _record_hosted(self, hosted: set[str]) -> None:
+        """Durably note the tablets hosted here (under ``_replicas_lock``)."""
+        HostedTablets.save(self.settings.data_dir, hosted, self._placed)
+        self._hosted = hosted
 
     def _tablet_entity(self, placement: TabletPlacement) -> Any:
         return self.registry.entity(
@@ -493,7 +520,12 @@ class TabletServer:
         )
 
     def _new_replica(
-        self, placement: TabletPlacement, voters: tuple[str, ...], learners: tuple[str, ...]
+        self,
+        placement: TabletPlacement,
+        voters: tuple[str, ...],
+        learners: tuple[str, ...],
+        *,
+        create: bool = True,
     ) -> TabletReplica:
         """Open (or create, with ``voters`` + ``learners``) this server's replica of
         ``placement``'s tablet; not started."""
@@ -529,6 +561,7 @@ class TabletServer:
             workers=self.workers,
             log_appenders=self.log_appenders,
             request_copy=self.copier.request_copy,
+            create=create,
         )
 
     def _tcp_endpoint(self, addr: str) -> Endpoint | None:
@@ -565,10 +598,14 @@ class TabletServer:
         placement = self.tablets.get(tablet_id)
         if placement is None:
             raise UnknownTablet(tablet_id, "no tablet of the cluster config")
-        if self.server_id not in (*voters, *learners):
+        # Only as a learner: an empty replica that counted as a voter could elect itself, or
+        # others, on a membership nobody else holds -- a second group of the same tablet.
+        # The leader adds the learner (ADD_LEARNER) and promotes it once it caught up.
+        if self.server_id not in learners or self.server_id in voters:
             raise InvalidRequest(
-                f"server {self.server_id} is not in the membership the replica is to join "
-                f"(voters {list(voters)}, learners {list(learners)})"
+                f"server {self.server_id} must be a learner, and not a voter, of the "
+                f"membership the replica is to join (voters {list(voters)}, learners "
+                f"{list(learners)}): a new replica joins as a learner"
             )
         unknown = sorted((set(voters) | set(learners)) - set(self.config.server_ids))
         if unknown:
@@ -585,6 +622,7 @@ class TabletServer:
                 raise InvalidRequest(
                     f"{directory} holds a replica's files already; delete it first"
                 )
+            self._record_hosted(self._hosted | {tablet_id})
             replica = self._new_replica(placement, voters, learners)
             register_tablet_gauges(
                 self._tablet_entity(placement), functools.partial(self.hosted, tablet_id)
@@ -623,13 +661,20 @@ class TabletServer:
             self.registry.remove_entity("tablet", tablet_id)
             directory = self.settings.data_dir / tablet_id
             _tombstone(directory)
+            self._record_hosted(self._hosted - {tablet_id})
         logger.info("deleted the replica of tablet %s (%s)", tablet_id, directory)
 
-    def _open(self, placement: TabletPlacement) -> TabletReplica | FailedTablet:
+    def _open(
+        self, placement: TabletPlacement, *, must_exist: bool = True
+    ) -> TabletReplica | FailedTablet:
         """This server's replica of ``placement``'s tablet from its directory (its metadata's
-        membership stands once it exists), or FAILED; not started."""
+        membership stands once it exists), or FAILED; not started.  Created afresh only
+        when not ``must_exist``: a hosted replica whose directory is gone is FAILED, for a
+        tablet copy to repair (``tserver.hosted_tablets``)."""
         return open_or_fail(
-            functools.partial(self._new_replica, placement, placement.replicas, ()),
+            functools.partial(
+                self._new_replica, placement, placement.replicas, (), create=not must_exist
+            ),
             tablet_id=placement.tablet_id,
             table=placement.table,
             partition=placement.partition,

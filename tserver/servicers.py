@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -156,8 +157,12 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
         self._streams.cancel_all()
 
     async def Scan(self, request: tablet_pb2.ScanRequest, context: Any) -> Any:
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
         return await self._dispatch(
-            "Scan", context, _run_sync(lambda: self._s.replica(request.tablet_id).scan(request))
+            "Scan",
+            context,
+            _run_sync(lambda: self._s.replica(request.tablet_id).scan(request, deadline)),
         )
 
     async def ListTablets(self, request: tablet_pb2.ListTabletsRequest, context: Any) -> Any:
@@ -313,6 +318,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
         def step_down() -> admin_pb2.LeaderStepDownResponse:
             try:
+                new = [request.new_leader_uuid] if request.new_leader_uuid else []
+                _check_ids(request.tablet_id, new)
                 replica = self._s.replica(request.tablet_id)
                 replica.consensus.step_down(request.new_leader_uuid or NO_NODE)
             except BaseException:

@@ -115,6 +115,7 @@ from raftlet.tserver.result_tracker import (
     Admission,
     RequestKey,
     ResultTracker,
+    check_client_id,
 )
 from raftlet.tserver.row_routing import check_rows_in_tablet
 from raftlet.tserver.scan_page import fill_page
@@ -142,6 +143,8 @@ _APPLY_RETRY_FIRST_S = 0.05
 _APPLY_RETRY_MAX_S = 2.0
 # Entries read back from the log per store transaction when catching up after a failure.
 _CATCH_UP_CHUNK = 4096
+# What a wait inside a call leaves of the caller's deadline, for the answer to reach it.
+_ANSWER_MARGIN_S = 0.1
 # A follower applies what it holds once it is this many entries (``_hold``).
 _HOLD_MAX_ENTRIES = 256
 # Writes wait for a round at most this long before they go on alone (``_next_round``).
@@ -281,9 +284,11 @@ class TabletReplica:
         learners: Sequence[str] = (),
         peers: Sequence[str] = (),
         request_copy: Callable[[str, str, int], None] | None = None,
+        create: bool = True,
     ) -> None:
         """``voters`` and ``learners``: the membership a fresh directory starts with (the
-        metadata's, once it exists, stands).  ``peers``: every server of the cluster.
+        metadata's, once it exists, stands); with ``create`` False a directory without a
+        replica is refused instead.  ``peers``: every server of the cluster.
         ``request_copy(tablet_id, peer, term)``: this replica leads and ``peer`` needs a
         copy of the tablet (``tserver.tablet_copier``); it must only hand the work on."""
         if not 0 <= partition < num_partitions:
@@ -298,7 +303,14 @@ class TabletReplica:
         self._metrics = _ReplicaMetrics(metrics)
         self.directory = directory
         self._opened: OpenedReplica = open_replica(
-            directory, schema, voters, opts.log, _LogMetrics(metrics), log_appenders, learners
+            directory,
+            schema,
+            voters,
+            opts.log,
+            _LogMetrics(metrics),
+            log_appenders,
+            learners,
+            create=create,
         )
         self.store = self._opened.store
         self.lock = ProfiledLock(
@@ -472,6 +484,7 @@ class TabletReplica:
             key: RequestKey = (rid.client_id, rid.seq_no)
             if rid.seq_no < 0 or rid.first_incomplete_seq_no < 0:
                 raise InvalidRequest("request ids are non-negative")
+            check_client_id(rid.client_id)
         else:
             key = (f"{ANONYMOUS_PREFIX}{next(_anonymous)}", 0)
         admission, done = self.tracker.admit(
@@ -480,7 +493,8 @@ class TabletReplica:
         if admission is Admission.STALE:
             raise StaleRequest(
                 f"request {rid.seq_no} of client {rid.client_id} is below its first "
-                f"incomplete request {rid.first_incomplete_seq_no}"
+                f"incomplete request {self.tracker.first_incomplete(rid.client_id)}, below "
+                "which it said it retries nothing"
             )
         if admission is Admission.COMPLETED:
             assert done is not None
@@ -912,16 +926,26 @@ class TabletReplica:
         # a block's fixed decoding cost is most of the work.
         own = [m if m and m[0] == e.term else None for e, m in zip(entries, ours, strict=True)]
         pairs = list(zip(entries, own, strict=True))
-        others = iter(to_apply_entries([e for e, m in pairs if m is None], self.schema))
-        batch = [
-            next(others) if m is None else to_apply_entry(e, self.schema, m[2]) for e, m in pairs
-        ]
+        # Whatever fails from here to the commit fails the replica: the entries have left
+        # ``_held``, so an error let through to the mailbox would skip them for good -- a
+        # replica RUNNING with committed writes missing.  An entry that does not decode
+        # (a bug, or a forged append) fails it as a store that cannot apply does.
+        try:
+            others = iter(to_apply_entries([e for e, m in pairs if m is None], self.schema))
+            batch = [
+                next(others) if m is None else to_apply_entry(e, self.schema, m[2])
+                for e, m in pairs
+            ]
+        except Exception as exc:
+            first, last = entries[0].index, entries[-1].index
+            self._on_apply_failed(StoreError(f"entries {first}-{last} do not decode: {exc!r}"))
+            return False
         answering = _Answering()
         try:
             results = self.store.apply_batch(
                 batch, before_commit=lambda r: self._answer(entries, batch, r, answering)
             )
-        except (StoreError, ValueError, OSError) as exc:
+        except Exception as exc:
             self._on_apply_failed(exc)
             return False
         if answering.counts is None:  # replayed entries only: the store had nothing to commit
@@ -1067,9 +1091,14 @@ class TabletReplica:
 
     # --- reads ---------------------------------------------------------------------------------
 
-    def scan(self, request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
+    def scan(
+        self, request: tablet_pb2.ScanRequest, deadline: float | None = None
+    ) -> tablet_pb2.ScanResponse:
+        """One page.  ``deadline`` (``time.monotonic()``): the caller's, which a wait for
+        an index ends before, so the caller hears why rather than its deadline passing."""
         self._check_serving()
         check_scan_request(request)
+        wanted = request.min_applied_index
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
             # after the read arrived (ReadIndex; or the lease, if on) and wait until that
@@ -1078,11 +1107,19 @@ class TabletReplica:
             index = 0
             if not self.options.unsafe_leader_reads_without_quorum:
                 index = self.consensus.read_index(self.options.read_wait_s)
-            self._wait_applied(max(index, request.min_applied_index))
-        elif request.min_applied_index:
+                if wanted > index:
+                    # Every write acknowledged before the read came is committed by now:
+                    # an index past that is no write of this tablet the caller saw.
+                    raise InvalidRequest(
+                        f"tablet {self.tablet_id}: index {wanted} is past what it has "
+                        f"committed ({index}), so no write to it acknowledged yet; a Raft "
+                        "index belongs to one tablet"
+                    )
+            self._wait_applied(max(index, wanted), deadline)
+        elif wanted:
             # Bounded staleness: whatever this replica has applied, once that includes the
             # index asked for (a write the client saw acknowledged, say).
-            self._wait_applied(request.min_applied_index)
+            self._wait_applied(wanted, deadline)
         max_rows = request.batch_size_rows or None
         if request.limit:
             max_rows = min(max_rows or request.limit, request.limit)
@@ -1106,10 +1143,14 @@ class TabletReplica:
         except InvalidScan as exc:  # the projection or the resume key
             raise InvalidRequest(str(exc)) from exc
 
-    def _wait_applied(self, index: int) -> None:
-        """Wait up to ``read_wait_s`` until the store has applied ``index``: leader-latest
-        reads see everything committed before the read arrived, bounded-staleness reads
-        the index they ask for.  UNAVAILABLE after that, so the client tries elsewhere."""
+    def _wait_applied(self, index: int, deadline: float | None = None) -> None:
+        """Wait up to ``read_wait_s`` -- less if the caller's ``deadline`` comes first --
+        until the store has applied ``index``: leader-latest reads see everything committed
+        before the read arrived, bounded-staleness reads the index they ask for.
+        UNAVAILABLE after that, so the client tries elsewhere."""
+        wait_s = self.options.read_wait_s
+        if deadline is not None:
+            wait_s = max(0.0, min(wait_s, deadline - time.monotonic() - _ANSWER_MARGIN_S))
         with self._applied_cond:
             # Under the lock the apply stage holds entries with: held before this, they
             # are nudged out now; after, the stage sees this read waiting and holds none.
@@ -1119,15 +1160,15 @@ class TabletReplica:
                     self._apply_q.post(None)
                 applied = self._applied_cond.wait_for(
                     lambda: self.store.applied_index() >= index or self._apply_error is not None,
-                    self.options.read_wait_s,
+                    wait_s,
                 )
             finally:
                 self._reads_waiting -= 1
         if not applied:
             raise ServiceUnavailable(
                 f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
-                f"(applied {self.store.applied_index()}) after "
-                f"{self.options.read_wait_s:g} s; try another replica"
+                f"(applied {self.store.applied_index()}) after {wait_s:.3g} s; try another "
+                "replica"
             )
         self._check_serving()
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -27,6 +28,7 @@ from raftlet.client.channels import channel_options
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate
 from raftlet.schema.scan_bounds import MAX_PREDICATES
+from raftlet.tserver.result_tracker import MAX_CLIENT_ID_BYTES
 from tests.integration.tserver_cluster import (
     KV_SCHEMA,
     TserverCluster,
@@ -117,6 +119,12 @@ def test_a_row_over_the_clients_message_limit_is_one_clear_error(cluster: Tserve
         assert "MESSAGE_TOO_LARGE" not in retried
 
 
+ANY_REPLICA: dict[str, Any] = {
+    "tablet_id": TABLET,
+    "read_mode": tablet_pb2.READ_FOLLOWER_APPLIED,  # a follower looks at the projection too
+}
+
+
 def test_malformed_scans_are_invalid_argument(cluster: TserverCluster) -> None:
     leader = cluster.leader_of(TABLET)
     key = Predicate.range("key", 0, 10).to_pb(KV_SCHEMA)
@@ -126,6 +134,10 @@ def test_malformed_scans_are_invalid_argument(cluster: TserverCluster) -> None:
         (tablet_pb2.ScanRequest(tablet_id=TABLET, limit=2**64 - 1), "out of range"),
         (tablet_pb2.ScanRequest(tablet_id=TABLET, read_mode=9), "unknown read mode 9"),  # type: ignore[arg-type]
         (tablet_pb2.ScanRequest(tablet_id=TABLET, min_applied_index=2**64 - 1), "Raft index"),
+        # Echoed in the error, a 20,000-character name once pushed the call's trailers past
+        # what a client takes (RESOURCE_EXHAUSTED instead of the error): cut short now.
+        (tablet_pb2.ScanRequest(projection=["c" * 20_000], **ANY_REPLICA), "cut: the"),
+        (tablet_pb2.ScanRequest(projection=["é" * 20_000], **ANY_REPLICA), "cut: the"),
     ]
     for request, words in cases:
         for server in (leader, *[s for s in cluster.servers.values() if s is not leader]):
@@ -195,3 +207,26 @@ def test_thousands_of_clients_stay_bounded_and_retries_stay_exactly_once(
     for s in servers:
         (status,) = [t for t in s.tablets_json() if t["tablet_id"] == TABLET]
         assert status["tracked_clients"] <= MAX_TRACKED
+
+
+def test_client_ids_that_are_reserved_or_too_long_are_refused(cluster: TserverCluster) -> None:
+    """The replica names a write without a request id ``~anonymous-N``; a client id of that
+    form was once taken as one of those, and its write acknowledged without being applied.
+    Ids are bounded too: every replica keeps them in memory and in its request records."""
+    leader = cluster.leader_of(TABLET)
+    for client_id, words in (
+        ("~anonymous-1", "reserved"),
+        ("x" * (MAX_CLIENT_ID_BYTES + 1), f"longer than {MAX_CLIENT_ID_BYTES} bytes"),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            leader.tablet.Write(
+                write_request(TABLET, [kv_op(3_000_000, "no")], client_id, 0), timeout=10
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert words in info.value.details()
+    # At the bound it is taken.
+    ok = write_with_retry(
+        cluster,
+        write_request(TABLET, [kv_op(3_000_001, "ok")], "y" * MAX_CLIENT_ID_BYTES, 0),
+    )
+    assert list(ok.response.row_errors) == []

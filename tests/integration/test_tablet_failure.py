@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -165,6 +166,28 @@ def test_missing_consensus_metadata_beside_a_wal_refuses_to_open(tmp_path: Path)
         assert not meta.exists()  # refused, not started afresh
         _assert_serves_the_others(cluster, victim, damaged, rows)
         _assert_the_others_keep_it(cluster, victim, damaged, rows[damaged])
+        assert _log_mentions(victim, "Traceback") == 0
+
+
+def test_a_wiped_replica_directory_is_failed_not_started_afresh(tmp_path: Path) -> None:
+    """A replica whose directory is gone must not come back as an empty voter: one that
+    forgot its vote and the entries it acknowledged could elect a lagging replica and lose
+    acknowledged writes.  The server knows the tablet was hosted here, so it is FAILED
+    (for a tablet copy to repair) and casts no vote; a whole new server still starts."""
+    with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
+        cluster.wait_leaders()
+        rows = _populate(cluster)
+        victim, wiped = cluster.servers["ts2"], "kv-p1"
+        assert victim.terminate() == 0
+        directory = victim.config.data_dir / wiped
+        shutil.rmtree(directory)
+
+        victim.start()
+        reason = _assert_failed_with(victim, wiped, "holds no replica (wiped or lost)")
+        assert "a tablet copy from the leader repairs it" in reason
+        assert not (directory / "consensus-meta").exists()  # not started afresh
+        _assert_serves_the_others(cluster, victim, wiped, rows)
+        _assert_the_others_keep_it(cluster, victim, wiped, rows[wiped])
         assert _log_mentions(victim, "Traceback") == 0
 
 

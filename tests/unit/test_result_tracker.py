@@ -3,8 +3,17 @@ the leader, which alone sees ``admit`` -- forgets what a client no longer needs.
 
 from __future__ import annotations
 
+import pytest
+
 from raftlet.proto import tablet_pb2
-from raftlet.tserver.result_tracker import ANONYMOUS_PREFIX, Admission, ResultTracker
+from raftlet.tserver.errors import InvalidRequest
+from raftlet.tserver.result_tracker import (
+    ANONYMOUS_PREFIX,
+    MAX_CLIENT_ID_BYTES,
+    Admission,
+    ResultTracker,
+    check_client_id,
+)
 
 
 def _response(index: int) -> tablet_pb2.WriteResponse:
@@ -182,3 +191,26 @@ def test_learning_reports_the_requests_that_wait_here() -> None:
         tracker.complete(key, _response(9))
     assert [a.op_index for a in answers] == [9, 9]
     assert tracker.in_flight() == 0
+
+
+def test_a_clients_id_counts_toward_the_byte_bound() -> None:
+    """Ids are kept as long as their clients: a long one (up to the server's bound on them)
+    costs its length, rather than passing for a fixed 400 bytes."""
+    short, long = ResultTracker(), ResultTracker()
+    short.complete(("c", 1), _response(1))
+    long.complete(("c" * MAX_CLIENT_ID_BYTES, 1), _response(1))
+    assert long.memory_bytes() - short.memory_bytes() == MAX_CLIENT_ID_BYTES - 1
+    bounded = ResultTracker(max_bytes=100 * MAX_CLIENT_ID_BYTES)
+    for i in range(1000):
+        bounded.complete((f"{i:04d}" + "c" * (MAX_CLIENT_ID_BYTES - 4), 1), _response(i))
+        assert bounded.memory_bytes() <= 100 * MAX_CLIENT_ID_BYTES
+    assert bounded.memory_bytes() == _bytes_of(bounded)
+
+
+def test_reserved_and_overlong_client_ids_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="reserved"):
+        check_client_id(f"{ANONYMOUS_PREFIX}7")
+    with pytest.raises(InvalidRequest, match=f"longer than {MAX_CLIENT_ID_BYTES} bytes"):
+        check_client_id("é" * (MAX_CLIENT_ID_BYTES // 2 + 1))  # two bytes each in UTF-8
+    check_client_id("é" * (MAX_CLIENT_ID_BYTES // 2))
+    check_client_id("anonymous-7")

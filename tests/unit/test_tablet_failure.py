@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from raftlet.consensus.core import Role
 from raftlet.consensus.raft_consensus import ReplicaFailed
 from raftlet.proto import tablet_pb2
+from raftlet.tserver import tablet_replica as replica_module
 from raftlet.tserver.errors import TabletFailed
 from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError
 from raftlet.tserver.tablet_replica import TabletReplica
@@ -229,3 +231,39 @@ def test_a_leader_whose_store_file_is_found_damaged_fails_for_good(
         )
     for r in _others(tablet, leader.server_id):
         tablet.wait_for(lambda r=r: keys_on(r) == list(range(1, 10)), what=f"{r.server_id}")
+
+
+def test_a_committed_entry_a_follower_cannot_decode_fails_it_and_is_never_skipped(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries that leave the follower's hold and then fail to decode (a bug, a forged
+    append) fail the replica like a store that cannot apply -- not an error logged by the
+    apply stage's mailbox, which had left the replica RUNNING with those writes missing for
+    good.  It retries them from its log, and once they decode it applies them all."""
+    leader = tablet.leader()
+    for i in range(1, 4):
+        send(leader, write([i], "c7", i)).result()
+    follower = _others(tablet, leader.server_id)[0]
+    tablet.wait_for(lambda: keys_on(follower) == [1, 2, 3], what="the follower applies")
+    real = replica_module.to_apply_entries
+    broken = threading.Event()
+    broken.set()
+
+    def to_apply_entries(entries: Sequence[Any], schema: Any) -> Any:
+        # Only a follower decodes whole entries (a leader's own rows were decoded once).
+        if broken.is_set() and entries:
+            raise DecodeError("Error parsing message with type 'raftlet.WriteOperationPB'")
+        return real(entries, schema)
+
+    monkeypatch.setattr(replica_module, "to_apply_entries", to_apply_entries)
+    for i in range(4, 7):
+        send(leader, write([i], "c7", i)).result()
+    tablet.wait_for(lambda: follower.failure_reason() is not None, what="the follower fails")
+    reason = follower.failure_reason()
+    assert reason is not None
+    assert "do not decode" in reason, reason
+    assert keys_on(follower) == [1, 2, 3]
+    broken.clear()  # the retry reads them back from its log
+    tablet.wait_for(lambda: follower.failure_reason() is None, what="FAILED clears")
+    for r in tablet.replicas.values():
+        tablet.wait_for(lambda r=r: keys_on(r) == list(range(1, 7)), what=f"{r.server_id}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -537,6 +538,22 @@ def test_a_follower_read_with_a_min_index_waits_until_it_has_applied_that_index(
                 min_applied_index=far,
             )
         )
+    # A caller's deadline sooner than the read wait ends the wait first, with the reason --
+    # rather than the caller's deadline passing with no word of why.
+    follower.options = dataclasses.replace(follower.options, read_wait_s=3600)
+    with pytest.raises(ServiceUnavailable, match=f"index {far} not yet applied"):
+        follower.scan(
+            tablet_pb2.ScanRequest(
+                tablet_id="kv-p0",
+                read_mode=tablet_pb2.READ_FOLLOWER_APPLIED,
+                min_applied_index=far,
+            ),
+            deadline=time.monotonic() + 0.2,
+        )
+    # On the leader, an index past what the tablet committed is no write it acknowledged:
+    # refused at once (an index of another tablet's log, most likely).
+    with pytest.raises(InvalidRequest, match=f"index {far} is past what it has committed"):
+        leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", min_applied_index=far))
 
 
 def test_a_write_larger_than_what_peers_accept_is_refused_before_it_is_admitted(

@@ -1,0 +1,79 @@
+"""Which tablets this server hosts, kept durably beside their directories: ``HostedTablets``.
+
+A replica remembers its term, vote and log in its own directory.  A directory that is gone
+-- wiped by hand, lost with a disk, deleted by mistake -- used to come back at the next
+start as a new, empty replica of the placement's voters: a voter that had forgotten its
+vote and the entries it acknowledged, which could elect a lagging replica and lose
+acknowledged writes.  Raft assumes acknowledgements are durable; a server cannot tell an
+empty directory it was meant to create from one it lost, unless it wrote down which
+tablets it hosts.  So it does, in ``hosted_tablets.json`` at the top of its data directory:
+
+- ``hosted``: the tablets with a replica here (opened, FAILED, or created by CreateReplica);
+  one deleted from its group (a tombstone) leaves the list.
+- ``placed``: the tablets the cluster config placed here when the list was written, so a
+  tablet added to the config later is told apart from one deleted here.
+
+At start (``TabletServer._tablets_to_open``): without the file (a new server, or one from
+before it) every placed tablet is opened or created, as before; with it, a hosted tablet
+whose directory holds no replica is FAILED ("wiped or lost") and repaired by a tablet copy
+from its leader, never started afresh, and a placed tablet that is neither hosted nor new
+to the config (deleted here) is not opened.  The file is replaced atomically (a temporary
+file, fsync, rename, fsync of the directory).  A data directory wiped whole loses this file
+too, and is a new server as far as it can tell: that case stays Raft's limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftlet.consensus.log.segment import fsync_dir
+
+__all__ = ["HOSTED_TABLETS_FILE", "HostedTablets"]
+
+HOSTED_TABLETS_FILE = "hosted_tablets.json"
+
+
+@dataclass(frozen=True)
+class HostedTablets:
+    """The record of one data directory; ``hosted`` and ``placed`` are None before the
+    first save."""
+
+    hosted: frozenset[str] | None
+    placed: frozenset[str] | None
+
+    @classmethod
+    def load(cls, data_dir: Path) -> HostedTablets:
+        path = data_dir / HOSTED_TABLETS_FILE
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return cls(None, None)
+        except (OSError, ValueError) as exc:
+            # Guessing would risk the very restart this file is there to prevent.
+            raise OSError(
+                f"{path} cannot be read ({exc}); the server cannot tell which tablets it hosts"
+            ) from exc
+        if not isinstance(doc, dict) or not all(
+            isinstance(doc.get(k), list) and all(isinstance(t, str) for t in doc[k])
+            for k in ("hosted", "placed")
+        ):
+            raise OSError(f"{path} is not a list of hosted and placed tablets")
+        return cls(frozenset(doc["hosted"]), frozenset(doc["placed"]))
+
+    @staticmethod
+    def save(
+        data_dir: Path, hosted: set[str] | frozenset[str], placed: set[str] | frozenset[str]
+    ) -> None:
+        """Durably replace the record (returns once it is on disk)."""
+        path = data_dir / HOSTED_TABLETS_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        body = json.dumps({"hosted": sorted(hosted), "placed": sorted(placed)}, indent=1)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(body + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(data_dir)
