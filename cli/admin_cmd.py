@@ -12,7 +12,14 @@ import argparse
 import time
 from typing import Any
 
-from raftlet.cli.common import CliError, UsageError, add_target_arguments, console, resolve_target
+from raftlet.cli.common import (
+    CliError,
+    UsageError,
+    add_target_arguments,
+    console,
+    resolve_target,
+    timeout_seconds,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -43,7 +50,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--to", metavar="SERVER", help="the replica (server id) to hand leadership to")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=timeout_seconds,
         default=20.0,
         metavar="S",
         help="seconds to wait for the new leader (default 20)",

@@ -33,6 +33,34 @@ def _csv(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def _server_ids(text: str) -> list[str]:
+    from raftlet.cluster.identity import check_name
+
+    ids = _csv(text)
+    try:
+        for sid in ids:
+            check_name(sid, "server id")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"server ids repeat: {', '.join(ids)}")
+    return ids
+
+
+# About a century: longer overflows the certificate's dates, and no CA lives that long.
+_MAX_DAYS = 36_500
+
+
+def _days(text: str) -> int:
+    try:
+        days = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if not 1 <= days <= _MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {_MAX_DAYS}, got {days}")
+    return days
+
+
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     certs = commands.add_parser(
         "certs",
@@ -56,7 +84,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     create.add_argument("--dir", required=True, metavar="DIR", help="where the files go")
     create.add_argument(
         "--servers",
-        type=_csv,
+        type=_server_ids,
         default=[],
         metavar="ID,…",
         help="server ids, as in cluster.toml (e.g. ts1,ts2,ts3)",
@@ -77,7 +105,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="a client certificate; ROLE is reader, writer or admin (repeatable)",
     )
     create.add_argument(
-        "--days", type=int, default=365, metavar="N", help="validity in days (default 365)"
+        "--days", type=_days, default=365, metavar="N", help="validity in days (default 365)"
     )
     create.add_argument(
         "--overwrite", action="store_true", help="replace existing certificates of those names"

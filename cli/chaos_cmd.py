@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raftlet.cli.common import UsageError
+from raftlet.cli.common import (
+    UsageError,
+    positive_float,
+    timeout_seconds,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -49,7 +53,9 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         formatter_class=formatter,
         allow_abbrev=False,
     )
-    p.add_argument("--duration", type=float, default=60.0, metavar="S", help="seconds of faults")
+    p.add_argument(
+        "--duration", type=positive_float, default=60.0, metavar="S", help="seconds of faults"
+    )
     p.add_argument("--seed", type=int, default=1, help="the fault schedule's seed")
     p.add_argument(
         "--faults",
@@ -76,10 +82,18 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="insert workers on the asyncio client (its writes take the plain-TCP write port)",
     )
     p.add_argument(
-        "--op-timeout", type=float, default=5.0, metavar="S", help="deadline of one operation"
+        "--op-timeout",
+        type=timeout_seconds,
+        default=5.0,
+        metavar="S",
+        help="deadline of one operation",
     )
     p.add_argument(
-        "--check-budget", type=float, default=60.0, metavar="S", help="checker time per key"
+        "--check-budget",
+        type=timeout_seconds,
+        default=60.0,
+        metavar="S",
+        help="checker time per key",
     )
     p.add_argument("--history", type=Path, metavar="FILE", help="save the history (JSON lines)")
     p.add_argument(

@@ -17,9 +17,9 @@ from raftlet.cli.common import (
     config_file_of,
     console,
     non_negative_int,
-    positive_float,
     positive_int,
     resolve_target,
+    timeout_seconds,
 )
 from raftlet.cli.tserver_args import build_tserver_parser
 from raftlet.consensus.raft_consensus import TermCheckMode
@@ -142,7 +142,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     up.add_argument(
         "--timeout",
-        type=positive_float,
+        type=timeout_seconds,
         default=60.0,
         metavar="S",
         help="seconds to wait for each server to start and for leaders (default 60)",
@@ -172,7 +172,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     status.add_argument(
         "--timeout",
-        type=positive_float,
+        type=timeout_seconds,
         default=3.0,
         metavar="S",
         help="per-server RPC timeout (default 3)",
@@ -200,7 +200,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     group.add_argument("--cluster", metavar="FILE", help="the cluster's cluster.toml")
     down.add_argument(
         "--timeout",
-        type=positive_float,
+        type=timeout_seconds,
         default=30.0,
         metavar="S",
         help="seconds to wait after SIGTERM before SIGKILL (default 30)",
@@ -339,7 +339,9 @@ def _status(args: argparse.Namespace) -> int:
         for s in doc["servers"]:
             s["pid"] = pids.get(s["id"])
         if args.checksum:
-            doc["checksums"] = [dataclasses.asdict(c) for c in checksums]
+            doc["checksums"] = [
+                {**dataclasses.asdict(c), "ok": c.ok, "diverged": c.diverged} for c in checksums
+            ]
         print(json.dumps(doc, indent=2))
         return 0 if ok else 1
     where = str(target.config_path or ", ".join(target.seeds))
@@ -382,7 +384,9 @@ def _print_checksums(checksums: list[Any]) -> None:
         rows = next((r.rows for r in c.replicas if r.checksum == agreed), 0) if agreed else "-"
         table.add_row(
             c.tablet_id,
-            "[green]OK[/]" if c.ok else "[red]DIVERGED[/]",
+            "[green]OK[/]"
+            if c.ok
+            else ("[red]DIVERGED[/]" if c.diverged else "[yellow]INCOMPLETE[/]"),
             str(c.index or "-"),
             str(rows),
             agreed[:16] if agreed else "-",
@@ -390,11 +394,19 @@ def _print_checksums(checksums: list[Any]) -> None:
         )
     out.print()
     out.print(table)
-    bad = [c.tablet_id for c in checksums if not c.ok]
+    bad = [c.tablet_id for c in checksums if c.diverged]
+    unchecked = [c.tablet_id for c in checksums if not c.ok and not c.diverged]
     out.print()
     if bad:
         out.print(f"[red]CHECKSUM MISMATCH: {', '.join(bad)}[/]")
-    else:
+    if unchecked:
+        # A replica that gave no checksum (its server down, the replica FAILED) is not
+        # evidence of different rows: said apart from a mismatch.
+        out.print(
+            f"[yellow]CHECKSUMS INCOMPLETE: {', '.join(unchecked)} (a replica gave none; "
+            "those that did agree)[/]"
+        )
+    if not bad and not unchecked:
         out.print(f"[green]CHECKSUMS OK: {len(checksums)} tablets, replicas equal[/]")
 
 
@@ -412,7 +424,7 @@ def _print_status(
 
     out = console()
     style = {"OK": "green", "UP": "green", "WARN": "yellow", "BUSY": "yellow", "LAGGING": "yellow"}
-    style |= {"ERROR": "red", "DOWN": "red", "MISSING": "red", "UNKNOWN": "yellow"}
+    style |= {"ERROR": "red", "DOWN": "red", "MISSING": "red", "FAILED": "red", "UNKNOWN": "yellow"}
 
     def mark(word: str) -> str:
         return f"[{style.get(word, '')}]{word}[/]" if word in style else word
@@ -444,10 +456,12 @@ def _print_status(
     for t in health.tablets:
         reps = []
         for r in t.replicas:
-            if r.state in ("DOWN", "MISSING", "UNKNOWN"):
+            if r.state in ("DOWN", "MISSING", "UNKNOWN", "FAILED"):
                 reps.append(f"{r.server} {mark(r.state)}")
                 continue
-            role = {"LEADER": "L", "FOLLOWER": "F"}.get(r.role, r.role[:4].lower())
+            role = {"LEADER": "L", "FOLLOWER": "F", "LEARNER": "learner"}.get(
+                r.role, r.role[:4].lower()
+            )
             ahead = r.applying_index - r.applied_index
             applying = f" (+{ahead} applying)" if ahead > 0 else ""
             lag = "" if r.lag is None else f" lag {r.lag}"
@@ -482,6 +496,10 @@ def _down(args: argparse.Namespace) -> int:
     assert path is not None  # the parser requires --data-dir or --cluster
     root = path.parent
     out = console()
+    if args.remove_data and not root.exists():
+        # Removed already: `down --remove-data` twice is not an error.
+        out.print(f"no cluster in {root}: it is gone already; nothing to stop", markup=False)
+        return 0
     try:
         cluster = LocalCluster.load(root)
     except NoClusterError:
@@ -509,7 +527,13 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _remove_data(root: Path) -> None:
-    # Only a directory that is recognisably a raftlet cluster's: never `rm -rf` a typo.
-    if not (root / "cluster.toml").is_file():
-        raise UsageError(f"--remove-data: {root} does not look like a cluster directory")
+    from raftlet.deploy.local import MADE_BY_UP_FILE
+
+    # Only a directory `cluster up` made for its cluster: never `rm -rf` a typo, nor the
+    # folder a hand-written cluster.toml (--cluster FILE) happens to sit in.
+    if not (root / MADE_BY_UP_FILE).is_file():
+        raise UsageError(
+            f"--remove-data: {root} is not a directory `raftlet cluster up` made (no "
+            f"{MADE_BY_UP_FILE} in it); remove it yourself if you mean to"
+        )
     shutil.rmtree(root)

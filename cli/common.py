@@ -20,6 +20,7 @@ as an unknown column in ``--where``). ``cli.main`` prints either as one line,
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import ssl
 import sys
@@ -315,13 +316,27 @@ def fetch_config(
 # --- output --------------------------------------------------------------------------------
 
 
+@functools.cache
+def _console_class() -> type[Console]:
+    from rich.console import Console  # imported when first printing: a faster start
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 when the reader goes away (`raftlet scan … | head`); that is no
+            # failure of ours: quiet from here on, and main() answers 0 as for any pipe.
+            self.quiet = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise BrokenPipeError
+
+    return PipeConsole
+
+
 def console(**kwargs: Any) -> Console:
     """A rich console on stdout. Not a terminal (a pipe, a file, a test): no colour, no
     cursor movement, and a fixed width so tables do not wrap at 80 columns."""
-    from rich.console import Console
-
     tty = sys.stdout.isatty()
-    return Console(
+    return _console_class()(
         highlight=False,
         soft_wrap=False,
         width=None if tty else 160,
@@ -387,4 +402,17 @@ def positive_float(text: str) -> float:
     x = _number(text, float)
     if not 0 < x < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return x
+
+
+def timeout_seconds(text: str) -> float:
+    """A ``--timeout``-style flag: seconds, positive and at most a week (what the client
+    library takes)."""
+    from raftlet.client.arguments import MAX_TIMEOUT_S
+
+    x = positive_float(text)
+    if x > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_TIMEOUT_S:g} s (a week), got {text}"
+        )
     return x

@@ -36,6 +36,7 @@ from raftlet.cli.common import (
     human_count,
     human_us,
     resolve_target,
+    timeout_seconds,
 )
 from raftlet.cluster import ServerConfig
 
@@ -80,7 +81,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument(
-        "--timeout", type=float, default=5.0, metavar="S", help="per-server HTTP timeout"
+        "--timeout", type=timeout_seconds, default=5.0, metavar="S", help="per-server HTTP timeout"
     )
 
 

@@ -30,6 +30,7 @@ from raftlet.cli.common import (
     console,
     positive_int,
     resolve_target,
+    timeout_seconds,
 )
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.schema import Schema
@@ -44,7 +45,7 @@ examples:
   raftlet scan kv --data-dir ./c1 --where "key in (1, 2, 3)" --columns value
   raftlet scan kv --data-dir ./c1 --where "value is-null" --format json
   raftlet scan kv --servers 127.0.0.1:7051 --follower-reads --limit 5
-  raftlet scan kv --data-dir ./c1 --follower-reads --min-index 1234
+  raftlet scan kv --data-dir ./c1 --follower-reads --min-index kv-p1=1234 --min-index kv-p3=987
 
 --where syntax: COLUMN OP VALUE with OP one of = < <= > >=; COLUMN in (V1, V2, ...);
 COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the column's
@@ -92,32 +93,51 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument(
         "--min-index",
         type=_min_index_arg,
-        default=0,
-        metavar="N",
+        action="append",
+        default=[],
+        metavar="TABLET=N",
         help=(
-            "serve only from a replica that has applied Raft index N or later (e.g. a "
-            "write's op_index: that write is then seen even with --follower-reads); a "
-            "replica that has not waits briefly, then the next one is tried"
+            "serve TABLET only from a replica that has applied its Raft index N or later "
+            "(e.g. a write's tablet and op_index: that write is then seen even with "
+            "--follower-reads); a replica that has not waits briefly, then the next one is "
+            "tried. Repeatable, one per tablet; a plain N when the scan visits one tablet"
         ),
     )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=timeout_seconds,
         default=30.0,
         metavar="S",
         help="deadline of the whole scan (default 30)",
     )
 
 
-def _min_index_arg(text: str) -> int:
+def _min_index_arg(text: str) -> tuple[str, int]:
+    """``TABLET=N`` as (TABLET, N); a plain ``N`` as ("", N)."""
+    tablet, _, number = text.rpartition("=")
     try:
-        value = int(text)
+        value = int(number)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a Raft index, got {text!r}") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
-    return value
+        raise argparse.ArgumentTypeError(
+            f"expected TABLET=N (a tablet and a Raft index), got {text!r}"
+        ) from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {value}")
+    return tablet.strip(), value
+
+
+def _min_indexes(given: list[tuple[str, int]]) -> int | dict[str, int]:
+    if not given:
+        return 0
+    if any(not tablet for tablet, _ in given):
+        if len(given) > 1:
+            raise UsageError("--min-index: a plain N stands alone; for several, TABLET=N each")
+        return given[0][1]
+    bounds: dict[str, int] = {}
+    for tablet, index in given:
+        bounds[tablet] = max(index, bounds.get(tablet, 0))
+    return bounds
 
 
 def _columns_arg(text: str) -> list[str]:
@@ -306,7 +326,7 @@ def _parse_time(text: str) -> _dt.datetime:
 
 
 def run(args: argparse.Namespace) -> int:
-    from raftlet.client import RaftletError, ReadMode
+    from raftlet.client import InvalidArgument, RaftletError, ReadMode
 
     target = resolve_target(args)
     table = target.table(args.table)
@@ -321,16 +341,20 @@ def run(args: argparse.Namespace) -> int:
     predicates = [w.predicate(schema) for w in args.where]
     columns = list(args.columns or schema.column_names)
     mode = ReadMode.FOLLOWER_APPLIED if args.follower_reads else ReadMode.LEADER_LATEST
+    min_index = _min_indexes(args.min_index)
     client = target.client(timeout_s=args.timeout)
     try:
-        rows = client.scan(
-            table.name,
-            projection=args.columns,
-            predicates=predicates,
-            limit=args.limit,
-            read_mode=mode,
-            min_index=args.min_index,
-        )
+        try:
+            rows = client.scan(
+                table.name,
+                projection=args.columns,
+                predicates=predicates,
+                limit=args.limit,
+                read_mode=mode,
+                min_index=min_index,
+            )
+        except InvalidArgument as e:  # the arguments, checked before any call
+            raise UsageError(str(e)) from None
         try:
             if args.format == "json":
                 _print_json(rows, columns, schema)

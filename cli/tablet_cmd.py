@@ -12,15 +12,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from raftlet.cli.common import CliError, add_target_arguments, console, resolve_target
+from raftlet.cli.common import (
+    CliError,
+    add_target_arguments,
+    console,
+    resolve_target,
+    timeout_seconds,
+)
 
 __all__ = ["add_parser", "add_replace_server_parser", "run", "run_replace_server"]
 
 _EPILOG = """\
 examples:
-  raftlet tablet add-replica kv-p0 ts4 --data-dir ./c1 --wait
-  raftlet tablet remove-replica kv-p0 ts1 --data-dir ./c1 --wait
-  raftlet tablet move-replica kv-p0 ts1 ts4 --data-dir ./c1 --wait
+  raftlet cluster up --data-dir ./c1 --servers 4   # kv-p2 on ts1, ts2, ts3; ts4 spare
+  raftlet tablet add-replica kv-p2 ts4 --data-dir ./c1 --wait
+  raftlet tablet remove-replica kv-p2 ts1 --data-dir ./c1 --wait
+  raftlet tablet move-replica kv-p2 ts4 ts1 --data-dir ./c1 --wait
 
 add-replica creates an empty replica on SERVER and adds it as a learner (a non-voter the
 leader catches up); with --wait it waits until the learner caught up and promotes it to a
@@ -43,7 +50,7 @@ not come back with its old data: delete its data directory first.
 def _timeout(p: argparse.ArgumentParser, default: float) -> None:
     p.add_argument(
         "--timeout",
-        type=float,
+        type=timeout_seconds,
         default=default,
         metavar="S",
         help=f"seconds to wait for each step (default {default:g})",

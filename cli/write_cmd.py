@@ -37,6 +37,7 @@ from raftlet.cli.common import (
     positive_float,
     positive_int,
     resolve_target,
+    timeout_seconds,
 )
 from raftlet.cli.server_cpu import ServerCpu, read_cpu_seconds
 from raftlet.cli.write_load import KEY_ORDERS, LoadSummary, OnTick, RowFactory, run_load
@@ -146,7 +147,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--table", default="kv", metavar="TABLE", help="table to write (default kv)")
     p.add_argument(
         "--timeout",
-        type=positive_float,
+        type=timeout_seconds,
         default=30.0,
         metavar="S",
         help="deadline of each write, retries included (default 30)",

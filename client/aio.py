@@ -62,6 +62,7 @@ from tenacity.wait import wait_base
 from raftlet.client.aio_channels import AsyncChannelPool, AsyncServerStub, AsyncStubProvider
 from raftlet.client.aio_meta import AsyncMetaCache
 from raftlet.client.aio_rpc import AsyncRpcContext, call_tablet_async
+from raftlet.client.arguments import check_timeout, op_type_of
 from raftlet.client.channels import CHANNEL_OPTIONS
 from raftlet.client.client import parse_seeds, seeds_from_config
 from raftlet.client.client_base import ClientBase
@@ -144,8 +145,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         certificate when ``tls`` is given), else on its gRPC WriteStream; a client with a
         ``token`` (which the tcp port does not take), or False, keeps to the WriteStream.
         ``stubs``, ``clock`` and ``sleep`` are for tests (fake servers, a fake clock)."""
-        if timeout_s <= 0 or rpc_timeout_s <= 0:
-            raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
+        check_timeout(timeout_s)
+        check_timeout(rpc_timeout_s, "rpc_timeout_s")
         if max_batch_rows < 1:
             raise InvalidArgument(f"max_batch_rows must be at least 1, got {max_batch_rows}")
         self.timeout_s = float(timeout_s)
@@ -255,7 +256,9 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         docstring). ``timeout_s`` (default the client's) bounds it, retries included.
         Returns where the write is in its tablet's log (``WriteResult``)."""
         self._check_open()
-        op = encode_operation(self._meta, self._stats, 0, OpType(op_type), table, dict(row))
+        if timeout_s is not None:
+            check_timeout(timeout_s)
+        op = encode_operation(self._meta, self._stats, 0, op_type_of(op_type), table, dict(row))
         result, errors = await self._write(op.tablet_id, [op], timeout_s)
         if errors:
             raise errors[0]
@@ -272,13 +275,15 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         """Write many rows of ``table`` (``(OpType, row)`` pairs) and wait until each has an
         outcome; returns the errors, one per failed operation, by position in ``ops``."""
         self._check_open()
+        if timeout_s is not None:
+            check_timeout(timeout_s)
         self._meta.table(table)  # an unknown table fails the call, not each row
         errors: list[RaftletError] = []
         groups: dict[str, list[Operation]] = {}
         for index, (op_type, row) in enumerate(ops):
             try:
                 op = encode_operation(
-                    self._meta, self._stats, index, OpType(op_type), table, dict(row)
+                    self._meta, self._stats, index, op_type_of(op_type), table, dict(row)
                 )
             except RowError as e:
                 errors.append(e)
@@ -341,7 +346,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         finally:
             tracker.complete(seq_no)
         rpc.stats.write_acked(len(ops), rpc.clock() - start)
-        result = WriteResult(response.op_index, response.op_term)
+        result = WriteResult(response.op_index, response.op_term, tablet_id)
         return result, batch_errors(response, ops, tablet_id, rpc.stats)
 
     # --- admin -----------------------------------------------------------------------------

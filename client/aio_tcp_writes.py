@@ -176,9 +176,11 @@ class TcpWriteStream:
             items=[tablet_pb2.WriteStreamItemPB(id=write_id, request=request)]
         ).SerializeToString()
         if len(entry) > self._max_frame_bytes:
+            # Worded as gRPC words a request it would not send, so the failure reads as
+            # the request's (never sent, so never applied), not a response's.
             raise StreamedRpcError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Sent message larger than max ({len(entry)} vs. {self._max_frame_bytes})",
+                f"CLIENT: Sent message larger than max ({len(entry)} vs. {self._max_frame_bytes})",
             )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tablet_pb2.WriteResponse] = loop.create_future()

@@ -41,6 +41,13 @@ class TabletChecksum:
             r.checksum and r.checksum == self.replicas[0].checksum for r in self.replicas
         )
 
+    @property
+    def diverged(self) -> bool:
+        """Two replicas gave different checksums: their rows differ.  (Not ``ok`` and not
+        diverged: some replica gave none -- its server down, the replica FAILED -- and
+        those that did agree.)"""
+        return len({r.checksum for r in self.replicas if r.checksum}) > 1
+
     def suspects(self) -> list[ReplicaChecksum]:
         """Replicas that gave no checksum, or one unlike the majority's (all replicas with a
         checksum when there is no majority)."""

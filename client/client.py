@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import grpc
 from tenacity.wait import wait_base
 
+from raftlet.client.arguments import check_timeout
 from raftlet.client.channels import CHANNEL_OPTIONS, ChannelPool, ServerStub
 from raftlet.client.checksum import ReplicaChecksum, TabletChecksum
 from raftlet.client.client_base import ClientBase
@@ -115,8 +116,8 @@ class Client(ClientBase[MetaCache]):
         and ``token`` (a bearer token) for a TLS cluster (``client.tls``); without them
         the channels are plaintext. With a token and no certificate the client dials the
         servers' token ports (``seeds`` are token ports too)."""
-        if timeout_s <= 0 or rpc_timeout_s <= 0:
-            raise InvalidArgument("timeout_s and rpc_timeout_s must be positive")
+        check_timeout(timeout_s)
+        check_timeout(rpc_timeout_s, "rpc_timeout_s")
         if flush_threads < 1:
             raise InvalidArgument(f"flush_threads must be at least 1, got {flush_threads}")
         self.timeout_s = float(timeout_s)
@@ -242,13 +243,15 @@ class Client(ClientBase[MetaCache]):
         batch_size_bytes: int = 0,
         row_format: RowFormat = RowFormat.PACKED,
         timeout_s: float | None = None,
-        min_index: int = 0,
+        min_index: int | Mapping[str, int] = 0,
     ) -> Scanner:
         """An iterator over the table's rows (dicts), tablet by tablet (see
         ``client.scanner``: pages, bounded by rows and bytes, 0 leaving it to the server;
         their row form). ``timeout_s`` (default the client's) bounds each page.
-        ``min_index`` (a ``WriteResult.op_index``, say): each page comes from a replica that
-        has applied at least that Raft index -- with FOLLOWER_APPLIED, bounded staleness."""
+        ``min_index``, ``{tablet_id: index}`` (a ``WriteResult``'s ``tablet_id`` and
+        ``op_index``, say): each page of a tablet named comes from a replica that has
+        applied at least that Raft index -- with FOLLOWER_APPLIED, bounded staleness.  A
+        plain index only for a scan that visits one tablet (the key fixed by predicates)."""
         self._check_open()
         info = self._meta.table(table)
         # A scan that fixes the whole key visits only the tablets those keys live in.
@@ -282,12 +285,17 @@ class Client(ClientBase[MetaCache]):
         batch_size_bytes: int = 0,
         row_format: RowFormat = RowFormat.PACKED,
         timeout_s: float | None = None,
-        min_index: int = 0,
+        min_index: int | Mapping[str, int] = 0,
     ) -> Scanner:
         """Like ``scan`` but of one tablet; with FOLLOWER_APPLIED, ``replica`` (a server
         uuid) is read first."""
         self._check_open()
         tablet = self._meta.tablet(tablet_id)
+        if replica is not None and replica not in self._meta.view.servers:
+            raise InvalidArgument(
+                f"replica {replica!r} is not a server of the cluster "
+                f"({', '.join(sorted(self._meta.view.servers))})"
+            )
         return Scanner(
             self._rpc,
             self._meta.table(tablet.table),

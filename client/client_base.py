@@ -44,6 +44,10 @@ class ClientBase(Generic[Meta]):
         """The table's tablet ids, by partition."""
         return list(self._meta.table(table).tablet_ids)
 
+    def replication_factor(self, table: str) -> int:
+        """How many voters each of the table's tablets is meant to have."""
+        return self._meta.table(table).replication_factor
+
     def tablet_for(self, table: str, row: Mapping[str, object]) -> str:
         """The tablet holding ``row`` (needs its key columns): the server's own hash
         partitioning (``schema.partition_for_key``)."""

@@ -129,7 +129,9 @@ class ServerHealth:
 @dataclass(slots=True)
 class ReplicaHealth:
     server: str
-    state: str  # "OK", "LAGGING", "DOWN", "UNKNOWN" (server busy), "MISSING"
+    # "OK", "LAGGING", "FAILED" (the replica, not its server), "DOWN", "UNKNOWN" (server
+    # busy), "MISSING"
+    state: str
     role: str = ""
     term: int = 0
     applied_index: int = 0
@@ -318,7 +320,8 @@ def _check_tablet(
         for sid in (leader.voters if leader is not None and leader.voters else placement.replicas)
         if sid in probes
     ]
-    seen = {sid: st for sid, st in everywhere.items() if sid in replicas}
+    learners = [sid for sid in (leader.learners if leader is not None else ()) if sid in probes]
+    seen = {sid: st for sid, st in everywhere.items() if sid in replicas or sid in learners}
     tablet = TabletHealth(tid, placement.table, placement.partition, [])
     if leader is not None:
         tablet.leader = leader.leader_uuid
@@ -327,29 +330,34 @@ def _check_tablet(
     else:
         tablet.term = max((st.term for st in seen.values()), default=0)
     reachable = 0
-    for sid in replicas:
+    for sid in [*replicas, *learners]:
+        voter = sid in replicas
         state = probes[sid][1]
         st = seen.get(sid)
         if st is None:
             if state == "DOWN":
                 tablet.replicas.append(ReplicaHealth(sid, "DOWN"))
             elif state == "BUSY":
-                reachable += 1  # alive, just not listable right now
+                reachable += voter  # alive, just not listable right now
                 tablet.replicas.append(ReplicaHealth(sid, "UNKNOWN"))
             else:
                 tablet.replicas.append(ReplicaHealth(sid, "MISSING"))
                 tablet.issues.append(f"server {sid} is up but does not host its replica")
             continue
-        reachable += 1
+        if st.state == tablet_pb2.TABLET_STATE_FAILED:
+            # Its server answers; the replica serves nothing and votes in no election.
+            tablet.replicas.append(ReplicaHealth(sid, "FAILED"))
+            tablet.issues.append(f"replica on {sid} is FAILED: {st.failure_reason}")
+            continue
+        role = RaftRole.Name(st.role) if voter else "LEARNER"
         r = ReplicaHealth(
-            sid,
-            "OK",
-            RaftRole.Name(st.role),
-            st.term,
-            st.applied_index,
-            st.commit_index,
-            st.applying_index,
+            sid, "OK", role, st.term, st.applied_index, st.commit_index, st.applying_index
         )
+        if not voter:
+            # A replica being added (add-replica, move-replica) that was never promoted:
+            # rerunning the command with --wait finishes it.
+            tablet.issues.append(f"{sid} is a learner (added, not yet promoted to a voter)")
+        reachable += voter
         if leader is not None:
             r.lag = max(0, leader.commit_index - max(st.applied_index, st.applying_index))
             if r.lag > opts.max_lag:

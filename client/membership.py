@@ -269,24 +269,39 @@ def replace_server(
     say: Callable[[str], None] = lambda _: None,
 ) -> dict[str, str]:
     """Move every replica on ``server`` (which may be dead) to a live server that holds no
-    replica of its tablet, the least loaded first; returns tablet -> new server."""
+    replica of its tablet, the least loaded first; returns tablet -> new server ("" for a
+    replica only removed: its tablet keeps its table's replication factor without it).
+    A tablet that can go nowhere is left for the end, the others moved first, and then
+    reported (``InvalidArgument``)."""
     _check_server(client, server)
     answers = client.list_tablets(timeout_s=5.0)
     load = {uuid: len(answer.tablets) for uuid, answer in answers.items() if uuid != server}
     moved: dict[str, str] = {}
-    tablet_ids = [t for table in client.tables() for t in client.tablets(table)]
-    for tablet_id in tablet_ids:
-        m = leader_membership(client, tablet_id, timeout_s)
-        if server not in m.members():
-            continue
-        candidates = sorted((n, uuid) for uuid, n in load.items() if uuid not in m.members())
-        if not candidates:
-            raise InvalidArgument(
-                f"no live server to move {tablet_id} to: every live server "
-                f"({', '.join(sorted(load)) or 'none'}) holds a replica of it already"
-            )
-        target = candidates[0][1]
-        move_replica(client, tablet_id, server, target, timeout_s=timeout_s, say=say)
-        load[target] += 1
-        moved[tablet_id] = target
+    stuck: list[str] = []
+    for table in client.tables():
+        factor = client.replication_factor(table)
+        for tablet_id in client.tablets(table):
+            m = leader_membership(client, tablet_id, timeout_s)
+            if server not in m.members():
+                continue
+            if server in m.learners or len(m.voters) > factor:
+                # One replica more than the table asks for: dropping it is the move.
+                remove_replica(client, tablet_id, server, timeout_s=timeout_s, say=say)
+                moved[tablet_id] = ""
+                continue
+            candidates = sorted((n, uuid) for uuid, n in load.items() if uuid not in m.members())
+            if not candidates:
+                stuck.append(tablet_id)
+                say(f"{tablet_id}: no live server to move it to; left on {server} for now")
+                continue
+            target = candidates[0][1]
+            move_replica(client, tablet_id, server, target, timeout_s=timeout_s, say=say)
+            load[target] += 1
+            moved[tablet_id] = target
+    if stuck:
+        done = f" (moved: {', '.join(sorted(moved))})" if moved else ""
+        raise InvalidArgument(
+            f"no live server to move {', '.join(stuck)} to: every live server "
+            f"({', '.join(sorted(load)) or 'none'}) holds a replica of it already{done}"
+        )
     return moved

@@ -21,8 +21,12 @@ row is returned twice and none is skipped.
   applied a little more or less than the first one.  ``min_index`` bounds the staleness:
   a replica serves a page only once it has applied that Raft index, waiting for it up to its
   read wait, else fails UNAVAILABLE and the scanner tries another replica.  Given a
-  ``WriteResult.op_index`` (what a session's write returns), every page sees that write and
-  everything before it: read-your-writes from any replica.
+  ``WriteResult`` (what a session's write returns: its ``tablet_id`` and ``op_index``),
+  every page of that tablet sees that write and everything before it: read-your-writes from
+  any replica.  A Raft index belongs to one tablet's log, so ``min_index`` is a mapping
+  ``{tablet_id: index}`` (tablets it does not name: no bound), or a plain index for a scan
+  that visits one tablet only; a plain index on a scan of several tablets is refused
+  (``InvalidArgument``) -- the other tablets' logs may never reach it.
 
 A scan whose predicates fix every key column (EQUALS, or IN_LIST) visits only the tablets
 those keys hash to (``schema.partition.partitions_for_predicates``), not every tablet.
@@ -43,9 +47,10 @@ read as cells, so a server that predates packed pages still works.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
 
+from raftlet.client.arguments import check_timeout
 from raftlet.client.channels import ServerStub
 from raftlet.client.errors import InvalidArgument, RemoteError
 from raftlet.client.meta_cache import TableInfo
@@ -93,9 +98,19 @@ class Scanner(Iterator[Row]):
         replica: str | None = None,
         batch_size_bytes: int = 0,
         row_format: RowFormat = RowFormat.PACKED,
-        min_index: int = 0,
+        min_index: int | Mapping[str, int] = 0,
     ) -> None:
         schema = table.schema
+        self.timeout_s = check_timeout(timeout_s)
+        if isinstance(projection, str | bytes):
+            raise InvalidArgument(
+                f"projection is a sequence of column names, not one name: [{projection!r}]"
+            )
+        bad: list[object] = [p for p in predicates if not isinstance(p, Predicate)]
+        if bad:
+            raise InvalidArgument(
+                f"predicates are Predicate objects (Predicate.equals, .range, ...), got {bad[0]!r}"
+            )
         if projection is not None:
             unknown = [c for c in projection if not schema.has_column(c)]
             if unknown:
@@ -117,12 +132,9 @@ class Scanner(Iterator[Row]):
         for name, size in sizes:
             if not 0 <= size < 2**32:
                 raise InvalidArgument(f"{name} must be in [0, 2**32), got {size}")
-        if not 0 <= min_index < 2**64:
-            raise InvalidArgument(f"min_index must be in [0, 2**64), got {min_index}")
-        self.min_index = min_index
+        self._min_indexes = _min_indexes(min_index, table, tablet_ids)
         self.table = table
         self.read_mode = ReadMode(read_mode)
-        self.timeout_s = timeout_s
         self._rpc = rpc
         self._projection = list(projection) if projection is not None else []
         self._tablets = list(tablet_ids)
@@ -193,7 +205,7 @@ class Scanner(Iterator[Row]):
             batch_size_rows=self._batch_size_rows,
             batch_size_bytes=self._batch_size_bytes,
             row_format=self.row_format.value,
-            min_applied_index=self.min_index,
+            min_applied_index=self._min_indexes.get(tablet_id, 0),
         )
 
         def scan(stub: ServerStub, timeout: float, _attempt: int) -> tablet_pb2.ScanResponse:
@@ -263,3 +275,31 @@ def _dicts(columns: list[str], values: list[list[Value]]) -> list[Row]:
         c0, c1, c2 = columns
         return [{c0: a, c1: b, c2: c} for a, b, c in zip(*values, strict=True)]
     return list(map(dict, map(zip, repeat(columns), zip(*values, strict=True))))
+
+
+def _min_indexes(
+    min_index: int | Mapping[str, int], table: TableInfo, tablet_ids: Sequence[str]
+) -> dict[str, int]:
+    """``min_index`` as a bound per tablet; InvalidArgument when it cannot be one."""
+
+    def index(value: object, what: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise InvalidArgument(f"{what} must be a Raft index in [0, 2**63), got {value!r}")
+        return value
+
+    if isinstance(min_index, Mapping):
+        unknown = sorted(str(t) for t in min_index if t not in table.tablet_ids)
+        if unknown:
+            raise InvalidArgument(
+                f"min_index names {unknown[0]!r}, not a tablet of table {table.name!r} "
+                f"(its tablets: {', '.join(table.tablet_ids)})"
+            )
+        return {t: index(i, f"min_index[{t!r}]") for t, i in min_index.items()}
+    n = index(min_index, "min_index")
+    if n and len(tablet_ids) > 1:
+        raise InvalidArgument(
+            f"min_index {n} is an index of one tablet's log, and this scan of "
+            f"{table.name!r} visits {len(tablet_ids)} tablets: give one per tablet, "
+            "{tablet_id: index} (a WriteResult's tablet_id and op_index), or scan one tablet"
+        )
+    return dict.fromkeys(tablet_ids, n) if n else {}

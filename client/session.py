@@ -41,6 +41,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
+from raftlet.client.arguments import check_timeout, op_type_of
 from raftlet.client.batch_pipeline import BatchPipeline
 from raftlet.client.channels import ServerStub
 from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError, Timeout
@@ -99,8 +100,7 @@ class Session:
     ) -> None:
         if not isinstance(flush_mode, FlushMode):
             raise InvalidArgument(f"flush_mode must be a FlushMode, got {flush_mode!r}")
-        if timeout_s <= 0:
-            raise InvalidArgument(f"timeout_s must be positive, got {timeout_s}")
+        check_timeout(timeout_s)
         if max_batch_rows < 1:
             raise InvalidArgument(f"max_batch_rows must be at least 1, got {max_batch_rows}")
         if max_batch_bytes < 1:
@@ -174,15 +174,12 @@ class Session:
     def delete(self, table: str, row: Mapping[str, object]) -> WriteResult | None:
         return self.apply(OpType.DELETE, table, row)
 
-    def apply(
-        self, op_type: OpType, table: str, row: Mapping[str, object]
-    ) -> WriteResult | None:
+    def apply(self, op_type: OpType, table: str, row: Mapping[str, object]) -> WriteResult | None:
         """Write one row (see the flush modes). Raises ``RowError`` at once for a row the
         server would refuse anyway (unknown column, wrong type, missing key…). In
         ``AUTO_FLUSH_SYNC`` mode returns where the acknowledged write is in its tablet's log
         (``WriteResult``: Raft index and term); in the buffering modes None."""
-        if type(op_type) is not OpType:
-            op_type = OpType(op_type)
+        op_type = op_type_of(op_type)
         row = dict(row)  # the caller may reuse its dict; errors report what was written
         # Encoded before the index is taken (an unknown table takes none), so that taking
         # it and buffering the row is one short critical section and buffers stay in index
@@ -358,7 +355,7 @@ class Session:
         finally:
             tracker.complete(seq_no)
         rpc.stats.write_acked(len(ops), rpc.clock() - start)
-        result = WriteResult(response.op_index, response.op_term)
+        result = WriteResult(response.op_index, response.op_term, tablet_id)
         return result, batch_errors(response, ops, tablet_id, rpc.stats)
 
     # --- results and lifecycle -------------------------------------------------------------

@@ -40,11 +40,13 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class WriteResult:
     """Where an acknowledged write is in its tablet's log: the Raft index and term of its
-    entry (for a retried write, the entry that applied it first). Reads that must see the
-    write can wait for this index."""
+    entry (for a retried write, the entry that applied it first), and the tablet.  Reads
+    that must see the write can wait for this index on that tablet
+    (``Client.scan(..., min_index={result.tablet_id: result.op_index})``)."""
 
     op_index: int
     op_term: int
+    tablet_id: str = ""
 
 
 @dataclass(slots=True)

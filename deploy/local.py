@@ -5,6 +5,9 @@ A cluster lives in one data directory::
 
     <data_dir>/cluster.toml     the cluster config every server (and client) reads
     <data_dir>/cluster.json     the launcher's state: each server's PID, addresses, argv
+    <data_dir>/.made-by-cluster-up  marks a directory ``up`` made: ``down --remove-data``
+                                removes no other (``up`` refuses a non-empty directory
+                                without a cluster in it)
     <data_dir>/<id>.log         each server's stdout and stderr
     <data_dir>/<id>/            each server's replicas (WAL, metadata, SQLite store)
     <data_dir>/tls/             with ``up --tls``: the CA, server-<id>.crt/.key,
@@ -73,6 +76,7 @@ __all__ = [
     "CONFIG_FILE",
     "DEFAULT_TABLE",
     "KV_SCHEMA",
+    "MADE_BY_UP_FILE",
     "STATE_FILE",
     "ClusterRunningError",
     "LauncherError",
@@ -87,6 +91,8 @@ __all__ = [
 
 CONFIG_FILE = "cluster.toml"
 STATE_FILE = "cluster.json"
+# Marks a directory `up` made for a new cluster: the only kind `down --remove-data` removes.
+MADE_BY_UP_FILE = ".made-by-cluster-up"
 STATE_FORMAT = 1
 DEFAULT_TABLE = "kv"
 # The table `cluster up` creates. The load generator writes a unique INT64 key per row and a
@@ -336,17 +342,47 @@ class LocalCluster:
             root = Path(tempfile.mkdtemp(prefix="raftlet-")).resolve()
         else:
             root = _abspath(data_dir)
-            root.mkdir(parents=True, exist_ok=True)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise LauncherError(f"cannot make the data directory {root}: {e}") from None
         config_path = root / CONFIG_FILE
+        if not config_path.exists() and any(root.iterdir()):
+            # `cluster down --remove-data` removes the directory whole: never one that
+            # holds anything but the cluster it made.
+            raise LauncherError(
+                f"{root} holds files but no cluster (no {CONFIG_FILE}): give a new or "
+                "empty directory"
+            )
         if (root / STATE_FILE).exists():
             existing = cls.load(root)
             running = [s for s in existing.servers.values() if existing.owns(s)]
-            if running:
+            stopped = [s for s in existing.servers.values() if s.id not in {r.id for r in running}]
+            if running and not stopped:
                 pids = ", ".join(f"{s.id}={s.pid}" for s in running)
                 raise ClusterRunningError(
                     f"a cluster is already running in {root} ({pids}); "
                     f"stop it with: raftlet cluster down --data-dir {root}"
                 )
+            if running:
+                # Some crashed or were killed: start those again, as they were started.
+                changes = {
+                    "--tserver-flag": bool(extra_flags),
+                    "--term-check-mode": term_check_mode is not None,
+                    "--log-inject-latency-ms": log_inject_latency_ms is not None,
+                    "--base-port": base_port is not None,
+                    "--tls": tls and local_tls_files(root) is None,
+                }
+                given = [flag for flag, on in changes.items() if on]
+                if given:
+                    raise ClusterRunningError(
+                        f"{', '.join(s.id for s in running)} of the cluster in {root} are "
+                        f"running: the others start again as they were, without "
+                        f"{', '.join(given)}; to change flags, `raftlet cluster down` first"
+                    )
+                _check_matches(existing.config, servers, tablets, root)
+                existing._start_again(stopped, ready_timeout_s, leader_timeout_s, say)
+                return existing
             (root / STATE_FILE).unlink()  # stale: every process is gone
         # Ports the kernel picked for a new cluster were only free when picked: if a server
         # finds one taken, the cluster (nothing in it yet) starts again on new ones.
@@ -364,6 +400,10 @@ class LocalCluster:
                 )
             say(f"restarting the cluster in {root} (its data is kept)")
         else:
+            (root / MADE_BY_UP_FILE).write_text(
+                "made by `raftlet cluster up`: `raftlet cluster down --remove-data` removes "
+                "this directory whole\n"
+            )
             config = write_cluster_config(
                 new_config(
                     root,
@@ -430,6 +470,22 @@ class LocalCluster:
             token = f", token port {s.token_rpc_addr}" if s.token_rpc_addr else ""
             status = self.servers[s.id].status_url
             say(f"{s.id} ready: rpc {s.rpc_addr}{token}, status {status}")
+        self.wait_leaders(leader_timeout_s)
+
+    def _start_again(
+        self,
+        stopped: Sequence[ServerProcess],
+        ready_timeout_s: float,
+        leader_timeout_s: float,
+        say: Callable[[str], None],
+    ) -> None:
+        """Start ``stopped`` servers (no longer running) with the flags they had."""
+        for old in stopped:
+            say(f"{old.id} is not running (pid {old.pid}): starting it again")
+            self._spawn(self.config.server(old.id), old.argv[old.argv.index(old.id) + 1 :])
+        for old in stopped:
+            self._wait_ready(old.id, ready_timeout_s)
+            say(f"{old.id} ready: rpc {old.rpc_addr}, status {self.servers[old.id].status_url}")
         self.wait_leaders(leader_timeout_s)
 
     def tls_flags(self, server_id: str) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -178,6 +179,27 @@ def test_write_then_scan_round_trip(data_dir: Path) -> None:
     assert out.rstrip().endswith("(3 rows from kv)")
 
 
+def test_a_scan_whose_reader_goes_away_exits_0(data_dir: Path) -> None:
+    """`raftlet scan … | head` under `set -o pipefail`: the reader leaving is no error (rich
+    used to exit 1 for it).  Output well past a pipe's 64 KiB, so the reader leaves first."""
+    ok(raftlet("write", "--data-dir", str(data_dir), "--rows", "1500", "--row-bytes", "100"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlet", "scan", "kv", "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    code = proc.wait(timeout=60)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "how",
     [
@@ -265,6 +287,20 @@ def test_status_reports_a_killed_server(data_dir: Path) -> None:
     assert "process not running" in proc.stdout
     assert "WARN: 2/3 servers up" in proc.stdout or "ERROR:" in proc.stdout
 
+    # `up` starts the one that is not running, as it was, and leaves the others alone.
+    others = {s["id"]: s["pid"] for s in state(data_dir)["servers"] if s["id"] != victim["id"]}
+    flagged = raftlet(
+        "cluster", "up", "--data-dir", str(data_dir), "--tserver-flag=--tick_interval_ms=50"
+    )
+    assert flagged.returncode == 1
+    assert "without --tserver-flag" in flagged.stderr
+    out = ok(raftlet("cluster", "up", "--data-dir", str(data_dir)))
+    assert f"{victim['id']} is not running (pid {victim['pid']}): starting it again" in out
+    now = {s["id"]: s["pid"] for s in state(data_dir)["servers"]}
+    assert {sid: now[sid] for sid in others} == others
+    assert pid_alive(now[victim["id"]])
+    ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
+
 
 def test_down_leaves_no_process(data_dir: Path) -> None:
     pids = [s["pid"] for s in state(data_dir)["servers"]]
@@ -279,3 +315,31 @@ def test_down_leaves_no_process(data_dir: Path) -> None:
     assert proc.returncode == 1
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("raftlet write: error:")
+    # --remove-data removes the directory `up` made, and again is no error.
+    assert "removed" in ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--remove-data"))
+    assert not data_dir.exists()
+    again = ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--remove-data"))
+    assert "gone already" in again
+
+
+def test_remove_data_removes_only_what_up_made(tmp_path: Path) -> None:
+    """A hand-written config's folder is not a cluster's data directory: `down --cluster
+    FILE --remove-data` once removed it, whatever else it held; and `up` does not take a
+    directory that holds other files (which `--remove-data` would remove with it)."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    shutil.copy(REPO / "deploy" / "examples" / "cluster.toml", conf / "cluster.toml")
+    (conf / "notes.txt").write_text("keep me\n")
+    proc = raftlet("cluster", "down", "--cluster", str(conf / "cluster.toml"), "--remove-data")
+    assert proc.returncode == 2, proc.stderr
+    assert "is not a directory `raftlet cluster up` made" in proc.stderr
+    assert (conf / "notes.txt").read_text() == "keep me\n"
+    proc = raftlet("cluster", "up", "--data-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stderr
+    assert "holds files but no cluster" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]
+    not_a_dir = tmp_path / "conf" / "notes.txt"
+    proc = raftlet("cluster", "up", "--data-dir", str(not_a_dir))
+    assert proc.returncode == 1
+    assert "cannot make the data directory" in proc.stderr
+    assert "Traceback" not in proc.stderr

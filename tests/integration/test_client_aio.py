@@ -118,7 +118,8 @@ def test_writes_take_the_tcp_port_unless_told_not_to(
 
 def test_a_write_too_large_for_a_frame_fails_alone(cluster: TserverCluster) -> None:
     """Over the tcp port too, a write over the server's message limit fails on its own with
-    MESSAGE_TOO_LARGE (not retried), and the writes around it succeed."""
+    MESSAGE_TOO_LARGE (not retried), saying its request was too large and so never applied,
+    and the writes around it succeed."""
     base = 1_070_000
 
     async def main() -> list[object]:
@@ -130,7 +131,10 @@ def test_a_write_too_large_for_a_frame_fails_alone(cluster: TserverCluster) -> N
             )
 
     results = run(main())
-    assert isinstance(results[0], MessageTooLarge), results[0]
+    too_large = results[0]
+    assert isinstance(too_large, MessageTooLarge), too_large
+    assert "its request of" in str(too_large), too_large
+    assert too_large.may_have_applied is False
     assert not any(isinstance(r, BaseException) for r in results[1:]), results[1:]
     assert scan_range(cluster, base, base + 9) == {base + 1 + i: "ok" for i in range(8)}
 

@@ -15,11 +15,13 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from raftlet.cli.main import main as cli
 from raftlet.client import Client, FlushMode, RaftletError
-from raftlet.client.membership import leader_membership
+from raftlet.client.membership import add_replica, leader_membership
+from raftlet.proto import admin_pb2
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from tests.integration.tserver_cluster import TserverCluster, running_cluster, wait_for
 
@@ -162,6 +164,17 @@ def test_move_a_replica_to_a_fourth_server_under_write_load(
     target = ["--cluster", str(four.path)]
 
     # Clear refusals, nothing changed.
+    # A replica created as a voter could start a group of its own (it once elected itself
+    # leader of a one-voter kv-p0 beside the real one): it joins as a learner, or not at all.
+    for voters, learners in (([spare], []), ([*placed, spare], [spare])):
+        with pytest.raises(grpc.RpcError) as refused:
+            four.servers[spare].admin.CreateReplica(
+                admin_pb2.CreateReplicaRequest(tablet_id=tid, voters=voters, learners=learners),
+                timeout=10,
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "joins as a learner" in (refused.value.details() or "")
+    assert tid not in {t["tablet_id"] for t in four.servers[spare].tablets_json()}
     assert cli(["tablet", "add-replica", tid, placed[0], *target, "--wait"]) == 1
     assert "already holds a replica" in capsys.readouterr().err
     assert cli(["tablet", "add-replica", tid, "ts9", *target]) == 1
@@ -224,7 +237,13 @@ def test_replace_a_permanently_killed_server(
         for sid in four.servers
     }
     dead = max(sorted(hosting), key=lambda sid: len(hosting[sid]))
+    # One of its tablets has a fourth voter: every live server holds it, so its replica on
+    # the dead server is removed, not moved (that tablet once stopped the whole command).
+    extra = hosting[dead][0]
+    (spare,) = set(four.servers) - set(four.config.placement(extra).replicas)
     with ClientLoad(four) as load, Client.from_config(str(four.path)) as client:
+        add_replica(client, extra, spare, wait=True, timeout_s=60.0)
+        assert len(leader_membership(client, extra, 30.0).voters) == 4
         load.wait_more(50)
         four.servers[dead].kill()  # for good: its data is never used again
         load.wait_more(50)
@@ -240,5 +259,6 @@ def test_replace_a_permanently_killed_server(
     with Client.from_config(str(four.path)) as client:
         for tid in four.tablet_ids():
             assert dead not in leader_membership(client, tid, 30.0).members()
+        assert len(leader_membership(client, extra, 30.0).voters) == 3
         # The dead server is still in the config, down: ksck warns about it, and only it.
         _check_groups(four, load, client, capsys, servers_down=1)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from raftlet.client import Client, Predicate, ReadMode
+from raftlet.client import Client, InvalidArgument, Predicate, ReadMode
 from tests.integration.tserver_cluster import TserverCluster, running_cluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -50,6 +50,34 @@ def test_a_follower_read_at_the_writes_op_index_always_sees_the_write(
             )
             assert rows == [{"key": key, "value": f"v{key}"}], (key, follower)
     session.close()
+
+
+def test_a_follower_scan_of_the_table_with_each_tablets_index_sees_every_write(
+    cluster: TserverCluster, client: Client
+) -> None:
+    """A Raft index is one tablet's: a whole-table scan bounded per tablet by the writes'
+    results sees every one of them from any replica.  One index for every tablet once
+    made the tablets with shorter logs wait out every replica and the scan time out: it is
+    refused before any call now."""
+    session = client.new_session()
+    bounds: dict[str, int] = {}
+    keys = range(2000, 2040)
+    for key in keys:
+        result = session.insert("kv", {"key": key, "value": "b"})
+        assert result is not None
+        assert result.tablet_id == cluster.tablet_for_key(key)
+        bounds[result.tablet_id] = max(bounds.get(result.tablet_id, 0), result.op_index)
+    session.close()
+    assert len(bounds) == 2  # the keys landed in both tablets
+    rows = client.scan(
+        "kv",
+        predicates=[Predicate.range("key", keys.start, keys.stop)],
+        read_mode=ReadMode.FOLLOWER_APPLIED,
+        min_index=bounds,
+    )
+    assert sorted(r["key"] for r in rows) == list(keys)
+    with pytest.raises(InvalidArgument, match="visits 2 tablets"):
+        client.scan("kv", read_mode=ReadMode.FOLLOWER_APPLIED, min_index=max(bounds.values()))
 
 
 def test_leader_reads_under_the_lease_see_every_acknowledged_write(

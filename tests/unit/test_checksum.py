@@ -128,3 +128,20 @@ def test_replicas_are_judged_by_the_majority() -> None:
     assert broken.agreed is None
     assert [r.server for r in broken.suspects()] == ["a", "b", "c"]
     assert not TabletChecksum("t", 0, ()).ok
+    # Different rows, against a replica that gave none (its server down): only the first
+    # is a divergence.
+    assert odd.diverged
+    assert broken.diverged
+    assert not same.diverged
+    down = TabletChecksum(
+        "t",
+        9,
+        (
+            ReplicaChecksum("a", 5, "x"),
+            ReplicaChecksum("b", error="UNAVAILABLE: failed to connect"),
+            ReplicaChecksum("c", 5, "x"),
+        ),
+    )
+    assert not down.ok
+    assert not down.diverged
+    assert [r.server for r in down.suspects()] == ["b"]

@@ -120,8 +120,9 @@ USAGE_ERRORS = [
     (["scan", "kv", "--data-dir", "x", "--where", "key != 3"], "!= is not supported"),
     (["scan", "kv", "--data-dir", "x", "--where", "key = null"], "use 'key is-null'"),
     (["scan", "kv", "--data-dir", "x", "--limit", "-1"], "must be at least 1"),
-    (["scan", "kv", "--data-dir", "x", "--min-index", "-1"], "must be in [0, 2**64)"),
-    (["scan", "kv", "--data-dir", "x", "--min-index", "x"], "expected a Raft index"),
+    (["scan", "kv", "--data-dir", "x", "--min-index", "-1"], "must be in [0, 2**63)"),
+    (["scan", "kv", "--data-dir", "x", "--min-index", "kv-p0=9223372036854775808"], "2**63"),
+    (["scan", "kv", "--data-dir", "x", "--min-index", "x"], "expected TABLET=N"),
     (["scan", "--data-dir", "x"], "the following arguments are required: TABLE"),
     (["cluster"], "the following arguments are required: ACTION"),
     (["cluster", "up", "--servers", "0"], "must be at least 1"),
@@ -133,6 +134,28 @@ USAGE_ERRORS = [
     (["metrics", "--data-dir", "x", "--format", "yaml"], "invalid choice"),
     (["leader-step-down", "--data-dir", "x"], "the following arguments are required: TABLET"),
     (["tserver"], "the following arguments are required"),
+    (["certs", "create", "--dir", "x", "--servers", "ts1", "--days", "99999999"], "must be 1 to"),
+    (["certs", "create", "--dir", "x", "--servers", "ts1", "--days", "0"], "must be 1 to"),
+    (["certs", "create", "--dir", "x", "--servers", "../ts1"], "server id"),
+    (["certs", "create", "--dir", "x", "--servers", "ts1,ts1"], "server ids repeat"),
+    # Every timeout flag: a positive number of seconds, at most a week (inf once overflowed
+    # a clock with a traceback, nan waited forever).
+    *[
+        (
+            [*command, "--timeout", value],
+            "must be at most 604800 s" if value == "1e300" else "must be a positive number",
+        )
+        for command in (
+            ["scan", "kv", "--data-dir", "x"],
+            ["leader-step-down", "kv-p0", "--data-dir", "x"],
+            ["metrics", "--data-dir", "x"],
+            ["tablet", "add-replica", "kv-p0", "ts4", "--data-dir", "x"],
+            ["cluster", "replace-server", "ts2", "--data-dir", "x"],
+            ["cluster", "status", "--data-dir", "x"],
+            ["write", "--data-dir", "x", "--rows", "5"],
+        )
+        for value in ("inf", "nan", "0", "-1", "1e300")
+    ],
 ]
 
 

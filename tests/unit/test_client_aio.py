@@ -212,8 +212,21 @@ def test_row_errors_and_rows_refused_before_sending() -> None:
         assert "refused by the client" in str(refused.value)
         with pytest.raises(InvalidArgument, match="unknown table"):
             await c.insert("nope", {"key": 1})
+        # Arguments no write could have: refused by name, before any call.
+        with pytest.raises(InvalidArgument, match="'BOGUS' is not an operation type"):
+            await c.apply("BOGUS", "kv", {"key": 1})  # type: ignore[arg-type]
+        for timeout in (0, -1, float("nan"), float("inf"), 1e300):
+            with pytest.raises(InvalidArgument, match="timeout_s must be positive seconds"):
+                await c.apply(OpType.INSERT, "kv", {"key": 1, "value": "x"}, timeout_s=timeout)
+        (bogus,) = await c.write("kv", [("BOGUS", {"key": 1})])  # type: ignore[list-item]
+        assert isinstance(bogus, InvalidArgument)
+        assert bogus.row_index == 0
         assert len(cluster.writes()) == 1
-        assert c.stats.errors_by_cause == {"KEY_EXISTS": 1, "TYPE_MISMATCH": 1}
+        assert c.stats.errors_by_cause == {
+            "KEY_EXISTS": 1,
+            "TYPE_MISMATCH": 1,
+            "INVALID_ARGUMENT": 1,  # the operation of write()'s, one of its results
+        }
 
     run(main())
 

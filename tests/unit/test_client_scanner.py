@@ -56,7 +56,8 @@ def scanner(
         s.script("scan", answer)
     rpc = make_rpc(cluster)
     kwargs.setdefault("read_mode", ReadMode.FOLLOWER_APPLIED)
-    return Scanner(rpc, rpc.meta.table("kv"), ["kv-p0"], timeout_s=5.0, **kwargs), cluster  # type: ignore[arg-type]
+    kwargs.setdefault("timeout_s", 5.0)
+    return Scanner(rpc, rpc.meta.table("kv"), ["kv-p0"], **kwargs), cluster  # type: ignore[arg-type]
 
 
 def requests(cluster: FakeCluster) -> list[tablet_pb2.ScanRequest]:
@@ -154,6 +155,53 @@ def test_min_index_goes_with_every_page_and_a_replica_behind_it_is_left_for_anot
     assert len(sent) == 4  # the refused attempt and three pages
     with pytest.raises(InvalidArgument, match="min_index"):
         scanner(serve(ROWS), min_index=-1)
+
+
+def test_min_index_is_a_bound_per_tablet() -> None:
+    """A Raft index belongs to one tablet's log: a plain one on a scan of two tablets is
+    refused before any call (the other tablet's log may never reach it, and its pages waited
+    out every replica), and a mapping bounds only the tablets it names."""
+    cluster = FakeCluster()
+    for s in cluster.servers.values():
+        s.script("scan", serve(ROWS))
+    rpc = make_rpc(cluster)
+    kv = rpc.meta.table("kv")
+    both = ["kv-p0", "kv-p1"]
+
+    def scan(min_index: object) -> Scanner:
+        return Scanner(
+            rpc,
+            kv,
+            both,
+            timeout_s=5.0,
+            read_mode=ReadMode.FOLLOWER_APPLIED,
+            min_index=min_index,  # type: ignore[arg-type]
+        )
+
+    with pytest.raises(InvalidArgument, match="visits 2 tablets: give one per tablet"):
+        scan(42)
+    with pytest.raises(InvalidArgument, match="'kv-p9', not a tablet of table 'kv'"):
+        scan({"kv-p9": 42})
+    for bad in (2**63, -1, "42", True):
+        with pytest.raises(InvalidArgument, match="must be a Raft index"):
+            scan({"kv-p1": bad})
+    assert len(list(scan({"kv-p1": 42}))) == 2 * len(ROWS)
+    sent = {(r.tablet_id, r.min_applied_index) for r in requests(cluster)}
+    assert sent == {("kv-p0", 0), ("kv-p1", 42)}
+    assert len(list(scan(0))) == 2 * len(ROWS)  # no bound: any number of tablets
+
+
+def test_arguments_no_scan_could_take_are_refused_by_name() -> None:
+    """Each once failed in its own way: a timeout of 0 or less as a Timeout after "0
+    attempts", a string projection as a missing column 'k', a string predicate as an
+    AttributeError."""
+    for timeout in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument, match="timeout_s must be positive seconds"):
+            scanner(serve(ROWS), timeout_s=timeout)
+    with pytest.raises(InvalidArgument, match="not one name: \\['key'\\]"):
+        scanner(serve(ROWS), projection="key")
+    with pytest.raises(InvalidArgument, match="predicates are Predicate objects"):
+        scanner(serve(ROWS), predicates=["key > 1"])
 
 
 def test_scan_bounds_are_checked_before_any_call() -> None:

@@ -90,7 +90,8 @@ def test_errors_come_back_in_row_order_whatever_order_batches_finish() -> None:
 def test_a_sync_write_returns_where_it_landed_and_buffered_ones_none() -> None:
     cluster = _cluster()
     session = _session(cluster, FlushMode.AUTO_FLUSH_SYNC)
-    assert session.insert("kv", {"key": 1, "value": "v"}) == WriteResult(op_index=7, op_term=1)
+    tablet = session._rpc.meta.tablet_for("kv", {"key": 1})
+    assert session.insert("kv", {"key": 1, "value": "v"}) == WriteResult(7, 1, tablet)
     buffered = _session(cluster, FlushMode.MANUAL_FLUSH)
     assert buffered.insert("kv", {"key": 2, "value": "v"}) is None
     buffered.close()

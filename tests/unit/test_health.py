@@ -56,3 +56,53 @@ def test_lag_counts_from_what_is_on_its_way_into_a_replicas_store(
             f"kv-p0: replica on b lags the leader by 120 entries "
             f"(applied {applied}{on_its_way}, leader committed 150)"
         ]
+
+
+def test_a_failed_replica_is_reported_with_its_reason_and_counts_for_no_majority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its server answers, so it was shown as a replica lagging (or even OK); it serves
+    nothing and votes in no election: FAILED, with the reason its server gives."""
+    listed = {
+        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
+        "b": _listed(
+            "b",
+            state=tablet_pb2.TABLET_STATE_FAILED,
+            failure_reason="StoreError: database disk image is malformed",
+        ),
+        "c": _listed("c", commit_index=150, applied_index=150),
+    }
+    verdict = checked(listed, 100, monkeypatch)
+    (tablet,) = verdict.tablets
+    assert [(r.server, r.state) for r in tablet.replicas] == [
+        ("a", "OK"),
+        ("b", "FAILED"),
+        ("c", "OK"),
+    ]
+    assert verdict.severity is health.Severity.WARN
+    assert verdict.issues == [
+        "kv-p0: under-replicated: 2 of 3 replicas reachable",
+        "kv-p0: replica on b is FAILED: StoreError: database disk image is malformed",
+    ]
+
+
+def test_a_learner_is_listed_and_flagged_until_promoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move that stopped half way leaves a learner: shown, not counted as a voter."""
+    listed = {
+        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", commit_index=150, applied_index=150),
+        "c": _listed("c", commit_index=150, applied_index=150),
+    }
+    for response in listed.values():
+        response.tablets[0].ClearField("voters")
+        response.tablets[0].voters.extend(("a", "b"))
+        response.tablets[0].learners.append("c")
+    verdict = checked(listed, 100, monkeypatch)
+    (tablet,) = verdict.tablets
+    assert [(r.server, r.role) for r in tablet.replicas] == [
+        ("a", "LEADER"),
+        ("b", "FOLLOWER"),
+        ("c", "LEARNER"),
+    ]
+    assert verdict.severity is health.Severity.WARN
+    assert verdict.issues == ["kv-p0: c is a learner (added, not yet promoted to a voter)"]
