@@ -505,7 +505,7 @@ def _down(args: argparse.Namespace) -> int:
     except NoClusterError:
         if not path.exists():
             raise CliError(
-                f"no cluster in {root} (neither {STATE_FILE} nor cluster.toml)"
+                f"no cluster in {root}: neither {root / STATE_FILE} nor {path} exists"
             ) from None
         # Already stopped: `down` is idempotent, so cleanup scripts can always run it.
         out.print(f"no cluster is running in {root}; nothing to stop", markup=False)

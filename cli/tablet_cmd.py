@@ -158,7 +158,7 @@ def run_replace_server(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         out.print(line, markup=False)
 
-    client = resolve_target(args).client(timeout_s=30.0)
+    client = resolve_target(args).client(timeout_s=min(args.timeout, 30.0))
     try:
         moved = mc.replace_server(client, args.server, timeout_s=args.timeout, say=say)
     except RaftletError as e:

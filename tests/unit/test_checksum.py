@@ -102,27 +102,25 @@ def test_results_are_kept_for_the_last_points_and_waited_for() -> None:
         later.join()
 
 
+def _tablet(*replicas: ReplicaChecksum) -> TabletChecksum:
+    return TabletChecksum("t", 9, replicas)
+
+
 def test_replicas_are_judged_by_the_majority() -> None:
     same = TabletChecksum("t", 9, (ReplicaChecksum("a", 5, "x"), ReplicaChecksum("b", 5, "x")))
     assert same.ok
     assert same.agreed == "x"
     assert same.suspects() == []
-    odd = TabletChecksum(
-        "t",
-        9,
-        (ReplicaChecksum("a", 5, "x"), ReplicaChecksum("b", 5, "y"), ReplicaChecksum("c", 5, "x")),
+    odd = _tablet(
+        ReplicaChecksum("a", 5, "x"), ReplicaChecksum("b", 5, "y"), ReplicaChecksum("c", 5, "x")
     )
     assert not odd.ok
     assert odd.agreed == "x"
     assert [r.server for r in odd.suspects()] == ["b"]
-    broken = TabletChecksum(
-        "t",
-        9,
-        (
-            ReplicaChecksum("a", 5, "x"),
-            ReplicaChecksum("b", error="UNAVAILABLE"),
-            ReplicaChecksum("c", 5, "y"),
-        ),
+    broken = _tablet(
+        ReplicaChecksum("a", 5, "x"),
+        ReplicaChecksum("b", error="UNAVAILABLE"),
+        ReplicaChecksum("c", 5, "y"),
     )
     assert not broken.ok
     assert broken.agreed is None
@@ -133,14 +131,10 @@ def test_replicas_are_judged_by_the_majority() -> None:
     assert odd.diverged
     assert broken.diverged
     assert not same.diverged
-    down = TabletChecksum(
-        "t",
-        9,
-        (
-            ReplicaChecksum("a", 5, "x"),
-            ReplicaChecksum("b", error="UNAVAILABLE: failed to connect"),
-            ReplicaChecksum("c", 5, "x"),
-        ),
+    down = _tablet(
+        ReplicaChecksum("a", 5, "x"),
+        ReplicaChecksum("b", error="UNAVAILABLE"),
+        ReplicaChecksum("c", 5, "x"),
     )
     assert not down.ok
     assert not down.diverged
