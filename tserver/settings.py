@@ -793,8 +793,9 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "tablet_copy_repair_interval_s", _WAL, "S",
         f"How often a tablet FAILED on this server (unreadable at open, damaged store, failed "
-        f"log) is repaired by copying it from its leader (default "
-        f"{_D('tablet_copy_repair_interval_s'):g}; 0 never, at most 3600).",
+        f"log) is repaired by copying it from its leader, the first time a second after the "
+        f"server starts (default {_D('tablet_copy_repair_interval_s'):g}; 0 never, at most "
+        f"3600).",
         convert=float_value, check=at_least(0, 3600),
     ),
     FlagSpec(

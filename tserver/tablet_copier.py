@@ -246,7 +246,10 @@ class TabletCopier:
     # --- the janitor and repair loop ----------------------------------------------------------
 
     def _run(self) -> None:
-        waited = 0.0
+        # The first repair pass comes one janitor turn after start, not a whole repair
+        # interval: a replica found FAILED as the server opened it (a wiped directory, a
+        # damaged file) is copied back at once; later passes retry every interval.
+        waited = float(self._repair_interval_s)
         while not self._stop.wait(self._janitor_interval_s):
             try:
                 self._s.copy_sessions.expire()
