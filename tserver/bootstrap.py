@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftlet.consensus.core.types import Entry, EntryType
+from raftlet.consensus.log.metadata import FILE_NAME as META_FILE
 from raftlet.consensus.log.metadata import PersistentState
 from raftlet.consensus.log.options import LogObserver, LogOptions
-from raftlet.consensus.log.raft_storage import LogStorage
+from raftlet.consensus.log.raft_storage import WAL_DIR, LogStorage
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
 from raftlet.schema.row_block import RowBlockError
@@ -228,6 +229,16 @@ def open_replica(
         raise ReplicaOpenError(f"{path} holds a deleted replica (a tombstone)")
     if not create and not any(path.iterdir() if path.is_dir() else ()):
         raise ReplicaOpenError(_lost(path))
+    if (path / META_FILE).is_file() and not (path / WAL_DIR).is_dir():
+        # Metadata is saved after the log is made (and a copy installs both at once): a
+        # log gone from beside it was lost -- opened, the replica would keep its term and
+        # vote and forget the entries it acknowledged.  (A store gone beside a whole log
+        # is replayed again from it; beside a collected one, ``_replay`` refuses it.)
+        raise ReplicaOpenError(
+            f"{path} holds consensus metadata but no {WAL_DIR} (lost or deleted): opened, "
+            "it would forget the entries it acknowledged; a tablet copy from the leader "
+            "repairs it"
+        )
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store = TabletStore.open(path / STORE_FILE, schema)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from raftlet.consensus.core import RaftConfigError
 from raftlet.consensus.log.errors import LogError
 from raftlet.tserver.bootstrap import ReplicaOpenError
 from raftlet.tserver.errors import TabletFailed
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 # is a bug, and still takes the server down loudly.
 OPEN_FAILURES: tuple[type[BaseException], ...] = (
     ReplicaOpenError,
+    # A membership in the metadata the core will not take (written by an older build).
+    RaftConfigError,
     LogError,
     StoreError,
     OSError,

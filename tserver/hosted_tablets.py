@@ -13,13 +13,15 @@ tablets it hosts.  So it does, in ``hosted_tablets.json`` at the top of its data
 - ``placed``: the tablets the cluster config placed here when the list was written, so a
   tablet added to the config later is told apart from one deleted here.
 
-At start (``TabletServer._tablets_to_open``): without the file (a new server, or one from
-before it) every placed tablet is opened or created, as before; with it, a hosted tablet
-whose directory holds no replica is FAILED ("wiped or lost") and repaired by a tablet copy
-from its leader, never started afresh, and a placed tablet that is neither hosted nor new
-to the config (deleted here) is not opened.  The file is replaced atomically (a temporary
-file, fsync, rename, fsync of the directory).  A data directory wiped whole loses this file
-too, and is a new server as far as it can tell: that case stays Raft's limit.
+At start (``TabletServer._tablets_to_open``), written before any replica is made: without
+the file and without any replica directory (a new server), every placed tablet is made;
+without the file beside replicas (a server from before it, or a record moved aside), the
+replicas there are opened and nothing is made afresh; with it, a hosted tablet whose
+directory holds no replica is FAILED ("wiped or lost") and repaired by a tablet copy from
+its leader, never started afresh, and a placed tablet that is neither hosted nor new to the
+config (deleted here) is not opened.  The file is replaced atomically (a temporary file,
+fsync, rename, fsync of the directory).  A data directory wiped whole loses this file too,
+and is a new server as far as it can tell: that case stays Raft's limit.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from raftlet.consensus.log.segment import fsync_dir
 __all__ = ["HOSTED_TABLETS_FILE", "HostedTablets"]
 
 HOSTED_TABLETS_FILE = "hosted_tablets.json"
+_MOVE_ASIDE = (
+    "Moved aside, the record is made again from the replica directories there (a placed "
+    "tablet without one is then not made afresh: `raftlet tablet add-replica` adds it)"
+)
 
 
 @dataclass(frozen=True)
@@ -54,13 +60,14 @@ class HostedTablets:
         except (OSError, ValueError) as exc:
             # Guessing would risk the very restart this file is there to prevent.
             raise OSError(
-                f"{path} cannot be read ({exc}); the server cannot tell which tablets it hosts"
+                f"{path} cannot be read ({exc}); the server cannot tell which tablets it "
+                f"hosts. {_MOVE_ASIDE}"
             ) from exc
         if not isinstance(doc, dict) or not all(
             isinstance(doc.get(k), list) and all(isinstance(t, str) for t in doc[k])
             for k in ("hosted", "placed")
         ):
-            raise OSError(f"{path} is not a list of hosted and placed tablets")
+            raise OSError(f"{path} is not a list of hosted and placed tablets. {_MOVE_ASIDE}")
         return cls(frozenset(doc["hosted"]), frozenset(doc["placed"]))
 
     @staticmethod

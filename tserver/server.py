@@ -58,6 +58,7 @@ from raftlet.client.tls import TlsOptions, channel_credentials, client_ssl_conte
 from raftlet.cluster import parse_host_port
 from raftlet.cluster.identity import AccessRole
 from raftlet.cluster.placement import TabletPlacement
+from raftlet.consensus.core import Membership
 from raftlet.consensus.log import LogOptions
 from raftlet.consensus.log.metadata import FILE_NAME as CONSENSUS_META_FILE
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
@@ -373,16 +374,18 @@ class TabletServer:
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
         with self._replicas_lock:
-            record = HostedTablets.load(s.data_dir)
-            for placement, must_exist in self._tablets_to_open(record):
+            opening = self._tablets_to_open(HostedTablets.load(s.data_dir))
+            # Written before any replica is made: a start that dies half way through making
+            # them finds the rest hosted and missing next time (FAILED, then copied), not
+            # new again.
+            self._placed = frozenset(p.tablet_id for p in s.placements())
+            self._record_hosted({p.tablet_id for p, _ in opening})
+            for placement, must_exist in opening:
                 register_tablet_gauges(
                     self._tablet_entity(placement),
                     functools.partial(self.hosted, placement.tablet_id),
                 )
                 self._place(placement.tablet_id, self._open(placement, must_exist=must_exist))
-            self._placed = frozenset(p.tablet_id for p in s.placements())
-            self._hosted = {*self.replicas.keys(), *self.failed_tablets.keys()}
-            HostedTablets.save(s.data_dir, self._hosted, self._placed)
         for pool in self.pools.values():
             pool.start()
         # Authentication first: an unauthenticated caller learns nothing, not even that its
@@ -482,14 +485,30 @@ class TabletServer:
         or placed here yet no longer hosted: ``tserver.hosted_tablets``)."""
         data_dir = self.settings.data_dir
         hosted = record.hosted or frozenset()
+        present = {
+            c.name
+            for c in (data_dir.iterdir() if data_dir.is_dir() else ())
+            if (c / CONSENSUS_META_FILE).is_file() or (c / TOMBSTONE_FILE).is_file()
+        }
+        # No record and no replica yet: a new server, which makes its placed replicas.
+        # No record beside replicas (a server from before the record, or one whose record
+        # was moved aside): the replicas there are opened, and nothing is made afresh.
+        new_server = record.hosted is None and not present
         chosen: dict[str, tuple[TabletPlacement, bool]] = {}
         for p in self.settings.placements():
             tid = p.tablet_id
-            if record.hosted is None or tid in hosted:
-                chosen[tid] = (p, record.hosted is not None)
+            if new_server or tid in hosted:
+                chosen[tid] = (p, not new_server)
             elif record.placed is not None and tid not in record.placed:
                 chosen[tid] = (p, False)  # new to the config since the record was written
-            else:
+            elif record.hosted is None and tid not in present:
+                logger.warning(
+                    "tablet %s: placed here, but this server keeps no record of the tablets "
+                    "it hosts and has no replica of it: not made afresh (if it belongs here, "
+                    "`raftlet tablet add-replica` adds it)",
+                    tid,
+                )
+            elif record.hosted is not None:
                 logger.info("tablet %s: deleted from this server, not opened", tid)
         for tid in sorted(hosted - chosen.keys()):
             placement = self.tablets.get(tid)
@@ -610,6 +629,11 @@ class TabletServer:
         unknown = sorted((set(voters) | set(learners)) - set(self.config.server_ids))
         if unknown:
             raise InvalidRequest(f"servers {unknown} are not in the cluster config")
+        # Checked before anything is written: a membership the replica could not open with
+        # once left its files and a hosted record behind, and the server could not start.
+        why = Membership(tuple(voters), tuple(learners)).problem()
+        if why is not None:
+            raise InvalidRequest(f"not a membership to join: {why}")
         with self._replicas_lock:
             if tablet_id in self.replicas or tablet_id in self.failed_tablets:
                 raise InvalidRequest(
@@ -623,7 +647,13 @@ class TabletServer:
                     f"{directory} holds a replica's files already; delete it first"
                 )
             self._record_hosted(self._hosted | {tablet_id})
-            replica = self._new_replica(placement, voters, learners)
+            try:
+                replica = self._new_replica(placement, voters, learners)
+            except BaseException:
+                # Nothing half made: no files, no record, so a restart does not meet them.
+                shutil.rmtree(directory, ignore_errors=True)
+                self._record_hosted(self._hosted - {tablet_id})
+                raise
             register_tablet_gauges(
                 self._tablet_entity(placement), functools.partial(self.hosted, tablet_id)
             )

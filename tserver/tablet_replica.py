@@ -1069,7 +1069,9 @@ class TabletReplica:
 
     def checksum_at(self, index: int, timeout_s: float) -> ChecksumResult:
         """This replica's checksum at checksum point ``index``, waiting up to ``timeout_s``
-        for it to apply the point."""
+        for it to apply the point.  A FAILED replica answers so, at once or once it fails
+        (a failed one applies nothing: waiting out the timeout told the caller nothing)."""
+        self._check_serving()
         if index <= self._applied_at_open:
             raise InvalidRequest(
                 f"tablet {self.tablet_id}: index {index} was applied before this replica last "
@@ -1078,6 +1080,7 @@ class TabletReplica:
         result = self._checksums.wait(index, timeout_s)
         if result is not None:
             return result
+        self._check_serving()
         applied = self.store.applied_index()
         if applied >= index:
             raise InvalidRequest(

@@ -123,8 +123,10 @@ class ConsensusMetadata:
         return self._state.hard_state()
 
     def save(self, state: PersistentState) -> None:
-        """Durably replace the metadata with ``state`` (returns once it is on disk)."""
-        os.makedirs(self.directory, exist_ok=True)
+        """Durably replace the metadata with ``state`` (returns once it is on disk).  The
+        directory must exist: one that vanished under a running replica (wiped by hand)
+        fails the save -- made again here, it held a term and vote beside no log, and the
+        replica reopened as a voter that had forgotten what it acknowledged."""
         tmp = self.path + TEMP_SUFFIX
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:

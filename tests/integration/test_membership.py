@@ -166,15 +166,19 @@ def test_move_a_replica_to_a_fourth_server_under_write_load(
     # Clear refusals, nothing changed.
     # A replica created as a voter could start a group of its own (it once elected itself
     # leader of a one-voter kv-p0 beside the real one): it joins as a learner, or not at all.
-    for voters, learners in (([spare], []), ([*placed, spare], [spare])):
+    for voters, learners in (([spare], []), ([*placed, spare], [spare]), ([], [spare])):
         with pytest.raises(grpc.RpcError) as refused:
             four.servers[spare].admin.CreateReplica(
                 admin_pb2.CreateReplicaRequest(tablet_id=tid, voters=voters, learners=learners),
                 timeout=10,
             )
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "joins as a learner" in (refused.value.details() or "")
+        words = "at least one voter" if not voters else "joins as a learner"
+        assert words in (refused.value.details() or "")
     assert tid not in {t["tablet_id"] for t in four.servers[spare].tablets_json()}
+    # Refused before anything was written: a refusal once left the files and the hosted
+    # record of a replica the server then could not open at its next start.
+    assert not (four.servers[spare].config.data_dir / tid).exists()
     assert cli(["tablet", "add-replica", tid, placed[0], *target, "--wait"]) == 1
     assert "already holds a replica" in capsys.readouterr().err
     assert cli(["tablet", "add-replica", tid, "ts9", *target]) == 1

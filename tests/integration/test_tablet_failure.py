@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ import pytest
 from raftlet.consensus.log.segment import HEADER_SIZE
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.tserver.hosted_tablets import HOSTED_TABLETS_FILE
 from tests.integration.tserver_cluster import (
     HARNESS_TICK_MS,
     Server,
@@ -189,6 +191,20 @@ def test_a_wiped_replica_directory_is_failed_not_started_afresh(tmp_path: Path) 
         _assert_serves_the_others(cluster, victim, wiped, rows)
         _assert_the_others_keep_it(cluster, victim, wiped, rows[wiped])
         assert _log_mentions(victim, "Traceback") == 0
+
+        # Its record of hosted tablets moved aside: the replicas there open, and the one
+        # with no directory is not made afresh either (deleting the record once did that).
+        assert victim.terminate() == 0
+        record = victim.config.data_dir / HOSTED_TABLETS_FILE
+        record.rename(record.with_suffix(".aside"))
+        victim.start()
+        wait_for(
+            lambda: {t["tablet_id"] for t in victim.tablets_json()} == set(rows) - {wiped},
+            30,
+            f"{victim.id} serving all but {wiped}",
+        )
+        assert not directory.exists()
+        assert wiped not in json.loads(record.read_text())["hosted"]
 
 
 # --- a full disk -----------------------------------------------------------------------------

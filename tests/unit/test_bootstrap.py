@@ -90,9 +90,25 @@ def test_a_store_ahead_of_its_log_is_refused(tmp_path: Path) -> None:
     r.storage.append(_entries(1, 3, 1))
     apply_entries(r.store, r.storage.entries(1, 4))
     r.close()
-    shutil.rmtree(tmp_path / "wal")
+    for segment in (tmp_path / "wal").iterdir():
+        segment.unlink()
     with pytest.raises(ReplicaOpenError, match="applied up to index 3 but the log ends at 0"):
         open_replica(tmp_path, SCHEMA, VOTERS)
+
+
+def test_a_log_gone_beside_the_metadata_is_refused(tmp_path: Path) -> None:
+    """Deleted by hand while the server was down, with the store, say: opened, the replica
+    would keep its term and vote and forget what it acknowledged (and could vote for a
+    lagging candidate)."""
+    r = open_replica(tmp_path, SCHEMA, VOTERS)
+    r.storage.append(_entries(1, 3, 1))
+    r.close()
+    shutil.rmtree(tmp_path / "wal")
+    for store in tmp_path.glob("store.sqlite*"):
+        store.unlink()
+    with pytest.raises(ReplicaOpenError, match="holds consensus metadata but no wal"):
+        open_replica(tmp_path, SCHEMA, VOTERS)
+    assert not (tmp_path / "wal").exists()  # refused before anything was made again
 
 
 def test_a_store_that_applied_an_entry_the_log_does_not_have_is_refused(

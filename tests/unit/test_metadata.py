@@ -112,3 +112,19 @@ def test_a_damaged_file_is_an_error_naming_it(tmp_path: Path, damage: object, of
     assert exc.value.path == str(path)
     assert exc.value.offset == offset
     assert str(path) in str(exc.value)
+
+
+def test_a_save_into_a_directory_that_vanished_fails_and_makes_nothing(tmp_path: Path) -> None:
+    """A replica directory wiped under a running server: its next save (a new term, a
+    clean stop) once made the directory again with a term and vote in it -- and nothing
+    else, so the replica reopened as a voter that forgot what it acknowledged."""
+    directory = tmp_path / "kv-p0"
+    directory.mkdir()
+    meta = ConsensusMetadata.load(directory)
+    meta.save(STATE)
+    for child in directory.iterdir():
+        child.unlink()
+    directory.rmdir()
+    with pytest.raises(FileNotFoundError):
+        meta.save(STATE)
+    assert not directory.exists()

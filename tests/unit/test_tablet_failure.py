@@ -91,6 +91,8 @@ def test_a_leader_whose_store_fails_steps_down_and_recovers_when_the_disk_works(
         send(leader, write([100]))
     with pytest.raises(TabletFailed):
         leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0"))
+    with pytest.raises(TabletFailed):  # not "not applied after 1 s": it applies nothing
+        leader.checksum_at(leader.store.applied_index() + 1, 1.0)
     assert caplog.text.count("the replica is FAILED") == 1  # said once, not per retry
 
     # Another replica leads; the retry of the failed call is applied exactly once there.
