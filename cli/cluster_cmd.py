@@ -466,7 +466,8 @@ def _print_status(
             applying = f" (+{ahead} applying)" if ahead > 0 else ""
             lag = "" if r.lag is None else f" lag {r.lag}"
             text = f"{r.server} {role} {r.applied_index}{applying}{lag}"
-            reps.append(f"[yellow]{text}[/]" if r.state == "LAGGING" else text)
+            color = {"LAGGING": "yellow", "AHEAD": "red"}.get(r.state)
+            reps.append(f"[{color}]{text}[/]" if color else text)
         tablets.add_row(
             t.tablet_id,
             mark(t.severity.name),

@@ -302,7 +302,12 @@ def fetch_config(
             try:
                 resp = channels.stub(addr).get_cluster_config(timeout_s)
             except grpc.RpcError as e:
-                failures.append(f"{addr}: {e.code().name}")
+                # The details say why (an unknown role, a bad token, a refused handshake):
+                # the code alone left the operator guessing.
+                details = (e.details() or "").strip()
+                failures.append(f"{addr}: {e.code().name}" + (f": {details}" if details else ""))
+                if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    break  # every server takes the same credentials
                 continue
             try:
                 return ClusterConfig.from_pb(resp, name=f"via {addr}")

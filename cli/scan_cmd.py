@@ -115,8 +115,10 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 def _min_index_arg(text: str) -> tuple[str, int]:
     """``TABLET=N`` as (TABLET, N); a plain ``N`` as ("", N)."""
-    tablet, _, number = text.rpartition("=")
+    tablet, eq, number = text.rpartition("=")
     try:
+        if eq and not tablet.strip():
+            raise ValueError("no tablet before =")
         value = int(number)
     except ValueError:
         raise argparse.ArgumentTypeError(

@@ -70,6 +70,16 @@ class TcpWritesTo:
         if self._opening is not None:  # another write is opening it: share the outcome
             return await asyncio.shield(self._opening)
         loop = asyncio.get_running_loop()
+        if stream is not None and stream.answered:
+            self._backoff = _RETRY_INITIAL_S  # it served: open the next one at once
+        elif stream is not None:
+            # It ended before it answered anything: a server over its connection limit
+            # takes a connection and closes it.  A failed open, then: back off, and the
+            # writes go on the gRPC stream meanwhile -- reopening at once (a connect is
+            # "success") had every write fail on one such connection after another.
+            self._stream = None
+            self._retry_at = loop.time() + self._backoff
+            self._backoff = min(self._backoff * 2, _RETRY_MAX_S)
         if self._closed or loop.time() < self._retry_at:
             return None
         self._opening = loop.create_future()
@@ -83,8 +93,6 @@ class TcpWritesTo:
             if stream is None:
                 self._retry_at = loop.time() + self._backoff
                 self._backoff = min(self._backoff * 2, _RETRY_MAX_S)
-            else:
-                self._backoff = _RETRY_INITIAL_S
             self._stream = stream
             self._opening.set_result(stream)  # cancelled: the waiters use the gRPC stream
             self._opening = None
@@ -158,6 +166,7 @@ class TcpWriteStream:
         self._queue: list[bytes] = []  # serialized WriteStreamItemPBs, as frame entries
         self._flush_due = False
         self._failure: StreamedRpcError | None = None
+        self._answered = False
         self._reading = asyncio.get_running_loop().create_task(
             self._read(), name=f"tcp-writes:{address}"
         )
@@ -165,6 +174,11 @@ class TcpWriteStream:
     @property
     def broken(self) -> bool:
         return self._failure is not None
+
+    @property
+    def answered(self) -> bool:
+        """Whether the server answered anything on it (it took the connection, then)."""
+        return self._answered
 
     async def write(
         self, request: tablet_pb2.WriteRequest, timeout: float
@@ -223,6 +237,7 @@ class TcpWriteStream:
             while True:
                 (length,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
                 body = await self._reader.readexactly(length)
+                self._answered = True
                 for result in tablet_pb2.WriteStreamResponsePB.FromString(body).results:
                     future = self._pending.pop(result.id, None)
                     if future is not None and not future.done():

@@ -90,13 +90,24 @@ def write_result(
     future.set_exception(StreamedRpcError(code, result.status_message, error))
 
 
+# A stream refused before it took any write: the write was not applied, and a retry meets
+# the same refusal (no WriteStream: the caller falls back to unary calls; not allowed: the
+# caller is told why, at once, as the unary call would tell it).
+_REFUSED_STREAM = (
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+)
+
+
 def _stream_failed(code: grpc.StatusCode, details: str | None) -> StreamedRpcError:
     """What a write waiting on a stream that ended gets.  The stream's own status says
     nothing of the write (which may or may not have been applied), so it is UNAVAILABLE --
-    retriable, and the request id keeps a retry from applying it twice -- unless the server
-    has no WriteStream at all (UNIMPLEMENTED: the caller falls back to unary calls)."""
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        return StreamedRpcError(code, details or "WriteStream is not implemented")
+    retriable, and the request id keeps a retry from applying it twice -- unless the
+    server refused the stream itself (``_REFUSED_STREAM``): then that status.  (Every
+    write once retried a PERMISSION_DENIED as UNAVAILABLE until its deadline.)"""
+    if code in _REFUSED_STREAM:
+        return StreamedRpcError(code, details or f"WriteStream refused: {code.name}")
     failure = StreamedRpcError(
         grpc.StatusCode.UNAVAILABLE, f"write stream ended: {code.name}: {details or ''}"
     )

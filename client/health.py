@@ -129,8 +129,8 @@ class ServerHealth:
 @dataclass(slots=True)
 class ReplicaHealth:
     server: str
-    # "OK", "LAGGING", "FAILED" (the replica, not its server), "DOWN", "UNKNOWN" (server
-    # busy), "MISSING"
+    # "OK", "LAGGING", "AHEAD" (applied past the leader's commit), "FAILED" (the replica,
+    # not its server), "DOWN", "UNKNOWN" (server busy), "MISSING"
     state: str
     role: str = ""
     term: int = 0
@@ -360,7 +360,16 @@ def _check_tablet(
         reachable += voter
         if leader is not None:
             r.lag = max(0, leader.commit_index - max(st.applied_index, st.applying_index))
-            if r.lag > opts.max_lag:
+            if st.applied_index > leader.commit_index + opts.max_lag:
+                # Past anything the leader committed (beyond what commits between the two
+                # servers' answers): entries this replica applied that the group does not
+                # have -- it diverged.
+                r.state = "AHEAD"
+                tablet.issues.append(
+                    f"replica on {sid} applied {st.applied_index}, past the leader's commit "
+                    f"{leader.commit_index}: it holds entries the group does not (diverged)"
+                )
+            elif r.lag > opts.max_lag:
                 r.state = "LAGGING"
                 applying = (
                     f", applying to {st.applying_index}"

@@ -51,6 +51,8 @@ from raftlet.client.retry import (
     RetriableFailure,
     RpcFailure,
     classify,
+    credentials_refused,
+    fatal_error,
     run_with_retries,
 )
 from raftlet.client.stats import StatsRecorder
@@ -353,6 +355,9 @@ class MetaCache(MetaState):
                     )
                 except grpc.RpcError as e:
                     last = classify(e, address=addr)
+                    if credentials_refused(last):
+                        # Not retried until the deadline (30 s of "invalid bearer token").
+                        raise fatal_error(last, "fetching the cluster config") from None
                     continue
                 self._stats.config_fetch()
                 return self.install(pb)

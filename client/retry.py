@@ -289,6 +289,12 @@ def _call(err: grpc.RpcError, name: str) -> object:
         return None
 
 
+def credentials_refused(failure: RpcFailure) -> bool:
+    """Whether the server refused the caller itself (a bad token, a certificate without a
+    role that may ask): every server of a cluster would, so no other is worth trying."""
+    return failure.status in ("UNAUTHENTICATED", "PERMISSION_DENIED")
+
+
 def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
     """The exception for a failure that is not retried."""
     text = f"{what} failed: {failure}"

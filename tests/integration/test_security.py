@@ -8,6 +8,7 @@ stopped by PID (``LocalCluster.down``, ``Popen.terminate``).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import ssl
@@ -26,7 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from raftlet.client import Client, FlushMode, RaftletError, ReadMode, TlsOptions
+from raftlet.client import Client, FlushMode, RaftletError, ReadMode, RemoteError, TlsOptions
+from raftlet.client.aio import AsyncClient
 from raftlet.client.channels import ChannelPool, channel_options
 from raftlet.client.tls import channel_credentials
 from raftlet.cluster.identity import AccessRole
@@ -231,6 +233,18 @@ def test_no_identity_or_a_wrong_token_is_unauthenticated(env: Env) -> None:
         finally:
             channels.close()
     assert env.denials("no_identity") + env.denials("invalid_token") >= before + 2
+    # A client is told at once, not after retrying to its deadline (30 s of "invalid
+    # bearer token" once); the command line says why too, not just the status code.
+    with pytest.raises(RemoteError, match="bearer token"):
+        Client(env.seeds, tls=env.tls("bob"), token="not-a-known-token-at-all", timeout_s=60)
+    nobody = env.tls("nobody")
+    proc = subprocess.run(
+        [sys.executable, "-m", "raftlet", "scan", "kv", "--servers", env.seeds[0],
+         "--tls-ca", str(nobody.ca), "--tls-cert", str(nobody.cert), "--tls-key", str(nobody.key)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "UNAUTHENTICATED: " in proc.stderr, proc.stderr
 
 
 # --- roles ---------------------------------------------------------------------------------
@@ -256,6 +270,15 @@ def test_a_reader_scans_but_cannot_write(env: Env) -> None:
         session = reader.new_session(FlushMode.AUTO_FLUSH_SYNC, timeout_s=3)
         with pytest.raises(RaftletError):
             session.insert("kv", {"key": 2, "value": "two"})
+
+    # Through the asyncio client's write stream: refused at once, saying why (every write
+    # was once retried as UNAVAILABLE until its deadline).
+    async def write_as_reader() -> None:
+        async with AsyncClient.connect(env.seeds, tls=env.tls("bob"), timeout_s=60) as c:
+            with pytest.raises(RemoteError, match="needs role writer"):
+                await c.insert("kv", {"key": 3, "value": "three"})
+
+    asyncio.run(asyncio.wait_for(write_as_reader(), 120))
 
 
 def test_a_writer_cannot_step_down_a_leader_or_set_a_flag(env: Env) -> None:

@@ -123,6 +123,7 @@ USAGE_ERRORS = [
     (["scan", "kv", "--data-dir", "x", "--min-index", "-1"], "must be in [0, 2**63)"),
     (["scan", "kv", "--data-dir", "x", "--min-index", "kv-p0=9223372036854775808"], "2**63"),
     (["scan", "kv", "--data-dir", "x", "--min-index", "x"], "expected TABLET=N"),
+    (["scan", "kv", "--data-dir", "x", "--min-index", "=5"], "expected TABLET=N"),
     (["scan", "--data-dir", "x"], "the following arguments are required: TABLE"),
     (["cluster"], "the following arguments are required: ACTION"),
     (["cluster", "up", "--servers", "0"], "must be at least 1"),

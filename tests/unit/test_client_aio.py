@@ -4,6 +4,7 @@ errors and exactly-once request ids, with many writes in flight from one event l
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,12 +16,15 @@ from raftlet.client import (
     ClientClosed,
     InvalidArgument,
     NotLeader,
+    RemoteError,
     RowError,
     ServerTooBusy,
     TabletNotFound,
     Timeout,
 )
 from raftlet.client.aio import AsyncClient
+from raftlet.client.meta_cache import MetaCache
+from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
 from raftlet.schema.rows import OpType
 from tests.unit.client_aio_fakes import AsyncFakeClock, AsyncFakeCluster, fake_client
@@ -345,6 +349,34 @@ def test_no_seed_answers_times_out() -> None:
             )
 
     run(main())
+
+
+def test_credentials_a_server_refuses_fail_the_config_fetch_at_once() -> None:
+    """Every server of a cluster takes the same tokens and certificates: the first refusal
+    is the answer, not something to retry until the deadline (30 s of "invalid bearer
+    token" in a review)."""
+    cluster = AsyncFakeCluster()
+    clock = AsyncFakeClock()
+    for s in cluster.servers.values():
+        s.script("config", FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token"))
+
+    async def main() -> None:
+        with pytest.raises(RemoteError, match="invalid bearer token"):
+            await AsyncClient.connect(
+                [addr("ts1"), addr("ts2")],
+                stubs=cluster,
+                clock=clock.clock,
+                sleep=clock.async_sleep,
+                timeout_s=30.0,
+            )
+
+    run(main())
+    assert clock.sleeps == []  # refused at once: no backoff
+    # The threaded client's meta cache, the same (on the real clock: retried, it would
+    # end in a Timeout after 2 s).
+    meta = MetaCache([addr("ts1")], cluster.cluster, StatsRecorder())
+    with pytest.raises(RemoteError, match="invalid bearer token"):
+        meta.load(time.monotonic() + 2.0, 2.0)
 
 
 def test_leader_step_down_goes_to_the_leader() -> None:

@@ -185,26 +185,32 @@ class _EndedCall:
     went out: the write fails with ``write_error`` (what grpc.aio raises then varies), the
     read with the server's status."""
 
-    def __init__(self, write_error: BaseException) -> None:
+    def __init__(
+        self, write_error: BaseException, status: grpc.StatusCode = grpc.StatusCode.UNIMPLEMENTED
+    ) -> None:
         self._write_error = write_error
+        self._status = status
 
     async def write(self, frame: Any) -> None:
         raise self._write_error
 
     async def read(self) -> Any:
         empty = grpc.aio.Metadata()
-        raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, empty, empty, "no WriteStream")
+        raise grpc.aio.AioRpcError(self._status, empty, empty, f"refused: {self._status.name}")
 
     def cancel(self) -> bool:
         return True
 
 
 class _EndedChannel:
-    def __init__(self, write_error: BaseException) -> None:
+    def __init__(
+        self, write_error: BaseException, status: grpc.StatusCode = grpc.StatusCode.UNIMPLEMENTED
+    ) -> None:
         self._write_error = write_error
+        self._status = status
 
     def stream_stream(self, *_: Any, **__: Any) -> Any:
-        return lambda: _EndedCall(self._write_error)
+        return lambda: _EndedCall(self._write_error, self._status)
 
 
 @pytest.mark.parametrize(
@@ -230,6 +236,27 @@ def test_a_write_on_a_stream_the_server_refused_reports_the_servers_status(
         with pytest.raises(StreamedRpcError) as failed:
             await stream.write(_request(1), 10)
         assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        await stream.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    "status", [grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED]
+)
+def test_a_stream_refused_to_the_caller_fails_its_write_with_that_refusal(
+    status: grpc.StatusCode,
+) -> None:
+    """A reader's certificate, a bad token: the stream is refused before it takes a write.
+    Every write once failed UNAVAILABLE instead, and was retried until its deadline."""
+    from raftlet.client.aio_write_stream import AsyncWriteStream
+
+    async def body() -> None:
+        ended = _EndedChannel(asyncio.InvalidStateError("RPC already finished."), status)
+        stream = AsyncWriteStream("127.0.0.1:1", ended)  # type: ignore[arg-type]
+        with pytest.raises(StreamedRpcError) as failed:
+            await stream.write(_request(1), 10)
+        assert failed.value.code() == status
         await stream.close()
 
     asyncio.run(body())

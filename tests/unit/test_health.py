@@ -34,6 +34,7 @@ def _listed(node: str, **status: int) -> tablet_pb2.ListTabletsResponse:
         (10, 30, 120, "LAGGING"),  # behind by more than what is on its way
         (30, 0, 120, "LAGGING"),  # nothing on its way (a failed replica reports 0)
         (150, 0, 0, "OK"),
+        (251, 0, 0, "AHEAD"),  # past anything the leader committed: diverged
     ],
 )
 def test_lag_counts_from_what_is_on_its_way_into_a_replicas_store(
@@ -49,6 +50,12 @@ def test_lag_counts_from_what_is_on_its_way_into_a_replicas_store(
     assert (b.state, b.lag) == (state, lag)
     if state == "OK":
         assert verdict.severity is health.Severity.OK, verdict.issues
+    elif state == "AHEAD":
+        assert verdict.severity is health.Severity.WARN
+        assert verdict.issues == [
+            "kv-p0: replica on b applied 251, past the leader's commit 150: it holds entries "
+            "the group does not (diverged)"
+        ]
     else:
         assert verdict.severity is health.Severity.WARN
         on_its_way = f", applying to {applying}" if applying > applied else ""
