@@ -49,6 +49,11 @@ class CopySource(Protocol):
         """Snapshot the store to ``dest``; raises NotLeaderError unless this replica leads."""
         ...
 
+    def has_member(self, server_id: str) -> bool:
+        """Whether ``server_id`` is a voter or learner of the group, as this replica knows
+        it (committed or not)."""
+        ...
+
     def report_copy(self, peer: str, ok: bool, index: int) -> None: ...
 
 
@@ -114,6 +119,12 @@ class CopySessions:
 
     def begin(self, tablet_id: str, requester: str) -> CopySession:
         source = self._source_of(tablet_id)
+        if not source.has_member(requester):
+            # A server removed from the group (its replica FAILED, or left behind) would run
+            # the copy as a replica of a group it is not in: refused, its operator deletes it.
+            raise InvalidRequest(
+                f"{requester} is no member of tablet {tablet_id}'s group: no copy for it"
+            )
         session_id = secrets.token_hex(12)
         path = outgoing_snapshot(self._data_dir, session_id)
         path.parent.mkdir(parents=True, exist_ok=True)

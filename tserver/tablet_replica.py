@@ -524,7 +524,12 @@ class TabletReplica:
 
     def is_member(self) -> bool:
         """Whether this replica is a voter or learner of its group (as far as it knows)."""
-        return self.server_id in self.consensus.membership.members()
+        return self.has_member(self.server_id)
+
+    def has_member(self, server_id: str) -> bool:
+        """Whether ``server_id`` is a voter or learner of the group, as this replica knows it
+        (the latest membership in its log, committed or not)."""
+        return server_id in self.consensus.membership.members()
 
     def _on_membership(self, membership: Membership) -> None:
         # Under the consensus lock: only say it.

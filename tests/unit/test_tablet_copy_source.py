@@ -10,7 +10,7 @@ import crc32c
 import pytest
 
 from raftlet.consensus.core import NotLeaderError
-from raftlet.tserver.errors import CopySessionNotFound
+from raftlet.tserver.errors import CopySessionNotFound, InvalidRequest
 from raftlet.tserver.tablet_copy_install import SnapshotInfo
 from raftlet.tserver.tablet_copy_source import CopySessions
 
@@ -28,6 +28,9 @@ class FakeReplica:
 
     def report_copy(self, peer: str, ok: bool, index: int) -> None:
         self.reports.append((peer, ok, index))
+
+    def has_member(self, server_id: str) -> bool:
+        return server_id in ("a", "b", "c", "d")
 
 
 class Clock:
@@ -101,3 +104,13 @@ def test_only_a_leader_serves_a_copy(tmp_path: Path) -> None:
         sessions.begin("t1", "c")
     assert sessions.active() == 0
     assert list((tmp_path / ".tablet-copy").iterdir()) == []
+
+
+def test_a_server_that_is_no_member_gets_no_copy(tmp_path: Path) -> None:
+    """A server removed from the group whose replica was FAILED once copied the tablet
+    back and ran it, a replica of a group it was no longer in."""
+    sessions, _, _, _ = _sessions(tmp_path)
+    with pytest.raises(InvalidRequest, match="e is no member of tablet t1's group"):
+        sessions.begin("t1", "e")
+    assert list(tmp_path.rglob("*")) == []  # no snapshot was taken for it
+
