@@ -381,6 +381,20 @@ def _check_tablet(
                     f"{st.applied_index}{applying}, leader committed {leader.commit_index})"
                 )
         tablet.replicas.append(r)
+    if leader is not None:
+        # Replicas that run outside the group: removed while their server was down, they
+        # never heard of it (they campaign, and nobody answers).
+        for sid in sorted(everywhere):
+            if sid not in replicas and sid not in learners:
+                tablet.issues.append(
+                    f"{sid} runs a replica that is no member of the group (removed while it "
+                    f"was down?): `raftlet tablet remove-replica {tid} {sid}` deletes it"
+                )
+        factor = len(placement.replicas)
+        if len(replicas) < factor:
+            tablet.issues.append(
+                f"under-replicated: {len(replicas)} voters, the table asks for {factor}"
+            )
     majority = len(replicas) // 2 + 1
     severity = Severity.OK
     if reachable < majority:

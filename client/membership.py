@@ -208,10 +208,28 @@ def remove_replica(
     deadline = time.monotonic() + timeout_s
     m = leader_membership(client, tablet_id, timeout_s)
     if server not in m.members():
-        raise InvalidArgument(
-            f"{server} holds no replica of {tablet_id} (voters {', '.join(m.voters)}"
-            + (f"; learners {', '.join(m.learners)})" if m.learners else ")")
-        )
+        # No member -- but its server may still run a replica left from a removal it never
+        # heard of (it was down): delete that one, which is what is left to remove.
+        try:
+            # Waiting for the connection: a server just restarted may still be in its
+            # channel's reconnect backoff.
+            client.admin_stub(server).DeleteReplica(
+                admin_pb2.DeleteReplicaRequest(tablet_id=tablet_id, force=True),
+                timeout=min(10.0, timeout_s),
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise InvalidArgument(
+                    f"{server} is no member of {tablet_id}'s group, and deleting a leftover "
+                    f"replica there failed: {e.code().name}: {e.details()}"
+                ) from None
+            raise InvalidArgument(
+                f"{server} holds no replica of {tablet_id} (voters {', '.join(m.voters)}"
+                + (f"; learners {', '.join(m.learners)})" if m.learners else ")")
+            ) from None
+        say(f"{tablet_id}: the leftover replica on {server} (no member of the group) was deleted")
+        return m
     _refuse_if_pending(m, tablet_id)
     if m.leader == server:
         others = [v for v in m.voters if v != server]
@@ -234,7 +252,10 @@ def remove_replica(
         )
         say(f"{tablet_id}: the replica on {server} was deleted")
     except grpc.RpcError as e:
-        say(f"{tablet_id}: the replica on {server} was not deleted ({e.code().name})")
+        say(
+            f"{tablet_id}: the replica on {server} was not deleted ({e.code().name}); once "
+            f"{server} is up, run this again to delete it (`cluster status` lists it)"
+        )
     return m
 
 

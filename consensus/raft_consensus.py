@@ -364,6 +364,8 @@ class RaftConsensus:
         # The membership in use (the core's, once durable), read without the lock.
         self._membership: Membership = self._node.raft.membership
         self._snapshot = ConsensusSnapshot.of(self._node.soft_state())
+        # Whether this replica has known a leader since it opened (sticky; read unlocked).
+        self._knew_leader = bool(self._snapshot.leader_id)
         initial = storage.initial_state()
         self._saved_commit = initial.commit
         self._saved_vote = (initial.term, initial.vote)
@@ -447,6 +449,13 @@ class RaftConsensus:
     @property
     def snapshot(self) -> ConsensusSnapshot:
         return self._snapshot
+
+    @property
+    def knew_leader(self) -> bool:
+        """Whether this replica has known a leader of its group since it opened: one that
+        never has may have been removed from the group while it was down (it campaigns,
+        and nobody answers)."""
+        return self._knew_leader
 
     @property
     def membership(self) -> Membership:
@@ -964,6 +973,8 @@ class RaftConsensus:
         snapshot = ConsensusSnapshot.of(soft)
         if soft.leader_id != old.leader_id or soft.term != old.term:
             self._last_election = time.time()
+        if soft.leader_id:
+            self._knew_leader = True
         # One attribute assignment: readers see the old snapshot or the new, never a mix.
         self._snapshot = snapshot
         if snapshot.role is Role.LEADER and (old.role is not Role.LEADER or old.term != soft.term):

@@ -1124,10 +1124,23 @@ class TabletReplica:
                         "index belongs to one tablet"
                     )
             self._wait_applied(max(index, wanted), deadline)
-        elif wanted:
-            # Bounded staleness: whatever this replica has applied, once that includes the
-            # index asked for (a write the client saw acknowledged, say).
-            self._wait_applied(wanted, deadline)
+        else:
+            # A follower read only from a replica that has known a leader since it opened:
+            # one removed from its group while its server was down never does (it
+            # campaigns, and nobody answers), and served its stale rows for good.  (One
+            # that knew a leader and lost it -- cut off, an election -- still serves what
+            # it has: follower reads are stale by contract.)  UNAVAILABLE: the client tries
+            # another replica.
+            if not self.consensus.knew_leader:
+                raise ServiceUnavailable(
+                    f"tablet {self.tablet_id}: this replica has known no leader since it "
+                    "opened (just started, or no longer a member of its group); try another "
+                    "replica"
+                )
+            if wanted:
+                # Bounded staleness: whatever this replica has applied, once that includes
+                # the index asked for (a write the client saw acknowledged, say).
+                self._wait_applied(wanted, deadline)
         max_rows = request.batch_size_rows or None
         if request.limit:
             max_rows = min(max_rows or request.limit, request.limit)

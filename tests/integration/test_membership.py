@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 from raftlet.cli.main import main as cli
-from raftlet.client import Client, FlushMode, RaftletError
-from raftlet.client.membership import add_replica, leader_membership
+from raftlet.client import Client, FlushMode, RaftletError, ReadMode
+from raftlet.client.membership import add_replica, leader_membership, remove_replica
 from raftlet.proto import admin_pb2
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from tests.integration.tserver_cluster import TserverCluster, running_cluster, wait_for
@@ -266,3 +266,41 @@ def test_replace_a_permanently_killed_server(
         assert len(leader_membership(client, extra, 30.0).voters) == 3
         # The dead server is still in the config, down: ksck warns about it, and only it.
         _check_groups(four, load, client, capsys, servers_down=1)
+
+
+def test_a_replica_removed_while_its_server_was_down_serves_no_stale_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Removed while down, a replica comes back never having heard of it: it campaigns, and
+    nobody answers.  It once served its stale rows to follower reads for good, and no status
+    listed it.  Knowing no leader it serves none now, `cluster status` names it (and the
+    group one voter short), and `tablet remove-replica` deletes it."""
+    with running_cluster(tmp_path, partitions=1) as cluster:
+        (tid,) = cluster.tablet_ids()
+        leader = cluster.leader_of(tid)
+        victim = next(s for s in cluster.servers.values() if s.id != leader.id)
+        target = ["--cluster", str(cluster.path)]
+        with Client.from_config(str(cluster.path)) as client:
+            session = client.new_session(FlushMode.AUTO_FLUSH_SYNC)
+            for key in range(20):
+                session.insert("kv", {"key": key, "value": "before"})
+            victim.kill()
+            remove_replica(client, tid, victim.id, wait=True, timeout_s=60.0)
+            for key in range(100, 120):
+                session.insert("kv", {"key": key, "value": "after"})
+            session.close()
+            victim.start()
+            capsys.readouterr()
+            assert cli(["cluster", "status", *target]) == 1
+            out = capsys.readouterr().out
+            assert f"{victim.id} runs a replica that is no member of the group" in out, out
+            assert "under-replicated: 2 voters, the table asks for 3" in out, out
+            rows = client.scan_tablet(tid, read_mode=ReadMode.FOLLOWER_APPLIED, replica=victim.id)
+            assert sorted(r["key"] for r in rows) == [*range(20), *range(100, 120)]
+            assert cli(["tablet", "remove-replica", tid, victim.id, *target]) == 0
+            assert "the leftover replica" in capsys.readouterr().out
+        wait_for(
+            lambda: tid not in {t["tablet_id"] for t in victim.tablets_json()},
+            30,
+            f"the leftover replica gone from {victim.id}",
+        )

@@ -112,4 +112,30 @@ def test_a_learner_is_listed_and_flagged_until_promoted(monkeypatch: pytest.Monk
         ("c", "LEARNER"),
     ]
     assert verdict.severity is health.Severity.WARN
-    assert verdict.issues == ["kv-p0: c is a learner (added, not yet promoted to a voter)"]
+    assert verdict.issues == [
+        "kv-p0: c is a learner (added, not yet promoted to a voter)",
+        "kv-p0: under-replicated: 2 voters, the table asks for 3",
+    ]
+
+
+def test_a_replica_outside_the_group_and_too_few_voters_are_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """c was removed while it was down: it still runs its replica, which no status listed
+    (and which served stale follower reads); the group left has two voters where the table
+    asks for three, which status called OK until the next failure stopped all writes."""
+    listed = {
+        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", commit_index=150, applied_index=150),
+        "c": _listed("c", commit_index=90, applied_index=90),
+    }
+    for node in ("a", "b"):
+        listed[node].tablets[0].ClearField("voters")
+        listed[node].tablets[0].voters.extend(("a", "b"))
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.WARN
+    assert verdict.issues == [
+        "kv-p0: c runs a replica that is no member of the group (removed while it was down?): "
+        "`raftlet tablet remove-replica kv-p0 c` deletes it",
+        "kv-p0: under-replicated: 2 voters, the table asks for 3",
+    ]

@@ -969,3 +969,31 @@ def test_a_stop_answers_the_writes_waiting_for_a_round(
     for call in [first, *queued]:
         with pytest.raises(ServiceUnavailable):
             call.result()
+
+
+def test_a_replica_that_has_known_no_leader_since_it_opened_serves_no_follower_read(
+    tablet: Tablet,
+) -> None:
+    """Removed from its group while its server was down, a replica reopens never to hear
+    from a leader (it campaigns, and nobody answers): one such served its stale rows to
+    follower reads for good.  It refuses them (UNAVAILABLE: the client tries another
+    replica) until it has known a leader; one that knew a leader and lost it (cut off, an
+    election) still serves what it has -- follower reads are stale by contract."""
+    leader = tablet.leader()
+    send(leader, write([1], "c1", 1)).result()
+    node = next(n for n, r in tablet.replicas.items() if r is not leader)
+    read = tablet_pb2.ScanRequest(tablet_id="kv-p0", read_mode=tablet_pb2.READ_FOLLOWER_APPLIED)
+    tablet.stop(node)
+    tablet.cut_off(node)  # it reopens hearing from no leader
+    again = tablet.open(node)
+    for _ in range(50):
+        tablet.ticker.tick()
+    with pytest.raises(ServiceUnavailable, match="known no leader since it opened"):
+        again.scan(read)
+    tablet.transport.heal()
+    tablet.wait_for(lambda: again.consensus.knew_leader, what="it hears from the leader")
+    tablet.wait_for(lambda: keys_on(again) == [1], what="it catches up")
+    assert len(again.scan(read).rows) == 1
+    tablet.cut_off(node)  # cut off again, after it knew a leader: it still serves
+    tablet.wait_for(lambda: not again.consensus.snapshot.leader_id, what="it loses the leader")
+    assert len(again.scan(read).rows) == 1
