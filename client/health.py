@@ -342,7 +342,11 @@ def _check_tablet(
                 tablet.replicas.append(ReplicaHealth(sid, "UNKNOWN"))
             else:
                 tablet.replicas.append(ReplicaHealth(sid, "MISSING"))
-                tablet.issues.append(f"server {sid} is up but does not host its replica")
+                tablet.issues.append(
+                    f"server {sid} is up but does not host its replica (`raftlet tablet "
+                    f"remove-replica {tid} {sid}` then `add-replica {tid} {sid}` makes it "
+                    "again)"
+                )
             continue
         if st.state == tablet_pb2.TABLET_STATE_FAILED:
             # Its server answers; the replica serves nothing and votes in no election.

@@ -252,10 +252,13 @@ def remove_replica(
         )
         say(f"{tablet_id}: the replica on {server} was deleted")
     except grpc.RpcError as e:
-        say(
-            f"{tablet_id}: the replica on {server} was not deleted ({e.code().name}); once "
-            f"{server} is up, run this again to delete it (`cluster status` lists it)"
-        )
+        if e.code() == grpc.StatusCode.NOT_FOUND:
+            say(f"{tablet_id}: {server} held no replica of it: nothing left to delete")
+        else:
+            say(
+                f"{tablet_id}: the replica on {server} was not deleted ({e.code().name}); "
+                f"once {server} is up, run this again to delete it (`cluster status` lists it)"
+            )
     return m
 
 

@@ -10,18 +10,25 @@ tablets it hosts.  So it does, in ``hosted_tablets.json`` at the top of its data
 
 - ``hosted``: the tablets with a replica here (opened, FAILED, or created by CreateReplica);
   one deleted from its group (a tombstone) leaves the list.
+- ``creating``: replicas being made, not yet hosted.  A server records them before it makes
+  them and moves them to ``hosted`` once made, before it serves anything: a server killed
+  in between (its first ``cluster up``, say) has voted for nothing and acknowledged
+  nothing, so at the next start a placed one without consensus metadata is made again,
+  and one CreateReplica was making (whose caller saw no answer) is dropped.  Recorded
+  as hosted before they were made, such replicas once opened FAILED "wiped" on two of
+  three servers of a new cluster, which then never elected a leader.
 - ``placed``: the tablets the cluster config placed here when the list was written, so a
   tablet added to the config later is told apart from one deleted here.
 
-At start (``TabletServer._tablets_to_open``), written before any replica is made: without
-the file and without any replica directory (a new server), every placed tablet is made;
-without the file beside replicas (a server from before it, or a record moved aside), the
-replicas there are opened and nothing is made afresh; with it, a hosted tablet whose
-directory holds no replica is FAILED ("wiped or lost") and repaired by a tablet copy from
-its leader, never started afresh, and a placed tablet that is neither hosted nor new to the
-config (deleted here) is not opened.  The file is replaced atomically (a temporary file,
-fsync, rename, fsync of the directory).  A data directory wiped whole loses this file too,
-and is a new server as far as it can tell: that case stays Raft's limit.
+At start (``TabletServer._tablets_to_open``): without the file and without any replica
+directory (a new server), every placed tablet is made; without the file beside replicas (a
+server from before it, or a record moved aside), the replicas there are opened and nothing
+is made afresh; with it, a hosted tablet whose directory holds no replica is FAILED ("wiped
+or lost") and repaired by a tablet copy from its leader, never started afresh, and a placed
+tablet that is neither hosted, being made, nor new to the config (deleted here) is not
+opened.  The file is replaced atomically (a temporary file, fsync, rename, fsync of the
+directory).  A data directory wiped whole loses this file too, and is a new server as far as
+it can tell: that case stays Raft's limit.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ __all__ = ["HOSTED_TABLETS_FILE", "HostedTablets"]
 
 HOSTED_TABLETS_FILE = "hosted_tablets.json"
 _MOVE_ASIDE = (
-    "Moved aside, the record is made again from the replica directories there (a placed "
-    "tablet without one is then not made afresh: `raftlet tablet add-replica` adds it)"
+    "Move it aside and restart: the server records the replica directories it finds (a "
+    "placed tablet without one is then not made afresh: `raftlet tablet remove-replica "
+    "TABLET SERVER`, then `add-replica TABLET SERVER`, makes it again)"
 )
 
 
@@ -49,6 +57,7 @@ class HostedTablets:
 
     hosted: frozenset[str] | None
     placed: frozenset[str] | None
+    creating: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, data_dir: Path) -> HostedTablets:
@@ -68,16 +77,23 @@ class HostedTablets:
             for k in ("hosted", "placed")
         ):
             raise OSError(f"{path} is not a list of hosted and placed tablets. {_MOVE_ASIDE}")
-        return cls(frozenset(doc["hosted"]), frozenset(doc["placed"]))
+        creating = doc.get("creating", [])
+        if not isinstance(creating, list) or not all(isinstance(t, str) for t in creating):
+            raise OSError(f"{path}: 'creating' is not a list of tablets. {_MOVE_ASIDE}")
+        return cls(frozenset(doc["hosted"]), frozenset(doc["placed"]), frozenset(creating))
 
     @staticmethod
     def save(
-        data_dir: Path, hosted: set[str] | frozenset[str], placed: set[str] | frozenset[str]
+        data_dir: Path,
+        hosted: set[str] | frozenset[str],
+        placed: set[str] | frozenset[str],
+        creating: set[str] | frozenset[str] = frozenset(),
     ) -> None:
         """Durably replace the record (returns once it is on disk)."""
         path = data_dir / HOSTED_TABLETS_FILE
         tmp = path.with_name(path.name + ".tmp")
-        body = json.dumps({"hosted": sorted(hosted), "placed": sorted(placed)}, indent=1)
+        doc = {"hosted": sorted(hosted), "creating": sorted(creating), "placed": sorted(placed)}
+        body = json.dumps(doc, indent=1)
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(body + "\n")
             f.flush()

@@ -375,17 +375,19 @@ class TabletServer:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
         with self._replicas_lock:
             opening = self._tablets_to_open(HostedTablets.load(s.data_dir))
-            # Written before any replica is made: a start that dies half way through making
-            # them finds the rest hosted and missing next time (FAILED, then copied), not
-            # new again.
+            # Two steps (``tserver.hosted_tablets``): the replicas to make are recorded as
+            # being made, and as hosted once made -- before this server serves anything,
+            # so one killed in between has voted for and acknowledged nothing.
             self._placed = frozenset(p.tablet_id for p in s.placements())
-            self._record_hosted({p.tablet_id for p, _ in opening})
+            self._hosted = {p.tablet_id for p, must_exist in opening if must_exist}
+            self._record_hosted(self._hosted, {p.tablet_id for p, m in opening if not m})
             for placement, must_exist in opening:
                 register_tablet_gauges(
                     self._tablet_entity(placement),
                     functools.partial(self.hosted, placement.tablet_id),
                 )
                 self._place(placement.tablet_id, self._open(placement, must_exist=must_exist))
+            self._record_hosted({p.tablet_id for p, _ in opening})
         for pool in self.pools.values():
             pool.start()
         # Authentication first: an unauthenticated caller learns nothing, not even that its
@@ -499,14 +501,21 @@ class TabletServer:
             tid = p.tablet_id
             if new_server or tid in hosted:
                 chosen[tid] = (p, not new_server)
+            elif tid in record.creating:
+                chosen[tid] = (p, False)  # being made when the server stopped: made again
             elif record.placed is not None and tid not in record.placed:
                 chosen[tid] = (p, False)  # new to the config since the record was written
             elif record.hosted is None and tid not in present:
                 logger.warning(
                     "tablet %s: placed here, but this server keeps no record of the tablets "
                     "it hosts and has no replica of it: not made afresh (if it belongs here, "
-                    "`raftlet tablet add-replica` adds it)",
+                    "`raftlet tablet remove-replica %s %s` then `add-replica %s %s` makes it "
+                    "again)",
                     tid,
+                    tid,
+                    self.server_id,
+                    tid,
+                    self.server_id,
                 )
             elif record.hosted is not None:
                 logger.info("tablet %s: deleted from this server, not opened", tid)
@@ -526,9 +535,12 @@ class TabletServer:
             chosen[child.name] = (placement, True)
         return [c for tid, c in chosen.items() if not (data_dir / tid / TOMBSTONE_FILE).exists()]
 
-    def _record_hosted(self, hosted: set[str]) -> None:
-        """Durably note the tablets hosted here (under ``_replicas_lock``)."""
-        HostedTablets.save(self.settings.data_dir, hosted, self._placed)
+    def _record_hosted(
+        self, hosted: set[str], creating: set[str] | frozenset[str] = frozenset()
+    ) -> None:
+        """Durably note the tablets hosted here, and those being made (under
+        ``_replicas_lock``)."""
+        HostedTablets.save(self.settings.data_dir, hosted, self._placed, creating)
         self._hosted = hosted
 
     def _tablet_entity(self, placement: TabletPlacement) -> Any:
@@ -646,14 +658,17 @@ class TabletServer:
                 raise InvalidRequest(
                     f"{directory} holds a replica's files already; delete it first"
                 )
-            self._record_hosted(self._hosted | {tablet_id})
+            # Being made until made: a server killed in between drops it at its next
+            # start (the caller saw no answer), where hosted it would open FAILED.
+            self._record_hosted(self._hosted, {tablet_id})
             try:
                 replica = self._new_replica(placement, voters, learners)
             except BaseException:
                 # Nothing half made: no files, no record, so a restart does not meet them.
                 shutil.rmtree(directory, ignore_errors=True)
-                self._record_hosted(self._hosted - {tablet_id})
+                self._record_hosted(self._hosted)
                 raise
+            self._record_hosted(self._hosted | {tablet_id})
             register_tablet_gauges(
                 self._tablet_entity(placement), functools.partial(self.hosted, tablet_id)
             )

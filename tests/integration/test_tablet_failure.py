@@ -206,6 +206,24 @@ def test_a_wiped_replica_directory_is_failed_not_started_afresh(tmp_path: Path) 
         assert not directory.exists()
         assert wiped not in json.loads(record.read_text())["hosted"]
 
+        # A server killed while it was making its replicas (its first start, say) recorded
+        # them as being made: one without its files is made again, where recorded as
+        # hosted it once opened FAILED -- on two servers of three, a new cluster with no
+        # leader for good.
+        assert victim.terminate() == 0
+        doc = json.loads(record.read_text())
+        doc["creating"] = [wiped]
+        record.write_text(json.dumps(doc))
+        victim.start()
+        wait_for(
+            lambda: {t["tablet_id"] for t in victim.tablets_json()} == set(rows),
+            30,
+            f"{victim.id} serving {wiped} again",
+        )
+        (status,) = [t for t in victim.tablets_json() if t["tablet_id"] == wiped]
+        assert status["state"] == "RUNNING", status
+        assert json.loads(record.read_text())["creating"] == []
+
 
 # --- a full disk -----------------------------------------------------------------------------
 
