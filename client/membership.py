@@ -175,10 +175,20 @@ def add_replica(
             tablet_id=tablet_id, voters=m.voters, learners=(*m.learners, server)
         )
         try:
-            client.admin_stub(server).CreateReplica(request, timeout=min(30.0, timeout_s))
+            # Waiting for the connection: a server just restarted may still be in its
+            # channel's reconnect backoff (the add then failed "connection refused").
+            client.admin_stub(server).CreateReplica(
+                request, timeout=min(10.0, timeout_s), wait_for_ready=True
+            )
         except grpc.RpcError as e:
+            hint = (
+                f" (a leftover of an earlier removal: `raftlet tablet remove-replica "
+                f"{tablet_id} {server}` deletes it)"
+                if "already holds a replica" in (e.details() or "")
+                else ""
+            )
             raise InvalidArgument(
-                f"creating a replica of {tablet_id} on {server} failed: {e.details()}"
+                f"creating a replica of {tablet_id} on {server} failed: {e.details()}{hint}"
             ) from None
         added = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_ADD_LEARNER, server, timeout_s)
         say(f"{tablet_id}: {server} added as a learner (entry {added.index})")

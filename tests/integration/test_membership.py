@@ -297,6 +297,11 @@ def test_a_replica_removed_while_its_server_was_down_serves_no_stale_reads(
             assert "under-replicated: 2 voters, the table asks for 3" in out, out
             rows = client.scan_tablet(tid, read_mode=ReadMode.FOLLOWER_APPLIED, replica=victim.id)
             assert sorted(r["key"] for r in rows) == [*range(20), *range(100, 120)]
+            capsys.readouterr()
+            assert cli(["tablet", "add-replica", tid, victim.id, *target]) == 1
+            assert f"`raftlet tablet remove-replica {tid} {victim.id}` deletes it" in (
+                capsys.readouterr().err
+            )
             assert cli(["tablet", "remove-replica", tid, victim.id, *target]) == 0
             assert "the leftover replica" in capsys.readouterr().out
         wait_for(
