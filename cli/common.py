@@ -294,6 +294,7 @@ def fetch_config(
     import grpc
 
     from raftlet.client.channels import ChannelPool
+    from raftlet.client.retry import CREDENTIALS_REFUSED
 
     failures = []
     channels = ChannelPool(credentials=(creds or Credentials()).channel_credentials())
@@ -306,7 +307,7 @@ def fetch_config(
                 # the code alone left the operator guessing.
                 details = (e.details() or "").strip()
                 failures.append(f"{addr}: {e.code().name}" + (f": {details}" if details else ""))
-                if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                if e.code() in CREDENTIALS_REFUSED:
                     break  # every server takes the same credentials
                 continue
             try:

@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc
 
-from raftlet.client.retry import too_large
+from raftlet.client.retry import CREDENTIALS_REFUSED, too_large
 from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 
@@ -93,11 +93,7 @@ def write_result(
 # A stream refused before it took any write: the write was not applied, and a retry meets
 # the same refusal (no WriteStream: the caller falls back to unary calls; not allowed: the
 # caller is told why, at once, as the unary call would tell it).
-_REFUSED_STREAM = (
-    grpc.StatusCode.UNIMPLEMENTED,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.UNAUTHENTICATED,
-)
+_REFUSED_STREAM = CREDENTIALS_REFUSED | {grpc.StatusCode.UNIMPLEMENTED}
 
 
 def _stream_failed(code: grpc.StatusCode, details: str | None) -> StreamedRpcError:

@@ -223,11 +223,7 @@ def remove_replica(
         try:
             # Waiting for the connection: a server just restarted may still be in its
             # channel's reconnect backoff.
-            client.admin_stub(server).DeleteReplica(
-                admin_pb2.DeleteReplicaRequest(tablet_id=tablet_id, force=True),
-                timeout=min(10.0, timeout_s),
-                wait_for_ready=True,
-            )
+            _delete_replica(client, tablet_id, server, min(10.0, timeout_s), wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise InvalidArgument(
@@ -257,9 +253,7 @@ def remove_replica(
     m = _wait_committed(client, tablet_id, removed.index, deadline)
     try:
         # Committed: the replica is out of the group whether or not it heard of it.
-        client.admin_stub(server).DeleteReplica(
-            admin_pb2.DeleteReplicaRequest(tablet_id=tablet_id, force=True), timeout=10.0
-        )
+        _delete_replica(client, tablet_id, server, 10.0)
         say(f"{tablet_id}: the replica on {server} was deleted")
     except grpc.RpcError as e:
         if e.code() == grpc.StatusCode.NOT_FOUND:
@@ -270,6 +264,17 @@ def remove_replica(
                 f"once {server} is up, run this again to delete it (`cluster status` lists it)"
             )
     return m
+
+
+def _delete_replica(
+    client: Client, tablet_id: str, server: str, timeout_s: float, *, wait_for_ready: bool = False
+) -> None:
+    """DeleteReplica with ``force`` on ``server``: its replica is no member of the group."""
+    client.admin_stub(server).DeleteReplica(
+        admin_pb2.DeleteReplicaRequest(tablet_id=tablet_id, force=True),
+        timeout=timeout_s,
+        wait_for_ready=wait_for_ready,
+    )
 
 
 def move_replica(

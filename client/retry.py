@@ -65,6 +65,7 @@ from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
 
 __all__ = [
+    "CREDENTIALS_REFUSED",
     "DEFAULT_POLICIES",
     "Action",
     "Cause",
@@ -289,10 +290,16 @@ def _call(err: grpc.RpcError, name: str) -> object:
         return None
 
 
+# The statuses of a server refusing the caller itself (a bad token, a certificate without a
+# role that may ask): every server of a cluster would, so no other is worth trying.
+CREDENTIALS_REFUSED = frozenset(
+    {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+)
+
+
 def credentials_refused(failure: RpcFailure) -> bool:
-    """Whether the server refused the caller itself (a bad token, a certificate without a
-    role that may ask): every server of a cluster would, so no other is worth trying."""
-    return failure.status in ("UNAUTHENTICATED", "PERMISSION_DENIED")
+    """Whether ``failure`` is the server refusing the caller itself (``CREDENTIALS_REFUSED``)."""
+    return failure.status in {code.name for code in CREDENTIALS_REFUSED}
 
 
 def fatal_error(failure: RpcFailure, what: str) -> RaftletError:

@@ -506,16 +506,14 @@ class TabletServer:
             elif record.placed is not None and tid not in record.placed:
                 chosen[tid] = (p, False)  # new to the config since the record was written
             elif record.hosted is None and tid not in present:
+                args = f"{tid} {self.server_id}"
                 logger.warning(
                     "tablet %s: placed here, but this server keeps no record of the tablets "
                     "it hosts and has no replica of it: not made afresh (if it belongs here, "
-                    "`raftlet tablet remove-replica %s %s` then `add-replica %s %s` makes it "
-                    "again)",
+                    "`raftlet tablet remove-replica %s` then `add-replica %s` makes it again)",
                     tid,
-                    tid,
-                    self.server_id,
-                    tid,
-                    self.server_id,
+                    args,
+                    args,
                 )
             elif record.hosted is not None:
                 logger.info("tablet %s: deleted from this server, not opened", tid)

@@ -10,7 +10,12 @@ from raftlet.proto.consensus_pb2 import RaftRole
 from tests.unit.health_fakes import IDS, checked
 
 
-def _listed(node: str, **status: int) -> tablet_pb2.ListTabletsResponse:
+def _listed(
+    node: str,
+    voters: tuple[str, ...] = IDS,
+    learners: tuple[str, ...] = (),
+    **status: int | str,
+) -> tablet_pb2.ListTabletsResponse:
     leader = status.pop("leader", 0)
     response = tablet_pb2.ListTabletsResponse(server_uuid=node)
     response.tablets.add(
@@ -20,7 +25,8 @@ def _listed(node: str, **status: int) -> tablet_pb2.ListTabletsResponse:
         term=2,
         leader_uuid="a",
         leader_ready=True,
-        voters=IDS,
+        voters=voters,
+        learners=learners,
         **status,
     )
     return response
@@ -95,15 +101,12 @@ def test_a_failed_replica_is_reported_with_its_reason_and_counts_for_no_majority
 
 def test_a_learner_is_listed_and_flagged_until_promoted(monkeypatch: pytest.MonkeyPatch) -> None:
     """A move that stopped half way leaves a learner: shown, not counted as a voter."""
+    voters, learners = ("a", "b"), ("c",)
     listed = {
-        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
-        "b": _listed("b", commit_index=150, applied_index=150),
-        "c": _listed("c", commit_index=150, applied_index=150),
+        "a": _listed("a", voters, learners, leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", voters, learners, commit_index=150, applied_index=150),
+        "c": _listed("c", voters, learners, commit_index=150, applied_index=150),
     }
-    for response in listed.values():
-        response.tablets[0].ClearField("voters")
-        response.tablets[0].voters.extend(("a", "b"))
-        response.tablets[0].learners.append("c")
     verdict = checked(listed, 100, monkeypatch)
     (tablet,) = verdict.tablets
     assert [(r.server, r.role) for r in tablet.replicas] == [
@@ -125,13 +128,10 @@ def test_a_replica_outside_the_group_and_too_few_voters_are_reported(
     (and which served stale follower reads); the group left has two voters where the table
     asks for three, which status called OK until the next failure stopped all writes."""
     listed = {
-        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
-        "b": _listed("b", commit_index=150, applied_index=150),
-        "c": _listed("c", commit_index=90, applied_index=90),
+        "a": _listed("a", ("a", "b"), leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", ("a", "b"), commit_index=150, applied_index=150),
+        "c": _listed("c", commit_index=90, applied_index=90),  # its old membership
     }
-    for node in ("a", "b"):
-        listed[node].tablets[0].ClearField("voters")
-        listed[node].tablets[0].voters.extend(("a", "b"))
     verdict = checked(listed, 100, monkeypatch)
     assert verdict.severity is health.Severity.WARN
     assert verdict.issues == [
