@@ -105,7 +105,7 @@ class ServerProbe:
         columns = [c.name for c in schema.columns]
         for _ in range(20):
             rows: list[tuple[Value, ...]] = []
-            resume = b""
+            resume: bytes | None = None  # None: from the start (b"" is a key)
             index: int | None = None
             while True:
                 resp = stub.Scan(
@@ -121,7 +121,7 @@ class ServerProbe:
                     break  # moved on mid-scan: start again at one index
                 index = resp.applied_index
                 rows += [row_from_pb(schema, columns, pb) for pb in resp.rows]
-                if not (resp.has_more and resp.resume_key):
+                if not (resp.has_more and resp.HasField("resume_key")):
                     return index, rows
                 resume = resp.resume_key
             time.sleep(0.05)  # the replica is applying: give it a moment before re-reading

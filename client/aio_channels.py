@@ -20,6 +20,7 @@ for a streamed write) with the ``code()``/``details()``/``trailing_metadata()`` 
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
@@ -32,6 +33,10 @@ from raftlet.client.channels import CHANNEL_OPTIONS, ChannelsByAddress
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["AsyncChannelPool", "AsyncServerStub", "AsyncStubProvider", "GrpcAsyncServerStub"]
+
+# What a write keeps of its timeout after waiting for its server's write port to open: a
+# call given less fails at once with DEADLINE_EXCEEDED, as gRPC's own calls do.
+_MIN_TIMEOUT_S = 0.001
 
 
 class AsyncServerStub(Protocol):
@@ -82,7 +87,10 @@ class GrpcAsyncServerStub:
         self, request: tablet_pb2.WriteRequest, timeout: float
     ) -> tablet_pb2.WriteResponse:
         if self._tcp is not None:
-            tcp = await self._tcp.stream()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            tcp = await self._tcp.stream(timeout)
+            timeout = max(timeout - (loop.time() - started), _MIN_TIMEOUT_S)
             if tcp is not None:
                 return await tcp.write(request, timeout)
         if self._stream is not None:

@@ -20,7 +20,13 @@ from tenacity.wait import wait_base
 
 from raftlet.client.aio_channels import AsyncServerStub, AsyncStubProvider
 from raftlet.client.aio_meta import AsyncMetaCache
-from raftlet.client.retry import DEFAULT_POLICIES, Cause, classify, run_with_retries_async
+from raftlet.client.retry import (
+    DEFAULT_POLICIES,
+    Cause,
+    classify,
+    run_with_retries_async,
+    within,
+)
 from raftlet.client.rpc import Router
 from raftlet.client.stats import StatsRecorder
 
@@ -61,6 +67,8 @@ async def call_tablet_async(
     async def attempt(attempt_no: int, attempt_timeout: float) -> tuple[R, str]:
         if router.needs_lookup():
             await ctx.meta.refresh_leaders(deadline)
+            # The look-up may have taken some of the time left: the call keeps the rest.
+            attempt_timeout = within(attempt_timeout, deadline, ctx.clock)
         target = router.pick()
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)

@@ -58,31 +58,45 @@ class TcpWritesTo:
         self._stub = stub
         self._ssl = ssl_context
         self._stream: TcpWriteStream | None = None
-        self._opening: asyncio.Future[TcpWriteStream | None] | None = None
+        self._opening: asyncio.Future[TcpWriteStream | None] | None = None  # a task
         self._retry_at = 0.0
         self._backoff = _RETRY_INITIAL_S
         self._closed = False
 
-    async def stream(self) -> TcpWriteStream | None:
+    async def stream(self, wait_s: float | None = None) -> TcpWriteStream | None:
+        """The stream to write on, or None (use the gRPC stream). Opening one may take up
+        to the connect timeout; a caller waits for it at most ``wait_s`` (its write's
+        timeout), then gets ``DEADLINE_EXCEEDED`` -- as a call to a server that does not
+        answer would -- while the opening goes on for the writes after it."""
         stream = self._stream
         if stream is not None and not stream.broken:
             return stream
-        if self._opening is not None:  # another write is opening it: share the outcome
-            return await asyncio.shield(self._opening)
+        if self._opening is None:
+            loop = asyncio.get_running_loop()
+            if stream is not None and stream.answered:
+                self._backoff = _RETRY_INITIAL_S  # it served: open the next one at once
+            elif stream is not None:
+                # It ended before it answered anything: a server over its connection limit
+                # takes a connection and closes it.  A failed open, then: back off, and the
+                # writes go on the gRPC stream meanwhile -- reopening at once (a connect is
+                # "success") had every write fail on one such connection after another.
+                self._stream = None
+                self._retry_at = loop.time() + self._backoff
+                self._backoff = min(self._backoff * 2, _RETRY_MAX_S)
+            if self._closed or loop.time() < self._retry_at:
+                return None
+            # A task of its own: a writer that stops waiting does not cancel the opening.
+            self._opening = asyncio.ensure_future(self._open())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._opening), wait_s)
+        except TimeoutError:
+            raise StreamedRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"Deadline Exceeded (opening the write port of {self.address})",
+            ) from None
+
+    async def _open(self) -> TcpWriteStream | None:
         loop = asyncio.get_running_loop()
-        if stream is not None and stream.answered:
-            self._backoff = _RETRY_INITIAL_S  # it served: open the next one at once
-        elif stream is not None:
-            # It ended before it answered anything: a server over its connection limit
-            # takes a connection and closes it.  A failed open, then: back off, and the
-            # writes go on the gRPC stream meanwhile -- reopening at once (a connect is
-            # "success") had every write fail on one such connection after another.
-            self._stream = None
-            self._retry_at = loop.time() + self._backoff
-            self._backoff = min(self._backoff * 2, _RETRY_MAX_S)
-        if self._closed or loop.time() < self._retry_at:
-            return None
-        self._opening = loop.create_future()
         stream = None
         try:
             stream = await open_tcp_write_stream(self.address, self._stub, self._ssl)
@@ -94,7 +108,6 @@ class TcpWritesTo:
                 self._retry_at = loop.time() + self._backoff
                 self._backoff = min(self._backoff * 2, _RETRY_MAX_S)
             self._stream = stream
-            self._opening.set_result(stream)  # cancelled: the waiters use the gRPC stream
             self._opening = None
         return stream
 

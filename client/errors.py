@@ -24,10 +24,14 @@ Whether a failed write may still have been applied is ``may_have_applied``: Fals
 attempt can have reached a replica's log (refused at admission -- RESOURCE_EXHAUSTED,
 NOT_LEADER, LEADER_NOT_READY, TABLET_NOT_FOUND, INVALID_ARGUMENT -- or by the client before
 sending, and a ``RowError``'s row); True when some attempt's fate is unknown (a deadline or a
-broken connection after sending, an internal server error). An indeterminate write is safe
-to retry with the same session (its request id makes it apply once); it must not be assumed
-absent. ``Timeout``, ``NotLeader`` and ``ServerTooBusy`` are raised at the deadline, so an
-earlier attempt may have been accepted even when the last one was refused: the flag says.
+broken connection after sending, an internal server error). An indeterminate write must
+be assumed neither applied nor absent. The client's own retries of one call reuse its
+request id, so the call applies at most once; but a new call is a new request, and an
+``insert`` sent again after an indeterminate one may meet KEY_EXISTS because the first one
+was applied after all. Read the row back before writing it again, or write it with
+``upsert``, which leaves the same row whether the first attempt was applied or not.
+``Timeout``, ``NotLeader`` and ``ServerTooBusy`` are raised at the deadline, so an earlier
+attempt may have been accepted even when the last one was refused: the flag says.
 
 Errors collected by a session (``Session.errors()``) carry the failed operation:
 ``row_index``, ``table`` and ``row`` are set on them (``None`` on errors raised for

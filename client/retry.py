@@ -79,6 +79,7 @@ __all__ = [
     "run_with_retries_async",
     "server_error_of",
     "timeout_error",
+    "within",
 ]
 
 T = TypeVar("T")
@@ -171,6 +172,12 @@ def classify_status(
         cause = Cause.STALE_REQUEST
     elif code == S.DEADLINE_EXCEEDED:
         cause = Cause.DEADLINE_EXCEEDED
+    elif code == S.CANCELLED:
+        # Not this client's doing (its own deadlines are DEADLINE_EXCEEDED): a server that
+        # shuts down cancels the calls it took in but had not started -- the server went
+        # away, as UNAVAILABLE says. The next attempt reuses the request id, so a write
+        # still applies once; a client closed meanwhile fails it as ClientClosed.
+        cause = Cause.UNAVAILABLE
     elif code == S.NOT_FOUND:
         cause = Cause.TABLET_NOT_FOUND
     elif code == S.INVALID_ARGUMENT:
@@ -427,6 +434,9 @@ class _PerCauseWait(wait_base):
         return max(0.0, min(wait, left))
 
 
+_LEAST_CALL_TIMEOUT_S = 0.001
+
+
 class _RetryRun:
     """The bookkeeping of one operation's retries, shared by the threaded and the asyncio
     drivers: counting attempts, each attempt's timeout, the last failure, and tenacity's
@@ -504,6 +514,13 @@ class _RetryRun:
         attempt's fate is unknown."""
         if self.may_have_applied:
             error.may_have_applied = True
+
+
+def within(attempt_timeout: float, deadline: float, clock: Callable[[], float]) -> float:
+    """``attempt_timeout``, cut to what is left before ``deadline`` once an attempt has
+    done its own preparation (a leader look-up); a call given almost nothing fails at once
+    with DEADLINE_EXCEEDED, and the retry loop then ends at its deadline."""
+    return max(min(attempt_timeout, deadline - clock()), _LEAST_CALL_TIMEOUT_S)
 
 
 def run_with_retries(

@@ -46,6 +46,7 @@ from raftlet.client.retry import (
     classify_error_pb,
     fatal_error,
     run_with_retries,
+    within,
 )
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto.common_pb2 import ServerErrorPB
@@ -217,6 +218,8 @@ def call_tablet(
 
     def attempt(attempt_no: int, attempt_timeout: float) -> tuple[R, str]:
         target = router.target(deadline)
+        # A leader look-up may have taken some of the time left: the call keeps the rest.
+        attempt_timeout = within(attempt_timeout, deadline, ctx.clock)
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)
         try:

@@ -144,7 +144,7 @@ class Scanner(Iterator[Row]):
         self.row_format = RowFormat(row_format)
         self._replica = replica
         self._tablet_index = 0
-        self._resume = b""
+        self._resume: bytes | None = None  # None: from the tablet's start
         self._page: Iterator[Row] = iter(())
         self.pages = 0
         self.failovers = 0
@@ -182,11 +182,13 @@ class Scanner(Iterator[Row]):
             if self._limit_left is not None:
                 rows = rows[: self._limit_left]
                 self._limit_left -= len(rows)
-            if response.has_more and response.resume_key:
+            # Presence, not truth: the last row's key may encode as empty bytes (an empty
+            # string or binary key), and the rows after it are still to come.
+            if response.has_more and response.HasField("resume_key"):
                 self._resume = response.resume_key
             else:
                 self._tablet_index += 1
-                self._resume = b""
+                self._resume = None
                 self.current_server = None
             if rows:
                 self._page = iter(rows)

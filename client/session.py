@@ -244,7 +244,8 @@ class Session:
                 raise Timeout(
                     f"session buffer full: {self._accepted - self._done} rows not yet "
                     f"acknowledged after {self.timeout_s:.3g} s (max_buffered_rows="
-                    f"{self.max_buffered_rows})"
+                    f"{self.max_buffered_rows})",
+                    may_have_applied=False,  # this row was refused before it was buffered
                 )
             self._cond.wait(left)
             self._check_open()

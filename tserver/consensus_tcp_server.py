@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
+from raftlet.consensus.rpc.receive_limits import ReceiveLimits
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_stream_server import item_byte_size, step_item
@@ -44,6 +45,7 @@ def consensus_links(
     max_frame_bytes: int,
     send_timeout_s: float,
     auth: Authenticator | None = None,
+    receive_limits: ReceiveLimits | None = None,
 ) -> LinkFactory:
     """The ``TcpListener`` link factory of the consensus port; ``auth``: the server's, when
     it runs with TLS."""
@@ -105,6 +107,7 @@ def consensus_links(
             on_close,
             max_frame_bytes=max_frame_bytes,
             send_timeout_s=send_timeout_s,
+            receive_limits=receive_limits,
             on_burst_end=on_burst_end,
         )
         holder.append(link)

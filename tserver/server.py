@@ -54,6 +54,7 @@ from grpc_reflection.v1alpha import reflection
 
 from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import ChannelPool, channel_options, server_options
+from raftlet.client.errors import InvalidArgument
 from raftlet.client.tls import TlsOptions, channel_credentials, client_ssl_context
 from raftlet.cluster import parse_host_port
 from raftlet.cluster.identity import AccessRole
@@ -62,6 +63,7 @@ from raftlet.consensus.core import Membership
 from raftlet.consensus.log import LogOptions
 from raftlet.consensus.log.metadata import FILE_NAME as CONSENSUS_META_FILE
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
+from raftlet.consensus.rpc.receive_limits import receive_limits_for
 from raftlet.consensus.rpc.stream_transport import StreamHub
 from raftlet.consensus.rpc.tcp_transport import Endpoint, TcpHub
 from raftlet.consensus.ticker import Ticker
@@ -84,6 +86,7 @@ from raftlet.proto import (
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
+from raftlet.tserver.data_dir_lock import DataDirLock
 from raftlet.tserver.errors import InvalidRequest, UnknownTablet
 from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
@@ -165,9 +168,12 @@ class TabletServer:
         )
         # With TLS, peers are dialled with this server's own certificate as the client
         # certificate: that is how they know who sends them Raft messages.
-        self.peer_credentials = (
-            channel_credentials(TlsOptions(s.tls_ca, s.tls_cert, s.tls_key)) if s.tls else None
-        )
+        try:
+            self.peer_credentials = (
+                channel_credentials(TlsOptions(s.tls_ca, s.tls_cert, s.tls_key)) if s.tls else None
+            )
+        except InvalidArgument as e:  # a file that is missing or unreadable: one line
+            raise OSError(str(e)) from None
         self.auth: Authenticator | None = None
         if s.tls:
             try:
@@ -193,6 +199,7 @@ class TabletServer:
             chunk_bytes=s.tablet_copy_chunk_bytes,
             repair_interval_s=s.tablet_copy_repair_interval_s,
         )
+        self._data_dir_lock: DataDirLock | None = None  # held from start until stopped
         # Tablets placed here whose replica failed to open: answered, never served.
         self.failed_tablets: ReplicaMap[FailedTablet] = ReplicaMap()
         # Every tablet of the cluster, wherever it is placed: what a replica created here
@@ -273,6 +280,8 @@ class TabletServer:
 
     async def start(self) -> None:
         s = self.settings
+        # Before anything under the data directory is read or written.
+        self._data_dir_lock = DataDirLock.acquire(s.data_dir, s.server_id)
         set_lock_contention_trace_threshold_ms(s.lock_contention_trace_threshold_ms)
         self.flags.subscribe("lock_contention_trace_threshold_ms", self._on_trace_threshold)
         self.flags.subscribe("log_inject_latency_ms", self._on_log_latency)
@@ -300,7 +309,6 @@ class TabletServer:
         for name in ("unsafe_leader_reads_without_quorum", "unsafe_ack_before_commit"):
             if getattr(s, name):
                 logger.warning("--%s is set: this server breaks a guarantee on purpose", name)
-        s.data_dir.mkdir(parents=True, exist_ok=True)
         # Every heartbeat's worth of ticks at once: see consensus.ticker.
         self.ticker = Ticker(
             options.consensus.tick_interval_s,
@@ -345,6 +353,7 @@ class TabletServer:
                 max_frame_bytes=self.limits.peer_bytes,
                 send_timeout_s=peer_timeout_s,
                 auth=self.auth,
+                receive_limits=receive_limits_for(self.limits.peer_bytes, s.tcp_frame_deadline_s),
             ),
             max_connections=MAX_PEER_CONNECTIONS,
             admission=self._admission(server_tls, AccessRole.SERVER, CONSENSUS_TCP_METHOD),
@@ -362,6 +371,7 @@ class TabletServer:
                 self.leader_addr,
                 max_frame_bytes=self.limits.client_bytes,
                 send_timeout_s=peer_timeout_s,
+                receive_limits=receive_limits_for(self.limits.client_bytes, s.tcp_frame_deadline_s),
             ),
             max_connections=MAX_WRITE_CONNECTIONS,
             admission=self._admission(server_tls, AccessRole.WRITER, WRITE_TCP_METHOD),
@@ -799,6 +809,10 @@ class TabletServer:
             await self.stream_channels.close()
         self.channels.close()
         self.status.stop()
+        if self._data_dir_lock is not None:  # last: nothing of this server touches it now
+            self._data_dir_lock.release()
+        if self._data_dir_lock is not None:  # last: nothing of this server touches it now
+            self._data_dir_lock.release()
 
     def _stop_blocking(self) -> None:
         # First: a copy must not swap a replica in while the others stop.

@@ -102,6 +102,7 @@ class ServerSettings:
     consensus_transport: str = "tcp"
     consensus_tcp_port: int = 0
     write_tcp_port: int = 0
+    tcp_frame_deadline_s: float = 60.0
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
@@ -691,6 +692,15 @@ FLAGS: tuple[FlagSpec, ...] = (
         "client certificates with the writer role or above (no bearer tokens: a client "
         "with a token stays on gRPC).",
         convert=int, check=at_least(0, 65535),
+    ),
+    FlagSpec(
+        "tcp_frame_deadline_s", _CLUSTER, "S",
+        f"On the tcp consensus and write ports, a message that has begun to arrive must "
+        f"arrive whole within this many seconds, or its connection is closed (default "
+        f"{_D('tcp_frame_deadline_s'):g}; 0.1 to 3600). A connection idle between messages "
+        f"is not affected. Large messages also wait for room in the port's byte budget "
+        f"(four of --max_message_bytes, at least 64 MiB) before the rest is read.",
+        convert=float_value, check=at_least(0.1, 3600),
     ),
     FlagSpec(
         "log_inject_latency_ms", _WAL, "MS",

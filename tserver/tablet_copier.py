@@ -86,6 +86,10 @@ class TabletCopier:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tablet-copy")
         self._lock = threading.Lock()
         self._copying: set[str] = set()
+        # Leaders that asked for a copy of a tablet while one was under way from another
+        # source: tried next if that one fails (its source died, say), not a session
+        # timeout later.
+        self._next_sources: dict[str, list[str]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tablet-copy-janitor", daemon=True)
         self._installed = server.entity.counter(cat.TABLET_COPIES_INSTALLED_TOTAL)
@@ -147,7 +151,10 @@ class TabletCopier:
             if term > source_term:
                 return False, f"this replica is at term {term}, past {source} at {source_term}"
         if not self._begin_copy(tablet_id, [source]):
-            return True, "a copy of this tablet is already under way"
+            with self._lock:
+                if tablet_id in self._copying:
+                    self._next_sources.setdefault(tablet_id, []).append(source)
+            return True, "a copy of this tablet is already under way; tried from here next"
         return True, ""
 
     def _begin_copy(self, tablet_id: str, sources: list[str]) -> bool:
@@ -176,11 +183,17 @@ class TabletCopier:
             shutil.rmtree(staging, ignore_errors=True)
             with self._lock:
                 self._copying.discard(tablet_id)
+                self._next_sources.pop(tablet_id, None)
 
     def _copy_into(self, tablet_id: str, sources: list[str], staging: Path) -> bool:
         me = self._s.server_id
         queue, tried = list(sources), set()
-        while queue and not self._stop.is_set():
+        while not self._stop.is_set():
+            if not queue:
+                with self._lock:  # a leader that asked meanwhile
+                    queue = [s for s in self._next_sources.pop(tablet_id, []) if s not in tried]
+                if not queue:
+                    break
             source = queue.pop(0)
             if source in tried or source == me:
                 continue
@@ -189,6 +202,13 @@ class TabletCopier:
             try:
                 got = download(stub, tablet_id, me, staging, chunk_bytes=self._chunk_bytes)
             except CopySourceNotLeader as e:
+                logger.info(
+                    "tablet %s: %s serves no copy: %s%s",
+                    tablet_id,
+                    source,
+                    e,
+                    f"; trying {e.leader}" if e.leader else "",
+                )
                 if e.leader:
                     queue.insert(0, e.leader)
                 continue

@@ -66,7 +66,6 @@ from raftlet.consensus.log import Log, LogOptions, PersistentState
 from raftlet.consensus.raft_consensus import (
     ConsensusMetrics,
     ConsensusOptions,
-    LeaderNotReady,
     RaftConsensus,
     TermCheckMode,
 )
@@ -1156,7 +1155,8 @@ class TabletReplica:
             with self.store.open_scan(
                 list(request.projection) or None,
                 predicates,
-                resume_key=request.resume_key or None,
+                # Present, even empty (a key that encodes as nothing), continues a scan.
+                resume_key=request.resume_key if request.HasField("resume_key") else None,
                 # One more row than the page can hold: whether there are more.
                 limit=max_rows + 1 if max_rows is not None else None,
             ) as cursor:
@@ -1197,14 +1197,19 @@ class TabletReplica:
 
     def copy_snapshot(self, dest: Path) -> SnapshotInfo:
         """Snapshot the store into ``dest`` for a tablet copy, with this leader's term and
-        its latest committed membership. Only a ready leader serves one
+        its latest committed membership. Only a leader serves one
         (``tserver.tablet_copy_source``); the snapshot's entry is still in its log, so
-        appends can go on from it."""
+        appends can go on from it.
+
+        A leader that has not committed its no-op yet serves one too: the store holds only
+        committed entries, which every later leader holds as well (Raft's InstallSnapshot
+        asks no more than the sender's leadership). Refusing it had deadlocked a group: a
+        new leader whose no-op needed the acknowledgement of a follower the log could no
+        longer catch up, while that follower waited for the leader to be ready to copy from
+        it, until the old leader came back."""
         snap = self.consensus.snapshot
         if snap.role is not Role.LEADER:
             raise NotLeaderError(snap.leader_id, snap.term)
-        if not snap.leader_ready:
-            raise LeaderNotReady(f"leader of term {snap.term} has not committed its no-op yet")
         index, term = self.store.snapshot(dest)
         first = self.consensus_log().first_index()
         if index < first:

@@ -5,7 +5,9 @@ streams, ``tserver.write_tcp_server``).
 One acceptor thread; each accepted connection is handed to ``make_link``, which wires what
 its frames do and returns the link, not yet started. At most ``max_connections`` are open at
 once (counting those still in their TLS handshake): one more is closed as soon as it is
-accepted.
+accepted. What the links hold while frames arrive is bounded by the factory's
+``consensus.rpc.receive_limits``; a connection whose other end vanished is found out by
+TCP keepalive.
 
 Without TLS (``admission`` None) a connection is linked at once and its caller is unknown
 -- as on the plaintext gRPC port, anyone who can reach it may make the same calls. With TLS
@@ -75,6 +77,21 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
+# A connection whose other end vanished without a word (its machine lost power, a cable
+# pulled) and which has nothing to send is found out by TCP keepalive: probes after a
+# minute of silence, every 10 s, given up after 6 unanswered -- about two minutes. Sending
+# links find out sooner (their send timeout).
+_KEEPALIVE = (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6))
+
+
+def _keep_alive(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in _KEEPALIVE:
+            if hasattr(socket, option):  # Linux names; other systems keep their defaults
+                conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 class TcpListener:
     def __init__(
         self,
@@ -113,6 +130,7 @@ class TcpListener:
                 logger.exception("%s tcp: accept failed", self.what)
                 continue
             name = f"{self.what} from {peer[0]}:{peer[1]}#{next(_connections)}"
+            _keep_alive(conn)
             if self._admission is None:
                 self._link(conn, name, None)
                 continue

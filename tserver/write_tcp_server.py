@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
+from raftlet.consensus.rpc.receive_limits import ReceiveLimits
 from raftlet.proto import tablet_pb2
 from raftlet.tserver import deferred_answers
 from raftlet.tserver.rpc_dispatch import LeaderAddrLookup
@@ -82,6 +83,7 @@ def write_links(
     max_frame_bytes: int,
     send_timeout_s: float,
     max_outstanding: int = 4096,
+    receive_limits: ReceiveLimits | None = None,
 ) -> LinkFactory:
     """The ``TcpListener`` link factory of the write port."""
 
@@ -146,6 +148,7 @@ def write_links(
             on_close,
             max_frame_bytes=max_frame_bytes,
             send_timeout_s=send_timeout_s,
+            receive_limits=receive_limits,
         )
         return connection.link
 

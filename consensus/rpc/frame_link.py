@@ -23,6 +23,9 @@ A frame is a 4-byte big-endian length and that many bytes.  ``FrameLink``:
   peer's reader, not one per frame; the next ordinary send takes waiting frames along;
 - refuses a frame longer than ``max_frame_bytes`` either way: the reader closes the link
   (a peer that sends one is broken or hostile), ``send`` raises ``ValueError``;
+- with ``receive_limits`` (the links a server accepts), closes a link whose frame does not
+  arrive whole within its deadline, and lets a large frame in only once the port's byte
+  budget has room for it (``consensus.rpc.receive_limits``);
 - once closed (either side, an error, ``close()``), calls ``on_close`` exactly once, from
   the reader thread.
 
@@ -44,8 +47,11 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
+
+from raftlet.consensus.rpc.receive_limits import ReceiveLimits
 
 __all__ = ["FrameLink", "LinkClosed", "frame"]
 
@@ -66,6 +72,10 @@ class LinkClosed(ConnectionError):
     """The link is closed: nothing sent on it now goes anywhere."""
 
 
+class _FrameTooSlow(Exception):
+    """The frame that began to arrive did not finish within the port's deadline."""
+
+
 def frame(body: bytes) -> bytes:
     """``body`` with its length prefix, as ``FrameLink.send`` takes it."""
     return _HEADER.pack(len(body)) + body
@@ -82,6 +92,7 @@ class FrameLink:
         max_frame_bytes: int,
         send_timeout_s: float,
         on_burst_end: Callable[[], None] | None = None,
+        receive_limits: ReceiveLimits | None = None,
     ) -> None:
         self._tls = isinstance(sock, ssl.SSLSocket)
         if self._tls:
@@ -96,6 +107,7 @@ class FrameLink:
         self._on_burst_end = on_burst_end
         self._on_close = on_close
         self._max_frame_bytes = max_frame_bytes
+        self._receive_limits = receive_limits
         self._send_timeout_s = send_timeout_s
         # The send side (_backlog, _writing, _closed), and over TLS every SSL call.
         self._lock = threading.Lock()
@@ -273,12 +285,19 @@ class FrameLink:
 
     def _read(self) -> None:
         buf = bytearray()
+        limits = self._receive_limits
+        reserved = 0  # of limits.budget, for the frame at the start of buf
+        begun = 0.0  # when the frame at the start of buf began to arrive
         receive = self._receive_tls if self._tls else self._receive_plain
         try:
             while True:
-                data = receive()
+                wait_s = None
+                if buf and limits is not None:
+                    wait_s = begun + limits.frame_deadline_s - time.monotonic()
+                data = receive(wait_s)
                 if not data:
                     return
+                fresh = not buf  # what this read brought begins a frame
                 buf += data
                 start = 0
                 while len(buf) - start >= _HEADER.size:
@@ -296,16 +315,34 @@ class FrameLink:
                         break
                     body = bytes(buf[start + _HEADER.size : end])
                     start = end
+                    if reserved:
+                        assert limits is not None
+                        limits.budget.release(reserved)
+                        reserved = 0
                     self._on_frame(body)
                 if start:
                     del buf[:start]
                     if self._on_burst_end is not None:
                         self._on_burst_end()
+                if buf and limits is not None and (start or fresh):  # a frame has begun
+                    begun = time.monotonic()
+                if limits is not None and not reserved and len(buf) >= _HEADER.size:
+                    reserved = self._reserve(limits, buf)
+                    if reserved < 0:
+                        reserved = 0
+                        return
+                    if reserved:  # its deadline counts from when it had room
+                        begun = time.monotonic()
+        except _FrameTooSlow as exc:
+            logger.warning("link %s: %s: closing", self.name, exc)
         except OSError as exc:
             logger.debug("link %s: %s", self.name, exc)
         except Exception:  # a bug in on_frame must close the link, not leave it half alive
             logger.exception("link %s: handling a frame failed", self.name)
         finally:
+            if reserved:
+                assert limits is not None
+                limits.budget.release(reserved)
             self._shutdown()
             try:
                 self._on_close(self)
@@ -313,12 +350,42 @@ class FrameLink:
                 logger.exception("link %s: on_close failed", self.name)
             self._thread_done()
 
-    def _receive_plain(self) -> bytes:
+    def _reserve(self, limits: ReceiveLimits, buf: bytearray) -> int:
+        """Room in the port's budget for the frame at the start of ``buf``: the bytes
+        reserved (0 for a small frame), or -1 when none came within its deadline."""
+        length: int = _HEADER.unpack_from(buf)[0]
+        if length <= limits.reserve_above_bytes:
+            return 0
+        if limits.budget.reserve(length, limits.frame_deadline_s, self._is_closed):
+            return length
+        if self._is_closed():
+            return -1
+        logger.warning(
+            "link %s: no room for a frame of %d bytes within %g s (%d of the port's %d"
+            " bytes held by frames arriving): closing",
+            self.name,
+            length,
+            limits.frame_deadline_s,
+            limits.budget.held(),
+            limits.budget.limit_bytes,
+        )
+        return -1
+
+    def _receive_plain(self, wait_s: float | None) -> bytes:
+        if wait_s is not None:  # a frame has begun: the rest must come in time
+            self._wait_readable(select.POLLIN, wait_s)
         return self._sock.recv(_RECV_BYTES)
 
-    def _receive_tls(self) -> bytes:
+    def _wait_readable(self, events: int, wait_s: float) -> None:
+        poller = select.poll()
+        poller.register(self._sock, events)
+        if wait_s <= 0 or not poller.poll(wait_s * 1000):
+            raise _FrameTooSlow("a frame did not arrive whole within its deadline")
+
+    def _receive_tls(self, wait_s: float | None) -> bytes:
         """What has arrived (b"": the peer closed), waiting for it outside the lock."""
         poller = select.poll()
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         while True:
             data, more, want = self._read_tls_burst()
             if data:
@@ -327,6 +394,9 @@ class FrameLink:
                 return b""
             # Nothing decrypted yet: wait for the socket to be readable (or writable, when
             # OpenSSL must send before it can read), never holding the lock.
+            if deadline is not None:
+                self._wait_readable(want, deadline - time.monotonic())
+                continue
             poller.register(self._sock, want)
             poller.poll()
             poller.unregister(self._sock)

@@ -99,6 +99,34 @@ def test_a_follower_stopped_past_the_retained_log_catches_up_by_tablet_copy(
         assert served >= 1
 
 
+def test_a_new_leader_copies_to_a_lagging_follower_before_its_no_op_commits(
+    tmp_path: Path,
+) -> None:
+    """The leader dies while a follower is behind its log: the one replica left that holds
+    everything wins, and its no-op needs that follower's acknowledgement. The follower can
+    only catch up by a copy -- which a leader refused until its no-op committed, so the
+    tablet took no write until the old leader came back."""
+    with running_cluster(tmp_path, partitions=1, flags=FLAGS) as cluster:
+        (tablet,) = cluster.tablet_ids()
+        cluster.wait_leaders()
+        with WriteLoad(cluster, n_writers=3) as load:
+            load.wait_acked(300, timeout=120)
+            old_leader = cluster.leader_of(tablet)
+            follower = _follower(cluster, tablet)
+            follower.terminate()
+            stopped_at = _index(old_leader, tablet, "last_index")
+            _write_past_the_log_of(cluster, load, tablet, stopped_at)
+        old_leader.kill()
+        follower.start()
+        new_leader = cluster.leader_of(tablet, timeout=60)
+        assert new_leader.id not in (old_leader.id, follower.id)
+        wait_for(lambda: _copies(follower) >= 1, 120, f"a tablet copy on {follower.id}")
+        with WriteLoad(cluster, n_writers=2, key_base=50_000_000, name="after") as after:
+            after.wait_acked(100, timeout=120)
+        expected = load.expected(tablet) | after.expected(tablet)
+        cluster.wait_converged(tablet, expected, timeout=60, servers=[new_leader.id, follower.id])
+
+
 @pytest.mark.parametrize("writes", ["idle", "under_load"])
 def test_a_wiped_follower_is_repaired_by_tablet_copy(tmp_path: Path, writes: str) -> None:
     """Idle, nothing but its first heartbeat answer tells the leader that the follower lost

@@ -224,7 +224,7 @@ class Server:
         """Every row of this server's replica of ``tablet_id`` as {key: value}, following
         resume keys.  Needs a two-column (key, value) schema such as ``KV_SCHEMA``."""
         rows: dict[Any, Any] = {}
-        resume = b""
+        resume: bytes | None = None  # None: from the start (b"" is a key)
         while True:
             req = tablet_pb2.ScanRequest(
                 tablet_id=tablet_id,

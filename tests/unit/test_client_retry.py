@@ -11,7 +11,9 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -38,9 +40,19 @@ from raftlet.client.retry import (
     fatal_error,
     run_with_retries,
     run_with_retries_async,
+    within,
 )
+from raftlet.client.rpc import call_tablet
+from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
-from tests.unit.client_fakes import FakeClock, FakeRpcError, not_leader, queue_full
+from tests.unit.client_fakes import (
+    FakeClock,
+    FakeCluster,
+    FakeRpcError,
+    make_rpc,
+    not_leader,
+    queue_full,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 S = grpc.StatusCode
@@ -57,6 +69,8 @@ E = ServerErrorPB
         (S.UNAVAILABLE, None, Cause.UNAVAILABLE, Action.NEXT_REPLICA),
         (S.UNAVAILABLE, E.TABLET_NOT_RUNNING, Cause.TABLET_NOT_RUNNING, Action.NEXT_REPLICA),
         (S.DEADLINE_EXCEEDED, None, Cause.DEADLINE_EXCEEDED, Action.NEXT_REPLICA),
+        # A server shutting down cancels the calls it took in but had not started.
+        (S.CANCELLED, None, Cause.UNAVAILABLE, Action.NEXT_REPLICA),
         (S.NOT_FOUND, E.TABLET_NOT_FOUND, Cause.TABLET_NOT_FOUND, Action.NEXT_REPLICA),
         (S.INVALID_ARGUMENT, E.INVALID_ARGUMENT, Cause.INVALID_ARGUMENT, Action.FAIL),
         (S.FAILED_PRECONDITION, E.STALE_REQUEST, Cause.STALE_REQUEST, Action.FAIL),
@@ -414,3 +428,34 @@ def test_the_asyncio_driver_passes_non_retriable_errors_and_times_out() -> None:
             )
         )
     assert len(calls) > 1
+
+
+def test_an_attempt_keeps_only_the_time_a_leader_look_up_left_it() -> None:
+    # A look-up that takes most of the time left (servers that do not answer ListTablets at
+    # once) must not leave the call its whole attempt timeout: a 1 s write had taken 2 s.
+    cluster = FakeCluster()
+    clock = FakeClock()
+    timeouts: list[float] = []
+
+    def slow_list_tablets(_timeout: float) -> Future[Any]:
+        clock.now += 0.7 / len(cluster.servers)  # all asked at once: 0.7 s in all
+        done: Future[Any] = Future()
+        done.set_result(tablet_pb2.ListTabletsResponse())
+        return done
+
+    def answer(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        return tablet_pb2.WriteResponse(op_index=1, op_term=1)
+
+    for server in cluster.servers.values():
+        server.list_tablets_future = slow_list_tablets  # type: ignore[method-assign]
+        server.script("write", answer)
+    rpc = make_rpc(cluster, clock)
+    start = clock.now
+
+    def write(stub: Any, timeout: float, _attempt: int) -> tablet_pb2.WriteResponse:
+        timeouts.append(timeout)
+        return cast(tablet_pb2.WriteResponse, stub.write(tablet_pb2.WriteRequest(), timeout))
+
+    call_tablet(rpc, "kv-p0", write, what="a write", deadline=start + 1.0, timeout_s=1.0)
+    assert timeouts == [pytest.approx(0.3)]
+    assert within(5.0, start + 1.0, lambda: start + 2.0) == pytest.approx(0.001)

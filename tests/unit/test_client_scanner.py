@@ -230,3 +230,24 @@ def test_a_page_over_the_message_limit_fails_once_with_the_limit_named() -> None
     with pytest.raises(MessageTooLarge, match=r"response of 4194149 bytes .* 1048576 bytes"):
         list(s)
     assert len(requests(cluster)) == 1
+
+
+def test_an_empty_resume_key_continues_the_tablet() -> None:
+    # The page before ended at a row whose key encodes as nothing (an empty string key):
+    # has_more with an empty, present resume key is "go on", sent back as it came.
+    asked: list[bytes | None] = []
+
+    def answer(request: tablet_pb2.ScanRequest) -> tablet_pb2.ScanResponse:
+        asked.append(request.resume_key if request.HasField("resume_key") else None)
+        response = tablet_pb2.ScanResponse(columns=COLUMNS)
+        if len(asked) == 1:
+            response.rows.append(row_to_pb(KV_SCHEMA, COLUMNS, (1, "first")))
+            response.has_more = True
+            response.resume_key = b""
+        else:
+            response.rows.append(row_to_pb(KV_SCHEMA, COLUMNS, (2, "second")))
+        return response
+
+    scan, _ = scanner(answer, row_format=RowFormat.CELLS)
+    assert [r["value"] for r in scan] == ["first", "second"]
+    assert asked == [None, b""]

@@ -4,9 +4,13 @@ when every row has an outcome, and errors in row order."""
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-from raftlet.client.errors import RowError
+import pytest
+
+from raftlet.client.errors import RowError, Timeout
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.session import FlushMode, Session
 from raftlet.client.write_batch import WriteResult
@@ -96,3 +100,42 @@ def test_a_sync_write_returns_where_it_landed_and_buffered_ones_none() -> None:
     assert buffered.insert("kv", {"key": 2, "value": "v"}) is None
     buffered.close()
     session.close()
+
+
+def test_a_row_refused_for_a_full_buffer_was_never_sent() -> None:
+    cluster = FakeCluster()
+    release = threading.Event()
+
+    def stuck(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        release.wait(30)
+        return ok(request)
+
+    for s in cluster.servers.values():
+        s.script("write", stuck)
+    real_time = RealClock()
+    session = Session(
+        make_rpc(cluster, real_time),  # type: ignore[arg-type]
+        RequestTracker(),
+        ThreadPoolExecutor(4),
+        flush_mode=FlushMode.AUTO_FLUSH_BACKGROUND,
+        timeout_s=0.2,
+        max_batch_rows=1,
+        max_buffered_rows=2,
+    )
+    try:
+        session.insert("kv", {"key": 1, "value": "v"})
+        session.insert("kv", {"key": 2, "value": "v"})
+        with pytest.raises(Timeout, match="session buffer full") as refused:
+            session.insert("kv", {"key": 3, "value": "v"})
+        assert refused.value.may_have_applied is False
+    finally:
+        release.set()
+        session.close()
+    assert sorted(rows_in(r) for _, r in cluster.writes()) == [1, 1]  # key 3 never went
+
+
+class RealClock:
+    """``make_rpc``'s clock and sleep, the real ones: the buffer waits on a condition."""
+
+    clock = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)

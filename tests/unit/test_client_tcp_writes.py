@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import pytest
 
 from raftlet.client.aio_tcp_writes import TcpWritesTo
@@ -58,3 +59,32 @@ def test_a_connection_closed_before_any_answer_is_a_failed_open() -> None:
             await server.wait_closed()
 
     assert asyncio.run(asyncio.wait_for(main(), 30)) == 1
+
+
+def test_a_write_waits_for_the_port_to_open_no_longer_than_its_own_timeout() -> None:
+    """A server that does not answer WriteEndpoint (stopped) held every write for the
+    open's own 5 s, whatever the write's timeout: a 1 s write took 6 s, and never tried
+    another replica. Now the write's wait ends with its timeout, as DEADLINE_EXCEEDED; the
+    opening goes on for the writes after it, and they share its outcome."""
+    answer = asyncio.Event()
+
+    class Slow(_Endpoint):
+        async def WriteEndpoint(self, request: Any, timeout: float) -> Any:
+            await answer.wait()
+            return tablet_pb2.WriteEndpointResponse(port=0)  # no port: use gRPC
+
+    async def main() -> None:
+        tcp = TcpWritesTo(ADDRESS, Slow(0), None)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(StreamedRpcError) as timed_out:
+            await tcp.stream(0.2)
+        assert timed_out.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert loop.time() - started < 2.0
+        later = asyncio.ensure_future(tcp.stream(10.0))  # shares the same opening
+        await asyncio.sleep(0)
+        answer.set()
+        assert await later is None
+        await tcp.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -7,12 +7,14 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from raftlet.cluster.identity import AccessRole
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
+from raftlet.consensus.rpc.receive_limits import ReceiveBudget, ReceiveLimits
 from raftlet.deploy.certs import ClientSpec, CreatedCerts, create_certs
 
 LIMIT = 32 * 1024 * 1024
@@ -21,7 +23,13 @@ LIMIT = 32 * 1024 * 1024
 class End:
     """One end of a link, remembering what it received and whether it closed."""
 
-    def __init__(self, sock: socket.socket, name: str, **kw: float) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        name: str,
+        receive_limits: ReceiveLimits | None = None,
+        **kw: float,
+    ) -> None:
         self.frames: list[bytes] = []
         self.closes = 0
         self.got = threading.Condition()
@@ -34,6 +42,7 @@ class End:
             max_frame_bytes=int(kw.get("limit", LIMIT)),
             send_timeout_s=kw.get("send_timeout_s", 10.0),
             on_burst_end=self._on_burst_end,
+            receive_limits=receive_limits,
         ).start()
 
     def _on_burst_end(self) -> None:
@@ -58,6 +67,11 @@ class End:
     def wait_closed(self, timeout: float = 20.0) -> None:
         with self.got:
             assert self.got.wait_for(lambda: self.closes > 0, timeout)
+
+    def stays_open(self, for_s: float) -> bool:
+        """Still open after ``for_s`` (a wait for a close that must not come)."""
+        with self.got:
+            return not self.got.wait_for(lambda: self.closes > 0, for_s)
 
 
 @pytest.fixture(params=["plain", "tls"])
@@ -273,3 +287,140 @@ def test_sends_from_many_threads_both_ways_while_both_readers_are_busy(
     finally:
         a.link.close()
         b.link.close()
+
+
+# --- receive limits: what the links a server accepts may hold while frames arrive ---------
+
+
+def _limits(budget_bytes: int = 1 << 30, deadline_s: float = 0.5) -> ReceiveLimits:
+    return ReceiveLimits(
+        ReceiveBudget(budget_bytes), frame_deadline_s=deadline_s, reserve_above_bytes=1024
+    )
+
+
+def test_a_frame_that_stops_arriving_closes_the_link_at_its_deadline(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    limits = _limits(deadline_s=0.5)
+    a = End(pair[0], "a", limits)
+    started = time.monotonic()
+    pair[1].sendall(struct.pack(">I", 100_000) + b"x" * 50_000)  # half a frame, then nothing
+    a.wait_closed(timeout=20)
+    assert time.monotonic() - started >= 0.5
+    assert a.frames == []
+    assert limits.budget.held() == 0  # what it reserved is given back
+
+
+def test_a_frame_trickling_in_is_held_to_its_first_bytes_deadline(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    # A byte every 0.2 s does not keep a frame alive: its deadline runs from its first bytes.
+    a = End(pair[0], "a", _limits(deadline_s=1.0))
+    pair[1].sendall(struct.pack(">I", 100) + b"x")
+    started = time.monotonic()
+    while a.stays_open(0.2):
+        assert time.monotonic() - started < 20, "the trickling frame was never cut off"
+        pair[1].sendall(b"x")
+    assert time.monotonic() - started >= 1.0
+    assert a.frames == []
+
+
+def test_an_idle_link_between_frames_is_not_closed_by_the_deadline(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    a = End(pair[0], "a", _limits(deadline_s=0.3))
+    pair[1].sendall(frame(b"one"))
+    a.wait_frames(1)
+    assert a.stays_open(1.0)  # three deadlines with nothing begun
+    pair[1].sendall(frame(b"two"))
+    assert a.wait_frames(2) == [b"one", b"two"]
+    a.link.close()
+
+
+def test_a_large_frame_waits_for_the_ports_budget_and_then_arrives_whole() -> None:
+    limits = _limits(budget_bytes=1_000_000, deadline_s=30.0)
+    first_pair, second_pair = socket.socketpair(), socket.socketpair()
+    a, b = End(first_pair[0], "a", limits), End(second_pair[0], "b", limits)
+    try:
+        body_a, body_b = os.urandom(600_000), os.urandom(600_000)
+        first_pair[1].sendall(frame(body_a)[:100_000])  # a holds 600,000 of 1,000,000
+        _wait_for(lambda: limits.budget.held() == 600_000)
+        sender = threading.Thread(target=second_pair[1].sendall, args=(frame(body_b),))
+        # More than one read's worth: b reads the start of its frame, finds no room for the
+        # rest and stops reading; TCP holds the sender back.
+        sender.start()
+        assert b.stays_open(0.5)
+        assert b.frames == []
+        first_pair[1].sendall(frame(body_a)[100_000:])
+        assert a.wait_frames(1) == [body_a]
+        assert b.wait_frames(1) == [body_b]  # room once a's frame was whole
+        sender.join(10)
+        _wait_for(lambda: limits.budget.held() == 0)
+    finally:
+        for end in (a, b):
+            end.link.close()
+        for s in (*first_pair, *second_pair):
+            s.close()
+
+
+def test_a_frame_that_finds_no_room_within_its_deadline_closes_only_its_link() -> None:
+    limits = _limits(budget_bytes=300_000, deadline_s=0.5)
+    first_pair, second_pair = socket.socketpair(), socket.socketpair()
+    a, b = End(first_pair[0], "a", limits), End(second_pair[0], "b", limits)
+    try:
+        first_pair[1].sendall(struct.pack(">I", 200_000) + b"a")  # reserved, then stalls
+        _wait_for(lambda: limits.budget.held() == 200_000)
+        second_pair[1].sendall(struct.pack(">I", 200_000) + b"b")  # no room
+        b.wait_closed(timeout=20)
+        a.wait_closed(timeout=20)  # a's own deadline passes too
+        assert limits.budget.held() == 0
+        # Small frames never wait for the budget, whatever it holds.
+        third = socket.socketpair()
+        c = End(third[0], "c", limits)
+        limits.budget.reserve(300_000, 1.0)
+        third[1].sendall(frame(b"small"))
+        assert c.wait_frames(1) == [b"small"]
+        limits.budget.release(300_000)
+        c.link.close()
+        for s in third:
+            s.close()
+    finally:
+        for end in (a, b):
+            end.link.close()
+        for s in (*first_pair, *second_pair):
+            s.close()
+
+
+def test_a_link_closed_while_its_frame_waits_for_room_ends_at_once() -> None:
+    limits = _limits(budget_bytes=300_000, deadline_s=60.0)
+    limits.budget.reserve(300_000, 1.0)  # every byte held elsewhere
+    a_sock, peer = socket.socketpair()
+    a = End(a_sock, "a", limits)
+    try:
+        peer.sendall(struct.pack(">I", 200_000) + b"x")
+        assert a.stays_open(0.3)
+        started = time.monotonic()
+        a.link.close()
+        a.wait_closed(timeout=20)
+        assert time.monotonic() - started < 10  # not the frame's 60 s
+    finally:
+        limits.budget.release(300_000)
+        a_sock.close()
+        peer.close()
+
+
+def test_a_budget_grants_a_frame_larger_than_itself_once_nothing_else_is_held() -> None:
+    budget = ReceiveBudget(100)
+    assert budget.reserve(500, 0.0)  # the port's frame limit decides what is too large
+    assert not budget.reserve(1, 0.05)
+    budget.release(500)
+    assert budget.reserve(60, 0.0)
+    assert not budget.reserve(60, 0.05)
+    assert budget.held() == 60
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)

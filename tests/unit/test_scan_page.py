@@ -14,7 +14,8 @@ from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate
 from raftlet.schema.row_pages import decode_page, page_rows
 from raftlet.schema.rows import row_from_pb
-from raftlet.schema.types import Value
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType, Value
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.store import StoreError, TabletStore
 from tests.unit.store_helpers import WIDE, insert
@@ -78,7 +79,7 @@ def scan_all(
         rows += page_values(page)
         if not page.has_more:
             return rows, pages
-        assert page.resume_key
+        assert page.HasField("resume_key")
         resume = page.resume_key
 
 
@@ -138,11 +139,11 @@ def test_a_page_of_exactly_the_rows_left_says_there_are_no_more(store: TabletSto
         page = fill_page(cursor, PACKED, N, 1 << 20)
     assert len(page_values(page)) == N
     assert not page.has_more
-    assert not page.resume_key
+    assert not page.HasField("resume_key")
     with store.open_scan(["id"], [], None, N) as cursor:
         page = fill_page(cursor, PACKED, N - 1, 1 << 20)
     assert page.has_more
-    assert page.resume_key
+    assert page.HasField("resume_key")
 
 
 def test_an_empty_result_is_an_empty_block(store: TabletStore) -> None:
@@ -174,3 +175,32 @@ def test_a_stored_value_outside_its_type_is_a_store_error(tmp_path: Path, fmt: i
         pytest.raises(StoreError, match="does not fit"),
     ):
         fill_page(cursor, fmt, None, 1 << 20)
+
+
+@pytest.mark.parametrize("key_type", [DataType.STRING, DataType.BINARY])
+@pytest.mark.parametrize("fmt", [PACKED, CELLS])
+def test_a_page_that_ends_at_an_empty_key_still_continues(
+    tmp_path: Path, key_type: DataType, fmt: int
+) -> None:
+    # An empty string or binary key encodes as no bytes: the resume key after it is empty
+    # and must still be sent (and taken) as a resume key, not as "from the start" or "done".
+    schema = Schema([ColumnSchema("k", key_type, is_key=True), ColumnSchema("n", DataType.INT64)])
+    keys = ["", "a", "b", "c"] if key_type is DataType.STRING else [b"", b"\x00", b"a", b"b"]
+    with TabletStore.open(tmp_path / "t.db", schema) as store:
+        store.apply_batch([(1, 1, insert(schema, *({"k": k, "n": i} for i, k in enumerate(keys))))])
+        got: list[Value] = []
+        resume: bytes | None = None
+        for _ in range(len(keys) + 2):  # a scan that never ends fails here, not hangs
+            with store.open_scan(None, (), resume, 2) as cursor:
+                page = fill_page(cursor, fmt, 1, 1 << 20)
+            types = [key_type, DataType.INT64]
+            if page.HasField("row_block"):
+                block = page.row_block
+                got += [r[0] for r in page_rows(decode_page(types, block.rows, block.indirect))]
+            else:
+                got += [row_from_pb(schema, ["k", "n"], r)[0] for r in page.rows]
+            if not page.has_more:
+                break
+            assert page.HasField("resume_key")
+            resume = page.resume_key
+        assert got == keys

@@ -149,7 +149,7 @@ def _scan_requests(draw: st.DrawFn) -> tablet_pb2.ScanRequest:
                 st.sampled_from([MAX_SCAN_LIMIT, MAX_SCAN_LIMIT + 1, 2**63 - 1, 2**64 - 1]),
             )
         ),
-        resume_key=draw(st.binary(max_size=10)),
+        resume_key=draw(st.none() | st.binary(max_size=10)),  # None: unset
         read_mode=draw(st.integers(-2, 3)),  # type: ignore[arg-type]
         batch_size_rows=draw(st.sampled_from([0, 1, 2, 2**32 - 1])),
         row_format=draw(st.integers(-2, 3)),  # type: ignore[arg-type]

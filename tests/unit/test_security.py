@@ -32,6 +32,7 @@ from raftlet.tserver.security import (
     permits,
     required_role,
 )
+from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import ServerSettings
 from tests.unit.tserver_settings_helpers import write_config
 
@@ -250,3 +251,21 @@ def test_plaintext_beyond_loopback_needs_insecure_and_tls_needs_all_three(tmp_pa
     with pytest.raises(FlagError, match=r"--token_rpc_addr: .*--auth_tokens_file"):
         ServerSettings(**base, **loop, **tls, token_rpc_addr="127.0.0.1:9051")  # type: ignore[arg-type]
     ServerSettings(**base, **loop, **tls, auth_tokens_file="t", token_rpc_addr="127.0.0.1:9051")  # type: ignore[arg-type]
+
+
+def test_a_missing_tls_file_is_an_os_error_that_names_it(tmp_path: Path) -> None:
+    # What `raftlet tserver` prints as one line and exit 1 (it had been a traceback).
+    config = load_cluster_config(write_config(tmp_path))
+    missing = str(tmp_path / "nowhere.pem")
+    settings = ServerSettings(
+        server_id="ts1",
+        config=config,
+        data_dir=tmp_path / "d",
+        rpc_addr="127.0.0.1:7051",
+        http_addr="127.0.0.1:8051",
+        tls_cert=missing,
+        tls_key=missing,
+        tls_ca=missing,
+    )
+    with pytest.raises(OSError, match=rf"TLS CA {missing}: No such file or directory"):
+        TabletServer(settings)

@@ -192,7 +192,10 @@ def test_resume_key_may_name_a_row_that_no_longer_exists(store: TabletStore) -> 
     # A resume key is a position, not a row: between pages the row may have been deleted.
     result = store.scan(resume_key=encode_key(S, ("b", 100)))
     assert result.rows == where(lambda r: str(r[G]) > "b")
-    assert store.scan(resume_key=b"").rows == sorted(ROWS)
+    assert store.scan(resume_key=None).rows == sorted(ROWS)
+    # Empty bytes are a key (an empty string key encodes so), not "from the start".
+    with pytest.raises(InvalidScan, match="bad resume key"):
+        store.scan(resume_key=b"")
 
 
 def scan_all_pages(

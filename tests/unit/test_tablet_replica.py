@@ -283,6 +283,10 @@ def test_a_scan_sends_packed_pages_when_asked_and_refuses_an_unknown_row_format(
     assert [row_from_pb(SCHEMA, ["k", "v"], r) for r in cells.rows] == values
     with pytest.raises(InvalidRequest, match="unknown row format 7"):
         leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", row_format=7))  # type: ignore[arg-type]
+    # A resume key that is present is one, even empty (no int64 key encodes as nothing):
+    # not a scan from the start (an empty string key's page had ended a scan early).
+    with pytest.raises(InvalidRequest, match="bad resume key"):
+        leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", resume_key=b""))
 
 
 def test_many_tablets_share_the_servers_pools_and_start_no_threads_of_their_own(

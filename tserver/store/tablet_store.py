@@ -806,7 +806,7 @@ class TabletStore:
         columns = self._resolve_projection(projection)
         preds = [self._resolve_predicate(p) for p in predicates]
         resume: tuple[Value, ...] | None = None
-        if resume_key:
+        if resume_key is not None:  # empty bytes too: an empty string or binary key
             try:
                 resume = decode_key(self.schema, resume_key)
             except KeyDecodeError as e:

@@ -1,0 +1,144 @@
+"""Closing a client with writes in flight: each write that did not finish fails as
+``ClientClosed`` -- not as a server's ``RemoteError`` ("Channel closed!", "the client is
+closed" once read as CANCELLED from a server) -- and every write acknowledged before is
+there. And the other end closing: a leader stopped gracefully
+under writes fails none of them (the calls it had taken in but not started came back
+CANCELLED, which the client took for a final error)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from raftlet.client import Client, FlushMode
+from raftlet.client.aio import AsyncClient
+from raftlet.client.errors import ClientClosed
+from tests.integration.tserver_cluster import TserverCluster, running_cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TserverCluster]:
+    with running_cluster(tmp_path_factory.mktemp("close"), partitions=2) as c:
+        c.wait_leaders()
+        yield c
+
+
+def _seeds(cluster: TserverCluster) -> list[str]:
+    return [s.rpc_addr for s in cluster.config.servers]
+
+
+def _present(cluster: TserverCluster, keys: list[int]) -> set[int]:
+    with Client(_seeds(cluster)) as c:
+        return {int(str(r["key"])) for r in c.scan("kv", ["key"])} & set(keys)
+
+
+def test_the_asyncio_clients_writes_in_flight_fail_as_client_closed(
+    cluster: TserverCluster,
+) -> None:
+    base = 7_000_000
+
+    async def main() -> tuple[list[int], list[BaseException]]:
+        c = await AsyncClient.connect(_seeds(cluster), timeout_s=30.0)
+        acked: list[int] = []
+        some_done = asyncio.Event()
+
+        async def one(key: int) -> None:
+            await c.insert("kv", {"key": key, "value": "x"})
+            acked.append(key)
+            if len(acked) >= 5:
+                some_done.set()
+
+        tasks = [asyncio.ensure_future(one(base + i)) for i in range(2000)]
+        await asyncio.wait_for(some_done.wait(), 60)  # some done, many in flight
+        await c.close()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        return acked, [o for o in outcomes if isinstance(o, BaseException)]
+
+    acked, errors = asyncio.run(main())
+    assert errors, "the close came after every write: nothing was in flight"
+    assert {type(e) for e in errors} == {ClientClosed}, errors[:3]
+    assert _present(cluster, acked) == set(acked)
+
+
+def test_the_threaded_clients_writes_in_flight_fail_as_client_closed(
+    cluster: TserverCluster,
+) -> None:
+    base = 8_000_000
+    client = Client(_seeds(cluster), timeout_s=30.0)
+    acked: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        session = client.new_session(flush_mode=FlushMode.AUTO_FLUSH_SYNC)
+        for i in range(10_000):
+            key = base + w * 100_000 + i
+            try:
+                session.insert("kv", {"key": key, "value": "x"})
+            except Exception as e:  # every kind: which one is what this test checks
+                with lock:
+                    errors.append(e)
+                return
+            with lock:
+                acked.append(key)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(acked) >= 40, 60, "some writes acknowledged")
+    client.close()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    assert len(errors) == len(threads)  # each writer's next write failed, and it stopped
+    assert {type(e) for e in errors} == {ClientClosed}, errors[:3]
+    assert _present(cluster, acked) == set(acked)
+
+
+def test_a_leader_stopped_gracefully_under_writes_fails_none_of_them(
+    cluster: TserverCluster,
+) -> None:
+    base = 9_000_000
+    leader = cluster.leader_of("kv-p0")
+    client = Client(_seeds(cluster), timeout_s=30.0)
+    acked: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        session = client.new_session(flush_mode=FlushMode.AUTO_FLUSH_SYNC)
+        key = base + w * 100_000
+        while not stop.is_set():
+            key += 1
+            try:
+                session.insert("kv", {"key": key, "value": "x"})
+            except Exception as e:  # every kind: which one is what this test checks
+                with lock:
+                    errors.append(e)
+                return
+            with lock:
+                acked.append(key)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(acked) >= 200, 60, "writes under way")
+        assert leader.terminate() == 0
+        before = len(acked)
+        wait_for(lambda: len(acked) >= before + 200 or bool(errors), 60, "writes go on")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        client.close()
+        leader.start()
+    assert errors == []
+    cluster.wait_leaders()
+    assert _present(cluster, acked) == set(acked)
