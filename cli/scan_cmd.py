@@ -18,6 +18,7 @@ import argparse
 import base64
 import datetime as _dt
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -52,7 +53,8 @@ COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the co
 type: integers, floats, true/false, strings (quotes optional unless they have commas or
 spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as an integer or an ISO 8601 time
 (UTC unless it has an offset). In table output BINARY shows as 0x-hex and UNIXTIME_MICROS
-as UTC time; JSON keeps microseconds and base64 for BINARY.
+as UTC time, and control characters in strings as \\xNN; JSON keeps microseconds, base64
+for BINARY, and writes infinite floats as the strings "Infinity" and "-Infinity".
 """
 
 
@@ -146,6 +148,9 @@ def _columns_arg(text: str) -> list[str]:
     cols = [c.strip() for c in text.split(",") if c.strip()]
     if not cols:
         raise argparse.ArgumentTypeError("give at least one column name")
+    twice = sorted({c for c in cols if cols.count(c) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"column {twice[0]!r} named twice")
     return cols
 
 
@@ -388,7 +393,20 @@ def _print_json(rows: Iterator[dict[str, Value]], columns: Sequence[str], schema
 def _json_value(dtype: DataType, value: Value) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
+    if isinstance(value, float) and math.isinf(value):
+        # JSON has no number for it (json.dumps would write the bare word, which strict
+        # parsers refuse); NaN is never stored.
+        return "Infinity" if value > 0 else "-Infinity"
     return value
+
+
+# Control characters (C0, DEL, C1) in a stored string would reach the terminal as they
+# are: a stored escape sequence could recolour it or move its cursor.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape_control(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _text_value(dtype: DataType, value: Value) -> str:
@@ -401,6 +419,8 @@ def _text_value(dtype: DataType, value: Value) -> str:
             return datetime_from_micros(value).isoformat().replace("+00:00", "Z")
         except OverflowError:
             return str(value)
+    if isinstance(value, str):
+        return _escape_control(value)
     return str(value)
 
 

@@ -28,7 +28,8 @@ not the session's threads:
   ``RemoteError``, ``ClientClosed`` — the exceptions of ``raftlet.client``.
   ``RowError.row_index`` is 0.
 - ``await write(table, ops)`` (``ops``: ``(OpType, row)`` pairs): ``MANUAL_FLUSH`` in one
-  call — rows grouped by tablet in batches of ``max_batch_rows``, the tablets concurrently,
+  call — rows grouped by tablet in batches of ``max_batch_rows`` rows and at most
+  ``max_batch_bytes`` packed bytes (4 MiB, as a session's), the tablets concurrently,
   each tablet's batches in order; returns the errors (``[]`` when every row was applied),
   each with ``row_index`` = the operation's position in ``ops``.
 - For ``AUTO_FLUSH_BACKGROUND``-style throughput keep many ``insert`` calls in flight
@@ -54,7 +55,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any, Self
 
 from tenacity.wait import wait_base
@@ -70,6 +79,7 @@ from raftlet.client.errors import InvalidArgument, RaftletError, RowError
 from raftlet.client.meta_cache import ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
+from raftlet.client.session import DEFAULT_MAX_BATCH_BYTES
 from raftlet.client.stats import StatsRecorder
 from raftlet.client.tls import (
     TlsOptions,
@@ -128,6 +138,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         timeout_s: float = 30.0,
         rpc_timeout_s: float = 10.0,
         max_batch_rows: int = 1000,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         retry_policies: Mapping[Cause, wait_base] | None = None,
         channel_options: Sequence[tuple[str, int]] | None = None,
         stubs: AsyncStubProvider | None = None,
@@ -149,8 +160,11 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         check_timeout(rpc_timeout_s, "rpc_timeout_s")
         if max_batch_rows < 1:
             raise InvalidArgument(f"max_batch_rows must be at least 1, got {max_batch_rows}")
+        if max_batch_bytes < 1:
+            raise InvalidArgument(f"max_batch_bytes must be at least 1, got {max_batch_bytes}")
         self.timeout_s = float(timeout_s)
         self.max_batch_rows = max_batch_rows
+        self.max_batch_bytes = max_batch_bytes
         self._seeds = parse_seeds(seeds)
         self._stats = StatsRecorder()
         self._pool: AsyncChannelPool | None = None
@@ -296,8 +310,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
 
         async def send_group(tablet_id: str, group: list[Operation]) -> list[RaftletError]:
             out: list[RaftletError] = []
-            for start in range(0, len(group), self.max_batch_rows):
-                batch = group[start : start + self.max_batch_rows]
+            for batch in _batches(group, self.max_batch_rows, self.max_batch_bytes):
                 out.extend(await self._send_batch(tablet_id, batch, timeout_s))
             return out
 
@@ -399,3 +412,19 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<raftlet AsyncClient {self.client_id[:8]} seeds={','.join(self._seeds)} {state}>"
+
+
+def _batches(ops: list[Operation], max_rows: int, max_bytes: int) -> Iterator[list[Operation]]:
+    """``ops`` in order, cut at ``max_rows`` rows or before a row that would take a batch
+    past ``max_bytes`` (a row larger than that goes alone), as a session cuts them: forty
+    1 MiB rows in one request had failed whole as MessageTooLarge."""
+    batch: list[Operation] = []
+    size = 0
+    for op in ops:
+        if batch and (len(batch) >= max_rows or size + op.nbytes > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(op)
+        size += op.nbytes
+    if batch:
+        yield batch

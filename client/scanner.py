@@ -59,7 +59,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.row_pages import decode_page
 from raftlet.schema.rows import row_from_pb
-from raftlet.schema.scan_bounds import scan_bounds_error
+from raftlet.schema.scan_bounds import MAX_SCAN_LIMIT, scan_bounds_error
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import TypeMismatch, Value
 
@@ -122,10 +122,14 @@ class Scanner(Iterator[Row]):
             self._predicates = [p.to_pb(schema) for p in predicates]
         except PredicateError as e:
             raise InvalidArgument(f"table {table.name!r}: {e}") from None
-        if limit is not None and limit < 0:
-            raise InvalidArgument(f"limit must be non-negative, got {limit}")
+        # None is "no limit" here (0 on the wire, which is why the shared check below does
+        # not look at the limit: its words for it are the wire's).
+        if limit is not None and not 0 <= limit <= MAX_SCAN_LIMIT:
+            raise InvalidArgument(
+                f"limit must be None (no limit) or 0 to {MAX_SCAN_LIMIT} rows, got {limit}"
+            )
         # The server refuses these too; checked here so the scan fails before any call.
-        problem = scan_bounds_error(self._predicates, limit or 0)
+        problem = scan_bounds_error(self._predicates, 0)
         if problem is not None:
             raise InvalidArgument(f"scan of {table.name!r}: {problem}")
         sizes = (("batch_size_rows", batch_size_rows), ("batch_size_bytes", batch_size_bytes))

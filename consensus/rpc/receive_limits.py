@@ -4,8 +4,9 @@ A ``FrameLink`` keeps the bytes of a frame until the frame is whole, and a frame
 long as the port's message limit (16 MiB by default). Unbounded, a client that starts many
 large frames and stops sending -- stopped by a debugger, hung, or hostile -- pins all those
 bytes for as long as its connections stay open: connections each holding a 16 MiB frame
-one byte short took a server from 56 to 316 MiB (sixteen of them) and 580 MiB (thirty-two),
-for good, and the write port takes 1,024 connections. Two bounds, for the links a ``TcpListener`` accepts:
+one byte short took a server from 56 to 316 MiB (sixteen of them) and 580 MiB
+(thirty-two), for good, and the write port takes 1,024 connections. Two bounds, for the
+links a ``TcpListener`` accepts:
 
 - **A frame's deadline**: once a frame's first bytes are in, the rest must arrive within
   ``frame_deadline_s``, or the link is closed (freeing what it held). A client that sends

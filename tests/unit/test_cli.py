@@ -4,6 +4,7 @@ cluster that is not running, and the launcher's refusal to signal processes not 
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -18,7 +19,7 @@ import pytest
 from raftlet.cli.common import human_count, human_us
 from raftlet.cli.main import main
 from raftlet.cli.metrics_cmd import key_metrics
-from raftlet.cli.scan_cmd import parse_value, parse_where
+from raftlet.cli.scan_cmd import _columns_arg, _json_value, _text_value, parse_value, parse_where
 from raftlet.cli.write_load import RowFactory
 from raftlet.client.health import Severity, check_cluster
 from raftlet.cluster import write_cluster_config
@@ -513,3 +514,14 @@ def test_up_refuses_a_mismatched_existing_cluster(tmp_path: Path) -> None:
         LocalCluster.create(tmp_path, servers=5)
     assert not (tmp_path / STATE_FILE).exists()
     assert os.listdir(tmp_path) == ["cluster.toml"]
+
+
+def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
+    # A stored escape sequence must not reach the terminal as one.
+    assert _text_value(DataType.STRING, "a\x1b[31mb\nc\x9b") == "a\\x1b[31mb\\x0ac\\x9b"
+    assert _text_value(DataType.STRING, "ünï 日本") == "ünï 日本"
+    # JSON has no infinity: json.dumps wrote the bare word, which strict parsers refuse.
+    values = [_json_value(DataType.DOUBLE, v) for v in (float("inf"), float("-inf"), 1.5)]
+    assert json.loads(json.dumps(values, allow_nan=False)) == ["Infinity", "-Infinity", 1.5]
+    with pytest.raises(argparse.ArgumentTypeError, match="column 'k' named twice"):
+        _columns_arg("k, v,k")

@@ -395,3 +395,23 @@ def test_leader_step_down_goes_to_the_leader() -> None:
             await c.leader_step_down("kv-p0", "ts9")
 
     run(main())
+
+
+def test_write_cuts_a_tablets_rows_by_bytes_too() -> None:
+    # Forty 1 MiB rows had gone in one 40 MiB request and failed whole as MessageTooLarge.
+    cluster = AsyncFakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", tablet_pb2.WriteResponse(op_index=3, op_term=1))
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+
+    async def main() -> None:
+        c = await fake_client(cluster, max_batch_rows=1000, max_batch_bytes=2500)
+        keys = [k for k in range(100) if c.tablet_for("kv", {"key": k}) == "kv-p0"][:5]
+        ops = [(OpType.INSERT, {"key": k, "value": "x" * 1000}) for k in keys]
+        assert await c.write("kv", ops) == []
+        sent = [rows_in(r) for _, r in cluster.writes()]
+        assert sorted(sent) == [1, 2, 2]  # two ~1 KB rows fit under 2,500 bytes, not three
+        with pytest.raises(InvalidArgument, match="max_batch_bytes must be at least 1"):
+            await fake_client(cluster, max_batch_bytes=0)
+
+    run(main())
