@@ -65,80 +65,75 @@ def test_the_asyncio_clients_writes_in_flight_fail_as_client_closed(
     assert _present(cluster, acked) == set(acked)
 
 
+class _SyncWriters:
+    """Eight threads, each inserting rising keys through a sync session of ``client`` until
+    told to stop or a write fails (that error is kept, and the writer ends)."""
+
+    def __init__(self, client: Client, base: int) -> None:
+        self.acked: list[int] = []
+        self.errors: list[BaseException] = []
+        self._client = client
+        self._base = base
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(w,)) for w in range(8)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, w: int) -> None:
+        session = self._client.new_session(flush_mode=FlushMode.AUTO_FLUSH_SYNC)
+        key = self._base + w * 100_000
+        while not self._stop.is_set():
+            key += 1
+            try:
+                session.insert("kv", {"key": key, "value": "x"})
+            except Exception as e:  # every kind: which one is what these tests check
+                with self._lock:
+                    self.errors.append(e)
+                return
+            with self._lock:
+                self.acked.append(key)
+
+    def join(self, stop: bool = True) -> None:
+        if stop:
+            self._stop.set()
+        for t in self._threads:
+            t.join(60)
+            assert not t.is_alive()
+
+
 def test_the_threaded_clients_writes_in_flight_fail_as_client_closed(
     cluster: TserverCluster,
 ) -> None:
-    base = 8_000_000
     client = Client(_seeds(cluster), timeout_s=30.0)
-    acked: list[int] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def writer(w: int) -> None:
-        session = client.new_session(flush_mode=FlushMode.AUTO_FLUSH_SYNC)
-        for i in range(10_000):
-            key = base + w * 100_000 + i
-            try:
-                session.insert("kv", {"key": key, "value": "x"})
-            except Exception as e:  # every kind: which one is what this test checks
-                with lock:
-                    errors.append(e)
-                return
-            with lock:
-                acked.append(key)
-
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    wait_for(lambda: len(acked) >= 40, 60, "some writes acknowledged")
+    writers = _SyncWriters(client, 8_000_000)
+    wait_for(lambda: len(writers.acked) >= 40, 60, "some writes acknowledged")
     client.close()
-    for t in threads:
-        t.join(60)
-        assert not t.is_alive()
-    assert len(errors) == len(threads)  # each writer's next write failed, and it stopped
-    assert {type(e) for e in errors} == {ClientClosed}, errors[:3]
-    assert _present(cluster, acked) == set(acked)
+    writers.join(stop=False)  # each writer's next write fails, and it stops
+    assert len(writers.errors) == 8
+    assert {type(e) for e in writers.errors} == {ClientClosed}, writers.errors[:3]
+    assert _present(cluster, writers.acked) == set(writers.acked)
 
 
 def test_a_leader_stopped_gracefully_under_writes_fails_none_of_them(
     cluster: TserverCluster,
 ) -> None:
-    base = 9_000_000
     leader = cluster.leader_of("kv-p0")
     client = Client(_seeds(cluster), timeout_s=30.0)
-    acked: list[int] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-    lock = threading.Lock()
-
-    def writer(w: int) -> None:
-        session = client.new_session(flush_mode=FlushMode.AUTO_FLUSH_SYNC)
-        key = base + w * 100_000
-        while not stop.is_set():
-            key += 1
-            try:
-                session.insert("kv", {"key": key, "value": "x"})
-            except Exception as e:  # every kind: which one is what this test checks
-                with lock:
-                    errors.append(e)
-                return
-            with lock:
-                acked.append(key)
-
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    writers = _SyncWriters(client, 9_000_000)
     try:
-        for t in threads:
-            t.start()
-        wait_for(lambda: len(acked) >= 200, 60, "writes under way")
+        wait_for(lambda: len(writers.acked) >= 200, 60, "writes under way")
         assert leader.terminate() == 0
-        before = len(acked)
-        wait_for(lambda: len(acked) >= before + 200 or bool(errors), 60, "writes go on")
+        before = len(writers.acked)
+        wait_for(
+            lambda: len(writers.acked) >= before + 200 or bool(writers.errors),
+            60,
+            "writes go on",
+        )
     finally:
-        stop.set()
-        for t in threads:
-            t.join(60)
+        writers.join()
         client.close()
         leader.start()
-    assert errors == []
+    assert writers.errors == []
     cluster.wait_leaders()
-    assert _present(cluster, acked) == set(acked)
+    assert _present(cluster, writers.acked) == set(writers.acked)

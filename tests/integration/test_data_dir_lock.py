@@ -5,42 +5,30 @@ server's files -- and a data directory refuses to start under another server's i
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.integration.tserver_cluster import (
-    REPO,
-    START_TIMEOUT_S,
     TserverCluster,
     WriteLoad,
     free_ports,
+    tserver_that_exits,
 )
 
 pytestmark = pytest.mark.integration
 
 
-def _tserver(cluster: TserverCluster, server_id: str, *flags: str) -> tuple[int, str]:
+def _tserver(cluster: TserverCluster, server_id: str, *flags: str) -> tuple[int | None, str]:
     """A ``raftlet tserver`` of the cluster's config on fresh ports: exit code, stderr."""
     rpc, http = free_ports(2)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "raftlet", "tserver", "--config", str(cluster.path),
-         "--server_id", server_id, "--rpc_addr", f"127.0.0.1:{rpc}",
-         "--http_addr", f"127.0.0.1:{http}", *flags],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=START_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:  # it started: the lock did not hold
-            proc.kill()
-            proc.wait()
-    assert b"ready" not in out, err.decode()
-    return proc.returncode, err.decode()
+    code, out, err = tserver_that_exits(
+        cluster,
+        *("--server_id", server_id, "--rpc_addr", f"127.0.0.1:{rpc}"),
+        *("--http_addr", f"127.0.0.1:{http}", *flags),
+    )
+    assert "ready" not in out, err  # it started: the lock did not hold
+    return code, err
 
 
 def _files(directory: Path) -> dict[str, int]:

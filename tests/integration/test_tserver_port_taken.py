@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +14,10 @@ import pytest
 
 from raftlet.deploy import local
 from raftlet.deploy.local import LocalCluster, pid_alive
-from tests.integration.tserver_cluster import REPO, START_TIMEOUT_S, TserverCluster
+from tests.integration.tserver_cluster import (
+    TserverCluster,
+    tserver_that_exits,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -43,22 +44,9 @@ def test_a_taken_rpc_port_is_one_error_line(tmp_path: Path) -> None:
     cluster = TserverCluster(tmp_path, partitions=1)
     rpc_addr = cluster.config.servers[0].rpc_addr
     with _taken(rpc_addr), _closing(cluster):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "raftlet", "tserver", "--config", str(cluster.path),
-             "--server_id", "ts1"],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=START_TIMEOUT_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    stderr = err.decode()
-    assert proc.returncode == 1, stderr
-    assert b"ready" not in out
+        code, out, stderr = tserver_that_exits(cluster, "--server_id", "ts1")
+    assert code == 1, stderr
+    assert "ready" not in out
     assert "Traceback" not in stderr, stderr
     assert f"raftlet tserver: error: cannot listen for RPCs on {rpc_addr}" in stderr, stderr
 

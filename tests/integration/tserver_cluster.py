@@ -259,6 +259,25 @@ class Server:
         return total
 
 
+def tserver_that_exits(cluster: TserverCluster, *flags: str) -> tuple[int | None, str, str]:
+    """Run a ``raftlet tserver`` of ``cluster``'s config with ``flags``, expecting it to exit
+    on its own: its exit code (None if it had to be killed after ``START_TIMEOUT_S``),
+    stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlet", "tserver", "--config", str(cluster.path), *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return None, out.decode(), err.decode()
+    return proc.returncode, out.decode(), err.decode()
+
+
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
