@@ -53,7 +53,8 @@ COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the co
 type: integers, floats, true/false, strings (quotes optional unless they have commas or
 spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as an integer or an ISO 8601 time
 (UTC unless it has an offset). In table output BINARY shows as 0x-hex and UNIXTIME_MICROS
-as UTC time, and control characters in strings as \\xNN; JSON keeps microseconds, base64
+as UTC time, and characters that do not print (control and format characters, line
+separators) as \\xNN or \\uNNNN escapes; JSON keeps microseconds, base64
 for BINARY, and writes infinite floats as the strings "Infinity" and "-Infinity".
 """
 
@@ -400,13 +401,21 @@ def _json_value(dtype: DataType, value: Value) -> Any:
     return value
 
 
-# Control characters (C0, DEL, C1) in a stored string would reach the terminal as they
-# are: a stored escape sequence could recolour it or move its cursor.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-
 def _escape_control(text: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with what is not printable escaped (control characters, and Unicode's format
+    characters and line separators: a stored escape sequence could recolour the terminal
+    or move its cursor, a right-to-left override reverse what follows, a line separator
+    split a row)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _text_value(dtype: DataType, value: Value) -> str:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar, cast
 
 import grpc
 
@@ -33,6 +33,8 @@ from raftlet.client.channels import CHANNEL_OPTIONS, ChannelsByAddress
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["AsyncChannelPool", "AsyncServerStub", "AsyncStubProvider", "GrpcAsyncServerStub"]
+
+T = TypeVar("T")
 
 # What a write keeps of its timeout after waiting for its server's write port to open: a
 # call given less fails at once with DEADLINE_EXCEEDED, as gRPC's own calls do.
@@ -102,7 +104,10 @@ class GrpcAsyncServerStub:
                 # A server without WriteStream: one unary call per write from now on.
                 stream, self._stream = self._stream, None
                 await stream.close()
-        return cast(tablet_pb2.WriteResponse, await self._tablet.Write(request, timeout=timeout))
+        return cast(
+            tablet_pb2.WriteResponse,
+            await _unary(self._tablet.Write(request, timeout=timeout)),
+        )
 
     async def close(self) -> None:
         if self._tcp is not None:
@@ -113,14 +118,16 @@ class GrpcAsyncServerStub:
     async def list_tablets(self, timeout: float) -> tablet_pb2.ListTabletsResponse:
         return cast(
             tablet_pb2.ListTabletsResponse,
-            await self._tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout),
+            await _unary(
+                self._tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout)
+            ),
         )
 
     async def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse:
         return cast(
             tablet_pb2.GetClusterConfigResponse,
-            await self._tablet.GetClusterConfig(
-                tablet_pb2.GetClusterConfigRequest(), timeout=timeout
+            await _unary(
+                self._tablet.GetClusterConfig(tablet_pb2.GetClusterConfigRequest(), timeout=timeout)
             ),
         )
 
@@ -129,8 +136,25 @@ class GrpcAsyncServerStub:
     ) -> admin_pb2.LeaderStepDownResponse:
         return cast(
             admin_pb2.LeaderStepDownResponse,
-            await self._admin.LeaderStepDown(request, timeout=timeout),
+            await _unary(self._admin.LeaderStepDown(request, timeout=timeout)),
         )
+
+
+async def _unary(call: Awaitable[T]) -> T:
+    """Await one ``grpc.aio`` call. Closing its channel cancels it, and grpc.aio then
+    raises ``CancelledError`` in the awaiting task -- which escaped ``except Exception`` and
+    read as the caller's own task being cancelled when a client was closed during a
+    leader look-up. Unless this task itself is being cancelled, that is the call's
+    failure: CANCELLED, which the retry loop turns into ``ClientClosed`` once closed."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise StreamedRpcError(
+            grpc.StatusCode.CANCELLED, "the call was cancelled: its channel closed"
+        ) from None
 
 
 class AsyncChannelPool:

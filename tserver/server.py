@@ -811,8 +811,6 @@ class TabletServer:
         self.status.stop()
         if self._data_dir_lock is not None:  # last: nothing of this server touches it now
             self._data_dir_lock.release()
-        if self._data_dir_lock is not None:  # last: nothing of this server touches it now
-            self._data_dir_lock.release()
 
     def _stop_blocking(self) -> None:
         # First: a copy must not swap a replica in while the others stop.

@@ -22,6 +22,14 @@ links a ``TcpListener`` accepts:
 
 So what a port's links hold is at most the budget plus, per connection, one read and one
 small frame, and for no longer than a frame's deadline.
+
+What this does not do: a frame reserves what its header announces, before its bytes come,
+so a few connections that announce large frames and then trickle them hold the budget for
+a deadline at a time, and delay other large frames (not small ones) meanwhile -- a review
+blocked 200 KB batch writes with four such connections. Reserving bytes only as they
+arrive would instead let honest large frames that arrive together each hold part of the
+budget and wait for each other until their deadlines. Who may open connections at all is
+TLS's business (mutual TLS, the writer role on the write port).
 """
 
 from __future__ import annotations

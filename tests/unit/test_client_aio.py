@@ -23,6 +23,8 @@ from raftlet.client import (
     Timeout,
 )
 from raftlet.client.aio import AsyncClient
+from raftlet.client.aio_channels import _unary
+from raftlet.client.aio_write_stream import StreamedRpcError
 from raftlet.client.meta_cache import MetaCache
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
@@ -413,5 +415,26 @@ def test_write_cuts_a_tablets_rows_by_bytes_too() -> None:
         assert sorted(sent) == [1, 2, 2]  # two ~1 KB rows fit under 2,500 bytes, not three
         with pytest.raises(InvalidArgument, match="max_batch_bytes must be at least 1"):
             await fake_client(cluster, max_batch_bytes=0)
+
+    run(main())
+
+
+def test_a_call_its_closing_channel_cancelled_fails_as_cancelled_not_as_a_cancelled_task() -> None:
+    # grpc.aio raises CancelledError in the awaiting task when the call's channel closes: a
+    # client closed during a leader look-up raised it into the caller (past `except
+    # Exception`), instead of the ClientClosed the retry loop makes of CANCELLED.
+    async def cancelled_call() -> None:
+        raise asyncio.CancelledError()
+
+    async def main() -> None:
+        with pytest.raises(StreamedRpcError) as failed:
+            await _unary(cancelled_call())
+        assert failed.value.code() is grpc.StatusCode.CANCELLED
+        # A task that is itself cancelled stays cancelled.
+        waiting = asyncio.ensure_future(_unary(asyncio.sleep(30)))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
 
     run(main())
