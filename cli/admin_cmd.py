@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftlet.cli.common import (
     CliError,
@@ -20,6 +20,9 @@ from raftlet.cli.common import (
     resolve_target,
     timeout_seconds,
 )
+
+if TYPE_CHECKING:
+    from raftlet.client import Client
 
 __all__ = ["add_parser", "run"]
 
@@ -71,21 +74,36 @@ def _leader(
     return None
 
 
+def _check_voter(client: Client, tablet: str, server: str, timeout_s: float) -> None:
+    """``server`` must be a voter of ``tablet`` now -- the group as its leader sees it, not
+    the placement in the config, which replicas moved since may have left behind."""
+    from raftlet.client import RaftletError
+    from raftlet.client.membership import leader_membership
+
+    try:
+        m = leader_membership(client, tablet, timeout_s)
+    except RaftletError as e:
+        raise CliError(f"{tablet}: its group could not be read: {e}") from None
+    if server in m.voters:
+        return
+    what = "a learner (not yet a voter) of" if server in m.learners else "no member of"
+    raise CliError(
+        f"--to {server}: {what} {tablet}, and only a voter can lead (voters: {', '.join(m.voters)})"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from raftlet.client import RaftletError
 
     target = resolve_target(args)
     config = target.config
     try:
-        placement = config.placement(args.tablet)
+        config.placement(args.tablet)
     except LookupError:
         known = ", ".join(p.tablet_id for p in config.placements())
         raise UsageError(f"no tablet {args.tablet!r} (tablets: {known})") from None
-    if args.to is not None and args.to not in placement.replicas:
-        raise UsageError(
-            f"--to {args.to}: not a replica of {args.tablet} "
-            f"(replicas: {', '.join(placement.replicas)})"
-        )
+    if args.to is not None and args.to not in config.server_ids:
+        raise UsageError(f"--to {args.to}: no such server ({', '.join(config.server_ids)})")
     credentials = target.creds.channel_credentials()
     before = _leader(config, args.tablet, 3.0, credentials)
     if before is None:
@@ -94,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.to == old:
         raise CliError(f"{args.to} already leads {args.tablet} (term {old_term})")
     client = target.client(timeout_s=args.timeout)
+    if args.to is not None:
+        _check_voter(client, args.tablet, args.to, args.timeout)
     try:
         client.leader_step_down(args.tablet, new_leader=args.to or "")
     except RaftletError as e:

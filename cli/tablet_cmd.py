@@ -42,8 +42,11 @@ examples:
   raftlet cluster replace-server ts2 --data-dir ./c1
 
 Moves every replica on SERVER -- which may be down for good -- to a live server that holds no
-replica of its tablet, the least loaded first, one tablet at a time. A replaced server must
-not come back with its old data: delete its data directory first.
+replica of its tablet, the least loaded first, one tablet at a time. Do not start the
+replaced server again under its id: with its old data its replicas come back as leftovers
+outside their groups, and with an empty data directory it makes its placement's replicas
+afresh, leftovers too (`raftlet cluster status` names them; `raftlet tablet remove-replica
+TABLET SERVER` deletes each).
 """
 
 

@@ -24,7 +24,7 @@ from typing import cast
 import grpc
 
 from raftlet.client.client import Client
-from raftlet.client.errors import InvalidArgument, Timeout
+from raftlet.client.errors import InvalidArgument, RemoteError, Timeout
 from raftlet.proto import admin_pb2, consensus_pb2
 
 __all__ = [
@@ -113,13 +113,31 @@ def _change(
 
 
 def _wait_committed(
-    client: Client, tablet_id: str, index: int, deadline: float
+    client: Client,
+    tablet_id: str,
+    index: int,
+    deadline: float,
+    took_effect: Callable[[TabletMembership], bool],
+    change: str,
 ) -> TabletMembership:
-    """Wait until the leader (whoever it is by then) has committed ``index``."""
+    """Wait until the leader (whoever it is by then) has committed ``index``, the entry of
+    ``change``, and return the membership then -- which ``took_effect`` must accept: a
+    leader that lost its leadership before the change committed may see its entry
+    replaced by the next leader's at the same index, and a commit index past it then says
+    nothing of the change. A removal trusted that and force-deleted a replica that was
+    still a voter (the new leader's, once). ``RemoteError`` when the change was lost."""
     while True:
         m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
         if m.commit_index >= index:
-            return m
+            if took_effect(m):
+                return m
+            raise RemoteError(
+                f"{change} of {tablet_id} (entry {index}) was lost: its leader lost the "
+                f"leadership before it committed, and the group is still voters "
+                f"{', '.join(m.voters)}"
+                + (f", learners {', '.join(m.learners)}" if m.learners else "")
+                + "; nothing else was done, run it again"
+            )
         _pause(deadline, f"entry {index} of {tablet_id} to commit")
 
 
@@ -192,12 +210,26 @@ def add_replica(
             ) from None
         added = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_ADD_LEARNER, server, timeout_s)
         say(f"{tablet_id}: {server} added as a learner (entry {added.index})")
-        m = _wait_committed(client, tablet_id, added.index, deadline)
+        m = _wait_committed(
+            client,
+            tablet_id,
+            added.index,
+            deadline,
+            lambda m: server in m.members(),
+            f"adding {server} as a learner",
+        )
     if not wait:
         return m
     _wait_caught_up(client, tablet_id, server, deadline)
     promoted = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_PROMOTE, server, timeout_s)
-    m = _wait_committed(client, tablet_id, promoted.index, deadline)
+    m = _wait_committed(
+        client,
+        tablet_id,
+        promoted.index,
+        deadline,
+        lambda m: server in m.voters,
+        f"promoting {server} to voter",
+    )
     say(f"{tablet_id}: {server} caught up and promoted to voter (entry {promoted.index})")
     return m
 
@@ -250,7 +282,14 @@ def remove_replica(
     say(f"{tablet_id}: {server} removed (entry {removed.index})")
     if not wait:
         return m
-    m = _wait_committed(client, tablet_id, removed.index, deadline)
+    m = _wait_committed(
+        client,
+        tablet_id,
+        removed.index,
+        deadline,
+        lambda m: server not in m.members(),
+        f"removing {server}",
+    )
     try:
         # Committed: the replica is out of the group whether or not it heard of it.
         _delete_replica(client, tablet_id, server, 10.0)
@@ -261,7 +300,8 @@ def remove_replica(
         else:
             say(
                 f"{tablet_id}: the replica on {server} was not deleted ({e.code().name}); "
-                f"once {server} is up, run this again to delete it (`cluster status` lists it)"
+                f"once {server} is up, `raftlet tablet remove-replica {tablet_id} {server}` "
+                "deletes it (`raftlet cluster status` lists it)"
             )
     return m
 

@@ -211,6 +211,12 @@ def test_move_a_replica_to_a_fourth_server_under_write_load(
     via = ["--servers", four.servers[spare].config.rpc_addr]
     assert cli(["tablet", "remove-replica", tid, source, *via]) == 1
     assert f"{source} holds no replica of {tid}" in capsys.readouterr().err
+    # Leadership goes to the voters the group has now, not to those the config placed.
+    assert cli(["leader-step-down", tid, *target, "--to", source]) == 1
+    assert f"--to {source}: no member of {tid}, and only a voter" in capsys.readouterr().err
+    to = next(v for v in m.voters if v != four.leader_of(tid).id)  # a voter, not leading
+    assert cli(["leader-step-down", tid, *target, "--to", to]) == 0
+    assert f"-> {to} (term" in capsys.readouterr().out
     # The removed replica is deleted, leaving a tombstone; its server serves it no more.
     assert (four.servers[source].config.data_dir / tid / TOMBSTONE_FILE).exists()
     assert tid not in four.servers[source].list_tablets()
