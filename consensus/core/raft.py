@@ -292,10 +292,13 @@ class Raft:
         self.election_elapsed += 1
         if self.election_elapsed >= self.randomized_election_timeout:
             self.election_elapsed = 0
-            if self.id not in self.voters:
-                # A learner (or a node removed) never campaigns, but it must not hold its
-                # leader's lease forever: having heard nothing for a timeout, it forgets
-                # that leader, so the next one's higher term reaches it.
+            if self.id not in self.voters or not self.promotable or self.term >= MAX_TERM:
+                # A node that will not campaign (a learner, a node removed, one its driver
+                # made not promotable, one out of terms) must still not hold its leader's
+                # lease forever: having heard nothing for a timeout, it forgets that
+                # leader, so the next one's votes and higher term reach it. (A voter kept
+                # its dead leader's lease timeout after timeout, and dropped every other
+                # voter's vote request: with three voters, no leader ever again.)
                 self.lead = NO_NODE
             self.campaign()
 
@@ -458,9 +461,11 @@ class Raft:
         if k:
             del self._configs[:k]  # nothing before a committed entry can come back
         latest_index, latest = self._configs[-1]
+        # The oldest we know, even above ``bound``: it is the initial membership or one
+        # persisted as committed, which this node's own commit index (saved only with term
+        # and vote) may lag. Reporting the latest instead once persisted an uncommitted
+        # membership as committed, which a later leader's truncation could then not undo.
         committed_index, committed = self._configs[0]
-        if committed_index > bound:  # none is known committed here yet: the oldest we know
-            committed_index, committed = latest_index, latest
         return ConfState(latest, latest_index, committed, committed_index)
 
     def _recover_configs(self, config: Config) -> list[tuple[int, Membership]]:
@@ -513,7 +518,10 @@ class Raft:
             self._configs.pop()
             changed = True
         for e in entries:
-            if e.type is EntryType.CONFIG:
+            # At or below the latest config we know: a copy's committed membership, which
+            # may lie past the copy's own index, covers it already (using it would go back
+            # to an older group).
+            if e.type is EntryType.CONFIG and e.index > self._configs[-1][0]:
                 try:
                     membership = Membership.decode(e.data)
                 except ValueError:
@@ -649,20 +657,29 @@ class Raft:
             pr.become_probe()
             pr.probe_sent = True
 
-    def restore(self, index: int, term: int) -> bool:
+    def restore(self, index: int, term: int, config: tuple[int, Membership] | None = None) -> bool:
         """The driver replaced the storage with a copy of a leader's state at (``index``,
         ``term``): the storage's log now starts with that entry (a stand-in that is never
         sent, only its term is read).  Everything up to ``index`` is committed and applied.
-        Refused (False, nothing changed) on a leader, or when ``index`` is not past our
-        commit index -- a copy never takes back what we hold committed.  The driver must
-        check before it replaces the storage that our log does not already hold (``index``,
-        ``term``): the entries after it may be acknowledged ones, and a copy would drop
-        them; it then tells the leader where we are instead (its report of the copy)."""
+        ``config``: the copy's membership and the index of its entry -- the leader's
+        committed one, which may lie past ``index``; without it the node keeps the
+        membership it had, which is only right if no change happened past what it held
+        (the copy replaces the log that carried the changes: a node kept an old group of
+        three while the others had grown to five, and could win an election with votes
+        the five would not count). Refused (False, nothing changed) on a leader, or when
+        ``index`` is not past our commit index -- a copy never takes back what we hold
+        committed.  The driver must check before it replaces the storage that our log
+        does not already hold (``index``, ``term``): the entries after it may be
+        acknowledged ones, and a copy would drop them; it then tells the leader where we
+        are instead (its report of the copy)."""
         if self.role is Role.LEADER or index <= self.log.committed:
             return False
         if self.log.storage.term(index) != term:
             raise AssertionError(f"storage holds no entry ({index}, {term}) to restore")
         self.log.restore(index)
+        if config is not None:
+            self._configs = [config]
+            self._use(config[1])
         return True
 
     def _hand_over(self) -> None:

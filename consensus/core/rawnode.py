@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raftlet.consensus.core.config import Config
-from raftlet.consensus.core.membership import ConfigChange, ConfState
+from raftlet.consensus.core.membership import ConfigChange, ConfState, Membership
 from raftlet.consensus.core.progress import ProgressState
 from raftlet.consensus.core.raft import Raft
 from raftlet.consensus.core.storage import Storage
@@ -102,10 +102,10 @@ class RawNode:
         failed (see ``Raft.report_snapshot``)."""
         self.raft.report_snapshot(peer, ok, index)
 
-    def restore(self, index: int, term: int) -> bool:
+    def restore(self, index: int, term: int, config: tuple[int, Membership] | None = None) -> bool:
         """The driver replaced the storage with a copy of the state at (``index``,
-        ``term``); see ``Raft.restore``."""
-        return self.raft.restore(index, term)
+        ``term``) and membership ``config``; see ``Raft.restore``."""
+        return self.raft.restore(index, term, config)
 
     def propose_config_change(self, change: ConfigChange) -> Entry:
         """Append a membership change (see ``Raft.propose_config_change``)."""

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from raftlet.consensus.core import Role
+from raftlet.consensus.core import Membership, Role
 
 if TYPE_CHECKING:
     from tests.sim.cluster import SimCluster, SimNode
@@ -76,6 +76,9 @@ class CopyMsg:
     # The copy's point: the leader's applied index and that entry's term.
     index: int = 0
     term: int = 0
+    # CHUNK: the leader's committed membership and its entry's index, which the copy
+    # installs with it (it replaces the log that carried the changes).
+    config: tuple[int, Membership] | None = None
     # CHUNK: chunk ``seq`` of ``count``, and the whole image's crc32, so any chunk, in any
     # order, tells the follower everything it needs to collect the rest.
     seq: int = 0
@@ -96,6 +99,7 @@ class _Sending:
     term: int  # the leader's term: a session never outlives its leadership
     index: int
     index_term: int
+    config: tuple[int, Membership]
     crc: int
     chunks: list[bytes]
     deadline: int  # tick after which, without news, the copy counts as failed
@@ -109,6 +113,7 @@ class _Receiving:
     leader: str
     index: int
     term: int
+    config: tuple[int, Membership] | None
     count: int
     crc: int
     got: dict[int, bytes] = field(default_factory=dict)
@@ -143,6 +148,7 @@ class TabletCopy:
         assert leader.applied, leader.id
         assert leader.applied[-1][0] == index, (leader.id, index)
         image = encode_state(leader.applied)
+        conf = raft.conf_state()
         size = cfg.chunk_bytes
         chunks = [image[o : o + size] for o in range(0, len(image), size)]
         self._next_id += 1
@@ -152,6 +158,7 @@ class TabletCopy:
             raft.term,
             index,
             raft.log.term(index),
+            (conf.committed_index, conf.committed),
             zlib.crc32(image),
             chunks,
             self.c.ticks + cfg.copy_timeout,
@@ -175,6 +182,7 @@ class TabletCopy:
                     s.id,
                     index=s.index,
                     term=s.index_term,
+                    config=s.config,
                     seq=seq,
                     count=len(s.chunks),
                     crc=s.crc,
@@ -226,7 +234,9 @@ class TabletCopy:
         partials = self.receiving.setdefault(node, {})
         p = partials.get(m.session)
         if p is None:
-            p = partials[m.session] = _Receiving(m.session, m.src, m.index, m.term, m.count, m.crc)
+            p = partials[m.session] = _Receiving(
+                m.session, m.src, m.index, m.term, m.config, m.count, m.crc
+            )
             p.retry_at = self.c.ticks + self.c.config.copy_retry
         p.heard = self.c.ticks
         if m.seq in p.got or p.image is not None:
@@ -274,7 +284,7 @@ class TabletCopy:
         # fields, so a shallow copy is the old storage.
         before = copy.copy(sn.storage)
         sn.storage.apply_snapshot(p.index, p.term)
-        ok = raw.restore(p.index, p.term)
+        ok = raw.restore(p.index, p.term, p.config)
         if ok:
             sn.applied = state
             sn.flushed = tuple(state)  # installed durably: a restart resumes from the copy

@@ -3,6 +3,8 @@ a time, the removed leader stepping down, and what a restart or a cut log does t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from raftlet.consensus.core import (
@@ -12,8 +14,10 @@ from raftlet.consensus.core import (
     ConfigChangeType,
     Entry,
     EntryType,
+    HardState,
     Membership,
     MemoryStorage,
+    Message,
     MessageType,
     RawNode,
     Role,
@@ -268,3 +272,109 @@ def test_membership_payload_round_trips_and_refuses_garbage() -> None:
     for bad in (b"", b"{}", b'{"voters": []}', b'{"voters": ["a"], "learners": ["a"]}', b"\xff"):
         with pytest.raises(ValueError, match=r"."):
             Membership.decode(bad)
+
+
+def test_an_uncommitted_config_is_never_persisted_as_committed_behind_a_lagging_commit() -> None:
+    # After a restart the node's own commit index (saved only with term and vote) may lag
+    # the config it persisted as committed. conf_state() then named the *latest* config
+    # committed; once persisted, a later leader's truncation of that entry could not undo
+    # it, and the node used a membership its log no longer held.
+    m10 = Membership(("a", "b", "c"), ("d",))  # committed before the crash
+    m12 = Membership(("a", "b", "c", "d"))  # uncommitted
+    m12b = Membership(("a", "b"), ("d",))  # another leader's, uncommitted too
+
+    def entry(term: int, index: int, m: Membership | None = None) -> Entry:
+        if m is None:
+            return Entry(term, index, EntryType.NORMAL, b"x%d" % index)
+        return Entry(term, index, EntryType.CONFIG, m.encode())
+
+    storage = MemoryStorage()
+    storage.append([entry(1, i) for i in range(1, 10)])
+    storage.append([entry(2, 10, m10), entry(2, 11), entry(2, 12, m12)])
+    storage.set_hard_state(HardState(term=2, vote="a", commit=5))
+    config = Config(
+        id="c", voters=m12.voters, learners=m12.learners, config_index=12,
+        committed_config=(10, m10), applied=8, pre_vote=False, check_quorum=False, seed=1,
+    )  # fmt: skip
+    node = RawNode(config, storage)
+    # A leader of term 4, its commit behind, replaces 11..12; its 12 is another change.
+    node.step(
+        Message(MessageType.APPEND, "b", "c", 4, log_term=2, index=10,
+                entries=(entry(3, 11), entry(3, 12, m12b)), commit=8)
+    )  # fmt: skip
+    rd = node.ready()
+    assert (rd.conf_state.committed_index, rd.conf_state.committed) == (10, m10)
+    storage.set_hard_state(rd.hard_state)
+    storage.append(rd.entries)
+    node.on_persisted(rd)
+    # Restarted from what was persisted, a leader of term 5 replaces entry 12: the change
+    # is undone, back to the committed membership.
+    conf = rd.conf_state
+    again = RawNode(
+        dataclasses.replace(
+            config, voters=conf.membership.voters, learners=conf.membership.learners,
+            config_index=conf.index, committed_config=(conf.committed_index, conf.committed),
+        ),
+        storage,
+    )  # fmt: skip
+    again.step(
+        Message(MessageType.APPEND, "a", "c", 5, log_term=3, index=11,
+                entries=(Entry(5, 12, EntryType.NO_OP),), commit=8)
+    )  # fmt: skip
+    assert again.raft.membership == m10
+
+
+def test_a_copy_installs_the_membership_it_was_taken_under() -> None:
+    # A node cut off while its group grew from three voters to five gets a copy: with the
+    # membership it had kept, it won an election on the votes of two of the real five.
+    ids = ("a", "b", "c")
+    nodes = [new_node(i, ids, peers=frozenset("abcde")) for i in (*ids, "d", "e")]
+    net = Network(nodes)
+    net.campaign("a")
+    net.isolate("c")
+    a = net["a"]
+    for kind, server in [
+        (ConfigChangeType.ADD_LEARNER, "d"),
+        (ConfigChangeType.PROMOTE, "d"),
+        (ConfigChangeType.ADD_LEARNER, "e"),
+        (ConfigChangeType.PROMOTE, "e"),
+    ]:
+        a.raw.propose_config_change(ConfigChange(kind, server))
+        net.deliver(a.drain())
+    for i in range(5):
+        net.propose("a", b"w%d" % i)
+    index = a.raft.log.committed
+    conf = a.raw.conf_state()
+    c = net["c"]
+    c.storage.apply_snapshot(index, a.raft.log.term(index))
+    assert c.raw.restore(index, a.raft.log.term(index), (conf.committed_index, conf.committed))
+    c.drain()
+    assert c.raft.voters == a.raft.voters == ("a", "b", "c", "d", "e")
+    # Only b hears it now: two votes of five elect nobody.
+    net.heal()
+    net.isolate("c")
+    net.cut.discard(("c", "b"))
+    net.cut.discard(("b", "c"))
+    net.crash("a")
+    net.campaign("c")
+    assert c.role is not Role.LEADER
+
+
+def test_config_entries_below_a_copys_membership_do_not_take_it_back() -> None:
+    # A copy installs the leader's committed membership, whose entry may lie past the
+    # copy's own index; the entries after the copy then bring older CONFIG entries, which
+    # the copy's membership covers already.
+    m4 = Membership(("a", "b", "c"), ("d",))
+    m5 = Membership(("a", "b", "c", "d"))
+    storage = MemoryStorage()
+    storage.apply_snapshot(10, 1)
+    config = Config(
+        id="c", voters=m5.voters, learners=m5.learners, config_index=12,
+        committed_config=(12, m5), applied=10, pre_vote=False, check_quorum=False, seed=1,
+    )  # fmt: skip
+    node = RawNode(config, storage)
+    node.step(
+        Message(MessageType.APPEND, "a", "c", 2, log_term=1, index=10,
+                entries=(Entry(1, 11, EntryType.CONFIG, m4.encode()),), commit=11)
+    )  # fmt: skip
+    assert node.raft.membership == m5
