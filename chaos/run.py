@@ -212,6 +212,8 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
     history = History()
     client = Client([s.rpc_addr for s in c.config.servers], timeout_s=options.workload.op_timeout_s,
                     rpc_timeout_s=min(1.0, options.workload.op_timeout_s))  # fmt: skip
+    workload: Workload | None = None
+    nemesis: Nemesis | None = None
     try:
         workload = Workload(client, options.workload, history, c.probe)
         nemesis = Nemesis(
@@ -256,6 +258,12 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
         terms_after = _terms(c)
         read_counters = c.probe.read_counters()
     finally:
+        # Stopped before the client closes under them, also when interrupted (each worker
+        # printed a ClientClosed traceback on Ctrl-C); stopping twice is harmless.
+        if nemesis is not None:
+            nemesis.stop()
+        if workload is not None:
+            workload.stop()
         client.close()
     ops = history.snapshot()
     if options.history_path is not None:

@@ -88,6 +88,8 @@ _ROOT = Path(__file__).resolve().parents[1]
 _SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
 _HOST_OFFSET = 10  # server i (1-based) gets .10+i
 _UPLINK_HOST = 254  # the root namespace's end
+# Servers one launcher runs at most: each gets a .N address of one /24 (10 + N, below the uplink).
+MAX_SERVERS = 200
 _RPC_PORT = 7051
 _HTTP_PORT = 8051
 _LOCK_PATH = Path("/run/raftlet-netns.lock")
@@ -332,8 +334,8 @@ class NetnsCluster:
         python: str = sys.executable,
         start_timeout: float = 30.0,
     ) -> None:
-        if n_servers < 1 or n_servers > 200:
-            raise ValueError(f"n_servers must be in 1..200, got {n_servers}")
+        if not 1 <= n_servers <= MAX_SERVERS:
+            raise ValueError(f"n_servers must be in 1..{MAX_SERVERS}, got {n_servers}")
         self.root = Path(root).absolute()
         self.n_servers = n_servers
         self.tables = (
@@ -646,7 +648,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Start a raftlet cluster with each server in its own network namespace "
         "(needs root), print its addresses, and keep it until Ctrl-C or SIGTERM.",
     )
-    parser.add_argument("--servers", type=int, default=3, help="number of servers (default 3)")
+    parser.add_argument(
+        "--servers",
+        type=_server_count,
+        default=3,
+        help=f"number of servers (default 3; 1..{MAX_SERVERS})",
+    )
     parser.add_argument("--dir", type=Path, help="data dir (default: a new temporary one)")
     parser.add_argument("--cleanup-stale", action="store_true", help="only remove leftovers")
     args = parser.parse_args(argv)
@@ -658,6 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not ok:
         print(f"deploy.netns: error: {reason}", file=sys.stderr)
         return 1
+    made = args.dir is None
     root = args.dir or Path(tempfile.mkdtemp(prefix="raftlet-netns-"))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -669,13 +677,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{h.server_id}: rpc {h.rpc_addr} http://{h.http_addr}/ netns {h.netns}")
             print("Ctrl-C to stop", flush=True)
             stop.wait()
-    except NetnsError as e:
+    except (NetnsError, OSError) as e:  # OSError: e.g. the data dir cannot be created
         print(f"deploy.netns: error: {e}", file=sys.stderr)
+        if made:  # kept: the servers' logs say why
+            print(f"deploy.netns: data and logs kept in {root}", file=sys.stderr)
         return 1
-    except OSError as e:  # e.g. the data dir cannot be created
-        print(f"deploy.netns: error: {e}", file=sys.stderr)
-        return 1
+    if made:
+        shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def _server_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= n <= MAX_SERVERS:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_SERVERS}, got {n}")
+    return n
 
 
 if __name__ == "__main__":
