@@ -30,15 +30,12 @@ import grpc
 from raftlet.client.aio_tcp_writes import TcpWritesTo
 from raftlet.client.aio_write_stream import AsyncWriteStream, StreamedRpcError
 from raftlet.client.channels import CHANNEL_OPTIONS, ChannelsByAddress
+from raftlet.client.retry import within
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["AsyncChannelPool", "AsyncServerStub", "AsyncStubProvider", "GrpcAsyncServerStub"]
 
 T = TypeVar("T")
-
-# What a write keeps of its timeout after waiting for its server's write port to open: a
-# call given less fails at once with DEADLINE_EXCEEDED, as gRPC's own calls do.
-_MIN_TIMEOUT_S = 0.001
 
 
 class AsyncServerStub(Protocol):
@@ -89,10 +86,12 @@ class GrpcAsyncServerStub:
         self, request: tablet_pb2.WriteRequest, timeout: float
     ) -> tablet_pb2.WriteResponse:
         if self._tcp is not None:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            tcp = await self._tcp.stream(timeout)
-            timeout = max(timeout - (loop.time() - started), _MIN_TIMEOUT_S)
+            tcp = self._tcp.open_stream()  # the usual case: open already, nothing to wait for
+            if tcp is None:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + timeout
+                tcp = await self._tcp.stream(timeout)
+                timeout = within(timeout, deadline, loop.time)  # what the wait left
             if tcp is not None:
                 return await tcp.write(request, timeout)
         if self._stream is not None:

@@ -63,14 +63,19 @@ class TcpWritesTo:
         self._backoff = _RETRY_INITIAL_S
         self._closed = False
 
+    def open_stream(self) -> TcpWriteStream | None:
+        """The stream, if one is open and unbroken (``stream()`` opens one)."""
+        stream = self._stream
+        return stream if stream is not None and not stream.broken else None
+
     async def stream(self, wait_s: float | None = None) -> TcpWriteStream | None:
         """The stream to write on, or None (use the gRPC stream). Opening one may take up
         to the connect timeout; a caller waits for it at most ``wait_s`` (its write's
         timeout), then gets ``DEADLINE_EXCEEDED`` -- as a call to a server that does not
         answer would -- while the opening goes on for the writes after it."""
+        if (ready := self.open_stream()) is not None:
+            return ready
         stream = self._stream
-        if stream is not None and not stream.broken:
-            return stream
         if self._opening is None:
             loop = asyncio.get_running_loop()
             if stream is not None and stream.answered:

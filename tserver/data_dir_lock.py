@@ -21,7 +21,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from raftlet.consensus.log.segment import fsync_dir
+from raftlet.consensus.log.segment import replace_durably
 
 __all__ = ["ID_FILE", "LOCK_FILE", "DataDirLock"]
 
@@ -75,13 +75,7 @@ def _check_owner(data_dir: Path, server_id: str, where: str) -> None:
         owner = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         # A first start, or a directory from before the file existed: it is ours now.
-        tmp = path.with_name(ID_FILE + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(f"{server_id}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(data_dir)
+        replace_durably(path, f"{server_id}\n")
         return
     except (OSError, UnicodeDecodeError) as e:
         raise OSError(f"{where}: {ID_FILE} is unreadable ({e})") from None

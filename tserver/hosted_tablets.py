@@ -34,11 +34,10 @@ it can tell: that case stays Raft's limit.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlet.consensus.log.segment import fsync_dir
+from raftlet.consensus.log.segment import replace_durably
 
 __all__ = ["HOSTED_TABLETS_FILE", "HostedTablets"]
 
@@ -90,13 +89,5 @@ class HostedTablets:
         creating: set[str] | frozenset[str] = frozenset(),
     ) -> None:
         """Durably replace the record (returns once it is on disk)."""
-        path = data_dir / HOSTED_TABLETS_FILE
-        tmp = path.with_name(path.name + ".tmp")
         doc = {"hosted": sorted(hosted), "creating": sorted(creating), "placed": sorted(placed)}
-        body = json.dumps(doc, indent=1)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(body + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(data_dir)
+        replace_durably(data_dir / HOSTED_TABLETS_FILE, json.dumps(doc, indent=1) + "\n")

@@ -34,6 +34,7 @@ from raftlet.cluster import (
 )
 from raftlet.consensus.log.options import MAX_INJECT_LATENCY_MS, LogOptions
 from raftlet.consensus.raft_consensus import ConsensusOptions, LeaderReadMode, TermCheckMode
+from raftlet.consensus.rpc.receive_limits import FRAME_DEADLINE_S
 from raftlet.consensus.workers import STALL_S
 from raftlet.tserver.cpu_affinity import check_cpu_affinity
 from raftlet.tserver.flag_spec import (
@@ -102,7 +103,7 @@ class ServerSettings:
     consensus_transport: str = "tcp"
     consensus_tcp_port: int = 0
     write_tcp_port: int = 0
-    tcp_frame_deadline_s: float = 60.0
+    tcp_frame_deadline_s: float = FRAME_DEADLINE_S
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes

@@ -19,6 +19,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import crc32c
 
@@ -36,6 +37,7 @@ __all__ = [
     "encode_header",
     "parse_segment_name",
     "read_record",
+    "replace_durably",
     "scan_segment",
     "segment_name",
 ]
@@ -282,3 +284,16 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_durably(path: Path, text: str) -> None:
+    """Replace the file at ``path`` with ``text`` (UTF-8) so that a crash leaves the old
+    file or the new one, never a torn one: a temporary file, fsync, rename, fsync of the
+    directory. Returns once it is on disk."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

@@ -3,8 +3,6 @@ a time, the removed leader stepping down, and what a restart or a cut log does t
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from raftlet.consensus.core import (
@@ -292,16 +290,9 @@ def test_an_uncommitted_config_is_never_persisted_as_committed_behind_a_lagging_
     storage.append([entry(1, i) for i in range(1, 10)])
     storage.append([entry(2, 10, m10), entry(2, 11), entry(2, 12, m12)])
     storage.set_hard_state(HardState(term=2, vote="a", commit=5))
-    config = Config(
-        id="c", voters=m12.voters, learners=m12.learners, config_index=12,
-        committed_config=(10, m10), applied=8, pre_vote=False, check_quorum=False, seed=1,
-    )  # fmt: skip
-    node = RawNode(config, storage)
+    node = _restarted_c(storage, m12, 12, (10, m10), applied=8)
     # A leader of term 4, its commit behind, replaces 11..12; its 12 is another change.
-    node.step(
-        Message(MessageType.APPEND, "b", "c", 4, log_term=2, index=10,
-                entries=(entry(3, 11), entry(3, 12, m12b)), commit=8)
-    )  # fmt: skip
+    _append_to_c(node, "b", 4, after=(10, 2), entries=[entry(3, 11), entry(3, 12, m12b)], commit=8)
     rd = node.ready()
     assert (rd.conf_state.committed_index, rd.conf_state.committed) == (10, m10)
     storage.set_hard_state(rd.hard_state)
@@ -310,17 +301,10 @@ def test_an_uncommitted_config_is_never_persisted_as_committed_behind_a_lagging_
     # Restarted from what was persisted, a leader of term 5 replaces entry 12: the change
     # is undone, back to the committed membership.
     conf = rd.conf_state
-    again = RawNode(
-        dataclasses.replace(
-            config, voters=conf.membership.voters, learners=conf.membership.learners,
-            config_index=conf.index, committed_config=(conf.committed_index, conf.committed),
-        ),
-        storage,
-    )  # fmt: skip
-    again.step(
-        Message(MessageType.APPEND, "a", "c", 5, log_term=3, index=11,
-                entries=(Entry(5, 12, EntryType.NO_OP),), commit=8)
-    )  # fmt: skip
+    again = _restarted_c(
+        storage, conf.membership, conf.index, (conf.committed_index, conf.committed), applied=8
+    )
+    _append_to_c(again, "a", 5, after=(11, 3), entries=[Entry(5, 12, EntryType.NO_OP)], commit=8)
     assert again.raft.membership == m10
 
 
@@ -368,13 +352,40 @@ def test_config_entries_below_a_copys_membership_do_not_take_it_back() -> None:
     m5 = Membership(("a", "b", "c", "d"))
     storage = MemoryStorage()
     storage.apply_snapshot(10, 1)
-    config = Config(
-        id="c", voters=m5.voters, learners=m5.learners, config_index=12,
-        committed_config=(12, m5), applied=10, pre_vote=False, check_quorum=False, seed=1,
-    )  # fmt: skip
-    node = RawNode(config, storage)
-    node.step(
-        Message(MessageType.APPEND, "a", "c", 2, log_term=1, index=10,
-                entries=(Entry(1, 11, EntryType.CONFIG, m4.encode()),), commit=11)
-    )  # fmt: skip
+    node = _restarted_c(storage, m5, 12, (12, m5), applied=10)
+    entries = [Entry(1, 11, EntryType.CONFIG, m4.encode())]
+    _append_to_c(node, "a", 2, after=(10, 1), entries=entries, commit=11)
     assert node.raft.membership == m5
+
+
+def _restarted_c(
+    storage: MemoryStorage,
+    uses: Membership,
+    config_index: int,
+    committed: tuple[int, Membership],
+    applied: int,
+) -> RawNode:
+    """Node c started on ``storage`` with what it persisted: the membership it ``uses``
+    (entry ``config_index``) and its ``committed`` one."""
+    config = Config(
+        id="c", voters=uses.voters, learners=uses.learners, config_index=config_index,
+        committed_config=committed, applied=applied, pre_vote=False, check_quorum=False, seed=1,
+    )  # fmt: skip
+    return RawNode(config, storage)
+
+
+def _append_to_c(
+    node: RawNode,
+    leader: str,
+    term: int,
+    *,
+    after: tuple[int, int],
+    entries: list[Entry],
+    commit: int,
+) -> None:
+    """An APPEND from ``leader`` of ``term``: ``entries`` after (index, term) ``after``."""
+    index, log_term = after
+    node.step(
+        Message(MessageType.APPEND, leader, "c", term, log_term=log_term, index=index,
+                entries=tuple(entries), commit=commit)
+    )  # fmt: skip

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import socket
 import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,6 +18,7 @@ from raftlet.cluster.identity import AccessRole
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
 from raftlet.consensus.rpc.receive_limits import ReceiveBudget, ReceiveLimits
 from raftlet.deploy.certs import ClientSpec, CreatedCerts, create_certs
+from tests.waiting import wait_for
 
 LIMIT = 32 * 1024 * 1024
 
@@ -337,76 +340,67 @@ def test_an_idle_link_between_frames_is_not_closed_by_the_deadline(
     a.link.close()
 
 
+@contextlib.contextmanager
+def _limited_links(limits: ReceiveLimits, n: int) -> Iterator[list[tuple[End, socket.socket]]]:
+    """``n`` links sharing ``limits``, each with the plain socket of its other end (what
+    the test sends raw bytes on); all closed after the block."""
+    pairs = [socket.socketpair() for _ in range(n)]
+    links = [(End(ours, f"link{i}", limits), theirs) for i, (ours, theirs) in enumerate(pairs)]
+    try:
+        yield links
+    finally:
+        for end, _ in links:
+            end.link.close()
+        for s in itertools.chain.from_iterable(pairs):
+            s.close()
+
+
 def test_a_large_frame_waits_for_the_ports_budget_and_then_arrives_whole() -> None:
     limits = _limits(budget_bytes=1_000_000, deadline_s=30.0)
-    first_pair, second_pair = socket.socketpair(), socket.socketpair()
-    a, b = End(first_pair[0], "a", limits), End(second_pair[0], "b", limits)
-    try:
+    with _limited_links(limits, 2) as [(a, to_a), (b, to_b)]:
         body_a, body_b = os.urandom(600_000), os.urandom(600_000)
-        first_pair[1].sendall(frame(body_a)[:100_000])  # a holds 600,000 of 1,000,000
-        _wait_for(lambda: limits.budget.held() == 600_000)
-        sender = threading.Thread(target=second_pair[1].sendall, args=(frame(body_b),))
+        to_a.sendall(frame(body_a)[:100_000])  # a holds 600,000 of 1,000,000
+        wait_for(lambda: limits.budget.held() == 600_000, what="a's reservation")
+        sender = threading.Thread(target=to_b.sendall, args=(frame(body_b),))
         # More than one read's worth: b reads the start of its frame, finds no room for the
         # rest and stops reading; TCP holds the sender back.
         sender.start()
         assert b.stays_open(0.5)
         assert b.frames == []
-        first_pair[1].sendall(frame(body_a)[100_000:])
+        to_a.sendall(frame(body_a)[100_000:])
         assert a.wait_frames(1) == [body_a]
         assert b.wait_frames(1) == [body_b]  # room once a's frame was whole
         sender.join(10)
-        _wait_for(lambda: limits.budget.held() == 0)
-    finally:
-        for end in (a, b):
-            end.link.close()
-        for s in (*first_pair, *second_pair):
-            s.close()
+        wait_for(lambda: limits.budget.held() == 0, what="every reservation given back")
 
 
 def test_a_frame_that_finds_no_room_within_its_deadline_closes_only_its_link() -> None:
     limits = _limits(budget_bytes=300_000, deadline_s=0.5)
-    first_pair, second_pair = socket.socketpair(), socket.socketpair()
-    a, b = End(first_pair[0], "a", limits), End(second_pair[0], "b", limits)
-    try:
-        first_pair[1].sendall(struct.pack(">I", 200_000) + b"a")  # reserved, then stalls
-        _wait_for(lambda: limits.budget.held() == 200_000)
-        second_pair[1].sendall(struct.pack(">I", 200_000) + b"b")  # no room
+    with _limited_links(limits, 3) as [(a, to_a), (b, to_b), (c, to_c)]:
+        to_a.sendall(struct.pack(">I", 200_000) + b"a")  # reserved, then stalls
+        wait_for(lambda: limits.budget.held() == 200_000, what="a's reservation")
+        to_b.sendall(struct.pack(">I", 200_000) + b"b")  # no room
         b.wait_closed(timeout=20)
         a.wait_closed(timeout=20)  # a's own deadline passes too
         assert limits.budget.held() == 0
         # Small frames never wait for the budget, whatever it holds.
-        third = socket.socketpair()
-        c = End(third[0], "c", limits)
         limits.budget.reserve(300_000, 1.0)
-        third[1].sendall(frame(b"small"))
+        to_c.sendall(frame(b"small"))
         assert c.wait_frames(1) == [b"small"]
         limits.budget.release(300_000)
-        c.link.close()
-        for s in third:
-            s.close()
-    finally:
-        for end in (a, b):
-            end.link.close()
-        for s in (*first_pair, *second_pair):
-            s.close()
 
 
 def test_a_link_closed_while_its_frame_waits_for_room_ends_at_once() -> None:
     limits = _limits(budget_bytes=300_000, deadline_s=60.0)
     limits.budget.reserve(300_000, 1.0)  # every byte held elsewhere
-    a_sock, peer = socket.socketpair()
-    a = End(a_sock, "a", limits)
-    try:
+    with _limited_links(limits, 1) as [(a, peer)]:
         peer.sendall(struct.pack(">I", 200_000) + b"x")
         assert a.stays_open(0.3)
         started = time.monotonic()
         a.link.close()
         a.wait_closed(timeout=20)
         assert time.monotonic() - started < 10  # not the frame's 60 s
-    finally:
-        limits.budget.release(300_000)
-        a_sock.close()
-        peer.close()
+    limits.budget.release(300_000)
 
 
 def test_a_budget_grants_a_frame_larger_than_itself_once_nothing_else_is_held() -> None:
@@ -417,10 +411,3 @@ def test_a_budget_grants_a_frame_larger_than_itself_once_nothing_else_is_held() 
     assert budget.reserve(60, 0.0)
     assert not budget.reserve(60, 0.05)
     assert budget.held() == 60
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
