@@ -56,6 +56,8 @@ spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as an integer or an ISO 8
 as UTC time, and characters that do not print (control and format characters, line
 separators) as \\xNN or \\uNNNN escapes; JSON keeps microseconds, base64
 for BINARY, and writes infinite floats as the strings "Infinity" and "-Infinity".
+JSON rows are printed as they arrive; a scan that fails midway exits 1 with the array left
+open, so that no JSON parser takes the rows before the failure for the whole result.
 """
 
 
@@ -379,7 +381,8 @@ def _print_json(rows: Iterator[dict[str, Value]], columns: Sequence[str], schema
     import sys
 
     # Streamed, one row per line inside the array, so a large scan starts printing at once
-    # and never sits in memory whole.
+    # and never sits in memory whole. A failure midway propagates before the closing
+    # bracket: truncated output must not parse as a complete result.
     out = sys.stdout
     out.write("[")
     first = True

@@ -20,7 +20,8 @@ costs the check one timeout, not one per server. From the answers:
 - **verdict** per tablet and overall, like Kudu's ksck:
   ERROR: no ready leader, or fewer than a majority of replicas reachable (writes fail).
   WARN: a server down or busy, a replica missing or lagging more than ``max_lag`` entries,
-  a leader elected but not ready yet (writes wait, then succeed).
+  a leader elected but not ready yet (writes wait for it; a leader stays so only while it
+  cannot commit with a majority, so a WARN of this kind that lasts is an outage).
   OK otherwise.
 
 The lag is measured across servers asked at slightly different moments, so under a write
@@ -417,7 +418,12 @@ def _check_tablet(
             sid for sid, st in seen.items() if st.role == RaftRole.LEADER and st.leader_uuid == sid
         ]
         if pending:
-            tablet.issues.insert(0, f"leader {pending[0]} is elected but not ready yet")
+            tablet.issues.insert(
+                0,
+                f"leader {pending[0]} is elected but not ready yet (its term's first entry "
+                "is not committed; writes wait for it -- if this lasts, it cannot reach a "
+                "majority)",
+            )
             severity = max(severity, Severity.WARN)
         else:
             tablet.issues.insert(0, "no leader")

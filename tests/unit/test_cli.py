@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -527,3 +528,34 @@ def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
     assert json.loads(json.dumps(values, allow_nan=False)) == ["Infinity", "-Infinity", 1.5]
     with pytest.raises(argparse.ArgumentTypeError, match="column 'k' named twice"):
         _columns_arg("k, v,k")
+
+
+def test_json_scan_that_fails_midway_never_parses_as_complete(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from raftlet.cli.scan_cmd import _print_json
+    from raftlet.client import Timeout
+
+    schema = Schema(
+        [
+            ColumnSchema("key", DataType.INT64, is_key=True),
+            ColumnSchema("value", DataType.STRING, nullable=True),
+        ]
+    )
+
+    def rows_then_failure() -> Iterator[dict[str, Any]]:
+        yield {"key": 1, "value": "a"}
+        yield {"key": 2, "value": "b"}
+        raise Timeout("tablet kv-p1: no replica answered")
+
+    with pytest.raises(Timeout):
+        _print_json(rows_then_failure(), ["key", "value"], schema)
+    partial = capsys.readouterr().out
+    assert '"key": 2' in partial
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(partial)
+
+    _print_json(iter([{"key": 1, "value": "a"}]), ["key", "value"], schema)
+    assert json.loads(capsys.readouterr().out) == [{"key": 1, "value": "a"}]
+    _print_json(iter([]), ["key"], schema)
+    assert json.loads(capsys.readouterr().out) == []

@@ -17,6 +17,7 @@ def _listed(
     **status: int | str,
 ) -> tablet_pb2.ListTabletsResponse:
     leader = status.pop("leader", 0)
+    status.setdefault("leader_ready", True)
     response = tablet_pb2.ListTabletsResponse(server_uuid=node)
     response.tablets.add(
         tablet_id="kv-p0",
@@ -24,7 +25,6 @@ def _listed(
         role=RaftRole.LEADER if leader else RaftRole.FOLLOWER,
         term=2,
         leader_uuid="a",
-        leader_ready=True,
         voters=voters,
         learners=learners,
         **status,
@@ -139,3 +139,19 @@ def test_a_replica_outside_the_group_and_too_few_voters_are_reported(
         "`raftlet tablet remove-replica kv-p0 c` deletes it",
         "kv-p0: under-replicated: 2 voters, the table asks for 3",
     ]
+
+
+def test_a_leader_not_ready_is_a_warning_that_says_what_lasting_means(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listed = {
+        "a": _listed("a", leader=1, leader_ready=False, commit_index=9),
+        "b": _listed("b", leader_ready=False, commit_index=9),
+        "c": _listed("c", leader_ready=False, commit_index=9),
+    }
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.WARN
+    assert verdict.issues[0].startswith("kv-p0: leader a is elected but not ready yet")
+    assert "cannot reach a majority" in verdict.issues[0]
+    listed["a"] = _listed("a", leader_ready=False, commit_index=9)
+    assert checked(listed, 100, monkeypatch).severity is health.Severity.ERROR
