@@ -27,6 +27,10 @@ from raftlet.tserver.cpu_affinity import check_cpu_affinity
 
 __all__ = ["add_parsers", "run"]
 
+# What `ksck --checksum` gives each tablet at least: its replicas may first have to apply
+# what is queued ahead of the checksum point.
+CHECKSUM_WAIT_S = 10.0
+
 _UP_EPILOG = """\
 examples:
   raftlet cluster up                          # 3 servers, table kv of 4 tablets, in a new temp dir
@@ -180,7 +184,11 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     status.add_argument(
         "--checksum",
         action="store_true",
-        help="also compare every replica's rows at one log index (needs the admin role)",
+        help=(
+            "also compare every replica's rows at one log index (needs the admin role); "
+            f"each tablet waits up to max(--timeout, {CHECKSUM_WAIT_S:g}) s for its replicas "
+            "to reach the point, all tablets at once"
+        ),
     )
     status.add_argument("--format", choices=("table", "json"), default="table")
 
@@ -332,7 +340,7 @@ def _status(args: argparse.Namespace) -> int:
             processes = local.running()
             pids = {sid: s.pid for sid, s in local.servers.items()}
     health = check_cluster(target.config, options, processes=processes)
-    checksums = _checksums(target, args.timeout) if args.checksum else []
+    checksums = _checksums(target, args.timeout, health) if args.checksum else []
     ok = health.ok and all(c.ok for c in checksums)
     if args.format == "json":
         doc = health.to_json()
@@ -351,24 +359,35 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _checksums(target: Any, timeout_s: float) -> list[Any]:
-    """Every tablet's replica checksums (``Client.checksum``); a tablet whose leader cannot
-    place a point is reported with that error for every replica."""
-    from raftlet.client import RaftletError
-    from raftlet.client.checksum import ReplicaChecksum, TabletChecksum
+def _checksums(target: Any, timeout_s: float, health: Any) -> list[Any]:
+    """Every tablet's replica checksums (``Client.checksum``), the tablets at once; a tablet
+    the health check found without a leader is not asked (nothing could place its point),
+    and one whose leader cannot place a point is reported with that error."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    # Each replica may first have to apply what is queued ahead of the point.
-    wait_s = max(timeout_s, 10.0)
-    out = []
-    with target.client(timeout_s=wait_s) as client:
-        for placement in target.config.placements():
-            tablet = placement.tablet_id
-            try:
-                out.append(client.checksum(tablet, timeout_s=wait_s))
-            except RaftletError as e:
-                reps = tuple(ReplicaChecksum(r, error=str(e)) for r in placement.replicas)
-                out.append(TabletChecksum(tablet, 0, reps))
-    return out
+    from raftlet.client import RaftletError
+    from raftlet.client.checksum import TabletChecksum
+
+    led = {t.tablet_id for t in health.tablets if t.leader is not None}
+    wait_s = max(timeout_s, CHECKSUM_WAIT_S)
+
+    def one(placement: Any) -> Any:
+        tablet = placement.tablet_id
+        if tablet not in led:
+            return TabletChecksum(
+                tablet, 0, (), not_checked="no ready leader (see above): not checked"
+            )
+        try:
+            return client.checksum(tablet, timeout_s=wait_s)
+        except RaftletError as e:
+            return TabletChecksum(tablet, 0, (), not_checked=f"no checksum point: {e}")
+
+    placements = list(target.config.placements())
+    with (
+        target.client(timeout_s=wait_s) as client,
+        ThreadPoolExecutor(max(1, min(16, len(placements))), "ksck-checksum") as pool,
+    ):
+        return list(pool.map(one, placements))
 
 
 def _print_checksums(checksums: list[Any]) -> None:
@@ -378,6 +397,7 @@ def _print_checksums(checksums: list[Any]) -> None:
     table = Table(title="Checksums", title_justify="left", box=None, pad_edge=False)
     for col in ("tablet", "status", "index", "rows", "checksum", "suspect replicas"):
         table.add_column(col)
+    by_id = {c.tablet_id: c for c in checksums}
     for c in checksums:
         suspects = c.suspects()
         agreed = c.agreed
@@ -390,7 +410,7 @@ def _print_checksums(checksums: list[Any]) -> None:
             str(c.index or "-"),
             str(rows),
             agreed[:16] if agreed else "-",
-            "; ".join(_suspect_text(r, agreed) for r in suspects) or "-",
+            c.not_checked or "; ".join(_suspect_text(r, agreed) for r in suspects) or "-",
         )
     out.print()
     out.print(table)
@@ -399,13 +419,17 @@ def _print_checksums(checksums: list[Any]) -> None:
     out.print()
     if bad:
         out.print(f"[red]CHECKSUM MISMATCH: {', '.join(bad)}[/]")
-    if unchecked:
-        # A replica that gave no checksum (its server down, the replica FAILED) is not
-        # evidence of different rows: said apart from a mismatch.
+    # A replica that gave no checksum (its server down, the replica FAILED) is not
+    # evidence of different rows: said apart from a mismatch.
+    none = [t for t in unchecked if not any(r.checksum for r in by_id[t].replicas)]
+    some = [t for t in unchecked if t not in none]
+    if some:
         out.print(
-            f"[yellow]CHECKSUMS INCOMPLETE: {', '.join(unchecked)} (a replica gave none; "
+            f"[yellow]CHECKSUMS INCOMPLETE: {', '.join(some)} (a replica gave none; "
             "those that did agree)[/]"
         )
+    if none:
+        out.print(f"[yellow]CHECKSUMS MISSING: {', '.join(none)} (no replica gave one)[/]")
     if not bad and not unchecked:
         out.print(f"[green]CHECKSUMS OK: {len(checksums)} tablets, replicas equal[/]")
 

@@ -72,7 +72,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument(
         "--server",
         metavar="ID|ADDR",
-        help="only this server (its id, RPC address or status address)",
+        type=_server_arg,
+        help="only this server (its id, RPC address or status address or URL)",
     )
     p.add_argument(
         "--filter",
@@ -83,6 +84,17 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument(
         "--timeout", type=timeout_seconds, default=5.0, metavar="S", help="per-server HTTP timeout"
     )
+
+
+def _server_arg(text: str) -> str:
+    """A server id or address; a status URL as `cluster status` prints it is its address."""
+    value = text.strip()
+    if "://" in value:
+        value = value.split("://", 1)[1]
+    value = value.split("/", 1)[0]
+    if not value:
+        raise argparse.ArgumentTypeError(f"{text!r} names no server")
+    return value
 
 
 # --- reading /metrics.json -------------------------------------------------------------------
@@ -178,7 +190,7 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "consensus_queue_overflows",
-        "consensus service queue overflows",
+        "consensus service queue overflows (unary transport)",
         "rpcs_queue_overflow",
         "count",
         _sum("rpcs_queue_overflow", "server", service="consensus"),
@@ -208,7 +220,7 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "consensus_queue_time_mean",
-        "consensus queue time mean*",
+        "consensus queue time mean (unary transport)*",
         "rpc_incoming_queue_time_us",
         "us",
         _hist("rpc_incoming_queue_time_us", "server", "mean", service="consensus"),
@@ -216,7 +228,7 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "consensus_queue_time_p99",
-        "consensus queue time p99",
+        "consensus queue time p99 (unary transport)",
         "rpc_incoming_queue_time_us",
         "us",
         _hist("rpc_incoming_queue_time_us", "server", "percentile_99", service="consensus"),

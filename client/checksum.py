@@ -24,6 +24,8 @@ class TabletChecksum:
     tablet_id: str
     index: int  # the checksum point every replica was asked about
     replicas: tuple[ReplicaChecksum, ...]
+    # Why no replica was asked (no leader, no point placed); "" when they were.
+    not_checked: str = ""
 
     @property
     def agreed(self) -> str | None:

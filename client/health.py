@@ -239,7 +239,7 @@ def _outcome(call: ResultFuture) -> _Probe:
         code = e.code()
         details = " ".join(str(e.details() or "").split())
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return _Probe(None, "BUSY", f"service queue full: {details}")
+            return _Probe(None, "BUSY", f"RESOURCE_EXHAUSTED: {details}" if details else "busy")
         return _Probe(None, "DOWN", f"{code.name}: {details}" if details else code.name)
     return _Probe(resp, "UP")
 
@@ -417,12 +417,21 @@ def _check_tablet(
         pending = [
             sid for sid, st in seen.items() if st.role == RaftRole.LEADER and st.leader_uuid == sid
         ]
+        busy = _busy_leader(seen, probes)
         if pending:
             tablet.issues.insert(
                 0,
                 f"leader {pending[0]} is elected but not ready yet (its term's first entry "
                 "is not committed; writes wait for it -- if this lasts, it cannot reach a "
                 "majority)",
+            )
+            severity = max(severity, Severity.WARN)
+        elif busy is not None:
+            # Its server is alive but too busy to list its replicas; the followers that
+            # answered name it. Writes queue or are refused as busy, and retried.
+            tablet.leader, tablet.term = busy
+            tablet.issues.insert(
+                0, f"leader {busy[0]} (term {busy[1]}, as its followers say) is busy: not listed"
             )
             severity = max(severity, Severity.WARN)
         else:
@@ -432,3 +441,16 @@ def _check_tablet(
         severity = max(severity, Severity.WARN)
     tablet.severity = max(severity, Severity.WARN if tablet.issues else Severity.OK)
     return tablet
+
+
+def _busy_leader(
+    seen: Mapping[str, tablet_pb2.TabletStatusPB], probes: Mapping[str, tuple[object, str, str]]
+) -> tuple[str, int] | None:
+    """(leader, term) that the latest term's listed followers agree on, when that leader's
+    server answered busy; None otherwise."""
+    term = max((st.term for st in seen.values()), default=0)
+    named = {st.leader_uuid for st in seen.values() if st.term == term and st.leader_uuid}
+    if len(named) != 1:
+        return None
+    (uuid,) = named
+    return (uuid, term) if uuid in probes and probes[uuid][1] == "BUSY" else None

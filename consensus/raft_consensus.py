@@ -364,8 +364,8 @@ class RaftConsensus:
         # The membership in use (the core's, once durable), read without the lock.
         self._membership: Membership = self._node.raft.membership
         self._snapshot = ConsensusSnapshot.of(self._node.soft_state())
-        # Whether this replica has known a leader since it opened (sticky; read unlocked).
-        self._knew_leader = bool(self._snapshot.leader_id)
+        # The last leader this replica knew since it opened ("" if none; read unlocked).
+        self._last_leader = self._snapshot.leader_id
         initial = storage.initial_state()
         self._saved_commit = initial.commit
         self._saved_vote = (initial.term, initial.vote)
@@ -455,7 +455,7 @@ class RaftConsensus:
         """Whether this replica has known a leader of its group since it opened: one that
         never has may have been removed from the group while it was down (it campaigns,
         and nobody answers)."""
-        return self._knew_leader
+        return bool(self._last_leader)
 
     @property
     def membership(self) -> Membership:
@@ -605,6 +605,13 @@ class RaftConsensus:
                 target = max(voters, key=lambda v: status.progress[v][0])  # never a learner
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")
+            logger.info(
+                "%s: %s hands leadership of term %d to %s (asked to step down)",
+                self.group_id,
+                self.node_id,
+                status.soft_state.term,
+                target,
+            )
             self._node.transfer_leadership(target)
             self._process_ready_unlocked()
         return target
@@ -973,13 +980,36 @@ class RaftConsensus:
         snapshot = ConsensusSnapshot.of(soft)
         if soft.leader_id != old.leader_id or soft.term != old.term:
             self._last_election = time.time()
+        last_leader = self._last_leader
         if soft.leader_id:
-            self._knew_leader = True
+            self._last_leader = soft.leader_id
         # One attribute assignment: readers see the old snapshot or the new, never a mix.
         self._snapshot = snapshot
         if snapshot.role is Role.LEADER and (old.role is not Role.LEADER or old.term != soft.term):
             self.metrics.leader_elections.increment()
             logger.info("%s: %s leads term %d", self.group_id, self.node_id, soft.term)
+        elif old.role is Role.LEADER and snapshot.role is not Role.LEADER:
+            # A leader that stops leading says so: its log otherwise ends at "leads term N"
+            # while others lead.
+            logger.info(
+                "%s: %s no longer leads (was leader of term %d; now %s in term %d, leader %s)",
+                self.group_id,
+                self.node_id,
+                old.term,
+                snapshot.role.name.lower(),
+                soft.term,
+                soft.leader_id or "unknown",
+            )
+        elif soft.leader_id and last_leader and soft.leader_id != last_leader:
+            # A replica that knew a leader learns of another (an election between them, and
+            # its first leader since it opened, are not worth a line per tablet).
+            logger.info(
+                "%s: leader of term %d is %s (was %s)",
+                self.group_id,
+                soft.term,
+                soft.leader_id,
+                last_leader,
+            )
 
     def _save_commit_unlocked(self) -> None:
         """At a clean stop, the commit index reached, so that the replica reopens knowing

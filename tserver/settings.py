@@ -542,15 +542,16 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "consensus_service_queue_length", _POOLS, "N",
         f"Consensus service (UpdateConsensus, RequestVote) calls that may wait for a worker "
-        f"(default {_D('consensus_service_queue_length')}). An overflow here delays "
-        "replication and can cost a leader its lease; keep it above the peers' in-flight "
-        "appends.",
+        f"(default {_D('consensus_service_queue_length')}). Only unary calls wait here "
+        "(--consensus_transport=unary): the tcp and stream transports step peers' messages "
+        "on the replica workers. An overflow delays replication and can cost a leader its "
+        "lease; keep it above the peers' in-flight appends.",
         convert=int_value, check=int_in_range(1),
     ),
     FlagSpec(
         "consensus_num_service_threads", _POOLS, "N",
         f"Worker threads of the consensus service (default "
-        f"{_D('consensus_num_service_threads')}).",
+        f"{_D('consensus_num_service_threads')}); they serve unary consensus calls only.",
         convert=int_value, check=int_in_range(1, _MAX_THREADS),
     ),
     FlagSpec(

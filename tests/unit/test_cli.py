@@ -559,3 +559,15 @@ def test_json_scan_that_fails_midway_never_parses_as_complete(
     assert json.loads(capsys.readouterr().out) == [{"key": 1, "value": "a"}]
     _print_json(iter([]), ["key"], schema)
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_metrics_server_takes_the_status_url_cluster_status_prints() -> None:
+    from raftlet.cli.metrics_cmd import _server_arg
+
+    assert _server_arg("http://127.0.0.1:57261/") == "127.0.0.1:57261"
+    assert _server_arg("https://127.0.0.1:57261/metrics.json") == "127.0.0.1:57261"
+    assert _server_arg(" ts2 ") == "ts2"
+    assert _server_arg("127.0.0.1:7051") == "127.0.0.1:7051"
+    for empty in ("", " ", "http://", "/"):
+        with pytest.raises(argparse.ArgumentTypeError, match="names no server"):
+            _server_arg(empty)

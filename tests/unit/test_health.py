@@ -7,7 +7,7 @@ import pytest
 from raftlet.client import health
 from raftlet.proto import tablet_pb2
 from raftlet.proto.consensus_pb2 import RaftRole
-from tests.unit.health_fakes import IDS, checked
+from tests.unit.health_fakes import IDS, LAYOUT, checked
 
 
 def _listed(
@@ -18,13 +18,13 @@ def _listed(
 ) -> tablet_pb2.ListTabletsResponse:
     leader = status.pop("leader", 0)
     status.setdefault("leader_ready", True)
+    status.setdefault("leader_uuid", "a")
     response = tablet_pb2.ListTabletsResponse(server_uuid=node)
     response.tablets.add(
         tablet_id="kv-p0",
         table_name="kv",
         role=RaftRole.LEADER if leader else RaftRole.FOLLOWER,
         term=2,
-        leader_uuid="a",
         voters=voters,
         learners=learners,
         **status,
@@ -155,3 +155,29 @@ def test_a_leader_not_ready_is_a_warning_that_says_what_lasting_means(
     assert "cannot reach a majority" in verdict.issues[0]
     listed["a"] = _listed("a", leader_ready=False, commit_index=9)
     assert checked(listed, 100, monkeypatch).severity is health.Severity.ERROR
+
+
+def test_a_busy_leader_that_its_followers_name_is_a_warning_not_no_leader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its tablet service queue is full, so it cannot list its replicas; the followers
+    still name it in the current term, and writes go on (queued, or refused and retried)."""
+    probes = {
+        "a": (None, "BUSY", "RESOURCE_EXHAUSTED: service queue full"),
+        "b": (_listed("b", commit_index=9), "UP", ""),
+        "c": (_listed("c", commit_index=9), "UP", ""),
+    }
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert verdict.severity is health.Severity.WARN
+    (tablet,) = verdict.tablets
+    assert (tablet.leader, tablet.term) == ("a", 2)
+    assert verdict.issues == [
+        "server a is overloaded: RESOURCE_EXHAUSTED: service queue full",
+        "kv-p0: leader a (term 2, as its followers say) is busy: not listed",
+    ]
+    # Followers that disagree (or a busy server no follower names) prove nothing.
+    probes["c"] = (_listed("c", commit_index=9, leader_uuid="b"), "UP", "")
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert verdict.severity is health.Severity.ERROR
+    assert "kv-p0: no leader" in verdict.issues

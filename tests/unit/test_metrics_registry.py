@@ -65,6 +65,7 @@ DESIGN_NAMES = {
     "result_tracker_clients": MetricType.GAUGE,
     "result_tracker_memory_bytes": MetricType.GAUGE,
     "rpc_auth_denials": MetricType.COUNTER,
+    "log_gc_segments_deleted_total": MetricType.COUNTER,
     "tablet_copies_installed_total": MetricType.COUNTER,
     "tablet_copy_sessions_total": MetricType.COUNTER,
     "consensus_tcp_connections": MetricType.GAUGE,
@@ -533,3 +534,29 @@ def test_json_empty_histogram_and_nan_gauge_stay_valid_json() -> None:
     assert hist["total_count"] == 0
     assert hist["min"] == 0
     assert hist["max"] == 0
+
+
+def test_the_architecture_metric_table_documents_every_prototype_as_declared() -> None:
+    """docs/ARCHITECTURE.md's table is what an operator reads: a row for every metric, with
+    the type, unit, entity and labels the catalogue gives it."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md").read_text()
+    rows: dict[str, list[str]] = {}
+    for line in doc.splitlines():
+        m = re.match(r"\| `([a-z0-9_]+)` \|(.*)", line)
+        if m:
+            rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
+    declared = [v for v in vars(catalogue).values() if isinstance(v, MetricPrototype)]
+    listed = (*catalogue.ALL_PROTOTYPES, *catalogue.PROCESS_PROTOTYPES)
+    assert {p.name for p in declared} == {p.name for p in listed}, "a prototype not listed"
+    for proto in listed:
+        assert proto.name in rows, f"{proto.name} has no row in the metric table"
+        kind, unit, entity, labels = rows[proto.name][:4]
+        assert kind == proto.type.value, proto.name
+        assert unit == proto.unit, proto.name
+        assert entity == (proto.entity_type or "—"), proto.name
+        # Label names are backquoted; what follows in parentheses are their values.
+        documented = tuple(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", labels)))
+        assert documented == proto.label_names, proto.name

@@ -3,6 +3,7 @@ check (KUDU-2727) against the locked one, leadership transfer, failover and rest
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -331,3 +332,29 @@ def test_a_transport_that_raises_loses_the_message_not_the_replica(tmp_path: Pat
         assert leader.consensus.snapshot.role is Role.LEADER
     finally:
         cluster.close()
+
+
+def test_a_leadership_change_is_logged_by_the_old_leader_and_its_followers(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    leader = cluster.wait_leader()
+    term = leader.consensus.snapshot.term
+    caplog.set_level(logging.INFO, logger="raftlet.consensus.raft_consensus")
+    target = leader.consensus.step_down()
+    cluster.wait_for(lambda: getattr(cluster.leader(), "node_id", None) == target, what="transfer")
+    third = next(r for r in cluster.replicas.values() if r.node_id not in (leader.node_id, target))
+    cluster.wait_for(
+        lambda: third.consensus.snapshot.leader_id == target, what="the third learns of it"
+    )
+    lines = [r.getMessage() for r in caplog.records]
+    group = leader.consensus.group_id
+    asked = f"hands leadership of term {term} to {target} (asked to step down)"
+    assert f"{group}: {leader.node_id} {asked}" in lines
+    assert any(
+        m.startswith(f"{group}: {leader.node_id} no longer leads (was leader of term {term}; now ")
+        for m in lines
+    ), lines
+    assert any(
+        m.startswith(f"{group}: leader of term ") and f"is {target} (was {leader.node_id})" in m
+        for m in lines
+    ), lines

@@ -1,0 +1,82 @@
+"""``raftlet cluster ksck --checksum`` over tablets that cannot all be checked: without a
+leader a tablet is not asked (nothing could place its point, and asking would wait out the
+deadline), the others are asked at once, and the verdict tells "no replica gave one" from
+"some did and agree"."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from raftlet.cli.cluster_cmd import _checksums, _print_checksums
+from raftlet.client import Timeout
+from raftlet.client.checksum import ReplicaChecksum, TabletChecksum
+
+TABLETS = ("kv-p0", "kv-p1", "kv-p2", "kv-p3")
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self._lock = threading.Lock()
+        self._all_in = threading.Barrier(3, timeout=10)
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+    def checksum(self, tablet: str, *, timeout_s: float) -> TabletChecksum:
+        with self._lock:
+            self.asked.append(tablet)
+        # The three led tablets must be in flight together (one at a time would wait here
+        # until the barrier's timeout breaks it).
+        self._all_in.wait()
+        if tablet == "kv-p3":
+            raise Timeout("checksum point of tablet kv-p3: leader ts1 stepped down")
+        if tablet == "kv-p2":
+            return TabletChecksum(
+                tablet,
+                7,
+                (
+                    ReplicaChecksum("ts1", 5, "ab"),
+                    ReplicaChecksum("ts2", error="UNAVAILABLE"),
+                    ReplicaChecksum("ts3", 5, "ab"),
+                ),
+            )
+        return TabletChecksum(tablet, 7, tuple(ReplicaChecksum(s, 5, "ab") for s in "123"))
+
+
+def test_tablets_are_checked_at_once_and_leaderless_ones_not_at_all(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    client = _Client()
+    placements = [SimpleNamespace(tablet_id=t, replicas=("ts1", "ts2", "ts3")) for t in TABLETS]
+    target: Any = SimpleNamespace(
+        config=SimpleNamespace(placements=lambda: placements), client=lambda **_k: client
+    )
+    health = SimpleNamespace(
+        tablets=[
+            SimpleNamespace(tablet_id=t, leader=None if t == "kv-p1" else "ts1") for t in TABLETS
+        ]
+    )
+    checks = _checksums(target, 3.0, health)
+
+    assert sorted(client.asked) == ["kv-p0", "kv-p2", "kv-p3"]
+    assert [c.tablet_id for c in checks] == list(TABLETS)
+    by_id = {c.tablet_id: c for c in checks}
+    assert by_id["kv-p0"].ok
+    assert by_id["kv-p1"].not_checked.startswith("no ready leader")
+    assert by_id["kv-p3"].not_checked.startswith("no checksum point: ")
+    assert not any(by_id[t].ok or by_id[t].diverged for t in ("kv-p1", "kv-p2", "kv-p3"))
+
+    _print_checksums(checks)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "CHECKSUMS INCOMPLETE: kv-p2 (a replica gave none; those that did agree)" in out
+    assert "CHECKSUMS MISSING: kv-p1, kv-p3 (no replica gave one)" in out
+    assert "leader ts1 stepped down" in out
+    assert "MISMATCH" not in out
