@@ -32,6 +32,7 @@ from raftlet.consensus.core import (
     ConfState,
     Entry,
     EntryType,
+    Membership,
     MemoryStorage,
     Message,
     MessageType,
@@ -105,6 +106,9 @@ class SimNode:
     disk_latency: tuple[int, int] | None = None
     # The membership last persisted (``Ready.conf_state``): a restart starts from it.
     conf: ConfState | None = None
+    # The membership the core last reported (``Ready.conf_state``, or its conf_state() at
+    # the start), persisted or not: what the checker compares with the node's log.
+    conf_out: ConfState | None = None
 
     @property
     def alive(self) -> bool:
@@ -175,7 +179,11 @@ class SimCluster:
         )
         sn.incarnation += 1
         sn.raw = RawNode(cfg, sn.storage)
+        sn.conf_out = sn.raw.conf_state()
         sn.applied = list(sn.flushed)
+        self.checker.observe_config(
+            sn.id, sn.incarnation, (config_index, cfg.membership()), committed
+        )
         self._observe(sn)  # the restarted state, before it applies anything
         self.checker.observe_state(sn.id, sn.incarnation, sn.applied)
         self._after(sn)
@@ -290,6 +298,8 @@ class SimCluster:
             term=r.term,
             committed=r.log.committed,
             log=r.log.entries(r.log.first_index()),
+            membership=Membership(r.voters, r.learners),
+            conf=sn.conf_out,
         )
 
     def _gc(self, sn: SimNode) -> None:
@@ -308,6 +318,8 @@ class SimCluster:
 
     def _handle_ready(self, sn: SimNode, rd: Ready) -> None:
         raw = sn.node()
+        if rd.conf_state is not None:
+            sn.conf_out = rd.conf_state
         for m in rd.messages:
             if m.type is MessageType.SNAPSHOT:
                 self.copies.start(sn, m.dst)  # the leader's driver copies the tablet

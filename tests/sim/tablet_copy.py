@@ -288,7 +288,13 @@ class TabletCopy:
         if ok:
             sn.applied = state
             sn.flushed = tuple(state)  # installed durably: a restart resumes from the copy
+            # ... and from the copy's membership: persisted with it, not with a later ready (a
+            # crash before that ready was durable restarted the node, its log starting at the
+            # copy, in the membership it had before -- perhaps missing a committed change).
+            sn.conf = raw.conf_state()
             self.c.checker.observe_state(node, sn.incarnation, state)
+            if p.config is not None:
+                self.c.checker.observe_config(node, sn.incarnation, p.config)
             self.stats["installs"] += 1
             self.installs_by[node] += 1
             self.installed.append((p.leader, node, p.index))

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from raftlet.consensus.core import NO_NODE, Entry, EntryType, HardState, Role
+from raftlet.consensus.core import (
+    NO_NODE,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Membership,
+    Role,
+)
 from tests.sim.cluster import SimCluster, SimConfig
 from tests.sim.invariants import InvariantChecker, InvariantViolation
 from tests.sim.network import NetConfig
@@ -244,3 +252,213 @@ def test_applying_past_a_hole_after_an_install_fails(chk: InvariantChecker) -> N
     chk.observe_state("b", 1, [(1, 1, b""), (2, 1, b"x")])
     with pytest.raises(InvariantViolation, match="a hole"):
         chk.observe_applied("b", 1, log[3], term=1)
+
+
+# --- membership ----------------------------------------------------------------------------
+
+M3 = Membership(("a", "b", "c"))
+M3D = Membership(("a", "b", "c"), ("d",))  # d added as a learner
+M4 = Membership(("a", "b", "c", "d"))  # d promoted
+M3B = Membership(("a", "c", "d"))  # b removed
+
+
+def cfg(index: int, term: int, m: Membership) -> Entry:
+    return Entry(term, index, EntryType.CONFIG, m.encode())
+
+
+def mnode(
+    chk: InvariantChecker,
+    name: str,
+    log: list[Entry],
+    uses: tuple[int, Membership],
+    *,
+    committed_conf: tuple[int, Membership] = (0, M3),
+    role: Role = F,
+    term: int = 1,
+    committed: int = 0,
+    incarnation: int = 1,
+) -> None:
+    """Observe ``name`` using membership ``uses`` (its entry's index, the membership) and
+    reporting ``committed_conf`` as the latest committed one."""
+    conf = ConfState(uses[1], uses[0], committed_conf[1], committed_conf[0])
+    chk.observe_node(
+        name,
+        incarnation,
+        role=role,
+        term=term,
+        committed=committed,
+        log=log,
+        membership=uses[1],
+        conf=conf,
+    )
+
+
+def _grown(chk: InvariantChecker) -> list[Entry]:
+    """a leads term 1 and commits: no-op, d added as a learner, x, d promoted."""
+    chk.observe_config("a", 1, (0, M3))
+    log = [e(1, 1, kind=EntryType.NO_OP)]
+    mnode(chk, "a", log, (0, M3), role=L, committed=1)
+    log = [*log, cfg(2, 1, M3D), e(3, 1, b"x")]
+    mnode(chk, "a", log, (2, M3D), role=L, committed=1)
+    mnode(chk, "a", log, (2, M3D), committed_conf=(2, M3D), role=L, committed=3)
+    log = [*log, cfg(4, 1, M4)]
+    mnode(chk, "a", log, (4, M4), committed_conf=(2, M3D), role=L, committed=3)
+    mnode(chk, "a", log, (4, M4), committed_conf=(4, M4), role=L, committed=4)
+    return log
+
+
+def test_a_consistent_membership_history_passes(chk: InvariantChecker) -> None:
+    log = _grown(chk)
+    # A follower that restarts with the persisted membership its log holds.
+    chk.observe_config("b", 1, (0, M3))
+    mnode(chk, "b", log[:2], (2, M3D))
+    chk.observe_config("b", 2, (2, M3D), (0, M3))
+    mnode(chk, "b", log[:2], (2, M3D), incarnation=2)
+    # Its persisted membership's entry is cut by a later leader: back to the committed one.
+    mnode(chk, "b", [log[0], e(2, 2, kind=EntryType.NO_OP)], (0, M3), term=2, incarnation=2)
+    # A removal, then a node that installs a copy whose membership lies past the copy's
+    # index: the older CONFIG entry it receives after the copy does not take it back.
+    log = [*log, cfg(5, 1, M3B)]
+    mnode(chk, "a", log, (5, M3B), committed_conf=(5, M3B), role=L, committed=5)
+    for entry in log:
+        chk.observe_applied("a", 1, entry, term=1)
+    chk.observe_config("c", 1, (0, M3))
+    mnode(chk, "c", [], (0, M3))
+    chk.observe_config("c", 1, (5, M3B))
+    copy = [e(3, 1, kind=EntryType.NO_OP)]
+    mnode(chk, "c", copy, (5, M3B), committed_conf=(5, M3B), committed=3)
+    mnode(chk, "c", [*copy, *log[3:]], (5, M3B), committed_conf=(5, M3B), committed=5)
+    mnode(chk, "c", log[4:], (5, M3B), committed_conf=(5, M3B), committed=5)  # log GC
+
+
+def test_a_node_must_use_the_latest_config_entry_in_its_log(chk: InvariantChecker) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    log = [e(1, 1, kind=EntryType.NO_OP), cfg(2, 1, M3D)]
+    with pytest.raises(InvariantViolation, match=r"a uses voters a, b, c, but the latest"):
+        mnode(chk, "a", log, (0, M3))
+
+
+def test_the_reported_conf_state_must_name_the_entry_in_use(chk: InvariantChecker) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    log = [e(1, 1, kind=EntryType.NO_OP), cfg(2, 1, M3D)]
+    conf = ConfState(M3D, 1, M3, 0)  # the right membership, the wrong index
+    with pytest.raises(InvariantViolation, match=r"reports .* at index 1 as its membership"):
+        chk.observe_node("a", 1, role=F, term=1, committed=0, log=log, membership=M3D, conf=conf)
+
+
+def test_an_uncommitted_membership_reported_as_committed(chk: InvariantChecker) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    log = [e(1, 1, kind=EntryType.NO_OP), cfg(2, 1, M3D)]
+    mnode(chk, "a", log, (2, M3D), committed=1)
+    with pytest.raises(InvariantViolation, match="which no log held committed there"):
+        mnode(chk, "a", log, (2, M3D), committed_conf=(2, M3D), committed=1)
+
+
+def test_a_restart_from_an_uncommitted_membership_persisted_as_committed(
+    chk: InvariantChecker,
+) -> None:
+    _grown(chk)
+    with pytest.raises(InvariantViolation, match=r"persisted as committed .* no log held"):
+        chk.observe_config("b", 2, (6, M3B), (6, M3B))
+
+
+def test_an_unknown_initial_membership(chk: InvariantChecker) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    with pytest.raises(InvariantViolation, match="which no node started with"):
+        mnode(chk, "a", [], (0, M3), committed_conf=(0, M4))
+
+
+def test_a_restore_that_keeps_the_old_membership(chk: InvariantChecker) -> None:
+    log = _grown(chk)
+    for entry in log:
+        chk.observe_applied("a", 1, entry, term=1)
+    chk.observe_config("c", 1, (0, M3))
+    mnode(chk, "c", [], (0, M3))
+    chk.observe_config("c", 1, (4, M4))  # the copy carried the membership at 4
+    with pytest.raises(InvariantViolation, match="c uses voters a, b, c, but the latest"):
+        mnode(chk, "c", [e(3, 1, kind=EntryType.NO_OP)], (0, M3), committed=3)
+
+
+def test_an_older_config_entry_below_a_copys_membership_takes_it_back(
+    chk: InvariantChecker,
+) -> None:
+    log = _grown(chk)
+    for entry in log[:3]:
+        chk.observe_applied("a", 1, entry, term=1)
+    chk.observe_config("c", 1, (0, M3))
+    mnode(chk, "c", [], (0, M3))
+    chk.observe_config("c", 1, (4, M4))  # copy at 1, membership of index 4
+    copy = [e(1, 1, kind=EntryType.NO_OP)]
+    mnode(chk, "c", copy, (4, M4), committed_conf=(4, M4), committed=1)
+    with pytest.raises(InvariantViolation, match="c uses voters a, b, c; learners d, but"):
+        mnode(chk, "c", log, (2, M3D), committed_conf=(4, M4), committed=1)
+
+
+def test_a_restart_falls_back_when_its_log_lacks_the_persisted_entry(
+    chk: InvariantChecker,
+) -> None:
+    log = _grown(chk)
+    chk.observe_config("b", 2, (2, M3D), (0, M3))  # entry 2 did not become durable
+    mnode(chk, "b", log[:1], (0, M3), incarnation=2)  # fine: back to the committed one
+    chk.observe_config("c", 2, (2, M3D), (0, M3))
+    with pytest.raises(InvariantViolation, match="c uses voters a, b, c; learners d, but"):
+        mnode(chk, "c", log[:1], (2, M3D), incarnation=2)
+
+
+def test_a_restart_whose_persisted_entry_is_cut_falls_back(chk: InvariantChecker) -> None:
+    log = _grown(chk)
+    chk.observe_config("b", 2, (2, M3D), (0, M3))
+    mnode(chk, "b", log[:2], (2, M3D), incarnation=2)
+    cut = [log[0], e(2, 2, kind=EntryType.NO_OP)]
+    with pytest.raises(InvariantViolation, match="b uses voters a, b, c; learners d, but"):
+        mnode(chk, "b", cut, (2, M3D), term=2, incarnation=2)
+
+
+def test_a_config_entry_must_be_one_change(chk: InvariantChecker) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    two_voters = Membership(("a", "b", "c", "d", "e"))
+    log = [e(1, 1, kind=EntryType.NO_OP), cfg(2, 1, two_voters)]
+    with pytest.raises(InvariantViolation, match="no single change"):
+        mnode(chk, "a", log, (2, two_voters))
+    # A voter cannot be added directly either: only a learner can be promoted.
+    other = InvariantChecker(REPLAY)
+    other.observe_config("b", 1, (0, M3))
+    with pytest.raises(InvariantViolation, match="no single change"):
+        mnode(other, "b", [e(1, 1, kind=EntryType.NO_OP), cfg(2, 1, M4)], (2, M4))
+
+
+def test_a_config_entry_must_hold_a_membership(chk: InvariantChecker) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    log = [e(1, 1, kind=EntryType.NO_OP), e(2, 1, b"garbage", EntryType.CONFIG)]
+    with pytest.raises(InvariantViolation, match="is no membership"):
+        mnode(chk, "a", log, (0, M3))
+
+
+def test_two_membership_changes_uncommitted_at_once(chk: InvariantChecker) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    log = [e(1, 1, kind=EntryType.NO_OP), cfg(2, 1, M3D), cfg(3, 1, M4)]
+    with pytest.raises(InvariantViolation, match="two membership changes uncommitted at once"):
+        mnode(chk, "a", log, (3, M4), role=L, committed=1)
+
+
+def test_a_leader_changes_membership_before_committing_in_its_term(
+    chk: InvariantChecker,
+) -> None:
+    chk.observe_config("a", 1, (0, M3))
+    log = [e(1, 1, kind=EntryType.NO_OP)]
+    mnode(chk, "a", log, (0, M3), committed=1)
+    log = [*log, e(2, 2, kind=EntryType.NO_OP)]
+    mnode(chk, "a", log, (0, M3), role=L, term=2, committed=1)
+    with pytest.raises(InvariantViolation, match="before it committed an entry of its term"):
+        mnode(chk, "a", [*log, cfg(3, 2, M3D)], (3, M3D), role=L, term=2, committed=1)
+
+
+def test_a_log_that_starts_past_a_committed_change(chk: InvariantChecker) -> None:
+    log = _grown(chk)
+    for entry in log:
+        chk.observe_applied("a", 1, entry, term=1)
+    # b restarts from a stale membership with a log that starts past the change at 4 (a
+    # copy installed without its membership becoming durable, say).
+    chk.observe_config("b", 2, (2, M3D), (2, M3D))
+    with pytest.raises(InvariantViolation, match="past the committed membership change at 4"):
+        mnode(chk, "b", [e(4, 1, kind=EntryType.NO_OP)], (2, M3D), committed=4, incarnation=2)
