@@ -478,6 +478,13 @@ class Raft:
             known.insert(0, config.committed_config)
         kept = [c for c in known if self._log_holds(*c)]
         if len(kept) == len(known):
+            if len(known) == 2:
+                # A change between the two is committed (a leader appends one only once
+                # the one before it committed), though this node's commit index may not
+                # say so: it is what a cut of the latest falls back to, not the older one.
+                between = self._last_config_entry(known[0][0], below=known[1][0])
+                if between is not None:
+                    known.insert(1, between)
             return known
         floor = kept[-1][0] if kept else 0
         found = self._last_config_entry(floor)
@@ -493,9 +500,12 @@ class Raft:
         entry = self.log.storage.entries(index, index + 1)[0]
         return entry.type is EntryType.CONFIG and entry.data == membership.encode()
 
-    def _last_config_entry(self, floor: int) -> tuple[int, Membership] | None:
-        """The last CONFIG entry of the durable log above ``floor``, read backwards."""
-        hi = self.log.last_index() + 1
+    def _last_config_entry(
+        self, floor: int, below: int | None = None
+    ) -> tuple[int, Membership] | None:
+        """The last CONFIG entry of the durable log above ``floor`` (and below ``below``),
+        read backwards."""
+        hi = self.log.last_index() + 1 if below is None else below
         lo_bound = max(floor + 1, self.log.first_index())
         while hi > lo_bound:
             lo = max(lo_bound, hi - 1024)

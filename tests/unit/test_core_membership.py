@@ -358,6 +358,31 @@ def test_config_entries_below_a_copys_membership_do_not_take_it_back() -> None:
     assert node.raft.membership == m5
 
 
+def test_a_cut_after_a_restart_falls_back_to_the_change_between_committed_and_latest() -> None:
+    # Persisted: committed m10 (the node's commit lagged), latest m14. Its log also holds
+    # m12, committed by the leader (which appended m14 only after m12 committed): when a
+    # later leader replaces 14, the node must use m12 -- the latest CONFIG entry its log
+    # holds -- not go back to m10, which its log has moved past.
+    m10 = Membership(("a", "b", "c"))
+    m12 = Membership(("a", "b", "c"), ("d",))
+    m14 = Membership(("a", "b", "c", "d"))
+
+    def entry(term: int, index: int, m: Membership | None = None) -> Entry:
+        if m is None:
+            return Entry(term, index, EntryType.NORMAL, b"x%d" % index)
+        return Entry(term, index, EntryType.CONFIG, m.encode())
+
+    storage = MemoryStorage()
+    storage.append([entry(1, i) for i in range(1, 10)])
+    storage.append([entry(2, 10, m10), entry(2, 11), entry(2, 12, m12), entry(2, 13)])
+    storage.append([entry(2, 14, m14)])
+    storage.set_hard_state(HardState(term=2, vote="a", commit=5))
+    node = _restarted_c(storage, m14, 14, (10, m10), applied=5)
+    assert node.raft.membership == m14
+    _append_to_c(node, "b", 3, after=(13, 2), entries=[Entry(3, 14, EntryType.NO_OP)], commit=9)
+    assert node.raft.membership == m12
+
+
 def _restarted_c(
     storage: MemoryStorage,
     uses: Membership,
