@@ -676,7 +676,10 @@ class Raft:
         membership it had, which is only right if no change happened past what it held
         (the copy replaces the log that carried the changes: a node kept an old group of
         three while the others had grown to five, and could win an election with votes
-        the five would not count). Refused (False, nothing changed) on a leader, or when
+        the five would not count). The driver persists ``config`` in the same durable step
+        as the copy: a crash between the two restarts the node on the copy's log with its
+        old membership (tserver.tablet_copy_install writes both into the directory it swaps
+        in). Refused (False, nothing changed) on a leader, or when
         ``index`` is not past our commit index -- a copy never takes back what we hold
         committed.  The driver must check before it replaces the storage that our log
         does not already hold (``index``, ``term``): the entries after it may be
