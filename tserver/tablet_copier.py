@@ -247,12 +247,14 @@ class TabletCopier:
 
     def _install(self, tablet_id: str, staging: Path, state: CopiedState) -> None:
         """Swap the verified copy in for this server's replica (module docstring)."""
-        own, held = _own_state(self._s.hosted(tablet_id), state)
-        _check_installable(own, held, state)
+        hosted = self._s.hosted(tablet_id)
+        own, held = _own_state(hosted, state)
+        damaged = _damaged(hosted)
+        _check_installable(own, held, state, damaged)
         old = self._s.take_replica(tablet_id)
         try:
             own, held = _own_state(old, state)  # what the stopped replica made durable
-            _check_installable(own, held, state)
+            _check_installable(own, held, state, damaged or _damaged(old))
             build_replica_dir(staging, state, own, self._s.log_options)
             data_dir = self._s.settings.data_dir
             swap_in(data_dir / tablet_id, staging, replaced_dir(data_dir, tablet_id))
@@ -321,9 +323,27 @@ def _log_holds(replica: TabletReplica, index: int, term: int) -> bool:
         return False  # GC or a truncation moved the log meanwhile: it does not, for sure
 
 
-def _check_installable(own: PersistentState | None, held: int, state: CopiedState) -> None:
+def _damaged(hosted: TabletReplica | FailedTablet | None) -> bool:
+    """Whether ``hosted`` is FAILED: it failed to open, or its store or log failed since."""
+    if isinstance(hosted, FailedTablet):
+        return True
+    return hosted is not None and hosted.needs_repair()
+
+
+def _check_installable(
+    own: PersistentState | None, held: int, state: CopiedState, damaged: bool = False
+) -> None:
+    """Raises unless the copy may replace the replica. A healthy replica needs a copy only
+    past what it holds. A damaged one holds nothing it can serve (its log may end before its
+    saved commit index): any copy that keeps what it knew committed will do -- on an idle
+    tablet, the one at that very index."""
     installed_term_and_vote(own, state)  # raises if we know a newer term
-    if held >= state.index:
+    if damaged and held > state.index:
+        raise CopyRefused(
+            f"the copy ({state.index}) is behind what this replica knew committed ({held}): "
+            "waiting for a newer one"
+        )
+    if not damaged and held >= state.index:
         raise CopyNotNeeded(
             f"this replica holds the tablet up to {held}, as far as the copy ({state.index})",
             held,
