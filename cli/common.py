@@ -145,15 +145,18 @@ def credentials_from_args(args: argparse.Namespace, data_dir: Path | None) -> Cr
     )
     if (creds.cert is None) != (creds.key is None):
         raise UsageError("give --tls-cert and --tls-key together")
-    if (creds.cert or creds.token) and not creds.ca:
-        raise UsageError("--tls-cert and --token need --tls-ca (the cluster's CA)")
     if creds.ca is None and data_dir is not None:
         from raftlet.deploy.local import local_tls_files
 
         files = local_tls_files(data_dir)
         if files is not None:
             ca, cert, key = files
-            return Credentials(str(ca), str(cert), str(key), creds.token)
+            if creds.cert is None and creds.token is None:
+                return Credentials(str(ca), str(cert), str(key), None)
+            # Who you are is yours to say; the directory only vouches for the cluster.
+            creds = Credentials(str(ca), creds.cert, creds.key, creds.token)
+    if (creds.cert or creds.token) and not creds.ca:
+        raise UsageError("--tls-cert and --token need --tls-ca (the cluster's CA)")
     return creds
 
 
@@ -185,7 +188,8 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
         "A TLS cluster needs the CA and a client certificate (raftlet certs create "
         "--client NAME:ROLE); a bearer token, if given, names you instead. Defaults: "
         f"${ENV_TLS_CA}, ${ENV_TLS_CERT}, ${ENV_TLS_KEY}, ${ENV_TOKEN}; with --data-dir of "
-        "a cluster made by `cluster up --tls`, its own CA and admin certificate.",
+        "a cluster made by `cluster up --tls`, its own CA, and its admin certificate "
+        "unless you give a certificate or token of your own.",
     )
     tls.add_argument("--tls-ca", metavar="FILE", help="the cluster's CA certificate (PEM)")
     tls.add_argument("--tls-cert", metavar="FILE", help="your client certificate (PEM)")

@@ -64,12 +64,13 @@ examples:
   raftlet write --data-dir ./c1 --rows 500 --format json      # summary for scripts
 
 Flush modes: sync waits for each row's acknowledgement (one row per write RPC); background
-buffers rows and flushes batches per tablet in the background; manual flushes every
---batch-rows rows. In sync mode --in-flight N keeps N single-row writes in flight from one
-event loop (the asyncio client) instead of threads. With --batch-rows (or --flush-mode
-background) --in-flight M lets each session keep M batches per tablet in flight; --threads
-then defaults to 1. Latency is per acknowledged write RPC, retries included; server CPU per
-write is read from every server's /metrics, client CPU per write from this process's own.
+buffers rows and flushes batches per tablet in the background (implied by --batch-rows);
+manual flushes every --batch-rows rows. In sync mode --in-flight N keeps N single-row writes
+in flight from one event loop (the asyncio client) instead of threads. With --batch-rows (or
+--flush-mode background) --in-flight M lets each session keep M batches per tablet in
+flight; --threads then defaults to 1. Latency is per acknowledged write RPC, retries
+included; server CPU per write is read from every server's /metrics, client CPU per write
+from this process's own.
 Exit status: 0 when every row was written, 1 if any failed, 2 for usage errors.
 """
 
@@ -126,8 +127,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         "--flush-mode",
         choices=("sync", "background", "manual"),
         default=None,
-        help="sync (default; background with --batch-rows and --in-flight), background or "
-        "manual; see below",
+        help="sync (default; background with --batch-rows), background or manual; see below",
     )
     p.add_argument(
         "--batch-rows",
@@ -225,6 +225,15 @@ def check_writers(args: argparse.Namespace) -> None:
         raise UsageError("--row-format cells is for sessions (--threads), not --in-flight writes")
     if args.threads is None and args.in_flight is None:
         args.threads = DEFAULT_THREADS
+    if args.batch_rows is not None:
+        # A sync session writes each row as it is applied: N rows a write means batches.
+        if args.flush_mode == "sync":
+            raise UsageError(
+                "--batch-rows with --flush-mode sync: a sync session sends every row on "
+                "its own; use --flush-mode background or manual (or leave it out)"
+            )
+        if args.flush_mode is None:
+            args.flush_mode = "background"
     if args.flush_mode is None:
         args.flush_mode = "sync"
     if args.batch_rows is None:

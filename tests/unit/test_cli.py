@@ -571,3 +571,32 @@ def test_metrics_server_takes_the_status_url_cluster_status_prints() -> None:
     for empty in ("", " ", "http://", "/"):
         with pytest.raises(argparse.ArgumentTypeError, match="names no server"):
             _server_arg(empty)
+
+
+def test_a_tls_cluster_directory_lends_its_ca_to_your_own_certificate_or_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raftlet.cli.common import UsageError, credentials_from_args
+
+    for env in ("RAFTLET_TLS_CA", "RAFTLET_TLS_CERT", "RAFTLET_TLS_KEY", "RAFTLET_TOKEN"):
+        monkeypatch.delenv(env, raising=False)
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    for name in ("ca.crt", "client-admin.crt", "client-admin.key"):
+        (tls / name).write_text("pem")
+
+    def creds(**given: str | None) -> tuple[str | None, ...]:
+        args = argparse.Namespace(tls_ca=None, tls_cert=None, tls_key=None, token=None)
+        vars(args).update(given)
+        c = credentials_from_args(args, tmp_path)
+        return (c.ca, c.cert, c.key, c.token)
+
+    ca, admin = str(tls / "ca.crt"), str(tls / "client-admin.crt")
+    assert creds() == (ca, admin, str(tls / "client-admin.key"), None)
+    assert creds(tls_cert="/me.crt", tls_key="/me.key") == (ca, "/me.crt", "/me.key", None)
+    assert creds(token="t0k") == (ca, None, None, "t0k")
+    with pytest.raises(UsageError, match="need --tls-ca"):
+        credentials_from_args(
+            argparse.Namespace(tls_ca=None, tls_cert="/me.crt", tls_key="/me.key", token=None),
+            None,
+        )

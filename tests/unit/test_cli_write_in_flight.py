@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from raftlet.cli import write_async
-from raftlet.cli.common import Target
+from raftlet.cli.common import Target, UsageError
 from raftlet.cli.main import build_parser
 from raftlet.cli.server_cpu import ServerCpu, parse_cpu_seconds
 from raftlet.cli.write_cmd import check_writers
@@ -147,6 +147,8 @@ def test_in_flight_load_writes_each_row_once_with_n_in_flight(
             ("background", 2, None, 3, 100),
         ),
         (["--flush-mode", "manual", "--batch-rows", "50"], ("manual", 4, None, None, 50)),
+        # Batches of N, never a sync load that ignores N.
+        (["--batch-rows", "1000"], ("background", 4, None, None, 1000)),
     ],
 )
 def test_writer_options_resolve_to_one_load(argv: list[str], resolved: tuple[object, ...]) -> None:
@@ -154,3 +156,11 @@ def test_writer_options_resolve_to_one_load(argv: list[str], resolved: tuple[obj
     check_writers(args)
     got = (args.flush_mode, args.threads, args.in_flight, args.batches_in_flight, args.batch_rows)
     assert got == resolved
+
+
+def test_batch_rows_with_a_sync_session_is_a_usage_error() -> None:
+    args = build_parser().parse_args(
+        ["write", "--data-dir", "x", "--rows", "5", "--batch-rows", "50", "--flush-mode", "sync"]
+    )
+    with pytest.raises(UsageError, match="--batch-rows with --flush-mode sync"):
+        check_writers(args)
