@@ -79,6 +79,12 @@ def _check_owner(data_dir: Path, server_id: str, where: str) -> None:
         return
     except (OSError, UnicodeDecodeError) as e:
         raise OSError(f"{where}: {ID_FILE} is unreadable ({e})") from None
+    if not owner:
+        # Torn by a crash of a filesystem that keeps no order, or emptied by hand.
+        raise OSError(
+            f"{where}: {ID_FILE} is empty; if this directory is {server_id}'s, write "
+            f"'{server_id}' into {path}"
+        )
     if owner != server_id:
         raise OSError(
             f"{where} belongs to server {owner!r}, not {server_id!r}: start {owner} on it, "

@@ -37,7 +37,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlet.consensus.log.segment import replace_durably
+from raftlet.consensus.log.segment import fsync_dir, replace_durably
 
 __all__ = ["HOSTED_TABLETS_FILE", "HostedTablets"]
 
@@ -88,6 +88,16 @@ class HostedTablets:
         placed: set[str] | frozenset[str],
         creating: set[str] | frozenset[str] = frozenset(),
     ) -> None:
-        """Durably replace the record (returns once it is on disk)."""
+        """Durably replace the record (returns once it is on disk); a record that says the
+        same already is left as it is, so a server restarts on a full disk."""
         doc = {"hosted": sorted(hosted), "creating": sorted(creating), "placed": sorted(placed)}
-        replace_durably(data_dir / HOSTED_TABLETS_FILE, json.dumps(doc, indent=1) + "\n")
+        text = json.dumps(doc, indent=1) + "\n"
+        path = data_dir / HOSTED_TABLETS_FILE
+        try:
+            same = path.read_text(encoding="utf-8") == text
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if same:
+            fsync_dir(data_dir)  # in case its rename was not durable yet
+            return
+        replace_durably(path, text)

@@ -8,6 +8,7 @@ import signal
 import sys
 
 from raftlet.tserver.cpu_affinity import apply_cpu_affinity
+from raftlet.tserver.open_files import raise_open_files_limit
 from raftlet.tserver.sched_batch import apply_sched_batch, sched_batch_supported
 from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import ServerSettings
@@ -24,6 +25,12 @@ def run(settings: ServerSettings) -> int:
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    try:
+        open_files = raise_open_files_limit()
+    except OSError as e:
+        print(f"raftlet tserver: error: {e}", file=sys.stderr)
+        return 1
+    logger.debug("open-file limit %d", open_files)
     position = settings.config.server_ids.index(settings.server_id)
     try:
         cpus = apply_cpu_affinity(settings.cpu_affinity, position)

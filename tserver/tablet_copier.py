@@ -251,8 +251,9 @@ class TabletCopier:
         own, held = _own_state(hosted, state)
         damaged = _damaged(hosted)
         _check_installable(own, held, state, damaged)
-        old = self._s.take_replica(tablet_id)
         try:
+            # Inside: a replica whose stop fails is listed again (FAILED, say), not dropped.
+            old = self._s.take_replica(tablet_id)
             own, held = _own_state(old, state)  # what the stopped replica made durable
             _check_installable(own, held, state, damaged or _damaged(old))
             build_replica_dir(staging, state, own, self._s.log_options)

@@ -680,8 +680,10 @@ class Log:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
-        self._writer.close()
-        os.close(self._lock_fd)
+        try:
+            self._writer.close()
+        finally:
+            os.close(self._lock_fd)  # the lock goes with the log, whatever else failed
 
     def __enter__(self) -> Log:
         return self

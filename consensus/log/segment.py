@@ -15,6 +15,7 @@ record whose first index is at or below the last one (replay lets it win).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -275,7 +276,12 @@ class SegmentWriter:
         release_unused(self._fd, self.size)
 
     def close(self) -> None:
-        os.close(self._fd)
+        # Idempotent: a roll that closed this segment and then failed to create the next
+        # leaves it as the log's writer, which the log's close closes again -- and a
+        # descriptor number closed twice may by then be another file's or socket's.
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -291,9 +297,15 @@ def replace_durably(path: Path, text: str) -> None:
     file or the new one, never a torn one: a temporary file, fsync, rename, fsync of the
     directory. Returns once it is on disk."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        # ENOSPC from a write names no file: say which.
+        raise OSError(e.errno, f"writing {path}: {e.strerror or e}") from e
     fsync_dir(path.parent)

@@ -44,3 +44,9 @@ def test_a_directory_without_an_id_file_is_adopted(tmp_path: Path) -> None:
     (tmp_path / "kv-p0").mkdir()
     DataDirLock.acquire(tmp_path, "ts3").release()
     assert (tmp_path / ID_FILE).read_text() == "ts3\n"
+
+
+def test_an_empty_id_file_is_named_with_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / ID_FILE).write_text("\n")
+    with pytest.raises(OSError, match=rf"{ID_FILE} is empty; if this directory is ts3's"):
+        DataDirLock.acquire(tmp_path, "ts3")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -332,3 +333,39 @@ def test_gc_never_leaves_a_crash_without_the_newest_durable_entry(tmp_path: Path
     with Log.open(tmp_path / "crashed", SMALL) as log:
         assert log.last_index() == 41
         assert log.entries(41, 42)[0].data == b"p" * 40
+
+
+def test_a_roll_that_fails_never_closes_a_descriptor_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The roll closed the full segment, then could not create the next (ENOSPC); the log's
+    close closed the old segment's descriptor again -- by then perhaps another file's."""
+    import errno
+
+    log = Log.open(tmp_path, SMALL)
+    real_create = segment_module.SegmentWriter.create
+
+    def full_disk(*args: object, **kwargs: object) -> segment_module.SegmentWriter:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment_module.SegmentWriter, "create", full_disk)
+
+    def fill() -> None:
+        for e in entries(1, 61, size=40):
+            log.append([e])
+
+    with pytest.raises(Exception, match="No space left"):
+        fill()
+    monkeypatch.setattr(segment_module.SegmentWriter, "create", real_create)
+    # The lowest free descriptor number: the one the roll closed, if nothing took it since.
+    bystander = os.open(tmp_path / "bystander", os.O_CREAT | os.O_RDWR)
+    try:
+        with contextlib.suppress(Exception):  # the failed log may report its failure
+            log.close()
+        os.fstat(bystander)  # still open: nobody closed it on the log's behalf
+        os.write(bystander, b"still mine")
+    finally:
+        os.close(bystander)
+    assert (tmp_path / "bystander").read_bytes() == b"still mine"
+    with pytest.raises(OSError, match="Bad file descriptor"):  # its lock went with it
+        os.close(log._lock_fd)
