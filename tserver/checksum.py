@@ -22,11 +22,12 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from raftlet.consensus.core.types import Entry, EntryType
 from raftlet.proto import tablet_pb2
-from raftlet.tserver.store import StoreError, TabletStore
+from raftlet.tserver.store import StoreError, TabletStore, damage_in
 
 __all__ = [
     "CHECKSUM_MARKER",
@@ -69,10 +70,13 @@ class ChecksumResult:
     failure: str = ""
 
 
-def checksum_rows(store: TabletStore, index: int) -> ChecksumResult:
+def checksum_rows(
+    store: TabletStore, index: int, on_damage: Callable[[str], None] | None = None
+) -> ChecksumResult:
     """The checksum of every row of ``store``, which must have applied exactly ``index``
     (the caller is its only writer). A store that cannot be read gives a result whose
-    ``failure`` says why: that is what the check is for."""
+    ``failure`` says why: that is what the check is for; ``on_damage`` hears it too when
+    the file is damaged."""
     digest = hashlib.blake2b(digest_size=16)
     rows = 0
     try:
@@ -87,6 +91,9 @@ def checksum_rows(store: TabletStore, index: int) -> ChecksumResult:
                     digest.update(b"\n")
                 rows += len(batch)
     except StoreError as e:
+        damage = damage_in(e)
+        if damage is not None and on_damage is not None:
+            on_damage(damage)
         return ChecksumResult(index, rows, "", str(e))
     return ChecksumResult(index, rows, digest.hexdigest())
 

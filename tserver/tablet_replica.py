@@ -119,7 +119,7 @@ from raftlet.tserver.result_tracker import (
 from raftlet.tserver.row_routing import check_rows_in_tablet
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.scan_request import check_scan_request
-from raftlet.tserver.store import ApplyEntry, EntryResult, InvalidScan, StoreError
+from raftlet.tserver.store import ApplyEntry, EntryResult, InvalidScan, StoreError, damage_in
 from raftlet.tserver.tablet_copy_install import SnapshotInfo
 
 __all__ = [
@@ -731,8 +731,9 @@ class TabletReplica:
         self._apply_q.post(None)
 
     def store_damaged(self, reason: str) -> None:
-        """The store verifier found the file damaged (``tserver.store_verifier``): fail
-        for good, in the apply stage (the store's only writer), which it is nudged to run."""
+        """The store file was found damaged -- by the verifier (``tserver.store_verifier``),
+        a read or a checksum: fail for good, in the apply stage (the store's only writer),
+        which it is nudged to run."""
         if self._store_damage is None:
             self._store_damage = reason
             self._apply_q.post(None)
@@ -848,7 +849,9 @@ class TabletReplica:
             if not self._apply(piece):
                 return False
             if is_checksum_point(piece[-1]):
-                self._checksums.record(checksum_rows(self.store, piece[-1].index))
+                self._checksums.record(
+                    checksum_rows(self.store, piece[-1].index, on_damage=self.store_damaged)
+                )
         return True
 
     def _catch_up(self) -> None:
@@ -881,6 +884,10 @@ class TabletReplica:
         )
 
     def _on_apply_failed(self, exc: BaseException) -> None:
+        damage = damage_in(exc)
+        if damage is not None and self._store_damage is None:
+            # Not a full disk that may pass: no retry mends it, a copy does.
+            self._store_damage = damage
         if self._apply_error is not None:
             logger.debug("%s: applying still fails: %r", self.tablet_id, exc)
             return
@@ -1163,6 +1170,14 @@ class TabletReplica:
                 return fill_page(cursor, request.row_format, max_rows, max_bytes)
         except InvalidScan as exc:  # the projection or the resume key
             raise InvalidRequest(str(exc)) from exc
+        except StoreError as exc:
+            damage = damage_in(exc)
+            if damage is None:
+                raise
+            # Found by a read: as if the verifier had (FAILED, leadership handed over, a
+            # copy from the leader), and the client reads from another replica.
+            self.store_damaged(damage)
+            raise TabletFailed(f"the store file is damaged ({damage})") from exc
 
     def _wait_applied(self, index: int, deadline: float | None = None) -> None:
         """Wait up to ``read_wait_s`` -- less if the caller's ``deadline`` comes first --

@@ -269,3 +269,77 @@ def test_a_committed_entry_a_follower_cannot_decode_fails_it_and_is_never_skippe
     tablet.wait_for(lambda: follower.failure_reason() is None, what="FAILED clears")
     for r in tablet.replicas.values():
         tablet.wait_for(lambda r=r: keys_on(r) == list(range(1, 7)), what=f"{r.server_id}")
+
+
+def _real_corruption(tmp_path: Path) -> sqlite3.DatabaseError:
+    """What SQLite raises reading a file whose pages were overwritten."""
+    path = tmp_path / "damaged.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(i, "x" * 200) for i in range(2000)])
+    db.close()
+    with open(path, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xa5" * 4096 * 20)
+    db = sqlite3.connect(path)
+    try:
+        db.execute("SELECT count(*), sum(length(v)) FROM t").fetchall()
+    except sqlite3.DatabaseError as e:
+        return e
+    finally:
+        db.close()
+    raise AssertionError("no corruption seen")
+
+
+def test_damage_is_told_apart_from_a_full_disk(tmp_path: Path) -> None:
+    from raftlet.tserver.store import damage_in
+
+    corrupt = _real_corruption(tmp_path)
+    wrapped = StoreError(f"tablet store x: scan failed: {corrupt}")
+    wrapped.__cause__ = corrupt
+    assert damage_in(wrapped) == f"tablet store x: scan failed: {corrupt}"
+    full = sqlite3.OperationalError("database or disk is full")
+    assert damage_in(StoreError("apply failed")) is None
+    assert damage_in(full) is None
+    assert damage_in(OSError(errno.ENOSPC, "No space left on device")) is None
+
+
+@pytest.mark.parametrize("found_by", ["scan", "apply"])
+def test_a_store_found_damaged_by_a_read_or_an_apply_fails_for_good_and_asks_for_a_copy(
+    tablet: Tablet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found_by: str
+) -> None:
+    """Damage seen outside the verifier's hourly check: a read that hits a bad page, an
+    apply that does. It was taken for a failure that may pass -- the scan answered an
+    internal error and no other replica was tried, the apply retried for good -- and the
+    replica stayed a voter that could lead."""
+    leader = tablet.leader()
+    for i in range(1, 4):
+        send(leader, write([i], "c3", i)).result()
+    follower = _others(tablet, leader.server_id)[0]
+    tablet.wait_for(lambda: keys_on(follower) == [1, 2, 3], what="the follower has the rows")
+    corrupt = _real_corruption(tmp_path)
+    store = follower.store
+    if found_by == "scan":
+
+        def open_scan(*_a: Any, **_k: Any) -> Any:
+            raise StoreError(f"tablet store {store.path}: scan failed: {corrupt}") from corrupt
+
+        monkeypatch.setattr(store, "open_scan", open_scan)
+        with pytest.raises(TabletFailed, match="the store file is damaged"):
+            follower.scan(
+                tablet_pb2.ScanRequest(
+                    tablet_id="kv-p0", read_mode=tablet_pb2.READ_FOLLOWER_APPLIED
+                )
+            )
+    else:
+
+        def apply_batch(*_a: Any, **_k: Any) -> list[EntryResult]:
+            raise StoreError(f"tablet store {store.path}: apply failed: {corrupt}") from corrupt
+
+        monkeypatch.setattr(store, "apply_batch", apply_batch)
+        send(leader, write([4], "c3", 4)).result()
+    tablet.wait_for(lambda: follower.failure_reason() is not None, what="FAILED")
+    assert "malformed" in str(follower.failure_reason())
+    assert follower.needs_repair()  # a copy mends it; no retry would
+    for i in range(5, 8):
+        send(leader, write([i], "c3", i)).result()

@@ -9,6 +9,7 @@ from raftlet.tserver.store.errors import (
     SchemaMismatchError,
     StoreClosedError,
     StoreError,
+    damage_in,
 )
 from raftlet.tserver.store.tablet_store import (
     FORMAT_VERSION,
@@ -32,4 +33,5 @@ __all__ = [
     "StoreClosedError",
     "StoreError",
     "TabletStore",
+    "damage_in",
 ]

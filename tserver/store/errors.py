@@ -3,7 +3,19 @@ any other ``StoreError`` means the replica cannot go on serving from this store.
 
 from __future__ import annotations
 
-__all__ = ["InvalidScan", "SchemaMismatchError", "StoreClosedError", "StoreError"]
+import sqlite3
+
+__all__ = [
+    "InvalidScan",
+    "SchemaMismatchError",
+    "StoreClosedError",
+    "StoreError",
+    "damage_in",
+]
+
+# SQLite's primary result codes for a file that is not what it should be.
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
 
 
 class StoreError(Exception):
@@ -20,3 +32,18 @@ class StoreClosedError(StoreError):
 
 class InvalidScan(StoreError, ValueError):
     """A scan's projection, predicates, limit or resume key do not fit the schema."""
+
+
+def damage_in(exc: BaseException) -> str | None:
+    """What says the store file is damaged (SQLITE_CORRUPT, SQLITE_NOTADB) in ``exc`` or
+    what caused it; None for any other failure (a full disk, say, which may pass)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; never loop on a cycle
+        if seen is None:
+            return None
+        if isinstance(seen, sqlite3.DatabaseError):
+            code = getattr(seen, "sqlite_errorcode", None)
+            if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+                return str(exc)
+        seen = seen.__cause__ or seen.__context__
+    return None
