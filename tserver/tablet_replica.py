@@ -142,6 +142,11 @@ _APPLY_RETRY_FIRST_S = 0.05
 _APPLY_RETRY_MAX_S = 2.0
 # Entries read back from the log per store transaction when catching up after a failure.
 _CATCH_UP_CHUNK = 4096
+# One store transaction takes at most this much of what commits at once: a follower back
+# from a pause commits its whole backlog in one go, and one transaction of it all held its
+# rows in memory and grew SQLite's -wal file by as much (to 40 MB after 3 minutes away).
+_APPLY_MAX_ENTRIES = _CATCH_UP_CHUNK
+_APPLY_MAX_BYTES = 8 * 1024 * 1024
 # What a wait inside a call leaves of the caller's deadline, for the answer to reach it.
 _ANSWER_MARGIN_S = 0.1
 # A follower applies what it holds once it is this many entries (``_hold``).
@@ -846,8 +851,9 @@ class TabletReplica:
         """Apply ``entries``; False (and the replica FAILED) if the store failed."""
         # A checksum point ends a piece: the rows are checksummed between two applies.
         for piece in split_after_checksum_points(entries):
-            if not self._apply(piece):
-                return False
+            for chunk in _bounded_transactions(piece):
+                if not self._apply(chunk):
+                    return False
             if is_checksum_point(piece[-1]):
                 self._checksums.record(
                     checksum_rows(self.store, piece[-1].index, on_damage=self.store_damaged)
@@ -1320,3 +1326,24 @@ def _response(index: int, term: int, row_errors: Sequence[RowFailure]) -> tablet
     response = tablet_pb2.WriteResponse(op_index=index, op_term=term)
     response.row_errors.extend(e.to_pb() for e in row_errors)
     return response
+
+
+def _bounded_transactions(entries: list[Entry]) -> list[list[Entry]]:
+    """``entries`` in runs of at most ``_APPLY_MAX_ENTRIES`` entries and, past one entry,
+    ``_APPLY_MAX_BYTES`` of payload; ``[entries]`` itself when it fits (nearly always)."""
+    if len(entries) <= _APPLY_MAX_ENTRIES and (
+        sum(len(e.data) for e in entries) <= _APPLY_MAX_BYTES
+    ):
+        return [entries]
+    runs: list[list[Entry]] = []
+    run: list[Entry] = []
+    size = 0
+    for entry in entries:
+        n = len(entry.data)
+        if run and (len(run) >= _APPLY_MAX_ENTRIES or size + n > _APPLY_MAX_BYTES):
+            runs.append(run)
+            run, size = [], 0
+        run.append(entry)
+        size += n
+    runs.append(run)
+    return runs

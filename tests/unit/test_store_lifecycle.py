@@ -221,3 +221,18 @@ def test_concurrent_scans_and_snapshots_see_whole_batches(tmp_path: Path) -> Non
         t.join()
         assert not errors
         assert s.count() == entries == s.applied_index()
+
+
+def test_the_wal_file_shrinks_back_after_a_large_transaction(tmp_path: Path) -> None:
+    """SQLite keeps its -wal file at the largest size it reached unless told a limit: a
+    follower's catch-up left it at 40 MB for good, ten times its peers'."""
+    from raftlet.tserver.store.tablet_store import WAL_FILE_LIMIT_BYTES
+
+    path = tmp_path / "t.db"
+    wal = tmp_path / "t.db-wal"
+    big = [{"id": i, "name": "x" * 4000} for i in range(6000)]  # ~24 MiB of pages
+    with TabletStore.open(path, SIMPLE) as s:
+        s.apply_batch([(1, 1, insert(SIMPLE, *big))])
+        assert wal.stat().st_size > WAL_FILE_LIMIT_BYTES
+        s.apply_batch([(2, 1, insert(SIMPLE, {"id": 10**6, "name": "small"}))])
+        assert wal.stat().st_size <= WAL_FILE_LIMIT_BYTES

@@ -1001,3 +1001,36 @@ def test_a_replica_that_has_known_no_leader_since_it_opened_serves_no_follower_r
     tablet.cut_off(node)  # cut off again, after it knew a leader: it still serves
     tablet.wait_for(lambda: not again.consensus.snapshot.leader_id, what="it loses the leader")
     assert len(again.scan(read).rows) == 1
+
+
+def test_a_follower_back_from_a_cut_applies_its_backlog_in_bounded_transactions(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its whole backlog commits at once; in one store transaction it was held in memory
+    whole and grew SQLite's -wal file by as much, for good."""
+    from raftlet.tserver import tablet_replica as replica_module
+
+    monkeypatch.setattr(replica_module, "_APPLY_MAX_ENTRIES", 4)
+    leader = tablet.leader()
+    follower = next(r for r in tablet.replicas.values() if r is not leader)
+    sizes: list[int] = []
+    real = follower.store.apply_batch
+
+    def apply_batch(batch: Any, before_commit: Any = None) -> Any:
+        sizes.append(len(batch))
+        return real(batch, before_commit)
+
+    monkeypatch.setattr(follower.store, "apply_batch", apply_batch)
+    tablet.cut_off(follower.server_id)
+    for k in range(1, 31):
+        send(leader, write([k], "c1", k)).result()
+    assert sizes == []
+    tablet.transport.heal()
+    tablet.wait_for(lambda: keys_on(follower) == list(range(1, 31)), what="caught up")
+    assert max(sizes) <= 4, sizes
+    # And by bytes: 3 MiB entries, at most 8 MiB a transaction (one alone may be larger).
+    big = [replica_module.Entry(1, i, data=b"x" * (3 << 20)) for i in range(1, 6)]
+    runs = replica_module._bounded_transactions(big)
+    assert [[e.index for e in run] for run in runs] == [[1, 2], [3, 4], [5]]
+    huge = [replica_module.Entry(1, 1, data=b"x" * (9 << 20))]
+    assert replica_module._bounded_transactions(huge) == [huge]

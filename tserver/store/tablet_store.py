@@ -73,6 +73,8 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+# What SQLite's -wal file shrinks back to after it grew (``_init_db``).
+WAL_FILE_LIMIT_BYTES = 16 * 1024 * 1024
 # Readers only wait on a writer during WAL recovery or a checkpoint restart: seconds, not ms.
 _BUSY_TIMEOUT_S = 30.0
 _MAX_REPR = 120
@@ -314,6 +316,10 @@ class TabletStore:
             # (docs/benchmarks.md, "Store transactions without a temp file").  In memory it
             # holds one statement's pages, and ``_MAX_BULK_ROWS`` bounds those.
             conn.execute("PRAGMA temp_store=MEMORY")
+            # SQLite keeps its -wal file at the largest size it ever reached (one large
+            # transaction, checkpoints held off by readers): after a checkpoint it shrinks
+            # back to this.
+            conn.execute(f"PRAGMA journal_size_limit={WAL_FILE_LIMIT_BYTES}")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 tables = {
