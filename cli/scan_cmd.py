@@ -83,7 +83,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="COND",
         help='a condition such as "key < 100" (repeatable; ANDed)',
     )
-    p.add_argument("--limit", type=positive_int, metavar="N", help="return at most N rows")
+    p.add_argument("--limit", type=_limit_arg, metavar="N", help="return at most N rows")
     p.add_argument(
         "--columns",
         type=_columns_arg,
@@ -116,6 +116,15 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="S",
         help="deadline of the whole scan (default 30)",
     )
+
+
+def _limit_arg(text: str) -> int:
+    from raftlet.schema.scan_bounds import MAX_SCAN_LIMIT
+
+    n = positive_int(text)
+    if n > MAX_SCAN_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be at most 2**53 ({MAX_SCAN_LIMIT}), got {n}")
+    return n
 
 
 def _min_index_arg(text: str) -> tuple[str, int]:
@@ -179,18 +188,26 @@ class WhereClause:
     op: str
     values: tuple[str, ...] = ()
 
+    @property
+    def shown(self) -> str:
+        """The clause as an error quotes it: an IN list of thousands cut short."""
+        text = (
+            self.text if len(self.text) <= 80 else f"{self.text[:60]}... ({len(self.text)} chars)"
+        )
+        return repr(text)
+
     def predicate(self, schema: Schema) -> Predicate:
         """The validated predicate; ``UsageError`` naming this clause if it does not fit."""
         if not schema.has_column(self.column):
             raise UsageError(
-                f"--where {self.text!r}: no column {self.column!r} "
+                f"--where {self.shown}: no column {self.column!r} "
                 f"(columns: {', '.join(schema.column_names)})"
             )
         col = schema.column(self.column)
         try:
             vals = [parse_value(col.type, v) for v in self.values]
         except ValueError as e:
-            raise UsageError(f"--where {self.text!r}: {e}") from None
+            raise UsageError(f"--where {self.shown}: {e}") from None
         if self.op == "is-null":
             pred = Predicate.is_null(col.name)
         elif self.op == "not-null":
@@ -206,7 +223,7 @@ class WhereClause:
         try:
             return pred.validate(schema)
         except PredicateError as e:
-            raise UsageError(f"--where {self.text!r}: {e}") from None
+            raise UsageError(f"--where {self.shown}: {e}") from None
 
 
 def parse_where(text: str) -> WhereClause:

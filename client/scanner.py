@@ -126,7 +126,7 @@ class Scanner(Iterator[Row]):
         # not look at the limit: its words for it are the wire's).
         if limit is not None and not 0 <= limit <= MAX_SCAN_LIMIT:
             raise InvalidArgument(
-                f"limit must be None (no limit) or 0 to {MAX_SCAN_LIMIT} rows, got {limit}"
+                f"limit must be 0 to {MAX_SCAN_LIMIT} rows (or None: no limit), got {limit}"
             )
         # The server refuses these too; checked here so the scan fails before any call.
         problem = scan_bounds_error(self._predicates, 0)

@@ -30,7 +30,15 @@ from operator import add, gt, itemgetter
 from typing import Any
 
 from raftlet.schema.row_block import RowBlockError, RowLayout, decode_row_block, row_layout
-from raftlet.schema.rows import OpType, RowFailure, RowOp, RowOpError, build_row_op
+from raftlet.schema.rows import (
+    MAX_KEY_BYTES,
+    OpType,
+    RowFailure,
+    RowOp,
+    RowOpError,
+    build_row_op,
+    key_bytes,
+)
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import DataType, Value
 
@@ -95,6 +103,7 @@ class _Plan:
     op: OpType
     columns: tuple[str, ...]
     cells: tuple[tuple[DataType, int | None], ...]
+    varlen_key: bool  # a string or binary key column: keys are measured (MAX_KEY_BYTES)
 
 
 _OP_VALUES = frozenset(int(t) for t in OpType)
@@ -124,7 +133,12 @@ def _plan_of(schema: Schema, header: bytes) -> _Plan | None:
         op = build_row_op(schema, OpType(header[0]), given, 0)
     except RowOpError:
         return None
-    return _Plan(op.type, tuple(op.values), tuple(cells))
+    varlen_key = any(c.type in _VARLEN for c in schema.columns[: schema.num_key_columns])
+    return _Plan(op.type, tuple(op.values), tuple(cells), varlen_key)
+
+
+def _over_key_limit(key_columns: list[list[Any]]) -> bool:
+    return max(map(key_bytes, zip(*key_columns, strict=True))) > MAX_KEY_BYTES
 
 
 class _Fallback(Exception):
@@ -178,6 +192,8 @@ def decode_row_runs(
                 raise _Fallback
             unpacked = list(layout.row.iter_unpack(view[start * width : (start + count) * width]))
             columns = [_column(dtype, at, unpacked, side) for dtype, at in plan.cells]
+            if plan.varlen_key and _over_key_limit(columns[: schema.num_key_columns]):
+                raise _Fallback  # the row-by-row decoder names each row with a key too large
             runs.append(
                 RowRun(
                     plan.op,
@@ -314,6 +330,8 @@ def _decode_together(
             _joined_column(dtype, at, rows_of, side, bases_of, limits_of)
             for dtype, at in plan.cells
         ]
+        if plan.varlen_key and _over_key_limit(columns[: schema.num_key_columns]):
+            raise _Fallback
         if len(where) == len(unpacked):
             params = list(zip(*columns, strict=True))
         else:

@@ -11,7 +11,8 @@ Decoding rules, checked in this order; a row reports only its first error:
 2. per cell: the column exists (UNKNOWN_COLUMN), appears once (INVALID_ROW), the value fits
    the type (TYPE_MISMATCH), and is not NULL in a non-nullable column (NULL_NOT_ALLOWED).
    A cell whose ValuePB has no member set means "not given" and is ignored;
-3. every key column is given (MISSING_KEY_COLUMN);
+3. every key column is given (MISSING_KEY_COLUMN), and the key is at most ``MAX_KEY_BYTES``
+   (16 KiB: strings and binaries by their bytes, any other column 8) (INVALID_ROW);
 4. DELETE gives only key columns; UPDATE gives at least one non-key column (INVALID_ROW);
 5. INSERT and UPSERT give every non-nullable column (NULL_NOT_ALLOWED): there are no column
    defaults, and an UPSERT may turn out to be an insert.
@@ -29,6 +30,7 @@ from raftlet.schema.schema import Schema
 from raftlet.schema.types import TypeMismatch, Value, value_from_pb, value_to_pb
 
 __all__ = [
+    "MAX_KEY_BYTES",
     "ErrorCode",
     "OpType",
     "RowFailure",
@@ -38,11 +40,16 @@ __all__ = [
     "decode_row_op",
     "decode_row_ops",
     "encode_row_op",
+    "key_bytes",
     "row_from_pb",
     "row_to_pb",
 ]
 
 ErrorCode = tablet_pb2.RowErrorPB.Code
+# A row's key, its string and binary columns by their bytes: a scan page carries a key
+# twice (the row and the resume key), and keys of megabytes made a tablet's pages too
+# large to send -- every full scan of it failed for good. Kudu's limit too.
+MAX_KEY_BYTES = 16 * 1024
 _Op = tablet_pb2.RowOperationPB
 
 
@@ -137,6 +144,12 @@ def build_row_op(
                 ErrorCode.MISSING_KEY_COLUMN,
                 f"key column {schema.columns[i].name!r} not given",
             )
+    key = tuple(given[i] for i in range(nkeys))
+    size = key_bytes(key)
+    if size > MAX_KEY_BYTES:
+        raise RowOpError(
+            ErrorCode.INVALID_ROW, f"the key is {size} bytes, over the {MAX_KEY_BYTES}-byte limit"
+        )
     non_key = sorted(i for i in given if i >= nkeys)
     if op_type is OpType.DELETE and non_key:
         raise RowOpError(
@@ -155,10 +168,23 @@ def build_row_op(
                 )
     return RowOp(
         type=op_type,
-        key=tuple(given[i] for i in range(nkeys)),
+        key=key,
         values={schema.columns[i].name: given[i] for i in non_key},
         row_index=row_index,
     )
+
+
+def key_bytes(key: Sequence[Value]) -> int:
+    """A key's size as ``MAX_KEY_BYTES`` counts it."""
+    size = 0
+    for v in key:
+        if isinstance(v, str):
+            size += len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
+        elif isinstance(v, bytes | bytearray | memoryview):
+            size += len(v)
+        else:
+            size += 8
+    return size
 
 
 def decode_row_ops(

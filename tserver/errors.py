@@ -10,6 +10,7 @@ status for the same situation whichever code path noticed it.
 from __future__ import annotations
 
 __all__ = [
+    "DeadlineExceeded",
     "DeadlineExceededInQueue",
     "InvalidRequest",
     "ServiceUnavailable",
@@ -50,6 +51,11 @@ class DeadlineExceededInQueue(Exception):
         self.service = service
         self.method = method
         self.waited_s = waited_s
+
+
+class DeadlineExceeded(Exception):
+    """The call ran past its deadline and stopped (a scan page: SQLite interrupted); nothing
+    changed, so a retry is safe (DEADLINE_EXCEEDED)."""
 
 
 class UnknownTablet(Exception):

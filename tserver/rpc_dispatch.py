@@ -36,6 +36,7 @@ from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.errors import (
     CopySessionNotFound,
+    DeadlineExceeded,
     DeadlineExceededInQueue,
     InvalidRequest,
     ServiceUnavailable,
@@ -155,7 +156,7 @@ def status_for(
     if isinstance(exc, SenderMismatch):
         # A peer's certificate and its request disagree about who sends it: a forgery.
         return S.PERMISSION_DENIED, msg, None
-    if isinstance(exc, DeadlineExceededInQueue):
+    if isinstance(exc, DeadlineExceededInQueue | DeadlineExceeded):
         return S.DEADLINE_EXCEEDED, msg, None
     if isinstance(exc, TabletFailed):
         return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)

@@ -100,6 +100,7 @@ from raftlet.tserver.checksum import (
     split_after_checksum_points,
 )
 from raftlet.tserver.errors import (
+    DeadlineExceeded,
     InvalidRequest,
     ServiceUnavailable,
     StaleRequest,
@@ -119,7 +120,14 @@ from raftlet.tserver.result_tracker import (
 from raftlet.tserver.row_routing import check_rows_in_tablet
 from raftlet.tserver.scan_page import fill_page
 from raftlet.tserver.scan_request import check_scan_request
-from raftlet.tserver.store import ApplyEntry, EntryResult, InvalidScan, StoreError, damage_in
+from raftlet.tserver.store import (
+    ApplyEntry,
+    EntryResult,
+    InvalidScan,
+    ScanDeadlineExceeded,
+    StoreError,
+    damage_in,
+)
 from raftlet.tserver.tablet_copy_install import SnapshotInfo
 
 __all__ = [
@@ -1172,10 +1180,17 @@ class TabletReplica:
                 resume_key=request.resume_key if request.HasField("resume_key") else None,
                 # One more row than the page can hold: whether there are more.
                 limit=max_rows + 1 if max_rows is not None else None,
+                # Stopped when the caller gives up, with time left to say so.
+                deadline=None if deadline is None else deadline - _ANSWER_MARGIN_S,
             ) as cursor:
                 return fill_page(cursor, request.row_format, max_rows, max_bytes)
         except InvalidScan as exc:  # the projection or the resume key
             raise InvalidRequest(str(exc)) from exc
+        except ScanDeadlineExceeded as exc:
+            raise DeadlineExceeded(
+                f"tablet {self.tablet_id}: the scan page was not done by the call's deadline "
+                "(a smaller page, fewer IN values or a longer timeout may help)"
+            ) from exc
         except StoreError as exc:
             damage = damage_in(exc)
             if damage is None:

@@ -600,3 +600,15 @@ def test_a_tls_cluster_directory_lends_its_ca_to_your_own_certificate_or_token(
             argparse.Namespace(tls_ca=None, tls_cert="/me.crt", tls_key="/me.key", token=None),
             None,
         )
+
+
+def test_a_where_error_quotes_a_long_clause_cut_short() -> None:
+    from raftlet.cli.common import UsageError
+
+    schema = Schema([ColumnSchema("key", DataType.INT64, is_key=True)])
+    clause = parse_where("key in (" + ",".join(map(str, range(10_001))) + ")")
+    with pytest.raises(UsageError) as caught:
+        clause.predicate(schema)
+    message = str(caught.value)
+    assert "IN list of 10001 values (at most 10000)" in message
+    assert len(message) < 200, message

@@ -23,6 +23,7 @@ from raftlet.consensus.rpc.codec import MalformedRequest
 from raftlet.proto import ERROR_METADATA_KEY
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.errors import (
+    DeadlineExceeded,
     DeadlineExceededInQueue,
     InvalidRequest,
     ServiceUnavailable,
@@ -60,6 +61,7 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
     ("exc", "code", "error_code"),
     [
         (DeadlineExceededInQueue("tablet", "Write", 0.5), S.DEADLINE_EXCEEDED, None),
+        (DeadlineExceeded("tablet kv-p0: the scan page was not done"), S.DEADLINE_EXCEEDED, None),
         (ServiceUnavailable("server shutting down"), S.UNAVAILABLE, None),
         (UnknownTablet("t-1"), S.NOT_FOUND, E.TABLET_NOT_FOUND),
         (InvalidRequest("no key column"), S.INVALID_ARGUMENT, E.INVALID_ARGUMENT),

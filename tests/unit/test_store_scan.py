@@ -252,3 +252,31 @@ def test_paged_scans_return_exactly_the_full_ordered_result(
     if predicate is None:
         assert len(full) == len(keys)
     assert pages >= 1
+
+
+def test_a_scan_past_its_deadline_is_interrupted_and_the_reader_serves_the_next(
+    tmp_path: Path,
+) -> None:
+    """A slow scan (an IN list over rows with large cells took seconds a page) held its
+    service thread after its caller gave up; many of them starved every write."""
+    import time
+
+    from raftlet.tserver.store import ScanDeadlineExceeded, StoreError
+    from tests.unit.store_helpers import SIMPLE
+
+    with TabletStore.open(tmp_path / "t.db", SIMPLE) as store:
+        rows = [{"id": i, "name": f"n{i}"} for i in range(5000)]
+        store.apply_batch([(1, 1, insert(SIMPLE, *rows))])
+        passed = time.monotonic() - 1.0
+        with (
+            pytest.raises(ScanDeadlineExceeded, match="ran past its deadline"),
+            store.open_scan(deadline=passed) as cursor,
+        ):
+            cursor.fetch_all()
+        assert issubclass(ScanDeadlineExceeded, StoreError)
+        # The same pooled reader, no longer interrupted: every row, with or without a
+        # deadline still ahead.
+        with store.open_scan() as cursor:
+            assert len(cursor.fetch_all()) == 5000
+        with store.open_scan(deadline=time.monotonic() + 60) as cursor:
+            assert len(cursor.fetch_all()) == 5000

@@ -6,6 +6,7 @@ schema; ``errors`` holds what the service boundary maps to a status.
 
 from raftlet.tserver.store.errors import (
     InvalidScan,
+    ScanDeadlineExceeded,
     SchemaMismatchError,
     StoreClosedError,
     StoreError,
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidScan",
     "RequestRecord",
     "ScanCursor",
+    "ScanDeadlineExceeded",
     "ScanResult",
     "SchemaMismatchError",
     "StoreClosedError",

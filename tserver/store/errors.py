@@ -7,6 +7,7 @@ import sqlite3
 
 __all__ = [
     "InvalidScan",
+    "ScanDeadlineExceeded",
     "SchemaMismatchError",
     "StoreClosedError",
     "StoreError",
@@ -32,6 +33,11 @@ class StoreClosedError(StoreError):
 
 class InvalidScan(StoreError, ValueError):
     """A scan's projection, predicates, limit or resume key do not fit the schema."""
+
+
+class ScanDeadlineExceeded(StoreError):
+    """A scan ran past the deadline it was given and SQLite was interrupted; the store is
+    as it was."""
 
 
 def damage_in(exc: BaseException) -> str | None:

@@ -27,6 +27,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from raftlet.schema.schema import Schema, SchemaError
 from raftlet.schema.types import DataType, Value
 from raftlet.tserver.store.errors import (
     InvalidScan,
+    ScanDeadlineExceeded,
     SchemaMismatchError,
     StoreClosedError,
     StoreError,
@@ -73,6 +75,11 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+# How many SQLite virtual-machine steps a scan with a deadline runs between two looks at
+# the clock (``open_scan``): a fraction of a millisecond of a plain scan's time.
+_PROGRESS_EVERY_OPS = 1000
+# SQLite's result code of an interrupted statement.
+_SQLITE_INTERRUPT = 9
 # What SQLite's -wal file shrinks back to after it grew (``_init_db``).
 WAL_FILE_LIMIT_BYTES = 16 * 1024 * 1024
 # Readers only wait on a writer during WAL recovery or a checkpoint restart: seconds, not ms.
@@ -184,13 +191,13 @@ class ScanCursor:
                 return self._cursor.fetchall()
             return self._cursor.fetchmany(n)
         except sqlite3.Error as e:
-            raise StoreError(f"tablet store {self._path}: scan failed: {e}") from e
+            raise _scan_error(self._path, e) from e
 
     def fetch_all(self) -> list[tuple[SqlValue, ...]]:
         try:
             return self._cursor.fetchall()
         except sqlite3.Error as e:
-            raise StoreError(f"tablet store {self._path}: scan failed: {e}") from e
+            raise _scan_error(self._path, e) from e
 
     def resume_key_after(self, row: Sequence[SqlValue]) -> bytes:
         """The resume key that continues a scan strictly after ``row`` (one fetched here)."""
@@ -804,11 +811,15 @@ class TabletStore:
         predicates: Sequence[Predicate | tablet_pb2.PredicatePB] = (),
         resume_key: bytes | None = None,
         limit: int | None = None,
+        deadline: float | None = None,
     ) -> Iterator[ScanCursor]:
         """A ``ScanCursor`` over the rows ``scan`` would return (same arguments; ``limit``
         only tells SQLite how many rows at most will be fetched), in one read transaction
         that ends with the ``with`` block. For a caller that fills a page as it fetches,
-        by its own measure of size, without reading rows it will not send."""
+        by its own measure of size, without reading rows it will not send. Past
+        ``deadline`` (``time.monotonic()``) SQLite is interrupted and the cursor raises
+        ``ScanDeadlineExceeded``: a slow query (IN lists over rows with large cells took
+        seconds) must not hold a service thread after its caller gave up."""
         columns = self._resolve_projection(projection)
         preds = [self._resolve_predicate(p) for p in predicates]
         resume: tuple[Value, ...] | None = None
@@ -827,6 +838,10 @@ class TabletStore:
         types = tuple(self.schema.column(c).type for c in columns)
         try:
             with self._reader() as conn:
+                if deadline is not None:
+                    conn.set_progress_handler(
+                        lambda: time.monotonic() > deadline, _PROGRESS_EVERY_OPS
+                    )
                 conn.execute("BEGIN")
                 try:
                     applied_index = self._read_applied_index(conn)
@@ -834,9 +849,11 @@ class TabletStore:
                         self, tuple(columns), types, applied_index, conn.execute(sql, params)
                     )
                 finally:
+                    if deadline is not None:
+                        conn.set_progress_handler(None, 0)
                     conn.rollback()
         except sqlite3.Error as e:
-            raise StoreError(f"tablet store {self.path}: scan failed: {e}") from e
+            raise _scan_error(self.path, e) from e
 
     def _resolve_projection(self, projection: Sequence[str] | None) -> list[str]:
         if not projection:
@@ -965,3 +982,9 @@ class TabletStore:
     def __repr__(self) -> str:
         index, term = self._applied
         return f"TabletStore({str(self.path)!r}, applied={index}/{term})"
+
+
+def _scan_error(path: Path, e: sqlite3.Error) -> StoreError:
+    if getattr(e, "sqlite_errorcode", None) == _SQLITE_INTERRUPT:
+        return ScanDeadlineExceeded(f"tablet store {path}: the scan ran past its deadline")
+    return StoreError(f"tablet store {path}: scan failed: {e}")
