@@ -176,6 +176,10 @@ class TabletCopier:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             return self._copy_into(tablet_id, sources, staging)
+        except OSError as e:
+            # A full or failing disk here: one line, and the repair loop tries again.
+            logger.warning("tablet %s: tablet copy failed: %s", tablet_id, e)
+            return False
         except Exception:
             logger.exception("tablet %s: tablet copy failed", tablet_id)
             return False

@@ -32,9 +32,11 @@ from raftlet.consensus.core import NotLeaderError
 from raftlet.tserver.errors import (
     CopySessionNotFound,
     InvalidRequest,
+    ServiceUnavailable,
     TabletFailed,
     UnknownTablet,
 )
+from raftlet.tserver.store import StoreError
 from raftlet.tserver.tablet_copy_install import COPY_DIR, SnapshotInfo, outgoing_snapshot
 
 __all__ = ["CopySession", "CopySessions", "CopySource"]
@@ -131,6 +133,10 @@ class CopySessions:
         try:
             snap = source.copy_snapshot(path)
             size, crc = _size_and_crc(path)
+        except (OSError, StoreError) as e:
+            path.unlink(missing_ok=True)
+            # The requester hears why (a full disk here, say), not "internal server error".
+            raise ServiceUnavailable(f"{tablet_id}: this server cannot make a copy: {e}") from e
         except BaseException:
             path.unlink(missing_ok=True)
             raise

@@ -114,3 +114,24 @@ def test_a_server_that_is_no_member_gets_no_copy(tmp_path: Path) -> None:
         sessions.begin("t1", "e")
     assert list(tmp_path.rglob("*")) == []  # no snapshot was taken for it
 
+
+def test_a_source_that_cannot_write_its_snapshot_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk on the leader: the requester heard "internal server error (StoreError)"
+    and the leader logged a traceback; now UNAVAILABLE with the reason, nothing left."""
+    import errno
+
+    from raftlet.tserver.errors import ServiceUnavailable
+
+    sessions, replica, _, _ = _sessions(tmp_path)
+
+    def full(dest: Path) -> SnapshotInfo:
+        dest.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(replica, "copy_snapshot", full)
+    with pytest.raises(ServiceUnavailable, match=r"t1: this server cannot make a copy: .*No space"):
+        sessions.begin("t1", "c")
+    assert sessions.active() == 0
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
