@@ -272,6 +272,13 @@ def test_membership_payload_round_trips_and_refuses_garbage() -> None:
             Membership.decode(bad)
 
 
+def _entry(term: int, index: int, m: Membership | None = None) -> Entry:
+    """A NORMAL entry, or the CONFIG entry of membership ``m``."""
+    if m is None:
+        return Entry(term, index, EntryType.NORMAL, b"x%d" % index)
+    return Entry(term, index, EntryType.CONFIG, m.encode())
+
+
 def test_an_uncommitted_config_is_never_persisted_as_committed_behind_a_lagging_commit() -> None:
     # After a restart the node's own commit index (saved only with term and vote) may lag
     # the config it persisted as committed. conf_state() then named the *latest* config
@@ -281,18 +288,15 @@ def test_an_uncommitted_config_is_never_persisted_as_committed_behind_a_lagging_
     m12 = Membership(("a", "b", "c", "d"))  # uncommitted
     m12b = Membership(("a", "b"), ("d",))  # another leader's, uncommitted too
 
-    def entry(term: int, index: int, m: Membership | None = None) -> Entry:
-        if m is None:
-            return Entry(term, index, EntryType.NORMAL, b"x%d" % index)
-        return Entry(term, index, EntryType.CONFIG, m.encode())
-
     storage = MemoryStorage()
-    storage.append([entry(1, i) for i in range(1, 10)])
-    storage.append([entry(2, 10, m10), entry(2, 11), entry(2, 12, m12)])
+    storage.append([_entry(1, i) for i in range(1, 10)])
+    storage.append([_entry(2, 10, m10), _entry(2, 11), _entry(2, 12, m12)])
     storage.set_hard_state(HardState(term=2, vote="a", commit=5))
     node = _restarted_c(storage, m12, 12, (10, m10), applied=8)
     # A leader of term 4, its commit behind, replaces 11..12; its 12 is another change.
-    _append_to_c(node, "b", 4, after=(10, 2), entries=[entry(3, 11), entry(3, 12, m12b)], commit=8)
+    _append_to_c(
+        node, "b", 4, after=(10, 2), entries=[_entry(3, 11), _entry(3, 12, m12b)], commit=8
+    )
     rd = node.ready()
     assert (rd.conf_state.committed_index, rd.conf_state.committed) == (10, m10)
     storage.set_hard_state(rd.hard_state)
@@ -367,15 +371,10 @@ def test_a_cut_after_a_restart_falls_back_to_the_change_between_committed_and_la
     m12 = Membership(("a", "b", "c"), ("d",))
     m14 = Membership(("a", "b", "c", "d"))
 
-    def entry(term: int, index: int, m: Membership | None = None) -> Entry:
-        if m is None:
-            return Entry(term, index, EntryType.NORMAL, b"x%d" % index)
-        return Entry(term, index, EntryType.CONFIG, m.encode())
-
     storage = MemoryStorage()
-    storage.append([entry(1, i) for i in range(1, 10)])
-    storage.append([entry(2, 10, m10), entry(2, 11), entry(2, 12, m12), entry(2, 13)])
-    storage.append([entry(2, 14, m14)])
+    storage.append([_entry(1, i) for i in range(1, 10)])
+    storage.append([_entry(2, 10, m10), _entry(2, 11), _entry(2, 12, m12), _entry(2, 13)])
+    storage.append([_entry(2, 14, m14)])
     storage.set_hard_state(HardState(term=2, vote="a", commit=5))
     node = _restarted_c(storage, m14, 14, (10, m10), applied=5)
     assert node.raft.membership == m14
