@@ -378,7 +378,7 @@ def _checksums(target: Any, timeout_s: float, health: Any) -> list[Any]:
                 tablet, 0, (), not_checked="no ready leader (see above): not checked"
             )
         try:
-            return client.checksum(tablet, timeout_s=wait_s)
+            return client.checksum(tablet, timeout_s=wait_s, refresh=False)
         except RaftletError as e:
             return TabletChecksum(tablet, 0, (), not_checked=f"no checksum point: {e}")
 
@@ -387,6 +387,9 @@ def _checksums(target: Any, timeout_s: float, health: Any) -> list[Any]:
         target.client(timeout_s=wait_s) as client,
         ThreadPoolExecutor(max(1, min(16, len(placements))), "ksck-checksum") as pool,
     ):
+        if placements:
+            # Where every tablet's replicas are now, learned once for all of them.
+            client.leader_of(placements[0].tablet_id, refresh=True)
         return list(pool.map(one, placements))
 
 

@@ -361,15 +361,20 @@ class Client(ClientBase[MetaCache]):
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
         )
 
-    def checksum(self, tablet_id: str, *, timeout_s: float | None = None) -> TabletChecksum:
+    def checksum(
+        self, tablet_id: str, *, timeout_s: float | None = None, refresh: bool = True
+    ) -> TabletChecksum:
         """Compare the rows of every replica of ``tablet_id`` at one log index (needs the
         admin role): the leader places a checksum point, each replica checksums its rows
         when it applies it. A replica that cannot answer is in the result with its error,
-        not raised: telling which replica is wrong is the point."""
+        not raised: telling which replica is wrong is the point. ``refresh=False``: the
+        caller has just learned the replicas (``leader_of(..., refresh=True)``), as one
+        checking many tablets at once does -- each refresh waits for every server."""
         self._check_open()
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        # Its replicas as they are now (they may have moved since the client started).
-        self._meta.refresh_leaders(time.monotonic() + timeout, force=True)
+        if refresh:
+            # Its replicas as they are now (they may have moved since the client started).
+            self._meta.refresh_leaders(time.monotonic() + timeout, force=True)
         wait_ms = max(1, min(int(timeout * 1000), _MAX_CHECKSUM_WAIT_MS))
         place = admin_pb2.ChecksumTabletRequest(tablet_id=tablet_id, timeout_ms=wait_ms)
         first, leader = self._on_leader(

@@ -21,6 +21,7 @@ TABLETS = ("kv-p0", "kv-p1", "kv-p2", "kv-p3")
 class _Client:
     def __init__(self) -> None:
         self.asked: list[str] = []
+        self.refreshed = 0
         self._lock = threading.Lock()
         self._all_in = threading.Barrier(3, timeout=10)
 
@@ -30,7 +31,14 @@ class _Client:
     def __exit__(self, *_exc: object) -> None:
         pass
 
-    def checksum(self, tablet: str, *, timeout_s: float) -> TabletChecksum:
+    def leader_of(self, tablet: str, *, refresh: bool = False) -> str:
+        assert refresh
+        with self._lock:
+            self.refreshed += 1
+        return "ts1"
+
+    def checksum(self, tablet: str, *, timeout_s: float, refresh: bool = True) -> TabletChecksum:
+        assert not refresh, "each tablet refreshed the replicas again"
         with self._lock:
             self.asked.append(tablet)
         # The three led tablets must be in flight together (one at a time would wait here
@@ -67,6 +75,7 @@ def test_tablets_are_checked_at_once_and_leaderless_ones_not_at_all(
     checks = _checksums(target, 3.0, health)
 
     assert sorted(client.asked) == ["kv-p0", "kv-p2", "kv-p3"]
+    assert client.refreshed == 1
     assert [c.tablet_id for c in checks] == list(TABLETS)
     by_id = {c.tablet_id: c for c in checks}
     assert by_id["kv-p0"].ok
