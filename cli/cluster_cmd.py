@@ -407,9 +407,7 @@ def _print_checksums(checksums: list[Any]) -> None:
         rows = next((r.rows for r in c.replicas if r.checksum == agreed), 0) if agreed else "-"
         table.add_row(
             c.tablet_id,
-            "[green]OK[/]"
-            if c.ok
-            else ("[red]DIVERGED[/]" if c.diverged else "[yellow]INCOMPLETE[/]"),
+            _checksum_status(c),
             str(c.index or "-"),
             str(rows),
             agreed[:16] if agreed else "-",
@@ -437,11 +435,30 @@ def _print_checksums(checksums: list[Any]) -> None:
         out.print(f"[green]CHECKSUMS OK: {len(checksums)} tablets, replicas equal[/]")
 
 
+def _checksum_status(c: Any) -> str:
+    if c.ok:
+        return "[green]OK[/]"
+    if c.diverged:
+        return "[red]DIVERGED[/]"
+    if any(r.checksum for r in c.replicas):
+        return "[yellow]INCOMPLETE[/]"
+    return "[yellow]MISSING[/]"
+
+
 def _suspect_text(replica: Any, agreed: str | None) -> str:
     if replica.error:
         return f"{replica.server}: {replica.error}"
     what = "differs from the majority" if agreed else "no majority"
     return f"{replica.server}: {replica.checksum[:16]} ({replica.rows} rows, {what})"
+
+
+_ROLE_SHORT = {
+    "LEADER": "L",
+    "FOLLOWER": "F",
+    "LEARNER": "learner",
+    "CANDIDATE": "candidate",
+    "PRE_CANDIDATE": "pre-candidate",
+}
 
 
 def _print_status(
@@ -486,9 +503,7 @@ def _print_status(
             if r.state in ("DOWN", "MISSING", "UNKNOWN", "FAILED"):
                 reps.append(f"{r.server} {mark(r.state)}")
                 continue
-            role = {"LEADER": "L", "FOLLOWER": "F", "LEARNER": "learner"}.get(
-                r.role, r.role[:4].lower()
-            )
+            role = _ROLE_SHORT.get(r.role, r.role.lower())
             ahead = r.applying_index - r.applied_index
             applying = f" (+{ahead} applying)" if ahead > 0 else ""
             lag = "" if r.lag is None else f" lag {r.lag}"
@@ -500,7 +515,7 @@ def _print_status(
             mark(t.severity.name),
             t.leader or "[red]none[/]",
             str(t.term),
-            str(t.leader_commit) if t.leader else "-",
+            "-" if t.leader_commit is None else str(t.leader_commit),
             ", ".join(reps),
         )
     out.print(tablets)

@@ -149,7 +149,8 @@ class TabletHealth:
     replicas: list[ReplicaHealth]
     leader: str | None = None
     term: int = 0
-    leader_commit: int = 0
+    # None when the leader did not list itself (busy): its commit index is unknown.
+    leader_commit: int | None = None
     issues: list[str] = field(default_factory=list)
     severity: Severity = Severity.OK
 

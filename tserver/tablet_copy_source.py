@@ -18,6 +18,7 @@ server's copy janitor), as does a copy the leader asked for whose session never 
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import threading
 import time
@@ -40,6 +41,8 @@ from raftlet.tserver.store import StoreError
 from raftlet.tserver.tablet_copy_install import COPY_DIR, SnapshotInfo, outgoing_snapshot
 
 __all__ = ["CopySession", "CopySessions", "CopySource"]
+
+logger = logging.getLogger(__name__)
 
 _READ_CHUNK = 1 << 20
 
@@ -135,7 +138,9 @@ class CopySessions:
             size, crc = _size_and_crc(path)
         except (OSError, StoreError) as e:
             path.unlink(missing_ok=True)
-            # The requester hears why (a full disk here, say), not "internal server error".
+            # The requester hears why (a full disk here, say), not "internal server error";
+            # and this server's operator, whose disk it is, too.
+            logger.warning("tablet %s: no copy for %s: %s", tablet_id, requester, e)
             raise ServiceUnavailable(f"{tablet_id}: this server cannot make a copy: {e}") from e
         except BaseException:
             path.unlink(missing_ok=True)

@@ -908,9 +908,11 @@ class TabletReplica:
         self._apply_error = exc
         # The store rolled the batch back; its entries stay in the log for the retry.
         logger.error(
-            "%s: applying committed entries failed, the replica is FAILED and retries with "
-            "backoff: %r",
+            "%s: applying committed entries failed, the replica is FAILED and %s: %r",
             self.tablet_id,
+            "waits for a copy of the tablet (the store file is damaged)"
+            if self._store_damage is not None
+            else "retries with backoff",
             exc,
         )
         self.consensus.apply_failed(exc)

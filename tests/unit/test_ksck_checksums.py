@@ -5,6 +5,7 @@ deadline), the others are asked at once, and the verdict tells "no replica gave 
 
 from __future__ import annotations
 
+import re
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -88,4 +89,7 @@ def test_tablets_are_checked_at_once_and_leaderless_ones_not_at_all(
     assert "CHECKSUMS INCOMPLETE: kv-p2 (a replica gave none; those that did agree)" in out
     assert "CHECKSUMS MISSING: kv-p1, kv-p3 (no replica gave one)" in out
     assert "leader ts1 stepped down" in out
+    # The table's word for each tablet is the summary's.
+    assert re.search(r"kv-p1 +MISSING", out), out
+    assert re.search(r"kv-p2 +INCOMPLETE", out), out
     assert "MISMATCH" not in out

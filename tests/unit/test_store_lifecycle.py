@@ -236,3 +236,32 @@ def test_the_wal_file_shrinks_back_after_a_large_transaction(tmp_path: Path) -> 
         assert wal.stat().st_size > WAL_FILE_LIMIT_BYTES
         s.apply_batch([(2, 1, insert(SIMPLE, {"id": 10**6, "name": "small"}))])
         assert wal.stat().st_size <= WAL_FILE_LIMIT_BYTES
+
+
+def test_a_snapshot_that_fails_leaves_nothing_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk every failed attempt left its rollback journal behind (one per tablet
+    copy session, until the server restarted)."""
+    import errno
+
+    from raftlet.tserver.store import tablet_store as store_module
+
+    path, snap = tmp_path / "t.db", tmp_path / "snap" / "s.db"
+    snap.parent.mkdir()
+    real_fsync = store_module._fsync_path
+
+    def full(p: Path, *, directory: bool = False) -> None:
+        if p.name == "s.db.tmp":
+            Path(f"{p}-journal").write_bytes(b"what SQLite left")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(p, directory=directory)
+
+    with TabletStore.open(path, SIMPLE) as s:
+        fill(s, 1, 20, term=2)
+        monkeypatch.setattr(store_module, "_fsync_path", full)
+        with pytest.raises(StoreError, match=r"snapshot to .*s\.db failed: .*No space left"):
+            s.snapshot(snap)
+        assert list(snap.parent.iterdir()) == []
+        monkeypatch.setattr(store_module, "_fsync_path", real_fsync)
+        assert s.snapshot(snap) == (20, 2)

@@ -922,7 +922,8 @@ class TabletStore:
         """
         dest = Path(dest_path)
         tmp = dest.with_name(dest.name + ".tmp")
-        for leftover in (tmp, Path(f"{tmp}-journal")):
+        leftovers = (tmp, Path(f"{tmp}-journal"))
+        for leftover in leftovers:
             leftover.unlink(missing_ok=True)
         try:
             with self._reader() as src:
@@ -936,8 +937,10 @@ class TabletStore:
             _fsync_path(tmp)
             os.replace(tmp, dest)
             _fsync_path(dest.parent, directory=True)
-        except sqlite3.Error as e:
-            tmp.unlink(missing_ok=True)
+        except (sqlite3.Error, OSError) as e:
+            # Its rollback journal too: one per failed attempt piled up on a full disk.
+            for leftover in leftovers:
+                leftover.unlink(missing_ok=True)
             raise StoreError(f"tablet store {self.path}: snapshot to {dest} failed: {e}") from e
         return int(meta["applied_index"]), int(meta["applied_term"])
 
