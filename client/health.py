@@ -401,6 +401,13 @@ def _check_tablet(
             tablet.issues.append(
                 f"under-replicated: {len(replicas)} voters, the table asks for {factor}"
             )
+        elif len(replicas) > factor:
+            # For a moment in every move (promoted, not yet removed); if it lasts, two
+            # moves raced, or one stopped halfway.
+            tablet.issues.append(
+                f"over-replicated: {len(replicas)} voters, the table asks for {factor} "
+                f"(if it lasts, `raftlet tablet remove-replica {tid} SERVER` drops one)"
+            )
     majority = len(replicas) // 2 + 1
     severity = Severity.OK
     if reachable < majority:

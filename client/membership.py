@@ -24,7 +24,7 @@ from typing import cast
 import grpc
 
 from raftlet.client.client import Client
-from raftlet.client.errors import InvalidArgument, RemoteError, Timeout
+from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, Timeout
 from raftlet.proto import admin_pb2, consensus_pb2
 
 __all__ = [
@@ -143,16 +143,53 @@ def _wait_committed(
 
 def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float) -> None:
     """Wait until ``server``'s replica holds every entry its leader had committed when the
-    wait began (then promoting it costs the group no availability)."""
+    wait began (then promoting it costs the group no availability). Another operator may
+    act meanwhile: ``RemoteError`` at once if ``server`` left the group, and a replica
+    deleted while ``server`` is still a learner (a leftover deletion that raced this add)
+    is made again."""
     target = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
     while True:
         try:
             st = _state(client, server, tablet_id, 5.0)
             if st.last_log_index >= target.commit_index and st.applied_index >= target.commit_index:
                 return
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+                if server not in m.learners:
+                    raise RemoteError(
+                        f"{server} left {tablet_id}'s group while it was being added (another "
+                        f"operator's change?): voters {', '.join(m.voters)}"
+                        + (f", learners {', '.join(m.learners)}" if m.learners else "")
+                    ) from None
+                _create_replica(client, tablet_id, server, m, max(0.1, deadline - time.monotonic()))
         _pause(deadline, f"the replica of {tablet_id} on {server} to catch up")
+
+
+def _create_replica(
+    client: Client, tablet_id: str, server: str, m: TabletMembership, timeout_s: float
+) -> None:
+    """CreateReplica on ``server``, joining ``m`` as a learner; ``InvalidArgument`` why not."""
+    learners = m.learners if server in m.learners else (*m.learners, server)
+    request = admin_pb2.CreateReplicaRequest(
+        tablet_id=tablet_id, voters=m.voters, learners=learners
+    )
+    try:
+        # Waiting for the connection: a server just restarted may still be in its channel's
+        # reconnect backoff (the add then failed "connection refused").
+        client.admin_stub(server).CreateReplica(
+            request, timeout=min(10.0, timeout_s), wait_for_ready=True
+        )
+    except grpc.RpcError as e:
+        hint = (
+            f" (a leftover of an earlier removal: `raftlet tablet remove-replica "
+            f"{tablet_id} {server}` deletes it)"
+            if "already holds a replica" in (e.details() or "")
+            else ""
+        )
+        raise InvalidArgument(
+            f"creating a replica of {tablet_id} on {server} failed: {e.details()}{hint}"
+        ) from None
 
 
 def _refuse_if_pending(m: TabletMembership, tablet_id: str) -> None:
@@ -189,26 +226,16 @@ def add_replica(
         raise InvalidArgument(f"{server} already holds a replica of {tablet_id} (a voter)")
     if server not in m.learners:
         _refuse_if_pending(m, tablet_id)
-        request = admin_pb2.CreateReplicaRequest(
-            tablet_id=tablet_id, voters=m.voters, learners=(*m.learners, server)
-        )
+        _create_replica(client, tablet_id, server, m, timeout_s)
         try:
-            # Waiting for the connection: a server just restarted may still be in its
-            # channel's reconnect backoff (the add then failed "connection refused").
-            client.admin_stub(server).CreateReplica(
-                request, timeout=min(10.0, timeout_s), wait_for_ready=True
+            added = _change(
+                client, tablet_id, admin_pb2.CONFIG_CHANGE_ADD_LEARNER, server, timeout_s
             )
-        except grpc.RpcError as e:
-            hint = (
-                f" (a leftover of an earlier removal: `raftlet tablet remove-replica "
-                f"{tablet_id} {server}` deletes it)"
-                if "already holds a replica" in (e.details() or "")
-                else ""
-            )
-            raise InvalidArgument(
-                f"creating a replica of {tablet_id} on {server} failed: {e.details()}{hint}"
-            ) from None
-        added = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_ADD_LEARNER, server, timeout_s)
+        except RaftletError as e:
+            # Another operator's change came first: the replica just made must not stay
+            # behind as one of no group.
+            _undo_create(client, tablet_id, server, e)
+            raise
         say(f"{tablet_id}: {server} added as a learner (entry {added.index})")
         m = _wait_committed(
             client,
@@ -221,7 +248,15 @@ def add_replica(
     if not wait:
         return m
     _wait_caught_up(client, tablet_id, server, deadline)
-    promoted = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_PROMOTE, server, timeout_s)
+    try:
+        promoted = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_PROMOTE, server, timeout_s)
+    except RemoteError:
+        # Promoted already (the same add, run twice at once): what was asked is done.
+        m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+        if server in m.voters and not m.change_pending:
+            say(f"{tablet_id}: {server} is a voter already")
+            return m
+        raise
     m = _wait_committed(
         client,
         tablet_id,
@@ -266,6 +301,16 @@ def remove_replica(
                 f"{server} holds no replica of {tablet_id} (voters {', '.join(m.voters)}"
                 + (f"; learners {', '.join(m.learners)})" if m.learners else ")")
             ) from None
+        after = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+        if server in after.members():
+            # A concurrent add made it a member meanwhile: what was deleted was its new
+            # replica, which that add makes again (``_wait_caught_up``).
+            raise RemoteError(
+                f"{server} joined {tablet_id}'s group (another operator's add) while its "
+                "replica there was being deleted as a leftover; that add makes the replica "
+                f"again -- run `raftlet tablet remove-replica {tablet_id} {server}` once it "
+                "is done if it should go"
+            )
         say(f"{tablet_id}: the leftover replica on {server} (no member of the group) was deleted")
         return m
     _refuse_if_pending(m, tablet_id)
@@ -281,6 +326,10 @@ def remove_replica(
     removed = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s)
     say(f"{tablet_id}: {server} removed (entry {removed.index})")
     if not wait:
+        say(
+            f"{tablet_id}: not waiting for the removal to commit, so the replica stays on "
+            f"{server}; then `raftlet tablet remove-replica {tablet_id} {server}` deletes it"
+        )
         return m
     m = _wait_committed(
         client,
@@ -304,6 +353,21 @@ def remove_replica(
                 "deletes it (`raftlet cluster status` lists it)"
             )
     return m
+
+
+def _undo_create(client: Client, tablet_id: str, server: str, why: RaftletError) -> None:
+    """Delete the replica ``add_replica`` made on ``server`` for a change that failed,
+    unless ``server`` is a member after all (the change may have gone through)."""
+    try:
+        m = leader_membership(client, tablet_id, 10.0)
+        if server not in m.members():
+            _delete_replica(client, tablet_id, server, 10.0)
+    except (RaftletError, grpc.RpcError) as e:
+        raise RemoteError(
+            f"adding {server} to {tablet_id} failed ({why}), and deleting the replica made "
+            f"for it failed too ({e}): `raftlet tablet remove-replica {tablet_id} {server}` "
+            "deletes it"
+        ) from None
 
 
 def _delete_replica(
@@ -336,7 +400,15 @@ def move_replica(
         raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
     if target in m.voters:
         raise InvalidArgument(f"{target} already holds a replica of {tablet_id}")
-    add_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
+    added = add_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
+    if source not in added.members():
+        # Another operator moved it meanwhile: adding ``target`` made one voter too many.
+        say(f"{tablet_id}: {source} left the group meanwhile (another move?); undoing the add")
+        remove_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
+        raise RemoteError(
+            f"{source} left {tablet_id}'s group while {target} was being added (another "
+            f"operator's move?), so {target} was removed again: nothing moved"
+        )
     return remove_replica(client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say)
 
 

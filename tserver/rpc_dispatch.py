@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import grpc
 
 from raftlet.consensus.core import (
+    ConfigChangeDeferred,
     ConfigChangeRefused,
     NotLeaderError,
     ProposalDropped,
@@ -188,6 +189,10 @@ def status_for(
                 leader_addr=_leader_addr(leader, leader_addr_lookup),
             ),
         )
+    if isinstance(exc, ConfigChangeDeferred):
+        # In a moment it will take it (a transfer ends, the no-op commits): retried on the
+        # same server, as a leader not ready yet is.
+        return S.UNAVAILABLE, msg, E(code=E.LEADER_NOT_READY, message=msg)
     if isinstance(exc, ConfigChangeRefused):
         # Not retried by the client: the operator (or the CLI) decides what to do about it.
         return S.FAILED_PRECONDITION, msg, E(code=E.UNKNOWN, message=msg)

@@ -8,6 +8,7 @@ and the simulator (tests/sim) feed it ticks and messages and carry out the
 
 from raftlet.consensus.core.config import Config
 from raftlet.consensus.core.errors import (
+    ConfigChangeDeferred,
     ConfigChangeRefused,
     NotLeaderError,
     ProposalDropped,
@@ -43,6 +44,7 @@ __all__ = [
     "ConfState",
     "Config",
     "ConfigChange",
+    "ConfigChangeDeferred",
     "ConfigChangeRefused",
     "ConfigChangeType",
     "Entry",

@@ -26,6 +26,12 @@ class ConfigChangeRefused(ProposalDropped):
     message says which).  Nothing was appended."""
 
 
+class ConfigChangeDeferred(ConfigChangeRefused):
+    """A membership change this leader cannot take *yet*, though it may in a moment: it is
+    handing leadership over, or has not committed an entry of its term. A caller retries
+    (another change not committed yet is ``ConfigChangeRefused``: another operator's)."""
+
+
 class NotLeaderError(ProposalDropped):
     """This node is not the leader; ``leader_id`` is the known leader or ''."""
 

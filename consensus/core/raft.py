@@ -69,6 +69,7 @@ from dataclasses import dataclass
 
 from raftlet.consensus.core.config import Config
 from raftlet.consensus.core.errors import (
+    ConfigChangeDeferred,
     ConfigChangeRefused,
     NotLeaderError,
     ProposalDropped,
@@ -430,9 +431,9 @@ class Raft:
         if self.role is not Role.LEADER:
             raise NotLeaderError(self.lead, self.term)
         if self.lead_transferee != NO_NODE:
-            raise ConfigChangeRefused(f"leadership is being transferred to {self.lead_transferee}")
+            raise ConfigChangeDeferred(f"leadership is being transferred to {self.lead_transferee}")
         if self.log.term(self.log.committed) != self.term:
-            raise ConfigChangeRefused(
+            raise ConfigChangeDeferred(
                 f"the leader of term {self.term} has not committed an entry of its term yet"
             )
         pending = self._configs[-1][0]

@@ -3,9 +3,11 @@ replaced by a new leader's at the same index is reported lost, and nothing is de
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
 from raftlet.client import membership
@@ -51,3 +53,120 @@ def test_a_committed_removal_deletes_the_replica(scripted: dict[str, list[Any]])
     m = remove_replica(None, "kv-p0", "ts3", timeout_s=5.0)  # type: ignore[arg-type]
     assert m.voters == ("ts1", "ts2")
     assert scripted["deleted"] == [("kv-p0", "ts3")]
+
+
+# --- two operators at once -------------------------------------------------------------------
+
+
+class _NotFound(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.NOT_FOUND
+
+    def details(self) -> str:
+        return "tablet 'kv-p0' not found on this server"
+
+
+def _with_learner(voters: tuple[str, ...], learner: str, commit: int = 30) -> Any:
+    return TabletMembership("kv-p0", "ts1", 2, voters, (learner,), commit, commit)
+
+
+def test_an_add_whose_server_left_the_group_fails_at_once(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It waited out its whole timeout "for the replica to catch up", then said so."""
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [_with_learner(voters, "ts4"), _group(voters, commit=31, config=31)]
+
+    def gone(*_a: Any, **_k: Any) -> Any:
+        raise _NotFound()
+
+    monkeypatch.setattr(membership, "_state", gone)
+    with pytest.raises(RemoteError, match="ts4 left kv-p0's group while it was being added"):
+        membership._wait_caught_up(None, "kv-p0", "ts4", time.monotonic() + 60)  # type: ignore[arg-type]
+
+
+def test_a_learner_whose_replica_was_deleted_gets_it_made_again(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another operator's leftover deletion raced the add: the group kept a learner that
+    had no replica (MISSING) and the add timed out."""
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [_with_learner(voters, "ts4"), _with_learner(voters, "ts4")]
+    states = [_NotFound(), SimpleNamespace(last_log_index=30, applied_index=30)]
+
+    def state(*_a: Any, **_k: Any) -> Any:
+        answer = states.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    made: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(membership, "_state", state)
+    monkeypatch.setattr(
+        membership,
+        "_create_replica",
+        lambda _c, tablet, server, m, _t: made.append((server, m.learners)),
+    )
+    membership._wait_caught_up(None, "kv-p0", "ts4", time.monotonic() + 60)  # type: ignore[arg-type]
+    assert made == [("ts4", ("ts4",))]
+
+
+def test_an_add_refused_deletes_the_replica_it_made(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another operator's change came first: the new replica stayed as one of no group."""
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [_group(voters, 21, 1), _group(voters, 23, 23)]
+    made: list[str] = []
+    monkeypatch.setattr(
+        membership, "_create_replica", lambda _c, _t, server, *_a: made.append(server)
+    )
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise RemoteError("a config change is in progress")
+
+    monkeypatch.setattr(membership, "_change", refused)
+    with pytest.raises(RemoteError, match="in progress"):
+        membership.add_replica(None, "kv-p0", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert made == ["ts4"]
+    assert scripted["deleted"] == [("kv-p0", "ts4")]
+
+
+def test_a_promote_another_run_made_counts_as_done(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [_with_learner(voters, "ts4"), _group((*voters, "ts4"), 31, 31)]
+    monkeypatch.setattr(membership, "_wait_caught_up", lambda *_a: None)
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise RemoteError("ts4 is not a learner (voters ts1, ts2, ts3, ts4)")
+
+    monkeypatch.setattr(membership, "_change", refused)
+    m = membership.add_replica(None, "kv-p0", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert "ts4" in m.voters
+
+
+def test_a_move_whose_source_left_meanwhile_takes_its_target_out_again(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two moves of one source at once left four voters where the table asks for three."""
+    scripted["answers"] = [_group(("ts1", "ts2", "ts3"), 21, 1)]
+    # Meanwhile the other move took ts3 to ts5; this one added ts4.
+    after_add = _group(("ts1", "ts2", "ts4", "ts5"), 40, 40)
+    monkeypatch.setattr(membership, "add_replica", lambda *_a, **_k: after_add)
+    removed: list[str] = []
+    monkeypatch.setattr(
+        membership, "remove_replica", lambda _c, _t, server, **_k: removed.append(server)
+    )
+    with pytest.raises(RemoteError, match="ts3 left kv-p0's group while ts4 was being added"):
+        membership.move_replica(None, "kv-p0", "ts3", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert removed == ["ts4"]
+
+
+def test_a_leftover_deletion_raced_by_an_add_says_so(scripted: dict[str, list[Any]]) -> None:
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [_group(voters, 21, 21), _with_learner(voters, "ts4", 23)]
+    with pytest.raises(RemoteError, match=r"ts4 joined kv-p0's group .* while its replica"):
+        remove_replica(None, "kv-p0", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert scripted["deleted"] == [("kv-p0", "ts4")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from raftlet.client import health
@@ -181,3 +183,24 @@ def test_a_busy_leader_that_its_followers_name_is_a_warning_not_no_leader(
     verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
     assert verdict.severity is health.Severity.ERROR
     assert "kv-p0: no leader" in verdict.issues
+
+
+def test_more_voters_than_the_table_asks_for_is_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two moves of one replica at once left four voters; status said OK."""
+    four = ("a", "b", "c", "d")
+    layout = SimpleNamespace(
+        name="t",
+        servers=[SimpleNamespace(id=n, rpc_addr=n, http_addr=n) for n in four],
+        placements=lambda: [
+            SimpleNamespace(tablet_id="kv-p0", table="kv", partition=0, replicas=IDS)
+        ],
+    )
+    probes = {
+        n: (_listed(n, voters=four, leader=int(n == "a"), commit_index=9), "UP", "") for n in four
+    }
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(layout, health.ProbeOptions())
+    assert verdict.severity is health.Severity.WARN
+    assert any("over-replicated: 4 voters, the table asks for 3" in i for i in verdict.issues)

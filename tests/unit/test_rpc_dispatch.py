@@ -17,7 +17,13 @@ from typing import Any
 import grpc
 import pytest
 
-from raftlet.consensus.core import NotLeaderError, ProposalDropped, TermMismatch
+from raftlet.consensus.core import (
+    ConfigChangeDeferred,
+    ConfigChangeRefused,
+    NotLeaderError,
+    ProposalDropped,
+    TermMismatch,
+)
 from raftlet.consensus.raft_consensus import LeaderNotReady, ReplicaFailed
 from raftlet.consensus.rpc.codec import MalformedRequest
 from raftlet.proto import ERROR_METADATA_KEY
@@ -73,6 +79,13 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
         (LeaderNotReady("no-op not committed"), S.UNAVAILABLE, E.LEADER_NOT_READY),
         (ReplicaFailed("log failed"), S.UNAVAILABLE, E.TABLET_NOT_RUNNING),
         (ProposalDropped("no follower"), S.UNAVAILABLE, None),
+        # Retried on the same leader; another operator's change in progress is not.
+        (
+            ConfigChangeDeferred("leadership is being transferred"),
+            S.UNAVAILABLE,
+            E.LEADER_NOT_READY,
+        ),
+        (ConfigChangeRefused("a change is in progress"), S.FAILED_PRECONDITION, E.UNKNOWN),
     ],
 )
 def test_status_for_maps_typed_errors(
