@@ -257,7 +257,9 @@ class Session:
         (acknowledged, or an error collected for ``errors()``)."""
         with self._cond:
             ops, self._buffer = self._buffer, []
-            target = self._accepted
+            # Every index taken so far, refused rows included (they take one and are never
+            # buffered: the count of buffered rows fell one short per refusal).
+            target = self._next_index
             if not (len(ops) == 1 or (ops and self._one_batch(ops))):
                 self._pipeline.add_all(ops)
                 self._wait_for(target)

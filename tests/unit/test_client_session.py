@@ -139,3 +139,52 @@ class RealClock:
 
     clock = staticmethod(time.monotonic)
     sleep = staticmethod(time.sleep)
+
+
+@pytest.mark.parametrize("mode", [FlushMode.MANUAL_FLUSH, FlushMode.AUTO_FLUSH_BACKGROUND])
+def test_flush_waits_for_every_row_after_one_the_client_refused(mode: FlushMode) -> None:
+    """A refused row takes an index but is never buffered; flush() waited for as many rows
+    as were buffered, so it returned with the last one still out and its error lost."""
+    cluster = FakeCluster()
+    release = threading.Event()
+    held = "kv-p1"
+
+    def answer(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        response = ok(request)
+        if request.tablet_id == held:
+            release.wait(30)
+            response.row_errors.add(
+                row_index=0, code=tablet_pb2.RowErrorPB.KEY_EXISTS, message="exists"
+            )
+        return response
+
+    for s in cluster.servers.values():
+        s.script("write", *[answer] * 4)
+    session = Session(
+        make_rpc(cluster, RealClock()),  # type: ignore[arg-type]
+        RequestTracker(),
+        ThreadPoolExecutor(4),
+        flush_mode=mode,
+        timeout_s=10.0,
+    )
+    try:
+        with pytest.raises(RowError):
+            session.insert("kv", {"key": "not an integer", "value": "v"})
+        (first,) = _keys_of(session, "kv-p0", 1)
+        (last,) = _keys_of(session, held, 1)
+        session.insert("kv", {"key": first, "value": "v"})
+        session.insert("kv", {"key": last, "value": "v"})
+        flushed = threading.Event()
+        flusher = threading.Thread(target=lambda: (session.flush(), flushed.set()))
+        flusher.start()
+        wait_for(
+            lambda: any(r.tablet_id == held for _, r in cluster.writes()), what="the held row out"
+        )
+        assert not flushed.wait(0.3), "flush() returned with a row still out"
+        release.set()
+        assert flushed.wait(10)
+        assert session.pending == 0
+        assert [(e.row_index, e.code) for e in session.errors()] == [(2, "KEY_EXISTS")]
+    finally:
+        release.set()
+        session.close()
