@@ -131,6 +131,10 @@ class _Connecting:
 
 
 class AsyncClient(ClientBase[AsyncMetaCache]):
+    """A connection to a raftlet cluster for asyncio code, made with ``await
+    AsyncClient.connect(...)`` and used from that event loop only; many writes may be in
+    flight at once. The module docstring says how errors and retries work."""
+
     def __init__(
         self,
         seeds: str | Sequence[str],
@@ -197,6 +201,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         )
         self._tracker = RequestTracker()
         self._closed = False
+        # The event loop it connected in: its connections and tasks live there.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def connect(cls, seeds: str | Sequence[str], **kwargs: Any) -> _Connecting:
@@ -215,8 +221,19 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
     async def load(self) -> Self:
         """Fetch the cluster config (``connect`` does this)."""
         self._check_open()
+        self._loop = asyncio.get_running_loop()
         await self._meta.load(self._rpc.clock() + self.timeout_s, self.timeout_s)
         return self
+
+    def _check_open(self) -> None:
+        super()._check_open()
+        if self._loop is not None and _running_loop() is not self._loop:
+            # Its connections belong to that loop: a write sent from here was applied, and
+            # its answer waited for a reader that never ran (a Timeout, after the deadline).
+            raise InvalidArgument(
+                "this AsyncClient connected in another event loop: use it only from that "
+                "one (make one client per event loop)"
+            )
 
     # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: client_base) --
 
@@ -428,3 +445,10 @@ def _batches(ops: list[Operation], max_rows: int, max_bytes: int) -> Iterator[li
         size += op.nbytes
     if batch:
         yield batch
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar, cast
 
 import grpc
 
 from raftlet.client.aio_tcp_writes import TcpWritesTo
-from raftlet.client.aio_write_stream import AsyncWriteStream, StreamedRpcError
+from raftlet.client.aio_write_stream import AsyncWriteStream, StreamedRpcError, unary_call
 from raftlet.client.channels import CHANNEL_OPTIONS, ChannelsByAddress
 from raftlet.client.retry import within
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
@@ -105,7 +105,7 @@ class GrpcAsyncServerStub:
                 await stream.close()
         return cast(
             tablet_pb2.WriteResponse,
-            await _unary(self._tablet.Write(request, timeout=timeout)),
+            await unary_call(self._tablet.Write(request, timeout=timeout)),
         )
 
     async def close(self) -> None:
@@ -117,7 +117,7 @@ class GrpcAsyncServerStub:
     async def list_tablets(self, timeout: float) -> tablet_pb2.ListTabletsResponse:
         return cast(
             tablet_pb2.ListTabletsResponse,
-            await _unary(
+            await unary_call(
                 self._tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout)
             ),
         )
@@ -125,7 +125,7 @@ class GrpcAsyncServerStub:
     async def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse:
         return cast(
             tablet_pb2.GetClusterConfigResponse,
-            await _unary(
+            await unary_call(
                 self._tablet.GetClusterConfig(tablet_pb2.GetClusterConfigRequest(), timeout=timeout)
             ),
         )
@@ -135,25 +135,8 @@ class GrpcAsyncServerStub:
     ) -> admin_pb2.LeaderStepDownResponse:
         return cast(
             admin_pb2.LeaderStepDownResponse,
-            await _unary(self._admin.LeaderStepDown(request, timeout=timeout)),
+            await unary_call(self._admin.LeaderStepDown(request, timeout=timeout)),
         )
-
-
-async def _unary(call: Awaitable[T]) -> T:
-    """Await one ``grpc.aio`` call. Closing its channel cancels it, and grpc.aio then
-    raises ``CancelledError`` in the awaiting task -- which escaped ``except Exception`` and
-    read as the caller's own task being cancelled when a client was closed during a
-    leader look-up. Unless this task itself is being cancelled, that is the call's
-    failure: CANCELLED, which the retry loop turns into ``ClientClosed`` once closed."""
-    try:
-        return await call
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-        raise StreamedRpcError(
-            grpc.StatusCode.CANCELLED, "the call was cancelled: its channel closed"
-        ) from None
 
 
 class AsyncChannelPool:

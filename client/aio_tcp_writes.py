@@ -32,7 +32,7 @@ import struct
 
 import grpc
 
-from raftlet.client.aio_write_stream import StreamedRpcError, expire, write_result
+from raftlet.client.aio_write_stream import StreamedRpcError, expire, unary_call, write_result
 from raftlet.proto import tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["TcpWriteStream", "TcpWritesTo", "open_tcp_write_stream"]
@@ -140,7 +140,11 @@ async def open_tcp_write_stream(
     NAT, which its port would bypass), or cannot be asked (a reader may not) or reached or
     handshaken with (the caller then uses the gRPC stream)."""
     try:
-        answer = await stub.WriteEndpoint(tablet_pb2.WriteEndpointRequest(), timeout=timeout)
+        # Closing the client's channels cancels the call: CANCELLED, not the opening task's
+        # cancellation, which every writer waiting on it took for its own.
+        answer = await unary_call(
+            stub.WriteEndpoint(tablet_pb2.WriteEndpointRequest(), timeout=timeout)
+        )
     except grpc.RpcError:
         return None
     if answer.port == 0 or answer.advertised_address != address:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -33,7 +34,16 @@ from raftlet.client.retry import CREDENTIALS_REFUSED, too_large
 from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 
-__all__ = ["WRITE_STREAM_METHOD", "AsyncWriteStream", "StreamedRpcError", "expire", "write_result"]
+__all__ = [
+    "WRITE_STREAM_METHOD",
+    "AsyncWriteStream",
+    "StreamedRpcError",
+    "expire",
+    "unary_call",
+    "write_result",
+]
+
+T = TypeVar("T")
 
 WRITE_STREAM_METHOD = "/raftlet.TabletService/WriteStream"
 
@@ -66,6 +76,23 @@ class StreamedRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no ty
         if self._error is None:
             return ()
         return ((ERROR_METADATA_KEY, self._error.SerializeToString()),)
+
+
+async def unary_call(call: Awaitable[T]) -> T:
+    """Await one ``grpc.aio`` call. Closing its channel cancels it, and grpc.aio then
+    raises ``CancelledError`` in the awaiting task -- which escaped ``except Exception`` and
+    read as the caller's own task being cancelled when a client was closed during a
+    leader look-up. Unless this task itself is being cancelled, that is the call's
+    failure: CANCELLED, which the retry loop turns into ``ClientClosed`` once closed."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise StreamedRpcError(
+            grpc.StatusCode.CANCELLED, "the call was cancelled: its channel closed"
+        ) from None
 
 
 def expire(pending: dict[int, asyncio.Future[tablet_pb2.WriteResponse]], write_id: int) -> None:

@@ -64,6 +64,9 @@ def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
         host, sep, port = addr.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise InvalidArgument(f"server address {addr!r} is not host:port")
+        # gRPC takes a port modulo 65536 (and 0 as "any"): 70000 reached port 4464.
+        if not (port.isascii() and 1 <= int(port) <= 65535):
+            raise InvalidArgument(f"server address {addr!r}: port must be 1 to 65535")
     return out
 
 
@@ -96,6 +99,10 @@ def _replica_checksum(uuid: str, pb: admin_pb2.ChecksumTabletResponse) -> Replic
 
 
 class Client(ClientBase[MetaCache]):
+    """A connection to a raftlet cluster for threaded code: ``new_session()`` to write,
+    ``scan()`` to read, safe to share between threads; close it (or use ``with``) when
+    done. The module docstring says how errors and retries work."""
+
     def __init__(
         self,
         seeds: str | Sequence[str],

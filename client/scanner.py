@@ -83,6 +83,9 @@ class RowFormat(enum.IntEnum):
 
 
 class Scanner(Iterator[Row]):
+    """The rows of one scan (``Client.scan``), fetched a page at a time as they are
+    iterated, tablet after tablet, failing over between replicas."""
+
     def __init__(
         self,
         rpc: RpcContext,
@@ -106,6 +109,8 @@ class Scanner(Iterator[Row]):
             raise InvalidArgument(
                 f"projection is a sequence of column names, not one name: [{projection!r}]"
             )
+        if isinstance(predicates, Predicate):
+            raise InvalidArgument(f"predicates is a list of Predicate objects: [{predicates!r}]")
         bad: list[object] = [p for p in predicates if not isinstance(p, Predicate)]
         if bad:
             raise InvalidArgument(
@@ -124,7 +129,11 @@ class Scanner(Iterator[Row]):
             raise InvalidArgument(f"table {table.name!r}: {e}") from None
         # None is "no limit" here (0 on the wire, which is why the shared check below does
         # not look at the limit: its words for it are the wire's).
-        if limit is not None and not 0 <= limit <= MAX_SCAN_LIMIT:
+        if limit is not None and (
+            not isinstance(limit, int)
+            or isinstance(limit, bool)
+            or not 0 <= limit <= MAX_SCAN_LIMIT
+        ):
             raise InvalidArgument(
                 f"limit must be 0 to {MAX_SCAN_LIMIT} rows (or None: no limit), got {limit}"
             )
@@ -138,14 +147,17 @@ class Scanner(Iterator[Row]):
                 raise InvalidArgument(f"{name} must be in [0, 2**32), got {size}")
         self._min_indexes = _min_indexes(min_index, table, tablet_ids)
         self.table = table
-        self.read_mode = ReadMode(read_mode)
+        try:
+            self.read_mode = ReadMode(read_mode)
+            self.row_format = RowFormat(row_format)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
         self._rpc = rpc
         self._projection = list(projection) if projection is not None else []
         self._tablets = list(tablet_ids)
         self._limit_left = limit
         self._batch_size_rows = batch_size_rows
         self._batch_size_bytes = batch_size_bytes
-        self.row_format = RowFormat(row_format)
         self._replica = replica
         self._tablet_index = 0
         self._resume: bytes | None = None  # None: from the tablet's start

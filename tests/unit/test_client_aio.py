@@ -23,8 +23,8 @@ from raftlet.client import (
     Timeout,
 )
 from raftlet.client.aio import AsyncClient
-from raftlet.client.aio_channels import _unary
 from raftlet.client.aio_write_stream import StreamedRpcError
+from raftlet.client.aio_write_stream import unary_call as _unary
 from raftlet.client.meta_cache import MetaCache
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
@@ -438,3 +438,46 @@ def test_a_call_its_closing_channel_cancelled_fails_as_cancelled_not_as_a_cancel
             await waiting
 
     run(main())
+
+
+def test_closing_the_client_while_a_write_port_opens_fails_no_writer_as_cancelled() -> None:
+    """Closing the channels cancelled the opening's WriteEndpoint call: the opening task
+    ended cancelled, and every write waiting on it raised CancelledError -- read by
+    gather() and TaskGroups as their own cancellation -- instead of ClientClosed."""
+    from raftlet.client.aio_tcp_writes import open_tcp_write_stream
+
+    class ClosingStub:
+        async def WriteEndpoint(self, *_a: object, **_k: object) -> object:
+            raise asyncio.CancelledError()
+
+    async def main() -> None:
+        opening = asyncio.ensure_future(
+            open_tcp_write_stream("127.0.0.1:1", ClosingStub())  # type: ignore[arg-type]
+        )
+        assert await opening is None  # no port: the writes go the gRPC way, which says closed
+        assert not opening.cancelled()
+
+    run(main())
+
+
+def test_a_client_used_from_another_event_loop_says_so_at_once() -> None:
+    """Its connections belong to the loop it connected in: from another, a write was sent
+    and applied, and its answer waited for a reader that never ran -- a Timeout after the
+    whole deadline, for a write that had succeeded."""
+    cluster = AsyncFakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", *[ok] * 4)
+
+    async def connect() -> AsyncClient:
+        c = await fake_client(cluster)
+        await c.upsert("kv", {"key": 1, "value": "v"})
+        return c
+
+    client = asyncio.run(connect())
+
+    async def elsewhere() -> None:
+        with pytest.raises(InvalidArgument, match="connected in another event loop"):
+            await client.upsert("kv", {"key": 2, "value": "v"})
+
+    asyncio.run(elsewhere())
+    assert len(cluster.writes()) == 1  # nothing sent from the other loop

@@ -202,6 +202,13 @@ def test_arguments_no_scan_could_take_are_refused_by_name() -> None:
         scanner(serve(ROWS), projection="key")
     with pytest.raises(InvalidArgument, match="predicates are Predicate objects"):
         scanner(serve(ROWS), predicates=["key > 1"])
+    # Python's own errors before: a TypeError, one only once the scan was iterated.
+    with pytest.raises(InvalidArgument, match="predicates is a list of Predicate objects"):
+        scanner(serve(ROWS), predicates=Predicate.equals("key", 1))
+    with pytest.raises(InvalidArgument, match="limit must be 0 to"):
+        scanner(serve(ROWS), limit=1.5)
+    with pytest.raises(InvalidArgument, match="5 is not a valid ReadMode"):
+        scanner(serve(ROWS), read_mode=5)
 
 
 def test_scan_bounds_are_checked_before_any_call() -> None:

@@ -188,3 +188,14 @@ def test_flush_waits_for_every_row_after_one_the_client_refused(mode: FlushMode)
     finally:
         release.set()
         session.close()
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "70000", "131071", "١٢٣"])
+def test_a_seed_port_out_of_range_is_refused(port: str) -> None:
+    """gRPC takes a port modulo 65536: 70000 quietly reached a server on port 4464."""
+    from raftlet.client.client import parse_seeds
+    from raftlet.client.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=r"port must be 1 to 65535|is not host:port"):
+        parse_seeds(f"127.0.0.1:{port}")
+    assert parse_seeds("127.0.0.1:65535, [::1]:1") == ["127.0.0.1:65535", "[::1]:1"]
