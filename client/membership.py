@@ -132,11 +132,11 @@ def _wait_committed(
             if took_effect(m):
                 return m
             raise RemoteError(
-                f"{change} of {tablet_id} (entry {index}) was lost: its leader lost the "
-                f"leadership before it committed, and the group is still voters "
-                f"{', '.join(m.voters)}"
+                f"{change} of {tablet_id} (entry {index}) did not hold: its leader lost the "
+                "leadership before it committed, or another operator's change undid it; the "
+                f"group is now voters {', '.join(m.voters)}"
                 + (f", learners {', '.join(m.learners)}" if m.learners else "")
-                + "; nothing else was done, run it again"
+                + "; nothing else was done, run it again if it is still wanted"
             )
         _pause(deadline, f"entry {index} of {tablet_id} to commit")
 
@@ -251,12 +251,22 @@ def add_replica(
     try:
         promoted = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_PROMOTE, server, timeout_s)
     except RemoteError:
-        # Promoted already (the same add, run twice at once): what was asked is done.
+        # Promoted already (the same add, run twice at once): what was asked is done, once
+        # that promotion commits.
         m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
-        if server in m.voters and not m.change_pending:
-            say(f"{tablet_id}: {server} is a voter already")
-            return m
-        raise
+        if server not in m.voters:
+            raise
+        if m.change_pending:
+            m = _wait_committed(
+                client,
+                tablet_id,
+                m.config_index,
+                deadline,
+                lambda m: server in m.voters,
+                f"promoting {server} to voter",
+            )
+        say(f"{tablet_id}: {server} is a voter already")
+        return m
     m = _wait_committed(
         client,
         tablet_id,
@@ -269,6 +279,10 @@ def add_replica(
     return m
 
 
+class _NotAMember(InvalidArgument):
+    """The server to remove is no member of the group (another operator's change?)."""
+
+
 def remove_replica(
     client: Client,
     tablet_id: str,
@@ -277,13 +291,22 @@ def remove_replica(
     wait: bool = True,
     timeout_s: float = 120.0,
     say: Callable[[str], None] = lambda _: None,
+    leftovers: bool = True,
 ) -> TabletMembership:
     """Remove ``server``'s replica of ``tablet_id`` from the group (handing leadership to
     another voter first if it leads); with ``wait``, wait for the removal to commit and
-    delete the replica from its server if that server answers."""
+    delete the replica from its server if that server answers. A server that is no member
+    has its leftover replica deleted -- unless not ``leftovers`` (a move's own removal): then
+    ``_NotAMember``, as when another operator removes it meanwhile."""
     _check_server(client, server)
     deadline = time.monotonic() + timeout_s
     m = leader_membership(client, tablet_id, timeout_s)
+
+    def gone() -> _NotAMember:
+        return _NotAMember(f"{server} is no member of {tablet_id}'s group any more")
+
+    if server not in m.members() and not leftovers:
+        raise gone()
     if server not in m.members():
         # No member -- but its server may still run a replica left from a removal it never
         # heard of (it was down): delete that one, which is what is left to remove.
@@ -318,19 +341,46 @@ def remove_replica(
         others = [v for v in m.voters if v != server]
         if not others:
             raise InvalidArgument(f"{server} is the only voter of {tablet_id}")
-        client.leader_step_down(tablet_id, new_leader=others[0], timeout_s=timeout_s)
+        try:
+            client.leader_step_down(tablet_id, new_leader=others[0], timeout_s=timeout_s)
+        except RaftletError:
+            # Another operator may have moved the leadership (or the server) meanwhile: a
+            # refusal then says nothing about what is left to do.
+            m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+            if m.leader == server:
+                raise
         while m.leader == server:
             _pause(deadline, f"leadership of {tablet_id} to leave {server}")
             m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
         say(f"{tablet_id}: leadership moved from {server} to {m.leader}")
-    removed = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s)
+        if server not in m.members():
+            if not leftovers:
+                raise gone()
+            raise InvalidArgument(f"{server} left {tablet_id}'s group meanwhile: nothing to do")
+    try:
+        removed = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s)
+    except RemoteError:
+        if not leftovers:
+            after = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+            if server not in after.members():
+                raise gone() from None
+        raise
     say(f"{tablet_id}: {server} removed (entry {removed.index})")
     if not wait:
         say(
             f"{tablet_id}: not waiting for the removal to commit, so the replica stays on "
             f"{server}; then `raftlet tablet remove-replica {tablet_id} {server}` deletes it"
         )
-        return m
+        # The group as the change makes it (not yet committed).
+        return TabletMembership(
+            tablet_id,
+            m.leader,
+            m.term,
+            tuple(removed.voters),
+            tuple(removed.learners),
+            m.commit_index,
+            removed.index,
+        )
     m = _wait_committed(
         client,
         tablet_id,
@@ -401,15 +451,20 @@ def move_replica(
     if target in m.voters:
         raise InvalidArgument(f"{target} already holds a replica of {tablet_id}")
     added = add_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
-    if source not in added.members():
+    try:
+        if source not in added.members():
+            raise _NotAMember(source)
+        return remove_replica(
+            client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say, leftovers=False
+        )
+    except _NotAMember:
         # Another operator moved it meanwhile: adding ``target`` made one voter too many.
         say(f"{tablet_id}: {source} left the group meanwhile (another move?); undoing the add")
         remove_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
         raise RemoteError(
             f"{source} left {tablet_id}'s group while {target} was being added (another "
             f"operator's move?), so {target} was removed again: nothing moved"
-        )
-    return remove_replica(client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say)
+        ) from None
 
 
 def replace_server(

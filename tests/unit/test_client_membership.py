@@ -40,7 +40,7 @@ def test_a_removal_lost_to_a_new_leader_deletes_nothing(scripted: dict[str, list
         _group(voters, commit=21, config=1),  # before: ts3 a voter
         _group(voters, commit=22, config=1, leader="ts2"),  # entry 22 is the new leader's
     ]
-    with pytest.raises(RemoteError, match=r"removing ts3 of kv-p0 \(entry 22\) was lost"):
+    with pytest.raises(RemoteError, match=r"removing ts3 of kv-p0 \(entry 22\) did not hold"):
         remove_replica(None, "kv-p0", "ts3", timeout_s=5.0)  # type: ignore[arg-type]
     assert scripted["deleted"] == []
 
@@ -170,3 +170,65 @@ def test_a_leftover_deletion_raced_by_an_add_says_so(scripted: dict[str, list[An
     with pytest.raises(RemoteError, match=r"ts4 joined kv-p0's group .* while its replica"):
         remove_replica(None, "kv-p0", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
     assert scripted["deleted"] == [("kv-p0", "ts4")]
+
+
+def test_a_move_whose_source_another_move_removes_first_takes_its_target_out_again(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source left between the check after the add and the REMOVE: the loser failed
+    with "ts1 is not a member" (or a refused step-down) and left its target a fourth voter."""
+    scripted["answers"] = [_group(("ts1", "ts2", "ts3"), 21, 1)]
+    monkeypatch.setattr(
+        membership, "add_replica", lambda *_a, **_k: _group(("ts1", "ts2", "ts3", "ts4"), 40, 40)
+    )
+    calls: list[tuple[str, bool]] = []
+
+    def remove(_c: Any, _t: str, server: str, **kwargs: Any) -> Any:
+        calls.append((server, kwargs.get("leftovers", True)))
+        if server == "ts1":
+            raise membership._NotAMember("ts1 is no member of kv-p0's group any more")
+        return _group(("ts2", "ts3", "ts5"), 50, 50)
+
+    monkeypatch.setattr(membership, "remove_replica", remove)
+    with pytest.raises(RemoteError, match="so ts4 was removed again: nothing moved"):
+        membership.move_replica(None, "kv-p0", "ts1", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert calls == [("ts1", False), ("ts4", True)]
+
+
+def test_a_promote_another_run_made_is_waited_for_then_counts_as_done(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    voters = ("ts1", "ts2", "ts3")
+    promoted = (*voters, "ts4")
+    scripted["answers"] = [
+        _with_learner(voters, "ts4"),
+        _group(promoted, commit=30, config=31),  # the other run's promote, not committed
+        _group(promoted, commit=31, config=31),
+    ]
+    monkeypatch.setattr(membership, "_wait_caught_up", lambda *_a: None)
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise RemoteError("a config change is in progress")
+
+    monkeypatch.setattr(membership, "_change", refused)
+    m = membership.add_replica(None, "kv-p0", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert (m.voters, m.commit_index) == (promoted, 31)
+
+
+def test_a_step_down_another_operator_already_made_is_no_failure(
+    scripted: dict[str, list[Any]],
+) -> None:
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [
+        _group(voters, 21, 1, leader="ts3"),
+        _group(voters, 22, 1, leader="ts2"),  # after the refused step-down: moved anyway
+        _group(("ts1", "ts2"), 22, 22, leader="ts2"),
+    ]
+
+    class Refusing:
+        def leader_step_down(self, *_a: Any, **_k: Any) -> str:
+            raise RemoteError("'ts2' is not another voter of kv-p0")
+
+    m = remove_replica(Refusing(), "kv-p0", "ts3", timeout_s=5.0)  # type: ignore[arg-type]
+    assert m.voters == ("ts1", "ts2")
+    assert scripted["deleted"] == [("kv-p0", "ts3")]
