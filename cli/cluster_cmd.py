@@ -533,7 +533,13 @@ def _print_status(
 
 
 def _down(args: argparse.Namespace) -> int:
-    from raftlet.deploy.local import STATE_FILE, LauncherError, LocalCluster, NoClusterError
+    from raftlet.deploy.local import (
+        STATE_FILE,
+        LauncherError,
+        LocalCluster,
+        NoClusterError,
+        pid_alive,
+    )
 
     path = config_file_of(args)
     assert path is not None  # the parser requires --data-dir or --cluster
@@ -562,6 +568,16 @@ def _down(args: argparse.Namespace) -> int:
             raise CliError(str(e)) from None
         for stop in stops:
             out.print(f"  {stop.describe()}", markup=False)
+        unsure = [s for s in stops if s.outcome == "not ours" and pid_alive(s.pid)]
+        if unsure and args.remove_data:
+            # Only the command line tells a reused PID from our server; were it wrong, the
+            # server would go on running on a deleted directory.
+            pids = ", ".join(f"{s.id}={s.pid}" for s in unsure)
+            raise CliError(
+                f"--remove-data: kept {root}: pid {pids} still runs and could not be told "
+                "apart from the server; stop it (or check it is another program) and run "
+                "this again"
+            )
         out.print(f"cluster in {root} is down: {len(stops)} servers, no process left", markup=False)
     if args.remove_data:
         _remove_data(root)

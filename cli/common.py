@@ -133,9 +133,24 @@ class Credentials:
 def credentials_from_args(args: argparse.Namespace, data_dir: Path | None) -> Credentials:
     """Flags, else the environment, else a ``cluster up --tls`` directory's own files."""
 
+    given: dict[str, str] = {}  # attribute -> where it came from, for the errors
+
     def pick(flag: str, env: str) -> str | None:
-        value = getattr(args, flag, None) or os.environ.get(env) or None
-        return str(Path(value).expanduser()) if value and flag != "token" else value
+        value = getattr(args, flag, None)
+        source = "--" + flag.replace("_", "-")
+        if not value:
+            value, source = os.environ.get(env) or None, f"${env}"
+        if not value:
+            return None
+        given[flag] = source
+        if flag == "token":
+            return value
+        path = Path(value).expanduser()
+        if not path.is_file():
+            # Said here, by the name the user gave it: later it surfaced as "no server has a
+            # token_rpc_addr" or a bare "[Errno 2] No such file or directory".
+            raise UsageError(f"{source} {value}: no such file")
+        return str(path)
 
     creds = Credentials(
         pick("tls_ca", ENV_TLS_CA),
@@ -144,7 +159,8 @@ def credentials_from_args(args: argparse.Namespace, data_dir: Path | None) -> Cr
         pick("token", ENV_TOKEN),
     )
     if (creds.cert is None) != (creds.key is None):
-        raise UsageError("give --tls-cert and --tls-key together")
+        only = given.get("tls_cert") or given["tls_key"]
+        raise UsageError(f"give --tls-cert and --tls-key together (got only {only})")
     if creds.ca is None and data_dir is not None:
         from raftlet.deploy.local import local_tls_files
 
@@ -156,7 +172,8 @@ def credentials_from_args(args: argparse.Namespace, data_dir: Path | None) -> Cr
             # Who you are is yours to say; the directory only vouches for the cluster.
             creds = Credentials(str(ca), creds.cert, creds.key, creds.token)
     if (creds.cert or creds.token) and not creds.ca:
-        raise UsageError("--tls-cert and --token need --tls-ca (the cluster's CA)")
+        who = given.get("tls_cert") or given["token"]
+        raise UsageError(f"{who} needs --tls-ca or ${ENV_TLS_CA} (the cluster's CA)")
     return creds
 
 
@@ -234,15 +251,24 @@ class Target:
             names = ", ".join(t.name for t in self.config.tables) or "none"
             raise UsageError(f"{option}no table {name!r} (tables: {names})") from None
 
+    def client_seeds(self) -> list[str]:
+        """Where a client starts: ``--servers`` as given, else the config's servers (from
+        the config read already: ``--cluster <(…)`` is a pipe, read once)."""
+        from raftlet.client.client import seeds_of_config
+        from raftlet.client.tls import uses_token_ports
+
+        if self.config_path is None:
+            return list(self.seeds)
+        token_ports = uses_token_ports(self.creds.client_kwargs()["tls"])
+        return seeds_of_config(self.config, token_ports=token_ports, where=str(self.config_path))
+
     def client(self, timeout_s: float = 30.0, **kwargs: Any) -> Client:
         """A client of this cluster (``kwargs`` go to ``Client``)."""
         from raftlet.client import Client, RaftletError
 
         kwargs = {**self.creds.client_kwargs(), **kwargs}
         try:
-            if self.config_path is not None:
-                return Client.from_config(str(self.config_path), timeout_s=timeout_s, **kwargs)
-            return Client(list(self.seeds), timeout_s=timeout_s, **kwargs)
+            return Client(self.client_seeds(), timeout_s=timeout_s, **kwargs)
         except RaftletError as e:
             raise CliError(f"cannot connect to the cluster: {e}") from None
 
@@ -335,11 +361,18 @@ def _console_class() -> type[Console]:
             # rich exits 1 when the reader goes away (`raftlet scan … | head`); that is no
             # failure of ours: quiet from here on, and main() answers 0 as for any pipe.
             self.quiet = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            stdout_gone()
             raise BrokenPipeError
 
     return PipeConsole
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away: what is printed from here on goes nowhere (a
+    later print or flush would raise again)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def console(**kwargs: Any) -> Console:

@@ -23,6 +23,7 @@ only when that command runs, so ``raftlet tserver`` does not load rich or the cl
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -116,7 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "completion":
         from raftlet.cli import completion_cmd
 
-        return completion_cmd.run(args, parser)
+        try:
+            return completion_cmd.run(args, parser)
+        except BrokenPipeError:
+            # `raftlet completion bash | true`: the reader left; not an error of ours.
+            from raftlet.cli.common import stdout_gone
+
+            stdout_gone()
+            return 0
     return _run_command(args)
 
 
@@ -150,6 +158,9 @@ def _run_command(args: argparse.Namespace) -> int:
         name = f"certs {args.certs_command}"
     elif args.command == "tablet":
         name = f"tablet {args.tablet_command}"
+    # SIGTERM (a CI runner's timeout, `kill`) gets the same orderly stop as Ctrl-C: `cluster
+    # up` stops the servers it started, chaos its faults and namespaces, write its load.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return runners[args.command](args)
     except CliError as e:
@@ -170,6 +181,10 @@ def _run_command(args: argparse.Namespace) -> int:
             _fail(name, str(e))
             return 1
         raise
+
+
+def _raise_interrupt(_sig: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(command: str, message: str) -> None:

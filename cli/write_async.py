@@ -68,9 +68,7 @@ async def _connect(target: Target, timeout_s: float) -> AsyncClient:
 
     try:
         kwargs = target.creds.client_kwargs()
-        if target.config_path is not None:
-            return await AsyncClient.from_config(target.config_path, timeout_s=timeout_s, **kwargs)
-        return await AsyncClient.connect(list(target.seeds), timeout_s=timeout_s, **kwargs)
+        return await AsyncClient.connect(target.client_seeds(), timeout_s=timeout_s, **kwargs)
     except RaftletError as e:
         raise CliError(f"cannot connect to the cluster: {e}") from None
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,7 @@ from raftlet.cli.common import (
     positive_float,
     positive_int,
     resolve_target,
+    stdout_gone,
     timeout_seconds,
 )
 from raftlet.cli.server_cpu import ServerCpu, read_cpu_seconds
@@ -281,33 +281,28 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     fancy = out.is_terminal and not args.no_progress and args.format == "table"
     try:
-        # SIGTERM (a CI runner's timeout) gets the same orderly stop as Ctrl-C.
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            cpu_before = read_cpu_seconds(target.config.servers, creds=target.creds)
-            if fancy:
-                summary = with_progress_bar(load, table.name, args, out)
-            else:
-                summary = with_plain_progress(load, table.name, args)
-            cpu_after = read_cpu_seconds(target.config.servers, creds=target.creds)
-            cpu = ServerCpu.between(cpu_before, cpu_after)
-            summary = dataclasses.replace(summary, server_cpu=cpu)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        # SIGTERM stops the load as Ctrl-C does (cli.main): the summary says so.
+        cpu_before = read_cpu_seconds(target.config.servers, creds=target.creds)
+        if fancy:
+            summary = with_progress_bar(load, table.name, args, out)
+        else:
+            summary = with_plain_progress(load, table.name, args)
+        cpu_after = read_cpu_seconds(target.config.servers, creds=target.creds)
+        cpu = ServerCpu.between(cpu_before, cpu_after)
+        summary = dataclasses.replace(summary, server_cpu=cpu)
     finally:
         if client is not None:
             client.close()
-    if args.format == "json":
-        print(json.dumps(summary.to_json(), indent=2))
-    else:
-        print_summary(summary, out)
+    try:
+        if args.format == "json":
+            print(json.dumps(summary.to_json(), indent=2))
+        else:
+            print_summary(summary, out)
+    except BrokenPipeError:
+        stdout_gone()  # the reader left; the exit status still tells how the load went
     if summary.interrupted:
         return 130
     return 1 if summary.failed_rows else 0
-
-
-def _raise_interrupt(_sig: int, _frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:

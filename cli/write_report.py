@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from raftlet.cli.common import human_count, human_us
+from raftlet.cli.common import human_count, human_us, stdout_gone
 from raftlet.cli.write_load import LoadState, LoadSummary, OnTick
 
 if TYPE_CHECKING:
@@ -98,21 +98,31 @@ def with_plain_progress(
     """Run ``load`` with a plain progress line every few seconds (none with
     ``--no-progress`` or ``--format json``); return its summary."""
     # Not a terminal (CI logs, pipes): a line every few seconds instead of a redrawn bar.
-    quiet = args.no_progress or args.format == "json"
+    quiet = [args.no_progress or args.format == "json"]
     last = [0.0]
-    if not quiet:
-        print(_headline(table, args), flush=True)
+
+    def say(line: str) -> None:
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            # `raftlet write … | head -1`: the reader left, the load was asked for all the
+            # same. It stopped here, with its writers running on a closed client, and
+            # exited 0; now it finishes, quietly.
+            quiet[0] = True
+            stdout_gone()
+
+    if not quiet[0]:
+        say(_headline(table, args))
 
     def tick(elapsed: float, stats: ClientStats, shared: LoadState) -> None:
-        if quiet or elapsed - last[0] < 2.0:
+        if quiet[0] or elapsed - last[0] < 2.0:
             return
         last[0] = elapsed
         errors = sum(shared.errors.values())
-        print(
+        say(
             f"  {elapsed:5.1f} s  {stats.rows_acked:>10,} rows  "
             f"{stats.rows_acked / elapsed:>9,.0f} rows/s  {stats.total_retries:,} retries  "
-            f"{errors:,} errors",
-            flush=True,
+            f"{errors:,} errors"
         )
 
     return load(tick)

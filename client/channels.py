@@ -114,6 +114,10 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", _SERVER_MIN_PING_INTERVAL_MS),
         ("grpc.http2.max_ping_strikes", 0),
+        # gRPC binds with SO_REUSEPORT on Linux by default: a second server given a port in
+        # use started, and the kernel split connections between the two -- clients of one
+        # cluster read another's rows. Off, the second fails to listen, as it should.
+        ("grpc.so_reuseport", 0),
     ]
 
 

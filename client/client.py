@@ -47,12 +47,12 @@ from raftlet.client.session import (
 )
 from raftlet.client.stats import StatsRecorder
 from raftlet.client.tls import TlsOptions, channel_credentials, uses_token_ports
-from raftlet.cluster import ClusterConfigError, load_cluster_config
+from raftlet.cluster import ClusterConfig, ClusterConfigError, load_cluster_config
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2
 from raftlet.schema.partition import partitions_for_predicates
 from raftlet.schema.predicates import Predicate
 
-__all__ = ["Client", "parse_seeds", "seeds_from_config"]
+__all__ = ["Client", "parse_seeds", "seeds_from_config", "seeds_of_config"]
 
 
 def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
@@ -78,11 +78,18 @@ def seeds_from_config(path: str | os.PathLike[str], *, token_ports: bool = False
         config = load_cluster_config(path)
     except ClusterConfigError as e:
         raise InvalidArgument(str(e)) from None
+    return seeds_of_config(config, token_ports=token_ports, where=str(path))
+
+
+def seeds_of_config(
+    config: ClusterConfig, *, token_ports: bool = False, where: str = ""
+) -> list[str]:
+    """``seeds_from_config`` of a config read already (a pipe is read once)."""
     if not token_ports:
         return [s.rpc_addr for s in config.servers]
     seeds = [s.token_rpc_addr for s in config.servers if s.token_rpc_addr]
     if not seeds:
-        raise InvalidArgument(f"{path}: no server has a token_rpc_addr")
+        raise InvalidArgument(f"{where or 'the cluster config'}: no server has a token_rpc_addr")
     return seeds
 
 

@@ -193,7 +193,9 @@ def _cmdline(pid: int) -> list[str] | None:
     """The argv of ``pid``, or None if it cannot be read (gone, or no /proc and no ps)."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        # As Python spelled the argv it started (undecodable bytes as surrogates), so a path
+        # that is not UTF-8 matches the one recorded; "replace" made it another program.
+        return [os.fsdecode(a) for a in raw.split(b"\0") if a]
     except FileNotFoundError:
         if Path("/proc/self").exists():
             return None  # /proc works; the process is gone

@@ -200,6 +200,47 @@ def test_a_scan_whose_reader_goes_away_exits_0(data_dir: Path) -> None:
     assert "Traceback" not in err
 
 
+def _rows_in_kv(data_dir: Path) -> int:
+    out = ok(
+        raftlet("scan", "kv", "--data-dir", str(data_dir), "--columns", "key", "--format", "json")
+    )
+    return len(json.loads(out))
+
+
+def test_a_cluster_config_from_a_pipe_is_read_once(data_dir: Path) -> None:
+    """`--cluster <(…)` or `--cluster /dev/stdin`: the client read the file a second time,
+    found it empty, and said the config had no [cluster] table."""
+    for argv in (["scan", "kv", "--limit", "1"], ["write", "--rows", "5", "--in-flight", "2"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "raftlet", *argv, "--cluster", "/dev/stdin"],
+            input=(data_dir / "cluster.toml").read_text(), capture_output=True, text=True,
+            timeout=TIMEOUT_S, cwd=REPO, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
+def test_a_write_whose_reader_goes_away_finishes_its_load(data_dir: Path) -> None:
+    """`raftlet write … | head -1`: the first progress line after the reader left raised
+    BrokenPipeError out of the load, which stopped (its writer threads on a closed client)
+    and exited 0 with a fraction of the rows written."""
+    before = _rows_in_kv(data_dir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlet", "write", "--data-dir", str(data_dir), "--rows",
+         "3000", "--threads", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    assert proc.stdout.readline()  # the headline; then the reader leaves
+    proc.stdout.close()
+    code = proc.wait(timeout=120)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert _rows_in_kv(data_dir) == before + 3000
+
+
 @pytest.mark.parametrize(
     "how",
     [
@@ -343,3 +384,67 @@ def test_remove_data_removes_only_what_up_made(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "cannot make the data directory" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_down_stops_a_cluster_whose_directory_name_is_not_utf8(tmp_path: Path) -> None:
+    """The server's command line, read back from /proc with undecodable bytes replaced,
+    no longer matched the one recorded: `down` left it running ("now another program"),
+    said no process was left, and --remove-data deleted the directory under it."""
+    root = Path(os.fsdecode(os.fsencode(tmp_path) + b"/c\xfe"))
+    cluster = LocalCluster.create(root, servers=1, tablets=1)
+    pids = [s.pid for s in cluster.servers.values()]
+    try:
+        assert all(cluster.owns(s) for s in cluster.servers.values())
+        down = subprocess.run(
+            [sys.executable, "-m", "raftlet", "cluster", "down", "--data-dir", str(root),
+             "--remove-data"],
+            capture_output=True, timeout=TIMEOUT_S, cwd=REPO, check=False,
+        )  # fmt: skip
+        assert down.returncode == 0, down.stderr
+        assert b"stopped gracefully" in down.stdout
+        assert not any(pid_alive(pid) for pid in pids)
+        assert not root.exists()
+    finally:
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            cluster.down(timeout=10)  # collects its child processes' exit status
+
+
+def test_cluster_up_stopped_by_sigterm_stops_the_servers_it_started(tmp_path: Path) -> None:
+    """SIGTERM (a CI runner's timeout) killed `cluster up` at once: exit 143 and its
+    servers ran on. Now it stops as for Ctrl-C: the servers stopped, exit 130."""
+    root = tmp_path / "c"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlet", "cluster", "up", "--data-dir", str(root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+
+        def spawned() -> bool:
+            try:
+                pids[:] = [s["pid"] for s in state(root)["servers"]]
+            except (OSError, ValueError, KeyError):
+                return False
+            return len(pids) == 3
+
+        wait_for(spawned, 60, "cluster up to start its servers")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        assert code == 130, err
+        assert "interrupted" in err
+        assert "Traceback" not in err
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 30, "its servers to stop")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)

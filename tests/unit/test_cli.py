@@ -592,14 +592,26 @@ def test_a_tls_cluster_directory_lends_its_ca_to_your_own_certificate_or_token(
         return (c.ca, c.cert, c.key, c.token)
 
     ca, admin = str(tls / "ca.crt"), str(tls / "client-admin.crt")
+    mine, my_key = tmp_path / "me.crt", tmp_path / "me.key"
+    mine.write_text("pem")
+    my_key.write_text("pem")
     assert creds() == (ca, admin, str(tls / "client-admin.key"), None)
-    assert creds(tls_cert="/me.crt", tls_key="/me.key") == (ca, "/me.crt", "/me.key", None)
+    assert creds(tls_cert=str(mine), tls_key=str(my_key)) == (ca, str(mine), str(my_key), None)
     assert creds(token="t0k") == (ca, None, None, "t0k")
-    with pytest.raises(UsageError, match="need --tls-ca"):
+    with pytest.raises(UsageError, match="--tls-cert needs --tls-ca or"):
         credentials_from_args(
-            argparse.Namespace(tls_ca=None, tls_cert="/me.crt", tls_key="/me.key", token=None),
+            argparse.Namespace(tls_ca=None, tls_cert=str(mine), tls_key=str(my_key), token=None),
             None,
         )
+    # Each refusal names where the value came from: a flag, or a variable never typed.
+    monkeypatch.setenv("RAFTLET_TOKEN", "t0k")
+    with pytest.raises(UsageError, match=r"\$RAFTLET_TOKEN needs --tls-ca or \$RAFTLET_TLS_CA"):
+        credentials_from_args(argparse.Namespace(tls_ca=None, tls_cert=None, tls_key=None), None)
+    monkeypatch.setenv("RAFTLET_TLS_CA", "/nonexist/ca.crt")
+    with pytest.raises(UsageError, match=r"\$RAFTLET_TLS_CA /nonexist/ca.crt: no such file"):
+        credentials_from_args(argparse.Namespace(tls_ca=None), tmp_path)
+    with pytest.raises(UsageError, match=r"--tls-ca /elsewhere\.crt: no such file"):
+        credentials_from_args(argparse.Namespace(tls_ca="/elsewhere.crt"), tmp_path)
 
 
 def test_a_where_error_quotes_a_long_clause_cut_short() -> None:
@@ -612,3 +624,19 @@ def test_a_where_error_quotes_a_long_clause_cut_short() -> None:
     message = str(caught.value)
     assert "IN list of 10001 values (at most 10000)" in message
     assert len(message) < 200, message
+
+
+def test_completion_into_a_closed_pipe_is_no_error() -> None:
+    """`raftlet completion bash | true`: a BrokenPipeError traceback and exit 1 before."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before anything is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "raftlet", "completion", "bash"],
+            stdout=write_end, stderr=subprocess.PIPE, timeout=60, check=False,
+            cwd=Path(__file__).resolve().parents[2],
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr

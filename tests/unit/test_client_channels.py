@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
 from raftlet.client.aio_channels import AsyncChannelPool
@@ -84,3 +85,23 @@ def test_async_pool_keeps_one_channel_per_address() -> None:
             pool.stub("127.0.0.1:1")
 
     asyncio.run(asyncio.wait_for(run(), timeout=30))
+
+
+def test_a_server_cannot_listen_on_a_port_another_server_holds() -> None:
+    """gRPC binds with SO_REUSEPORT on Linux unless told not to: a second server on a port
+    in use started, and the kernel split the clients' connections between two clusters."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first = grpc.server(ThreadPoolExecutor(1), options=server_options())
+    second = grpc.server(ThreadPoolExecutor(1), options=server_options())
+    try:
+        port = first.add_insecure_port("127.0.0.1:0")
+        first.start()
+        try:
+            taken = second.add_insecure_port(f"127.0.0.1:{port}")
+        except RuntimeError:  # newer grpcio raises; older returns 0
+            taken = 0
+        assert taken == 0
+    finally:
+        first.stop(None)
+        second.stop(None)
