@@ -248,6 +248,17 @@ def add_replica(
     if not wait:
         return m
     _wait_caught_up(client, tablet_id, server, deadline)
+
+    def promotion_committed(index: int) -> TabletMembership:
+        return _wait_committed(
+            client,
+            tablet_id,
+            index,
+            deadline,
+            lambda m: server in m.voters,
+            f"promoting {server} to voter",
+        )
+
     try:
         promoted = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_PROMOTE, server, timeout_s)
     except RemoteError:
@@ -257,24 +268,10 @@ def add_replica(
         if server not in m.voters:
             raise
         if m.change_pending:
-            m = _wait_committed(
-                client,
-                tablet_id,
-                m.config_index,
-                deadline,
-                lambda m: server in m.voters,
-                f"promoting {server} to voter",
-            )
+            m = promotion_committed(m.config_index)
         say(f"{tablet_id}: {server} is a voter already")
         return m
-    m = _wait_committed(
-        client,
-        tablet_id,
-        promoted.index,
-        deadline,
-        lambda m: server in m.voters,
-        f"promoting {server} to voter",
-    )
+    m = promotion_committed(promoted.index)
     say(f"{tablet_id}: {server} caught up and promoted to voter (entry {promoted.index})")
     return m
 
