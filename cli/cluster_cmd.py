@@ -572,11 +572,11 @@ def _down(args: argparse.Namespace) -> int:
         if unsure and args.remove_data:
             # Only the command line tells a reused PID from our server; were it wrong, the
             # server would go on running on a deleted directory.
-            pids = ", ".join(f"{s.id}={s.pid}" for s in unsure)
+            pids = ", ".join(f"{s.pid} (recorded for {s.id})" for s in unsure)
             raise CliError(
-                f"--remove-data: kept {root}: pid {pids} still runs and could not be told "
-                "apart from the server; stop it (or check it is another program) and run "
-                "this again"
+                f"--remove-data: kept {root}: pid {pids} still runs; its command line is "
+                "not the server's as recorded, so it is likely another program -- check it, "
+                "then remove the directory by hand"
             )
         out.print(f"cluster in {root} is down: {len(stops)} servers, no process left", markup=False)
     if args.remove_data:

@@ -146,10 +146,13 @@ def credentials_from_args(args: argparse.Namespace, data_dir: Path | None) -> Cr
         if flag == "token":
             return value
         path = Path(value).expanduser()
-        if not path.is_file():
-            # Said here, by the name the user gave it: later it surfaced as "no server has a
-            # token_rpc_addr" or a bare "[Errno 2] No such file or directory".
+        # Said here, by the name the user gave it: later it surfaced as "no server has a
+        # token_rpc_addr" or a bare "[Errno 2] No such file or directory". (A pipe, as
+        # from `<(…)`, is a file to read.)
+        if not path.exists():
             raise UsageError(f"{source} {value}: no such file")
+        if path.is_dir():
+            raise UsageError(f"{source} {value}: is a directory, not a PEM file")
         return str(path)
 
     creds = Credentials(

@@ -246,6 +246,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
     async def leader_of(self, tablet_id: str, *, refresh: bool = False) -> str | None:
         """The cached leader of ``tablet_id`` (after asking every server if ``refresh`` or
         none is cached); None if no replica claims it."""
+        self._check_open()
         self._meta.tablet(tablet_id)
         if refresh or self._meta.leader(tablet_id) is None:
             await self._meta.refresh_leaders(self._rpc.clock() + self.timeout_s, force=True)

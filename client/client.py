@@ -38,7 +38,7 @@ from raftlet.client.meta_cache import MetaCache, ServerInfo
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import DEFAULT_POLICIES, Cause, RpcFailure
 from raftlet.client.rpc import RpcContext, call_tablet
-from raftlet.client.scanner import ReadMode, RowFormat, Scanner
+from raftlet.client.scanner import ReadMode, RowFormat, Scanner, check_predicates
 from raftlet.client.session import (
     DEFAULT_BATCHES_IN_FLIGHT,
     DEFAULT_MAX_BATCH_BYTES,
@@ -268,6 +268,7 @@ class Client(ClientBase[MetaCache]):
         plain index only for a scan that visits one tablet (the key fixed by predicates)."""
         self._check_open()
         info = self._meta.table(table)
+        check_predicates(predicates)
         # A scan that fixes the whole key visits only the tablets those keys live in.
         pruned = partitions_for_predicates(info.schema, predicates, info.num_partitions)
         tablets = info.tablet_ids if pruned is None else [info.tablet_ids[p] for p in pruned]

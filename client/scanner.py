@@ -63,7 +63,7 @@ from raftlet.schema.scan_bounds import MAX_SCAN_LIMIT, scan_bounds_error
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import TypeMismatch, Value
 
-__all__ = ["ReadMode", "Row", "RowFormat", "Scanner"]
+__all__ = ["ReadMode", "Row", "RowFormat", "Scanner", "check_predicates"]
 
 Row = dict[str, Value]
 
@@ -80,6 +80,20 @@ class RowFormat(enum.IntEnum):
 
     CELLS = tablet_pb2.ROW_FORMAT_CELLS
     PACKED = tablet_pb2.ROW_FORMAT_PACKED
+
+
+def check_predicates(predicates: object) -> None:
+    """``InvalidArgument`` unless ``predicates`` is a sequence of ``Predicate`` objects
+    (checked before anything reads them: partition pruning raised TypeError)."""
+    if isinstance(predicates, Predicate):
+        raise InvalidArgument(f"predicates is a list of Predicate objects: [{predicates!r}]")
+    if isinstance(predicates, str | bytes) or not isinstance(predicates, Sequence):
+        raise InvalidArgument(f"predicates is a list of Predicate objects, got {predicates!r}")
+    bad: list[object] = [p for p in predicates if not isinstance(p, Predicate)]
+    if bad:
+        raise InvalidArgument(
+            f"predicates are Predicate objects (Predicate.equals, .range, ...), got {bad[0]!r}"
+        )
 
 
 class Scanner(Iterator[Row]):
@@ -109,13 +123,7 @@ class Scanner(Iterator[Row]):
             raise InvalidArgument(
                 f"projection is a sequence of column names, not one name: [{projection!r}]"
             )
-        if isinstance(predicates, Predicate):
-            raise InvalidArgument(f"predicates is a list of Predicate objects: [{predicates!r}]")
-        bad: list[object] = [p for p in predicates if not isinstance(p, Predicate)]
-        if bad:
-            raise InvalidArgument(
-                f"predicates are Predicate objects (Predicate.equals, .range, ...), got {bad[0]!r}"
-            )
+        check_predicates(predicates)
         if projection is not None:
             unknown = [c for c in projection if not schema.has_column(c)]
             if unknown:

@@ -219,6 +219,17 @@ def test_a_cluster_config_from_a_pipe_is_read_once(data_dir: Path) -> None:
         assert done.returncode == 0, done.stderr
 
 
+def test_scan_arguments_of_the_wrong_kind_are_invalid_argument(data_dir: Path) -> None:
+    """Partition pruning read the predicates before anything checked them: one Predicate
+    instead of a list was a TypeError, a string an AttributeError."""
+    from raftlet.client import Client, InvalidArgument, Predicate
+
+    with Client.from_config(data_dir / "cluster.toml", timeout_s=10) as client:
+        for wrong in (Predicate.equals("key", 1), ["key > 1"], "key > 1"):
+            with pytest.raises(InvalidArgument, match="predicates"):
+                client.scan("kv", predicates=wrong)  # type: ignore[arg-type]
+
+
 def test_a_write_whose_reader_goes_away_finishes_its_load(data_dir: Path) -> None:
     """`raftlet write … | head -1`: the first progress line after the reader left raised
     BrokenPipeError out of the load, which stopped (its writer threads on a closed client)

@@ -612,6 +612,14 @@ def test_a_tls_cluster_directory_lends_its_ca_to_your_own_certificate_or_token(
         credentials_from_args(argparse.Namespace(tls_ca=None), tmp_path)
     with pytest.raises(UsageError, match=r"--tls-ca /elsewhere\.crt: no such file"):
         credentials_from_args(argparse.Namespace(tls_ca="/elsewhere.crt"), tmp_path)
+    with pytest.raises(UsageError, match="is a directory, not a PEM file"):
+        credentials_from_args(argparse.Namespace(tls_ca=str(tmp_path)), tmp_path)
+    # `--tls-ca <(cat ca.crt)`: a pipe is a file to read.
+    pipe = tmp_path / "ca.fifo"
+    os.mkfifo(pipe)
+    monkeypatch.delenv("RAFTLET_TOKEN")
+    got = credentials_from_args(argparse.Namespace(tls_ca=str(pipe)), tmp_path)
+    assert got.ca == str(pipe)
 
 
 def test_a_where_error_quotes_a_long_clause_cut_short() -> None:

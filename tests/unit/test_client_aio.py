@@ -478,6 +478,8 @@ def test_a_client_used_from_another_event_loop_says_so_at_once() -> None:
     async def elsewhere() -> None:
         with pytest.raises(InvalidArgument, match="connected in another event loop"):
             await client.upsert("kv", {"key": 2, "value": "v"})
+        with pytest.raises(InvalidArgument, match="connected in another event loop"):
+            await client.leader_of("kv-p0", refresh=True)
 
     asyncio.run(elsewhere())
     assert len(cluster.writes()) == 1  # nothing sent from the other loop
