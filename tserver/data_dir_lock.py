@@ -23,7 +23,13 @@ from pathlib import Path
 
 from raftlet.consensus.log.segment import replace_durably
 
-__all__ = ["ID_FILE", "LOCK_FILE", "DataDirLock"]
+__all__ = ["ID_FILE", "LOCK_FILE", "DataDirLock", "ForeignDataDir"]
+
+
+class ForeignDataDir(OSError):
+    """The data directory is another server's: a configuration error, not a passing one
+    (the server exits 2, which a supervisor does not restart on)."""
+
 
 LOCK_FILE = "server.lock"
 ID_FILE = "server_id"
@@ -86,7 +92,7 @@ def _check_owner(data_dir: Path, server_id: str, where: str) -> None:
             f"'{server_id}' into {path}"
         )
     if owner != server_id:
-        raise OSError(
+        raise ForeignDataDir(
             f"{where} belongs to server {owner!r}, not {server_id!r}: start {owner} on it, "
             f"or give {server_id} a data directory of its own"
         )

@@ -8,10 +8,12 @@ import signal
 import sys
 
 from raftlet.tserver.cpu_affinity import apply_cpu_affinity
+from raftlet.tserver.data_dir_lock import ForeignDataDir
 from raftlet.tserver.open_files import raise_open_files_limit
 from raftlet.tserver.sched_batch import apply_sched_batch, sched_batch_supported
 from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import ServerSettings
+from raftlet.tserver.table_layout import LayoutMismatch
 
 __all__ = ["run"]
 
@@ -44,6 +46,10 @@ def run(settings: ServerSettings) -> int:
         _apply_sched_batch()
     try:
         asyncio.run(_serve(settings))
+    except (LayoutMismatch, ForeignDataDir) as e:
+        # The config is wrong, not the machine: 2, which a supervisor does not restart on.
+        print(f"raftlet tserver: error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"raftlet tserver: error: {e}", file=sys.stderr)
         return 1

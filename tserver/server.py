@@ -121,6 +121,7 @@ from raftlet.tserver.status_pages import (
     tablet_statuses,
 )
 from raftlet.tserver.store_verifier import StoreVerifier
+from raftlet.tserver.table_layout import LayoutMismatch, check_table_layout
 from raftlet.tserver.tablet_copier import TabletCopier
 from raftlet.tserver.tablet_copy_install import recover_interrupted_copies
 from raftlet.tserver.tablet_copy_source import CopySessions
@@ -380,6 +381,8 @@ class TabletServer:
         self._replica_options = options
         self._peer_timeout_s = peer_timeout_s
         self.log_options = options.log
+        # Before any replica is opened: a table repartitioned or reshaped under its rows.
+        check_table_layout(s.data_dir, s.config.tables)
         restored = recover_interrupted_copies(s.data_dir)
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
@@ -398,6 +401,7 @@ class TabletServer:
                 )
                 self._place(placement.tablet_id, self._open(placement, must_exist=must_exist))
             self._record_hosted({p.tablet_id for p, _ in opening})
+            self._check_members_listed()
         for pool in self.pools.values():
             pool.start()
         # Authentication first: an unauthenticated caller learns nothing, not even that its
@@ -765,6 +769,27 @@ class TabletServer:
                 replica.start()
             self._place(tablet_id, replica)
         return replica
+
+    def _check_members_listed(self) -> None:
+        """Refuse (``LayoutMismatch``) a config without a server that is a member of a
+        tablet group here: removed from the file while it held replicas, it stayed a voter
+        nobody could reach or remove (`remove-replica` knew no such server), and status,
+        which counts configured servers, said OK while any one failure stopped the tablet."""
+        known = set(self.config.server_ids)
+        groups: dict[str, tuple[str, ...]] = {
+            t: tuple(f.voters) for t, f in self.failed_tablets.items()
+        }
+        for tablet_id, replica in self.replicas.items():
+            m = replica.consensus.membership
+            groups[tablet_id] = (*m.voters, *m.learners)
+        for tablet_id, members in sorted(groups.items()):
+            missing = sorted(set(members) - known)
+            if missing:
+                raise LayoutMismatch(
+                    f"tablet {tablet_id}'s group has {', '.join(missing)} as a member, which "
+                    "the config no longer lists: put it back, move its replicas off with "
+                    f"`raftlet cluster replace-server {missing[0]}`, then remove it"
+                )
 
     def tablets_needing_repair(self) -> list[tuple[str, tuple[str, ...]]]:
         """(tablet, peers to copy from) of every tablet FAILED here that a copy may repair:

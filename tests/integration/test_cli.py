@@ -459,3 +459,53 @@ def test_cluster_up_stopped_by_sigterm_stops_the_servers_it_started(tmp_path: Pa
         for pid in pids:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_table_repartitioned_in_the_config_is_refused_at_up(tmp_path: Path) -> None:
+    """4 partitions edited to 8 between `down` and `up` was taken as it was: half the keys
+    were sought in tablets that never held them (found nothing; inserted twice)."""
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "2"))
+    try:
+        ok(raftlet("write", "--data-dir", str(root), "--rows", "50", "--threads", "1"))
+        ok(raftlet("cluster", "down", "--data-dir", str(root)))
+        config = root / "cluster.toml"
+        text = config.read_text()
+        assert "partitions = 2" in text
+        config.write_text(text.replace("partitions = 2", "partitions = 4"))
+        up = raftlet("cluster", "up", "--data-dir", str(root))
+        assert up.returncode == 1, up.stdout
+        assert "says 4 partitions, but its replicas here were made for 2" in up.stderr
+        assert "Traceback" not in up.stderr
+        config.write_text(text)  # put back: the cluster comes up with every row
+        ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        out = ok(
+            raftlet("scan", "kv", "--data-dir", str(root), "--columns", "key", "--format", "json")
+        )
+        assert len(json.loads(out)) == 50
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
+
+
+def test_a_server_removed_from_the_config_while_it_holds_replicas_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Its [[servers]] entry deleted (and the replication factor lowered to fit): the groups
+    kept it as a voter nobody could reach or remove, and status said OK."""
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "1"))
+    try:
+        ok(raftlet("cluster", "down", "--data-dir", str(root)))
+        config = root / "cluster.toml"
+        text = config.read_text()
+        head, ts3 = text.split('[[servers]]\nid = "ts3"')
+        rest = ts3[ts3.index("[[tables]]") :]
+        config.write_text(head + rest.replace("replication_factor = 3", "replication_factor = 2"))
+        up = raftlet("cluster", "up", "--data-dir", str(root))
+        assert up.returncode == 1, up.stdout
+        assert "group has ts3 as a member, which the config no longer lists" in up.stderr
+        assert "Traceback" not in up.stderr
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
