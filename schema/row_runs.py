@@ -133,8 +133,7 @@ def _plan_of(schema: Schema, header: bytes) -> _Plan | None:
         op = build_row_op(schema, OpType(header[0]), given, 0)
     except RowOpError:
         return None
-    varlen_key = any(c.type in _VARLEN for c in schema.columns[: schema.num_key_columns])
-    return _Plan(op.type, tuple(op.values), tuple(cells), varlen_key)
+    return _Plan(op.type, tuple(op.values), tuple(cells), schema.fixed_key_bytes is None)
 
 
 def _over_key_limit(key_columns: list[list[Any]]) -> bool:

@@ -145,7 +145,9 @@ def build_row_op(
                 f"key column {schema.columns[i].name!r} not given",
             )
     key = tuple(given[i] for i in range(nkeys))
-    size = key_bytes(key)
+    size = schema.fixed_key_bytes
+    if size is None:
+        size = key_bytes(key)
     if size > MAX_KEY_BYTES:
         raise RowOpError(
             ErrorCode.INVALID_ROW, f"the key is {size} bytes, over the {MAX_KEY_BYTES}-byte limit"

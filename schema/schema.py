@@ -55,7 +55,7 @@ class Schema:
     identifiers are case-insensitive, so "Id" and "id" would be one column in the store).
     """
 
-    __slots__ = ("_by_name", "_hash", "columns", "key_columns")
+    __slots__ = ("_by_name", "_hash", "columns", "fixed_key_bytes", "key_columns")
 
     def __init__(self, columns: Iterable[ColumnSchema]) -> None:
         cols = tuple(columns)
@@ -95,6 +95,10 @@ class Schema:
             )
         self.columns: tuple[ColumnSchema, ...] = cols
         self.key_columns: tuple[ColumnSchema, ...] = cols[:num_keys]
+        # A key's size as ``rows.MAX_KEY_BYTES`` counts it (8 a column) when no key column
+        # is a string or binary; None when each key must be measured.
+        variable = any(c.type in (DataType.STRING, DataType.BINARY) for c in self.key_columns)
+        self.fixed_key_bytes: int | None = None if variable else 8 * num_keys
         self._by_name: dict[str, int] = {c.name: i for i, c in enumerate(cols)}
         # Schemas key many caches (row layouts, packers); hashing the columns each time
         # cost a client more than packing its row.
