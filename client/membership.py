@@ -99,6 +99,11 @@ def leader_membership(client: Client, tablet_id: str, timeout_s: float) -> Table
         _pause(deadline, f"a ready leader of {tablet_id}")
 
 
+def _membership_by(client: Client, tablet_id: str, deadline: float) -> TabletMembership:
+    """``leader_membership`` within what is left until ``deadline`` (a moment at least)."""
+    return leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+
+
 def _change(
     client: Client, tablet_id: str, kind: int, server: str, timeout_s: float
 ) -> admin_pb2.ChangeConfigResponse:
@@ -127,7 +132,7 @@ def _wait_committed(
     nothing of the change. A removal trusted that and force-deleted a replica that was
     still a voter (the new leader's, once). ``RemoteError`` when the change was lost."""
     while True:
-        m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+        m = _membership_by(client, tablet_id, deadline)
         if m.commit_index >= index:
             if took_effect(m):
                 return m
@@ -147,7 +152,7 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
     act meanwhile: ``RemoteError`` at once if ``server`` left the group, and a replica
     deleted while ``server`` is still a learner (a leftover deletion that raced this add)
     is made again."""
-    target = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+    target = _membership_by(client, tablet_id, deadline)
     while True:
         try:
             st = _state(client, server, tablet_id, 5.0)
@@ -155,7 +160,7 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
                 return
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
-                m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+                m = _membership_by(client, tablet_id, deadline)
                 if server not in m.learners:
                     raise RemoteError(
                         f"{server} left {tablet_id}'s group while it was being added (another "
@@ -264,7 +269,7 @@ def add_replica(
     except RemoteError:
         # Promoted already (the same add, run twice at once): what was asked is done, once
         # that promotion commits.
-        m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+        m = _membership_by(client, tablet_id, deadline)
         if server not in m.voters:
             raise
         if m.change_pending:
@@ -321,7 +326,7 @@ def remove_replica(
                 f"{server} holds no replica of {tablet_id} (voters {', '.join(m.voters)}"
                 + (f"; learners {', '.join(m.learners)})" if m.learners else ")")
             ) from None
-        after = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+        after = _membership_by(client, tablet_id, deadline)
         if server in after.members():
             # A concurrent add made it a member meanwhile: what was deleted was its new
             # replica, which that add makes again (``_wait_caught_up``).
@@ -343,12 +348,12 @@ def remove_replica(
         except RaftletError:
             # Another operator may have moved the leadership (or the server) meanwhile: a
             # refusal then says nothing about what is left to do.
-            m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+            m = _membership_by(client, tablet_id, deadline)
             if m.leader == server:
                 raise
         while m.leader == server:
             _pause(deadline, f"leadership of {tablet_id} to leave {server}")
-            m = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+            m = _membership_by(client, tablet_id, deadline)
         say(f"{tablet_id}: leadership moved from {server} to {m.leader}")
         if server not in m.members():
             if not leftovers:
@@ -358,7 +363,7 @@ def remove_replica(
         removed = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s)
     except RemoteError:
         if not leftovers:
-            after = leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
+            after = _membership_by(client, tablet_id, deadline)
             if server not in after.members():
                 raise gone() from None
         raise
