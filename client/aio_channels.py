@@ -105,7 +105,7 @@ class GrpcAsyncServerStub:
                 await stream.close()
         return cast(
             tablet_pb2.WriteResponse,
-            await unary_call(self._tablet.Write(request, timeout=timeout)),
+            await unary_call(lambda: self._tablet.Write(request, timeout=timeout)),
         )
 
     async def close(self) -> None:
@@ -118,16 +118,15 @@ class GrpcAsyncServerStub:
         return cast(
             tablet_pb2.ListTabletsResponse,
             await unary_call(
-                self._tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout)
+                lambda: self._tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=timeout)
             ),
         )
 
     async def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse:
+        request = tablet_pb2.GetClusterConfigRequest()
         return cast(
             tablet_pb2.GetClusterConfigResponse,
-            await unary_call(
-                self._tablet.GetClusterConfig(tablet_pb2.GetClusterConfigRequest(), timeout=timeout)
-            ),
+            await unary_call(lambda: self._tablet.GetClusterConfig(request, timeout=timeout)),
         )
 
     async def leader_step_down(
@@ -135,7 +134,7 @@ class GrpcAsyncServerStub:
     ) -> admin_pb2.LeaderStepDownResponse:
         return cast(
             admin_pb2.LeaderStepDownResponse,
-            await unary_call(self._admin.LeaderStepDown(request, timeout=timeout)),
+            await unary_call(lambda: self._admin.LeaderStepDown(request, timeout=timeout)),
         )
 
 

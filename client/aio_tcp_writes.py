@@ -143,7 +143,7 @@ async def open_tcp_write_stream(
         # Closing the client's channels cancels the call: CANCELLED, not the opening task's
         # cancellation, which every writer waiting on it took for its own.
         answer = await unary_call(
-            stub.WriteEndpoint(tablet_pb2.WriteEndpointRequest(), timeout=timeout)
+            lambda: stub.WriteEndpoint(tablet_pb2.WriteEndpointRequest(), timeout=timeout)
         )
     except grpc.RpcError:
         return None

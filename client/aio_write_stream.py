@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -78,14 +78,18 @@ class StreamedRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no ty
         return ((ERROR_METADATA_KEY, self._error.SerializeToString()),)
 
 
-async def unary_call(call: Awaitable[T]) -> T:
-    """Await one ``grpc.aio`` call. Closing its channel cancels it, and grpc.aio then
-    raises ``CancelledError`` in the awaiting task -- which escaped ``except Exception`` and
-    read as the caller's own task being cancelled when a client was closed during a
-    leader look-up. Unless this task itself is being cancelled, that is the call's
-    failure: CANCELLED, which the retry loop turns into ``ClientClosed`` once closed."""
+async def unary_call(start: Callable[[], Awaitable[T]]) -> T:
+    """Start one ``grpc.aio`` call (``start()``) and await it. Closing its channel cancels
+    it, and grpc.aio then raises ``CancelledError`` in the awaiting task -- which escaped
+    ``except Exception`` and read as the caller's own task being cancelled when a client
+    was closed during a leader look-up. Unless this task itself is being cancelled, that is
+    the call's failure: CANCELLED, which the retry loop turns into ``ClientClosed`` once
+    closed. A channel closed before the call starts (grpc.aio's ``UsageError``) is the
+    same."""
     try:
-        return await call
+        return await start()
+    except grpc.aio.UsageError:
+        raise StreamedRpcError(grpc.StatusCode.CANCELLED, "the channel is closed") from None
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():

@@ -155,6 +155,21 @@ class StubProvider(Protocol):
     def stub(self, address: str) -> ServerStub: ...
 
 
+R = TypeVar("R")
+
+
+def _unless_closed(call: Callable[[], R]) -> R:
+    """``call()``, with grpc's error for a channel closed under it (a client closed while
+    this thread held a stub) raised as the ``ClientClosed`` every other path raises."""
+    try:
+        return call()
+    except ValueError as e:
+        # grpc words it "Cannot invoke RPC on closed channel!" or "...: Channel closed!"
+        if "closed" in str(e) and "channel" in str(e).lower():
+            raise ClientClosed("the client is closed") from e
+        raise
+
+
 class GrpcServerStub:
     """``ServerStub`` over a shared ``grpc.Channel``."""
 
@@ -164,19 +179,27 @@ class GrpcServerStub:
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
 
     def write(self, request: tablet_pb2.WriteRequest, timeout: float) -> tablet_pb2.WriteResponse:
-        return cast(tablet_pb2.WriteResponse, self._tablet.Write(request, timeout=timeout))
+        return cast(
+            tablet_pb2.WriteResponse,
+            _unless_closed(lambda: self._tablet.Write(request, timeout=timeout)),
+        )
 
     def scan(self, request: tablet_pb2.ScanRequest, timeout: float) -> tablet_pb2.ScanResponse:
-        return cast(tablet_pb2.ScanResponse, self._tablet.Scan(request, timeout=timeout))
+        return cast(
+            tablet_pb2.ScanResponse,
+            _unless_closed(lambda: self._tablet.Scan(request, timeout=timeout)),
+        )
 
     def list_tablets_future(self, timeout: float) -> ResultFuture:
-        future = self._tablet.ListTablets.future(tablet_pb2.ListTabletsRequest(), timeout=timeout)
+        request = tablet_pb2.ListTabletsRequest()
+        future = _unless_closed(lambda: self._tablet.ListTablets.future(request, timeout=timeout))
         return cast(ResultFuture, future)
 
     def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse:
+        request = tablet_pb2.GetClusterConfigRequest()
         return cast(
             tablet_pb2.GetClusterConfigResponse,
-            self._tablet.GetClusterConfig(tablet_pb2.GetClusterConfigRequest(), timeout=timeout),
+            _unless_closed(lambda: self._tablet.GetClusterConfig(request, timeout=timeout)),
         )
 
     def leader_step_down(
@@ -184,7 +207,7 @@ class GrpcServerStub:
     ) -> admin_pb2.LeaderStepDownResponse:
         return cast(
             admin_pb2.LeaderStepDownResponse,
-            self._admin.LeaderStepDown(request, timeout=timeout),
+            _unless_closed(lambda: self._admin.LeaderStepDown(request, timeout=timeout)),
         )
 
     def checksum_tablet(
@@ -192,7 +215,7 @@ class GrpcServerStub:
     ) -> admin_pb2.ChecksumTabletResponse:
         return cast(
             admin_pb2.ChecksumTabletResponse,
-            self._admin.ChecksumTablet(request, timeout=timeout),
+            _unless_closed(lambda: self._admin.ChecksumTablet(request, timeout=timeout)),
         )
 
 

@@ -428,10 +428,10 @@ def test_a_call_its_closing_channel_cancelled_fails_as_cancelled_not_as_a_cancel
 
     async def main() -> None:
         with pytest.raises(StreamedRpcError) as failed:
-            await _unary(cancelled_call())
+            await _unary(cancelled_call)
         assert failed.value.code() is grpc.StatusCode.CANCELLED
         # A task that is itself cancelled stays cancelled.
-        waiting = asyncio.ensure_future(_unary(asyncio.sleep(30)))
+        waiting = asyncio.ensure_future(_unary(lambda: asyncio.sleep(30)))
         await asyncio.sleep(0)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -18,6 +18,7 @@ from raftlet.client.channels import (
     server_options,
 )
 from raftlet.client.errors import ClientClosed
+from raftlet.proto import tablet_pb2
 
 
 def test_channel_pool_keeps_one_channel_per_address() -> None:
@@ -66,6 +67,20 @@ def test_peer_options_share_the_server_cap_and_match_its_server_options() -> Non
     assert server["grpc.http2.min_ping_interval_without_data_ms"] <= peer["grpc.keepalive_time_ms"]
 
 
+def test_a_stub_held_across_close_fails_as_client_closed() -> None:
+    """A writer thread that took its stub before another thread closed the client met grpc's
+    ValueError("Cannot invoke RPC on closed channel!") instead of ClientClosed."""
+    pool = ChannelPool()
+    stub = pool.stub("127.0.0.1:1")
+    pool.close()
+    with pytest.raises(ClientClosed, match="closed"):
+        stub.write(tablet_pb2.WriteRequest(), timeout=1.0)
+    with pytest.raises(ClientClosed, match="closed"):
+        stub.scan(tablet_pb2.ScanRequest(), timeout=1.0)
+    with pytest.raises(ClientClosed, match="closed"):
+        stub.list_tablets_future(timeout=1.0)
+
+
 def test_async_pool_keeps_one_channel_per_address() -> None:
     async def run() -> None:
         opened: list[str] = []
@@ -83,6 +98,22 @@ def test_async_pool_keeps_one_channel_per_address() -> None:
             pool.channel("127.0.0.1:1")
         with pytest.raises(ClientClosed, match="closed"):
             pool.stub("127.0.0.1:1")
+
+    asyncio.run(asyncio.wait_for(run(), timeout=30))
+
+
+def test_an_async_stub_held_across_close_fails_as_cancelled() -> None:
+    """grpc.aio refuses a call on a closed channel with its own UsageError, which escaped
+    the retry loop; CANCELLED is what that loop turns into ClientClosed once closed."""
+
+    async def run() -> None:
+        pool = AsyncChannelPool()
+        stub = pool.stub("127.0.0.1:1")
+        await pool.close()
+        for call in (stub.list_tablets, stub.get_cluster_config):
+            with pytest.raises(grpc.RpcError) as failed:
+                await call(1.0)
+            assert failed.value.code() is grpc.StatusCode.CANCELLED
 
     asyncio.run(asyncio.wait_for(run(), timeout=30))
 
