@@ -483,6 +483,8 @@ def _print_status(
             note = "process not running"
         elif s.state == "DOWN" and s.process_alive:
             note = f"process running but not answering ({s.error})"
+        elif s.config_differs:
+            note = f"another cluster config: {', '.join(s.config_differs)} differ"
         servers.add_row(
             s.id,
             mark(s.state),

@@ -21,7 +21,9 @@ costs the check one timeout, not one per server. From the answers:
   ERROR: no ready leader, or fewer than a majority of replicas reachable (writes fail).
   WARN: a server down or busy, a replica missing or lagging more than ``max_lag`` entries,
   a leader elected but not ready yet (writes wait for it; a leader stays so only while it
-  cannot commit with a majority, so a WARN of this kind that lasts is an outage).
+  cannot commit with a majority, so a WARN of this kind that lasts is an outage), a server
+  running another cluster config than most (``ListTablets`` carries digests of its shared
+  parts, ``cluster.digest``: cluster name, servers, tables, Raft timings).
   OK otherwise.
 
 The lag is measured across servers asked at slightly different moments, so under a write
@@ -121,10 +123,13 @@ class ServerHealth:
     error: str = ""
     process_alive: bool | None = None  # None: not a local cluster, unknown
     tablets: int = 0  # replicas it reported
+    # The parts of its cluster config (cluster.digest's section names) that differ from
+    # what most servers run; empty when it agrees, or did not say.
+    config_differs: tuple[str, ...] = ()
 
     @property
     def severity(self) -> Severity:
-        return Severity.OK if self.state == "UP" else Severity.WARN
+        return Severity.OK if self.state == "UP" and not self.config_differs else Severity.WARN
 
 
 @dataclass(slots=True)
@@ -195,6 +200,7 @@ class ClusterHealth:
                     "error": s.error,
                     "process_alive": s.process_alive,
                     "replicas": s.tablets,
+                    "config_differs": list(s.config_differs),
                 }
                 for s in self.servers
             ],
@@ -294,11 +300,50 @@ def check_cluster(
         elif state == "BUSY":
             issues.append(f"server {s.id} is overloaded: {error}")
 
+    issues += _compare_configs(servers, probes)
     tablets = [_check_tablet(p, statuses, probes, opts) for p in config.placements()]
     for t in tablets:
         issues += [f"{t.tablet_id}: {i}" for i in t.issues]
     severity = max([Severity.OK, *(s.severity for s in servers), *(t.severity for t in tablets)])
     return ClusterHealth(config.name, servers, tablets, issues, severity)
+
+
+# cluster.digest's sections in words (the client does not import the server's config).
+_CONFIG_SECTIONS = {"name": "cluster name", "raft": "raft timings"}
+
+
+def _compare_configs(
+    servers: Sequence[ServerHealth],
+    probes: Mapping[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]],
+) -> list[str]:
+    """Mark each server whose config digests differ from those most servers report (ties:
+    the group of the server listed first), and say so."""
+    digests = {
+        s.id: dict(resp.config_digests)
+        for s in servers
+        if (resp := probes[s.id][0]) is not None and resp.config_digests
+    }
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for sid, d in digests.items():
+        groups.setdefault(tuple(sorted(d.items())), []).append(sid)
+    if len(groups) < 2:
+        return []
+    common = max(groups.values(), key=len)  # the first of the largest: dicts keep order
+    reference = digests[common[0]]
+    issues = []
+    for s in servers:
+        mine = digests.get(s.id)
+        if mine is None or s.id in common:
+            continue
+        s.config_differs = tuple(
+            sorted(k for k in mine.keys() | reference.keys() if mine.get(k) != reference.get(k))
+        )
+        parts = ", ".join(_CONFIG_SECTIONS.get(k, k) for k in s.config_differs)
+        issues.append(
+            f"server {s.id} runs another cluster config than {', '.join(common)}: its {parts} "
+            "differ (start every server on the same cluster.toml)"
+        )
+    return issues
 
 
 def _check_tablet(

@@ -12,6 +12,8 @@ no master. Modules, one idea each:
 - ``toml_write``: ``dump_cluster_config``/``write_cluster_config`` (needs ``tomli-w``, which
   the ``cli`` extra installs; imported only when writing);
 - ``convert``: the wire form (``GetClusterConfigResponse``);
+- ``digest``: digests of the parts every server must share, which ``ListTablets`` reports so
+  the health check can name a server running on another copy of the file;
 - ``errors``: ``ClusterConfigError`` and its ``NotInConfigError``.
 
 Imports ``schema`` and ``proto`` only, and nothing outside the standard library at import

@@ -347,12 +347,21 @@ class ListTabletsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListTabletsResponse(_message.Message):
-    __slots__ = ("tablets", "server_uuid")
+    __slots__ = ("tablets", "server_uuid", "config_digests")
+    class ConfigDigestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TABLETS_FIELD_NUMBER: _ClassVar[int]
     SERVER_UUID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     tablets: _containers.RepeatedCompositeFieldContainer[TabletStatusPB]
     server_uuid: str
-    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ...) -> None: ...
+    config_digests: _containers.ScalarMap[str, str]
+    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GetClusterConfigRequest(_message.Message):
     __slots__ = ()

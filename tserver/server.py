@@ -57,6 +57,7 @@ from raftlet.client.channels import ChannelPool, channel_options, server_options
 from raftlet.client.errors import InvalidArgument
 from raftlet.client.tls import TlsOptions, channel_credentials, client_ssl_context
 from raftlet.cluster import parse_host_port
+from raftlet.cluster.digest import config_digests
 from raftlet.cluster.identity import AccessRole
 from raftlet.cluster.placement import TabletPlacement
 from raftlet.consensus.core import Membership
@@ -156,6 +157,8 @@ class TabletServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = s = settings
         self.config = s.config
+        # What ListTablets reports, so a check can tell a server on another config.
+        self.config_digests = config_digests(s.config, s.raft)  # the timings it runs
         self.server_id = s.server_id
         self.flags = FlagRegistry.from_settings(s)
         self.registry = MetricRegistry()

@@ -169,7 +169,9 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
         return await self._dispatch("ListTablets", context, _run_sync(self._list_tablets))
 
     def _list_tablets(self) -> tablet_pb2.ListTabletsResponse:
-        response = tablet_pb2.ListTabletsResponse(server_uuid=self._s.server_id)
+        response = tablet_pb2.ListTabletsResponse(
+            server_uuid=self._s.server_id, config_digests=self._s.config_digests
+        )
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot
             why = replica.failure_reason()

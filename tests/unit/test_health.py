@@ -204,3 +204,28 @@ def test_more_voters_than_the_table_asks_for_is_a_warning(
     verdict = health.check_cluster(layout, health.ProbeOptions())
     assert verdict.severity is health.Severity.WARN
     assert any("over-replicated: 4 voters, the table asks for 3" in i for i in verdict.issues)
+
+
+def test_a_server_on_another_cluster_config_is_named_with_what_differs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each server reads its own cluster.toml: one left on other Raft timings worked, only
+    not as its peers expected, and status said OK."""
+    same = {"name": "n1", "servers": "s1", "tables": "t1", "raft": "r1"}
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in IDS}
+    for n in IDS:
+        listed[n].config_digests.update(same)
+    listed["c"].config_digests.update(raft="r2", tables="t2")
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.WARN
+    c = next(s for s in verdict.servers if s.id == "c")
+    assert c.config_differs == ("raft", "tables")
+    assert c.severity is health.Severity.WARN
+    assert (
+        "server c runs another cluster config than a, b: its raft timings, tables differ "
+        "(start every server on the same cluster.toml)"
+    ) in verdict.issues
+    assert verdict.to_json()["servers"][2]["config_differs"] == ["raft", "tables"]
+    # A server that reports no digests (older than them) is not compared.
+    listed["c"].config_digests.clear()
+    assert checked(listed, 100, monkeypatch).severity is health.Severity.OK

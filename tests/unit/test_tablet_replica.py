@@ -771,6 +771,7 @@ def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
                 replicas={r.tablet_id: r},
                 failed_tablets={},
                 pools={"tablet": None},
+                config_digests={},
             )
         )._list_tablets()
         for node, r in tablet.replicas.items()
