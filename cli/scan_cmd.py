@@ -8,7 +8,8 @@
 (``is null`` / ``is not null`` work too.) Parsing happens in two steps, so the CLI can tell
 the user about a typo before connecting to anything: ``parse_where`` checks the syntax
 (usage error, exit 2), ``WhereClause.predicate(schema)`` converts each value by its
-column's type (``parse_value``) and validates it, which needs the table's schema (still a
+column's type (as ``parse_value`` does; the predicate then rounds a FLOAT's number to the
+float32 a write of it stores) and validates it, which needs the table's schema (still a
 usage error: the argument is wrong, not the cluster).
 """
 
@@ -20,6 +21,7 @@ import datetime as _dt
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +37,7 @@ from raftlet.cli.common import (
 )
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.schema import Schema
-from raftlet.schema.types import DataType, TypeMismatch, Value, datetime_from_micros, normalize
+from raftlet.schema.types import DataType, Value, datetime_from_micros, normalize
 
 __all__ = ["WhereClause", "add_parser", "parse_value", "parse_where", "run"]
 
@@ -205,7 +207,7 @@ class WhereClause:
             )
         col = schema.column(self.column)
         try:
-            vals = [parse_value(col.type, v) for v in self.values]
+            vals = [_literal(col.type, v) for v in self.values]  # validate() normalizes
         except ValueError as e:
             raise UsageError(f"--where {self.shown}: {e}") from None
         if self.op == "is-null":
@@ -296,40 +298,63 @@ def _unquote(text: str) -> str:
     return text
 
 
+_MAX_DOUBLE = sys.float_info.max
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
 
 
 def parse_value(dtype: DataType, text: str) -> Value:
     """``text`` as a value of a column of type ``dtype``; ValueError saying why not."""
+    return normalize(dtype, _literal(dtype, text))
+
+
+def _literal(dtype: DataType, text: str) -> Value:
+    """The value ``text`` denotes, checked against ``dtype`` (range, NaN) but a FLOAT not
+    rounded to float32; ValueError saying why not."""
     raw = _unquote(text.strip())
-    try:
-        if dtype is DataType.UNIXTIME_MICROS and not _looks_int(raw):
-            return normalize(dtype, _parse_time(raw))
-        if dtype.is_integer:
-            if not _looks_int(raw):
-                raise ValueError(f"{text!r} is not an integer ({dtype.name} column)")
-            return normalize(dtype, int(raw.replace("_", ""), 0))
-        if dtype in (DataType.FLOAT, DataType.DOUBLE):
+    if dtype is DataType.UNIXTIME_MICROS and not _looks_int(raw):
+        return normalize(dtype, _parse_time(raw))
+    if dtype.is_integer:
+        if not _looks_int(raw):
+            raise ValueError(f"{text!r} is not an integer ({dtype.name} column)")
+        digits = raw.replace("_", "")
+        try:
+            number = int(digits, 0)
+        except ValueError:
+            # Only a decimal with a leading zero gets here: Python refuses it, as a C
+            # reader would take it for octal.
+            raise ValueError(
+                f"{text!r}: a decimal integer cannot start with 0 "
+                f"(write {int(digits, 10)}, or 0x... for hex)"
+            ) from None
+        return normalize(dtype, number)
+    if dtype in (DataType.FLOAT, DataType.DOUBLE):
+        # Only float() in the try: normalize's TypeMismatch (NaN, out of FLOAT's range) is
+        # a ValueError too, and says the real reason.
+        try:
+            real = float(raw)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number ({dtype.name} column)") from None
+        if math.isinf(real) and raw.lstrip("+-").lower() not in ("inf", "infinity"):
+            raise ValueError(
+                f"{text!r} is out of range for {dtype.name} (beyond +-{_MAX_DOUBLE:.6g}; "
+                "write inf or -inf for infinity)"
+            )
+        normalize(dtype, real)
+        return real
+    if dtype is DataType.BOOL:
+        low = raw.lower()
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise ValueError(f"{text!r} is not true or false (BOOL column)")
+    if dtype is DataType.BINARY:
+        if raw[:2].lower() == "0x":
             try:
-                return normalize(dtype, float(raw))
+                return bytes.fromhex(raw[2:])
             except ValueError:
-                raise ValueError(f"{text!r} is not a number ({dtype.name} column)") from None
-        if dtype is DataType.BOOL:
-            low = raw.lower()
-            if low in _TRUE or low in _FALSE:
-                return low in _TRUE
-            raise ValueError(f"{text!r} is not true or false (BOOL column)")
-        if dtype is DataType.BINARY:
-            if raw[:2].lower() == "0x":
-                try:
-                    return bytes.fromhex(raw[2:])
-                except ValueError:
-                    raise ValueError(f"{text!r} is not valid hex (BINARY column)") from None
-            return raw.encode()
-        return normalize(dtype, raw)
-    except TypeMismatch as e:
-        raise ValueError(str(e)) from None
+                raise ValueError(f"{text!r} is not valid hex (BINARY column)") from None
+        return raw.encode()
+    return normalize(dtype, raw)
 
 
 def _looks_int(text: str) -> bool:

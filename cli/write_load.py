@@ -95,7 +95,8 @@ class RowFactory:
             DataType.UNIXTIME_MICROS,
         ):
             raise UsageError(
-                "the load generator needs a table whose primary key is one INT64 column "
+                "the load generator needs a table whose primary key is one INT64 or "
+                "UNIXTIME_MICROS column "
                 f"(this one's key: {', '.join(f'{c.name} {c.type.name}' for c in key_columns)})"
             )
         self.key = key_columns[0].name

@@ -71,7 +71,7 @@ from tenacity.wait import wait_base
 from raftlet.client.aio_channels import AsyncChannelPool, AsyncServerStub, AsyncStubProvider
 from raftlet.client.aio_meta import AsyncMetaCache
 from raftlet.client.aio_rpc import AsyncRpcContext, call_tablet_async
-from raftlet.client.arguments import check_timeout, op_type_of
+from raftlet.client.arguments import check_timeout, op_type_of, row_of
 from raftlet.client.channels import CHANNEL_OPTIONS
 from raftlet.client.client import parse_seeds, seeds_from_config
 from raftlet.client.client_base import ClientBase
@@ -290,7 +290,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._check_open()
         if timeout_s is not None:
             check_timeout(timeout_s)
-        op = encode_operation(self._meta, self._stats, 0, op_type_of(op_type), table, dict(row))
+        op = encode_operation(self._meta, self._stats, 0, op_type_of(op_type), table, row_of(row))
         result, errors = await self._write(op.tablet_id, [op], timeout_s)
         if errors:
             raise errors[0]
@@ -312,17 +312,19 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._meta.table(table)  # an unknown table fails the call, not each row
         errors: list[RaftletError] = []
         groups: dict[str, list[Operation]] = {}
-        for index, (op_type, row) in enumerate(ops):
+        for index, (op_type, given) in enumerate(ops):
+            row: dict[str, object] = {}  # what the error reports of a row that is none
             try:
+                row = row_of(given)
                 op = encode_operation(
-                    self._meta, self._stats, index, op_type_of(op_type), table, dict(row)
+                    self._meta, self._stats, index, op_type_of(op_type), table, row
                 )
             except RowError as e:
                 errors.append(e)
                 continue
             except InvalidArgument as e:  # a key that cannot be routed
                 self._stats.error(e.cause)
-                errors.append(e.for_operation(index, table, dict(row)))
+                errors.append(e.for_operation(index, table, row))
                 continue
             groups.setdefault(op.tablet_id, []).append(op)
 

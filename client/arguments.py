@@ -5,11 +5,12 @@ a clock, or a wait that never ends (a ``nan`` timeout compares false with everyt
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from raftlet.client.errors import InvalidArgument
 from raftlet.schema.rows import OpType
 
-__all__ = ["MAX_TIMEOUT_S", "check_timeout", "op_type_of"]
+__all__ = ["MAX_TIMEOUT_S", "check_timeout", "op_type_of", "row_of"]
 
 # The longest timeout taken: far past any operation, and well inside what the clocks and
 # waits it ends up in accept (1e300 s overflows them).
@@ -38,3 +39,14 @@ def op_type_of(value: object) -> OpType:
         return OpType(value)
     names = ", ".join(f"OpType.{t.name}" for t in OpType)
     raise InvalidArgument(f"{value!r} is not an operation type ({names})")
+
+
+def row_of(value: object) -> dict[str, object]:
+    """A copy of the row ``value`` (the caller may reuse its dict; errors report what was
+    written), if it is a mapping of column name to value."""
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(
+            f"a row is a mapping of column name to value, e.g. {{'id': 1}}; "
+            f"got {type(value).__name__} {value!r:.60}"
+        )
+    return dict(value)

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
-from raftlet.client.arguments import check_timeout, op_type_of
+from raftlet.client.arguments import check_timeout, op_type_of, row_of
 from raftlet.client.batch_pipeline import BatchPipeline
 from raftlet.client.channels import ServerStub
 from raftlet.client.errors import ClientClosed, InvalidArgument, RaftletError, RowError, Timeout
@@ -176,11 +176,12 @@ class Session:
 
     def apply(self, op_type: OpType, table: str, row: Mapping[str, object]) -> WriteResult | None:
         """Write one row (see the flush modes). Raises ``RowError`` at once for a row the
-        server would refuse anyway (unknown column, wrong type, missing key…). In
+        server would refuse anyway (unknown column, wrong type, missing key…), and
+        ``InvalidArgument`` for a ``row`` that is not a mapping. In
         ``AUTO_FLUSH_SYNC`` mode returns where the acknowledged write is in its tablet's log
         (``WriteResult``: Raft index and term); in the buffering modes None."""
         op_type = op_type_of(op_type)
-        row = dict(row)  # the caller may reuse its dict; errors report what was written
+        row = row_of(row)
         # Encoded before the index is taken (an unknown table takes none), so that taking
         # it and buffering the row is one short critical section and buffers stay in index
         # order.

@@ -3,7 +3,10 @@
 Predicates of one scan are ANDed. Semantics follow SQL: no comparison matches NULL, so
 EQUALS, RANGE and IN_LIST never return a row whose column is NULL; IS_NULL / IS_NOT_NULL
 test for it. A bound or list value is normalized to the column type first (FLOAT rounds to
-float32, as the stored values did), so comparisons happen between like values.
+float32, as the stored values did), so comparisons happen between like values: a literal
+means the value the column would store for it, as in Kudu. So ``k = 0.1`` finds the FLOAT
+written as 0.1, and ``k > 0.4999999999`` is ``k > 0.5`` (the float32 nearest), which a
+stored 0.5 does not match.
 """
 
 from __future__ import annotations
@@ -76,6 +79,15 @@ class Predicate:
 
     @classmethod
     def in_list(cls, column: str, values: Iterable[Value]) -> Predicate:
+        """``column IN values``; ``values`` is a list (or any iterable) of values, not one
+        value: a str would otherwise be taken as the list of its characters."""
+        if isinstance(values, str | bytes | bytearray | memoryview) or not isinstance(
+            values, Iterable
+        ):
+            raise PredicateError(
+                f"predicate on {column!r}: IN list needs a list of values, got "
+                f"{type(values).__name__} {values!r:.60} (for one value use [value] or EQUALS)"
+            )
         return cls(column, PredicateKind.IN_LIST, values=tuple(values))
 
     @classmethod
@@ -122,6 +134,12 @@ class Predicate:
                 raise PredicateError(
                     f"predicate on {col.name!r}: RANGE needs a lower or an upper bound"
                 )
+            for side, flag in (("lower", self.lower_inclusive), ("upper", self.upper_inclusive)):
+                if not isinstance(flag, bool):
+                    raise PredicateError(
+                        f"predicate on {col.name!r}: {side}_inclusive must be True or False, "
+                        f"got {flag!r}"
+                    )
             lower = None if self.lower is None else norm(self.lower, "lower bound")
             upper = None if self.upper is None else norm(self.upper, "upper bound")
             # An open side's flag means nothing; False (the proto default) keeps equality exact.

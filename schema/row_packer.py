@@ -9,9 +9,9 @@ a program usually passes -- ``int`` in range, ``float`` that is not NaN, ``bool`
 packing function is generated per schema, one block of code per column (as ``dataclasses``
 generates ``__init__``): a loop over the columns cost more than the packing itself.
 Anything else (a ``datetime``, a ``bytearray``, a FLOAT to round to 32 bits, an unknown
-column, a broken rule) goes to ``encode_row_block``, which normalizes it or raises the
-``RowOpError`` it deserves. Both give the same bytes for a row either accepts
-(``tests/unit/test_schema_row_packer.py``).
+column, a broken rule, a key over ``MAX_KEY_BYTES``) goes to ``encode_row_block``, which
+normalizes it or raises the ``RowOpError`` it deserves. Both give the same bytes for a row
+either accepts (``tests/unit/test_schema_row_packer.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import cast
 
 from raftlet.schema.row_block import encode_row_block, row_layout
-from raftlet.schema.rows import OpType, RowOpError, build_row_op
+from raftlet.schema.rows import MAX_KEY_BYTES, OpType, RowOpError, build_row_op
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import INTEGER_RANGES, DataType
 
@@ -144,6 +144,15 @@ def _compile(schema: Schema) -> Callable[[object, Mapping[str, object]], tuple[b
     nbytes = layout.bitmap_bytes
     ncols = len(schema.columns)
     not_nullable = sum(1 << i for i, c in enumerate(schema.columns) if not c.nullable)
+    if schema.fixed_key_bytes is None:
+        # The shape check below sees placeholders, not values: a key's size must be measured
+        # here (as rows.key_bytes does: strings by their UTF-8 bytes, other columns 8), or an
+        # over-long key would go to the server instead of being refused at once.
+        sizes = [
+            f"n{i}" if _KIND[c.type] in (_Kind.STRING, _Kind.BINARY) else "8"
+            for i, c in enumerate(schema.key_columns)
+        ]
+        lines += [f"    if {' + '.join(sizes)} > {MAX_KEY_BYTES}:", "        raise _Slow"]
     lines += [
         f"    if null & {not_nullable}:",
         "        raise _Slow",

@@ -10,9 +10,13 @@ from typing import cast
 from raftlet.proto import tablet_pb2
 from raftlet.schema.types import DataType
 
-__all__ = ["MAX_COLUMN_NAME_LENGTH", "ColumnSchema", "Schema", "SchemaError"]
+__all__ = ["MAX_COLUMNS", "MAX_COLUMN_NAME_LENGTH", "ColumnSchema", "Schema", "SchemaError"]
 
 MAX_COLUMN_NAME_LENGTH = 128
+# A tablet's rows are one SQLite table with exactly the schema's columns (tserver/store/sql.py),
+# and SQLite refuses a table of more than SQLITE_MAX_COLUMN (2000 in default builds): past it
+# every replica of the table would fail at creation, for good.
+MAX_COLUMNS = 2000
 # ASCII only: names become quoted SQL identifiers and travel in every CellPB, and a
 # Unicode-normalization mismatch between two clients would be a silent "unknown column".
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -50,9 +54,10 @@ class Schema:
     """An immutable, validated list of columns; key columns first, in primary-key order.
 
     Invariants (checked by the constructor, which raises ``SchemaError``): at least one key
-    column; key columns form a prefix and are not nullable; every name is an ASCII identifier
-    of at most ``MAX_COLUMN_NAME_LENGTH`` characters; names are unique ignoring case (SQL
-    identifiers are case-insensitive, so "Id" and "id" would be one column in the store).
+    column and at most ``MAX_COLUMNS`` columns; key columns form a prefix and are not
+    nullable; every name is an ASCII identifier of at most ``MAX_COLUMN_NAME_LENGTH``
+    characters; names are unique ignoring case (SQL identifiers are case-insensitive, so "Id"
+    and "id" would be one column in the store).
     """
 
     __slots__ = ("_by_name", "_hash", "columns", "fixed_key_bytes", "key_columns")
@@ -61,6 +66,12 @@ class Schema:
         cols = tuple(columns)
         if not cols:
             raise SchemaError("a schema needs at least one column")
+        if len(cols) > MAX_COLUMNS:
+            raise SchemaError(
+                f"a schema has at most {MAX_COLUMNS} columns (the tablet store, SQLite, holds "
+                f"no more in one table), this one has {len(cols)}: split the columns into "
+                "several tables"
+            )
         seen: dict[str, str] = {}
         for i, col in enumerate(cols):
             if not isinstance(col, ColumnSchema):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -315,6 +316,56 @@ def test_parse_value_by_type() -> None:
             parse_value(dtype, text)
 
 
+NUMBERS = Schema(
+    [
+        ColumnSchema("i", DataType.INT64, is_key=True),
+        ColumnSchema("f", DataType.FLOAT, nullable=True),
+        ColumnSchema("d", DataType.DOUBLE, nullable=True),
+        ColumnSchema("t", DataType.UNIXTIME_MICROS, nullable=True),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        # Each was "'...' is not a number": normalize's reason was swallowed.
+        ("d = NaN", r"--where 'd = NaN': NaN is not supported in DOUBLE"),
+        ("f < 1e39", r"--where 'f < 1e39': 1e\+39 is out of range for FLOAT"),
+        # Was silently inf.
+        ("d = 1e400", r"'1e400' is out of range for DOUBLE .*write inf or -inf for infinity"),
+        ("d > -1e400", r"'-1e400' is out of range for DOUBLE"),
+        # Was Python's "invalid literal for int() with base 0".
+        ("i = 010", r"'010': a decimal integer cannot start with 0 \(write 10, or 0x"),
+        ("t >= -0_07", r"'-0_07': a decimal integer cannot start with 0 \(write -7,"),
+        ("d = abc", r"'abc' is not a number \(DOUBLE column\)"),
+    ],
+)
+def test_where_number_errors_say_the_real_reason(where: str, message: str) -> None:
+    from raftlet.cli.common import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        parse_where(where).predicate(NUMBERS)
+
+
+def test_where_numbers_that_are_fine() -> None:
+    assert parse_where("d = inf").predicate(NUMBERS).values == (math.inf,)
+    assert parse_where("d < -Infinity").predicate(NUMBERS).upper == -math.inf
+    assert parse_where("f = 0.5").predicate(NUMBERS).values == (0.5,)
+    assert parse_where("f < 1e38").predicate(NUMBERS).upper == pytest.approx(1e38)
+    assert parse_where("i in (0, 00, 0x10, 1_0)").predicate(NUMBERS).values == (0, 0, 16, 10)
+
+
+def test_where_on_a_float_column_means_the_value_a_write_would_store() -> None:
+    """As in Kudu, a FLOAT literal is the float32 a write of it stores: "f = 0.1" finds the
+    row written as 0.1, and "f > 0.4999999999" is "f > 0.5"."""
+    written = parse_value(DataType.FLOAT, "0.1")
+    assert written != 0.1
+    assert parse_where("f = 0.1").predicate(NUMBERS).values == (written,)
+    p = parse_where("f > 0.4999999999").predicate(NUMBERS)
+    assert (p.lower, p.lower_inclusive) == (0.5, False)
+
+
 # --- the load generator's rows ------------------------------------------------------------------
 
 
@@ -364,8 +415,11 @@ def test_row_factory_needs_an_int64_key() -> None:
     from raftlet.cli.common import UsageError
 
     schema = Schema([ColumnSchema("name", DataType.STRING, is_key=True)])
-    with pytest.raises(UsageError, match="one INT64 column"):
+    with pytest.raises(UsageError, match="one INT64 or UNIXTIME_MICROS column"):
         RowFactory(schema, 10)
+    # Both are accepted, as the message says.
+    for dtype in (DataType.INT64, DataType.UNIXTIME_MICROS):
+        RowFactory(Schema([ColumnSchema("k", dtype, is_key=True)]), 10)
 
 
 # --- metrics --------------------------------------------------------------------------------------

@@ -227,11 +227,17 @@ def test_row_errors_and_rows_refused_before_sending() -> None:
         (bogus,) = await c.write("kv", [("BOGUS", {"key": 1})])  # type: ignore[list-item]
         assert isinstance(bogus, InvalidArgument)
         assert bogus.row_index == 0
+        # A row that is no mapping: InvalidArgument, not a TypeError from dict(row).
+        with pytest.raises(InvalidArgument, match="a row is a mapping of column name"):
+            await c.insert("kv", None)  # type: ignore[arg-type]
+        (not_a_row,) = await c.write("kv", [(OpType.INSERT, [1, 2])])  # type: ignore[list-item]
+        assert isinstance(not_a_row, InvalidArgument)
+        assert not_a_row.row_index == 0
         assert len(cluster.writes()) == 1
         assert c.stats.errors_by_cause == {
             "KEY_EXISTS": 1,
             "TYPE_MISMATCH": 1,
-            "INVALID_ARGUMENT": 1,  # the operation of write()'s, one of its results
+            "INVALID_ARGUMENT": 2,  # the operations of write()'s, each one of its results
         }
 
     run(main())

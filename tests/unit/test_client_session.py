@@ -10,12 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from raftlet.client.errors import RowError, Timeout
+from raftlet.client.errors import InvalidArgument, RowError, Timeout
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.session import FlushMode, Session
 from raftlet.client.write_batch import WriteResult
 from raftlet.proto import tablet_pb2
-from tests.unit.client_fakes import FakeCluster, make_rpc, ok, rows_in
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from tests.unit.client_fakes import SERVERS, FakeCluster, config_pb, make_rpc, ok, rows_in
 from tests.waiting import wait_for
 
 
@@ -199,3 +201,58 @@ def test_a_seed_port_out_of_range_is_refused(port: str) -> None:
     with pytest.raises(InvalidArgument, match=r"port must be 1 to 65535|is not host:port"):
         parse_seeds(f"127.0.0.1:{port}")
     assert parse_seeds("127.0.0.1:65535, [::1]:1") == ["127.0.0.1:65535", "[::1]:1"]
+
+
+SKV_SCHEMA = Schema(
+    [
+        ColumnSchema("k", DataType.STRING, is_key=True),
+        ColumnSchema("v", DataType.INT64, nullable=True),
+    ]
+)
+
+
+def _with_a_string_keyed_table(session: Session) -> None:
+    pb = config_pb()
+    pb.tables.add(name="skv", schema=SKV_SCHEMA.to_pb(), num_partitions=1, replication_factor=3)
+    pb.tablets.add(tablet_id="skv-p0", table_name="skv", partition=0, replica_uuids=list(SERVERS))
+    session._rpc.meta.install(pb)
+
+
+@pytest.mark.parametrize("packed_rows", [True, False])
+@pytest.mark.parametrize("mode", list(FlushMode))
+def test_a_key_over_the_limit_is_refused_at_once_in_either_row_form(
+    mode: FlushMode, packed_rows: bool
+) -> None:
+    """With packed rows (the default) a 20,000-byte key was sent, and in the buffered modes
+    its error only showed up later in errors(); per-cell rows were refused at once."""
+    cluster = _cluster()
+    session = _session(cluster, mode, packed_rows=packed_rows)
+    _with_a_string_keyed_table(session)
+    try:
+        with pytest.raises(RowError) as refused:
+            session.insert("skv", {"k": "x" * 20_000, "v": 1})
+        assert refused.value.code == "INVALID_ROW"
+        assert refused.value.message == "the key is 20000 bytes, over the 16384-byte limit"
+        assert refused.value.row_index == 0
+        session.insert("skv", {"k": "x" * 100, "v": 1})
+        session.flush()
+        assert session.errors() == []
+        assert sum(rows_in(r, SKV_SCHEMA) for _, r in cluster.writes()) == 1
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("row", [None, [1, 2], "key", 5])
+def test_a_row_that_is_not_a_mapping_is_an_invalid_argument(row: object) -> None:
+    """dict(row) raised a bare TypeError ("'NoneType' object is not iterable")."""
+    cluster = _cluster()
+    session = _session(cluster, FlushMode.AUTO_FLUSH_SYNC)
+    try:
+        with pytest.raises(InvalidArgument, match=r"a row is a mapping of column name to value"):
+            session.insert("kv", row)  # type: ignore[arg-type]
+        # Refused before it took an operation index (as an unknown table is).
+        with pytest.raises(RowError) as next_row:
+            session.insert("kv", {"key": "not an integer"})
+        assert next_row.value.row_index == 0
+    finally:
+        session.close()

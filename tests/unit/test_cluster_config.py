@@ -672,3 +672,21 @@ def test_from_pb_validates_like_a_file() -> None:
         ClusterConfigError, match=r"^tables\[0\]\.columns: column 'k': unknown data type"
     ):
         ClusterConfig.from_pb(pb)
+
+
+def test_a_table_wider_than_the_store_is_refused_by_validation(tmp_path: Path) -> None:
+    """A table of 2001 columns loaded, then every replica of it FAILED at creation."""
+    from raftlet.schema.schema import MAX_COLUMNS
+
+    def with_columns(n: int) -> str:
+        extra = "".join(
+            f'  {{ name = "c{i}", type = "INT8", nullable = true }},\n' for i in range(n - 2)
+        )
+        last = '  { name = "value", type = "STRING", nullable = true },\n'
+        return BASE.replace(last, last + extra, 1)
+
+    assert len(parse_cluster_config(with_columns(MAX_COLUMNS), tmp_path).tables[0].schema) == 2000
+    with pytest.raises(ClusterConfigError) as exc:
+        parse_cluster_config(with_columns(MAX_COLUMNS + 1), tmp_path)
+    assert exc.value.field == "tables[0].columns"
+    assert f"at most {MAX_COLUMNS} columns" in exc.value.reason

@@ -46,6 +46,7 @@ def test_pb_round_trip(pred: Predicate) -> None:
 def test_validate_normalizes_values() -> None:
     p = Predicate.equals("f", 0.1).validate(S)
     assert p.values[0] != 0.1  # rounded to float32, like the stored values
+    assert Predicate.equals("f", 1).validate(S).values == (1.0,)
     when = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
     r = Predicate.range("t", lower=when).validate(S)  # type: ignore[arg-type]
     assert r.lower == 1577836800000000
@@ -101,3 +102,26 @@ def test_invalid_predicates(pred: Predicate, message: str) -> None:
 def test_invalid_predicate_pbs(pb: tablet_pb2.PredicatePB, message: str) -> None:
     with pytest.raises(PredicateError, match=message):
         Predicate.from_pb(S, pb)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Predicate.in_list("s", "abc"), r"IN list needs a list of values, got str 'abc'"),
+        (lambda: Predicate.in_list("id", 5), r"IN list needs a list of values, got int 5"),
+        (lambda: Predicate.in_list("s", b"ab"), r"got bytes"),
+        (
+            lambda: Predicate.range("id", 1, lower_inclusive="no").validate(S),  # type: ignore[arg-type]
+            r"lower_inclusive must be True or False, got 'no'",
+        ),
+        (
+            lambda: Predicate.range("id", upper=1, upper_inclusive=1).validate(S),  # type: ignore[arg-type]
+            r"upper_inclusive must be True or False, got 1",
+        ),
+    ],
+)
+def test_misused_builders_are_refused_clearly(build: object, message: str) -> None:
+    """in_list("k", "abc") was IN ('a', 'b', 'c'), in_list("k", 5) a bare TypeError, and
+    lower_inclusive="no" was taken as True."""
+    with pytest.raises(PredicateError, match=message):
+        build()  # type: ignore[operator]

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raftlet.proto import tablet_pb2
 from raftlet.schema import row_packer as packer_module
 from raftlet.schema.row_block import encode_row_block
 from raftlet.schema.row_packer import row_packer
-from raftlet.schema.rows import OpType, RowOpError
+from raftlet.schema.rows import MAX_KEY_BYTES, OpType, RowOpError
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from tests.unit.schema_strategies import Batch, batches
@@ -103,3 +104,37 @@ def test_the_usual_row_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> N
     assert row_packer(schema).pack(OpType.INSERT, row) == expected
     with pytest.raises(AssertionError, match="reference encoder"):
         row_packer(schema).pack(OpType.INSERT, {**row, "d": float("nan")})
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        # Each one byte over: 16,385 bytes, the INT64 column counted as 8.
+        {"s": "x" * (MAX_KEY_BYTES - 7), "n": 1},
+        {"s": "é" * (MAX_KEY_BYTES // 2 - 4) + "x", "n": 1},  # counted in UTF-8 bytes
+        {"s": "x" * (MAX_KEY_BYTES - 8), "n": 1, "b": b"y"},
+        {"s": "", "n": 1, "b": b"y" * (MAX_KEY_BYTES - 7)},
+    ],
+    ids=["ascii", "utf8", "string-and-int-and-binary", "binary"],
+)
+def test_a_key_over_the_limit_is_refused_as_the_reference_refuses_it(key: dict[str, Any]) -> None:
+    """The fast path checked the row's shape with placeholder values, so a 20,000-byte
+    string key was packed and sent, to be refused by the server."""
+    schema = Schema(
+        [
+            ColumnSchema("s", DataType.STRING, is_key=True),
+            ColumnSchema("n", DataType.INT64, is_key=True),
+            ColumnSchema("b", DataType.BINARY, is_key=True),
+            ColumnSchema("v", DataType.INT64, nullable=True),
+        ]
+    )
+    row = {"b": b"", **key, "v": 3}
+    with pytest.raises(RowOpError, match=r"over the 16384-byte limit") as fast:
+        row_packer(schema).pack(OpType.INSERT, row)
+    assert _fast(schema, OpType.INSERT, row) == _reference(schema, OpType.INSERT, row)
+    assert fast.value.code == tablet_pb2.RowErrorPB.INVALID_ROW
+    # One byte less is a key the fast path packs itself.
+    shorter = {**row, "s": row["s"][:-1]} if row["s"] else {**row, "b": row["b"][:-1]}
+    assert row_packer(schema).pack(OpType.INSERT, shorter) == encode_row_block(
+        schema, [(OpType.INSERT, shorter)]
+    )

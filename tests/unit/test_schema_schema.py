@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 
 from raftlet.proto import tablet_pb2
-from raftlet.schema.schema import MAX_COLUMN_NAME_LENGTH, ColumnSchema, Schema, SchemaError
+from raftlet.schema.schema import (
+    MAX_COLUMN_NAME_LENGTH,
+    MAX_COLUMNS,
+    ColumnSchema,
+    Schema,
+    SchemaError,
+)
 from raftlet.schema.types import DataType
 
 I64 = DataType.INT64
@@ -83,3 +92,35 @@ def test_unknown_type_in_pb_is_a_schema_error() -> None:
 
 def test_schema_error_is_a_value_error() -> None:
     assert issubclass(SchemaError, ValueError)
+
+
+def test_a_schema_holds_no_more_columns_than_the_store() -> None:
+    """2001 columns passed validation, then every replica of the table FAILED for good
+    ("too many columns on tablet_rows": SQLite's SQLITE_MAX_COLUMN is 2000)."""
+    cols = [key("k"), *(col(f"c{i}") for i in range(MAX_COLUMNS - 1))]
+    assert len(Schema(cols)) == MAX_COLUMNS == 2000
+    with pytest.raises(SchemaError, match=rf"at most {MAX_COLUMNS} columns.*has {MAX_COLUMNS + 1}"):
+        Schema([*cols, col("one_more")])
+
+
+def test_the_widest_schema_is_a_table_the_store_can_create(tmp_path: Path) -> None:
+    """MAX_COLUMNS is the store's own bound, not a guess: the widest schema opens, writes
+    and scans, and one column more is what SQLite refuses."""
+    from raftlet.tserver.store import TabletStore
+    from raftlet.tserver.store.sql import SqlBuilder
+    from tests.unit.store_helpers import insert
+
+    schema = Schema([key("k"), *(col(f"c{i}") for i in range(MAX_COLUMNS - 1))])
+    row = {c.name: i for i, c in enumerate(schema.columns)}
+    with TabletStore.open(tmp_path / "t.db", schema) as store:
+        store.apply_batch([(1, 1, insert(schema, row))])
+        assert store.scan().rows == [tuple(range(MAX_COLUMNS))]
+    wider = (
+        SqlBuilder(schema).create_table().replace("PRIMARY KEY", '"one_more" INTEGER, PRIMARY KEY')
+    )
+    conn = sqlite3.connect(":memory:")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="too many columns"):
+            conn.execute(wider)
+    finally:
+        conn.close()
