@@ -111,10 +111,15 @@ class ClusterView:
         if token_ports:
             lacking = sorted(s.uuid for s in pb.servers if not s.token_rpc_addr)
             if lacking:
+                # Clients learn token ports from here, and it serves cluster.toml's: a port
+                # opened by a server's --token_rpc_addr flag alone is one they never hear of.
                 raise InvalidArgument(
                     f"server(s) {', '.join(lacking)} have no token port (token_rpc_addr), so "
                     "a client without a certificate cannot reach them: give the client a "
-                    "certificate, or the servers --token_rpc_addr"
+                    'certificate, or add token_rpc_addr = "HOST:PORT" to each [[servers]] '
+                    "entry of cluster.toml (the address clients dial; a server's "
+                    "--token_rpc_addr flag only changes where it listens, e.g. 0.0.0.0:PORT) "
+                    "and restart the servers"
                 )
         servers = {
             s.uuid: ServerInfo(s.uuid, s.token_rpc_addr if token_ports else s.rpc_addr, s.http_addr)

@@ -618,7 +618,9 @@ class StatusServer:
         self.server_name = server_name
         self._started_wall = time.time()
         self._started_mono = time.monotonic()
-        self.host = host
+        # An IPv6 literal may come as the config writes it, "[::1]": the socket wants it bare
+        # (``url()`` puts the brackets back).
+        self.host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         self._requested_port = port
         self._max_request_line = max_request_line
         self._max_header_bytes = max_header_bytes
@@ -709,8 +711,11 @@ class StatusServer:
         """The serving thread while started (for tests and /stacks readers)."""
         return self._thread
 
-    def url(self, path: str = "/") -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+    def url(self, path: str = "/", *, host: str | None = None) -> str:
+        """The URL of ``path`` here: https under TLS. ``host`` names the server instead of the
+        address it is bound to (which may be 0.0.0.0: no one can dial that)."""
+        host = (self.host if host is None else host).strip("[]")
+        host = f"[{host}]" if ":" in host else host
         scheme = "https" if self.ssl_context is not None else "http"
         return f"{scheme}://{host}:{self.port}{path}"
 

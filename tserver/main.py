@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import sys
 
+from raftlet.cluster import parse_host_port
+from raftlet.metrics.status_server import StatusServer
 from raftlet.tserver.cpu_affinity import apply_cpu_affinity
 from raftlet.tserver.data_dir_lock import ForeignDataDir
 from raftlet.tserver.open_files import raise_open_files_limit
@@ -15,7 +18,7 @@ from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import ServerSettings
 from raftlet.tserver.table_layout import LayoutMismatch
 
-__all__ = ["run"]
+__all__ = ["run", "status_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +72,24 @@ def _apply_sched_batch() -> None:
     logger.info("threads run under SCHED_BATCH")
 
 
+def status_url(settings: ServerSettings, status: StatusServer) -> str:
+    """Where the ready line says the status pages are: https under TLS (the status server's
+    own scheme), on the port it is bound to. A server bound to all interfaces (0.0.0.0, [::])
+    is named by the host of its config entry's http_addr, which others can dial; one bound
+    to a given address (``--http_addr``, perhaps not the config's) by that address."""
+    bound = parse_host_port(settings.http_addr)[0]
+    if _unspecified(bound):
+        return status.url(host=parse_host_port(settings.server.http_addr)[0])
+    return status.url(host=bound)
+
+
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False  # a host name
+
+
 async def _serve(settings: ServerSettings) -> None:
     server = TabletServer(settings)
     stop = asyncio.Event()
@@ -80,7 +101,7 @@ async def _serve(settings: ServerSettings) -> None:
         # One line on stdout that launchers and tests wait for.
         print(
             f"raftlet tserver {settings.server_id} ready: rpc {settings.rpc_addr} "
-            f"(port {server.rpc_port}), status http://{settings.http_addr}/",
+            f"(port {server.rpc_port}), status {status_url(settings, server.status)}",
             flush=True,
         )
         await stop.wait()

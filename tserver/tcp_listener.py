@@ -51,22 +51,32 @@ _LOWEST_PICKED_PORT = 10_000
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
-    """A listening socket on ``port``; 0 picks a free one *below* the kernel's ephemeral
-    range.  Why not let the kernel pick: launchers (``raftlet cluster up``, the test
-    harnesses) reserve every server's RPC port up front by asking the kernel for one, then
-    start the servers one by one; a listener of an early server picked by the kernel could
-    take a later server's reserved port before it binds it."""
+    """A listening socket on ``host`` (a name, an IPv4 address, or an IPv6 one with or
+    without its brackets, as in ``[::1]:7051``) and ``port``; 0 picks a free one *below* the
+    kernel's ephemeral range.  Why not let the kernel pick: launchers (``raftlet cluster
+    up``, the test harnesses) reserve every server's RPC port up front by asking the kernel
+    for one, then start the servers one by one; a listener of an early server picked by the
+    kernel could take a later server's reserved port before it binds it."""
+    host, family = _bind_host(host)
     if port != 0:
-        return socket.create_server((host, port))
+        return socket.create_server((host, port), family=family)
     high = _ephemeral_low()
     if high > _LOWEST_PICKED_PORT:
         for candidate in random.sample(range(_LOWEST_PICKED_PORT, high), 32):
             try:
-                return socket.create_server((host, candidate))
+                return socket.create_server((host, candidate), family=family)
             except OSError as e:
                 if e.errno != errno.EADDRINUSE:
                     raise
-    return socket.create_server((host, 0))
+    return socket.create_server((host, 0), family=family)
+
+
+def _bind_host(host: str) -> tuple[str, socket.AddressFamily]:
+    # The config writes an IPv6 literal in brackets ("[::1]:7051", which gRPC binds as is);
+    # the socket API wants it bare, and an AF_INET6 socket: an AF_INET one would look the
+    # literal up as a host name and fail ("Name or service not known").
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return bare, socket.AF_INET6 if ":" in bare else socket.AF_INET
 
 
 def _ephemeral_low() -> int:
@@ -129,7 +139,8 @@ class TcpListener:
                     return
                 logger.exception("%s tcp: accept failed", self.what)
                 continue
-            name = f"{self.what} from {peer[0]}:{peer[1]}#{next(_connections)}"
+            where = f"[{peer[0]}]" if ":" in peer[0] else peer[0]  # an IPv6 peer, as in URLs
+            name = f"{self.what} from {where}:{peer[1]}#{next(_connections)}"
             _keep_alive(conn)
             if self._admission is None:
                 self._link(conn, name, None)

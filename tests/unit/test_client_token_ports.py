@@ -36,3 +36,14 @@ def test_a_server_without_a_token_port_is_named() -> None:
     with pytest.raises(InvalidArgument, match=rf"{SERVERS[1]}, {SERVERS[2]} have no token port"):
         ClusterView.from_pb(pb, token_ports=True)
     ClusterView.from_pb(pb)  # a client with a certificate does not care
+
+
+def test_a_missing_token_port_says_to_put_it_in_the_config() -> None:
+    """Clients learn token ports from GetClusterConfig, which serves cluster.toml's: a port
+    opened by the --token_rpc_addr flag alone stays unknown to them, so the advice names the
+    config, not the flag."""
+    with pytest.raises(InvalidArgument) as e:
+        ClusterView.from_pb(config_pb(), token_ports=True)
+    assert "add token_rpc_addr" in str(e.value)
+    assert "[[servers]] entry of cluster.toml" in str(e.value)
+    assert "or the servers --token_rpc_addr" not in str(e.value)

@@ -311,6 +311,48 @@ def test_compose_runs_three_servers_with_the_real_flags() -> None:
         assert (COMPOSE.parent / service["build"]["context"] / "deploy/docker/Dockerfile").is_file()
 
 
+def test_compose_gives_each_server_its_own_key_and_the_ca_certificate_only() -> None:
+    """Mounting the whole tls/ gave every container ca.key (which signs certificates) and
+    the admin client's key; the header must say how the image's user gets to read its key
+    (created 0600 for whoever ran `certs create`; a bind mount keeps that owner)."""
+    doc = yaml.safe_load(COMPOSE.read_text())
+    for name, service in doc["services"].items():
+        config = load_cluster_config(COMPOSE.parent / "cluster.toml")
+        settings = resolve_tserver(service["command"], config)
+        mounts = compose_mounts(service)
+        tls_mounts = {t: src for t, src in mounts.items() if "tls" in src}
+        assert tls_mounts == {
+            settings.tls_ca: "./tls/ca.crt",
+            settings.tls_cert: f"./tls/server-{name}.crt",
+            settings.tls_key: f"./tls/server-{name}.key",
+        }
+    header = COMPOSE.read_text()
+    assert f"chown {dockerfile_uid()}:{dockerfile_uid()} deploy/docker/tls/server-ts1.key" in header
+
+
+def test_the_docker_build_context_leaves_certificates_and_keys_out() -> None:
+    ignored = (DEPLOY / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "deploy/docker/tls" in ignored
+    assert "**/*.key" in ignored
+
+
+def test_the_readmes_token_port_is_none_of_the_deployments_ports() -> None:
+    """README's token port example once used 7151, the port every deployment here gives
+    --consensus_tcp_port: one port cannot do both jobs."""
+    readme = (REPO / "README.md").read_text()
+    token_ports = {
+        int(m[1]) for m in re.finditer(r"token_rpc_addr[ =]+\"?[\w.\[\]:-]+:(\d+)", readme)
+    }
+    assert token_ports, "README shows no token port"
+    fixed = dockerfile_exposed()
+    service = read_unit(UNIT)["Service"]
+    (exec_start,) = service["ExecStart"]
+    unit = parse_raftlet(shlex.split(exec_start)[1:])
+    fixed |= {unit.consensus_tcp_port, unit.write_tcp_port}
+    assert {7051, 8051, 7151, 7251} <= fixed
+    assert not token_ports & fixed, f"README's token port {sorted(token_ports & fixed)} is taken"
+
+
 # --- Kubernetes ----------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ import json
 import re
 import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +81,33 @@ def server(registry: MetricRegistry) -> Iterator[StatusServer]:
 def test_ephemeral_port_is_exposed(server: StatusServer) -> None:
     assert server.port > 0
     assert server.url("/healthz") == f"http://{HOST}:{server.port}/healthz"
+
+
+def test_url_names_another_host_in_its_scheme(server: StatusServer) -> None:
+    """A server bound to 0.0.0.0 is named by its advertised host; IPv6 gets its brackets."""
+    assert server.url(host="ts1.example") == f"http://ts1.example:{server.port}/"
+    assert server.url("/x", host="::1") == f"http://[::1]:{server.port}/x"
+    assert server.url("/x", host="[::1]") == f"http://[::1]:{server.port}/x"
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_serves_on_an_ipv6_address_written_as_the_config_writes_it(
+    registry: MetricRegistry,
+) -> None:
+    """http_addr = "[::1]:8051": the host comes with its brackets, which the socket API
+    refuses ("Name or service not known"), and the URL must not double them."""
+    with StatusServer(registry, "[::1]", 0) as server:
+        assert server.url("/healthz") == f"http://[::1]:{server.port}/healthz"
+        with urllib.request.urlopen(server.url("/healthz"), timeout=WAIT) as r:
+            assert r.read() == b"OK"
 
 
 def test_healthz(server: StatusServer) -> None:
