@@ -62,12 +62,17 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 
 def _leader(
-    config: Any, tablet_id: str, timeout_s: float, credentials: Any = None
+    config: Any,
+    tablet_id: str,
+    timeout_s: float,
+    credentials: Any = None,
+    token_ports: bool = False,
 ) -> tuple[str, int] | None:
     """(leader id, term) of ``tablet_id`` as the servers report it, or None."""
     from raftlet.client.health import ProbeOptions, check_cluster
 
-    health = check_cluster(config, ProbeOptions(timeout_s=timeout_s, credentials=credentials))
+    options = ProbeOptions(timeout_s=timeout_s, credentials=credentials, token_ports=token_ports)
+    health = check_cluster(config, options)
     for t in health.tablets:
         if t.tablet_id == tablet_id and t.leader is not None:
             return t.leader, t.term
@@ -94,6 +99,7 @@ def _check_voter(client: Client, tablet: str, server: str, timeout_s: float) -> 
 
 def run(args: argparse.Namespace) -> int:
     from raftlet.client import RaftletError
+    from raftlet.client.tls import uses_token_ports
 
     target = resolve_target(args)
     config = target.config
@@ -105,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if args.to is not None and args.to not in config.server_ids:
         raise UsageError(f"--to {args.to}: no such server ({', '.join(config.server_ids)})")
     credentials = target.creds.channel_credentials()
-    before = _leader(config, args.tablet, 3.0, credentials)
+    token_ports = uses_token_ports(target.creds.tls)
+    before = _leader(config, args.tablet, 3.0, credentials, token_ports)
     if before is None:
         raise CliError(f"{args.tablet} has no ready leader to step down")
     old, old_term = before
@@ -126,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        now = _leader(config, args.tablet, 2.0, credentials)
+        now = _leader(config, args.tablet, 2.0, credentials, token_ports)
         # A new term with a ready leader: the step-down happened. Without --to the old
         # leader may win the election that follows; that is a valid outcome, said as such.
         if now is not None and now[1] > old_term:

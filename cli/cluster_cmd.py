@@ -52,7 +52,9 @@ examples:
 
 Verdicts: ERROR = a tablet has no ready leader or no majority of reachable replicas (writes
 fail); WARN = a server down or overloaded, a replica missing or lagging more than --max-lag
-entries, a leader not ready yet; OK otherwise. Exit status 0 only for OK.
+entries, a leader not ready yet, a server (or this cluster.toml) on another cluster config
+than most servers; OK otherwise. Exit status 0 only for OK. With --token and no
+--tls-cert, every server is asked at its token port (token_rpc_addr).
 
 --checksum (admin role) also compares every replica's rows: each tablet's leader places a
 checksum point in its log and every replica checksums its rows when it applies that point,
@@ -319,6 +321,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from raftlet.client.health import ProbeOptions, check_cluster
+    from raftlet.client.tls import uses_token_ports
     from raftlet.deploy.local import LauncherError, LocalCluster, NoClusterError
 
     target = resolve_target(args, timeout_s=args.timeout)
@@ -326,6 +329,7 @@ def _status(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         max_lag=args.max_lag,
         credentials=target.creds.channel_credentials(),
+        token_ports=uses_token_ports(target.creds.tls),
     )
     pids: dict[str, int] = {}
     processes: dict[str, bool] | None = None

@@ -23,8 +23,16 @@ costs the check one timeout, not one per server. From the answers:
   a leader elected but not ready yet (writes wait for it; a leader stays so only while it
   cannot commit with a majority, so a WARN of this kind that lasts is an outage), a server
   running another cluster config than most (``ListTablets`` carries digests of its shared
-  parts, ``cluster.digest``: cluster name, servers, tables, Raft timings).
+  parts, ``cluster.digest``: cluster name, servers, tables, Raft timings), or the checker's
+  own ``ClusterConfig`` differing from what most servers run in its name, servers or tables
+  (a stale or edited copy of ``cluster.toml``; its Raft timings are not compared, as server
+  flags may override the file's). A tablet of such a copy that no server hosts is a WARN
+  saying so, not ERROR "no leader": the cluster is not what is wrong.
   OK otherwise.
+
+With a bearer token and no client certificate (``tls.uses_token_ports``: ``ProbeOptions``'s
+``token_ports``) every server is asked at its token port, as the client's meta cache does:
+its RPC port requires a certificate.
 
 The lag is measured across servers asked at slightly different moments, so under a write
 load a few entries of lag are normal; ``max_lag`` is the tolerance before it is reported.
@@ -40,6 +48,9 @@ from typing import Any, Protocol
 import grpc
 
 from raftlet.client.channels import ChannelPool, ResultFuture, channel_options
+from raftlet.client.errors import InvalidArgument
+from raftlet.cluster import ClusterConfig
+from raftlet.cluster.digest import SECTIONS, config_digests
 from raftlet.proto import tablet_pb2
 from raftlet.proto.consensus_pb2 import RaftRole
 
@@ -56,8 +67,8 @@ __all__ = [
 ]
 
 
-# What the check reads of a cluster config. The client library never imports the server's
-# config module, so it names only these; ``ClusterConfig`` and its parts fit them.
+# What the check reads of a cluster config: ``ClusterConfig`` and its parts fit these, and
+# so do a test's stand-ins. Only a real ``ClusterConfig`` is compared with the servers'.
 
 
 class ServerEntry(Protocol):
@@ -69,6 +80,9 @@ class ServerEntry(Protocol):
 
     @property
     def http_addr(self) -> str: ...
+
+    @property
+    def token_rpc_addr(self) -> str: ...
 
 
 class PlacementEntry(Protocol):
@@ -109,6 +123,9 @@ class ProbeOptions:
     timeout_s: float = 3.0
     # grpc.ChannelCredentials for a TLS cluster (``tls.channel_credentials``); None: plaintext.
     credentials: Any = None
+    # Dial each server's token port, not its RPC port (``tls.uses_token_ports``): credentials
+    # with a bearer token and no client certificate, which the RPC port's handshake refuses.
+    token_ports: bool = False
     # Entries a replica may trail the leader's commit index by, not counting those on their
     # way into its store, before it is reported as lagging (see the module docstring).
     max_lag: int = 100
@@ -117,7 +134,7 @@ class ProbeOptions:
 @dataclass(slots=True)
 class ServerHealth:
     id: str
-    rpc_addr: str
+    rpc_addr: str  # the address asked: its token port when ``ProbeOptions.token_ports``
     http_addr: str
     state: str  # "UP", "BUSY", "DOWN"
     error: str = ""
@@ -251,16 +268,39 @@ def _outcome(call: ResultFuture) -> _Probe:
     return _Probe(resp, "UP")
 
 
+def server_addresses(config: ClusterLayout, token_ports: bool = False) -> dict[str, str]:
+    """Server id -> the address the check asks it at: its RPC port, or with ``token_ports``
+    its token port (``InvalidArgument`` naming the servers that have none)."""
+    if not token_ports:
+        return {s.id: s.rpc_addr for s in config.servers}
+    lacking = [s.id for s in config.servers if not s.token_rpc_addr]
+    if lacking:
+        raise InvalidArgument(
+            f"server(s) {', '.join(lacking)} have no token port (token_rpc_addr in the "
+            "cluster config), so credentials with a token and no client certificate cannot "
+            "reach them: give a client certificate (--tls-cert, --tls-key), or those servers "
+            "a --token_rpc_addr and its token_rpc_addr in cluster.toml"
+        )
+    return {s.id: s.token_rpc_addr for s in config.servers}
+
+
 def probe_servers(
-    config: ClusterLayout, timeout_s: float = 3.0, credentials: Any = None
+    config: ClusterLayout,
+    timeout_s: float = 3.0,
+    credentials: Any = None,
+    *,
+    token_ports: bool = False,
 ) -> dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]]:
-    """Server id -> (ListTablets answer or None, state, error), asked of all in parallel."""
+    """Server id -> (ListTablets answer or None, state, error), asked of all in parallel
+    (at the addresses ``server_addresses`` gives)."""
+    addresses = server_addresses(config, token_ports)
     # Channels for this one round only, on a short reconnect backoff: a check must see each
     # server as it is now, not through a connection or backoff left from an earlier round.
     channels = ChannelPool(_CHECK_CHANNEL_OPTIONS, credentials=credentials)
     try:
         calls = {
-            s.id: channels.stub(s.rpc_addr).list_tablets_future(timeout_s) for s in config.servers
+            sid: channels.stub(addr).list_tablets_future(timeout_s)
+            for sid, addr in addresses.items()
         }
         out = {}
         for sid, call in calls.items():
@@ -282,54 +322,95 @@ def check_cluster(
     ``processes`` (server id -> process alive), from the local launcher, refines DOWN.
     """
     opts = options or ProbeOptions()
-    probes = probe_servers(config, opts.timeout_s, opts.credentials)
+    addresses = server_addresses(config, opts.token_ports)
+    probes = probe_servers(config, opts.timeout_s, opts.credentials, token_ports=opts.token_ports)
     issues: list[str] = []
     servers: list[ServerHealth] = []
     statuses: dict[str, dict[str, tablet_pb2.TabletStatusPB]] = {}
     for s in config.servers:
         resp, state, error = probes[s.id]
         alive = None if processes is None else processes.get(s.id)
-        health = ServerHealth(s.id, s.rpc_addr, s.http_addr, state, error, alive)
+        addr = addresses[s.id]
+        health = ServerHealth(s.id, addr, s.http_addr, state, error, alive)
         if resp is not None:
             statuses[s.id] = {t.tablet_id: t for t in resp.tablets}
             health.tablets = len(resp.tablets)
         servers.append(health)
         if state == "DOWN":
             why = "process not running" if alive is False else error
-            issues.append(f"server {s.id} ({s.rpc_addr}) is down: {why}")
+            issues.append(f"server {s.id} ({addr}) is down: {why}")
         elif state == "BUSY":
             issues.append(f"server {s.id} is overloaded: {error}")
 
-    issues += _compare_configs(servers, probes)
-    tablets = [_check_tablet(p, statuses, probes, opts) for p in config.placements()]
+    reference = _majority_digests(servers, probes)
+    issues += _compare_configs(servers, probes, reference)
+    own_differs = _own_config_differs(config, reference)
+    if own_differs:
+        issues.append(
+            f"this cluster.toml differs from what the servers run: its "
+            f"{', '.join(SECTIONS[k] for k in own_differs)} differ (a stale or edited copy? "
+            "check with the servers' own: `raftlet cluster status --servers HOST:PORT` "
+            "reads it from them)"
+        )
+    stale_tables = "tables" in own_differs
+    tablets = [_check_tablet(p, statuses, probes, opts, stale_tables) for p in config.placements()]
     for t in tablets:
         issues += [f"{t.tablet_id}: {i}" for i in t.issues]
     severity = max([Severity.OK, *(s.severity for s in servers), *(t.severity for t in tablets)])
+    if own_differs:
+        severity = max(severity, Severity.WARN)
     return ClusterHealth(config.name, servers, tablets, issues, severity)
 
 
-# cluster.digest's sections in words (the client does not import the server's config).
-_CONFIG_SECTIONS = {"name": "cluster name", "raft": "raft timings"}
+# The parts of the checker's own config compared with the servers': not the Raft timings,
+# which a server's flags may override (its digest is of the timings it runs with).
+_OWN_SECTIONS = ("name", "servers", "tables")
+
+_Digests = tuple[list[str], dict[str, str]]  # (servers reporting them, section -> digest)
+
+
+def _majority_digests(
+    servers: Sequence[ServerHealth],
+    probes: Mapping[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]],
+) -> _Digests | None:
+    """The config digests most servers report (ties: the group of the server listed first),
+    with those servers; None when none reported any."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for s in servers:
+        resp = probes[s.id][0]
+        if resp is not None and resp.config_digests:
+            groups.setdefault(tuple(sorted(resp.config_digests.items())), []).append(s.id)
+    if not groups:
+        return None
+    key = max(groups, key=lambda k: len(groups[k]))  # the first of the largest: dicts keep order
+    return groups[key], dict(key)
+
+
+def _own_config_differs(config: ClusterLayout, reference: _Digests | None) -> tuple[str, ...]:
+    """The sections (of ``_OWN_SECTIONS``) in which the checker's own ``ClusterConfig``
+    differs from what most servers run; () when it agrees or cannot be compared."""
+    if reference is None or not isinstance(config, ClusterConfig):
+        return ()
+    mine = config_digests(config)
+    theirs = reference[1]
+    return tuple(k for k in _OWN_SECTIONS if k in theirs and mine[k] != theirs[k])
 
 
 def _compare_configs(
     servers: Sequence[ServerHealth],
     probes: Mapping[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]],
+    majority: _Digests | None,
 ) -> list[str]:
-    """Mark each server whose config digests differ from those most servers report (ties:
-    the group of the server listed first), and say so."""
+    """Mark each server whose config digests differ from those most servers report
+    (``majority``), and say so."""
+    if majority is None:
+        return []
+    common, reference = majority
     digests = {
         s.id: dict(resp.config_digests)
         for s in servers
         if (resp := probes[s.id][0]) is not None and resp.config_digests
     }
-    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
-    for sid, d in digests.items():
-        groups.setdefault(tuple(sorted(d.items())), []).append(sid)
-    if len(groups) < 2:
-        return []
-    common = max(groups.values(), key=len)  # the first of the largest: dicts keep order
-    reference = digests[common[0]]
     issues = []
     for s in servers:
         mine = digests.get(s.id)
@@ -338,7 +419,7 @@ def _compare_configs(
         s.config_differs = tuple(
             sorted(k for k in mine.keys() | reference.keys() if mine.get(k) != reference.get(k))
         )
-        parts = ", ".join(_CONFIG_SECTIONS.get(k, k) for k in s.config_differs)
+        parts = ", ".join(SECTIONS.get(k, k) for k in s.config_differs)
         issues.append(
             f"server {s.id} runs another cluster config than {', '.join(common)}: its {parts} "
             "differ (start every server on the same cluster.toml)"
@@ -351,9 +432,29 @@ def _check_tablet(
     statuses: Mapping[str, Mapping[str, tablet_pb2.TabletStatusPB]],
     probes: Mapping[str, tuple[object, str, str]],
     opts: ProbeOptions,
+    stale_tables: bool = False,
 ) -> TabletHealth:
+    """``stale_tables``: the checker's config has other tables than the servers run."""
     tid = placement.tablet_id
     everywhere = {sid: by_id[tid] for sid, by_id in statuses.items() if tid in by_id}
+    if not everywhere and stale_tables:
+        # A tablet of the checker's copy only: no replica to remove or add, no leader to
+        # wait for -- the copy is what is wrong (said once, for the whole cluster).
+        return TabletHealth(
+            tid,
+            placement.table,
+            placement.partition,
+            [
+                ReplicaHealth(sid, "DOWN" if probes[sid][1] == "DOWN" else "MISSING")
+                for sid in placement.replicas
+                if sid in probes
+            ],
+            issues=[
+                f"no server knows this tablet: table {placement.table} is in this "
+                "cluster.toml, not in the tables the servers run"
+            ],
+            severity=Severity.WARN,
+        )
     # A ready leader that says so itself; of two (a stale one behind a healed partition),
     # the higher term is the real one.
     leaders = [
@@ -389,11 +490,15 @@ def _check_tablet(
                 tablet.replicas.append(ReplicaHealth(sid, "UNKNOWN"))
             else:
                 tablet.replicas.append(ReplicaHealth(sid, "MISSING"))
-                tablet.issues.append(
-                    f"server {sid} is up but does not host its replica (`raftlet tablet "
-                    f"remove-replica {tid} {sid}` then `add-replica {tid} {sid}` makes it "
-                    "again)"
-                )
+                if leader is not None:
+                    tablet.issues.append(
+                        f"server {sid} is up but does not host its replica (`raftlet tablet "
+                        f"remove-replica {tid} {sid}` then `add-replica {tid} {sid}` makes "
+                        "it again)"
+                    )
+                elif everywhere:
+                    # No advice: both commands go through the group's leader, and it has none.
+                    tablet.issues.append(f"server {sid} is up but does not host its replica")
             continue
         if st.state == tablet_pb2.TABLET_STATE_FAILED:
             # Its server answers; the replica serves nothing and votes in no election.
@@ -453,6 +558,10 @@ def _check_tablet(
                 f"over-replicated: {len(replicas)} voters, the table asks for {factor} "
                 f"(if it lasts, `raftlet tablet remove-replica {tid} SERVER` drops one)"
             )
+    if not everywhere and any(r.state == "MISSING" for r in tablet.replicas):
+        # Not one replica anywhere: remove-replica and add-replica answer "unknown tablet".
+        up = ", ".join(r.server for r in tablet.replicas if r.state == "MISSING")
+        tablet.issues.append(f"no server knows this tablet ({up} answered, hosting none)")
     majority = len(replicas) // 2 + 1
     severity = Severity.OK
     if reachable < majority:

@@ -591,7 +591,11 @@ class RaftConsensus:
             self._node.on_applied(index)
 
     def step_down(self, new_leader: str = NO_NODE) -> str:
-        """Hand leadership to ``new_leader``, or to the most caught-up follower."""
+        """Hand leadership to ``new_leader``, or to the most caught-up follower.
+
+        ``ValueError`` (the request cannot succeed as it stands, however often it is asked:
+        INVALID_ARGUMENT to a client) when ``new_leader`` is no other voter, or when the
+        group has no other voter at all."""
         with self._lock:
             self._step_ticks_unlocked()
             status = self._node.status()
@@ -601,7 +605,13 @@ class RaftConsensus:
             if not target:
                 voters = [v for v in status.progress if v in status.voters]
                 if not voters:
-                    raise ProposalDropped("no follower to hand leadership to")
+                    # Not ProposalDropped: that is UNAVAILABLE, which clients retry until
+                    # their deadline, and a group of one has no follower however long it waits.
+                    raise ValueError(
+                        f"{self.group_id} has no other voter, so no follower to hand "
+                        "leadership to: add a replica first (`raftlet tablet add-replica "
+                        f"{self.group_id} SERVER`)"
+                    )
                 target = max(voters, key=lambda v: status.progress[v][0])  # never a learner
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
 import ssl
 import subprocess
@@ -27,6 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from raftlet.cli.main import main
 from raftlet.client import Client, FlushMode, RaftletError, ReadMode, RemoteError, TlsOptions
 from raftlet.client.aio import AsyncClient
 from raftlet.client.channels import ChannelPool, channel_options
@@ -398,6 +400,25 @@ def test_a_token_alone_reads_and_writes_on_the_token_ports(env: Env) -> None:
         pytest.raises(RaftletError, match="needs role admin"),
     ):
         c.leader_step_down("kv-p0", timeout_s=3)
+
+
+def test_cluster_status_with_a_token_alone_asks_the_token_ports(
+    env: Env, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It dialed every server's RPC port, whose handshake wants a certificate: a healthy
+    cluster was all DOWN ("Socket closed") while scans with the same token worked."""
+    monkeypatch.setenv("RAFTLET_TOKEN", READER_TOKEN)
+    config = str(env.cluster.config_path)
+    main(["cluster", "status", "--cluster", config, "--tls-ca", str(env.ca), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [(s["state"], s["rpc_addr"]) for s in doc["servers"]] == [
+        ("UP", addr) for addr in env.token_seeds
+    ], doc["issues"]
+    assert all(t["leader"] for t in doc["tablets"]), doc["issues"]
+    # leader-step-down finds the leader with the same check.
+    monkeypatch.setenv("RAFTLET_TOKEN", ADMIN_TOKEN)
+    argv = ["leader-step-down", "kv-p0", "--cluster", config, "--tls-ca", str(env.ca)]
+    assert main(argv) == 0, capsys.readouterr().err
 
 
 def test_the_token_port_needs_a_token_and_the_rpc_port_a_certificate(env: Env) -> None:

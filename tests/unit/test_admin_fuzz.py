@@ -22,6 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from raftlet.cli.main import main
+from raftlet.client import Client, InvalidArgument
 from raftlet.client.channels import channel_options
 from raftlet.cluster import ClusterConfig, RaftTimings, ServerConfig, TableConfig
 from raftlet.proto import admin_pb2, admin_pb2_grpc, consensus_pb2
@@ -37,7 +39,7 @@ CLIENT_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.UNAVAILABLE,  # a step-down with no follower to hand leadership to
+    grpc.StatusCode.UNAVAILABLE,  # a checksum point not reached in time
     grpc.StatusCode.RESOURCE_EXHAUSTED,  # the step-down rate limit
 }
 RUNTIME = {s.name: s for s in FLAGS if s.runtime}
@@ -82,6 +84,7 @@ class InProcessServer:
             raft=config.raft,
         )
         self.tablet_id = config.placements()[0].tablet_id
+        self.rpc_addr = f"127.0.0.1:{rpc}"
         self.server = TabletServer(settings)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="fuzz-server")
@@ -193,6 +196,29 @@ def test_leader_step_down_with_random_tablets_and_targets(
         before.leader_uuid,
         before.role,
     )
+
+
+def test_a_step_down_of_a_group_of_one_fails_at_once_saying_why(
+    ts: InProcessServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It answered UNAVAILABLE, which clients retry: `raftlet leader-step-down` of a
+    one-replica tablet retried for its whole --timeout, then failed as a timeout."""
+    request = admin_pb2.LeaderStepDownRequest(tablet_id=ts.tablet_id)
+    with pytest.raises(grpc.RpcError) as refused:
+        ts.admin.LeaderStepDown(request, timeout=RPC_TIMEOUT_S)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "no follower to hand leadership to" in refused.value.details()  # type: ignore[attr-defined]
+    with (
+        Client([ts.rpc_addr], timeout_s=RPC_TIMEOUT_S) as client,
+        pytest.raises(InvalidArgument, match=r"no other voter, so no follower to hand leadership"),
+    ):
+        client.leader_step_down(ts.tablet_id)
+    argv = ["leader-step-down", ts.tablet_id, "--servers", ts.rpc_addr, "--timeout", "30"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "no follower to hand leadership to" in err
+    assert "timed out" not in err, err
+    assert "attempts" not in err, err
 
 
 @FUZZ

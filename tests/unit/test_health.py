@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
+import grpc
 import pytest
 
 from raftlet.client import health
+from raftlet.client.errors import InvalidArgument
+from raftlet.cluster import ClusterConfig, RaftTimings, TableConfig
+from raftlet.cluster.digest import config_digests
 from raftlet.proto import tablet_pb2
 from raftlet.proto.consensus_pb2 import RaftRole
 from tests.unit.health_fakes import IDS, LAYOUT, checked
+from tests.unit.test_cluster_config import KEY_ONLY, cluster
 
 
 def _listed(
@@ -229,3 +235,173 @@ def test_a_server_on_another_cluster_config_is_named_with_what_differs(
     # A server that reports no digests (older than them) is not compared.
     listed["c"].config_digests.clear()
     assert checked(listed, 100, monkeypatch).severity is health.Severity.OK
+
+
+# --- the checker's own copy of cluster.toml --------------------------------------------------
+
+TS = ("ts1", "ts2", "ts3")
+
+
+def _run_by_servers(
+    config: ClusterConfig, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, tuple[tablet_pb2.ListTabletsResponse, str, str]]:
+    """Servers ts1..ts3 running ``config`` (kv-p0 led by ts1), as ``probe_servers`` says."""
+    probes = {}
+    for n in TS:
+        listed = _listed(n, voters=TS, leader=int(n == "ts1"), leader_uuid="ts1", commit_index=9)
+        listed.config_digests.update(config_digests(config))
+        probes[n] = (listed, "UP", "")
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    return probes
+
+
+def test_a_copy_of_cluster_toml_with_a_table_the_servers_lack_says_so_and_no_repair(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator's stale copy had a table the servers do not: ERROR with "remove-replica
+    extra-p0 ts1 then add-replica", which fails ("unknown tablet")."""
+    running = cluster(3, ("kv", 1, 3))
+    _run_by_servers(running, monkeypatch)
+    stale = dataclasses.replace(
+        running, tables=(*running.tables, TableConfig("extra", KEY_ONLY, 1, 3))
+    )
+    verdict = health.check_cluster(stale, health.ProbeOptions())
+    assert verdict.severity is health.Severity.WARN
+    assert verdict.issues == [
+        "this cluster.toml differs from what the servers run: its tables differ (a stale or "
+        "edited copy? check with the servers' own: `raftlet cluster status --servers "
+        "HOST:PORT` reads it from them)",
+        "extra-p0: no server knows this tablet: table extra is in this cluster.toml, not in "
+        "the tables the servers run",
+    ]
+    extra = next(t for t in verdict.tablets if t.tablet_id == "extra-p0")
+    assert extra.severity is health.Severity.WARN
+    assert [r.state for r in extra.replicas] == ["MISSING"] * 3
+    # The same copy, agreeing: nothing to say.
+    assert health.check_cluster(running, health.ProbeOptions()).ok
+
+
+def test_a_copy_with_other_servers_is_named_but_not_one_with_other_raft_timings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    running = cluster(3, ("kv", 1, 3))
+    _run_by_servers(running, monkeypatch)
+    # Flags may override the file's timings on every server: the file's are not compared.
+    slower = dataclasses.replace(running, raft=RaftTimings(heartbeat_ticks=2))
+    assert health.check_cluster(slower, health.ProbeOptions()).ok
+    moved = dataclasses.replace(running.servers[2], rpc_addr="127.0.0.1:9")
+    other = dataclasses.replace(running, name="old", servers=(*running.servers[:2], moved))
+    verdict = health.check_cluster(other, health.ProbeOptions())
+    assert verdict.severity is health.Severity.WARN
+    assert verdict.issues[0].startswith(
+        "this cluster.toml differs from what the servers run: its cluster name, servers differ"
+    )
+
+
+def test_no_replica_repair_is_advised_for_a_tablet_without_a_leader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """remove-replica and add-replica go through the group's leader: with none (or with no
+    server knowing the tablet at all) the advice could only fail."""
+    probes = {
+        "a": (_listed("a", leader_ready=False, commit_index=9), "UP", ""),
+        "b": (_listed("b", leader_ready=False, commit_index=9), "UP", ""),
+        "c": (tablet_pb2.ListTabletsResponse(server_uuid="c"), "UP", ""),
+    }
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert verdict.severity is health.Severity.ERROR
+    assert "kv-p0: server c is up but does not host its replica" in verdict.issues
+    assert not any("remove-replica" in i for i in verdict.issues), verdict.issues
+    # Known to no server, while this copy agrees with theirs (or they do not say).
+    probes["a"] = (tablet_pb2.ListTabletsResponse(server_uuid="a"), "UP", "")
+    probes["b"] = (tablet_pb2.ListTabletsResponse(server_uuid="b"), "UP", "")
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert verdict.severity is health.Severity.ERROR
+    assert "kv-p0: no server knows this tablet (a, b, c answered, hosting none)" in verdict.issues
+    assert not any("remove-replica" in i for i in verdict.issues), verdict.issues
+    # With a leader, the repair works and is advised.
+    probes["a"] = (_listed("a", leader=1, commit_index=9), "UP", "")
+    probes["b"] = (_listed("b", commit_index=9), "UP", "")
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert any("`raftlet tablet remove-replica kv-p0 c`" in i for i in verdict.issues)
+
+
+# --- a bearer token and no client certificate -----------------------------------------------
+
+
+class _Pool:
+    """A ``ChannelPool`` whose servers answer ``ListTablets`` at ``answering`` only."""
+
+    def __init__(self, answering: set[str]) -> None:
+        self.answering = answering
+        self.dialed: list[str] = []
+
+    def __call__(self, *_a: object, **_k: object) -> _Pool:
+        return self
+
+    def stub(self, addr: str) -> SimpleNamespace:
+        self.dialed.append(addr)
+        return SimpleNamespace(list_tablets_future=lambda _timeout: _Answer(addr in self.answering))
+
+    def close(self) -> None:
+        pass
+
+
+class _Refused(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "Socket closed"
+
+
+class _Answer:
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+
+    def result(self) -> tablet_pb2.ListTabletsResponse:
+        if not self.ok:
+            raise _Refused()
+        return tablet_pb2.ListTabletsResponse()
+
+
+def _token_layout(token_addrs: tuple[str, ...]) -> SimpleNamespace:
+    return SimpleNamespace(
+        name="t",
+        servers=[
+            SimpleNamespace(id=n, rpc_addr=f"{n}:1", http_addr=n, token_rpc_addr=t)
+            for n, t in zip(IDS, token_addrs, strict=True)
+        ],
+        placements=list,
+    )
+
+
+def test_credentials_without_a_certificate_ask_every_server_at_its_token_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every server's RPC port requires a client certificate: `cluster status` with a token
+    alone called a healthy TLS cluster all DOWN ("Socket closed")."""
+    token = tuple(f"{n}:2" for n in IDS)
+    pool = _Pool(set(token))  # as a TLS cluster: only the token ports take a token alone
+    monkeypatch.setattr(health, "ChannelPool", pool)
+    verdict = health.check_cluster(_token_layout(token), health.ProbeOptions(token_ports=True))
+    assert pool.dialed == list(token)
+    assert [(s.state, s.rpc_addr) for s in verdict.servers] == [("UP", t) for t in token]
+    assert verdict.ok
+    # A certificate: the RPC ports, as before.
+    pool.answering = {f"{n}:1" for n in IDS}
+    pool.dialed.clear()
+    assert health.check_cluster(_token_layout(token), health.ProbeOptions()).ok
+    assert pool.dialed == [f"{n}:1" for n in IDS]
+
+
+def test_a_server_without_a_token_port_is_named_when_credentials_need_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = _Pool(set())
+    monkeypatch.setattr(health, "ChannelPool", pool)
+    layout = _token_layout(("a:2", "", ""))
+    with pytest.raises(InvalidArgument, match=r"server\(s\) b, c have no token port"):
+        health.check_cluster(layout, health.ProbeOptions(token_ports=True))
+    assert pool.dialed == []

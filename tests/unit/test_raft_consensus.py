@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlet.consensus.core import Message, NotLeaderError, Role, TermMismatch
+from raftlet.consensus.core import Message, NotLeaderError, ProposalDropped, Role, TermMismatch
 from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport, ResponseCallback
@@ -358,3 +358,22 @@ def test_a_leadership_change_is_logged_by_the_old_leader_and_its_followers(
         m.startswith(f"{group}: leader of term ") and f"is {target} (was {leader.node_id})" in m
         for m in lines
     ), lines
+
+
+def test_a_group_of_one_refuses_a_step_down_as_a_request_that_cannot_succeed(
+    tmp_path: Path,
+) -> None:
+    """It raised ProposalDropped (UNAVAILABLE), which clients retry: `leader-step-down` of
+    a one-replica tablet retried for its whole timeout, then failed as a timeout."""
+    cluster = Cluster(tmp_path, ids=("a",), ticker=ManualTicker())
+    try:
+        leader = cluster.wait_leader()
+        term = leader.consensus.snapshot.term
+        with pytest.raises(ValueError, match=r"has no other voter, so no follower to hand") as e:
+            leader.consensus.step_down()
+        assert not isinstance(e.value, ProposalDropped)
+        assert "raftlet tablet add-replica" in str(e.value)
+        snap = leader.consensus.snapshot
+        assert (snap.role, snap.term) == (Role.LEADER, term)
+    finally:
+        cluster.close()
