@@ -12,10 +12,12 @@ function re-homes every tablet of every existing cluster.
 
 The placement is where each tablet *starts*: a replica directory records its membership
 when it is created, and from then on that membership (changed at run time, one server at a
-time: ``consensus.core.membership``, ``raftlet tablet move-replica``) is authoritative. The
-server set itself is fixed for a cluster's life: adding or removing a ``[[servers]]`` entry
-would change the placement of tablets whose replicas already exist elsewhere; add servers to
-the config before they hold data, and move replicas onto them.
+time: ``consensus.core.membership``, ``raftlet tablet move-replica``) is authoritative.
+Adding or removing a ``[[servers]]`` entry changes the placement of tablets whose replicas
+exist already, so a server makes replicas from the placement only for tables new to it,
+and a server new to a running cluster none for groups that run without it
+(``TabletServer._tablets_to_open``): a new server starts empty, and replicas move onto it
+by membership changes.
 """
 
 from __future__ import annotations

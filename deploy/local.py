@@ -288,6 +288,14 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+def _holds_data(data_dir: Path) -> bool:
+    """Whether a server's data directory holds anything (a server that ran there)."""
+    try:
+        return any(data_dir.iterdir())
+    except FileNotFoundError:
+        return False
+
+
 @dataclass
 class LocalCluster:
     """A local cluster: its directory, config and the processes in its state file."""
@@ -464,14 +472,21 @@ class LocalCluster:
         leader_timeout_s: float,
         say: Callable[[str], None],
     ) -> None:
-        for s in self.config.servers:
-            # The caller's flags last: argparse keeps the last value, so they win.
-            self._spawn(s, [*self.tls_flags(s.id), *flags])
-        for s in self.config.servers:
-            self._wait_ready(s.id, ready_timeout_s)
-            token = f", token port {s.token_rpc_addr}" if s.token_rpc_addr else ""
-            status = self.servers[s.id].status_url
-            say(f"{s.id} ready: rpc {s.rpc_addr}{token}, status {status}")
+        # Servers that hold data first, then those added to the config: a server with an
+        # empty data directory asks the others which groups run without it before it makes
+        # replicas, and one that asked before they listened made replicas of groups that
+        # exist (two such servers formed groups of their own).
+        holding = [s for s in self.config.servers if _holds_data(s.data_dir)]
+        added = [s for s in self.config.servers if s not in holding]
+        for wave in (holding, added) if holding else (added,):
+            for s in wave:
+                # The caller's flags last: argparse keeps the last value, so they win.
+                self._spawn(s, [*self.tls_flags(s.id), *flags])
+            for s in wave:
+                self._wait_ready(s.id, ready_timeout_s)
+                token = f", token port {s.token_rpc_addr}" if s.token_rpc_addr else ""
+                status = self.servers[s.id].status_url
+                say(f"{s.id} ready: rpc {s.rpc_addr}{token}, status {status}")
         self.wait_leaders(leader_timeout_s)
 
     def _start_again(

@@ -27,8 +27,9 @@ reflection; ``writer`` + Write, WriteStream; ``admin`` + LeaderStepDown, SetFlag
 GetConsensusStatus, GetConsensusState, ChecksumTablet, and the membership RPCs
 CreateReplica, ChangeConfig, DeleteReplica; ``server`` (a peer's server certificate, and nothing
 else) UpdateConsensus, RequestVote, TimeoutNow and the consensus Stream. A server
-certificate is good for consensus only. Health checking stays open (it says SERVING or not,
-nothing else), so orchestrators can probe.
+certificate is good for consensus only, and ListTablets (a server new to a cluster asks
+its peers which groups run without it before it makes replicas). Health checking stays
+open (it says SERVING or not, nothing else), so orchestrators can probe.
 
 **Raft's sender is the certificate's.** ``check_sender`` refuses a consensus request whose
 claimed sender (``caller_uuid`` / ``candidate_uuid``) is not the server the certificate
@@ -145,9 +146,16 @@ def required_role(method: str) -> AccessRole | None:
     return AccessRole.ADMIN
 
 
-def permits(identity: Identity, required: AccessRole) -> bool:
+# What a server may call besides consensus: a server new to a cluster asks its peers which
+# tables they host before it makes replicas of its own (``TabletServer._tables_peers_host``).
+_SERVERS_MAY_CALL = frozenset({_TABLET + "ListTablets"})
+
+
+def permits(identity: Identity, required: AccessRole, method: str = "") -> bool:
     # Servers are not on the reader < writer < admin scale: a server certificate is good
-    # for consensus and nothing else, and only a server certificate is.
+    # for consensus (and listing tablets) and nothing else, and only a server certificate is.
+    if identity.is_server and method in _SERVERS_MAY_CALL:
+        return True
     if required is AccessRole.SERVER or identity.is_server:
         return identity.is_server and required is AccessRole.SERVER
     return identity.role >= required
@@ -294,7 +302,7 @@ class Authenticator:
         )
 
     def authorize(self, identity: Identity, required: AccessRole, what: str) -> None:
-        if not permits(identity, required):
+        if not permits(identity, required, what):
             raise AuthError(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "role_too_low",

@@ -122,7 +122,11 @@ from raftlet.tserver.status_pages import (
     tablet_statuses,
 )
 from raftlet.tserver.store_verifier import StoreVerifier
-from raftlet.tserver.table_layout import LayoutMismatch, check_table_layout
+from raftlet.tserver.table_layout import (
+    LayoutMismatch,
+    check_table_layout,
+    record_table_layout,
+)
 from raftlet.tserver.tablet_copier import TabletCopier
 from raftlet.tserver.tablet_copy_install import recover_interrupted_copies
 from raftlet.tserver.tablet_copy_source import CopySessions
@@ -145,6 +149,8 @@ _POOL_SERVICES = {
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+# How long a server new to a cluster waits for each peer's list of tablets at start.
+_ASK_PEERS_S = 2.0
 
 
 # At most this many open tcp connections from peers (a peer server needs one) and from
@@ -385,18 +391,23 @@ class TabletServer:
         self._peer_timeout_s = peer_timeout_s
         self.log_options = options.log
         # Before any replica is opened: a table repartitioned or reshaped under its rows.
-        check_table_layout(s.data_dir, s.config.tables)
+        known_tables = check_table_layout(s.data_dir, s.config.tables)
         restored = recover_interrupted_copies(s.data_dir)
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
+        record = HostedTablets.load(s.data_dir)
+        joined: frozenset[str] = frozenset()
+        if record.hosted is None and not self._replica_dirs():
+            joined = await asyncio.to_thread(self._groups_without_me)
         with self._replicas_lock:
-            opening = self._tablets_to_open(HostedTablets.load(s.data_dir))
+            opening = self._tablets_to_open(record, known_tables, joined)
             # Two steps (``tserver.hosted_tablets``): the replicas to make are recorded as
             # being made, and as hosted once made -- before this server serves anything,
             # so one killed in between has voted for and acknowledged nothing.
             self._placed = frozenset(p.tablet_id for p in s.placements())
             self._hosted = {p.tablet_id for p, must_exist in opening if must_exist}
             self._record_hosted(self._hosted, {p.tablet_id for p, m in opening if not m})
+            record_table_layout(s.data_dir, s.config.tables)
             for placement, must_exist in opening:
                 register_tablet_gauges(
                     self._tablet_entity(placement),
@@ -497,18 +508,64 @@ class TabletServer:
             return None
         return TcpAdmission(context, self.auth, role, what)
 
-    def _tablets_to_open(self, record: HostedTablets) -> list[tuple[TabletPlacement, bool]]:
-        """The tablets to open, each with whether its replica must be there already: the
-        placement's, every tablet ``record`` says is hosted here, and every other tablet
-        with a replica directory here (created later), less the deleted ones (a tombstone,
-        or placed here yet no longer hosted: ``tserver.hosted_tablets``)."""
+    def _replica_dirs(self) -> set[str]:
+        """The tablets with a replica (or a tombstone) in the data directory."""
         data_dir = self.settings.data_dir
-        hosted = record.hosted or frozenset()
-        present = {
+        return {
             c.name
             for c in (data_dir.iterdir() if data_dir.is_dir() else ())
             if (c / CONSENSUS_META_FILE).is_file() or (c / TOMBSTONE_FILE).is_file()
         }
+
+    def _groups_without_me(self) -> frozenset[str]:
+        """The tablets placed here whose group another server of the config reports, with
+        a membership that does not include this server: a server new to a running cluster
+        joins none of them by itself (asked once, of every peer at once, briefly; a peer
+        that does not answer tells nothing)."""
+        placed = {p.tablet_id for p in self.settings.placements()}
+        calls = [
+            self.channels.stub(self.settings.peer_addr(sid)).list_tablets_future(_ASK_PEERS_S)
+            for sid in self.config.server_ids
+            if sid != self.server_id
+        ]
+        groups: set[str] = set()
+        for call in calls:
+            try:
+                listed = call.result()
+            except grpc.RpcError:
+                continue
+            for t in listed.tablets:
+                members = {*t.voters, *t.learners}
+                if t.tablet_id in placed and members and self.server_id not in members:
+                    groups.add(t.tablet_id)
+        for tid in sorted(groups):
+            logger.warning(
+                "tablet %s: placed here, but its group runs on other servers without this "
+                "one: not made (a server added to a cluster gets replicas by `raftlet tablet "
+                "move-replica` or `add-replica`)",
+                tid,
+            )
+        return frozenset(groups)
+
+    def _tablets_to_open(
+        self,
+        record: HostedTablets,
+        known_tables: frozenset[str] = frozenset(),
+        joined: frozenset[str] = frozenset(),
+    ) -> list[tuple[TabletPlacement, bool]]:
+        """The tablets to open, each with whether its replica must be there already: the
+        placement's, every tablet ``record`` says is hosted here, and every other tablet
+        with a replica directory here (created later), less the deleted ones (a tombstone,
+        or placed here yet no longer hosted: ``tserver.hosted_tablets``).
+
+        Replicas are made from the placement only for a table new to this server (not in
+        ``known_tables``, those ``tables.json`` recorded), and by a new server not for the
+        groups that run without it (``joined``): adding or removing servers moves the
+        placement of every table, and replicas made for groups that existed formed groups
+        of their own (``tserver.table_layout``)."""
+        data_dir = self.settings.data_dir
+        hosted = record.hosted or frozenset()
+        present = self._replica_dirs()
         # No record and no replica yet: a new server, which makes its placed replicas.
         # No record beside replicas (a server from before the record, or one whose record
         # was moved aside): the replicas there are opened, and nothing is made afresh.
@@ -516,12 +573,21 @@ class TabletServer:
         chosen: dict[str, tuple[TabletPlacement, bool]] = {}
         for p in self.settings.placements():
             tid = p.tablet_id
+            if new_server and tid in joined:
+                continue  # its group runs without this server (_groups_without_me says so)
             if new_server or tid in hosted:
                 chosen[tid] = (p, not new_server)
             elif tid in record.creating:
                 chosen[tid] = (p, False)  # being made when the server stopped: made again
+            elif p.table in known_tables and record.placed is not None and tid not in record.placed:
+                logger.info(
+                    "tablet %s: placed here by this config, but its table existed before: "
+                    "not made (replicas of a table that exists move by `raftlet tablet "
+                    "move-replica` or `add-replica`)",
+                    tid,
+                )
             elif record.placed is not None and tid not in record.placed:
-                chosen[tid] = (p, False)  # new to the config since the record was written
+                chosen[tid] = (p, False)  # a table new to the config since the record
             elif record.hosted is None and tid not in present:
                 args = f"{tid} {self.server_id}"
                 logger.warning(
@@ -632,7 +698,8 @@ class TabletServer:
                 else f"it advertises {answer.advertised_address}",
             )
             return None
-        return Endpoint(parse_host_port(addr)[0], answer.port)
+        # An IPv6 literal without its brackets: the socket API looked "[::1]" up as a name.
+        return Endpoint(parse_host_port(addr)[0].strip("[]"), answer.port)
 
     # --- replicas created and deleted at run time (AdminService) ---------------------------
 

@@ -11,6 +11,12 @@ server writes down, in ``tables.json`` at the top of its data directory, each ta
 partition count and schema as its replicas were made, and refuses to start (exit 2, one
 line) on a config that says otherwise. A table added to the config is added to the record;
 one removed from it stays recorded, so it cannot come back partitioned differently.
+
+The record also tells a table new to this server from one it has served: only a new
+table's placed replicas are made from the placement (``TabletServer._tablets_to_open``).
+Adding or removing servers moves the placement of every table, and replicas made for a
+table that existed already formed groups of their own -- two new servers elected a leader
+among their empty replicas and took writes beside the real group.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 from raftlet.cluster import TableConfig
 from raftlet.consensus.log.segment import replace_durably
 
-__all__ = ["TABLES_FILE", "LayoutMismatch", "check_table_layout"]
+__all__ = ["TABLES_FILE", "LayoutMismatch", "check_table_layout", "record_table_layout"]
 
 TABLES_FILE = "tables.json"
 
@@ -31,18 +37,24 @@ class LayoutMismatch(Exception):
     """The config partitions or shapes a table otherwise than its replicas here were made."""
 
 
-def check_table_layout(data_dir: Path, tables: Sequence[TableConfig]) -> None:
-    """Refuse (``LayoutMismatch``) a config whose tables differ from those recorded in
-    ``data_dir``; record the tables it adds. ``OSError`` if the record cannot be read."""
-    path = data_dir / TABLES_FILE
+def _recorded(path: Path) -> dict[str, object]:
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        recorded = {}
+        return {}
     except ValueError as e:
         raise OSError(f"{path} cannot be read ({e}); move it aside and restart") from e
     if not isinstance(recorded, dict):
         raise OSError(f"{path} is not a record of tables; move it aside and restart")
+    return recorded
+
+
+def check_table_layout(data_dir: Path, tables: Sequence[TableConfig]) -> frozenset[str]:
+    """Refuse (``LayoutMismatch``) a config whose tables differ from those recorded in
+    ``data_dir``; the names of the tables recorded. ``OSError`` if the record cannot be
+    read."""
+    path = data_dir / TABLES_FILE
+    recorded = _recorded(path)
     for table in tables:
         was = recorded.get(table.name)
         if not isinstance(was, dict):
@@ -60,6 +72,15 @@ def check_table_layout(data_dir: Path, tables: Sequence[TableConfig]) -> None:
                 f"the one its replicas here were made with ({was.get('schema')}); a schema "
                 "cannot change: put it back"
             )
+    return frozenset(recorded)
+
+
+def record_table_layout(data_dir: Path, tables: Sequence[TableConfig]) -> None:
+    """Add the tables of ``tables`` not recorded in ``data_dir`` yet to its record -- once
+    the replicas they place here are noted as being made, so a crash in between cannot
+    leave a table recorded whose replicas were never made."""
+    path = data_dir / TABLES_FILE
+    recorded = _recorded(path)
     wanted = dict(recorded)
     for table in tables:
         wanted.setdefault(

@@ -23,7 +23,7 @@ import pytest
 from raftlet.deploy.local import LocalCluster, NoClusterError, pid_alive
 from raftlet.tserver.sched_batch import sched_batch_supported
 from raftlet.tserver.worker_nice import thread_nice, worker_nice_supported
-from tests.integration.tserver_cluster import wait_for
+from tests.integration.tserver_cluster import free_ports, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -506,6 +506,38 @@ def test_a_server_removed_from_the_config_while_it_holds_replicas_is_refused(
         assert up.returncode == 1, up.stdout
         assert "group has ts3 as a member, which the config no longer lists" in up.stderr
         assert "Traceback" not in up.stderr
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
+
+
+def test_servers_added_to_the_config_of_a_cluster_with_rows_start_empty(tmp_path: Path) -> None:
+    """Two [[servers]] entries added between `down` and `up`: `up` started all five at once,
+    the new ones made replicas before the old ones answered, and two of them -- a majority
+    of a three-server placement -- elected leaders among empty replicas: scans lost rows."""
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "8"))
+    try:
+        ok(raftlet("write", "--data-dir", str(root), "--rows", "500", "--threads", "2"))
+        ok(raftlet("cluster", "down", "--data-dir", str(root)))
+        config = root / "cluster.toml"
+        ports = free_ports(4)
+        entries = "".join(
+            f'[[servers]]\nid = "ts{4 + i}"\nrpc_addr = "127.0.0.1:{ports[2 * i]}"\n'
+            f'http_addr = "127.0.0.1:{ports[2 * i + 1]}"\ndata_dir = "ts{4 + i}"\n\n'
+            for i in range(2)
+        )
+        config.write_text(config.read_text().replace("[[tables]]", entries + "[[tables]]", 1))
+        assert "5 servers" in ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        out = ok(
+            raftlet("scan", "kv", "--data-dir", str(root), "--columns", "key", "--format", "json")
+        )
+        assert len(json.loads(out)) == 500
+        status = json.loads(
+            ok(raftlet("cluster", "status", "--data-dir", str(root), "--format", "json"))
+        )
+        assert status["status"] == "OK", status["issues"]
+        assert [s["replicas"] for s in status["servers"] if s["id"] in ("ts4", "ts5")] == [0, 0]
     finally:
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)

@@ -181,6 +181,7 @@ def test_the_role_table() -> None:
     server = Identity("ts1", AccessRole.SERVER)
     cases = {
         "/raftlet.TabletService/Scan": {reader, writer, admin},
+        "/raftlet.TabletService/ListTablets": {reader, writer, admin, server},
         "/raftlet.TabletService/GetClusterConfig": {reader, writer, admin},
         "/raftlet.TabletService/Write": {writer, admin},
         "/raftlet.TabletService/WriteStream": {writer, admin},
@@ -199,7 +200,7 @@ def test_the_role_table() -> None:
         required = required_role(method)
         assert required is not None
         for who in (reader, writer, admin, server):
-            assert permits(who, required) == (who in allowed), (method, who)
+            assert permits(who, required, method) == (who in allowed), (method, who)
     assert required_role("/grpc.health.v1.Health/Check") is None
 
 

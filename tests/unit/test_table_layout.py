@@ -12,7 +12,12 @@ import pytest
 from raftlet.cluster import TableConfig
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from raftlet.tserver.table_layout import TABLES_FILE, LayoutMismatch, check_table_layout
+from raftlet.tserver.table_layout import (
+    TABLES_FILE,
+    LayoutMismatch,
+    check_table_layout,
+    record_table_layout,
+)
 
 KV = TableConfig(
     "kv",
@@ -27,16 +32,33 @@ KV = TableConfig(
 )
 
 
+def start(data_dir: Path, tables: list[TableConfig]) -> frozenset[str]:
+    """What a server start does: check, then (its replicas noted) record."""
+    known = check_table_layout(data_dir, tables)
+    record_table_layout(data_dir, tables)
+    return known
+
+
 def test_the_first_start_records_the_tables_and_the_same_config_passes(tmp_path: Path) -> None:
-    check_table_layout(tmp_path, [KV])
+    assert start(tmp_path, [KV]) == frozenset()  # every table is new to a new server
     recorded = (tmp_path / TABLES_FILE).read_text()
     assert '"partitions": 4' in recorded
-    check_table_layout(tmp_path, [KV])
+    assert start(tmp_path, [KV]) == {"kv"}
     assert (tmp_path / TABLES_FILE).read_text() == recorded
 
 
+def test_checking_records_nothing_and_says_which_tables_were_known(tmp_path: Path) -> None:
+    """A crash between the check and the record (before the new table's replicas were
+    noted as being made) must leave the table unknown, or its replicas are never made."""
+    assert check_table_layout(tmp_path, [KV]) == frozenset()
+    assert not (tmp_path / TABLES_FILE).exists()
+    start(tmp_path, [KV])
+    other = dataclasses.replace(KV, name="events", partitions=2)
+    assert check_table_layout(tmp_path, [KV, other]) == {"kv"}
+
+
 def test_a_table_repartitioned_or_reshaped_is_refused(tmp_path: Path) -> None:
-    check_table_layout(tmp_path, [KV])
+    start(tmp_path, [KV])
     with pytest.raises(
         LayoutMismatch, match="says 8 partitions, but its replicas here were made for 4"
     ):
@@ -47,10 +69,10 @@ def test_a_table_repartitioned_or_reshaped_is_refused(tmp_path: Path) -> None:
 
 
 def test_tables_added_are_recorded_and_removed_ones_stay(tmp_path: Path) -> None:
-    check_table_layout(tmp_path, [KV])
+    start(tmp_path, [KV])
     other = dataclasses.replace(KV, name="events", partitions=2)
-    check_table_layout(tmp_path, [KV, other])
-    check_table_layout(tmp_path, [other])  # kv left the config
+    start(tmp_path, [KV, other])
+    assert start(tmp_path, [other]) == {"kv", "events"}  # kv left the config
     # ... and cannot come back partitioned otherwise.
     with pytest.raises(LayoutMismatch, match="'kv'"):
         check_table_layout(tmp_path, [dataclasses.replace(KV, partitions=2), other])
