@@ -18,7 +18,9 @@ costs the check one timeout, not one per server. From the answers:
   purpose for one larger store transaction (up to 256, or ``--follower_apply_delay_ms``),
   or is writing them now -- so they are not lag; what piles up beyond that is.
 - **verdict** per tablet and overall, like Kudu's ksck:
-  ERROR: no ready leader, or fewer than a majority of replicas reachable (writes fail).
+  ERROR: no ready leader, or fewer than a majority of replicas reachable (writes fail), or
+  a replica (of the leader's group or not) that applied past the leader's commit: two
+  groups claim the tablet, and no replica removal is advised.
   WARN: a server down or busy, a replica missing or lagging more than ``max_lag`` entries,
   a leader elected but not ready yet (writes wait for it; a leader stays so only while it
   cannot commit with a majority, so a WARN of this kind that lasts is an outage), a server
@@ -477,6 +479,19 @@ def _check_tablet(
         tablet.leader_commit = leader.commit_index
     else:
         tablet.term = max((st.term for st in seen.values()), default=0)
+    # Replicas (in the leader's group or not) that applied past anything the leader has
+    # committed: another group claims the tablet, holding writes this one lacks (new servers
+    # once formed one among their empty replicas). Then no replica is to be removed: the
+    # advice below would have deleted the replicas that held the acknowledged rows.
+    ahead = (
+        {
+            sid: st.applied_index
+            for sid, st in everywhere.items()
+            if st.applied_index > leader.commit_index + opts.max_lag
+        }
+        if leader is not None
+        else {}
+    )
     reachable = 0
     for sid in [*replicas, *learners]:
         voter = sid in replicas
@@ -490,14 +505,15 @@ def _check_tablet(
                 tablet.replicas.append(ReplicaHealth(sid, "UNKNOWN"))
             else:
                 tablet.replicas.append(ReplicaHealth(sid, "MISSING"))
-                if leader is not None:
+                if leader is not None and not ahead:
                     tablet.issues.append(
                         f"server {sid} is up but does not host its replica (`raftlet tablet "
                         f"remove-replica {tid} {sid}` then `add-replica {tid} {sid}` makes "
                         "it again)"
                     )
                 elif everywhere:
-                    # No advice: both commands go through the group's leader, and it has none.
+                    # No advice: both commands go through the group's leader, and it has
+                    # none (or another group holds more than it).
                     tablet.issues.append(f"server {sid} is up but does not host its replica")
             continue
         if st.state == tablet_pb2.TABLET_STATE_FAILED:
@@ -541,11 +557,13 @@ def _check_tablet(
         # Replicas that run outside the group: removed while their server was down, they
         # never heard of it (they campaign, and nobody answers).
         for sid in sorted(everywhere):
-            if sid not in replicas and sid not in learners:
+            if sid not in replicas and sid not in learners and not ahead:
                 tablet.issues.append(
                     f"{sid} runs a replica that is no member of the group (removed while it "
                     f"was down?): `raftlet tablet remove-replica {tid} {sid}` deletes it"
                 )
+            elif sid not in replicas and sid not in learners:
+                tablet.issues.append(f"{sid} runs a replica that is no member of the group")
         factor = len(placement.replicas)
         if len(replicas) < factor:
             tablet.issues.append(
@@ -564,6 +582,16 @@ def _check_tablet(
         tablet.issues.append(f"no server knows this tablet ({up} answered, hosting none)")
     majority = len(replicas) // 2 + 1
     severity = Severity.OK
+    if ahead:
+        holders = ", ".join(f"{sid} (applied {i})" for sid, i in sorted(ahead.items()))
+        tablet.issues.insert(
+            0,
+            f"two groups claim this tablet: leader {tablet.leader} (term {tablet.term}) "
+            f"committed {tablet.leader_commit}, but {holders} hold more -- writes another "
+            "group acknowledged are not in this one; remove no replica of it until the "
+            "group holding them leads again",
+        )
+        severity = Severity.ERROR
     if reachable < majority:
         tablet.issues.insert(
             0,

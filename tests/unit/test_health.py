@@ -65,10 +65,13 @@ def test_lag_counts_from_what_is_on_its_way_into_a_replicas_store(
     if state == "OK":
         assert verdict.severity is health.Severity.OK, verdict.issues
     elif state == "AHEAD":
-        assert verdict.severity is health.Severity.WARN
+        assert verdict.severity is health.Severity.ERROR
         assert verdict.issues == [
+            "kv-p0: two groups claim this tablet: leader a (term 2) committed 150, but b "
+            "(applied 251) hold more -- writes another group acknowledged are not in this "
+            "one; remove no replica of it until the group holding them leads again",
             "kv-p0: replica on b applied 251, past the leader's commit 150: it holds entries "
-            "the group does not (diverged)"
+            "the group does not (diverged)",
         ]
     else:
         assert verdict.severity is health.Severity.WARN
@@ -405,3 +408,24 @@ def test_a_server_without_a_token_port_is_named_when_credentials_need_one(
     with pytest.raises(InvalidArgument, match=r"server\(s\) b, c have no token port"):
         health.check_cluster(layout, health.ProbeOptions(token_ports=True))
     assert pool.dialed == []
+
+
+def test_a_second_group_holding_more_than_the_leaders_is_an_error_with_no_removal_advised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two servers added to a cluster once formed a group of their own among empty replicas:
+    status showed its leader, called the server holding the rows "diverged", and advised
+    remove-replica for the real group's replicas."""
+    rival = ("b", "c")
+    listed = {
+        "a": _listed("a", commit_index=250, applied_index=250, leader_uuid=""),
+        "b": _listed("b", voters=rival, leader=1, commit_index=1, applied_index=1, leader_uuid="b"),
+        "c": _listed("c", voters=rival, commit_index=1, applied_index=1, leader_uuid="b"),
+    }
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.ERROR
+    (tablet,) = verdict.tablets
+    assert tablet.issues[0].startswith(
+        "two groups claim this tablet: leader b (term 2) committed 1, but a (applied 250)"
+    ), tablet.issues
+    assert not any("remove-replica" in i for i in verdict.issues), verdict.issues
