@@ -23,6 +23,7 @@ from raftlet.cli.common import (
 )
 from raftlet.cli.tserver_args import build_tserver_parser
 from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.schema.types import DataType
 from raftlet.tserver.cpu_affinity import check_cpu_affinity
 
 __all__ = ["add_parsers", "run"]
@@ -289,11 +290,14 @@ def _up(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     health = cluster.health()
     config = cluster.config
-    table = config.tables[0]
+    tables = ", ".join(
+        f"{t.name} in {_count(t.partitions, 'tablet')} x {_count(t.replication_factor, 'replica')}"
+        for t in config.tables
+    )
     out.print(
-        f"raftlet cluster [bold]{config.name}[/] is up: {len(config.servers)} servers, "
-        f"table {table.name} in {table.partitions} tablets x {table.replication_factor} "
-        "replicas"
+        f"raftlet cluster [bold]{config.name}[/] is up: {_count(len(config.servers), 'server')}, "
+        + (f"table{'s' * (len(config.tables) > 1)} {tables}" if tables else "no tables"),
+        highlight=False,
     )
     out.print(f"  data dir  {cluster.data_dir}", markup=False)
     out.print(f"  config    {cluster.config_path}", markup=False)
@@ -306,14 +310,30 @@ def _up(args: argparse.Namespace) -> int:
     out.print(f"  leaders   {leaders}", markup=False)
     d = cluster.data_dir
     out.print("next:", markup=False)
+    first = config.tables[0].name if config.tables else None
+    # The load generator makes keys of one INT64 or UNIXTIME_MICROS column only.
+    loadable = next(
+        (
+            t.name
+            for t in config.tables
+            if [c.type for c in t.schema.key_columns]
+            in ([DataType.INT64], [DataType.UNIXTIME_MICROS])
+        ),
+        None,
+    )
+    table = "" if loadable == "kv" else f" --table {loadable}"
     for cmd in (
-        f"raftlet write --data-dir {d} --duration 10 --threads 8",
-        f"raftlet scan kv --data-dir {d} --limit 10",
+        *([f"raftlet write --data-dir {d}{table} --duration 10 --threads 8"] if loadable else []),
+        *([f"raftlet scan {first} --data-dir {d} --limit 10"] if first else []),
         f"raftlet cluster status --data-dir {d}",
         f"raftlet cluster down --data-dir {d}",
     ):
         out.print(f"  {cmd}", markup=False)
     return 0
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
 
 
 # --- status --------------------------------------------------------------------------------

@@ -378,6 +378,12 @@ def timeout_error(
         f"{what} timed out after {timeout_s:.3g} s "
         f"({attempts} attempt{'s' if attempts != 1 else ''}{tail})"
     )
+    if last is not None and last.cause is Cause.NOT_LEADER and not last.leader_uuid:
+        # The retries ran out with no replica knowing a leader: no election could be won.
+        text += (
+            ": the tablet has no leader, as when fewer than a majority of its replicas run "
+            "(`raftlet cluster status` says which)"
+        )
     if last is not None and last.cause is Cause.RESOURCE_EXHAUSTED:
         return ServerTooBusy(text, may_have_applied=may_have_applied)
     if last is not None and last.cause is Cause.NOT_LEADER:

@@ -408,7 +408,10 @@ class LocalCluster:
                     f"{root} already holds a cluster with its ports in cluster.toml; omit "
                     "--base-port to restart it, or use a new --data-dir"
                 )
-            say(f"restarting the cluster in {root} (its data is kept)")
+            if any(_holds_data(s.data_dir) for s in config.servers):
+                say(f"restarting the cluster in {root} (its data is kept)")
+            else:
+                say(f"starting the cluster of {config_path}")
         else:
             (root / MADE_BY_UP_FILE).write_text(
                 "made by `raftlet cluster up`: `raftlet cluster down --remove-data` removes "

@@ -541,3 +541,38 @@ def test_servers_added_to_the_config_of_a_cluster_with_rows_start_empty(tmp_path
     finally:
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)
+
+
+@pytest.mark.parametrize("tables", [2, 0])
+def test_up_on_a_hand_written_config_says_what_it_starts(tmp_path: Path, tables: int) -> None:
+    """`up` on a new directory holding a hand-written cluster.toml said it was "restarting"
+    a cluster "(its data is kept)", named only the first table, advised `scan kv` of a
+    cluster with no such table, and failed with an IndexError on a config of no tables."""
+    root = tmp_path / "hand"
+    root.mkdir()
+    rpc, http = free_ports(2)
+    text = (
+        f'[cluster]\nname = "hand"\n\n[[servers]]\nid = "ts1"\nrpc_addr = "127.0.0.1:{rpc}"\n'
+        f'http_addr = "127.0.0.1:{http}"\n\n'
+    )
+    for name, partitions in [("events", 2), ("logs", 1)][:tables]:
+        text += (
+            f'[[tables]]\nname = "{name}"\npartitions = {partitions}\nreplication_factor = 1\n'
+            'columns = [{ name = "id", type = "INT64", key = true }]\n\n'
+        )
+    (root / "cluster.toml").write_text(text)
+    try:
+        out = ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        assert "restarting" not in out
+        assert f"starting the cluster of {root / 'cluster.toml'}" in out
+        if tables:
+            tables_said = "tables events in 2 tablets x 1 replica, logs in 1 tablet x 1 replica"
+            assert f"1 server, {tables_said}" in out
+            assert "raftlet scan events" in out
+            assert f"raftlet write --data-dir {root} --table events" in out
+        else:
+            assert "1 server, no tables" in out
+            assert "raftlet scan" not in out
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)

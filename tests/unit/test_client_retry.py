@@ -40,6 +40,7 @@ from raftlet.client.retry import (
     fatal_error,
     run_with_retries,
     run_with_retries_async,
+    timeout_error,
     within,
 )
 from raftlet.client.rpc import call_tablet
@@ -236,6 +237,15 @@ def test_deadline_bounds_the_retries_and_names_the_last_cause(
     assert message.startswith("write of 1 row to tablet kv-p0 timed out after 3 s (")
     assert f"last error: {cause} from ts1: x" in message
     assert "\n" not in message
+    # Not the leader, and no leader named by anyone: the group elected none.
+    assert ("the tablet has no leader" in message) == (cause is Cause.NOT_LEADER)
+
+
+def test_not_the_leader_with_a_leader_named_is_no_lost_majority() -> None:
+    failure = RpcFailure(
+        Cause.NOT_LEADER, Action.FIND_LEADER, "x", "x", server="ts1", leader_uuid="ts2"
+    )
+    assert "no leader" not in str(timeout_error("write", 3.0, 5, failure))
 
 
 def test_no_time_left_is_a_timeout_without_an_attempt() -> None:
