@@ -8,21 +8,13 @@ membership changes."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
 from raftlet.client import Client
 from raftlet.client.health import check_cluster
-from raftlet.cluster import ServerConfig, write_cluster_config
-from tests.integration.tserver_cluster import (
-    Server,
-    TserverCluster,
-    free_ports,
-    running_cluster,
-    wait_for,
-)
+from tests.integration.tserver_cluster import Server, TserverCluster, running_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,22 +48,9 @@ def test_servers_added_to_the_config_start_empty_and_every_row_stays(
     before = {sid: _hosted(s) for sid, s in cluster.servers.items()}
     cluster.stop()
 
-    ports = free_ports(4)
-    added = tuple(
-        ServerConfig(
-            id=f"ts{4 + i}",
-            rpc_addr=f"127.0.0.1:{ports[2 * i]}",
-            http_addr=f"127.0.0.1:{ports[2 * i + 1]}",
-            data_dir=cluster.root / f"ts{4 + i}",
-        )
-        for i in range(2)
-    )
-    grown = dataclasses.replace(cluster.config, servers=(*cluster.config.servers, *added))
-    moved = {p.tablet_id: p.replicas for p in grown.placements()}
-    assert moved != {p.tablet_id: p.replicas for p in cluster.config.placements()}
-    cluster.config = write_cluster_config(grown, cluster.path)
-    cluster.channels = type(cluster.channels)(cluster.channels.options)
-    cluster.servers = {s.id: Server(cluster, s) for s in cluster.config.servers}
+    was = {p.tablet_id: p.replicas for p in cluster.config.placements()}
+    cluster.add_servers(2)
+    assert {p.tablet_id: p.replicas for p in cluster.config.placements()} != was  # moved
     cluster.start()
 
     cluster.wait_leaders()

@@ -15,16 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.tserver_cluster import REPO, START_TIMEOUT_S, _read_line, wait_for
+from tests.ipv6 import needs_ipv6_loopback
 
 pytestmark = pytest.mark.integration
-
-
-def _ipv6_loopback() -> bool:
-    try:
-        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
-    except OSError:
-        return False
-    return True
 
 
 def _free_ipv6_ports(n: int) -> list[int]:
@@ -71,7 +64,7 @@ def _tcp_links_out(http: int) -> float:
     )
 
 
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+@needs_ipv6_loopback
 def test_servers_on_ipv6_addresses_serve_and_replicate_over_tcp(tmp_path: Path) -> None:
     """Three servers: each starts and says where its status pages are, writes are taken,
     and peers reach each other's consensus tcp port (the bracketed host went to the socket

@@ -334,17 +334,32 @@ class TserverCluster:
         self._started = False
         self._pick_ports()
 
-    def _pick_ports(self) -> None:
-        ports = free_ports(2 * self._n_servers)
-        servers = tuple(
+    def _new_servers(self, first: int, count: int) -> tuple[ServerConfig, ...]:
+        """Servers ts<first>.. on free ports, their data under ``root``."""
+        ports = free_ports(2 * count)
+        return tuple(
             ServerConfig(
-                id=f"ts{i + 1}",
+                id=f"ts{first + i}",
                 rpc_addr=f"127.0.0.1:{ports[2 * i]}",
                 http_addr=f"127.0.0.1:{ports[2 * i + 1]}",
-                data_dir=self.root / f"ts{i + 1}",
+                data_dir=self.root / f"ts{first + i}",
             )
-            for i in range(self._n_servers)
+            for i in range(count)
         )
+
+    def add_servers(self, count: int) -> None:
+        """Add ``count`` servers to the config file (every server stopped first; ``start``
+        starts them all, in config order)."""
+        assert not any(s.alive for s in self.servers.values())
+        added = self._new_servers(len(self.config.servers) + 1, count)
+        grown = dataclasses.replace(self.config, servers=(*self.config.servers, *added))
+        self.config = write_cluster_config(grown, self.path)
+        self.channels.close()
+        self.channels = ChannelPool(TEST_CHANNEL_OPTIONS)
+        self.servers = {s.id: Server(self, s) for s in self.config.servers}
+
+    def _pick_ports(self) -> None:
+        servers = self._new_servers(1, self._n_servers)
         config = ClusterConfig(
             name="itest",
             servers=servers,

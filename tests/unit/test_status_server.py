@@ -18,6 +18,7 @@ import raftlet
 from raftlet.metrics import catalogue
 from raftlet.metrics.registry import MetricRegistry
 from raftlet.metrics.status_server import HttpError, PageRequest, PageResponse, StatusServer
+from tests.ipv6 import needs_ipv6_loopback
 from tests.waiting import wait_for
 
 WAIT = 30.0  # generous: a loaded CI box must not turn a slow wait into a failure
@@ -90,15 +91,7 @@ def test_url_names_another_host_in_its_scheme(server: StatusServer) -> None:
     assert server.url("/x", host="[::1]") == f"http://[::1]:{server.port}/x"
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+@needs_ipv6_loopback
 def test_serves_on_an_ipv6_address_written_as_the_config_writes_it(
     registry: MetricRegistry,
 ) -> None:

@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from raftlet.tserver.tcp_listener import _ephemeral_low, bind_listener
+from tests.ipv6 import needs_ipv6_loopback
 from tests.waiting import WAIT_S
 
 
@@ -23,15 +24,7 @@ def test_a_listener_on_port_0_stays_below_the_kernels_ephemeral_range() -> None:
             s.close()
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+@needs_ipv6_loopback
 @pytest.mark.parametrize("host", ["[::1]", "::1"])
 def test_a_listener_binds_an_ipv6_address_written_as_the_config_writes_it(host: str) -> None:
     """cluster.toml writes IPv6 in brackets ("[::1]:7051"); the server once passed "[::1]"
