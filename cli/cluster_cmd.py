@@ -307,7 +307,8 @@ def _up(args: argparse.Namespace) -> int:
             markup=False,
         )
     leaders = ", ".join(f"{t.tablet_id}={t.leader}" for t in health.tablets)
-    out.print(f"  leaders   {leaders}", markup=False)
+    if leaders:
+        out.print(f"  leaders   {leaders}", markup=False)
     d = cluster.data_dir
     out.print("next:", markup=False)
     first = config.tables[0].name if config.tables else None
@@ -493,6 +494,7 @@ def _print_status(
     out = console()
     style = {"OK": "green", "UP": "green", "WARN": "yellow", "BUSY": "yellow", "LAGGING": "yellow"}
     style |= {"ERROR": "red", "DOWN": "red", "MISSING": "red", "FAILED": "red", "UNKNOWN": "yellow"}
+    style["DENIED"] = "red"
 
     def mark(word: str) -> str:
         return f"[{style.get(word, '')}]{word}[/]" if word in style else word

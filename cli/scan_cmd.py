@@ -298,7 +298,8 @@ def _unquote(text: str) -> str:
     return text
 
 
-_MAX_DOUBLE = sys.float_info.max
+# The largest finite value of each floating-point column type.
+_MAX_FINITE = {DataType.DOUBLE: sys.float_info.max, DataType.FLOAT: 3.4028234663852886e38}
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
 
@@ -337,7 +338,7 @@ def _literal(dtype: DataType, text: str) -> Value:
             raise ValueError(f"{text!r} is not a number ({dtype.name} column)") from None
         if math.isinf(real) and raw.lstrip("+-").lower() not in ("inf", "infinity"):
             raise ValueError(
-                f"{text!r} is out of range for {dtype.name} (beyond +-{_MAX_DOUBLE:.6g}; "
+                f"{text!r} is out of range for {dtype.name} (beyond +-{_MAX_FINITE[dtype]:.6g}; "
                 "write inf or -inf for infinity)"
             )
         normalize(dtype, real)

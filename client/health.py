@@ -51,6 +51,7 @@ import grpc
 
 from raftlet.client.channels import ChannelPool, ResultFuture, channel_options
 from raftlet.client.errors import InvalidArgument
+from raftlet.client.retry import CREDENTIALS_REFUSED
 from raftlet.cluster import ClusterConfig
 from raftlet.cluster.digest import SECTIONS, config_digests
 from raftlet.proto import tablet_pb2
@@ -138,7 +139,7 @@ class ServerHealth:
     id: str
     rpc_addr: str  # the address asked: its token port when ``ProbeOptions.token_ports``
     http_addr: str
-    state: str  # "UP", "BUSY", "DOWN"
+    state: str  # "UP", "BUSY", "DOWN", "DENIED" (it refused the check's credentials)
     error: str = ""
     process_alive: bool | None = None  # None: not a local cluster, unknown
     tablets: int = 0  # replicas it reported
@@ -155,7 +156,7 @@ class ServerHealth:
 class ReplicaHealth:
     server: str
     # "OK", "LAGGING", "AHEAD" (applied past the leader's commit), "FAILED" (the replica,
-    # not its server), "DOWN", "UNKNOWN" (server busy), "MISSING"
+    # not its server), "DOWN", "UNKNOWN" (server busy or refusing us), "MISSING"
     state: str
     role: str = ""
     term: int = 0
@@ -266,7 +267,10 @@ def _outcome(call: ResultFuture) -> _Probe:
         details = " ".join(str(e.details() or "").split())
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return _Probe(None, "BUSY", f"RESOURCE_EXHAUSTED: {details}" if details else "busy")
-        return _Probe(None, "DOWN", f"{code.name}: {details}" if details else code.name)
+        said = f"{code.name}: {details}" if details else code.name
+        if code in CREDENTIALS_REFUSED:
+            return _Probe(None, "DENIED", said)  # it answered: up, but not to these credentials
+        return _Probe(None, "DOWN", said)
     return _Probe(resp, "UP")
 
 
@@ -343,6 +347,11 @@ def check_cluster(
             issues.append(f"server {s.id} ({addr}) is down: {why}")
         elif state == "BUSY":
             issues.append(f"server {s.id} is overloaded: {error}")
+        elif state == "DENIED":
+            issues.append(
+                f"server {s.id} refused this check's credentials ({error}): give a client "
+                "certificate or token it accepts, of role reader or above"
+            )
 
     reference = _majority_digests(servers, probes)
     issues += _compare_configs(servers, probes, reference)
@@ -391,8 +400,8 @@ def _majority_digests(
 def _own_config_differs(config: ClusterLayout, reference: _Digests | None) -> tuple[str, ...]:
     """The sections (of ``_OWN_SECTIONS``) in which the checker's own ``ClusterConfig``
     differs from what most servers run; () when it agrees or cannot be compared."""
-    if reference is None or not isinstance(config, ClusterConfig):
-        return ()
+    if reference is None or not isinstance(config, ClusterConfig) or config.path is None:
+        return ()  # no file of its own: a config read from the servers is theirs
     mine = config_digests(config)
     theirs = reference[1]
     return tuple(k for k in _OWN_SECTIONS if k in theirs and mine[k] != theirs[k])
@@ -422,9 +431,14 @@ def _compare_configs(
             sorted(k for k in mine.keys() | reference.keys() if mine.get(k) != reference.get(k))
         )
         parts = ", ".join(SECTIONS.get(k, k) for k in s.config_differs)
+        flags = (
+            " and the same --tick_interval_ms, --election_ticks and --heartbeat_ticks, if given"
+            if "raft" in s.config_differs
+            else ""
+        )
         issues.append(
             f"server {s.id} runs another cluster config than {', '.join(common)}: its {parts} "
-            "differ (start every server on the same cluster.toml)"
+            f"differ (start every server on the same cluster.toml{flags})"
         )
     return issues
 
@@ -442,6 +456,16 @@ def _check_tablet(
     if not everywhere and stale_tables:
         # A tablet of the checker's copy only: no replica to remove or add, no leader to
         # wait for -- the copy is what is wrong (said once, for the whole cluster).
+        table_runs = any(
+            st.table_name == placement.table for by_id in statuses.values() for st in by_id.values()
+        )
+        why = (
+            f"table {placement.table}'s partitions or schema in this cluster.toml are not the "
+            "ones the servers run"
+            if table_runs
+            else f"table {placement.table} is in this cluster.toml, not in the tables the "
+            "servers run"
+        )
         return TabletHealth(
             tid,
             placement.table,
@@ -451,10 +475,7 @@ def _check_tablet(
                 for sid in placement.replicas
                 if sid in probes
             ],
-            issues=[
-                f"no server knows this tablet: table {placement.table} is in this "
-                "cluster.toml, not in the tables the servers run"
-            ],
+            issues=[f"no server knows this tablet: {why}"],
             severity=Severity.WARN,
         )
     # A ready leader that says so itself; of two (a stale one behind a healed partition),
@@ -500,8 +521,8 @@ def _check_tablet(
         if st is None:
             if state == "DOWN":
                 tablet.replicas.append(ReplicaHealth(sid, "DOWN"))
-            elif state == "BUSY":
-                reachable += voter  # alive, just not listable right now
+            elif state in ("BUSY", "DENIED"):
+                reachable += voter  # alive, just not listable (right now, or to us)
                 tablet.replicas.append(ReplicaHealth(sid, "UNKNOWN"))
             else:
                 tablet.replicas.append(ReplicaHealth(sid, "MISSING"))

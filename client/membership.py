@@ -209,7 +209,11 @@ def _refuse_if_pending(m: TabletMembership, tablet_id: str) -> None:
 def _check_server(client: Client, server: str) -> None:
     servers = client.servers()
     if server not in servers:
-        raise InvalidArgument(f"unknown server {server!r} (servers: {', '.join(sorted(servers))})")
+        raise InvalidArgument(
+            f"unknown server {server!r}: the cluster config the servers run lists "
+            f"{', '.join(sorted(servers))} (a server added to cluster.toml is known once the "
+            "servers run that file: restart them on it)"
+        )
 
 
 def add_replica(

@@ -140,6 +140,8 @@ def _host_sans(hosts: Iterable[str]) -> list[x509.GeneralName]:
     sans: list[x509.GeneralName] = []
     for host in hosts:
         host = host.strip()
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]  # an IPv6 address as cluster.toml writes it ([::1]:7051)
         if not host:
             continue
         try:

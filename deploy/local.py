@@ -431,7 +431,13 @@ class LocalCluster:
         flags = list(extra_flags)
         if tls and local_tls_files(root) is None:
             say(f"making a CA and certificates in {root / TLS_DIR}")
-            _make_certs(root, config)
+            _make_certs(root, config.servers)
+        elif local_tls_files(root) is not None:
+            # Servers added to the config since: certificates from the same CA.
+            added = [s for s in config.servers if not _has_server_cert(root, s.id)]
+            if added:
+                say(f"making certificates for {', '.join(s.id for s in added)}")
+                _make_certs(root, added, clients=False)
         if local_tls_files(root) is not None:
             _make_tokens(root / TLS_DIR / TOKENS_FILE)
         if term_check_mode is not None:
@@ -808,19 +814,26 @@ def local_tls_files(data_dir: Path) -> tuple[Path, Path, Path] | None:
     return files if all(f.exists() for f in files) else None
 
 
-def _make_certs(root: Path, config: ClusterConfig) -> None:
+def _has_server_cert(root: Path, server_id: str) -> bool:
+    from raftlet.deploy.certs import server_cert_paths
+
+    paths = server_cert_paths(root / TLS_DIR, server_id)
+    return paths.cert.exists() and paths.key.exists()
+
+
+def _make_certs(root: Path, servers: Sequence[ServerConfig], *, clients: bool = True) -> None:
+    """Certificates for ``servers`` (and the admin client's, unless not ``clients``), signed
+    by the CA in ``root``'s TLS directory (made if missing)."""
     from raftlet.cluster.identity import AccessRole
     from raftlet.deploy.certs import CertError, ClientSpec, create_certs
 
-    hosts = sorted(
-        {"127.0.0.1", "localhost"} | {s.rpc_addr.rpartition(":")[0] for s in config.servers}
-    )
+    hosts = sorted({"127.0.0.1", "localhost"} | {s.rpc_addr.rpartition(":")[0] for s in servers})
     try:
         create_certs(
             root / TLS_DIR,
-            servers=[s.id for s in config.servers],
+            servers=[s.id for s in servers],
             hosts=hosts,
-            clients=[ClientSpec(ADMIN_CLIENT, AccessRole.ADMIN)],
+            clients=[ClientSpec(ADMIN_CLIENT, AccessRole.ADMIN)] if clients else [],
         )
     except CertError as e:
         raise LauncherError(f"cannot make certificates: {e}") from None

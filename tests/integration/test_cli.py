@@ -511,12 +511,16 @@ def test_a_server_removed_from_the_config_while_it_holds_replicas_is_refused(
             LocalCluster.load(root).down(timeout=10)
 
 
-def test_servers_added_to_the_config_of_a_cluster_with_rows_start_empty(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tls", [[], ["--tls"]], ids=["plaintext", "tls"])
+def test_servers_added_to_the_config_of_a_cluster_with_rows_start_empty(
+    tmp_path: Path, tls: list[str]
+) -> None:
     """Two [[servers]] entries added between `down` and `up`: `up` started all five at once,
     the new ones made replicas before the old ones answered, and two of them -- a majority
-    of a three-server placement -- elected leaders among empty replicas: scans lost rows."""
+    of a three-server placement -- elected leaders among empty replicas: scans lost rows.
+    With --tls the new servers had no certificates, and `up` stopped every server."""
     root = tmp_path / "c"
-    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "8"))
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "8", *tls))
     try:
         ok(raftlet("write", "--data-dir", str(root), "--rows", "500", "--threads", "2"))
         ok(raftlet("cluster", "down", "--data-dir", str(root)))
@@ -573,6 +577,7 @@ def test_up_on_a_hand_written_config_says_what_it_starts(tmp_path: Path, tables:
         else:
             assert "1 server, no tables" in out
             assert "raftlet scan" not in out
+            assert "leaders" not in out
     finally:
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)

@@ -335,6 +335,7 @@ NUMBERS = Schema(
         # Was silently inf.
         ("d = 1e400", r"'1e400' is out of range for DOUBLE .*write inf or -inf for infinity"),
         ("d > -1e400", r"'-1e400' is out of range for DOUBLE"),
+        ("f = 1e400", r"out of range for FLOAT \(beyond \+-3.40282e\+38; write inf"),
         # Was Python's "invalid literal for int() with base 0".
         ("i = 010", r"'010': a decimal integer cannot start with 0 \(write 10, or 0x"),
         ("t >= -0_07", r"'-0_07': a decimal integer cannot start with 0 \(write -7,"),

@@ -232,3 +232,16 @@ def test_a_step_down_another_operator_already_made_is_no_failure(
     m = remove_replica(Refusing(), "kv-p0", "ts3", timeout_s=5.0)  # type: ignore[arg-type]
     assert m.voters == ("ts1", "ts2")
     assert scripted["deleted"] == [("kv-p0", "ts3")]
+
+
+def test_a_server_the_running_servers_do_not_list_says_they_must_run_the_new_file() -> None:
+    """A server added to an operator's copy of cluster.toml, not yet to the servers' file,
+    was just "unknown", with no word of why."""
+    from types import SimpleNamespace
+
+    from raftlet.client.errors import InvalidArgument
+
+    client = SimpleNamespace(servers=lambda: {"ts1": None, "ts2": None})
+    with pytest.raises(InvalidArgument, match=r"unknown server 'ts6': .* lists ts1, ts2 \("):
+        membership._check_server(client, "ts6")  # type: ignore[arg-type]
+    membership._check_server(client, "ts2")  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import grpc
@@ -232,7 +233,8 @@ def test_a_server_on_another_cluster_config_is_named_with_what_differs(
     assert c.severity is health.Severity.WARN
     assert (
         "server c runs another cluster config than a, b: its raft timings, tables differ "
-        "(start every server on the same cluster.toml)"
+        "(start every server on the same cluster.toml and the same --tick_interval_ms, "
+        "--election_ticks and --heartbeat_ticks, if given)"
     ) in verdict.issues
     assert verdict.to_json()["servers"][2]["config_differs"] == ["raft", "tables"]
     # A server that reports no digests (older than them) is not compared.
@@ -243,6 +245,11 @@ def test_a_server_on_another_cluster_config_is_named_with_what_differs(
 # --- the checker's own copy of cluster.toml --------------------------------------------------
 
 TS = ("ts1", "ts2", "ts3")
+
+
+def _from_a_file(config: ClusterConfig) -> ClusterConfig:
+    """``config`` as read from an operator's cluster.toml (only such a copy is compared)."""
+    return dataclasses.replace(config, path=Path("/etc/raftlet/cluster.toml"))
 
 
 def _run_by_servers(
@@ -263,7 +270,7 @@ def test_a_copy_of_cluster_toml_with_a_table_the_servers_lack_says_so_and_no_rep
 ) -> None:
     """An operator's stale copy had a table the servers do not: ERROR with "remove-replica
     extra-p0 ts1 then add-replica", which fails ("unknown tablet")."""
-    running = cluster(3, ("kv", 1, 3))
+    running = _from_a_file(cluster(3, ("kv", 1, 3)))
     _run_by_servers(running, monkeypatch)
     stale = dataclasses.replace(
         running, tables=(*running.tables, TableConfig("extra", KEY_ONLY, 1, 3))
@@ -287,7 +294,7 @@ def test_a_copy_of_cluster_toml_with_a_table_the_servers_lack_says_so_and_no_rep
 def test_a_copy_with_other_servers_is_named_but_not_one_with_other_raft_timings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    running = cluster(3, ("kv", 1, 3))
+    running = _from_a_file(cluster(3, ("kv", 1, 3)))
     _run_by_servers(running, monkeypatch)
     # Flags may override the file's timings on every server: the file's are not compared.
     slower = dataclasses.replace(running, raft=RaftTimings(heartbeat_ticks=2))
@@ -429,3 +436,74 @@ def test_a_second_group_holding_more_than_the_leaders_is_an_error_with_no_remova
         "two groups claim this tablet: leader b (term 2) committed 1, but a (applied 250)"
     ), tablet.issues
     assert not any("remove-replica" in i for i in verdict.issues), verdict.issues
+
+
+def test_a_config_read_from_the_servers_is_theirs_and_not_compared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cluster status --servers ADDR` names the config it fetched "via ADDR": that name
+    differed from the servers' and every healthy cluster was a WARN."""
+    running = cluster(3, ("kv", 1, 3))
+    _run_by_servers(running, monkeypatch)
+    fetched = dataclasses.replace(running, name="via 127.0.0.1:7051")
+    assert fetched.path is None
+    assert health.check_cluster(fetched, health.ProbeOptions()).ok
+
+
+def test_a_copy_with_a_table_partitioned_otherwise_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    running = _from_a_file(cluster(3, ("kv", 1, 3)))
+    _run_by_servers(running, monkeypatch)
+    wider = dataclasses.replace(
+        running, tables=(dataclasses.replace(running.tables[0], partitions=2),)
+    )
+    verdict = health.check_cluster(wider, health.ProbeOptions())
+    assert (
+        "kv-p1: no server knows this tablet: table kv's partitions or schema in this "
+        "cluster.toml are not the ones the servers run"
+    ) in verdict.issues
+
+
+def test_other_raft_timings_name_the_flags_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in IDS}
+    for n in IDS:
+        listed[n].config_digests.update(name="n", servers="s", tables="t", raft="r1")
+    listed["c"].config_digests["raft"] = "r2"
+    verdict = checked(listed, 100, monkeypatch)
+    assert (
+        "server c runs another cluster config than a, b: its raft timings differ (start "
+        "every server on the same cluster.toml and the same --tick_interval_ms, "
+        "--election_ticks and --heartbeat_ticks, if given)"
+    ) in verdict.issues
+
+
+def test_a_server_refusing_the_checks_credentials_is_not_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bad token had every server reported DOWN, and the tablets unavailable."""
+    probes = dict.fromkeys(IDS, (None, "DENIED", "UNAUTHENTICATED: invalid bearer token"))
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert [s.state for s in verdict.servers] == ["DENIED"] * 3
+    assert verdict.issues[0] == (
+        "server a refused this check's credentials (UNAUTHENTICATED: invalid bearer token): "
+        "give a client certificate or token it accepts, of role reader or above"
+    )
+    assert not any("down" in i or "unavailable" in i for i in verdict.issues), verdict.issues
+
+
+def test_an_answer_refusing_credentials_is_denied() -> None:
+    class Refused(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAUTHENTICATED
+
+        def details(self) -> str:
+            return "invalid bearer token"
+
+    class Call:
+        def result(self) -> None:
+            raise Refused()
+
+    probe = health._outcome(Call())  # type: ignore[arg-type]
+    assert (probe.state, probe.error) == ("DENIED", "UNAUTHENTICATED: invalid bearer token")

@@ -76,6 +76,14 @@ def test_certs_carry_server_ids_hosts_and_client_roles(tmp_path: Path) -> None:
         cert.verify_directly_issued_by(ca)
 
 
+def test_an_ipv6_host_in_brackets_is_an_ip_address(tmp_path: Path) -> None:
+    """cluster.toml writes [::1]:7051, and "[::1]" went into certificates as a DNS name."""
+    made = create_certs(tmp_path, servers=["ts1"], hosts=["[::1]", "::2"])
+    sans = _sans(_cert(made.servers["ts1"].cert))
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["::1", "::2"]
+    assert sans.get_values_for_type(x509.DNSName) == []
+
+
 def test_private_keys_are_0600_and_certs_are_never_overwritten_silently(tmp_path: Path) -> None:
     made = create_certs(tmp_path, servers=["ts1"], clients=[ClientSpec("a", AccessRole.READER)])
     for key in (tmp_path / "ca.key", made.servers["ts1"].key, made.clients["a"].key):
