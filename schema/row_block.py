@@ -289,7 +289,8 @@ def decode_row_block(
             errors.append(RowFailure(n, ErrorCode.INVALID_ROW, f"unknown operation type {row[0]}"))
             continue
         try:
-            good.append(build_row_op(schema, OpType(row[0]), given, n))
+            # A committed entry's rows too: the key limit is for where a write is admitted.
+            good.append(build_row_op(schema, OpType(row[0]), given, n, key_limit=False))
         except RowOpError as e:
             errors.append(RowFailure(n, e.code, e.message))
     return good, errors

@@ -31,13 +31,11 @@ from typing import Any
 
 from raftlet.schema.row_block import RowBlockError, RowLayout, decode_row_block, row_layout
 from raftlet.schema.rows import (
-    MAX_KEY_BYTES,
     OpType,
     RowFailure,
     RowOp,
     RowOpError,
     build_row_op,
-    key_bytes,
 )
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import DataType, Value
@@ -103,7 +101,6 @@ class _Plan:
     op: OpType
     columns: tuple[str, ...]
     cells: tuple[tuple[DataType, int | None], ...]
-    varlen_key: bool  # a string or binary key column: keys are measured (MAX_KEY_BYTES)
 
 
 _OP_VALUES = frozenset(int(t) for t in OpType)
@@ -130,14 +127,10 @@ def _plan_of(schema: Schema, header: bytes) -> _Plan | None:
         given[idx] = None if null & bit else 0  # a stand-in: the rules look at what is given
         cells.append((col.type, None if null & bit else layout.field[idx]))
     try:
-        op = build_row_op(schema, OpType(header[0]), given, 0)
+        op = build_row_op(schema, OpType(header[0]), given, 0, key_limit=False)
     except RowOpError:
         return None
-    return _Plan(op.type, tuple(op.values), tuple(cells), schema.fixed_key_bytes is None)
-
-
-def _over_key_limit(key_columns: list[list[Any]]) -> bool:
-    return max(map(key_bytes, zip(*key_columns, strict=True))) > MAX_KEY_BYTES
+    return _Plan(op.type, tuple(op.values), tuple(cells))
 
 
 class _Fallback(Exception):
@@ -191,8 +184,6 @@ def decode_row_runs(
                 raise _Fallback
             unpacked = list(layout.row.iter_unpack(view[start * width : (start + count) * width]))
             columns = [_column(dtype, at, unpacked, side) for dtype, at in plan.cells]
-            if plan.varlen_key and _over_key_limit(columns[: schema.num_key_columns]):
-                raise _Fallback  # the row-by-row decoder names each row with a key too large
             runs.append(
                 RowRun(
                     plan.op,
@@ -329,8 +320,6 @@ def _decode_together(
             _joined_column(dtype, at, rows_of, side, bases_of, limits_of)
             for dtype, at in plan.cells
         ]
-        if plan.varlen_key and _over_key_limit(columns[: schema.num_key_columns]):
-            raise _Fallback
         if len(where) == len(unpacked):
             params = list(zip(*columns, strict=True))
         else:

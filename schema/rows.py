@@ -11,8 +11,13 @@ Decoding rules, checked in this order; a row reports only its first error:
 2. per cell: the column exists (UNKNOWN_COLUMN), appears once (INVALID_ROW), the value fits
    the type (TYPE_MISMATCH), and is not NULL in a non-nullable column (NULL_NOT_ALLOWED).
    A cell whose ValuePB has no member set means "not given" and is ignored;
-3. every key column is given (MISSING_KEY_COLUMN), and the key is at most ``MAX_KEY_BYTES``
-   (16 KiB: strings and binaries by their bytes, any other column 8) (INVALID_ROW);
+3. every key column is given (MISSING_KEY_COLUMN), and the key of an INSERT or UPSERT is at
+   most ``MAX_KEY_BYTES`` (16 KiB: strings and binaries by their bytes, any other column 8)
+   (INVALID_ROW) -- checked where a write is admitted (``key_limit``: the client's encoders,
+   and the leader, which refuses such a write whole), never where a committed entry is
+   decoded: entries that older leaders wrote before the limit existed must apply as they
+   did there, or replicas of mixed versions diverge. An UPDATE or DELETE creates no key,
+   so it may name a longer key stored before the limit;
 4. DELETE gives only key columns; UPDATE gives at least one non-key column (INVALID_ROW);
 5. INSERT and UPSERT give every non-nullable column (NULL_NOT_ALLOWED): there are no column
    defaults, and an UPSERT may turn out to be an insert.
@@ -37,6 +42,7 @@ __all__ = [
     "RowOp",
     "RowOpError",
     "build_row_op",
+    "check_key_size",
     "decode_row_op",
     "decode_row_ops",
     "encode_row_op",
@@ -106,8 +112,15 @@ class RowOp:
     row_index: int = 0
 
 
-def decode_row_op(schema: Schema, pb: tablet_pb2.RowOperationPB, row_index: int = 0) -> RowOp:
-    """Decode and validate one row; raises ``RowOpError`` (see the module docstring)."""
+def decode_row_op(
+    schema: Schema,
+    pb: tablet_pb2.RowOperationPB,
+    row_index: int = 0,
+    *,
+    key_limit: bool = True,
+) -> RowOp:
+    """Decode and validate one row; raises ``RowOpError`` (see the module docstring;
+    ``key_limit`` False for a committed entry's rows)."""
     try:
         op_type = OpType(pb.type)
     except ValueError:
@@ -129,14 +142,20 @@ def decode_row_op(schema: Schema, pb: tablet_pb2.RowOperationPB, row_index: int 
         if value is None and not col.nullable:
             raise RowOpError(ErrorCode.NULL_NOT_ALLOWED, f"column {col.name!r} is not nullable")
         given[idx] = value
-    return build_row_op(schema, op_type, given, row_index)
+    return build_row_op(schema, op_type, given, row_index, key_limit=key_limit)
 
 
 def build_row_op(
-    schema: Schema, op_type: OpType, given: Mapping[int, Value], row_index: int
+    schema: Schema,
+    op_type: OpType,
+    given: Mapping[int, Value],
+    row_index: int,
+    *,
+    key_limit: bool = True,
 ) -> RowOp:
     """The ``RowOp`` of decoded cells (column index → value), checked against rules 3-5
-    of the module docstring; raises ``RowOpError``.  Shared by both wire forms."""
+    of the module docstring (``key_limit``: rule 3's limit too); raises ``RowOpError``.
+    Shared by both wire forms."""
     nkeys = schema.num_key_columns
     for i in range(nkeys):
         if i not in given:
@@ -145,13 +164,8 @@ def build_row_op(
                 f"key column {schema.columns[i].name!r} not given",
             )
     key = tuple(given[i] for i in range(nkeys))
-    size = schema.fixed_key_bytes
-    if size is None:
-        size = key_bytes(key)
-    if size > MAX_KEY_BYTES:
-        raise RowOpError(
-            ErrorCode.INVALID_ROW, f"the key is {size} bytes, over the {MAX_KEY_BYTES}-byte limit"
-        )
+    if key_limit:
+        check_key_size(schema, op_type, key)
     non_key = sorted(i for i in given if i >= nkeys)
     if op_type is OpType.DELETE and non_key:
         raise RowOpError(
@@ -176,6 +190,20 @@ def build_row_op(
     )
 
 
+def check_key_size(schema: Schema, op_type: OpType, key: Sequence[Value]) -> None:
+    """Refuse (``RowOpError`` INVALID_ROW) an INSERT or UPSERT whose key is over
+    ``MAX_KEY_BYTES``: rule 3's limit, for where a write is admitted."""
+    if op_type not in (OpType.INSERT, OpType.UPSERT):
+        return
+    size = schema.fixed_key_bytes
+    if size is None:
+        size = key_bytes(key)
+    if size > MAX_KEY_BYTES:
+        raise RowOpError(
+            ErrorCode.INVALID_ROW, f"the key is {size} bytes, over the {MAX_KEY_BYTES}-byte limit"
+        )
+
+
 def key_bytes(key: Sequence[Value]) -> int:
     """A key's size as ``MAX_KEY_BYTES`` counts it."""
     size = 0
@@ -190,14 +218,14 @@ def key_bytes(key: Sequence[Value]) -> int:
 
 
 def decode_row_ops(
-    schema: Schema, ops: Iterable[tablet_pb2.RowOperationPB]
+    schema: Schema, ops: Iterable[tablet_pb2.RowOperationPB], *, key_limit: bool = True
 ) -> tuple[list[RowOp], list[RowFailure]]:
     """Decode a request's rows: the valid ones (each with its ``row_index``) and the errors."""
     good: list[RowOp] = []
     errors: list[RowFailure] = []
     for i, pb in enumerate(ops):
         try:
-            good.append(decode_row_op(schema, pb, i))
+            good.append(decode_row_op(schema, pb, i, key_limit=key_limit))
         except RowOpError as e:
             errors.append(RowFailure(i, e.code, e.message))
     return good, errors

@@ -82,7 +82,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.row_block import RowBlockError, row_width
 from raftlet.schema.row_runs import BlockOutcome, RowRun, decode_row_blocks
-from raftlet.schema.rows import RowFailure, RowOp, decode_row_ops
+from raftlet.schema.rows import RowFailure, RowOp, RowOpError, check_key_size, decode_row_ops
 from raftlet.schema.schema import Schema
 from raftlet.tserver import deferred_answers
 from raftlet.tserver.bootstrap import (
@@ -672,6 +672,25 @@ class TabletReplica:
             )
         return size // width
 
+    def _refuse_long_keys(self, ops: Sequence[RowRun | RowOp]) -> None:
+        """Refuse the whole write (``InvalidRequest``) if an INSERT or UPSERT of it has a
+        key over ``MAX_KEY_BYTES``: a row error would put the row in the log, to be judged
+        again by each replica's decoder, and one of another version judges it otherwise
+        (the decoders of committed entries check no key size: ``schema.rows`` rule 3)."""
+        if self.schema.fixed_key_bytes is not None:
+            return  # 8 bytes a key column: under the limit with any number of columns
+        for op in ops:
+            if isinstance(op, RowRun):
+                k = op.num_keys
+                keyed = [(p[:k], i) for p, i in zip(op.params, op.row_indexes, strict=True)]
+            else:
+                keyed = [(op.key, op.row_index)]
+            for key, index in keyed:
+                try:
+                    check_key_size(self.schema, op.type, key)
+                except RowOpError as e:
+                    raise InvalidRequest(f"row {index}: {e.message}") from None
+
     def _encode(self, op: _PendingWrite, block: BlockOutcome | None) -> bytes | None:
         """The entry payload of ``op``, or None if it was answered here: every row invalid
         (nothing to apply), a row of another tablet, or the request could not be decoded.
@@ -685,9 +704,10 @@ class TabletReplica:
                 rows = sum(map(len, runs)) + len(row_errors)
                 op.decoded = (runs, row_errors)
             else:
-                good, row_errors = decode_row_ops(self.schema, request.ops)
+                good, row_errors = decode_row_ops(self.schema, request.ops, key_limit=False)
                 rows = len(request.ops)
                 op.decoded = (good, row_errors)
+            self._refuse_long_keys(op.decoded[0])
             check_rows_in_tablet(
                 self.schema, self.table, self.partition, self.num_partitions, op.decoded[0]
             )

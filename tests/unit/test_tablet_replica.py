@@ -21,10 +21,11 @@ from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from raftlet.consensus.workers import WorkerPool
 from raftlet.proto import tablet_pb2
+from raftlet.schema import rows as rows_module
 from raftlet.schema.partition import partition_for_key
 from raftlet.schema.row_block import encode_row_block
 from raftlet.schema.row_pages import decode_page, page_rows
-from raftlet.schema.rows import ErrorCode, OpType, encode_row_op, row_from_pb
+from raftlet.schema.rows import MAX_KEY_BYTES, ErrorCode, OpType, encode_row_op, row_from_pb
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
@@ -79,8 +80,10 @@ class Tablet:
         num_partitions: int = 1,
         options: ReplicaOptions | None = None,
         transport_workers: int = 8,
+        schema: Schema = SCHEMA,
     ) -> None:
         self.root = root
+        self.schema = schema
         self.options = options or ReplicaOptions(consensus=FAST)
         self.partition = partition
         self.num_partitions = num_partitions
@@ -99,7 +102,7 @@ class Tablet:
             server_id=node,
             voters=IDS,
             directory=self.root / node,
-            schema=SCHEMA,
+            schema=self.schema,
             transport=self.transport,
             options=self.options,
             ticker=self.ticker,
@@ -1035,3 +1038,39 @@ def test_a_follower_back_from_a_cut_applies_its_backlog_in_bounded_transactions(
     assert [[e.index for e in run] for run in runs] == [[1, 2], [3, 4], [5]]
     huge = [replica_module.Entry(1, 1, data=b"x" * (9 << 20))]
     assert replica_module._bounded_transactions(huge) == [huge]
+
+
+STRING_KEYED = Schema(
+    [ColumnSchema("k", DataType.STRING, is_key=True), ColumnSchema("v", DataType.STRING)]
+)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_key_over_the_limit_fails_the_whole_write_and_nothing_is_logged(
+    tmp_path: Path, packed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row error would put the row in the log, where each replica's decoder judges it
+    again -- and a replica of an older version, with no key limit, applied it."""
+    tablet = Tablet(tmp_path, schema=STRING_KEYED)
+    try:
+        leader = tablet.leader()
+        long = "x" * (MAX_KEY_BYTES + 1)
+        rows = [(OpType.INSERT, {"k": "a", "v": "1"}), (OpType.UPSERT, {"k": long, "v": "2"})]
+        with monkeypatch.context() as m:  # what a client that skips its check sends
+            m.setattr(rows_module, "MAX_KEY_BYTES", 1 << 30)
+            req = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+            if packed:
+                req.row_block.rows, req.row_block.indirect = encode_row_block(STRING_KEYED, rows)
+            else:
+                req.ops.extend(encode_row_op(STRING_KEYED, op, row) for op, row in rows)
+        before = leader.consensus.status()["last_index"]
+        with pytest.raises(InvalidRequest, match=r"^row 1: the key is 16385 bytes, over the"):
+            send(leader, req).result()
+        assert leader.consensus.status()["last_index"] == before
+        # An UPDATE or DELETE of such a key (one stored before the limit) is let through.
+        update = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+        update.ops.append(encode_row_op(STRING_KEYED, OpType.UPDATE, {"k": long, "v": "3"}))
+        response = send(leader, update).result()
+        assert [e.code for e in response.row_errors] == [ErrorCode.KEY_NOT_FOUND]
+    finally:
+        tablet.close()

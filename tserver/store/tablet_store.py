@@ -682,7 +682,8 @@ class TabletStore:
                 loose.append(op)
             elif isinstance(op, tablet_pb2.RowOperationPB):
                 try:
-                    loose.append(decode_row_op(self.schema, op, position))
+                    # Committed: no key limit (``rows`` rule 3 is for admitting writes).
+                    loose.append(decode_row_op(self.schema, op, position, key_limit=False))
                 except RowOpError as e:
                     errors.append(RowFailure(position, e.code, e.message))
             else:
