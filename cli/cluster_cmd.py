@@ -620,7 +620,8 @@ def _remove_data(root: Path) -> None:
     # folder a hand-written cluster.toml (--cluster FILE) happens to sit in.
     if not (root / MADE_BY_UP_FILE).is_file():
         raise UsageError(
-            f"--remove-data: {root} is not a directory `raftlet cluster up` made (no "
-            f"{MADE_BY_UP_FILE} in it); remove it yourself if you mean to"
+            f"--remove-data: {root} has no {MADE_BY_UP_FILE}, the mark of a directory "
+            "`raftlet cluster up` made (one made by an older raftlet has none either); "
+            "remove it yourself if you mean to"
         )
     shutil.rmtree(root)

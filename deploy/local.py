@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import fcntl
 import json
 import os
 import shutil
@@ -286,6 +287,30 @@ class ServerStop:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+# The lock a tablet server holds on its data directory while it runs, its PID inside
+# (``tserver.data_dir_lock.LOCK_FILE``; the launcher does not import the server).
+_SERVER_LOCK = "server.lock"
+
+
+def _lock_holder(data_dir: Path) -> int | None:
+    """The PID of the server holding ``data_dir``'s lock (-1 if it wrote none), or None
+    when no process holds it."""
+    try:
+        fd = os.open(data_dir / _SERVER_LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _holds_data(data_dir: Path) -> bool:
@@ -689,6 +714,17 @@ class LocalCluster:
         # PID; the config path alone would match an editor that has the file open.
         return "tserver" in joined and bool(config) and config in joined and server.id in joined
 
+    def _holder(self, server_id: str) -> ServerProcess | None:
+        """Server ``server_id`` as the process holding its data directory's lock, if that
+        is this cluster's tserver ``server_id`` (``owns``) under another PID than the one
+        recorded; None otherwise."""
+        s = self.servers[server_id]
+        pid = _lock_holder(self.config.server(server_id).data_dir)
+        if pid is None or pid <= 0 or pid == s.pid:
+            return None
+        holder = dataclasses.replace(s, pid=pid)
+        return holder if self.owns(holder) else None
+
     def running(self) -> dict[str, bool]:
         """Server id -> whether its recorded process is alive (and ours)."""
         return {sid: self.owns(s) for sid, s in self.servers.items()}
@@ -716,12 +752,18 @@ class LocalCluster:
         targets: dict[str, ServerProcess] = {}
         self._reap_children()
         for sid, s in self.servers.items():
-            if not pid_alive(s.pid):
-                results[sid] = ServerStop(sid, s.pid, "not running")
-            elif not self.owns(s):
-                results[sid] = ServerStop(sid, s.pid, "not ours")
-            else:
+            if self.owns(s):
                 targets[sid] = s
+                continue
+            # Restarted by hand (a rolling upgrade, say): the PID recorded is gone, but a
+            # server of this cluster holds the data directory's lock.
+            holder = self._holder(sid)
+            if holder is not None:
+                targets[sid] = holder
+            elif not pid_alive(s.pid):
+                results[sid] = ServerStop(sid, s.pid, "not running")
+            else:
+                results[sid] = ServerStop(sid, s.pid, "not ours")
         start = time.monotonic()
         for s in targets.values():
             with contextlib.suppress(ProcessLookupError):
@@ -755,6 +797,7 @@ class LocalCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=1.0)
         left = [s for s in self.servers.values() if self.owns(s)]
+        left += [h for sid in self.servers if (h := self._holder(sid)) is not None]
         if left:
             pids = ", ".join(f"{s.id}={s.pid}" for s in left)
             raise LauncherError(f"still running after SIGKILL: {pids}; {self.state_path} kept")
@@ -796,6 +839,14 @@ class LocalCluster:
         """Delete the data directory (only when nothing runs)."""
         if any(self.running().values()):
             raise LauncherError(f"refusing to remove {self.data_dir}: servers are running")
+        for sid, s in self.servers.items():
+            pid = _lock_holder(self.config.server(sid).data_dir)
+            if pid is not None:
+                raise LauncherError(
+                    f"refusing to remove {self.data_dir}: {sid}'s data directory is in use "
+                    f"by pid {pid if pid > 0 else '(unknown)'}, not the one recorded "
+                    f"({s.pid}); stop it first"
+                )
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 

@@ -23,7 +23,7 @@ import pytest
 from raftlet.deploy.local import LocalCluster, NoClusterError, pid_alive
 from raftlet.tserver.sched_batch import sched_batch_supported
 from raftlet.tserver.worker_nice import thread_nice, worker_nice_supported
-from tests.integration.tserver_cluster import free_ports, wait_for
+from tests.integration.tserver_cluster import START_TIMEOUT_S, _read_line, free_ports, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -384,7 +384,7 @@ def test_remove_data_removes_only_what_up_made(tmp_path: Path) -> None:
     (conf / "notes.txt").write_text("keep me\n")
     proc = raftlet("cluster", "down", "--cluster", str(conf / "cluster.toml"), "--remove-data")
     assert proc.returncode == 2, proc.stderr
-    assert "is not a directory `raftlet cluster up` made" in proc.stderr
+    assert "has no .made-by-cluster-up, the mark of a directory" in proc.stderr
     assert (conf / "notes.txt").read_text() == "keep me\n"
     proc = raftlet("cluster", "up", "--data-dir", str(tmp_path))
     assert proc.returncode == 1, proc.stderr
@@ -579,5 +579,35 @@ def test_up_on_a_hand_written_config_says_what_it_starts(tmp_path: Path, tables:
             assert "raftlet scan" not in out
             assert "leaders" not in out
     finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
+
+
+def test_down_stops_a_server_restarted_by_hand_and_keeps_its_directory_until_then(
+    tmp_path: Path,
+) -> None:
+    """A rolling upgrade restarts each server by hand, so the PID recorded is gone: `down`
+    said "no process left" and --remove-data deleted the directory under the running
+    server."""
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "1"))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        ts1 = state(root)["servers"][0]
+        os.kill(ts1["pid"], signal.SIGTERM)
+        wait_for(lambda: not pid_alive(ts1["pid"]), 30, "ts1 to stop")
+        proc = subprocess.Popen(
+            ts1["argv"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        assert "ready" in _read_line(proc, START_TIMEOUT_S)
+        out = ok(raftlet("cluster", "down", "--data-dir", str(root), "--remove-data"))
+        assert proc.wait(timeout=30) is not None  # stopped by `down`
+        assert not root.exists(), out
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)
