@@ -362,8 +362,8 @@ def _status(args: argparse.Namespace) -> int:
         except LauncherError as e:
             raise CliError(str(e)) from None
         if local is not None:
-            processes = local.running()
-            pids = {sid: s.pid for sid, s in local.servers.items()}
+            pids = local.pids()
+            processes = {sid: sid in pids for sid in local.servers}
     health = check_cluster(target.config, options, processes=processes)
     checksums = _checksums(target, args.timeout, health) if args.checksum else []
     ok = health.ok and all(c.ok for c in checksums)

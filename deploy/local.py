@@ -726,8 +726,19 @@ class LocalCluster:
         return holder if self.owns(holder) else None
 
     def running(self) -> dict[str, bool]:
-        """Server id -> whether its recorded process is alive (and ours)."""
-        return {sid: self.owns(s) for sid, s in self.servers.items()}
+        """Server id -> whether its process is alive (and ours): the one recorded, or one
+        restarted by hand that holds its data directory (``_holder``)."""
+        return {sid: sid in self.pids() for sid in self.servers}
+
+    def pids(self) -> dict[str, int]:
+        """Server id -> the PID of its running process (``running``); stopped ones absent."""
+        out: dict[str, int] = {}
+        for sid, s in self.servers.items():
+            if self.owns(s):
+                out[sid] = s.pid
+            elif (holder := self._holder(sid)) is not None:
+                out[sid] = holder.pid
+        return out
 
     def health(self, options: ProbeOptions | None = None) -> ClusterHealth:
         """A ksck-style check of the cluster (see ``client.health``), with process state."""

@@ -600,6 +600,12 @@ def test_down_stops_a_server_restarted_by_hand_and_keeps_its_directory_until_the
             ts1["argv"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         assert "ready" in _read_line(proc, START_TIMEOUT_S)
+        # Status names its process as it is now, not the one recorded at `up`.
+        doc = json.loads(
+            ok(raftlet("cluster", "status", "--data-dir", str(root), "--format", "json"))
+        )
+        assert doc["servers"][0]["pid"] == proc.pid
+        assert doc["servers"][0]["process_alive"] is True
         out = ok(raftlet("cluster", "down", "--data-dir", str(root), "--remove-data"))
         assert proc.wait(timeout=30) is not None  # stopped by `down`
         assert not root.exists(), out
