@@ -614,8 +614,22 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _remove_data(root: Path) -> None:
-    from raftlet.deploy.local import MADE_BY_UP_FILE
+    from raftlet.cluster import ClusterConfigError, load_cluster_config
+    from raftlet.deploy.local import CONFIG_FILE, MADE_BY_UP_FILE, data_dir_in_use
 
+    # Never under a running server: one started by hand holds its data directory's lock.
+    try:
+        servers = load_cluster_config(root / CONFIG_FILE).servers
+    except (OSError, ClusterConfigError):
+        servers = ()
+    for server in servers:
+        pid = data_dir_in_use(server.data_dir)
+        if pid is not None:
+            who = f"pid {pid}" if pid > 0 else "a process"
+            raise CliError(
+                f"--remove-data: kept {root}: {who} runs server {server.id} on "
+                f"{server.data_dir} (started by hand?); stop it, then run this again"
+            )
     # Only a directory `cluster up` made for its cluster: never `rm -rf` a typo, nor the
     # folder a hand-written cluster.toml (--cluster FILE) happens to sit in.
     if not (root / MADE_BY_UP_FILE).is_file():

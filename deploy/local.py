@@ -85,6 +85,7 @@ __all__ = [
     "NoClusterError",
     "ServerProcess",
     "ServerStop",
+    "data_dir_in_use",
     "free_ports",
     "pid_alive",
     "reserved_ports",
@@ -294,6 +295,11 @@ def _now() -> str:
 _SERVER_LOCK = "server.lock"
 
 
+def data_dir_in_use(data_dir: Path) -> int | None:
+    """The PID of a server running on ``data_dir`` (-1 if unknown), or None."""
+    return _lock_holder(data_dir)
+
+
 def _lock_holder(data_dir: Path) -> int | None:
     """The PID of the server holding ``data_dir``'s lock (-1 if it wrote none), or None
     when no process holds it."""
@@ -391,8 +397,13 @@ class LocalCluster:
             )
         if (root / STATE_FILE).exists():
             existing = cls.load(root)
-            running = [s for s in existing.servers.values() if existing.owns(s)]
-            stopped = [s for s in existing.servers.values() if s.id not in {r.id for r in running}]
+            live = existing.pids()  # one restarted by hand runs too
+            running = [
+                dataclasses.replace(s, pid=live[s.id])
+                for s in existing.servers.values()
+                if s.id in live
+            ]
+            stopped = [s for s in existing.servers.values() if s.id not in live]
             if running and not stopped:
                 pids = ", ".join(f"{s.id}={s.pid}" for s in running)
                 raise ClusterRunningError(
@@ -722,8 +733,13 @@ class LocalCluster:
         pid = _lock_holder(self.config.server(server_id).data_dir)
         if pid is None or pid <= 0 or pid == s.pid:
             return None
-        holder = dataclasses.replace(s, pid=pid)
-        return holder if self.owns(holder) else None
+        # Holding this data directory's lock is the server's own mark; its command line
+        # need not name the config as `up` did (a relative path, run from elsewhere).
+        argv = _cmdline(pid)
+        joined = " ".join(argv or ())
+        if "tserver" in joined and server_id in joined:
+            return dataclasses.replace(s, pid=pid)
+        return None
 
     def running(self) -> dict[str, bool]:
         """Server id -> whether its process is alive (and ours): the one recorded, or one

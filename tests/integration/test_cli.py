@@ -596,10 +596,15 @@ def test_down_stops_a_server_restarted_by_hand_and_keeps_its_directory_until_the
         ts1 = state(root)["servers"][0]
         os.kill(ts1["pid"], signal.SIGTERM)
         wait_for(lambda: not pid_alive(ts1["pid"]), 30, "ts1 to stop")
-        proc = subprocess.Popen(
-            ts1["argv"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
+        # As an operator would: from the cluster's directory, the config named relatively.
+        argv = list(ts1["argv"])
+        argv[argv.index("--config") + 1] = "cluster.toml"
+        proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert "ready" in _read_line(proc, START_TIMEOUT_S)
+        # `up` sees it running (it started a second ts1, which failed on the lock).
+        again = raftlet("cluster", "up", "--data-dir", str(root))
+        assert "already running" in again.stderr, again.stdout + again.stderr
+        assert proc.poll() is None
         # Status names its process as it is now, not the one recorded at `up`.
         doc = json.loads(
             ok(raftlet("cluster", "status", "--data-dir", str(root), "--format", "json"))

@@ -703,3 +703,32 @@ def test_completion_into_a_closed_pipe_is_no_error() -> None:
         os.close(write_end)
     assert done.returncode == 0, done.stderr
     assert b"Traceback" not in done.stderr
+
+
+def test_remove_data_keeps_a_directory_a_server_runs_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server started by hand (a relative --config, or an older build's launcher state)
+    that `down` did not stop: --remove-data deleted the directory under it."""
+    import fcntl
+
+    from raftlet.deploy.local import MADE_BY_UP_FILE
+
+    config = write_cluster_config(
+        new_config(tmp_path, servers=1, tablets=1), tmp_path / "cluster.toml"
+    )
+    (tmp_path / MADE_BY_UP_FILE).write_text("")
+    data_dir = config.servers[0].data_dir
+    data_dir.mkdir(parents=True)
+    fd = os.open(data_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running server holds it
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        code = main(["cluster", "down", "--data-dir", str(tmp_path), "--remove-data"])
+        assert code == 1
+        assert f"pid {os.getpid()} runs server ts1" in capsys.readouterr().err
+        assert data_dir.is_dir()
+    finally:
+        os.close(fd)
+    assert main(["cluster", "down", "--data-dir", str(tmp_path), "--remove-data"]) == 0
+    assert not tmp_path.exists()
