@@ -486,12 +486,15 @@ def _check_tablet(
         if st.role == RaftRole.LEADER and st.leader_uuid == sid and st.leader_ready
     ]
     leader = max(leaders, key=lambda st: st.term, default=None)
-    replicas = [
-        sid
-        for sid in (leader.voters if leader is not None and leader.voters else placement.replicas)
-        if sid in probes
-    ]
-    learners = [sid for sid in (leader.learners if leader is not None else ()) if sid in probes]
+    if leader is not None and leader.voters:
+        voters, learner_ids = tuple(leader.voters), tuple(leader.learners)
+    else:
+        # No leader to ask: the membership its replicas report (moves have taken many a
+        # group off its placement: judged by the placement, a group of four that lost its
+        # majority read "under-replicated", and a server moved off was "missing" it).
+        voters, learner_ids = _reported_membership(everywhere) or (tuple(placement.replicas), ())
+    replicas = [sid for sid in voters if sid in probes]
+    learners = [sid for sid in learner_ids if sid in probes]
     seen = {sid: st for sid, st in everywhere.items() if sid in replicas or sid in learners}
     tablet = TabletHealth(tid, placement.table, placement.partition, [])
     if leader is not None:
@@ -521,6 +524,12 @@ def _check_tablet(
         if st is None:
             if state == "DOWN":
                 tablet.replicas.append(ReplicaHealth(sid, "DOWN"))
+                if not voter:
+                    tablet.issues.append(
+                        f"learner on {sid} is down (an add not finished: once it is back, "
+                        f"`raftlet tablet add-replica {tid} {sid} --wait` finishes it; "
+                        f"`raftlet tablet remove-replica {tid} {sid}` undoes it)"
+                    )
             elif state in ("BUSY", "DENIED"):
                 reachable += voter  # alive, just not listable (right now, or to us)
                 tablet.replicas.append(ReplicaHealth(sid, "UNKNOWN"))
@@ -652,6 +661,20 @@ def _check_tablet(
         severity = max(severity, Severity.WARN)
     tablet.severity = max(severity, Severity.WARN if tablet.issues else Severity.OK)
     return tablet
+
+
+def _reported_membership(
+    everywhere: Mapping[str, tablet_pb2.TabletStatusPB],
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(voters, learners) most of a tablet's replicas report (ties: the one a replica of
+    the highest term reports); None if none reports one."""
+    seen: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, int]] = {}
+    for st in everywhere.values():
+        if st.voters and st.state != tablet_pb2.TABLET_STATE_FAILED:
+            key = (tuple(st.voters), tuple(st.learners))
+            count, term = seen.get(key, (0, 0))
+            seen[key] = (count + 1, max(term, st.term))
+    return max(seen, key=lambda k: seen[k]) if seen else None
 
 
 def _busy_leader(

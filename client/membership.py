@@ -168,7 +168,13 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
                         + (f", learners {', '.join(m.learners)}" if m.learners else "")
                     ) from None
                 _create_replica(client, tablet_id, server, m, max(0.1, deadline - time.monotonic()))
-        _pause(deadline, f"the replica of {tablet_id} on {server} to catch up")
+        _pause(
+            deadline,
+            f"the replica of {tablet_id} on {server} to catch up ({server} stays a learner "
+            f"of {tablet_id}: `raftlet tablet add-replica {tablet_id} {server} --wait` "
+            f"finishes the add, `raftlet tablet remove-replica {tablet_id} {server}` undoes "
+            "it)",
+        )
 
 
 def _create_replica(
@@ -501,12 +507,15 @@ def replace_server(
                 remove_replica(client, tablet_id, server, timeout_s=timeout_s, say=say)
                 moved[tablet_id] = ""
                 continue
+            # A learner an earlier run added and did not promote (it timed out, or was
+            # stopped) is the target: another would leave that learner behind for good.
+            unfinished = [uuid for uuid in m.learners if uuid in load]
             candidates = sorted((n, uuid) for uuid, n in load.items() if uuid not in m.members())
-            if not candidates:
+            if not candidates and not unfinished:
                 stuck.append(tablet_id)
                 say(f"{tablet_id}: no live server to move it to; left on {server} for now")
                 continue
-            target = candidates[0][1]
+            target = unfinished[0] if unfinished else candidates[0][1]
             move_replica(client, tablet_id, server, target, timeout_s=timeout_s, say=say)
             load[target] += 1
             moved[tablet_id] = target

@@ -245,3 +245,30 @@ def test_a_server_the_running_servers_do_not_list_says_they_must_run_the_new_fil
     with pytest.raises(InvalidArgument, match=r"unknown server 'ts6': .* lists ts1, ts2 \("):
         membership._check_server(client, "ts6")  # type: ignore[arg-type]
     membership._check_server(client, "ts2")  # type: ignore[arg-type]
+
+
+def test_replace_server_finishes_a_learner_an_earlier_run_left_instead_of_adding_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replace-server that timed out while ts4 caught up left ts4 a learner; run again,
+    it moved the replica to ts3 and left ts4 a learner for good."""
+    group = TabletMembership("kv-p0", "ts1", 2, ("ts1", "ts2", "ts5"), ("ts4",), 9, 9)
+    client = SimpleNamespace(
+        list_tablets=lambda **_k: {
+            uuid: SimpleNamespace(tablets=[None] * n)
+            for uuid, n in {"ts1": 3, "ts2": 3, "ts3": 0, "ts4": 1, "ts5": 3}.items()
+        },
+        tablets=lambda _table: ["kv-p0"],
+        tables=lambda: ["kv"],
+        replication_factor=lambda _table: 3,
+    )
+    moves: list[tuple[str, str]] = []
+    monkeypatch.setattr(membership, "_check_server", lambda _client, _server: None)
+    monkeypatch.setattr(membership, "leader_membership", lambda *_a, **_k: group)
+    monkeypatch.setattr(
+        membership,
+        "move_replica",
+        lambda _c, _tablet, source, target, **_k: moves.append((source, target)),
+    )
+    assert membership.replace_server(client, "ts5") == {"kv-p0": "ts4"}  # type: ignore[arg-type]
+    assert moves == [("ts5", "ts4")]

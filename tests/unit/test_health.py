@@ -507,3 +507,40 @@ def test_an_answer_refusing_credentials_is_denied() -> None:
 
     probe = health._outcome(Call())  # type: ignore[arg-type]
     assert (probe.state, probe.error) == ("DENIED", "UNAUTHENTICATED: invalid bearer token")
+
+
+FOUR = ("a", "b", "c", "d")
+FOUR_LAYOUT = SimpleNamespace(
+    name="t",
+    servers=[SimpleNamespace(id=n, rpc_addr=n, http_addr=n, token_rpc_addr="") for n in FOUR],
+    placements=lambda: [SimpleNamespace(tablet_id="kv-p0", table="kv", partition=0, replicas=IDS)],
+)
+
+
+def test_with_no_leader_a_tablet_is_judged_by_the_membership_its_replicas_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group of four (d added while c was down) that lost d too was judged by its
+    placement: "under-replicated: 2 of 3 reachable", d not listed at all."""
+    probes: dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]] = {
+        n: (_listed(n, voters=FOUR, leader_ready=False, leader_uuid=""), "UP", "") for n in "ab"
+    }
+    probes |= dict.fromkeys("cd", (None, "DOWN", "UNAVAILABLE"))
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    (tablet,) = health.check_cluster(FOUR_LAYOUT, health.ProbeOptions()).tablets
+    assert [(r.server, r.state) for r in tablet.replicas][2:] == [("c", "DOWN"), ("d", "DOWN")]
+    assert "unavailable: 2 of 4 replicas reachable, a majority is 3" in tablet.issues
+    assert tablet.severity is health.Severity.ERROR
+
+
+def test_a_learner_whose_server_is_down_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    probes: dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]] = {
+        n: (_listed(n, learners=("d",), leader=int(n == "a"), commit_index=9), "UP", "")
+        for n in IDS
+    }
+    probes["d"] = (None, "DOWN", "UNAVAILABLE")
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(FOUR_LAYOUT, health.ProbeOptions())
+    assert any(
+        i.startswith("kv-p0: learner on d is down (an add not finished") for i in verdict.issues
+    )
