@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -409,12 +410,19 @@ def test_cluster_status_with_a_token_alone_asks_the_token_ports(
     cluster was all DOWN ("Socket closed") while scans with the same token worked."""
     monkeypatch.setenv("RAFTLET_TOKEN", READER_TOKEN)
     config = str(env.cluster.config_path)
-    main(["cluster", "status", "--cluster", config, "--tls-ca", str(env.ca), "--format", "json"])
-    doc = json.loads(capsys.readouterr().out)
+    seen: list[dict[str, Any]] = []
+
+    def led() -> bool:  # an earlier test's step-down may still be electing
+        argv = ["cluster", "status", "--cluster", config, "--tls-ca", str(env.ca)]
+        main([*argv, "--format", "json"])
+        seen[:] = [json.loads(capsys.readouterr().out)]
+        return all(t["leader"] for t in seen[0]["tablets"])
+
+    waiting.wait_for(led, 30, "every tablet led, as status with a token alone sees it")
+    doc = seen[0]
     assert [(s["state"], s["rpc_addr"]) for s in doc["servers"]] == [
         ("UP", addr) for addr in env.token_seeds
     ], doc["issues"]
-    assert all(t["leader"] for t in doc["tablets"]), doc["issues"]
     # leader-step-down finds the leader with the same check.
     monkeypatch.setenv("RAFTLET_TOKEN", ADMIN_TOKEN)
     argv = ["leader-step-down", "kv-p0", "--cluster", config, "--tls-ca", str(env.ca)]
