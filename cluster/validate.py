@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_NAME_LENGTH",
     "MAX_PARTITIONS",
+    "bare_host",
     "check_cluster",
     "check_raft_timings",
     "check_server",
@@ -45,6 +46,12 @@ _TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
 # A DNS name or IPv4 address (underscores allowed: container names often have them).
 _HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?\Z")
 _PORT = re.compile(r"[0-9]{1,5}\Z")
+
+
+def bare_host(host: str) -> str:
+    """``host`` as the socket API takes it: an IPv6 literal without the brackets a
+    ``host:port`` address writes it in (``[::1]`` -> ``::1``); any other host as it is."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def parse_host_port(addr: str) -> tuple[str, int]:

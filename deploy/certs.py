@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from raftlet.cluster import bare_host
 from raftlet.cluster.identity import AccessRole, check_name, client_uri, parse_role, server_uri
 
 __all__ = [
@@ -139,9 +140,7 @@ def _refuse_existing(paths: CertPaths, overwrite: bool) -> None:
 def _host_sans(hosts: Iterable[str]) -> list[x509.GeneralName]:
     sans: list[x509.GeneralName] = []
     for host in hosts:
-        host = host.strip()
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]  # an IPv6 address as cluster.toml writes it ([::1]:7051)
+        host = bare_host(host.strip())  # an IPv6 address as cluster.toml writes it: [::1]
         if not host:
             continue
         try:

@@ -296,11 +296,6 @@ _SERVER_LOCK = "server.lock"
 
 
 def data_dir_in_use(data_dir: Path) -> int | None:
-    """The PID of a server running on ``data_dir`` (-1 if unknown), or None."""
-    return _lock_holder(data_dir)
-
-
-def _lock_holder(data_dir: Path) -> int | None:
     """The PID of the server holding ``data_dir``'s lock (-1 if it wrote none), or None
     when no process holds it."""
     try:
@@ -397,13 +392,9 @@ class LocalCluster:
             )
         if (root / STATE_FILE).exists():
             existing = cls.load(root)
-            live = existing.pids()  # one restarted by hand runs too
-            running = [
-                dataclasses.replace(s, pid=live[s.id])
-                for s in existing.servers.values()
-                if s.id in live
-            ]
-            stopped = [s for s in existing.servers.values() if s.id not in live]
+            # One restarted by hand runs too (``_live``).
+            running = [p for sid in existing.servers if (p := existing._live(sid)) is not None]
+            stopped = [s for s in existing.servers.values() if s.id not in {p.id for p in running}]
             if running and not stopped:
                 pids = ", ".join(f"{s.id}={s.pid}" for s in running)
                 raise ClusterRunningError(
@@ -730,7 +721,7 @@ class LocalCluster:
         is this cluster's tserver ``server_id`` (``owns``) under another PID than the one
         recorded; None otherwise."""
         s = self.servers[server_id]
-        pid = _lock_holder(self.config.server(server_id).data_dir)
+        pid = data_dir_in_use(self.config.server(server_id).data_dir)
         if pid is None or pid <= 0 or pid == s.pid:
             return None
         # Holding this data directory's lock is the server's own mark; its command line
@@ -743,18 +734,19 @@ class LocalCluster:
 
     def running(self) -> dict[str, bool]:
         """Server id -> whether its process is alive (and ours): the one recorded, or one
-        restarted by hand that holds its data directory (``_holder``)."""
-        return {sid: sid in self.pids() for sid in self.servers}
+        restarted by hand that holds its data directory (``_live``)."""
+        live = self.pids()
+        return {sid: sid in live for sid in self.servers}
 
     def pids(self) -> dict[str, int]:
         """Server id -> the PID of its running process (``running``); stopped ones absent."""
-        out: dict[str, int] = {}
-        for sid, s in self.servers.items():
-            if self.owns(s):
-                out[sid] = s.pid
-            elif (holder := self._holder(sid)) is not None:
-                out[sid] = holder.pid
-        return out
+        return {sid: p.pid for sid in self.servers if (p := self._live(sid)) is not None}
+
+    def _live(self, server_id: str) -> ServerProcess | None:
+        """Server ``server_id``'s running process: the one recorded if it is ours, else one
+        restarted by hand (``_holder``); None if it runs nowhere."""
+        s = self.servers[server_id]
+        return s if self.owns(s) else self._holder(server_id)
 
     def health(self, options: ProbeOptions | None = None) -> ClusterHealth:
         """A ksck-style check of the cluster (see ``client.health``), with process state."""
@@ -779,14 +771,11 @@ class LocalCluster:
         targets: dict[str, ServerProcess] = {}
         self._reap_children()
         for sid, s in self.servers.items():
-            if self.owns(s):
-                targets[sid] = s
-                continue
-            # Restarted by hand (a rolling upgrade, say): the PID recorded is gone, but a
-            # server of this cluster holds the data directory's lock.
-            holder = self._holder(sid)
-            if holder is not None:
-                targets[sid] = holder
+            # The PID recorded, or (restarted by hand: a rolling upgrade, say) the server
+            # of this cluster that holds the data directory's lock.
+            live = self._live(sid)
+            if live is not None:
+                targets[sid] = live
             elif not pid_alive(s.pid):
                 results[sid] = ServerStop(sid, s.pid, "not running")
             else:
@@ -823,8 +812,7 @@ class LocalCluster:
             # Our own children: collect their status so none lingers as a zombie.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=1.0)
-        left = [s for s in self.servers.values() if self.owns(s)]
-        left += [h for sid in self.servers if (h := self._holder(sid)) is not None]
+        left = [p for sid in self.servers if (p := self._live(sid)) is not None]
         if left:
             pids = ", ".join(f"{s.id}={s.pid}" for s in left)
             raise LauncherError(f"still running after SIGKILL: {pids}; {self.state_path} kept")
@@ -866,14 +854,6 @@ class LocalCluster:
         """Delete the data directory (only when nothing runs)."""
         if any(self.running().values()):
             raise LauncherError(f"refusing to remove {self.data_dir}: servers are running")
-        for sid, s in self.servers.items():
-            pid = _lock_holder(self.config.server(sid).data_dir)
-            if pid is not None:
-                raise LauncherError(
-                    f"refusing to remove {self.data_dir}: {sid}'s data directory is in use "
-                    f"by pid {pid if pid > 0 else '(unknown)'}, not the one recorded "
-                    f"({s.pid}); stop it first"
-                )
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 

@@ -58,6 +58,7 @@ from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import raftlet
+from raftlet.cluster import bare_host
 from raftlet.cluster.identity import peer_cert_uris
 from raftlet.metrics import export_json, export_prometheus
 from raftlet.metrics.human import human_duration, utc_time
@@ -620,7 +621,7 @@ class StatusServer:
         self._started_mono = time.monotonic()
         # An IPv6 literal may come as the config writes it, "[::1]": the socket wants it bare
         # (``url()`` puts the brackets back).
-        self.host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        self.host = bare_host(host)
         self._requested_port = port
         self._max_request_line = max_request_line
         self._max_header_bytes = max_header_bytes
@@ -714,7 +715,7 @@ class StatusServer:
     def url(self, path: str = "/", *, host: str | None = None) -> str:
         """The URL of ``path`` here: https under TLS. ``host`` names the server instead of the
         address it is bound to (which may be 0.0.0.0: no one can dial that)."""
-        host = (self.host if host is None else host).strip("[]")
+        host = bare_host(self.host if host is None else host)
         host = f"[{host}]" if ":" in host else host
         scheme = "https" if self.ssl_context is not None else "http"
         return f"{scheme}://{host}:{self.port}{path}"

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 
-from raftlet.cluster import parse_host_port
+from raftlet.cluster import bare_host, parse_host_port
 from raftlet.metrics.status_server import StatusServer
 from raftlet.tserver.cpu_affinity import apply_cpu_affinity
 from raftlet.tserver.data_dir_lock import ForeignDataDir
@@ -85,7 +85,7 @@ def status_url(settings: ServerSettings, status: StatusServer) -> str:
 
 def _unspecified(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+        return ipaddress.ip_address(bare_host(host)).is_unspecified
     except ValueError:
         return False  # a host name
 

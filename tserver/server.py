@@ -56,7 +56,7 @@ from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import ChannelPool, channel_options, server_options
 from raftlet.client.errors import InvalidArgument
 from raftlet.client.tls import TlsOptions, channel_credentials, client_ssl_context
-from raftlet.cluster import parse_host_port
+from raftlet.cluster import bare_host, parse_host_port
 from raftlet.cluster.digest import config_digests
 from raftlet.cluster.identity import AccessRole
 from raftlet.cluster.placement import TabletPlacement
@@ -699,7 +699,7 @@ class TabletServer:
             )
             return None
         # An IPv6 literal without its brackets: the socket API looked "[::1]" up as a name.
-        return Endpoint(parse_host_port(addr)[0].strip("[]"), answer.port)
+        return Endpoint(bare_host(parse_host_port(addr)[0]), answer.port)
 
     # --- replicas created and deleted at run time (AdminService) ---------------------------
 

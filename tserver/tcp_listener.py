@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from raftlet.cluster import bare_host
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink
 from raftlet.tserver.tcp_admission import TcpAdmission
@@ -75,7 +76,7 @@ def _bind_host(host: str) -> tuple[str, socket.AddressFamily]:
     # The config writes an IPv6 literal in brackets ("[::1]:7051", which gRPC binds as is);
     # the socket API wants it bare, and an AF_INET6 socket: an AF_INET one would look the
     # literal up as a host name and fail ("Name or service not known").
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bare = bare_host(host)
     return bare, socket.AF_INET6 if ":" in bare else socket.AF_INET
 
 
