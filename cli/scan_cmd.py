@@ -116,7 +116,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         type=timeout_seconds,
         default=30.0,
         metavar="S",
-        help="deadline of the whole scan (default 30)",
+        help="deadline of each page of the scan, its retries included (default 30)",
     )
 
 
@@ -407,7 +407,10 @@ def run(args: argparse.Namespace) -> int:
                 min_index=min_index,
             )
         except InvalidArgument as e:  # the arguments, checked before any call
-            raise UsageError(str(e)) from None
+            hint = ""
+            if isinstance(min_index, int) and "min_index" in str(e):
+                hint = " (--min-index TABLET=N, once for each tablet)"
+            raise UsageError(f"{e}{hint}") from None
         try:
             if args.format == "json":
                 _print_json(rows, columns, schema)

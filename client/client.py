@@ -261,7 +261,8 @@ class Client(ClientBase[MetaCache]):
     ) -> Scanner:
         """An iterator over the table's rows (dicts), tablet by tablet (see
         ``client.scanner``: pages, bounded by rows and bytes, 0 leaving it to the server;
-        their row form). ``timeout_s`` (default the client's) bounds each page.
+        their row form). ``projection``: the columns, in order (None or empty: every
+        column). ``timeout_s`` (default the client's) bounds each page.
         ``min_index``, ``{tablet_id: index}`` (a ``WriteResult``'s ``tablet_id`` and
         ``op_index``, say): each page of a tablet named comes from a replica that has
         applied at least that Raft index -- with FOLLOWER_APPLIED, bounded staleness.  A

@@ -31,7 +31,8 @@ row is returned twice and none is skipped.
 A scan whose predicates fix every key column (EQUALS, or IN_LIST) visits only the tablets
 those keys hash to (``schema.partition.partitions_for_predicates``), not every tablet.
 
-Rows are dicts (column name → value) in the projection's order. ``limit`` bounds the rows of
+Rows are dicts (column name → value) in the projection's order (None or empty: every
+column, the table's order). ``limit`` bounds the rows of
 the whole scan; ``timeout_s`` bounds each page, retries included. Counters for tests and
 tools: ``pages``, ``failovers`` (pages of a tablet answered by another server than the page
 before), ``current_server``, ``current_tablet``.
@@ -125,6 +126,7 @@ class Scanner(Iterator[Row]):
             )
         check_predicates(predicates)
         if projection is not None:
+            projection = list(projection)  # once: a generator checked here would end empty
             unknown = [c for c in projection if not schema.has_column(c)]
             if unknown:
                 raise InvalidArgument(
@@ -161,7 +163,7 @@ class Scanner(Iterator[Row]):
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
         self._rpc = rpc
-        self._projection = list(projection) if projection is not None else []
+        self._projection = projection or []  # none on the wire: every column
         self._tablets = list(tablet_ids)
         self._limit_left = limit
         self._batch_size_rows = batch_size_rows
@@ -325,7 +327,7 @@ def _min_indexes(
     if n and len(tablet_ids) > 1:
         raise InvalidArgument(
             f"min_index {n} is an index of one tablet's log, and this scan of "
-            f"{table.name!r} visits {len(tablet_ids)} tablets: give one per tablet, "
-            "{tablet_id: index} (a WriteResult's tablet_id and op_index), or scan one tablet"
+            f"{table.name!r} visits {len(tablet_ids)} tablets: give an index for each "
+            "tablet it names (a write's tablet id and op index), or scan one tablet"
         )
     return dict.fromkeys(tablet_ids, n) if n else {}

@@ -13,10 +13,11 @@ or this server after a restart, is answered from the store, never applied again.
 Being a cache, it is bounded: at most ``max_clients`` clients and about ``max_bytes`` of
 stored responses. Past either bound the client used least recently (admitted or completed)
 is forgotten whole; a retry of one of its requests then finds nothing here and is answered
-from the store's record (``TabletReplica.write`` looks it up for every retry). What the
-eviction loses is only the STALE answer for a request below the client's first incomplete
-seq_no, which a well-behaved client never sends. In-flight requests are not evicted: they
-are bounded by the service and prepare queues.
+from the store's record (``TabletReplica.write`` looks it up for every retry). A request
+below the client's first incomplete seq_no -- a late copy, which a well-behaved client never
+sends -- is judged by the bound the store keeps for the client: a retry is refused STALE at
+admission, a first attempt when its entry is applied (as nothing). In-flight requests are
+not evicted: they are bounded by the service and prepare queues.
 """
 
 from __future__ import annotations

@@ -503,11 +503,7 @@ class TabletReplica:
             key, rid.first_incomplete_seq_no, callbacks.respond, callbacks.fail
         )
         if admission is Admission.STALE:
-            raise StaleRequest(
-                f"request {rid.seq_no} of client {rid.client_id} is below its first "
-                f"incomplete request {self.tracker.first_incomplete(rid.client_id)}, below "
-                "which it said it retries nothing"
-            )
+            raise _stale(key, self.tracker.first_incomplete(rid.client_id))
         if admission is Admission.COMPLETED:
             assert done is not None
             self._metrics.replays.increment()
@@ -527,6 +523,12 @@ class TabletReplica:
                     self.tracker.complete(
                         key, _response(record.index, record.term, record.row_errors)
                     )
+                    return
+                # A retry the tracker cannot judge (it forgot the client, or this server
+                # restarted): below the bound the store keeps, it is a late copy.
+                bound = self.store.request_bound(rid.client_id)
+                if rid.seq_no < bound:
+                    self.tracker.abort(key, _stale(key, bound))
                     return
         except BaseException as exc:
             self.tracker.abort(key, exc)
@@ -1080,6 +1082,11 @@ class TabletReplica:
             if entry.data == CHECKSUM_MARKER:
                 continue
             key = applied.request if applied.request is not None else (mine[1] if mine else None)
+            if result.stale_below:
+                # A late copy of a request its client had its answer to: nothing applied.
+                if mine is not None and key is not None:
+                    self.tracker.abort(key, _stale(key, result.stale_below))
+                continue
             if result.duplicate_of:
                 # A retry proposed again: answer with the original entry's outcome.
                 index, term = result.duplicate_of, result.duplicate_term
@@ -1357,6 +1364,14 @@ def write_entry_payload(request: tablet_pb2.WriteRequest) -> bytes:
     if request.HasField("row_block"):
         payload.row_block.CopyFrom(request.row_block)
     return payload.SerializeToString()
+
+
+def _stale(key: RequestKey, first_incomplete: int) -> StaleRequest:
+    client_id, seq_no = key
+    return StaleRequest(
+        f"request {seq_no} of client {client_id} is below its first incomplete request "
+        f"{first_incomplete}, below which it said it retries nothing"
+    )
 
 
 def _response(index: int, term: int, row_errors: Sequence[RowFailure]) -> tablet_pb2.WriteResponse:

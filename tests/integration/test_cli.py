@@ -308,6 +308,28 @@ def test_scan_usage_error_needs_the_schema(data_dir: Path) -> None:
     ]
 
 
+def test_a_plain_min_index_on_a_scan_of_several_tablets_says_the_flag_to_use(
+    data_dir: Path,
+) -> None:
+    proc = raftlet(
+        "scan", "kv", "--data-dir", str(data_dir), "--follower-reads", "--min-index", "5"
+    )
+    assert proc.returncode == 2
+    assert "--min-index TABLET=N, once for each tablet" in proc.stderr
+    assert "{" not in proc.stderr  # not the library's words for it
+
+
+def test_a_projection_given_as_a_generator_is_read_once(data_dir: Path) -> None:
+    from raftlet.client import Client
+
+    with Client.from_config(data_dir / "cluster.toml", timeout_s=10) as client:
+        with client.new_session() as session:
+            session.upsert("kv", {"key": -424242, "value": "projected away"})
+        rows = list(client.scan("kv", projection=(c for c in ["key"]), limit=2))
+    assert rows
+    assert all(list(r) == ["key"] for r in rows)
+
+
 def test_metrics_show_the_writes(data_dir: Path) -> None:
     doc = json.loads(ok(raftlet("metrics", "--data-dir", str(data_dir), "--format", "json")))
     assert set(doc["servers"]) == {"ts1", "ts2", "ts3"}

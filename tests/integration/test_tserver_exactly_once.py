@@ -18,7 +18,9 @@ import pytest
 
 from raftlet.proto import admin_pb2, consensus_pb2, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.rows import OpType, encode_row_op
 from tests.integration.tserver_cluster import (
+    KV_SCHEMA,
     Server,
     kv_op,
     running_cluster,
@@ -238,3 +240,49 @@ def test_retry_at_new_leader_that_has_not_applied_the_original_gets_the_same_ans
         }
         states = {s.id: str(_state(s)).replace("\n", " ") for s in cluster.servers.values()}
         assert len(set(answers.values())) == 1, f"answers differ: {answers}; logs: {states}"
+
+
+@pytest.mark.parametrize("attempt", [0, 1])
+def test_a_late_copy_below_the_first_incomplete_request_is_stale_after_the_client_is_forgotten(
+    tmp_path: Path, attempt: int
+) -> None:
+    """A tracker that forgot a client (one client is all it keeps here) cannot judge a late
+    copy of a request the client had its answer to: the store's bound does. A retry is
+    refused at admission; a first attempt, which skips the store, reaches the log and is
+    applied as nothing -- either way STALE, the newer rows intact on every replica."""
+    flags = ["--result_tracker_max_clients=1"]
+    with running_cluster(tmp_path, partitions=1, flags=flags) as cluster:
+        leader = cluster.leader_of(TABLET)
+        first = write_request(TABLET, [kv_op(1, "first", OpType.UPSERT)], "late", 1)
+        leader.tablet.Write(first, timeout=10)
+        second = write_request(
+            TABLET, [kv_op(1, "second", OpType.UPSERT)], "late", 2, first_incomplete_seq_no=2
+        )
+        leader.tablet.Write(second, timeout=10)
+        gone = write_request(TABLET, [kv_op(2, None, OpType.INSERT)], "late", 3, 3)
+        leader.tablet.Write(gone, timeout=10)
+        leader.tablet.Write(
+            write_request(
+                TABLET, [encode_row_op(KV_SCHEMA, OpType.DELETE, {"key": 2})], "late", 4, 4
+            ),
+            timeout=10,
+        )
+        # Another client's write: the tracker forgets "late".
+        leader.tablet.Write(write_request(TABLET, [kv_op(3, "x")], "other", 1), timeout=10)
+        evicted = leader.metric("result_tracker_evictions_total", tablet=TABLET)
+        assert evicted >= 1
+
+        for late in (first, gone):
+            late.request_id.attempt_no = attempt
+            with pytest.raises(grpc.RpcError) as info:
+                leader.tablet.Write(late, timeout=10)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            err = server_error(info.value)
+            assert err is not None
+            assert err.code == ServerErrorPB.STALE_REQUEST
+            assert "below its first incomplete request 4" in err.message
+
+        # Nothing of the late copies was applied: a later write converges with the rest.
+        last = write_request(TABLET, [kv_op(4, "after")], "late", 5, 5)
+        leader.tablet.Write(last, timeout=10)
+        cluster.wait_converged(TABLET, {1: "second", 3: "x", 4: "after"})

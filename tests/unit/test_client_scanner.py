@@ -178,7 +178,7 @@ def test_min_index_is_a_bound_per_tablet() -> None:
             min_index=min_index,  # type: ignore[arg-type]
         )
 
-    with pytest.raises(InvalidArgument, match="visits 2 tablets: give one per tablet"):
+    with pytest.raises(InvalidArgument, match="visits 2 tablets: give an index for each tablet"):
         scan(42)
     with pytest.raises(InvalidArgument, match="'kv-p9', not a tablet of table 'kv'"):
         scan({"kv-p9": 42})

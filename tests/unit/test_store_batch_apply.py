@@ -23,7 +23,12 @@ from raftlet.schema.rows import ErrorCode, OpType, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.store import ApplyEntry, TabletStore, tablet_store
-from raftlet.tserver.store.request_records import Request, StoredRecord, plan_requests
+from raftlet.tserver.store.request_records import (
+    Request,
+    StoredBound,
+    StoredRecord,
+    plan_requests,
+)
 from tests.unit.store_helpers import store_contents
 
 SCHEMA = Schema(
@@ -47,13 +52,22 @@ def _one_at_a_time(
     stored: dict[Request, StoredRecord],
     indexes: list[int] | None = None,
     window: int | None = None,
-) -> tuple[dict[int, StoredRecord], dict[int, int], dict[Request, StoredRecord | int]]:
-    """The request table as the entries see it one after another, the obvious way; with
-    ``indexes`` (each entry's log index) and ``window``, the records out of each entry's
-    window dropped first."""
+    bounds: dict[str, StoredBound] | None = None,
+) -> tuple[
+    dict[int, StoredRecord],
+    dict[int, int],
+    dict[Request, StoredRecord | int],
+    dict[int, int],
+    dict[str, StoredBound],
+]:
+    """The request and bounds tables as the entries see them one after another, the
+    obvious way; with ``indexes`` (each entry's log index) and ``window``, the records and
+    bounds out of each entry's window dropped first."""
     table: dict[Request, StoredRecord | int] = dict(stored)
+    limits: dict[str, StoredBound] = dict(bounds or {})
     repeats_stored: dict[int, StoredRecord] = {}
     repeats_batch: dict[int, int] = {}
+    stale: dict[int, int] = {}
 
     def written(held: StoredRecord | int) -> int:
         assert indexes is not None
@@ -63,6 +77,8 @@ def _one_at_a_time(
         if indexes is not None and window is not None:
             for k in [k for k, held in table.items() if written(held) < indexes[pos] - window]:
                 del table[k]
+            for c in [c for c, (_, at) in limits.items() if at < indexes[pos] - window]:
+                del limits[c]
         if key is None:
             continue
         if key in table:
@@ -72,11 +88,21 @@ def _one_at_a_time(
             else:
                 repeats_stored[pos] = held
             continue
+        bound = limits.get(key[0], (0, 0))[0]
+        if key[1] < bound:
+            stale[pos] = bound
+            continue
         table[key] = pos
         if first_incomplete > 0:
+            limits[key[0]] = (max(bound, first_incomplete), indexes[pos] if indexes else 0)
             for k in [k for k in table if k[0] == key[0] and k[1] < first_incomplete]:
                 del table[k]
-    return repeats_stored, repeats_batch, table
+    return repeats_stored, repeats_batch, table, stale, limits
+
+
+stored_bounds = st.dictionaries(
+    st.sampled_from(["a", "b"]), st.tuples(st.integers(0, 7), st.integers(1, 9)), max_size=2
+)
 
 
 @settings(max_examples=500, deadline=None)
@@ -87,14 +113,21 @@ def _one_at_a_time(
         st.tuples(st.integers(1, 9), st.integers(1, 3), st.binary(max_size=2)),
         max_size=6,
     ),
+    stored_bounds,
 )
 def test_the_request_plan_is_what_one_at_a_time_sees(
-    reqs: list[tuple[Request | None, int]], stored: dict[Request, StoredRecord]
+    reqs: list[tuple[Request | None, int]],
+    stored: dict[Request, StoredRecord],
+    bounds: dict[str, StoredBound],
 ) -> None:
-    plan = plan_requests(reqs, stored)
-    repeats_stored, repeats_batch, table = _one_at_a_time(reqs, stored)
+    plan = plan_requests(reqs, stored, bounds=bounds)
+    repeats_stored, repeats_batch, table, stale, limits = _one_at_a_time(
+        reqs, stored, bounds=bounds
+    )
     assert plan.repeats_stored == repeats_stored
     assert plan.repeats_batch == repeats_batch
+    assert plan.stale == stale
+    assert {**bounds, **{c: (b, at) for c, b, at in plan.bounds}} == limits
     # Deletes first, then the inserts, reach the same table.
     after: dict[Request, StoredRecord | int] = {
         k: v
@@ -120,19 +153,29 @@ def test_the_request_plan_is_what_one_at_a_time_sees(
     ),
     st.lists(st.integers(1, 3), min_size=12, max_size=12),
     st.integers(1, 6),
+    stored_bounds,
 )
 def test_the_request_plan_keeps_what_the_window_leaves_one_at_a_time(
     reqs: list[tuple[Request | None, int]],
     stored: dict[Request, StoredRecord],
     gaps: list[int],
     window: int,
+    bounds: dict[str, StoredBound],
 ) -> None:
     # Entry indexes grow past the stored records' (1..9), with gaps (other entry types).
     indexes = list(itertools.accumulate(gaps, initial=10))[1 : len(reqs) + 1]
-    plan = plan_requests(reqs, stored, indexes, window)
-    repeats_stored, repeats_batch, table = _one_at_a_time(reqs, stored, indexes, window)
+    plan = plan_requests(reqs, stored, indexes, window, bounds)
+    repeats_stored, repeats_batch, table, stale, limits = _one_at_a_time(
+        reqs, stored, indexes, window, bounds
+    )
     assert plan.repeats_stored == repeats_stored
     assert plan.repeats_batch == repeats_batch
+    assert plan.stale == stale
+    if reqs:
+        kept = {c: v for c, v in bounds.items() if v[1] >= plan.expire_below}
+        assert {**kept, **{c: (b, at) for c, b, at in plan.bounds}} == {
+            c: v for c, v in limits.items() if v[1] >= plan.expire_below
+        }
     # Expiry and deletes first, then the inserts, reach the same table.
     after: dict[Request, StoredRecord | int] = {
         k: v

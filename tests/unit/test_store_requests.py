@@ -3,6 +3,7 @@ only below the client's first incomplete seq_no."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 
@@ -65,6 +66,40 @@ def test_results_below_first_incomplete_seq_no_are_forgotten(tmp_path: Path) -> 
         assert store.count() == 4
 
 
+def test_a_late_copy_below_the_first_incomplete_seq_no_is_not_applied(tmp_path: Path) -> None:
+    """Its record is gone with the others below the bound; the bound itself stays (and
+    survives a reopen), so the copy is stale rather than new."""
+    upsert = functools.partial(encode_row_op, SCHEMA, OpType.UPSERT)
+    with TabletStore.open(tmp_path / "s.sqlite", SCHEMA) as store:
+        store.apply_batch(
+            [
+                ApplyEntry(1, 1, [upsert({"k": 1, "v": 1})], request=("c1", 1)),
+                ApplyEntry(2, 1, [upsert({"k": 1, "v": 2})], request=("c1", 2), **_FI2),
+            ]
+        )
+        assert store.lookup_request("c1", 1) is None
+        assert store.request_bound("c1") == 2
+        assert store.request_bound("c2") == 0
+    with TabletStore.open(tmp_path / "s.sqlite", SCHEMA) as store:
+        late, other = store.apply_batch(
+            [
+                ApplyEntry(3, 2, [upsert({"k": 1, "v": 1})], request=("c1", 1)),
+                # Another client's seq_no 1 is its own, and new.
+                ApplyEntry(4, 2, [upsert({"k": 2, "v": 1})], request=("c2", 1), **_FI2),
+            ]
+        )
+        assert late.stale_below == 2
+        assert (late.rows_applied, late.duplicate_of) == (0, 0)
+        assert other.stale_below == 0
+        assert other.rows_applied == 1
+        assert store.scan().rows == [(1, 2), (2, 1)]
+        assert store.lookup_request("c1", 1) is None  # a stale entry records nothing
+        assert store.applied_index() == 4
+
+
+_FI2 = {"first_incomplete_seq_no": 2}
+
+
 def test_anonymous_writes_are_applied_every_time(tmp_path: Path) -> None:
     with TabletStore.open(tmp_path / "s.sqlite", SCHEMA) as store:
         r1, r2 = store.apply_batch(
@@ -101,7 +136,10 @@ def _outcome(store: TabletStore, results: list[object]) -> tuple[object, ...]:
             "SELECT client_id, seq_no, op_index, op_term, row_errors FROM raftlet_requests "
             "ORDER BY client_id, seq_no"
         ).fetchall()
-    return (results, store.scan().rows, records)
+        bounds = conn.execute(
+            "SELECT client_id, bound, op_index FROM raftlet_request_bounds ORDER BY client_id"
+        ).fetchall()
+    return (results, store.scan().rows, records, bounds)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -28,6 +28,15 @@ retry is answered exactly once if its request was applied within the last ``wind
 entries of the tablet's log; an older one is applied again. The rule depends only on entry
 indexes, never on time or on a flag, so every replica keeps exactly the same records, as it
 must: whether an entry repeats a request is part of the replicated state.
+
+Forgetting a client's records below its first incomplete seq_no must not let a late copy of
+one of those requests run again (a duplicate the network delivered late, a client id
+reused): its record is gone, so the records alone would take it for a new request. So the
+store also keeps each client's bound -- the highest first incomplete seq_no its applied
+entries carried, ``BOUNDS_TABLE`` -- and an entry below its client's bound is *stale*: its
+rows are not applied and it writes nothing (its client said it retries nothing there, and
+has its answer). A bound lives by the same window as the records, counted from the last
+entry that carried it, so it too is the same on every replica.
 """
 
 from __future__ import annotations
@@ -38,21 +47,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
+    "BOUNDS_TABLE",
     "REQUESTS_TABLE",
     "REQUEST_RECORD_WINDOW",
     "Request",
     "RequestPlan",
+    "StoredBound",
     "StoredRecord",
     "plan_requests",
+    "read_bounds",
     "read_records",
     "write_records",
 ]
 
 REQUESTS_TABLE = '"raftlet_requests"'
+BOUNDS_TABLE = '"raftlet_request_bounds"'
 # (client_id, seq_no)
 Request = tuple[str, int]
 # (op_index, op_term, encoded row errors) of an applied request.
 StoredRecord = tuple[int, int, bytes]
+# (bound, op_index) of a client: its highest first incomplete seq_no, and the index of the
+# last entry that carried it (what the window counts from).
+StoredBound = tuple[int, int]
 # Log entries a request record outlives its entry by: the exactly-once window. Records are
 # about 60 bytes in SQLite, so at most some 60 MiB of disk per tablet, reached only by
 # clients that never advance their first incomplete seq_no.
@@ -78,6 +94,22 @@ def read_records(cur: sqlite3.Cursor, requests: Iterable[Request]) -> dict[Reque
     return found
 
 
+def read_bounds(cur: sqlite3.Cursor, clients: Iterable[str]) -> dict[str, StoredBound]:
+    """The table's bounds for ``clients``, in one query per 400 of them."""
+    found: dict[str, StoredBound] = {}
+    wanted = list(dict.fromkeys(clients))
+    for start in range(0, len(wanted), _CHUNK):
+        chunk = wanted[start : start + _CHUNK]
+        rows = cur.execute(
+            f"SELECT client_id, bound, op_index FROM {BOUNDS_TABLE} "
+            f"WHERE client_id IN ({', '.join('?' * len(chunk))})",
+            chunk,
+        )
+        for client_id, bound, index in rows:
+            found[client_id] = (int(bound), int(index))
+    return found
+
+
 @dataclass(slots=True)
 class RequestPlan:
     # position -> the stored record it repeats (the table held it before the batch)
@@ -88,6 +120,10 @@ class RequestPlan:
     deletes: list[Request] = field(default_factory=list)
     # positions whose record is in the table at the end of the batch, in order
     inserts: list[int] = field(default_factory=list)
+    # position -> the client's bound its seq_no is below: stale, neither applied nor recorded
+    stale: dict[int, int] = field(default_factory=dict)
+    # (client_id, bound, op_index): the bounds the batch moved, as the table ends holding them
+    bounds: list[tuple[str, int, int]] = field(default_factory=list)
     # records written at a lower index are out of the window at the end of the batch
     expire_below: int = 0
 
@@ -97,12 +133,17 @@ def plan_requests(
     stored: Mapping[Request, StoredRecord],
     indexes: Sequence[int] | None = None,
     window: int = REQUEST_RECORD_WINDOW,
+    bounds: Mapping[str, StoredBound] | None = None,
 ) -> RequestPlan:
     """``requests[i]``: entry i's request id (None: anonymous) and first incomplete seq_no.
     ``stored``: the table's records, before the batch, for (at least) the batch's ids (any
     other record in it changes nothing). ``indexes[i]``: entry i's log index (None: the
-    window never applies); a record older than an entry's ``window`` is not seen by it."""
+    window never applies); a record or bound older than an entry's ``window`` is not seen by
+    it. ``bounds``: the bounds table's rows, before the batch, for (at least) its clients."""
     plan = RequestPlan()
+    # Each client's bound as the entries see it, one after another: (bound, index written).
+    limits: dict[str, StoredBound] = dict(bounds or {})
+    moved: set[str] = set()
     # What the table holds for the ids in play: a stored record or a batch position.
     present: dict[Request, StoredRecord | int] = dict(stored)
     # Per client, a heap of the seq_nos in ``present``: a deletion pops from the bottom, so
@@ -133,6 +174,16 @@ def plan_requests(
                 plan.repeats_stored[pos] = held
             continue  # a repeat deletes nothing
         client, seq_no = key
+        limit = limits.get(client)
+        seen = 0
+        if limit is not None and (indexes is None or limit[1] >= indexes[pos] - window):
+            seen = limit[0]
+            if seq_no < seen:
+                plan.stale[pos] = seen
+                continue  # below what its client still retries: a late copy
+        if first_incomplete > 0:
+            limits[client] = (max(seen, first_incomplete), indexes[pos] if indexes else 0)
+            moved.add(client)
         present[key] = pos
         held_seqs = seqs.get(client)
         if held_seqs is None:
@@ -146,9 +197,11 @@ def plan_requests(
                 del present[(client, pop(held_seqs))]
     plan.deletes = list(bound.items())
     plan.inserts = sorted(p for p in present.values() if isinstance(p, int))
+    plan.bounds = [(c, *limits[c]) for c in sorted(moved)]
     if indexes:
         plan.expire_below = indexes[-1] - window
         plan.inserts = [p for p in plan.inserts if indexes[p] >= plan.expire_below]
+        plan.bounds = [b for b in plan.bounds if b[2] >= plan.expire_below]
     return plan
 
 
@@ -157,14 +210,22 @@ def write_records(
     deletes: Sequence[Request],
     records: Sequence[tuple[str, int, int, int, bytes]],
     expire_below: int = 0,
+    bounds: Sequence[tuple[str, int, int]] = (),
 ) -> int:
-    """Apply a batch's deletions (client, below) and expiry (records written below the
-    index ``expire_below``), then its records, to the table; returns how many expired."""
+    """Apply a batch's deletions (client, below) and expiry (records and bounds written
+    below the index ``expire_below``), then its records and bounds, to the tables; returns
+    how many records expired."""
     expired = 0
     if expire_below > 0:
         # A range of the op_index index: nothing to read when nothing expires.
         cur.execute(f"DELETE FROM {REQUESTS_TABLE} WHERE op_index < ?", (expire_below,))
         expired = max(cur.rowcount, 0)
+        cur.execute(f"DELETE FROM {BOUNDS_TABLE} WHERE op_index < ?", (expire_below,))
+    if bounds:
+        cur.executemany(
+            f"INSERT OR REPLACE INTO {BOUNDS_TABLE} (client_id, bound, op_index) VALUES (?, ?, ?)",
+            bounds,
+        )
     if deletes:
         cur.executemany(f"DELETE FROM {REQUESTS_TABLE} WHERE client_id = ? AND seq_no < ?", deletes)
     if records:

@@ -48,9 +48,11 @@ from raftlet.tserver.store.errors import (
     StoreError,
 )
 from raftlet.tserver.store.request_records import (
+    BOUNDS_TABLE,
     REQUEST_RECORD_WINDOW,
     REQUESTS_TABLE,
     plan_requests,
+    read_bounds,
     read_records,
     write_records,
 )
@@ -123,7 +125,9 @@ class EntryResult(NamedTuple):
     already (a replay), so nothing was done and there are no row results.
     ``duplicate_of``: the entry repeats a request applied before at that index (a client's
     retry that reached a new leader), so its rows were not applied again and ``row_errors``
-    are the original's.  A named tuple, like ``ApplyEntry`` (one per applied entry)."""
+    are the original's.  ``stale_below``: the entry's request is below its client's first
+    incomplete seq_no, this bound (a late copy of a request answered before), so nothing
+    was applied.  A named tuple, like ``ApplyEntry`` (one per applied entry)."""
 
     index: int  # type: ignore[assignment]  # shadows tuple.index(), which nothing calls
     term: int
@@ -133,6 +137,7 @@ class EntryResult(NamedTuple):
     duplicate_of: int = 0
     # The term of the original entry when ``duplicate_of`` is set.
     duplicate_term: int = 0
+    stale_below: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +374,16 @@ class TabletStore:
                     'CREATE INDEX IF NOT EXISTS "raftlet_requests_by_index" '
                     f"ON {_REQUESTS} (op_index)"
                 )
+                # A store made before the bounds had none: its clients' bounds start
+                # with their next writes (``request_records``).
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {BOUNDS_TABLE} (client_id TEXT PRIMARY KEY "
+                    "NOT NULL, bound INTEGER NOT NULL, op_index INTEGER NOT NULL) WITHOUT ROWID"
+                )
+                conn.execute(
+                    'CREATE INDEX IF NOT EXISTS "raftlet_request_bounds_by_index" '
+                    f"ON {BOUNDS_TABLE} (op_index)"
+                )
                 conn.execute("COMMIT")
             except BaseException:
                 conn.rollback()
@@ -549,13 +564,15 @@ class TabletStore:
         one at a time in order (a request's duplicates, rows, records), in few statements:
         the request table is read and written in bulk (``request_records``), and runs of
         rows alike are applied across entries."""
+        ids = [e.request for e in entries if e.request is not None]
         plan = plan_requests(
             [(e.request, e.first_incomplete_seq_no) for e in entries],
-            read_records(cur, [e.request for e in entries if e.request is not None]),
+            read_records(cur, ids),
             [e.index for e in entries],
             self.request_window,
+            read_bounds(cur, [client for client, _ in ids]) if ids else None,
         )
-        repeats = plan.repeats_stored.keys() | plan.repeats_batch.keys()
+        repeats = plan.repeats_stored.keys() | plan.repeats_batch.keys() | plan.stale.keys()
         fresh = [p for p in range(len(entries)) if p not in repeats] if repeats else None
         rows = self._apply_rows(cur, entries if fresh is None else [entries[p] for p in fresh])
         if fresh is None:
@@ -584,6 +601,9 @@ class TabletStore:
             results[pos] = EntryResult(
                 e.index, e.term, False, _decode_errors(blob_of(original)), 0, o.index, o.term
             )
+        for pos, bound in plan.stale.items():
+            e = entries[pos]
+            results[pos] = EntryResult(e.index, e.term, False, stale_below=bound)
         records = []
         for pos in plan.inserts:
             e = entries[pos]
@@ -591,7 +611,9 @@ class TabletStore:
             records.append((e.request[0], e.request[1], e.index, e.term, blob_of(pos)))
         # In the same transaction as the rows: after any crash, either both the rows and
         # the records are there or neither is, so a retry is never applied twice.
-        self.requests_expired += write_records(cur, plan.deletes, records, plan.expire_below)
+        self.requests_expired += write_records(
+            cur, plan.deletes, records, plan.expire_below, plan.bounds
+        )
         return results
 
     def lookup_request(self, client_id: str, seq_no: int) -> RequestRecord | None:
@@ -605,6 +627,15 @@ class TabletStore:
         if row is None:
             return None
         return RequestRecord(int(row[0]), int(row[1]), _decode_errors(row[2]))
+
+    def request_bound(self, client_id: str) -> int:
+        """The client's first incomplete seq_no as the store last applied it (0: none kept):
+        a request below it is a late copy, which apply would not run."""
+        with self._reader() as conn:
+            row = conn.execute(
+                f"SELECT bound FROM {BOUNDS_TABLE} WHERE client_id = ?", (client_id,)
+            ).fetchone()
+        return 0 if row is None else int(row[0])
 
     def request_records(self) -> int:
         """How many request records the store holds (status pages, tests)."""
