@@ -5,7 +5,8 @@ A replica directory holds three things, each the source of truth for one questio
     <dir>/consensus-meta      term, vote, the membership (voters, learners) and the index of
                               its log entry, a (lazily saved) commit index
     <dir>/wal/                the Raft log: every entry this replica accepted durably
-    <dir>/store.sqlite        the rows, and the index/term of the last entry applied to them
+    <dir>/store.sqlite        the rows, the index/term of the last entry applied to them,
+                              and the id of the tablet they belong to
 
 Opening = open the store, read the metadata, open (and verify) the log, then replay the
 committed entries above the store's applied index into the store.  The metadata's commit
@@ -14,20 +15,24 @@ once the consensus core learns the commit index again from a leader.  Nothing ap
 ever applied twice: the store records its applied index in the same transaction as the rows,
 and the core starts with ``Config.applied`` set from it.
 
-Three facts are checked, because a mismatch means the directory lost data and a silent
-continue would serve wrong rows or break Raft: the consensus metadata must exist if the log
-or the store holds anything (a replica that started afresh beside its old log would forget
-its term and vote, and could vote twice in a term), the log must still hold every entry the
-store has not applied, and the store's last applied (index, term) must be an entry of the
-log.  Any of them failing raises ``ReplicaOpenError``.  The membership a fresh directory
-records is the one it is opened with (the cluster config's placement, or the membership a
-replica is created to join); once the metadata exists it is authoritative -- memberships
-change at run time (``consensus.core.membership``), and the placement is only where a tablet
-started.  A directory holding a ``tombstone`` file was deleted from its group (the server
-skips it); ``open_replica`` refuses it.  Any check failing raises ``ReplicaOpenError``; so
-does damage the log or metadata reader finds (``LogCorruptionError``).  The tablet server
-turns any failure to open into a FAILED replica of that one tablet
-(``tserver.failed_tablet``), never a failed server.
+Five facts are checked, because a mismatch means the directory lost data or holds another's
+files, and a silent continue would serve wrong rows or break Raft: the store must belong to
+this tablet (``TabletStore.open`` checks the id it records; a store file copied from another
+tablet's directory raises ``StoreError``), the consensus metadata must exist if the log or
+the store holds anything (a replica that started afresh beside its old log would forget its
+term and vote, and could vote twice in a term), its term must be at least the term of the
+log's last entry (the driver saves a term before it appends an entry of that term, so a
+lower one is an older copy of the file, and the replica would forget its vote), the log
+must still hold every entry the store has not applied, and the store's last applied (index,
+term) must be an entry of the log.  The last four raise ``ReplicaOpenError``.  The
+membership a fresh directory records is the one it is opened with (the cluster config's
+placement, or the membership a replica is created to join); once the metadata exists it is
+authoritative -- memberships change at run time (``consensus.core.membership``), and the
+placement is only where a tablet started.  A directory holding a ``tombstone`` file was
+deleted from its group (the server skips it); ``open_replica`` refuses it.  Any other check
+failing raises ``ReplicaOpenError`` too; so does damage the log or metadata reader finds
+(``LogCorruptionError``).  The tablet server turns any failure to open into a FAILED
+replica of that one tablet (``tserver.failed_tablet``), never a failed server.
 """
 
 from __future__ import annotations
@@ -219,12 +224,17 @@ def open_replica(
     learners: Sequence[str] = (),
     *,
     create: bool = True,
+    tablet_id: str | None = None,
 ) -> OpenedReplica:
     """Open (or create, with the membership ``voters`` + ``learners``) the replica in
     ``directory``; see the module docstring.  With ``create`` False, a directory that holds
     no replica (no consensus metadata) is refused, not started afresh: the replica was
-    there, and its directory was wiped or lost (``tserver.hosted_tablets``)."""
+    there, and its directory was wiped or lost (``tserver.hosted_tablets``).  ``tablet_id``:
+    the tablet the store must belong to; None means the directory's name, which it is on a
+    server (``<data_dir>/<tablet id>``, a tablet copy's included)."""
     path = Path(directory)
+    if tablet_id is None:
+        tablet_id = Path(os.path.abspath(path)).name
     if (path / TOMBSTONE_FILE).exists():
         raise ReplicaOpenError(f"{path} holds a deleted replica (a tombstone)")
     if not create and not any(path.iterdir() if path.is_dir() else ()):
@@ -241,7 +251,7 @@ def open_replica(
         )
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    store = TabletStore.open(path / STORE_FILE, schema)
+    store = TabletStore.open(path / STORE_FILE, schema, tablet_id)
     # Damage SQLite can see is refused here, not met later as a failed apply or a wrong scan.
     problems = store.quick_check()
     if problems:
@@ -259,6 +269,7 @@ def open_replica(
     t2 = time.perf_counter()
     try:
         _check_membership(storage, store, tuple(voters), tuple(learners), create)
+        _check_term(storage)
         replayed = _replay(store, storage)
     except BaseException:
         storage.close()
@@ -307,6 +318,32 @@ def _check_membership(
             raise ReplicaOpenError(_lost(Path(storage.metadata.directory)))
         storage.save_metadata(PersistentState(voters=voters, learners=learners))
     # Otherwise the metadata's membership stands, whatever the caller placed it among.
+
+
+def _check_term(storage: LogStorage) -> None:
+    """Refuse consensus metadata whose term is below its log's last entry's.  The driver
+    saves a term (and a membership) before it appends any entry of it, a tablet copy writes
+    its log's one entry at or below the term it saves, and a truncation only takes entries
+    away: so no crash leaves a lower term, and one is a stale copy of the file (restored
+    from a backup, say).  Opened, the replica would forget the vote it cast in the terms
+    between, and could vote twice in one.  (The membership is not checked the same way: a
+    crash after a truncation's membership was saved, before the truncation was written,
+    leaves a CONFIG entry above the saved one legitimately; ``consensus.core`` sorts that
+    out.)"""
+    meta = storage.metadata
+    last = storage.last_index()
+    if meta.fresh or last < storage.log.first_index():
+        return
+    saved, log_term = meta.state.current_term, storage.term(last)
+    if saved < log_term:
+        raise ReplicaOpenError(
+            f"consensus metadata {meta.path} is older than the log beside it: its term "
+            f"{saved} < {log_term}, the term of the log's last entry ({last}). A replica "
+            "saves its term before it appends an entry of that term, so the file was "
+            "replaced by an older copy; opened, the replica would forget the votes it cast "
+            "since and could vote twice in one term. Put the current consensus-meta back, or "
+            "let a tablet copy from the leader replace the replica"
+        )
 
 
 def _replay(store: TabletStore, storage: LogStorage) -> int:

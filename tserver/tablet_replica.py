@@ -323,6 +323,7 @@ class TabletReplica:
             log_appenders,
             learners,
             create=create,
+            tablet_id=tablet_id,
         )
         self.store = self._opened.store
         self.lock = ProfiledLock(

@@ -117,7 +117,9 @@ def test_a_store_that_applied_an_entry_the_log_does_not_have_is_refused(
     r = open_replica(tmp_path, SCHEMA, VOTERS)
     r.storage.append(_entries(1, 3, 1))
     apply_entries(r.store, r.storage.entries(1, 4))
-    r.storage.append(_entries(3, 3, 2))  # the log's entry 3 is now of another term
+    # The log's entry 3 is now of another term, saved first as the driver does.
+    r.storage.save_hard_state(HardState(term=2, vote="", commit=0))
+    r.storage.append(_entries(3, 3, 2))
     r.close()
     with pytest.raises(ReplicaOpenError, match="entry 3 of term 1, but the log has term 2"):
         open_replica(tmp_path, SCHEMA, VOTERS)
@@ -241,7 +243,7 @@ def test_replay_after_a_crash_gives_the_store_that_applying_one_by_one_gives(
     rng = random.Random(seed)
     entries = _mixed_log(rng, 150)
     # The reference: the apply stage's way, one entry per store transaction.
-    with TabletStore.open(tmp_path / "reference.sqlite", SCHEMA) as reference:
+    with TabletStore.open(tmp_path / "reference.sqlite", SCHEMA, "replica") as reference:
         for e in entries:
             reference.apply_batch([to_apply_entry(e, SCHEMA)])
     # A replica that made every entry durable and committed, and crashed with its store

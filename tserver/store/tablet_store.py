@@ -2,8 +2,8 @@
 
 The file holds two tables: ``tablet_rows`` (the schema's columns, ``PRIMARY KEY(key columns)
 WITHOUT ROWID``, so rows are stored clustered in key order and a scan in key order is a walk
-of the primary-key b-tree) and ``raftlet_meta`` (the schema, the format version, and the
-Raft index and term of the last applied entry).
+of the primary-key b-tree) and ``raftlet_meta`` (the schema, the format version, the id of
+the tablet it belongs to, and the Raft index and term of the last applied entry).
 
 Durability. The database runs in WAL journal mode with ``synchronous=NORMAL``: a commit is
 atomic and survives a process crash, but a power loss may take back the last few commits.
@@ -266,10 +266,14 @@ class TabletStore:
         writer: sqlite3.Connection,
         applied_index: int,
         applied_term: int,
+        tablet_id: str | None = None,
     ) -> None:
         """Internal: use ``open``."""
         self.path = path
         self.schema = schema
+        # The tablet the file says it belongs to (None: a store made before stores
+        # recorded it, opened without an id to record).
+        self.tablet_id = tablet_id
         self._sql = SqlBuilder(schema)
         self._writer = writer
         self._write_lock = threading.Lock()
@@ -288,10 +292,18 @@ class TabletStore:
     # --- open / close ---------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: StorePath, schema: Schema | None = None) -> TabletStore:
+    def open(
+        cls, path: StorePath, schema: Schema | None = None, tablet_id: str | None = None
+    ) -> TabletStore:
         """Open the store at ``path``, creating it (with ``schema``) if the file is absent or
         empty. An existing store must have been created with an equal schema
         (``SchemaMismatchError`` otherwise); ``schema=None`` opens it with its own.
+
+        ``tablet_id``: the tablet whose replica opens the store. A new store records it; an
+        existing one must hold the same id (``StoreError`` otherwise: the file came from
+        another tablet's directory, and its rows are not this tablet's), and one made before
+        stores recorded an id has it recorded now. ``None`` checks and records nothing (tools
+        that read a store file on its own).
         """
         p = Path(path)
         existed = p.exists()
@@ -302,18 +314,20 @@ class TabletStore:
         except sqlite3.Error as e:
             raise StoreError(f"cannot open tablet store {p}: {e}") from e
         try:
-            stored_schema, applied_index, applied_term = cls._init_db(conn, p, schema)
+            stored_schema, applied_index, applied_term, stored_id = cls._init_db(
+                conn, p, schema, tablet_id
+            )
         except BaseException:
             conn.close()
             raise
         if not existed:
             _fsync_path(p.parent, directory=True)
-        return cls(p, stored_schema, conn, applied_index, applied_term)
+        return cls(p, stored_schema, conn, applied_index, applied_term, stored_id)
 
     @staticmethod
     def _init_db(
-        conn: sqlite3.Connection, path: Path, schema: Schema | None
-    ) -> tuple[Schema, int, int]:
+        conn: sqlite3.Connection, path: Path, schema: Schema | None, tablet_id: str | None
+    ) -> tuple[Schema, int, int, str | None]:
         meta = quote_ident(META_TABLE)
         try:
             (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
@@ -358,11 +372,13 @@ class TabletStore:
                             ("schema", schema.to_pb().SerializeToString()),
                             ("applied_index", 0),
                             ("applied_term", 0),
+                            *([("tablet_id", tablet_id)] if tablet_id is not None else []),
                         ],
                     )
-                    result = (schema, 0, 0)
+                    result = (schema, 0, 0, tablet_id)
                 else:
                     result = TabletStore._read_meta(conn, path, schema)
+                    result = TabletStore._check_tablet_id(conn, path, result, tablet_id)
                 conn.execute(
                     f"CREATE TABLE IF NOT EXISTS {_REQUESTS} (client_id TEXT NOT NULL, "
                     "seq_no INTEGER NOT NULL, op_index INTEGER NOT NULL, "
@@ -395,7 +411,7 @@ class TabletStore:
     @staticmethod
     def _read_meta(
         conn: sqlite3.Connection, path: Path, schema: Schema | None
-    ) -> tuple[Schema, int, int]:
+    ) -> tuple[Schema, int, int, str | None]:
         rows = dict(conn.execute(f"SELECT key, value FROM {quote_ident(META_TABLE)}").fetchall())
         missing = {"format_version", "schema", "applied_index", "applied_term"} - rows.keys()
         if missing:
@@ -414,7 +430,38 @@ class TabletStore:
                 f"tablet store {path} was created with schema ({stored.describe()}) "
                 f"but is opened with ({schema.describe()})"
             )
-        return stored, int(rows["applied_index"]), int(rows["applied_term"])
+        held = rows.get("tablet_id")
+        held_id = None if held is None else str(held)
+        return stored, int(rows["applied_index"]), int(rows["applied_term"]), held_id
+
+    @staticmethod
+    def _check_tablet_id(
+        conn: sqlite3.Connection,
+        path: Path,
+        meta: tuple[Schema, int, int, str | None],
+        tablet_id: str | None,
+    ) -> tuple[Schema, int, int, str | None]:
+        """``meta`` (``_read_meta``'s) once its tablet id is checked against ``tablet_id``:
+        a store file copied from another tablet's directory has the same schema and an
+        applied entry that may well be in this log too, so nothing else tells them apart --
+        opened, it served that tablet's rows as this one's."""
+        held = meta[3]
+        if tablet_id is None or held == tablet_id:
+            return meta
+        if held is not None:
+            raise StoreError(
+                f"tablet store {path} belongs to tablet {held!r}, not to {tablet_id!r} whose "
+                "replica opens it: the file was copied or moved from another tablet's "
+                "directory, and its rows are not this tablet's. Put this tablet's own store "
+                "file back, or let a tablet copy from the leader replace the replica"
+            )
+        # A store made before stores recorded their tablet: taken as this tablet's, as it
+        # always was, and marked so that a copy of it elsewhere is caught from now on.
+        conn.execute(
+            f"INSERT INTO {quote_ident(META_TABLE)} (key, value) VALUES ('tablet_id', ?)",
+            (tablet_id,),
+        )
+        return meta[0], meta[1], meta[2], tablet_id
 
     def close(self) -> None:
         """Close every connection. Idempotent; readers in use close when their scan ends."""
