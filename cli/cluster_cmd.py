@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -372,15 +372,22 @@ def _status(args: argparse.Namespace) -> int:
         for s in doc["servers"]:
             s["pid"] = pids.get(s["id"])
         if args.checksum:
+            leaders = {t.tablet_id: t.leader for t in health.tablets}
             doc["checksums"] = [
-                {**dataclasses.asdict(c), "ok": c.ok, "diverged": c.diverged} for c in checksums
+                {
+                    **dataclasses.asdict(c),
+                    "ok": c.ok,
+                    "diverged": c.diverged,
+                    "remedy": _divergence_remedy(c, leaders.get(c.tablet_id)),
+                }
+                for c in checksums
             ]
         print(json.dumps(doc, indent=2))
         return 0 if ok else 1
     where = str(target.config_path or ", ".join(target.seeds))
     _print_status(health, pids, where, target.creds.status_url)
     if args.checksum:
-        _print_checksums(checksums)
+        _print_checksums(checksums, {t.tablet_id: t.leader for t in health.tablets})
     return 0 if ok else 1
 
 
@@ -418,7 +425,7 @@ def _checksums(target: Any, timeout_s: float, health: Any) -> list[Any]:
         return list(pool.map(one, placements))
 
 
-def _print_checksums(checksums: list[Any]) -> None:
+def _print_checksums(checksums: list[Any], leaders: Mapping[str, str | None] | None = None) -> None:
     from rich.table import Table
 
     out = console()
@@ -445,6 +452,9 @@ def _print_checksums(checksums: list[Any]) -> None:
     out.print()
     if bad:
         out.print(f"[red]CHECKSUM MISMATCH: {', '.join(bad)}[/]")
+        for c in checksums:
+            for line in _divergence_remedy(c, (leaders or {}).get(c.tablet_id)):
+                out.print(line, markup=False)
     # A replica that gave no checksum (its server down, the replica FAILED) is not
     # evidence of different rows: said apart from a mismatch.
     none = [t for t in unchecked if not any(r.checksum for r in by_id[t].replicas)]
@@ -458,6 +468,33 @@ def _print_checksums(checksums: list[Any]) -> None:
         out.print(f"[yellow]CHECKSUMS MISSING: {', '.join(none)} (no replica gave one)[/]")
     if not bad and not unchecked:
         out.print(f"[green]CHECKSUMS OK: {len(checksums)} tablets, replicas equal[/]")
+
+
+def _divergence_remedy(c: Any, leader: str | None) -> list[str]:
+    """What to do about a tablet whose replicas gave different checksums: rebuild each
+    replica that differs -- from the majority, or with none, from the leader, whose rows
+    a new replica would be copied from -- by removing it and adding it again."""
+    if not c.diverged:
+        return []
+    tid, agreed = c.tablet_id, c.agreed
+    if agreed:
+        basis = "differs from the majority of its replicas"
+        differing = [r.server for r in c.replicas if r.checksum and r.checksum != agreed]
+    else:
+        theirs = next((r.checksum for r in c.replicas if r.server == leader), "")
+        if not theirs:
+            return [
+                f"{tid}: no majority of its replicas agrees and its leader gave no checksum, "
+                "so which replica differs cannot be told from them: run the check again"
+            ]
+        basis = f"differs from the leader's ({leader}; no majority agrees: check its rows)"
+        differing = [r.server for r in c.replicas if r.checksum and r.checksum != theirs]
+    return [
+        f"{tid}: the replica on {sid} {basis}: `raftlet tablet remove-replica {tid} {sid} "
+        f"--wait`, then `raftlet tablet add-replica {tid} {sid} --wait`, which fills it by a "
+        "copy from the leader (one replica at a time)"
+        for sid in differing
+    ]
 
 
 def _checksum_status(c: Any) -> str:

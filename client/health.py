@@ -538,8 +538,8 @@ def _check_tablet(
                 if leader is not None and not ahead:
                     tablet.issues.append(
                         f"server {sid} is up but does not host its replica (`raftlet tablet "
-                        f"remove-replica {tid} {sid}` then `add-replica {tid} {sid}` makes "
-                        "it again)"
+                        f"remove-replica {tid} {sid} --wait` then `add-replica {tid} {sid} "
+                        "--wait` makes it again)"
                     )
                 elif everywhere:
                     # No advice: both commands go through the group's leader, and it has
@@ -558,7 +558,10 @@ def _check_tablet(
         if not voter:
             # A replica being added (add-replica, move-replica) that was never promoted:
             # rerunning the command with --wait finishes it.
-            tablet.issues.append(f"{sid} is a learner (added, not yet promoted to a voter)")
+            tablet.issues.append(
+                f"{sid} is a learner (added, not yet promoted to a voter; if it lasts, "
+                f"`raftlet tablet add-replica {tid} {sid} --wait` finishes the add)"
+            )
         reachable += voter
         if leader is not None:
             r.lag = max(0, leader.commit_index - max(st.applied_index, st.applying_index))
@@ -588,9 +591,17 @@ def _check_tablet(
         # never heard of it (they campaign, and nobody answers).
         for sid in sorted(everywhere):
             if sid not in replicas and sid not in learners and not ahead:
+                st = everywhere[sid]
+                # A deletion that failed part way leaves one FAILED, its reason saying why.
+                failed_why = (
+                    f"; it is FAILED: {st.failure_reason}"
+                    if st.state == tablet_pb2.TABLET_STATE_FAILED
+                    else ""
+                )
                 tablet.issues.append(
                     f"{sid} runs a replica that is no member of the group (removed while it "
                     f"was down?): `raftlet tablet remove-replica {tid} {sid}` deletes it"
+                    + failed_why
                 )
             elif sid not in replicas and sid not in learners:
                 tablet.issues.append(f"{sid} runs a replica that is no member of the group")
@@ -632,6 +643,18 @@ def _check_tablet(
     elif reachable < len(replicas):
         tablet.issues.insert(
             0, f"under-replicated: {reachable} of {len(replicas)} replicas reachable"
+        )
+    failed = [r.server for r in tablet.replicas if r.state == "FAILED" and r.server in replicas]
+    if leader is None and failed and len(failed) >= majority:
+        # Only a leader repairs a FAILED replica (by a copy), and FAILED ones elect none.
+        tablet.issues.insert(
+            0,
+            f"lost a majority of its replicas: {len(failed)} of {len(replicas)} voters are "
+            f"FAILED ({', '.join(failed)}), so it has no leader and cannot elect one; no "
+            "membership command (add-replica, remove-replica, move-replica, replace-server) "
+            "can work without a leader. Restore the FAILED replicas' files (each one's reason "
+            "below says what failed) and restart their servers: see docs/ARCHITECTURE.md, "
+            '"A tablet that lost a majority"',
         )
     if leader is None:
         pending = [

@@ -15,6 +15,7 @@ left to move to); the rest are the client's usual errors.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -25,12 +26,13 @@ import grpc
 
 from raftlet.client.client import Client
 from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, Timeout
-from raftlet.proto import admin_pb2, consensus_pb2
+from raftlet.proto import admin_pb2, consensus_pb2, tablet_pb2
 
 __all__ = [
     "TabletMembership",
     "add_replica",
     "leader_membership",
+    "lost_majority",
     "move_replica",
     "remove_replica",
     "replace_server",
@@ -38,6 +40,10 @@ __all__ = [
 
 # How often a wait re-reads the state it waits for.
 _POLL_S = 0.1
+# With no leader for this long, a wait asks the servers whether the group lost its majority
+# (then no leader can come, and waiting out the timeout only hides why); a few election
+# timeouts, so an election under way is not mistaken for it.
+_LEADERLESS_CHECK_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +85,7 @@ def leader_membership(client: Client, tablet_id: str, timeout_s: float) -> Table
     for one)."""
     client.replicas(tablet_id)  # TabletNotFound for an unknown tablet
     deadline = time.monotonic() + timeout_s
+    check_at = time.monotonic() + _LEADERLESS_CHECK_S
     while True:
         leader = client.leader_of(tablet_id, refresh=True)
         if leader is not None:
@@ -96,7 +103,53 @@ def leader_membership(client: Client, tablet_id: str, timeout_s: float) -> Table
                     st.commit_index,
                     st.config_index,
                 )
+        if time.monotonic() >= check_at:
+            check_at = time.monotonic() + _LEADERLESS_CHECK_S
+            lost = lost_majority(client, tablet_id)
+            if lost:
+                raise RemoteError(lost)
         _pause(deadline, f"a ready leader of {tablet_id}")
+
+
+def lost_majority(client: Client, tablet_id: str) -> str:
+    """Why ``tablet_id`` can have no leader, or "": a majority of its voters is FAILED
+    without consensus (a replica that failed to open never votes, and only a leader could
+    repair it by a copy). The voters are those its running replicas report, else the
+    replicas the client knows of; a server that does not answer counts for nothing."""
+    try:
+        answers = client.list_tablets(timeout_s=3.0)
+    except RaftletError:
+        return ""
+    failed: dict[str, str] = {}
+    reported: dict[tuple[str, ...], int] = {}
+    for uuid, answer in answers.items():
+        for t in answer.tablets:
+            if t.tablet_id != tablet_id:
+                continue
+            if t.state == tablet_pb2.TABLET_STATE_FAILED and t.role == consensus_pb2.ROLE_UNKNOWN:
+                failed[uuid] = t.failure_reason
+            elif t.voters:
+                reported[tuple(t.voters)] = max(reported.get(tuple(t.voters), 0), t.term)
+    if reported:
+        voters = max(reported, key=lambda v: reported[v])
+    else:
+        try:
+            voters = tuple(client.replicas(tablet_id))
+        except RaftletError:
+            return ""
+    down = sorted(set(voters) & set(failed))
+    if not voters or 2 * len(down) < len(voters):
+        return ""
+    return (
+        f"{tablet_id} has lost a majority of its replicas: {len(down)} of its {len(voters)} "
+        f"voters are FAILED ({'; '.join(f'{s}: {failed[s]}' for s in down)}), so it has no "
+        "leader and cannot elect one, and no membership change (add-replica, "
+        "remove-replica, move-replica, replace-server) can work without a leader. Restore "
+        "the FAILED replicas' files (fix what each reason says -- permissions, a full or "
+        "failed disk, files put back from a backup -- and restart their servers): once a "
+        "majority opens again it elects a leader, which repairs the rest by a tablet copy "
+        '(docs/ARCHITECTURE.md, "A tablet that lost a majority")'
+    )
 
 
 def _membership_by(client: Client, tablet_id: str, deadline: float) -> TabletMembership:
@@ -151,7 +204,8 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
     wait began (then promoting it costs the group no availability). Another operator may
     act meanwhile: ``RemoteError`` at once if ``server`` left the group, and a replica
     deleted while ``server`` is still a learner (a leftover deletion that raced this add)
-    is made again."""
+    is made again -- unless its server holds one after all (a tablet copy was being
+    installed in it, which answers as no replica for a moment): then the wait goes on."""
     target = _membership_by(client, tablet_id, deadline)
     while True:
         try:
@@ -167,7 +221,11 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
                         f"operator's change?): voters {', '.join(m.voters)}"
                         + (f", learners {', '.join(m.learners)}" if m.learners else "")
                     ) from None
-                _create_replica(client, tablet_id, server, m, max(0.1, deadline - time.monotonic()))
+                # A learner with a replica after all: its leader catches it up.
+                with contextlib.suppress(_AlreadyHeld):
+                    _create_replica(
+                        client, tablet_id, server, m, max(0.1, deadline - time.monotonic())
+                    )
         _pause(
             deadline,
             f"the replica of {tablet_id} on {server} to catch up ({server} stays a learner "
@@ -177,10 +235,20 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
         )
 
 
+class _AlreadyHeld(InvalidArgument):
+    """CreateReplica refused: the server holds a replica of the tablet already, or one is
+    being installed there by a tablet copy."""
+
+
+# How a server says it holds a replica already (``TabletServer.create_replica``).
+_HELD = ("already holds a replica", "holds a replica's files already", "being installed")
+
+
 def _create_replica(
     client: Client, tablet_id: str, server: str, m: TabletMembership, timeout_s: float
 ) -> None:
-    """CreateReplica on ``server``, joining ``m`` as a learner; ``InvalidArgument`` why not."""
+    """CreateReplica on ``server``, joining ``m`` as a learner; ``InvalidArgument`` why not
+    (``_AlreadyHeld`` when the server holds one)."""
     learners = m.learners if server in m.learners else (*m.learners, server)
     request = admin_pb2.CreateReplicaRequest(
         tablet_id=tablet_id, voters=m.voters, learners=learners
@@ -198,7 +266,8 @@ def _create_replica(
             if "already holds a replica" in (e.details() or "")
             else ""
         )
-        raise InvalidArgument(
+        error = _AlreadyHeld if any(h in (e.details() or "") for h in _HELD) else InvalidArgument
+        raise error(
             f"creating a replica of {tablet_id} on {server} failed: {e.details()}{hint}"
         ) from None
 
@@ -409,10 +478,13 @@ def remove_replica(
         if e.code() == grpc.StatusCode.NOT_FOUND:
             say(f"{tablet_id}: {server} held no replica of it: nothing left to delete")
         else:
+            # The server's own words: it may be down, or have named a file it could not
+            # remove (then it lists the replica FAILED until a rerun deletes it).
             say(
-                f"{tablet_id}: the replica on {server} was not deleted ({e.code().name}); "
-                f"once {server} is up, `raftlet tablet remove-replica {tablet_id} {server}` "
-                "deletes it (`raftlet cluster status` lists it)"
+                f"{tablet_id}: the replica on {server} was not deleted ({e.code().name}: "
+                f"{e.details()}); once {server} is up and that is fixed, `raftlet tablet "
+                f"remove-replica {tablet_id} {server}` deletes it (`raftlet cluster status` "
+                "lists it)"
             )
     return m
 

@@ -45,7 +45,7 @@ HOSTED_TABLETS_FILE = "hosted_tablets.json"
 _MOVE_ASIDE = (
     "Move it aside and restart: the server records the replica directories it finds (a "
     "placed tablet without one is then not made afresh: `raftlet tablet remove-replica "
-    "TABLET SERVER`, then `add-replica TABLET SERVER`, makes it again)"
+    "TABLET SERVER --wait`, then `add-replica TABLET SERVER --wait`, makes it again)"
 )
 
 

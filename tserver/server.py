@@ -88,7 +88,7 @@ from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
-from raftlet.tserver.errors import InvalidRequest, UnknownTablet
+from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, UnknownTablet
 from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
 from raftlet.tserver.grpc_limits import (
@@ -217,6 +217,14 @@ class TabletServer:
         self.tablets = {p.tablet_id: p for p in self.config.placements()}
         # Serializes creating and deleting replicas (and opening them at start).
         self._replicas_lock = threading.Lock()
+        # Tablets whose replica a tablet copy is replacing (out of both maps meanwhile):
+        # calls for them are answered "being installed", retriable, not "not found" -- an
+        # add-replica waiting for its learner took NOT_FOUND for a deleted replica and asked
+        # to create it again, which failed the add.
+        self._installing: set[str] = set()
+        # Tablets whose deletion failed part way (files that could not be removed): listed
+        # FAILED until a rerun deletes them, and never repaired by a copy meanwhile.
+        self._undeletable: set[str] = set()
         self._replica_options: ReplicaOptions | None = None
         self._peer_timeout_s = 0.0
         self.pools = {
@@ -593,7 +601,8 @@ class TabletServer:
                 logger.warning(
                     "tablet %s: placed here, but this server keeps no record of the tablets "
                     "it hosts and has no replica of it: not made afresh (if it belongs here, "
-                    "`raftlet tablet remove-replica %s` then `add-replica %s` makes it again)",
+                    "`raftlet tablet remove-replica %s --wait` then `add-replica %s --wait` "
+                    "makes it again)",
                     tid,
                     args,
                     args,
@@ -729,6 +738,8 @@ class TabletServer:
         if why is not None:
             raise InvalidRequest(f"not a membership to join: {why}")
         with self._replicas_lock:
+            if tablet_id in self._installing:
+                raise self._being_installed(tablet_id)
             if tablet_id in self.replicas or tablet_id in self.failed_tablets:
                 raise InvalidRequest(
                     f"server {self.server_id} already holds a replica of tablet {tablet_id}"
@@ -767,12 +778,16 @@ class TabletServer:
     def delete_replica(self, tablet_id: str, *, force: bool = False) -> None:
         """Stop this server's replica of ``tablet_id`` and remove its files, leaving a
         tombstone (so no restart opens it again).  Refused while the replica is a member of
-        its group, unless ``force``."""
+        its group, unless ``force``.  Files that cannot be removed (``ServiceUnavailable``
+        naming the file) leave it listed FAILED, and a rerun deletes what is left."""
         with self._replicas_lock:
+            if tablet_id in self._installing:
+                raise self._being_installed(tablet_id)
             replica = self.replicas.get(tablet_id)
             failed = self.failed_tablets.get(tablet_id)
             if replica is None and failed is None:
                 raise UnknownTablet(tablet_id)
+            placement = self.tablets[tablet_id]
             if replica is not None:
                 if replica.is_member() and not force:
                     m = replica.consensus.membership
@@ -781,15 +796,54 @@ class TabletServer:
                         f"its group (voters {list(m.voters)}, learners {list(m.learners)}): "
                         "remove it from the group first"
                     )
+                voters = tuple(replica.consensus.membership.voters)
                 self.replicas.pop(tablet_id)
                 replica.stop()
             else:
+                assert failed is not None
+                voters = failed.voters
                 self.failed_tablets.pop(tablet_id)
-            self.registry.remove_entity("tablet", tablet_id)
             directory = self.settings.data_dir / tablet_id
-            _tombstone(directory)
+            try:
+                _tombstone(directory)
+            except OSError as e:
+                # Half removed: listed again (FAILED, saying why) and still hosted, so status
+                # shows it and a rerun finds it -- dropped, it was deleted by no command.
+                what = f"{e.filename}: {e.strerror}" if e.filename else str(e)
+                reason = (
+                    f"deleting it failed part way ({what}); make that file removable, then "
+                    f"run `raftlet tablet remove-replica {tablet_id} {self.server_id}` again"
+                )
+                self._undeletable.add(tablet_id)
+                self.failed_tablets.put(
+                    tablet_id,
+                    FailedTablet(
+                        tablet_id,
+                        placement.table,
+                        placement.partition,
+                        voters,
+                        directory,
+                        reason,
+                    ),
+                )
+                logger.error("tablet %s: %s", tablet_id, reason)
+                raise ServiceUnavailable(
+                    f"the replica of {tablet_id} on {self.server_id} was not deleted: {what} "
+                    "could not be removed; make it removable (`chattr -i` if it is immutable, "
+                    "a read-write mount, permissions), then run `raftlet tablet remove-replica "
+                    f"{tablet_id} {self.server_id}` again (it is listed FAILED until then)"
+                ) from None
+            self._undeletable.discard(tablet_id)
+            self.registry.remove_entity("tablet", tablet_id)
             self._record_hosted(self._hosted - {tablet_id})
         logger.info("deleted the replica of tablet %s (%s)", tablet_id, directory)
+
+    @staticmethod
+    def _being_installed(tablet_id: str) -> ServiceUnavailable:
+        return ServiceUnavailable(
+            f"tablet {tablet_id}: a tablet copy is being installed in this server's replica; "
+            "try again in a moment"
+        )
 
     def _open(
         self, placement: TabletPlacement, *, must_exist: bool = True
@@ -823,8 +877,11 @@ class TabletServer:
 
     def take_replica(self, tablet_id: str) -> TabletReplica | FailedTablet | None:
         """Stop serving ``tablet_id`` and close its files (a copy is about to replace them);
-        calls for it meanwhile are answered "not found", as a lost message."""
+        calls for it meanwhile are answered "being installed" (UNAVAILABLE, retriable)
+        until ``reopen_replica``."""
         with self._replicas_lock:
+            # Marked first: lookups read the maps without the lock.
+            self._installing.add(tablet_id)
             replica = self.replicas.pop(tablet_id) or self.failed_tablets.pop(tablet_id)
         if isinstance(replica, TabletReplica):
             replica.stop()
@@ -834,10 +891,13 @@ class TabletServer:
         """Open ``tablet_id`` from its directory again and serve it (or list it FAILED)."""
         placement = self.tablets[tablet_id]
         with self._replicas_lock:
-            replica = self._open(placement)
-            if isinstance(replica, TabletReplica) and self._grpc is not None:
-                replica.start()
-            self._place(tablet_id, replica)
+            try:
+                replica = self._open(placement)
+                if isinstance(replica, TabletReplica) and self._grpc is not None:
+                    replica.start()
+                self._place(tablet_id, replica)
+            finally:
+                self._installing.discard(tablet_id)
         return replica
 
     def _check_members_listed(self) -> None:
@@ -868,7 +928,8 @@ class TabletServer:
         for t, r in self.replicas.items():
             if r.needs_repair():
                 out.append((t, tuple(r.consensus.membership.voters)))
-        return [(t, v) for t, v in out if not self.copier.copying(t)]
+        # A half-deleted replica is no member any more: only a rerun of its deletion ends it.
+        return [(t, v) for t, v in out if not self.copier.copying(t) and t not in self._undeletable]
 
     async def stop(self, grace_s: float = _SHUTDOWN_GRACE_S) -> None:
         """Stop accepting RPCs, answer what is in flight, then close everything.
@@ -944,6 +1005,8 @@ class TabletServer:
             failed = self.failed_tablets.get(tablet_id)
             if failed is not None:
                 raise failed.error()  # it has no consensus: it never votes or campaigns
+            if tablet_id in self._installing:
+                raise self._being_installed(tablet_id)
             return None
         return replica.consensus
 

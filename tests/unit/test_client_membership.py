@@ -1,5 +1,7 @@
 """The membership commands' waits, against a scripted leader: a change whose entry was
-replaced by a new leader's at the same index is reported lost, and nothing is deleted."""
+replaced by a new leader's at the same index is reported lost, and nothing is deleted; a
+learner whose tablet copy is being installed is waited for; a group that lost its majority
+fails the command at once."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import grpc
 import pytest
 
 from raftlet.client import membership
-from raftlet.client.errors import RemoteError
+from raftlet.client.errors import RemoteError, Timeout
 from raftlet.client.membership import TabletMembership, remove_replica
+from raftlet.proto import consensus_pb2, tablet_pb2
 
 
 def _group(voters: tuple[str, ...], commit: int, config: int, leader: str = "ts1") -> Any:
@@ -272,3 +275,109 @@ def test_replace_server_finishes_a_learner_an_earlier_run_left_instead_of_adding
     )
     assert membership.replace_server(client, "ts5") == {"kv-p0": "ts4"}  # type: ignore[arg-type]
     assert moves == [("ts5", "ts4")]
+
+
+# --- a tablet copy installed in the learner; a replica its server cannot delete -------------
+
+
+class _Refused(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_a_learner_being_filled_by_a_tablet_copy_is_waited_for_not_made_again(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a copy is installed the replica is out of its server's maps for a moment: the
+    wait took that for a deleted replica, asked to create it again, and the refusal ("holds
+    a replica's files already") failed the add, leaving a learner for good."""
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [_with_learner(voters, "ts4"), _with_learner(voters, "ts4")]
+    states: list[Any] = [_NotFound(), SimpleNamespace(last_log_index=30, applied_index=30)]
+
+    def state(*_a: Any, **_k: Any) -> Any:
+        answer = states.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def create(*_a: Any, **_k: Any) -> None:
+        raise _Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "/data/ts4/kv-p0 holds a replica's files already; delete it first",
+        )
+
+    client = SimpleNamespace(admin_stub=lambda _server: SimpleNamespace(CreateReplica=create))
+    monkeypatch.setattr(membership, "_state", state)
+    membership._wait_caught_up(client, "kv-p0", "ts4", time.monotonic() + 60)  # type: ignore[arg-type]
+    assert states == []
+
+
+def test_a_replica_its_server_could_not_delete_is_reported_with_the_servers_words(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted["answers"] = [
+        _group(("ts1", "ts2", "ts3"), commit=21, config=1),
+        _group(("ts1", "ts3"), commit=22, config=22),
+    ]
+    why = "the replica of kv-p0 on ts2 was not deleted: /d/ts2/kv-p0/wal: Operation not permitted"
+
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise _Refused(grpc.StatusCode.UNAVAILABLE, why)
+
+    monkeypatch.setattr(membership, "_delete_replica", refuse)
+    said: list[str] = []
+    remove_replica(None, "kv-p0", "ts2", timeout_s=5.0, say=said.append)  # type: ignore[arg-type]
+    assert f"(UNAVAILABLE: {why})" in said[-1], said
+    assert "`raftlet tablet remove-replica kv-p0 ts2` deletes it" in said[-1], said
+
+
+def _lost_majority_client(failed: tuple[str, ...]) -> Any:
+    """Servers ts1..ts3 listing kv-p0, those in ``failed`` FAILED (they failed to open), and
+    no leader anywhere."""
+
+    def listed(uuid: str) -> tablet_pb2.ListTabletsResponse:
+        response = tablet_pb2.ListTabletsResponse(server_uuid=uuid)
+        if uuid in failed:
+            response.tablets.add(
+                tablet_id="kv-p0",
+                state=tablet_pb2.TABLET_STATE_FAILED,
+                role=consensus_pb2.ROLE_UNKNOWN,
+                failure_reason=f"OSError: [Errno 1] Operation not permitted: '/d/{uuid}/wal'",
+            )
+        else:
+            response.tablets.add(
+                tablet_id="kv-p0", role=consensus_pb2.FOLLOWER, term=3, voters=["ts1", "ts2", "ts3"]
+            )
+        return response
+
+    return SimpleNamespace(
+        replicas=lambda _tablet: ["ts1", "ts2", "ts3"],
+        leader_of=lambda _tablet, refresh=False: None,
+        list_tablets=lambda timeout_s=None: {u: listed(u) for u in ("ts1", "ts2", "ts3")},
+    )
+
+
+def test_a_tablet_whose_majority_is_failed_fails_the_command_fast_saying_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It printed nothing for 120 s, then "timed out waiting for a ready leader"."""
+    monkeypatch.setattr(membership, "_LEADERLESS_CHECK_S", 0.0)
+    started = time.monotonic()
+    with pytest.raises(RemoteError) as lost:
+        membership.leader_membership(_lost_majority_client(("ts1", "ts2")), "kv-p0", 60.0)
+    assert time.monotonic() - started < 10
+    message = str(lost.value)
+    assert message.startswith("kv-p0 has lost a majority of its replicas: 2 of its 3 voters")
+    assert "/d/ts1/wal" in message
+    assert "no membership change" in message
+    assert "Restore the FAILED replicas' files" in message
+    # One FAILED of three: an election may be under way; the wait goes on.
+    with pytest.raises(Timeout, match="a ready leader of kv-p0"):
+        membership.leader_membership(_lost_majority_client(("ts1",)), "kv-p0", 0.5)

@@ -128,7 +128,8 @@ def test_a_learner_is_listed_and_flagged_until_promoted(monkeypatch: pytest.Monk
     ]
     assert verdict.severity is health.Severity.WARN
     assert verdict.issues == [
-        "kv-p0: c is a learner (added, not yet promoted to a voter)",
+        "kv-p0: c is a learner (added, not yet promoted to a voter; if it lasts, `raftlet "
+        "tablet add-replica kv-p0 c --wait` finishes the add)",
         "kv-p0: under-replicated: 2 voters, the table asks for 3",
     ]
 
@@ -151,6 +152,19 @@ def test_a_replica_outside_the_group_and_too_few_voters_are_reported(
         "`raftlet tablet remove-replica kv-p0 c` deletes it",
         "kv-p0: under-replicated: 2 voters, the table asks for 3",
     ]
+    # One whose deletion failed part way is FAILED, and says why (the file to fix).
+    listed["c"] = _listed(
+        "c",
+        (),
+        state=tablet_pb2.TABLET_STATE_FAILED,
+        failure_reason="deleting it failed part way (/d/c/kv-p0/wal/1: Operation not permitted)",
+    )
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.issues[0] == (
+        "kv-p0: c runs a replica that is no member of the group (removed while it was down?): "
+        "`raftlet tablet remove-replica kv-p0 c` deletes it; it is FAILED: deleting it failed "
+        "part way (/d/c/kv-p0/wal/1: Operation not permitted)"
+    )
 
 
 def test_a_leader_not_ready_is_a_warning_that_says_what_lasting_means(
@@ -334,7 +348,39 @@ def test_no_replica_repair_is_advised_for_a_tablet_without_a_leader(
     probes["a"] = (_listed("a", leader=1, commit_index=9), "UP", "")
     probes["b"] = (_listed("b", commit_index=9), "UP", "")
     verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
-    assert any("`raftlet tablet remove-replica kv-p0 c`" in i for i in verdict.issues)
+    # Both with --wait: a removal without it leaves the replica, an add a learner for good.
+    assert (
+        "kv-p0: server c is up but does not host its replica (`raftlet tablet remove-replica "
+        "kv-p0 c --wait` then `add-replica kv-p0 c --wait` makes it again)"
+    ) in verdict.issues
+
+
+def test_a_tablet_whose_majority_is_failed_says_it_lost_it_and_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two of three replicas FAILED: no leader can come (a FAILED replica never votes, and
+    only a leader repairs one), and the membership commands waited out their timeouts."""
+    failed = {"state": tablet_pb2.TABLET_STATE_FAILED, "failure_reason": "OSError: [Errno 1]"}
+    listed = {
+        "a": _listed("a", leader_ready=False, leader_uuid="", commit_index=9, applied_index=9),
+        "b": _listed("b", leader_ready=False, leader_uuid="", **failed),
+        "c": _listed("c", leader_ready=False, leader_uuid="", **failed),
+    }
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.ERROR
+    lost = [i for i in verdict.issues if "lost a majority" in i]
+    assert lost == [
+        "kv-p0: lost a majority of its replicas: 2 of 3 voters are FAILED (b, c), so it has "
+        "no leader and cannot elect one; no membership command (add-replica, remove-replica, "
+        "move-replica, replace-server) can work without a leader. Restore the FAILED "
+        "replicas' files (each one's reason below says what failed) and restart their "
+        'servers: see docs/ARCHITECTURE.md, "A tablet that lost a majority"'
+    ]
+    # One FAILED of three: the others elect a leader, which repairs it; nothing of the kind.
+    listed["b"] = _listed("b", leader=1, leader_uuid="b", commit_index=9, applied_index=9)
+    listed["a"] = _listed("a", leader_uuid="b", commit_index=9, applied_index=9)
+    verdict = checked(listed, 100, monkeypatch)
+    assert not any("lost a majority" in i for i in verdict.issues), verdict.issues
 
 
 # --- a bearer token and no client certificate -----------------------------------------------

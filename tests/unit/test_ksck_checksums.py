@@ -93,3 +93,41 @@ def test_tablets_are_checked_at_once_and_leaderless_ones_not_at_all(
     assert re.search(r"kv-p1 +MISSING", out), out
     assert re.search(r"kv-p2 +INCOMPLETE", out), out
     assert "MISMATCH" not in out
+
+
+def test_a_mismatch_names_the_replica_that_differs_and_how_to_rebuild_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """CHECKSUM MISMATCH said nothing of what to do."""
+    minority = TabletChecksum(
+        "kv-p0",
+        7,
+        (
+            ReplicaChecksum("ts1", 5, "ab"),
+            ReplicaChecksum("ts2", 5, "ff"),
+            ReplicaChecksum("ts3", 5, "ab"),
+        ),
+    )
+    # No majority (ts3 gave none): the leader's rows are what a new replica is copied from.
+    split = TabletChecksum(
+        "kv-p1",
+        7,
+        (
+            ReplicaChecksum("ts1", 5, "ab"),
+            ReplicaChecksum("ts2", 5, "ff"),
+            ReplicaChecksum("ts3", error="UNAVAILABLE"),
+        ),
+    )
+    _print_checksums([minority, split], {"kv-p0": "ts1", "kv-p1": "ts2"})
+    out = " ".join(capsys.readouterr().out.split())
+    assert "CHECKSUM MISMATCH: kv-p0, kv-p1" in out
+    assert (
+        "kv-p0: the replica on ts2 differs from the majority of its replicas: `raftlet tablet "
+        "remove-replica kv-p0 ts2 --wait`, then `raftlet tablet add-replica kv-p0 ts2 --wait`, "
+        "which fills it by a copy from the leader (one replica at a time)"
+    ) in out
+    assert "kv-p0: the replica on ts1" not in out
+    assert (
+        "kv-p1: the replica on ts1 differs from the leader's (ts2; no majority agrees: check "
+        "its rows): `raftlet tablet remove-replica kv-p1 ts1 --wait`"
+    ) in out

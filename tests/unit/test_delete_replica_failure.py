@@ -1,0 +1,90 @@
+"""DeleteReplica of a replica whose files cannot all be removed (an immutable WAL segment, a
+read-only mount), on a real in-process tablet server. It once dropped the replica from the
+server's maps before the removal raised: the request failed INTERNAL with a traceback, the
+replica was listed nowhere, a rerun said "holds no replica", and no command could delete
+what was left. Now it stays listed FAILED, saying which file and what to do, and a rerun
+once the file is removable deletes it."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from raftlet.consensus.log.raft_storage import WAL_DIR
+from raftlet.proto import admin_pb2, tablet_pb2, tablet_pb2_grpc
+from raftlet.tserver.bootstrap import TOMBSTONE_FILE
+from raftlet.tserver.hosted_tablets import HostedTablets
+from tests.unit.test_admin_fuzz import RPC_TIMEOUT_S, InProcessServer
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def ts(tmp_path: Path) -> Iterator[InProcessServer]:
+    server = InProcessServer(tmp_path)
+    try:
+        wait_for(lambda: server.consensus_state().leader_uuid == "ts1", what="ts1 leads")
+        yield server
+    finally:
+        server.close()
+
+
+def _listed(ts: InProcessServer) -> dict[str, tablet_pb2.TabletStatusPB]:
+    stub = tablet_pb2_grpc.TabletServiceStub(ts.channel)
+    answer = stub.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=RPC_TIMEOUT_S)
+    return {t.tablet_id: t for t in answer.tablets}
+
+
+def _delete(ts: InProcessServer) -> None:
+    request = admin_pb2.DeleteReplicaRequest(tablet_id=ts.tablet_id, force=True)
+    ts.admin.DeleteReplica(request, timeout=RPC_TIMEOUT_S)
+
+
+def test_a_replica_whose_files_cannot_be_removed_stays_listed_and_a_rerun_deletes_it(
+    ts: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tid = ts.tablet_id
+    data_dir = ts.server.settings.data_dir
+    directory = data_dir / tid
+    stuck = next((directory / WAL_DIR).iterdir())
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path: object, *args: object, **kwargs: object) -> None:
+        if Path(str(path)) != directory:
+            real_rmtree(path, *args, **kwargs)  # type: ignore[call-overload]
+            return
+        # Part removed, then a file that will not go (chattr +i does this as root).
+        for child in directory.iterdir():
+            if child.is_file():
+                child.unlink()
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(stuck))
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    with pytest.raises(grpc.RpcError) as refused:
+        _delete(ts)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    details = refused.value.details() or ""
+    assert f"{stuck}: Operation not permitted could not be removed" in details
+    assert f"run `raftlet tablet remove-replica {tid} ts1` again" in details
+
+    # Still there for the operator and the commands: FAILED, saying why, and still hosted.
+    status = _listed(ts)[tid]
+    assert status.state == tablet_pb2.TABLET_STATE_FAILED
+    assert str(stuck) in status.failure_reason
+    assert f"`raftlet tablet remove-replica {tid} ts1` again" in status.failure_reason
+    assert tid in (HostedTablets.load(data_dir).hosted or ())
+    assert ts.server.tablets_needing_repair() == []  # no copy into what is half deleted
+    # Refused the same way again while the file stays.
+    with pytest.raises(grpc.RpcError) as again:
+        _delete(ts)
+    assert again.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)  # the operator fixed the file
+    _delete(ts)
+    assert tid not in _listed(ts)
+    assert (directory / TOMBSTONE_FILE).exists()
+    assert tid not in (HostedTablets.load(data_dir).hosted or ())
