@@ -42,6 +42,9 @@ _CONNECT_TIMEOUT_S = 5.0
 # After the server had no tcp port for us, or could not be reached on it: when to ask again.
 _RETRY_INITIAL_S = 1.0
 _RETRY_MAX_S = 60.0
+# Writes in one frame: the server closes a connection that sends more than it lets one
+# connection have unanswered (tserver.write_stream.MAX_OUTSTANDING_WRITES).
+_MAX_FRAME_WRITES = 4096
 
 
 class TcpWritesTo:
@@ -233,8 +236,9 @@ class TcpWriteStream:
             self._pending.pop(write_id, None)
 
     def _flush(self) -> None:
-        """Once per loop turn: everything queued, as few frames as the limit allows (a
-        frame's entries concatenate into one ``WriteStreamRequestPB``)."""
+        """Once per loop turn: everything queued, as few frames as the limits allow (bytes,
+        and ``_MAX_FRAME_WRITES`` writes; a frame's entries concatenate into one
+        ``WriteStreamRequestPB``)."""
         self._flush_due = False
         entries, self._queue = self._queue, []
         if self._failure is not None or not entries:
@@ -242,7 +246,9 @@ class TcpWriteStream:
         out: list[bytes] = []
         start, size = 0, 0
         for k, entry in enumerate(entries):
-            if k > start and size + len(entry) > self._max_frame_bytes:
+            if k > start and (
+                size + len(entry) > self._max_frame_bytes or k - start == _MAX_FRAME_WRITES
+            ):
                 out.append(_HEADER.pack(size))
                 out.extend(entries[start:k])
                 start, size = k, 0

@@ -6,8 +6,11 @@ stream's session does on a pool thread), in arrival order; the answer is sent on
 connection by whichever thread completes it -- a follower's append by the WAL appender that
 made it durable, with one non-blocking ``send``.  So a request crosses one thread hand-off
 on a follower (reader → appender) and its answer none.  A frame over the peers' message
-limit, or one that does not decode, closes the connection.  The listener itself:
-``tserver.tcp_listener``.
+limit, one that does not decode, or one of more than ``MAX_ITEMS_PER_FRAME`` requests closes
+the connection, with nothing answered of it: a peer sends one request per frame
+(``consensus.rpc.tcp_transport``; a lazy burst is several frames in one write, not one frame
+of several items), and answering each of a million empty items of one 2 MB frame took a
+server from 166 MB to 1.09 GB.  The listener itself: ``tserver.tcp_listener``.
 
 Under TLS only a server's certificate gets this far (``tserver.tcp_admission``), and each
 request is checked as on the gRPC stream (``security.sender_check``): one that claims a
@@ -31,12 +34,17 @@ from raftlet.tserver.message_limits import chunks_by_size
 from raftlet.tserver.security import Authenticator, sender_check
 from raftlet.tserver.tcp_listener import LinkFactory
 
-__all__ = ["CONSENSUS_TCP_METHOD", "consensus_links"]
+__all__ = ["CONSENSUS_TCP_METHOD", "MAX_ITEMS_PER_FRAME", "consensus_links"]
 
 # What refusals on this port are logged as (the gRPC port logs its method names).
 CONSENSUS_TCP_METHOD = "/raftlet.ConsensusService/Tcp"
 
 logger = logging.getLogger(__name__)
+
+# Requests in one frame. The sender puts one in each (``_TcpPeer.send``: one
+# ``encode_item`` per frame); the bound leaves room for a sender that batches a server's
+# tablets (one item each) while keeping what a frame of empty items costs to a few KiB.
+MAX_ITEMS_PER_FRAME = 64
 
 
 def consensus_links(
@@ -95,6 +103,17 @@ def consensus_links(
                 items = pb.ConsensusFramePB.FromString(body).items
             except Exception as exc:  # DecodeError: a broken or hostile peer
                 logger.warning("consensus tcp %s: undecodable frame (%s): closing", name, exc)
+                holder[0].close()
+                return
+            if len(items) > MAX_ITEMS_PER_FRAME:  # counted before any becomes an object
+                logger.warning(
+                    "consensus tcp %s: a frame of %d requests, over the %d a peer sends in "
+                    "one: closing without answering it (is the peer a raftlet server of "
+                    "this version?)",
+                    name,
+                    len(items),
+                    MAX_ITEMS_PER_FRAME,
+                )
                 holder[0].close()
                 return
             for item in items:

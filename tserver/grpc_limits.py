@@ -35,8 +35,9 @@ impossible. Responses of reads (``DROPPABLE_METHODS``) are dropped when the size
 after the handler ran, would break a budget: many calls admitted together would otherwise
 all be held. A write's response is never dropped (RESOURCE_EXHAUSTED tells the client the
 write did not happen); write responses are tiny anyway. Streaming responses are not
-counted: their flow is the stream's own business (the write stream answers a bounded window
-of requests; a consensus stream belongs to a peer).
+counted: their flow is the stream's own business (the write stream stops reading a client
+past its window of unanswered writes and bytes, ``tserver.write_stream``; a consensus stream
+belongs to a peer).
 
 Limits these do not remove: a client with many connections multiplies the per-connection
 bounds until the server-wide ones refuse everyone's new calls, which trades memory for

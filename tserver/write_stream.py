@@ -13,17 +13,29 @@ result item. A full service queue refuses the frame's writes with RESOURCE_EXHAU
 the client backs off as it would for a unary call. Answers ready together leave as one
 message, or several if one would pass ``max_frame_bytes`` (the client limit; a write with
 thousands of row errors has an answer of megabytes).
+
+A client's window: the stream stops pulling frames while ``MAX_OUTSTANDING_WRITES`` of its
+writes are unanswered or ``WRITE_WINDOW_BYTES`` are held for it (the frames of unanswered
+writes, and answers being written), so HTTP/2 flow control pushes back on a client that
+sends faster than its writes are applied or than it reads their answers (8,000 writes of
+66 KB once took a leader to 780 MB and 81 s to drain); a WARNING names it. A stream whose
+answers have waited to be written for ``ANSWER_DEADLINE_S`` while it is held back is ended
+with RESOURCE_EXHAUSTED. The plain-TCP write port (``tserver.write_tcp_server``) keeps the
+same window.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable
 
 import grpc
 
+from raftlet.consensus.rpc.receive_limits import FRAME_DEADLINE_S
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.errors import ServiceUnavailable
@@ -38,9 +50,64 @@ from raftlet.tserver.rpc_dispatch import (
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 from raftlet.tserver.tablet_replica import TabletReplica, WriteCallbacks
 
-__all__ = ["ReplicaLookup", "WriteStreamSession", "offer_writes"]
+__all__ = [
+    "MAX_OUTSTANDING_WRITES",
+    "WRITE_WINDOW_BYTES",
+    "ReplicaLookup",
+    "WindowLog",
+    "WriteStreamSession",
+    "offer_writes",
+]
 
 ReplicaLookup = Callable[[str], TabletReplica]
+
+logger = logging.getLogger(__name__)
+
+MiB = 1 << 20
+# A client's window on one stream or connection. By count: far more than the writes a
+# client needs in flight to keep a leader's pipeline busy (the write path's own queues hold
+# a few hundred). By bytes: 4 MiB is four of the 1 MiB APPEND batches a leader replicates at
+# a time (tserver.message_limits), so a single client still fills every replication round,
+# while 1,024 clients at their windows hold ~4 GiB at worst rather than one client alone
+# gigabytes. A frame larger than the window is still taken in whole when it has room (one
+# write may be as large as --max_message_bytes).
+MAX_OUTSTANDING_WRITES = 4096
+WRITE_WINDOW_BYTES = 4 * MiB
+# Answers of a stream held back that wait this long to be written end it (the tcp port uses
+# --tcp_frame_deadline_s, which is this by default).
+ANSWER_DEADLINE_S = FRAME_DEADLINE_S
+# A client that keeps its window full starts a new episode every frame: say so at most once
+# a minute per stream.
+_WINDOW_LOG_INTERVAL_S = 60.0
+
+
+class WindowLog:
+    """The WARNING that a client's window is full: once per episode, at most once a
+    ``_WINDOW_LOG_INTERVAL_S`` per stream or connection."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._unsaid = 0
+
+    def full(self, peer: str, writes: int, nbytes: int, max_writes: int, max_bytes: int) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < _WINDOW_LOG_INTERVAL_S:
+            self._unsaid += 1
+            return
+        since = f"; {self._unsaid} times more since the last warning" if self._unsaid else ""
+        self._last, self._unsaid = now, 0
+        logger.warning(
+            "write stream %s: its window is full (%d writes unanswered of at most %d, %d "
+            "bytes held of at most %d): not reading from it until its writes are answered "
+            "and it reads the answers; the client should wait for answers before sending "
+            "more%s",
+            peer,
+            writes,
+            max_writes,
+            nbytes,
+            max_bytes,
+            since,
+        )
 
 
 class ServiceQueueFull(Exception):
@@ -58,6 +125,9 @@ class WriteStreamSession:
         leader_addr: LeaderAddrLookup,
         *,
         max_frame_bytes: int,
+        max_outstanding: int = MAX_OUTSTANDING_WRITES,
+        window_bytes: int = WRITE_WINDOW_BYTES,
+        answer_deadline_s: float = ANSWER_DEADLINE_S,
     ) -> None:
         self._pool = pool
         self._max_frame_bytes = max_frame_bytes
@@ -68,6 +138,16 @@ class WriteStreamSession:
         self._outstanding = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # The window (loop only): request bytes of those writes, answer bytes being written,
+        # and an event set when the reader may read again.
+        self._max_outstanding = max_outstanding
+        self._window_bytes = window_bytes
+        self._answer_deadline_s = answer_deadline_s
+        self._held = 0
+        self._writing = 0
+        self._writing_since = 0.0
+        self._room = asyncio.Event()
+        self._log = WindowLog()
 
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
         """Read frames until the client closes its side; answer each write when done.
@@ -77,22 +157,28 @@ class WriteStreamSession:
 
         async def write(results: list[tablet_pb2.WriteStreamResultPB]) -> None:
             message = tablet_pb2.WriteStreamResponsePB(results=results)
-            if message.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
-                await context.write(message)
-            else:
-                for chunk in chunks_by_size(results, _byte_size, self._max_frame_bytes):
-                    await context.write(tablet_pb2.WriteStreamResponsePB(results=chunk))
-            self._outstanding -= len(results)
-            if self._outstanding <= 0:
-                self._idle.set()
+            size = message.ByteSize()
+            # Until gRPC took it (a client that does not read holds the write up here).
+            self._writing, self._writing_since = size, time.monotonic()
+            try:
+                if size <= self._max_frame_bytes:  # one C call: the usual case
+                    await context.write(message)
+                else:
+                    for chunk in chunks_by_size(results, _byte_size, self._max_frame_bytes):
+                        await context.write(tablet_pb2.WriteStreamResponsePB(results=chunk))
+            finally:
+                self._writing = 0
+            self._answered(len(results))
 
         writer = asyncio.ensure_future(self._outbox.drain_to(write))
         try:
             while True:
+                if not self._has_room():
+                    await self._wait_for_room(context)
                 frame = await context.read()
                 if frame is grpc.aio.EOF:
                     break
-                self._receive(list(frame.items))
+                self._receive(frame)
             # The client is done writing: answer everything it sent before ending the call.
             await self._idle.wait()
         except asyncio.CancelledError:
@@ -110,12 +196,65 @@ class WriteStreamSession:
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
 
-    def _receive(self, items: list[tablet_pb2.WriteStreamItemPB]) -> None:
-        if not items:
+    def _receive(self, frame: tablet_pb2.WriteStreamRequestPB) -> None:
+        count = len(frame.items)
+        if not count:
             return
-        self._outstanding += len(items)
+        self._outstanding += count
+        # A C call over the frame's bytes (gRPC does not say how many it read); the tcp
+        # port, where speed matters, has the length for free.
+        self._held += frame.ByteSize()
         self._idle.clear()
-        offer_writes(self._pool, items, self._replica_of, self._leader_addr, self._outbox.post)
+        offer_writes(
+            self._pool, list(frame.items), self._replica_of, self._leader_addr, self._outbox.post
+        )
+
+    def _answered(self, count: int) -> None:
+        # Each answered write lets go of an equal share of the bytes held (as on the tcp
+        # port): nothing is left held once every write is answered.
+        if count >= self._outstanding:
+            self._held = 0
+        else:
+            self._held -= self._held * count // self._outstanding
+        self._outstanding -= count
+        if self._outstanding <= 0:
+            self._idle.set()
+        if self._has_room():
+            self._room.set()
+
+    def _has_room(self) -> bool:
+        return (
+            self._outstanding < self._max_outstanding
+            and self._held + self._writing <= self._window_bytes
+        )
+
+    async def _wait_for_room(self, context: grpc.aio.ServicerContext) -> None:
+        """Stop pulling frames while the window is full; end a stream whose answers wait
+        to be written for longer than the deadline (its client does not read them)."""
+        peer = str(context.peer())
+        self._log.full(
+            peer,
+            self._outstanding,
+            self._held + self._writing,
+            self._max_outstanding,
+            self._window_bytes,
+        )
+        while not self._has_room():
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), timeout=1.0)
+            if self._writing and time.monotonic() - self._writing_since > self._answer_deadline_s:
+                logger.warning(
+                    "write stream %s: the client has not read its answers for %g s: ending "
+                    "the stream; a client must read its answers to keep writing",
+                    peer,
+                    self._answer_deadline_s,
+                )
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the stream's answers were not read for {self._answer_deadline_s:g} s "
+                    "while its window was full; read the answers to keep writing",
+                )
 
 
 def offer_writes(

@@ -21,13 +21,17 @@ A frame is a 4-byte big-endian length and that many bytes.  ``FrameLink``:
 - ``send(lazy=True)`` lets a frame wait up to ``LAZY_DELAY_S`` for others to join it, so
   a burst (every tablet's heartbeat to one peer) costs one write and one wake-up of the
   peer's reader, not one per frame; the next ordinary send takes waiting frames along;
+- counts the bytes it has taken to send and not yet handed to the kernel
+  (``unsent_bytes``) -- what a peer that does not read makes the server hold -- and calls
+  ``on_sent`` from the writer thread whenever it has written some of them;
 - refuses a frame longer than ``max_frame_bytes`` either way: the reader closes the link
   (a peer that sends one is broken or hostile), ``send`` raises ``ValueError``;
 - with ``receive_limits`` (the links a server accepts), closes a link whose frame does not
   arrive whole within its deadline, and lets a large frame in only once the port's byte
   budget has room for it (``consensus.rpc.receive_limits``);
-- once closed (either side, an error, ``close()``), calls ``on_close`` exactly once, from
-  the reader thread.
+- once closed (either side, an error, ``close()``), hands no more frames to ``on_frame``
+  (not even those the last read brought in) and calls ``on_close`` exactly once, from the
+  reader thread.
 
 Over TLS (an ``ssl.SSLSocket``, already handshaken): an OpenSSL connection must not be used
 by two threads at once, and the reader and the senders would.  So every SSL call on the
@@ -93,6 +97,7 @@ class FrameLink:
         send_timeout_s: float,
         on_burst_end: Callable[[], None] | None = None,
         receive_limits: ReceiveLimits | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> None:
         self._tls = isinstance(sock, ssl.SSLSocket)
         if self._tls:
@@ -106,6 +111,7 @@ class FrameLink:
         self._on_frame = on_frame
         self._on_burst_end = on_burst_end
         self._on_close = on_close
+        self._on_sent = on_sent
         self._max_frame_bytes = max_frame_bytes
         self._receive_limits = receive_limits
         self._send_timeout_s = send_timeout_s
@@ -118,6 +124,9 @@ class FrameLink:
         # LAZY_DELAY_S after the first, or the next ordinary send takes them along.
         self._lazy: list[bytes] = []
         self._lazy_due = False
+        # Bytes in _lazy and _backlog, and the chunk the writer is sending: only the slow
+        # paths touch it, so a send the kernel takes at once pays nothing for it.
+        self._unsent = 0
         self._closed = False
         self._shut = False  # the socket was shut down
         self._threads_left = 2
@@ -137,6 +146,12 @@ class FrameLink:
     # across the wait would call what follows unreachable.
     def _is_closed(self) -> bool:
         return self._closed
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes sent on the link that the kernel has not taken yet (read without the
+        lock: a moment stale at worst)."""
+        return self._unsent
 
     def _is_writing(self) -> bool:
         return self._writing
@@ -158,15 +173,20 @@ class FrameLink:
                 raise LinkClosed(f"link {self.name} is closed")
             if lazy:
                 self._lazy.append(data)
+                self._unsent += len(data)
                 if not self._lazy_due:
                     self._lazy_due = True
                     self._wake_writer.notify()
                 return
+            counted = 0  # of data's bytes, already in _unsent (lazy frames taken along)
             if self._lazy:  # what waits goes first, in this same send
+                new = len(data)
                 data = b"".join(self._lazy) + data
                 self._lazy.clear()
+                counted = len(data) - new
             if self._writing:  # the writer has bytes queued: these go after them
                 self._backlog.append(memoryview(data))
+                self._unsent += len(data) - counted
                 return
             try:
                 if self._tls:  # non-blocking; flags are refused on an SSLSocket
@@ -188,9 +208,11 @@ class FrameLink:
                 error = exc
             else:
                 if sent == len(data):
+                    self._unsent -= counted
                     return
             if not self._closed:
                 self._backlog.append(memoryview(data)[sent:])
+                self._unsent += len(data) - sent - counted
                 self._writing = True
                 self._wake_writer.notify()
                 return
@@ -231,10 +253,14 @@ class FrameLink:
                 self._shutdown()
                 return
             with self._lock:
+                if not self._closed:  # closing cleared the count
+                    self._unsent -= len(chunk)
                 if not self._backlog:
                     self._writing = False
                     # Lazy frames that came while the backlog drained: their turn next.
                     self._lazy_due = bool(self._lazy)
+            if self._on_sent is not None:
+                self._on_sent()
 
     def _send_all(self, chunk: memoryview) -> None:
         if self._tls:
@@ -319,6 +345,8 @@ class FrameLink:
                         assert limits is not None
                         limits.budget.release(reserved)
                         reserved = 0
+                    if self._closed:  # closed by a frame before it: the rest is not handled
+                        return
                     self._on_frame(body)
                 if start:
                     del buf[:start]
@@ -442,6 +470,8 @@ class FrameLink:
                 return
             self._closed = self._shut = True
             self._backlog.clear()
+            self._lazy.clear()
+            self._unsent = 0
             self._wake_writer.notify_all()
         # Wakes the reader out of recv and the writer out of poll; the fd itself is closed
         # by whichever of them ends last, so no thread ever uses a number the kernel reused.

@@ -111,7 +111,8 @@ def test_items_without_a_request_or_for_unknown_tablets_are_answered_failed(
 ) -> None:
     leader = cluster.leader_of(TABLET)
     follower = next(s for s in cluster.servers.values() if s is not leader)
-    frame = pb.ConsensusFramePB(
+    # One item per frame, as peers send them (a frame of several is closed unanswered).
+    items = pb.ConsensusFramePB(
         items=[
             pb.ConsensusItemPB(seq=7),  # no request at all
             pb.ConsensusItemPB(seq=8, update_response=pb.UpdateConsensusResponse()),
@@ -129,7 +130,8 @@ def test_items_without_a_request_or_for_unknown_tablets_are_answered_failed(
         ]
     )
     with _dial(follower) as sock:
-        send_frame(sock, frame.SerializeToString())
+        for item in items.items:
+            send_frame(sock, pb.ConsensusFramePB(items=[item]).SerializeToString())
         answers: dict[int, pb.ConsensusItemPB] = {}
         while len(answers) < 3:
             for item in pb.ConsensusFramePB.FromString(read_frame(sock)).items:
