@@ -10,23 +10,12 @@ from typing import Any
 import grpc
 
 from raftlet.proto import tablet_pb2
-from raftlet.tserver.service_pool import InboundCall
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_stream import WriteStreamSession
+from tests.unit.inline_pool import InlinePool
 
 LIMIT = 4096
 ERRORS_PER_WRITE = 20  # ~40 bytes each: an answer of ~800 bytes
-
-
-class InlinePool:
-    """Runs a frame's writes at once, on the loop's thread: every answer is ready before
-    the loop next looks at the outbox, so they all leave in one go."""
-
-    stopped = False
-
-    def offer(self, call: InboundCall) -> bool:
-        call.run(call)
-        return True
 
 
 class AnsweringReplica:

@@ -14,21 +14,13 @@ import grpc
 import pytest
 
 from raftlet.proto import tablet_pb2
-from raftlet.tserver.service_pool import InboundCall
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_stream import WriteStreamSession
+from tests.unit.inline_pool import InlinePool
 
 LIMIT = 16 * 1024 * 1024
 WINDOW = 64 * 1024
 WRITE_BYTES = 10 * 1024
-
-
-class InlinePool:
-    stopped = False
-
-    def offer(self, call: InboundCall) -> bool:
-        call.run(call)
-        return True
 
 
 class Replica:

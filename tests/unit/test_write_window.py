@@ -18,9 +18,9 @@ import pytest
 from raftlet.consensus.rpc.frame_link import FrameLink
 from raftlet.consensus.rpc.receive_limits import ReceiveBudget, ReceiveLimits
 from raftlet.proto import tablet_pb2
-from raftlet.tserver.service_pool import InboundCall
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_tcp_server import write_links
+from tests.unit.inline_pool import InlinePool
 from tests.waiting import wait_for
 
 LIMIT = 16 * 1024 * 1024
@@ -28,14 +28,6 @@ WINDOW = 64 * 1024
 WRITE_BYTES = 10 * 1024  # a frame of one write: ~10 KB
 HELD = "held"  # the tablet whose writes wait until the test answers them
 ROW_ERRORS = 400  # an answer of ~16 KB on the tablet "big-answers"
-
-
-class InlinePool:
-    stopped = False
-
-    def offer(self, call: InboundCall) -> bool:
-        call.run(call)
-        return True
 
 
 class Replica:

@@ -1,0 +1,15 @@
+"""A service pool for unit tests of the write front doors: runs each call at once, on the
+thread that offers it (a stream's loop, a link's reader), so every answer is ready before
+that thread looks for the next frame."""
+
+from __future__ import annotations
+
+from raftlet.tserver.service_pool import InboundCall
+
+
+class InlinePool:
+    stopped = False
+
+    def offer(self, call: InboundCall) -> bool:
+        call.run(call)
+        return True
