@@ -268,6 +268,7 @@ def _up(args: argparse.Namespace) -> int:
             check_cpu_affinity(args.cpu_affinity)
         except ValueError as e:
             raise UsageError(f"--cpu-affinity {args.cpu_affinity}: {e}") from None
+    _check_server_settings(args)
     out = console()
     try:
         cluster = LocalCluster.create(
@@ -331,6 +332,57 @@ def _up(args: argparse.Namespace) -> int:
     ):
         out.print(f"  {cmd}", markup=False)
     return 0
+
+
+def _check_server_settings(args: argparse.Namespace) -> None:
+    """Resolve every server's settings as it would (``ServerSettings.from_args``) against the
+    config it would get, before any starts: flags that are each valid but not together
+    (``--heartbeat_ticks`` not below the config's election_ticks, a worker pool whose max is
+    below its min) are a usage error naming them, not servers that exit 2 one by one and
+    an `up` that fails after them. Where the config cannot be built yet (a bad --servers,
+    an invalid cluster.toml), ``LocalCluster.create`` reports that instead."""
+    from raftlet.cluster import ClusterConfigError, load_cluster_config
+    from raftlet.deploy.local import CONFIG_FILE, LauncherError, local_tls_files, new_config
+    from raftlet.tserver.flag_spec import FlagError
+    from raftlet.tserver.settings import ServerSettings
+
+    root = Path(args.data_dir).expanduser().absolute() if args.data_dir else None
+    try:
+        if root is not None and (root / CONFIG_FILE).exists():
+            config = load_cluster_config(root / CONFIG_FILE)
+        else:
+            # Only the ports differ from what `create` writes, and no flag depends on them.
+            config = new_config(
+                root or Path("raftlet-check"),
+                servers=3 if args.servers is None else args.servers,
+                tablets=4 if args.tablets is None else args.tablets,
+                base_port=7051 if args.base_port is None else args.base_port,
+                token_ports=args.tls,
+            )
+    except (ClusterConfigError, LauncherError, OSError):
+        return
+    # The flags `create` gives every server, in its order (the last of a flag wins).
+    flags: list[str] = []
+    if args.tls or (root is not None and local_tls_files(root) is not None):
+        # Only their presence is checked before a server reads them.
+        flags += ["--tls_cert", "-", "--tls_key", "-", "--tls_ca", "-"]
+        flags += ["--auth_tokens_file", "-"]
+    if args.cpu_affinity != "none":
+        flags += ["--cpu_affinity", args.cpu_affinity]
+    flags += list(args.tserver_flag or ())
+    if args.term_check_mode is not None:
+        flags += ["--term_check_mode", args.term_check_mode]
+    if args.log_inject_latency_ms is not None:
+        flags += ["--log_inject_latency_ms", f"{args.log_inject_latency_ms:g}"]
+    parser = build_tserver_parser("raftlet cluster up --tserver-flag")
+    for server in config.servers:
+        parsed = parser.parse_args(["--config", "-", "--server_id", server.id, *flags])
+        try:
+            ServerSettings.from_args(parsed, config)
+        except FlagError as e:
+            raise UsageError(
+                f"--tserver-flag: {e} ({server.id} would refuse to start with these flags)"
+            ) from None
 
 
 def _count(n: int, word: str) -> str:

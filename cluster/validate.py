@@ -23,8 +23,12 @@ if TYPE_CHECKING:
     from raftlet.cluster.model import ClusterConfig, RaftTimings, ServerConfig, TableConfig
 
 __all__ = [
+    "MAX_ELECTION_SPAN_MS",
+    "MAX_ELECTION_TICKS",
     "MAX_NAME_LENGTH",
     "MAX_PARTITIONS",
+    "MAX_TICK_INTERVAL_MS",
+    "MIN_TICK_INTERVAL_MS",
     "bare_host",
     "check_cluster",
     "check_raft_timings",
@@ -46,6 +50,19 @@ _TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
 # A DNS name or IPv4 address (underscores allowed: container names often have them).
 _HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?\Z")
 _PORT = re.compile(r"[0-9]{1,5}\Z")
+
+# Raft timings. Below a millisecond a tick is shorter than the ticker thread's own wake-up
+# (0.001 ms ran endless elections at 50-90% CPU on an idle cluster); past a minute a
+# follower would take many minutes to notice a dead leader, and a value such as 1e13 once
+# overflowed the ticker's wait and killed it.
+MIN_TICK_INTERVAL_MS = 1.0
+MAX_TICK_INTERVAL_MS = 60_000.0
+# Ticks in an election timeout: 10,000 is 10 s at the shortest tick and ~17 minutes at the
+# default 100 ms. And whatever the tick, election_ticks x tick_interval_ms is at most half
+# an hour, so a follower (which waits a random [N, 2N) ticks) notices a dead leader within
+# an hour; 99999999999999999999 was accepted and no election ever came.
+MAX_ELECTION_TICKS = 10_000
+MAX_ELECTION_SPAN_MS = 1_800_000.0
 
 
 def bare_host(host: str) -> str:
@@ -86,19 +103,41 @@ def _is_int(value: object) -> bool:
 
 def check_raft_timings(timings: RaftTimings) -> None:
     t = timings.tick_interval_ms
-    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
+    if (
+        not isinstance(t, int | float)
+        or isinstance(t, bool)
+        or not math.isfinite(t)
+        or not MIN_TICK_INTERVAL_MS <= t <= MAX_TICK_INTERVAL_MS
+    ):
         raise ClusterConfigError(
-            f"must be a positive number of milliseconds, got {t!r}", "tick_interval_ms"
+            f"must be a number of milliseconds in {MIN_TICK_INTERVAL_MS:g}.."
+            f"{MAX_TICK_INTERVAL_MS:g}, got {t!r}",
+            "tick_interval_ms",
         )
     heartbeat = timings.heartbeat_ticks
-    if not _is_int(heartbeat) or heartbeat < 1:
-        raise ClusterConfigError(f"must be an integer >= 1, got {heartbeat!r}", "heartbeat_ticks")
-    if not _is_int(timings.election_ticks) or timings.election_ticks <= heartbeat:
+    if not _is_int(heartbeat) or not 1 <= heartbeat < MAX_ELECTION_TICKS:
+        raise ClusterConfigError(
+            f"must be an integer in 1..{MAX_ELECTION_TICKS - 1}, got {heartbeat!r}",
+            "heartbeat_ticks",
+        )
+    election = timings.election_ticks
+    if not _is_int(election) or election <= heartbeat:
         # The core's rule (Config.validate): a follower must not time out between two
         # heartbeats of a healthy leader.
         raise ClusterConfigError(
-            f"must be an integer greater than heartbeat_ticks ({heartbeat}), "
-            f"got {timings.election_ticks!r}",
+            f"must be an integer greater than heartbeat_ticks ({heartbeat}), got {election!r}",
+            "election_ticks",
+        )
+    if election > MAX_ELECTION_TICKS:
+        raise ClusterConfigError(
+            f"must be at most {MAX_ELECTION_TICKS}, got {election}", "election_ticks"
+        )
+    if election * t > MAX_ELECTION_SPAN_MS:
+        raise ClusterConfigError(
+            f"{election} ticks of {t:g} ms is an election timeout of {election * t / 1000:g} s; "
+            f"election_ticks x tick_interval_ms must be at most {MAX_ELECTION_SPAN_MS:.0f} ms "
+            "(30 minutes), or a dead leader goes unnoticed for up to twice that: lower one "
+            "of them",
             "election_ticks",
         )
 

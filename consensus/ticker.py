@@ -20,9 +20,12 @@ Two promises the leader lease (``consensus.raft_consensus``) builds on:
   call is not followed by an early one to catch up; missed ticks are dropped).  So a
   follower counts at most ``ticks_per_call`` ticks more than the time that passed.
 - Stalls are noticed.  When a wake-up comes later than due by more than ``stall_margin_s``
-  (a SIGSTOP, a paused VM, a long GC or swap), the ticker logs it once, counts it
-  (``stalls``) and calls every registered stall callback with the stall's length, before
-  that call's ticks.  Lateness is measured on ``CLOCK_BOOTTIME`` where there is one: unlike
+  (a SIGSTOP, a paused VM, a long GC or swap), the ticker counts it (``stalls``) and calls
+  every registered stall callback with the stall's length, before that call's ticks.  It
+  logs the stall too, at most once a minute (``STALL_LOG_INTERVAL_S``), the next line
+  counting the stalls in between: a process that stalls on every tick (an overloaded
+  machine, a tick shorter than the scheduler's wake-up) logged one line per tick.
+  Lateness is measured on ``CLOCK_BOOTTIME`` where there is one: unlike
   ``CLOCK_MONOTONIC`` it keeps counting while the machine is suspended.  ``is_on_time()``
   tells a reader, without waiting for the ticker's thread, that the ticker is not overdue
   right now -- a reader that runs first after a pause sees it.
@@ -31,13 +34,24 @@ Two promises the leader lease (``consensus.raft_consensus``) builds on:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["ManualTicker", "StallCallback", "TickSource", "Ticker", "stall_clock"]
+__all__ = [
+    "STALL_LOG_INTERVAL_S",
+    "ManualTicker",
+    "StallCallback",
+    "TickSource",
+    "Ticker",
+    "stall_clock",
+]
 
 logger = logging.getLogger(__name__)
+
+# At most one stall line (and one "ticker failed" line) per this many seconds.
+STALL_LOG_INTERVAL_S = 60.0
 
 # Called with the number of ticks that passed since the last call.
 TickCallback = Callable[[int], None]
@@ -67,6 +81,11 @@ class TickSource:
         self._next_key = 0
         # Stalls noticed so far: a reader that noted the count can tell one happened since.
         self.stalls = 0
+        # The stall log's rate limit (monotonic time of the last line; stalls not logged).
+        self._log_clock: Callable[[], float] = time.monotonic
+        self._stall_logged_at: float | None = None
+        self._stalls_unlogged = 0
+        self._longest_unlogged = 0.0
 
     def register(
         self, callback: TickCallback, on_stall: StallCallback | None = None
@@ -86,10 +105,10 @@ class TickSource:
         return unregister
 
     def report_stall(self, seconds: float) -> None:
-        """This process did not run for ``seconds`` beyond a due tick: count it, log it
-        once, tell every registered stall callback (which must not block)."""
+        """This process did not run for ``seconds`` beyond a due tick: count it, log it (at
+        most once a minute), tell every registered stall callback (which must not block)."""
         self.stalls += 1
-        logger.warning("the process stalled: a tick came %.3f s late; leader leases end", seconds)
+        self._log_stall(seconds)
         with self._lock:
             callbacks = list(self._stall_callbacks.values())
         for callback in callbacks:
@@ -97,6 +116,27 @@ class TickSource:
                 callback(seconds)
             except Exception:
                 logger.exception("a stall callback failed")
+
+    def _log_stall(self, seconds: float) -> None:
+        now = self._log_clock()
+        last = self._stall_logged_at
+        if last is not None and now - last < STALL_LOG_INTERVAL_S:
+            self._stalls_unlogged += 1
+            self._longest_unlogged = max(self._longest_unlogged, seconds)
+            return
+        since = ""
+        if self._stalls_unlogged:
+            since = (
+                f" ({self._stalls_unlogged} more since the last report, the longest "
+                f"{self._longest_unlogged:.3f} s late: is the machine overloaded, or the tick "
+                "interval shorter than the process can keep?)"
+            )
+        self._stall_logged_at = now
+        self._stalls_unlogged = 0
+        self._longest_unlogged = 0.0
+        logger.warning(
+            "the process stalled: a tick came %.3f s late; leader leases end%s", seconds, since
+        )
 
     def is_on_time(self) -> bool:
         """False while a tick is overdue by more than the stall margin (always True for a
@@ -138,8 +178,8 @@ class Ticker(TickSource):
         clock: Callable[[], float] = stall_clock,
     ) -> None:
         super().__init__(ticks_per_call)
-        if interval_s <= 0:
-            raise ValueError(f"tick interval must be positive, got {interval_s}")
+        if not (math.isfinite(interval_s) and interval_s > 0):
+            raise ValueError(f"tick interval must be a positive number, got {interval_s}")
         self.interval_s = interval_s
         self.call_interval_s = interval_s * ticks_per_call
         self.stall_margin_s = self.call_interval_s if stall_margin_s is None else stall_margin_s
@@ -166,18 +206,32 @@ class Ticker(TickSource):
         return not self._started or self._clock() - self._due <= self.stall_margin_s
 
     def _run(self) -> None:
+        # Nothing may end this thread but stop(): without it every replica of the server
+        # stays up, answering RPCs, and never ticks again -- no heartbeat, no election.
         interval = self.call_interval_s
         next_tick = time.monotonic() + interval
+        failed_at: float | None = None
         while True:
-            wait = next_tick - time.monotonic()
-            if self._stopping.wait(max(0.0, wait)):
-                return
-            if time.monotonic() < next_tick:
-                continue  # woke early: the spacing promise needs the whole interval
-            late = self._clock() - self._due
-            if late > self.stall_margin_s:
-                self.report_stall(late)
-            self.tick()
-            # From the end of this call: never closer than an interval, never a burst.
-            next_tick = time.monotonic() + interval
-            self._due = self._clock() + interval
+            try:
+                # TIMEOUT_MAX: a longer wait raises OverflowError (a tick of 1e13 ms did).
+                wait = min(max(0.0, next_tick - time.monotonic()), threading.TIMEOUT_MAX)
+                if self._stopping.wait(wait):
+                    return
+                if time.monotonic() < next_tick:
+                    continue  # woke early: the spacing promise needs the whole interval
+                late = self._clock() - self._due
+                if late > self.stall_margin_s:
+                    self.report_stall(late)
+                self.tick()
+                # From the end of this call: never closer than an interval, never a burst.
+                next_tick = time.monotonic() + interval
+                self._due = self._clock() + interval
+            except Exception:
+                next_tick = time.monotonic() + interval
+                now = time.monotonic()
+                if failed_at is None or now - failed_at >= STALL_LOG_INTERVAL_S:
+                    failed_at = now
+                    logger.exception(
+                        "the Raft ticker failed; it ticks on after one interval (this server's "
+                        "replicas miss a tick; if this repeats, restart the server)"
+                    )

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "AUTO",
+    "MAX_CPU",
     "apply_cpu_affinity",
     "check_cpu_affinity",
     "parse_cpu_list",
@@ -32,6 +33,11 @@ __all__ = [
 ]
 
 AUTO = "auto"
+
+
+# Linux's largest NR_CPUS: no machine has a CPU numbered past it, and a range such as
+# 0-99999999999 would otherwise be built as a set of that many numbers.
+MAX_CPU = 8191
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:
@@ -46,16 +52,25 @@ def parse_cpu_list(text: str) -> frozenset[int]:
             raise ValueError(f"{part!r} is not a CPU number or range (e.g. 0, 2-3)") from None
         if lo < 0 or hi < lo:
             raise ValueError(f"{part!r} is not a CPU number or range (e.g. 0, 2-3)")
+        if hi > MAX_CPU:
+            raise ValueError(f"{part!r}: CPU numbers go up to {MAX_CPU}")
         cpus.update(range(lo, hi + 1))
     return frozenset(cpus)
 
 
 def check_cpu_affinity(value: object) -> None:
-    """The flag's syntax: ``""``, ``auto`` or a CPU list."""
+    """The flag's value: ``""``, ``auto`` or a list of CPUs this process may run on (so
+    a CPU the machine lacks is a usage error where the flag is given, not a server that
+    fails as it starts)."""
     if not isinstance(value, str):
         raise ValueError(f"expected '', {AUTO} or a CPU list such as 0,2-3, got {value!r}")
-    if value not in ("", AUTO):
-        parse_cpu_list(value)
+    if value in ("", AUTO):
+        return
+    cpus = parse_cpu_list(value)
+    if hasattr(os, "sched_getaffinity"):
+        resolve_cpus(value, 0, frozenset(os.sched_getaffinity(0)))
+    elif cpus:  # pragma: no cover - Linux has sched_getaffinity
+        raise ValueError("this platform cannot bind threads to CPUs; leave --cpu_affinity empty")
 
 
 def _format(cpus: Iterable[int]) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "float_value",
     "int_in_range",
     "int_value",
+    "off_or_in_range",
     "positive",
 ]
 
@@ -145,9 +146,29 @@ def _num(x: float) -> str:
 
 
 def positive(value: Any) -> None:
-    at_least(0)(value)
-    if value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number, got {value!r}")
+    # One message for 0 and for negatives: "must be >= 0" for -1 read as if 0 were fine.
+    if not math.isfinite(value) or value <= 0:
         raise ValueError(f"must be > 0, got {value}")
+
+
+def off_or_in_range(lo: float, hi: float) -> Callable[[Any], None]:
+    """0 (off) or ``lo..hi``: for an interval whose thread cannot usefully run more often
+    than ``lo`` (a smaller value would only run its passes back to back)."""
+    bounded = at_least(lo, hi)
+
+    def check(value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number, got {value!r}")
+        if value == 0:
+            return
+        try:
+            bounded(value)
+        except ValueError:
+            raise ValueError(f"must be 0 (off) or in {_num(lo)}..{_num(hi)}, got {value}") from None
+
+    return check
 
 
 def int_in_range(lo: int, hi: int | None = None) -> Callable[[Any], None]:

@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 def run(settings: ServerSettings) -> int:
-    """Serve until asked to stop; 0 after a graceful shutdown, 1 if the server failed."""
+    """Serve until asked to stop; 0 after a graceful shutdown, 1 if the server failed, 2 if
+    its settings cannot work on this machine or with its data directory."""
     logging.basicConfig(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
@@ -42,7 +43,10 @@ def run(settings: ServerSettings) -> int:
     except (ValueError, OSError) as e:
         flag = f"--cpu_affinity {settings.cpu_affinity}"
         print(f"raftlet tserver: error: {flag}: {e}", file=sys.stderr)
-        return 1
+        # ValueError: the flag names CPUs this process may not use (its mask changed since
+        # the flag was checked) -- a usage error, 2, which a supervisor does not restart
+        # on; OSError: the kernel refused, 1.
+        return 2 if isinstance(e, ValueError) else 1
     if cpus is not None:
         logger.info("threads bound to CPU %s", ",".join(str(c) for c in sorted(cpus)))
     if settings.sched_batch:

@@ -32,6 +32,12 @@ from raftlet.cluster import (
     TabletPlacement,
     parse_host_port,
 )
+from raftlet.cluster.validate import (
+    MAX_ELECTION_SPAN_MS,
+    MAX_ELECTION_TICKS,
+    MAX_TICK_INTERVAL_MS,
+    MIN_TICK_INTERVAL_MS,
+)
 from raftlet.consensus.log.options import MAX_INJECT_LATENCY_MS, LogOptions
 from raftlet.consensus.raft_consensus import ConsensusOptions, LeaderReadMode, TermCheckMode
 from raftlet.consensus.rpc.receive_limits import FRAME_DEADLINE_S
@@ -46,7 +52,7 @@ from raftlet.tserver.flag_spec import (
     int_in_range,
     int_value,
     is_bool,
-    positive,
+    off_or_in_range,
 )
 from raftlet.tserver.message_limits import MAX_CLIENT_MESSAGE_BYTES, PEER_FRAMING_BYTES
 
@@ -67,6 +73,11 @@ _MAX_THREADS = 1024
 # upper bound (docs/ARCHITECTURE.md, "Runtime flags"). A wait of an hour on a lock is worth
 # a trace whatever the threshold, so a larger one would mean nothing but "never".
 _MAX_TRACE_THRESHOLD_MS = 3_600_000.0
+# Each new segment reserves this much disk up front (a typo of 1 TiB filled the machine's
+# disk) and the log reads a whole segment into memory when it opens. 1 GiB is 128x the
+# default, far past where bigger segments save anything. (A reservation the disk cannot
+# hold is given back whole: consensus/log/prealloc.py.)
+MAX_LOG_SEGMENT_BYTES = GiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,22 +518,25 @@ FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "tick_interval_ms", _RAFT, "MS",
-        f"Wall-clock length of one Raft tick (config default {RaftTimings().tick_interval_ms}). "
-        "Lower it in tests for faster failover; raise it on a slow or loaded network.",
-        convert=float_value, check=positive,
+        f"Wall-clock length of one Raft tick (config default {RaftTimings().tick_interval_ms}; "
+        f"{MIN_TICK_INTERVAL_MS:g} to {MAX_TICK_INTERVAL_MS:g}). Lower it in tests for faster "
+        "failover; raise it on a slow or loaded network.",
+        convert=float_value, check=at_least(MIN_TICK_INTERVAL_MS, MAX_TICK_INTERVAL_MS),
     ),
     FlagSpec(
         "election_ticks", _RAFT, "N",
         f"A follower that hears no leader for a random [N, 2N) ticks starts an election "
-        f"(config default {RaftTimings().election_ticks}). Must exceed --heartbeat_ticks. "
-        "Raise it if leaders flap under load (long pauses look like a dead leader).",
-        convert=int_value, check=int_in_range(2),
+        f"(config default {RaftTimings().election_ticks}; at most {MAX_ELECTION_TICKS}). Must "
+        f"exceed --heartbeat_ticks, and N x --tick_interval_ms must be at most "
+        f"{MAX_ELECTION_SPAN_MS / 60_000:g} minutes. Raise it if leaders flap under load (long "
+        "pauses look like a dead leader).",
+        convert=int_value, check=int_in_range(2, MAX_ELECTION_TICKS),
     ),
     FlagSpec(
         "heartbeat_ticks", _RAFT, "N",
         f"A leader sends heartbeats every N ticks (config default "
-        f"{RaftTimings().heartbeat_ticks}).",
-        convert=int_value, check=int_in_range(1),
+        f"{RaftTimings().heartbeat_ticks}; below --election_ticks).",
+        convert=int_value, check=int_in_range(1, MAX_ELECTION_TICKS - 1),
     ),
     FlagSpec(
         "rpc_service_queue_length", _POOLS, "N",
@@ -683,7 +697,7 @@ FLAGS: tuple[FlagSpec, ...] = (
         "peers ask for it over RPC). With TLS "
         "it is TLS too and admits only server certificates, each request's sender checked "
         "against the certificate as on the gRPC port.",
-        convert=int, check=at_least(0, 65535),
+        convert=int_value, check=int_in_range(0, 65535),
     ),
     FlagSpec(
         "write_tcp_port", _CLUSTER, "PORT",
@@ -693,7 +707,7 @@ FLAGS: tuple[FlagSpec, ...] = (
         "and uses it instead of the gRPC WriteStream). With TLS it is TLS too and admits "
         "client certificates with the writer role or above (no bearer tokens: a client "
         "with a token stays on gRPC).",
-        convert=int, check=at_least(0, 65535),
+        convert=int_value, check=int_in_range(0, 65535),
     ),
     FlagSpec(
         "tcp_frame_deadline_s", _CLUSTER, "S",
@@ -732,8 +746,9 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"{_size(_D('log_segment_size_bytes'))}). Segments are the unit of log garbage "
         "collection; small ones in tests exercise rollover and GC. Each new segment "
         "reserves this much disk space up front, so a filling disk fails the store "
-        "(which recovers) before the log (which needs a restart).",
-        convert=int_value, check=int_in_range(1),
+        "(which recovers) before the log (which needs a restart). At most "
+        f"{MAX_LOG_SEGMENT_BYTES // GiB} GiB.",
+        convert=int_value, check=int_in_range(1, MAX_LOG_SEGMENT_BYTES),
     ),
     FlagSpec(
         "follower_apply_delay_ms", _CONSENSUS, "MS",
@@ -776,10 +791,11 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "store_verify_interval_s", _WAL, "S",
         f"How often one thread checks every replica's store file with SQLite's quick_check "
-        f"(default {_D('store_verify_interval_s'):g}; 0 never, at most 604800, a week); a "
+        f"(default {_D('store_verify_interval_s'):g}; 0 never, else 1 to 604800, a week); a "
         f"store is also checked when its replica opens. A damaged one fails its replica "
-        f"for good (it hands its leadership over). About 0.25 s per 100 MiB of store.",
-        convert=float_value, check=at_least(0, 604800),
+        f"for good (it hands its leadership over). About 0.25 s per 100 MiB of store; a "
+        f"pass waits at least as long as the last one took before it starts.",
+        convert=float_value, check=off_or_in_range(1, 604800),
     ),
     FlagSpec(
         "log_max_segments_retained", _WAL, "N",
@@ -806,9 +822,9 @@ FLAGS: tuple[FlagSpec, ...] = (
         "tablet_copy_repair_interval_s", _WAL, "S",
         f"How often a tablet FAILED on this server (unreadable at open, damaged store, failed "
         f"log) is repaired by copying it from its leader, the first time a second after the "
-        f"server starts (default {_D('tablet_copy_repair_interval_s'):g}; 0 never, at most "
-        f"3600).",
-        convert=float_value, check=at_least(0, 3600),
+        f"server starts (default {_D('tablet_copy_repair_interval_s'):g}; 0 never, else 1 to "
+        f"3600). Checked once a second, so it is rounded up to whole seconds.",
+        convert=float_value, check=off_or_in_range(1, 3600),
     ),
     FlagSpec(
         "lock_contention_trace_threshold_ms", _LIMITS, "MS",

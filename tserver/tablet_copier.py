@@ -14,7 +14,8 @@ Three jobs, one object per server:
   anything failed before the swap -- and end the session with the outcome. A replica that
   knows a newer term than the source's, or has committed as far as the copy reaches,
   refuses it (``CopyRefused``): a copy never takes back what a replica holds committed.
-- **Repair**: every ``repair_interval_s``, a tablet that is FAILED here (it failed to open,
+- **Repair**: every ``repair_interval_s`` (rounded up to whole seconds: the loop turns once
+  a second; the flag takes 0 or >= 1), a tablet that is FAILED here (it failed to open,
   or its store was found damaged, or its log failed) copies itself from the leader among its
   voters -- found by asking them: a non-leader answers with the leader it believes in. The
   server's other tablets serve throughout.

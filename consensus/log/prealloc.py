@@ -9,9 +9,13 @@ space is freed, see docs/ARCHITECTURE.md "Failure model") and not its log (a log
 needs a restart).  Only rolling over to a new segment needs new space.
 
 Best effort: where ``fallocate`` is missing or refused (another OS, a filesystem without
-it, no space left for the reservation) the segment is written as before, and the reason is
-logged once per process.  A closed segment gives back what it did not use (``ftruncate``
-to its own size frees the blocks past the end on ext4, xfs and tmpfs).
+it, no space left for the reservation) the segment is written as before, unreserved, and
+the reason is logged once per process. A refused reservation may still have taken some
+blocks (ext4 keeps what it allocated before ENOSPC): those are given back at once, so a
+reservation that does not fit never makes a full disk fuller (a 1 GiB segment on a 365 MB
+filesystem once took all of it, and every tablet's store then failed).  A closed segment
+gives back what it did not use (``ftruncate`` to its own size frees the blocks past the end
+on ext4, xfs and tmpfs).
 """
 
 from __future__ import annotations
@@ -49,12 +53,16 @@ _fallocate = _load_fallocate()
 
 def preallocate(fd: int, offset: int, length: int) -> bool:
     """Reserve ``length`` bytes of ``fd`` from ``offset`` without changing its size; True if
-    the filesystem did."""
+    the filesystem did. If it did not, the file holds no reservation past its size after."""
     if length <= 0 or _fallocate is None:
         return False
     if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:  # type: ignore[operator]
         return True
     err = ctypes.get_errno()
+    # KEEP_SIZE leaves the size as it was, so cutting the file to its size frees the blocks
+    # past it -- those this failed call took, and any an earlier reservation left -- and
+    # nothing written: the segment goes on unreserved.
+    release_unused(fd, os.fstat(fd).st_size)
     if err not in _warned:
         _warned.add(err)
         logger.warning(
