@@ -42,6 +42,7 @@ import functools
 import logging
 import shutil
 import ssl
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -809,7 +810,7 @@ class TabletServer:
             except OSError as e:
                 # Half removed: listed again (FAILED, saying why) and still hosted, so status
                 # shows it and a rerun finds it -- dropped, it was deleted by no command.
-                what = f"{e.filename}: {e.strerror}" if e.filename else str(e)
+                what = f"could not remove {e.filename} ({e.strerror})" if e.filename else str(e)
                 reason = (
                     f"deleting it failed part way ({what}); make that file removable, then "
                     f"run `raftlet tablet remove-replica {tablet_id} {self.server_id}` again"
@@ -828,8 +829,8 @@ class TabletServer:
                 )
                 logger.error("tablet %s: %s", tablet_id, reason)
                 raise ServiceUnavailable(
-                    f"the replica of {tablet_id} on {self.server_id} was not deleted: {what} "
-                    "could not be removed; make it removable (`chattr -i` if it is immutable, "
+                    f"the replica of {tablet_id} on {self.server_id} was not deleted: {what}; "
+                    "make it removable (`chattr -i` if it is immutable, "
                     "a read-write mount, permissions), then run `raftlet tablet remove-replica "
                     f"{tablet_id} {self.server_id}` again (it is listed FAILED until then)"
                 ) from None
@@ -1048,11 +1049,22 @@ class TabletServer:
 
 
 def _tombstone(directory: Path) -> None:
-    """Empty ``directory`` but for a tombstone file."""
+    """Empty ``directory`` but for a tombstone file; an ``OSError`` names the whole path of
+    what could not be removed (rmtree's own names only the file, relative to its parent)."""
     if directory.exists():
-        shutil.rmtree(directory)
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(directory, onexc=_with_path)
+        else:
+            shutil.rmtree(directory, onerror=_with_path)
     directory.mkdir(parents=True)
     (directory / TOMBSTONE_FILE).write_text("deleted from its group\n")
+
+
+def _with_path(_function: object, path: str, info: object) -> None:
+    exc = info if isinstance(info, BaseException) else info[1]  # type: ignore[index]
+    if isinstance(exc, OSError):
+        raise OSError(exc.errno, exc.strerror, path) from exc
+    raise exc
 
 
 def _listen(add_port: Callable[[], int], what: str, address: str) -> int:

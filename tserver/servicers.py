@@ -46,7 +46,7 @@ from raftlet.tserver.security import (
 )
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 from raftlet.tserver.tablet_replica import WriteCallbacks
-from raftlet.tserver.write_stream import WriteStreamSession
+from raftlet.tserver.write_stream import StreamWindows, WriteStreamSession
 
 if TYPE_CHECKING:
     from raftlet.tserver.server import TabletServer
@@ -120,6 +120,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
         self._s = server
         self._pool = server.pools["tablet"]
         self._streams = _StreamTasks()
+        self._windows = StreamWindows()  # one per client connection, shared by its streams
 
     async def _dispatch(self, method: str, context: Any, run: Callable[[InboundCall], None]) -> Any:
         return await dispatch(
@@ -134,13 +135,14 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
         return await self._dispatch("Write", context, run)
 
     async def WriteStream(self, request_iterator: Any, context: Any) -> None:
-        with self._streams.serving():
+        with self._streams.serving(), self._windows.of(str(context.peer())) as window:
             session = WriteStreamSession(
                 asyncio.get_running_loop(),
                 self._pool,
                 self._s.replica,
                 self._s.leader_addr,
                 max_frame_bytes=self._s.limits.client_bytes,
+                window=window,
             )
             await session.serve(context)
 

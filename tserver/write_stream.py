@@ -14,9 +14,10 @@ the client backs off as it would for a unary call. Answers ready together leave 
 message, or several if one would pass ``max_frame_bytes`` (the client limit; a write with
 thousands of row errors has an answer of megabytes).
 
-A client's window: the stream stops pulling frames while ``MAX_OUTSTANDING_WRITES`` of its
-writes are unanswered or ``WRITE_WINDOW_BYTES`` are held for it (the frames of unanswered
-writes, and answers being written), so HTTP/2 flow control pushes back on a client that
+A client's window: the streams of one connection (``StreamWindow``, shared) stop pulling
+frames while ``MAX_OUTSTANDING_WRITES`` of its writes are unanswered or
+``WRITE_WINDOW_BYTES`` are held for it (the frames of unanswered writes, and answers being
+written), so HTTP/2 flow control pushes back on a client that
 sends faster than its writes are applied or than it reads their answers (8,000 writes of
 66 KB once took a leader to 780 MB and 81 s to drain); a WARNING names it. A stream whose
 answers have waited to be written for ``ANSWER_DEADLINE_S`` while it is held back is ended
@@ -31,7 +32,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -54,6 +55,8 @@ __all__ = [
     "MAX_OUTSTANDING_WRITES",
     "WRITE_WINDOW_BYTES",
     "ReplicaLookup",
+    "StreamWindow",
+    "StreamWindows",
     "WindowLog",
     "WriteStreamSession",
     "offer_writes",
@@ -64,20 +67,20 @@ ReplicaLookup = Callable[[str], TabletReplica]
 logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
-# A client's window on one stream or connection. By count: far more than the writes a
-# client needs in flight to keep a leader's pipeline busy (the write path's own queues hold
-# a few hundred). By bytes: 4 MiB is four of the 1 MiB APPEND batches a leader replicates at
-# a time (tserver.message_limits), so a single client still fills every replication round,
-# while 1,024 clients at their windows hold ~4 GiB at worst rather than one client alone
-# gigabytes. A frame larger than the window is still taken in whole when it has room (one
-# write may be as large as --max_message_bytes).
+# A client connection's window. By count: far more than the writes a client needs in
+# flight to keep a leader's pipeline busy (the write path's own queues hold a few hundred).
+# By bytes: 4 MiB is four of the 1 MiB APPEND batches a leader replicates at a time
+# (tserver.message_limits), so a single client still fills every replication round, while
+# 1,024 connections at their windows hold ~4 GiB of frames at worst (several times that
+# once parsed) rather than one client alone gigabytes. A frame larger than the window is
+# still taken in whole when it has room (one write may be as large as --max_message_bytes).
 MAX_OUTSTANDING_WRITES = 4096
 WRITE_WINDOW_BYTES = 4 * MiB
 # Answers of a stream held back that wait this long to be written end it (the tcp port uses
 # --tcp_frame_deadline_s, which is this by default).
 ANSWER_DEADLINE_S = FRAME_DEADLINE_S
 # A client that keeps its window full starts a new episode every frame: say so at most once
-# a minute per stream.
+# a minute per connection.
 _WINDOW_LOG_INTERVAL_S = 60.0
 
 
@@ -88,8 +91,10 @@ class WindowLog:
     def __init__(self) -> None:
         self._last: float | None = None
         self._unsaid = 0
+        self.times = 0  # episodes, said or not
 
     def full(self, peer: str, writes: int, nbytes: int, max_writes: int, max_bytes: int) -> None:
+        self.times += 1
         now = time.monotonic()
         if self._last is not None and now - self._last < _WINDOW_LOG_INTERVAL_S:
             self._unsaid += 1
@@ -110,6 +115,79 @@ class WindowLog:
         )
 
 
+class StreamWindow:
+    """The window of one client connection's write streams (loop only): gRPC lets a
+    connection carry up to 64 streams, and a window per stream let one connection hold 64
+    windows (32 streams that never read took a leader to 2.8 GB). Writes received and not
+    answered, the bytes of their frames, the bytes of answers being written, and an event
+    set when a stream may read again. Each stream that reads still takes one frame in once
+    it saw room, so a connection holds at most the window and one frame a stream."""
+
+    def __init__(self, max_outstanding: int, window_bytes: int) -> None:
+        self.max_outstanding = max_outstanding
+        self.window_bytes = window_bytes
+        self.outstanding = 0
+        self.held = 0
+        self.writing = 0
+        self.room = asyncio.Event()
+        self.log = WindowLog()
+        self.streams = 0  # sessions using it (``StreamWindows``)
+
+    def has_room(self) -> bool:
+        return (
+            self.outstanding < self.max_outstanding
+            and self.held + self.writing <= self.window_bytes
+        )
+
+    def took(self, count: int, nbytes: int) -> None:
+        self.outstanding += count
+        self.held += nbytes
+
+    def answered(self, count: int) -> None:
+        # Each answered write lets go of an equal share of the bytes held (as on the tcp
+        # port): nothing is left held once every write is answered.
+        if count >= self.outstanding:
+            self.held = 0
+        else:
+            self.held -= self.held * count // self.outstanding
+        self.outstanding = max(0, self.outstanding - count)
+        self.wake()
+
+    def wake(self) -> None:
+        if self.has_room():
+            self.room.set()
+
+
+class StreamWindows:
+    """One ``StreamWindow`` per client connection (its gRPC peer address), shared by the
+    connection's write streams while any is open (loop only)."""
+
+    def __init__(
+        self,
+        max_outstanding: int = MAX_OUTSTANDING_WRITES,
+        window_bytes: int = WRITE_WINDOW_BYTES,
+    ) -> None:
+        self._max_outstanding = max_outstanding
+        self._window_bytes = window_bytes
+        self._windows: dict[str, StreamWindow] = {}
+
+    @contextlib.contextmanager
+    def of(self, peer: str) -> Iterator[StreamWindow]:
+        window = self._windows.get(peer)
+        if window is None:
+            window = self._windows[peer] = StreamWindow(self._max_outstanding, self._window_bytes)
+        window.streams += 1
+        try:
+            yield window
+        finally:
+            window.streams -= 1
+            if not window.streams:
+                del self._windows[peer]
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+
 class ServiceQueueFull(Exception):
     """The tablet service pool refused a frame: its queue is full."""
 
@@ -128,6 +206,7 @@ class WriteStreamSession:
         max_outstanding: int = MAX_OUTSTANDING_WRITES,
         window_bytes: int = WRITE_WINDOW_BYTES,
         answer_deadline_s: float = ANSWER_DEADLINE_S,
+        window: StreamWindow | None = None,
     ) -> None:
         self._pool = pool
         self._max_frame_bytes = max_frame_bytes
@@ -138,16 +217,12 @@ class WriteStreamSession:
         self._outstanding = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        # The window (loop only): request bytes of those writes, answer bytes being written,
-        # and an event set when the reader may read again.
-        self._max_outstanding = max_outstanding
-        self._window_bytes = window_bytes
+        # The connection's window (``StreamWindow``; the stream's own without one), and
+        # this stream's answer being written: its size, and since when.
+        self._window = window or StreamWindow(max_outstanding, window_bytes)
         self._answer_deadline_s = answer_deadline_s
-        self._held = 0
         self._writing = 0
         self._writing_since = 0.0
-        self._room = asyncio.Event()
-        self._log = WindowLog()
 
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
         """Read frames until the client closes its side; answer each write when done.
@@ -160,6 +235,7 @@ class WriteStreamSession:
             size = message.ByteSize()
             # Until gRPC took it (a client that does not read holds the write up here).
             self._writing, self._writing_since = size, time.monotonic()
+            window.writing += size
             try:
                 if size <= self._max_frame_bytes:  # one C call: the usual case
                     await context.write(message)
@@ -168,12 +244,15 @@ class WriteStreamSession:
                         await context.write(tablet_pb2.WriteStreamResponsePB(results=chunk))
             finally:
                 self._writing = 0
+                window.writing -= size
             self._answered(len(results))
+
+        window = self._window
 
         writer = asyncio.ensure_future(self._outbox.drain_to(write))
         try:
             while True:
-                if not self._has_room():
+                if not window.has_room():
                     await self._wait_for_room(context)
                 frame = await context.read()
                 if frame is grpc.aio.EOF:
@@ -195,6 +274,9 @@ class WriteStreamSession:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
+            if self._outstanding:  # ended with writes unanswered: the window lets them go
+                window.answered(self._outstanding)
+                self._outstanding = 0
 
     def _receive(self, frame: tablet_pb2.WriteStreamRequestPB) -> None:
         count = len(frame.items)
@@ -203,46 +285,35 @@ class WriteStreamSession:
         self._outstanding += count
         # A C call over the frame's bytes (gRPC does not say how many it read); the tcp
         # port, where speed matters, has the length for free.
-        self._held += frame.ByteSize()
+        self._window.took(count, frame.ByteSize())
         self._idle.clear()
         offer_writes(
             self._pool, list(frame.items), self._replica_of, self._leader_addr, self._outbox.post
         )
 
     def _answered(self, count: int) -> None:
-        # Each answered write lets go of an equal share of the bytes held (as on the tcp
-        # port): nothing is left held once every write is answered.
-        if count >= self._outstanding:
-            self._held = 0
-        else:
-            self._held -= self._held * count // self._outstanding
+        count = min(count, self._outstanding)
         self._outstanding -= count
         if self._outstanding <= 0:
             self._idle.set()
-        if self._has_room():
-            self._room.set()
-
-    def _has_room(self) -> bool:
-        return (
-            self._outstanding < self._max_outstanding
-            and self._held + self._writing <= self._window_bytes
-        )
+        self._window.answered(count)
 
     async def _wait_for_room(self, context: grpc.aio.ServicerContext) -> None:
         """Stop pulling frames while the window is full; end a stream whose answers wait
         to be written for longer than the deadline (its client does not read them)."""
         peer = str(context.peer())
-        self._log.full(
+        window = self._window
+        window.log.full(
             peer,
-            self._outstanding,
-            self._held + self._writing,
-            self._max_outstanding,
-            self._window_bytes,
+            window.outstanding,
+            window.held + window.writing,
+            window.max_outstanding,
+            window.window_bytes,
         )
-        while not self._has_room():
-            self._room.clear()
+        while not window.has_room():
+            window.room.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._room.wait(), timeout=1.0)
+                await asyncio.wait_for(window.room.wait(), timeout=1.0)
             if self._writing and time.monotonic() - self._writing_since > self._answer_deadline_s:
                 logger.warning(
                     "write stream %s: the client has not read its answers for %g s: ending "

@@ -248,6 +248,12 @@ class FrameLink:
                 chunk = self._backlog.popleft()
             try:
                 self._send_all(chunk)
+            except TimeoutError as exc:
+                # A peer (or a client of the write port) that reads nothing: worth saying
+                # why its connection ends, unlike a reset of one that went away.
+                logger.warning("link %s: %s: closing it", self.name, exc)
+                self._shutdown()
+                return
             except OSError as exc:
                 logger.debug("link %s: %s", self.name, exc)
                 self._shutdown()

@@ -8,9 +8,10 @@ once the file is removable deletes it."""
 from __future__ import annotations
 
 import errno
-import shutil
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -51,24 +52,21 @@ def test_a_replica_whose_files_cannot_be_removed_stays_listed_and_a_rerun_delete
     data_dir = ts.server.settings.data_dir
     directory = data_dir / tid
     stuck = next((directory / WAL_DIR).iterdir())
-    real_rmtree = shutil.rmtree
+    real_unlink = os.unlink
 
-    def rmtree(path: object, *args: object, **kwargs: object) -> None:
-        if Path(str(path)) != directory:
-            real_rmtree(path, *args, **kwargs)  # type: ignore[call-overload]
-            return
-        # Part removed, then a file that will not go (chattr +i does this as root).
-        for child in directory.iterdir():
-            if child.is_file():
-                child.unlink()
-        raise PermissionError(errno.EPERM, "Operation not permitted", str(stuck))
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        # A file that will not go (chattr +i does this as root); rmtree names it by its
+        # name alone, relative to a directory it holds open.
+        if Path(path).name == stuck.name:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)
 
-    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    monkeypatch.setattr(os, "unlink", unlink)
     with pytest.raises(grpc.RpcError) as refused:
         _delete(ts)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     details = refused.value.details() or ""
-    assert f"{stuck}: Operation not permitted could not be removed" in details
+    assert f"could not remove {stuck} (Operation not permitted)" in details
     assert f"run `raftlet tablet remove-replica {tid} ts1` again" in details
 
     # Still there for the operator and the commands: FAILED, saying why, and still hosted.
@@ -83,7 +81,7 @@ def test_a_replica_whose_files_cannot_be_removed_stays_listed_and_a_rerun_delete
         _delete(ts)
     assert again.value.code() == grpc.StatusCode.UNAVAILABLE
 
-    monkeypatch.setattr(shutil, "rmtree", real_rmtree)  # the operator fixed the file
+    monkeypatch.setattr(os, "unlink", real_unlink)  # the operator fixed the file
     _delete(ts)
     assert tid not in _listed(ts)
     assert (directory / TOMBSTONE_FILE).exists()

@@ -15,7 +15,7 @@ import pytest
 
 from raftlet.proto import tablet_pb2
 from raftlet.tserver.tablet_replica import WriteCallbacks
-from raftlet.tserver.write_stream import WriteStreamSession
+from raftlet.tserver.write_stream import StreamWindows, WriteStreamSession
 from tests.unit.inline_pool import InlinePool
 
 LIMIT = 16 * 1024 * 1024
@@ -141,6 +141,34 @@ def test_the_stream_stops_reading_while_its_window_is_full(window_full: WindowFu
             await asyncio.wait_for(_until(more), 20)
         await serving
         assert sorted(r.id for r in context.written) == list(range(frames))
+
+    asyncio.run(run())
+
+
+def test_the_streams_of_one_connection_share_its_window(window_full: WindowFull) -> None:
+    """A connection may carry 64 streams: a window each let one connection hold 64 (32
+    streams that never read took a leader to 2.8 GB)."""
+
+    async def run() -> None:
+        window_full.event = asyncio.Event()
+        windows = StreamWindows(window_bytes=WINDOW)
+        replica = Replica()
+        first, second = FakeContext(_frames(60), reads=True), FakeContext(_frames(60), reads=True)
+        with windows.of(first.peer()) as w1, windows.of(second.peer()) as w2:
+            assert w1 is w2
+            one = asyncio.ensure_future(_session(replica, window=w1).serve(first))  # type: ignore[arg-type]
+            await asyncio.wait_for(window_full.event.wait(), timeout=20)
+            two = asyncio.ensure_future(_session(replica, window=w2).serve(second))  # type: ignore[arg-type]
+            await asyncio.wait_for(_until(lambda: w1.log.times >= 2), 20)
+            assert second.reads == 0  # the window was full: the second stream read nothing
+            assert replica.taken == first.reads
+            while not (one.done() and two.done()):
+                replica.answer_all()
+                await asyncio.sleep(0)
+            await one
+            await two
+        assert len(windows) == 0  # let go with its last stream
+        assert len(first.written) == len(second.written) == 60
 
     asyncio.run(run())
 
