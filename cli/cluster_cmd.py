@@ -280,7 +280,7 @@ def _up(args: argparse.Namespace) -> int:
             extra_flags=args.tserver_flag,
             base_port=args.base_port,
             tls=args.tls,
-            cpu_affinity="" if args.cpu_affinity == "none" else args.cpu_affinity,
+            cpu_affinity=_cpu_affinity(args),
             ready_timeout_s=args.timeout,
             leader_timeout_s=args.timeout,
             on_progress=lambda msg: out.print(f"  {msg}"),
@@ -342,7 +342,13 @@ def _check_server_settings(args: argparse.Namespace) -> None:
     an `up` that fails after them. Where the config cannot be built yet (a bad --servers,
     an invalid cluster.toml), ``LocalCluster.create`` reports that instead."""
     from raftlet.cluster import ClusterConfigError, load_cluster_config
-    from raftlet.deploy.local import CONFIG_FILE, LauncherError, local_tls_files, new_config
+    from raftlet.deploy.local import (
+        CONFIG_FILE,
+        LauncherError,
+        launch_flags,
+        local_tls_files,
+        new_config,
+    )
     from raftlet.tserver.flag_spec import FlagError
     from raftlet.tserver.settings import ServerSettings
 
@@ -367,13 +373,12 @@ def _check_server_settings(args: argparse.Namespace) -> None:
         # Only their presence is checked before a server reads them.
         flags += ["--tls_cert", "-", "--tls_key", "-", "--tls_ca", "-"]
         flags += ["--auth_tokens_file", "-"]
-    if args.cpu_affinity != "none":
-        flags += ["--cpu_affinity", args.cpu_affinity]
-    flags += list(args.tserver_flag or ())
-    if args.term_check_mode is not None:
-        flags += ["--term_check_mode", args.term_check_mode]
-    if args.log_inject_latency_ms is not None:
-        flags += ["--log_inject_latency_ms", f"{args.log_inject_latency_ms:g}"]
+    flags += launch_flags(
+        args.tserver_flag or (),
+        cpu_affinity=_cpu_affinity(args),
+        term_check_mode=args.term_check_mode,
+        log_inject_latency_ms=args.log_inject_latency_ms,
+    )
     parser = build_tserver_parser("raftlet cluster up --tserver-flag")
     for server in config.servers:
         parsed = parser.parse_args(["--config", "-", "--server_id", server.id, *flags])
@@ -383,6 +388,11 @@ def _check_server_settings(args: argparse.Namespace) -> None:
             raise UsageError(
                 f"--tserver-flag: {e} ({server.id} would refuse to start with these flags)"
             ) from None
+
+
+def _cpu_affinity(args: argparse.Namespace) -> str:
+    """``--cpu-affinity`` as the launcher takes it (``""``: leave placement to the OS)."""
+    return "" if args.cpu_affinity == "none" else str(args.cpu_affinity)
 
 
 def _count(n: int, word: str) -> str:

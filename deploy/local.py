@@ -87,6 +87,7 @@ __all__ = [
     "ServerStop",
     "data_dir_in_use",
     "free_ports",
+    "launch_flags",
     "pid_alive",
     "reserved_ports",
 ]
@@ -322,6 +323,25 @@ def _holds_data(data_dir: Path) -> bool:
         return False
 
 
+def launch_flags(
+    extra_flags: Sequence[str] = (),
+    *,
+    cpu_affinity: str = "auto",
+    term_check_mode: str | None = None,
+    log_inject_latency_ms: float | None = None,
+) -> list[str]:
+    """The flags ``LocalCluster.create`` gives every server besides its own (config, id,
+    certificates): ``--cpu_affinity`` first, so one in ``extra_flags`` wins over it, then
+    ``extra_flags``, then the options with flags of their own (``""``: no affinity)."""
+    flags = ["--cpu_affinity", cpu_affinity] if cpu_affinity else []
+    flags += extra_flags
+    if term_check_mode is not None:
+        flags += ["--term_check_mode", term_check_mode]
+    if log_inject_latency_ms is not None:
+        flags += ["--log_inject_latency_ms", f"{log_inject_latency_ms:g}"]
+    return flags
+
+
 @dataclass
 class LocalCluster:
     """A local cluster: its directory, config and the processes in its state file."""
@@ -455,7 +475,6 @@ class LocalCluster:
                 ),
                 config_path,
             )
-        flags = list(extra_flags)
         if tls and local_tls_files(root) is None:
             say(f"making a CA and certificates in {root / TLS_DIR}")
             _make_certs(root, config.servers)
@@ -467,12 +486,12 @@ class LocalCluster:
                 _make_certs(root, added, clients=False)
         if local_tls_files(root) is not None:
             _make_tokens(root / TLS_DIR / TOKENS_FILE)
-        if term_check_mode is not None:
-            flags += ["--term_check_mode", term_check_mode]
-        if log_inject_latency_ms is not None:
-            flags += ["--log_inject_latency_ms", f"{log_inject_latency_ms:g}"]
-        if cpu_affinity:
-            flags = ["--cpu_affinity", cpu_affinity, *flags]
+        flags = launch_flags(
+            extra_flags,
+            cpu_affinity=cpu_affinity,
+            term_check_mode=term_check_mode,
+            log_inject_latency_ms=log_inject_latency_ms,
+        )
         for attempt in range(1, PORT_ATTEMPTS + 1):
             cluster = cls(root, config)
             try:
