@@ -24,20 +24,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FLAGS = ["--tablet_copy_repair_interval_s", "1"]
 
 
-def _status(server: Server, tablet: str) -> dict[str, object]:
-    (status,) = [t for t in server.tablets_json() if t["tablet_id"] == tablet]
-    return status
-
-
-def _follower(cluster: TserverCluster, tablet: str) -> Server:
-    leader = cluster.leader_of(tablet)
-    return next(s for s in cluster.servers.values() if s.id != leader.id)
-
-
 def _caught_up(cluster: TserverCluster, server: Server, tablet: str) -> None:
     def check() -> bool:
-        commit = _status(cluster.leader_of(tablet), tablet)["commit_index"]
-        return _status(server, tablet)["applied_index"] == commit
+        commit = cluster.leader_of(tablet).tablet_status(tablet)["commit_index"]
+        return server.tablet_status(tablet)["applied_index"] == commit
 
     wait_for(check, 60, f"{server.id} caught up on {tablet}")
 
@@ -47,7 +37,7 @@ def _repaired(follower: Server, tablet: str) -> None:
     wait_for(
         lambda: follower.metric("tablet_copies_installed_total") >= 1, 120, f"a repair of {tablet}"
     )
-    wait_for(lambda: _status(follower, tablet)["state"] != "FAILED", 30, "serving")
+    wait_for(lambda: follower.tablet_status(tablet)["state"] != "FAILED", 30, "serving")
 
 
 def test_another_tablets_store_file_fails_the_replica_until_a_copy_repairs_it(
@@ -59,7 +49,7 @@ def test_another_tablets_store_file_fails_the_replica_until_a_copy_repairs_it(
         with WriteLoad(cluster, n_writers=3) as load:
             load.wait_acked(300, timeout=120)
             load.stop()
-            follower = _follower(cluster, damaged)
+            follower = cluster.follower_of(damaged)
             for tablet in (damaged, other):
                 _caught_up(cluster, follower, tablet)
             follower.terminate()
@@ -84,19 +74,19 @@ def test_an_older_consensus_meta_fails_the_replica_until_a_copy_repairs_it(
         with WriteLoad(cluster, n_writers=3) as load:
             load.wait_acked(100, timeout=120)
             leader = cluster.leader_of(damaged)
-            follower = _follower(cluster, damaged)
+            follower = cluster.follower_of(damaged)
             third = next(s for s in cluster.servers.values() if s not in (leader, follower))
             _caught_up(cluster, follower, damaged)
             meta = follower.config.data_dir / damaged / "consensus-meta"
             saved = tmp_path / "old-consensus-meta"
             shutil.copyfile(meta, saved)
-            old_term = int(str(_status(follower, damaged)["term"]))
+            old_term = int(str(follower.tablet_status(damaged)["term"]))
             cluster.move_leader(damaged, third.id)  # two terms later, with writes in them
             cluster.move_leader(damaged, leader.id)
             load.wait_acked(load.count() + 200, timeout=120)
             load.stop()
             _caught_up(cluster, follower, damaged)
-            assert int(str(_status(follower, damaged)["term"])) > old_term
+            assert int(str(follower.tablet_status(damaged)["term"])) > old_term
             follower.terminate()
             shutil.copyfile(saved, meta)
             follower.start()

@@ -38,22 +38,12 @@ FLAGS = [
 ]
 
 
-def _status(server: Server, tablet: str) -> dict[str, object]:
-    (status,) = [t for t in server.tablets_json() if t["tablet_id"] == tablet]
-    return status
-
-
 def _index(server: Server, tablet: str, key: str) -> int:
-    return int(str(_status(server, tablet)[key]))
+    return int(str(server.tablet_status(tablet)[key]))
 
 
 def _copies(server: Server) -> float:
     return server.metric("tablet_copies_installed_total")
-
-
-def _follower(cluster: TserverCluster, tablet: str) -> Server:
-    leader = cluster.leader_of(tablet)
-    return next(s for s in cluster.servers.values() if s.id != leader.id)
 
 
 def _write_past_the_log_of(
@@ -77,7 +67,7 @@ def test_a_follower_stopped_past_the_retained_log_catches_up_by_tablet_copy(
         cluster.wait_leaders()
         with WriteLoad(cluster, n_writers=3) as load:
             load.wait_acked(300, timeout=120)
-            follower = _follower(cluster, tablet)
+            follower = cluster.follower_of(tablet)
             follower.terminate()
             # Past whatever the stopped follower's log may hold: the leader's log reaches
             # at least as far (were it the follower's applied index, its log could go a
@@ -112,7 +102,7 @@ def test_a_new_leader_copies_to_a_lagging_follower_before_its_no_op_commits(
         with WriteLoad(cluster, n_writers=3) as load:
             load.wait_acked(300, timeout=120)
             old_leader = cluster.leader_of(tablet)
-            follower = _follower(cluster, tablet)
+            follower = cluster.follower_of(tablet)
             follower.terminate()
             stopped_at = _index(old_leader, tablet, "last_index")
             _write_past_the_log_of(cluster, load, tablet, stopped_at)
@@ -140,7 +130,7 @@ def test_a_wiped_follower_is_repaired_by_tablet_copy(tmp_path: Path, writes: str
                 wait_for(lambda s=s: _index(s, tablet, "first_index") > 1, 60, f"GC on {s.id}")
             if writes == "idle":
                 load.stop()
-            follower = _follower(cluster, tablet)
+            follower = cluster.follower_of(tablet)
             follower.terminate()
             shutil.rmtree(follower.config.data_dir / tablet)
             follower.start()
@@ -180,7 +170,7 @@ def test_a_failed_replica_is_repaired_while_the_servers_other_tablets_serve(
                         60,
                         f"{s.id} caught up",
                     )
-            follower = _follower(cluster, damaged)
+            follower = cluster.follower_of(damaged)
             follower.terminate()
             directory = follower.config.data_dir / damaged
             if damage == "corrupt_wal":
@@ -198,7 +188,7 @@ def test_a_failed_replica_is_repaired_while_the_servers_other_tablets_serve(
             # Repaired from the leader (FAILED at open first, unless the repair was quicker
             # than this look), while its other tablet keeps serving on the same server.
             wait_for(lambda: _copies(follower) >= 1, 120, f"a repair of {damaged}")
-            wait_for(lambda: _status(follower, damaged)["state"] != "FAILED", 30, "serving")
+            wait_for(lambda: follower.tablet_status(damaged)["state"] != "FAILED", 30, "serving")
             if writes == "under_load":
                 load.wait_acked(load.count() + 300, timeout=120)
             assert load.count(other) > 0

@@ -204,6 +204,11 @@ class Server:
         doc = json.loads(self.http("/tablets.json"))
         return list(doc["tablets"])
 
+    def tablet_status(self, tablet_id: str) -> dict[str, Any]:
+        """This server's entry for ``tablet_id`` in its /tablets.json."""
+        (status,) = [t for t in self.tablets_json() if t["tablet_id"] == tablet_id]
+        return status
+
     @property
     def pid(self) -> int:
         assert self.proc is not None
@@ -492,6 +497,11 @@ class TserverCluster:
             lambda f: tablet_id in f, timeout, f"a leader of {tablet_id}"
         )
         return self.servers[found[tablet_id]]
+
+    def follower_of(self, tablet_id: str) -> Server:
+        """A server other than ``tablet_id``'s leader (the first in id order)."""
+        leader = self.leader_of(tablet_id)
+        return next(s for s in self.servers.values() if s.id != leader.id)
 
     def new_leader_of(self, tablet_id: str, old: str, timeout: float = 30.0) -> Server:
         """Wait for a ready leader of ``tablet_id`` other than server ``old``."""
