@@ -62,16 +62,17 @@ def test_a_client_that_never_reads_its_scans_pins_bounded_memory(tmp_path: Path)
                 stuck.call("/raftlet.TabletService/Scan", request.SerializeToString())
             # Streams over the cap are refused at once; of the admitted ones, pages beyond
             # the connection's budget are dropped (RESOURCE_EXHAUSTED trailers). What is
-            # left held is about budget / page calls.
+            # left held is about budget / page calls. A stream ended that way while the
+            # calls were still going out frees its slot for a later call, so on a loaded
+            # machine fewer than CALLS - MAX_CONCURRENT_STREAMS may be refused: every call
+            # is refused, ended, or among the few held.
             held_at_most = PER_CONNECTION_UNREAD_BYTES // PAGE + 1
             wait_for(
-                lambda: stuck.refused == CALLS - MAX_CONCURRENT_STREAMS,
-                what=f"{CALLS - MAX_CONCURRENT_STREAMS} streams refused (got {stuck.refused})",
+                lambda: stuck.refused + stuck.finished >= CALLS - held_at_most,
+                what=f"calls refused or ended (refused {stuck.refused}, ended {stuck.finished})",
             )
-            wait_for(
-                lambda: stuck.finished >= MAX_CONCURRENT_STREAMS - held_at_most,
-                what=f"pages over the budget dropped (got {stuck.finished})",
-            )
+            assert stuck.refused >= CALLS - MAX_CONCURRENT_STREAMS - stuck.finished
+            assert stuck.finished >= MAX_CONCURRENT_STREAMS - held_at_most
             during = _rss_mib(server.pid)
             # Unbounded, these 200 calls held ~800 MiB (each page is in memory ~3 times).
             # Bounded: 16 MiB of pages, ~100 MiB of RSS; 250 leaves room for a noisy box.

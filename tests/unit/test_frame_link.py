@@ -323,7 +323,11 @@ def test_a_frame_trickling_in_is_held_to_its_first_bytes_deadline(
     started = time.monotonic()
     while a.stays_open(0.2):
         assert time.monotonic() - started < 20, "the trickling frame was never cut off"
-        pair[1].sendall(b"x")
+        try:
+            pair[1].sendall(b"x")
+        except (BrokenPipeError, ConnectionResetError):
+            break  # cut off between the look and this byte: its close is on its way
+    a.wait_closed(timeout=20)
     assert time.monotonic() - started >= 1.0
     assert a.frames == []
 
