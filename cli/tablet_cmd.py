@@ -3,8 +3,10 @@ replace-server``: move tablet replicas between servers (membership changes; the 
 their rules: ``raftlet.client.membership``).
 
 Each prints a line per step taken. Errors an operator can act on (unknown tablet or server,
-a change already in progress, a target that holds a replica, no server left to move to) end
-the command with exit 1 and the reason.
+a change already in progress, a target that holds a replica, no server left to move to, a
+removed replica whose server could not remove its files) end the command with exit 1 and
+the reason; a removed replica whose server is down is left for a rerun, with a line saying
+so.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ examples:
 add-replica creates an empty replica on SERVER and adds it as a learner (a non-voter the
 leader catches up); with --wait it waits until the learner caught up and promotes it to a
 voter. remove-replica hands leadership to another voter first if SERVER leads; with --wait
-it waits for the removal to commit and deletes the replica from SERVER if SERVER answers.
-move-replica adds TO (caught up and promoted), then removes FROM. One change at a time: a
+it waits for the removal to commit and deletes the replica from SERVER if SERVER answers
+(exit 1 if SERVER says it could not remove the files; a rerun once they are fixed deletes
+them). move-replica adds TO (caught up and promoted), then removes FROM. One change at a time: a
 tablet whose last change is not committed yet refuses another.
 """
 

@@ -93,6 +93,7 @@ from raftlet.client.write_batch import (
     batch_errors,
     describe_write,
     encode_operation,
+    write_failure,
     write_request,
 )
 from raftlet.proto import admin_pb2, tablet_pb2
@@ -375,7 +376,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
             )
         except RaftletError as e:
             rpc.stats.error(e.cause, len(ops))
-            return None, [e.for_operation(op.index, op.table, op.row) for op in ops]
+            failure = write_failure(e)
+            return None, [failure.for_operation(op.index, op.table, op.row) for op in ops]
         finally:
             tracker.complete(seq_no)
         rpc.stats.write_acked(len(ops), rpc.clock() - start)

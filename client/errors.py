@@ -90,13 +90,24 @@ class RaftletError(Exception):
     def for_operation(self, row_index: int, table: str, row: Mapping[str, object]) -> Self:
         """A copy of this error attached to one operation of a session (a batch that failed
         as a whole is reported once per operation, so each names its row)."""
+        new = self._copy()
+        new.row_index = row_index
+        new.table = table
+        new.row = row
+        return new
+
+    def with_message(self, message: str) -> Self:
+        """A copy of this error saying ``message`` instead."""
+        new = self._copy()
+        new.args = (message,)
+        new.message = message
+        return new
+
+    def _copy(self) -> Self:
         new = type(self).__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.args = self.args
         new.__cause__ = self.__cause__
-        new.row_index = row_index
-        new.table = table
-        new.row = row
         return new
 
 

@@ -10,7 +10,10 @@ first if it leads) and is then deleted from its server (DeleteReplica, a tombsto
 step waits for the previous one to commit, since the leader refuses a change while one is
 pending.  Errors an operator can act on are ``InvalidArgument`` with the reason (unknown
 tablet or server, a change in progress, a target that holds a replica already, no server
-left to move to); the rest are the client's usual errors.
+left to move to), and ``ReplicaNotDeleted`` when a replica left its group but its server
+said it could not remove its files; the rest are the client's usual errors. A server that
+is down when its replica is removed is no error: the group no longer needs it, and
+``raftlet cluster status`` lists the leftover until a rerun deletes it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, Ti
 from raftlet.proto import admin_pb2, consensus_pb2, tablet_pb2
 
 __all__ = [
+    "ReplicaNotDeleted",
     "TabletMembership",
     "add_replica",
     "leader_membership",
@@ -360,6 +364,16 @@ def add_replica(
     return m
 
 
+class ReplicaNotDeleted(RemoteError):
+    """A replica left its group, but its server answered that it could not remove its
+    files (an immutable file, a read-only mount): listed FAILED there until the file is
+    fixed and ``remove-replica`` runs again. ``membership``: the group without it."""
+
+    def __init__(self, message: str, membership: TabletMembership) -> None:
+        super().__init__(message)
+        self.membership = membership
+
+
 class _NotAMember(InvalidArgument):
     """The server to remove is no member of the group (another operator's change?)."""
 
@@ -477,14 +491,20 @@ def remove_replica(
     except grpc.RpcError as e:
         if e.code() == grpc.StatusCode.NOT_FOUND:
             say(f"{tablet_id}: {server} held no replica of it: nothing left to delete")
+        elif e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            # It answered, naming a file it could not remove: the operator must act.
+            raise ReplicaNotDeleted(
+                f"{server} left the group (voters {', '.join(m.voters)}), but its replica "
+                f"there was not deleted: {e.details()}",
+                m,
+            ) from None
         else:
-            # The server's own words: it may be down, or have named a file it could not
-            # remove (then it lists the replica FAILED until a rerun deletes it).
+            # Down, or not answering: the group no longer needs it, so this goes on (a
+            # replace-server of a dead server must).
             say(
                 f"{tablet_id}: the replica on {server} was not deleted ({e.code().name}: "
-                f"{e.details()}); once {server} is up and that is fixed, `raftlet tablet "
-                f"remove-replica {tablet_id} {server}` deletes it (`raftlet cluster status` "
-                "lists it)"
+                f"{e.details()}); once {server} is up, `raftlet tablet remove-replica "
+                f"{tablet_id} {server}` deletes it (`raftlet cluster status` lists it)"
             )
     return m
 
@@ -568,6 +588,7 @@ def replace_server(
     load = {uuid: len(answer.tablets) for uuid, answer in answers.items() if uuid != server}
     moved: dict[str, str] = {}
     stuck: list[str] = []
+    undeleted: list[str] = []  # moved, but the server could not remove the old files
     for table in client.tables():
         factor = client.replication_factor(table)
         for tablet_id in client.tablets(table):
@@ -576,7 +597,10 @@ def replace_server(
                 continue
             if server in m.learners or len(m.voters) > factor:
                 # One replica more than the table asks for: dropping it is the move.
-                remove_replica(client, tablet_id, server, timeout_s=timeout_s, say=say)
+                try:
+                    remove_replica(client, tablet_id, server, timeout_s=timeout_s, say=say)
+                except ReplicaNotDeleted as e:
+                    undeleted.append(f"{tablet_id}: {e}")
                 moved[tablet_id] = ""
                 continue
             # A learner an earlier run added and did not promote (it timed out, or was
@@ -588,13 +612,19 @@ def replace_server(
                 say(f"{tablet_id}: no live server to move it to; left on {server} for now")
                 continue
             target = unfinished[0] if unfinished else candidates[0][1]
-            move_replica(client, tablet_id, server, target, timeout_s=timeout_s, say=say)
+            try:
+                move_replica(client, tablet_id, server, target, timeout_s=timeout_s, say=say)
+            except ReplicaNotDeleted as e:  # moved: the rest can go on
+                undeleted.append(f"{tablet_id}: {e}")
             load[target] += 1
             moved[tablet_id] = target
+    done = f" (moved: {', '.join(sorted(moved))})" if moved else ""
     if stuck:
-        done = f" (moved: {', '.join(sorted(moved))})" if moved else ""
+        left = f"; and {'; '.join(undeleted)}" if undeleted else ""
         raise InvalidArgument(
             f"no live server to move {', '.join(stuck)} to: every live server "
-            f"({', '.join(sorted(load)) or 'none'}) holds a replica of it already{done}"
+            f"({', '.join(sorted(load)) or 'none'}) holds a replica of it already{done}{left}"
         )
+    if undeleted:
+        raise RemoteError(f"{'; '.join(undeleted)}{done}")
     return moved

@@ -7,7 +7,8 @@ Every failed RPC is first *classified* (``classify``) from its gRPC status and t
 =====================  ================================  =================================
 cause                  when                              action
 =====================  ================================  =================================
-RESOURCE_EXHAUSTED     service queue full                BACKOFF_SAME: same server, backoff
+RESOURCE_EXHAUSTED     service queue full, or the        BACKOFF_SAME: same server, backoff
+                       server's write memory limit
 MESSAGE_TOO_LARGE      RESOURCE_EXHAUSTED "… message     FAIL at once (MessageTooLarge):
                        larger than max (N vs. M)" from   the same message fails again, so it
                        gRPC, either side, either way     is no overload to wait out
@@ -266,6 +267,7 @@ _STATUS_OF_ERROR = {
     ServerErrorPB.TABLET_NOT_RUNNING: grpc.StatusCode.UNAVAILABLE,
     ServerErrorPB.TABLET_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ServerErrorPB.SERVICE_QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ServerErrorPB.MEMORY_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ServerErrorPB.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ServerErrorPB.WRONG_SERVER_UUID: grpc.StatusCode.INVALID_ARGUMENT,
 }

@@ -53,6 +53,7 @@ from raftlet.client.write_batch import (
     batch_errors,
     describe_write,
     encode_operation,
+    write_failure,
     write_request,
 )
 from raftlet.proto import tablet_pb2
@@ -355,7 +356,8 @@ class Session:
             )
         except RaftletError as e:
             rpc.stats.error(e.cause, len(ops))
-            return None, [e.for_operation(op.index, op.table, op.row) for op in ops]
+            failure = write_failure(e)
+            return None, [failure.for_operation(op.index, op.table, op.row) for op in ops]
         finally:
             tracker.complete(seq_no)
         rpc.stats.write_acked(len(ops), rpc.clock() - start)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from raftlet.client.errors import RaftletError, RowError
+from raftlet.client.errors import RaftletError, RowError, Timeout
 from raftlet.client.meta_cache import MetaState
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
@@ -33,6 +33,7 @@ __all__ = [
     "code_name",
     "describe_write",
     "encode_operation",
+    "write_failure",
     "write_request",
 ]
 
@@ -121,6 +122,19 @@ def write_request(
     request.request_id.client_id = client_id
     request.request_id.seq_no = seq_no
     return request
+
+
+def write_failure(error: RaftletError) -> RaftletError:
+    """``error`` as a failed write reports it: a timeout says in its text whether the write
+    may still have been applied (``may_have_applied``), which is what its caller must
+    decide on -- read it back, or write it again."""
+    if not isinstance(error, Timeout):
+        return error
+    if error.may_have_applied:
+        said = "its outcome is unknown: it may have been applied"
+    else:
+        said = "it was not applied: every attempt was refused before reaching a log"
+    return error.with_message(f"{error}; {said}")
 
 
 def describe_write(rows: int, tablet_id: str) -> str:

@@ -50,6 +50,8 @@ __all__ = [
     "TABLET_COPY_SESSIONS_TOTAL",
     "TABLET_FAILED",
     "TERM_CHECKS_TOTAL",
+    "WRITE_MEMORY_HELD_BYTES",
+    "WRITE_MEMORY_REFUSALS_TOTAL",
     "WRITE_OPS_TOTAL",
     "WRITE_TCP_CONNECTIONS",
     "by_name",
@@ -233,6 +235,22 @@ WRITE_TCP_CONNECTIONS = MetricPrototype(
     "outside gRPC)",
     entity_type="server",
 )
+WRITE_MEMORY_HELD_BYTES = MetricPrototype(
+    "write_memory_held_bytes",
+    GAUGE,
+    "bytes",
+    "What this server's admitted writes not answered yet are charged against "
+    "--write_memory_limit_bytes (their bytes and a fixed overhead each)",
+    entity_type="server",
+)
+WRITE_MEMORY_REFUSALS_TOTAL = MetricPrototype(
+    "write_memory_refusals_total",
+    COUNTER,
+    "requests",
+    "Writes refused with RESOURCE_EXHAUSTED (MEMORY_LIMIT) because admitting them would pass "
+    "--write_memory_limit_bytes",
+    entity_type="server",
+)
 ROWS_INSERTED_TOTAL = MetricPrototype(
     "rows_inserted_total",
     COUNTER,
@@ -350,6 +368,8 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     TABLET_COPY_SESSIONS_TOTAL,
     CONSENSUS_TCP_CONNECTIONS,
     WRITE_TCP_CONNECTIONS,
+    WRITE_MEMORY_HELD_BYTES,
+    WRITE_MEMORY_REFUSALS_TOTAL,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

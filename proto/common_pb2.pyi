@@ -40,6 +40,7 @@ class ServerErrorPB(_message.Message):
         TERM_MOVED: _ClassVar[ServerErrorPB.Code]
         WRONG_SERVER_UUID: _ClassVar[ServerErrorPB.Code]
         TABLET_NOT_RUNNING: _ClassVar[ServerErrorPB.Code]
+        MEMORY_LIMIT: _ClassVar[ServerErrorPB.Code]
     UNKNOWN: ServerErrorPB.Code
     NOT_LEADER: ServerErrorPB.Code
     LEADER_NOT_READY: ServerErrorPB.Code
@@ -50,6 +51,7 @@ class ServerErrorPB(_message.Message):
     TERM_MOVED: ServerErrorPB.Code
     WRONG_SERVER_UUID: ServerErrorPB.Code
     TABLET_NOT_RUNNING: ServerErrorPB.Code
+    MEMORY_LIMIT: ServerErrorPB.Code
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_UUID_FIELD_NUMBER: _ClassVar[int]

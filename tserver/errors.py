@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = [
     "DeadlineExceeded",
     "DeadlineExceededInQueue",
+    "FilesNotRemovable",
     "InvalidRequest",
     "ServiceUnavailable",
     "StaleRequest",
@@ -35,6 +36,12 @@ class TabletFailed(ServiceUnavailable):
     def __init__(self, reason: str) -> None:
         super().__init__(f"tablet failed: {reason}")
         self.reason = reason
+
+
+class FilesNotRemovable(Exception):
+    """A replica's files could not all be removed (an immutable file, a read-only mount):
+    the replica stays listed FAILED until a rerun deletes it (FAILED_PRECONDITION -- the
+    server answered, and the operator must act; a server that is down is UNAVAILABLE)."""
 
 
 class DeadlineExceededInQueue(Exception):

@@ -39,6 +39,7 @@ from raftlet.tserver.errors import (
     CopySessionNotFound,
     DeadlineExceeded,
     DeadlineExceededInQueue,
+    FilesNotRemovable,
     InvalidRequest,
     ServiceUnavailable,
     StaleRequest,
@@ -47,6 +48,7 @@ from raftlet.tserver.errors import (
 )
 from raftlet.tserver.security import SenderMismatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool
+from raftlet.tserver.write_memory import MemoryLimitExceeded
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -157,8 +159,14 @@ def status_for(
     if isinstance(exc, SenderMismatch):
         # A peer's certificate and its request disagree about who sends it: a forgery.
         return S.PERMISSION_DENIED, msg, None
+    if isinstance(exc, FilesNotRemovable):
+        # The server answered and the operator must act: not UNAVAILABLE, which is what a
+        # server that is down gives, and which membership commands ride over.
+        return S.FAILED_PRECONDITION, msg, None
     if isinstance(exc, DeadlineExceededInQueue | DeadlineExceeded):
         return S.DEADLINE_EXCEEDED, msg, None
+    if isinstance(exc, MemoryLimitExceeded):
+        return S.RESOURCE_EXHAUSTED, msg, E(code=E.MEMORY_LIMIT, message=msg)
     if isinstance(exc, TabletFailed):
         return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)
     if isinstance(exc, ServiceUnavailable):

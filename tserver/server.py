@@ -89,7 +89,12 @@ from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
-from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, UnknownTablet
+from raftlet.tserver.errors import (
+    FilesNotRemovable,
+    InvalidRequest,
+    ServiceUnavailable,
+    UnknownTablet,
+)
 from raftlet.tserver.failed_tablet import FailedTablet, open_or_fail
 from raftlet.tserver.flag_registry import FlagRegistry
 from raftlet.tserver.grpc_limits import (
@@ -135,6 +140,7 @@ from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 from raftlet.tserver.tcp_admission import TcpAdmission, tcp_server_ssl_context
 from raftlet.tserver.tcp_listener import TcpListener
 from raftlet.tserver.worker_nice import nicer_thread_start
+from raftlet.tserver.write_memory import WriteMemory
 from raftlet.tserver.write_tcp_server import WRITE_TCP_METHOD, write_links
 
 __all__ = ["TabletServer"]
@@ -195,6 +201,11 @@ class TabletServer:
         self.channels = ChannelPool(self.peer_channel_options, credentials=self.peer_credentials)
         # Copy-on-write: replicas are created and deleted while the server runs.
         self.replicas: ReplicaMap[TabletReplica] = ReplicaMap()
+        # The budget every replica's admitted writes share (tserver.write_memory).
+        self.write_memory = WriteMemory(
+            s.write_memory_limit_bytes, self.entity.counter(cat.WRITE_MEMORY_REFUSALS_TOTAL)
+        )
+        self.entity.function_gauge(cat.WRITE_MEMORY_HELD_BYTES, self.write_memory.held)
         self.log_options = LogOptions()
         # Tablet copy: the sessions this server serves as a source, and its copies.
         self.copy_sessions = CopySessions(
@@ -305,6 +316,7 @@ class TabletServer:
         self.flags.subscribe("lock_contention_trace_threshold_ms", self._on_trace_threshold)
         self.flags.subscribe("log_inject_latency_ms", self._on_log_latency)
         self.flags.subscribe("log_inject_latency_jitter_ms", self._on_log_latency)
+        self.flags.subscribe("write_memory_limit_bytes", self._on_write_memory_limit)
         options = ReplicaOptions(
             consensus=dataclasses.replace(
                 s.consensus_options(), max_size_per_msg=self.limits.append_batch_bytes
@@ -683,6 +695,7 @@ class TabletServer:
             workers=self.workers,
             log_appenders=self.log_appenders,
             request_copy=self.copier.request_copy,
+            write_memory=self.write_memory,
             create=create,
         )
 
@@ -779,7 +792,7 @@ class TabletServer:
     def delete_replica(self, tablet_id: str, *, force: bool = False) -> None:
         """Stop this server's replica of ``tablet_id`` and remove its files, leaving a
         tombstone (so no restart opens it again).  Refused while the replica is a member of
-        its group, unless ``force``.  Files that cannot be removed (``ServiceUnavailable``
+        its group, unless ``force``.  Files that cannot be removed (``FilesNotRemovable``
         naming the file) leave it listed FAILED, and a rerun deletes what is left."""
         with self._replicas_lock:
             if tablet_id in self._installing:
@@ -828,7 +841,7 @@ class TabletServer:
                     ),
                 )
                 logger.error("tablet %s: %s", tablet_id, reason)
-                raise ServiceUnavailable(
+                raise FilesNotRemovable(
                     f"the replica of {tablet_id} on {self.server_id} was not deleted: {what}; "
                     "make it removable (`chattr -i` if it is immutable, "
                     "a read-write mount, permissions), then run `raftlet tablet remove-replica "
@@ -1036,6 +1049,9 @@ class TabletServer:
 
     def _on_trace_threshold(self, value: Any) -> None:
         set_lock_contention_trace_threshold_ms(float(value))
+
+    def _on_write_memory_limit(self, value: Any) -> None:
+        self.write_memory.limit_bytes = int(value)
 
     def _on_log_latency(self, _value: Any) -> None:
         latency = float(self.flags.get("log_inject_latency_ms"))

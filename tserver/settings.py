@@ -78,6 +78,9 @@ _MAX_TRACE_THRESHOLD_MS = 3_600_000.0
 # default, far past where bigger segments save anything. (A reservation the disk cannot
 # hold is given back whole: consensus/log/prealloc.py.)
 MAX_LOG_SEGMENT_BYTES = GiB
+# More than the machines a server runs on have: the limit is there to refuse before the
+# process is killed for memory, not to be tuned past it.
+_MAX_WRITE_MEMORY_BYTES = 1024 * GiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,7 @@ class ServerSettings:
     scan_page_bytes: int = MiB
     result_tracker_max_clients: int = 4096
     result_tracker_max_bytes: int = 8 * MiB
+    write_memory_limit_bytes: int = GiB
     log_level: str = "INFO"
     cpu_affinity: str = ""
     sched_batch: bool = True
@@ -872,6 +876,15 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"outcomes (default {_size(_D('result_tracker_max_bytes'))}, 64 KiB to 1 GiB); past "
         "it least recently used clients are forgotten, as for --result_tracker_max_clients.",
         convert=int_value, check=int_in_range(64 * KiB, GiB),
+    ),
+    FlagSpec(
+        "write_memory_limit_bytes", _LIMITS, "BYTES",
+        f"Memory this server's admitted writes may hold until they are answered, across its "
+        f"tablets and clients (default {_size(_D('write_memory_limit_bytes'))}, 1 MiB to "
+        f"{_MAX_WRITE_MEMORY_BYTES >> 40} TiB): each is charged its size plus 2 KiB. Past it a "
+        "write is refused RESOURCE_EXHAUSTED (MEMORY_LIMIT) before anything of it is kept, "
+        "and clients back off and retry. Settable at runtime (admin SetFlag).",
+        convert=int_value, check=int_in_range(MiB, _MAX_WRITE_MEMORY_BYTES), runtime=True,
     ),
     FlagSpec(
         "log_level", _LIMITS, "LEVEL",

@@ -129,6 +129,7 @@ from raftlet.tserver.store import (
     damage_in,
 )
 from raftlet.tserver.tablet_copy_install import SnapshotInfo
+from raftlet.tserver.write_memory import WriteMemory
 
 __all__ = [
     "ReplicaOptions",
@@ -296,13 +297,15 @@ class TabletReplica:
         learners: Sequence[str] = (),
         peers: Sequence[str] = (),
         request_copy: Callable[[str, str, int], None] | None = None,
+        write_memory: WriteMemory | None = None,
         create: bool = True,
     ) -> None:
         """``voters`` and ``learners``: the membership a fresh directory starts with (the
         metadata's, once it exists, stands); with ``create`` False a directory without a
         replica is refused instead.  ``peers``: every server of the cluster.
         ``request_copy(tablet_id, peer, term)``: this replica leads and ``peer`` needs a
-        copy of the tablet (``tserver.tablet_copier``); it must only hand the work on."""
+        copy of the tablet (``tserver.tablet_copier``); it must only hand the work on.
+        ``write_memory``: the server's budget for admitted writes, shared by its replicas."""
         if not 0 <= partition < num_partitions:
             raise ValueError(f"partition {partition} is not one of {num_partitions}")
         self.tablet_id = tablet_id
@@ -314,6 +317,7 @@ class TabletReplica:
         self.options = opts = options or ReplicaOptions()
         self._metrics = _ReplicaMetrics(metrics)
         self.directory = directory
+        self._write_memory = write_memory
         self._opened: OpenedReplica = open_replica(
             directory,
             schema,
@@ -500,11 +504,20 @@ class TabletReplica:
             check_client_id(rid.client_id)
         else:
             key = (f"{ANONYMOUS_PREFIX}{next(_anonymous)}", 0)
-        admission, done = self.tracker.admit(
-            key, rid.first_incomplete_seq_no, callbacks.respond, callbacks.fail
-        )
-        if admission is Admission.STALE:
-            raise _stale(key, self.tracker.first_incomplete(rid.client_id))
+        memory = self._write_memory
+        if memory is not None:  # refused before anything of it is kept
+            charge = memory.take(size)
+            callbacks = _giving_back(callbacks, memory, charge)
+        try:
+            admission, done = self.tracker.admit(
+                key, rid.first_incomplete_seq_no, callbacks.respond, callbacks.fail
+            )
+            if admission is Admission.STALE:
+                raise _stale(key, self.tracker.first_incomplete(rid.client_id))
+        except BaseException:  # not admitted: nothing will answer through the callbacks
+            if memory is not None:
+                memory.give(charge)
+            raise
         if admission is Admission.COMPLETED:
             assert done is not None
             self._metrics.replays.increment()
@@ -1365,6 +1378,21 @@ def write_entry_payload(request: tablet_pb2.WriteRequest) -> bytes:
     if request.HasField("row_block"):
         payload.row_block.CopyFrom(request.row_block)
     return payload.SerializeToString()
+
+
+def _giving_back(callbacks: WriteCallbacks, memory: WriteMemory, charge: int) -> WriteCallbacks:
+    """``callbacks`` that give a write's charge back to the server's budget as it is
+    answered (the result tracker answers each waiter once, by one of the two)."""
+
+    def respond(response: tablet_pb2.WriteResponse) -> None:
+        memory.give(charge)
+        callbacks.respond(response)
+
+    def fail(exc: BaseException) -> None:
+        memory.give(charge)
+        callbacks.fail(exc)
+
+    return WriteCallbacks(respond, fail)
 
 
 def _stale(key: RequestKey, first_incomplete: int) -> StaleRequest:

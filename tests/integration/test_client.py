@@ -450,6 +450,9 @@ def test_timeout_is_raised_in_bounded_time(client: Client, cluster: TserverClust
             )
     assert elapsed < 0.2 + SLACK_S, elapsed
     assert "timed out after 0.2 s" in str(info.value)
+    # It reached the logs: the caller is told it may be there.
+    assert info.value.may_have_applied is True
+    assert str(info.value).endswith("; its outcome is unknown: it may have been applied")
     assert info.value.row_index == 0
 
 

@@ -165,6 +165,11 @@ def test_busy_until_the_deadline_raises_server_too_busy() -> None:
             await c.insert("kv", {"key": 5, "value": "x"})
         assert clock.now <= start + 2.0
         assert info.value.row_index == 0
+        # Every attempt was refused before any log, and the text says so.
+        assert info.value.may_have_applied is False
+        assert str(info.value).endswith(
+            "; it was not applied: every attempt was refused before reaching a log"
+        )
         sent = [r for _, r in cluster.writes()]
         assert len(sent) > 3
         assert {r.request_id.seq_no for r in sent} == {1}

@@ -14,7 +14,7 @@ import pytest
 
 from raftlet.client import membership
 from raftlet.client.errors import RemoteError, Timeout
-from raftlet.client.membership import TabletMembership, remove_replica
+from raftlet.client.membership import ReplicaNotDeleted, TabletMembership, remove_replica
 from raftlet.proto import consensus_pb2, tablet_pb2
 
 
@@ -319,7 +319,7 @@ def test_a_learner_being_filled_by_a_tablet_copy_is_waited_for_not_made_again(
     assert states == []
 
 
-def test_a_replica_its_server_could_not_delete_is_reported_with_the_servers_words(
+def test_a_replica_its_server_could_not_delete_fails_the_command_with_the_servers_words(
     scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scripted["answers"] = [
@@ -329,13 +329,68 @@ def test_a_replica_its_server_could_not_delete_is_reported_with_the_servers_word
     why = "the replica of kv-p0 on ts2 was not deleted: /d/ts2/kv-p0/wal: Operation not permitted"
 
     def refuse(*_a: Any, **_k: Any) -> None:
-        raise _Refused(grpc.StatusCode.UNAVAILABLE, why)
+        raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, why)
 
     monkeypatch.setattr(membership, "_delete_replica", refuse)
+    with pytest.raises(ReplicaNotDeleted) as failed:
+        remove_replica(None, "kv-p0", "ts2", timeout_s=5.0)  # type: ignore[arg-type]
+    assert (
+        f"ts2 left the group (voters ts1, ts3), but its replica there was not deleted: {why}"
+        in str(failed.value)
+    )
+    assert failed.value.membership.voters == ("ts1", "ts3")
+
+
+def test_a_replica_on_a_server_that_is_down_is_left_for_later_and_the_removal_succeeds(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted["answers"] = [
+        _group(("ts1", "ts2", "ts3"), commit=21, config=1),
+        _group(("ts1", "ts3"), commit=22, config=22),
+    ]
+
+    def down(*_a: Any, **_k: Any) -> None:
+        raise _Refused(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+
+    monkeypatch.setattr(membership, "_delete_replica", down)
     said: list[str] = []
-    remove_replica(None, "kv-p0", "ts2", timeout_s=5.0, say=said.append)  # type: ignore[arg-type]
-    assert f"(UNAVAILABLE: {why})" in said[-1], said
-    assert "`raftlet tablet remove-replica kv-p0 ts2` deletes it" in said[-1], said
+    m = remove_replica(None, "kv-p0", "ts2", timeout_s=5.0, say=said.append)  # type: ignore[arg-type]
+    assert m.voters == ("ts1", "ts3")
+    assert "(UNAVAILABLE: failed to connect to all addresses)" in said[-1], said
+    assert "once ts2 is up, `raftlet tablet remove-replica kv-p0 ts2` deletes it" in said[-1]
+
+
+def test_replace_server_moves_every_replica_and_then_names_those_it_could_not_delete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    groups = {
+        tid: TabletMembership(tid, "ts1", 2, ("ts1", "ts2", "ts5"), (), 9, 9)
+        for tid in ("kv-p0", "kv-p1")
+    }
+    client = SimpleNamespace(
+        list_tablets=lambda **_k: {
+            uuid: SimpleNamespace(tablets=[None] * n)
+            for uuid, n in {"ts1": 2, "ts2": 2, "ts3": 0, "ts5": 2}.items()
+        },
+        tablets=lambda _table: ["kv-p0", "kv-p1"],
+        tables=lambda: ["kv"],
+        replication_factor=lambda _table: 3,
+    )
+    moves: list[str] = []
+
+    def move(_c: Any, tablet: str, source: str, target: str, **_k: Any) -> None:
+        moves.append(tablet)
+        if tablet == "kv-p0":
+            raise ReplicaNotDeleted("ts5 left the group, but ... not deleted: wal", groups[tablet])
+
+    monkeypatch.setattr(membership, "_check_server", lambda _client, _server: None)
+    monkeypatch.setattr(membership, "leader_membership", lambda _c, tid, _t: groups[tid])
+    monkeypatch.setattr(membership, "move_replica", move)
+    with pytest.raises(
+        RemoteError, match=r"^kv-p0: ts5 left the group, .*wal \(moved: kv-p0, kv-p1\)$"
+    ):
+        membership.replace_server(client, "ts5")  # type: ignore[arg-type]
+    assert moves == ["kv-p0", "kv-p1"]  # the second moved after the first's failure
 
 
 def _lost_majority_client(failed: tuple[str, ...]) -> Any:

@@ -64,7 +64,7 @@ def test_a_replica_whose_files_cannot_be_removed_stays_listed_and_a_rerun_delete
     monkeypatch.setattr(os, "unlink", unlink)
     with pytest.raises(grpc.RpcError) as refused:
         _delete(ts)
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = refused.value.details() or ""
     assert f"could not remove {stuck} (Operation not permitted)" in details
     assert f"run `raftlet tablet remove-replica {tid} ts1` again" in details
@@ -79,7 +79,7 @@ def test_a_replica_whose_files_cannot_be_removed_stays_listed_and_a_rerun_delete
     # Refused the same way again while the file stays.
     with pytest.raises(grpc.RpcError) as again:
         _delete(ts)
-    assert again.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert again.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
     monkeypatch.setattr(os, "unlink", real_unlink)  # the operator fixed the file
     _delete(ts)

@@ -20,7 +20,7 @@ def config_path(tmp_path: Path) -> Path:
 
 
 RUNTIME = ["lock_contention_trace_threshold_ms", "log_inject_latency_jitter_ms",
-           "log_inject_latency_ms"]  # fmt: skip
+           "log_inject_latency_ms", "write_memory_limit_bytes"]  # fmt: skip
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_set_returns_the_old_value_which_restores_it(registry: FlagRegistry) -> 
         ("max_batch_rows", "5", "flag 'max_batch_rows' cannot be changed at runtime (restart "
          "the server with --max_batch_rows=...; settable at runtime: "
          "lock_contention_trace_threshold_ms, log_inject_latency_jitter_ms, "
-         "log_inject_latency_ms)"),
+         "log_inject_latency_ms, write_memory_limit_bytes)"),
         ("term_check_mode", "locked", "cannot be changed at runtime"),
     ],
 )  # fmt: skip

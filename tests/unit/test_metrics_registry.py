@@ -70,6 +70,8 @@ DESIGN_NAMES = {
     "tablet_copy_sessions_total": MetricType.COUNTER,
     "consensus_tcp_connections": MetricType.GAUGE,
     "write_tcp_connections": MetricType.GAUGE,
+    "write_memory_held_bytes": MetricType.GAUGE,
+    "write_memory_refusals_total": MetricType.COUNTER,
 }
 
 DEBUG_GAUGE = MetricPrototype(

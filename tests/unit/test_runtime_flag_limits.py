@@ -22,6 +22,8 @@ RANGES = {
     "log_inject_latency_jitter_ms": (0.0, 10_000.0),
     "lock_contention_trace_threshold_ms": (0.0, 3_600_000.0),
 }
+# Integer flags, name -> (lowest, highest) accepted, and how the help text says them.
+INT_RANGES = {"write_memory_limit_bytes": (1 << 20, 1 << 40, "1 MiB to 1 TiB")}
 JUNK = [
     "", " ", "nan", "NaN", "-nan", "inf", "-inf", "+Infinity", "1e999", "-1e999", "0x10",
     "1_000", "\u0661\u0662", "\uff11\uff12", "12ms", "1,5", "--1", "1e", "e5", ".",
@@ -36,7 +38,25 @@ def registry(tmp_path: Path) -> FlagRegistry:
 
 
 def test_the_table_covers_every_runtime_flag() -> None:
-    assert {s.name for s in FLAGS if s.runtime} == set(RANGES)
+    assert {s.name for s in FLAGS if s.runtime} == set(RANGES) | set(INT_RANGES)
+
+
+@pytest.mark.parametrize("name", sorted(INT_RANGES))
+def test_an_integer_runtime_flag_takes_its_bounds_and_refuses_the_rest(
+    registry: FlagRegistry, name: str
+) -> None:
+    lo, hi, said = INT_RANGES[name]
+    assert said in next(s for s in FLAGS if s.name == name).help
+    for text, expected in ((str(lo), lo), (f" {hi} ", hi), (str(hi), hi)):
+        registry.set(name, text)
+        assert registry.get(name) == expected
+    seen: list[object] = []
+    registry.subscribe(name, seen.append)
+    for text in [str(lo - 1), str(hi + 1), "0", "-1", "1.5", "1e6", f"{lo}.0", *JUNK]:
+        with pytest.raises(FlagError):
+            registry.set(name, text)
+        assert registry.get(name) == hi
+    assert seen == []
 
 
 @pytest.mark.parametrize("name", sorted(RANGES))

@@ -17,6 +17,7 @@ from raftlet.tserver.flag_spec import positive
 from tests.unit.test_cli_tserver_args import usage_error
 from tests.unit.tserver_settings_helpers import parse, write_config
 
+MiB = 1 << 20
 GiB = 1 << 30
 
 
@@ -31,6 +32,9 @@ def _flag_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str)
         # 1 TiB filled the machine's disk: every new segment reserves its whole size.
         (["--log_segment_size_bytes", str(1 << 40)], "must be in 1..1073741824"),
         (["--log_segment_size_bytes", str(GiB + 1)], "must be in 1..1073741824"),
+        # Below a write's own size it would refuse all but one write at a time.
+        (["--write_memory_limit_bytes", str(MiB - 1)], "must be in 1048576..1099511627776"),
+        (["--write_memory_limit_bytes", str((1 << 40) + 1)], "must be in 1048576.."),
         # 1e13 killed the ticker thread (OverflowError); 0.001 spun endless elections.
         (["--tick_interval_ms", "1e13"], "must be in 1..60000, got 1"),
         (["--tick_interval_ms", "0.001"], "must be in 1..60000, got 0.001"),
@@ -71,6 +75,10 @@ def test_bounds_keep_the_values_in_use(tmp_path: Path) -> None:
     assert s.raft.tick_interval_ms == 1
     assert (s.store_verify_interval_s, s.tablet_copy_repair_interval_s) == (1, 0)
     assert (s.consensus_tcp_port, s.write_tcp_port) == (7100, 0)
+    s = parse(write_config(tmp_path))
+    assert s.write_memory_limit_bytes == GiB
+    s = parse(write_config(tmp_path), "--write_memory_limit_bytes", str(MiB))
+    assert s.write_memory_limit_bytes == MiB
     s = parse(write_config(tmp_path), "--tick_interval_ms", "60000", "--election_ticks", "30")
     assert s.raft.election_ticks == 30
 

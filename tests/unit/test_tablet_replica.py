@@ -31,6 +31,7 @@ from raftlet.schema.types import DataType
 from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
 from raftlet.tserver.servicers import TabletServicer
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
+from raftlet.tserver.write_memory import MemoryLimitExceeded, WriteMemory
 from tests.unit.consensus_cluster import FAST, wait_for
 from tests.unit.health_fakes import checked
 from tests.unit.store_helpers import CommitHook
@@ -81,8 +82,10 @@ class Tablet:
         options: ReplicaOptions | None = None,
         transport_workers: int = 8,
         schema: Schema = SCHEMA,
+        write_memory: WriteMemory | None = None,
     ) -> None:
         self.root = root
+        self.write_memory = write_memory
         self.schema = schema
         self.options = options or ReplicaOptions(consensus=FAST)
         self.partition = partition
@@ -106,6 +109,7 @@ class Tablet:
             transport=self.transport,
             options=self.options,
             ticker=self.ticker,
+            write_memory=self.write_memory,
         )
         self.transport.register(node, r.consensus.handle_request)
         r.start()
@@ -246,6 +250,35 @@ def test_requests_below_first_incomplete_are_stale(tablet: Tablet) -> None:
     send(leader, write([2], "c1", 2, first_incomplete=2)).result()
     with pytest.raises(StaleRequest):
         send(leader, write([1], "c1", 1, first_incomplete=2))
+
+
+def test_an_admitted_write_holds_its_charge_of_the_servers_memory_until_answered(
+    tmp_path: Path,
+) -> None:
+    memory = WriteMemory(3000)  # room for one small write at a time
+    tablet = Tablet(tmp_path, write_memory=memory)
+    try:
+        leader = tablet.leader()
+        send(leader, write([1], "c1", 1)).result()
+        assert memory.held() == 0
+        tablet.cut_off(leader.server_id)  # nothing commits: what it admits stays held
+        held = send(leader, write([2], "c1", 2, first_incomplete=2))
+        assert memory.held() > 0
+        with pytest.raises(MemoryLimitExceeded):
+            send(leader, write([3], "c1", 3, first_incomplete=2))
+        assert memory.refusals.value() == 1
+        tablet.transport.heal()
+        tablet.wait_for(held.done.is_set, what="the held write answered")
+        assert not held.result().row_errors
+        assert memory.held() == 0
+        # Answered from the tracker, and refused as stale: nothing stays charged either.
+        assert send(leader, write([2], "c1", 2, first_incomplete=2)).result() == held.result()
+        with pytest.raises(StaleRequest):
+            send(leader, write([1], "c1", 1, first_incomplete=3))
+        assert memory.held() == 0
+        assert keys_on(leader) == [1, 2]  # the refused write left nothing
+    finally:
+        tablet.close()
 
 
 def test_restart_of_every_replica_keeps_acknowledged_rows(tablet: Tablet) -> None:
