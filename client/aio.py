@@ -258,9 +258,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
     ) -> dict[str, tablet_pb2.ListTabletsResponse]:
         """Every reachable server's ``ListTablets`` answer, by server uuid."""
         self._check_open()
-        answers = await self._meta.list_tablets(
-            timeout_s if timeout_s is not None else self.timeout_s
-        )
+        answers = await self._meta.list_tablets(self._timeout(timeout_s))
         return {u: a for u, a in answers.items() if not isinstance(a, RpcFailure)}
 
     # --- writing ---------------------------------------------------------------------------
@@ -313,8 +311,21 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._meta.table(table)  # an unknown table fails the call, not each row
         errors: list[RaftletError] = []
         groups: dict[str, list[Operation]] = {}
-        for index, (op_type, given) in enumerate(ops):
+        try:
+            items = iter(ops)
+        except TypeError:
+            raise InvalidArgument(
+                f"ops must be an iterable of (OpType, row) pairs, not {type(ops).__name__}"
+            ) from None
+        for index, item in enumerate(items):
             row: dict[str, object] = {}  # what the error reports of a row that is none
+            try:
+                op_type, given = item
+            except (TypeError, ValueError):
+                bad = InvalidArgument(f"an operation is an (OpType, row) pair, not {item!r:.80}")
+                self._stats.error(bad.cause)
+                errors.append(bad.for_operation(index, table, row))
+                continue
             try:
                 row = row_of(given)
                 op = encode_operation(
@@ -353,7 +364,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         """``_send_batch``, with where the write landed when it was acknowledged."""
         rpc = self._rpc
         tracker = self._tracker
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        timeout = self._timeout(timeout_s)
         seq_no = tracker.new_seq_no()
         request = write_request(tablet_id, ops, tracker.client_id, seq_no)
 
@@ -394,7 +405,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._check_open()
         if new_leader and new_leader not in self._meta.tablet(tablet_id).replicas:
             raise InvalidArgument(f"{new_leader!r} hosts no replica of tablet {tablet_id}")
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        timeout = self._timeout(timeout_s)
         request = admin_pb2.LeaderStepDownRequest(tablet_id=tablet_id, new_leader_uuid=new_leader)
 
         async def step_down(
@@ -418,14 +429,24 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
     # stats, closed and _check_open: inherited (client_base)
 
     async def close(self) -> None:
-        """Close the channels (idempotent); later calls raise ``ClientClosed``."""
+        """Close the channels (idempotent); later calls raise ``ClientClosed``. In the event
+        loop it connected in, as every other call: its connections belong to that loop."""
         if self._closed:
             return
+        if self._loop is not None and _running_loop() is not self._loop:
+            # Closed here, its sockets were left open and the client could not be closed
+            # again; raised before anything changes, the caller can still close it there.
+            raise InvalidArgument(
+                "this AsyncClient connected in another event loop: close it in that one, "
+                "before that loop ends"
+            )
         self._closed = True
         if self._pool is not None:
             await self._pool.close()
 
     async def __aenter__(self) -> Self:
+        if self._loop is None:  # `async with AsyncClient(...)`: not connected yet
+            await self.load()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -293,18 +293,22 @@ class AsyncWriteStream:
                 continue
             del self._pending[write_id]
             request = self._requests.pop(write_id, None)
-            if size_error and request is not None and self._too_large(write_id, request):
-                future.set_exception(
-                    StreamedRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, size_error)
-                )
+            own = self._too_large(write_id, request) if size_error and request else None
+            if own is not None:
+                future.set_exception(StreamedRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, own))
             else:
                 future.set_exception(failure)
 
-    def _too_large(self, write_id: int, request: tablet_pb2.WriteRequest) -> bool:
+    def _too_large(self, write_id: int, request: tablet_pb2.WriteRequest) -> str | None:
+        """gRPC's size error for ``request`` alone in a frame, if it is over the limit: the
+        frame's own error gave the size of the whole frame, other writes and all."""
         alone = tablet_pb2.WriteStreamRequestPB(
             items=[tablet_pb2.WriteStreamItemPB(id=write_id, request=request)]
-        )
-        return self._frame_limit is not None and alone.ByteSize() > self._frame_limit
+        ).ByteSize()
+        limit = self._frame_limit
+        if limit is None or alone <= limit:
+            return None
+        return f"CLIENT: Sent message larger than max ({alone} vs. {limit})"
 
     async def close(self) -> None:
         self._closed = True

@@ -197,7 +197,7 @@ class Client(ClientBase[MetaCache]):
         """Every reachable server's ``ListTablets`` answer, by server uuid (servers that did
         not answer are left out; compare with ``servers()``)."""
         self._check_open()
-        answers = self._meta.list_tablets(timeout_s if timeout_s is not None else self.timeout_s)
+        answers = self._meta.list_tablets(self._timeout(timeout_s))
         return {
             uuid: answer for uuid, answer in answers.items() if not isinstance(answer, RpcFailure)
         }
@@ -215,11 +215,15 @@ class Client(ClientBase[MetaCache]):
         flush_interval_s: float = 0.05,
         max_buffered_rows: int | None = None,
         packed_rows: bool = True,
+        max_buffered_bytes: int | None = None,
     ) -> Session:
         """A session (see ``client.session``); ``timeout_s`` (default the client's) bounds
         each write, retries included. A batch holds at most ``max_batch_rows`` rows and
         ``max_batch_bytes`` bytes; each tablet has at most ``max_batches_in_flight`` of a
-        session's batches in flight. ``packed_rows=False`` sends rows in the per-cell form
+        session's batches in flight. In ``AUTO_FLUSH_BACKGROUND`` a call blocks while
+        ``max_buffered_rows`` rows (default twice the batches in flight's rows) or
+        ``max_buffered_bytes`` (default twice their bytes) are unacknowledged.
+        ``packed_rows=False`` sends rows in the per-cell form
         (one ``RowOperationPB`` per row) instead of a packed row block: the older wire form,
         kept for servers and comparisons that need it."""
         with self._lock:
@@ -229,12 +233,13 @@ class Client(ClientBase[MetaCache]):
                 self._tracker,
                 self._executor,
                 flush_mode=flush_mode,
-                timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                timeout_s=self._timeout(timeout_s),
                 max_batch_rows=max_batch_rows,
                 max_batch_bytes=max_batch_bytes,
                 max_batches_in_flight=max_batches_in_flight,
                 flush_interval_s=flush_interval_s,
                 max_buffered_rows=max_buffered_rows,
+                max_buffered_bytes=max_buffered_bytes,
                 packed_rows=packed_rows,
                 on_close=self._session_closed,
             )
@@ -284,7 +289,7 @@ class Client(ClientBase[MetaCache]):
             batch_size_rows=batch_size_rows,
             batch_size_bytes=batch_size_bytes,
             row_format=row_format,
-            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            timeout_s=self._timeout(timeout_s),
             min_index=min_index,
         )
 
@@ -323,7 +328,7 @@ class Client(ClientBase[MetaCache]):
             batch_size_rows=batch_size_rows,
             batch_size_bytes=batch_size_bytes,
             row_format=row_format,
-            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            timeout_s=self._timeout(timeout_s),
             replica=replica,
             min_index=min_index,
         )
@@ -339,7 +344,7 @@ class Client(ClientBase[MetaCache]):
         self._check_open()
         if new_leader and new_leader not in self._meta.tablet(tablet_id).replicas:
             raise InvalidArgument(f"{new_leader!r} hosts no replica of tablet {tablet_id}")
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        timeout = self._timeout(timeout_s)
         request = admin_pb2.LeaderStepDownRequest(tablet_id=tablet_id, new_leader_uuid=new_leader)
         _, server = self._on_leader(
             tablet_id,
@@ -374,7 +379,7 @@ class Client(ClientBase[MetaCache]):
                 admin_pb2_grpc.AdminServiceStub(self._channels.channel(stub.address)), timeout
             ),
             what=what,
-            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            timeout_s=self._timeout(timeout_s),
         )
 
     def checksum(
@@ -387,7 +392,7 @@ class Client(ClientBase[MetaCache]):
         caller has just learned the replicas (``leader_of(..., refresh=True)``), as one
         checking many tablets at once does -- each refresh waits for every server."""
         self._check_open()
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        timeout = self._timeout(timeout_s)
         if refresh:
             # Its replicas as they are now (they may have moved since the client started).
             self._meta.refresh_leaders(time.monotonic() + timeout, force=True)

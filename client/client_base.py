@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Generic, TypeVar
 
+from raftlet.client.arguments import check_timeout
 from raftlet.client.errors import ClientClosed
 from raftlet.client.meta_cache import MetaState
 from raftlet.client.request_tracker import RequestTracker
@@ -24,6 +25,7 @@ class ClientBase(Generic[Meta]):
     _meta: Meta
     _stats: StatsRecorder
     _closed: bool
+    timeout_s: float
 
     @property
     def client_id(self) -> str:
@@ -61,6 +63,11 @@ class ClientBase(Generic[Meta]):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        """A call's ``timeout_s``: the client's when None, else checked (a NaN deadline
+        once kept a call's retries going for ever)."""
+        return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
 
     def _check_open(self) -> None:
         if self._closed:

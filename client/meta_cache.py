@@ -210,7 +210,11 @@ class MetaState:
     def view(self) -> ClusterView:
         view = self._view
         if view is None:
-            raise RuntimeError("the meta cache has no cluster config yet (call load)")
+            raise InvalidArgument(
+                "the client has not fetched the cluster config yet: connect with "
+                "`await AsyncClient.connect(...)` (or `async with` the client, or `await "
+                "client.load()`) before using it"
+            )
         return view
 
     def table(self, name: str) -> TableInfo:

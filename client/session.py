@@ -12,8 +12,9 @@ routed to its tablet (``MetaCache.route``) — and sends them in one of three mo
 - ``AUTO_FLUSH_BACKGROUND``: calls buffer and return. Each tablet's rows collect in an open
   batch that is sent as soon as it holds ``max_batch_rows`` rows or ``max_batch_bytes``
   bytes, or its oldest row has waited ``flush_interval_s``. While ``max_buffered_rows`` rows
-  are unacknowledged, a call blocks (backpressure) — for at most ``timeout_s``, then it
-  raises ``Timeout``. ``flush()`` sends what is open and waits until every row given before
+  are unacknowledged, or a row would take those unacknowledged past ``max_buffered_bytes``
+  (one row alone always goes), a call blocks (backpressure) — for at most ``timeout_s``,
+  then it raises ``Timeout``. ``flush()`` sends what is open and waits until every row given before
   it has an outcome. Failures are collected: ``errors()``.
 
 Batches go out through ``client.batch_pipeline``: per tablet, up to
@@ -98,6 +99,7 @@ class Session:
         max_buffered_rows: int | None = None,
         packed_rows: bool = True,
         on_close: Callable[[Session], None] | None = None,
+        max_buffered_bytes: int | None = None,
     ) -> None:
         if not isinstance(flush_mode, FlushMode):
             raise InvalidArgument(f"flush_mode must be a FlushMode, got {flush_mode!r}")
@@ -119,6 +121,14 @@ class Session:
                 f"max_buffered_rows ({max_buffered_rows}) must be at least "
                 f"max_batch_rows ({max_batch_rows})"
             )
+        if max_buffered_bytes is None:
+            # Counted by rows alone, 1 MB rows buffered 4 GB before a call blocked.
+            max_buffered_bytes = 2 * max_batches_in_flight * max_batch_bytes
+        if max_buffered_bytes < max_batch_bytes:
+            raise InvalidArgument(
+                f"max_buffered_bytes ({max_buffered_bytes}) must be at least "
+                f"max_batch_bytes ({max_batch_bytes})"
+            )
         self.flush_mode = flush_mode
         self.timeout_s = float(timeout_s)
         self.max_batch_rows = max_batch_rows
@@ -126,6 +136,7 @@ class Session:
         self.max_batches_in_flight = max_batches_in_flight
         self.flush_interval_s = float(flush_interval_s)
         self.max_buffered_rows = max_buffered_rows
+        self.max_buffered_bytes = max_buffered_bytes
         self.packed_rows = packed_rows
         self._rpc = rpc
         self._tracker = tracker
@@ -152,6 +163,7 @@ class Session:
         self._error_count = 0
         self._accepted = 0  # operations ever buffered
         self._done = 0  # of those, how many have an outcome
+        self._unanswered_bytes = 0  # the rows of those without one (``Operation.nbytes``)
         self._closing = False
         self._closed = False
         self._flusher: threading.Thread | None = None
@@ -200,6 +212,7 @@ class Session:
                 op.index = self._take_index()
                 self._buffer.append(op)
                 self._accepted += 1
+                self._unanswered_bytes += op.nbytes
             return None
         if self.flush_mode is FlushMode.AUTO_FLUSH_SYNC:
             with self._lock:
@@ -226,27 +239,37 @@ class Session:
         with self._lock:
             if self._closing:
                 raise ClientClosed("the session is closed")
-            if self._accepted - self._done >= self.max_buffered_rows:
-                self._wait_for_room()
+            if not self._room_for(op.nbytes):
+                self._wait_for_room(op.nbytes)
             op.index = self._next_index
             self._next_index += 1
             opened = self._pipeline.add(op)
             self._accepted += 1
+            self._unanswered_bytes += op.nbytes
             if opened:  # the flusher's timer starts with the first open row
                 self._cond.notify_all()
 
-    def _wait_for_room(self) -> None:
-        """Block (holding ``_cond``) while ``max_buffered_rows`` rows are unacknowledged,
-        for at most ``timeout_s``."""
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether a row of ``nbytes`` may be buffered now (caller holds ``_lock``)."""
+        unanswered = self._unanswered_bytes
+        return self._accepted - self._done < self.max_buffered_rows and (
+            not unanswered or unanswered + nbytes <= self.max_buffered_bytes
+        )
+
+    def _wait_for_room(self, nbytes: int) -> None:
+        """Block (holding ``_cond``) while the unacknowledged rows leave no room for a row
+        of ``nbytes`` (``max_buffered_rows``, ``max_buffered_bytes``), for at most
+        ``timeout_s``."""
         clock = self._rpc.clock
         deadline = clock() + self.timeout_s
-        while self._accepted - self._done >= self.max_buffered_rows:
+        while not self._room_for(nbytes):
             left = deadline - clock()
             if left <= 0:
                 raise Timeout(
-                    f"session buffer full: {self._accepted - self._done} rows not yet "
-                    f"acknowledged after {self.timeout_s:.3g} s (max_buffered_rows="
-                    f"{self.max_buffered_rows})",
+                    f"session buffer full: {self._accepted - self._done} rows of "
+                    f"{self._unanswered_bytes} bytes not yet acknowledged after "
+                    f"{self.timeout_s:.3g} s (max_buffered_rows={self.max_buffered_rows}, "
+                    f"max_buffered_bytes={self.max_buffered_bytes})",
                     may_have_applied=False,  # this row was refused before it was buffered
                 )
             self._cond.wait(left)
@@ -324,6 +347,7 @@ class Session:
         self._errors.extend(errors)
         self._error_count += len(errors)
         self._done += len(ops)
+        self._unanswered_bytes -= sum(op.nbytes for op in ops)
 
     def _send_batch(self, tablet_id: str, ops: list[Operation]) -> list[RaftletError]:
         """One Write RPC of ``ops`` (all of ``tablet_id``), retried with one request id.

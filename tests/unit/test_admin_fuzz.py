@@ -221,6 +221,20 @@ def test_a_step_down_of_a_group_of_one_fails_at_once_saying_why(
     assert "attempts" not in err, err
 
 
+def test_the_threaded_clients_calls_check_their_timeouts(ts: InProcessServer) -> None:
+    """A NaN deadline made a step-down raise a bare ValueError from deep in the meta cache,
+    and a timeout of 0 made list_tablets answer {} -- as if every server were down."""
+    with Client([ts.rpc_addr], timeout_s=RPC_TIMEOUT_S) as client:
+        for bad in (float("nan"), -1, 0):
+            with pytest.raises(InvalidArgument, match="timeout_s must be positive seconds"):
+                client.leader_step_down(ts.tablet_id, timeout_s=bad)
+            with pytest.raises(InvalidArgument, match="timeout_s must be positive seconds"):
+                client.list_tablets(timeout_s=bad)
+            with pytest.raises(InvalidArgument, match="timeout_s must be positive seconds"):
+                client.checksum(ts.tablet_id, timeout_s=bad)
+        assert set(client.list_tablets()) == {"ts1"}
+
+
 @FUZZ
 @given(names=st.lists(flag_names, max_size=20))
 def test_get_flags_with_random_names(ts: InProcessServer, names: list[str]) -> None:

@@ -494,3 +494,78 @@ def test_a_client_used_from_another_event_loop_says_so_at_once() -> None:
 
     asyncio.run(elsewhere())
     assert len(cluster.writes()) == 1  # nothing sent from the other loop
+
+
+def test_a_client_is_closed_only_in_the_loop_it_connected_in() -> None:
+    """Closed from another loop, it said it was closed and left its sockets open for good
+    (no later close could reach them)."""
+    cluster = AsyncFakeCluster()
+    client = asyncio.run(fake_client(cluster))
+
+    async def elsewhere() -> None:
+        with pytest.raises(InvalidArgument, match="close it in that one"):
+            await client.close()
+
+    asyncio.run(elsewhere())
+    assert not client.closed
+
+
+def test_call_timeouts_are_checked_like_the_writes_ones() -> None:
+    """A NaN deadline kept a step-down's retries going for ever; a timeout of 0 made
+    list_tablets answer {} -- as if every server were down."""
+    cluster = AsyncFakeCluster()
+
+    async def main() -> None:
+        c = await fake_client(cluster)
+        for bad in (float("nan"), -1, 0, float("inf")):
+            with pytest.raises(InvalidArgument, match="timeout_s must be positive seconds"):
+                await c.leader_step_down("kv-p0", timeout_s=bad)
+            with pytest.raises(InvalidArgument, match="timeout_s must be positive seconds"):
+                await c.list_tablets(timeout_s=bad)
+        await c.close()
+
+    run(main())
+
+
+def test_malformed_operations_are_invalid_arguments_not_tracebacks() -> None:
+    cluster = AsyncFakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", *[ok] * 4)
+
+    async def main() -> None:
+        c = await fake_client(cluster)
+        with pytest.raises(InvalidArgument, match="iterable of \\(OpType, row\\) pairs, not int"):
+            await c.write("kv", 5)  # type: ignore[arg-type]
+        errors = await c.write(
+            "kv",
+            [5, (OpType.INSERT, {"key": 1}, 3), (OpType.UPSERT, {"key": 2, "value": "v"})],  # type: ignore[list-item]
+        )
+        assert [(type(e), e.row_index) for e in errors] == [
+            (InvalidArgument, 0),
+            (InvalidArgument, 1),
+        ]
+        assert "an operation is an (OpType, row) pair, not 5" in str(errors[0])
+        assert len(cluster.writes()) == 1  # the good one went
+        await c.close()
+
+    run(main())
+
+
+def test_async_with_a_client_not_yet_connected_connects_it() -> None:
+    cluster = AsyncFakeCluster()
+    cluster.servers["ts1"].script("config", config_pb())
+    for s in cluster.servers.values():
+        s.script("write", ok)
+    clock = AsyncFakeClock()
+
+    async def main() -> None:
+        client = AsyncClient(
+            [addr("ts1")], stubs=cluster, clock=clock.clock, sleep=clock.async_sleep
+        )
+        with pytest.raises(InvalidArgument, match="has not fetched the cluster config yet"):
+            await client.insert("kv", {"key": 1})
+        async with client as c:
+            await c.upsert("kv", {"key": 1, "value": "v"})
+        assert client.closed
+
+    run(main())

@@ -136,6 +136,47 @@ def test_a_row_refused_for_a_full_buffer_was_never_sent() -> None:
     assert sorted(rows_in(r) for _, r in cluster.writes()) == [1, 1]  # key 3 never went
 
 
+def test_a_background_session_buffers_rows_up_to_a_byte_budget_too() -> None:
+    """Counted by rows alone, a session of 1 MB rows buffered 4 GB before a call blocked."""
+    cluster = FakeCluster()
+    release = threading.Event()
+
+    def stuck(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
+        release.wait(30)
+        return ok(request)
+
+    for s in cluster.servers.values():
+        s.script("write", stuck)
+    session = Session(
+        make_rpc(cluster, RealClock()),  # type: ignore[arg-type]
+        RequestTracker(),
+        ThreadPoolExecutor(4),
+        flush_mode=FlushMode.AUTO_FLUSH_BACKGROUND,
+        timeout_s=0.2,
+        max_batch_bytes=250_000,
+        max_buffered_bytes=250_000,
+    )
+    big = "x" * 100_000
+    try:
+        session.insert("kv", {"key": 1, "value": big})
+        session.insert("kv", {"key": 2, "value": big})
+        with pytest.raises(Timeout, match=r"max_buffered_bytes=250000") as refused:
+            session.insert("kv", {"key": 3, "value": big})  # a third would pass 250 KB
+        assert refused.value.may_have_applied is False
+        assert "2 rows of 200" in str(refused.value)
+    finally:
+        release.set()
+        session.close()
+    with pytest.raises(InvalidArgument, match="max_buffered_bytes"):
+        Session(
+            make_rpc(cluster),
+            RequestTracker(),
+            ThreadPoolExecutor(1),
+            max_batch_bytes=1000,
+            max_buffered_bytes=999,
+        )
+
+
 class RealClock:
     """``make_rpc``'s clock and sleep, the real ones: the buffer waits on a condition."""
 
