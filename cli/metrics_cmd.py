@@ -189,6 +189,20 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
         _sum("rpcs_queue_overflow", "server", service="tablet"),
     ),
     KeyMetric(
+        "write_memory_refusals",
+        "writes refused at the write memory limit",
+        "write_memory_refusals_total",
+        "count",
+        _sum("write_memory_refusals_total", "server"),
+    ),
+    KeyMetric(
+        "write_memory_held",
+        "write memory held, bytes (admitted writes not answered)",
+        "write_memory_held_bytes",
+        "count",
+        _sum("write_memory_held_bytes", "server"),
+    ),
+    KeyMetric(
         "consensus_queue_overflows",
         "consensus service queue overflows (unary transport)",
         "rpcs_queue_overflow",

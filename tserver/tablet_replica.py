@@ -451,6 +451,10 @@ class TabletReplica:
         # no longer leads, else they make a round of their own.
         if self._waiting and self.clock() - self._waiting_since >= _ROUND_WAIT_MAX_S:
             self._prepare_q.post(None)
+        # Writes it proposed and no longer leads for: answered by the apply stage
+        # (``_answer_undecided``).
+        if self._proposed and self.consensus.snapshot.role is not Role.LEADER:
+            self._apply_q.post(None)
 
     def stop(self) -> None:
         """Stop replicating; fail what is in flight; flush and close the files."""
@@ -739,17 +743,32 @@ class TabletReplica:
         ops = [op for op, _ in pairs]
         start = time.perf_counter()
 
+        displaced: list[tuple[int, RequestKey]] = []
+
         def remember(entries: list[Entry]) -> None:
             # Under the consensus lock, before the entries are sent: apply can find them.
             with self._proposed_lock:
+                proposed = self._proposed
                 for op, entry in zip(ops, entries, strict=True):
                     if entry.index > self._applied_index:
-                        self._proposed[entry.index] = (entry.term, op.key, op.decoded)
+                        old = proposed.get(entry.index)
+                        if old is not None and old[0] != entry.term:
+                            # Proposed under a term this replica lost, its entry truncated
+                            # since: it can never be applied, and overwritten unanswered its
+                            # writer (and its charge of the server's memory) waited for good.
+                            displaced.append((entry.term, old[1]))
+                        proposed[entry.index] = (entry.term, op.key, op.decoded)
                 if self.options.rounds_in_flight and entries[-1].index > self._applied_index:
                     self._rounds.append(entries[-1].index)
 
         try:
-            entries = self.consensus.replicate([data for _, data in pairs], ops[0].term, remember)
+            try:
+                entries = self.consensus.replicate(
+                    [data for _, data in pairs], ops[0].term, remember
+                )
+            finally:
+                for term, key in displaced:  # outside the consensus lock
+                    self.tracker.abort(key, NotLeaderError(self.server_id, term))
             if self.options.unsafe_ack_before_commit:
                 for op, entry in zip(ops, entries, strict=True):
                     self.tracker.complete(op.key, _response(entry.index, entry.term, ()))
@@ -809,6 +828,8 @@ class TabletReplica:
             self._retry_due = False
             self._catch_up()
         # Otherwise failed, and not yet time to retry: the entries are in the log.
+        if self._proposed:
+            self._answer_undecided()
         if self._log_gc is not None and self._apply_error is None:
             try:
                 self._log_gc.maybe_collect()
@@ -1066,6 +1087,47 @@ class TabletReplica:
             answering.error = exc
             answering.counts = (0, 0)
 
+    def _answer_undecided(self) -> None:
+        """Once this replica no longer leads, answer the writes it proposed that are not
+        applied yet (the apply stage, after what was committed): UNAVAILABLE, their outcome
+        unknown -- the next leader may commit them or not, and a retry with the same request
+        id is applied at most once. Waiting for their entries instead held them, and their
+        charge of the server's memory, for as long as the group had no majority: one such
+        tablet kept every other tablet on its server from writing."""
+        snap = self.consensus.snapshot
+        if snap.role is Role.LEADER:
+            return
+        with self._proposed_lock:
+            # Not those of a term it leads in now (it may have been elected since the read).
+            undecided = [i for i, (term, _, _) in self._proposed.items() if term <= snap.term]
+            keys = [self._proposed.pop(i)[1] for i in undecided]
+            if undecided:
+                top = max(undecided)
+                self._rounds = collections.deque(i for i in self._rounds if i > top)
+        if keys:
+            error = ServiceUnavailable(
+                f"tablet {self.tablet_id}: this replica stopped leading (term {snap.term}) "
+                "before the write was committed; the next leader may still commit it -- a "
+                "retry with the same request id is applied at most once"
+            )
+            for key in keys:
+                self.tracker.abort(key, error)
+
+    def _drop_replaced(self, entry: Entry) -> list[RequestKey]:
+        """Forget the entries this replica proposed after ``entry``'s index under a term
+        older than ``entry``'s, and return their requests: ``entry`` replaced one of ours,
+        so the log that commits it has none of those (an entry of our old term could only
+        follow ours there). A quiet tablet never applies anything at their indexes, and
+        they waited unanswered -- holding their charge of the server's memory -- until
+        writes reached them, or for good if this replica led again and proposed there."""
+        with self._proposed_lock:
+            dead = [
+                index
+                for index, (term, _, _) in self._proposed.items()
+                if index > entry.index and term < entry.term
+            ]
+            return [self._proposed.pop(index)[1] for index in dead]
+
     def _end_rounds(self, last: int) -> None:
         """The rounds up to index ``last`` are done (under ``_proposed_lock``)."""
         while self._rounds and self._rounds[0] <= last:
@@ -1086,10 +1148,12 @@ class TabletReplica:
         outcomes: list[tuple[int, int, Sequence[RowFailure]]] = []  # learned's, in step
         for entry, applied, result, mine in zip(entries, batch, results, proposed, strict=True):
             if mine is not None and mine[0] != entry.term:
-                # Our entry at this index was replaced: this leader lost its term.
-                self.tracker.abort(
-                    mine[1], NotLeaderError(self.consensus.snapshot.leader_id, entry.term)
-                )
+                # Our entry at this index was replaced: this leader lost its term, and with
+                # it every later entry it proposed then (``_drop_replaced``).
+                error = NotLeaderError(self.consensus.snapshot.leader_id, entry.term)
+                self.tracker.abort(mine[1], error)
+                for dead in self._drop_replaced(entry):
+                    self.tracker.abort(dead, error)
                 mine = None
             if entry.type is not EntryType.NORMAL or result.skipped:
                 continue

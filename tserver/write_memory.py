@@ -14,8 +14,11 @@ service queue (Kudu refuses writes past its soft memory limit the same way).
 A write is charged its serialized size plus ``WRITE_OVERHEAD_BYTES``, what holding one
 costs beyond its bytes: measured on this build, a parsed single-row write of ~200 bytes
 with its callbacks and request key takes ~1.7 KB more (the Python objects, not the wire
-form). A server that holds nothing admits any write, however large, so no single write is
-refused forever.
+form). A server that holds nothing admits any write, however large. A refused write keeps
+room for itself for ``RESERVATION_S``: meanwhile smaller writes are admitted only while
+room for it is left (none, for one larger than the budget), so a steady stream of small
+writes cannot keep a large one out for good (8 MB batches against 4 KB writes once failed
+7 times in 8); each retry of it renews the reservation, and a writer that gave up loses it.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ from collections.abc import Callable
 from raftlet.metrics.counter import StripedCounter
 from raftlet.tserver.errors import ServiceUnavailable
 
-__all__ = ["WRITE_OVERHEAD_BYTES", "MemoryLimitExceeded", "WriteMemory"]
+__all__ = ["RESERVATION_S", "WRITE_OVERHEAD_BYTES", "MemoryLimitExceeded", "WriteMemory"]
 
 logger = logging.getLogger(__name__)
 
 WRITE_OVERHEAD_BYTES = 2048
+# How long room is kept for a refused write: longer than a client's longest backoff after
+# RESOURCE_EXHAUSTED (0.5 s, ``client.retry``), so its retry finds it.
+RESERVATION_S = 1.0
 # A budget that stays spent refuses every write: say so at most once a minute.
 _LOG_INTERVAL_S = 60.0
 
@@ -58,6 +64,9 @@ class WriteMemory:
         self.refusals = refusals if refusals is not None else StripedCounter()
         self._lock = threading.Lock()
         self._held = 0
+        # The largest charge refused lately, and until when room is kept for it.
+        self._reserved = 0
+        self._reserved_until = 0.0
         self._clock = clock
         self._last_log: float | None = None
         self._unsaid = 0
@@ -72,11 +81,20 @@ class WriteMemory:
         charge = nbytes + WRITE_OVERHEAD_BYTES
         with self._lock:
             held = self._held
-            if held and held + charge > self.limit_bytes:
-                refused = True
-            else:
+            reserved = self._reserved
+            if reserved and self._clock() >= self._reserved_until:
+                reserved = self._reserved = 0  # its writer gave up
+            if charge >= reserved:
+                refused = bool(held) and held + charge > self.limit_bytes
+                if refused:  # room is kept for the largest refused lately
+                    self._reserved = charge
+                    self._reserved_until = self._clock() + RESERVATION_S
+                elif reserved:
+                    self._reserved = 0  # it went
+            else:  # smaller than one refused lately: only while room is left for that one
+                refused = held + charge + reserved > self.limit_bytes
+            if not refused:
                 self._held = held + charge
-                refused = False
         if refused:
             self.refusals.increment()
             self._log_refusal(held, charge)

@@ -474,6 +474,8 @@ def _metrics_doc() -> list[dict[str, Any]]:
                 "mean": 150.0,
                 "percentile_99": 900.0,
             },
+            {"name": "write_memory_refusals_total", "value": 31},
+            {"name": "write_memory_held_bytes", "value": 4096},
         ],
     }
     return [server, tablet("kv-p0", 3, 100, 40.0), tablet("kv-p1", 0, 50, 70.0)]
@@ -485,6 +487,8 @@ def test_key_metrics_aggregate_per_server() -> None:
     assert m["write_ops"] == 20
     assert m["tablet_queue_overflows"] == 4  # summed over methods, tablet service only
     assert m["consensus_queue_overflows"] == 9
+    # Writes refused for the server's memory limit show beside the queue's refusals.
+    assert (m["write_memory_refusals"], m["write_memory_held"]) == (31, 4096)
     assert m["tablet_queue_time_mean"] == 150.0
     assert m["tablet_queue_time_p99"] == 900.0
     assert m["lock_contention_time"] == 150

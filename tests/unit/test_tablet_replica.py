@@ -977,6 +977,86 @@ def test_with_no_cap_on_rounds_every_write_goes_at_once(
         tablet.close()
 
 
+def test_every_write_a_deposed_leader_proposed_past_the_new_leaders_log_is_answered(
+    tmp_path: Path,
+) -> None:
+    """A leader cut off proposes three writes; a new leader, whose log ends before them,
+    commits its own entry at the first one's index.  Only that first write was answered:
+    the tablet went quiet, nothing was ever applied at the others' indexes, and they
+    waited -- holding their charge of the server's memory -- for good."""
+    memory = WriteMemory(1 << 30)
+    options = ReplicaOptions(consensus=FAST, rounds_in_flight=0)
+    tablet = Tablet(tmp_path, options=options, write_memory=memory)
+    try:
+        old = tablet.leader()
+        before = old.consensus.status()["last_index"]
+        tablet.cut_off(old.server_id)
+        calls = [send(old, write([k], "c1", k)) for k in (1, 2, 3)]
+        wait_for(lambda: old.consensus.status()["last_index"] == before + 3, what="proposed")
+        others = [r for r in tablet.replicas.values() if r is not old]
+        tablet.wait_for(
+            lambda: any(r.consensus.snapshot.leader_ready for r in others), what="a new leader"
+        )
+        tablet.transport.heal()
+        tablet.wait_for(lambda: all(c.done.is_set() for c in calls), what="every write answered")
+        for call in calls:  # not leading, or replaced: by whichever noticed first
+            with pytest.raises((ProposalDropped, ServiceUnavailable)):
+                call.result()
+        assert memory.held() == 0
+        assert old.tracker.in_flight() == 0
+        # Retried at the new leader, each is applied once.
+        new = tablet.leader()
+        for k in (1, 2, 3):
+            assert not send(new, write([k], "c1", k)).result().row_errors
+        tablet.wait_keys_everywhere([1, 2, 3])
+    finally:
+        tablet.close()
+
+
+def test_a_leader_that_loses_its_majority_answers_what_it_proposed_and_frees_its_memory(
+    tmp_path: Path,
+) -> None:
+    """Its writes waited for the majority to come back, holding their charge of the
+    server's memory all along: one tablet without a majority kept every other tablet of
+    its server from writing. Once it no longer leads it answers them, outcome unknown."""
+    memory = WriteMemory(1 << 30)
+    options = ReplicaOptions(consensus=FAST, rounds_in_flight=0)
+    tablet = Tablet(tmp_path, options=options, write_memory=memory)
+    try:
+        leader = tablet.leader()
+        tablet.cut_off(leader.server_id)  # for good: no majority it can reach
+        calls = [send(leader, write([k], "c1", k)) for k in (1, 2, 3)]
+        assert memory.held() > 0
+        tablet.wait_for(lambda: all(c.done.is_set() for c in calls), what="every write answered")
+        assert leader.consensus.snapshot.role is not Role.LEADER
+        for call in calls:
+            with pytest.raises(ServiceUnavailable, match="the next leader may still commit it"):
+                call.result()
+        assert memory.held() == 0
+        assert leader.tracker.in_flight() == 0
+    finally:
+        tablet.close()
+
+
+def test_a_proposal_of_a_lost_term_at_an_index_proposed_again_is_answered(
+    tablet: Tablet,
+) -> None:
+    """A replica that led, lost its term with proposals out, and leads again proposes at
+    their indexes: the old one was overwritten unanswered, its writer waiting for good.
+    (Set up by hand: the race that leads to it -- leading again before applying the entry
+    that replaced ours -- is not one a test can order.)"""
+    leader = tablet.leader()
+    index = leader.consensus.status()["last_index"] + 1
+    ghost = Call()
+    leader.tracker.admit(("ghost", 1), 0, ghost.callbacks.respond, ghost.callbacks.fail)
+    with leader._proposed_lock:
+        leader._proposed[index] = (0, ("ghost", 1), None)  # term 0: long lost
+    assert not send(leader, write([5], "c1", 5)).result().row_errors
+    with pytest.raises(NotLeaderError):
+        ghost.result()
+    assert leader.tracker.in_flight() == 0
+
+
 def test_writes_waiting_behind_a_round_that_cannot_commit_are_answered(
     tablet: Tablet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,7 +12,12 @@ import pytest
 from raftlet.client.retry import Action, Cause, classify_error_pb, classify_status
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.rpc_dispatch import status_for
-from raftlet.tserver.write_memory import WRITE_OVERHEAD_BYTES, MemoryLimitExceeded, WriteMemory
+from raftlet.tserver.write_memory import (
+    RESERVATION_S,
+    WRITE_OVERHEAD_BYTES,
+    MemoryLimitExceeded,
+    WriteMemory,
+)
 
 LIMIT = 1 << 20
 
@@ -46,6 +51,55 @@ def test_a_server_that_holds_nothing_admits_a_write_larger_than_the_limit() -> N
     with pytest.raises(MemoryLimitExceeded):
         memory.take(1)
     memory.give(charge)
+    assert memory.held() == 0
+
+
+def test_a_refused_write_keeps_room_for_itself_against_a_stream_of_small_ones() -> None:
+    """Small writes kept coming and each found room first: 8 MB batches failed 7 times
+    in 8 against a stream of 4 KB writes."""
+    now = [0.0]
+    memory = WriteMemory(LIMIT, clock=lambda: now[0])
+    small = 10_000
+    held = [memory.take(small) for _ in range(60)]  # ~720 KB of 1 MiB
+    with pytest.raises(MemoryLimitExceeded):
+        memory.take(400_000)
+    # Room is kept for it: a small write that fits the budget alone does not get in.
+    with pytest.raises(MemoryLimitExceeded):
+        memory.take(small)
+    for charge in held[:40]:
+        memory.give(charge)
+    now[0] += 0.4  # its retry, after a backoff
+    big = memory.take(400_000)
+    memory.take(small)  # it went: the room is free for all again
+    memory.give(big)
+
+
+def test_a_reservation_ends_when_its_writer_stops_retrying() -> None:
+    now = [0.0]
+    memory = WriteMemory(LIMIT, clock=lambda: now[0])
+    held = memory.take(LIMIT // 2)
+    with pytest.raises(MemoryLimitExceeded):
+        memory.take(LIMIT)
+    with pytest.raises(MemoryLimitExceeded):
+        memory.take(1000)
+    now[0] += RESERVATION_S
+    memory.take(1000)  # nobody came back for the room
+    memory.give(held)
+
+
+def test_a_write_larger_than_the_limit_goes_once_the_server_drains() -> None:
+    now = [0.0]
+    memory = WriteMemory(LIMIT, clock=lambda: now[0])
+    held = memory.take(1000)
+    with pytest.raises(MemoryLimitExceeded):
+        memory.take(2 * LIMIT)
+    with pytest.raises(MemoryLimitExceeded):  # none after it, while it waits
+        memory.take(1000)
+    memory.give(held)
+    with pytest.raises(MemoryLimitExceeded):  # nor on an empty server: the room is its
+        memory.take(1000)
+    memory.give(memory.take(2 * LIMIT))
+    memory.give(memory.take(1000))
     assert memory.held() == 0
 
 
