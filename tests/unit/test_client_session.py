@@ -104,7 +104,8 @@ def test_a_sync_write_returns_where_it_landed_and_buffered_ones_none() -> None:
     session.close()
 
 
-def test_a_row_refused_for_a_full_buffer_was_never_sent() -> None:
+def _stuck_cluster() -> tuple[FakeCluster, threading.Event]:
+    """Servers whose writes are answered only once the event is set."""
     cluster = FakeCluster()
     release = threading.Event()
 
@@ -114,6 +115,11 @@ def test_a_row_refused_for_a_full_buffer_was_never_sent() -> None:
 
     for s in cluster.servers.values():
         s.script("write", stuck)
+    return cluster, release
+
+
+def test_a_row_refused_for_a_full_buffer_was_never_sent() -> None:
+    cluster, release = _stuck_cluster()
     real_time = RealClock()
     session = Session(
         make_rpc(cluster, real_time),  # type: ignore[arg-type]
@@ -138,15 +144,7 @@ def test_a_row_refused_for_a_full_buffer_was_never_sent() -> None:
 
 def test_a_background_session_buffers_rows_up_to_a_byte_budget_too() -> None:
     """Counted by rows alone, a session of 1 MB rows buffered 4 GB before a call blocked."""
-    cluster = FakeCluster()
-    release = threading.Event()
-
-    def stuck(request: tablet_pb2.WriteRequest) -> tablet_pb2.WriteResponse:
-        release.wait(30)
-        return ok(request)
-
-    for s in cluster.servers.values():
-        s.script("write", stuck)
+    cluster, release = _stuck_cluster()
     session = Session(
         make_rpc(cluster, RealClock()),  # type: ignore[arg-type]
         RequestTracker(),
