@@ -84,6 +84,7 @@ class WriteMemory:
             reserved = self._reserved
             if reserved and self._clock() >= self._reserved_until:
                 reserved = self._reserved = 0  # its writer gave up
+            kept = 0  # room kept for another write that refused this one
             if charge >= reserved:
                 refused = bool(held) and held + charge > self.limit_bytes
                 if refused:  # room is kept for the largest refused lately
@@ -93,13 +94,15 @@ class WriteMemory:
                     self._reserved = 0  # it went
             else:  # smaller than one refused lately: only while room is left for that one
                 refused = held + charge + reserved > self.limit_bytes
+                kept = reserved if refused else 0
             if not refused:
                 self._held = held + charge
         if refused:
             self.refusals.increment()
             self._log_refusal(held, charge)
+            room = f" with {kept} kept for a larger write refused a moment ago" if kept else ""
             raise MemoryLimitExceeded(
-                f"this server holds {held} bytes of writes not answered yet; a write of "
+                f"this server holds {held} bytes of writes not answered yet{room}; a write of "
                 f"{nbytes} bytes would pass --write_memory_limit_bytes={self.limit_bytes}: "
                 "back off and retry"
             )

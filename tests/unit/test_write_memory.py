@@ -64,7 +64,7 @@ def test_a_refused_write_keeps_room_for_itself_against_a_stream_of_small_ones() 
     with pytest.raises(MemoryLimitExceeded):
         memory.take(400_000)
     # Room is kept for it: a small write that fits the budget alone does not get in.
-    with pytest.raises(MemoryLimitExceeded):
+    with pytest.raises(MemoryLimitExceeded, match="with 402048 kept for a larger write"):
         memory.take(small)
     for charge in held[:40]:
         memory.give(charge)
