@@ -312,6 +312,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         errors: list[RaftletError] = []
         groups: dict[str, list[Operation]] = {}
         try:
+            if isinstance(ops, str | bytes | Mapping):  # iterable, but of no pairs
+                raise TypeError
             items = iter(ops)
         except TypeError:
             raise InvalidArgument(

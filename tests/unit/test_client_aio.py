@@ -536,6 +536,9 @@ def test_malformed_operations_are_invalid_arguments_not_tracebacks() -> None:
         c = await fake_client(cluster)
         with pytest.raises(InvalidArgument, match="iterable of \\(OpType, row\\) pairs, not int"):
             await c.write("kv", 5)  # type: ignore[arg-type]
+        for whole in ("ab", b"ab", {"key": 1}):  # iterable, but not of pairs
+            with pytest.raises(InvalidArgument, match="iterable of \\(OpType, row\\) pairs"):
+                await c.write("kv", whole)  # type: ignore[arg-type]
         errors = await c.write(
             "kv",
             [5, (OpType.INSERT, {"key": 1}, 3), (OpType.UPSERT, {"key": 2, "value": "v"})],  # type: ignore[list-item]
