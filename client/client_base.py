@@ -46,6 +46,10 @@ class ClientBase(Generic[Meta]):
         """The table's tablet ids, by partition."""
         return list(self._meta.table(table).tablet_ids)
 
+    def table_of(self, tablet_id: str) -> str:
+        """The table ``tablet_id`` is a tablet of."""
+        return self._meta.tablet(tablet_id).table
+
     def replication_factor(self, table: str) -> int:
         """How many voters each of the table's tablets is meant to have."""
         return self._meta.table(table).replication_factor

@@ -44,6 +44,8 @@ __all__ = [
 
 # How often a wait re-reads the state it waits for.
 _POLL_S = 0.1
+# How long a voter has to answer whether it runs, before leadership is handed to one.
+_PROBE_S = 2.0
 # With no leader for this long, a wait asks the servers whether the group lost its majority
 # (then no leader can come, and waiting out the timeout only hides why); a few election
 # timeouts, so an election under way is not mistaken for it.
@@ -272,8 +274,42 @@ def _create_replica(
         )
         error = _AlreadyHeld if any(h in (e.details() or "") for h in _HELD) else InvalidArgument
         raise error(
-            f"creating a replica of {tablet_id} on {server} failed: {e.details()}{hint}"
+            f"creating a replica of {tablet_id} on {server} failed: "
+            f"{_said(client, server, e)}{hint}"
         ) from None
+
+
+def _said(client: Client, server: str, e: grpc.RpcError) -> str:
+    """What a failed call to ``server`` says: a server that does not answer is called so,
+    with its address (gRPC's own words were a bare "Deadline Exceeded")."""
+    code = e.code()
+    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+        address = client.servers()[server].rpc_addr
+        return (
+            f"{server} ({address}) is not answering ({code.name}: {e.details()}) -- is it "
+            "down? Start it, or pick another server"
+        )
+    return f"{e.details()}"
+
+
+def _live_voter(client: Client, tablet_id: str, voters: list[str]) -> str:
+    """The one of ``voters`` to hand leadership to: of those that answer, the one with the
+    longest log. The first in order was asked even when it was down: the leader then
+    handed its term to a dead server, refused writes meanwhile, and the command waited
+    out its timeout."""
+    answered: list[tuple[int, str]] = []
+    for voter in voters:
+        try:
+            state = _state(client, voter, tablet_id, _PROBE_S)
+        except grpc.RpcError:
+            continue
+        answered.append((state.last_log_index, voter))
+    if not answered:
+        raise InvalidArgument(
+            f"no other voter of {tablet_id} answers ({', '.join(voters)}): none can take "
+            "its leadership; start them first"
+        )
+    return max(answered)[1]
 
 
 def _refuse_if_pending(m: TabletMembership, tablet_id: str) -> None:
@@ -413,7 +449,7 @@ def remove_replica(
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise InvalidArgument(
                     f"{server} is no member of {tablet_id}'s group, and deleting a leftover "
-                    f"replica there failed: {e.code().name}: {e.details()}"
+                    f"replica there failed: {_said(client, server, e)}"
                 ) from None
             raise InvalidArgument(
                 f"{server} holds no replica of {tablet_id} (voters {', '.join(m.voters)}"
@@ -437,7 +473,9 @@ def remove_replica(
         if not others:
             raise InvalidArgument(f"{server} is the only voter of {tablet_id}")
         try:
-            client.leader_step_down(tablet_id, new_leader=others[0], timeout_s=timeout_s)
+            client.leader_step_down(
+                tablet_id, new_leader=_live_voter(client, tablet_id, others), timeout_s=timeout_s
+            )
         except RaftletError:
             # Another operator may have moved the leadership (or the server) meanwhile: a
             # refusal then says nothing about what is left to do.
@@ -445,7 +483,11 @@ def remove_replica(
             if m.leader == server:
                 raise
         while m.leader == server:
-            _pause(deadline, f"leadership of {tablet_id} to leave {server}")
+            _pause(
+                deadline,
+                f"leadership of {tablet_id} to leave {server} (`raftlet leader-step-down "
+                f"{tablet_id} --to SERVER` hands it to a voter that runs; then run this again)",
+            )
             m = _membership_by(client, tablet_id, deadline)
         say(f"{tablet_id}: leadership moved from {server} to {m.leader}")
         if server not in m.members():
@@ -494,8 +536,7 @@ def remove_replica(
         elif e.code() == grpc.StatusCode.FAILED_PRECONDITION:
             # It answered, naming a file it could not remove: the operator must act.
             raise ReplicaNotDeleted(
-                f"{server} left the group (voters {', '.join(m.voters)}), but its replica "
-                f"there was not deleted: {e.details()}",
+                f"{server} left the group (voters {', '.join(m.voters)}), but {e.details()}",
                 m,
             ) from None
         else:
@@ -562,7 +603,14 @@ def move_replica(
             client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say, leftovers=False
         )
     except _NotAMember:
-        # Another operator moved it meanwhile: adding ``target`` made one voter too many.
+        after = leader_membership(client, tablet_id, timeout_s)
+        factor = client.replication_factor(client.table_of(tablet_id))
+        if target in after.voters and len(after.voters) <= factor:
+            # Another operator made this very move meanwhile: ``target`` is wanted. Undoing
+            # the add left the tablet a voter short (and said "nothing moved").
+            say(f"{tablet_id}: {source} left the group meanwhile (another operator's move?)")
+            return after
+        # Another operator moved it elsewhere: adding ``target`` made one voter too many.
         say(f"{tablet_id}: {source} left the group meanwhile (another move?); undoing the add")
         remove_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
         raise RemoteError(

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from raftlet.client import membership
-from raftlet.client.errors import RemoteError, Timeout
+from raftlet.client.errors import InvalidArgument, RemoteError, Timeout
 from raftlet.client.membership import ReplicaNotDeleted, TabletMembership, remove_replica
 from raftlet.proto import consensus_pb2, tablet_pb2
 
@@ -150,21 +150,44 @@ def test_a_promote_another_run_made_counts_as_done(
     assert "ts4" in m.voters
 
 
+# What the move asks of the client when its source left meanwhile: the table's factor.
+FACTOR_3 = SimpleNamespace(table_of=lambda _tablet: "kv", replication_factor=lambda _table: 3)
+
+
 def test_a_move_whose_source_left_meanwhile_takes_its_target_out_again(
     scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two moves of one source at once left four voters where the table asks for three."""
-    scripted["answers"] = [_group(("ts1", "ts2", "ts3"), 21, 1)]
     # Meanwhile the other move took ts3 to ts5; this one added ts4.
     after_add = _group(("ts1", "ts2", "ts4", "ts5"), 40, 40)
+    scripted["answers"] = [_group(("ts1", "ts2", "ts3"), 21, 1), after_add]
     monkeypatch.setattr(membership, "add_replica", lambda *_a, **_k: after_add)
     removed: list[str] = []
     monkeypatch.setattr(
         membership, "remove_replica", lambda _c, _t, server, **_k: removed.append(server)
     )
     with pytest.raises(RemoteError, match="ts3 left kv-p0's group while ts4 was being added"):
-        membership.move_replica(None, "kv-p0", "ts3", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+        membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
     assert removed == ["ts4"]
+
+
+def test_the_same_move_made_by_two_operators_at_once_keeps_the_target(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other run made this very move (ts3 to ts4) meanwhile: undoing the add took ts4
+    out again, leaving the tablet two voters, and said "nothing moved"."""
+    done = _group(("ts1", "ts2", "ts4"), 40, 40)
+    scripted["answers"] = [_group(("ts1", "ts2", "ts3"), 21, 1), done]
+    monkeypatch.setattr(membership, "add_replica", lambda *_a, **_k: done)
+    removed: list[str] = []
+    monkeypatch.setattr(
+        membership, "remove_replica", lambda _c, _t, server, **_k: removed.append(server)
+    )
+    said: list[str] = []
+    m = membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0, say=said.append)  # type: ignore[arg-type]
+    assert m.voters == ("ts1", "ts2", "ts4")
+    assert removed == []
+    assert "ts3 left the group meanwhile (another operator's move?)" in said[-1]
 
 
 def test_a_leftover_deletion_raced_by_an_add_says_so(scripted: dict[str, list[Any]]) -> None:
@@ -180,7 +203,10 @@ def test_a_move_whose_source_another_move_removes_first_takes_its_target_out_aga
 ) -> None:
     """The source left between the check after the add and the REMOVE: the loser failed
     with "ts1 is not a member" (or a refused step-down) and left its target a fourth voter."""
-    scripted["answers"] = [_group(("ts1", "ts2", "ts3"), 21, 1)]
+    scripted["answers"] = [
+        _group(("ts1", "ts2", "ts3"), 21, 1),
+        _group(("ts2", "ts3", "ts4", "ts5"), 50, 50),  # the other move's target, and ours
+    ]
     monkeypatch.setattr(
         membership, "add_replica", lambda *_a, **_k: _group(("ts1", "ts2", "ts3", "ts4"), 40, 40)
     )
@@ -194,7 +220,7 @@ def test_a_move_whose_source_another_move_removes_first_takes_its_target_out_aga
 
     monkeypatch.setattr(membership, "remove_replica", remove)
     with pytest.raises(RemoteError, match="so ts4 was removed again: nothing moved"):
-        membership.move_replica(None, "kv-p0", "ts1", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+        membership.move_replica(FACTOR_3, "kv-p0", "ts1", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
     assert calls == [("ts1", False), ("ts4", True)]
 
 
@@ -219,7 +245,7 @@ def test_a_promote_another_run_made_is_waited_for_then_counts_as_done(
 
 
 def test_a_step_down_another_operator_already_made_is_no_failure(
-    scripted: dict[str, list[Any]],
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     voters = ("ts1", "ts2", "ts3")
     scripted["answers"] = [
@@ -232,9 +258,41 @@ def test_a_step_down_another_operator_already_made_is_no_failure(
         def leader_step_down(self, *_a: Any, **_k: Any) -> str:
             raise RemoteError("'ts2' is not another voter of kv-p0")
 
+    monkeypatch.setattr(membership, "_live_voter", lambda _c, _t, voters: voters[0])
     m = remove_replica(Refusing(), "kv-p0", "ts3", timeout_s=5.0)  # type: ignore[arg-type]
     assert m.voters == ("ts1", "ts2")
     assert scripted["deleted"] == [("kv-p0", "ts3")]
+
+
+def test_leadership_goes_to_the_voter_that_answers_with_the_longest_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It went to the first other voter in order, even a dead one: the leader handed its
+    term to it and the removal waited out its whole timeout."""
+    logs = {"ts1": None, "ts3": 40, "ts4": 42, "ts5": 41}  # ts1 is down
+
+    def state(_c: Any, server: str, _t: str, _timeout: float) -> Any:
+        if logs[server] is None:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+        return SimpleNamespace(last_log_index=logs[server])
+
+    monkeypatch.setattr(membership, "_state", state)
+    assert membership._live_voter(None, "kv-p0", ["ts1", "ts3", "ts4", "ts5"]) == "ts4"  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=r"no other voter of kv-p0 answers \(ts1\)"):
+        membership._live_voter(None, "kv-p0", ["ts1"])  # type: ignore[arg-type]
+
+
+def test_a_server_that_does_not_answer_is_called_so_with_its_address() -> None:
+    client = SimpleNamespace(servers=lambda: {"ts1": SimpleNamespace(rpc_addr="127.0.0.1:7051")})
+    said = membership._said(
+        client,  # type: ignore[arg-type]
+        "ts1",
+        _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"),
+    )
+    assert said.startswith("ts1 (127.0.0.1:7051) is not answering (DEADLINE_EXCEEDED")
+    assert "is it down? Start it, or pick another server" in said
+    refused = _Refused(grpc.StatusCode.INVALID_ARGUMENT, "holds a replica's files already")
+    assert membership._said(client, "ts1", refused) == "holds a replica's files already"  # type: ignore[arg-type]
 
 
 def test_a_server_the_running_servers_do_not_list_says_they_must_run_the_new_file() -> None:
@@ -334,10 +392,7 @@ def test_a_replica_its_server_could_not_delete_fails_the_command_with_the_server
     monkeypatch.setattr(membership, "_delete_replica", refuse)
     with pytest.raises(ReplicaNotDeleted) as failed:
         remove_replica(None, "kv-p0", "ts2", timeout_s=5.0)  # type: ignore[arg-type]
-    assert (
-        f"ts2 left the group (voters ts1, ts3), but its replica there was not deleted: {why}"
-        in str(failed.value)
-    )
+    assert str(failed.value) == f"ts2 left the group (voters ts1, ts3), but {why}"
     assert failed.value.membership.voters == ("ts1", "ts3")
 
 
