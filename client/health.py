@@ -592,16 +592,22 @@ def _check_tablet(
         for sid in sorted(everywhere):
             if sid not in replicas and sid not in learners and not ahead:
                 st = everywhere[sid]
-                # A deletion that failed part way leaves one FAILED, its reason saying why.
-                failed_why = (
-                    f"; it is FAILED: {st.failure_reason}"
-                    if st.state == tablet_pb2.TABLET_STATE_FAILED
-                    else ""
-                )
+                if st.state == tablet_pb2.TABLET_STATE_FAILED:
+                    # A deletion that failed part way leaves one FAILED, its reason saying
+                    # why (its server may never have been down).
+                    remedy = (
+                        ""
+                        if "remove-replica" in st.failure_reason
+                        else f"; `raftlet tablet remove-replica {tid} {sid}` deletes it"
+                    )
+                    tablet.issues.append(
+                        f"{sid} holds a replica that is no member of the group, FAILED: "
+                        f"{st.failure_reason}{remedy}"
+                    )
+                    continue
                 tablet.issues.append(
                     f"{sid} runs a replica that is no member of the group (removed while it "
                     f"was down?): `raftlet tablet remove-replica {tid} {sid}` deletes it"
-                    + failed_why
                 )
             elif sid not in replicas and sid not in learners:
                 tablet.issues.append(f"{sid} runs a replica that is no member of the group")

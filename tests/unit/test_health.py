@@ -152,18 +152,29 @@ def test_a_replica_outside_the_group_and_too_few_voters_are_reported(
         "`raftlet tablet remove-replica kv-p0 c` deletes it",
         "kv-p0: under-replicated: 2 voters, the table asks for 3",
     ]
-    # One whose deletion failed part way is FAILED, and says why (the file to fix).
+    # One whose deletion failed part way is FAILED, and says why (the file to fix) and
+    # what then -- not that its server was down, which it need not have been.
     listed["c"] = _listed(
         "c",
         (),
         state=tablet_pb2.TABLET_STATE_FAILED,
-        failure_reason="deleting it failed part way (/d/c/kv-p0/wal/1: Operation not permitted)",
+        failure_reason="deleting it failed part way (/d/c/kv-p0/wal/1: Operation not "
+        "permitted); make that file removable, then run `raftlet tablet remove-replica "
+        "kv-p0 c` again",
     )
     verdict = checked(listed, 100, monkeypatch)
     assert verdict.issues[0] == (
-        "kv-p0: c runs a replica that is no member of the group (removed while it was down?): "
-        "`raftlet tablet remove-replica kv-p0 c` deletes it; it is FAILED: deleting it failed "
-        "part way (/d/c/kv-p0/wal/1: Operation not permitted)"
+        "kv-p0: c holds a replica that is no member of the group, FAILED: deleting it failed "
+        "part way (/d/c/kv-p0/wal/1: Operation not permitted); make that file removable, "
+        "then run `raftlet tablet remove-replica kv-p0 c` again"
+    )
+    # FAILED for another reason: the remedy is said.
+    listed["c"] = _listed(
+        "c", (), state=tablet_pb2.TABLET_STATE_FAILED, failure_reason="the store is damaged"
+    )
+    assert checked(listed, 100, monkeypatch).issues[0] == (
+        "kv-p0: c holds a replica that is no member of the group, FAILED: the store is "
+        "damaged; `raftlet tablet remove-replica kv-p0 c` deletes it"
     )
 
 
