@@ -105,7 +105,12 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="a client certificate; ROLE is reader, writer or admin (repeatable)",
     )
     create.add_argument(
-        "--days", type=_days, default=365, metavar="N", help="validity in days (default 365)"
+        "--days",
+        type=_days,
+        default=365,
+        metavar="N",
+        help="validity in days (default 365); a CA made now lasts five times that, and no "
+        "certificate may outlive the CA that signs it",
     )
     create.add_argument(
         "--overwrite", action="store_true", help="replace existing certificates of those names"

@@ -22,6 +22,7 @@ certificate verified against ``ca`` and its name against the host dialed, as grp
 
 from __future__ import annotations
 
+import datetime
 import os
 import ssl
 import tempfile
@@ -81,6 +82,8 @@ class TlsOptions:
         )
 
     def credentials(self) -> grpc.ChannelCredentials:
+        if self.cert is not None and self.key is not None:
+            _check_own(self.cert, self.key)
         return grpc.ssl_channel_credentials(
             root_certificates=_pem(self.ca, "CA"),
             private_key=_pem(self.key, "key"),
@@ -103,6 +106,42 @@ def _load_cert_chain(context: ssl.SSLContext, cert: PemSource, key: PemSource) -
                 f.write(_pem(source, name) or b"")
             paths.append(path)
         context.load_cert_chain(paths[0], paths[1])
+
+
+def _check_own(cert: PemSource, key: PemSource) -> None:
+    """A client certificate and key that cannot work are an error now, naming them: grpc
+    took them, every handshake failed, and the call said "Socket closed" after retrying for
+    its whole timeout. Its dates are checked when ``cryptography`` is installed (the
+    client library does not need it)."""
+    what = "PEM bytes" if isinstance(cert, bytes) else os.fspath(cert)
+    try:
+        _load_cert_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cert, key)
+    except ssl.SSLError as e:
+        key_name = "PEM bytes" if isinstance(key, bytes) else os.fspath(key)
+        raise InvalidArgument(
+            f"TLS key {key_name} does not go with certificate {what} ({e.reason})"
+        ) from None
+    except OSError as e:
+        raise InvalidArgument(f"TLS certificate or key: {e.strerror or e}") from None
+    try:
+        from cryptography import x509
+    except ImportError:
+        return
+    try:
+        parsed = x509.load_pem_x509_certificate(_pem(cert, "certificate") or b"")
+    except ValueError:
+        return  # ssl took it: whatever cryptography makes of it, grpc decides
+    now = datetime.datetime.now(datetime.UTC)
+    if now > parsed.not_valid_after_utc:
+        raise InvalidArgument(
+            f"TLS certificate {what} expired on {parsed.not_valid_after_utc:%Y-%m-%d %H:%M} "
+            "UTC: the servers refuse it"
+        )
+    if now < parsed.not_valid_before_utc:
+        raise InvalidArgument(
+            f"TLS certificate {what} is not valid before "
+            f"{parsed.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: the servers refuse it"
+        )
 
 
 def client_ssl_context(tls: TlsOptions) -> ssl.SSLContext:

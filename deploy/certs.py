@@ -161,10 +161,25 @@ def _load_or_create_ca(
     if cert_path.exists() or key_path.exists():
         if not (cert_path.exists() and key_path.exists()):
             raise CertError(f"{directory} holds only one of {CA_CERT} and {CA_KEY}")
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        try:
+            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        except ValueError as e:
+            raise CertError(f"{cert_path} holds no PEM certificate ({e})") from None
+        try:
+            key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        except (ValueError, TypeError) as e:
+            raise CertError(f"{key_path} holds no unencrypted PEM key ({e})") from None
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise CertError(f"{key_path} is not an EC key made by raftlet certs create")
+        # What it signs must work: it signed certificates no server or client accepts.
+        if key.public_key() != cert.public_key():
+            raise CertError(f"{key_path} is not the key of {cert_path}")
+        end = cert.not_valid_after_utc
+        if _now() >= end:
+            raise CertError(
+                f"the CA {cert_path} expired on {end:%Y-%m-%d %H:%M} UTC: make a new CA in "
+                "another directory and move the cluster to it (README, TLS)"
+            )
         return cert, key
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "raftlet cluster CA")])
@@ -212,6 +227,15 @@ def _issue(
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
+    end = now + datetime.timedelta(days=days)
+    if end > ca_cert.not_valid_after_utc:
+        # A certificate is good only as long as its CA: one made to outlive it said so
+        # falsely (--days 3650 under a CA of 10 days).
+        raise CertError(
+            f"a certificate of {days} days would outlive its CA, which expires on "
+            f"{ca_cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: ask for fewer --days, or make "
+            "a new CA in another directory"
+        )
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
@@ -219,7 +243,7 @@ def _issue(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(

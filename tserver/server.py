@@ -86,6 +86,7 @@ from raftlet.proto import (
     tablet_pb2_grpc,
 )
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
+from raftlet.tserver.cert_check import check_server_tls
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
@@ -183,6 +184,8 @@ class TabletServer:
         self.peer_channel_options = channel_options(
             max_message_bytes=self.limits.peer_bytes, keepalive=True
         )
+        if s.tls:  # before anything listens: files that cannot work stop the server here
+            check_server_tls(s.tls_cert, s.tls_key, s.tls_ca, s.server_id)
         # With TLS, peers are dialled with this server's own certificate as the client
         # certificate: that is how they know who sends them Raft messages.
         try:

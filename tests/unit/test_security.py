@@ -276,5 +276,5 @@ def test_a_missing_tls_file_is_an_os_error_that_names_it(tmp_path: Path) -> None
         tls_key=missing,
         tls_ca=missing,
     )
-    with pytest.raises(OSError, match=rf"TLS CA {missing}: No such file or directory"):
+    with pytest.raises(OSError, match=rf"--tls_cert {missing}: No such file or directory"):
         TabletServer(settings)

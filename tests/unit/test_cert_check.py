@@ -1,0 +1,149 @@
+"""A server's TLS files are checked before it serves (``tserver.cert_check``): with an
+expired certificate, another server's, a client's, one its CA did not sign, or a key of
+another certificate, a server started, said it was ready, and no peer or client could
+talk to it -- or, with another server's, its votes were refused as forged."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from pathlib import Path
+
+import pytest
+
+from raftlet.cluster.identity import AccessRole
+from raftlet.deploy.certs import CertError, ClientSpec, create_certs
+from raftlet.tserver.cert_check import check_server_tls
+
+DAY = datetime.timedelta(days=1)
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    create_certs(
+        tmp_path, servers=["ts1", "ts2"], clients=[ClientSpec("app", AccessRole.WRITER)], days=90
+    )
+    return tmp_path
+
+
+def _check(d: Path, cert: str, key: str, ca: str = "ca.crt", **kw: object) -> None:
+    check_server_tls(str(d / cert), str(d / key), str(d / ca), "ts1", **kw)  # type: ignore[arg-type]
+
+
+def test_a_servers_own_files_pass(certs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    _check(certs, "server-ts1.crt", "server-ts1.key")
+    assert not caplog.records
+
+
+def test_files_that_cannot_work_are_refused_naming_the_file_and_the_fault(certs: Path) -> None:
+    with pytest.raises(
+        OSError, match=r"server-ts2\.crt is not this server's .*raftlet://server/ts2"
+    ):
+        _check(certs, "server-ts2.crt", "server-ts2.key")
+    with pytest.raises(OSError, match=r"client-app\.crt is a client certificate"):
+        _check(certs, "client-app.crt", "client-app.key")
+    with pytest.raises(OSError, match=r"--tls_key .*server-ts2\.key is not the key of"):
+        _check(certs, "server-ts1.crt", "server-ts2.key")
+    with pytest.raises(OSError, match=r"--tls_ca .*holds no PEM certificate"):
+        _check(certs, "server-ts1.crt", "server-ts1.key", ca="server-ts1.key")
+    with pytest.raises(OSError, match=r"--tls_cert .*nowhere\.crt: No such file"):
+        _check(certs, "nowhere.crt", "server-ts1.key")
+
+
+def test_a_certificate_another_ca_signed_is_refused(
+    certs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    other = tmp_path_factory.mktemp("other-ca")
+    create_certs(other, servers=["ts1"])
+    with pytest.raises(OSError, match=r"was not signed by --tls_ca"):
+        check_server_tls(
+            str(other / "server-ts1.crt"),
+            str(other / "server-ts1.key"),
+            str(certs / "ca.crt"),
+            "ts1",
+        )
+    # A bundle of both CAs (a cluster moving to a new one) takes either's certificates.
+    bundle = other / "bundle.crt"
+    bundle.write_bytes((certs / "ca.crt").read_bytes() + (other / "ca.crt").read_bytes())
+    check_server_tls(
+        str(other / "server-ts1.crt"), str(other / "server-ts1.key"), str(bundle), "ts1"
+    )
+
+
+def test_dates_are_checked_and_a_near_expiry_is_warned_of(
+    certs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = datetime.datetime.now(datetime.UTC)
+    with pytest.raises(OSError, match=r"--tls_cert .*server-ts1\.crt expired on"):
+        _check(certs, "server-ts1.crt", "server-ts1.key", now=now + 91 * DAY)
+    with pytest.raises(OSError, match=r"--tls_ca .* is not valid before"):
+        _check(certs, "server-ts1.crt", "server-ts1.key", now=now - DAY)
+    caplog.set_level(logging.WARNING)
+    _check(certs, "server-ts1.crt", "server-ts1.key", now=now + 80 * DAY)
+    (record,) = caplog.records
+    assert "server-ts1.crt expires on" in record.getMessage()
+    assert "renew it before then" in record.getMessage()
+
+
+def test_certs_create_refuses_a_ca_that_cannot_sign_working_certificates(
+    certs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The CA was made for 90-day certificates: it lasts 450 days.
+    with pytest.raises(CertError, match=r"a certificate of 1000 days would outlive its CA"):
+        create_certs(certs, clients=[ClientSpec("late", AccessRole.READER)], days=1000)
+    other = tmp_path_factory.mktemp("mismatch")
+    create_certs(other)
+    (other / "ca.key").write_bytes((certs / "ca.key").read_bytes())
+    with pytest.raises(CertError, match=r"ca\.key is not the key of .*ca\.crt"):
+        create_certs(other, servers=["ts1"])
+    (other / "ca.crt").write_text("not a certificate")
+    with pytest.raises(CertError, match=r"ca\.crt holds no PEM certificate"):
+        create_certs(other, servers=["ts1"])
+
+
+def _expired_client(d: Path) -> tuple[Path, Path]:
+    """A client certificate of ``d``'s CA that expired yesterday."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key((d / "ca.key").read_bytes(), password=None)
+    ca = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - 10 * DAY)
+        .not_valid_after(now - DAY)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    cert_path, key_path = d / "old.crt", d / "old.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_a_client_whose_certificate_cannot_work_is_told_at_once(certs: Path) -> None:
+    """It retried for its whole timeout, then said "Socket closed"."""
+    from raftlet.client.errors import InvalidArgument
+    from raftlet.client.tls import TlsOptions
+
+    mismatched = TlsOptions(certs / "ca.crt", certs / "client-app.crt", certs / "server-ts1.key")
+    with pytest.raises(InvalidArgument, match=r"server-ts1\.key does not go with certificate"):
+        mismatched.credentials()
+    cert, key = _expired_client(certs)
+    with pytest.raises(InvalidArgument, match=r"old\.crt expired on .*the servers refuse it"):
+        TlsOptions(certs / "ca.crt", cert, key).credentials()
+    TlsOptions(certs / "ca.crt", certs / "client-app.crt", certs / "client-app.key").credentials()

@@ -1,0 +1,133 @@
+"""A server's TLS files, checked before it serves (``--tls_cert``, ``--tls_key``,
+``--tls_ca``).
+
+gRPC and ``ssl`` only load the files: a server with an expired certificate, one not valid
+yet, another server's, a client's, or one its CA did not sign started, said it was ready,
+and then no peer or client could talk to it (or, with another server's certificate, its
+peers refused its votes as forged, and its own log said nothing). Each of these is now an
+error naming the file and what is wrong with it, and the server does not start; one that
+expires within ``EXPIRY_WARNING_DAYS`` starts with a WARNING saying when.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import ssl
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from raftlet.cluster.identity import CLIENT_URI_PREFIX, SERVER_URI_PREFIX
+
+__all__ = ["EXPIRY_WARNING_DAYS", "check_server_tls"]
+
+logger = logging.getLogger(__name__)
+
+EXPIRY_WARNING_DAYS = 30
+
+
+def check_server_tls(
+    cert: str, key: str, ca: str, server_id: str, now: datetime.datetime | None = None
+) -> None:
+    """Raise ``OSError`` naming the flag, the file and the fault if the files cannot make
+    ``server_id`` a working TLS server and peer; log a WARNING if one expires soon."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    (own, *_) = _load(cert, "tls_cert")
+    authorities = _load(ca, "tls_ca")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+    except ssl.SSLError as e:
+        raise OSError(f"--tls_key {key} is not the key of --tls_cert {cert} ({e.reason})") from None
+    except OSError as e:
+        raise OSError(f"--tls_key {key}: {e.strerror or e}") from None
+    # The CA file may hold several (a bundle, while a cluster moves to a new CA): ours
+    # must have signed it, and be valid.
+    issuer = next((a for a in authorities if _issued(own, a)), None)
+    if issuer is None:
+        raise OSError(
+            f"--tls_cert {cert} was not signed by --tls_ca {ca}: peers and clients that "
+            "trust that CA refuse it"
+        )
+    _check_dates(issuer, f"--tls_ca {ca}", now)
+    _check_dates(own, f"--tls_cert {cert}", now)
+    uris = _san_uris(own)
+    wanted = SERVER_URI_PREFIX + server_id
+    if wanted not in uris:
+        names = ", ".join(uris) or "no raftlet identity"
+        what = (
+            "a client certificate"
+            if any(u.startswith(CLIENT_URI_PREFIX) for u in uris)
+            else "not this server's"
+        )
+        raise OSError(
+            f"--tls_cert {cert} is {what} ({names}); server {server_id} needs one naming "
+            f"{wanted} (`raftlet certs create --servers {server_id}`)"
+        )
+    usages = _usages(own)
+    missing = [
+        label
+        for oid, label in (
+            (ExtendedKeyUsageOID.SERVER_AUTH, "serverAuth"),
+            (ExtendedKeyUsageOID.CLIENT_AUTH, "clientAuth"),
+        )
+        if usages is not None and oid not in usages
+    ]
+    if missing:
+        raise OSError(
+            f"--tls_cert {cert} may not be used for {' or '.join(missing)}: a server presents "
+            "it to clients and, as a client, to its peers"
+        )
+
+
+def _load(path: str, flag: str) -> list[x509.Certificate]:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise OSError(f"--{flag} {path}: {e.strerror}") from None
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError as e:
+        raise OSError(f"--{flag} {path} holds no PEM certificate ({e})") from None
+
+
+def _issued(cert: x509.Certificate, authority: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(authority)
+    except (InvalidSignature, ValueError, TypeError):  # ValueError: another issuer's name
+        return False
+    return True
+
+
+def _check_dates(cert: x509.Certificate, what: str, now: datetime.datetime) -> None:
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if now < start:
+        raise OSError(f"{what} is not valid before {start:%Y-%m-%d %H:%M} UTC")
+    if now > end:
+        raise OSError(f"{what} expired on {end:%Y-%m-%d %H:%M} UTC: renew it")
+    left = end - now
+    if left < datetime.timedelta(days=EXPIRY_WARNING_DAYS):
+        logger.warning(
+            "%s expires on %s UTC, in %.1f days: renew it before then (a server whose "
+            "certificate expired can reach no peer, and no client can reach it)",
+            what,
+            f"{end:%Y-%m-%d %H:%M}",
+            left.total_seconds() / 86400,
+        )
+
+
+def _san_uris(cert: x509.Certificate) -> list[str]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [str(u) for u in san.get_values_for_type(x509.UniformResourceIdentifier)]
+
+
+def _usages(cert: x509.Certificate) -> list[x509.ObjectIdentifier] | None:
+    try:
+        return list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except x509.ExtensionNotFound:
+        return None  # no restriction
