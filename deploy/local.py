@@ -652,8 +652,15 @@ class LocalCluster:
                 return health
             if time.monotonic() > deadline:
                 missing = [t.tablet_id for t in health.tablets if t.leader is None]
+                # The servers the check could not ask: their leaders may well exist (a
+                # certificate that expired said "no ready leader" and nothing else).
+                unasked = "".join(
+                    f"; {s.id} did not answer the check: {s.error or s.state}"
+                    for s in health.servers
+                    if s.state != "UP"
+                )
                 raise LauncherError(
-                    f"no ready leader within {timeout:.0f} s for {', '.join(missing)} "
+                    f"no ready leader within {timeout:.0f} s for {', '.join(missing)}{unasked} "
                     f"(server logs in {self.data_dir})"
                 )
             time.sleep(0.1)
