@@ -50,6 +50,7 @@ __all__ = [
     "TABLET_COPY_SESSIONS_TOTAL",
     "TABLET_FAILED",
     "TERM_CHECKS_TOTAL",
+    "TLS_CERT_EXPIRY_SECONDS",
     "WRITE_MEMORY_HELD_BYTES",
     "WRITE_MEMORY_REFUSALS_TOTAL",
     "WRITE_OPS_TOTAL",
@@ -235,6 +236,14 @@ WRITE_TCP_CONNECTIONS = MetricPrototype(
     "outside gRPC)",
     entity_type="server",
 )
+TLS_CERT_EXPIRY_SECONDS = MetricPrototype(
+    "tls_cert_expiry_seconds",
+    GAUGE,
+    "seconds",
+    "Seconds until the first of this server's certificate and its CA expires (negative once "
+    "it has: no peer or client can then connect); present only with TLS",
+    entity_type="server",
+)
 WRITE_MEMORY_HELD_BYTES = MetricPrototype(
     "write_memory_held_bytes",
     GAUGE,
@@ -370,6 +379,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     WRITE_TCP_CONNECTIONS,
     WRITE_MEMORY_HELD_BYTES,
     WRITE_MEMORY_REFUSALS_TOTAL,
+    TLS_CERT_EXPIRY_SECONDS,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

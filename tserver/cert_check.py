@@ -31,9 +31,10 @@ EXPIRY_WARNING_DAYS = 30
 
 def check_server_tls(
     cert: str, key: str, ca: str, server_id: str, now: datetime.datetime | None = None
-) -> None:
+) -> datetime.datetime:
     """Raise ``OSError`` naming the flag, the file and the fault if the files cannot make
-    ``server_id`` a working TLS server and peer; log a WARNING if one expires soon."""
+    ``server_id`` a working TLS server and peer; log a WARNING if one expires soon. Returns
+    when the first of the certificate and its CA expires (``tls_cert_expiry_seconds``)."""
     now = now or datetime.datetime.now(datetime.UTC)
     (own, *_) = _load(cert, "tls_cert")
     authorities = _load(ca, "tls_ca")
@@ -80,6 +81,7 @@ def check_server_tls(
             f"--tls_cert {cert} may not be used for {' or '.join(missing)}: a server presents "
             "it to clients and, as a client, to its peers"
         )
+    return min(own.not_valid_after_utc, issuer.not_valid_after_utc)
 
 
 def _load(path: str, flag: str) -> list[x509.Certificate]:

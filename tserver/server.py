@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import errno
 import functools
 import logging
@@ -185,7 +186,11 @@ class TabletServer:
             max_message_bytes=self.limits.peer_bytes, keepalive=True
         )
         if s.tls:  # before anything listens: files that cannot work stop the server here
-            check_server_tls(s.tls_cert, s.tls_key, s.tls_ca, s.server_id)
+            expires = check_server_tls(s.tls_cert, s.tls_key, s.tls_ca, s.server_id)
+            self.entity.function_gauge(
+                cat.TLS_CERT_EXPIRY_SECONDS,
+                lambda: (expires - datetime.datetime.now(datetime.UTC)).total_seconds(),
+            )
         # With TLS, peers are dialled with this server's own certificate as the client
         # certificate: that is how they know who sends them Raft messages.
         try:

@@ -72,6 +72,7 @@ DESIGN_NAMES = {
     "write_tcp_connections": MetricType.GAUGE,
     "write_memory_held_bytes": MetricType.GAUGE,
     "write_memory_refusals_total": MetricType.COUNTER,
+    "tls_cert_expiry_seconds": MetricType.GAUGE,
 }
 
 DEBUG_GAUGE = MetricPrototype(

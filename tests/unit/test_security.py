@@ -278,3 +278,25 @@ def test_a_missing_tls_file_is_an_os_error_that_names_it(tmp_path: Path) -> None
     )
     with pytest.raises(OSError, match=rf"--tls_cert {missing}: No such file or directory"):
         TabletServer(settings)
+
+
+def test_a_tls_server_says_how_long_its_certificate_has_left(tmp_path: Path) -> None:
+    """Nothing said a certificate was about to expire until no peer or client could
+    connect: the gauge is what an alert watches."""
+    create_certs(tmp_path / "tls", servers=["ts1"], days=10)
+    config = load_cluster_config(write_config(tmp_path))
+    settings = ServerSettings(
+        server_id="ts1",
+        config=config,
+        data_dir=tmp_path / "d",
+        rpc_addr="127.0.0.1:7051",
+        http_addr="127.0.0.1:8051",
+        tls_cert=str(tmp_path / "tls" / "server-ts1.crt"),
+        tls_key=str(tmp_path / "tls" / "server-ts1.key"),
+        tls_ca=str(tmp_path / "tls" / "ca.crt"),
+    )
+    server = TabletServer(settings)
+    (gauge,) = [
+        m for m in server.entity.instances() if m.prototype.name == "tls_cert_expiry_seconds"
+    ]
+    assert 9.9 * 86400 < gauge.metric.value() <= 10 * 86400
