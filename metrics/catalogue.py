@@ -338,7 +338,8 @@ RPC_AUTH_DENIALS = MetricPrototype(
     "requests",
     "RPCs and status pages refused by authentication (UNAUTHENTICATED) or authorization "
     "(PERMISSION_DENIED), by reason: no_credentials, invalid_token, no_identity, "
-    "role_too_low, sender_mismatch",
+    "role_too_low, sender_mismatch, tls_handshake (a tcp port's handshake refused a "
+    "certificate: expired, another CA's; gRPC's own handshakes are not counted)",
     label_names=("reason",),
     entity_type="server",
 )

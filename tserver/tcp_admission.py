@@ -20,6 +20,8 @@ import socket
 import ssl
 from dataclasses import dataclass
 
+import grpc
+
 from raftlet.cluster.identity import AccessRole, Identity, peer_cert_uris
 from raftlet.tserver.security import Authenticator, AuthError, server_ssl_context
 
@@ -58,7 +60,19 @@ class TcpAdmission:
         try:
             tls.do_handshake()
         except (OSError, ValueError) as e:  # no certificate, plaintext, a timeout...
-            logger.debug("%s %s: TLS handshake failed: %s", self.what, name, e)
+            reason = e.reason if isinstance(e, ssl.SSLError) else None
+            if reason is not None and "CERTIFICATE" in reason:
+                # A certificate refused (expired, another CA's, none): an operator's problem
+                # to see -- it was logged at DEBUG only, and counted nowhere. Probes that
+                # connect and leave stay quiet.
+                refusal = AuthError(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "tls_handshake",
+                    f"the TLS handshake failed: {reason}",
+                )
+                self.auth.denied(refusal, self.what, name)
+            else:
+                logger.debug("%s %s: TLS handshake failed: %s", self.what, name, e)
             tls.close()
             return None
         uris = list(peer_cert_uris(tls))

@@ -227,3 +227,32 @@ def test_plaintext_on_a_tls_tcp_port_is_closed(env: Env, port: str) -> None:
     _insert(env, range(base, base + 10))
     assert _keys(env, base, base + 10) == set(range(base, base + 10))
     assert env.metric(leader, "consensus_tcp_connections", direction="out") == 2
+
+
+def test_a_certificate_the_handshake_refuses_is_counted_and_a_bare_probe_is_not(
+    env: Env, tmp_path: Path
+) -> None:
+    """A client of another CA was refused in the handshake, logged at DEBUG and counted
+    nowhere: an operator could not see why it failed."""
+    create_certs(tmp_path, clients=[ClientSpec("stranger", AccessRole.WRITER)])
+    context = ssl.create_default_context(cafile=str(env.ca))
+    context.load_cert_chain(tmp_path / "client-stranger.crt", tmp_path / "client-stranger.key")
+    where = env.write_port(env.leader())
+    before = env.total("rpc_auth_denials_total", reason="tls_handshake")
+    with socket.create_connection(where, timeout=10) as probe:  # connects and leaves
+        probe.close()
+    raw = socket.create_connection(where, timeout=10)
+    try:
+        sock = context.wrap_socket(raw, server_hostname=where[0])
+    except (ssl.SSLError, OSError):  # refused within the handshake
+        raw.close()
+    else:
+        # Under TLS 1.3 the client's side of the handshake ends before the server judges
+        # its certificate: the refusal is the connection closing after.
+        with contextlib.closing(sock), contextlib.suppress(ssl.SSLError, OSError):
+            closed_by_server(sock)
+    waiting.wait_for(
+        lambda: env.total("rpc_auth_denials_total", reason="tls_handshake") == before + 1,
+        30,
+        "the refused certificate counted, once",
+    )
