@@ -68,6 +68,7 @@ _DOWN_EPILOG = """\
 examples:
   raftlet cluster down --data-dir ./c1
   raftlet cluster down --data-dir ./c1 --timeout 5 --remove-data
+  raftlet cluster down --data-dir ./c1 --server ts2   # one server; `cluster up` restarts it
 
 Each server gets SIGTERM (graceful: RPCs drain, logs are synced); any still running after
 --timeout seconds gets SIGKILL. Only processes that are this cluster's servers are signalled.
@@ -220,6 +221,12 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         "--remove-data",
         action="store_true",
         help="also delete the data directory (its logs, config and replicas)",
+    )
+    down.add_argument(
+        "--server",
+        metavar="ID",
+        help="stop only this server (a rolling restart: new flags or certificates), leaving "
+        "the others running; `raftlet cluster up` starts it again",
     )
 
 
@@ -672,6 +679,8 @@ def _down(args: argparse.Namespace) -> int:
     assert path is not None  # the parser requires --data-dir or --cluster
     root = path.parent
     out = console()
+    if args.server is not None and args.remove_data:
+        raise UsageError("--server stops one server: --remove-data would delete the others' data")
     if args.remove_data and not root.exists():
         # Removed already: `down --remove-data` twice is not an error.
         out.print(f"no cluster in {root}: it is gone already; nothing to stop", markup=False)
@@ -688,6 +697,20 @@ def _down(args: argparse.Namespace) -> int:
         cluster = None
     except LauncherError as e:
         raise CliError(str(e)) from None
+    if cluster is not None and args.server is not None:
+        try:
+            (stop,) = cluster.down(timeout=args.timeout, only=args.server)
+        except LauncherError as e:
+            raise CliError(str(e)) from None
+        out.print(f"  {stop.describe()}", markup=False)
+        out.print(
+            f"{args.server} is down, the others run; `raftlet cluster up --data-dir {root}` "
+            "starts it again",
+            markup=False,
+        )
+        return 0
+    if cluster is None and args.server is not None:
+        raise CliError(f"no cluster is running in {root}: no server to stop")
     if cluster is not None:
         try:
             stops = cluster.down(timeout=args.timeout)

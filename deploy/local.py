@@ -787,16 +787,23 @@ class LocalCluster:
 
     # --- stopping ----------------------------------------------------------------------
 
-    def down(self, timeout: float = DOWN_TIMEOUT_S) -> list[ServerStop]:
-        """Stop every server: SIGTERM, wait up to ``timeout`` s, SIGKILL the rest, verify.
+    def down(self, timeout: float = DOWN_TIMEOUT_S, only: str | None = None) -> list[ServerStop]:
+        """Stop every server (or ``only`` that one: a rolling restart, which ``up`` then
+        finishes): SIGTERM, wait up to ``timeout`` s, SIGKILL the rest, verify.
 
-        Removes the state file once no recorded process is left. Raises ``LauncherError``
-        (keeping the state file) if a process survives SIGKILL.
+        Removes the state file once no recorded process is left (not for ``only``). Raises
+        ``LauncherError`` (keeping the state file) if a process survives SIGKILL.
         """
+        if only is not None and only not in self.servers:
+            raise LauncherError(
+                f"no server {only!r} in {self.data_dir} (it has {', '.join(self.servers)})"
+            )
+        chosen = [only] if only is not None else list(self.servers)
         results: dict[str, ServerStop] = {}
         targets: dict[str, ServerProcess] = {}
         self._reap_children()
-        for sid, s in self.servers.items():
+        for sid in chosen:
+            s = self.servers[sid]
             # The PID recorded, or (restarted by hand: a rolling upgrade, say) the server
             # of this cluster that holds the data directory's lock.
             live = self._live(sid)
@@ -834,18 +841,22 @@ class LocalCluster:
             survivors = [s for s in survivors if pid_alive(s.pid)]
             if survivors:
                 time.sleep(_POLL_S)
-        for proc in self._children.values():
+        for sid, proc in self._children.items():
             # Our own children: collect their status so none lingers as a zombie.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=1.0)
-        left = [p for sid in self.servers if (p := self._live(sid)) is not None]
+            if sid in chosen:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=1.0)
+        left = [p for sid in chosen if (p := self._live(sid)) is not None]
         if left:
             pids = ", ".join(f"{s.id}={s.pid}" for s in left)
             raise LauncherError(f"still running after SIGKILL: {pids}; {self.state_path} kept")
-        with contextlib.suppress(FileNotFoundError):
-            self.state_path.unlink()
-        self._children.clear()
-        return [results[sid] for sid in self.servers]
+        if only is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.state_path.unlink()
+            self._children.clear()
+        else:
+            self._children.pop(only, None)
+        return [results[sid] for sid in chosen]
 
     def restart_server(
         self,

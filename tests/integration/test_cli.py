@@ -376,6 +376,28 @@ def test_status_reports_a_killed_server(data_dir: Path) -> None:
     ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
 
 
+def test_down_of_one_server_leaves_the_others_and_up_starts_it_again(data_dir: Path) -> None:
+    """A rolling restart (new flags, new certificates) had no command: only kill by PID."""
+    before = {s["id"]: s["pid"] for s in state(data_dir)["servers"]}
+    victim = sorted(before)[2]
+    out = ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", victim))
+    assert f"{victim} is down, the others run" in out
+    assert not pid_alive(before[victim])
+    assert all(pid_alive(pid) for sid, pid in before.items() if sid != victim)
+    assert (data_dir / "cluster.json").exists()
+    out = ok(raftlet("cluster", "up", "--data-dir", str(data_dir)))
+    assert f"{victim} is not running (pid {before[victim]}): starting it again" in out
+    ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
+    bad = raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", "ts9")
+    assert bad.returncode == 1
+    assert "no server 'ts9'" in bad.stderr
+    both = raftlet(
+        "cluster", "down", "--data-dir", str(data_dir), "--server", victim, "--remove-data"
+    )
+    assert both.returncode == 2
+    assert "--remove-data would delete the others' data" in both.stderr
+
+
 def test_down_leaves_no_process(data_dir: Path) -> None:
     pids = [s["pid"] for s in state(data_dir)["servers"]]
     out = ok(raftlet("cluster", "down", "--data-dir", str(data_dir)))
