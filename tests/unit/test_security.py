@@ -262,20 +262,23 @@ def test_plaintext_beyond_loopback_needs_insecure_and_tls_needs_all_three(tmp_pa
     ServerSettings(**base, **loop, **tls, auth_tokens_file="t", token_rpc_addr="127.0.0.1:9051")  # type: ignore[arg-type]
 
 
-def test_a_missing_tls_file_is_an_os_error_that_names_it(tmp_path: Path) -> None:
-    # What `raftlet tserver` prints as one line and exit 1 (it had been a traceback).
-    config = load_cluster_config(write_config(tmp_path))
-    missing = str(tmp_path / "nowhere.pem")
-    settings = ServerSettings(
+def _tls_settings(tmp_path: Path, cert: str, key: str, ca: str) -> ServerSettings:
+    return ServerSettings(
         server_id="ts1",
-        config=config,
+        config=load_cluster_config(write_config(tmp_path)),
         data_dir=tmp_path / "d",
         rpc_addr="127.0.0.1:7051",
         http_addr="127.0.0.1:8051",
-        tls_cert=missing,
-        tls_key=missing,
-        tls_ca=missing,
+        tls_cert=cert,
+        tls_key=key,
+        tls_ca=ca,
     )
+
+
+def test_a_missing_tls_file_is_an_os_error_that_names_it(tmp_path: Path) -> None:
+    # What `raftlet tserver` prints as one line and exit 1 (it had been a traceback).
+    missing = str(tmp_path / "nowhere.pem")
+    settings = _tls_settings(tmp_path, missing, missing, missing)
     with pytest.raises(OSError, match=rf"--tls_cert {missing}: No such file or directory"):
         TabletServer(settings)
 
@@ -283,17 +286,10 @@ def test_a_missing_tls_file_is_an_os_error_that_names_it(tmp_path: Path) -> None
 def test_a_tls_server_says_how_long_its_certificate_has_left(tmp_path: Path) -> None:
     """Nothing said a certificate was about to expire until no peer or client could
     connect: the gauge is what an alert watches."""
-    create_certs(tmp_path / "tls", servers=["ts1"], days=10)
-    config = load_cluster_config(write_config(tmp_path))
-    settings = ServerSettings(
-        server_id="ts1",
-        config=config,
-        data_dir=tmp_path / "d",
-        rpc_addr="127.0.0.1:7051",
-        http_addr="127.0.0.1:8051",
-        tls_cert=str(tmp_path / "tls" / "server-ts1.crt"),
-        tls_key=str(tmp_path / "tls" / "server-ts1.key"),
-        tls_ca=str(tmp_path / "tls" / "ca.crt"),
+    tls = tmp_path / "tls"
+    create_certs(tls, servers=["ts1"], days=10)
+    settings = _tls_settings(
+        tmp_path, str(tls / "server-ts1.crt"), str(tls / "server-ts1.key"), str(tls / "ca.crt")
     )
     server = TabletServer(settings)
     (gauge,) = [
