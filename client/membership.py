@@ -266,12 +266,20 @@ def _create_replica(
             request, timeout=min(10.0, timeout_s), wait_for_ready=True
         )
     except grpc.RpcError as e:
-        hint = (
-            f" (a leftover of an earlier removal: `raftlet tablet remove-replica "
-            f"{tablet_id} {server}` deletes it)"
-            if "already holds a replica" in (e.details() or "")
-            else ""
-        )
+        hint = ""
+        if "already holds a replica" in (e.details() or ""):
+            hint = (
+                f" (a leftover of an earlier removal: `raftlet tablet remove-replica "
+                f"{tablet_id} {server}` deletes it)"
+            )
+            with contextlib.suppress(RaftletError):
+                if server in leader_membership(client, tablet_id, 5.0).members():
+                    # Another operator's add made it a member meanwhile: removing it, as
+                    # the hint said, would leave the tablet a voter short.
+                    hint = (
+                        f" ({server} joined {tablet_id}'s group meanwhile: another operator's "
+                        "add or move? `raftlet cluster status` shows the group)"
+                    )
         error = _AlreadyHeld if any(h in (e.details() or "") for h in _HELD) else InvalidArgument
         raise error(
             f"creating a replica of {tablet_id} on {server} failed: "

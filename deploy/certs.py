@@ -174,7 +174,18 @@ def _load_or_create_ca(
         # What it signs must work: it signed certificates no server or client accepts.
         if key.public_key() != cert.public_key():
             raise CertError(f"{key_path} is not the key of {cert_path}")
-        end = cert.not_valid_after_utc
+        try:
+            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        if not is_ca:
+            raise CertError(f"{cert_path} is no CA certificate (its basicConstraints say CA:FALSE)")
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        if _now() < start:
+            raise CertError(
+                f"the CA {cert_path} is not valid before {start:%Y-%m-%d %H:%M} UTC: servers "
+                "refuse what it signs until then"
+            )
         if _now() >= end:
             raise CertError(
                 f"the CA {cert_path} expired on {end:%Y-%m-%d %H:%M} UTC: make a new CA in "

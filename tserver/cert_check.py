@@ -12,6 +12,7 @@ expires within ``EXPIRY_WARNING_DAYS`` starts with a WARNING saying when.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import logging
 import ssl
 from pathlib import Path
@@ -22,7 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from raftlet.cluster.identity import CLIENT_URI_PREFIX, SERVER_URI_PREFIX
 
-__all__ = ["EXPIRY_WARNING_DAYS", "check_server_tls"]
+__all__ = ["EXPIRY_WARNING_DAYS", "check_server_tls", "issued_by_one_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +31,17 @@ EXPIRY_WARNING_DAYS = 30
 
 
 def check_server_tls(
-    cert: str, key: str, ca: str, server_id: str, now: datetime.datetime | None = None
+    cert: str,
+    key: str,
+    ca: str,
+    server_id: str,
+    now: datetime.datetime | None = None,
+    host: str = "",
 ) -> datetime.datetime:
     """Raise ``OSError`` naming the flag, the file and the fault if the files cannot make
-    ``server_id`` a working TLS server and peer; log a WARNING if one expires soon. Returns
-    when the first of the certificate and its CA expires (``tls_cert_expiry_seconds``)."""
+    ``server_id`` a working TLS server and peer -- ``host`` being the name or address
+    clients and peers dial it by; log a WARNING if one expires soon. Returns when the first
+    of the certificate and its CA expires (``tls_cert_expiry_seconds``)."""
     now = now or datetime.datetime.now(datetime.UTC)
     (own, *_) = _load(cert, "tls_cert")
     authorities = _load(ca, "tls_ca")
@@ -46,7 +53,7 @@ def check_server_tls(
         raise OSError(f"--tls_key {key}: {e.strerror or e}") from None
     # The CA file may hold several (a bundle, while a cluster moves to a new CA): ours
     # must have signed it, and be valid.
-    issuer = next((a for a in authorities if _issued(own, a)), None)
+    issuer = issued_by_one_of(own, authorities)
     if issuer is None:
         raise OSError(
             f"--tls_cert {cert} was not signed by --tls_ca {ca}: peers and clients that "
@@ -66,6 +73,12 @@ def check_server_tls(
         raise OSError(
             f"--tls_cert {cert} is {what} ({names}); server {server_id} needs one naming "
             f"{wanted} (`raftlet certs create --servers {server_id}`)"
+        )
+    if host and not _names_host(own, host):
+        raise OSError(
+            f"--tls_cert {cert} does not name {host}, the host clients and peers dial "
+            f"{server_id} by: their host name check refuses it (`raftlet certs create "
+            f"--servers {server_id} --hosts {host}`)"
         )
     usages = _usages(own)
     missing = [
@@ -95,7 +108,23 @@ def _load(path: str, flag: str) -> list[x509.Certificate]:
         raise OSError(f"--{flag} {path} holds no PEM certificate ({e})") from None
 
 
+def issued_by_one_of(
+    cert: x509.Certificate, authorities: list[x509.Certificate]
+) -> x509.Certificate | None:
+    """The one of ``authorities`` that signed ``cert``, if any (a CA file may hold several:
+    a bundle, while a cluster moves to a new CA)."""
+    return next((a for a in authorities if _issued(cert, a)), None)
+
+
 def _issued(cert: x509.Certificate, authority: x509.Certificate) -> bool:
+    """Whether ``authority``, a CA, signed ``cert`` (a CA: TLS refuses an issuer that is
+    not one, whatever it signed)."""
+    try:
+        constraints = authority.extensions.get_extension_for_class(x509.BasicConstraints)
+    except x509.ExtensionNotFound:
+        return False
+    if not constraints.value.ca:
+        return False
     try:
         cert.verify_directly_issued_by(authority)
     except (InvalidSignature, ValueError, TypeError):  # ValueError: another issuer's name
@@ -118,6 +147,22 @@ def _check_dates(cert: x509.Certificate, what: str, now: datetime.datetime) -> N
             f"{end:%Y-%m-%d %H:%M}",
             left.total_seconds() / 86400,
         )
+
+
+def _names_host(cert: x509.Certificate, host: str) -> bool:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        names = [n.lower() for n in san.get_values_for_type(x509.DNSName)]
+        wanted = host.lower().rstrip(".")
+        return wanted in names or any(
+            n.startswith("*.") and wanted.partition(".")[2] == n[2:] for n in names
+        )
+    return address in san.get_values_for_type(x509.IPAddress)
 
 
 def _san_uris(cert: x509.Certificate) -> list[str]:

@@ -186,7 +186,8 @@ class TabletServer:
             max_message_bytes=self.limits.peer_bytes, keepalive=True
         )
         if s.tls:  # before anything listens: files that cannot work stop the server here
-            expires = check_server_tls(s.tls_cert, s.tls_key, s.tls_ca, s.server_id)
+            host = bare_host(parse_host_port(self.config.server(s.server_id).rpc_addr)[0])
+            expires = check_server_tls(s.tls_cert, s.tls_key, s.tls_ca, s.server_id, host=host)
             self.entity.function_gauge(
                 cat.TLS_CERT_EXPIRY_SECONDS,
                 lambda: (expires - datetime.datetime.now(datetime.UTC)).total_seconds(),

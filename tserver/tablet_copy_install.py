@@ -164,6 +164,13 @@ def swap_in(live: Path, staging: Path, replaced: Path) -> None:
     fsync_dir(live.parent)
     fsync_dir(replaced.parent)
     shutil.rmtree(replaced, ignore_errors=True)
+    if replaced.exists():  # the copy is in: only the old files stay behind, said so
+        logger.warning(
+            "tablet copy: the replaced replica %s could not all be removed (an immutable or "
+            "read-only file?); remove it by hand -- the next copy of this tablet needs its "
+            "place",
+            replaced,
+        )
 
 
 def recover_interrupted_copies(data_dir: Path) -> list[str]:

@@ -51,6 +51,17 @@ def test_files_that_cannot_work_are_refused_naming_the_file_and_the_fault(certs:
         _check(certs, "nowhere.crt", "server-ts1.key")
 
 
+def test_a_certificate_that_does_not_name_the_host_clients_dial_is_refused(certs: Path) -> None:
+    """It started, said ready, and every client's host name check refused it."""
+    crt, key, ca = (str(certs / n) for n in ("server-ts1.crt", "server-ts1.key", "ca.crt"))
+    check_server_tls(crt, key, ca, "ts1", host="127.0.0.1")
+    check_server_tls(crt, key, ca, "ts1", host="LOCALHOST")
+    with pytest.raises(OSError, match=r"does not name ts1\.example, the host clients and peers"):
+        check_server_tls(crt, key, ca, "ts1", host="ts1.example")
+    with pytest.raises(OSError, match=r"does not name 10\.0\.0\.1"):
+        check_server_tls(crt, key, ca, "ts1", host="10.0.0.1")
+
+
 def test_a_certificate_another_ca_signed_is_refused(
     certs: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -96,6 +107,11 @@ def test_certs_create_refuses_a_ca_that_cannot_sign_working_certificates(
     create_certs(other)
     (other / "ca.key").write_bytes((certs / "ca.key").read_bytes())
     with pytest.raises(CertError, match=r"ca\.key is not the key of .*ca\.crt"):
+        create_certs(other, servers=["ts1"])
+    # A server's certificate where the CA's should be: no CA, whatever its key.
+    (other / "ca.crt").write_bytes((certs / "server-ts1.crt").read_bytes())
+    (other / "ca.key").write_bytes((certs / "server-ts1.key").read_bytes())
+    with pytest.raises(CertError, match=r"ca\.crt is no CA certificate"):
         create_certs(other, servers=["ts1"])
     (other / "ca.crt").write_text("not a certificate")
     with pytest.raises(CertError, match=r"ca\.crt holds no PEM certificate"):

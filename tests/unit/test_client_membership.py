@@ -491,3 +491,23 @@ def test_a_tablet_whose_majority_is_failed_fails_the_command_fast_saying_why(
     # One FAILED of three: an election may be under way; the wait goes on.
     with pytest.raises(Timeout, match="a ready leader of kv-p0"):
         membership.leader_membership(_lost_majority_client(("ts1",)), "kv-p0", 0.5)
+
+
+def test_a_replica_another_operator_just_added_is_not_called_a_leftover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two moves onto ts1 at once: the loser said ts1's replica was a leftover and that
+    remove-replica deletes it -- which would have left the tablet a voter short."""
+
+    def create(*_a: Any, **_k: Any) -> None:
+        raise _Refused(
+            grpc.StatusCode.INVALID_ARGUMENT, "server ts1 already holds a replica of kv-p0"
+        )
+
+    client = SimpleNamespace(admin_stub=lambda _server: SimpleNamespace(CreateReplica=create))
+    before = _group(("ts2", "ts3", "ts5"), 20, 20)
+    joined = _group(("ts1", "ts2", "ts3", "ts5"), 30, 30)
+    for now, said in ((joined, "ts1 joined kv-p0's group meanwhile"), (before, "a leftover")):
+        monkeypatch.setattr(membership, "leader_membership", lambda *_a, now=now: now)
+        with pytest.raises(InvalidArgument, match=said):
+            membership._create_replica(client, "kv-p0", "ts1", before, 5.0)  # type: ignore[arg-type]
