@@ -25,9 +25,6 @@ from typing import Any
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from raftlet.cli.main import main
 from raftlet.client import Client, FlushMode, RaftletError, ReadMode, RemoteError, TlsOptions
@@ -48,6 +45,7 @@ from raftlet.proto import (
     tablet_pb2_grpc,
 )
 from tests import waiting
+from tests.tls_certs import issue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -120,30 +118,13 @@ class Env:
 
 def _issue_without_identity(tls_dir: Path, out: Path) -> None:
     """A certificate the cluster's CA signed, but with no raftlet identity in it."""
-    ca_cert = x509.load_pem_x509_certificate((tls_dir / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((tls_dir / "ca.key").read_bytes(), None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nobody")]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("nobody.example")]), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out.mkdir(exist_ok=True)
-    (out / "client-nobody.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (out / "client-nobody.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+    issue(
+        tls_dir,
+        out / "client-nobody.crt",
+        out / "client-nobody.key",
+        name="nobody",
+        valid=(-datetime.timedelta(minutes=5), datetime.timedelta(days=1)),
+        sans=[x509.DNSName("nobody.example")],
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from raftlet.cluster.identity import AccessRole
 from raftlet.deploy.certs import CertError, ClientSpec, create_certs
 from raftlet.tserver.cert_check import check_server_tls
+from tests.tls_certs import issue
 
 DAY = datetime.timedelta(days=1)
 
@@ -120,34 +121,8 @@ def test_certs_create_refuses_a_ca_that_cannot_sign_working_certificates(
 
 def _expired_client(d: Path) -> tuple[Path, Path]:
     """A client certificate of ``d``'s CA that expired yesterday."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    ca_key = serialization.load_pem_private_key((d / "ca.key").read_bytes(), password=None)
-    ca = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - 10 * DAY)
-        .not_valid_after(now - DAY)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    )
     cert_path, key_path = d / "old.crt", d / "old.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    issue(d, cert_path, key_path, name="old", valid=(-10 * DAY, -DAY))
     return cert_path, key_path
 
 
