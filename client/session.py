@@ -75,6 +75,17 @@ DEFAULT_MAX_BATCH_BYTES = 4 << 20
 DEFAULT_BATCHES_IN_FLIGHT = 2
 
 
+def _buffer_limit(given: int | None, per_batch: int, in_flight: int, unit: str) -> int:
+    """``max_buffered_<unit>``: twice what the batches in flight hold unless ``given``, and
+    never less than one batch's ``max_batch_<unit>``."""
+    limit = 2 * in_flight * per_batch if given is None else given
+    if limit < per_batch:
+        raise InvalidArgument(
+            f"max_buffered_{unit} ({limit}) must be at least max_batch_{unit} ({per_batch})"
+        )
+    return limit
+
+
 class FlushMode(enum.Enum):
     AUTO_FLUSH_SYNC = "AUTO_FLUSH_SYNC"
     AUTO_FLUSH_BACKGROUND = "AUTO_FLUSH_BACKGROUND"
@@ -114,21 +125,13 @@ class Session:
             )
         if flush_interval_s <= 0:
             raise InvalidArgument(f"flush_interval_s must be positive, got {flush_interval_s}")
-        if max_buffered_rows is None:
-            max_buffered_rows = 2 * max_batches_in_flight * max_batch_rows
-        if max_buffered_rows < max_batch_rows:
-            raise InvalidArgument(
-                f"max_buffered_rows ({max_buffered_rows}) must be at least "
-                f"max_batch_rows ({max_batch_rows})"
-            )
-        if max_buffered_bytes is None:
-            # Counted by rows alone, 1 MB rows buffered 4 GB before a call blocked.
-            max_buffered_bytes = 2 * max_batches_in_flight * max_batch_bytes
-        if max_buffered_bytes < max_batch_bytes:
-            raise InvalidArgument(
-                f"max_buffered_bytes ({max_buffered_bytes}) must be at least "
-                f"max_batch_bytes ({max_batch_bytes})"
-            )
+        max_buffered_rows = _buffer_limit(
+            max_buffered_rows, max_batch_rows, max_batches_in_flight, "rows"
+        )
+        # Counted by rows alone, 1 MB rows buffered 4 GB before a call blocked.
+        max_buffered_bytes = _buffer_limit(
+            max_buffered_bytes, max_batch_bytes, max_batches_in_flight, "bytes"
+        )
         self.flush_mode = flush_mode
         self.timeout_s = float(timeout_s)
         self.max_batch_rows = max_batch_rows

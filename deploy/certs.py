@@ -34,6 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from raftlet.cluster import bare_host
 from raftlet.cluster.identity import AccessRole, check_name, client_uri, parse_role, server_uri
+from raftlet.tserver.cert_check import is_ca, validity_fault
 
 __all__ = [
     "CertError",
@@ -174,23 +175,16 @@ def _load_or_create_ca(
         # What it signs must work: it signed certificates no server or client accepts.
         if key.public_key() != cert.public_key():
             raise CertError(f"{key_path} is not the key of {cert_path}")
-        try:
-            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-        except x509.ExtensionNotFound:
-            is_ca = False
-        if not is_ca:
+        if not is_ca(cert):
             raise CertError(f"{cert_path} is no CA certificate (its basicConstraints say CA:FALSE)")
-        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-        if _now() < start:
-            raise CertError(
-                f"the CA {cert_path} is not valid before {start:%Y-%m-%d %H:%M} UTC: servers "
-                "refuse what it signs until then"
+        fault = validity_fault(cert, _now())
+        if fault is not None:
+            then = (
+                "make a new CA in another directory and move the cluster to it (README, TLS)"
+                if fault.startswith("expired")
+                else "servers refuse what it signs until then"
             )
-        if _now() >= end:
-            raise CertError(
-                f"the CA {cert_path} expired on {end:%Y-%m-%d %H:%M} UTC: make a new CA in "
-                "another directory and move the cluster to it (README, TLS)"
-            )
+            raise CertError(f"the CA {cert_path} {fault}: {then}")
         return cert, key
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "raftlet cluster CA")])

@@ -23,7 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from raftlet.cluster.identity import CLIENT_URI_PREFIX, SERVER_URI_PREFIX
 
-__all__ = ["EXPIRY_WARNING_DAYS", "check_server_tls", "issued_by_one_of"]
+__all__ = ["EXPIRY_WARNING_DAYS", "check_server_tls", "is_ca", "validity_fault"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def check_server_tls(
         raise OSError(f"--tls_key {key}: {e.strerror or e}") from None
     # The CA file may hold several (a bundle, while a cluster moves to a new CA): ours
     # must have signed it, and be valid.
-    issuer = issued_by_one_of(own, authorities)
+    issuer = next((a for a in authorities if _issued(own, a)), None)
     if issuer is None:
         raise OSError(
             f"--tls_cert {cert} was not signed by --tls_ca {ca}: peers and clients that "
@@ -108,22 +108,10 @@ def _load(path: str, flag: str) -> list[x509.Certificate]:
         raise OSError(f"--{flag} {path} holds no PEM certificate ({e})") from None
 
 
-def issued_by_one_of(
-    cert: x509.Certificate, authorities: list[x509.Certificate]
-) -> x509.Certificate | None:
-    """The one of ``authorities`` that signed ``cert``, if any (a CA file may hold several:
-    a bundle, while a cluster moves to a new CA)."""
-    return next((a for a in authorities if _issued(cert, a)), None)
-
-
 def _issued(cert: x509.Certificate, authority: x509.Certificate) -> bool:
     """Whether ``authority``, a CA, signed ``cert`` (a CA: TLS refuses an issuer that is
     not one, whatever it signed)."""
-    try:
-        constraints = authority.extensions.get_extension_for_class(x509.BasicConstraints)
-    except x509.ExtensionNotFound:
-        return False
-    if not constraints.value.ca:
+    if not is_ca(authority):
         return False
     try:
         cert.verify_directly_issued_by(authority)
@@ -132,12 +120,31 @@ def _issued(cert: x509.Certificate, authority: x509.Certificate) -> bool:
     return True
 
 
-def _check_dates(cert: x509.Certificate, what: str, now: datetime.datetime) -> None:
+def is_ca(cert: x509.Certificate) -> bool:
+    """Whether ``cert`` may sign others (its basicConstraints say CA:TRUE)."""
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
+def validity_fault(cert: x509.Certificate, now: datetime.datetime) -> str | None:
+    """What is wrong with ``cert``'s dates at ``now`` ("is not valid before ...", "expired
+    on ..."), or None."""
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
     if now < start:
-        raise OSError(f"{what} is not valid before {start:%Y-%m-%d %H:%M} UTC")
+        return f"is not valid before {start:%Y-%m-%d %H:%M} UTC"
     if now > end:
-        raise OSError(f"{what} expired on {end:%Y-%m-%d %H:%M} UTC: renew it")
+        return f"expired on {end:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+def _check_dates(cert: x509.Certificate, what: str, now: datetime.datetime) -> None:
+    fault = validity_fault(cert, now)
+    if fault is not None:
+        renew = ": renew it" if fault.startswith("expired") else ""
+        raise OSError(f"{what} {fault}{renew}")
+    end = cert.not_valid_after_utc
     left = end - now
     if left < datetime.timedelta(days=EXPIRY_WARNING_DAYS):
         logger.warning(
