@@ -617,6 +617,9 @@ def _print_status(
             note = f"process running but not answering ({s.error})"
         elif s.config_differs:
             note = f"another cluster config: {', '.join(s.config_differs)} differ"
+        if s.cert_expires_soon:
+            cert = f"TLS certificate {'expired' if s.cert_expired else 'expires soon'}"
+            note = f"{note}; {cert}" if note else cert
         servers.add_row(
             s.id,
             mark(s.state),

@@ -54,6 +54,7 @@ from raftlet.client.errors import InvalidArgument
 from raftlet.client.retry import CREDENTIALS_REFUSED
 from raftlet.cluster import ClusterConfig
 from raftlet.cluster.digest import SECTIONS, config_digests
+from raftlet.cluster.identity import EXPIRY_WARNING_DAYS
 from raftlet.proto import tablet_pb2
 from raftlet.proto.consensus_pb2 import RaftRole
 
@@ -146,10 +147,41 @@ class ServerHealth:
     # The parts of its cluster config (cluster.digest's section names) that differ from
     # what most servers run; empty when it agrees, or did not say.
     config_differs: tuple[str, ...] = ()
+    # Seconds until its TLS certificate or that certificate's CA expires (negative:
+    # expired); None without TLS, or when it did not say.
+    cert_expiry_s: float | None = None
 
     @property
     def severity(self) -> Severity:
-        return Severity.OK if self.state == "UP" and not self.config_differs else Severity.WARN
+        if self.cert_expired:
+            return Severity.ERROR
+        if self.state != "UP" or self.config_differs or self.cert_expires_soon:
+            return Severity.WARN
+        return Severity.OK
+
+    @property
+    def cert_expires_soon(self) -> bool:
+        """Within ``EXPIRY_WARNING_DAYS``, or already expired."""
+        return self.cert_expiry_s is not None and self.cert_expiry_s < _EXPIRY_WARNING_S
+
+    @property
+    def cert_expired(self) -> bool:
+        return self.cert_expiry_s is not None and self.cert_expiry_s <= 0
+
+    def cert_note(self) -> str:
+        """What its certificate's expiry means for an operator; "" if nothing yet."""
+        left = self.cert_expiry_s
+        if left is None or not self.cert_expires_soon:
+            return ""
+        if self.cert_expired:
+            return (
+                f"its TLS certificate (or its CA) expired {_duration(-left)} ago: clients and "
+                "peers that connect anew refuse it; renew its certificate and restart it"
+            )
+        return (
+            f"its TLS certificate (or its CA) expires in {_duration(left)}: renew it and "
+            "restart the server before then (README: TLS, renewing certificates)"
+        )
 
 
 @dataclass(slots=True)
@@ -221,6 +253,7 @@ class ClusterHealth:
                     "process_alive": s.process_alive,
                     "replicas": s.tablets,
                     "config_differs": list(s.config_differs),
+                    "tls_cert_expiry_seconds": s.cert_expiry_s,
                 }
                 for s in self.servers
             ],
@@ -272,6 +305,17 @@ def _outcome(call: ResultFuture) -> _Probe:
             return _Probe(None, "DENIED", said)  # it answered: up, but not to these credentials
         return _Probe(None, "DOWN", said)
     return _Probe(resp, "UP")
+
+
+_EXPIRY_WARNING_S = EXPIRY_WARNING_DAYS * 86400.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.0f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.0f} hours"
+    return f"{max(seconds, 0) / 60:.0f} minutes"
 
 
 def server_addresses(config: ClusterLayout, token_ports: bool = False) -> dict[str, str]:
@@ -341,7 +385,11 @@ def check_cluster(
         if resp is not None:
             statuses[s.id] = {t.tablet_id: t for t in resp.tablets}
             health.tablets = len(resp.tablets)
+            if resp.HasField("tls_cert_expiry_seconds"):
+                health.cert_expiry_s = resp.tls_cert_expiry_seconds
         servers.append(health)
+        if note := health.cert_note():
+            issues.append(f"server {s.id}: {note}")
         if state == "DOWN":
             why = "process not running" if alive is False else error
             issues.append(f"server {s.id} ({addr}) is down: {why}")

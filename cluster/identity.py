@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
     "CLIENT_URI_PREFIX",
+    "EXPIRY_WARNING_DAYS",
     "SERVER_URI_PREFIX",
     "AccessRole",
     "Identity",
@@ -40,6 +41,9 @@ __all__ = [
 
 SERVER_URI_PREFIX = "raftlet://server/"
 CLIENT_URI_PREFIX = "raftlet://client/"
+# A server whose certificate (or its CA) expires sooner than this starts with a WARNING,
+# and `raftlet cluster status` warns: time to renew before clients and peers refuse it.
+EXPIRY_WARNING_DAYS = 30
 # Ids and names become parts of URIs and file names: the cluster config's id alphabet.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

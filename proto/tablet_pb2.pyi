@@ -347,7 +347,7 @@ class ListTabletsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListTabletsResponse(_message.Message):
-    __slots__ = ("tablets", "server_uuid", "config_digests")
+    __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds")
     class ConfigDigestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -358,10 +358,12 @@ class ListTabletsResponse(_message.Message):
     TABLETS_FIELD_NUMBER: _ClassVar[int]
     SERVER_UUID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    TLS_CERT_EXPIRY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     tablets: _containers.RepeatedCompositeFieldContainer[TabletStatusPB]
     server_uuid: str
     config_digests: _containers.ScalarMap[str, str]
-    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    tls_cert_expiry_seconds: float
+    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ..., tls_cert_expiry_seconds: _Optional[float] = ...) -> None: ...
 
 class GetClusterConfigRequest(_message.Message):
     __slots__ = ()

@@ -21,13 +21,11 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from raftlet.cluster.identity import CLIENT_URI_PREFIX, SERVER_URI_PREFIX
+from raftlet.cluster.identity import CLIENT_URI_PREFIX, EXPIRY_WARNING_DAYS, SERVER_URI_PREFIX
 
 __all__ = ["EXPIRY_WARNING_DAYS", "check_server_tls", "is_ca", "validity_fault"]
 
 logger = logging.getLogger(__name__)
-
-EXPIRY_WARNING_DAYS = 30
 
 
 def check_server_tls(

@@ -185,13 +185,13 @@ class TabletServer:
         self.peer_channel_options = channel_options(
             max_message_bytes=self.limits.peer_bytes, keepalive=True
         )
+        # When the first of its certificate and that certificate's CA expires; None: no TLS.
+        self.tls_expires: datetime.datetime | None = None
         if s.tls:  # before anything listens: files that cannot work stop the server here
             host = bare_host(parse_host_port(self.config.server(s.server_id).rpc_addr)[0])
             expires = check_server_tls(s.tls_cert, s.tls_key, s.tls_ca, s.server_id, host=host)
-            self.entity.function_gauge(
-                cat.TLS_CERT_EXPIRY_SECONDS,
-                lambda: (expires - datetime.datetime.now(datetime.UTC)).total_seconds(),
-            )
+            self.tls_expires = expires
+            self.entity.function_gauge(cat.TLS_CERT_EXPIRY_SECONDS, lambda: _seconds_until(expires))
         # With TLS, peers are dialled with this server's own certificate as the client
         # certificate: that is how they know who sends them Raft messages.
         try:
@@ -1044,6 +1044,10 @@ class TabletServer:
                 tablet.voters.extend(replica.consensus.membership.voters)
         return response
 
+    def tls_expiry_seconds(self) -> float | None:
+        """Seconds until its certificate or that certificate's CA expires; None: no TLS."""
+        return None if self.tls_expires is None else _seconds_until(self.tls_expires)
+
     def leader_addr(self, server_id: str) -> str:
         try:
             return self.config.server(server_id).rpc_addr if server_id else ""
@@ -1108,3 +1112,7 @@ def _listen(add_port: Callable[[], int], what: str, address: str) -> int:
 def _cannot_listen(what: str, address: str) -> str:
     # Launchers that picked the port themselves look for these words and pick another.
     return f"cannot listen for {what} on {address}: in use, or not an address of this host"
+
+
+def _seconds_until(moment: datetime.datetime) -> float:
+    return (moment - datetime.datetime.now(datetime.UTC)).total_seconds()

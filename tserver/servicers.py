@@ -172,7 +172,9 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
 
     def _list_tablets(self) -> tablet_pb2.ListTabletsResponse:
         response = tablet_pb2.ListTabletsResponse(
-            server_uuid=self._s.server_id, config_digests=self._s.config_digests
+            server_uuid=self._s.server_id,
+            config_digests=self._s.config_digests,
+            tls_cert_expiry_seconds=self._s.tls_expiry_seconds(),
         )
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot

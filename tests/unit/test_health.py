@@ -267,6 +267,36 @@ def test_a_server_on_another_cluster_config_is_named_with_what_differs(
     assert checked(listed, 100, monkeypatch).severity is health.Severity.OK
 
 
+@pytest.mark.parametrize(
+    ("left_s", "severity", "said"),
+    [
+        (None, health.Severity.OK, None),  # plaintext, or older than the field
+        (31 * 86400.0, health.Severity.OK, None),
+        (12 * 86400.0, health.Severity.WARN, "expires in 12 days: renew it and restart"),
+        (5 * 3600.0, health.Severity.WARN, "expires in 5 hours"),
+        (-3 * 86400.0, health.Severity.ERROR, "expired 3 days ago"),
+    ],
+)
+def test_a_certificate_near_its_end_is_named_before_clients_refuse_it(
+    monkeypatch: pytest.MonkeyPatch, left_s: float | None, severity: health.Severity, said: str
+) -> None:
+    """Only the server's start-up WARNING and a gauge said a certificate would expire; the
+    check an operator runs said OK up to the moment connections were refused."""
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in IDS}
+    if left_s is not None:
+        listed["b"].tls_cert_expiry_seconds = left_s
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is severity
+    notes = [i for i in verdict.issues if "TLS certificate" in i]
+    if said is None:
+        assert notes == []
+    else:
+        (note,) = notes
+        assert note.startswith("server b: ")
+        assert said in note
+    assert verdict.to_json()["servers"][1]["tls_cert_expiry_seconds"] == left_s
+
+
 # --- the checker's own copy of cluster.toml --------------------------------------------------
 
 TS = ("ts1", "ts2", "ts3")

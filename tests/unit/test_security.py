@@ -33,6 +33,7 @@ from raftlet.tserver.security import (
     required_role,
 )
 from raftlet.tserver.server import TabletServer
+from raftlet.tserver.servicers import TabletServicer
 from raftlet.tserver.settings import ServerSettings
 from tests.unit.tserver_settings_helpers import write_config
 
@@ -296,3 +297,6 @@ def test_a_tls_server_says_how_long_its_certificate_has_left(tmp_path: Path) -> 
         m for m in server.entity.instances() if m.prototype.name == "tls_cert_expiry_seconds"
     ]
     assert 9.9 * 86400 < gauge.metric.value() <= 10 * 86400
+    # ... and a status check hears the same from ListTablets.
+    listed = TabletServicer(server)._list_tablets()
+    assert 9.9 * 86400 < listed.tls_cert_expiry_seconds <= 10 * 86400
