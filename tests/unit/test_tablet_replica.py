@@ -808,6 +808,7 @@ def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
                 failed_tablets={},
                 pools={"tablet": None},
                 config_digests={},
+                tls_expiry_seconds=lambda: None,
             )
         )._list_tablets()
         for node, r in tablet.replicas.items()
