@@ -168,6 +168,13 @@ class KeyMetric:
 KEY_METRICS: tuple[KeyMetric, ...] = (
     KeyMetric("leaders", "tablet leaders hosted", "raft_role", "count", _leaders),
     KeyMetric(
+        "failed_replicas",
+        "replicas FAILED (why: cluster status)",
+        "tablet_failed",
+        "count",
+        _sum("tablet_failed", "tablet"),
+    ),
+    KeyMetric(
         "write_ops",
         "write ops applied (all replicas)",
         "write_ops_total",

@@ -803,6 +803,15 @@ class RaftConsensus:
             self._finish_reads_unlocked()
             self._published_status = self._status_unlocked()
 
+    def log_failed(self, error: BaseException) -> None:
+        """The log failed outside an append (``Log.check_present`` found its files gone):
+        fail as a failed append does -- leadership handed over, nothing more appended --
+        rather than at the next write, which a quiet tablet may not get for a long time."""
+        with self._lock:
+            failed = self._fail_unlocked(error)
+        if failed:
+            self._report_log_failure(None)
+
     def apply_recovered(self) -> None:
         """The applier works again and has applied everything it was given: take part in
         the group again (the leader catches this replica up)."""

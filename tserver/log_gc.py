@@ -73,11 +73,18 @@ class LogGc:
         return self.collect()
 
     def collect(self) -> int:
-        """Discard what may go now (the module docstring); returns segments deleted."""
+        """Discard what may go now (the module docstring); returns segments deleted.
+
+        First checks that the log's and the store's files are still there (``LogFailedError``,
+        ``StoreFilesGone``) and that the store can checkpoint (``StoreError``): a tablet
+        directory deleted under a running replica, or a store file made read-only, went
+        unnoticed while the replica acknowledged writes into files no restart finds."""
+        self._log.check_present()
+        flushed = self._store.flush()
         target = max(self._all_replicated(), self._log.retention_cap_index(self._max_segments))
         if target <= self._log.first_index():
             return 0
-        point = min(target, self._store.flush())
+        point = min(target, flushed)
         if point <= self._log.first_index():
             return 0
         deleted = self._log.gc(point - 1)

@@ -43,7 +43,6 @@ import functools
 import logging
 import shutil
 import ssl
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -107,6 +106,7 @@ from raftlet.tserver.grpc_limits import (
 from raftlet.tserver.hosted_tablets import HostedTablets
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.message_limits import MessageLimits
+from raftlet.tserver.remove_tree import remove_tree
 from raftlet.tserver.replica_map import ReplicaMap
 from raftlet.tserver.security import (
     Authenticator,
@@ -1079,21 +1079,11 @@ class TabletServer:
 
 def _tombstone(directory: Path) -> None:
     """Empty ``directory`` but for a tombstone file; an ``OSError`` names the whole path of
-    what could not be removed (rmtree's own names only the file, relative to its parent)."""
+    what could not be removed (``remove_tree``)."""
     if directory.exists():
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(directory, onexc=_with_path)
-        else:
-            shutil.rmtree(directory, onerror=_with_path)
+        remove_tree(directory)
     directory.mkdir(parents=True)
     (directory / TOMBSTONE_FILE).write_text("deleted from its group\n")
-
-
-def _with_path(_function: object, path: str, info: object) -> None:
-    exc = info if isinstance(info, BaseException) else info[1]  # type: ignore[index]
-    if isinstance(exc, OSError):
-        raise OSError(exc.errno, exc.strerror, path) from exc
-    raise exc
 
 
 def _listen(add_port: Callable[[], int], what: str, address: str) -> int:

@@ -179,6 +179,8 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot
             why = replica.failure_reason()
+            if why is not None:
+                why = self._s.copier.failure_note(replica.tablet_id, why)
             response.tablets.add(
                 tablet_id=replica.tablet_id,
                 table_name=replica.table,
@@ -204,7 +206,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
                 partition=failed.partition,
                 role=consensus_pb2.ROLE_UNKNOWN,
                 state=tablet_pb2.TABLET_STATE_FAILED,
-                failure_reason=failed.reason,
+                failure_reason=self._s.copier.failure_note(failed.tablet_id, failed.reason),
             )
         return response
 

@@ -54,6 +54,7 @@ from raftlet.tserver.tablet_copy_install import (
     CopyNotNeeded,
     CopyRefused,
     build_replica_dir,
+    clear_replaced,
     installed_term_and_vote,
     replaced_dir,
     staging_dir,
@@ -91,6 +92,10 @@ class TabletCopier:
         # source: tried next if that one fails (its source died, say), not a session
         # timeout later.
         self._next_sources: dict[str, list[str]] = {}
+        # Why the last copy of a tablet failed on this server's side (its disk, a leftover
+        # in the way), until one succeeds: the status of the FAILED replica it would repair
+        # says so (``failure_note``), not only the log.
+        self._copy_failures: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tablet-copy-janitor", daemon=True)
         self._installed = server.entity.counter(cat.TABLET_COPIES_INSTALLED_TOTAL)
@@ -174,12 +179,17 @@ class TabletCopier:
     def _copy(self, tablet_id: str, sources: list[str]) -> bool:
         staging = staging_dir(self._s.settings.data_dir, tablet_id)
         try:
+            clear_replaced(replaced_dir(self._s.settings.data_dir, tablet_id))
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            return self._copy_into(tablet_id, sources, staging)
+            done = self._copy_into(tablet_id, sources, staging)
+            if done:
+                self._copy_failures.pop(tablet_id, None)
+            return done
         except OSError as e:
             # A full or failing disk here: one line, and the repair loop tries again.
             logger.warning("tablet %s: tablet copy failed: %s", tablet_id, e)
+            self._copy_failures[tablet_id] = str(e)
             return False
         except Exception:
             logger.exception("tablet %s: tablet copy failed", tablet_id)
@@ -189,6 +199,12 @@ class TabletCopier:
             with self._lock:
                 self._copying.discard(tablet_id)
                 self._next_sources.pop(tablet_id, None)
+
+    def failure_note(self, tablet_id: str, reason: str) -> str:
+        """``reason`` (a FAILED replica's), and why the copy that would repair it failed
+        here, if the last one did."""
+        failed = self._copy_failures.get(tablet_id)
+        return f"{reason}; its repair by tablet copy fails: {failed}" if failed else reason
 
     def _copy_into(self, tablet_id: str, sources: list[str], staging: Path) -> bool:
         me = self._s.server_id

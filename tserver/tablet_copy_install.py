@@ -34,6 +34,7 @@ from raftlet.consensus.core import Entry, EntryType
 from raftlet.consensus.log import ConsensusMetadata, LogOptions, PersistentState, write_log_start
 from raftlet.consensus.log.raft_storage import WAL_DIR
 from raftlet.consensus.log.segment import fsync_dir
+from raftlet.tserver.remove_tree import remove_tree
 
 __all__ = [
     "COPY_DIR",
@@ -42,6 +43,7 @@ __all__ = [
     "CopyRefused",
     "SnapshotInfo",
     "build_replica_dir",
+    "clear_replaced",
     "installed_term_and_vote",
     "outgoing_snapshot",
     "recover_interrupted_copies",
@@ -154,10 +156,26 @@ def build_replica_dir(
     )
 
 
+def clear_replaced(replaced: Path) -> None:
+    """Remove what an earlier copy of the tablet replaced and could not remove (an
+    immutable or read-only file?), or raise ``OSError`` saying what to do: the next copy
+    needs its place, and downloading one only to fail at the swap repeated for ever."""
+    if not replaced.exists():
+        return
+    try:
+        remove_tree(replaced)
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"{e.strerror}: {e.filename} stays from the replica an earlier tablet copy "
+            f"replaced, and the next copy needs its place: remove {replaced} by hand "
+            "(`chattr -i` a file made immutable); the copy is tried again by itself",
+        ) from e
+
+
 def swap_in(live: Path, staging: Path, replaced: Path) -> None:
     """Replace the directory ``live`` by ``staging`` (see the module docstring)."""
-    if replaced.exists():
-        shutil.rmtree(replaced)
+    clear_replaced(replaced)
     if live.exists():
         os.rename(live, replaced)
     os.rename(staging, live)

@@ -62,7 +62,7 @@ from raftlet.consensus.core import (
     ProposalDropped,
     Role,
 )
-from raftlet.consensus.log import Log, LogOptions, PersistentState
+from raftlet.consensus.log import Log, LogFailedError, LogOptions, PersistentState
 from raftlet.consensus.raft_consensus import (
     ConsensusMetrics,
     ConsensusOptions,
@@ -833,7 +833,12 @@ class TabletReplica:
         if self._log_gc is not None and self._apply_error is None:
             try:
                 self._log_gc.maybe_collect()
-            except (OSError, StoreError) as exc:
+            except LogFailedError as exc:  # its files are gone: as a failed append
+                self.consensus.log_failed(exc)
+            except StoreError as exc:  # gone (a copy mends it) or unwritable (a retry may)
+                self._on_apply_failed(exc)
+                self._schedule_retry()
+            except OSError as exc:
                 # Nothing is lost by keeping the log: say so and try again next time.
                 logger.warning("%s: log GC failed: %r", self.tablet_id, exc)
 
@@ -944,6 +949,12 @@ class TabletReplica:
             if not chunk or not self._apply_pieces(chunk):
                 self._schedule_retry()
                 return
+        try:
+            self.store.flush()  # what failed may have been log GC's checkpoint, not an apply
+        except StoreError as exc:
+            self._on_apply_failed(exc)
+            self._schedule_retry()
+            return
         error, self._apply_error = self._apply_error, None
         self._retry_wait_s = _APPLY_RETRY_FIRST_S
         self.consensus.apply_recovered()

@@ -31,6 +31,7 @@ term going back.  The log then continues appending to the last segment.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import logging
@@ -636,6 +637,27 @@ class Log:
         if self.options.fsync:
             fsync_dir(self.directory)
         return len(doomed)
+
+    def check_present(self) -> None:
+        """Fail the log (``LogFailedError``) if its active segment is gone from its
+        directory -- deleted by hand, with the directory, say: records written since would
+        be acknowledged as durable, and lost to every restart. (Called from the thread that
+        also runs ``gc``; a segment it rolls away from keeps its name.)"""
+        with self._lock:
+            if self._failure is not None:
+                return
+            writer = self._writer
+        if writer.still_at_path():
+            return
+        lost = FileNotFoundError(
+            errno.ENOENT, "deleted or replaced while the log was writing it", writer.path
+        )
+        with self._lock:
+            if self._failure is None:
+                logger.error("log %s: no more appends: %s", self.directory, lost)
+                self._failure = lost
+                self._space.notify_all()
+        raise LogFailedError(f"log {self.directory}: {lost}") from lost
 
     def retention_cap_index(self, max_segments: int) -> int:
         """The first index of the newest ``max_segments`` segments: GC up to it keeps that

@@ -222,6 +222,17 @@ class SegmentWriter:
         self.sequence = sequence
         self.size = size
         self._fd = fd
+        st = os.fstat(fd)
+        self._file_id = (st.st_dev, st.st_ino)
+
+    def still_at_path(self) -> bool:
+        """Whether ``path`` still names the file being written: one deleted or replaced by
+        hand takes every later record where no reopening of the log looks."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == self._file_id
 
     @classmethod
     def create(

@@ -434,6 +434,7 @@ def _metrics_doc() -> list[dict[str, Any]]:
             "attributes": {"table": "kv"},
             "metrics": [
                 {"name": "raft_role", "value": role},
+                {"name": "tablet_failed", "value": int(role == 0)},
                 {"name": "write_ops_total", "value": 10},
                 {"name": "consensus_lock_contention_time_us", "value": lock_us},
                 {
@@ -484,6 +485,7 @@ def _metrics_doc() -> list[dict[str, Any]]:
 def test_key_metrics_aggregate_per_server() -> None:
     m = key_metrics(_metrics_doc())
     assert m["leaders"] == 1
+    assert m["failed_replicas"] == 1  # a FAILED replica had no row: only /metrics said so
     assert m["write_ops"] == 20
     assert m["tablet_queue_overflows"] == 4  # summed over methods, tablet service only
     assert m["consensus_queue_overflows"] == 9

@@ -20,6 +20,7 @@ from raftlet.consensus.log.raft_storage import WAL_DIR
 from raftlet.proto import admin_pb2, tablet_pb2, tablet_pb2_grpc
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.hosted_tablets import HostedTablets
+from raftlet.tserver.tablet_copy_install import replaced_dir
 from tests.unit.test_admin_fuzz import RPC_TIMEOUT_S, InProcessServer
 from tests.waiting import wait_for
 
@@ -86,3 +87,30 @@ def test_a_replica_whose_files_cannot_be_removed_stays_listed_and_a_rerun_delete
     assert tid not in _listed(ts)
     assert (directory / TOMBSTONE_FILE).exists()
     assert tid not in (HostedTablets.load(data_dir).hosted or ())
+
+
+def test_a_failed_replica_whose_copy_is_blocked_says_so_in_its_status(
+    ts: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leftover of an earlier copy that would not go failed every repair of the tablet,
+    and its status kept the old reason: the operator never learnt the repair was stuck."""
+    tid = ts.tablet_id
+    leftover = replaced_dir(ts.server.settings.data_dir, tid)
+    leftover.mkdir(parents=True)
+    stuck = leftover / "wal-0000000000000001.seg"
+    stuck.write_bytes(b"x")
+    real_unlink = os.unlink
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).name == stuck.name:  # rmtree unlinks by name, in a directory it holds
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    copier = ts.server.copier
+    assert copier._copy(tid, ["ts1"]) is False
+    note = copier.failure_note(tid, "the store file is damaged")
+    assert note.startswith("the store file is damaged; its repair by tablet copy fails: ")
+    assert str(stuck) in note
+    assert f"remove {leftover} by hand" in note
+    assert copier.failure_note("another", "why") == "why"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import threading
 from pathlib import Path
@@ -15,7 +16,9 @@ from raftlet.tserver.store import (
     StoreClosedError,
     StoreError,
     TabletStore,
+    damage_in,
 )
+from raftlet.tserver.store.errors import StoreFilesGone
 from tests.unit.store_helpers import SIMPLE, insert
 
 
@@ -190,6 +193,52 @@ def test_flush_returns_the_durable_applied_index(tmp_path: Path) -> None:
     with TabletStore.open(tmp_path / "t.db", SIMPLE) as s:
         assert s.flush() == 0
         fill(s, 1, 4)
+        assert s.flush() == 4
+
+
+@pytest.mark.parametrize("gone", ["t.db", "t.db-wal", "the directory", "replaced"])
+def test_flush_fails_when_the_store_files_are_gone_from_under_it(tmp_path: Path, gone: str) -> None:
+    """Deleted under a running store, its rows went on into unlinked files, and ``flush``
+    still called them durable -- so log GC dropped the entries a restart would need."""
+    directory = tmp_path / "tablet"
+    directory.mkdir()
+    path = directory / "t.db"
+    with TabletStore.open(path, SIMPLE) as s:
+        fill(s, 1, 4)
+        assert s.flush() == 4
+        if gone == "the directory":
+            shutil.rmtree(directory)
+        elif gone == "replaced":
+            path.unlink()
+            path.write_bytes(b"")
+        else:
+            (directory / gone).unlink()
+        fill(s, 5, 2)  # SQLite writes on into what it has open
+        with pytest.raises(StoreFilesGone) as caught:
+            s.flush()
+        assert damage_in(caught.value) is not None  # no retry mends it: a copy does
+
+
+def test_a_checkpoint_that_fails_is_an_error_not_a_growing_wal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite ignores a failed automatic checkpoint: with the store file made immutable its
+    -wal grew past 100 MB while status said OK."""
+    with TabletStore.open(tmp_path / "t.db", SIMPLE) as s:
+        fill(s, 1, 4)
+        real = s._writer
+
+        class Refusing:
+            def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+                if "wal_checkpoint" in sql:
+                    raise sqlite3.OperationalError("disk I/O error")
+                return real.execute(sql, *args)
+
+        monkeypatch.setattr(s, "_writer", Refusing())
+        with pytest.raises(StoreError, match="checkpoint failed: disk I/O error") as caught:
+            s.flush()
+        assert damage_in(caught.value) is None  # it may pass (a retry checks again)
+        monkeypatch.setattr(s, "_writer", real)
         assert s.flush() == 4
 
 

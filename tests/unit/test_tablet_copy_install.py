@@ -4,7 +4,10 @@ any point leaves either all old or all new."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,7 @@ from raftlet.tserver.tablet_copy_install import (
     CopiedState,
     CopyRefused,
     build_replica_dir,
+    clear_replaced,
     installed_term_and_vote,
     recover_interrupted_copies,
     replaced_dir,
@@ -94,6 +98,37 @@ def test_swap_in_replaces_the_live_directory_whole(tmp_path: Path) -> None:
     assert sorted(p.name for p in live.iterdir()) == ["new"]
     assert not staging.exists()
     assert not replaced.exists()
+
+
+def test_a_leftover_that_will_not_go_is_named_with_what_to_do_before_any_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replaced replica an earlier copy could not remove (an immutable file) failed every
+    later copy at its swap, after the whole download, as "Operation not permitted:
+    'wal-0000000000000001.seg'": no path, no way out."""
+    live, staging, replaced = _dirs(tmp_path)
+    (replaced / "wal").mkdir(parents=True)
+    stuck = replaced / "wal" / "wal-0000000000000001.seg"
+    stuck.write_bytes(b"x")
+    real_unlink = os.unlink
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).name == stuck.name:  # what chattr +i does, for root too
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    for attempt in (lambda: clear_replaced(replaced), lambda: swap_in(live, staging, replaced)):
+        with pytest.raises(OSError, match="Operation not permitted") as caught:
+            attempt()
+        said = str(caught.value)
+        assert str(stuck) in said
+        assert f"remove {replaced} by hand" in said
+    assert sorted(p.name for p in live.iterdir()) == ["old"]  # nothing swapped
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    clear_replaced(replaced)
+    assert not replaced.exists()
+    clear_replaced(replaced)  # nothing there: nothing to do
 
 
 def test_a_crash_between_the_renames_puts_the_old_replica_back(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ disk."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import shutil
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +30,8 @@ from raftlet.proto import tablet_pb2
 from raftlet.tserver import tablet_replica as replica_module
 from raftlet.tserver.errors import TabletFailed
 from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError
-from raftlet.tserver.tablet_replica import TabletReplica
+from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
+from tests.unit.consensus_cluster import FAST
 from tests.unit.store_helpers import CommitHook
 from tests.unit.test_tablet_replica import Tablet, keys_on, send, write
 
@@ -203,6 +206,72 @@ def test_a_leader_whose_log_fails_hands_over_and_stays_failed(tablet: Tablet) ->
     assert leader.consensus.snapshot.role is Role.FOLLOWER
     for r in _others(tablet, leader.server_id):
         tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what="the others have every row")
+
+
+@pytest.mark.parametrize("deleted", ["the tablet directory", "the store files"])
+def test_files_deleted_under_a_running_leader_fail_it_and_another_leads(
+    tmp_path: Path, deleted: str
+) -> None:
+    """Deleted by hand while the server ran, a replica stayed leader, RUNNING, and
+    acknowledged writes into files no restart would find; status said OK."""
+    tablet = Tablet(tmp_path, options=ReplicaOptions(consensus=FAST, log_gc_interval_s=0.01))
+    try:
+        leader = tablet.leader()
+        for i in range(1, 4):
+            send(leader, write([i], "c5", i)).result()
+        directory = tmp_path / leader.server_id
+        if deleted == "the tablet directory":
+            shutil.rmtree(directory)
+        else:
+            for name in ("store.sqlite", "store.sqlite-wal"):
+                (directory / name).unlink()
+        tablet.wait_for(lambda: leader.failure_reason() is not None, what="the replica fails")
+        assert "deleted" in str(leader.failure_reason())
+        new = tablet.leader()
+        assert new is not leader
+        send(new, write([4], "c5", 4)).result()
+        for r in _others(tablet, leader.server_id):
+            tablet.wait_for(lambda r=r: keys_on(r) == [1, 2, 3, 4], what=f"{r.server_id}")
+    finally:
+        tablet.close()
+
+
+def test_a_store_that_cannot_checkpoint_fails_and_serves_again_once_it_can(
+    tmp_path: Path,
+) -> None:
+    """With its file made immutable, SQLite's automatic checkpoints failed in silence and
+    the -wal grew without bound; the replica said RUNNING."""
+    tablet = Tablet(tmp_path, options=ReplicaOptions(consensus=FAST, log_gc_interval_s=0.01))
+    try:
+        leader = tablet.leader()
+        refusing = threading.Event()
+        real = leader.store._writer
+
+        class Connection:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+                if refusing.is_set() and "wal_checkpoint" in sql:
+                    raise sqlite3.OperationalError("disk I/O error")
+                return real.execute(sql, *args)
+
+        leader.store._writer = Connection()  # type: ignore[assignment]
+        refusing.set()
+        first = send(leader, write([1], "c6", 1))
+        tablet.wait_for(lambda: leader.failure_reason() is not None, what="the replica fails")
+        assert "checkpoint failed: disk I/O error" in str(leader.failure_reason())
+        with contextlib.suppress(TabletFailed):  # failed before its answer: retried below
+            first.result()
+        new = tablet.leader()
+        assert new is not leader
+        send(new, write([1], "c6", 1)).result()
+        send(new, write([2], "c6", 2)).result()
+        refusing.clear()
+        tablet.wait_for(lambda: leader.failure_reason() is None, what="it serves again")
+        tablet.wait_for(lambda: keys_on(leader) == [1, 2], what="it catches up")
+    finally:
+        tablet.close()
 
 
 def test_a_leader_whose_store_file_is_found_damaged_fails_for_good(

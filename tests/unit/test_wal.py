@@ -205,6 +205,29 @@ def fill(log: Log, n: int) -> None:
         log.append([entry(i, data=b"g" * 40)])
 
 
+@pytest.mark.parametrize("how", ["segment", "directory", "replaced"])
+def test_a_log_whose_active_segment_is_gone_fails_instead_of_writing_nowhere(
+    tmp_path: Path, how: str
+) -> None:
+    """A tablet directory deleted under a running replica: its appends went on into the
+    deleted file, acknowledged as durable, lost to any restart."""
+    wal = tmp_path / "wal"
+    with Log.open(wal, SMALL) as log:
+        log.append(entries(1, 3))
+        log.check_present()  # all there: nothing happens
+        (active,) = log.segment_paths()
+        if how == "directory":
+            shutil.rmtree(wal)
+        else:
+            os.unlink(active)
+            if how == "replaced":
+                Path(active).write_bytes(b"")
+        with pytest.raises(LogError, match=r"deleted or replaced while the log was writing"):
+            log.check_present()
+        with pytest.raises(LogError, match="has failed"):
+            log.append(entries(3, 4))
+
+
 def test_gc_deletes_whole_old_segments_and_reopen_knows_the_first_index(tmp_path: Path) -> None:
     with Log.open(tmp_path, SMALL) as log:
         fill(log, 60)

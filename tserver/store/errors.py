@@ -11,6 +11,7 @@ __all__ = [
     "SchemaMismatchError",
     "StoreClosedError",
     "StoreError",
+    "StoreFilesGone",
     "damage_in",
 ]
 
@@ -21,6 +22,12 @@ _SQLITE_NOTADB = 26
 
 class StoreError(Exception):
     """The store cannot be opened or used (corrupt, foreign file, I/O failure)."""
+
+
+class StoreFilesGone(StoreError):
+    """The store's file or its -wal was deleted or replaced while the store had them open:
+    what it writes goes nowhere a restart would find, so no retry mends it; a copy of the
+    tablet does."""
 
 
 class SchemaMismatchError(StoreError):
@@ -47,6 +54,8 @@ def damage_in(exc: BaseException) -> str | None:
     for _ in range(8):  # a cause chain is short; never loop on a cycle
         if seen is None:
             return None
+        if isinstance(seen, StoreFilesGone):
+            return str(seen)
         if isinstance(seen, sqlite3.DatabaseError):
             code = getattr(seen, "sqlite_errorcode", None)
             if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):

@@ -46,6 +46,7 @@ from raftlet.tserver.store.errors import (
     SchemaMismatchError,
     StoreClosedError,
     StoreError,
+    StoreFilesGone,
 )
 from raftlet.tserver.store.request_records import (
     BOUNDS_TABLE,
@@ -247,6 +248,11 @@ def _short(value: object) -> str:
     return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
 
 
+def _file_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
 def _fsync_path(path: Path, *, directory: bool = False) -> None:
     flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
     fd = os.open(path, flags)
@@ -288,6 +294,10 @@ class TabletStore:
         self.request_window = REQUEST_RECORD_WINDOW
         # Request records expired by the window since the store was opened.
         self.requests_expired = 0
+        # The file this store opened (device, inode): one deleted or replaced under it is
+        # found by ``flush`` (``_check_files``).
+        self._file_id = _file_id(path)
+        self._flushed_index = -1  # the applied index the last ``flush`` made durable
 
     # --- open / close ---------------------------------------------------------------------
 
@@ -1030,12 +1040,40 @@ class TabletStore:
         """
         with self._write_lock:
             self._check_open()
+            self._check_files()
             index = self._applied[0]
+            if index == self._flushed_index:
+                return index  # nothing applied since: durable already
+            # SQLite ignores a failed automatic checkpoint: with its file made read-only
+            # or its disk full, the -wal grew without bound and nothing said so.
+            try:
+                self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error as e:
+                raise StoreError(f"tablet store {self.path}: checkpoint failed: {e}") from e
             for p in (Path(f"{self.path}-wal"), self.path):
-                with contextlib.suppress(FileNotFoundError):
-                    _fsync_path(p)
+                _fsync_path(p)
             _fsync_path(self.path.parent, directory=True)
+            self._flushed_index = index
             return index
+
+    def _check_files(self) -> None:
+        """``StoreFilesGone`` if the store's file or its -wal is no longer where it was
+        opened (a tablet directory deleted by hand, say): rows written since live only in
+        files no restart finds, and the log must not be collected on their strength."""
+        wal = Path(f"{self.path}-wal")
+        try:
+            same = _file_id(self.path) == self._file_id
+            wal.stat()  # exists as long as a connection is open in WAL mode
+        except FileNotFoundError as e:
+            raise StoreFilesGone(
+                f"tablet store {self.path}: {e.filename} was deleted while the store had it open"
+            ) from e
+        except OSError as e:
+            raise StoreError(f"tablet store {self.path}: cannot check its files: {e}") from e
+        if not same:
+            raise StoreFilesGone(
+                f"tablet store {self.path}: the file was replaced while the store had it open"
+            )
 
     @staticmethod
     def install_snapshot(snapshot_path: StorePath, path: StorePath) -> None:
