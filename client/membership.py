@@ -602,14 +602,31 @@ def move_replica(
     if source not in m.members():
         raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
     if target in m.voters:
-        raise InvalidArgument(f"{target} already holds a replica of {tablet_id}")
+        factor = client.replication_factor(client.table_of(tablet_id))
+        if len(m.voters) - (source in m.voters) < factor:
+            raise InvalidArgument(f"{target} already holds a replica of {tablet_id}")
+        # A move stopped after its add (interrupted, or its removal timed out), or an
+        # add-replica: what is left of the move is the removal, and a rerun refused it.
+        say(f"{tablet_id}: {target} is a voter already; removing {source}")
+        return remove_replica(
+            client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say, leftovers=False
+        )
     added = add_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
     try:
         if source not in added.members():
             raise _NotAMember(source)
-        return remove_replica(
-            client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say, leftovers=False
-        )
+        try:
+            return remove_replica(
+                client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say, leftovers=False
+            )
+        except (_NotAMember, ReplicaNotDeleted):
+            raise
+        except RaftletError as e:
+            raise e.with_message(
+                f"{e} -- {target} was added to {tablet_id} and {source} not yet removed: run "
+                f"the same `raftlet tablet move-replica {tablet_id} {source} {target}` again "
+                "to finish the move"
+            ) from e
     except _NotAMember:
         after = leader_membership(client, tablet_id, timeout_s)
         factor = client.replication_factor(client.table_of(tablet_id))

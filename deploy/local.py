@@ -625,14 +625,13 @@ class LocalCluster:
         start_marker = f"raftlet cluster up: starting {server_id}"
         deadline = time.monotonic() + timeout
         while True:
-            text = _read_text(log)
-            this_start = text[text.rfind(start_marker) :]
+            this_start = _this_start(_read_text(log), start_marker)
             if marker in this_start:
                 return
             code = proc.poll()
             if code is not None:
                 raise LauncherError(
-                    f"{server_id} exited with status {code} before it was ready "
+                    f"{server_id} {_exited(code)} before it was ready "
                     f"(log: {log}): {_last_error_line(this_start)}",
                     _tail(this_start),
                 )
@@ -647,6 +646,7 @@ class LocalCluster:
         """Wait until every tablet has a ready leader; the health seen then."""
         deadline = time.monotonic() + timeout
         while True:
+            self._check_children()
             health = self.health(ProbeOptions(timeout_s=2.0))
             if all(t.leader is not None for t in health.tablets):
                 return health
@@ -664,6 +664,22 @@ class LocalCluster:
                     f"(server logs in {self.data_dir})"
                 )
             time.sleep(0.1)
+
+    def _check_children(self) -> None:
+        """``LauncherError`` if a server this launcher started has exited since it was
+        ready: waiting for leaders then took the whole timeout, and blamed the refused
+        connections of the check."""
+        for sid, proc in self._children.items():
+            code = proc.poll()
+            if code is None:
+                continue
+            log = self.servers[sid].log
+            this_start = _this_start(_read_text(log), f"raftlet cluster up: starting {sid}")
+            raise LauncherError(
+                f"{sid} {_exited(code)} after it was ready (log: {log}): "
+                f"{_last_error_line(this_start)}",
+                _tail(this_start),
+            )
 
     # --- finding -----------------------------------------------------------------------
 
@@ -1054,6 +1070,27 @@ def _read_text(path: Path) -> str:
 
 def _tail(text: str, n: int = 20) -> str:
     return "\n".join(text.splitlines()[-n:])
+
+
+def _this_start(text: str, start_marker: str) -> str:
+    """The part of a server's log its latest start wrote, from the line after the
+    launcher's marker line (cut at the marker itself, the rest of that line passed for the
+    server's last words)."""
+    at = text.rfind(start_marker)
+    if at < 0:
+        return text
+    end = text.find("\n", at)
+    return "" if end < 0 else text[end + 1 :]
+
+
+def _exited(code: int) -> str:
+    """How a process ended, from its ``returncode`` (negative: killed by that signal)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def _last_error_line(text: str) -> str:

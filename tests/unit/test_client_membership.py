@@ -190,6 +190,48 @@ def test_the_same_move_made_by_two_operators_at_once_keeps_the_target(
     assert "ts3 left the group meanwhile (another operator's move?)" in said[-1]
 
 
+def test_a_move_stopped_after_its_add_is_finished_by_running_it_again(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after "ts4 caught up and promoted", the rerun said "ts4 already holds a
+    replica of kv-p0" and no command finished the move (the tablet kept four voters)."""
+    scripted["answers"] = [_group(("ts1", "ts2", "ts3", "ts4"), 40, 40)]
+    removed: list[str] = []
+
+    def remove(_c: Any, _t: str, server: str, **_k: Any) -> Any:
+        removed.append(server)
+        return _group(("ts1", "ts2", "ts4"), 41, 41)
+
+    monkeypatch.setattr(membership, "remove_replica", remove)
+    said: list[str] = []
+    m = membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0, say=said.append)  # type: ignore[arg-type]
+    assert (removed, m.voters) == (["ts3"], ("ts1", "ts2", "ts4"))
+    assert said == ["kv-p0: ts4 is a voter already; removing ts3"]
+    # A target that is a voter where the group has no voter to spare: still refused.
+    scripted["answers"] = [_group(("ts1", "ts3", "ts4"), 40, 40)]
+    with pytest.raises(InvalidArgument, match="ts4 already holds a replica of kv-p0"):
+        membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+
+
+def test_a_move_whose_removal_fails_says_what_it_left_and_how_to_finish(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted["answers"] = [_group(("ts1", "ts2", "ts3"), 21, 1)]
+    monkeypatch.setattr(
+        membership, "add_replica", lambda *_a, **_k: _group(("ts1", "ts2", "ts3", "ts4"), 40, 40)
+    )
+
+    def remove(*_a: Any, **_k: Any) -> Any:
+        raise Timeout("kv-p0: timed out waiting for a ready leader of kv-p0")
+
+    monkeypatch.setattr(membership, "remove_replica", remove)
+    with pytest.raises(Timeout) as caught:
+        membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    said = str(caught.value)
+    assert said.startswith("kv-p0: timed out waiting for a ready leader of kv-p0 -- ts4 was added")
+    assert "run the same `raftlet tablet move-replica kv-p0 ts3 ts4` again" in said
+
+
 def test_a_leftover_deletion_raced_by_an_add_says_so(scripted: dict[str, list[Any]]) -> None:
     voters = ("ts1", "ts2", "ts3")
     scripted["answers"] = [_group(voters, 21, 21), _with_learner(voters, "ts4", 23)]

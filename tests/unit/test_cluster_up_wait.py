@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from raftlet.client.health import ClusterHealth, ServerHealth, Severity, TabletHealth
-from raftlet.deploy.local import LauncherError, LocalCluster
+from raftlet.deploy.local import (
+    LauncherError,
+    LocalCluster,
+    _exited,
+    _last_error_line,
+    _this_start,
+)
 
 
 def test_no_leader_in_time_names_the_servers_the_check_could_not_ask() -> None:
@@ -23,10 +30,44 @@ def test_no_leader_in_time_names_the_servers_the_check_could_not_ask() -> None:
         [],
         Severity.ERROR,
     )
-    cluster = SimpleNamespace(health=lambda _options: health, data_dir="/d/c1")
+    cluster = SimpleNamespace(
+        health=lambda _options: health, data_dir="/d/c1", _check_children=lambda: None
+    )
     with pytest.raises(LauncherError) as failed:
         LocalCluster.wait_leaders(cluster, timeout=0)  # type: ignore[arg-type]
     assert "no ready leader within 0 s for kv-p0; ts2 did not answer the check: " in str(
         failed.value
     )
     assert "certificate has expired" in str(failed.value)
+
+
+def test_a_server_that_died_after_it_was_ready_is_named_at_once(tmp_path: Path) -> None:
+    """Killed after its ready line, `cluster up` waited its whole timeout for leaders and
+    then blamed the check's refused connections."""
+    log = tmp_path / "ts1.log"
+    log.write_text(
+        "==== 2026-12-05 10:00:00 raftlet cluster up: starting ts1\nraftlet tserver ts1 ready\n"
+    )
+    dead = SimpleNamespace(poll=lambda: -9)
+    cluster = SimpleNamespace(
+        _children={"ts1": dead},
+        servers={"ts1": SimpleNamespace(log=log)},
+        health=lambda _options: pytest.fail("asked the servers of a dead cluster"),
+    )
+    cluster._check_children = lambda: LocalCluster._check_children(cluster)  # type: ignore[arg-type]
+    with pytest.raises(LauncherError) as failed:
+        LocalCluster.wait_leaders(cluster, timeout=60)  # type: ignore[arg-type]
+    assert str(failed.value).startswith(
+        f"ts1 was killed by SIGKILL after it was ready (log: {log})"
+    )
+
+
+def test_a_start_cut_short_names_no_marker_as_its_last_words() -> None:
+    """The log was cut at the marker mid-line, so the launcher's own "raftlet cluster up:
+    starting ts1" passed for the reason a server died."""
+    text = "old run's lines\n==== 2026-12-05 10:00:00 raftlet cluster up: starting ts1\n"
+    this_start = _this_start(text, "raftlet cluster up: starting ts1")
+    assert this_start == ""
+    assert _last_error_line(this_start) == "(no output)"
+    assert _exited(-9) == "was killed by SIGKILL"
+    assert _exited(2) == "exited with status 2"
