@@ -136,7 +136,9 @@ class InsertVerdict:
     def ok(self) -> bool:
         return not (self.lost or self.failed_but_present or self.phantom)
 
-    def describe(self) -> str:
+    def describe(self, limit: int = 20) -> str:
+        """A summary line, then for each kind of violation its count and up to ``limit``
+        ids."""
         lines = [
             f"inserts: {self.ok_count} ok, {self.fail_count} fail, {self.info_count} info "
             f"({self.info_present} of those present): {'ok' if self.ok else 'VIOLATED'}"
@@ -147,7 +149,7 @@ class InsertVerdict:
             ("phantom (never attempted)", self.phantom),
         ):
             if keys:
-                lines.append(f"  {name}: {len(keys)}: {_abbreviate(keys)}")
+                lines.append(f"  {name}: {len(keys)}: {_abbreviate(keys, limit)}")
         return "\n".join(lines)
 
 
@@ -617,4 +619,4 @@ class _Shrinking:
 
 def _abbreviate(keys: Sequence[int], limit: int = 20) -> str:
     shown = ", ".join(str(k) for k in keys[:limit])
-    return shown + (f", … ({len(keys) - limit} more)" if len(keys) > limit else "")
+    return shown + (f", … and {len(keys) - limit} more" if len(keys) > limit else "")

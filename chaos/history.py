@@ -11,6 +11,12 @@ its return and what came of it:
 Kinds: ``write`` (``value`` is what was written), ``read`` (``value`` is what was read, None
 for a key with no row), ``cas`` (``value`` is ``(expected, new)``), ``insert`` (a unique key,
 ``value`` is the row's payload). Values are ints or None, so a history is plain JSON.
+
+A saved history is JSON lines: first any header records, objects with a ``"record"`` field
+(a chaos run writes one ``"run"`` record, with its wall-clock start, then one ``"fault"``
+record per fault), then one operation per line. ``History.load`` reads the operations and
+skips the header; ``History.load_header`` reads the header. Files without a header (saved
+before there was one) load the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -124,16 +130,29 @@ class History:
         with self._lock:
             return sorted(self.ops, key=lambda op: op.id)
 
-    def save(self, path: Path) -> None:
-        """One JSON object per line, in call order."""
+    def save(self, path: Path, header: Sequence[Mapping[str, Any]] = ()) -> int:
+        """The ``header`` records (each with a ``"record"`` field), then one JSON object per
+        operation, in call order; returns how many operations were written."""
+        for record in header:
+            if "record" not in record:
+                raise ValueError(f"a header record needs a 'record' field: {record!r}")
+        ops = self.snapshot()
         with path.open("w", encoding="utf-8") as f:
-            for op in self.snapshot():
+            for record in header:
+                f.write(json.dumps(record) + "\n")
+            for op in ops:
                 f.write(json.dumps(op.to_json()) + "\n")
+        return len(ops)
 
     @staticmethod
     def load(path: Path) -> list[Op]:
-        with path.open(encoding="utf-8") as f:
-            return [Op.from_json(json.loads(line)) for line in f if line.strip()]
+        """The operations of a saved history (the header, if any, skipped)."""
+        return [Op.from_json(raw) for raw in _records(path) if "record" not in raw]
+
+    @staticmethod
+    def load_header(path: Path) -> list[dict[str, Any]]:
+        """The header records of a saved history (none in a file saved without one)."""
+        return [raw for raw in _records(path) if "record" in raw]
 
     @staticmethod
     def by_key(ops: Iterable[Op]) -> dict[int, list[Op]]:
@@ -141,3 +160,8 @@ class History:
         for op in ops:
             out.setdefault(op.key, []).append(op)
         return out
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -10,7 +10,8 @@ periods). The kinds:
 - ``partition-leader``: cut a tablet leader's links to every other server (both directions);
   clients still reach it, so a stale leader is exactly what they can talk to.
 - ``partition-halves``: split the servers into two random groups.
-- ``partition-bridge``: two groups that only one server (the bridge) talks to both of.
+- ``partition-bridge``: two groups that only one server (the bridge, drawn from the larger
+  group) talks to both of.
 - ``slow-disk``: add WAL latency on a server through the runtime flag
   ``log_inject_latency_ms``, removed after the hold.
 - ``restart-all``: SIGKILL every server, then start them all.
@@ -40,6 +41,8 @@ __all__ = [
     "NemesisOptions",
     "bridge_cuts",
     "check_faults",
+    "draw_bridge",
+    "draw_halves",
     "halves_cuts",
     "isolate_cuts",
 ]
@@ -117,6 +120,24 @@ def halves_cuts(groups: tuple[Sequence[str], Sequence[str]]) -> set[Link]:
 def bridge_cuts(bridge: str, a: Sequence[str], b: Sequence[str]) -> set[Link]:
     """Groups ``a`` and ``b`` cannot talk to each other; ``bridge`` talks to both."""
     return halves_cuts(([s for s in a if s != bridge], [s for s in b if s != bridge]))
+
+
+def draw_halves(rng: random.Random, servers: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Two random groups, the second the larger if the count is odd."""
+    shuffled = rng.sample(list(servers), len(servers))
+    half = len(shuffled) // 2
+    return shuffled[:half], shuffled[half:]
+
+
+def draw_bridge(rng: random.Random, servers: Sequence[str]) -> tuple[list[str], list[str], str]:
+    """Two random groups and a bridge, a member of the second (the larger) group.
+
+    The bridge comes from the larger group because one drawn from a group of one would leave
+    the other group nobody to be cut from (with 3 servers, one draw in three cut nothing)."""
+    if len(servers) < 3:
+        raise ValueError(f"a bridge partition needs at least 3 servers, got {len(servers)}")
+    a, b = draw_halves(rng, servers)
+    return a, b, rng.choice(b)
 
 
 @dataclass
@@ -214,19 +235,16 @@ class Nemesis:
             for sid in servers:
                 c.kill(sid)
             return _Undo(lambda: self._start_all(servers), event)
-        if kind in ("partition-halves", "partition-bridge"):
-            shuffled = rng.sample(servers, len(servers))
-            half = len(shuffled) // 2
-            a, b = shuffled[:half], shuffled[half:]
-            if kind == "partition-bridge":
-                bridge = rng.choice(servers)
-                links = bridge_cuts(bridge, [*a, bridge], [*b, bridge])
-                event.detail = f"{'+'.join(a)} | {'+'.join(b)} via {bridge}"
-            else:
-                links = halves_cuts((a, b))
-                event.detail = f"{'+'.join(a)} | {'+'.join(b)}"
+        if kind == "partition-bridge":
+            a, b, bridge = draw_bridge(rng, servers)
+            event.detail = f"{'+'.join(a)} | {'+'.join(b)} via {bridge}"
             event.targets = sorted(servers)
-            return self._cut(links, event)
+            return self._cut(bridge_cuts(bridge, [*a, bridge], b), event)
+        if kind == "partition-halves":
+            a, b = draw_halves(rng, servers)
+            event.detail = f"{'+'.join(a)} | {'+'.join(b)}"
+            event.targets = sorted(servers)
+            return self._cut(halves_cuts((a, b)), event)
         target = self._pick_target(servers, prefer_leader=kind != "slow-disk" or rng.random() < 0.5)
         event.targets = [target]
         if kind == "kill":

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,13 @@ __all__ = [
     "BACKENDS",
     "CHAOS_TIMINGS",
     "LEADER_READ_MODES",
+    "MAX_SERVERS",
+    "MIN_SERVERS",
     "UNSAFE_SWITCHES",
     "ChaosOptions",
     "WorkloadOptions",
+    "history_path_problem",
+    "work_dir_problem",
 ]
 
 BACKENDS = ("auto", "netns", "proxy")
@@ -29,6 +34,11 @@ UNSAFE_SWITCHES = {
     "stale-reads": "--unsafe_leader_reads_without_quorum=true",
     "early-ack": "--unsafe_ack_before_commit=true",
 }
+# A majority must survive any one fault. The tablets have 3 replicas whatever the count, so
+# more servers only add idle processes, and the proxy backend holds n * (n - 1) link proxies
+# open in this process (201 servers ran out of file descriptors).
+MIN_SERVERS = 3
+MAX_SERVERS = 9
 # Elections within a second or two, as in the integration tests (the defaults are slower).
 CHAOS_TIMINGS = RaftTimings(tick_interval_ms=50, election_ticks=10, heartbeat_ticks=2)
 
@@ -103,7 +113,46 @@ class ChaosOptions:
         unknown = sorted(set(self.unsafe) - set(UNSAFE_SWITCHES))
         if unknown:
             raise ValueError(f"unknown unsafe switches {unknown}; have {sorted(UNSAFE_SWITCHES)}")
-        if self.servers < 3:
-            raise ValueError("a chaos run needs at least 3 servers (a majority to survive faults)")
+        if self.servers < MIN_SERVERS:
+            raise ValueError(
+                f"a chaos run needs at least {MIN_SERVERS} servers (a majority to survive "
+                f"faults), got {self.servers}"
+            )
+        if self.servers > MAX_SERVERS:
+            raise ValueError(
+                f"a chaos run takes at most {MAX_SERVERS} servers (its tablets have 3 "
+                f"replicas), got {self.servers}"
+            )
         if self.duration_s <= 0:
             raise ValueError("duration must be positive")
+
+
+def work_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot hold a run's cluster, or None. A previous run's files would be
+    reopened by the new servers: its tablets and their rows would look like this run's, and
+    the checks would report writes nobody made in this run."""
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return f"--work-dir {path} is not a directory"
+    if any(path.iterdir()):
+        return (
+            f"--work-dir {path} is not empty (a previous run's cluster? its servers would "
+            "reopen that run's tablets): give a new or empty directory"
+        )
+    return None
+
+
+def history_path_problem(path: Path) -> str | None:
+    """Why the history cannot be saved to ``path``, or None: asked before the run, so that a
+    typo does not cost the run's history at its end."""
+    if path.is_dir():
+        return f"--history {path} is a directory: give a file name"
+    parent = path.parent
+    if not parent.is_dir():
+        why = "does not exist" if not parent.exists() else "is not a directory"
+        return f"--history {path}: its directory {parent} {why}"
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK)
+    if not writable:
+        return f"--history {path}: not writable"
+    return None

@@ -12,17 +12,26 @@ every injected latency removed), waits for a ready leader of every tablet, and t
 The ``ChaosReport`` says all of it, with the fault log and counter-examples. ``unsafe`` names
 server switches that break a guarantee on purpose (the negative controls): the run must then
 be flagged.
+
+A run that fails keeps what is needed to investigate it: the report lists the ids of the
+inserts that went wrong; the history file (``history_path``) starts with the run's wall-clock
+start and its fault log (``history_header``), and is saved also when the run is interrupted;
+and without a ``work_dir`` the temporary directory with the servers' logs is kept and named,
+not removed (it is removed after a PASS).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from raftlet.chaos.checker import (
     CheckResult,
@@ -34,7 +43,12 @@ from raftlet.chaos.checker import (
 from raftlet.chaos.cluster import ChaosCluster
 from raftlet.chaos.history import History, Op, OpKind, Outcome
 from raftlet.chaos.nemesis import FaultEvent, Nemesis, NemesisOptions
-from raftlet.chaos.options import CHAOS_TIMINGS, UNSAFE_SWITCHES, ChaosOptions
+from raftlet.chaos.options import (
+    CHAOS_TIMINGS,
+    UNSAFE_SWITCHES,
+    ChaosOptions,
+    work_dir_problem,
+)
 from raftlet.chaos.workload import INSERTS, REGISTERS, Workload, chaos_tables
 from raftlet.client import Client
 from raftlet.client.errors import RaftletError
@@ -43,11 +57,23 @@ from raftlet.deploy.netns import netns_available
 
 __all__ = [
     "ChaosReport",
+    "ChaosStartError",
+    "history_header",
     "open_cluster",
     "run_chaos",
 ]
 
 logger = logging.getLogger(__name__)
+
+# Ids of lost or misplaced inserts listed in the report (the history file has them all).
+_IDS_SHOWN = 20
+# Lines of a server's log quoted when it did not start: its own error is at the end.
+_START_LOG_LINES = 3
+
+
+class ChaosStartError(RuntimeError):
+    """The run could not begin: its work directory is unusable, or the cluster did not start
+    (the message quotes the end of the failing server's log)."""
 
 
 @dataclass
@@ -67,6 +93,8 @@ class ChaosReport:
     # lease_reads, read_index_reads, stalls: summed over the servers, since their last start.
     read_counters: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # the run itself could not finish
+    history_note: str = ""  # where the history was saved, or why it could not be
+    kept_dir: Path | None = None  # the temporary directory kept after a FAIL
 
     @property
     def linearizable(self) -> bool | None:
@@ -134,14 +162,19 @@ class ChaosReport:
             f"indeterminate ({ins.info_present} of those applied)",
             f"  lost acknowledged: {len(ins.lost)}; failed but present: "
             f"{len(ins.failed_but_present)}; never written but present: {len(ins.phantom)}",
-            "",
-            "replicas:",
         ]
+        # The ids, so that each can be looked up in the history and the servers' logs.
+        lines += ["  " + line for line in ins.describe(limit=_IDS_SHOWN).splitlines()[1:]]
+        lines += ["", "replicas:"]
         lines += [
             f"  {tablet}: {'equal' if ok else 'DIFFERENT'} ({detail})"
             for tablet, (ok, detail) in sorted(self.replicas.items())
         ]
         lines += [f"problem: {p}" for p in self.problems]
+        if self.history_note:
+            lines += ["", self.history_note]
+        if self.kept_dir is not None:
+            lines.append(f"the cluster's files and the servers' logs are kept in {self.kept_dir}")
         lin = {True: "linearizable", False: "NOT LINEARIZABLE", None: "unknown (budget)"}
         lines += [
             "",
@@ -183,17 +216,108 @@ def open_cluster(options: ChaosOptions, root: Path) -> ChaosCluster:
     return cluster
 
 
-def run_chaos(options: ChaosOptions, log: Callable[[str], None] = logger.info) -> ChaosReport:
-    """Run, heal, verify (see the module docstring)."""
-    with contextlib.ExitStack() as stack:
-        if options.work_dir is None:
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftlet-chaos-")))
-        else:
-            root = options.work_dir
-            root.mkdir(parents=True, exist_ok=True)
-        cluster = open_cluster(options, root)
-        stack.callback(cluster.close)
-        return _run(cluster, options, log)
+def run_chaos(
+    options: ChaosOptions,
+    log: Callable[[str], None] = logger.info,
+    warn: Callable[[str], None] = logger.warning,
+) -> ChaosReport:
+    """Run, heal, verify (see the module docstring). ``log`` gets the progress, ``warn`` what
+    must be said even to a quiet caller when no report follows (where an interrupted run's
+    history went, where a crashed run's files are).
+
+    ``ChaosStartError`` if ``options.work_dir`` is not empty (a previous run's tablets would
+    be reopened) or the cluster does not start."""
+    if options.work_dir is None:
+        root = Path(tempfile.mkdtemp(prefix="raftlet-chaos-"))
+    else:
+        root = options.work_dir
+        why = work_dir_problem(root)
+        if why is not None:
+            raise ChaosStartError(why)
+        root.mkdir(parents=True, exist_ok=True)
+    keep = options.work_dir is not None
+    try:
+        try:
+            cluster = open_cluster(options, root)
+        except (RuntimeError, OSError) as e:
+            keep = True
+            raise ChaosStartError(_start_failure(e, root)) from e
+        try:
+            report = _run(cluster, options, log, warn)
+        finally:
+            cluster.close()
+        if not report.ok and not keep:
+            keep = True
+            report.kept_dir = root
+        return report
+    except (ChaosStartError, KeyboardInterrupt):
+        raise
+    except BaseException:
+        if not keep:
+            keep = True
+            warn(f"the cluster's files and the servers' logs are kept in {root}")
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_failure(e: BaseException, root: Path) -> str:
+    """One line: what did not start and the end of its log (the server's own error)."""
+    first, _, rest = str(e).partition("\n")
+    tail = [line.strip() for line in rest.splitlines() if line.strip()][-_START_LOG_LINES:]
+    text = first.strip().rstrip(":") + (": " + " / ".join(tail) if tail else "")
+    return f"the cluster did not start: {text} (its files and logs are in {root})"
+
+
+def history_header(
+    options: ChaosOptions,
+    backend: str,
+    started: datetime | None,
+    t0_ns: int | None,
+    faults: Sequence[FaultEvent],
+    *,
+    complete: bool,
+) -> list[dict[str, Any]]:
+    """The records that open a saved history: the run (its wall-clock start, which the fault
+    times and ``start_monotonic_ns`` refer to, so that the operations' monotonic times can be
+    read against the faults), then each fault as the report logs it."""
+    run: dict[str, Any] = {
+        "record": "run",
+        "started": started.isoformat() if started is not None else None,
+        "start_monotonic_ns": t0_ns,
+        "complete": complete,
+        "backend": backend,
+        "seed": options.seed,
+        "duration_s": options.duration_s,
+        "servers": options.servers,
+        "faults": list(options.faults),
+        "leader_read_mode": options.leader_read_mode,
+        "unsafe": list(options.unsafe),
+        "tserver_flags": list(options.tserver_flags),
+    }
+    return [run] + [
+        {
+            "record": "fault",
+            "describe": e.describe(),
+            "kind": e.kind,
+            "targets": list(e.targets),
+            "start_s": e.start_s,
+            "end_s": e.end_s,
+            "detail": e.detail,
+            "error": e.error,
+        }
+        for e in faults
+    ]
+
+
+def _save_history(history: History, path: Path, header: list[dict[str, Any]]) -> str:
+    """What was saved where, or why it could not be (the end of a sentence)."""
+    try:
+        n = history.save(path, header)
+    except OSError as e:
+        return f"could not be saved to {path}: {e}"
+    return f"{n} operations and {len(header) - 1} faults saved to {path}"
 
 
 def _terms(cluster: ChaosCluster) -> dict[str, int]:
@@ -204,8 +328,16 @@ def _terms(cluster: ChaosCluster) -> dict[str, int]:
     return terms
 
 
-def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> ChaosReport:
+def _run(
+    c: ChaosCluster,
+    options: ChaosOptions,
+    log: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> ChaosReport:
     problems: list[str] = []
+    started: datetime | None = None
+    t0_ns: int | None = None
+    finished = False
     log(f"cluster up ({c.backend}, {options.servers} servers) in {c.config_path.parent}")
     _wait_leaders(c, options.settle_timeout_s)
     terms_before = _terms(c)
@@ -229,7 +361,9 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
                 ),
             ),
         )
-        t0 = time.monotonic()
+        t0_ns = time.monotonic_ns()
+        started = datetime.now(UTC)
+        t0 = t0_ns / 1e9
         workload.start()
         nemesis.start(t0)
         log(f"workload and nemesis running for {options.duration_s:.0f} s")
@@ -257,6 +391,7 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
                                 f"{c.log_tail(sid, 15)}")  # fmt: skip
         terms_after = _terms(c)
         read_counters = c.probe.read_counters()
+        finished = True
     finally:
         # Stopped before the client closes under them, also when interrupted (each worker
         # printed a ClientClosed traceback on Ctrl-C); stopping twice is harmless.
@@ -265,9 +400,16 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
         if workload is not None:
             workload.stop()
         client.close()
+        if not finished and options.history_path is not None:
+            # Ctrl-C, SIGTERM or a crash: what was recorded so far is still worth having.
+            events = nemesis.events if nemesis is not None else []
+            header = history_header(options, c.backend, started, t0_ns, events, complete=False)
+            warn("the history so far: " + _save_history(history, options.history_path, header))
     ops = history.snapshot()
+    history_note = ""
     if options.history_path is not None:
-        history.save(options.history_path)
+        header = history_header(options, c.backend, started, t0_ns, nemesis.events, complete=True)
+        history_note = "history: " + _save_history(history, options.history_path, header)
     log(f"checking {len(ops)} operations")
     verdicts = check_registers(ops, options.check_budget_s)
     inserts = check_unique_inserts((op for op in ops if op.kind is OpKind.INSERT), present)
@@ -286,6 +428,7 @@ def _run(c: ChaosCluster, options: ChaosOptions, log: Callable[[str], None]) -> 
         tserver_flags=tuple(options.tserver_flags),
         read_counters=read_counters,
         problems=problems,
+        history_note=history_note,
     )
 
 

@@ -2,7 +2,9 @@
 
 Everything is the ``chaos`` package's (``chaos.run``); this module only turns the command
 line into ``ChaosOptions``, prints the report, and says with its exit status whether the run
-passed (0), found a violation or could not finish (1).
+passed (0), found a violation or could not finish (1). Arguments that would only fail after
+the run -- a used work directory, a history file that cannot be written -- are usage errors
+(2) before anything starts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raftlet.cli.common import (
+    CliError,
     UsageError,
     positive_float,
     timeout_seconds,
@@ -31,14 +34,35 @@ examples:
 
 Faults: kill, pause, partition-leader, partition-halves, partition-bridge, slow-disk,
 restart-all. Partitions use network namespaces when run as root (iproute2), otherwise
-per-link TCP proxies between loopback servers. The cluster, its data and every process are
-removed at the end.
+per-link TCP proxies between loopback servers. Every process is stopped at the end. Without
+--work-dir the cluster's files go to a temporary directory, removed after a PASS and kept
+after a FAIL (the report says where); a FAIL's report also lists the ids of lost inserts.
+The history file starts with the run's wall-clock start and its fault log, and is saved also
+when the run is interrupted (Ctrl-C, SIGTERM).
 """
+
+
+def _server_count(text: str) -> int:
+    from raftlet.chaos.options import MAX_SERVERS, MIN_SERVERS
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not MIN_SERVERS <= n <= MAX_SERVERS:
+        raise argparse.ArgumentTypeError(f"must be {MIN_SERVERS} to {MAX_SERVERS}, got {n}")
+    return n
 
 
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     from raftlet.chaos.nemesis import ALL_FAULTS
-    from raftlet.chaos.options import BACKENDS, LEADER_READ_MODES, UNSAFE_SWITCHES
+    from raftlet.chaos.options import (
+        BACKENDS,
+        LEADER_READ_MODES,
+        MAX_SERVERS,
+        MIN_SERVERS,
+        UNSAFE_SWITCHES,
+    )
 
     p = commands.add_parser(
         "chaos",
@@ -63,7 +87,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="KIND[,KIND…]",
         help="fault kinds to draw from (default: all)",
     )
-    p.add_argument("--servers", type=int, default=3, help="tablet servers (at least 3)")
+    p.add_argument(
+        "--servers",
+        type=_server_count,
+        default=3,
+        metavar="N",
+        help=f"tablet servers, {MIN_SERVERS} to {MAX_SERVERS} (default: 3)",
+    )
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="how to partition")
     p.add_argument(
         "--leader-read-mode",
@@ -95,9 +125,19 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="S",
         help="checker time per key",
     )
-    p.add_argument("--history", type=Path, metavar="FILE", help="save the history (JSON lines)")
     p.add_argument(
-        "--work-dir", type=Path, metavar="DIR", help="keep the cluster's files here (default: temp)"
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help="save the history here (JSON lines: the run's start and fault log, then every "
+        "operation), also when interrupted; its directory must exist",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the cluster's files here; a new or empty directory (default: a temporary "
+        "one, removed after a PASS, kept after a FAIL)",
     )
     p.add_argument(
         "--unsafe",
@@ -121,8 +161,13 @@ def _list(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from raftlet.chaos.options import ChaosOptions, WorkloadOptions
-    from raftlet.chaos.run import run_chaos
+    from raftlet.chaos.options import (
+        ChaosOptions,
+        WorkloadOptions,
+        history_path_problem,
+        work_dir_problem,
+    )
+    from raftlet.chaos.run import ChaosStartError, run_chaos
     from raftlet.cli.tserver_args import build_tserver_parser
 
     if args.tserver_flag:
@@ -154,6 +199,11 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # Before the cluster starts: found at the end they would cost the run or its history.
+    if args.work_dir is not None and (why := work_dir_problem(args.work_dir)) is not None:
+        raise UsageError(why)
+    if args.history is not None and (why := history_path_problem(args.history)) is not None:
+        raise UsageError(why)
     if not args.quiet:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
@@ -161,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    report = run_chaos(options, log)
+    def warn(line: str) -> None:
+        print(f"raftlet chaos: {line}", file=sys.stderr, flush=True)
+
+    try:
+        report = run_chaos(options, log, warn)
+    except ChaosStartError as e:
+        raise CliError(str(e)) from None
     print(report.format())
     return 0 if report.ok else 1

@@ -3,6 +3,7 @@ and that a seed fixes the schedule."""
 
 from __future__ import annotations
 
+import random
 import threading
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from raftlet.chaos.nemesis import (
     Nemesis,
     NemesisOptions,
     bridge_cuts,
+    draw_bridge,
     halves_cuts,
     isolate_cuts,
 )
@@ -113,6 +115,18 @@ def test_a_bridge_talks_to_both_groups_which_cannot_talk_to_each_other() -> None
     assert cuts == halves_cuts((["a", "b"], ["d", "e"]))
 
 
+@pytest.mark.parametrize("n_servers", range(3, 10))
+def test_every_drawn_bridge_cuts_some_link_and_the_seed_fixes_it(n_servers: int) -> None:
+    servers = [f"ts{i + 1}" for i in range(n_servers)]
+    for seed in range(300):
+        a, b, bridge = draw_bridge(random.Random(seed), servers)
+        assert sorted(a + b) == sorted(servers)
+        cuts = bridge_cuts(bridge, [*a, bridge], b)
+        assert cuts, (seed, a, b, bridge)
+        assert not any(bridge in link for link in cuts)
+        assert draw_bridge(random.Random(seed), servers) == (a, b, bridge)
+
+
 def test_unknown_fault_kinds_are_refused_with_the_list() -> None:
     with pytest.raises(ValueError, match=r"unknown fault kinds.*kill"):
         NemesisOptions(faults=("kill", "flood"))
@@ -139,6 +153,19 @@ def test_every_fault_kind_runs_and_the_cluster_is_whole_after_stop() -> None:
     assert cluster.whole(), cluster.actions[-10:]
     assert all(e.end_s is not None and not e.error for e in nemesis.events)
     assert all(e.end_s >= e.start_s for e in nemesis.events if e.end_s is not None)
+
+
+def test_every_bridge_partition_the_nemesis_starts_cuts_links() -> None:
+    cluster = FakeCluster(SERVERS)
+    nemesis = _run(cluster, seed=4, faults=("partition-bridge",), n=60)
+    assert all(not e.error for e in nemesis.events)
+    # Each fault is its cuts, then the heal that undoes it: a heal right after a heal (or
+    # first) is a fault that cut nothing.
+    previous = "heal"
+    for action in cluster.actions:
+        assert not (action == previous == "heal"), cluster.actions
+        previous = "heal" if action == "heal" else "cut"
+    assert cluster.actions[0] != "heal"
 
 
 def test_targeted_faults_prefer_the_leader() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import raftlet.chaos.run as run_mod
 from raftlet.chaos.checker import CheckResult, InsertVerdict, KeyVerdict
 from raftlet.chaos.history import Op, OpKind, Outcome
 from raftlet.chaos.nemesis import FaultEvent
@@ -90,6 +93,7 @@ def test_the_report_shows_the_shortest_counter_example() -> None:
         ({"backend": "docker"}, "backend must be one of"),
         ({"unsafe": ("no-fsync",)}, "unknown unsafe switches"),
         ({"servers": 2}, "at least 3 servers"),
+        ({"servers": 10}, "at most 9 servers"),
         ({"duration_s": 0}, "duration must be positive"),
         ({"leader_read_mode": "gossip"}, "leader_read_mode must be one of"),
     ],
@@ -133,3 +137,78 @@ def test_the_command_refuses_bad_arguments_in_one_line(
     assert err.startswith("raftlet chaos: error: ")
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_report_lists_the_ids_of_lost_inserts_up_to_a_limit() -> None:
+    lost = list(range(100, 130))
+    text = _report(
+        {0: _verdict(0, CheckResult.LINEARIZABLE)},
+        inserts=InsertVerdict(lost, [7, 9], [], 40, 2, 0, 0),
+    ).format()
+    assert "lost (acknowledged, missing): 30: 100, 101, " in text
+    assert ", 119, … and 10 more" in text
+    assert "120" not in text
+    assert "failed but present: 2: 7, 9" in text
+
+
+@pytest.mark.parametrize("servers", ["2", "10", "201", "300", "three"])
+def test_the_server_count_is_bounded_before_anything_starts(
+    servers: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_mod, "open_cluster", _must_not_start)
+    with pytest.raises(SystemExit) as exited:  # argparse's own usage error
+        main(["chaos", "--servers", servers])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raftlet chaos: error: argument --servers: ")
+    assert "must be 3 to 9" in err or "not a number" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _must_not_start(*_args: object) -> None:
+    raise AssertionError("a cluster was started despite a usage error")
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["chaos", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raftlet chaos: error: ")
+    assert len(err.strip().splitlines()) == 1
+    return err
+
+
+def test_a_used_work_dir_is_a_usage_error_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_mod, "open_cluster", _must_not_start)
+    (tmp_path / "cluster.toml").write_text("")
+    err = _usage_error(["--work-dir", str(tmp_path)], capsys)
+    assert f"--work-dir {tmp_path} is not empty (a previous run's cluster?" in err
+    assert "give a new or empty directory" in err
+    afile = tmp_path / "cluster.toml"
+    assert f"--work-dir {afile} is not a directory" in _usage_error(
+        ["--work-dir", str(afile)], capsys
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("missing/h.jsonl", "its directory {tmp}/missing does not exist"),
+        ("afile/h.jsonl", "its directory {tmp}/afile is not a directory"),
+        (".", "is a directory"),
+    ],
+)
+def test_a_history_path_that_cannot_be_written_is_a_usage_error_before_anything_starts(
+    name: str,
+    why: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(run_mod, "open_cluster", _must_not_start)
+    (tmp_path / "afile").write_text("")
+    path = tmp_path / name
+    err = _usage_error(["--history", str(path)], capsys)
+    assert f"--history {path}" in err
+    assert why.format(tmp=tmp_path) in err
