@@ -25,7 +25,8 @@ keys are mode 0600. Start each server with --tls_cert DIR/server-<id>.crt --tls_
 DIR/server-<id>.key --tls_ca DIR/ca.crt; give clients --tls-ca DIR/ca.crt --tls-cert
 DIR/client-<name>.crt --tls-key DIR/client-<name>.key. Keep ca.key off the servers.
 Roles: reader (scan, cluster config), writer (+ write), admin (+ leader step-down, flags,
-consensus status, /stacks).
+consensus status, checksums, replica moves: tablet add/remove/move-replica and cluster
+replace-server, /stacks).
 """
 
 
@@ -126,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--client: {e}") from None
     if not args.servers and not clients:
         raise UsageError("nothing to make: give --servers and/or --client")
+    names = [c.name for c in clients]
+    if len(set(names)) != len(names):  # a usage error, as repeated server ids are
+        raise UsageError(f"--client: client names repeat: {', '.join(names)}")
     try:
         made = create_certs(
             Path(args.dir),

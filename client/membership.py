@@ -29,6 +29,7 @@ import grpc
 
 from raftlet.client.client import Client
 from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, Timeout
+from raftlet.client.retry import CREDENTIALS_REFUSED
 from raftlet.proto import admin_pb2, consensus_pb2, tablet_pb2
 
 __all__ = [
@@ -86,6 +87,22 @@ def _state(
     return cast(consensus_pb2.GetConsensusStateResponse, response).state
 
 
+# Answers no wait changes: the caller's credentials refused (a reader's or writer's
+# certificate, say), or a request the server cannot take.
+_NOT_WAITED_OUT = CREDENTIALS_REFUSED | {grpc.StatusCode.INVALID_ARGUMENT}
+
+
+def _refused(e: grpc.RpcError, server: str, tablet_id: str) -> RemoteError | None:
+    """The error for a refusal that polling again would only repeat; None for one that may
+    pass (no leader yet, a server restarting). A reader's membership command polled its
+    refusals for its whole timeout, then said "timed out waiting for a ready leader"."""
+    if e.code() not in _NOT_WAITED_OUT:
+        return None
+    return RemoteError(
+        f"{server} refused to show {tablet_id}'s Raft state: {e.code().name}: {e.details()}"
+    )
+
+
 def leader_membership(client: Client, tablet_id: str, timeout_s: float) -> TabletMembership:
     """The membership of ``tablet_id`` from its ready leader (waiting up to ``timeout_s``
     for one)."""
@@ -97,7 +114,9 @@ def leader_membership(client: Client, tablet_id: str, timeout_s: float) -> Table
         if leader is not None:
             try:
                 st = _state(client, leader, tablet_id, min(5.0, timeout_s))
-            except grpc.RpcError:
+            except grpc.RpcError as e:
+                if (refusal := _refused(e, leader, tablet_id)) is not None:
+                    raise refusal from None
                 st = None
             if st is not None and st.role == consensus_pb2.LEADER and st.leader_ready:
                 return TabletMembership(
@@ -219,6 +238,8 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
             if st.last_log_index >= target.commit_index and st.applied_index >= target.commit_index:
                 return
         except grpc.RpcError as e:
+            if (refusal := _refused(e, server, tablet_id)) is not None:
+                raise refusal from None
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 m = _membership_by(client, tablet_id, deadline)
                 if server not in m.learners:

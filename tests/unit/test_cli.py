@@ -142,6 +142,7 @@ USAGE_ERRORS = [
     (["certs", "create", "--dir", "x", "--servers", "ts1", "--days", "0"], "must be 1 to"),
     (["certs", "create", "--dir", "x", "--servers", "../ts1"], "server id"),
     (["certs", "create", "--dir", "x", "--servers", "ts1,ts1"], "server ids repeat"),
+    (["certs", "create", "--dir", "x", "--client", "d:reader", "--client", "d:admin"], "repeat"),
     # Every timeout flag: a positive number of seconds, at most a week (inf once overflowed
     # a clock with a traceback, nan waited forever).
     *[

@@ -553,3 +553,32 @@ def test_a_replica_another_operator_just_added_is_not_called_a_leftover(
         monkeypatch.setattr(membership, "leader_membership", lambda *_a, now=now: now)
         with pytest.raises(InvalidArgument, match=said):
             membership._create_replica(client, "kv-p0", "ts1", before, 5.0)  # type: ignore[arg-type]
+
+
+class _Denied(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.PERMISSION_DENIED
+
+    def details(self) -> str:
+        return "/raftlet.AdminService/GetConsensusStatus needs role admin; reader 'rd' may not"
+
+
+def test_a_membership_command_without_the_role_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader's remove-replica polled its refusals for its whole timeout (120 s), then
+    said "timed out waiting for a ready leader" of a tablet that had one."""
+    client = SimpleNamespace(replicas=lambda _t: ("ts1",), leader_of=lambda _t, refresh: "ts1")
+    asked: list[str] = []
+
+    def denied(_c: Any, server: str, _t: str, _timeout: float) -> Any:
+        asked.append(server)
+        raise _Denied()
+
+    monkeypatch.setattr(membership, "_state", denied)
+    with pytest.raises(RemoteError) as caught:
+        membership.leader_membership(client, "kv-p0", timeout_s=60.0)  # type: ignore[arg-type]
+    assert asked == ["ts1"]  # asked once: no polling of a refusal
+    said = str(caught.value)
+    assert said.startswith("ts1 refused to show kv-p0's Raft state: PERMISSION_DENIED: ")
+    assert "needs role admin" in said
