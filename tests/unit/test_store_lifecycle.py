@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,6 +99,31 @@ def test_schema_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     assert "was created with schema (id INT32 KEY, name STRING NOT NULL" in msg
     assert "opened with (id INT32 KEY, name STRING NULL)" in msg
     assert isinstance(exc.value, StoreError)
+
+
+@pytest.mark.parametrize("name", ["t.db", "t.db-wal"])
+def test_a_store_whose_file_cannot_be_written_is_refused_at_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """SQLite opened an immutable file read-only without a word: every apply failed with
+    SQLITE_READONLY, and the replica stayed FAILED after the file was writable again."""
+    path = tmp_path / "t.db"
+    with TabletStore.open(path, SIMPLE) as s:
+        fill(s, 1, 2)
+    (tmp_path / "t.db-wal").touch()
+    real_open = os.open
+
+    def refusing(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(file).name == name and flags & os.O_RDWR:  # what chattr +i does, for root
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(StoreError, match=rf"{name} cannot be written \(Operation not permitted"):
+        TabletStore.open(path, SIMPLE)
+    monkeypatch.setattr(os, "open", real_open)
+    with TabletStore.open(path, SIMPLE) as s:
+        assert s.applied_index() == 2
 
 
 def test_opening_what_is_not_a_store(tmp_path: Path) -> None:

@@ -248,6 +248,23 @@ def _short(value: object) -> str:
     return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
 
 
+def _check_writable(path: Path) -> None:
+    """``StoreError`` if the store's file or its -wal exists and cannot be opened for
+    writing (made immutable or read-only): SQLite then opens the database read-only without
+    a word, every apply fails with SQLITE_READONLY on that connection, and no retry mends
+    it even once the file is writable again."""
+    for p in (path, Path(f"{path}-wal")):
+        try:
+            os.close(os.open(p, os.O_RDWR | os.O_CLOEXEC))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise StoreError(
+                f"cannot open tablet store {path}: {p} cannot be written ({e.strerror}: made "
+                "read-only or immutable?)"
+            ) from e
+
+
 def _file_id(path: Path) -> tuple[int, int]:
     st = path.stat()
     return st.st_dev, st.st_ino
@@ -317,6 +334,7 @@ class TabletStore:
         """
         p = Path(path)
         existed = p.exists()
+        _check_writable(p)
         try:
             conn = sqlite3.connect(
                 p, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
