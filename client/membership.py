@@ -621,6 +621,9 @@ def move_replica(
     _check_server(client, target)
     m = leader_membership(client, tablet_id, timeout_s)
     if source not in m.members():
+        if target in m.voters:  # a rerun of a move that finished: nothing left to do
+            say(f"{tablet_id}: {target} is a voter and {source} no member: moved already")
+            return m
         raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
     if target in m.voters:
         factor = client.replication_factor(client.table_of(tablet_id))
