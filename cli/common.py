@@ -349,7 +349,11 @@ def fetch_config(
                 raise CliError(f"{addr} sent an invalid cluster config: {e}") from None
     finally:
         channels.close()
-    raise CliError(f"no server answered ({'; '.join(failures)})")
+    hint = ""
+    if (creds is None or creds.tls is None) and all("Socket closed" in f for f in failures):
+        # A TLS port closes a plaintext connection at its first bytes: gRPC says only this.
+        hint = "; a TLS cluster? give --tls-ca (and a client certificate or a token)"
+    raise CliError(f"no server answered ({'; '.join(failures)}){hint}")
 
 
 # --- output --------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
 from raftlet.cli.common import human_count, human_us
@@ -739,3 +741,44 @@ def test_remove_data_keeps_a_directory_a_server_runs_on(
         os.close(fd)
     assert main(["cluster", "down", "--data-dir", str(tmp_path), "--remove-data"]) == 0
     assert not tmp_path.exists()
+
+
+class _SocketClosed(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:x: Socket closed"
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_plaintext_to_a_tls_cluster_hints_at_tls(
+    monkeypatch: pytest.MonkeyPatch, tls: bool
+) -> None:
+    """A TLS port closes a plaintext connection at once, and gRPC says only "Socket
+    closed": the operator was not told to give --tls-ca."""
+    from raftlet.cli.common import CliError, Credentials, fetch_config
+    from raftlet.client import channels
+
+    class Pool:
+        def __init__(self, *_a: Any, **_k: Any) -> None:
+            pass
+
+        def stub(self, _addr: str) -> Any:
+            def refused(_timeout: float) -> Any:
+                raise _SocketClosed()
+
+            return SimpleNamespace(get_cluster_config=refused)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(channels, "ChannelPool", Pool)
+    creds = None
+    if tls:
+        creds = Credentials(ca="ca.crt")
+        monkeypatch.setattr(Credentials, "channel_credentials", lambda _self: None)
+    with pytest.raises(CliError) as caught:
+        fetch_config(["127.0.0.1:1", "127.0.0.1:2"], 1.0, creds)
+    hinted = "a TLS cluster? give --tls-ca" in str(caught.value)
+    assert hinted is not tls  # with TLS given, the hint would mislead
