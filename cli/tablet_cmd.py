@@ -171,5 +171,10 @@ def run_replace_server(args: argparse.Namespace) -> int:
         raise CliError(f"replacing {args.server}: {e}") from None
     finally:
         client.close()
-    say(f"{args.server}: {len(moved)} replica(s) moved" if moved else f"{args.server}: no replicas")
+    # "" for a replica only removed: one too many, or a leftover no member of its group.
+    to_others = sum(1 for target in moved.values() if target)
+    parts = [f"{to_others} replica(s) moved"] if to_others else []
+    if len(moved) > to_others:
+        parts.append(f"{len(moved) - to_others} removed")
+    say(f"{args.server}: {', '.join(parts)}" if parts else f"{args.server}: no replicas")
     return 0

@@ -655,7 +655,8 @@ def _check_tablet(
                     continue
                 tablet.issues.append(
                     f"{sid} runs a replica that is no member of the group (removed while it "
-                    f"was down?): `raftlet tablet remove-replica {tid} {sid}` deletes it"
+                    "was down, or a removal stopped before its deletion?): `raftlet tablet "
+                    f"remove-replica {tid} {sid}` deletes it"
                 )
             elif sid not in replicas and sid not in learners:
                 tablet.issues.append(f"{sid} runs a replica that is no member of the group")

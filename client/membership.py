@@ -683,6 +683,12 @@ def replace_server(
     _check_server(client, server)
     answers = client.list_tablets(timeout_s=5.0)
     load = {uuid: len(answer.tablets) for uuid, answer in answers.items() if uuid != server}
+    # Who runs a replica of each tablet, member or not: a server holding a leftover of an
+    # earlier removal cannot take a new one (CreateReplica refuses it).
+    hosts: dict[str, set[str]] = {}
+    for uuid, answer in answers.items():
+        for t in answer.tablets:
+            hosts.setdefault(t.tablet_id, set()).add(uuid)
     moved: dict[str, str] = {}
     stuck: list[str] = []
     undeleted: list[str] = []  # moved, but the server could not remove the old files
@@ -691,6 +697,14 @@ def replace_server(
         for tablet_id in client.tablets(table):
             m = leader_membership(client, tablet_id, timeout_s)
             if server not in m.members():
+                if server in hosts.get(tablet_id, ()):
+                    # A leftover: removed while it was down, or a run stopped between the
+                    # removal and the deletion. A rerun said "no replicas" and left it.
+                    try:
+                        remove_replica(client, tablet_id, server, timeout_s=timeout_s, say=say)
+                    except ReplicaNotDeleted as e:
+                        undeleted.append(f"{tablet_id}: {e}")
+                    moved[tablet_id] = ""
                 continue
             if server in m.learners or len(m.voters) > factor:
                 # One replica more than the table asks for: dropping it is the move.
@@ -703,7 +717,12 @@ def replace_server(
             # A learner an earlier run added and did not promote (it timed out, or was
             # stopped) is the target: another would leave that learner behind for good.
             unfinished = [uuid for uuid in m.learners if uuid in load]
-            candidates = sorted((n, uuid) for uuid, n in load.items() if uuid not in m.members())
+            held = hosts.get(tablet_id, set())
+            candidates = sorted(
+                (n, uuid)
+                for uuid, n in load.items()
+                if uuid not in m.members() and uuid not in held
+            )
             if not candidates and not unfinished:
                 stuck.append(tablet_id)
                 say(f"{tablet_id}: no live server to move it to; left on {server} for now")
@@ -720,7 +739,9 @@ def replace_server(
         left = f"; and {'; '.join(undeleted)}" if undeleted else ""
         raise InvalidArgument(
             f"no live server to move {', '.join(stuck)} to: every live server "
-            f"({', '.join(sorted(load)) or 'none'}) holds a replica of it already{done}{left}"
+            f"({', '.join(sorted(load)) or 'none'}) holds a replica of it already (a member, "
+            f"or a leftover that `raftlet tablet remove-replica TABLET SERVER` deletes)"
+            f"{done}{left}"
         )
     if undeleted:
         raise RemoteError(f"{'; '.join(undeleted)}{done}")

@@ -355,6 +355,53 @@ def test_a_server_the_running_servers_do_not_list_says_they_must_run_the_new_fil
     membership._check_server(client, "ts2")  # type: ignore[arg-type]
 
 
+def _listing(hosted: dict[str, list[str]]) -> dict[str, Any]:
+    """What ``Client.list_tablets`` answers: each server's replicas, by tablet id."""
+    return {
+        uuid: SimpleNamespace(tablets=[SimpleNamespace(tablet_id=t) for t in tablets])
+        for uuid, tablets in hosted.items()
+    }
+
+
+def test_replace_server_deletes_leftovers_and_moves_nothing_onto_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run stopped between a removal and its deletion left ts4 a replica of kv-p1 it is no
+    member of: a rerun said "no replicas" and left it; and replacing ts1 tried to create
+    kv-p0 on ts2, which held a leftover, and stopped there with the others unmoved."""
+    groups = {
+        "kv-p0": TabletMembership("kv-p0", "ts1", 2, ("ts1", "ts3", "ts4"), (), 9, 9),
+        "kv-p1": TabletMembership("kv-p1", "ts1", 2, ("ts1", "ts2", "ts3"), (), 9, 9),
+    }
+    client = SimpleNamespace(
+        list_tablets=lambda **_k: _listing(
+            {"ts1": ["kv-p0", "kv-p1"], "ts2": ["kv-p0", "kv-p1"], "ts3": ["kv-p0", "kv-p1"]}
+            | {"ts4": ["kv-p0", "kv-p1"], "ts5": []}
+        ),
+        tablets=lambda _table: ["kv-p0", "kv-p1"],
+        tables=lambda: ["kv"],
+        replication_factor=lambda _table: 3,
+    )
+    removed: list[tuple[str, str]] = []
+    moves: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(membership, "_check_server", lambda _client, _server: None)
+    monkeypatch.setattr(membership, "leader_membership", lambda _c, tid, _t: groups[tid])
+    monkeypatch.setattr(
+        membership,
+        "remove_replica",
+        lambda _c, tablet, server, **_k: removed.append((tablet, server)),
+    )
+    monkeypatch.setattr(
+        membership,
+        "move_replica",
+        lambda _c, tablet, source, target, **_k: moves.append((tablet, source, target)),
+    )
+    assert membership.replace_server(client, "ts4") == {"kv-p0": "ts5", "kv-p1": ""}  # type: ignore[arg-type]
+    assert removed == [("kv-p1", "ts4")]  # its leftover, deleted
+    # ts2 holds a leftover of kv-p0: the move goes to ts5, which holds nothing.
+    assert moves == [("kv-p0", "ts4", "ts5")]
+
+
 def test_replace_server_finishes_a_learner_an_earlier_run_left_instead_of_adding_another(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -362,10 +409,10 @@ def test_replace_server_finishes_a_learner_an_earlier_run_left_instead_of_adding
     it moved the replica to ts3 and left ts4 a learner for good."""
     group = TabletMembership("kv-p0", "ts1", 2, ("ts1", "ts2", "ts5"), ("ts4",), 9, 9)
     client = SimpleNamespace(
-        list_tablets=lambda **_k: {
-            uuid: SimpleNamespace(tablets=[None] * n)
-            for uuid, n in {"ts1": 3, "ts2": 3, "ts3": 0, "ts4": 1, "ts5": 3}.items()
-        },
+        list_tablets=lambda **_k: _listing(
+            {"ts1": ["kv-p0", "x", "y"], "ts2": ["kv-p0", "x", "y"], "ts3": [], "ts4": ["kv-p0"]}
+            | {"ts5": ["kv-p0", "x", "y"]}
+        ),
         tablets=lambda _table: ["kv-p0"],
         tables=lambda: ["kv"],
         replication_factor=lambda _table: 3,
@@ -470,10 +517,10 @@ def test_replace_server_moves_every_replica_and_then_names_those_it_could_not_de
         for tid in ("kv-p0", "kv-p1")
     }
     client = SimpleNamespace(
-        list_tablets=lambda **_k: {
-            uuid: SimpleNamespace(tablets=[None] * n)
-            for uuid, n in {"ts1": 2, "ts2": 2, "ts3": 0, "ts5": 2}.items()
-        },
+        list_tablets=lambda **_k: _listing(
+            {"ts1": ["kv-p0", "kv-p1"], "ts2": ["kv-p0", "kv-p1"], "ts3": []}
+            | {"ts5": ["kv-p0", "kv-p1"]}
+        ),
         tablets=lambda _table: ["kv-p0", "kv-p1"],
         tables=lambda: ["kv"],
         replication_factor=lambda _table: 3,

@@ -148,7 +148,8 @@ def test_a_replica_outside_the_group_and_too_few_voters_are_reported(
     verdict = checked(listed, 100, monkeypatch)
     assert verdict.severity is health.Severity.WARN
     assert verdict.issues == [
-        "kv-p0: c runs a replica that is no member of the group (removed while it was down?): "
+        "kv-p0: c runs a replica that is no member of the group (removed while it was down, "
+        "or a removal stopped before its deletion?): "
         "`raftlet tablet remove-replica kv-p0 c` deletes it",
         "kv-p0: under-replicated: 2 voters, the table asks for 3",
     ]
