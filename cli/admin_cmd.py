@@ -16,6 +16,7 @@ from raftlet.cli.common import (
     CliError,
     UsageError,
     add_target_arguments,
+    close_client,
     console,
     resolve_target,
     timeout_seconds,
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     except RaftletError as e:
         raise CliError(f"step-down of {args.tablet} failed: {e}") from None
     finally:
-        client.close()
+        close_client(client)
     out = console()
     if args.no_wait:
         out.print(f"{args.tablet}: asked leader {old} (term {old_term}) to step down")

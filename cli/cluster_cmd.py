@@ -696,7 +696,11 @@ def _down(args: argparse.Namespace) -> int:
                 f"no cluster in {root}: neither {root / STATE_FILE} nor {path} exists"
             ) from None
         # Already stopped: `down` is idempotent, so cleanup scripts can always run it.
-        out.print(f"no cluster is running in {root}; nothing to stop", markup=False)
+        out.print(
+            f"no cluster of `raftlet cluster up` runs in {root} (no {STATE_FILE}); nothing "
+            "stopped (servers started otherwise -- by hand, systemd -- stop by their own means)",
+            markup=False,
+        )
         cluster = None
     except LauncherError as e:
         raise CliError(str(e)) from None
@@ -713,7 +717,7 @@ def _down(args: argparse.Namespace) -> int:
         )
         return 0
     if cluster is None and args.server is not None:
-        raise CliError(f"no cluster is running in {root}: no server to stop")
+        raise CliError(f"no cluster of `raftlet cluster up` runs in {root}: no server to stop")
     if cluster is not None:
         try:
             stops = cluster.down(timeout=args.timeout)

@@ -24,6 +24,7 @@ import functools
 import os
 import ssl
 import sys
+import threading
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -349,11 +350,24 @@ def fetch_config(
                 raise CliError(f"{addr} sent an invalid cluster config: {e}") from None
     finally:
         channels.close()
-    hint = ""
-    if (creds is None or creds.tls is None) and all("Socket closed" in f for f in failures):
-        # A TLS port closes a plaintext connection at its first bytes: gRPC says only this.
-        hint = "; a TLS cluster? give --tls-ca (and a client certificate or a token)"
-    raise CliError(f"no server answered ({'; '.join(failures)}){hint}")
+    raise CliError(f"no server answered ({'; '.join(failures)}){_closed_hint(failures, creds)}")
+
+
+def _closed_hint(failures: Sequence[str], creds: Credentials | None) -> str:
+    """What to try when a server closed the connection at once: gRPC says only "Socket
+    closed" for a plaintext client on a TLS port, and for a client without the certificate
+    mutual TLS asks for."""
+    if not any("Socket closed" in f for f in failures):
+        return ""
+    creds = creds or Credentials()
+    if creds.tls is None:
+        return "; a TLS cluster? give --tls-ca (and a client certificate or a token)"
+    if creds.cert is None:
+        return (
+            "; the RPC ports ask for a client certificate (mutual TLS): give --tls-cert and "
+            "--tls-key, or with a token dial the servers' token ports (token_rpc_addr)"
+        )
+    return ""
 
 
 # --- output --------------------------------------------------------------------------------
@@ -466,3 +480,19 @@ def timeout_seconds(text: str) -> float:
             f"must be at most {MAX_TIMEOUT_S:g} s (a week), got {text}"
         )
     return x
+
+
+# How long an interrupted command waits for its client to close before it exits anyway.
+_CLOSE_AFTER_INTERRUPT_S = 1.0
+
+
+def close_client(client: Any) -> None:
+    """Close ``client`` (call it from a ``finally``). While a Ctrl-C or SIGTERM unwinds, wait
+    at most ``_CLOSE_AFTER_INTERRUPT_S``: gRPC's channel close can wait for good on a call the
+    interrupt cut short, and `replace-server` then hung after "interrupted" until SIGKILL."""
+    if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        client.close()
+        return
+    closer = threading.Thread(target=client.close, name="close-after-interrupt", daemon=True)
+    closer.start()
+    closer.join(_CLOSE_AFTER_INTERRUPT_S)

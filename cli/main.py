@@ -29,7 +29,12 @@ from collections.abc import Sequence
 
 import raftlet
 from raftlet.cli.argparser import OneLineArgumentParser
-from raftlet.cli.tserver_args import add_tserver_arguments, settings_from_args
+from raftlet.cli.tserver_args import (
+    TSERVER_DESCRIPTION,
+    TSERVER_EPILOG,
+    add_tserver_arguments,
+    settings_from_args,
+)
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -85,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     tserver = commands.add_parser(
         "tserver",
         help="run one tablet server in the foreground",
-        description="Run one tablet server in the foreground until SIGTERM or SIGINT.",
+        description=TSERVER_DESCRIPTION,
+        epilog=TSERVER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     add_tserver_arguments(tserver)

@@ -82,7 +82,11 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument(
-        "--timeout", type=timeout_seconds, default=5.0, metavar="S", help="per-server HTTP timeout"
+        "--timeout",
+        type=timeout_seconds,
+        default=5.0,
+        metavar="S",
+        help="per-server HTTP timeout (default 5)",
     )
 
 

@@ -30,6 +30,7 @@ from raftlet.cli.common import (
     CliError,
     UsageError,
     add_target_arguments,
+    close_client,
     console,
     positive_int,
     resolve_target,
@@ -419,7 +420,7 @@ def run(args: argparse.Namespace) -> int:
         except RaftletError as e:
             raise CliError(f"scan of {table.name} failed: {e}") from None
     finally:
-        client.close()
+        close_client(client)
     return 0
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from raftlet.cli.common import (
     CliError,
     add_target_arguments,
+    close_client,
     console,
     resolve_target,
     timeout_seconds,
@@ -26,7 +27,7 @@ __all__ = ["add_parser", "add_replace_server_parser", "run", "run_replace_server
 
 _EPILOG = """\
 examples:
-  raftlet cluster up --data-dir ./c1 --servers 4   # kv-p2 on ts1, ts2, ts3; ts4 spare
+  raftlet cluster up --data-dir ./c1 --servers 4   # kv-p2 on ts1, ts2, ts3; not on ts4
   raftlet tablet add-replica kv-p2 ts4 --data-dir ./c1 --wait
   raftlet tablet remove-replica kv-p2 ts1 --data-dir ./c1 --wait
   raftlet tablet move-replica kv-p2 ts4 ts1 --data-dir ./c1 --wait
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     except RaftletError as e:
         raise CliError(f"{args.tablet}: {e}") from None
     finally:
-        client.close()
+        close_client(client)
     learners = f"; learners {', '.join(m.learners)}" if m.learners else ""
     say(f"{args.tablet}: voters {', '.join(m.voters)}{learners} (leader {m.leader})")
     return 0
@@ -170,7 +171,7 @@ def run_replace_server(args: argparse.Namespace) -> int:
     except RaftletError as e:
         raise CliError(f"replacing {args.server}: {e}") from None
     finally:
-        client.close()
+        close_client(client)
     # "" for a replica only removed: one too many, or a leftover no member of its group.
     to_others = sum(1 for target in moved.values() if target)
     parts = [f"{to_others} replica(s) moved"] if to_others else []

@@ -26,6 +26,8 @@ from raftlet.tserver.flag_spec import FlagError, FlagSpec, is_bool
 from raftlet.tserver.settings import FLAGS, GROUP_HELP, ServerSettings
 
 __all__ = [
+    "TSERVER_DESCRIPTION",
+    "TSERVER_EPILOG",
     "add_tserver_arguments",
     "build_tserver_parser",
     "parse_tserver_args",
@@ -71,24 +73,31 @@ def add_tserver_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-_DESCRIPTION = (
-    "Run one raftlet tablet server in the foreground. It opens (or creates) the replicas "
-    "that --config places on --server_id, joins their Raft groups and serves gRPC until "
-    "SIGTERM (graceful) or SIGINT."
-)
-_EPILOG = (
-    "Every flag also has a dashed spelling (--server-id = --server_id). Flags marked "
-    "'Settable at runtime' can be changed without a restart through the admin service "
-    "(SetFlag), e.g. to inject disk latency in a test."
-)
+TSERVER_DESCRIPTION = """\
+Run one raftlet tablet server in the foreground. It opens (or creates) the replicas that
+--config places on --server_id, joins their Raft groups and serves gRPC until SIGTERM
+(graceful) or SIGINT.
+"""
+TSERVER_EPILOG = """\
+examples:
+  raftlet tserver --config deploy/examples/cluster.toml --server_id ts1
+  raftlet tserver --config cluster.toml --server_id ts1 --data_dir /var/lib/raftlet/ts1 \\
+      --tls_cert server-ts1.crt --tls_key server-ts1.key --tls_ca ca.crt
+
+Every flag also has a dashed spelling (--server-id = --server_id). Flags marked 'Settable at
+runtime' can be changed without a restart through the admin service (SetFlag), e.g. to
+inject disk latency in a test. A local cluster's servers are started for you by `raftlet
+cluster up`.
+"""
 
 
 def build_tserver_parser(prog: str = "raftlet tserver") -> OneLineArgumentParser:
     """A standalone parser with the tserver flags (the CLI adds them to its subcommand)."""
     parser = OneLineArgumentParser(
         prog=prog,
-        description=_DESCRIPTION,
-        epilog=_EPILOG,
+        description=TSERVER_DESCRIPTION,
+        epilog=TSERVER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         # Abbreviations (--rpc for --rpc_addr) break silently when a flag is added later.
         allow_abbrev=False,
     )

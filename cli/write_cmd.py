@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from raftlet.cli.common import (
     UsageError,
     add_target_arguments,
+    close_client,
     console,
     positive_float,
     positive_int,
@@ -292,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         summary = dataclasses.replace(summary, server_cpu=cpu)
     finally:
         if client is not None:
-            client.close()
+            close_client(client)
     try:
         if args.format == "json":
             print(json.dumps(summary.to_json(), indent=2))

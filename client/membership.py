@@ -594,6 +594,24 @@ def _undo_create(client: Client, tablet_id: str, server: str, why: RaftletError)
         ) from None
 
 
+def _delete_leftover(
+    client: Client, tablet_id: str, server: str, timeout_s: float, say: Callable[[str], None]
+) -> None:
+    """Delete what ``server`` may still run of a group it left (a move stopped, or run
+    without --wait, before its deletion); a failure is said, not raised: the move is done."""
+    try:
+        _delete_replica(client, tablet_id, server, timeout_s)
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.NOT_FOUND:
+            say(
+                f"{tablet_id}: deleting the leftover replica on {server} failed "
+                f"({_said(client, server, e)}): `raftlet tablet remove-replica {tablet_id} "
+                f"{server}` deletes it"
+            )
+        return
+    say(f"{tablet_id}: the leftover replica on {server} (no member of the group) was deleted")
+
+
 def _delete_replica(
     client: Client, tablet_id: str, server: str, timeout_s: float, *, wait_for_ready: bool = False
 ) -> None:
@@ -621,8 +639,9 @@ def move_replica(
     _check_server(client, target)
     m = leader_membership(client, tablet_id, timeout_s)
     if source not in m.members():
-        if target in m.voters:  # a rerun of a move that finished: nothing left to do
+        if target in m.voters:  # a rerun of a move that finished, but perhaps its deletion
             say(f"{tablet_id}: {target} is a voter and {source} no member: moved already")
+            _delete_leftover(client, tablet_id, source, min(10.0, timeout_s), say)
             return m
         raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
     if target in m.voters:

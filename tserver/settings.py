@@ -942,7 +942,7 @@ FLAGS: tuple[FlagSpec, ...] = (
         convert=str, check=_optional_addr_check,
     ),
     FlagSpec(
-        "insecure", _SECURITY, "[BOOL]",
+        "insecure", _SECURITY, "BOOL",
         "Serve plaintext on a non-loopback --rpc_addr/--http_addr (default false: such a "
         "server refuses to start without TLS). No authentication then: anyone who reaches "
         "the port may do anything.",

@@ -751,9 +751,16 @@ class _SocketClosed(grpc.RpcError):
         return "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:x: Socket closed"
 
 
-@pytest.mark.parametrize("tls", [False, True])
-def test_plaintext_to_a_tls_cluster_hints_at_tls(
-    monkeypatch: pytest.MonkeyPatch, tls: bool
+@pytest.mark.parametrize(
+    ("creds", "hint"),
+    [
+        ({}, "a TLS cluster? give --tls-ca"),
+        ({"ca": "ca.crt"}, "ask for a client certificate (mutual TLS): give --tls-cert"),
+        ({"ca": "ca.crt", "cert": "c.crt", "key": "c.key"}, None),
+    ],
+)
+def test_a_connection_closed_at_once_hints_at_what_tls_needs(
+    monkeypatch: pytest.MonkeyPatch, creds: dict[str, str], hint: str | None
 ) -> None:
     """A TLS port closes a plaintext connection at once, and gRPC says only "Socket
     closed": the operator was not told to give --tls-ca."""
@@ -774,11 +781,48 @@ def test_plaintext_to_a_tls_cluster_hints_at_tls(
             pass
 
     monkeypatch.setattr(channels, "ChannelPool", Pool)
-    creds = None
-    if tls:
-        creds = Credentials(ca="ca.crt")
-        monkeypatch.setattr(Credentials, "channel_credentials", lambda _self: None)
+    monkeypatch.setattr(Credentials, "channel_credentials", lambda _self: None)
     with pytest.raises(CliError) as caught:
-        fetch_config(["127.0.0.1:1", "127.0.0.1:2"], 1.0, creds)
-    hinted = "a TLS cluster? give --tls-ca" in str(caught.value)
-    assert hinted is not tls  # with TLS given, the hint would mislead
+        fetch_config(["127.0.0.1:1", "127.0.0.1:2"], 1.0, Credentials(**creds))
+    said = str(caught.value)
+    if hint is None:  # a client with everything TLS asks for: a hint would mislead
+        assert said.endswith("Socket closed)")
+    else:
+        assert hint in said
+
+
+def test_an_interrupted_command_does_not_wait_for_good_on_its_clients_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gRPC's channel close after a Ctrl-C that cut a call short can wait for good:
+    `replace-server` hung after "interrupted" until SIGKILL."""
+    import threading
+
+    from raftlet.cli import common
+
+    monkeypatch.setattr(common, "_CLOSE_AFTER_INTERRUPT_S", 0.05)
+    stuck = threading.Event()
+    closes: list[str] = []
+
+    class Client:
+        def close(self) -> None:
+            closes.append(threading.current_thread().name)
+            stuck.wait()  # never set while the test waits: a close that hangs
+
+    def interrupted_command() -> None:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            common.close_client(Client())
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_command()
+    assert closes == ["close-after-interrupt"]
+    stuck.set()  # let the abandoned close end
+
+    class Quick:
+        def close(self) -> None:
+            closes.append(threading.current_thread().name)
+
+    common.close_client(Quick())  # no interrupt: closed here, and waited for
+    assert closes[-1] == threading.current_thread().name
