@@ -78,9 +78,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         allow_abbrev=False,
     )
     p.add_argument(
-        "--duration", type=positive_float, default=60.0, metavar="S", help="seconds of faults"
+        "--duration",
+        type=positive_float,
+        default=60.0,
+        metavar="S",
+        help="seconds of faults (default: 60)",
     )
-    p.add_argument("--seed", type=int, default=1, help="the fault schedule's seed")
+    p.add_argument("--seed", type=int, default=1, help="the fault schedule's seed (default: 1)")
     p.add_argument(
         "--faults",
         default=",".join(ALL_FAULTS),
@@ -94,36 +98,58 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         metavar="N",
         help=f"tablet servers, {MIN_SERVERS} to {MAX_SERVERS} (default: 3)",
     )
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="how to partition")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="how to partition: network namespaces (root and iproute2), per-link TCP proxies, "
+        "or auto (namespaces when they work; the default)",
+    )
     p.add_argument(
         "--leader-read-mode",
         choices=LEADER_READ_MODES,
         default="read_index",
-        help="how leaders serve linearizable reads (the servers' --leader_read_mode)",
+        help="how leaders serve linearizable reads (the servers' --leader_read_mode; default: "
+        "read_index)",
     )
-    p.add_argument("--keys", type=int, default=12, help="registers")
-    p.add_argument("--register-workers", type=int, default=6, metavar="N")
-    p.add_argument("--insert-workers", type=int, default=2, metavar="N")
+    p.add_argument(
+        "--keys", type=int, default=12, help="registers the workload reads and writes (default: 12)"
+    )
+    p.add_argument(
+        "--register-workers",
+        type=int,
+        default=6,
+        metavar="N",
+        help="threads reading and writing the registers (default: 6)",
+    )
+    p.add_argument(
+        "--insert-workers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="threads inserting unique rows on the threaded client (default: 2)",
+    )
     p.add_argument(
         "--async-insert-workers",
         type=int,
         default=1,
         metavar="N",
-        help="insert workers on the asyncio client (its writes take the plain-TCP write port)",
+        help="insert workers on the asyncio client (its writes take the plain-TCP write port; "
+        "default: 1)",
     )
     p.add_argument(
         "--op-timeout",
         type=timeout_seconds,
         default=5.0,
         metavar="S",
-        help="deadline of one operation",
+        help="deadline of one operation (default: 5)",
     )
     p.add_argument(
         "--check-budget",
         type=timeout_seconds,
         default=60.0,
         metavar="S",
-        help="checker time per key",
+        help="checker time per key (default: 60)",
     )
     p.add_argument(
         "--history",
