@@ -697,8 +697,8 @@ def _down(args: argparse.Namespace) -> int:
             ) from None
         # Already stopped: `down` is idempotent, so cleanup scripts can always run it.
         out.print(
-            f"no cluster of `raftlet cluster up` runs in {root} (no {STATE_FILE}); nothing "
-            "stopped (servers started otherwise -- by hand, systemd -- stop by their own means)",
+            f"no cluster is running in {root} (no {STATE_FILE}: stopped already, or its "
+            "servers were not started by `raftlet cluster up`); nothing to stop",
             markup=False,
         )
         cluster = None
@@ -717,7 +717,7 @@ def _down(args: argparse.Namespace) -> int:
         )
         return 0
     if cluster is None and args.server is not None:
-        raise CliError(f"no cluster of `raftlet cluster up` runs in {root}: no server to stop")
+        raise CliError(f"no cluster is running in {root}: no server to stop")
     if cluster is not None:
         try:
             stops = cluster.down(timeout=args.timeout)
