@@ -594,22 +594,25 @@ def _undo_create(client: Client, tablet_id: str, server: str, why: RaftletError)
         ) from None
 
 
-def _delete_leftover(
+def _deleted_leftover(
     client: Client, tablet_id: str, server: str, timeout_s: float, say: Callable[[str], None]
-) -> None:
-    """Delete what ``server`` may still run of a group it left (a move stopped, or run
-    without --wait, before its deletion); a failure is said, not raised: the move is done."""
+) -> str:
+    """Delete what ``server`` may still run of a group it left (removed while it was down, or
+    a move stopped before its deletion): "" when it is gone (or was never there), else why
+    it is not -- said, not raised, so the caller's other work goes on."""
     try:
         _delete_replica(client, tablet_id, server, timeout_s)
     except grpc.RpcError as e:
-        if e.code() != grpc.StatusCode.NOT_FOUND:
-            say(
-                f"{tablet_id}: deleting the leftover replica on {server} failed "
-                f"({_said(client, server, e)}): `raftlet tablet remove-replica {tablet_id} "
-                f"{server}` deletes it"
-            )
-        return
+        if e.code() == grpc.StatusCode.NOT_FOUND:
+            return ""
+        why = (
+            f"deleting the leftover replica on {server} failed ({_said(client, server, e)}): "
+            f"`raftlet tablet remove-replica {tablet_id} {server}` deletes it"
+        )
+        say(f"{tablet_id}: {why}")
+        return why
     say(f"{tablet_id}: the leftover replica on {server} (no member of the group) was deleted")
+    return ""
 
 
 def _delete_replica(
@@ -641,7 +644,7 @@ def move_replica(
     if source not in m.members():
         if target in m.voters:  # a rerun of a move that finished, but perhaps its deletion
             say(f"{tablet_id}: {target} is a voter and {source} no member: moved already")
-            _delete_leftover(client, tablet_id, source, min(10.0, timeout_s), say)
+            _deleted_leftover(client, tablet_id, source, min(10.0, timeout_s), say)
             return m
         raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
     if target in m.voters:
@@ -718,12 +721,13 @@ def replace_server(
             if server not in m.members():
                 if server in hosts.get(tablet_id, ()):
                     # A leftover: removed while it was down, or a run stopped between the
-                    # removal and the deletion. A rerun said "no replicas" and left it.
-                    try:
-                        remove_replica(client, tablet_id, server, timeout_s=timeout_s, say=say)
-                    except ReplicaNotDeleted as e:
-                        undeleted.append(f"{tablet_id}: {e}")
-                    moved[tablet_id] = ""
+                    # removal and the deletion. A rerun said "no replicas" and left it; one
+                    # that cannot be deleted is named at the end, the others still move.
+                    why = _deleted_leftover(client, tablet_id, server, min(10.0, timeout_s), say)
+                    if why:
+                        undeleted.append(f"{tablet_id}: {why}")
+                    else:
+                        moved[tablet_id] = ""
                 continue
             if server in m.learners or len(m.voters) > factor:
                 # One replica more than the table asks for: dropping it is the move.

@@ -951,7 +951,7 @@ class TabletReplica:
                 return
         try:
             self.store.flush()  # what failed may have been log GC's checkpoint, not an apply
-        except StoreError as exc:
+        except (StoreError, OSError) as exc:  # an fsync's OSError too: escaped, no retry came
             self._on_apply_failed(exc)
             self._schedule_retry()
             return

@@ -384,14 +384,14 @@ def test_replace_server_deletes_leftovers_and_moves_nothing_onto_one(
         tables=lambda: ["kv"],
         replication_factor=lambda _table: 3,
     )
-    removed: list[tuple[str, str]] = []
+    deleted: list[tuple[str, str]] = []
     moves: list[tuple[str, str, str]] = []
     monkeypatch.setattr(membership, "_check_server", lambda _client, _server: None)
     monkeypatch.setattr(membership, "leader_membership", lambda _c, tid, _t: groups[tid])
     monkeypatch.setattr(
         membership,
-        "remove_replica",
-        lambda _c, tablet, server, **_k: removed.append((tablet, server)),
+        "_delete_replica",
+        lambda _c, tablet, server, *_a, **_k: deleted.append((tablet, server)),
     )
     monkeypatch.setattr(
         membership,
@@ -399,8 +399,19 @@ def test_replace_server_deletes_leftovers_and_moves_nothing_onto_one(
         lambda _c, tablet, source, target, **_k: moves.append((tablet, source, target)),
     )
     assert membership.replace_server(client, "ts4") == {"kv-p0": "ts5", "kv-p1": ""}  # type: ignore[arg-type]
-    assert removed == [("kv-p1", "ts4")]  # its leftover, deleted
+    assert deleted == [("kv-p1", "ts4")]  # its leftover, deleted
     # ts2 holds a leftover of kv-p0: the move goes to ts5, which holds nothing.
+    assert moves == [("kv-p0", "ts4", "ts5")]
+
+    # A leftover that will not go (an immutable file) is named at the end; the rest moves.
+    def stuck(_c: Any, tablet: str, server: str, *_a: Any, **_k: Any) -> None:
+        raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, "could not remove /d/ts4/kv-p1/wal")
+
+    monkeypatch.setattr(membership, "_delete_replica", stuck)
+    monkeypatch.setattr(membership, "_said", lambda _c, _s, e: e.details())
+    moves.clear()
+    with pytest.raises(RemoteError, match=r"^kv-p1: deleting the leftover replica on ts4 failed"):
+        membership.replace_server(client, "ts4")  # type: ignore[arg-type]
     assert moves == [("kv-p0", "ts4", "ts5")]
 
 

@@ -30,6 +30,7 @@ from raftlet.proto import tablet_pb2
 from raftlet.tserver import tablet_replica as replica_module
 from raftlet.tserver.errors import TabletFailed
 from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError
+from raftlet.tserver.store import tablet_store as store_module
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 from tests.unit.consensus_cluster import FAST
 from tests.unit.store_helpers import CommitHook
@@ -237,7 +238,7 @@ def test_files_deleted_under_a_running_leader_fail_it_and_another_leads(
 
 
 def test_a_store_that_cannot_checkpoint_fails_and_serves_again_once_it_can(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With its file made immutable, SQLite's automatic checkpoints failed in silence and
     the -wal grew without bound; the replica said RUNNING."""
@@ -267,8 +268,21 @@ def test_a_store_that_cannot_checkpoint_fails_and_serves_again_once_it_can(
         assert new is not leader
         send(new, write([1], "c6", 1)).result()
         send(new, write([2], "c6", 2)).result()
+        # Checkpoints work again, but the retry's first fsync fails (ENOSPC at fsync): its
+        # OSError escaped the retry, and no retry came after it -- FAILED for good.
+        failed: list[str] = []
+        real_fsync = store_module._fsync_path
+
+        def fsync(path: Path, *, directory: bool = False) -> None:
+            if not failed and not directory and leader.store.path.parent == Path(path).parent:
+                failed.append(str(path))
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            real_fsync(path, directory=directory)
+
+        monkeypatch.setattr(store_module, "_fsync_path", fsync)
         refusing.clear()
         tablet.wait_for(lambda: leader.failure_reason() is None, what="it serves again")
+        assert failed  # the retry met the failed fsync, and a later one got through
         tablet.wait_for(lambda: keys_on(leader) == [1, 2], what="it catches up")
     finally:
         tablet.close()
