@@ -162,22 +162,29 @@ class ServerHealth:
     @property
     def cert_expires_soon(self) -> bool:
         """Within ``EXPIRY_WARNING_DAYS``, or already expired."""
+        if self.cert_expired:
+            return True
         return self.cert_expiry_s is not None and self.cert_expiry_s < _EXPIRY_WARNING_S
 
     @property
     def cert_expired(self) -> bool:
+        # Once it has expired, the check's own handshake is refused, with OpenSSL's words.
+        if _HANDSHAKE_EXPIRED in self.error:
+            return True
         return self.cert_expiry_s is not None and self.cert_expiry_s <= 0
 
     def cert_note(self) -> str:
         """What its certificate's expiry means for an operator; "" if nothing yet."""
         left = self.cert_expiry_s
-        if left is None or not self.cert_expires_soon:
+        if not self.cert_expires_soon:
             return ""
         if self.cert_expired:
+            when = f" {_duration(-left)} ago" if left is not None else ""
             return (
-                f"its TLS certificate (or its CA) expired {_duration(-left)} ago: clients and "
-                "peers that connect anew refuse it; renew its certificate and restart it"
+                f"its TLS certificate (or its CA) expired{when}: clients and peers that "
+                "connect anew refuse it; renew its certificate and restart it"
             )
+        assert left is not None
         return (
             f"its TLS certificate (or its CA) expires in {_duration(left)}: renew it and "
             "restart the server before then (README: TLS, renewing certificates)"
@@ -308,6 +315,8 @@ def _outcome(call: ResultFuture) -> _Probe:
 
 
 _EXPIRY_WARNING_S = EXPIRY_WARNING_DAYS * 86400.0
+# What a client's failed handshake says of a server whose certificate (or CA) has expired.
+_HANDSHAKE_EXPIRED = "certificate has expired"
 
 
 def _duration(seconds: float) -> str:

@@ -298,6 +298,27 @@ def test_a_certificate_near_its_end_is_named_before_clients_refuse_it(
     assert verdict.to_json()["servers"][1]["tls_cert_expiry_seconds"] == left_s
 
 
+def test_a_server_whose_certificate_expired_is_an_error_that_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Expired, a server's certificate fails the check's own handshake, so it never says how
+    long it has left: status showed one server DOWN among others, a warning."""
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in ("a", "c")}
+    refused = (
+        "UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: ipv4:b: Tls "
+        "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL "
+        "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: certificate has expired"
+    )
+    probes = {n: (r, "UP", "") for n, r in listed.items()} | {"b": (None, "DOWN", refused)}
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert verdict.severity is health.Severity.ERROR
+    assert (
+        "server b: its TLS certificate (or its CA) expired: clients and peers that connect "
+        "anew refuse it; renew its certificate and restart it"
+    ) in verdict.issues
+
+
 # --- the checker's own copy of cluster.toml --------------------------------------------------
 
 TS = ("ts1", "ts2", "ts3")
