@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,3 +88,22 @@ class CommitHook:
                 return getattr(real, name)
 
         store._writer = Connection()
+
+
+class RefusedCheckpoints:
+    """Stands in for a store's SQLite connection (``TabletStore._writer``): while ``refusing``
+    is set its checkpoints fail with a disk I/O error, as with the store file made immutable;
+    everything else goes to the real connection."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+        self.refusing = threading.Event()
+        self.refusing.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if self.refusing.is_set() and "wal_checkpoint" in sql:
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.real.execute(sql, *args)

@@ -22,7 +22,7 @@ from raftlet.tserver.store import (
     damage_in,
 )
 from raftlet.tserver.store.errors import StoreFilesGone
-from tests.unit.store_helpers import SIMPLE, insert
+from tests.unit.store_helpers import SIMPLE, RefusedCheckpoints, insert
 
 
 def fill(store: TabletStore, first_index: int, count: int, term: int = 1) -> None:
@@ -254,19 +254,12 @@ def test_a_checkpoint_that_fails_is_an_error_not_a_growing_wal(
     -wal grew past 100 MB while status said OK."""
     with TabletStore.open(tmp_path / "t.db", SIMPLE) as s:
         fill(s, 1, 4)
-        real = s._writer
-
-        class Refusing:
-            def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
-                if "wal_checkpoint" in sql:
-                    raise sqlite3.OperationalError("disk I/O error")
-                return real.execute(sql, *args)
-
-        monkeypatch.setattr(s, "_writer", Refusing())
+        connection = RefusedCheckpoints(s._writer)
+        monkeypatch.setattr(s, "_writer", connection)
         with pytest.raises(StoreError, match="checkpoint failed: disk I/O error") as caught:
             s.flush()
         assert damage_in(caught.value) is None  # it may pass (a retry checks again)
-        monkeypatch.setattr(s, "_writer", real)
+        connection.refusing.clear()
         assert s.flush() == 4
 
 

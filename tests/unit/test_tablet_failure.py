@@ -33,7 +33,7 @@ from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError
 from raftlet.tserver.store import tablet_store as store_module
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 from tests.unit.consensus_cluster import FAST
-from tests.unit.store_helpers import CommitHook
+from tests.unit.store_helpers import CommitHook, RefusedCheckpoints
 from tests.unit.test_tablet_replica import Tablet, keys_on, send, write
 
 
@@ -245,20 +245,8 @@ def test_a_store_that_cannot_checkpoint_fails_and_serves_again_once_it_can(
     tablet = Tablet(tmp_path, options=ReplicaOptions(consensus=FAST, log_gc_interval_s=0.01))
     try:
         leader = tablet.leader()
-        refusing = threading.Event()
-        real = leader.store._writer
-
-        class Connection:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-            def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-                if refusing.is_set() and "wal_checkpoint" in sql:
-                    raise sqlite3.OperationalError("disk I/O error")
-                return real.execute(sql, *args)
-
-        leader.store._writer = Connection()  # type: ignore[assignment]
-        refusing.set()
+        connection = RefusedCheckpoints(leader.store._writer)
+        leader.store._writer = connection  # type: ignore[assignment]
         first = send(leader, write([1], "c6", 1))
         tablet.wait_for(lambda: leader.failure_reason() is not None, what="the replica fails")
         assert "checkpoint failed: disk I/O error" in str(leader.failure_reason())
@@ -280,7 +268,7 @@ def test_a_store_that_cannot_checkpoint_fails_and_serves_again_once_it_can(
             real_fsync(path, directory=directory)
 
         monkeypatch.setattr(store_module, "_fsync_path", fsync)
-        refusing.clear()
+        connection.refusing.clear()
         tablet.wait_for(lambda: leader.failure_reason() is None, what="it serves again")
         assert failed  # the retry met the failed fsync, and a later one got through
         tablet.wait_for(lambda: keys_on(leader) == [1, 2], what="it catches up")
