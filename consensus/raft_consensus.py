@@ -316,6 +316,7 @@ class RaftConsensus:
         on_snapshot_needed: Callable[[str, int], None] | None = None,
         peers: Iterable[str] = (),
         on_membership: Callable[[Membership], None] | None = None,
+        on_peer_heard: Callable[[str], None] | None = None,
     ) -> None:
         """``on_log_failed(reason)``: called once, outside the lock, when the log fails (the
         tablet fails the calls waiting on this replica).  ``on_snapshot_needed(peer,
@@ -325,7 +326,10 @@ class RaftConsensus:
         ``peers``: every server that may speak for the group beyond its members
         (``Config.peers``: the cluster's servers).  ``on_membership(m)``: called under the
         lock, once ``m`` is durable in the metadata, whenever the membership in use changes;
-        it must only take note."""
+        it must only take note.  ``on_peer_heard(server)``: called with the sender of every
+        request and answer before it is stepped, from the thread that received it (not under
+        the lock); it may block briefly (``tserver.servers_heard`` writes a peer down the
+        first time it is heard from)."""
         self.group_id = group_id
         self.node_id = node_id
         self.options = opts = options or ConsensusOptions()
@@ -335,6 +339,7 @@ class RaftConsensus:
         self._clock = clock
         self._storage = storage
         self._on_membership = on_membership
+        self._on_peer_heard = on_peer_heard
         self._transport = transport
         self._apply_committed = apply_committed
         self._on_log_failed = on_log_failed
@@ -652,6 +657,8 @@ class RaftConsensus:
         if not self._healthy():
             reply(None)
             return
+        if self._on_peer_heard is not None:
+            self._on_peer_heard(message.src)
         with self._lock:
             self._step_ticks_then_unlocked(message)
             outcome = self._process_ready_unlocked(answer_to=message.src, reply=reply)
@@ -750,6 +757,8 @@ class RaftConsensus:
         """A peer's answer to something we sent, from any transport thread: queued for the
         worker, which steps it with whatever else is queued under one lock acquisition."""
         if answer is not None and not self._stopping.is_set():
+            if self._on_peer_heard is not None:
+                self._on_peer_heard(answer.src)
             self._inbox.post(answer)
 
     # --- status ----------------------------------------------------------------------------

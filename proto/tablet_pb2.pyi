@@ -347,7 +347,7 @@ class ListTabletsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListTabletsResponse(_message.Message):
-    __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds")
+    __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds", "servers_heard_from")
     class ConfigDigestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -359,11 +359,13 @@ class ListTabletsResponse(_message.Message):
     SERVER_UUID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     TLS_CERT_EXPIRY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_HEARD_FROM_FIELD_NUMBER: _ClassVar[int]
     tablets: _containers.RepeatedCompositeFieldContainer[TabletStatusPB]
     server_uuid: str
     config_digests: _containers.ScalarMap[str, str]
     tls_cert_expiry_seconds: float
-    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ..., tls_cert_expiry_seconds: _Optional[float] = ...) -> None: ...
+    servers_heard_from: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ..., tls_cert_expiry_seconds: _Optional[float] = ..., servers_heard_from: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetClusterConfigRequest(_message.Message):
     __slots__ = ()

@@ -27,8 +27,8 @@ is made afresh; with it, a hosted tablet whose directory holds no replica is FAI
 or lost") and repaired by a tablet copy from its leader, never started afresh, and a placed
 tablet that is neither hosted, being made, nor new to the config (deleted here) is not
 opened.  The file is replaced atomically (a temporary file, fsync, rename, fsync of the
-directory).  A data directory wiped whole loses this file too, and is a new server as far as
-it can tell: that case stays Raft's limit.
+directory).  A data directory wiped whole loses this file too, and would be a new server as
+far as it can tell; its peers can tell otherwise (``tserver.empty_start``).
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ from raftlet.tserver.cert_check import check_server_tls
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
+from raftlet.tserver.empty_start import NO_PEERS, PeersView, read_peers
 from raftlet.tserver.errors import (
     FilesNotRemovable,
     InvalidRequest,
@@ -116,6 +117,7 @@ from raftlet.tserver.security import (
     status_ssl_context,
     token_port_credentials,
 )
+from raftlet.tserver.servers_heard import ServersHeard
 from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
 from raftlet.tserver.servicers import (
     AdminServicer,
@@ -304,6 +306,9 @@ class TabletServer:
         self._verifier: StoreVerifier | None = None
         self._health: health_async.HealthServicer | None = None
         self.rpc_port = 0
+        self.servers_heard = ServersHeard(
+            s.data_dir, (sid for sid in self.config.server_ids if sid != s.server_id)
+        )
 
     def _pool(self, name: str, threads: int, queue_length: int) -> ServicePool:
         service = _POOL_SERVICES[name]
@@ -321,6 +326,7 @@ class TabletServer:
         s = self.settings
         # Before anything under the data directory is read or written.
         self._data_dir_lock = DataDirLock.acquire(s.data_dir, s.server_id)
+        self.servers_heard.load()
         set_lock_contention_trace_threshold_ms(s.lock_contention_trace_threshold_ms)
         self.flags.subscribe("lock_contention_trace_threshold_ms", self._on_trace_threshold)
         self.flags.subscribe("log_inject_latency_ms", self._on_log_latency)
@@ -426,11 +432,11 @@ class TabletServer:
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
         record = HostedTablets.load(s.data_dir)
-        joined: frozenset[str] = frozenset()
+        peers = NO_PEERS
         if record.hosted is None and not self._replica_dirs():
-            joined = await asyncio.to_thread(self._groups_without_me)
+            peers = await asyncio.to_thread(self._ask_peers)
         with self._replicas_lock:
-            opening = self._tablets_to_open(record, known_tables, joined)
+            opening = self._tablets_to_open(record, known_tables, peers)
             # Two steps (``tserver.hosted_tablets``): the replicas to make are recorded as
             # being made, and as hosted once made -- before this server serves anything,
             # so one killed in between has voted for and acknowledged nothing.
@@ -547,41 +553,29 @@ class TabletServer:
             if (c / CONSENSUS_META_FILE).is_file() or (c / TOMBSTONE_FILE).is_file()
         }
 
-    def _groups_without_me(self) -> frozenset[str]:
-        """The tablets placed here whose group another server of the config reports, with
-        a membership that does not include this server: a server new to a running cluster
-        joins none of them by itself (asked once, of every peer at once, briefly; a peer
-        that does not answer tells nothing)."""
-        placed = {p.tablet_id for p in self.settings.placements()}
+    def _ask_peers(self) -> PeersView:
+        """What the other servers of the config say of this one's groups
+        (``tserver.empty_start``): asked once, of every peer at once, briefly; a peer that
+        does not answer tells nothing."""
         calls = [
             self.channels.stub(self.settings.peer_addr(sid)).list_tablets_future(_ASK_PEERS_S)
             for sid in self.config.server_ids
             if sid != self.server_id
         ]
-        groups: set[str] = set()
+        answers = []
         for call in calls:
             try:
-                listed = call.result()
+                answers.append(call.result())
             except grpc.RpcError:
                 continue
-            for t in listed.tablets:
-                members = {*t.voters, *t.learners}
-                if t.tablet_id in placed and members and self.server_id not in members:
-                    groups.add(t.tablet_id)
-        for tid in sorted(groups):
-            logger.warning(
-                "tablet %s: placed here, but its group runs on other servers without this "
-                "one: not made (a server added to a cluster gets replicas by `raftlet tablet "
-                "move-replica` or `add-replica`)",
-                tid,
-            )
-        return frozenset(groups)
+        placed = (p.tablet_id for p in self.settings.placements())
+        return read_peers(self.server_id, placed, answers)
 
     def _tablets_to_open(
         self,
         record: HostedTablets,
         known_tables: frozenset[str] = frozenset(),
-        joined: frozenset[str] = frozenset(),
+        peers: PeersView = NO_PEERS,
     ) -> list[tuple[TabletPlacement, bool]]:
         """The tablets to open, each with whether its replica must be there already: the
         placement's, every tablet ``record`` says is hosted here, and every other tablet
@@ -590,9 +584,12 @@ class TabletServer:
 
         Replicas are made from the placement only for a table new to this server (not in
         ``known_tables``, those ``tables.json`` recorded), and by a new server not for the
-        groups that run without it (``joined``): adding or removing servers moves the
-        placement of every table, and replicas made for groups that existed formed groups
-        of their own (``tserver.table_layout``)."""
+        groups that run without it (``peers.without_me``): adding or removing servers moves
+        the placement of every table, and replicas made for groups that existed formed
+        groups of their own (``tserver.table_layout``).  An empty data directory that a
+        peer heard from before (``peers.heard_by``) was wiped: none is made afresh, and
+        every replica it held -- placed, or in a group that lists it -- must be there,
+        so it opens FAILED for a tablet copy to repair (``tserver.empty_start``)."""
         data_dir = self.settings.data_dir
         hosted = record.hosted or frozenset()
         present = self._replica_dirs()
@@ -600,13 +597,14 @@ class TabletServer:
         # No record beside replicas (a server from before the record, or one whose record
         # was moved aside): the replicas there are opened, and nothing is made afresh.
         new_server = record.hosted is None and not present
+        wiped = new_server and bool(peers.heard_by)
         chosen: dict[str, tuple[TabletPlacement, bool]] = {}
         for p in self.settings.placements():
             tid = p.tablet_id
-            if new_server and tid in joined:
-                continue  # its group runs without this server (_groups_without_me says so)
+            if new_server and tid in peers.without_me:
+                continue  # its group runs without this server (_ask_peers says so)
             if new_server or tid in hosted:
-                chosen[tid] = (p, not new_server)
+                chosen[tid] = (p, not new_server or wiped)
             elif tid in record.creating:
                 chosen[tid] = (p, False)  # being made when the server stopped: made again
             elif p.table in known_tables and record.placed is not None and tid not in record.placed:
@@ -631,6 +629,16 @@ class TabletServer:
                 )
             elif record.hosted is not None:
                 logger.info("tablet %s: deleted from this server, not opened", tid)
+        if wiped:
+            hosted = hosted | peers.with_me
+            logger.error(
+                "the data directory %s holds nothing, yet %s heard from this server before: "
+                "it was wiped or replaced, this is no new server. Its replicas open FAILED, "
+                "none afresh (they would have forgotten their votes and the entries they "
+                "acknowledged), and each is repaired by a tablet copy from its leader",
+                data_dir,
+                ", ".join(sorted(peers.heard_by)),
+            )
         for tid in sorted(hosted - chosen.keys()):
             placement = self.tablets.get(tid)
             if placement is None:
@@ -706,6 +714,7 @@ class TabletServer:
             request_copy=self.copier.request_copy,
             write_memory=self.write_memory,
             create=create,
+            on_peer_heard=self.servers_heard.note,
         )
 
     def _tcp_endpoint(self, addr: str) -> Endpoint | None:

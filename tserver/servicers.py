@@ -175,6 +175,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             server_uuid=self._s.server_id,
             config_digests=self._s.config_digests,
             tls_cert_expiry_seconds=self._s.tls_expiry_seconds(),
+            servers_heard_from=sorted(self._s.servers_heard.heard),
         )
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot

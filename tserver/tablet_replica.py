@@ -299,13 +299,16 @@ class TabletReplica:
         request_copy: Callable[[str, str, int], None] | None = None,
         write_memory: WriteMemory | None = None,
         create: bool = True,
+        on_peer_heard: Callable[[str], None] | None = None,
     ) -> None:
         """``voters`` and ``learners``: the membership a fresh directory starts with (the
         metadata's, once it exists, stands); with ``create`` False a directory without a
         replica is refused instead.  ``peers``: every server of the cluster.
         ``request_copy(tablet_id, peer, term)``: this replica leads and ``peer`` needs a
         copy of the tablet (``tserver.tablet_copier``); it must only hand the work on.
-        ``write_memory``: the server's budget for admitted writes, shared by its replicas."""
+        ``write_memory``: the server's budget for admitted writes, shared by its replicas.
+        ``on_peer_heard(server)``: a peer's message reached this replica
+        (``tserver.servers_heard``)."""
         if not 0 <= partition < num_partitions:
             raise ValueError(f"partition {partition} is not one of {num_partitions}")
         self.tablet_id = tablet_id
@@ -356,6 +359,7 @@ class TabletReplica:
                 ),
                 peers=peers,
                 on_membership=self._on_membership,
+                on_peer_heard=on_peer_heard,
             )
         except BaseException:
             # The files are open: a replica that cannot start must not keep them.

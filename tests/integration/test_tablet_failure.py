@@ -51,8 +51,11 @@ PARTITIONS = 3
 NO_REPAIR = ["--tablet_copy_repair_interval_s", "0"]
 
 
-def _populate(cluster: TserverCluster) -> dict[str, dict[int, str]]:
-    """Twelve acknowledged rows in every tablet, each written alone."""
+def _populate(
+    cluster: TserverCluster, servers: list[str] | None = None
+) -> dict[str, dict[int, str]]:
+    """Twelve acknowledged rows in every tablet, each written alone, applied on ``servers``
+    (default: every replica)."""
     by_tablet: dict[str, dict[int, str]] = {t: {} for t in cluster.tablet_ids()}
     key = 0
     while any(len(rows) < 12 for rows in by_tablet.values()):
@@ -64,7 +67,7 @@ def _populate(cluster: TserverCluster) -> dict[str, dict[int, str]]:
             by_tablet[tablet][key] = f"v{key}"
         key += 1
     for tablet, rows in by_tablet.items():
-        cluster.wait_converged(tablet, rows)
+        cluster.wait_converged(tablet, rows, servers=servers)
     return by_tablet
 
 
@@ -223,6 +226,74 @@ def test_a_wiped_replica_directory_is_failed_not_started_afresh(tmp_path: Path) 
         (status,) = [t for t in victim.tablets_json() if t["tablet_id"] == wiped]
         assert status["state"] == "RUNNING", status
         assert json.loads(record.read_text())["creating"] == []
+
+
+def test_a_wiped_data_directory_is_no_new_server_its_replicas_are_copied_back(
+    tmp_path: Path,
+) -> None:
+    """A data directory wiped whole (a replaced disk) looks like a new server's, and once
+    came back making every replica afresh: voters that forgot their votes and the entries
+    they acknowledged. Its peers heard from it before, so its replicas open FAILED and cast
+    no vote, the other two keep every tablet, and a tablet copy brings each one back with
+    every acknowledged row."""
+    with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
+        cluster.wait_leaders()
+        rows = _populate(cluster)
+        victim = cluster.servers["ts2"]
+        assert victim.terminate() == 0
+        shutil.rmtree(victim.config.data_dir)
+
+        victim.start()
+        for tablet in rows:
+            _assert_failed_with(victim, tablet, "holds no replica (wiped or lost)")
+            assert not (victim.config.data_dir / tablet).exists()  # not started afresh
+            assert cluster.leader_of(tablet).id != victim.id
+        wiped = "it was wiped or replaced, this is no new server"
+        assert _log_mentions(victim, wiped) == 1
+
+        # Repaired by tablet copy; a restart meanwhile keeps the replicas FAILED (the record
+        # of hosted tablets says so now), and says nothing of a wipe again.
+        assert victim.terminate() == 0
+        victim.start(["--tablet_copy_repair_interval_s", "1"])
+        wait_for(
+            lambda: (
+                all(
+                    t.state == tablet_pb2.TABLET_STATE_RUNNING
+                    for t in victim.list_tablets().values()
+                )
+                and len(victim.list_tablets()) == len(rows)
+            ),
+            120,
+            f"{victim.id}'s replicas copied back",
+        )
+        for tablet, expected in rows.items():
+            cluster.wait_converged(tablet, expected)
+        assert victim.metric("tablet_copies_installed_total") == len(rows)
+        assert _log_mentions(victim, wiped) == 1
+        assert _log_mentions(victim, "Traceback") == 0
+
+
+def test_a_server_started_late_in_a_new_cluster_makes_its_replicas(tmp_path: Path) -> None:
+    """The other side of the wiped data directory: a server whose first start comes after
+    its peers elected leaders and took writes is new -- none of them heard from it -- so it
+    makes its replicas, which catch up by appends, not by copies."""
+    cluster = TserverCluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR)
+    try:
+        late = cluster.servers["ts3"]
+        early = [s for s in cluster.servers.values() if s is not late]
+        for s in early:
+            s.start()
+        cluster.wait_leaders()
+        rows = _populate(cluster, servers=[s.id for s in early])
+
+        late.start()
+        for tablet, expected in rows.items():
+            cluster.wait_converged(tablet, expected, timeout=60)
+        assert all(t.state == tablet_pb2.TABLET_STATE_RUNNING for t in late.list_tablets().values())
+        assert late.metric("tablet_copies_installed_total") == 0
+        assert _log_mentions(late, "wiped") == 0
+    finally:
+        cluster.stop()
 
 
 # --- a full disk -----------------------------------------------------------------------------

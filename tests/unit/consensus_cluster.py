@@ -77,6 +77,8 @@ class Cluster:
         # while it waits); without one every replica ticks on the wall clock.
         self.ticker = ticker
         self.replicas: dict[str, Replica] = {}
+        # The senders each replica was told it heard from (``on_peer_heard``), in order.
+        self.heard: dict[str, list[str]] = {node_id: [] for node_id in self.ids}
         for node_id in self.ids:
             self.open(node_id)
 
@@ -95,6 +97,7 @@ class Cluster:
             options=self.options,
             ticker=self.ticker,
             clock=self.clock,
+            on_peer_heard=self.heard.setdefault(node_id, []).append,
         )
         replica = Replica(node_id, directory, storage, consensus)
         holder.append(replica)

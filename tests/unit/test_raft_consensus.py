@@ -41,6 +41,26 @@ def test_elects_one_leader_and_replicates_to_every_replica(cluster: Cluster) -> 
         assert err.value.leader_id == leader.node_id
 
 
+def test_every_peer_a_replica_steps_a_message_from_is_reported_heard_from(
+    cluster: Cluster,
+) -> None:
+    """``on_peer_heard`` (what a server's record of its peers is made from,
+    ``tserver.servers_heard``) names the sender of every request and answer: the leader
+    hears both followers (their votes or acknowledgements), each follower the leader."""
+    leader = cluster.wait_leader()
+    term = leader.consensus.check_leadership_and_bind_term()
+    leader.consensus.replicate([b"row"], term)
+    for r in cluster.replicas.values():
+        cluster.wait_for(lambda r=r: r.data() == [b"row"], what=f"{r.node_id} applies it")
+    others = {n for n in cluster.ids if n != leader.node_id}
+    cluster.wait_for(
+        lambda: set(cluster.heard[leader.node_id]) == others, what="the leader hears both"
+    )
+    for n in others:
+        assert leader.node_id in cluster.heard[n]
+        assert n not in cluster.heard[n]
+
+
 def test_lockfree_term_check_never_takes_the_consensus_lock(cluster: Cluster) -> None:
     leader = cluster.wait_leader()
     consensus = leader.consensus

@@ -809,6 +809,7 @@ def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
                 pools={"tablet": None},
                 config_digests={},
                 tls_expiry_seconds=lambda: None,
+                servers_heard=SimpleNamespace(heard=frozenset()),
             )
         )._list_tablets()
         for node, r in tablet.replicas.items()
