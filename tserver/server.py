@@ -631,14 +631,6 @@ class TabletServer:
                 logger.info("tablet %s: deleted from this server, not opened", tid)
         if wiped:
             hosted = hosted | peers.with_me
-            logger.error(
-                "the data directory %s holds nothing, yet %s heard from this server before: "
-                "it was wiped or replaced, this is no new server. Its replicas open FAILED, "
-                "none afresh (they would have forgotten their votes and the entries they "
-                "acknowledged), and each is repaired by a tablet copy from its leader",
-                data_dir,
-                ", ".join(sorted(peers.heard_by)),
-            )
         for tid in sorted(hosted - chosen.keys()):
             placement = self.tablets.get(tid)
             if placement is None:
@@ -653,6 +645,8 @@ class TabletServer:
                 logger.warning("%s: no tablet of the cluster config, not opened", child)
                 continue
             chosen[child.name] = (placement, True)
+        if wiped:
+            _say_wiped(data_dir, peers.heard_by, sorted(chosen))
         return [c for tid, c in chosen.items() if not (data_dir / tid / TOMBSTONE_FILE).exists()]
 
     def _record_hosted(
@@ -1084,6 +1078,26 @@ class TabletServer:
             log.options = dataclasses.replace(
                 log.options, inject_latency_ms=latency, inject_latency_jitter_ms=jitter
             )
+
+
+def _say_wiped(data_dir: Path, heard_by: frozenset[str], tablets: list[str]) -> None:
+    """An empty data directory a peer heard from before (``tserver.empty_start``)."""
+    heard = f"the data directory {data_dir} holds nothing, yet {', '.join(sorted(heard_by))} "
+    if not tablets:
+        logger.warning(
+            "%sheard from this server before: it was wiped or replaced, and is a member of "
+            "no tablet group now (a new server would start so too)",
+            heard,
+        )
+        return
+    logger.error(
+        "%sheard from this server before: it was wiped or replaced, this is no new server. "
+        "Its replicas (%s) open FAILED, none afresh (they would have forgotten their votes "
+        "and the entries they acknowledged), and each is repaired by a tablet copy from its "
+        "leader",
+        heard,
+        ", ".join(tablets),
+    )
 
 
 def _tombstone(directory: Path) -> None:

@@ -11,6 +11,7 @@ forced small, where the log it would need is gone and it catches up by a tablet 
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,6 +273,13 @@ def test_replace_a_permanently_killed_server(
         assert len(leader_membership(client, extra, 30.0).voters) == 3
         # The dead server is still in the config, down: ksck warns about it, and only it.
         _check_groups(four, load, client, capsys, servers_down=1)
+    # A new disk under its old name: its peers heard from it before, but it is a member of
+    # no group now, so it hosts nothing -- no replica made afresh, none FAILED.
+    back = four.servers[dead]
+    shutil.rmtree(back.config.data_dir)
+    back.start()
+    assert back.list_tablets() == {}
+    assert "is a member of no tablet group now" in back.log_path.read_text(errors="replace")
 
 
 def test_a_replica_removed_while_its_server_was_down_serves_no_stale_reads(
