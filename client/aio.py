@@ -231,6 +231,11 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         if self._loop is not None and _running_loop() is not self._loop:
             # Its connections belong to that loop: a write sent from here was applied, and
             # its answer waited for a reader that never ran (a Timeout, after the deadline).
+            if self._loop.is_closed():
+                raise InvalidArgument(
+                    "this AsyncClient connected in an event loop that has ended: close it "
+                    "(from any loop) and connect a new one in this loop"
+                )
             raise InvalidArgument(
                 "this AsyncClient connected in another event loop: use it only from that "
                 "one (make one client per event loop)"
@@ -432,10 +437,16 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
 
     async def close(self) -> None:
         """Close the channels (idempotent); later calls raise ``ClientClosed``. In the event
-        loop it connected in, as every other call: its connections belong to that loop."""
+        loop it connected in, as every other call: its connections belong to that loop --
+        unless that loop has ended (``asyncio.run`` returned with the client open), when
+        nothing can race the close any more, and any loop may close it."""
         if self._closed:
             return
-        if self._loop is not None and _running_loop() is not self._loop:
+        if (
+            self._loop is not None
+            and _running_loop() is not self._loop
+            and not self._loop.is_closed()
+        ):
             # Closed here, its sockets were left open and the client could not be closed
             # again; raised before anything changes, the caller can still close it there.
             raise InvalidArgument(

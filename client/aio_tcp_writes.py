@@ -272,6 +272,11 @@ class TcpWriteStream:
                         write_result(future, result)
         except (OSError, asyncio.IncompleteReadError) as exc:
             self._fail(_unavailable(f"write connection to {self.address} ended: {exc!r}"))
+        except asyncio.CancelledError:
+            # By close(), or by the end of its event loop (asyncio.run cancels the tasks
+            # left): closed now, while the loop can still close a transport.
+            self._fail(StreamedRpcError(grpc.StatusCode.CANCELLED, "the event loop ended"))
+            raise
         except Exception as exc:  # an answer that does not decode: the server is broken
             self._fail(_unavailable(f"write connection to {self.address}: {exc!r}"))
 

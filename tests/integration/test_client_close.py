@@ -8,6 +8,7 @@ CANCELLED, which the client took for a final error)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 
@@ -137,3 +138,47 @@ def test_a_leader_stopped_gracefully_under_writes_fails_none_of_them(
     assert writers.errors == []
     cluster.wait_leaders()
     assert _present(cluster, writers.acked) == set(writers.acked)
+
+
+def _established() -> set[int]:
+    """The inodes of this process's TCP connections that are ESTABLISHED."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            mine.add(int(link[len("socket:[") : -1]))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[9]) in mine:  # 01: ESTABLISHED
+                    found.add(int(fields[9]))
+    return found
+
+
+def test_an_asyncio_client_whose_loop_ended_is_closed_from_another_loop(
+    cluster: TserverCluster,
+) -> None:
+    """``asyncio.run`` returned with the client open: closing it from another loop was
+    refused ("close it in that one, before that loop ends", which could no longer be done)
+    and its connections stayed up for good. Now any loop closes it, and every connection
+    it held -- gRPC channels and plain-TCP write connections -- ends."""
+    before = _established()
+
+    async def connect_and_write() -> AsyncClient:
+        c = await AsyncClient.connect(_seeds(cluster), timeout_s=30.0)
+        for i in range(20):
+            await c.upsert("kv", {"key": 8_000_000 + i, "value": "x"})
+        return c
+
+    client = asyncio.run(connect_and_write())
+    held = _established() - before
+    assert held, "the client holds no connection to close"
+    asyncio.run(client.close())
+    assert client.closed
+    wait_for(lambda: not (_established() & held), 10, "the client's connections to end")

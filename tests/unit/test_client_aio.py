@@ -4,6 +4,7 @@ errors and exactly-once request ids, with many writes in flight from one event l
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -487,27 +488,50 @@ def test_a_client_used_from_another_event_loop_says_so_at_once() -> None:
     client = asyncio.run(connect())
 
     async def elsewhere() -> None:
-        with pytest.raises(InvalidArgument, match="connected in another event loop"):
+        with pytest.raises(InvalidArgument, match="connected in an event loop that has ended"):
             await client.upsert("kv", {"key": 2, "value": "v"})
-        with pytest.raises(InvalidArgument, match="connected in another event loop"):
+        with pytest.raises(InvalidArgument, match=r"close it \(from any loop\) and connect a new"):
             await client.leader_of("kv-p0", refresh=True)
 
     asyncio.run(elsewhere())
     assert len(cluster.writes()) == 1  # nothing sent from the other loop
 
 
-def test_a_client_is_closed_only_in_the_loop_it_connected_in() -> None:
-    """Closed from another loop, it said it was closed and left its sockets open for good
-    (no later close could reach them)."""
+def test_a_client_whose_loop_runs_is_closed_only_in_that_loop() -> None:
+    """Closed from another loop while its own ran, it said it was closed and left its
+    sockets open for good (no later close could reach them)."""
+    cluster = AsyncFakeCluster()
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    try:
+        client = asyncio.run_coroutine_threadsafe(fake_client(cluster), loop).result(30)
+
+        async def elsewhere() -> None:
+            with pytest.raises(InvalidArgument, match="another event loop: use it only from"):
+                await client.upsert("kv", {"key": 2, "value": "v"})
+            with pytest.raises(InvalidArgument, match="close it in that one"):
+                await client.close()
+
+        asyncio.run(elsewhere())
+        assert not client.closed
+        asyncio.run_coroutine_threadsafe(client.close(), loop).result(30)
+        assert client.closed
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(30)
+        loop.close()
+
+
+def test_a_client_whose_loop_ended_is_closed_from_another() -> None:
+    """``asyncio.run(main())`` returned with the client open: its loop is gone, so a close
+    elsewhere cannot race it (it was refused -- "close it in that one, before that loop
+    ends" -- which could no longer be done; tests/integration/test_client_close.py shows
+    the connections end)."""
     cluster = AsyncFakeCluster()
     client = asyncio.run(fake_client(cluster))
-
-    async def elsewhere() -> None:
-        with pytest.raises(InvalidArgument, match="close it in that one"):
-            await client.close()
-
-    asyncio.run(elsewhere())
-    assert not client.closed
+    asyncio.run(client.close())
+    assert client.closed
 
 
 def test_call_timeouts_are_checked_like_the_writes_ones() -> None:
