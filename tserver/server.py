@@ -36,6 +36,7 @@ close channels, exit 0.  A restart recovers every replica from its directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import errno
@@ -117,7 +118,7 @@ from raftlet.tserver.security import (
     status_ssl_context,
     token_port_credentials,
 )
-from raftlet.tserver.servers_heard import ServersHeard
+from raftlet.tserver.servers_heard import SHARE_INTERVAL_S, ServersHeard
 from raftlet.tserver.service_pool import ServicePool, ServicePoolMetrics
 from raftlet.tserver.servicers import (
     AdminServicer,
@@ -309,6 +310,7 @@ class TabletServer:
         self.servers_heard = ServersHeard(
             s.data_dir, (sid for sid in self.config.server_ids if sid != s.server_id)
         )
+        self._sharing: asyncio.Future[None] | None = None
 
     def _pool(self, name: str, threads: int, queue_length: int) -> ServicePool:
         service = _POOL_SERVICES[name]
@@ -512,6 +514,7 @@ class TabletServer:
             replica.start()
         self.ticker.start()
         self.copier.start()
+        self._sharing = asyncio.ensure_future(self._share_servers_heard())
         if s.store_verify_interval_s > 0:
             self._verifier = StoreVerifier(
                 lambda: list(self.replicas.values()), s.store_verify_interval_s
@@ -555,8 +558,13 @@ class TabletServer:
 
     def _ask_peers(self) -> PeersView:
         """What the other servers of the config say of this one's groups
-        (``tserver.empty_start``): asked once, of every peer at once, briefly; a peer that
-        does not answer tells nothing."""
+        (``tserver.empty_start``)."""
+        placed = (p.tablet_id for p in self.settings.placements())
+        return read_peers(self.server_id, placed, self._peer_listings())
+
+    def _peer_listings(self) -> list[tablet_pb2.ListTabletsResponse]:
+        """Every peer's ``ListTablets``, asked of all at once, briefly; a peer that does not
+        answer tells nothing."""
         calls = [
             self.channels.stub(self.settings.peer_addr(sid)).list_tablets_future(_ASK_PEERS_S)
             for sid in self.config.server_ids
@@ -568,8 +576,19 @@ class TabletServer:
                 answers.append(call.result())
             except grpc.RpcError:
                 continue
-        placed = (p.tablet_id for p in self.settings.placements())
-        return read_peers(self.server_id, placed, answers)
+        return answers
+
+    async def _share_servers_heard(self) -> None:
+        """Take in the peers' records of the servers they heard from, every
+        ``SHARE_INTERVAL_S`` (``tserver.servers_heard``)."""
+        while True:
+            await asyncio.sleep(SHARE_INTERVAL_S)
+            try:
+                listings = await asyncio.to_thread(self._peer_listings)
+                for listed in listings:
+                    await asyncio.to_thread(self.servers_heard.note_all, listed.servers_heard_from)
+            except Exception:  # the next pass asks again; a server is not stopped for this
+                logger.exception("taking in the peers' records of servers heard from")
 
     def _tablets_to_open(
         self,
@@ -966,6 +985,10 @@ class TabletServer:
         elsewhere (with the same request id) instead of seeing their calls cancelled."""
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self._sharing is not None:
+            self._sharing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sharing
         grpc_stopped = None
         # Peers' streams to us never end by themselves: end them, or the grace period
         # would always run out waiting for them.

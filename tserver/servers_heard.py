@@ -12,6 +12,12 @@ peers (``TabletServer._ask_peers``); if one has heard from it, it ran before, an
 replicas open FAILED and are repaired by tablet copy (which gives them the leader's term
 and a vote in it) instead of being made afresh as voters that forgot their votes.
 
+A follower hears only from leaders and candidates, so one server's record may lack a peer
+that only ever followed: when the leader that heard it is down, the others could not tell.
+So every ``SHARE_INTERVAL_S`` each server also takes in its peers' records
+(``TabletServer._share_servers_heard``): the record says which servers ran, heard from
+directly or through a peer.
+
 The set only grows, and is written once per peer over the data directory's life, so what a
 message costs is one set lookup.  A write that fails is logged and not retried until the
 next start: the record is a safeguard for the peers' sake, and a disk that cannot write it
@@ -28,11 +34,13 @@ from pathlib import Path
 
 from raftlet.consensus.log.segment import replace_durably
 
-__all__ = ["SERVERS_HEARD_FILE", "ServersHeard"]
+__all__ = ["SERVERS_HEARD_FILE", "SHARE_INTERVAL_S", "ServersHeard"]
 
 logger = logging.getLogger(__name__)
 
 SERVERS_HEARD_FILE = "servers_heard.json"
+# How often a server takes in its peers' records.
+SHARE_INTERVAL_S = 10.0
 
 
 class ServersHeard:
@@ -55,23 +63,27 @@ class ServersHeard:
     def note(self, server_id: str) -> None:
         """``server_id`` spoke to a replica here: on disk before this returns, the first
         time."""
-        if server_id in self._heard or server_id not in self._peers:
-            return
+        if server_id not in self._heard and server_id in self._peers:
+            self.note_all((server_id,))
+
+    def note_all(self, servers: Iterable[str]) -> None:
+        """Add ``servers`` (a peer's record, say): on disk before this returns."""
         with self._lock:
-            if server_id in self._heard:
+            new = (set(servers) & self._peers) - self._heard
+            if not new:
                 return
-            heard = self._heard | {server_id}
+            heard = self._heard | new
             doc = {"servers": sorted(heard)}
             try:
                 replace_durably(self._path, json.dumps(doc) + "\n")
             except OSError as exc:
+                names = ", ".join(sorted(new))
                 logger.warning(
-                    "%s: not recorded that %s was heard from (%s); a wiped data directory "
-                    "on %s is not recognised until it is",
+                    "%s: not recorded that %s ran (%s); a wiped data directory there is not "
+                    "recognised by this server until it is",
                     self._path,
-                    server_id,
+                    names,
                     exc,
-                    server_id,
                 )
             self._heard = heard
 

@@ -273,6 +273,39 @@ def test_a_wiped_data_directory_is_no_new_server_its_replicas_are_copied_back(
         assert _log_mentions(victim, "Traceback") == 0
 
 
+def test_a_wiped_follower_is_known_to_the_other_while_the_leader_is_down(
+    tmp_path: Path,
+) -> None:
+    """A follower hears only from leaders and candidates, so the one server that heard the
+    wiped follower may be the leader -- down when it comes back. The other follower took in
+    the leader's record meanwhile (every 10 s), so the wiped one still opens FAILED: the
+    tablet waits for its leader (one follower and a FAILED replica are no majority) instead
+    of electing on a forgotten vote, and is whole again once the leader is back."""
+    with running_cluster(tmp_path, partitions=1, flags=NO_REPAIR) as cluster:
+        (tablet,) = cluster.tablet_ids()
+        cluster.wait_leaders()
+        rows = _populate(cluster)
+        leader = cluster.leader_of(tablet)
+        other, wiped = (s for s in cluster.servers.values() if s is not leader)
+
+        def heard_by(server: Server) -> list[str]:
+            listed = server.tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=5)
+            return list(listed.servers_heard_from)
+
+        wait_for(lambda: wiped.id in heard_by(other), 60, f"{other.id} to know {wiped.id} ran")
+        leader.kill()
+        assert wiped.terminate() == 0
+        shutil.rmtree(wiped.config.data_dir)
+        wiped.start()
+        _assert_failed_with(wiped, tablet, "holds no replica (wiped or lost)")
+        assert _log_mentions(wiped, f"yet {other.id} heard from this server before") == 1
+
+        leader.start()
+        assert wiped.terminate() == 0
+        wiped.start(["--tablet_copy_repair_interval_s", "1"])
+        cluster.wait_converged(tablet, rows[tablet], timeout=120)
+
+
 def test_a_server_started_late_in_a_new_cluster_makes_its_replicas(tmp_path: Path) -> None:
     """The other side of the wiped data directory: a server whose first start comes after
     its peers elected leaders and took writes is new -- none of them heard from it -- so it

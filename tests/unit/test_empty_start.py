@@ -46,6 +46,21 @@ def test_the_record_only_grows_across_restarts(tmp_path: Path) -> None:
     assert _loaded(tmp_path).heard == {"ts2", "ts3"}
 
 
+def test_a_peers_record_is_taken_in_whole_less_what_is_no_peer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the leader heard (the other follower, say) is taken in by a follower that never
+    hears from that follower itself; its own name and unknown names are left out."""
+    record = _loaded(tmp_path)
+    record.note_all(["ts3", "ts1", "ts9"])  # ts1: this server itself (no peer of its own)
+    assert _loaded(tmp_path).heard == {"ts3"}
+    monkeypatch.setattr(
+        servers_heard, "replace_durably", lambda *_a: pytest.fail("wrote the record again")
+    )
+    record.note_all(["ts3"])
+    record.note_all([])
+
+
 def test_a_record_that_cannot_be_read_starts_empty_and_is_written_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -67,7 +82,7 @@ def test_a_record_that_cannot_be_written_is_logged_and_the_peer_still_served(
     record = _loaded(tmp_path / "gone")  # its directory does not exist: the write fails
     with caplog.at_level(logging.WARNING):
         record.note("ts2")
-    assert "not recorded that ts2 was heard from" in caplog.text
+    assert "not recorded that ts2 ran" in caplog.text
     assert record.heard == {"ts2"}  # not tried again for every message
 
 
