@@ -533,10 +533,13 @@ class LocalCluster:
         # exist (two such servers formed groups of their own).
         holding = [s for s in self.config.servers if _holds_data(s.data_dir)]
         added = [s for s in self.config.servers if s not in holding]
+        # A new cluster's servers start together and answer nobody until each has made its
+        # replicas: each would wait out --empty_dir_wait_s for the others, to no purpose.
+        new = [] if holding else ["--empty_dir_wait_s=0"]
         for wave in (holding, added) if holding else (added,):
             for s in wave:
                 # The caller's flags last: argparse keeps the last value, so they win.
-                self._spawn(s, [*self.tls_flags(s.id), *flags])
+                self._spawn(s, [*self.tls_flags(s.id), *new, *flags])
             for s in wave:
                 self._wait_ready(s.id, ready_timeout_s)
                 token = f", token port {s.token_rpc_addr}" if s.token_rpc_addr else ""

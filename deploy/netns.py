@@ -460,7 +460,9 @@ class NetnsCluster:
             "ip", "netns", "exec", host.netns,
             self.python, "-c", _PDEATHSIG_SHIM, str(os.getpid()),
             self.python, "-m", "raftlet", "tserver",
-            "--config", str(self.path), "--server_id", host.server_id, *self.flags,
+            "--config", str(self.path), "--server_id", host.server_id,
+            # A new cluster at every start, whose servers start together (see cluster up).
+            "--empty_dir_wait_s=0", *self.flags,
             # A private test network in namespaces of our own: plaintext is deliberate.
             "--insecure",
         ]  # fmt: skip

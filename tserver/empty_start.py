@@ -3,25 +3,33 @@
 An empty data directory is a new server -- started for the first time, or added to the
 cluster config -- or one whose directory was wiped or replaced while it was a member of
 tablet groups.  The server cannot tell which by itself, so it asks every peer's
-``ListTablets`` once, briefly (a peer that does not answer tells nothing):
+``ListTablets`` (``gather_answers``), again every second until every peer answered, one
+says the server ran before, or ``--empty_dir_wait_s`` (30 s) ran out -- a wiped server
+booted before its peers (a power cut, say) would otherwise take itself for a new one:
 
 - a group that runs without this server (its membership leaves it out) is not joined: a
   server added to a running cluster gets replicas by ``move-replica`` or ``add-replica``;
 - a peer that has heard from this server before (``servers_heard_from``,
   ``tserver.servers_heard``) means it ran, and may have voted and acknowledged entries it
   no longer holds: its replicas open FAILED, to be repaired by tablet copy, and none is
-  made afresh.
+  made afresh;
+- no answer at all within the wait: taken for a new server (the first start of a new
+  cluster looks just so), with a WARNING that says what it could not check.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from raftlet.proto import tablet_pb2
 
-__all__ = ["NO_PEERS", "PeersView", "read_peers"]
+__all__ = ["NO_PEERS", "PeersView", "gather_answers", "read_peers"]
+
+# How long to wait between two rounds of asking the peers that did not answer.
+_ASK_AGAIN_S = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -71,3 +79,49 @@ def read_peers(
             tid,
         )
     return PeersView(frozenset(without_me), frozenset(with_me), frozenset(heard_by))
+
+
+def gather_answers(
+    server_id: str,
+    peers: Collection[str],
+    ask: Callable[[Collection[str]], Mapping[str, tablet_pb2.ListTabletsResponse]],
+    wait_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[tablet_pb2.ListTabletsResponse]:
+    """The ``ListTablets`` answers of ``peers`` to an empty ``server_id``: ``ask(ids)``
+    answers those of ``ids`` that answered, and is asked again, for the rest, every second
+    until all answered, one says ``server_id`` ran (that decides it), or ``wait_s`` ran
+    out."""
+    deadline = clock() + wait_s
+    answers: dict[str, tablet_pb2.ListTabletsResponse] = {}
+    waiting_said = False
+    while True:
+        answers.update(ask([p for p in peers if p not in answers]))
+        missing = sorted(p for p in peers if p not in answers)
+        if not missing or any(server_id in a.servers_heard_from for a in answers.values()):
+            break
+        left = deadline - clock()
+        if left <= 0:
+            break
+        if not waiting_said:
+            logger.warning(
+                "the data directory is empty: waiting up to %.0f s for %s to answer, which "
+                "tell a new server from one whose data directory was wiped",
+                left,
+                ", ".join(missing),
+            )
+            waiting_said = True
+        sleep(min(_ASK_AGAIN_S, left))
+    if peers and not answers and wait_s > 0:  # 0: the caller knows it makes a new cluster
+        logger.warning(
+            "the data directory is empty and none of %s answered within %g s: taken for a "
+            "new server, and its replicas are made afresh. If this server's data directory "
+            "was wiped or replaced while it was a member, stop it now: its replicas would "
+            "be voters that forgot their votes and the entries they acknowledged; start it "
+            "again once a peer runs",
+            ", ".join(sorted(peers)),
+            wait_s,
+        )
+    return list(answers.values())

@@ -45,7 +45,7 @@ import logging
 import shutil
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ from raftlet.tserver.cert_check import check_server_tls
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
-from raftlet.tserver.empty_start import NO_PEERS, PeersView, read_peers
+from raftlet.tserver.empty_start import NO_PEERS, PeersView, gather_answers, read_peers
 from raftlet.tserver.errors import (
     FilesNotRemovable,
     InvalidRequest,
@@ -559,21 +559,28 @@ class TabletServer:
     def _ask_peers(self) -> PeersView:
         """What the other servers of the config say of this one's groups
         (``tserver.empty_start``)."""
+        peers = [sid for sid in self.config.server_ids if sid != self.server_id]
+        answers = gather_answers(
+            self.server_id, peers, self._peer_listings, self.settings.empty_dir_wait_s
+        )
         placed = (p.tablet_id for p in self.settings.placements())
-        return read_peers(self.server_id, placed, self._peer_listings())
+        return read_peers(self.server_id, placed, answers)
 
-    def _peer_listings(self) -> list[tablet_pb2.ListTabletsResponse]:
-        """Every peer's ``ListTablets``, asked of all at once, briefly; a peer that does not
-        answer tells nothing."""
-        calls = [
-            self.channels.stub(self.settings.peer_addr(sid)).list_tablets_future(_ASK_PEERS_S)
-            for sid in self.config.server_ids
-            if sid != self.server_id
-        ]
-        answers = []
-        for call in calls:
+    def _peer_listings(
+        self, peers: Collection[str] | None = None
+    ) -> dict[str, tablet_pb2.ListTabletsResponse]:
+        """``ListTablets`` of ``peers`` (default: every other server), asked of all at once,
+        briefly; a peer that does not answer (down, busy) is left out."""
+        if peers is None:
+            peers = [sid for sid in self.config.server_ids if sid != self.server_id]
+        calls = {
+            sid: self.channels.stub(self.settings.peer_addr(sid)).list_tablets_future(_ASK_PEERS_S)
+            for sid in peers
+        }
+        answers = {}
+        for sid, call in calls.items():
             try:
-                answers.append(call.result())
+                answers[sid] = call.result()
             except grpc.RpcError:
                 continue
         return answers
@@ -585,7 +592,7 @@ class TabletServer:
             await asyncio.sleep(SHARE_INTERVAL_S)
             try:
                 listings = await asyncio.to_thread(self._peer_listings)
-                for listed in listings:
+                for listed in listings.values():
                     await asyncio.to_thread(self.servers_heard.note_all, listed.servers_heard_from)
             except Exception:  # the next pass asks again; a server is not stopped for this
                 logger.exception("taking in the peers' records of servers heard from")

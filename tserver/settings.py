@@ -131,6 +131,7 @@ class ServerSettings:
     tablet_copy_chunk_bytes: int = MiB
     tablet_copy_session_timeout_s: float = 60.0
     tablet_copy_repair_interval_s: float = 10.0
+    empty_dir_wait_s: float = 30.0
     lock_contention_trace_threshold_ms: float = 100.0
     max_message_bytes: int = 16 * MiB
     max_batch_rows: int = 10_000
@@ -496,6 +497,18 @@ FLAGS: tuple[FlagSpec, ...] = (
         "store). Default: the server's data_dir in --config. Relative to the working "
         "directory. Must survive restarts: it is what a restarted server recovers from.",
         convert=str, sensitive=True,
+    ),
+    FlagSpec(
+        "empty_dir_wait_s", _CLUSTER, "S",
+        f"How long a server whose data directory is empty waits for the other servers to "
+        f"answer before it takes itself for a new server and makes its replicas (default "
+        f"{_D('empty_dir_wait_s'):g}; 0 to 3600). Its peers tell a wiped server (a replaced "
+        f"disk) from a new one: a wiped one's replicas open FAILED and are copied back, where "
+        f"made afresh they would be voters that forgot their votes. The wait ends as soon as "
+        f"every peer answered or one says the server ran before, so the servers of a new "
+        f"cluster, which answer nobody until they decide, each wait it out on their first "
+        f"start ('raftlet cluster up' passes 0 when it makes a new cluster).",
+        convert=float_value, check=at_least(0, 3600),
     ),
     FlagSpec(
         "rpc_addr", _CLUSTER, "HOST:PORT",

@@ -306,6 +306,40 @@ def test_a_wiped_follower_is_known_to_the_other_while_the_leader_is_down(
         cluster.wait_converged(tablet, rows[tablet], timeout=120)
 
 
+def test_a_wiped_server_that_boots_before_its_peers_waits_for_them(tmp_path: Path) -> None:
+    """A power cut, one disk replaced, and the wiped server boots first: it asked peers that
+    were not up yet, took itself for a new server and made its replicas afresh -- voters
+    that forgot their votes, which elected an empty leader with a lagging peer and lost
+    every acknowledged row. It waits for its peers now (``--empty_dir_wait_s``)."""
+    with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
+        cluster.wait_leaders()
+        rows = _populate(cluster)
+        for s in cluster.servers.values():
+            assert s.terminate() == 0
+        wiped, *others = cluster.servers.values()
+        shutil.rmtree(wiped.config.data_dir)
+
+        booting = threading.Thread(target=wiped.start, args=(["--empty_dir_wait_s=60"],))
+        booting.start()
+        wait_for(
+            lambda: _log_mentions(wiped, "the data directory is empty: waiting up to") == 1,
+            60,
+            f"{wiped.id} waiting for its peers",
+        )
+        for s in others:
+            s.start()
+        booting.join(60)
+        assert wiped.alive
+        for tablet in rows:
+            _assert_failed_with(wiped, tablet, "holds no replica (wiped or lost)")
+        assert _log_mentions(wiped, "it was wiped or replaced, this is no new server") == 1
+
+        assert wiped.terminate() == 0
+        wiped.start(["--tablet_copy_repair_interval_s", "1"])
+        for tablet, expected in rows.items():
+            cluster.wait_converged(tablet, expected, timeout=120)
+
+
 def test_a_server_started_late_in_a_new_cluster_makes_its_replicas(tmp_path: Path) -> None:
     """The other side of the wiped data directory: a server whose first start comes after
     its peers elected leaders and took writes is new -- none of them heard from it -- so it

@@ -33,7 +33,7 @@ def _start(config: Path, server_id: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "raftlet", "tserver", "--config", str(config),
-             "--server_id", server_id],
+             "--server_id", server_id, "--empty_dir_wait_s=0"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=err,
         )  # fmt: skip
 

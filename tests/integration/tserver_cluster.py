@@ -137,7 +137,14 @@ class Server:
 
     def start(self, extra_flags: Sequence[str] = ()) -> None:
         assert self.proc is None or self.proc.poll() is not None
-        flags = [*self.cluster.flags, *self.cluster.server_flags.get(self.id, ()), *extra_flags]
+        # The servers of a new cluster start one by one here: the first would wait out
+        # --empty_dir_wait_s for peers not yet started. A test that wants the wait says so.
+        flags = [
+            "--empty_dir_wait_s=0",
+            *self.cluster.flags,
+            *self.cluster.server_flags.get(self.id, ()),
+            *extra_flags,
+        ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
             [
@@ -269,7 +276,10 @@ def tserver_that_exits(cluster: TserverCluster, *flags: str) -> tuple[int | None
     on its own: its exit code (None if it had to be killed after ``START_TIMEOUT_S``),
     stdout and stderr."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raftlet", "tserver", "--config", str(cluster.path), *flags],
+        [
+            *(sys.executable, "-m", "raftlet", "tserver", "--config", str(cluster.path)),
+            *("--empty_dir_wait_s=0", *flags),
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

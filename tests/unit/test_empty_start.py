@@ -5,13 +5,14 @@ heard from (``tserver.servers_heard``), and what the server reads from their ans
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
 from raftlet.proto import tablet_pb2
 from raftlet.tserver import servers_heard
-from raftlet.tserver.empty_start import read_peers
+from raftlet.tserver.empty_start import gather_answers, read_peers
 from raftlet.tserver.servers_heard import SERVERS_HEARD_FILE, ServersHeard
 
 
@@ -142,3 +143,72 @@ def test_a_group_any_peer_lists_without_the_server_is_not_joined(
     assert view.with_me == frozenset()  # kv-p9 is not one of its groups either
     assert "tablet kv-p0: placed here, but its group runs on other servers" in caplog.text
     assert "kv-p9" not in caplog.text
+
+
+class _Peers:
+    """Peers that start answering at given times of a fake clock."""
+
+    def __init__(self, answers_from: dict[str, tuple[float, tuple[str, ...]]]) -> None:
+        self.now = 0.0
+        self.asked: list[tuple[float, list[str]]] = []
+        self._from = answers_from  # id -> (time it starts answering, the servers it heard)
+
+    def ask(self, ids: Collection[str]) -> dict[str, tablet_pb2.ListTabletsResponse]:
+        self.asked.append((self.now, sorted(ids)))
+        return {
+            sid: _listing(sid, heard)
+            for sid, (since, heard) in self._from.items()
+            if sid in ids and self.now >= since
+        }
+
+    def sleep(self, seconds: float) -> None:
+        assert 0 < seconds <= 1.0
+        self.now += seconds
+
+
+def _gather(peers: _Peers, wait_s: float) -> list[str]:
+    answers = gather_answers(
+        "ts1", ["ts2", "ts3"], peers.ask, wait_s, clock=lambda: peers.now, sleep=peers.sleep
+    )
+    return sorted(a.server_uuid for a in answers)
+
+
+def test_every_peer_answering_at_once_ends_the_wait_at_once() -> None:
+    peers = _Peers({"ts2": (0, ()), "ts3": (0, ())})
+    assert _gather(peers, 30) == ["ts2", "ts3"]
+    assert peers.asked == [(0, ["ts2", "ts3"])]
+
+
+def test_a_peer_that_heard_from_the_server_decides_it_without_the_others() -> None:
+    peers = _Peers({"ts2": (3, ("ts1",))})  # ts3 never answers
+    assert _gather(peers, 30) == ["ts2"]
+    assert peers.now == 3  # asked once a second until ts2 answered, then no more
+
+
+def test_peers_that_boot_late_are_waited_for_and_only_the_missing_asked_again() -> None:
+    """A power cut: the wiped server boots first, its peers some seconds later."""
+    peers = _Peers({"ts2": (4, ()), "ts3": (7, ())})
+    assert _gather(peers, 30) == ["ts2", "ts3"]
+    assert peers.now == 7
+    assert peers.asked[5] == (5, ["ts3"])
+
+
+def test_no_answer_within_the_wait_is_a_new_server_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    peers = _Peers({})
+    with caplog.at_level(logging.WARNING):
+        assert _gather(peers, 5) == []
+    assert peers.now == 5
+    assert "waiting up to 5 s for ts2, ts3 to answer" in caplog.text
+    assert "none of ts2, ts3 answered within 5 s: taken for a new server" in caplog.text
+    assert "stop it now" in caplog.text
+
+
+def test_no_wait_asks_once_and_warns_of_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """0: the caller makes a new cluster whose servers start one at a time."""
+    peers = _Peers({})
+    with caplog.at_level(logging.WARNING):
+        assert _gather(peers, 0) == []
+    assert peers.asked == [(0, ["ts2", "ts3"])]
+    assert caplog.text == ""
