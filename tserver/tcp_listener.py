@@ -26,6 +26,7 @@ import random
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,6 +104,13 @@ def _keep_alive(conn: socket.socket) -> None:
                 conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
+# accept() errors that are the process's, not the connection's: each try fails alike until
+# something is freed, so the acceptor waits between tries.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_RETRY_S = 0.5
+_RESOURCE_ERROR_LOG_S = 60.0
+
+
 class TcpListener:
     def __init__(
         self,
@@ -124,6 +132,8 @@ class TcpListener:
         self._links: set[FrameLink] = set()
         self._handshaking: set[ssl.SSLSocket] = set()  # accepted, not yet admitted (TLS)
         self._closed = False
+        self._closing = threading.Event()  # wakes an acceptor waiting out a resource error
+        self._next_resource_error_log = 0.0
         self._acceptor = threading.Thread(
             target=self._accept, name=f"{what}-tcp:{self.port}", daemon=True
         )
@@ -135,10 +145,13 @@ class TcpListener:
         while True:
             try:
                 conn, peer = self._sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._closed:
                     return
-                logger.exception("%s tcp: accept failed", self.what)
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._wait_out(exc)
+                else:
+                    logger.exception("%s tcp: accept failed", self.what)
                 continue
             where = f"[{peer[0]}]" if ":" in peer[0] else peer[0]  # an IPv6 peer, as in URLs
             name = f"{self.what} from {where}:{peer[1]}#{next(_connections)}"
@@ -204,6 +217,22 @@ class TcpListener:
         with self._lock:
             self._links.discard(link)
 
+    def _wait_out(self, exc: OSError) -> None:
+        """Out of file descriptors (or memory), the connection stays queued and ``accept``
+        fails again at once: it spun a core and logged a traceback per try. Wait a little
+        before the next try, and say so once a minute."""
+        now = time.monotonic()
+        if now >= self._next_resource_error_log:
+            self._next_resource_error_log = now + _RESOURCE_ERROR_LOG_S
+            logger.error(
+                "%s tcp: cannot accept connections (%s); retrying every %g s. Out of file "
+                "descriptors? The server's limit is `ulimit -n` (LimitNOFILE in systemd)",
+                self.what,
+                exc.strerror or exc,
+                _ACCEPT_RETRY_S,
+            )
+        self._closing.wait(_ACCEPT_RETRY_S)
+
     def connections(self) -> float:
         with self._lock:
             return float(len(self._links))
@@ -214,6 +243,7 @@ class TcpListener:
             self._closed = True
             links = list(self._links)
             handshaking = list(self._handshaking)
+        self._closing.set()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept
         for tls in handshaking:  # their handshakes fail at once; their threads end
