@@ -13,8 +13,16 @@ booted before its peers (a power cut, say) would otherwise take itself for a new
   ``tserver.servers_heard``) means it ran, and may have voted and acknowledged entries it
   no longer holds: its replicas open FAILED, to be repaired by tablet copy, and none is
   made afresh;
-- no answer at all within the wait: taken for a new server (the first start of a new
-  cluster looks just so), with a WARNING that says what it could not check.
+- some peers answered and none heard from it: a new server (a WARNING names those that
+  did not answer; the others took in their records every 10 s, so they knew what those
+  heard unless they had been down together);
+- no answer at all within the wait: nothing is decided, and nothing made. The server
+  serves with no replica of its own and asks again every second until a peer answers
+  (``TabletServer._decide_when_a_peer_answers``), then decides as above. Taking itself
+  for new there once lost every acknowledged row (a wiped server booted before its peers,
+  made voters that forgot their votes, and elected an empty leader with a lagging peer);
+  and a new cluster whose servers all start together still starts: each waits out the
+  wait, serves, and then hears the others.
 """
 
 from __future__ import annotations
@@ -22,9 +30,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from raftlet.proto import tablet_pb2
+from raftlet.proto import consensus_pb2, tablet_pb2
 
 __all__ = ["NO_PEERS", "PeersView", "gather_answers", "read_peers"]
 
@@ -44,6 +52,9 @@ class PeersView:
     with_me: frozenset[str] = frozenset()
     # Peers that heard from this server before: it is not new, its data directory was wiped.
     heard_by: frozenset[str] = frozenset()
+    # The voters of each group in ``with_me`` as a peer listed them (a leader's first):
+    # where a FAILED replica of a group moved off its placement finds a copy.
+    voters: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 # Nobody asked: a server with replicas, or a record of those it hosts.
@@ -58,6 +69,7 @@ def read_peers(
     without_me: set[str] = set()
     with_me: set[str] = set()
     heard_by: set[str] = set()
+    voters: dict[str, tuple[str, ...]] = {}
     for listed in answers:
         if server_id in listed.servers_heard_from:
             heard_by.add(listed.server_uuid)
@@ -65,6 +77,8 @@ def read_peers(
             members = {*t.voters, *t.learners}
             if server_id in members:
                 with_me.add(t.tablet_id)
+                if t.tablet_id not in voters or t.role == consensus_pb2.LEADER:
+                    voters[t.tablet_id] = tuple(t.voters)
             elif members:
                 without_me.add(t.tablet_id)
     # One peer that says the group runs without this server is enough (another may lag
@@ -78,7 +92,12 @@ def read_peers(
             "move-replica` or `add-replica`)",
             tid,
         )
-    return PeersView(frozenset(without_me), frozenset(with_me), frozenset(heard_by))
+    return PeersView(
+        frozenset(without_me),
+        frozenset(with_me),
+        frozenset(heard_by),
+        {tid: v for tid, v in voters.items() if tid in with_me},
+    )
 
 
 def gather_answers(
@@ -93,7 +112,7 @@ def gather_answers(
     """The ``ListTablets`` answers of ``peers`` to an empty ``server_id``: ``ask(ids)``
     answers those of ``ids`` that answered, and is asked again, for the rest, every second
     until all answered, one says ``server_id`` ran (that decides it), or ``wait_s`` ran
-    out."""
+    out; a WARNING names the peers that did not answer."""
     deadline = clock() + wait_s
     answers: dict[str, tablet_pb2.ListTabletsResponse] = {}
     waiting_said = False
@@ -114,14 +133,23 @@ def gather_answers(
             )
             waiting_said = True
         sleep(min(_ASK_AGAIN_S, left))
-    if peers and not answers and wait_s > 0:  # 0: the caller knows it makes a new cluster
-        logger.warning(
-            "the data directory is empty and none of %s answered within %g s: taken for a "
-            "new server, and its replicas are made afresh. If this server's data directory "
-            "was wiped or replaced while it was a member, stop it now: its replicas would "
-            "be voters that forgot their votes and the entries they acknowledged; start it "
-            "again once a peer runs",
-            ", ".join(sorted(peers)),
-            wait_s,
-        )
+    missing = sorted(p for p in peers if p not in answers)
+    heard = any(server_id in a.servers_heard_from for a in answers.values())
+    if missing and wait_s > 0 and not heard:  # 0: the caller knows it makes a new cluster
+        if answers:
+            logger.warning(
+                "%s did not answer within %g s: this server is taken for a new one on the "
+                "word of %s, which never heard from it (nor from a peer that did)",
+                ", ".join(missing),
+                wait_s,
+                ", ".join(sorted(answers)),
+            )
+        else:
+            logger.warning(
+                "none of %s answered within %g s: no replica is made until one does -- "
+                "whether this server is new or its data directory was wiped is theirs to "
+                "tell; it serves meanwhile, and asks again every second",
+                ", ".join(missing),
+                wait_s,
+            )
     return list(answers.values())

@@ -311,6 +311,8 @@ class TabletServer:
             s.data_dir, (sid for sid in self.config.server_ids if sid != s.server_id)
         )
         self._sharing: asyncio.Future[None] | None = None
+        # Opens the replicas once a peer answers, if none did at start (_ask_peers).
+        self._deciding: asyncio.Future[None] | None = None
 
     def _pool(self, name: str, threads: int, queue_length: int) -> ServicePool:
         service = _POOL_SERVICES[name]
@@ -434,26 +436,11 @@ class TabletServer:
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
         record = HostedTablets.load(s.data_dir)
-        peers = NO_PEERS
+        peers: PeersView | None = NO_PEERS
         if record.hosted is None and not self._replica_dirs():
             peers = await asyncio.to_thread(self._ask_peers)
-        with self._replicas_lock:
-            opening = self._tablets_to_open(record, known_tables, peers)
-            # Two steps (``tserver.hosted_tablets``): the replicas to make are recorded as
-            # being made, and as hosted once made -- before this server serves anything,
-            # so one killed in between has voted for and acknowledged nothing.
-            self._placed = frozenset(p.tablet_id for p in s.placements())
-            self._hosted = {p.tablet_id for p, must_exist in opening if must_exist}
-            self._record_hosted(self._hosted, {p.tablet_id for p, m in opening if not m})
-            record_table_layout(s.data_dir, s.config.tables)
-            for placement, must_exist in opening:
-                register_tablet_gauges(
-                    self._tablet_entity(placement),
-                    functools.partial(self.hosted, placement.tablet_id),
-                )
-                self._place(placement.tablet_id, self._open(placement, must_exist=must_exist))
-            self._record_hosted({p.tablet_id for p, _ in opening})
-            self._check_members_listed()
+        if peers is not None:
+            self._open_replicas(record, known_tables, peers)
         for pool in self.pools.values():
             pool.start()
         # Authentication first: an unauthenticated caller learns nothing, not even that its
@@ -515,6 +502,10 @@ class TabletServer:
         self.ticker.start()
         self.copier.start()
         self._sharing = asyncio.ensure_future(self._share_servers_heard())
+        if peers is None:
+            self._deciding = asyncio.ensure_future(
+                self._decide_when_a_peer_answers(record, known_tables)
+            )
         if s.store_verify_interval_s > 0:
             self._verifier = StoreVerifier(
                 lambda: list(self.replicas.values()), s.store_verify_interval_s
@@ -556,15 +547,67 @@ class TabletServer:
             if (c / CONSENSUS_META_FILE).is_file() or (c / TOMBSTONE_FILE).is_file()
         }
 
-    def _ask_peers(self) -> PeersView:
+    def _ask_peers(self) -> PeersView | None:
         """What the other servers of the config say of this one's groups
-        (``tserver.empty_start``)."""
+        (``tserver.empty_start``); None if none answered within ``--empty_dir_wait_s``."""
         peers = [sid for sid in self.config.server_ids if sid != self.server_id]
-        answers = gather_answers(
-            self.server_id, peers, self._peer_listings, self.settings.empty_dir_wait_s
-        )
+        wait_s = self.settings.empty_dir_wait_s
+        answers = gather_answers(self.server_id, peers, self._peer_listings, wait_s)
+        if peers and not answers and wait_s > 0:
+            return None
         placed = (p.tablet_id for p in self.settings.placements())
         return read_peers(self.server_id, placed, answers)
+
+    async def _decide_when_a_peer_answers(
+        self, record: HostedTablets, known_tables: frozenset[str]
+    ) -> None:
+        """An empty data directory no peer answered for: ask again every second, serving
+        meanwhile (so that the servers of a new cluster started together hear each other),
+        and open the replicas as the first answers say (``tserver.empty_start``)."""
+        placed = [p.tablet_id for p in self.settings.placements()]
+        while True:
+            await asyncio.sleep(1.0)
+            answers = await asyncio.to_thread(self._peer_listings)
+            if answers:
+                break
+        peers = read_peers(self.server_id, placed, answers.values())
+        logger.info("%s answered: the replicas of this server are opened", ", ".join(answers))
+        try:
+            await asyncio.to_thread(self._open_replicas, record, known_tables, peers, True)
+        except Exception:
+            logger.exception("opening the replicas once a peer answered failed")
+
+    def _open_replicas(
+        self,
+        record: HostedTablets,
+        known_tables: frozenset[str],
+        peers: PeersView,
+        start: bool = False,
+    ) -> None:
+        """Open this server's replicas (``_tablets_to_open``), and ``start`` them (a server
+        that already serves)."""
+        s = self.settings
+        with self._replicas_lock:
+            opening = self._tablets_to_open(record, known_tables, peers)
+            # Two steps (``tserver.hosted_tablets``): the replicas to make are recorded as
+            # being made, and as hosted once made -- before this server serves anything,
+            # so one killed in between has voted for and acknowledged nothing.
+            self._placed = frozenset(p.tablet_id for p in s.placements())
+            self._hosted = {p.tablet_id for p, must_exist in opening if must_exist}
+            self._record_hosted(self._hosted, {p.tablet_id for p, m in opening if not m})
+            record_table_layout(s.data_dir, s.config.tables)
+            for placement, must_exist in opening:
+                register_tablet_gauges(
+                    self._tablet_entity(placement),
+                    functools.partial(self.hosted, placement.tablet_id),
+                )
+                tid = placement.tablet_id
+                replica = self._open(placement, must_exist=must_exist, voters=peers.voters.get(tid))
+                if start and isinstance(replica, TabletReplica):
+                    replica.start()
+                self._place(tid, replica)
+            self._record_hosted({p.tablet_id for p, _ in opening})
+            self._check_members_listed()
 
     def _peer_listings(
         self, peers: Collection[str] | None = None
@@ -898,12 +941,17 @@ class TabletServer:
         )
 
     def _open(
-        self, placement: TabletPlacement, *, must_exist: bool = True
+        self,
+        placement: TabletPlacement,
+        *,
+        must_exist: bool = True,
+        voters: tuple[str, ...] | None = None,
     ) -> TabletReplica | FailedTablet:
         """This server's replica of ``placement``'s tablet from its directory (its metadata's
         membership stands once it exists), or FAILED; not started.  Created afresh only
         when not ``must_exist``: a hosted replica whose directory is gone is FAILED, for a
-        tablet copy to repair (``tserver.hosted_tablets``)."""
+        tablet copy to repair (``tserver.hosted_tablets``) from ``voters`` (default: the
+        placement's)."""
         return open_or_fail(
             functools.partial(
                 self._new_replica, placement, placement.replicas, (), create=not must_exist
@@ -911,7 +959,7 @@ class TabletServer:
             tablet_id=placement.tablet_id,
             table=placement.table,
             partition=placement.partition,
-            voters=tuple(placement.replicas),
+            voters=voters or tuple(placement.replicas),
             directory=self.settings.data_dir / placement.tablet_id,
         )
 
@@ -992,10 +1040,11 @@ class TabletServer:
         elsewhere (with the same request id) instead of seeing their calls cancelled."""
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
-        if self._sharing is not None:
-            self._sharing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sharing
+        for task in (self._sharing, self._deciding):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         grpc_stopped = None
         # Peers' streams to us never end by themselves: end them, or the grace period
         # would always run out waiting for them.

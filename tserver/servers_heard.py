@@ -19,9 +19,11 @@ So every ``SHARE_INTERVAL_S`` each server also takes in its peers' records
 directly or through a peer.
 
 The set only grows, and is written once per peer over the data directory's life, so what a
-message costs is one set lookup.  A write that fails is logged and not retried until the
-next start: the record is a safeguard for the peers' sake, and a disk that cannot write it
-fails the replicas' logs as well.
+message costs is one set lookup; that one write (an fsync) happens on whichever thread
+received the message, the gRPC stream's event loop among them.  A write that fails is
+logged, and the peer counts as recorded (in memory, and in ``ListTablets``) until the next
+start, which writes it again: the record is a safeguard for the peers' sake, and a disk
+that cannot write it fails the replicas' logs as well.
 """
 
 from __future__ import annotations
@@ -62,12 +64,13 @@ class ServersHeard:
 
     def note(self, server_id: str) -> None:
         """``server_id`` spoke to a replica here: on disk before this returns, the first
-        time."""
+        time (unless the write fails: see the module docstring)."""
         if server_id not in self._heard and server_id in self._peers:
             self.note_all((server_id,))
 
     def note_all(self, servers: Iterable[str]) -> None:
-        """Add ``servers`` (a peer's record, say): on disk before this returns."""
+        """Add ``servers`` (a peer's record, say): on disk before this returns (unless the
+        write fails)."""
         with self._lock:
             new = (set(servers) & self._peers) - self._heard
             if not new:

@@ -277,7 +277,7 @@ def test_replace_a_permanently_killed_server(
     # no group now, so it hosts nothing -- no replica made afresh, none FAILED.
     back = four.servers[dead]
     shutil.rmtree(back.config.data_dir)
-    back.start()
+    back.start(["--empty_dir_wait_s=30"])  # ends as soon as the peers answer
     assert back.list_tablets() == {}
     assert "is a member of no tablet group now" in back.log_path.read_text(errors="replace")
 

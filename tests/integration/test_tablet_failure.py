@@ -243,7 +243,7 @@ def test_a_wiped_data_directory_is_no_new_server_its_replicas_are_copied_back(
         assert victim.terminate() == 0
         shutil.rmtree(victim.config.data_dir)
 
-        victim.start()
+        victim.start(["--empty_dir_wait_s=30"])  # ends as soon as a peer answers
         for tablet in rows:
             _assert_failed_with(victim, tablet, "holds no replica (wiped or lost)")
             assert not (victim.config.data_dir / tablet).exists()  # not started afresh
@@ -281,12 +281,17 @@ def test_a_wiped_follower_is_known_to_the_other_while_the_leader_is_down(
     the leader's record meanwhile (every 10 s), so the wiped one still opens FAILED: the
     tablet waits for its leader (one follower and a FAILED replica are no majority) instead
     of electing on a forgotten vote, and is whole again once the leader is back."""
-    with running_cluster(tmp_path, partitions=1, flags=NO_REPAIR) as cluster:
+    cluster = TserverCluster(tmp_path, partitions=1, flags=NO_REPAIR)
+    try:
+        # The last server starts under a leader, so it only ever answers that leader.
+        *first, wiped = cluster.servers.values()
+        for s in first:
+            s.start()
         (tablet,) = cluster.tablet_ids()
-        cluster.wait_leaders()
-        rows = _populate(cluster)
         leader = cluster.leader_of(tablet)
-        other, wiped = (s for s in cluster.servers.values() if s is not leader)
+        (other,) = (s for s in first if s is not leader)
+        wiped.start()
+        rows = _populate(cluster)
 
         def heard_by(server: Server) -> list[str]:
             listed = server.tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=5)
@@ -296,7 +301,7 @@ def test_a_wiped_follower_is_known_to_the_other_while_the_leader_is_down(
         leader.kill()
         assert wiped.terminate() == 0
         shutil.rmtree(wiped.config.data_dir)
-        wiped.start()
+        wiped.start(["--empty_dir_wait_s=30"])  # ends as soon as the other answers
         _assert_failed_with(wiped, tablet, "holds no replica (wiped or lost)")
         assert _log_mentions(wiped, f"yet {other.id} heard from this server before") == 1
 
@@ -304,6 +309,8 @@ def test_a_wiped_follower_is_known_to_the_other_while_the_leader_is_down(
         assert wiped.terminate() == 0
         wiped.start(["--tablet_copy_repair_interval_s", "1"])
         cluster.wait_converged(tablet, rows[tablet], timeout=120)
+    finally:
+        cluster.stop()
 
 
 def test_a_wiped_server_that_boots_before_its_peers_waits_for_them(tmp_path: Path) -> None:
@@ -338,6 +345,66 @@ def test_a_wiped_server_that_boots_before_its_peers_waits_for_them(tmp_path: Pat
         wiped.start(["--tablet_copy_repair_interval_s", "1"])
         for tablet, expected in rows.items():
             cluster.wait_converged(tablet, expected, timeout=120)
+
+
+def test_a_wiped_server_whose_peers_stay_down_makes_nothing_until_one_answers(
+    tmp_path: Path,
+) -> None:
+    """The same, with the peers down for longer than the wait: it does not take itself for
+    a new server for want of an answer. It serves with no replica of its own, asks again
+    every second, and once a peer answers learns that it was wiped."""
+    with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
+        cluster.wait_leaders()
+        rows = _populate(cluster)
+        for s in cluster.servers.values():
+            assert s.terminate() == 0
+        wiped, *others = cluster.servers.values()
+        shutil.rmtree(wiped.config.data_dir)
+
+        wiped.start(["--empty_dir_wait_s=1"])  # ready once the wait ran out
+        assert wiped.list_tablets() == {}
+        assert not [t for t in rows if (wiped.config.data_dir / t).exists()]
+        assert _log_mentions(wiped, "answered within 1 s: no replica is made until one does") == 1
+
+        for s in others:
+            s.start()
+        wait_for(lambda: set(wiped.list_tablets()) == set(rows), 60, f"{wiped.id} to decide")
+        for tablet in rows:
+            _assert_failed_with(wiped, tablet, "holds no replica (wiped or lost)")
+        assert _log_mentions(wiped, "it was wiped or replaced, this is no new server") == 1
+
+        assert wiped.terminate() == 0
+        wiped.start(["--tablet_copy_repair_interval_s", "1"])
+        for tablet, expected in rows.items():
+            cluster.wait_converged(tablet, expected, timeout=120)
+
+
+def test_a_new_clusters_servers_started_together_wait_then_hear_each_other(
+    tmp_path: Path,
+) -> None:
+    """Each answers nobody until it has decided, so none hears another within the wait;
+    each then serves, asks again, and is told by the others that it is new (no deadlock,
+    nothing FAILED)."""
+    cluster = TserverCluster(tmp_path, partitions=PARTITIONS)
+    try:
+        starts = [
+            threading.Thread(target=s.start, args=(["--empty_dir_wait_s=2"],))
+            for s in cluster.servers.values()
+        ]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join(60)
+        assert all(s.alive for s in cluster.servers.values())
+        cluster.wait_leaders(60)
+        rows = _populate(cluster)
+        for s in cluster.servers.values():
+            assert {t: st.state for t, st in s.list_tablets().items()} == dict.fromkeys(
+                rows, tablet_pb2.TABLET_STATE_RUNNING
+            )
+            assert _log_mentions(s, "wiped or replaced") == 0
+    finally:
+        cluster.stop()
 
 
 def test_a_server_started_late_in_a_new_cluster_makes_its_replicas(tmp_path: Path) -> None:

@@ -124,6 +124,8 @@ def test_a_server_a_peer_heard_from_was_wiped() -> None:
     )
     assert view.heard_by == {"ts2", "ts4"}
     assert view.with_me == {"kv-p0", "kv-p7"}
+    # Where a FAILED replica of kv-p7, a group off its placement, looks for a copy.
+    assert view.voters == {"kv-p0": ("ts1", "ts2", "ts3"), "kv-p7": ("ts3", "ts4", "ts5")}
 
 
 def test_a_group_any_peer_lists_without_the_server_is_not_joined(
@@ -193,16 +195,30 @@ def test_peers_that_boot_late_are_waited_for_and_only_the_missing_asked_again() 
     assert peers.asked[5] == (5, ["ts3"])
 
 
-def test_no_answer_within_the_wait_is_a_new_server_with_a_warning(
+def test_no_answer_within_the_wait_decides_nothing_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """The caller then makes no replica until a peer answers (``_ask_peers`` is None)."""
     peers = _Peers({})
     with caplog.at_level(logging.WARNING):
         assert _gather(peers, 5) == []
     assert peers.now == 5
     assert "waiting up to 5 s for ts2, ts3 to answer" in caplog.text
-    assert "none of ts2, ts3 answered within 5 s: taken for a new server" in caplog.text
-    assert "stop it now" in caplog.text
+    assert "none of ts2, ts3 answered within 5 s: no replica is made until one does" in (
+        caplog.text
+    )
+
+
+def test_peers_that_did_not_answer_are_named_when_the_others_decide(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    peers = _Peers({"ts2": (0, ())})
+    with caplog.at_level(logging.WARNING):
+        assert _gather(peers, 5) == ["ts2"]
+    assert (
+        "ts3 did not answer within 5 s: this server is taken for a new one on the word of "
+        "ts2, which never heard from it"
+    ) in caplog.text
 
 
 def test_no_wait_asks_once_and_warns_of_nothing(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,6 +15,7 @@ from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport, ResponseCallback
 from tests.unit.consensus_cluster import Cluster
+from tests.waiting import WAIT_S, wait_for
 
 
 @pytest.fixture
@@ -59,6 +60,32 @@ def test_every_peer_a_replica_steps_a_message_from_is_reported_heard_from(
     for n in others:
         assert leader.node_id in cluster.heard[n]
         assert n not in cluster.heard[n]
+
+
+def test_an_acknowledgement_counts_only_once_its_sender_is_recorded(cluster: Cluster) -> None:
+    """The server writes a peer down in ``on_peer_heard`` (``tserver.servers_heard``) so
+    that no vote or acknowledgement of a peer it has not recorded ever counts: while the
+    record of both followers' answers is held up, the leader commits nothing."""
+    leader = cluster.wait_leader()
+    consensus = leader.consensus
+    release = threading.Event()
+    held: list[str] = []
+
+    def slow_record(sender: str) -> None:
+        held.append(sender)
+        release.wait(WAIT_S)
+
+    consensus._on_peer_heard = slow_record
+    before = consensus.commit_index()
+    try:
+        consensus.replicate([b"row"], consensus.check_leadership_and_bind_term())
+        # No tick passes here (the test is the clock): the only answers are the appends'.
+        others = {n for n in cluster.ids if n != leader.node_id}
+        wait_for(lambda: set(held) >= others, WAIT_S, "both answers held in the record")
+        assert consensus.commit_index() == before
+    finally:
+        release.set()
+    cluster.wait_for(lambda: consensus.commit_index() > before, what="the entry commits")
 
 
 def test_lockfree_term_check_never_takes_the_consensus_lock(cluster: Cluster) -> None:
