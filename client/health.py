@@ -38,6 +38,8 @@ its RPC port requires a certificate.
 
 The lag is measured across servers asked at slightly different moments, so under a write
 load a few entries of lag are normal; ``max_lag`` is the tolerance before it is reported.
+A replica past the leader's commit is checked against the leader's second answer
+(``_ask_leaders_again``), which leaves no tolerance.
 """
 
 from __future__ import annotations
@@ -421,7 +423,11 @@ def check_cluster(
             "reads it from them)"
         )
     stale_tables = "tables" in own_differs
-    tablets = [_check_tablet(p, statuses, probes, opts, stale_tables) for p in config.placements()]
+    asked_again = _ask_leaders_again(config, statuses, opts)
+    tablets = [
+        _check_tablet(p, statuses, probes, opts, stale_tables, p.tablet_id in asked_again)
+        for p in config.placements()
+    ]
     for t in tablets:
         issues += [f"{t.tablet_id}: {i}" for i in t.issues]
     severity = max([Severity.OK, *(s.severity for s in servers), *(t.severity for t in tablets)])
@@ -500,14 +506,98 @@ def _compare_configs(
     return issues
 
 
+def _ready_leader(
+    everywhere: Mapping[str, tablet_pb2.TabletStatusPB],
+) -> tuple[str, tablet_pb2.TabletStatusPB] | None:
+    """A ready leader that says so itself; of two (a stale one behind a healed partition),
+    the one of the higher term."""
+    leaders = [
+        (sid, st)
+        for sid, st in everywhere.items()
+        if st.role == RaftRole.LEADER and st.leader_uuid == sid and st.leader_ready
+    ]
+    return max(leaders, key=lambda pair: pair[1].term, default=None)
+
+
+@dataclass
+class _Servers:
+    """Some servers of a layout, to probe again."""
+
+    name: str
+    servers: Sequence[ServerEntry]
+
+    def placements(self) -> Sequence[PlacementEntry]:
+        return ()
+
+
+def _ask_leaders_again(
+    config: ClusterLayout,
+    statuses: dict[str, dict[str, tablet_pb2.TabletStatusPB]],
+    opts: ProbeOptions,
+) -> frozenset[str]:
+    """The tablets whose leader was asked again, after every other replica had answered,
+    because one of them applied past what the leader said it committed; its answer replaces
+    the first when it still leads in the same term.
+
+    The servers answer one round at different moments, so a follower's applied index may
+    pass the commit index its leader gave a moment before: such a tablet was taken for
+    healthy up to ``max_lag`` entries past it -- a replica that held ~95 acknowledged
+    entries its group had lost read OK. A leader that still leads in the same term has
+    committed, by its second answer, everything its followers applied before: past that,
+    a replica holds entries the group does not."""
+    suspects: dict[str, set[str]] = {}
+    by_tablet: dict[str, dict[str, tablet_pb2.TabletStatusPB]] = {}
+    for sid, by_id in statuses.items():
+        for tid, st in by_id.items():
+            by_tablet.setdefault(tid, {})[sid] = st
+    for tid, everywhere in by_tablet.items():
+        found = _ready_leader(everywhere)
+        if found is None:
+            continue
+        leader_sid, leader = found
+        if any(st.applied_index > leader.commit_index for st in everywhere.values()):
+            suspects.setdefault(leader_sid, set()).add(tid)
+    if not suspects:
+        return frozenset()
+    servers = [s for s in config.servers if s.id in suspects]
+    again = probe_servers(
+        _Servers(config.name, servers),
+        opts.timeout_s,
+        opts.credentials,
+        token_ports=opts.token_ports,
+    )
+    asked: set[str] = set()
+    for sid, tids in suspects.items():
+        resp = again.get(sid, (None, "", ""))[0]
+        if not isinstance(resp, tablet_pb2.ListTabletsResponse):
+            continue
+        fresh = {t.tablet_id: t for t in resp.tablets}
+        for tid in tids:
+            first, now = statuses[sid][tid], fresh.get(tid)
+            if (
+                now is not None
+                and now.role == RaftRole.LEADER
+                and now.leader_uuid == sid
+                and now.leader_ready
+                and now.term == first.term
+            ):
+                statuses[sid][tid] = now
+                asked.add(tid)
+    return frozenset(asked)
+
+
 def _check_tablet(
     placement: PlacementEntry,
     statuses: Mapping[str, Mapping[str, tablet_pb2.TabletStatusPB]],
     probes: Mapping[str, tuple[object, str, str]],
     opts: ProbeOptions,
     stale_tables: bool = False,
+    leader_asked_again: bool = False,
 ) -> TabletHealth:
-    """``stale_tables``: the checker's config has other tables than the servers run."""
+    """``stale_tables``: the checker's config has other tables than the servers run.
+    ``leader_asked_again``: the leader's answer came after every other replica's
+    (``_ask_leaders_again``), so a replica applied past its commit holds entries the group
+    does not; otherwise up to ``max_lag`` past it is taken for the round's own skew."""
     tid = placement.tablet_id
     everywhere = {sid: by_id[tid] for sid, by_id in statuses.items() if tid in by_id}
     if not everywhere and stale_tables:
@@ -535,14 +625,9 @@ def _check_tablet(
             issues=[f"no server knows this tablet: {why}"],
             severity=Severity.WARN,
         )
-    # A ready leader that says so itself; of two (a stale one behind a healed partition),
-    # the higher term is the real one.
-    leaders = [
-        st
-        for sid, st in everywhere.items()
-        if st.role == RaftRole.LEADER and st.leader_uuid == sid and st.leader_ready
-    ]
-    leader = max(leaders, key=lambda st: st.term, default=None)
+    found = _ready_leader(everywhere)
+    leader = found[1] if found is not None else None
+    skew = 0 if leader_asked_again else opts.max_lag
     if leader is not None and leader.voters:
         voters, learner_ids = tuple(leader.voters), tuple(leader.learners)
     else:
@@ -568,7 +653,7 @@ def _check_tablet(
         {
             sid: st.applied_index
             for sid, st in everywhere.items()
-            if st.applied_index > leader.commit_index + opts.max_lag
+            if st.applied_index > leader.commit_index + skew
         }
         if leader is not None
         else {}
@@ -622,7 +707,7 @@ def _check_tablet(
         reachable += voter
         if leader is not None:
             r.lag = max(0, leader.commit_index - max(st.applied_index, st.applying_index))
-            if st.applied_index > leader.commit_index + opts.max_lag:
+            if st.applied_index > leader.commit_index + skew:
                 # Past anything the leader committed (beyond what commits between the two
                 # servers' answers): entries this replica applied that the group does not
                 # have -- it diverged.

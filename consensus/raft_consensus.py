@@ -896,10 +896,12 @@ class RaftConsensus:
         node = self._node
         while node.has_ready():
             rd = node.ready()
-            if rd.soft_state_changed:
-                self._publish_unlocked(rd.soft_state)
+            # The commit first: a reader that sees the leader ready (its term's first entry
+            # committed) then sees a commit index at least that far.
             if rd.hard_state is not None:
                 self._commit_seen = rd.hard_state.commit
+            if rd.soft_state_changed:
+                self._publish_unlocked(rd.soft_state)
             if self._lease_mode:
                 self._lease_ready_unlocked(rd)  # before this ready's heartbeats leave
             hard = rd.hard_state

@@ -107,12 +107,14 @@ def gather_answers(
     wait_s: float,
     *,
     clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> list[tablet_pb2.ListTabletsResponse]:
     """The ``ListTablets`` answers of ``peers`` to an empty ``server_id``: ``ask(ids)``
     answers those of ``ids`` that answered, and is asked again, for the rest, every second
-    until all answered, one says ``server_id`` ran (that decides it), or ``wait_s`` ran
-    out; a WARNING names the peers that did not answer."""
+    until all answered, one says ``server_id`` ran (that decides it), ``wait_s`` ran out,
+    or ``stopped()`` (the server is asked to stop: ``sleep`` should wake for it); a WARNING
+    names the peers that did not answer."""
     deadline = clock() + wait_s
     answers: dict[str, tablet_pb2.ListTabletsResponse] = {}
     waiting_said = False
@@ -122,7 +124,7 @@ def gather_answers(
         if not missing or any(server_id in a.servers_heard_from for a in answers.values()):
             break
         left = deadline - clock()
-        if left <= 0:
+        if left <= 0 or stopped():
             break
         if not waiting_said:
             logger.warning(
@@ -133,6 +135,8 @@ def gather_answers(
             )
             waiting_said = True
         sleep(min(_ASK_AGAIN_S, left))
+        if stopped():
+            return list(answers.values())
     missing = sorted(p for p in peers if p not in answers)
     heard = any(server_id in a.servers_heard_from for a in answers.values())
     if missing and wait_s > 0 and not heard:  # 0: the caller knows it makes a new cluster

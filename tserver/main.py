@@ -98,17 +98,23 @@ async def _serve(settings: ServerSettings) -> None:
     server = TabletServer(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        stop.set()
+        server.request_stop()  # a start waiting for its peers returns at once
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await server.start()
-        # One line on stdout that launchers and tests wait for.
-        print(
-            f"raftlet tserver {settings.server_id} ready: rpc {settings.rpc_addr} "
-            f"(port {server.rpc_port}), status {status_url(settings, server.status)}",
-            flush=True,
-        )
-        await stop.wait()
+        if not server.stop_requested:  # else stopped while it waited for its peers
+            # One line on stdout that launchers and tests wait for.
+            print(
+                f"raftlet tserver {settings.server_id} ready: rpc {settings.rpc_addr} "
+                f"(port {server.rpc_port}), status {status_url(settings, server.status)}",
+                flush=True,
+            )
+            await stop.wait()
         logger.info("shutting down")
     finally:
         await server.stop()

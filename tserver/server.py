@@ -313,6 +313,8 @@ class TabletServer:
         self._sharing: asyncio.Future[None] | None = None
         # Opens the replicas once a peer answers, if none did at start (_ask_peers).
         self._deciding: asyncio.Future[None] | None = None
+        # Set by request_stop: ends the wait for peers at start, deciding nothing.
+        self._stop_requested = threading.Event()
 
     def _pool(self, name: str, threads: int, queue_length: int) -> ServicePool:
         service = _POOL_SERVICES[name]
@@ -439,6 +441,11 @@ class TabletServer:
         peers: PeersView | None = NO_PEERS
         if record.hosted is None and not self._replica_dirs():
             peers = await asyncio.to_thread(self._ask_peers)
+            if self._stop_requested.is_set():
+                # Stopped while it waited for its peers: nothing decided, nothing written,
+                # so the next start asks them again. stop() closes what was opened so far.
+                logger.info("stopped while waiting for peers: no replica made")
+                return
         if peers is not None:
             self._open_replicas(record, known_tables, peers)
         for pool in self.pools.values():
@@ -530,6 +537,15 @@ class TabletServer:
             f"; FAILED: {', '.join(sorted(self.failed_tablets))}" if self.failed_tablets else "",
         )
 
+    def request_stop(self) -> None:
+        """A stop is coming (a signal): a start still waiting for its peers ends its wait
+        and returns having made nothing (``start``)."""
+        self._stop_requested.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
+
     def _admission(
         self, context: ssl.SSLContext | None, role: AccessRole, what: str
     ) -> TcpAdmission | None:
@@ -552,7 +568,14 @@ class TabletServer:
         (``tserver.empty_start``); None if none answered within ``--empty_dir_wait_s``."""
         peers = [sid for sid in self.config.server_ids if sid != self.server_id]
         wait_s = self.settings.empty_dir_wait_s
-        answers = gather_answers(self.server_id, peers, self._peer_listings, wait_s)
+        answers = gather_answers(
+            self.server_id,
+            peers,
+            self._peer_listings,
+            wait_s,
+            sleep=self._stop_requested.wait,
+            stopped=self._stop_requested.is_set,
+        )
         if peers and not answers and wait_s > 0:
             return None
         placed = (p.tablet_id for p in self.settings.placements())

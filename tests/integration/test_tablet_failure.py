@@ -19,7 +19,9 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +36,7 @@ from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.tserver.hosted_tablets import HOSTED_TABLETS_FILE
 from tests.integration.tserver_cluster import (
     HARNESS_TICK_MS,
+    REPO,
     Server,
     TserverCluster,
     WriteFailed,
@@ -377,6 +380,38 @@ def test_a_wiped_server_whose_peers_stay_down_makes_nothing_until_one_answers(
         wiped.start(["--tablet_copy_repair_interval_s", "1"])
         for tablet, expected in rows.items():
             cluster.wait_converged(tablet, expected, timeout=120)
+
+
+def test_a_stop_while_waiting_for_peers_ends_the_wait_and_writes_nothing(tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) went unheard until the wait ran out, and the server then went on
+    to decide and make its replicas: a wiped server stopped in time came back from its next
+    start as a voter that forgot its votes. It stops at once now, having written nothing,
+    so the next start asks its peers again."""
+    cluster = TserverCluster(tmp_path, partitions=PARTITIONS)
+    data_dir = cluster.servers["ts1"].config.data_dir
+    log = tmp_path / "ts1.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "raftlet", "tserver", "--config", str(cluster.path)),
+                *("--server_id", "ts1", "--empty_dir_wait_s=600"),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        wait_for(lambda: "waiting up to" in log.read_text(errors="replace"), 60, "ts1 to wait")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text(errors="replace")
+    assert "stopped while waiting for peers: no replica made" in text
+    assert "Traceback" not in text
+    assert sorted(p.name for p in data_dir.iterdir()) == ["server.lock", "server_id"]
 
 
 def test_a_new_clusters_servers_started_together_wait_then_hear_each_other(

@@ -83,6 +83,70 @@ def test_lag_counts_from_what_is_on_its_way_into_a_replicas_store(
         ]
 
 
+@pytest.mark.parametrize(
+    ("leader_commit_then", "state"),
+    [
+        (150, "AHEAD"),  # it still says 150: b holds 50 entries the group does not
+        (210, "OK"),  # it committed on meanwhile: the round's own skew
+    ],
+)
+def test_a_replica_a_little_past_the_leaders_commit_is_checked_against_a_later_answer(
+    monkeypatch: pytest.MonkeyPatch, leader_commit_then: int, state: str
+) -> None:
+    """Anything up to ``max_lag`` past the leader's commit was taken for the skew of one
+    round (the servers answer at different moments): a replica holding ~95 acknowledged
+    entries its group had lost read OK. The leader is asked again once the others have
+    answered; if it still leads in the same term, nothing past its commit is skew."""
+    first = {
+        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", commit_index=200, applied_index=200),
+        "c": _listed("c", commit_index=150, applied_index=150),
+    }
+    later = dict(
+        first,
+        a=_listed("a", leader=1, commit_index=leader_commit_then, applied_index=leader_commit_then),
+    )
+    rounds = iter([first, later])
+    monkeypatch.setattr(
+        health,
+        "probe_servers",
+        lambda *_a, **_k: {n: (r, "UP", "") for n, r in next(rounds).items()},
+    )
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions(max_lag=100))
+    b = next(r for r in verdict.tablets[0].replicas if r.server == "b")
+    assert b.state == state
+    if state == "AHEAD":
+        assert verdict.severity is health.Severity.ERROR
+        assert (
+            "kv-p0: replica on b applied 200, past the leader's commit 150: it holds entries "
+            "the group does not (diverged)"
+        ) in verdict.issues
+    else:
+        assert verdict.severity is health.Severity.OK, verdict.issues
+
+
+def test_a_leader_that_changed_before_it_was_asked_again_leaves_the_skew_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its second answer is of another term (or it no longer leads): nothing can be said
+    of the first round's skew, so ``max_lag`` stands."""
+    first = {
+        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", commit_index=200, applied_index=200),
+        "c": _listed("c", commit_index=150, applied_index=150),
+    }
+    later = dict(first, a=_listed("a", commit_index=150, leader_uuid="b"))
+    rounds = iter([first, later])
+    monkeypatch.setattr(
+        health,
+        "probe_servers",
+        lambda *_a, **_k: {n: (r, "UP", "") for n, r in next(rounds).items()},
+    )
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions(max_lag=100))
+    b = next(r for r in verdict.tablets[0].replicas if r.server == "b")
+    assert b.state == "OK"
+
+
 def test_a_failed_replica_is_reported_with_its_reason_and_counts_for_no_majority(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
