@@ -322,13 +322,7 @@ def test_a_wiped_server_that_boots_before_its_peers_waits_for_them(tmp_path: Pat
     that forgot their votes, which elected an empty leader with a lagging peer and lost
     every acknowledged row. It waits for its peers now (``--empty_dir_wait_s``)."""
     with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
-        cluster.wait_leaders()
-        rows = _populate(cluster)
-        for s in cluster.servers.values():
-            assert s.terminate() == 0
-        wiped, *others = cluster.servers.values()
-        shutil.rmtree(wiped.config.data_dir)
-
+        rows, wiped, others = _power_cut_with_one_disk_replaced(cluster)
         booting = threading.Thread(target=wiped.start, args=(["--empty_dir_wait_s=60"],))
         booting.start()
         wait_for(
@@ -340,14 +334,7 @@ def test_a_wiped_server_that_boots_before_its_peers_waits_for_them(tmp_path: Pat
             s.start()
         booting.join(60)
         assert wiped.alive
-        for tablet in rows:
-            _assert_failed_with(wiped, tablet, "holds no replica (wiped or lost)")
-        assert _log_mentions(wiped, "it was wiped or replaced, this is no new server") == 1
-
-        assert wiped.terminate() == 0
-        wiped.start(["--tablet_copy_repair_interval_s", "1"])
-        for tablet, expected in rows.items():
-            cluster.wait_converged(tablet, expected, timeout=120)
+        _assert_found_wiped_then_copied_back(cluster, wiped, rows)
 
 
 def test_a_wiped_server_whose_peers_stay_down_makes_nothing_until_one_answers(
@@ -357,13 +344,7 @@ def test_a_wiped_server_whose_peers_stay_down_makes_nothing_until_one_answers(
     a new server for want of an answer. It serves with no replica of its own, asks again
     every second, and once a peer answers learns that it was wiped."""
     with running_cluster(tmp_path, partitions=PARTITIONS, flags=NO_REPAIR) as cluster:
-        cluster.wait_leaders()
-        rows = _populate(cluster)
-        for s in cluster.servers.values():
-            assert s.terminate() == 0
-        wiped, *others = cluster.servers.values()
-        shutil.rmtree(wiped.config.data_dir)
-
+        rows, wiped, others = _power_cut_with_one_disk_replaced(cluster)
         wiped.start(["--empty_dir_wait_s=1"])  # ready once the wait ran out
         assert wiped.list_tablets() == {}
         assert not [t for t in rows if (wiped.config.data_dir / t).exists()]
@@ -372,14 +353,33 @@ def test_a_wiped_server_whose_peers_stay_down_makes_nothing_until_one_answers(
         for s in others:
             s.start()
         wait_for(lambda: set(wiped.list_tablets()) == set(rows), 60, f"{wiped.id} to decide")
-        for tablet in rows:
-            _assert_failed_with(wiped, tablet, "holds no replica (wiped or lost)")
-        assert _log_mentions(wiped, "it was wiped or replaced, this is no new server") == 1
+        _assert_found_wiped_then_copied_back(cluster, wiped, rows)
 
-        assert wiped.terminate() == 0
-        wiped.start(["--tablet_copy_repair_interval_s", "1"])
-        for tablet, expected in rows.items():
-            cluster.wait_converged(tablet, expected, timeout=120)
+
+def _power_cut_with_one_disk_replaced(
+    cluster: TserverCluster,
+) -> tuple[dict[str, dict[int, str]], Server, list[Server]]:
+    """Rows written, every server stopped, the first one's data directory gone: the rows,
+    that server, the others."""
+    cluster.wait_leaders()
+    rows = _populate(cluster)
+    for s in cluster.servers.values():
+        assert s.terminate() == 0
+    wiped, *others = cluster.servers.values()
+    shutil.rmtree(wiped.config.data_dir)
+    return rows, wiped, others
+
+
+def _assert_found_wiped_then_copied_back(
+    cluster: TserverCluster, wiped: Server, rows: dict[str, dict[int, str]]
+) -> None:
+    for tablet in rows:
+        _assert_failed_with(wiped, tablet, "holds no replica (wiped or lost)")
+    assert _log_mentions(wiped, "it was wiped or replaced, this is no new server") == 1
+    assert wiped.terminate() == 0
+    wiped.start(["--tablet_copy_repair_interval_s", "1"])
+    for tablet, expected in rows.items():
+        cluster.wait_converged(tablet, expected, timeout=120)
 
 
 def test_a_stop_while_waiting_for_peers_ends_the_wait_and_writes_nothing(tmp_path: Path) -> None:

@@ -97,22 +97,9 @@ def test_a_replica_a_little_past_the_leaders_commit_is_checked_against_a_later_a
     round (the servers answer at different moments): a replica holding ~95 acknowledged
     entries its group had lost read OK. The leader is asked again once the others have
     answered; if it still leads in the same term, nothing past its commit is skew."""
-    first = {
-        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
-        "b": _listed("b", commit_index=200, applied_index=200),
-        "c": _listed("c", commit_index=150, applied_index=150),
-    }
-    later = dict(
-        first,
-        a=_listed("a", leader=1, commit_index=leader_commit_then, applied_index=leader_commit_then),
-    )
-    rounds = iter([first, later])
-    monkeypatch.setattr(
-        health,
-        "probe_servers",
-        lambda *_a, **_k: {n: (r, "UP", "") for n, r in next(rounds).items()},
-    )
-    verdict = health.check_cluster(LAYOUT, health.ProbeOptions(max_lag=100))
+    commit = leader_commit_then
+    again = _listed("a", leader=1, commit_index=commit, applied_index=commit)
+    verdict = _b_50_past_a_leader_asked_again(monkeypatch, again)
     b = next(r for r in verdict.tablets[0].replicas if r.server == "b")
     assert b.state == state
     if state == "AHEAD":
@@ -130,21 +117,29 @@ def test_a_leader_that_changed_before_it_was_asked_again_leaves_the_skew_allowed
 ) -> None:
     """Its second answer is of another term (or it no longer leads): nothing can be said
     of the first round's skew, so ``max_lag`` stands."""
+    verdict = _b_50_past_a_leader_asked_again(
+        monkeypatch, _listed("a", commit_index=150, leader_uuid="b")
+    )
+    b = next(r for r in verdict.tablets[0].replicas if r.server == "b")
+    assert b.state == "OK"
+
+
+def _b_50_past_a_leader_asked_again(
+    monkeypatch: pytest.MonkeyPatch, again: tablet_pb2.ListTabletsResponse
+) -> health.ClusterHealth:
+    """The verdict when b applied 200 and leader a said it committed 150, then ``again``."""
     first = {
         "a": _listed("a", leader=1, commit_index=150, applied_index=150),
         "b": _listed("b", commit_index=200, applied_index=200),
         "c": _listed("c", commit_index=150, applied_index=150),
     }
-    later = dict(first, a=_listed("a", commit_index=150, leader_uuid="b"))
-    rounds = iter([first, later])
+    rounds = iter([first, dict(first, a=again)])
     monkeypatch.setattr(
         health,
         "probe_servers",
         lambda *_a, **_k: {n: (r, "UP", "") for n, r in next(rounds).items()},
     )
-    verdict = health.check_cluster(LAYOUT, health.ProbeOptions(max_lag=100))
-    b = next(r for r in verdict.tablets[0].replicas if r.server == "b")
-    assert b.state == "OK"
+    return health.check_cluster(LAYOUT, health.ProbeOptions(max_lag=100))
 
 
 def test_a_failed_replica_is_reported_with_its_reason_and_counts_for_no_majority(
