@@ -123,8 +123,10 @@ def gather_answers(
         missing = sorted(p for p in peers if p not in answers)
         if not missing or any(server_id in a.servers_heard_from for a in answers.values()):
             break
+        if stopped():
+            return list(answers.values())
         left = deadline - clock()
-        if left <= 0 or stopped():
+        if left <= 0:
             break
         if not waiting_said:
             logger.warning(
@@ -135,8 +137,6 @@ def gather_answers(
             )
             waiting_said = True
         sleep(min(_ASK_AGAIN_S, left))
-        if stopped():
-            return list(answers.values())
     missing = sorted(p for p in peers if p not in answers)
     heard = any(server_id in a.servers_heard_from for a in answers.values())
     if missing and wait_s > 0 and not heard:  # 0: the caller knows it makes a new cluster

@@ -228,3 +228,27 @@ def test_no_wait_asks_once_and_warns_of_nothing(caplog: pytest.LogCaptureFixture
         assert _gather(peers, 0) == []
     assert peers.asked == [(0, ["ts2", "ts3"])]
     assert caplog.text == ""
+
+
+def test_a_stop_ends_the_wait_at_once_without_a_verdict(caplog: pytest.LogCaptureFixture) -> None:
+    """A signal while the server waits: it returns after the sleep the stop woke, and says
+    nothing of a decision (the caller makes nothing)."""
+    peers = _Peers({})
+    stop_after = [2]
+
+    def stopped() -> bool:
+        return peers.now >= stop_after[0]
+
+    with caplog.at_level(logging.WARNING):
+        answers = gather_answers(
+            "ts1",
+            ["ts2", "ts3"],
+            peers.ask,
+            30,
+            clock=lambda: peers.now,
+            sleep=peers.sleep,
+            stopped=stopped,
+        )
+    assert answers == []
+    assert peers.now == 2
+    assert "no replica is made" not in caplog.text
