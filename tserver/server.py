@@ -311,8 +311,11 @@ class TabletServer:
             s.data_dir, (sid for sid in self.config.server_ids if sid != s.server_id)
         )
         self._sharing: asyncio.Future[None] | None = None
-        # Opens the replicas once a peer answers, if none did at start (_ask_peers).
+        # Opens the replicas once a peer answers, if none did at start (_ask_peers); stop
+        # waits for an opening under way, and none begins after it (_late_open_lock).
         self._deciding: asyncio.Future[None] | None = None
+        self._late_open_lock = threading.Lock()
+        self._no_late_open = False
         # Set by request_stop: ends the wait for peers at start, deciding nothing.
         self._stop_requested = threading.Event()
 
@@ -596,9 +599,19 @@ class TabletServer:
         peers = read_peers(self.server_id, placed, answers.values())
         logger.info("%s answered: the replicas of this server are opened", ", ".join(answers))
         try:
-            await asyncio.to_thread(self._open_replicas, record, known_tables, peers, True)
+            await asyncio.to_thread(self._open_late, record, known_tables, peers)
         except Exception:
             logger.exception("opening the replicas once a peer answered failed")
+
+    def _open_late(
+        self, record: HostedTablets, known_tables: frozenset[str], peers: PeersView
+    ) -> None:
+        """``_open_replicas`` on a server that serves, unless it is stopping: a stop that
+        began first opens nothing after it, and one that begins meanwhile waits for the
+        replicas to be open (``_stop_blocking``), then stops them with the others."""
+        with self._late_open_lock:
+            if not self._no_late_open:
+                self._open_replicas(record, known_tables, peers, start=True)
 
     def _open_replicas(
         self,
@@ -1097,6 +1110,8 @@ class TabletServer:
             self._data_dir_lock.release()
 
     def _stop_blocking(self) -> None:
+        with self._late_open_lock:  # replicas opened late are all in the maps by now
+            self._no_late_open = True
         # First: a copy must not swap a replica in while the others stop.
         self.copier.stop()
         self.copy_sessions.close()
