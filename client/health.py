@@ -386,6 +386,7 @@ def check_cluster(
     addresses = server_addresses(config, opts.token_ports)
     probes = probe_servers(config, opts.timeout_s, opts.credentials, token_ports=opts.token_ports)
     issues: list[str] = []
+    waiting = False  # a server that makes no replica until a peer answers it
     servers: list[ServerHealth] = []
     statuses: dict[str, dict[str, tablet_pb2.TabletStatusPB]] = {}
     for s in config.servers:
@@ -398,6 +399,13 @@ def check_cluster(
             health.tablets = len(resp.tablets)
             if resp.HasField("tls_cert_expiry_seconds"):
                 health.cert_expiry_s = resp.tls_cert_expiry_seconds
+            if resp.waiting_for_peers:
+                waiting = True
+                issues.append(
+                    f"server {s.id} started with an empty data directory and makes no "
+                    "replica until another server answers it (only they can tell a new "
+                    "server from one whose data directory was wiped): start the others"
+                )
         servers.append(health)
         if note := health.cert_note():
             issues.append(f"server {s.id}: {note}")
@@ -431,7 +439,7 @@ def check_cluster(
     for t in tablets:
         issues += [f"{t.tablet_id}: {i}" for i in t.issues]
     severity = max([Severity.OK, *(s.severity for s in servers), *(t.severity for t in tablets)])
-    if own_differs:
+    if own_differs or waiting:
         severity = max(severity, Severity.WARN)
     return ClusterHealth(config.name, servers, tablets, issues, severity)
 

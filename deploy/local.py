@@ -535,7 +535,7 @@ class LocalCluster:
         added = [s for s in self.config.servers if s not in holding]
         # A new cluster's servers start together and answer nobody until each has made its
         # replicas: each would wait out --empty_dir_wait_s for the others, to no purpose.
-        new = [] if holding else ["--empty_dir_wait_s=0"]
+        new = [] if holding else [_NEW_CLUSTER_FLAG]
         for wave in (holding, added) if holding else (added,):
             for s in wave:
                 # The caller's flags last: argparse keeps the last value, so they win.
@@ -557,7 +557,7 @@ class LocalCluster:
         """Start ``stopped`` servers (no longer running) with the flags they had."""
         for old in stopped:
             say(f"{old.id} is not running (pid {old.pid}): starting it again")
-            self._spawn(self.config.server(old.id), old.argv[old.argv.index(old.id) + 1 :])
+            self._spawn(self.config.server(old.id), _flags_again(old))
         for old in stopped:
             self._wait_ready(old.id, ready_timeout_s)
             say(f"{old.id} ready: rpc {old.rpc_addr}, status {self.servers[old.id].status_url}")
@@ -901,8 +901,7 @@ class LocalCluster:
             proc.wait(timeout=_KILL_WAIT_S)
         if before_start is not None:
             before_start()
-        flags = old.argv[old.argv.index(server_id) + 1 :]
-        self._spawn(self.config.server(server_id), flags)
+        self._spawn(self.config.server(server_id), _flags_again(old))
         self._wait_ready(server_id, ready_timeout)
         return self.servers[server_id]
 
@@ -914,6 +913,19 @@ class LocalCluster:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+# What a new cluster's first start passes (``_start_all``), and never a restart: a server
+# started again may have lost its data directory, and must wait for its peers to say so.
+_NEW_CLUSTER_FLAG = "--empty_dir_wait_s=0"
+
+
+def _flags_again(old: ServerProcess) -> list[str]:
+    """The flags ``old`` ran with, to start it again: all but the new cluster's no-wait (a
+    wiped server restarted with it asked a paused peer once, took itself for new, and its
+    forgotten vote elected an empty leader)."""
+    flags = old.argv[old.argv.index(old.id) + 1 :]
+    return [f for f in flags if f != _NEW_CLUSTER_FLAG]
+
 
 TLS_DIR = "tls"
 ADMIN_CLIENT = "admin"

@@ -316,6 +316,8 @@ class TabletServer:
         self._deciding: asyncio.Future[None] | None = None
         self._late_open_lock = threading.Lock()
         self._no_late_open = False
+        # Read by ListTablets: no peer has answered this empty data directory yet.
+        self.waiting_for_peers = False
         # Set by request_stop: ends the wait for peers at start, deciding nothing.
         self._stop_requested = threading.Event()
 
@@ -513,6 +515,7 @@ class TabletServer:
         self.copier.start()
         self._sharing = asyncio.ensure_future(self._share_servers_heard())
         if peers is None:
+            self.waiting_for_peers = True
             self._deciding = asyncio.ensure_future(
                 self._decide_when_a_peer_answers(record, known_tables)
             )
@@ -597,6 +600,7 @@ class TabletServer:
             if answers:
                 break
         peers = read_peers(self.server_id, placed, answers.values())
+        self.waiting_for_peers = False
         logger.info("%s answered: the replicas of this server are opened", ", ".join(answers))
         try:
             await asyncio.to_thread(self._open_late, record, known_tables, peers)

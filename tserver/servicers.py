@@ -176,6 +176,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             config_digests=self._s.config_digests,
             tls_cert_expiry_seconds=self._s.tls_expiry_seconds(),
             servers_heard_from=sorted(self._s.servers_heard.heard),
+            waiting_for_peers=self._s.waiting_for_peers,
         )
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot

@@ -388,6 +388,11 @@ def test_down_of_one_server_leaves_the_others_and_up_starts_it_again(data_dir: P
     out = ok(raftlet("cluster", "up", "--data-dir", str(data_dir)))
     assert f"{victim} is not running (pid {before[victim]}): starting it again" in out
     ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
+    # A new cluster's first start takes an empty data directory for new at once; a restart
+    # must not (its directory may have been wiped meanwhile: it waits for its peers' word).
+    argv = {s["id"]: s["argv"] for s in state(data_dir)["servers"]}
+    assert "--empty_dir_wait_s=0" in argv[sorted(before)[0]]
+    assert "--empty_dir_wait_s=0" not in argv[victim]
     bad = raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", "ts9")
     assert bad.returncode == 1
     assert "no server 'ts9'" in bad.stderr

@@ -347,13 +347,20 @@ def test_a_wiped_server_whose_peers_stay_down_makes_nothing_until_one_answers(
         rows, wiped, others = _power_cut_with_one_disk_replaced(cluster)
         wiped.start(["--empty_dir_wait_s=1"])  # ready once the wait ran out
         assert wiped.list_tablets() == {}
+        assert _waiting_for_peers(wiped)  # what cluster status tells
         assert not [t for t in rows if (wiped.config.data_dir / t).exists()]
         assert _log_mentions(wiped, "answered within 1 s: no replica is made until one does") == 1
 
         for s in others:
             s.start()
         wait_for(lambda: set(wiped.list_tablets()) == set(rows), 60, f"{wiped.id} to decide")
+        assert not _waiting_for_peers(wiped)
         _assert_found_wiped_then_copied_back(cluster, wiped, rows)
+
+
+def _waiting_for_peers(server: Server) -> bool:
+    listed = server.tablet.ListTablets(tablet_pb2.ListTabletsRequest(), timeout=5)
+    return bool(listed.waiting_for_peers)
 
 
 def _power_cut_with_one_disk_replaced(

@@ -142,6 +142,24 @@ def _b_50_past_a_leader_asked_again(
     return health.check_cluster(LAYOUT, health.ProbeOptions(max_lag=100))
 
 
+def test_a_server_waiting_for_its_peers_says_why_it_hosts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its replica read MISSING, and "hosting none": the reason was only in its log."""
+    listed = {
+        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", commit_index=150, applied_index=150),
+        "c": tablet_pb2.ListTabletsResponse(server_uuid="c", waiting_for_peers=True),
+    }
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.WARN
+    assert (
+        "server c started with an empty data directory and makes no replica until another "
+        "server answers it (only they can tell a new server from one whose data directory "
+        "was wiped): start the others"
+    ) in verdict.issues
+
+
 def test_a_failed_replica_is_reported_with_its_reason_and_counts_for_no_majority(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

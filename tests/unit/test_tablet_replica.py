@@ -810,6 +810,7 @@ def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
                 config_digests={},
                 tls_expiry_seconds=lambda: None,
                 servers_heard=SimpleNamespace(heard=frozenset()),
+                waiting_for_peers=False,
             )
         )._list_tablets()
         for node, r in tablet.replicas.items()
