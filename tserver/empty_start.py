@@ -3,9 +3,10 @@
 An empty data directory is a new server -- started for the first time, or added to the
 cluster config -- or one whose directory was wiped or replaced while it was a member of
 tablet groups.  The server cannot tell which by itself, so it asks every peer's
-``ListTablets`` (``gather_answers``), again every second until every peer answered, one
-says the server ran before, or ``--empty_dir_wait_s`` (30 s) ran out -- a wiped server
-booted before its peers (a power cut, say) would otherwise take itself for a new one:
+``ListTablets`` (``gather_answers``), again every second until every peer or a majority of
+them answered, one says the server ran before, or ``--empty_dir_wait_s`` (30 s) ran out --
+a wiped server booted before its peers (a power cut, say) would otherwise take itself for
+a new one:
 
 - a group that runs without this server (its membership leaves it out) is not joined: a
   server added to a running cluster gets replicas by ``move-replica`` or ``add-replica``;
@@ -112,7 +113,8 @@ def gather_answers(
 ) -> list[tablet_pb2.ListTabletsResponse]:
     """The ``ListTablets`` answers of ``peers`` to an empty ``server_id``: ``ask(ids)``
     answers those of ``ids`` that answered, and is asked again, for the rest, every second
-    until all answered, one says ``server_id`` ran (that decides it), ``wait_s`` ran out,
+    until all or a majority answered, one says ``server_id`` ran (that decides it),
+    ``wait_s`` ran out,
     or ``stopped()`` (the server is asked to stop: ``sleep`` should wake for it); a WARNING
     names the peers that did not answer."""
     deadline = clock() + wait_s
@@ -121,7 +123,14 @@ def gather_answers(
     while True:
         answers.update(ask([p for p in peers if p not in answers]))
         missing = sorted(p for p in peers if p not in answers)
-        if not missing or any(server_id in a.servers_heard_from for a in answers.values()):
+        if (
+            not missing
+            or any(server_id in a.servers_heard_from for a in answers.values())
+            # A majority is enough: each took in the others' records while they ran, and
+            # the missing may be new servers waiting for their own peers (servers added
+            # together each waited out the whole wait for the others).
+            or 2 * len(answers) > len(peers)
+        ):
             break
         if stopped():
             return list(answers.values())
@@ -142,10 +151,9 @@ def gather_answers(
     if missing and wait_s > 0 and not heard:  # 0: the caller knows it makes a new cluster
         if answers:
             logger.warning(
-                "%s did not answer within %g s: this server is taken for a new one on the "
-                "word of %s, which never heard from it (nor from a peer that did)",
+                "%s did not answer: this server is taken for a new one on the word of %s, "
+                "which never heard from it (nor from a peer that did)",
                 ", ".join(missing),
-                wait_s,
                 ", ".join(sorted(answers)),
             )
         else:

@@ -504,11 +504,12 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"answer before it starts serving (default {_D('empty_dir_wait_s'):g}; 0 to 3600). "
         f"Its peers tell a wiped server (a replaced disk) from a new one: a wiped one's "
         f"replicas open FAILED and are copied back, where made afresh they would be voters "
-        f"that forgot their votes. The wait ends as soon as every peer answered or one says "
-        f"the server ran before; if none answered, the server serves with no replica of its "
-        f"own and decides once one does. So the servers of a new cluster, which answer nobody "
-        f"until then, each wait it out on their first start ('raftlet cluster up' passes 0 "
-        f"when it makes a new cluster: it takes the server for new at once).",
+        f"that forgot their votes. The wait ends as soon as every peer or a majority of "
+        f"them answered, or one says the server ran before; if none answered, the server "
+        f"serves with no replica of its own and decides once one does. So the servers of a "
+        f"new cluster, which answer nobody until then, each wait it out on their first "
+        f"start ('raftlet cluster up' passes 0 when it makes a new cluster: it takes the "
+        f"server for new at once).",
         convert=float_value, check=at_least(0, 3600),
     ),
     FlagSpec(

@@ -215,10 +215,27 @@ def test_peers_that_did_not_answer_are_named_when_the_others_decide(
     peers = _Peers({"ts2": (0, ())})
     with caplog.at_level(logging.WARNING):
         assert _gather(peers, 5) == ["ts2"]
+    assert peers.now == 5  # one of two is no majority: it waited for the other
     assert (
-        "ts3 did not answer within 5 s: this server is taken for a new one on the word of "
-        "ts2, which never heard from it"
+        "ts3 did not answer: this server is taken for a new one on the word of ts2, which "
+        "never heard from it"
     ) in caplog.text
+
+
+def test_a_majority_of_the_peers_answering_ends_the_wait() -> None:
+    """Servers added together: each would wait out the whole wait for the others, which
+    answer nobody until they decide."""
+    peers = _Peers({"ts2": (0, ()), "ts3": (0, ()), "ts4": (0, ())})  # ts5 is added too
+    answers = gather_answers(
+        "ts1",
+        ["ts2", "ts3", "ts4", "ts5"],
+        peers.ask,
+        30,
+        clock=lambda: peers.now,
+        sleep=peers.sleep,
+    )
+    assert sorted(a.server_uuid for a in answers) == ["ts2", "ts3", "ts4"]
+    assert peers.now == 0
 
 
 def test_no_wait_asks_once_and_warns_of_nothing(caplog: pytest.LogCaptureFixture) -> None:
