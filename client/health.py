@@ -45,7 +45,7 @@ A replica past the leader's commit is checked against the leader's second answer
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -351,10 +351,13 @@ def probe_servers(
     credentials: Any = None,
     *,
     token_ports: bool = False,
+    only: Collection[str] | None = None,
 ) -> dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]]:
-    """Server id -> (ListTablets answer or None, state, error), asked of all in parallel
-    (at the addresses ``server_addresses`` gives)."""
+    """Server id -> (ListTablets answer or None, state, error), asked of all (or those in
+    ``only``) in parallel, at the addresses ``server_addresses`` gives."""
     addresses = server_addresses(config, token_ports)
+    if only is not None:
+        addresses = {sid: addr for sid, addr in addresses.items() if sid in only}
     # Channels for this one round only, on a short reconnect backoff: a check must see each
     # server as it is now, not through a connection or backoff left from an earlier round.
     channels = ChannelPool(_CHECK_CHANNEL_OPTIONS, credentials=credentials)
@@ -527,17 +530,6 @@ def _ready_leader(
     return max(leaders, key=lambda pair: pair[1].term, default=None)
 
 
-@dataclass
-class _Servers:
-    """Some servers of a layout, to probe again."""
-
-    name: str
-    servers: Sequence[ServerEntry]
-
-    def placements(self) -> Sequence[PlacementEntry]:
-        return ()
-
-
 def _ask_leaders_again(
     config: ClusterLayout,
     statuses: dict[str, dict[str, tablet_pb2.TabletStatusPB]],
@@ -567,12 +559,8 @@ def _ask_leaders_again(
             suspects.setdefault(leader_sid, set()).add(tid)
     if not suspects:
         return frozenset()
-    servers = [s for s in config.servers if s.id in suspects]
     again = probe_servers(
-        _Servers(config.name, servers),
-        opts.timeout_s,
-        opts.credentials,
-        token_ports=opts.token_ports,
+        config, opts.timeout_s, opts.credentials, token_ports=opts.token_ports, only=suspects
     )
     asked: set[str] = set()
     for sid, tids in suspects.items():

@@ -307,9 +307,9 @@ class TabletServer:
         self._verifier: StoreVerifier | None = None
         self._health: health_async.HealthServicer | None = None
         self.rpc_port = 0
-        self.servers_heard = ServersHeard(
-            s.data_dir, (sid for sid in self.config.server_ids if sid != s.server_id)
-        )
+        # The other servers of the config: the peers this one dials and asks.
+        self._others = tuple(sid for sid in self.config.server_ids if sid != s.server_id)
+        self.servers_heard = ServersHeard(s.data_dir, self._others)
         self._sharing: asyncio.Future[None] | None = None
         # Opens the replicas once a peer answers, if none did at start (_ask_peers); stop
         # waits for an opening under way, and none begins after it (_late_open_lock).
@@ -572,17 +572,16 @@ class TabletServer:
     def _ask_peers(self) -> PeersView | None:
         """What the other servers of the config say of this one's groups
         (``tserver.empty_start``); None if none answered within ``--empty_dir_wait_s``."""
-        peers = [sid for sid in self.config.server_ids if sid != self.server_id]
         wait_s = self.settings.empty_dir_wait_s
         answers = gather_answers(
             self.server_id,
-            peers,
+            self._others,
             self._peer_listings,
             wait_s,
             sleep=self._stop_requested.wait,
             stopped=self._stop_requested.is_set,
         )
-        if peers and not answers and wait_s > 0:
+        if self._others and not answers and wait_s > 0:
             return None
         placed = (p.tablet_id for p in self.settings.placements())
         return read_peers(self.server_id, placed, answers)
@@ -655,7 +654,7 @@ class TabletServer:
         """``ListTablets`` of ``peers`` (default: every other server), asked of all at once,
         briefly; a peer that does not answer (down, busy) is left out."""
         if peers is None:
-            peers = [sid for sid in self.config.server_ids if sid != self.server_id]
+            peers = self._others
         calls = {
             sid: self.channels.stub(self.settings.peer_addr(sid)).list_tablets_future(_ASK_PEERS_S)
             for sid in peers
@@ -787,7 +786,7 @@ class TabletServer:
         table = self.config.table(placement.table)
         # Where we dial each peer: --peer_addresses (a proxy, NAT) or the config's -- every
         # server of the cluster, since a group's membership may come to include any of them.
-        addresses = {sid: s.peer_addr(sid) for sid in self.config.server_ids if sid != s.server_id}
+        addresses = {sid: s.peer_addr(sid) for sid in self._others}
         transport: Transport
         if self.tcp_hub is not None:
             transport = self.tcp_hub.transport(placement.tablet_id, addresses)
