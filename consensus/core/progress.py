@@ -66,6 +66,9 @@ class Progress:
         self.probe_sent = False
         # Heard from since the last check-quorum round (thesis §6.2).
         self.recent_active = False
+        # The leader's tick count when it last heard from this peer (None: not in this
+        # leadership, or not since a stall): what a membership change is checked against.
+        self.heard_tick: int | None = None
         self.inflights = Inflights(max_inflight)
         # SNAPSHOT only: the index the copy must reach (0 otherwise).
         self.pending_snapshot = 0

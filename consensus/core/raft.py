@@ -45,7 +45,10 @@ Rules this module keeps (paper §5, thesis §6 and §9.6, etcd-io/raft's design)
 - Membership (``membership``; thesis §4.1): voters and learners.  A node uses the latest
   CONFIG entry in its log, committed or not, and falls back to the previous one when a cut
   removes it.  A leader appends one change at a time (add a learner, promote one, remove a
-  member), and only once it committed an entry of its own term and every earlier change.
+  member), and only once it committed an entry of its own term and every earlier change --
+  and, if the change alters the voters, only if those it heard from within an election
+  timeout (in ticks; none from before a stall) are a majority of the new voters: a change
+  that leaves no majority answering could never be undone (etcd's strict reconfiguration).
   Learners get appends and heartbeats but never vote, campaign, or count toward a commit, a
   check-quorum, a read round or ``all_replicated``.  Messages from strangers are dropped:
   neither members nor the driver's ``Config.peers`` (every server of the cluster: a node
@@ -157,6 +160,7 @@ class Raft:
         self.read_states: list[ReadState] = []
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
+        self.ticks = 0  # every tick stepped: the clock peers' answers are timed by
         self.randomized_election_timeout = config.election_tick
         # A leader's target of a leadership transfer in progress; a follower's, the target its
         # leader announced in this term (what vouches for that target's transfer vote); or
@@ -284,6 +288,7 @@ class Raft:
     # --- inputs --------------------------------------------------------------------------
 
     def tick(self) -> None:
+        self.ticks += 1
         if self.role is Role.LEADER:
             self._tick_heartbeat()
         else:
@@ -339,12 +344,15 @@ class Raft:
         pass), or, for several timeouts' worth, run checks with no time for any answer in
         between (and depose even a healthy leader).  Left alone, a cut-off leader would
         claim leadership for up to another election timeout after it woke.  Shorter stalls
-        change nothing: no follower can have timed out, and the ordinary check runs."""
-        if (
-            self.role is not Role.LEADER
-            or not self.config.check_quorum
-            or ticks < self.config.election_tick
-        ):
+        change nothing: no follower can have timed out, and the ordinary check runs.  With
+        or without check-quorum, it forgets when it last heard each peer, which a membership
+        change is checked against (``propose_config_change``)."""
+        if self.role is not Role.LEADER or ticks < self.config.election_tick:
+            return
+        for v, pr in self.prs.items():
+            if v != self.id:
+                pr.heard_tick = None  # a membership change counts only answers since
+        if not self.config.check_quorum:
             return
         for v, pr in self.prs.items():
             pr.recent_active = v == self.id
@@ -427,7 +435,8 @@ class Raft:
         use it at once.  Refused (``ConfigChangeRefused``, nothing appended) while another
         change is not committed, before this leader committed an entry of its term (an
         earlier leader's change may still be uncommitted in some log), during a leadership
-        transfer, or when the change does not fit (see ``ConfigChange.apply``)."""
+        transfer, when the change does not fit (see ``ConfigChange.apply``), or when it
+        would leave the voters heard from within an election timeout no majority."""
         if self.role is not Role.LEADER:
             raise NotLeaderError(self.lead, self.term)
         if self.lead_transferee != NO_NODE:
@@ -443,6 +452,8 @@ class Raft:
                 f"committed yet (commit index {self.log.committed})"
             )
         membership = change.apply(self.membership)
+        if membership.voters != self.membership.voters:
+            self._refuse_unless_a_majority_answers(membership)
         entry = Entry(self.term, self.log.last_index() + 1, EntryType.CONFIG, membership.encode())
         self.log.append([entry])
         self._bcast_append()
@@ -450,6 +461,28 @@ class Raft:
             self._bcast_append(send_if_empty=self.config.broadcast_commit)
         self._leave_if_removed()
         return entry
+
+    def _refuse_unless_a_majority_answers(self, membership: Membership) -> None:
+        """Refuse a change of voters after which those heard from within an election timeout
+        would be no majority (etcd's strict reconfiguration check): removing a healthy voter
+        while another is down, or promoting a learner that does not answer, would leave a
+        group that commits nothing -- not even the change that would undo it."""
+        window = self.config.election_tick
+        answering = set()
+        for v in membership.voters:
+            pr = self.prs.get(v)
+            heard = pr.heard_tick if pr is not None else None
+            if v == self.id or (heard is not None and self.ticks - heard <= window):
+                answering.add(v)
+        if vote_result(membership.voters, dict.fromkeys(answering, True)) is VoteResult.WON:
+            return
+        silent = sorted(set(membership.voters) - answering)
+        raise ConfigChangeRefused(
+            f"it would leave {len(answering)} of the new group's {len(membership.voters)} "
+            f"voters answering ({', '.join(silent)} not heard from within an election "
+            "timeout), no majority to commit anything, this change included; bring "
+            f"{', '.join(silent)} back first, or remove a voter that is down"
+        )
 
     def conf_state(self) -> ConfState:
         """The membership in use and the latest one committed and durable here, with the
@@ -843,6 +876,7 @@ class Raft:
         pr = self.prs.get(m.src)
         if pr is None:
             return  # an answer from a peer that is no member (any more)
+        pr.heard_tick = self.ticks
         if m.type is MessageType.APPEND_RESPONSE:
             pr.recent_active = True
             if m.reject:

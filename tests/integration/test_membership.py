@@ -298,6 +298,9 @@ def test_a_replica_removed_while_its_server_was_down_serves_no_stale_reads(
             session = client.new_session(FlushMode.AUTO_FLUSH_SYNC)
             for key in range(20):
                 session.insert("kv", {"key": key, "value": "before"})
+            # The other follower too has answered the leader: a change that left the group
+            # with one it never heard from would be refused (strict reconfiguration).
+            cluster.wait_caught_up()
             victim.kill()
             remove_replica(client, tid, victim.id, wait=True, timeout_s=60.0)
             for key in range(100, 120):
@@ -323,3 +326,34 @@ def test_a_replica_removed_while_its_server_was_down_serves_no_stale_reads(
             30,
             f"the leftover replica gone from {victim.id}",
         )
+
+
+def test_removing_a_healthy_voter_while_another_is_down_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With one voter of three down, removing a healthy one would leave one of two voters
+    answering: no leader, and no change could ever undo it while the other stays down (a
+    reviewer's `tablet remove-replica` did just that).  It is refused with the reason, the
+    tablet keeps its leader and takes writes, and removing the voter that is down works."""
+    with running_cluster(tmp_path, partitions=1) as cluster:
+        (tid,) = cluster.tablet_ids()
+        down = cluster.leader_of(tid)
+        down.kill()
+        # A new leader has heard nothing from the voter that is down: no wait on a clock.
+        leader = cluster.new_leader_of(tid, down.id)
+        healthy = next(s for s in cluster.servers.values() if s.id not in (down.id, leader.id))
+        target = ["--cluster", str(cluster.path)]
+        capsys.readouterr()
+        assert cli(["tablet", "remove-replica", tid, healthy.id, *target, "--timeout", "30"]) == 1
+        err = capsys.readouterr().err
+        assert f"({down.id} not heard from within an election timeout)" in err, err
+        assert f"bring {down.id} back first, or remove a voter that is down" in err, err
+        with Client.from_config(str(cluster.path)) as client:
+            m = leader_membership(client, tid, 30.0)
+            assert sorted(m.voters) == sorted(cluster.servers)
+            assert m.leader == leader.id
+            client.new_session(FlushMode.AUTO_FLUSH_SYNC).insert("kv", {"key": 1, "value": "x"})
+            assert cli(["tablet", "remove-replica", tid, down.id, *target, "--timeout", "30"]) == 0
+            assert sorted(leader_membership(client, tid, 30.0).voters) == sorted(
+                (leader.id, healthy.id)
+            )

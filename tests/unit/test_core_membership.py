@@ -416,3 +416,63 @@ def _append_to_c(
         Message(MessageType.APPEND, leader, "c", term, log_term=log_term, index=index,
                 entries=tuple(entries), commit=commit)
     )  # fmt: skip
+
+
+def _election_tick(net: Network) -> int:
+    return net["a"].raft.config.election_tick
+
+
+def test_removing_a_voter_while_another_does_not_answer_is_refused() -> None:
+    """etcd's strict reconfiguration check: with c silent for an election timeout, removing
+    b would leave a and c -- one of two answering, no majority -- and the group could then
+    commit nothing, the change that would undo it included.  Removing c itself is fine."""
+    net = _cluster()
+    net.isolate("c")
+    net.tick("a", _election_tick(net) + 1)  # b answers the heartbeats; c hears none
+    assert net.leader().id == "a"
+    with pytest.raises(ConfigChangeRefused, match=r"1 of the new group's 2 voters answering \(c "):
+        _change(net, "a", REMOVE, "b")
+    assert net["a"].raft.membership.voters == IDS3  # nothing appended
+    entry = _change(net, "a", REMOVE, "c")
+    assert _committed(net["a"], entry)
+    assert net["a"].raft.membership.voters == ("a", "b")
+
+
+def test_a_voter_silent_for_less_than_an_election_timeout_still_counts() -> None:
+    """A heartbeat or two without an answer is no verdict: the last answer counts for an
+    election timeout."""
+    net = _cluster()
+    net.tick("a", net["a"].raft.config.heartbeat_tick)  # c and b answer
+    net.isolate("c")
+    net.tick("a", _election_tick(net) - 1)
+    entry = _change(net, "a", REMOVE, "b")
+    assert entry.index == net["a"].raft.log.last_index()
+
+
+def test_promoting_a_learner_that_does_not_answer_is_refused() -> None:
+    """Four voters need three: with c down, promoting a silent learner d would leave two."""
+    net = _cluster("d")
+    _change(net, "a", ADD, "d")
+    net.isolate("c")
+    net.isolate("d")
+    net.tick("a", _election_tick(net) + 1)
+    with pytest.raises(ConfigChangeRefused, match=r"2 of the new group's 4 voters answering"):
+        _change(net, "a", PROMOTE, "d")
+    net.heal()
+    net.isolate("c")
+    net.tick("a", net["a"].raft.config.heartbeat_tick)  # d answers again
+    entry = _change(net, "a", PROMOTE, "d")
+    assert net["a"].raft.membership.voters == ("a", "b", "c", "d")
+    assert entry.type is EntryType.CONFIG
+
+
+def test_answers_from_before_a_stall_do_not_count_for_a_change() -> None:
+    """After the process stalled for an election timeout, what a leader heard before says
+    nothing about now: until a peer answers again it is not counted."""
+    net = _cluster()
+    net.tick("a", net["a"].raft.config.heartbeat_tick)  # b and c answer
+    net.isolate("c")
+    net["a"].raw.on_stall(_election_tick(net))
+    net.deliver(net["a"].drain())  # the heartbeat it sends at once: b answers, c cannot
+    with pytest.raises(ConfigChangeRefused, match=r"\(c not heard from"):
+        _change(net, "a", REMOVE, "b")
