@@ -35,6 +35,7 @@ from raftlet.cli.tserver_args import (
     add_tserver_arguments,
     settings_from_args,
 )
+from raftlet.tserver.grpc_logging import set_grpc_verbosity
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -114,9 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "tserver":
+        settings = settings_from_args(args.subparser, args)
+        # Read by gRPC once, at import: before the server's imports (tserver.grpc_logging).
+        set_grpc_verbosity(settings.log_level)
         from raftlet.tserver.main import run  # the server's imports only when serving
 
-        return run(settings_from_args(args.subparser, args))
+        return run(settings)
     if args.command is None:
         # With no command, show what there is.
         parser.print_help()

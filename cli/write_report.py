@@ -173,9 +173,18 @@ def print_summary(s: LoadSummary, out: Any) -> None:
 
 def _cpu_cells(s: LoadSummary) -> tuple[str, str]:
     cpu = s.server_cpu
-    total = cpu.total_s if cpu else None
-    if cpu is None or total is None:
-        return "-", "unknown (no server exports process_cpu_seconds_total)"
+    if cpu is None:
+        return "-", "not read"
+    total = cpu.total_s
+    if total is None:
+        if not cpu.by_server:
+            return "-", "unknown (no server to read it from)"
+        # Every server exports the figure (metrics.process), so a server without one missed
+        # a reading (read_cpu_seconds keeps no error to say why) or its counter started again.
+        return "-", (
+            f"unknown: {', '.join(cpu.missing)} missed a /metrics reading (before or after "
+            "the run) or restarted during it"
+        )
     per_write = s.server_cpu_ms_per_write
     rate = f"{per_write:.3f} ms/write" if per_write is not None else "-"
     if cpu.missing:

@@ -25,7 +25,12 @@ from raftlet.cluster.model import ClusterConfig, RaftTimings, ServerConfig, Tabl
 from raftlet.cluster.placement import TabletPlacement, tablet_id
 from raftlet.cluster.toml_read import load_cluster_config, parse_cluster_config
 from raftlet.cluster.toml_write import dump_cluster_config, write_cluster_config
-from raftlet.cluster.validate import MAX_PARTITIONS, bare_host, parse_host_port
+from raftlet.cluster.validate import (
+    MAX_PARTITIONS,
+    bare_host,
+    is_loopback_addr,
+    parse_host_port,
+)
 
 __all__ = [
     "MAX_PARTITIONS",
@@ -38,6 +43,7 @@ __all__ = [
     "TabletPlacement",
     "bare_host",
     "dump_cluster_config",
+    "is_loopback_addr",
     "load_cluster_config",
     "parse_cluster_config",
     "parse_host_port",

@@ -71,6 +71,18 @@ def bare_host(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
+def is_loopback_addr(addr: str) -> bool:
+    """Whether ``host:port`` binds only loopback: ``localhost`` or a loopback IP. Any other
+    name could resolve anywhere, so it counts as not loopback."""
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_host_port(addr: str) -> tuple[str, int]:
     """Split ``host:port`` (IPv6 in brackets: ``[::1]:7051``); ValueError saying what is wrong.
 

@@ -317,6 +317,7 @@ class RaftConsensus:
         peers: Iterable[str] = (),
         on_membership: Callable[[Membership], None] | None = None,
         on_peer_heard: Callable[[str], None] | None = None,
+        on_peer_asked: Callable[[str], None] | None = None,
     ) -> None:
         """``on_log_failed(reason)``: called once, outside the lock, when the log fails (the
         tablet fails the calls waiting on this replica).  ``on_snapshot_needed(peer,
@@ -329,7 +330,8 @@ class RaftConsensus:
         it must only take note.  ``on_peer_heard(server)``: called with the sender of every
         request and answer before it is stepped, from the thread that received it (not under
         the lock); it may block briefly (``tserver.servers_heard`` writes a peer down the
-        first time it is heard from)."""
+        first time it is heard from).  ``on_peer_asked(server)``: called with the
+        destination of every message sent, under the lock, so it must only take note."""
         self.group_id = group_id
         self.node_id = node_id
         self.options = opts = options or ConsensusOptions()
@@ -340,6 +342,7 @@ class RaftConsensus:
         self._storage = storage
         self._on_membership = on_membership
         self._on_peer_heard = on_peer_heard
+        self._on_peer_asked = on_peer_asked
         self._transport = transport
         self._apply_committed = apply_committed
         self._on_log_failed = on_log_failed
@@ -675,6 +678,8 @@ class RaftConsensus:
             else:
                 self._node.report_snapshot(message.dst, False)
             return
+        if self._on_peer_asked is not None:
+            self._on_peer_asked(message.dst)
         # The transport never blocks, and its answer only queues: safe under the lock.  It
         # must not raise either; if a bug makes it, the message is lost (which Raft allows)
         # rather than the rest of this Ready: a half-carried-out Ready corrupts the replica.

@@ -128,14 +128,20 @@ class TickSource:
         if self._stalls_unlogged:
             since = (
                 f" ({self._stalls_unlogged} more since the last report, the longest "
-                f"{self._longest_unlogged:.3f} s late: is the machine overloaded, or the tick "
-                "interval shorter than the process can keep?)"
+                f"{self._longest_unlogged:.3f} s late)"
             )
         self._stall_logged_at = now
         self._stalls_unlogged = 0
         self._longest_unlogged = 0.0
+        # The ticker does not know the read mode, so the lease clause says when it applies:
+        # with the default (read_index) there is no lease to end.
         logger.warning(
-            "the process stalled: a tick came %.3f s late; leader leases end%s", seconds, since
+            "the process stalled: a tick came %.3f s late%s; likely causes: the machine is "
+            "overloaded, the process was paused or swapped out, or --tick_interval_ms is "
+            "shorter than the process can keep; any leader lease ends (leases exist only "
+            "with --leader_read_mode=lease)",
+            seconds,
+            since,
         )
 
     def is_on_time(self) -> bool:

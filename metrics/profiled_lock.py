@@ -9,9 +9,12 @@ failed attempts.
 Slow path (the try failed): the blocking acquire is timed; the wait is added (in µs,
 rounded up so any real wait is visible) to the contention counter, observed into the wait
 histogram, and counted as a contended acquisition. A wait longer than the trace threshold
-logs "Waited N ms on lock <name>" at WARNING with the waiter's stack and the acquisition
-sites of the holder the waiter first found and of the one that handed the lock to it, at
-most once per second per lock.
+logs one line at WARNING, "Waited N ms on lock <name>", with the acquisition sites of the
+holder the waiter first found and of the one that handed the lock to it, the waiter thread,
+and how many other waits went over the threshold since the last such line; the waiter's
+stack follows at DEBUG. At most one such report per ``_TRACE_INTERVAL_S`` for the whole
+process, all locks together: a server has a lock per tablet, and a limit per lock let 64
+tablets log 64 reports a second.
 
 Both paths are arranged so that the critical section contains as few points as possible
 where the GIL can switch threads (none at all for ``with lock:`` on the fast path): see
@@ -30,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from operator import attrgetter, methodcaller
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -49,7 +53,7 @@ _log = logging.getLogger(__name__)
 # copied into locks), so setting it after locks exist still takes effect.
 _trace_threshold_ms: float = 100.0
 
-_TRACE_INTERVAL_S = 1.0  # at most one trace log per lock per this many seconds
+_TRACE_INTERVAL_S = 10.0  # at most one trace report per this many seconds, all locks together
 
 # (filename, line number, thread ident). The ident, not the Thread or its name: get_ident()
 # is a C call, current_thread() a Python one costing twice as much on every acquire. Names
@@ -104,13 +108,11 @@ class ProfiledLock:
         "_exit",
         "_failures",
         "_holder_site",
-        "_last_trace",
         "_lock",
         "_name",
         "_ops",
         "_reentrant",
         "_release",
-        "_trace_gate",
         "_trace_threshold_ms",
         "_wait_histogram",
     )
@@ -145,8 +147,6 @@ class ProfiledLock:
         self._ops = _InnerOps(self._lock.acquire)
         self._trace_threshold_ms = trace_threshold_ms
         self._holder_site: _Site | None = None
-        self._last_trace = -float("inf")
-        self._trace_gate = threading.Lock()
 
     # ---- the Lock interface -------------------------------------------------------------
     #
@@ -344,26 +344,72 @@ class ProfiledLock:
         last_holder: _Site | None,
         acquired: bool,
     ) -> None:
-        # Rate limit: the gate makes check-and-set atomic when several waiters trip it
-        # together; it is only reached after a wait above the threshold.
-        with self._trace_gate:
-            now = time.monotonic()
-            if now - self._last_trace < _TRACE_INTERVAL_S:
-                return
-            self._last_trace = now
+        report = _trace_limit.admit(waited_ns)
+        if report is None:
+            return
+        more, longest_ns = report
         names = {t.ident: t.name for t in threading.enumerate()}
         holders = f"holder when the wait began: {_describe(first_holder, names)}"
         if last_holder != first_holder:
             holders += f"; last holder before this thread: {_describe(last_holder, names)}"
+        waiter = threading.current_thread().name
+        since = ""
+        if more:
+            since = (
+                f"; {more} more wait{'s' if more != 1 else ''} over the threshold on any lock "
+                f"since the last report, the longest {longest_ns // 1_000_000} ms"
+            )
         _log.warning(
-            "Waited %d ms on lock %s%s (%s)\nwaiter %s stack:\n%s",
+            "Waited %d ms on lock %s%s (%s; waiter: thread %r)%s; every thread's stack: "
+            "/stacks on the server's status page; lock wait totals: `raftlet metrics "
+            "--filter lock`",
             waited_ns // 1_000_000,
             self._name,
             "" if acquired else " and timed out",
             holders,
-            threading.current_thread().name,
-            "".join(traceback.format_stack(caller)).rstrip("\n"),
+            waiter,
+            since,
         )
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "stack of thread %r, which waited %d ms on lock %s:\n%s",
+                waiter,
+                waited_ns // 1_000_000,
+                self._name,
+                "".join(traceback.format_stack(caller)).rstrip("\n"),
+            )
+
+
+class _TraceLimit:
+    """The process-wide rate limit of the wait reports, counting the waits it holds back.
+
+    Its lock makes check-and-set atomic when several waiters trip it together; it is only
+    reached after a wait above the threshold."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._gate = threading.Lock()
+        self._last = -float("inf")
+        self._held_back = 0
+        self._longest_held_back_ns = 0
+
+    def admit(self, waited_ns: int) -> tuple[int, int] | None:
+        """None if this wait is not to be reported; else the number of waits held back
+        since the last report and the longest of them, in ns."""
+        with self._gate:
+            now = self._clock()
+            if now - self._last < _TRACE_INTERVAL_S:
+                self._held_back += 1
+                self._longest_held_back_ns = max(self._longest_held_back_ns, waited_ns)
+                return None
+            self._last = now
+            report = (self._held_back, self._longest_held_back_ns)
+            self._held_back = 0
+            self._longest_held_back_ns = 0
+            return report
+
+
+_trace_limit = _TraceLimit()
 
 
 def _describe(site: _Site | None, names: dict[int | None, str]) -> str:

@@ -208,8 +208,14 @@ class FlagRegistry:
                     first_error = first_error or e
             if first_error is not None:
                 raise first_error
-            logger.info("flag %s changed from %s to %s", key, render_flag_value(old), _shown(value))
-            return render_flag_value(old)
+            # Compared and shown as parsed values, not as the text sent: "0.0" sets a flag
+            # that reads 0 to what it already is.
+            old_text, new_text = render_flag_value(old), render_flag_value(new)
+            if new == old:
+                logger.debug("flag %s set to %s, which it already was", key, new_text)
+            else:
+                logger.info("flag %s changed from %s to %s", key, old_text, new_text)
+            return old_text
 
     def subscribe(self, name: str, listener: Listener) -> Callable[[], None]:
         """Call ``listener(new_value)`` after each change of ``name``; returns an

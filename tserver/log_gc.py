@@ -59,6 +59,9 @@ class LogGc:
         self._on_collected = on_collected
         self._clock = clock
         self._next = clock() + interval_s
+        # GC has gone past what a voter holds, and that voter has not caught up since: said
+        # once, not at every pass.
+        self._past_voter = False
 
     def due(self) -> bool:
         """Whether ``interval_s`` passed since the last ``collect``."""
@@ -81,13 +84,27 @@ class LogGc:
         unnoticed while the replica acknowledged writes into files no restart finds."""
         self._log.check_present()
         flushed = self._store.flush()
-        target = max(self._all_replicated(), self._log.retention_cap_index(self._max_segments))
+        all_replicated = self._all_replicated()
+        if self._past_voter and all_replicated + 1 >= self._log.first_index():
+            self._past_voter = False  # caught up (by a tablet copy, most likely)
+        target = max(all_replicated, self._log.retention_cap_index(self._max_segments))
         if target <= self._log.first_index():
             return 0
         point = min(target, flushed)
         if point <= self._log.first_index():
             return 0
         deleted = self._log.gc(point - 1)
+        if deleted and point - 1 > all_replicated and not self._past_voter:
+            self._past_voter = True
+            logger.warning(
+                "%s: log GC discarded entries a voter lacks (every voter held up to %d; the log "
+                "now starts at %d), to keep at most %d segments (--log_max_segments_retained): "
+                "that voter, down or far behind, will need a tablet copy to catch up",
+                self._name,
+                all_replicated,
+                self._log.first_index(),
+                self._max_segments,
+            )
         if deleted:
             logger.debug(
                 "%s: log GC deleted %d segment(s); the log now starts at %d",

@@ -55,7 +55,6 @@ from __future__ import annotations
 import contextvars
 import hmac
 import inspect
-import ipaddress
 import logging
 import ssl
 import threading
@@ -67,6 +66,7 @@ from typing import Any
 
 import grpc
 
+from raftlet.cluster import is_loopback_addr
 from raftlet.cluster.identity import AccessRole, Identity, parse_identity_uri, parse_role
 from raftlet.metrics.catalogue import RPC_AUTH_DENIALS
 from raftlet.metrics.registry import MetricEntity
@@ -519,15 +519,3 @@ def server_ssl_context(
         raise OSError(f"{what} TLS ({cert}, {key}, {ca}): {e}") from None
     context.verify_mode = verify_mode
     return context
-
-
-def is_loopback_addr(addr: str) -> bool:
-    """Whether ``host:port`` binds only loopback: ``localhost`` or a loopback IP. Any other
-    name could resolve anywhere, so it counts as not loopback."""
-    host = addr.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -108,6 +108,7 @@ from raftlet.tserver.grpc_limits import (
 from raftlet.tserver.hosted_tablets import HostedTablets
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.message_limits import MessageLimits
+from raftlet.tserver.peer_contact import CHECK_INTERVAL_S, PeerContact
 from raftlet.tserver.remove_tree import remove_tree
 from raftlet.tserver.replica_map import ReplicaMap
 from raftlet.tserver.security import (
@@ -311,6 +312,9 @@ class TabletServer:
         self._others = tuple(sid for sid in self.config.server_ids if sid != s.server_id)
         self.servers_heard = ServersHeard(s.data_dir, self._others)
         self._sharing: asyncio.Future[None] | None = None
+        # Says in the log which peers stopped answering (tserver.peer_contact).
+        self.peer_contact = PeerContact({sid: s.peer_addr(sid) for sid in self._others})
+        self._watching: asyncio.Future[None] | None = None
         # Opens the replicas once a peer answers, if none did at start (_ask_peers); stop
         # waits for an opening under way, and none begins after it (_late_open_lock).
         self._deciding: asyncio.Future[None] | None = None
@@ -514,6 +518,7 @@ class TabletServer:
         self.ticker.start()
         self.copier.start()
         self._sharing = asyncio.ensure_future(self._share_servers_heard())
+        self._watching = asyncio.ensure_future(self._watch_peer_contact())
         if peers is None:
             self.waiting_for_peers = True
             self._deciding = asyncio.ensure_future(
@@ -532,12 +537,18 @@ class TabletServer:
                 raise
             raise OSError(_cannot_listen("status pages", s.http_addr)) from None
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        tcp_ports = ", ".join(
+            f"{listener.what} tcp port {listener.port}"
+            for listener in (self.tcp_listener, self.write_listener)
+            if listener is not None
+        )
         logger.info(
-            "tablet server %s serving RPCs on %s (%s), status on %s (%d tablets%s)",
+            "tablet server %s serving RPCs on %s (%s)%s, status on %s (%d tablets%s)",
             self.server_id,
             s.rpc_addr,
             ("mutual TLS" if s.tls else "plaintext, no authentication")
             + (f"; bearer tokens on {s.token_rpc_addr}" if s.token_rpc_addr else ""),
+            f", {tcp_ports} (same security)" if tcp_ports else "",
             self.status.url(),
             len(self.replicas),
             f"; FAILED: {', '.join(sorted(self.failed_tablets))}" if self.failed_tablets else "",
@@ -679,6 +690,21 @@ class TabletServer:
             except Exception:  # the next pass asks again; a server is not stopped for this
                 logger.exception("taking in the peers' records of servers heard from")
 
+    async def _watch_peer_contact(self) -> None:
+        """Log which peers stopped answering, every ``CHECK_INTERVAL_S``
+        (``tserver.peer_contact``)."""
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL_S)
+            try:
+                self.peer_contact.check()
+            except Exception:  # the next pass looks again; a server is not stopped for this
+                logger.exception("checking which peers answer")
+
+    def _peer_heard(self, server_id: str) -> None:
+        """A replica's hook for every peer message it receives (``on_peer_heard``)."""
+        self.peer_contact.heard(server_id)
+        self.servers_heard.note(server_id)
+
     def _tablets_to_open(
         self,
         record: HostedTablets,
@@ -816,7 +842,8 @@ class TabletServer:
             request_copy=self.copier.request_copy,
             write_memory=self.write_memory,
             create=create,
-            on_peer_heard=self.servers_heard.note,
+            on_peer_heard=self._peer_heard,
+            on_peer_asked=self.peer_contact.asked,
         )
 
     def _tcp_endpoint(self, addr: str) -> Endpoint | None:
@@ -1079,7 +1106,7 @@ class TabletServer:
         elsewhere (with the same request id) instead of seeing their calls cancelled."""
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
-        for task in (self._sharing, self._deciding):
+        for task in (self._sharing, self._watching, self._deciding):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -30,6 +30,7 @@ from raftlet.cluster import (
     RaftTimings,
     ServerConfig,
     TabletPlacement,
+    is_loopback_addr,
     parse_host_port,
 )
 from raftlet.cluster.validate import (
@@ -229,8 +230,6 @@ class ServerSettings:
             )
         if self.tls or self.insecure:
             return
-        from raftlet.tserver.security import is_loopback_addr
-
         for flag, addr in (("rpc_addr", self.rpc_addr), ("http_addr", self.http_addr)):
             if not is_loopback_addr(addr):
                 raise FlagError(

@@ -300,6 +300,7 @@ class TabletReplica:
         write_memory: WriteMemory | None = None,
         create: bool = True,
         on_peer_heard: Callable[[str], None] | None = None,
+        on_peer_asked: Callable[[str], None] | None = None,
     ) -> None:
         """``voters`` and ``learners``: the membership a fresh directory starts with (the
         metadata's, once it exists, stands); with ``create`` False a directory without a
@@ -308,7 +309,8 @@ class TabletReplica:
         copy of the tablet (``tserver.tablet_copier``); it must only hand the work on.
         ``write_memory``: the server's budget for admitted writes, shared by its replicas.
         ``on_peer_heard(server)``: a peer's message reached this replica
-        (``tserver.servers_heard``)."""
+        (``tserver.servers_heard``, ``tserver.peer_contact``); ``on_peer_asked(server)``:
+        this replica sent a peer a message (``tserver.peer_contact``)."""
         if not 0 <= partition < num_partitions:
             raise ValueError(f"partition {partition} is not one of {num_partitions}")
         self.tablet_id = tablet_id
@@ -360,6 +362,7 @@ class TabletReplica:
                 peers=peers,
                 on_membership=self._on_membership,
                 on_peer_heard=on_peer_heard,
+                on_peer_asked=on_peer_asked,
             )
         except BaseException:
             # The files are open: a replica that cannot start must not keep them.

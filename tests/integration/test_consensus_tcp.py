@@ -88,6 +88,18 @@ def _answers_still_flow(load: WriteLoad) -> None:
     load.wait_acked(20, timeout=30, after=time.monotonic())
 
 
+def test_the_start_line_names_both_tcp_ports(cluster: TserverCluster) -> None:
+    """An operator checking what a server listens on (and whether it is secured) found
+    only the gRPC and status ports in its log."""
+    server = cluster.servers["ts1"]
+    write_port = server.tablet.WriteEndpoint(tablet_pb2.WriteEndpointRequest(), timeout=10).port
+    line = next(x for x in server.log_path.read_text().splitlines() if "serving RPCs on" in x)
+    assert (
+        f"(plaintext, no authentication), consensus tcp port {_endpoint(server)[1]}, "
+        f"write tcp port {write_port} (same security), status on"
+    ) in line, line
+
+
 def test_a_frame_over_the_limit_closes_the_connection(cluster: TserverCluster) -> None:
     with _load(cluster, "oversize") as load, _dial(cluster.leader_of(TABLET)) as sock:
         sock.sendall(struct.pack(">I", 0xFFFF_FFFF))

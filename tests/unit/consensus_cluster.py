@@ -79,6 +79,8 @@ class Cluster:
         self.replicas: dict[str, Replica] = {}
         # The senders each replica was told it heard from (``on_peer_heard``), in order.
         self.heard: dict[str, list[str]] = {node_id: [] for node_id in self.ids}
+        # The destinations of what each replica said it sent (``on_peer_asked``), in order.
+        self.asked: dict[str, list[str]] = {node_id: [] for node_id in self.ids}
         for node_id in self.ids:
             self.open(node_id)
 
@@ -98,6 +100,7 @@ class Cluster:
             ticker=self.ticker,
             clock=self.clock,
             on_peer_heard=self.heard.setdefault(node_id, []).append,
+            on_peer_asked=self.asked.setdefault(node_id, []).append,
         )
         replica = Replica(node_id, directory, storage, consensus)
         holder.append(replica)

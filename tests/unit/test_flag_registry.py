@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -56,6 +57,22 @@ def test_set_returns_the_old_value_which_restores_it(registry: FlagRegistry) -> 
     # The names a user might type work too.
     registry.set("--lock-contention-trace-threshold-ms", "0")
     assert registry.get("lock_contention_trace_threshold_ms") == 0.0
+
+
+def test_a_change_is_logged_as_parsed_values_and_a_non_change_is_not(
+    registry: FlagRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    logger = "raftlet.tserver.flag_registry"
+    with caplog.at_level(logging.DEBUG, logger=logger):
+        registry.set("log_inject_latency_ms", "2.0")  # the value it has (2), spelt otherwise
+        registry.set("log_inject_latency_ms", " 2")
+        registry.set("log_inject_latency_ms", "2.50")
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == logger]
+    assert logged == [
+        (logging.DEBUG, "flag log_inject_latency_ms set to 2, which it already was"),
+        (logging.DEBUG, "flag log_inject_latency_ms set to 2, which it already was"),
+        (logging.INFO, "flag log_inject_latency_ms changed from 2 to 2.5"),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ measured wait is exactly the step, however fast or slow the machine.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -264,41 +265,87 @@ def test_many_threads_exclusion_and_counts() -> None:
     assert lock.wait_histogram.snapshot().count == lock.contended_acquisitions()
 
 
+class _TraceClock:
+    """The trace rate limit's monotonic clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def trace_clock(monkeypatch: pytest.MonkeyPatch) -> _TraceClock:
+    # The rate limit is process-wide: a fresh one per test, so that no other test's report
+    # holds this one's back.
+    clock = _TraceClock()
+    monkeypatch.setattr(
+        profiled_lock_module, "_trace_limit", profiled_lock_module._TraceLimit(clock)
+    )
+    return clock
+
+
 def _trace_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == LOGGER and "Waited" in r.getMessage()]
 
 
-def test_trace_logs_once_above_threshold_and_is_rate_limited(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+def _stack_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.DEBUG]
+
+
+LOOK_AT = (
+    "every thread's stack: /stacks on the server's status page; lock wait totals: "
+    "`raftlet metrics --filter lock`"
+)
+
+
+def test_trace_is_one_warning_line_and_the_waiters_stack_is_at_debug(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # An hour-long rate-limit window, so that the second wait is inside it however slow the
-    # machine is.
-    monkeypatch.setattr(profiled_lock_module, "_TRACE_INTERVAL_S", 3600.0)
     lock = ProfiledLock("consensus_lock", trace_threshold_ms=1.0)
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
         _contend(lock, hold_s=0.02)
-        _contend(lock, hold_s=0.02)
-    records = _trace_records(caplog)
-    assert len(records) == 1
-    message = records[0].getMessage()
-    assert message.startswith("Waited ")
-    assert " ms on lock consensus_lock" in message
-    assert __file__ in message  # the holder's acquisition site is in this file ...
-    assert "in thread 'MainThread'" in message  # ... and was taken by the main thread
-    assert "waiter waiter stack:" in message
-    assert "in waiter" in message  # the waiter's stack names its function
+        _contend(lock, hold_s=0.02)  # within the interval: held back
+    (record,) = _trace_records(caplog)
+    assert record.levelno == logging.WARNING
+    # The holder's acquisition site is in this file and was taken by the main thread.
+    assert re.fullmatch(
+        re.escape(f"Waited 20 ms on lock consensus_lock (holder when the wait began: {__file__}:")
+        + r"\d+"
+        + re.escape(f" in thread 'MainThread'; waiter: thread 'waiter'); {LOOK_AT}"),
+        record.getMessage(),
+    ), record.getMessage()
+    (stack,) = _stack_records(caplog)
+    lines = stack.getMessage().splitlines()
+    assert lines[0] == "stack of thread 'waiter', which waited 20 ms on lock consensus_lock:"
+    assert any(line.endswith(", in waiter") for line in lines)  # the waiter's function
+    assert caplog.records.index(stack) == caplog.records.index(record) + 1
     assert lock.contended_acquisitions() == 2
 
 
-def test_trace_logs_again_after_the_interval(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+def test_trace_is_rate_limited_for_all_locks_together_and_counts_what_it_held_back(
+    caplog: pytest.LogCaptureFixture, trace_clock: _TraceClock
 ) -> None:
-    monkeypatch.setattr(profiled_lock_module, "_TRACE_INTERVAL_S", 0.0)
-    lock = ProfiledLock("l", trace_threshold_ms=1.0)
+    # A lock per tablet: the limit is the process's, not each lock's.
+    locks = [ProfiledLock(f"tablet-{i}", trace_threshold_ms=1.0) for i in range(3)]
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        _contend(lock, hold_s=0.02)
-        _contend(lock, hold_s=0.02)
-    assert len(_trace_records(caplog)) == 2
+        _contend(locks[0], hold_s=0.02)
+        trace_clock.now = 9.999
+        _contend(locks[1], hold_s=0.05)
+        _contend(locks[2], hold_s=0.03)
+        trace_clock.now = 10.0  # the interval is 10 s
+        _contend(locks[2], hold_s=0.04)
+        _contend(locks[1], hold_s=0.04)
+    messages = [r.getMessage() for r in _trace_records(caplog)]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("Waited 20 ms on lock tablet-0 (")
+    assert messages[0].endswith(f"waiter: thread 'waiter'); {LOOK_AT}")
+    assert messages[1].startswith("Waited 40 ms on lock tablet-2 (")
+    assert messages[1].endswith(
+        "waiter: thread 'waiter'); 2 more waits over the threshold on any lock since the last "
+        f"report, the longest 50 ms; {LOOK_AT}"
+    )
 
 
 def test_no_trace_below_threshold_and_default_threshold_is_settable(

@@ -62,6 +62,22 @@ def test_every_peer_a_replica_steps_a_message_from_is_reported_heard_from(
         assert n not in cluster.heard[n]
 
 
+def test_every_peer_a_replica_sends_to_is_reported_asked(cluster: Cluster) -> None:
+    """``on_peer_asked`` (half of what ``tserver.peer_contact`` judges a peer by) names the
+    destination of every message sent: the leader's appends go to both followers, and a
+    follower that only answers asks nobody."""
+    leader = cluster.wait_leader()
+    others = {n for n in cluster.ids if n != leader.node_id}
+    for n in cluster.ids:
+        cluster.asked[n].clear()
+    leader.consensus.replicate([b"row"], leader.consensus.check_leadership_and_bind_term())
+    for r in cluster.replicas.values():
+        cluster.wait_for(lambda r=r: r.data() == [b"row"], what=f"{r.node_id} applies it")
+    assert set(cluster.asked[leader.node_id]) == others
+    for n in others:
+        assert cluster.asked[n] == []  # its answers go back as replies, asked for
+
+
 def test_an_acknowledgement_counts_only_once_its_sender_is_recorded(cluster: Cluster) -> None:
     """The server writes a peer down in ``on_peer_heard`` (``tserver.servers_heard``) so
     that no vote or acknowledgement of a peer it has not recorded ever counts: while the

@@ -100,9 +100,18 @@ def test_stalls_on_every_tick_are_logged_once_a_minute_with_a_count(
         ticker.report_stall(0.002)
     lines = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
     assert len(lines) == 2, lines[:5]
-    assert lines[0] == "the process stalled: a tick came 0.001 s late; leader leases end"
-    assert lines[1].startswith("the process stalled: a tick came 0.002 s late; leader leases end")
-    assert "(999 more since the last report, the longest 0.002 s late" in lines[1]
+    # Every line, the first too, names the likely causes, and the lease clause is true in
+    # the default read mode, where there is no lease.
+    causes = (
+        "; likely causes: the machine is overloaded, the process was paused or swapped out, "
+        "or --tick_interval_ms is shorter than the process can keep; any leader lease ends "
+        "(leases exist only with --leader_read_mode=lease)"
+    )
+    assert lines[0] == "the process stalled: a tick came 0.001 s late" + causes
+    assert lines[1] == (
+        "the process stalled: a tick came 0.002 s late (999 more since the last report, the "
+        "longest 0.002 s late)" + causes
+    )
     # Counting and the callbacks (leases end) are not rate-limited: only the log is.
     assert ticker.stalls == 1001
     assert len(seen) == 1001

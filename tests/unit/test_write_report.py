@@ -1,0 +1,50 @@
+"""cli/write_report.py: the summary `raftlet write` prints after its run."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from raftlet.cli.server_cpu import ServerCpu
+from raftlet.cli.write_load import LoadSummary
+from raftlet.cli.write_report import print_summary
+
+
+def _printed(cpu: ServerCpu | None) -> str:
+    summary = LoadSummary(
+        table="kv",
+        threads=4,
+        flush_mode="sync",
+        row_bytes=100,
+        elapsed_s=2.0,
+        rows=400,
+        writes=400,
+        latency_us=dict.fromkeys(("p50", "p95", "p99", "p99.9", "max"), 1.0),
+        retries_by_cause={},
+        errors_by_cause={},
+        first_error="",
+        interrupted=False,
+        server_cpu=cpu,
+    )
+    out = io.StringIO()
+    # Wide enough that no cell wraps: the lines are matched whole.
+    print_summary(summary, Console(file=out, width=400, color_system=None))
+    (line,) = [row for row in out.getvalue().splitlines() if row.startswith("server CPU")]
+    return " ".join(line.split())
+
+
+def test_unknown_server_cpu_names_the_servers_without_a_reading() -> None:
+    # The cluster was stopped during the run: nobody answered the reading after it.
+    cpu = ServerCpu.between(
+        {"ts1": 1.0, "ts2": 1.0, "ts3": 1.0}, dict.fromkeys(("ts1", "ts2", "ts3"))
+    )
+    assert _printed(cpu) == (
+        "server CPU - unknown: ts1, ts2, ts3 missed a /metrics reading (before or after the "
+        "run) or restarted during it"
+    )
+    assert _printed(ServerCpu({})) == "server CPU - unknown (no server to read it from)"
+    assert _printed(None) == "server CPU - not read"
+    # With some readings, the figure is theirs, and says whom it leaves out.
+    cpu = ServerCpu.between({"ts1": 1.0, "ts2": 1.0, "ts3": 1.0}, {"ts1": 1.6, "ts2": 1.2})
+    assert _printed(cpu) == "server CPU 0.80 s 2.000 ms/write (without ts3)"
