@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"{args.tablet}: asked leader {old} (term {old_term}) to step down")
         return 0
     deadline = time.monotonic() + args.timeout
+    last: tuple[str, int] | None = before
     while time.monotonic() < deadline:
         now = _leader(config, args.tablet, 2.0, credentials, token_ports)
         # A new term with a ready leader: the step-down happened. Without --to the old
@@ -140,16 +141,58 @@ def run(args: argparse.Namespace) -> int:
         if now is not None and now[1] > old_term:
             new, term = now
             if args.to is not None and new != args.to:
-                raise CliError(
-                    f"{args.tablet}: leadership moved to {new} (term {term}), not to {args.to}"
-                )
+                raise CliError(_not_the_one_asked(args.tablet, args.to, old, old_term, now))
             again = " (re-elected)" if new == old else ""
             out.print(
                 f"{args.tablet}: leader {old} (term {old_term}) -> {new} (term {term}){again}",
                 markup=False,
             )
             return 0
+        last = now
         time.sleep(0.1)
-    raise CliError(
-        f"{args.tablet}: no new leader within {args.timeout:g} s (was {old}, term {old_term})"
+    raise CliError(_no_new_leader(args.tablet, args.to, before, last, args.timeout))
+
+
+# Where an operator sees why a replica did not take over: down, or its log behind.
+_WHICH = "(`raftlet cluster status` shows which)"
+
+
+def _not_the_one_asked(tablet: str, to: str, old: str, old_term: int, now: tuple[str, int]) -> str:
+    """A new term began, led by another than ``--to``."""
+    new, term = now
+    if new == old:
+        won = f"{old} was elected again (term {old_term} -> {term})"
+    else:
+        won = f"{new} took over instead (term {old_term} -> {term})"
+    return f"{tablet}: {to} did not take over: {won}; {to} may be down or behind {_WHICH}"
+
+
+def _no_new_leader(
+    tablet: str,
+    to: str | None,
+    before: tuple[str, int],
+    last: tuple[str, int] | None,
+    timeout_s: float,
+) -> str:
+    """No new term with a ready leader within ``timeout_s``; ``last`` is what the servers
+    said at the last look. A failed transfer leaves the old leader leading in its term, which
+    "no new leader" alone told no one: it read as a tablet left without one."""
+    old, old_term = before
+    if to is not None:
+        within = f"{tablet}: {to} did not take over within {timeout_s:g} s"
+        behind = f"{to} may be down or behind"
+    else:
+        within = f"{tablet}: no other replica took over within {timeout_s:g} s"
+        behind = "the others may be down or behind"
+    if last == before:
+        return f"{within}: {old} still leads (term {old_term}, unchanged); {behind} {_WHICH}"
+    if last is None:
+        return (
+            f"{within}, and no replica leads now ({old} led in term {old_term}): an election "
+            f"may be under way, or too few replicas answer {_WHICH}"
+        )
+    leader, term = last
+    return (
+        f"{within}: the servers name {leader} the leader in term {term} (was {old}, "
+        f"term {old_term}; `raftlet cluster status` shows the replicas)"
     )

@@ -19,6 +19,7 @@ from raftlet.cli.common import (
     CliError,
     UsageError,
     positive_float,
+    print_out,
     timeout_seconds,
 )
 
@@ -233,16 +234,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
+    # The run goes on to its verdict, and undoes its faults, whether or not anyone reads.
     def log(line: str) -> None:
         if not args.quiet:
-            print(line, file=sys.stderr, flush=True)
+            print_out(line, file=sys.stderr)
 
     def warn(line: str) -> None:
-        print(f"raftlet chaos: {line}", file=sys.stderr, flush=True)
+        print_out(f"raftlet chaos: {line}", file=sys.stderr)
 
     try:
         report = run_chaos(options, log, warn)
     except ChaosStartError as e:
         raise CliError(str(e)) from None
-    print(report.format())
+    print_out(report.format())
     return 0 if report.ok else 1

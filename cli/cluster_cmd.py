@@ -18,6 +18,7 @@ from raftlet.cli.common import (
     console,
     non_negative_int,
     positive_int,
+    print_out,
     resolve_target,
     timeout_seconds,
 )
@@ -36,7 +37,7 @@ _UP_EPILOG = """\
 examples:
   raftlet cluster up                          # 3 servers, table kv of 4 tablets, in a new temp dir
   raftlet cluster up --data-dir ./c1 --servers 5 --tablets 8
-  raftlet cluster up --data-dir ./c1          # again after `down`: restarts it, data kept
+  raftlet cluster up --data-dir ./c1          # again after `down`: restarts it, data and flags kept
   raftlet cluster up --term-check-mode locked --log-inject-latency-ms 20 \\
       --tserver-flag=--write_rounds_in_flight=0   # KUDU-2727 setup
   raftlet cluster up --tserver-flag=--rpc_service_queue_length=1
@@ -451,7 +452,7 @@ def _status(args: argparse.Namespace) -> int:
                 }
                 for c in checksums
             ]
-        print(json.dumps(doc, indent=2))
+        print_out(json.dumps(doc, indent=2))
         return 0 if ok else 1
     where = str(target.config_path or ", ".join(target.seeds))
     _print_status(health, pids, where, target.creds.status_url)

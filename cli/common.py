@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from raftlet.cluster import (
     ClusterConfig,
@@ -56,7 +56,10 @@ __all__ = [
     "human_bytes",
     "human_count",
     "human_us",
+    "output_gone",
+    "print_out",
     "resolve_target",
+    "stdout_gone",
 ]
 
 CONFIG_FILE = "cluster.toml"
@@ -374,33 +377,68 @@ def _closed_hint(failures: Sequence[str], creds: Credentials | None) -> str:
 
 
 @functools.cache
-def _console_class() -> type[Console]:
+def _console_class(stop_when_unread: bool = False) -> type[Console]:
     from rich.console import Console  # imported when first printing: a faster start
 
     class PipeConsole(Console):
         def on_broken_pipe(self) -> None:
-            # rich exits 1 when the reader goes away (`raftlet scan … | head`); that is no
-            # failure of ours: quiet from here on, and main() answers 0 as for any pipe.
+            # rich exits 1 when the reader goes away; that is no failure of ours. Quiet from
+            # here on, and only a command that merely prints what it reads stops (main()
+            # answers 0 for it): `cluster up | head -1` once stopped the servers it had
+            # started, and `cluster status | head -1` answered 0 for an ERROR verdict.
             self.quiet = True
-            stdout_gone()
-            raise BrokenPipeError
+            output_gone(self.file)
+            if stop_when_unread:
+                raise BrokenPipeError
 
     return PipeConsole
 
 
-def stdout_gone() -> None:
-    """The reader of stdout went away: what is printed from here on goes nowhere (a
-    later print or flush would raise again)."""
+def output_gone(stream: IO[str] | None = None) -> None:
+    """The reader of ``stream`` (default stdout) went away: what is written to it from here
+    on goes nowhere (its descriptor now /dev/null), since a later write or flush -- even the
+    interpreter's at exit, which would make the exit status 120 -- would raise again."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # no descriptor (a test's capture): the callers drop what they print instead
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
-def console(**kwargs: Any) -> Console:
+def stdout_gone() -> None:
+    """The reader of stdout went away (``output_gone``)."""
+    output_gone(sys.stdout)
+
+
+def print_out(text: str = "", *, file: IO[str] | None = None) -> None:
+    """``print(text)`` to stdout (or ``file``) for a command that must finish whether or not
+    its output is read: once the reader has gone, the text goes nowhere and the command
+    carries on to its real exit status (a BrokenPipeError here once ended `cluster status
+    --format json | head -1` with 0 whatever the verdict). Flushed at once, so a reader gone
+    is noticed here rather than at exit."""
+    stream = sys.stdout if file is None else file
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        output_gone(stream)
+
+
+def console(*, stop_when_unread: bool = False, **kwargs: Any) -> Console:
     """A rich console on stdout. Not a terminal (a pipe, a file, a test): no colour, no
-    cursor movement, and a fixed width so tables do not wrap at 80 columns."""
+    cursor movement, and a fixed width so tables do not wrap at 80 columns.
+
+    When the reader of stdout goes away (`| head -1`), the console goes quiet and the
+    command carries on: one that changes something must not stop halfway, and a check must
+    still answer its verdict's exit status. ``stop_when_unread`` is for a command whose whole
+    job is to print what it reads (scan, metrics): it raises BrokenPipeError then, and
+    ``cli.main`` ends the command with exit 0, the Unix `| head` convention."""
     tty = sys.stdout.isatty()
-    return _console_class()(
+    return _console_class(stop_when_unread)(
         highlight=False,
         soft_wrap=False,
         width=None if tty else 160,
@@ -410,9 +448,8 @@ def console(**kwargs: Any) -> Console:
 
 
 def err_console() -> Console:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
+    """A rich console on stderr; quiet once its reader has gone (``console``)."""
+    return _console_class()(stderr=True, highlight=False)
 
 
 def human_us(us: float | None) -> str:

@@ -16,8 +16,13 @@ Commands:
 Conventions every command keeps: argparse throughout (the same ``OneLineArgumentParser``
 as ``raftlet tserver``, so every usage error is one line); exit status 0 on success, 1 when
 the operation failed, 2 for usage errors; an expected failure is one line on stderr,
-``raftlet <command>: error: <what>``, never a traceback. Each command's module is imported
-only when that command runs, so ``raftlet tserver`` does not load rich or the client.
+``raftlet <command>: error: <what>``, never a traceback. Output nobody reads (a pipe whose
+reader left, as with `| head -1`) goes to /dev/null from then on, and the command carries
+on to its own exit status: one that changes something never stops halfway for it, and
+``cluster status`` still answers its verdict (``cli.common.console``, ``print_out``). Only
+``scan``, ``metrics`` and ``completion``, which merely print what they read, stop then,
+with exit 0. Each command's module is imported only when that command runs, so ``raftlet
+tserver`` does not load rich or the client.
 """
 
 from __future__ import annotations
@@ -139,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_command(args)
 
 
+# Commands whose whole job is to print what they read: once nobody reads, they may stop
+# (`raftlet scan … | head`) with exit 0. Every other command -- all that change something,
+# and `cluster status`, whose exit status is its verdict -- carries on, its output dropped.
+_STOP_WHEN_UNREAD = frozenset({"scan", "metrics"})
+
+
 def _run_command(args: argparse.Namespace) -> int:
     from raftlet.cli import (
         admin_cmd,
@@ -150,7 +161,7 @@ def _run_command(args: argparse.Namespace) -> int:
         tablet_cmd,
         write_cmd,
     )
-    from raftlet.cli.common import CliError
+    from raftlet.cli.common import CliError, stdout_gone
 
     runners = {
         "chaos": chaos_cmd.run,
@@ -173,7 +184,10 @@ def _run_command(args: argparse.Namespace) -> int:
     # up` stops the servers it started, chaos its faults and namespaces, write its load.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return runners[args.command](args)
+        try:
+            return runners[args.command](args)
+        finally:
+            _flush_stdout()
     except CliError as e:
         _fail(name, str(e))
         return e.exit_code
@@ -181,7 +195,14 @@ def _run_command(args: argparse.Namespace) -> int:
         _fail(name, "interrupted")
         return 130
     except BrokenPipeError:
+        if args.command not in _STOP_WHEN_UNREAD:
+            # Every other command's output carries on into /dev/null once unread
+            # (common.console, print_out): a broken pipe here is not stdout's, and no
+            # success -- it once turned `cluster up | head -1`, whose servers were stopped
+            # again, into exit 0.
+            raise
         # `raftlet scan … | head`: the reader left; that is not an error of ours.
+        stdout_gone()
         return 0
     except Exception as e:
         # A client error that escaped a command's handling is still one line; anything
@@ -194,13 +215,27 @@ def _run_command(args: argparse.Namespace) -> int:
         raise
 
 
+def _flush_stdout() -> None:
+    """What print() left buffered goes out now, where a reader gone is caught, not at exit
+    (an exit status 120 and an "Exception ignored" message)."""
+    from raftlet.cli.common import stdout_gone
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+
+
 def _raise_interrupt(_sig: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
 def _fail(command: str, message: str) -> None:
+    from raftlet.cli.common import print_out
+
     one_line = " ".join(message.split())
-    print(f"raftlet {command}: error: {one_line}", file=sys.stderr)
+    # stderr may be a closed pipe too (`2>&1 | head -1`): the exit status still says it.
+    print_out(f"raftlet {command}: error: {one_line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

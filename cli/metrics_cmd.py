@@ -435,7 +435,7 @@ def _print_table(
 ) -> None:
     from rich.table import Table
 
-    out = console()
+    out = console(stop_when_unread=True)
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("metric")
     ids = [sid for sid in order if sid in values or sid in failed]

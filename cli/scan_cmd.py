@@ -489,7 +489,7 @@ def _print_table(
     from rich.table import Table
     from rich.text import Text
 
-    out = console()
+    out = console(stop_when_unread=True)
     table = Table(box=None, pad_edge=False, header_style="bold")
     for c in columns:
         col = schema.column(c)

@@ -46,11 +46,17 @@ examples:
   raftlet cluster replace-server ts2 --data-dir ./c1
 
 Moves every replica on SERVER -- which may be down for good -- to a live server that holds no
-replica of its tablet, the least loaded first, one tablet at a time. Do not start the
-replaced server again under its id: with its old data its replicas come back as leftovers
-outside their groups, and with an empty data directory it makes its placement's replicas
-afresh, leftovers too (`raftlet cluster status` names them; `raftlet tablet remove-replica
-TABLET SERVER` deletes each).
+replica of its tablet, the least loaded first, one tablet at a time.
+
+Started again under its id with its old data, SERVER opens the replicas this command could
+not delete (it was down) as leftovers outside their groups (`raftlet cluster status` names
+them; `raftlet tablet remove-replica TABLET SERVER`, or this command run again, deletes
+them). With an empty data directory it hosts nothing: its peers say that each group placed
+on it runs without it, so it makes none of those replicas (its log: "placed here, but its
+group runs on other servers without this one: not made") and serves empty, as a new server
+does; `raftlet tablet add-replica` or `move-replica` gives it replicas again. Only a tablet
+this command could not move (it names them) still has SERVER in its group: its peers heard
+from SERVER before, so that replica opens FAILED and is repaired by a copy from the leader.
 """
 
 

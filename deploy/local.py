@@ -96,6 +96,9 @@ CONFIG_FILE = "cluster.toml"
 STATE_FILE = "cluster.json"
 # Marks a directory `up` made for a new cluster: the only kind `down --remove-data` removes.
 MADE_BY_UP_FILE = ".made-by-cluster-up"
+# The server flags of the last start of every server (``_LaunchOptions``): a restart after
+# `down` that names none starts the cluster with them again.
+LAUNCH_FILE = "launch.json"
 STATE_FORMAT = 1
 DEFAULT_TABLE = "kv"
 # The table `cluster up` creates. The load generator writes a unique INT64 key per row and a
@@ -390,7 +393,10 @@ class LocalCluster:
         and ``tablets``, if given, must then match it. ``servers``/``tablets`` default to 3/4.
         ``cpu_affinity`` is every server's ``--cpu_affinity``: ``auto`` (the default) gives
         each server one CPU, round-robin over this machine's, since they all share it
-        (``tserver.cpu_affinity``); ``""`` leaves placement to the OS.
+        (``tserver.cpu_affinity``); ``""`` leaves placement to the OS.  A restart that gives
+        none of ``extra_flags``, ``term_check_mode`` and ``log_inject_latency_ms`` starts the
+        servers with those of the last start (``LAUNCH_FILE``), as a restart of some of them
+        does; one that gives any starts them with only what it gives, and says what it drops.
         Raises ``LauncherError`` (after stopping whatever it started) on any failure.
         """
         say = on_progress or (lambda _msg: None)
@@ -444,6 +450,7 @@ class LocalCluster:
         # Ports the kernel picked for a new cluster were only free when picked: if a server
         # finds one taken, the cluster (nothing in it yet) starts again on new ones.
         may_repick = base_port is None and not config_path.exists()
+        options = _LaunchOptions(tuple(extra_flags), term_check_mode, log_inject_latency_ms)
         if config_path.exists():
             try:
                 config = load_cluster_config(config_path)
@@ -457,6 +464,7 @@ class LocalCluster:
                 )
             if any(_holds_data(s.data_dir) for s in config.servers):
                 say(f"restarting the cluster in {root} (its data is kept)")
+                options = _options_again(root, options, say)
             else:
                 say(f"starting the cluster of {config_path}")
         else:
@@ -486,11 +494,12 @@ class LocalCluster:
                 _make_certs(root, added, clients=False)
         if local_tls_files(root) is not None:
             _make_tokens(root / TLS_DIR / TOKENS_FILE)
+        options.record(root)
         flags = launch_flags(
-            extra_flags,
+            options.extra_flags,
             cpu_affinity=cpu_affinity,
-            term_check_mode=term_check_mode,
-            log_inject_latency_ms=log_inject_latency_ms,
+            term_check_mode=options.term_check_mode,
+            log_inject_latency_ms=options.log_inject_latency_ms,
         )
         for attempt in range(1, PORT_ATTEMPTS + 1):
             cluster = cls(root, config)
@@ -913,6 +922,76 @@ class LocalCluster:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _LaunchOptions:
+    """The options of `cluster up` that become server flags, kept for the next start."""
+
+    extra_flags: tuple[str, ...] = ()
+    term_check_mode: str | None = None
+    log_inject_latency_ms: float | None = None
+
+    def given(self) -> bool:
+        return bool(self.extra_flags) or (
+            self.term_check_mode is not None or self.log_inject_latency_ms is not None
+        )
+
+    def words(self) -> list[str]:
+        """As `cluster up` options, for the messages."""
+        out = [f"--tserver-flag={f}" for f in self.extra_flags]
+        if self.term_check_mode is not None:
+            out.append(f"--term-check-mode {self.term_check_mode}")
+        if self.log_inject_latency_ms is not None:
+            out.append(f"--log-inject-latency-ms {self.log_inject_latency_ms:g}")
+        return out
+
+    def record(self, root: Path) -> None:
+        doc = {
+            "extra_flags": list(self.extra_flags),
+            "term_check_mode": self.term_check_mode,
+            "log_inject_latency_ms": self.log_inject_latency_ms,
+        }
+        try:
+            (root / LAUNCH_FILE).write_text(json.dumps(doc) + "\n")
+        except OSError as e:
+            raise LauncherError(f"cannot write {root / LAUNCH_FILE}: {e}") from None
+
+    @classmethod
+    def recorded(cls, root: Path) -> _LaunchOptions | None:
+        """The last start's, or None (none recorded: a cluster from before the record, or
+        one whose record cannot be read, which is said rather than guessed at)."""
+        try:
+            doc = json.loads((root / LAUNCH_FILE).read_text())
+            latency = doc["log_inject_latency_ms"]
+            return cls(
+                tuple(str(f) for f in doc["extra_flags"]),
+                None if doc["term_check_mode"] is None else str(doc["term_check_mode"]),
+                None if latency is None else float(latency),
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise LauncherError(
+                f"cannot read {root / LAUNCH_FILE} (the server flags of the last start): "
+                f"{e}; remove it to start with only the flags given now"
+            ) from None
+
+
+def _options_again(root: Path, given: _LaunchOptions, say: Callable[[str], None]) -> _LaunchOptions:
+    """The options a restart of the whole cluster starts the servers with: the last start's,
+    unless the command gives some (then only those, and it says which it drops)."""
+    last = _LaunchOptions.recorded(root)
+    if last is None or not last.given():
+        return given
+    if not given.given():
+        say(f"with the server flags of its last start: {' '.join(last.words())}")
+        return last
+    dropped = [w for w in last.words() if w not in given.words()]
+    if dropped:
+        say(f"without the last start's {' '.join(dropped)}, which this command does not give")
+    return given
+
 
 # What a new cluster's first start passes (``_start_all``), and never a restart: a server
 # started again may have lost its data directory, and must wait for its peers to say so.

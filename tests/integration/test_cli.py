@@ -423,6 +423,54 @@ def test_down_leaves_no_process(data_dir: Path) -> None:
     assert "gone already" in again
 
 
+def test_a_restart_after_down_keeps_the_server_flags_unless_it_gives_new_ones(
+    tmp_path: Path,
+) -> None:
+    """`up` after `down` started the servers with none of the first start's
+    --tserver-flag, silently (a restart of some servers keeps them)."""
+    d = str(tmp_path / "c")
+
+    def argv() -> list[str]:
+        (server,) = state(Path(d))["servers"]
+        return list(server["argv"])
+
+    try:
+        ok(
+            raftlet(
+                "cluster",
+                "up",
+                "--data-dir",
+                d,
+                "--servers",
+                "1",
+                "--tablets",
+                "1",
+                "--tserver-flag=--log_level=WARNING",
+                "--term-check-mode",
+                "locked",
+            )
+        )
+        ok(raftlet("cluster", "down", "--data-dir", d))
+        out = ok(raftlet("cluster", "up", "--data-dir", d))
+        assert (
+            "with the server flags of its last start: --tserver-flag=--log_level=WARNING "
+            "--term-check-mode locked"
+        ) in out
+        assert "--log_level=WARNING" in argv()
+        assert "locked" in argv()
+        ok(raftlet("cluster", "down", "--data-dir", d))
+        out = ok(raftlet("cluster", "up", "--data-dir", d, "--tserver-flag=--log_level=ERROR"))
+        assert (
+            "without the last start's --tserver-flag=--log_level=WARNING --term-check-mode "
+            "locked, which this command does not give"
+        ) in out
+        assert "--log_level=ERROR" in argv()
+        assert "--log_level=WARNING" not in argv()
+        assert "locked" not in argv()
+    finally:
+        raftlet("cluster", "down", "--data-dir", d, "--remove-data")
+
+
 def test_remove_data_removes_only_what_up_made(tmp_path: Path) -> None:
     """A hand-written config's folder is not a cluster's data directory: `down --cluster
     FILE --remove-data` once removed it, whatever else it held; and `up` does not take a
@@ -677,3 +725,33 @@ def test_down_stops_a_server_restarted_by_hand_and_keeps_its_directory_until_the
             proc.stdout.close()
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)
+
+
+def test_cluster_up_whose_reader_goes_away_leaves_its_cluster_running(tmp_path: Path) -> None:
+    """`raftlet cluster up … | head -1`: the progress line after the reader left raised
+    BrokenPipeError into the launch, whose handler stopped every server again (no
+    cluster.json), and the command exited 0. Now it carries on: the cluster is up."""
+    d = tmp_path / "c"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlet", "cluster", "up", "--data-dir", str(d), "--servers",
+         "3", "--tablets", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        assert proc.stdout.readline()  # the first server's progress line; then the reader leaves
+        proc.stdout.close()
+        code = proc.wait(timeout=TIMEOUT_S)
+        err = proc.stderr.read().decode()
+        assert code == 0, err
+        assert "Traceback" not in err
+        assert [s["id"] for s in state(d)["servers"]] == ["ts1", "ts2", "ts3"]
+        out = ok(raftlet("cluster", "status", "--data-dir", str(d)))
+        assert "OK: 3/3 servers up, 2/2 tablets with a ready leader" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        raftlet("cluster", "down", "--data-dir", str(d), "--remove-data")

@@ -75,6 +75,36 @@ def test_every_command_has_help_with_examples(
     assert "examples:" in capsys.readouterr().out
 
 
+def test_replace_server_help_says_what_the_replaced_server_does_when_started_again(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """It said a replaced server started with an empty data directory "makes its placement's
+    replicas afresh, leftovers too"; it makes none of them since its peers tell it that
+    their groups run without it (``tserver.empty_start``)."""
+    import logging
+    import re
+
+    from raftlet.proto import tablet_pb2
+    from raftlet.tserver.empty_start import read_peers
+
+    with pytest.raises(SystemExit) as exc:
+        main(["cluster", "replace-server", "--help"])
+    assert exc.value.code == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "afresh" not in said
+    assert "With an empty data directory it hosts nothing" in said
+    assert "that replica opens FAILED and is repaired by a copy from the leader" in said
+    # The log line it quotes is the server's: ts2 replaced, its group runs on ts1, ts3, ts4.
+    quoted = re.search(r'its log: "([^"]+)"', said)
+    assert quoted is not None, said
+    peer = tablet_pb2.ListTabletsResponse(server_uuid="ts1")
+    peer.tablets.add(tablet_id="kv-p0", voters=["ts1", "ts3", "ts4"])
+    with caplog.at_level(logging.WARNING):
+        view = read_peers("ts2", ["kv-p0"], [peer])
+    assert view.without_me == {"kv-p0"}
+    assert quoted.group(1) in caplog.text
+
+
 # --- usage errors: exit 2, one line -------------------------------------------------------
 
 
