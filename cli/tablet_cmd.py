@@ -38,7 +38,11 @@ voter. remove-replica hands leadership to another voter first if SERVER leads; w
 it waits for the removal to commit and deletes the replica from SERVER if SERVER answers
 (exit 1 if SERVER says it could not remove the files; a rerun once they are fixed deletes
 them). move-replica adds TO (caught up and promoted), then removes FROM. One change at a time: a
-tablet whose last change is not committed yet refuses another.
+tablet whose last change is not committed yet refuses another. A change of voters that would
+leave the group without a majority of voters its leader heard from within an election timeout
+is refused, naming the silent ones: removing a healthy voter while another is down would leave
+a group that can commit nothing, not even the change that undoes it. Remove the one that is
+down instead, or bring it back first.
 """
 
 _REPLACE_EPILOG = """\
