@@ -790,6 +790,15 @@ class RaftConsensus:
         with self._lock:
             return self._node.raft.all_replicated
 
+    def voters_behind(self, index: int) -> list[str]:
+        """On the leader, the voters known to hold less than entry ``index``; [] on any
+        other replica, which does not know (for the log: who will need a tablet copy)."""
+        with self._lock:
+            st = self._node.status()
+        return sorted(
+            v for v, (match, _, _) in st.progress.items() if v in st.voters and match < index
+        )
+
     def failed(self) -> bool:
         """Whether the log failed (set by the durability thread at any time)."""
         return self._failure is not None

@@ -48,8 +48,11 @@ class LogGc:
         interval_s: float,
         max_segments: int = 0,
         on_collected: Callable[[int], None] | None = None,
+        voters_behind: Callable[[int], list[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``voters_behind(index)``: the voters known to hold less than ``index`` (a
+        leader knows; [] elsewhere), named when GC goes past what they hold."""
         self._name = name
         self._log = log
         self._store = store
@@ -57,6 +60,7 @@ class LogGc:
         self._interval_s = interval_s
         self._max_segments = max_segments
         self._on_collected = on_collected
+        self._voters_behind = voters_behind
         self._clock = clock
         self._next = clock() + interval_s
         # GC has gone past what a voter holds, and that voter has not caught up since: said
@@ -96,14 +100,20 @@ class LogGc:
         deleted = self._log.gc(point - 1)
         if deleted and point - 1 > all_replicated and not self._past_voter:
             self._past_voter = True
+            first = self._log.first_index()
+            behind = self._voters_behind(first) if self._voters_behind is not None else []
             logger.warning(
-                "%s: log GC discarded entries a voter lacks (every voter held up to %d; the log "
-                "now starts at %d), to keep at most %d segments (--log_max_segments_retained): "
-                "that voter, down or far behind, will need a tablet copy to catch up",
+                "%s: log GC discarded entries %s (every voter held up to %d; the log now "
+                "starts at %d), to keep at most %d segments (--log_max_segments_retained): "
+                "%s, down or far behind, will need a tablet copy to catch up",
                 self._name,
+                f"{', '.join(behind)} lack{'s' if len(behind) == 1 else ''}"
+                if behind
+                else "a voter lacks",
                 all_replicated,
-                self._log.first_index(),
+                first,
                 self._max_segments,
+                ", ".join(behind) if behind else "that voter",
             )
         if deleted:
             logger.debug(

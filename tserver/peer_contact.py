@@ -92,7 +92,18 @@ class PeerContact:
         for server_id in set(self._silent) - asked - heard:
             # Nothing sent to it in this interval, so nothing it failed to answer: a peer
             # asked again much later is judged afresh.
-            del self._silent[server_id]
+            silence = self._silent.pop(server_id)
+            if silence.warned_at is not None:
+                # Its replicas here left their groups, or those moved elsewhere: no word
+                # from it would come now, so the warning gets its end here.
+                logger.info(
+                    "peer %s (%s): this server has stopped sending it anything (no group "
+                    "here needs it now), after %s without an answer; its silence is no "
+                    "longer watched",
+                    server_id,
+                    self._address(server_id),
+                    _duration(now - silence.since),
+                )
         for server_id in asked - heard:
             silence = self._silent.setdefault(server_id, _Silence(since=began))
             silent_s = now - silence.since

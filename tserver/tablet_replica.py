@@ -412,6 +412,7 @@ class TabletReplica:
                 interval_s=opts.log_gc_interval_s,
                 max_segments=opts.log_max_segments_retained,
                 on_collected=self._metrics.log_gc_segments.increment,
+                voters_behind=self.consensus.voters_behind,
             )
             if opts.log_gc_interval_s > 0
             else None

@@ -91,3 +91,33 @@ def test_gc_below_what_every_voter_holds_says_nothing(
         gc = LogGc("kv-p0", log, store, lambda: last, interval_s=0, max_segments=2)  # type: ignore[arg-type]
         assert gc.collect() > 0
     assert warnings(caplog) == []
+
+
+def test_a_leader_names_the_voters_that_will_need_a_copy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader knows each voter's match: the line names the one(s) left behind."""
+    caplog.set_level(logging.INFO, LOGGER)
+    store = FlushedStore()
+    asked: list[int] = []
+
+    def behind(index: int) -> list[str]:
+        asked.append(index)
+        return ["ts3"]
+
+    with Log.open(tmp_path, SMALL) as log:
+        gc = LogGc(
+            "kv-p0",
+            log,
+            store,  # type: ignore[arg-type]
+            lambda: 0,
+            interval_s=0,
+            max_segments=2,
+            voters_behind=behind,
+        )
+        grow(log, store, 0, 160)
+        assert gc.collect() > 0
+        [message] = warnings(caplog)
+        assert asked == [log.first_index()]
+    assert message.startswith("kv-p0: log GC discarded entries ts3 lacks (every voter held ")
+    assert message.endswith("ts3, down or far behind, will need a tablet copy to catch up")

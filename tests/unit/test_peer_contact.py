@@ -118,3 +118,24 @@ def test_a_peer_missing_from_the_addresses_is_still_named(
     intervals(contact, clock, 2, asked=("ts9",), heard=())
     [(_, message)] = lines(caplog)
     assert message.startswith("peer ts9 (address unknown) has not answered for 4 s")
+
+
+def test_a_warned_peer_nothing_is_sent_to_any_more_gets_a_last_line(
+    contact: PeerContact, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its replicas moved off (`cluster replace-server`): no answer will come, so the
+    warning is closed by a line of its own rather than left standing."""
+    caplog.set_level(logging.INFO, LOGGER)
+    intervals(contact, clock, 5, asked=("ts2",), heard=())
+    [(level, _)] = lines(caplog)
+    assert level == logging.WARNING
+    intervals(contact, clock, 1, asked=(), heard=())
+    [(level, message)] = lines(caplog)
+    assert level == logging.INFO
+    assert message == (
+        "peer ts2 (127.0.0.1:7051): this server has stopped sending it anything (no group "
+        "here needs it now), after 12 s without an answer; its silence is no longer watched"
+    )
+    intervals(contact, clock, 3, asked=(), heard=())
+    assert lines(caplog) == []
+    assert contact.silent_for("ts2") is None

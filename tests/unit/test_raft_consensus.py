@@ -440,3 +440,19 @@ def test_a_group_of_one_refuses_a_step_down_as_a_request_that_cannot_succeed(
         assert (snap.role, snap.term) == (Role.LEADER, term)
     finally:
         cluster.close()
+
+
+def test_voters_behind_names_the_voters_a_leader_knows_lack_an_entry(cluster: Cluster) -> None:
+    """What the log GC warning names (``tserver.log_gc``): on the leader, the voters whose
+    acknowledged entries end below the index; elsewhere nobody, since a follower cannot know."""
+    leader = cluster.wait_leader()
+    down = next(n for n in cluster.ids if n != leader.node_id)
+    cluster.crash(down)
+    consensus = leader.consensus
+    consensus.replicate([b"row"], consensus.check_leadership_and_bind_term())
+    cluster.wait_for(lambda: consensus.commit_index() >= consensus.status()["last_index"])
+    last = int(consensus.status()["last_index"])  # type: ignore[call-overload]
+    assert consensus.voters_behind(last) == [down]
+    assert consensus.voters_behind(1) == []
+    follower = next(r for n, r in cluster.replicas.items() if n not in (leader.node_id, down))
+    assert follower.consensus.voters_behind(last + 1) == []
