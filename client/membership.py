@@ -30,7 +30,7 @@ import grpc
 from raftlet.client.client import Client
 from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, Timeout
 from raftlet.client.retry import CREDENTIALS_REFUSED
-from raftlet.proto import admin_pb2, consensus_pb2, tablet_pb2
+from raftlet.proto import admin_pb2, admin_pb2_grpc, consensus_pb2, tablet_pb2
 
 __all__ = [
     "ReplicaNotDeleted",
@@ -193,6 +193,28 @@ def _change(
         timeout_s=timeout_s,
     )
     return cast(admin_pb2.ChangeConfigResponse, response)
+
+
+def _check_change(client: Client, tablet_id: str, kind: int, server: str, timeout_s: float) -> None:
+    """Raise the refusal the leader would give the change now (``RemoteError``), changing
+    nothing; a leader too old to say (no CheckConfigChange) lets it through unchecked."""
+    request = admin_pb2.ChangeConfigRequest(tablet_id=tablet_id, type=kind, server_uuid=server)  # type: ignore[arg-type]
+
+    def check(
+        stub: admin_pb2_grpc.AdminServiceStub, timeout: float
+    ) -> admin_pb2.ChangeConfigResponse | None:
+        try:
+            return cast(
+                admin_pb2.ChangeConfigResponse, stub.CheckConfigChange(request, timeout=timeout)
+            )
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise
+
+    client.on_leader(
+        tablet_id, check, what=f"membership change of tablet {tablet_id}", timeout_s=timeout_s
+    )
 
 
 def _wait_committed(
@@ -501,6 +523,8 @@ def remove_replica(
         others = [v for v in m.voters if v != server]
         if not others:
             raise InvalidArgument(f"{server} is the only voter of {tablet_id}")
+        # Refused now, it would be refused after the hand-over too: move nothing for it.
+        _check_change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s)
         try:
             client.leader_step_down(
                 tablet_id, new_leader=_live_voter(client, tablet_id, others), timeout_s=timeout_s

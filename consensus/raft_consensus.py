@@ -487,6 +487,16 @@ class RaftConsensus:
             self._process_ready_unlocked()
         return entry, membership
 
+    def check_config_change(self, change: ConfigChange) -> Membership:
+        """On the leader: the membership ``change`` would make, or the refusal
+        ``change_config`` would raise now; nothing is appended."""
+        self._raise_if_failed()
+        with self._lock:
+            # The ticks counted so far first: they date the peers' last answers.
+            self._step_ticks_unlocked()
+            self._process_ready_unlocked()
+            return self._node.check_config_change(change)
+
     def check_leadership_and_bind_term(self) -> int:
         """The term a write binds to; raises NotLeaderError / LeaderNotReady / ReplicaFailed.
 

@@ -71,6 +71,11 @@ class AdminServiceStub:
                 request_serializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.SerializeToString,
                 response_deserializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.FromString,
                 _registered_method=True)
+        self.CheckConfigChange = channel.unary_unary(
+                '/raftlet.AdminService/CheckConfigChange',
+                request_serializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.SerializeToString,
+                response_deserializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.FromString,
+                _registered_method=True)
         self.DeleteReplica = channel.unary_unary(
                 '/raftlet.AdminService/DeleteReplica',
                 request_serializer=raftlet_dot_proto_dot_admin__pb2.DeleteReplicaRequest.SerializeToString,
@@ -123,6 +128,15 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckConfigChange(self, request, context):
+        """What ChangeConfig would do now, done nothing: the membership it would make (index 0),
+        or its refusal. Asked before moving a leadership for a change, so a refused change moves
+        nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteReplica(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -164,6 +178,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
             ),
             'ChangeConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ChangeConfig,
+                    request_deserializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.FromString,
+                    response_serializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.SerializeToString,
+            ),
+            'CheckConfigChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckConfigChange,
                     request_deserializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.FromString,
                     response_serializer=raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.SerializeToString,
             ),
@@ -360,6 +379,33 @@ class AdminService:
             request,
             target,
             '/raftlet.AdminService/ChangeConfig',
+            raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.SerializeToString,
+            raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckConfigChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlet.AdminService/CheckConfigChange',
             raftlet_dot_proto_dot_admin__pb2.ChangeConfigRequest.SerializeToString,
             raftlet_dot_proto_dot_admin__pb2.ChangeConfigResponse.FromString,
             options,

@@ -25,11 +25,11 @@ counted in ``rpc_auth_denials{reason}`` and logged with the method and who (neve
 **Roles per method** (``required_role``): ``reader`` Scan, ListTablets, GetClusterConfig,
 reflection; ``writer`` + Write, WriteStream; ``admin`` + LeaderStepDown, SetFlag, GetFlags,
 GetConsensusStatus, GetConsensusState, ChecksumTablet, and the membership RPCs
-CreateReplica, ChangeConfig, DeleteReplica; ``server`` (a peer's server certificate, and nothing
-else) UpdateConsensus, RequestVote, TimeoutNow and the consensus Stream. A server
-certificate is good for consensus only, and ListTablets (a server new to a cluster asks
-its peers which groups run without it before it makes replicas). Health checking stays
-open (it says SERVING or not, nothing else), so orchestrators can probe.
+CreateReplica, ChangeConfig, CheckConfigChange, DeleteReplica; ``server`` (a peer's server
+certificate, and nothing else) UpdateConsensus, RequestVote, TimeoutNow and the consensus
+Stream. A server certificate is good for consensus only, and ListTablets (a server new to a
+cluster asks its peers which groups run without it before it makes replicas). Health
+checking stays open (it says SERVING or not, nothing else), so orchestrators can probe.
 
 **Raft's sender is the certificate's.** ``check_sender`` refuses a consensus request whose
 claimed sender (``caller_uuid`` / ``candidate_uuid``) is not the server the certificate
@@ -118,6 +118,7 @@ _ROLES: dict[str, AccessRole | None] = {
     # Membership changes: they move a tablet's data between servers.
     _ADMIN + "CreateReplica": AccessRole.ADMIN,
     _ADMIN + "ChangeConfig": AccessRole.ADMIN,
+    _ADMIN + "CheckConfigChange": AccessRole.ADMIN,
     _ADMIN + "DeleteReplica": AccessRole.ADMIN,
     _CONSENSUS + "UpdateConsensus": AccessRole.SERVER,
     _CONSENSUS + "RequestVote": AccessRole.SERVER,

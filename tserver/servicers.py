@@ -45,7 +45,7 @@ from raftlet.tserver.security import (
     sender_check,
 )
 from raftlet.tserver.service_pool import InboundCall, ServicePool
-from raftlet.tserver.tablet_replica import WriteCallbacks
+from raftlet.tserver.tablet_replica import TabletReplica, WriteCallbacks
 from raftlet.tserver.write_stream import StreamWindows, WriteStreamSession
 
 if TYPE_CHECKING:
@@ -398,21 +398,34 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def ChangeConfig(self, request: admin_pb2.ChangeConfigRequest, context: Any) -> Any:
         def change() -> admin_pb2.ChangeConfigResponse:
-            kind = _CHANGE_TYPES.get(request.type)
-            if kind is None:
-                raise InvalidRequest(f"unknown config change type {request.type}")
-            _check_ids(request.tablet_id, [request.server_uuid])
-            if request.server_uuid not in self._s.config.server_ids:
-                raise InvalidRequest(f"server {request.server_uuid!r} is not in the cluster config")
-            replica = self._s.replica(request.tablet_id)
-            entry, membership = replica.consensus.change_config(
-                ConfigChange(kind, request.server_uuid)
-            )
+            replica, config_change = self._config_change(request)
+            entry, membership = replica.consensus.change_config(config_change)
             return admin_pb2.ChangeConfigResponse(
                 index=entry.index, voters=membership.voters, learners=membership.learners
             )
 
         return await self._call("ChangeConfig", context, change)
+
+    async def CheckConfigChange(self, request: admin_pb2.ChangeConfigRequest, context: Any) -> Any:
+        def check() -> admin_pb2.ChangeConfigResponse:
+            replica, change = self._config_change(request)
+            membership = replica.consensus.check_config_change(change)
+            return admin_pb2.ChangeConfigResponse(
+                voters=membership.voters, learners=membership.learners
+            )
+
+        return await self._call("CheckConfigChange", context, check)
+
+    def _config_change(
+        self, request: admin_pb2.ChangeConfigRequest
+    ) -> tuple[TabletReplica, ConfigChange]:
+        kind = _CHANGE_TYPES.get(request.type)
+        if kind is None:
+            raise InvalidRequest(f"unknown config change type {request.type}")
+        _check_ids(request.tablet_id, [request.server_uuid])
+        if request.server_uuid not in self._s.config.server_ids:
+            raise InvalidRequest(f"server {request.server_uuid!r} is not in the cluster config")
+        return self._s.replica(request.tablet_id), ConfigChange(kind, request.server_uuid)
 
     async def DeleteReplica(self, request: admin_pb2.DeleteReplicaRequest, context: Any) -> Any:
         def delete() -> admin_pb2.DeleteReplicaResponse:

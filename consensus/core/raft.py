@@ -437,6 +437,19 @@ class Raft:
         earlier leader's change may still be uncommitted in some log), during a leadership
         transfer, when the change does not fit (see ``ConfigChange.apply``), or when it
         would leave the voters heard from within an election timeout no majority."""
+        membership = self.check_config_change(change)
+        entry = Entry(self.term, self.log.last_index() + 1, EntryType.CONFIG, membership.encode())
+        self.log.append([entry])
+        self._bcast_append()
+        if self._maybe_commit():  # fewer voters may need fewer acknowledgements
+            self._bcast_append(send_if_empty=self.config.broadcast_commit)
+        self._leave_if_removed()
+        return entry
+
+    def check_config_change(self, change: ConfigChange) -> Membership:
+        """The membership ``change`` would make, or the refusal ``propose_config_change``
+        would raise now; nothing is appended.  A caller about to move leadership for a
+        change asks first, so a refused change moves nothing."""
         if self.role is not Role.LEADER:
             raise NotLeaderError(self.lead, self.term)
         if self.lead_transferee != NO_NODE:
@@ -454,13 +467,7 @@ class Raft:
         membership = change.apply(self.membership)
         if membership.voters != self.membership.voters:
             self._refuse_unless_a_majority_answers(membership)
-        entry = Entry(self.term, self.log.last_index() + 1, EntryType.CONFIG, membership.encode())
-        self.log.append([entry])
-        self._bcast_append()
-        if self._maybe_commit():  # fewer voters may need fewer acknowledgements
-            self._bcast_append(send_if_empty=self.config.broadcast_commit)
-        self._leave_if_removed()
-        return entry
+        return membership
 
     def _refuse_unless_a_majority_answers(self, membership: Membership) -> None:
         """Refuse a change of voters after which those heard from within an election timeout

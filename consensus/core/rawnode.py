@@ -111,6 +111,10 @@ class RawNode:
         """Append a membership change (see ``Raft.propose_config_change``)."""
         return self.raft.propose_config_change(change)
 
+    def check_config_change(self, change: ConfigChange) -> Membership:
+        """What ``propose_config_change`` would make or refuse, appending nothing."""
+        return self.raft.check_config_change(change)
+
     def conf_state(self) -> ConfState:
         return self.raft.conf_state()
 

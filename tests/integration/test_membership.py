@@ -348,6 +348,11 @@ def test_removing_a_healthy_voter_while_another_is_down_is_refused(
         err = capsys.readouterr().err
         assert f"({down.id} not heard from within an election timeout)" in err, err
         assert f"bring {down.id} back first, or remove a voter that is down" in err, err
+        # Removing the leader itself: refused before its leadership is handed over.
+        assert cli(["tablet", "remove-replica", tid, leader.id, *target, "--timeout", "30"]) == 1
+        out, err = capsys.readouterr()
+        assert f"({down.id} not heard from within an election timeout)" in err, err
+        assert "leadership moved" not in out, out
         with Client.from_config(str(cluster.path)) as client:
             m = leader_membership(client, tid, 30.0)
             assert sorted(m.voters) == sorted(cluster.servers)

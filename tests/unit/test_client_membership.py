@@ -5,6 +5,7 @@ fails the command at once."""
 
 from __future__ import annotations
 
+import re
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -25,8 +26,13 @@ def _group(voters: tuple[str, ...], commit: int, config: int, leader: str = "ts1
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """What the leader answers, in turn, and what was asked of the servers."""
-    calls: dict[str, list[Any]] = {"answers": [], "deleted": []}
+    calls: dict[str, list[Any]] = {"answers": [], "deleted": [], "checked": []}
     monkeypatch.setattr(membership, "_check_server", lambda _client, _server: None)
+    monkeypatch.setattr(
+        membership,
+        "_check_change",
+        lambda _c, tablet, _k, server, _t: calls["checked"].append((tablet, server)),
+    )
     monkeypatch.setattr(membership, "leader_membership", lambda *_a, **_k: calls["answers"].pop(0))
     monkeypatch.setattr(membership, "_change", lambda *_a, **_k: SimpleNamespace(index=22))
     monkeypatch.setattr(
@@ -311,6 +317,28 @@ def test_a_step_down_another_operator_already_made_is_no_failure(
     m = remove_replica(Refusing(), "kv-p0", "ts3", timeout_s=5.0)  # type: ignore[arg-type]
     assert m.voters == ("ts1", "ts2")
     assert scripted["deleted"] == [("kv-p0", "ts3")]
+
+
+def test_a_removal_of_the_leader_the_leader_would_refuse_moves_no_leadership(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked to remove its leader while another voter was down, the CLI handed the
+    leadership over and only then heard the new leader refuse: the check comes first now."""
+    voters = ("ts1", "ts2", "ts3")
+    scripted["answers"] = [_group(voters, 21, 1, leader="ts3")]
+    refusal = "it would leave 1 of the new group's 2 voters answering (ts2 not heard from"
+
+    def refuse(_c: Any, _tablet: str, _kind: int, _server: str, _t: float) -> None:
+        raise RemoteError(refusal)
+
+    class NoStepDown:
+        def leader_step_down(self, *_a: Any, **_k: Any) -> str:
+            raise AssertionError("leadership moved for a change that is refused")
+
+    monkeypatch.setattr(membership, "_check_change", refuse)
+    with pytest.raises(RemoteError, match=re.escape(refusal)):
+        remove_replica(NoStepDown(), "kv-p0", "ts3", timeout_s=5.0)  # type: ignore[arg-type]
+    assert scripted["deleted"] == []
 
 
 def test_leadership_goes_to_the_voter_that_answers_with_the_longest_log(

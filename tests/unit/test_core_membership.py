@@ -476,3 +476,20 @@ def test_answers_from_before_a_stall_do_not_count_for_a_change() -> None:
     net.deliver(net["a"].drain())  # the heartbeat it sends at once: b answers, c cannot
     with pytest.raises(ConfigChangeRefused, match=r"\(c not heard from"):
         _change(net, "a", REMOVE, "b")
+
+
+def test_a_check_of_a_change_appends_nothing_and_refuses_as_the_change_would() -> None:
+    """``check_config_change``: what a caller asks before moving leadership for a change."""
+    net = _cluster()
+    leader = net["a"].raw
+    last = net["a"].raft.log.last_index()
+    assert leader.check_config_change(ConfigChange(REMOVE, "c")) == Membership(("a", "b"), ())
+    assert net["a"].raft.log.last_index() == last
+    assert net["a"].raft.membership.voters == IDS3
+    net.isolate("c")
+    net.tick("a", _election_tick(net) + 1)
+    with pytest.raises(ConfigChangeRefused, match=r"\(c not heard from"):
+        leader.check_config_change(ConfigChange(REMOVE, "a"))
+    with pytest.raises(ConfigChangeRefused, match="is not a member"):
+        leader.check_config_change(ConfigChange(REMOVE, "z"))
+    assert net["a"].raft.log.last_index() == last
