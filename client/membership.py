@@ -133,18 +133,43 @@ def leader_membership(client: Client, tablet_id: str, timeout_s: float) -> Table
             lost = lost_majority(client, tablet_id)
             if lost:
                 raise RemoteError(lost)
+        if time.monotonic() >= deadline:
+            # Said only at the end: a voter that does not answer may be restarting.
+            raise Timeout(
+                f"timed out waiting for a ready leader of {tablet_id}"
+                + _silent_voters(client, tablet_id)
+            )
         _pause(deadline, f"a ready leader of {tablet_id}")
 
 
-def lost_majority(client: Client, tablet_id: str) -> str:
-    """Why ``tablet_id`` can have no leader, or "": a majority of its voters is FAILED
-    without consensus (a replica that failed to open never votes, and only a leader could
-    repair it by a copy). The voters are those its running replicas report, else the
-    replicas the client knows of; a server that does not answer counts for nothing."""
+def _silent_voters(client: Client, tablet_id: str) -> str:
+    """Why the wait for a leader may have failed, as the end of its message: the voters
+    whose servers did not answer now, if a majority; "" otherwise (or if it cannot tell)."""
+    group = _group_seen(client, tablet_id)
+    if group is None:
+        return ""
+    voters, answered, _ = group
+    silent = sorted(set(voters) - answered)
+    if not voters or 2 * len(silent) < len(voters):
+        return ""
+    return (
+        f": {len(silent)} of its {len(voters)} voters do not answer ({', '.join(silent)}), "
+        "and a group elects a leader only with a majority of its voters -- start them again "
+        "(`raftlet cluster status` shows which servers are down); no membership change can "
+        "work without a leader"
+    )
+
+
+def _group_seen(
+    client: Client, tablet_id: str
+) -> tuple[tuple[str, ...], set[str], dict[str, str]] | None:
+    """``tablet_id``'s voters as its running replicas report them (else the replicas the
+    client knows of), the servers that answered, and the FAILED replicas' reasons; None if
+    nothing can be asked."""
     try:
         answers = client.list_tablets(timeout_s=3.0)
     except RaftletError:
-        return ""
+        return None
     failed: dict[str, str] = {}
     reported: dict[tuple[str, ...], int] = {}
     for uuid, answer in answers.items():
@@ -161,7 +186,19 @@ def lost_majority(client: Client, tablet_id: str) -> str:
         try:
             voters = tuple(client.replicas(tablet_id))
         except RaftletError:
-            return ""
+            return None
+    return voters, set(answers), failed
+
+
+def lost_majority(client: Client, tablet_id: str) -> str:
+    """Why ``tablet_id`` can have no leader, or "": a majority of its voters is FAILED
+    without consensus (a replica that failed to open never votes, and only a leader could
+    repair it by a copy). The voters are those its running replicas report, else the
+    replicas the client knows of; a server that does not answer counts for nothing."""
+    group = _group_seen(client, tablet_id)
+    if group is None:
+        return ""
+    voters, _, failed = group
     down = sorted(set(voters) & set(failed))
     if not voters or 2 * len(down) < len(voters):
         return ""

@@ -628,6 +628,27 @@ def test_a_tablet_whose_majority_is_failed_fails_the_command_fast_saying_why(
         membership.leader_membership(_lost_majority_client(("ts1",)), "kv-p0", 0.5)
 
 
+def test_a_wait_for_a_leader_that_times_out_names_the_voters_that_do_not_answer() -> None:
+    """A two-voter group with one voter down has no leader: the membership commands waited
+    out their timeout and said only "timed out waiting for a ready leader"."""
+    client = _lost_majority_client(())
+    everyone = client.list_tablets
+    client.list_tablets = lambda timeout_s=None: {u: a for u, a in everyone().items() if u == "ts1"}
+    with pytest.raises(Timeout) as waited:
+        membership.leader_membership(client, "kv-p0", 0.3)
+    assert str(waited.value) == (
+        "timed out waiting for a ready leader of kv-p0: 2 of its 3 voters do not answer "
+        "(ts2, ts3), and a group elects a leader only with a majority of its voters -- start "
+        "them again (`raftlet cluster status` shows which servers are down); no membership "
+        "change can work without a leader"
+    )
+    # A minority silent: an election may be under way, nothing more to say.
+    client.list_tablets = lambda timeout_s=None: {u: a for u, a in everyone().items() if u != "ts3"}
+    with pytest.raises(Timeout) as waited:
+        membership.leader_membership(client, "kv-p0", 0.3)
+    assert str(waited.value) == "timed out waiting for a ready leader of kv-p0"
+
+
 def test_a_replica_another_operator_just_added_is_not_called_a_leftover(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
