@@ -55,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -446,6 +446,7 @@ class LocalCluster:
                 _check_matches(existing.config, servers, tablets, root)
                 existing._start_again(stopped, ready_timeout_s, leader_timeout_s, say)
                 return existing
+            _LaunchOptions.keep_from(root, existing.servers.values())
             (root / STATE_FILE).unlink()  # stale: every process is gone
         # Ports the kernel picked for a new cluster were only free when picked: if a server
         # finds one taken, the cluster (nothing in it yet) starts again on new ones.
@@ -879,6 +880,8 @@ class LocalCluster:
             pids = ", ".join(f"{s.id}={s.pid}" for s in left)
             raise LauncherError(f"still running after SIGKILL: {pids}; {self.state_path} kept")
         if only is None:
+            # The state file holds the flags the servers ran with: kept for the next `up`.
+            _LaunchOptions.keep_from(self.data_dir, self.servers.values())
             with contextlib.suppress(FileNotFoundError):
                 self.state_path.unlink()
             self._children.clear()
@@ -958,6 +961,38 @@ class _LaunchOptions:
             raise LauncherError(f"cannot write {root / LAUNCH_FILE}: {e}") from None
 
     @classmethod
+    def keep_from(cls, root: Path, servers: Iterable[ServerProcess]) -> None:
+        """Write ``LAUNCH_FILE`` from the flags a server ran with, unless there is one: a
+        cluster started by a build from before the record (and restarted by this one) kept
+        its flags only in the state file, which `down` removes."""
+        if (root / LAUNCH_FILE).exists():
+            return
+        first = next(iter(servers), None)
+        if first is not None and first.id in first.argv:
+            cls.from_flags(_flags_again(first)).record(root)
+
+    @classmethod
+    def from_flags(cls, flags: Sequence[str]) -> _LaunchOptions:
+        """The options ``launch_flags`` (and the certificates' flags) made ``flags`` of."""
+        extra: list[str] = []
+        term_check_mode: str | None = None
+        latency: float | None = None
+        rest = list(flags)
+        while rest:
+            flag = rest.pop(0)
+            if flag == _NEW_CLUSTER_FLAG:
+                continue  # a new cluster's first start only (``_start_all``)
+            if flag in _OWN_VALUE_FLAGS and rest:
+                value = rest.pop(0)
+                if flag == "--term_check_mode":
+                    term_check_mode = value
+                elif flag == "--log_inject_latency_ms":
+                    latency = float(value)
+            else:
+                extra.append(flag)
+        return cls(tuple(extra), term_check_mode, latency)
+
+    @classmethod
     def recorded(cls, root: Path) -> _LaunchOptions | None:
         """The last start's, or None (none recorded: a cluster from before the record, or
         one whose record cannot be read, which is said rather than guessed at)."""
@@ -978,11 +1013,32 @@ class _LaunchOptions:
             ) from None
 
 
+# Flags with a value of their own that `up` sets (the options and the certificates), not
+# the caller's --tserver-flag.
+_OWN_VALUE_FLAGS = frozenset(
+    {
+        "--cpu_affinity",
+        "--term_check_mode",
+        "--log_inject_latency_ms",
+        "--tls_cert",
+        "--tls_key",
+        "--tls_ca",
+        "--auth_tokens_file",
+    }
+)
+
+
 def _options_again(root: Path, given: _LaunchOptions, say: Callable[[str], None]) -> _LaunchOptions:
     """The options a restart of the whole cluster starts the servers with: the last start's,
     unless the command gives some (then only those, and it says which it drops)."""
     last = _LaunchOptions.recorded(root)
-    if last is None or not last.given():
+    if last is None:
+        say(
+            f"no record of the server flags of its last start ({LAUNCH_FILE}): starting it "
+            "with only those this command gives"
+        )
+        return given
+    if not last.given():
         return given
     if not given.given():
         say(f"with the server flags of its last start: {' '.join(last.words())}")

@@ -1,0 +1,56 @@
+"""``deploy.local``'s record of the server flags a cluster last started with (``launch.json``):
+a cluster started by a build from before the record, and stopped by this one, lost its
+flags on the next `up` without a word; they are taken from the state file now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raftlet.deploy import local
+from raftlet.deploy.local import LAUNCH_FILE, ServerProcess
+
+_LaunchOptions = local._LaunchOptions
+
+RAN_WITH = [
+    "--tls_cert", "/c/tls/server-ts1.crt", "--tls_key", "/c/tls/server-ts1.key",
+    "--tls_ca", "/c/tls/ca.crt", "--empty_dir_wait_s=0", "--cpu_affinity", "auto",
+    "--result_tracker_max_clients=4000", "--term_check_mode", "locked",
+    "--log_inject_latency_ms", "20",
+]  # fmt: skip
+
+
+def _server(flags: list[str]) -> ServerProcess:
+    argv = ("python", "-m", "raftlet", "tserver", "--config", "/c/cluster.toml")
+    return ServerProcess(
+        id="ts1",
+        pid=1,
+        rpc_addr="127.0.0.1:1",
+        http_addr="127.0.0.1:2",
+        log=Path("/c/ts1.log"),
+        argv=(*argv, "--server_id", "ts1", *flags),
+        started_at="",
+    )
+
+
+def test_the_options_are_read_back_from_the_flags_a_server_ran_with() -> None:
+    options = _LaunchOptions.from_flags(RAN_WITH)
+    assert options == _LaunchOptions(("--result_tracker_max_clients=4000",), "locked", 20.0)
+
+
+def test_a_cluster_without_a_record_gets_one_from_its_state_and_a_record_is_kept(
+    tmp_path: Path,
+) -> None:
+    _LaunchOptions.keep_from(tmp_path, [_server(RAN_WITH)])
+    assert _LaunchOptions.recorded(tmp_path) == _LaunchOptions.from_flags(RAN_WITH)
+    _LaunchOptions.keep_from(tmp_path, [_server(["--log_level=ERROR"])])  # not overwritten
+    assert _LaunchOptions.recorded(tmp_path) == _LaunchOptions.from_flags(RAN_WITH)
+
+
+def test_a_restart_with_no_record_at_all_says_so(tmp_path: Path) -> None:
+    said: list[str] = []
+    given = _LaunchOptions(("--log_level=ERROR",))
+    assert local._options_again(tmp_path, given, said.append) == given
+    assert said == [
+        f"no record of the server flags of its last start ({LAUNCH_FILE}): starting it with "
+        "only those this command gives"
+    ]
