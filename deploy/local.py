@@ -965,11 +965,13 @@ class _LaunchOptions:
         """Write ``LAUNCH_FILE`` from the flags a server ran with, unless there is one: a
         cluster started by a build from before the record (and restarted by this one) kept
         its flags only in the state file, which `down` removes."""
-        if (root / LAUNCH_FILE).exists():
-            return
+        if not root.is_dir() or (root / LAUNCH_FILE).exists():
+            return  # removed meanwhile, or recorded already
         first = next(iter(servers), None)
         if first is not None and first.id in first.argv:
-            cls.from_flags(_flags_again(first)).record(root)
+            # A convenience: a stop never fails for it (the next `up` says it found none).
+            with contextlib.suppress(LauncherError):
+                cls.from_flags(_flags_again(first)).record(root)
 
     @classmethod
     def from_flags(cls, flags: Sequence[str]) -> _LaunchOptions:

@@ -54,3 +54,10 @@ def test_a_restart_with_no_record_at_all_says_so(tmp_path: Path) -> None:
         f"no record of the server flags of its last start ({LAUNCH_FILE}): starting it with "
         "only those this command gives"
     ]
+
+
+def test_keeping_the_record_never_fails_a_stop(tmp_path: Path) -> None:
+    """`down` keeps the record on its way: a directory already removed (`down --remove-data`
+    ran first) made `down` itself fail."""
+    _LaunchOptions.keep_from(tmp_path / "gone", [_server(RAN_WITH)])
+    assert not (tmp_path / "gone").exists()
