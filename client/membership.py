@@ -219,10 +219,14 @@ def _membership_by(client: Client, tablet_id: str, deadline: float) -> TabletMem
     return leader_membership(client, tablet_id, max(0.1, deadline - time.monotonic()))
 
 
+def _change_request(tablet_id: str, kind: int, server: str) -> admin_pb2.ChangeConfigRequest:
+    return admin_pb2.ChangeConfigRequest(tablet_id=tablet_id, type=kind, server_uuid=server)  # type: ignore[arg-type]
+
+
 def _change(
     client: Client, tablet_id: str, kind: int, server: str, timeout_s: float
 ) -> admin_pb2.ChangeConfigResponse:
-    request = admin_pb2.ChangeConfigRequest(tablet_id=tablet_id, type=kind, server_uuid=server)  # type: ignore[arg-type]
+    request = _change_request(tablet_id, kind, server)
     response, _ = client.on_leader(
         tablet_id,
         lambda stub, timeout: stub.ChangeConfig(request, timeout=timeout),
@@ -235,7 +239,7 @@ def _change(
 def _check_change(client: Client, tablet_id: str, kind: int, server: str, timeout_s: float) -> None:
     """Raise the refusal the leader would give the change now (``RemoteError``), changing
     nothing; a leader too old to say (no CheckConfigChange) lets it through unchecked."""
-    request = admin_pb2.ChangeConfigRequest(tablet_id=tablet_id, type=kind, server_uuid=server)  # type: ignore[arg-type]
+    request = _change_request(tablet_id, kind, server)
 
     def check(
         stub: admin_pb2_grpc.AdminServiceStub, timeout: float
