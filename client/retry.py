@@ -9,6 +9,9 @@ cause                  when                              action
 =====================  ================================  =================================
 RESOURCE_EXHAUSTED     service queue full, or the        BACKOFF_SAME: same server, backoff
                        server's write memory limit
+STREAM_REFUSED         UNAVAILABLE "… RST_STREAM with    BACKOFF_SAME: HTTP/2's REFUSED_STREAM,
+                       error code 7": the connection's   sent before the server read anything
+                       concurrent-call cap               (``tserver.grpc_limits``)
 MESSAGE_TOO_LARGE      RESOURCE_EXHAUSTED "… message     FAIL at once (MessageTooLarge):
                        larger than max (N vs. M)" from   the same message fails again, so it
                        gRPC, either side, either way     is no overload to wait out
@@ -94,6 +97,7 @@ FINAL_ATTEMPT_S = 0.05
 
 class Cause(enum.StrEnum):
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    STREAM_REFUSED = "STREAM_REFUSED"
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     LEADER_NOT_READY = "LEADER_NOT_READY"
     NOT_LEADER = "NOT_LEADER"
@@ -118,6 +122,7 @@ class Action(enum.Enum):
 _REFUSED = frozenset(
     {
         Cause.RESOURCE_EXHAUSTED,
+        Cause.STREAM_REFUSED,
         Cause.LEADER_NOT_READY,
         Cause.NOT_LEADER,
         Cause.TABLET_NOT_FOUND,
@@ -128,6 +133,7 @@ _REFUSED = frozenset(
 
 _RETRIABLE: dict[Cause, Action] = {
     Cause.RESOURCE_EXHAUSTED: Action.BACKOFF_SAME,
+    Cause.STREAM_REFUSED: Action.BACKOFF_SAME,
     Cause.LEADER_NOT_READY: Action.BACKOFF_SAME,
     Cause.NOT_LEADER: Action.FIND_LEADER,
     Cause.UNAVAILABLE: Action.NEXT_REPLICA,
@@ -140,6 +146,9 @@ _RETRIABLE: dict[Cause, Action] = {
 # gRPC's own words when a message breaks a max_{send,receive}_message_length, on whichever
 # side noticed ("CLIENT: " or "SERVER: " before them): (size vs. limit).
 _TOO_LARGE = re.compile(r"\b(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
+# gRPC's words for a stream the server reset with HTTP/2's REFUSED_STREAM (code 7): over
+# the connection's concurrent-stream cap, refused before the server read a byte of it.
+_REFUSED_STREAM = re.compile(r"\bRST_STREAM with error code 7\b")
 
 
 def too_large(details: str) -> tuple[str, int, int] | None:
@@ -165,6 +174,8 @@ def classify_status(
             cause = Cause.LEADER_NOT_READY
         elif ecode == E.TABLET_NOT_RUNNING:
             cause = Cause.TABLET_NOT_RUNNING
+        elif error is None and _REFUSED_STREAM.search(details):
+            cause = Cause.STREAM_REFUSED
         else:
             cause = Cause.UNAVAILABLE
     elif code == S.FAILED_PRECONDITION and ecode in (E.NOT_LEADER, E.TERM_MOVED):
@@ -351,6 +362,8 @@ class RetriableFailure(Exception):
 DEFAULT_POLICIES: Mapping[Cause, wait_base] = {
     # Full jitter: refused clients must not come back in lockstep.
     Cause.RESOURCE_EXHAUSTED: tenacity.wait_random_exponential(multiplier=0.01, max=0.5),
+    # The connection is at its cap for a moment only: a call of its own ends soon.
+    Cause.STREAM_REFUSED: tenacity.wait_random_exponential(multiplier=0.002, max=0.1),
     Cause.LEADER_NOT_READY: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.01),
     # An election takes one election timeout or two; poll for its result politely.
     Cause.NOT_LEADER: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.02),
@@ -386,7 +399,7 @@ def timeout_error(
             ": the tablet has no leader, as when fewer than a majority of its replicas run "
             "(`raftlet cluster status` says which)"
         )
-    if last is not None and last.cause is Cause.RESOURCE_EXHAUSTED:
+    if last is not None and last.cause in (Cause.RESOURCE_EXHAUSTED, Cause.STREAM_REFUSED):
         return ServerTooBusy(text, may_have_applied=may_have_applied)
     if last is not None and last.cause is Cause.NOT_LEADER:
         return NotLeader(text, may_have_applied=may_have_applied)

@@ -4,7 +4,8 @@
 to the server ``Router`` picks (pure, shared with ``aio_rpc``); a failure is classified
 (``retry.classify``) and the router reacts by its *action*:
 
-- BACKOFF_SAME (queue full, leader not ready): the same server again, after a backoff;
+- BACKOFF_SAME (queue full, a stream refused, leader not ready): the same server again,
+  after a backoff;
 - FIND_LEADER (not leader): the hinted leader when the hint names another replica that is
   not known to be down — at once, the first time this call goes there — otherwise the
   cached leader is forgotten and the next attempt looks it up (``MetaCache.refresh_leaders``)

@@ -7,8 +7,13 @@ one connection with a window of 0 (it never reads) grew a server from 73 MiB to 
 (``tserver.server``):
 
 - ``MAX_CONCURRENT_STREAMS`` (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``) per connection:
-  beyond it the server refuses new streams (REFUSED_STREAM); gRPC's own clients queue the
-  extra calls instead of failing them, so a well-behaved client only waits.
+  beyond it the server refuses new streams (REFUSED_STREAM, which grpcio reports as
+  UNAVAILABLE "... RST_STREAM with error code 7"). gRPC's clients hold calls over the cap
+  back, but by their own count, while the server counts a call until its core lets go of
+  it, a little after the client saw it end: a client near the cap has calls refused. So
+  raftlet's clients keep fewer in flight on a connection (``client.channels``:
+  ``MAX_CALLS_IN_FLIGHT``) and retry a refused one on the same server (``client.retry``:
+  STREAM_REFUSED); a client of 60 threads had hundreds of writes refused before that.
 - ``UnreadResponseBudget``, an interceptor: the bytes of unary responses that a connection
   has been answered but has not yet taken (from when the handler returns to when gRPC
   finishes the call), per connection (16 MiB) and per server (128 MiB). A connection over
@@ -23,7 +28,8 @@ one connection with a window of 0 (it never reads) grew a server from 73 MiB to 
 
 Why these numbers: the server's service pools hold at most ~200 unary calls doing work
 (queues plus threads), so 64 streams per connection leave a client all the parallelism it
-can use (gRPC's clients queue calls over the cap rather than fail them), and 1024 concurrent
+can use (at 256, the never-reading client below grew the server by ~280 MiB, not ~125),
+and 1024 concurrent
 calls server-wide leave room for every long-lived stream of a large deployment on top of
 that. The process holds a stuck response in several copies (the message, its serialized
 bytes, the transport's frames): measured, 200 never-read 1 MiB Scan pages on one connection

@@ -79,6 +79,14 @@ def queue_full() -> FakeRpcError:
     )
 
 
+def stream_refused() -> FakeRpcError:
+    """What grpcio raises for a call the server reset with HTTP/2's REFUSED_STREAM."""
+    return FakeRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        "Stream removed (RST_STREAM (Received RST_STREAM with error code 7))",
+    )
+
+
 def unavailable() -> FakeRpcError:
     return FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
 
@@ -221,6 +229,7 @@ __all__ = [
     "ok",
     "queue_full",
     "rows_in",
+    "stream_refused",
     "unavailable",
 ]
 

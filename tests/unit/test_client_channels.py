@@ -1,10 +1,15 @@
 """client/channels.py and client/aio_channels.py: the one channel layer -- a channel per
 address, shared by stubs and raw users, counted, refused once closed, on options defined once.
-No server is needed: a gRPC channel connects only when a call is made."""
+No server is needed (a gRPC channel connects only when a call is made) but for the
+limit on calls in flight."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import pytest
@@ -13,12 +18,14 @@ from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import (
     CHANNEL_OPTIONS,
     DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_CALLS_IN_FLIGHT,
     ChannelPool,
     channel_options,
     server_options,
 )
 from raftlet.client.errors import ClientClosed
-from raftlet.proto import tablet_pb2
+from raftlet.proto import tablet_pb2, tablet_pb2_grpc
+from raftlet.tserver.grpc_limits import MAX_CONCURRENT_STREAMS, server_limit_options
 
 
 def test_channel_pool_keeps_one_channel_per_address() -> None:
@@ -121,8 +128,6 @@ def test_an_async_stub_held_across_close_fails_as_cancelled() -> None:
 def test_a_server_cannot_listen_on_a_port_another_server_holds() -> None:
     """gRPC binds with SO_REUSEPORT on Linux unless told not to: a second server on a port
     in use started, and the kernel split the clients' connections between two clusters."""
-    from concurrent.futures import ThreadPoolExecutor
-
     first = grpc.server(ThreadPoolExecutor(1), options=server_options())
     second = grpc.server(ThreadPoolExecutor(1), options=server_options())
     try:
@@ -136,3 +141,52 @@ def test_a_server_cannot_listen_on_a_port_another_server_holds() -> None:
     finally:
         first.stop(None)
         second.stop(None)
+
+
+class _HeldWrites(tablet_pb2_grpc.TabletServiceServicer):  # type: ignore[misc]  # untyped grpc
+    """Writes that wait for ``release``, counting how many are in the handler at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def Write(self, request: tablet_pb2.WriteRequest, context: Any) -> tablet_pb2.WriteResponse:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        self.release.wait(30)
+        with self._lock:
+            self.now -= 1
+        return tablet_pb2.WriteResponse(op_index=1)
+
+
+def test_a_stub_keeps_at_most_its_calls_in_flight_and_the_rest_wait() -> None:
+    """More threads than slots: the server never sees more than the slots at once (a server
+    refuses streams over its per-connection cap, and counts ended ones a little longer than
+    the client), and every call still completes once slots free up."""
+    servicer = _HeldWrites()
+    server = grpc.server(ThreadPoolExecutor(100), options=server_limit_options())
+    tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    pool = ChannelPool()
+    try:
+        stub = pool.stub(f"127.0.0.1:{port}")
+        assert MAX_CALLS_IN_FLIGHT < MAX_CONCURRENT_STREAMS
+        with ThreadPoolExecutor(MAX_CALLS_IN_FLIGHT + 30) as callers:
+            calls = [
+                callers.submit(stub.write, tablet_pb2.WriteRequest(), 30.0)
+                for _ in range(MAX_CALLS_IN_FLIGHT + 30)
+            ]
+            deadline = time.monotonic() + 30
+            while servicer.now < MAX_CALLS_IN_FLIGHT and time.monotonic() < deadline:
+                servicer.release.wait(0.01)
+            assert servicer.now == MAX_CALLS_IN_FLIGHT
+            servicer.release.set()
+            assert all(c.result(timeout=30).op_index == 1 for c in calls)
+        assert servicer.most == MAX_CALLS_IN_FLIGHT
+    finally:
+        pool.close()
+        server.stop(None)

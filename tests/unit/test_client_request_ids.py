@@ -33,6 +33,7 @@ from tests.unit.client_fakes import (
     ok,
     queue_full,
     rows_in,
+    stream_refused,
     unavailable,
 )
 
@@ -196,6 +197,37 @@ def test_busy_until_the_deadline_raises_server_too_busy_and_releases_the_seq_no(
     assert {s for s, _ in cluster.writes()} == {"ts1"}  # backoff on the same server
     assert tracker.outstanding() == 0
     assert session._rpc.stats.snapshot().errors_by_cause == {"RESOURCE_EXHAUSTED": 1}
+
+
+def test_a_refused_stream_is_retried_on_the_same_server_and_not_taken_for_it_down() -> None:
+    """A connection at the server's stream cap (HTTP/2 REFUSED_STREAM) is no server failure:
+    the leader gets the write again after a short backoff, and stays the one to ask."""
+    cluster = FakeCluster()
+    cluster.servers["ts1"].script("write", stream_refused(), stream_refused(), ok)
+    session, _, clock = _session(cluster)
+    session._rpc.meta.set_leader("kv-p0", "ts1")
+    session._rpc.meta.set_leader("kv-p1", "ts1")
+    start = clock.now
+
+    session.insert("kv", {"key": 1, "value": "a"})
+
+    assert [s for s, _ in cluster.writes()] == ["ts1", "ts1", "ts1"]
+    assert clock.now - start < 0.05
+    assert not session._rpc.meta.is_down("ts1")
+    stats = session._rpc.stats.snapshot()
+    assert stats.retries_by_cause == {"STREAM_REFUSED": 2}
+
+
+def test_refused_streams_until_the_deadline_say_busy_and_not_applied() -> None:
+    cluster = FakeCluster()
+    for s in cluster.servers.values():
+        s.script("write", stream_refused())
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+    session, _, _ = _session(cluster, timeout_s=1.0)
+    with pytest.raises(ServerTooBusy) as info:
+        session.insert("kv", {"key": 5, "value": "x"})
+    assert info.value.may_have_applied is False
+    assert {s for s, _ in cluster.writes()} == {"ts1"}
 
 
 def test_tablet_not_found_on_every_replica_is_raised_not_retried_forever() -> None:

@@ -38,6 +38,7 @@ from raftlet.client.retry import (
     classify,
     classify_error_pb,
     fatal_error,
+    refused_before_log,
     run_with_retries,
     run_with_retries_async,
     timeout_error,
@@ -53,6 +54,7 @@ from tests.unit.client_fakes import (
     make_rpc,
     not_leader,
     queue_full,
+    stream_refused,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -288,6 +290,16 @@ def test_error_hierarchy_and_one_line_messages() -> None:
 
 def test_queue_full_fake_is_classified_as_such() -> None:
     assert classify(queue_full()).cause is Cause.RESOURCE_EXHAUSTED
+
+
+def test_a_stream_refused_by_http2_is_no_server_failure() -> None:
+    failure = classify(stream_refused(), "ts1")
+    assert (failure.cause, failure.action) == (Cause.STREAM_REFUSED, Action.BACKOFF_SAME)
+    assert refused_before_log(failure)
+    # Other stream resets (the server went away mid-call) are still UNAVAILABLE.
+    reset = FakeRpcError(S.UNAVAILABLE, "Stream removed (RST_STREAM with error code 2)")
+    assert classify(reset).cause is Cause.UNAVAILABLE
+    assert classify(FakeRpcError(S.UNAVAILABLE, "Socket closed")).cause is Cause.UNAVAILABLE
 
 
 def test_the_client_imports_neither_tserver_nor_consensus() -> None:
