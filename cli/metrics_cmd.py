@@ -185,12 +185,15 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
         "count",
         _sum("write_ops_total", "tablet"),
     ),
-    KeyMetric(
-        "rows_inserted",
-        "rows inserted (all replicas)",
-        "rows_inserted_total",
-        "count",
-        _sum("rows_inserted_total", "tablet"),
+    *(
+        KeyMetric(
+            f"rows_{verb}",
+            f"rows {verb} (all replicas)",
+            f"rows_{verb}_total",
+            "count",
+            _sum(f"rows_{verb}_total", "tablet"),
+        )
+        for verb in ("inserted", "upserted", "updated", "deleted")
     ),
     KeyMetric(
         "tablet_queue_overflows",
@@ -261,7 +264,7 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "write_handler_p99",
-        "Write handler latency p99",
+        "Write handler latency p99 (unary Write calls only)",
         "handler_latency_us",
         "us",
         _hist("handler_latency_us", "server", "percentile_99", service="tablet", method="Write"),

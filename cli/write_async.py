@@ -118,7 +118,7 @@ async def _load(
                 except ClientClosed:
                     return
                 except RaftletError as e:  # this row failed; the load goes on
-                    shared.error(e.cause, str(e))
+                    shared.failed(e)
                 shared.submitted += 1
         except Exception as e:  # a bug: stop everyone, report it once (as thread mode)
             shared.fatal = shared.fatal or f"writer: {type(e).__name__}: {e}"

@@ -148,14 +148,27 @@ class LoadState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     errors: Counter[str] = field(default_factory=Counter)
     submitted: int = 0
+    # Failed rows whose outcome is unknown (a timeout, a lost connection): they may be in
+    # the table, where a refused row (``may_have_applied`` False) is not.
+    maybe_applied: int = 0
     first_error: str = ""
     fatal: str = ""
 
-    def error(self, cause: str, message: str, rows: int = 1) -> None:
+    def error(self, cause: str, message: str, rows: int = 1, maybe_applied: bool = True) -> None:
         with self.lock:
             self.errors[cause] += rows
+            if maybe_applied:
+                self.maybe_applied += rows
             if not self.first_error:
                 self.first_error = message
+
+    def failed(self, err: BaseException) -> None:
+        """Count one row that failed with ``err`` (its outcome unknown unless it says)."""
+        self.error(
+            getattr(err, "cause", type(err).__name__),
+            str(err),
+            maybe_applied=getattr(err, "may_have_applied", True),
+        )
 
 
 # Called every tick of a load with (seconds elapsed, the client's statistics, the state).
@@ -176,6 +189,8 @@ class LoadSummary:
     errors_by_cause: dict[str, int]
     first_error: str
     interrupted: bool
+    # Of the failed rows, those that may have been applied all the same (outcome unknown).
+    failed_rows_maybe_applied: int = 0
     in_flight: int | None = None  # --in-flight N (the asyncio client), else None
     # Each session's batches per tablet in flight (--batch-rows N --in-flight M), else None.
     batches_in_flight: int | None = None
@@ -232,6 +247,7 @@ class LoadSummary:
             "retries_by_cause": self.retries_by_cause,
             "errors_by_cause": self.errors_by_cause,
             "failed_rows": self.failed_rows,
+            "failed_rows_maybe_applied": self.failed_rows_maybe_applied,
             "first_error": self.first_error,
             "interrupted": self.interrupted,
             "server_cpu_s": _round(cpu.total_s if cpu else None, 4),
@@ -289,7 +305,7 @@ def _writer(
 
     def collect() -> None:
         for err in session.errors():
-            shared.error(getattr(err, "cause", type(err).__name__), str(err))
+            shared.failed(err)
 
     n = 0
     try:
@@ -299,7 +315,7 @@ def _writer(
             except ClientClosed:
                 return
             except RaftletError as e:  # sync mode: this row failed; the load goes on
-                shared.error(e.cause, str(e))
+                shared.failed(e)
             n += 1
             with shared.lock:
                 shared.submitted += 1
@@ -317,7 +333,7 @@ def _writer(
             session.close()
             collect()
         except Exception as e:
-            shared.error(getattr(e, "cause", type(e).__name__), str(e))
+            shared.failed(e)
 
 
 def run_load(
@@ -438,6 +454,7 @@ def summarize(
         latency_us=latency,
         retries_by_cause={k: v for k, v in sorted(retries.items()) if v > 0},
         errors_by_cause=dict(sorted(shared.errors.items())),
+        failed_rows_maybe_applied=shared.maybe_applied,
         first_error=shared.first_error,
         interrupted=interrupted,
         in_flight=in_flight,

@@ -165,6 +165,11 @@ def print_summary(s: LoadSummary, out: Any) -> None:
     causes.add_column("by cause")
     causes.add_row("retries", _by_cause(s.retries_by_cause))
     errors = _by_cause(s.errors_by_cause)
+    if s.failed_rows_maybe_applied:
+        errors += (
+            f" ({s.failed_rows_maybe_applied:,} of these rows may have been written all the "
+            "same: their outcome is unknown, not counted as written)"
+        )
     causes.add_row("errors", Text(errors, style="red" if s.errors_by_cause else "green"))
     out.print(causes)
     if s.first_error:

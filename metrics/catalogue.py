@@ -42,7 +42,10 @@ __all__ = [
     "RESULT_TRACKER_EVICTIONS_TOTAL",
     "RESULT_TRACKER_MEMORY_BYTES",
     "RESULT_TRACKER_REPLAYS_TOTAL",
+    "ROWS_DELETED_TOTAL",
     "ROWS_INSERTED_TOTAL",
+    "ROWS_UPDATED_TOTAL",
+    "ROWS_UPSERTED_TOTAL",
     "RPCS_QUEUE_OVERFLOW",
     "RPCS_TIMED_OUT_IN_QUEUE",
     "RPC_INCOMING_QUEUE_TIME_US",
@@ -124,7 +127,8 @@ TERM_CHECKS_TOTAL = MetricPrototype(
     "term_checks_total",
     COUNTER,
     "checks",
-    "Leadership/term checks made by write RPCs, by --term_check_mode (lockfree or locked)",
+    "Leadership/term checks made by write RPCs, by --term_check_mode (lockfree or locked); "
+    "a write refused by the check (on a follower, say) counts too",
     label_names=("mode",),
     entity_type="tablet",
 )
@@ -260,12 +264,37 @@ WRITE_MEMORY_REFUSALS_TOTAL = MetricPrototype(
     "--write_memory_limit_bytes",
     entity_type="server",
 )
+_EVERY_REPLICA = (
+    " (every replica counts the rows it applies, so a table's rate is one replica's, not the "
+    "sum over replicas)"
+)
 ROWS_INSERTED_TOTAL = MetricPrototype(
     "rows_inserted_total",
     COUNTER,
     "rows",
-    "Rows inserted into this replica's row store (every replica counts the rows it "
-    "applies, so a table's insert rate is one replica's, not the sum over replicas)",
+    "Rows inserted (INSERT) into this replica's row store" + _EVERY_REPLICA,
+    entity_type="tablet",
+)
+ROWS_UPSERTED_TOTAL = MetricPrototype(
+    "rows_upserted_total",
+    COUNTER,
+    "rows",
+    "Rows upserted (UPSERT: inserted, or written over) in this replica's row store"
+    + _EVERY_REPLICA,
+    entity_type="tablet",
+)
+ROWS_UPDATED_TOTAL = MetricPrototype(
+    "rows_updated_total",
+    COUNTER,
+    "rows",
+    "Rows updated (UPDATE) in this replica's row store" + _EVERY_REPLICA,
+    entity_type="tablet",
+)
+ROWS_DELETED_TOTAL = MetricPrototype(
+    "rows_deleted_total",
+    COUNTER,
+    "rows",
+    "Rows deleted (DELETE) from this replica's row store" + _EVERY_REPLICA,
     entity_type="tablet",
 )
 RESULT_TRACKER_REPLAYS_TOTAL = MetricPrototype(
@@ -312,7 +341,8 @@ LOG_SYNC_LATENCY_US = MetricPrototype(
     "log_sync_latency_us",
     HISTOGRAM,
     "microseconds",
-    "Duration of each fsync of a log segment",
+    "Duration of each fsync of a log segment (with --log_inject_latency_ms, the injected "
+    "delay included)",
     entity_type="tablet",
 )
 LOG_GROUP_COMMIT_ENTRIES = MetricPrototype(
@@ -368,6 +398,9 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     LEADER_ELECTIONS_TOTAL,
     WRITE_OPS_TOTAL,
     ROWS_INSERTED_TOTAL,
+    ROWS_UPSERTED_TOTAL,
+    ROWS_UPDATED_TOTAL,
+    ROWS_DELETED_TOTAL,
     RESULT_TRACKER_REPLAYS_TOTAL,
     RESULT_TRACKER_EVICTIONS_TOTAL,
     RESULT_TRACKER_CLIENTS,

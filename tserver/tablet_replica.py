@@ -162,6 +162,7 @@ _ANSWER_MARGIN_S = 0.1
 _HOLD_MAX_ENTRIES = 256
 # Writes wait for a round at most this long before they go on alone (``_next_round``).
 _ROUND_WAIT_MAX_S = 0.1
+_NO_ROWS = (0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +232,12 @@ class _ReplicaMetrics:
         self.prepare_time = histogram(cat.OP_PREPARE_RUN_TIME_US)
         self.apply_time = histogram(cat.OP_APPLY_RUN_TIME_US)
         self.write_ops = counter(cat.WRITE_OPS_TOTAL)
-        self.rows_inserted = counter(cat.ROWS_INSERTED_TOTAL)
+        self._rows_by_op = (
+            counter(cat.ROWS_INSERTED_TOTAL),
+            counter(cat.ROWS_UPSERTED_TOTAL),
+            counter(cat.ROWS_UPDATED_TOTAL),
+            counter(cat.ROWS_DELETED_TOTAL),
+        )
         self.replays = counter(cat.RESULT_TRACKER_REPLAYS_TOTAL)
         self.log_gc_segments = counter(cat.LOG_GC_SEGMENTS_DELETED_TOTAL)
         self.tracker_evictions = counter(cat.RESULT_TRACKER_EVICTIONS_TOTAL)
@@ -241,6 +247,12 @@ class _ReplicaMetrics:
             term_checks={m: counter(cat.TERM_CHECKS_TOTAL, mode=m.value) for m in TermCheckMode},
             leader_elections=counter(cat.LEADER_ELECTIONS_TOTAL),
         )
+
+    def count_rows(self, by_op: tuple[int, int, int, int]) -> None:
+        """Count applied rows, by operation (``EntryResult.rows_by_op``)."""
+        for counter, n in zip(self._rows_by_op, by_op, strict=True):
+            if n:
+                counter.increment(n)
 
 
 class _LogMetrics:
@@ -272,7 +284,8 @@ class _Answering:
     """What answering an applied batch before its commit leaves for the rest of the pass."""
 
     round_ended: bool = False  # the round ended before the commit (a lone writer's)
-    counts: tuple[int, int] | None = None  # (writes, rows) answered; None: not yet
+    # (writes, rows by operation: ``EntryResult.rows_by_op``) answered; None: not yet
+    counts: tuple[int, tuple[int, int, int, int]] | None = None
     error: BaseException | None = None  # raised once the batch is committed
 
 
@@ -1054,10 +1067,10 @@ class TabletReplica:
         if answering.counts is None:  # replayed entries only: the store had nothing to commit
             self._answer(entries, batch, results, answering)
         self._metrics.apply_time.observe((time.perf_counter() - start) * 1e6)
-        writes, rows = answering.counts or (0, 0)
+        writes, rows = answering.counts or (0, _NO_ROWS)
         if writes:
             self._metrics.write_ops.increment(writes)
-            self._metrics.rows_inserted.increment(rows)
+            self._metrics.count_rows(rows)
         self.consensus.on_applied(entries[-1].index)
         # A read counts itself waiting before it looks at the store, which holds this apply
         # by now: either the read finds it there, or it is counted here and woken.
@@ -1104,7 +1117,7 @@ class TabletReplica:
                 answering.counts = self._complete_applied(entries, batch, results, proposed)
         except BaseException as exc:  # a bug here, not the store's failure: raised after it
             answering.error = exc
-            answering.counts = (0, 0)
+            answering.counts = (0, _NO_ROWS)
 
     def _answer_undecided(self) -> None:
         """Once this replica no longer leads, answer the writes it proposed that are not
@@ -1158,9 +1171,11 @@ class TabletReplica:
         batch: list[ApplyEntry],
         results: list[EntryResult],
         proposed: list[tuple[int, RequestKey, _Decoded | None] | None],
-    ) -> tuple[int, int]:
-        """Answer and remember the requests of an applied batch; its writes and rows."""
-        writes = rows = 0
+    ) -> tuple[int, tuple[int, int, int, int]]:
+        """Answer and remember the requests of an applied batch; its writes and rows (by
+        operation)."""
+        writes = 0
+        rows = _NO_ROWS
         # Requests another replica proposed (a follower's every one): their clients wait
         # elsewhere, so only how far each client got is learned, in one go.
         learned: list[tuple[RequestKey, int]] = []
@@ -1190,7 +1205,9 @@ class TabletReplica:
             else:
                 index, term = entry.index, entry.term
                 writes += 1
-                rows += result.rows_applied
+                if result.rows_applied:
+                    r = result.rows_by_op
+                    rows = (rows[0] + r[0], rows[1] + r[1], rows[2] + r[2], rows[3] + r[3])
             if key is None:
                 continue
             first_incomplete = applied.first_incomplete_seq_no

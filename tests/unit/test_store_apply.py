@@ -170,6 +170,26 @@ def test_update_and_delete_of_missing_key_fail_that_row_only(store: TabletStore)
     assert all_rows(store) == [(1, "a", -2.0)]
 
 
+def test_rows_applied_are_counted_by_operation(store: TabletStore) -> None:
+    """What ``rows_inserted_total`` and its siblings count: rows applied, by operation
+    (a failed row counts nowhere), bulk runs and row-by-row runs alike."""
+    rows = [{"id": i, "name": "a"} for i in range(40)]  # a run long enough for one statement
+    [bulk] = store.apply_batch([(1, 1, insert(SIMPLE, *rows))])
+    assert (bulk.rows_applied, bulk.rows_by_op) == (40, (40, 0, 0, 0))
+    batch = [
+        *ops(SIMPLE, OpType.UPSERT, [{"id": 1, "name": "b"}, {"id": 100, "name": "new"}]),
+        *ops(SIMPLE, OpType.UPDATE, [{"id": 2, "name": "c"}, {"id": 999, "name": "missing"}]),
+        *ops(SIMPLE, OpType.DELETE, [{"id": 3}, {"id": 4}, {"id": 5}]),
+        *insert(SIMPLE, {"id": 6, "name": "exists"}),
+    ]
+    [mixed, again] = store.apply_batch(
+        [(2, 1, batch), (3, 1, insert(SIMPLE, {"id": 7, "name": "x"}))]
+    )
+    assert codes(mixed) == [(3, "KEY_NOT_FOUND"), (7, "KEY_EXISTS")]
+    assert (mixed.rows_applied, mixed.rows_by_op) == (6, (0, 2, 1, 3))
+    assert (codes(again), again.rows_by_op) == ([(0, "KEY_EXISTS")], (0, 0, 0, 0))
+
+
 def test_undecodable_rows_are_reported_and_the_rest_applied(store: TabletStore) -> None:
     Op = tablet_pb2.RowOperationPB
     bad_column = Op(type=Op.INSERT, cells=[tablet_pb2.CellPB(column="nope")])

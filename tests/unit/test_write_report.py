@@ -48,3 +48,38 @@ def test_unknown_server_cpu_names_the_servers_without_a_reading() -> None:
     # With some readings, the figure is theirs, and says whom it leaves out.
     cpu = ServerCpu.between({"ts1": 1.0, "ts2": 1.0, "ts3": 1.0}, {"ts1": 1.6, "ts2": 1.2})
     assert _printed(cpu) == "server CPU 0.80 s 2.000 ms/write (without ts3)"
+
+
+def test_failed_rows_whose_outcome_is_unknown_are_told_apart() -> None:
+    """A timed-out row may be in the table all the same: the report says how many of the
+    failed rows are such, where a refused row (NOT_LEADER to the end) is surely not."""
+    from raftlet.cli.write_load import LoadState
+    from raftlet.client.errors import NotLeader, Timeout
+
+    state = LoadState()
+    state.failed(Timeout("write timed out"))
+    state.failed(Timeout("write timed out", may_have_applied=False))
+    state.failed(NotLeader("no leader", may_have_applied=False))
+    state.failed(RuntimeError("a bug"))  # says nothing: unknown
+    assert (sum(state.errors.values()), state.maybe_applied) == (4, 2)
+    summary = LoadSummary(
+        table="kv",
+        threads=4,
+        flush_mode="sync",
+        row_bytes=100,
+        elapsed_s=2.0,
+        rows=10,
+        writes=10,
+        latency_us=dict.fromkeys(("p50", "max"), 1.0),
+        retries_by_cause={},
+        errors_by_cause=dict(state.errors),
+        first_error="write timed out",
+        interrupted=False,
+        failed_rows_maybe_applied=state.maybe_applied,
+    )
+    assert summary.to_json()["failed_rows"] == 4
+    assert summary.to_json()["failed_rows_maybe_applied"] == 2
+    out = io.StringIO()
+    print_summary(summary, Console(file=out, width=400, color_system=None))
+    (line,) = [row for row in out.getvalue().splitlines() if row.startswith("errors")]
+    assert "(2 of these rows may have been written all the same" in line

@@ -95,6 +95,8 @@ _MIN_BULK_ROWS = 4
 # a run's journal holds ~2 MiB of pages at most, however many rows the batch applies.
 _MAX_BULK_ROWS = 512
 _INSERTS = (OpType.INSERT, OpType.UPSERT)
+# Where each operation counts in ``EntryResult.rows_by_op``.
+_OP_SLOT = {OpType.INSERT: 0, OpType.UPSERT: 1, OpType.UPDATE: 2, OpType.DELETE: 3}
 
 StorePath = str | os.PathLike[str]
 AnyOp = RowRun | RowOp | tablet_pb2.RowOperationPB
@@ -139,6 +141,8 @@ class EntryResult(NamedTuple):
     # The term of the original entry when ``duplicate_of`` is set.
     duplicate_term: int = 0
     stale_below: int = 0
+    # ``rows_applied`` by operation: inserts, upserts, updates, deletes.
+    rows_by_op: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -728,7 +732,7 @@ class TabletStore:
         each entry's outcome is what applying it alone gives.  No statement carries more
         than ``_MAX_BULK_ROWS`` rows: a longer run goes in pieces (``_pieces``)."""
         errors: list[list[RowFailure]] = []
-        applied = [0] * len(entries)
+        applied = [[0, 0, 0, 0] for _ in entries]  # rows by _OP_SLOT
         # Consecutive (entry position, run)s of one shape; built inline, as replay goes
         # through here once per entry.
         groups: list[list[tuple[int, RowRun]]] = []
@@ -758,16 +762,27 @@ class TabletStore:
                     first.type, first.num_keys, first.columns, params, range(len(params))
                 )
                 if len(params) >= _MIN_BULK_ROWS and self._apply_run(cur, merged):
+                    slot = _OP_SLOT[first.type]
                     for pos, run in group:
-                        applied[pos] += len(run.params)
+                        applied[pos][slot] += len(run.params)
                     continue
             for pos, run in group:
-                applied[pos] += self._apply_run_or_rows(cur, run, errors[pos])
+                applied[pos][_OP_SLOT[run.type]] += self._apply_run_or_rows(cur, run, errors[pos])
         results: list[EntryResult] = []
-        for entry, errs, n in zip(entries, errors, applied, strict=True):
+        for entry, errs, by_op in zip(entries, errors, applied, strict=True):
             if len(errs) > 1:
                 errs.sort(key=lambda e: e.row_index)
-            results.append(EntryResult(entry.index, entry.term, False, tuple(errs), n))
+            i, u, p, d = by_op
+            results.append(
+                EntryResult(
+                    entry.index,
+                    entry.term,
+                    False,
+                    tuple(errs),
+                    i + u + p + d,
+                    rows_by_op=(i, u, p, d),
+                )
+            )
         return results
 
     def _runs_of(self, entry: ApplyEntry) -> tuple[list[RowFailure], list[RowRun]]:
