@@ -234,6 +234,9 @@ class ConsensusOptions:
     leader_read_mode: LeaderReadMode = LeaderReadMode.READ_INDEX
     # The fraction by which any two servers' clocks may disagree about a length of time.
     lease_clock_drift: float = 0.1
+    # A log write not durable after this long (a hung or failing disk) makes the replica
+    # give up leadership and stop campaigning until its log writes again; 0: never.
+    log_stall_s: float = 5.0
 
     def lease_duration_s(self) -> float:
         """How long after the send time of a heartbeat round a majority acknowledged this
@@ -383,6 +386,9 @@ class RaftConsensus:
         # The log's failure (for good), and the applier's (until apply_recovered).
         self._failure: BaseException | None = None
         self._apply_failure: BaseException | None = None
+        # Seconds the log's oldest pending write had waited when it was found stalled
+        # (``_check_log_stall_unlocked``); 0.0 while it writes.
+        self._log_stalled_s = 0.0
         self._stopping = threading.Event()
         # Linearizable reads waiting for a quorum's confirmation, by the core's token.
         self._reads: dict[int, _ReadWaiter] = {}
@@ -852,7 +858,7 @@ class RaftConsensus:
             if self._apply_failure is None:
                 return
             self._apply_failure = None
-            if self._failure is None:
+            if self._failure is None and not self._log_stalled_s:
                 self._node.set_promotable(True)
             self._published_status = self._status_unlocked()
 
@@ -1182,9 +1188,53 @@ class RaftConsensus:
         if self._failure is not None or self._stopping.is_set():
             return
         self._ticks += 1
+        if self.options.log_stall_s:
+            self._check_log_stall_unlocked()
         self._node.tick()
         if self._ticks % _STATUS_PUBLISH_TICKS == 1:
             self._published_status = self._status_unlocked()
+
+    def _check_log_stall_unlocked(self) -> None:
+        """A leader whose disk hangs keeps its followers' heartbeats coming (they need no
+        disk) while it can commit nothing: its tablet took no write for the three minutes a
+        reviewer froze the filesystem.  So a log write not durable after ``log_stall_s``
+        makes the replica not promotable -- a leader hands over to a caught-up follower
+        and steps down, nobody here campaigns (a campaign must save its term, to that same
+        disk) -- until the log writes again."""
+        stalled = self._storage.log.stalled_for()
+        limit = self.options.log_stall_s
+        if self._log_stalled_s:
+            if stalled < limit:
+                logger.warning(
+                    "%s: the log writes again (a write was stalled for %.1f s or more); the "
+                    "replica may lead again",
+                    self.group_id,
+                    self._log_stalled_s,
+                )
+                self._log_stalled_s = 0.0
+                if self._apply_failure is None:
+                    self._node.set_promotable(True)
+                self._published_status = self._status_unlocked()
+            return
+        if stalled < limit:
+            return
+        self._log_stalled_s = stalled
+        leading = self._snapshot.role is Role.LEADER
+        logger.warning(
+            "%s: a write to the log has not become durable for %.1f s (a hung or failing "
+            "disk?); %s, and it will not campaign until the log writes again",
+            self.group_id,
+            stalled,
+            "giving up leadership so a replica with a working disk can lead"
+            if leading
+            else "this replica will not lead",
+        )
+        self._node.set_promotable(False)
+        self._published_status = self._status_unlocked()
+
+    def log_stalled_s(self) -> float:
+        """How long the log's oldest write had waited when found stalled (0.0: writing)."""
+        return self._log_stalled_s
 
 
 def describe_error(error: BaseException) -> str:

@@ -121,6 +121,7 @@ class ServerSettings:
     tcp_frame_deadline_s: float = FRAME_DEADLINE_S
     log_inject_latency_ms: float = _LOG_DEFAULTS.inject_latency_ms
     log_inject_latency_jitter_ms: float = _LOG_DEFAULTS.inject_latency_jitter_ms
+    log_stall_timeout_ms: float = 5000.0
     group_commit_queue_size_bytes: int = _LOG_DEFAULTS.group_commit_queue_size_bytes
     log_segment_size_bytes: int = _LOG_DEFAULTS.segment_size_bytes
     log_gc_interval_s: float = 10.0
@@ -320,6 +321,7 @@ class ServerSettings:
             term_check_mode=self.term_check_mode,
             leader_read_mode=self.leader_read_mode,
             lease_clock_drift=self.lease_clock_drift,
+            log_stall_s=self.log_stall_timeout_ms / 1000.0,
         )
 
     def stall_margin_s(self) -> float | None:
@@ -749,6 +751,15 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"Add a uniformly random 0..MS milliseconds to each injected sleep (default 0; "
         f"0..{int(MAX_INJECT_LATENCY_MS)}). Settable at runtime (admin SetFlag).",
         convert=float_value, check=at_least(0, MAX_INJECT_LATENCY_MS), runtime=True,
+    ),
+    FlagSpec(
+        "log_stall_timeout_ms", _WAL, "MS",
+        f"A replica whose WAL write has not become durable after this long -- a hung or "
+        f"failing disk -- hands its leadership to a caught-up follower and does not "
+        f"campaign until its log writes again, so a leader on a frozen disk does not keep "
+        f"its tablets from taking writes (default {_D('log_stall_timeout_ms'):g}; 0: "
+        f"never; at most an hour). Time in --log_inject_latency_ms counts.",
+        convert=float_value, check=at_least(0, 3_600_000),
     ),
     FlagSpec(
         "group_commit_queue_size_bytes", _WAL, "BYTES",

@@ -147,6 +147,9 @@ class Log:
         self._queue_min_first = _NONE
         self._unwritten_from = _NONE
         self._appender_idle = True  # no turn is queued or running
+        # perf_counter() when the appender began writing the group it has not finished
+        # syncing yet, 0.0 between groups (``stalled_for``).
+        self._busy_since = 0.0
         self._producers_waiting = 0
         self._closing = False
         self._failure: BaseException | None = None
@@ -329,6 +332,19 @@ class Log:
                 f"term goes back from {idx.term(first - 1)} to {entries[0].term} at {first}"
             )
 
+    def stalled_for(self) -> float:
+        """Seconds the oldest write not yet durable has waited: in the appender's write or
+        sync, or queued for an appender (on a hung disk, the server's appender threads may
+        all be stuck in other logs' writes).  0.0 when nothing waits.  Lock-free, for a
+        check on every tick; the injected latency counts, as it stands for the disk's."""
+        now = time.perf_counter()
+        since = self._busy_since
+        queue = self._queue  # replaced, never shrunk, by the appender: q[0] stays valid
+        if queue:
+            queued = queue[0][3]
+            since = min(since, queued) if since else queued
+        return now - since if since else 0.0
+
     # --- the appender thread ----------------------------------------------------------
 
     def _take_turn(self, _wakes: list[None]) -> None:
@@ -362,11 +378,13 @@ class Log:
                 self._complete(synced)
                 synced = None
             if group is not None:
+                self._busy_since = time.perf_counter()
                 self._write_group(group)
             if synced is not None:
                 self._complete(synced)
             if group is not None:
                 self._sync_group(group)
+                self._busy_since = 0.0
             synced = group
 
     def _write_group(self, group: _Group) -> None:
