@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -745,7 +747,12 @@ def _down(args: argparse.Namespace) -> int:
 
 def _remove_data(root: Path) -> None:
     from raftlet.cluster import ClusterConfigError, load_cluster_config
-    from raftlet.deploy.local import CONFIG_FILE, MADE_BY_UP_FILE, data_dir_in_use
+    from raftlet.deploy.local import (
+        CONFIG_FILE,
+        MADE_BY_UP_FILE,
+        STATE_FILE,
+        data_dir_in_use,
+    )
 
     # Never under a running server: one started by hand holds its data directory's lock.
     try:
@@ -768,4 +775,39 @@ def _remove_data(root: Path) -> None:
             "`raftlet cluster up` made (one made by an older raftlet has none either); "
             "remove it yourself if you mean to"
         )
+    # The cluster's own files go last: a failure (a server directory that is a mount
+    # point, say) leaves a directory the next `down --remove-data` still knows, where
+    # removing them first once left one no `cluster` command would take.
+    kept = {CONFIG_FILE, STATE_FILE, MADE_BY_UP_FILE}
+    failures: list[str] = []
+    for child in sorted(root.iterdir()):
+        if child.name not in kept:
+            _remove_tree(child, failures)
+    if failures:
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        raise CliError(
+            f"--remove-data: could not remove everything in {root}: "
+            + "; ".join(failures[:3])
+            + more
+            + f"; the rest is removed, and {CONFIG_FILE} kept so this can run again"
+        )
     shutil.rmtree(root)
+
+
+def _remove_tree(path: Path, failures: list[str]) -> None:
+    """Remove ``path`` (a file, or a directory and all in it), adding what could not be
+    removed, and why, to ``failures``."""
+
+    def failed(_func: object, where: str, exc: BaseException) -> None:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, OSError) and exc.errno == errno.EBUSY and os.path.ismount(where):
+            why = "a mount point: unmount it, then remove it"
+        failures.append(f"{where}: {why}")
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, onerror=lambda f, p, info: failed(f, p, info[1]))
+        return
+    try:
+        path.unlink()
+    except OSError as exc:
+        failed(None, str(path), exc)

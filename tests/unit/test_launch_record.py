@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from raftlet.deploy import local
 from raftlet.deploy.local import LAUNCH_FILE, ServerProcess
 
@@ -61,3 +63,42 @@ def test_keeping_the_record_never_fails_a_stop(tmp_path: Path) -> None:
     ran first) made `down` itself fail."""
     _LaunchOptions.keep_from(tmp_path / "gone", [_server(RAN_WITH)])
     assert not (tmp_path / "gone").exists()
+
+
+def test_remove_data_that_cannot_remove_a_directory_keeps_the_cluster_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server directory that is a mount point cannot be removed (EBUSY): --remove-data
+    once printed a traceback and left a directory without its cluster.toml, which no later
+    `cluster` command would take. Now it removes what it can, says what it could not, and
+    keeps the cluster's files, so that the same command works once the mount is gone."""
+    import errno
+    import os
+
+    from raftlet.cli.cluster_cmd import _remove_data
+    from raftlet.cli.common import CliError
+
+    root = tmp_path / "c1"
+    for name in ("ts1", "ts2"):
+        (root / name / "kv-p0").mkdir(parents=True)
+        (root / name / "kv-p0" / "store.sqlite").write_bytes(b"x")
+    for name in (local.CONFIG_FILE, local.STATE_FILE, local.MADE_BY_UP_FILE, "ts1.log"):
+        (root / name).write_text("")
+    busy = str(root / "ts2")
+    rmdir = os.rmdir
+
+    def mounted(path: object, *args: object, **kwargs: object) -> None:
+        if os.fspath(path) == busy or (os.fspath(path) == "ts2" and kwargs.get("dir_fd")):
+            raise OSError(errno.EBUSY, "Device or resource busy", busy)
+        rmdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rmdir", mounted)
+    with pytest.raises(CliError) as info:
+        _remove_data(root)
+    assert "ts2: Device or resource busy" in str(info.value)
+    assert f"{local.CONFIG_FILE} kept so this can run again" in str(info.value)
+    left = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    assert left == sorted([local.CONFIG_FILE, local.STATE_FILE, local.MADE_BY_UP_FILE, "ts2"])
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    _remove_data(root)
+    assert not root.exists()
