@@ -54,7 +54,7 @@ examples:
   raftlet cluster status --servers 127.0.0.1:7051 --format json
   raftlet cluster ksck --data-dir ./c1 --checksum
 
-Verdicts: ERROR = a tablet has no ready leader or no majority of reachable replicas (writes
+Verdicts: ERROR = a tablet has no ready leader or no majority of working replicas (writes
 fail); WARN = a server down or overloaded, a replica missing or lagging more than --max-lag
 entries, a leader not ready yet, a server (or this cluster.toml) on another cluster config
 than most servers; OK otherwise. Exit status 0 only for OK. With --token and no

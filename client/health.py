@@ -18,7 +18,7 @@ costs the check one timeout, not one per server. From the answers:
   purpose for one larger store transaction (up to 256, or ``--follower_apply_delay_ms``),
   or is writing them now -- so they are not lag; what piles up beyond that is.
 - **verdict** per tablet and overall, like Kudu's ksck:
-  ERROR: no ready leader, or fewer than a majority of replicas reachable (writes fail), or
+  ERROR: no ready leader, or fewer than a majority of replicas working (writes fail), or
   a replica (of the leader's group or not) that applied past the leader's commit: two
   groups claim the tablet, and no replica removal is advised.
   WARN: a server down or busy, a replica missing or lagging more than ``max_lag`` entries,
@@ -778,16 +778,24 @@ def _check_tablet(
             "group holding them leads again",
         )
         severity = Severity.ERROR
+    # Not reachable, or FAILED though its server answers: "reachable" said of both had an
+    # operator look for a network fault where a disk was full.
+    out = ", ".join(
+        f"{r.server} {r.state}"
+        for r in tablet.replicas
+        if r.server in replicas and r.state in ("DOWN", "MISSING", "FAILED")
+    )
+    out = f" ({out})" if out else ""
     if reachable < majority:
         tablet.issues.insert(
             0,
-            f"unavailable: {reachable} of {len(replicas)} replicas reachable, "
+            f"unavailable: {reachable} of {len(replicas)} replicas working{out}, "
             f"a majority is {majority}",
         )
         severity = Severity.ERROR
     elif reachable < len(replicas):
         tablet.issues.insert(
-            0, f"under-replicated: {reachable} of {len(replicas)} replicas reachable"
+            0, f"under-replicated: {reachable} of {len(replicas)} replicas working{out}"
         )
     failed = [r.server for r in tablet.replicas if r.state == "FAILED" and r.server in replicas]
     if leader is None and failed and len(failed) >= majority:

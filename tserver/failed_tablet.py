@@ -14,6 +14,7 @@ tablet from the leader (``tserver.tablet_copier``, every ``--tablet_copy_repair_
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ def open_or_fail(
     try:
         return opener()
     except OPEN_FAILURES as exc:
-        reason = describe_open_failure(exc)
+        reason = describe_open_failure(exc) + _full_disk_note(directory)
         logger.error(
             "tablet %s failed to open from %s and is FAILED (the server's other tablets serve): %s",
             tablet_id,
@@ -99,6 +100,29 @@ def open_or_fail(
         )
         logger.debug("tablet %s: %s", tablet_id, "".join(traceback.format_exception(exc)))
         return FailedTablet(tablet_id, table, partition, voters, directory, reason)
+
+
+# Less free space than this where a replica failed to open is named in the reason: SQLite
+# says "disk I/O error" when it cannot make its -wal or -shm file on a full disk, which
+# sent a reviewer looking for failing hardware.
+LOW_SPACE_BYTES = 16 << 20
+
+
+def _full_disk_note(directory: Path) -> str:
+    """ " (its filesystem has N bytes free: ...)" when that is almost nothing, else ""."""
+    for path in (directory, *directory.parents):
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        free = st.f_bavail * st.f_frsize
+        if free >= LOW_SPACE_BYTES:
+            return ""
+        return (
+            f" (the filesystem holding {directory} has {free:,} bytes free: a full disk? "
+            "free space, then restart the server or let the tablet copy repair it)"
+        )
+    return ""
 
 
 def describe_open_failure(exc: BaseException) -> str:

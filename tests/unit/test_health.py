@@ -183,7 +183,7 @@ def test_a_failed_replica_is_reported_with_its_reason_and_counts_for_no_majority
     ]
     assert verdict.severity is health.Severity.WARN
     assert verdict.issues == [
-        "kv-p0: under-replicated: 2 of 3 replicas reachable",
+        "kv-p0: under-replicated: 2 of 3 replicas working (b FAILED)",
         "kv-p0: replica on b is FAILED: StoreError: database disk image is malformed",
     ]
 
@@ -715,7 +715,7 @@ def test_with_no_leader_a_tablet_is_judged_by_the_membership_its_replicas_report
     monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
     (tablet,) = health.check_cluster(FOUR_LAYOUT, health.ProbeOptions()).tablets
     assert [(r.server, r.state) for r in tablet.replicas][2:] == [("c", "DOWN"), ("d", "DOWN")]
-    assert "unavailable: 2 of 4 replicas reachable, a majority is 3" in tablet.issues
+    assert "unavailable: 2 of 4 replicas working (c DOWN, d DOWN), a majority is 3" in tablet.issues
     assert tablet.severity is health.Severity.ERROR
 
 
