@@ -185,6 +185,20 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
         "count",
         _sum("write_ops_total", "tablet"),
     ),
+    KeyMetric(
+        "failed_calls",
+        "calls answered with an error",
+        "rpcs_failed",
+        "count",
+        _sum("rpcs_failed", "server"),
+    ),
+    KeyMetric(
+        "row_errors",
+        "rows refused in writes led",
+        "write_row_errors_total",
+        "count",
+        _sum("write_row_errors_total", "tablet"),
+    ),
     *(
         KeyMetric(
             f"rows_{verb}",

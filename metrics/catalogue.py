@@ -46,6 +46,7 @@ __all__ = [
     "ROWS_INSERTED_TOTAL",
     "ROWS_UPDATED_TOTAL",
     "ROWS_UPSERTED_TOTAL",
+    "RPCS_FAILED",
     "RPCS_QUEUE_OVERFLOW",
     "RPCS_TIMED_OUT_IN_QUEUE",
     "RPC_INCOMING_QUEUE_TIME_US",
@@ -57,6 +58,7 @@ __all__ = [
     "WRITE_MEMORY_HELD_BYTES",
     "WRITE_MEMORY_REFUSALS_TOTAL",
     "WRITE_OPS_TOTAL",
+    "WRITE_ROW_ERRORS_TOTAL",
     "WRITE_TCP_CONNECTIONS",
     "by_name",
 ]
@@ -81,6 +83,26 @@ RPCS_QUEUE_OVERFLOW = MetricPrototype(
     "RPCs rejected with RESOURCE_EXHAUSTED because the service queue was full",
     label_names=("service", "method"),
     entity_type="server",
+)
+RPCS_FAILED = MetricPrototype(
+    "rpcs_failed",
+    COUNTER,
+    "requests",
+    "Calls answered with an error, by gRPC status code (NOT_LEADER is FAILED_PRECONDITION, a "
+    "full queue RESOURCE_EXHAUSTED, a failed tablet UNAVAILABLE, bad input INVALID_ARGUMENT); "
+    "each write of a WriteStream or of the tcp write port counts as a call. Rows refused "
+    "inside a write that succeeded are write_row_errors_total",
+    label_names=("service", "method", "code"),
+    entity_type="server",
+)
+WRITE_ROW_ERRORS_TOTAL = MetricPrototype(
+    "write_row_errors_total",
+    COUNTER,
+    "rows",
+    "Rows of writes this replica led that were refused one by one (KEY_EXISTS, "
+    "KEY_NOT_FOUND, INVALID_ROW...), by code",
+    label_names=("code",),
+    entity_type="tablet",
 )
 RPC_INCOMING_QUEUE_TIME_US = MetricPrototype(
     "rpc_incoming_queue_time_us",
@@ -379,6 +401,7 @@ PROCESS_PROTOTYPES: tuple[MetricPrototype, ...] = (PROCESS_CPU_SECONDS,)
 
 ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     RPCS_QUEUE_OVERFLOW,
+    RPCS_FAILED,
     RPC_INCOMING_QUEUE_TIME_US,
     RPCS_TIMED_OUT_IN_QUEUE,
     HANDLER_LATENCY_US,
@@ -397,6 +420,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     TABLET_FAILED,
     LEADER_ELECTIONS_TOTAL,
     WRITE_OPS_TOTAL,
+    WRITE_ROW_ERRORS_TOTAL,
     ROWS_INSERTED_TOTAL,
     ROWS_UPSERTED_TOTAL,
     ROWS_UPDATED_TOTAL,

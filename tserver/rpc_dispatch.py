@@ -98,7 +98,9 @@ async def dispatch(
     call = InboundCall(method, run, deadline=deadline, on_result=on_result, on_error=on_error)
     if not pool.offer(call):
         if pool.stopped:
+            pool.metrics.failed_for(method, "UNAVAILABLE").increment()
             await abort_with(context, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN_MESSAGE, None)
+        pool.metrics.failed_for(method, "RESOURCE_EXHAUSTED").increment()
         await abort_with(
             context,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -112,6 +114,7 @@ async def dispatch(
         return await fut
     except Exception as exc:
         code, message, error = status_for(exc, leader_addr_lookup)
+        pool.metrics.failed_for(method, code.name).increment()
         await abort_with(context, code, message, error)
 
 

@@ -177,6 +177,7 @@ class ServicePoolMetrics:
         self._lock = threading.Lock()
         self._overflow_by_method: dict[str, StripedCounter] = {}
         self._latency_by_method: dict[str, Histogram] = {}
+        self._failed_by_code: dict[tuple[str, str], StripedCounter] = {}
         for method in methods:
             self.queue_overflow_for(method)
 
@@ -199,6 +200,19 @@ class ServicePoolMetrics:
                         else StripedCounter()
                     )
                     self._overflow_by_method[method] = counter
+        return counter
+
+    def failed_for(self, method: str, code: str) -> StripedCounter:
+        """The count of ``method``'s calls answered with status ``code`` (its name)."""
+        counter = self._failed_by_code.get((method, code))
+        if counter is None:
+            with self._lock:
+                counter = self._failed_by_code.get((method, code))
+                if counter is None:
+                    counter = self.entity.counter(
+                        catalogue.RPCS_FAILED, service=self.service, method=method, code=code
+                    )
+                    self._failed_by_code[(method, code)] = counter
         return counter
 
     def handler_latency_for(self, method: str) -> Histogram:

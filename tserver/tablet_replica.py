@@ -239,6 +239,9 @@ class _ReplicaMetrics:
             counter(cat.ROWS_DELETED_TOTAL),
         )
         self.replays = counter(cat.RESULT_TRACKER_REPLAYS_TOTAL)
+        self._counter = counter
+        # By RowErrorPB code name; made on the first such error (only the apply thread adds).
+        self._row_errors: dict[str, StripedCounter] = {}
         self.log_gc_segments = counter(cat.LOG_GC_SEGMENTS_DELETED_TOTAL)
         self.tracker_evictions = counter(cat.RESULT_TRACKER_EVICTIONS_TOTAL)
         self.lock_contention = counter(cat.CONSENSUS_LOCK_CONTENTION_TIME_US)
@@ -247,6 +250,17 @@ class _ReplicaMetrics:
             term_checks={m: counter(cat.TERM_CHECKS_TOTAL, mode=m.value) for m in TermCheckMode},
             leader_elections=counter(cat.LEADER_ELECTIONS_TOTAL),
         )
+
+    def count_row_errors(self, errors: Sequence[RowFailure]) -> None:
+        """Count rows a write this replica led refused, by their code."""
+        for error in errors:
+            name = error.code_name
+            counter = self._row_errors.get(name)
+            if counter is None:
+                counter = self._row_errors[name] = self._counter(
+                    cat.WRITE_ROW_ERRORS_TOTAL, code=name
+                )
+            counter.increment()
 
     def count_rows(self, by_op: tuple[int, int, int, int]) -> None:
         """Count applied rows, by operation (``EntryResult.rows_by_op``)."""
@@ -1208,6 +1222,8 @@ class TabletReplica:
                 if result.rows_applied:
                     r = result.rows_by_op
                     rows = (rows[0] + r[0], rows[1] + r[1], rows[2] + r[2], rows[3] + r[3])
+                if result.row_errors and mine is not None:
+                    self._metrics.count_row_errors(result.row_errors)
             if key is None:
                 continue
             first_incomplete = applied.first_incomplete_seq_no

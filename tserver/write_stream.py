@@ -341,7 +341,7 @@ def offer_writes(
 
     def start_all(call: InboundCall) -> None:
         for item in items:
-            _start(item, replica_of, leader_addr, post)
+            _start(item, replica_of, leader_addr, post, pool)
         call.respond(None)
 
     if not pool.offer(InboundCall("WriteStream", start_all)):
@@ -351,7 +351,7 @@ def offer_writes(
             else ServiceQueueFull(QUEUE_FULL_MESSAGE)
         )
         for item in items:
-            post(_failed(item.id, refusal, leader_addr))
+            post(_failed(item.id, refusal, leader_addr, pool))
 
 
 def _start(
@@ -359,6 +359,7 @@ def _start(
     replica_of: ReplicaLookup,
     leader_addr: LeaderAddrLookup,
     post: Callable[[tablet_pb2.WriteStreamResultPB], None],
+    pool: ServicePool,
 ) -> None:
     write_id = item.id
     answered = threading.Lock()  # the first answer wins, as for an InboundCall
@@ -370,7 +371,7 @@ def _start(
 
     def fail(exc: BaseException) -> None:
         if answered.acquire(blocking=False):
-            post(_failed(write_id, exc, leader_addr))
+            post(_failed(write_id, exc, leader_addr, pool))
 
     try:
         replica = replica_of(item.request.tablet_id)
@@ -380,7 +381,7 @@ def _start(
 
 
 def _failed(
-    write_id: int, exc: BaseException, leader_addr: LeaderAddrLookup
+    write_id: int, exc: BaseException, leader_addr: LeaderAddrLookup, pool: ServicePool
 ) -> tablet_pb2.WriteStreamResultPB:
     if isinstance(exc, ServiceQueueFull):
         code, details = grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL_MESSAGE
@@ -389,6 +390,7 @@ def _failed(
         )
     else:
         code, details, error = status_for(exc, leader_addr)
+    pool.metrics.failed_for("WriteStream", code.name).increment()
     result = tablet_pb2.WriteStreamResultPB(
         id=write_id, status_code=code.value[0], status_message=details
     )

@@ -4,11 +4,14 @@ that thread looks for the next frame."""
 
 from __future__ import annotations
 
-from raftlet.tserver.service_pool import InboundCall
+from raftlet.tserver.service_pool import InboundCall, ServicePoolMetrics
 
 
 class InlinePool:
     stopped = False
+
+    def __init__(self) -> None:
+        self.metrics = ServicePoolMetrics.standalone("tablet")
 
     def offer(self, call: InboundCall) -> bool:
         call.run(call)

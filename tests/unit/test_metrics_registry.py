@@ -60,6 +60,8 @@ DESIGN_NAMES = {
     "leader_elections_total": MetricType.COUNTER,
     "write_ops_total": MetricType.COUNTER,
     "rows_inserted_total": MetricType.COUNTER,
+    "write_row_errors_total": MetricType.COUNTER,
+    "rpcs_failed": MetricType.COUNTER,
     "rows_upserted_total": MetricType.COUNTER,
     "rows_updated_total": MetricType.COUNTER,
     "rows_deleted_total": MetricType.COUNTER,

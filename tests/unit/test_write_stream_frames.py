@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from raftlet.consensus.core import NotLeaderError
 from raftlet.proto import tablet_pb2
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_stream import WriteStreamSession
@@ -71,3 +72,36 @@ def test_the_answers_to_a_frame_leave_in_messages_under_the_limit() -> None:
     assert all(r.response.op_index == r.id for r in results)
     assert sum(m.ByteSize() for m in context.written) > 5 * LIMIT
     assert all(m.ByteSize() <= LIMIT for m in context.written)
+
+
+class RefusingReplica:
+    """Every write refused as a follower refuses it."""
+
+    def write(self, request: tablet_pb2.WriteRequest, callbacks: WriteCallbacks) -> None:
+        raise NotLeaderError("ts2", 3)
+
+
+def test_a_refused_write_of_a_stream_is_counted_by_its_status() -> None:
+    """Each write of a stream (or of the tcp write port) answered with an error counts in
+    ``rpcs_failed_total``, as a unary Write's failure does: refusals were counted nowhere."""
+    frame = tablet_pb2.WriteStreamRequestPB()
+    for i in range(3):
+        frame.items.add(id=i).request.tablet_id = "kv-p0"
+    pool = InlinePool()
+
+    async def serve() -> FakeContext:
+        context = FakeContext([frame])
+        session = WriteStreamSession(
+            asyncio.get_running_loop(),
+            pool,  # type: ignore[arg-type]
+            lambda _tablet: RefusingReplica(),  # type: ignore[arg-type,return-value]
+            lambda _server: "",
+            max_frame_bytes=LIMIT,
+        )
+        await asyncio.wait_for(session.serve(context), timeout=10)  # type: ignore[arg-type]
+        return context
+
+    context = asyncio.run(serve())
+    results = [r for message in context.written for r in message.results]
+    assert {r.status_code for r in results} == {grpc.StatusCode.FAILED_PRECONDITION.value[0]}
+    assert pool.metrics.failed_for("WriteStream", "FAILED_PRECONDITION").value() == 3
