@@ -25,7 +25,7 @@ from raftlet.cli.common import (
 if TYPE_CHECKING:
     from raftlet.client import Client
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "current_leader", "run"]
 
 _EPILOG = """\
 examples:
@@ -62,7 +62,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--no-wait", action="store_true", help="return once the leader has been asked")
 
 
-def _leader(
+def current_leader(
     config: Any,
     tablet_id: str,
     timeout_s: float,
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--to {args.to}: no such server ({', '.join(config.server_ids)})")
     credentials = target.creds.channel_credentials()
     token_ports = uses_token_ports(target.creds.tls)
-    before = _leader(config, args.tablet, 3.0, credentials, token_ports)
+    before = current_leader(config, args.tablet, 3.0, credentials, token_ports)
     if before is None:
         raise CliError(f"{args.tablet} has no ready leader to step down")
     old, old_term = before
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     last: tuple[str, int] | None = before
     while time.monotonic() < deadline:
-        now = _leader(config, args.tablet, 2.0, credentials, token_ports)
+        now = current_leader(config, args.tablet, 2.0, credentials, token_ports)
         # A new term with a ready leader: the step-down happened. Without --to the old
         # leader may win the election that follows; that is a valid outcome, said as such.
         if now is not None and now[1] > old_term:

@@ -1,4 +1,5 @@
-"""``raftlet cluster up | status | down``: a local cluster's life, and a ksck-style check."""
+"""``raftlet cluster up | status | down | balance-leaders``: a local cluster's life, a
+ksck-style check, and its leaders spread evenly."""
 
 from __future__ import annotations
 
@@ -199,9 +200,10 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     )
     status.add_argument("--format", choices=("table", "json"), default="table")
 
-    from raftlet.cli import tablet_cmd
+    from raftlet.cli import leader_balance, tablet_cmd
 
     tablet_cmd.add_replace_server_parser(sub, formatter)
+    leader_balance.add_parser(sub, formatter)
 
     down = sub.add_parser(
         "down",
@@ -248,6 +250,10 @@ def run(args: argparse.Namespace) -> int:
         return _up(args)
     if args.cluster_command in ("status", "ksck"):
         return _status(args)
+    if args.cluster_command == "balance-leaders":
+        from raftlet.cli import leader_balance
+
+        return leader_balance.run(args)
     if args.cluster_command == "replace-server":
         from raftlet.cli import tablet_cmd
 

@@ -351,6 +351,29 @@ def test_leader_step_down_moves_leadership(data_dir: Path) -> None:
     assert f"-> {target} (term" in out
 
 
+def _leaders(data_dir: Path) -> dict[str, str]:
+    status = json.loads(
+        ok(raftlet("cluster", "status", "--data-dir", str(data_dir), "--format", "json"))
+    )
+    return {t["tablet_id"]: t["leader"] for t in status["tablets"]}
+
+
+def test_balance_leaders_spreads_leaders_piled_on_one_server(data_dir: Path) -> None:
+    leaders = _leaders(data_dir)
+    pile = leaders["kv-p0"]
+    if leaders["kv-p1"] != pile:
+        ok(raftlet("leader-step-down", "kv-p1", "--data-dir", str(data_dir), "--to", pile))
+    assert set(_leaders(data_dir).values()) == {pile}
+    out = ok(raftlet("cluster", "balance-leaders", "--data-dir", str(data_dir), "--dry-run"))
+    assert "would move" in out
+    assert set(_leaders(data_dir).values()) == {pile}  # a dry run moves nothing
+    out = ok(raftlet("cluster", "balance-leaders", "--data-dir", str(data_dir)))
+    assert f"moving kv-p0: {pile} -> " in out
+    assert len(set(_leaders(data_dir).values())) == 2
+    out = ok(raftlet("cluster", "balance-leaders", "--data-dir", str(data_dir)))
+    assert "balanced: no move would even them out further" in out
+
+
 def test_status_reports_a_killed_server(data_dir: Path) -> None:
     victim = state(data_dir)["servers"][1]
     os.kill(victim["pid"], signal.SIGKILL)

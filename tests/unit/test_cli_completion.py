@@ -15,7 +15,14 @@ from raftlet.cli.main import build_parser, main
 def test_the_tree_follows_the_parser() -> None:
     tree = command_tree(build_parser())
     assert {"cluster", "write", "scan", "completion"} <= set(tree[""])
-    assert tree["cluster"][:5] == ["down", "ksck", "replace-server", "status", "up"]
+    assert tree["cluster"][:6] == [
+        "balance-leaders",
+        "down",
+        "ksck",
+        "replace-server",
+        "status",
+        "up",
+    ]
     assert tree["tablet"][:3] == ["add-replica", "move-replica", "remove-replica"]
     assert "--wait" in tree["tablet move-replica"]
     assert "--in-flight" in tree["write"]
@@ -44,6 +51,7 @@ def test_bash_completes_commands_subcommands_and_options() -> None:
     script = render(command_tree(build_parser()), "bash")
     assert complete(script, "raftlet clu") == ["cluster"]
     assert complete(script, "raftlet cluster ") == [
+        "balance-leaders",
         "down",
         "ksck",
         "replace-server",

@@ -34,7 +34,7 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int] | None]:
     target = SimpleNamespace(config=config, creds=Credentials(), client=lambda **_k: client)
     monkeypatch.setattr(admin_cmd, "resolve_target", lambda _args: target)
     monkeypatch.setattr(admin_cmd, "_check_voter", lambda *_a: None)
-    monkeypatch.setattr(admin_cmd, "_leader", leader)
+    monkeypatch.setattr(admin_cmd, "current_leader", leader)
     now = [0.0]
 
     def sleep(seconds: float) -> None:
