@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from rich.console import Console
 
@@ -11,22 +12,26 @@ from raftlet.cli.write_load import LoadSummary
 from raftlet.cli.write_report import print_summary
 
 
+def _summary(**given: Any) -> LoadSummary:
+    fields: dict[str, Any] = {
+        "table": "kv",
+        "threads": 4,
+        "flush_mode": "sync",
+        "row_bytes": 100,
+        "elapsed_s": 2.0,
+        "rows": 400,
+        "writes": 400,
+        "latency_us": dict.fromkeys(("p50", "p95", "p99", "p99.9", "max"), 1.0),
+        "retries_by_cause": {},
+        "errors_by_cause": {},
+        "first_error": "",
+        "interrupted": False,
+    }
+    return LoadSummary(**(fields | given))
+
+
 def _printed(cpu: ServerCpu | None) -> str:
-    summary = LoadSummary(
-        table="kv",
-        threads=4,
-        flush_mode="sync",
-        row_bytes=100,
-        elapsed_s=2.0,
-        rows=400,
-        writes=400,
-        latency_us=dict.fromkeys(("p50", "p95", "p99", "p99.9", "max"), 1.0),
-        retries_by_cause={},
-        errors_by_cause={},
-        first_error="",
-        interrupted=False,
-        server_cpu=cpu,
-    )
+    summary = _summary(server_cpu=cpu)
     out = io.StringIO()
     # Wide enough that no cell wraps: the lines are matched whole.
     print_summary(summary, Console(file=out, width=400, color_system=None))
@@ -62,19 +67,9 @@ def test_failed_rows_whose_outcome_is_unknown_are_told_apart() -> None:
     state.failed(NotLeader("no leader", may_have_applied=False))
     state.failed(RuntimeError("a bug"))  # says nothing: unknown
     assert (sum(state.errors.values()), state.maybe_applied) == (4, 2)
-    summary = LoadSummary(
-        table="kv",
-        threads=4,
-        flush_mode="sync",
-        row_bytes=100,
-        elapsed_s=2.0,
-        rows=10,
-        writes=10,
-        latency_us=dict.fromkeys(("p50", "max"), 1.0),
-        retries_by_cause={},
+    summary = _summary(
         errors_by_cause=dict(state.errors),
         first_error="write timed out",
-        interrupted=False,
         failed_rows_maybe_applied=state.maybe_applied,
     )
     assert summary.to_json()["failed_rows"] == 4

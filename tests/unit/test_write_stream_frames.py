@@ -45,6 +45,24 @@ class FakeContext:
         self.written.append(message)
 
 
+def _served(frame: tablet_pb2.WriteStreamRequestPB, pool: InlinePool, replica: Any) -> FakeContext:
+    """One stream of ``frame`` served to its end, every write going to ``replica``."""
+
+    async def serve() -> FakeContext:
+        context = FakeContext([frame])
+        session = WriteStreamSession(
+            asyncio.get_running_loop(),
+            pool,  # type: ignore[arg-type]
+            lambda _tablet: replica,
+            lambda _server: "",
+            max_frame_bytes=LIMIT,
+        )
+        await asyncio.wait_for(session.serve(context), timeout=10)  # type: ignore[arg-type]
+        return context
+
+    return asyncio.run(serve())
+
+
 def test_the_answers_to_a_frame_leave_in_messages_under_the_limit() -> None:
     n = 50
     frame = tablet_pb2.WriteStreamRequestPB()
@@ -54,19 +72,7 @@ def test_the_answers_to_a_frame_leave_in_messages_under_the_limit() -> None:
         item.request.request_id.client_id = "c"
         item.request.request_id.seq_no = i
 
-    async def serve() -> FakeContext:
-        context = FakeContext([frame])
-        session = WriteStreamSession(
-            asyncio.get_running_loop(),
-            InlinePool(),  # type: ignore[arg-type]
-            lambda _tablet: AnsweringReplica(),  # type: ignore[arg-type,return-value]
-            lambda _server: "",
-            max_frame_bytes=LIMIT,
-        )
-        await asyncio.wait_for(session.serve(context), timeout=10)  # type: ignore[arg-type]
-        return context
-
-    context = asyncio.run(serve())
+    context = _served(frame, InlinePool(), AnsweringReplica())
     results = [r for message in context.written for r in message.results]
     assert sorted(r.id for r in results) == list(range(n))  # each answered once
     assert all(r.response.op_index == r.id for r in results)
@@ -88,20 +94,7 @@ def test_a_refused_write_of_a_stream_is_counted_by_its_status() -> None:
     for i in range(3):
         frame.items.add(id=i).request.tablet_id = "kv-p0"
     pool = InlinePool()
-
-    async def serve() -> FakeContext:
-        context = FakeContext([frame])
-        session = WriteStreamSession(
-            asyncio.get_running_loop(),
-            pool,  # type: ignore[arg-type]
-            lambda _tablet: RefusingReplica(),  # type: ignore[arg-type,return-value]
-            lambda _server: "",
-            max_frame_bytes=LIMIT,
-        )
-        await asyncio.wait_for(session.serve(context), timeout=10)  # type: ignore[arg-type]
-        return context
-
-    context = asyncio.run(serve())
+    context = _served(frame, pool, RefusingReplica())
     results = [r for message in context.written for r in message.results]
     assert {r.status_code for r in results} == {grpc.StatusCode.FAILED_PRECONDITION.value[0]}
     assert pool.metrics.failed_for("WriteStream", "FAILED_PRECONDITION").value() == 3
