@@ -3,8 +3,8 @@
 Leadership stays where elections put it. After rolling restarts and step-downs a
 long-running review found all four leaders of a cluster on one server, which then did twice
 the work of the others: nothing moved them back. This command reads where the leaders are
-(``client.health``, the same probe as ``cluster status``), plans the fewest moves that leave
-no server leading two tablets more than another (``plan_moves``, pure), and carries them out
+(``client.health``, the same probe as ``cluster status``), plans moves that leave no
+server leading two tablets more than another (``plan_moves``, pure), and carries them out
 one tablet at a time: a leadership transfer to the chosen voter, then a wait until it leads.
 Only servers that answer take leaders, and only voters whose replica is healthy and caught
 up (state OK); a move that does not happen is reported and the rest go on.
@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         out.print("balanced: no move would even them out further", markup=False)
         return 0
     for tablet, src, dst in moves:
-        out.print(f"{'would move' if args.dry_run else 'moving'} {tablet}: {src} -> {dst}")
+        verb = "would move" if args.dry_run else "moving"
+        out.print(f"{verb} {tablet}: {src} -> {dst}", markup=False)
     if args.dry_run:
         return 0
     client = target.client(timeout_s=args.timeout)

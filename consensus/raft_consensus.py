@@ -1232,10 +1232,6 @@ class RaftConsensus:
         self._node.set_promotable(False)
         self._published_status = self._status_unlocked()
 
-    def log_stalled_s(self) -> float:
-        """How long the log's oldest write had waited when found stalled (0.0: writing)."""
-        return self._log_stalled_s
-
 
 def describe_error(error: BaseException) -> str:
     """An error as an operator reads it: with the errno name of the OSError behind it (a
