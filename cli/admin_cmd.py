@@ -80,6 +80,27 @@ def current_leader(
     return None
 
 
+def _check_target_serves(
+    config: Any, tablet: str, server: str, credentials: Any, token_ports: bool
+) -> None:
+    """``server``'s replica of ``tablet`` must be able to lead: a FAILED one (a full disk,
+    say) or one on a server that does not answer cannot, and the wait for it ended in "may
+    be down or behind", which sent an operator looking in the wrong place."""
+    from raftlet.client.health import ProbeOptions, check_cluster
+
+    options = ProbeOptions(timeout_s=3.0, credentials=credentials, token_ports=token_ports)
+    health = check_cluster(config, options)
+    for t in health.tablets:
+        if t.tablet_id != tablet:
+            continue
+        state = next((r.state for r in t.replicas if r.server == server), "")
+        if state == "FAILED":
+            why = next((i for i in t.issues if i.startswith(f"replica on {server} is FAILED")), "")
+            raise CliError(f"--to {server}: {why or f'its replica of {tablet} is FAILED'}")
+        if state == "DOWN":
+            raise CliError(f"--to {server}: its server does not answer, so it cannot lead {tablet}")
+
+
 def _check_voter(client: Client, tablet: str, server: str, timeout_s: float) -> None:
     """``server`` must be a voter of ``tablet`` now -- the group as its leader sees it, not
     the placement in the config, which replicas moved since may have left behind."""
@@ -122,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     client = target.client(timeout_s=args.timeout)
     if args.to is not None:
         _check_voter(client, args.tablet, args.to, args.timeout)
+        _check_target_serves(config, args.tablet, args.to, credentials, token_ports)
     try:
         client.leader_step_down(args.tablet, new_leader=args.to or "")
     except RaftletError as e:

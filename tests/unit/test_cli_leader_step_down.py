@@ -14,6 +14,7 @@ import pytest
 from raftlet.cli import admin_cmd
 from raftlet.cli.common import Credentials
 from raftlet.cli.main import main
+from raftlet.client import health
 
 WHICH = "(`raftlet cluster status` shows which)"
 
@@ -34,6 +35,7 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int] | None]:
     target = SimpleNamespace(config=config, creds=Credentials(), client=lambda **_k: client)
     monkeypatch.setattr(admin_cmd, "resolve_target", lambda _args: target)
     monkeypatch.setattr(admin_cmd, "_check_voter", lambda *_a: None)
+    monkeypatch.setattr(health, "check_cluster", lambda *_a, **_k: SimpleNamespace(tablets=[]))
     monkeypatch.setattr(admin_cmd, "current_leader", leader)
     now = [0.0]
 
@@ -92,3 +94,26 @@ def test_no_leader_at_all_at_the_end_of_the_wait_is_said_apart(
         "error: kv-p0: ts2 did not take over within 8 s, and no replica leads now (ts1 led in "
         f"term 2): an election may be under way, or too few replicas answer {WHICH}"
     )
+
+
+def test_a_target_whose_replica_is_failed_is_refused_with_its_reason(
+    looks: list[tuple[str, int] | None],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reviewer asked a replica on a full disk to lead: the wait ended in "ts2 may be down
+    or behind", where the replica was FAILED, with a reason, on a server that answered."""
+    looks[:] = [("ts1", 2)]
+    why = "replica on ts2 is FAILED: StoreError: database or disk is full"
+    tablet = SimpleNamespace(
+        tablet_id="kv-p0",
+        replicas=[
+            SimpleNamespace(server="ts1", state="OK"),
+            SimpleNamespace(server="ts2", state="FAILED"),
+        ],
+        issues=[why],
+    )
+    monkeypatch.setattr(
+        health, "check_cluster", lambda *_a, **_k: SimpleNamespace(tablets=[tablet])
+    )
+    assert _step_down(capsys, "ts2") == f"raftlet leader-step-down: error: --to ts2: {why}"
