@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         for t in health.tablets
     }
     out = console()
-    out.print(f"leaders now: {_spread(leaders, up)}", markup=False)
+    away = [s.id for s in health.servers if s.state != "UP"]
+    note = f" ({', '.join(away)} not answering: given no leader)" if away else ""
+    out.print(f"leaders now: {_spread(leaders, up)}{note}", markup=False)
     moves = plan_moves(leaders, voters, up)
     if not moves:
         out.print("balanced: no move would even them out further", markup=False)

@@ -18,14 +18,15 @@ tablet server passes its own message cap and asks for keepalive pings on its pee
 ``server_options`` is the matching server side. A pool given ``credentials``
 (``tls.channel_credentials``) opens TLS channels, else plaintext ones.
 
-A ``GrpcServerStub`` keeps at most ``MAX_CALLS_IN_FLIGHT`` writes and scans in flight to
-its server; more threads wait for a slot within their call's timeout. The server refuses
-streams of a connection beyond its cap (``tserver.grpc_limits``), and gRPC's own holding
-back of calls over it counts calls ended when the client sees them end, while the server
-counts them until its core lets them go: a client of 60 threads on one connection had
-hundreds of writes refused. (A refusal that still happens -- two clients of one process
-share a connection when their options are equal -- is retried on the same server,
-``retry.Cause.STREAM_REFUSED``.)
+The ``GrpcServerStub`` objects of a process keep at most ``MAX_CALLS_IN_FLIGHT`` writes and
+scans in flight to one server address between them (gRPC gives the channels of a process
+one connection per address when their options are equal); more threads wait for a slot
+within their call's timeout. The server refuses streams of a connection beyond its cap
+(``tserver.grpc_limits``), and gRPC's own holding back of calls over it counts calls ended
+when the client sees them end, while the server counts them until its core lets them go: a
+client of 60 threads on one connection had hundreds of writes refused. A refusal that still
+happens (other gRPC users of the process on that connection) is retried on the same server,
+``retry.Cause.STREAM_REFUSED``.
 
 ``ServerStub`` / ``StubProvider`` are the seam the rest of the client uses, so unit tests can
 plug in fakes without a server.
@@ -186,6 +187,21 @@ def _unless_closed(call: Callable[[], R]) -> R:
         raise
 
 
+# One set of slots per server address for the whole process: gRPC gives channels of equal
+# options one connection, so two clients of a process share it, and slots of their own let
+# 4 clients of 64 threads have as many refused calls as rows written (a verifier's run).
+_SLOTS: dict[str, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _process_slots(address: str) -> threading.BoundedSemaphore:
+    with _SLOTS_LOCK:
+        slots = _SLOTS.get(address)
+        if slots is None:
+            slots = _SLOTS[address] = threading.BoundedSemaphore(MAX_CALLS_IN_FLIGHT)
+        return slots
+
+
 class GrpcServerStub:
     """``ServerStub`` over a shared ``grpc.Channel``, with at most ``max_in_flight`` writes
     and scans in flight."""
@@ -196,7 +212,11 @@ class GrpcServerStub:
         self.address = address
         self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
-        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._slots = (
+            _process_slots(address)
+            if max_in_flight == MAX_CALLS_IN_FLIGHT
+            else threading.BoundedSemaphore(max_in_flight)
+        )
 
     def _in_slot(self, call: Callable[[float], R], timeout: float) -> R:
         """``call(time left)`` once a slot is free; with none free by the deadline, it goes

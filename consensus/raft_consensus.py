@@ -1204,9 +1204,11 @@ class RaftConsensus:
         stalled = self._storage.log.stalled_for()
         limit = self.options.log_stall_s
         if self._log_stalled_s:
-            if stalled < limit:
+            if stalled >= limit:
+                self._log_stalled_s = max(self._log_stalled_s, stalled)
+            else:
                 logger.warning(
-                    "%s: the log writes again (a write was stalled for %.1f s or more); the "
+                    "%s: the log writes again (a write waited %.1f s or more); the "
                     "replica may lead again",
                     self.group_id,
                     self._log_stalled_s,

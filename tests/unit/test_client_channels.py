@@ -162,8 +162,9 @@ class _HeldWrites(tablet_pb2_grpc.TabletServiceServicer):  # type: ignore[misc] 
         return tablet_pb2.WriteResponse(op_index=1)
 
 
-def test_a_stub_keeps_at_most_its_calls_in_flight_and_the_rest_wait() -> None:
-    """More threads than slots: the server never sees more than the slots at once (a server
+def test_the_stubs_of_a_process_keep_at_most_its_calls_in_flight_and_the_rest_wait() -> None:
+    """More threads than slots, over two pools (two clients of one process, which gRPC
+    puts on one connection): the server never sees more than the slots at once (a server
     refuses streams over its per-connection cap, and counts ended ones a little longer than
     the client), and every call still completes once slots free up."""
     servicer = _HeldWrites()
@@ -171,14 +172,14 @@ def test_a_stub_keeps_at_most_its_calls_in_flight_and_the_rest_wait() -> None:
     tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    pool = ChannelPool()
+    pools = [ChannelPool(), ChannelPool()]
     try:
-        stub = pool.stub(f"127.0.0.1:{port}")
+        stubs = [pool.stub(f"127.0.0.1:{port}") for pool in pools]
         assert MAX_CALLS_IN_FLIGHT < MAX_CONCURRENT_STREAMS
         with ThreadPoolExecutor(MAX_CALLS_IN_FLIGHT + 30) as callers:
             calls = [
-                callers.submit(stub.write, tablet_pb2.WriteRequest(), 30.0)
-                for _ in range(MAX_CALLS_IN_FLIGHT + 30)
+                callers.submit(stubs[i % 2].write, tablet_pb2.WriteRequest(), 30.0)
+                for i in range(MAX_CALLS_IN_FLIGHT + 30)
             ]
             deadline = time.monotonic() + 30
             while servicer.now < MAX_CALLS_IN_FLIGHT and time.monotonic() < deadline:
@@ -188,5 +189,6 @@ def test_a_stub_keeps_at_most_its_calls_in_flight_and_the_rest_wait() -> None:
             assert all(c.result(timeout=30).op_index == 1 for c in calls)
         assert servicer.most == MAX_CALLS_IN_FLIGHT
     finally:
-        pool.close()
+        for pool in pools:
+            pool.close()
         server.stop(None)

@@ -227,6 +227,8 @@ def test_refused_streams_until_the_deadline_say_busy_and_not_applied() -> None:
     with pytest.raises(ServerTooBusy) as info:
         session.insert("kv", {"key": 5, "value": "x"})
     assert info.value.may_have_applied is False
+    # Not RESOURCE_EXHAUSTED: no server queue or memory limit refused it.
+    assert info.value.cause == "STREAM_REFUSED"
     assert {s for s, _ in cluster.writes()} == {"ts1"}
 
 
