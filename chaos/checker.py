@@ -599,8 +599,17 @@ class _Shrinking:
     def shrink(self, failing: list[int]) -> list[int]:
         """Remove chunks, halving the chunk down to single ops, while the rest still fails.
 
-        Ends when no single op can go (or at the deadline): the result is 1-minimal.
+        Ends when no single op can go (or at the deadline): the result is 1-minimal. An op
+        that saw a value nobody sets fails on its own, and is the answer at once: removing
+        ops one at a time cannot always get down to it, as two CASes that expect each
+        other's values keep each other in (a read of a value never written once shrank to
+        the read and both CASes).
         """
+        for i in failing:
+            op = self._ops[i]
+            seen = None if op.kind is OpKind.WRITE else _observed_value(op)
+            if seen is not None and seen not in self._setters and self.fails([i]):
+                return [i]
         chunk = max(1, len(failing) // 2)
         while True:
             removed_any = False

@@ -355,6 +355,18 @@ def test_simulated_histories_are_linearizable(
     assert verdict_of(*history) is CheckResult.LINEARIZABLE
 
 
+def test_a_read_of_a_value_never_written_shrinks_to_it_past_cases_that_hold_each_other() -> None:
+    """Two indeterminate CASes that expect each other's values keep each other in every
+    sub-history, so removing one op at a time stopped at the read and both of them (the
+    property test below found it)."""
+    a = op(CAS, (2, 1), 2, 3, INFO, process=1)
+    bad = op(R, -1, 5, 9, process=1)
+    b = op(CAS, (1, 2), 6, 7, INFO)
+    verdict = check_register([a, bad, b, op(R, None, 10, 13, process=1)], BUDGET_S)
+    assert verdict.result is CheckResult.NOT_LINEARIZABLE
+    assert [o.id for o in verdict.counterexample] == [bad.id]
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     rng=st.randoms(use_true_random=False),
