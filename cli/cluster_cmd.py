@@ -11,7 +11,7 @@ import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftlet.cli.common import (
     CliError,
@@ -30,7 +30,10 @@ from raftlet.consensus.raft_consensus import TermCheckMode
 from raftlet.schema.types import DataType
 from raftlet.tserver.cpu_affinity import check_cpu_affinity
 
-__all__ = ["add_parsers", "run"]
+if TYPE_CHECKING:
+    from raftlet.client.health import ClusterHealth
+
+__all__ = ["add_parsers", "failed_replica_lines", "run"]
 
 # What `ksck --checksum` gives each tablet at least: its replicas may first have to apply
 # what is queued ahead of the checksum point.
@@ -264,6 +267,22 @@ def run(args: argparse.Namespace) -> int:
 # --- up ------------------------------------------------------------------------------------
 
 
+def failed_replica_lines(health: ClusterHealth) -> list[str]:
+    """One line for each replica that is FAILED, with its reason: a cluster restarted on a
+    full disk came up "OK" by its leaders alone, its FAILED replicas unmentioned."""
+    lines = []
+    for t in health.tablets:
+        for r in t.replicas:
+            if r.state != "FAILED":
+                continue
+            prefix = f"replica on {r.server} is FAILED: "
+            why = next((i[len(prefix) :] for i in t.issues if i.startswith(prefix)), "")
+            lines.append(
+                f"  FAILED    {t.tablet_id} on {r.server}: {why or 'see `raftlet cluster status`'}"
+            )
+    return lines
+
+
 def _up(args: argparse.Namespace) -> int:
     from raftlet.deploy.local import LauncherError, LocalCluster
 
@@ -326,6 +345,8 @@ def _up(args: argparse.Namespace) -> int:
     leaders = ", ".join(f"{t.tablet_id}={t.leader}" for t in health.tablets)
     if leaders:
         out.print(f"  leaders   {leaders}", markup=False)
+    for line in failed_replica_lines(health):
+        out.print(line, style="red", markup=False, highlight=False)
     d = cluster.data_dir
     out.print("next:", markup=False)
     first = config.tables[0].name if config.tables else None

@@ -730,3 +730,23 @@ def test_a_learner_whose_server_is_down_is_named(monkeypatch: pytest.MonkeyPatch
     assert any(
         i.startswith("kv-p0: learner on d is down (an add not finished") for i in verdict.issues
     )
+
+
+def test_cluster_up_names_each_failed_replica_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster restarted on a full disk came up by its leaders alone, its FAILED replicas
+    unmentioned until someone ran `cluster status`."""
+    from raftlet.cli.cluster_cmd import failed_replica_lines
+
+    why = "StoreError: disk I/O error (the filesystem has 0 bytes free)"
+    listed = {
+        "a": _listed("a", leader=1, commit_index=150, applied_index=150),
+        "b": _listed("b", state=tablet_pb2.TABLET_STATE_FAILED, failure_reason=why),
+        "c": _listed("c", commit_index=150, applied_index=150),
+    }
+    assert failed_replica_lines(checked(listed, 100, monkeypatch)) == [
+        f"  FAILED    kv-p0 on b: {why}"
+    ]
+    listed["b"] = _listed("b", commit_index=150, applied_index=150)
+    assert failed_replica_lines(checked(listed, 100, monkeypatch)) == []
