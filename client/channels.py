@@ -203,20 +203,14 @@ def _process_slots(address: str) -> threading.BoundedSemaphore:
 
 
 class GrpcServerStub:
-    """``ServerStub`` over a shared ``grpc.Channel``, with at most ``max_in_flight`` writes
-    and scans in flight."""
+    """``ServerStub`` over a shared ``grpc.Channel``; its writes and scans take the
+    process's slots for its address (``MAX_CALLS_IN_FLIGHT``)."""
 
-    def __init__(
-        self, address: str, channel: grpc.Channel, max_in_flight: int = MAX_CALLS_IN_FLIGHT
-    ) -> None:
+    def __init__(self, address: str, channel: grpc.Channel) -> None:
         self.address = address
         self._tablet = tablet_pb2_grpc.TabletServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
-        self._slots = (
-            _process_slots(address)
-            if max_in_flight == MAX_CALLS_IN_FLIGHT
-            else threading.BoundedSemaphore(max_in_flight)
-        )
+        self._slots = _process_slots(address)
 
     def _in_slot(self, call: Callable[[float], R], timeout: float) -> R:
         """``call(time left)`` once a slot is free; with none free by the deadline, it goes

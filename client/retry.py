@@ -399,15 +399,10 @@ def timeout_error(
             ": the tablet has no leader, as when fewer than a majority of its replicas run "
             "(`raftlet cluster status` says which)"
         )
-    if last is not None and last.cause is Cause.RESOURCE_EXHAUSTED:
-        return ServerTooBusy(text, may_have_applied=may_have_applied)
-    if last is not None and last.cause is Cause.STREAM_REFUSED:
-        # Busy, but not the server's queues or memory, which RESOURCE_EXHAUSTED names: a
-        # report counting these as such sent a reviewer looking for an overload that no
-        # server counter showed.
-        return ServerTooBusy(
-            text, cause=Cause.STREAM_REFUSED.value, may_have_applied=may_have_applied
-        )
+    if last is not None and last.cause in (Cause.RESOURCE_EXHAUSTED, Cause.STREAM_REFUSED):
+        # Named by its own cause: a refused stream counted as RESOURCE_EXHAUSTED sent a
+        # reviewer looking for a queue or memory overload that no server counter showed.
+        return ServerTooBusy(text, cause=last.cause.value, may_have_applied=may_have_applied)
     if last is not None and last.cause is Cause.NOT_LEADER:
         return NotLeader(text, may_have_applied=may_have_applied)
     return Timeout(text, may_have_applied=may_have_applied)
