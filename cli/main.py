@@ -5,7 +5,8 @@ Commands:
 - ``tserver``: run one tablet server in the foreground (``tserver.main``);
 - ``cluster up | status | down``: a local multi-server cluster (``cli.cluster_cmd``,
   ``deploy.local``) and a ksck-style health check (``client.health``);
-- ``write``: a load generator (``cli.write_cmd``); ``scan``: read rows (``cli.scan_cmd``);
+- ``write``: a load generator (``cli.write_cmd``); ``row``: write chosen rows
+  (``cli.row_cmd``); ``scan``: read rows (``cli.scan_cmd``);
 - ``metrics``: key server metrics in human units (``cli.metrics_cmd``);
 - ``leader-step-down``: move a tablet's leadership (``cli.admin_cmd``);
 - ``certs create``: a CA and TLS certificates for servers and clients (``cli.certs_cmd``);
@@ -60,6 +61,7 @@ _EPILOG = """\
 quick start:
   raftlet cluster up --data-dir ./c1                 # 3 local servers, table kv
   raftlet write --data-dir ./c1 --duration 10 --threads 8
+  raftlet row upsert kv key=7 value=hello --data-dir ./c1
   raftlet scan kv --data-dir ./c1 --where "key < 100" --limit 10
   raftlet metrics --data-dir ./c1
   raftlet cluster status --data-dir ./c1
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         cluster_cmd,
         completion_cmd,
         metrics_cmd,
+        row_cmd,
         scan_cmd,
         tablet_cmd,
         write_cmd,
@@ -106,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     tserver.set_defaults(subparser=tserver)
     cluster_cmd.add_parsers(commands, _Formatter)
     write_cmd.add_parser(commands, _Formatter)
+    row_cmd.add_parser(commands, _Formatter)
     scan_cmd.add_parser(commands, _Formatter)
     metrics_cmd.add_parser(commands, _Formatter)
     admin_cmd.add_parser(commands, _Formatter)
@@ -157,6 +161,7 @@ def _run_command(args: argparse.Namespace) -> int:
         chaos_cmd,
         cluster_cmd,
         metrics_cmd,
+        row_cmd,
         scan_cmd,
         tablet_cmd,
         write_cmd,
@@ -167,6 +172,7 @@ def _run_command(args: argparse.Namespace) -> int:
         "chaos": chaos_cmd.run,
         "cluster": cluster_cmd.run,
         "write": write_cmd.run,
+        "row": row_cmd.run,
         "scan": scan_cmd.run,
         "metrics": metrics_cmd.run,
         "leader-step-down": admin_cmd.run,
@@ -180,6 +186,8 @@ def _run_command(args: argparse.Namespace) -> int:
         name = f"certs {args.certs_command}"
     elif args.command == "tablet":
         name = f"tablet {args.tablet_command}"
+    elif args.command == "row":
+        name = f"row {args.row_command}"
     # SIGTERM (a CI runner's timeout, `kill`) gets the same orderly stop as Ctrl-C: `cluster
     # up` stops the servers it started, chaos its faults and namespaces, write its load.
     signal.signal(signal.SIGTERM, _raise_interrupt)

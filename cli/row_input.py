@@ -1,0 +1,203 @@
+"""Rows as ``raftlet row`` reads them: ``COL=VALUE`` arguments, or JSON objects from a file.
+
+Both are checked against the table's schema before anything is sent, so a typo is a usage
+error naming the argument or the line, not a row error from a server:
+
+- ``COL=VALUE`` reads VALUE by the column's type as ``raftlet scan --where`` does
+  (``scan_cmd.parse_value``); a bare ``null`` is SQL NULL (``'null'``, quoted, is the
+  string).
+- JSON reads what ``raftlet scan --format json`` writes, so a scan's output can be written
+  back: BINARY as base64, UNIXTIME_MICROS as microseconds (or an ISO 8601 time), infinite
+  floats as ``"Infinity"``/``"-Infinity"``, ``null`` as NULL. A file is one JSON array of
+  objects or objects one after another (JSON lines); it is read as it goes, never whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO
+
+from raftlet.cli.common import UsageError
+from raftlet.cli.scan_cmd import parse_value
+from raftlet.schema.schema import Schema
+from raftlet.schema.types import DataType, Value, normalize
+
+__all__ = ["JsonRowError", "json_rows", "keys_only", "row_from_assignments", "row_from_json"]
+
+# A row object larger than this is refused rather than buffered without end (a file with an
+# unclosed brace would otherwise be read whole into memory).
+MAX_ROW_TEXT = 64 * 1024 * 1024
+# How much of a line is read at a time.
+_CHUNK = 1024 * 1024
+
+
+class JsonRowError(ValueError):
+    """A JSON row that cannot be read; ``line`` is where its text starts (1-based)."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+def row_from_assignments(schema: Schema, assignments: Iterable[str]) -> dict[str, Value]:
+    """``["key=5", "value=hi"]`` as a row of ``schema``; ``UsageError`` naming the argument
+    that does not fit."""
+    row: dict[str, Value] = {}
+    for text in assignments:
+        name, eq, value = text.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise UsageError(f"{text!r} is not COLUMN=VALUE (e.g. key=5, value=hello)")
+        if not schema.has_column(name):
+            raise UsageError(
+                f"{text!r}: no column {name!r} (columns: {', '.join(schema.column_names)})"
+            )
+        if name in row:
+            raise UsageError(f"column {name!r} given twice")
+        if value.strip() == "null":
+            row[name] = None
+            continue
+        try:
+            row[name] = parse_value(schema.column(name).type, value)
+        except ValueError as e:
+            raise UsageError(f"{text!r}: {e}") from None
+    if not row:
+        raise UsageError("give the row as COLUMN=VALUE arguments, or --json FILE")
+    return row
+
+
+def row_from_json(schema: Schema, doc: object) -> dict[str, Value]:
+    """One JSON object as a row of ``schema``; ValueError saying which column is wrong."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"a row is a JSON object, got {type(doc).__name__}")
+    row: dict[str, Value] = {}
+    for name, value in doc.items():
+        if not schema.has_column(name):
+            raise ValueError(f"no column {name!r} (columns: {', '.join(schema.column_names)})")
+        try:
+            row[name] = _cell(schema.column(name).type, value)
+        except ValueError as e:
+            raise ValueError(f"column {name!r}: {e}") from None
+    if not row:
+        raise ValueError("an empty object is no row")
+    return row
+
+
+def keys_only(schema: Schema, row: Mapping[str, Value]) -> dict[str, Value]:
+    """The key columns of ``row`` (a DELETE takes nothing else)."""
+    return {c.name: row[c.name] for c in schema.key_columns if c.name in row}
+
+
+def _cell(dtype: DataType, value: object) -> Value:
+    """A JSON value as a value of ``dtype`` (``normalize`` checks the type and range);
+    ValueError saying why not."""
+    if dtype is DataType.BINARY and value is not None:
+        if not isinstance(value, str):
+            raise ValueError(f"BINARY is a base64 string, got {json.dumps(value)[:40]}")
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"{value[:40]!r} is not base64 (BINARY column)") from None
+    if dtype in (DataType.FLOAT, DataType.DOUBLE) and isinstance(value, str):
+        word = value.strip().lower().lstrip("+")
+        if word not in ("infinity", "inf", "-infinity", "-inf"):
+            raise ValueError(f"{value[:40]!r} is not a number ({dtype.name} column)")
+        value = -math.inf if word.startswith("-") else math.inf
+    if dtype is DataType.UNIXTIME_MICROS and isinstance(value, str):
+        return parse_value(dtype, value)
+    return normalize(dtype, value)
+
+
+def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
+    """The JSON values in ``stream`` with the line each starts on: one array's items, or
+    values one after another (JSON lines). ``JsonRowError`` for text that is not that."""
+    decoder = json.JSONDecoder()
+    text = ""
+    pos = 0  # where unread text starts in ``text``
+    line = 1  # the line ``pos`` is on
+    eof = False
+    in_array: bool | None = None  # None until the first value or '[' is seen
+    need_comma = False
+
+    def more() -> bool:
+        nonlocal text, pos, eof
+        if eof:
+            return False
+        try:
+            # At most a chunk at a time: a compact array of a million rows is one line.
+            chunk = stream.readline(_CHUNK)
+        except UnicodeDecodeError as e:
+            at = line + text.count("\n", pos)
+            raise JsonRowError(at, f"not UTF-8 text ({e.reason})") from None
+        if not chunk:
+            eof = True
+            return False
+        text = text[pos:] + chunk
+        pos = 0
+        return True
+
+    while True:
+        # Skip blanks (counting lines) up to the next value or punctuation.
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n":
+                line += text[pos] == "\n"
+                pos += 1
+            if pos < len(text) or not more():
+                break
+        if pos >= len(text):
+            if in_array:
+                raise JsonRowError(line, "the array is not closed (']' missing): truncated?")
+            return
+        ch = text[pos]
+        if in_array is None and ch == "[":
+            in_array = True
+            pos += 1
+            continue
+        if in_array is None:
+            in_array = False
+        if in_array and ch == "]":
+            pos += 1
+            _expect_end(stream, text[pos:], line)
+            return
+        if in_array and need_comma:
+            if ch != ",":
+                raise JsonRowError(line, f"expected ',' or ']' between rows, got {ch!r}")
+            pos += 1
+            need_comma = False
+            continue
+        start = line
+        while True:
+            try:
+                value, end = decoder.raw_decode(text, pos)
+                break
+            except json.JSONDecodeError as e:
+                if len(text) - pos > MAX_ROW_TEXT:
+                    raise JsonRowError(
+                        start, f"a row over {MAX_ROW_TEXT} bytes, or not valid JSON: {e.msg}"
+                    ) from None
+                if not more():
+                    if not text[e.pos :].strip():
+                        raise JsonRowError(
+                            start, "the input ends inside this row: truncated?"
+                        ) from None
+                    before = text.count("\n", 0, pos)  # lines of ``text`` before the row
+                    raise JsonRowError(
+                        start + e.lineno - 1 - before, f"not valid JSON: {e.msg}"
+                    ) from None
+        line += text.count("\n", pos, end)
+        pos = end
+        need_comma = bool(in_array)
+        yield start, value
+
+
+def _expect_end(stream: IO[str], rest: str, line: int) -> None:
+    for chunk in itertools.chain([rest], stream):
+        stripped = chunk.strip()
+        if stripped:
+            raise JsonRowError(line, f"text after the array's ']': {stripped[:40]!r}")
+        line += chunk.count("\n")
