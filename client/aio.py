@@ -21,11 +21,12 @@ then ``await c.close()``). The shape is the threaded ``Client`` with an
 ``AUTO_FLUSH_SYNC`` session folded in, because in asyncio concurrency is the caller's tasks,
 not the session's threads:
 
-- ``await insert/upsert/update/delete(table, row)`` (or ``apply(op_type, table, row)``):
-  one row, one Write RPC; returns when it is acknowledged, raises ``RowError`` (refused by
-  the client before sending, or by the server), ``Timeout`` / ``ServerTooBusy`` /
-  ``NotLeader`` when the deadline passed, ``InvalidArgument``, ``TabletNotFound``,
-  ``RemoteError``, ``ClientClosed`` — the exceptions of ``raftlet.client``.
+- ``await insert/upsert/update/delete(table, row, timeout_s=None)`` (or ``apply(op_type,
+  table, row)``): one row, one Write RPC; returns when it is acknowledged, raises
+  ``RowError`` (refused by the client before sending, or by the server), ``Timeout`` /
+  ``ServerTooBusy`` / ``NotLeader`` when the deadline passed, ``InvalidArgument``,
+  ``TabletNotFound``, ``RemoteError``, ``ClientClosed`` — the exceptions of
+  ``raftlet.client``.
   ``RowError.row_index`` is 0.
 - ``await write(table, ops)`` (``ops``: ``(OpType, row)`` pairs): ``MANUAL_FLUSH`` in one
   call — rows grouped by tablet in batches of ``max_batch_rows`` rows and at most
@@ -34,6 +35,16 @@ not the session's threads:
   each with ``row_index`` = the operation's position in ``ops``.
 - For ``AUTO_FLUSH_BACKGROUND``-style throughput keep many ``insert`` calls in flight
   (``asyncio.gather``, a pool of worker tasks); ``raftlet write --in-flight N`` does.
+- There are no reads: scan with the threaded ``Client`` (in a thread,
+  ``asyncio.to_thread``), ``min_index={result.tablet_id: result.op_index}`` to see a write.
+
+Cancelling a write (``task.cancel()``, ``asyncio.wait_for``, ``asyncio.timeout``, a
+cancelled ``gather``) does not withdraw it: once sent, it is applied or not whatever
+becomes of the task, and the ``CancelledError`` / ``TimeoutError`` carries no
+``may_have_applied``. Treat a cancelled write as indeterminate -- read it back, or write it
+again with ``upsert`` -- and bound a write with ``timeout_s=`` rather than ``wait_for``: its
+``Timeout`` says whether the write may have been applied. The client stays usable after a
+cancellation (the request id is released, the connection kept).
 
 What the threaded client guarantees holds here, with the same code where it is pure: the
 meta cache (``meta_cache.MetaState`` in ``aio_meta.AsyncMetaCache``: config from any seed,
@@ -268,17 +279,25 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
 
     # --- writing ---------------------------------------------------------------------------
 
-    async def insert(self, table: str, row: Mapping[str, object]) -> WriteResult:
-        return await self.apply(OpType.INSERT, table, row)
+    async def insert(
+        self, table: str, row: Mapping[str, object], *, timeout_s: float | None = None
+    ) -> WriteResult:
+        return await self.apply(OpType.INSERT, table, row, timeout_s=timeout_s)
 
-    async def upsert(self, table: str, row: Mapping[str, object]) -> WriteResult:
-        return await self.apply(OpType.UPSERT, table, row)
+    async def upsert(
+        self, table: str, row: Mapping[str, object], *, timeout_s: float | None = None
+    ) -> WriteResult:
+        return await self.apply(OpType.UPSERT, table, row, timeout_s=timeout_s)
 
-    async def update(self, table: str, row: Mapping[str, object]) -> WriteResult:
-        return await self.apply(OpType.UPDATE, table, row)
+    async def update(
+        self, table: str, row: Mapping[str, object], *, timeout_s: float | None = None
+    ) -> WriteResult:
+        return await self.apply(OpType.UPDATE, table, row, timeout_s=timeout_s)
 
-    async def delete(self, table: str, row: Mapping[str, object]) -> WriteResult:
-        return await self.apply(OpType.DELETE, table, row)
+    async def delete(
+        self, table: str, row: Mapping[str, object], *, timeout_s: float | None = None
+    ) -> WriteResult:
+        return await self.apply(OpType.DELETE, table, row, timeout_s=timeout_s)
 
     async def apply(
         self,

@@ -289,7 +289,7 @@ class ChannelsByAddress(Generic[C]):
         channel = self._channels.get(address)
         if channel is None:
             if self._closed:
-                raise ClientClosed("the channel pool is closed")
+                raise ClientClosed("the client is closed")
             channel = self._open(address)
             self._channels[address] = channel
             self.created += 1

@@ -22,9 +22,11 @@ and why. The hierarchy, and when each is raised:
 
 Whether a failed write may still have been applied is ``may_have_applied``: False when no
 attempt can have reached a replica's log (refused at admission -- RESOURCE_EXHAUSTED,
-NOT_LEADER, LEADER_NOT_READY, TABLET_NOT_FOUND, INVALID_ARGUMENT -- or by the client before
-sending, and a ``RowError``'s row); True when some attempt's fate is unknown (a deadline or a
-broken connection after sending, an internal server error). An indeterminate write must
+NOT_LEADER, LEADER_NOT_READY, TABLET_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED,
+UNAUTHENTICATED --, never sent because no connection to any server could be made, refused
+by the client before sending, and a ``RowError``'s row); True when some attempt's fate is
+unknown (a deadline or a broken connection after sending, an internal server error, the
+client closed while the write was out). An indeterminate write must
 be assumed neither applied nor absent. The client's own retries of one call reuse its
 request id, so the call applies at most once; but a new call is a new request, and an
 ``insert`` sent again after an indeterminate one may meet KEY_EXISTS because the first one
@@ -112,10 +114,12 @@ class RaftletError(Exception):
 
 
 class Timeout(RaftletError):
-    """The operation's deadline passed before it succeeded (retries included)."""
+    """The operation's deadline passed before it succeeded (retries included); ``attempts``
+    is how many attempts were made (None when not counted)."""
 
     cause = "TIMEOUT"
     may_have_applied = True
+    attempts: int | None = None
 
 
 class ServerTooBusy(Timeout):

@@ -17,11 +17,14 @@ MESSAGE_TOO_LARGE      RESOURCE_EXHAUSTED "… message     FAIL at once (Message
                        gRPC, either side, either way     is no overload to wait out
 LEADER_NOT_READY       leader elected, not yet ready     BACKOFF_SAME
 NOT_LEADER             not leader / term moved           FIND_LEADER: the hint, else refresh
-UNAVAILABLE            connection failed, shutting down  NEXT_REPLICA
+UNAVAILABLE            connection failed, shutting down  NEXT_REPLICA (refused before any log
+                                                         when gRPC could not connect at all)
 TABLET_NOT_RUNNING     replica failed or bootstrapping   NEXT_REPLICA
 DEADLINE_EXCEEDED      one attempt's deadline passed     NEXT_REPLICA
 TABLET_NOT_FOUND       the server has no such replica    NEXT_REPLICA (TabletNotFound when
                                                          every replica says so)
+PERMISSION_DENIED,     the server refused the caller:    FAIL at once (RemoteError, refused
+UNAUTHENTICATED        a role, a token, a certificate    before any log)
 (anything else)        INVALID_ARGUMENT, INTERNAL, …     FAIL at once (InvalidArgument,
                                                          RemoteError)
 =====================  ================================  =================================
@@ -107,6 +110,8 @@ class Cause(enum.StrEnum):
     TABLET_NOT_FOUND = "TABLET_NOT_FOUND"
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     STALE_REQUEST = "STALE_REQUEST"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
     REMOTE_ERROR = "REMOTE_ERROR"
 
 
@@ -128,6 +133,9 @@ _REFUSED = frozenset(
         Cause.TABLET_NOT_FOUND,
         Cause.INVALID_ARGUMENT,
         Cause.STALE_REQUEST,
+        # Refused by the server's interceptors, before any handler.
+        Cause.PERMISSION_DENIED,
+        Cause.UNAUTHENTICATED,
     }
 )
 
@@ -149,6 +157,12 @@ _TOO_LARGE = re.compile(r"\b(Sent|Received) message larger than max \((\d+) vs\.
 # gRPC's words for a stream the server reset with HTTP/2's REFUSED_STREAM (code 7): over
 # the connection's concurrent-stream cap, refused before the server read a byte of it.
 _REFUSED_STREAM = re.compile(r"\bRST_STREAM with error code 7\b")
+# gRPC's words for a call it failed at once because no connection to the server could be
+# made (its load balancer had no connected transport to pick): the call was never sent.
+_NEVER_CONNECTED = re.compile(r"\bfailed to connect to all addresses\b|\bDNS resolution failed\b")
+# A connection closed at once by the server, or a failed handshake: what a TLS server does
+# to a plaintext client, or to a certificate (or none) it does not accept.
+_CLOSED_AT_CONNECT = re.compile(r"Socket closed|[Hh]andshake failed|CERTIFICATE_VERIFY_FAILED")
 
 
 def too_large(details: str) -> tuple[str, int, int] | None:
@@ -194,6 +208,10 @@ def classify_status(
         cause = Cause.TABLET_NOT_FOUND
     elif code == S.INVALID_ARGUMENT:
         cause = Cause.INVALID_ARGUMENT
+    elif code == S.PERMISSION_DENIED:
+        cause = Cause.PERMISSION_DENIED
+    elif code == S.UNAUTHENTICATED:
+        cause = Cause.UNAUTHENTICATED
     else:
         cause = Cause.REMOTE_ERROR
     return cause, _RETRIABLE.get(cause, Action.FAIL)
@@ -228,6 +246,10 @@ def refused_before_log(failure: RpcFailure) -> bool:
         # The request itself was too large: the client could not send it, or the server
         # did not take it in. (A response too large says nothing of the request's fate.)
         return _request_too_large(failure.message)
+    if failure.cause is Cause.UNAVAILABLE:
+        # Only gRPC's own "could not connect": a connection that broke after the call went
+        # out leaves its fate unknown.
+        return _NEVER_CONNECTED.search(failure.message) is not None
     return failure.cause in _REFUSED
 
 
@@ -329,7 +351,9 @@ def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
         return InvalidArgument(text)
     if failure.cause is Cause.MESSAGE_TOO_LARGE:
         return _message_too_large(failure, what)
-    return RemoteError(text, cause=str(failure.cause))
+    return RemoteError(
+        text, cause=str(failure.cause), may_have_applied=not refused_before_log(failure)
+    )
 
 
 def _message_too_large(failure: RpcFailure, what: str) -> MessageTooLarge:
@@ -399,13 +423,33 @@ def timeout_error(
             ": the tablet has no leader, as when fewer than a majority of its replicas run "
             "(`raftlet cluster status` says which)"
         )
+    if last is not None and _closed_at_connect(last):
+        # Retried to the deadline, it read like an outage (a reviewer's plaintext client
+        # of a TLS cluster waited 30 s for "Socket closed").
+        text += (
+            ": the server closed each connection before any call, as a TLS server does to a "
+            "client without TLS, or with a certificate (or token port) it does not accept: "
+            "check the client's CA, certificate and token"
+        )
+    error: Timeout
     if last is not None and last.cause in (Cause.RESOURCE_EXHAUSTED, Cause.STREAM_REFUSED):
         # Named by its own cause: a refused stream counted as RESOURCE_EXHAUSTED sent a
         # reviewer looking for a queue or memory overload that no server counter showed.
-        return ServerTooBusy(text, cause=last.cause.value, may_have_applied=may_have_applied)
-    if last is not None and last.cause is Cause.NOT_LEADER:
-        return NotLeader(text, may_have_applied=may_have_applied)
-    return Timeout(text, may_have_applied=may_have_applied)
+        error = ServerTooBusy(text, cause=last.cause.value, may_have_applied=may_have_applied)
+    elif last is not None and last.cause is Cause.NOT_LEADER:
+        error = NotLeader(text, may_have_applied=may_have_applied)
+    else:
+        error = Timeout(text, may_have_applied=may_have_applied)
+    error.attempts = attempts
+    return error
+
+
+def _closed_at_connect(failure: RpcFailure) -> bool:
+    return (
+        failure.cause is Cause.UNAVAILABLE
+        and _NEVER_CONNECTED.search(failure.message) is not None
+        and _CLOSED_AT_CONNECT.search(failure.message) is not None
+    )
 
 
 def _failure_of(state: tenacity.RetryCallState) -> RetriableFailure | None:

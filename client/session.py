@@ -32,7 +32,9 @@ reported once per operation in it. ``errors()`` returns the errors collected so 
 once.
 
 ``close()`` flushes, stops the background thread and refuses further writes; a session is
-also a context manager.
+also a context manager, whose end closes it -- and so writes what it buffered even when the
+block is left by an exception: a session is no transaction. A process that exits without
+closing a session (or its client) loses what it buffered; the client warns of it at exit.
 """
 
 from __future__ import annotations

@@ -125,13 +125,19 @@ def write_request(
 
 
 def write_failure(error: RaftletError) -> RaftletError:
-    """``error`` as a failed write reports it: a timeout says in its text whether the write
-    may still have been applied (``may_have_applied``), which is what its caller must
-    decide on -- read it back, or write it again."""
+    """``error`` as a failed write reports it: its text says whether the write may still
+    have been applied (``may_have_applied``), which is what its caller must decide on --
+    read it back, or write it again."""
     if not isinstance(error, Timeout):
-        return error
+        if not error.may_have_applied:
+            return error
+        # A server's INTERNAL, the client closed while the write was out, a failure after
+        # an attempt whose fate is unknown: said as a timeout says it.
+        return error.with_message(f"{error}; its outcome is unknown: it may have been applied")
     if error.may_have_applied:
         said = "its outcome is unknown: it may have been applied"
+    elif error.attempts == 0:
+        said = "it was not sent"
     else:
         said = "it was not applied: every attempt was refused before reaching a log"
     return error.with_message(f"{error}; {said}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -182,3 +184,35 @@ def test_an_asyncio_client_whose_loop_ended_is_closed_from_another_loop(
     asyncio.run(client.close())
     assert client.closed
     wait_for(lambda: not (_established() & held), 10, "the client's connections to end")
+
+
+_EXIT_UNCLOSED = """
+import sys
+from raftlet.client import Client, FlushMode
+client = Client(sys.argv[1].split(","))
+session = client.new_session(FlushMode.MANUAL_FLUSH)
+for key in (int(sys.argv[2]), int(sys.argv[2]) + 1):
+    session.insert("kv", {"key": key, "value": "buffered"})
+if sys.argv[3] == "close":
+    client.close()
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "close"])
+def test_rows_a_process_leaves_in_a_session_at_exit_are_said_to_be_lost(
+    cluster: TserverCluster, end: str
+) -> None:
+    """A background session never closed lost its rows at exit without a word."""
+    base = 7_700_000 + (10 if end == "close" else 0)
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_UNCLOSED, ",".join(_seeds(cluster)), str(base), end],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lost = "the process is exiting with 2 rows its sessions have not written; they are lost"
+    if end == "exit":
+        assert lost in proc.stderr
+        assert _present(cluster, [base, base + 1]) == set()
+    else:
+        assert "not written" not in proc.stderr
+        assert _present(cluster, [base, base + 1]) == {base, base + 1}

@@ -193,6 +193,13 @@ def test_no_leader_until_the_deadline_raises_not_leader() -> None:
         with pytest.raises(NotLeader):
             await c.insert("kv", {"key": 5})
         assert isinstance(NotLeader("x"), Timeout)
+        # Each single-row call takes its own deadline, as apply does.
+        for call in (c.insert, c.upsert, c.update, c.delete):
+            start = clock.now
+            with pytest.raises(NotLeader, match=r"timed out after 0\.25 s"):
+                await call("kv", {"key": 5, "value": "x"} if call == c.update else {"key": 5},
+                           timeout_s=0.25)  # fmt: skip
+            assert clock.now <= start + 0.25
 
     run(main())
 

@@ -20,6 +20,7 @@ from raftlet.client.errors import (
     RowError,
     ServerTooBusy,
     TabletNotFound,
+    Timeout,
 )
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.session import FlushMode, Session
@@ -243,6 +244,11 @@ def test_tablet_not_found_on_every_replica_is_raised_not_retried_forever() -> No
     assert len(cluster.writes()) == 3
 
 
+def _connection_lost() -> FakeRpcError:
+    """A connection that broke after the call went out."""
+    return FakeRpcError(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+
+
 def _timed_out() -> FakeRpcError:
     return FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
 
@@ -256,7 +262,19 @@ def _timed_out() -> FakeRpcError:
         # An attempt whose fate is unknown makes the whole write indeterminate, even when the
         # last attempt was refused -- or failed for good.
         (_timed_out(), queue_full(), ServerTooBusy, True),
-        (unavailable(), not_leader(), NotLeader, True),
+        (_connection_lost(), not_leader(), NotLeader, True),
+        # gRPC could not connect: the call never left the client.
+        (unavailable(), unavailable(), Timeout, False),
+        (unavailable(), _connection_lost(), Timeout, True),
+        # Refused at the door: the caller's role, token or certificate.
+        (
+            FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "needs role writer"),
+            None,
+            RemoteError,
+            False,
+        ),
+        (FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "bad token"), None, RemoteError, False),
+        (_timed_out(), FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no"), RemoteError, True),
         (
             _timed_out(),
             FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "bad", None),
@@ -283,6 +301,11 @@ def test_an_error_says_whether_the_write_may_have_been_applied(
     with pytest.raises(error) as info:  # type: ignore[call-overload]
         session.insert("kv", {"key": 5, "value": "x"})
     assert info.value.may_have_applied is may_have_applied
+    # The text says it too, whatever ended the write.
+    assert ("it may have been applied" in str(info.value)) is may_have_applied
+    code = (then or first).code()  # type: ignore[attr-defined]
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        assert info.value.cause == code.name
 
 
 def test_a_refused_row_was_not_applied() -> None:

@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from raftlet.client.errors import (
+    ClientClosed,
     InvalidArgument,
     MessageTooLarge,
     NotLeader,
@@ -45,6 +46,7 @@ from raftlet.client.retry import (
     within,
 )
 from raftlet.client.rpc import call_tablet
+from raftlet.client.write_batch import write_failure
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from tests.unit.client_fakes import (
@@ -78,8 +80,8 @@ E = ServerErrorPB
         (S.INVALID_ARGUMENT, E.INVALID_ARGUMENT, Cause.INVALID_ARGUMENT, Action.FAIL),
         (S.FAILED_PRECONDITION, E.STALE_REQUEST, Cause.STALE_REQUEST, Action.FAIL),
         (S.INTERNAL, None, Cause.REMOTE_ERROR, Action.FAIL),
-        (S.PERMISSION_DENIED, None, Cause.REMOTE_ERROR, Action.FAIL),
-        (S.UNAUTHENTICATED, None, Cause.REMOTE_ERROR, Action.FAIL),
+        (S.PERMISSION_DENIED, None, Cause.PERMISSION_DENIED, Action.FAIL),
+        (S.UNAUTHENTICATED, None, Cause.UNAUTHENTICATED, Action.FAIL),
         # FAILED_PRECONDITION without a NOT_LEADER code is not a leadership problem.
         (S.FAILED_PRECONDITION, None, Cause.REMOTE_ERROR, Action.FAIL),
     ],
@@ -123,6 +125,64 @@ def test_fatal_errors_are_typed() -> None:
     assert isinstance(err, RemoteError)
     assert err.cause == "REMOTE_ERROR"
     assert str(err) == "write failed: REMOTE_ERROR: boom"
+
+
+_NO_CONNECTION = (
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:39593: "
+    "Failed to connect to remote host: Connection refused"
+)
+_CLOSED_AT_HANDSHAKE = (
+    "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:35447: "
+    "Socket closed"
+)
+
+
+@pytest.mark.parametrize(
+    ("details", "never_sent"),
+    [
+        (_NO_CONNECTION, True),
+        (_CLOSED_AT_HANDSHAKE, True),
+        ("DNS resolution failed for nosuchhost:7051: C-ares status is not ARES_SUCCESS", True),
+        # Broken after the call may have gone out: its fate is unknown.
+        ("Socket closed", False),
+        ("Connection reset by peer", False),
+        ("write stream ended: UNAVAILABLE: Socket closed", False),
+        (f"write stream ended: UNAVAILABLE: {_NO_CONNECTION}", True),
+    ],
+)
+def test_a_call_grpc_could_not_connect_for_was_never_sent(details: str, never_sent: bool) -> None:
+    failure = classify(FakeRpcError(S.UNAVAILABLE, details))
+    assert failure.cause is Cause.UNAVAILABLE
+    assert failure.action is Action.NEXT_REPLICA
+    assert refused_before_log(failure) is never_sent
+
+
+def test_refused_credentials_fail_at_once_and_were_not_applied() -> None:
+    for status in (S.PERMISSION_DENIED, S.UNAUTHENTICATED):
+        err = fatal_error(classify(FakeRpcError(status, "needs role writer")), "write")
+        assert isinstance(err, RemoteError)
+        assert (err.cause, err.may_have_applied) == (status.name, False)
+    internal = fatal_error(classify(FakeRpcError(S.INTERNAL, "boom")), "write")
+    assert internal.may_have_applied is True
+
+
+def test_a_timeout_of_connections_closed_at_once_says_to_check_tls() -> None:
+    closed = classify(FakeRpcError(S.UNAVAILABLE, _CLOSED_AT_HANDSHAKE), "ts1")
+    err = timeout_error("fetching the cluster config", 3.0, 9, closed, may_have_applied=False)
+    assert "as a TLS server does to a client without TLS" in str(err)
+    assert err.attempts == 9
+    refused = classify(FakeRpcError(S.UNAVAILABLE, _NO_CONNECTION), "ts1")
+    assert "TLS" not in str(timeout_error("write", 3.0, 9, refused, may_have_applied=False))
+    lost = classify(FakeRpcError(S.UNAVAILABLE, "Socket closed"), "ts1")
+    assert "TLS" not in str(timeout_error("write", 3.0, 9, lost))
+
+
+def test_a_write_timed_out_before_any_attempt_says_it_was_not_sent() -> None:
+    err = write_failure(timeout_error("write of 1 row", 0.01, 0, None, may_have_applied=False))
+    assert str(err).endswith("(0 attempts); it was not sent")
+    closed = write_failure(ClientClosed("the client is closed", may_have_applied=True))
+    assert str(closed) == "the client is closed; its outcome is unknown: it may have been applied"
+    assert str(write_failure(ClientClosed("the client is closed"))) == "the client is closed"
 
 
 def test_every_retriable_cause_has_a_policy() -> None:
