@@ -313,6 +313,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._check_open()
         if timeout_s is not None:
             check_timeout(timeout_s)
+        await self._meta.reload_if_stale(table)
         op = encode_operation(self._meta, self._stats, 0, op_type_of(op_type), table, row_of(row))
         result, errors = await self._write(op.tablet_id, [op], timeout_s)
         if errors:
@@ -332,6 +333,7 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._check_open()
         if timeout_s is not None:
             check_timeout(timeout_s)
+        await self._meta.reload_if_stale(table)
         self._meta.table(table)  # an unknown table fails the call, not each row
         errors: list[RaftletError] = []
         groups: dict[str, list[Operation]] = {}

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 
 from raftlet.client.aio_channels import AsyncStubProvider
-from raftlet.client.errors import InvalidArgument
+from raftlet.client.errors import InvalidArgument, RaftletError
 from raftlet.client.meta_cache import (
     CONFIG_TIMEOUT_S,
     LIST_TABLETS_TIMEOUT_S,
@@ -64,6 +64,16 @@ class AsyncMetaCache(MetaState):
         self._refresh_interval_s = leader_refresh_interval_s
         self._refresh_lock: asyncio.Lock | None = None  # made in the loop that uses it
         self._last_refresh = float("-inf")
+
+    async def reload_if_stale(self, table: str) -> None:
+        """Fetch the config again when it proved out of date for ``table``
+        (``MetaState.table_view_stale``); a fetch that fails keeps the view there is."""
+        if not self.table_view_stale(table):
+            return
+        try:
+            await self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
+        except RaftletError:
+            self._last_load = self._clock()  # not again at once
 
     async def load(self, deadline: float, timeout_s: float) -> ClusterView:
         """Fetch the cluster config from the seeds (then any known server), retrying until

@@ -3,9 +3,11 @@
 There is no master: every tablet server answers ``GetClusterConfig`` (servers, tables with
 their schemas, and where every tablet's replicas are: the voters of the server's own replica
 where it has one, else the placement), so ``load`` asks the seed addresses — then any server
-it already knows — until one answers. Servers and tables are fixed for a cluster's life, so
-that is fetched once per client; replicas move (membership changes: ``raftlet tablet
-move-replica``), and the cache follows them:
+it already knows — until one answers. That is fetched once per client, and again only when
+it proves out of date (``table_view_stale``): a table asked for that it does not list (one
+added by a rolling restart since), or a call a server refused as made for another schema of
+its table (the cluster made again with a column changed). Replicas move (membership
+changes: ``raftlet tablet move-replica``), and the cache follows them:
 
 - every ``ListTablets`` answer (``refresh_leaders``, below) carries each replica's membership;
   the voters of the replica that claims leadership (highest term) become the tablet's
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 import grpc
 
 from raftlet.client.channels import ResultFuture, StubProvider
-from raftlet.client.errors import InvalidArgument, RemoteError, TabletNotFound
+from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, TabletNotFound
 from raftlet.client.retry import (
     Action,
     Cause,
@@ -67,6 +69,8 @@ __all__ = ["ClusterView", "MetaCache", "MetaState", "ServerInfo", "TableInfo", "
 # as good as down (for this call), and the next server is asked.
 LIST_TABLETS_TIMEOUT_S = 2.0
 CONFIG_TIMEOUT_S = 3.0
+# The config is fetched again at most this often when it proves out of date.
+_RELOAD_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,9 @@ class MetaState:
         self._down_until: dict[str, float] = {}
         # Replicas learned since the view was installed (a moved tablet), by tablet.
         self._replicas: dict[str, tuple[str, ...]] = {}
+        # A server refused a call as made for another schema: fetch the config again.
+        self._stale = False
+        self._last_load = float("-inf")
 
     def config_addresses(self) -> list[str]:
         """Where to ask for the config: the seeds, then every server already known."""
@@ -204,7 +211,23 @@ class MetaState:
         with self._lock:
             self._view = view
             self._replicas = {}
+            self._stale = False
+            self._last_load = self._clock()
         return view
+
+    def mark_stale(self) -> None:
+        """A server refused a call as made for another schema of its table."""
+        self._stale = True
+
+    def table_view_stale(self, name: str) -> bool:
+        """Whether the config should be fetched again before ``table(name)``: it was found
+        out of date, or does not list the table -- at most once every
+        ``_RELOAD_INTERVAL_S``, so a loop over a name that is no table costs no fetch a
+        call."""
+        view = self._view
+        if view is None or not (self._stale or name not in view.tables):
+            return False
+        return self._clock() - self._last_load >= _RELOAD_INTERVAL_S
 
     @property
     def view(self) -> ClusterView:
@@ -346,6 +369,23 @@ class MetaCache(MetaState):
         self._refresh_interval_s = leader_refresh_interval_s
         self._refresh_lock = threading.Lock()
         self._last_refresh = float("-inf")
+
+    def table(self, name: str) -> TableInfo:
+        """``MetaState.table``, with the config fetched again first when it proved out of
+        date (``table_view_stale``); a fetch that fails keeps the view there is."""
+        view = self._view
+        if view is not None and not self._stale:  # every row's look-up: the short way
+            info = view.tables.get(name)
+            if info is not None:
+                return info
+        if self.table_view_stale(name):
+            with self._refresh_lock:
+                if self.table_view_stale(name):
+                    try:
+                        self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
+                    except RaftletError:
+                        self._last_load = self._clock()  # not again at once
+        return super().table(name)
 
     def load(self, deadline: float, timeout_s: float) -> ClusterView:
         """Fetch the cluster config from the seeds (then any known server), retrying until

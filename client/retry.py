@@ -23,6 +23,8 @@ TABLET_NOT_RUNNING     replica failed or bootstrapping   NEXT_REPLICA
 DEADLINE_EXCEEDED      one attempt's deadline passed     NEXT_REPLICA
 TABLET_NOT_FOUND       the server has no such replica    NEXT_REPLICA (TabletNotFound when
                                                          every replica says so)
+SCHEMA_MISMATCH        INVALID_ARGUMENT: made for        FAIL at once (InvalidArgument); the
+                       another schema than the tablet's  client fetches the config again
 PERMISSION_DENIED,     the server refused the caller:    FAIL at once (RemoteError, refused
 UNAUTHENTICATED        a role, a token, a certificate    before any log)
 (anything else)        INVALID_ARGUMENT, INTERNAL, …     FAIL at once (InvalidArgument,
@@ -110,6 +112,7 @@ class Cause(enum.StrEnum):
     TABLET_NOT_FOUND = "TABLET_NOT_FOUND"
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     STALE_REQUEST = "STALE_REQUEST"
+    SCHEMA_MISMATCH = "SCHEMA_MISMATCH"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     REMOTE_ERROR = "REMOTE_ERROR"
@@ -133,6 +136,7 @@ _REFUSED = frozenset(
         Cause.TABLET_NOT_FOUND,
         Cause.INVALID_ARGUMENT,
         Cause.STALE_REQUEST,
+        Cause.SCHEMA_MISMATCH,
         # Refused by the server's interceptors, before any handler.
         Cause.PERMISSION_DENIED,
         Cause.UNAUTHENTICATED,
@@ -206,6 +210,8 @@ def classify_status(
         cause = Cause.UNAVAILABLE
     elif code == S.NOT_FOUND:
         cause = Cause.TABLET_NOT_FOUND
+    elif code == S.INVALID_ARGUMENT and ecode == E.SCHEMA_MISMATCH:
+        cause = Cause.SCHEMA_MISMATCH
     elif code == S.INVALID_ARGUMENT:
         cause = Cause.INVALID_ARGUMENT
     elif code == S.PERMISSION_DENIED:
@@ -349,6 +355,8 @@ def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
     text = f"{what} failed: {failure}"
     if failure.cause is Cause.INVALID_ARGUMENT:
         return InvalidArgument(text)
+    if failure.cause is Cause.SCHEMA_MISMATCH:
+        return InvalidArgument(text, cause=str(failure.cause))
     if failure.cause is Cause.MESSAGE_TOO_LARGE:
         return _message_too_large(failure, what)
     return RemoteError(

@@ -158,6 +158,10 @@ class Router:
     def failed_with(self, failure: RpcFailure, what: str) -> NoReturn:
         """Raise the fatal error, or ``RetriableFailure`` after choosing the next target."""
         if failure.action is Action.FAIL:
+            if failure.cause is Cause.SCHEMA_MISMATCH:
+                # The table is not what this client took it for: the next look-up of it
+                # fetches the config again (``MetaState.table_view_stale``).
+                self.meta.mark_stale()
             raise fatal_error(failure, what)
         retry_now = self.on_failure(failure)
         raise RetriableFailure(failure, retry_now=retry_now)

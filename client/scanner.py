@@ -234,6 +234,8 @@ class Scanner(Iterator[Row]):
             batch_size_bytes=self._batch_size_bytes,
             row_format=self.row_format.value,
             min_applied_index=self._min_indexes.get(tablet_id, 0),
+            # The rows come back packed for the replica's schema and are read by ours.
+            schema_fingerprint=self.table.schema.fingerprint,
         )
 
         def scan(stub: ServerStub, timeout: float, _attempt: int) -> tablet_pb2.ScanResponse:

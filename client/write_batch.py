@@ -119,6 +119,9 @@ def write_request(
         rows, indirect = join_row_blocks(ops[0].schema, [op.packed for op in ops])
         request.row_block.rows = rows
         request.row_block.indirect = indirect
+    if ops:
+        # Rows packed for another schema than the leader's would be stored as other values.
+        request.schema_fingerprint = ops[0].schema.fingerprint
     request.request_id.client_id = client_id
     request.request_id.seq_no = seq_no
     return request

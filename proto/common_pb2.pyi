@@ -41,6 +41,7 @@ class ServerErrorPB(_message.Message):
         WRONG_SERVER_UUID: _ClassVar[ServerErrorPB.Code]
         TABLET_NOT_RUNNING: _ClassVar[ServerErrorPB.Code]
         MEMORY_LIMIT: _ClassVar[ServerErrorPB.Code]
+        SCHEMA_MISMATCH: _ClassVar[ServerErrorPB.Code]
     UNKNOWN: ServerErrorPB.Code
     NOT_LEADER: ServerErrorPB.Code
     LEADER_NOT_READY: ServerErrorPB.Code
@@ -52,6 +53,7 @@ class ServerErrorPB(_message.Message):
     WRONG_SERVER_UUID: ServerErrorPB.Code
     TABLET_NOT_RUNNING: ServerErrorPB.Code
     MEMORY_LIMIT: ServerErrorPB.Code
+    SCHEMA_MISMATCH: ServerErrorPB.Code
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_UUID_FIELD_NUMBER: _ClassVar[int]

@@ -129,16 +129,18 @@ class RowBlockPB(_message.Message):
     def __init__(self, rows: _Optional[bytes] = ..., indirect: _Optional[bytes] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("tablet_id", "request_id", "ops", "row_block")
+    __slots__ = ("tablet_id", "request_id", "ops", "row_block", "schema_fingerprint")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     ROW_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     request_id: _common_pb2.RequestIdPB
     ops: _containers.RepeatedCompositeFieldContainer[RowOperationPB]
     row_block: RowBlockPB
-    def __init__(self, tablet_id: _Optional[str] = ..., request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ...) -> None: ...
+    schema_fingerprint: int
+    def __init__(self, tablet_id: _Optional[str] = ..., request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ..., schema_fingerprint: _Optional[int] = ...) -> None: ...
 
 class RowErrorPB(_message.Message):
     __slots__ = ("row_index", "code", "message")
@@ -181,16 +183,18 @@ class WriteResponse(_message.Message):
     def __init__(self, row_errors: _Optional[_Iterable[_Union[RowErrorPB, _Mapping]]] = ..., op_index: _Optional[int] = ..., op_term: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
 
 class WriteOperationPB(_message.Message):
-    __slots__ = ("request_id", "ops", "row_block", "checksum_point")
+    __slots__ = ("request_id", "ops", "row_block", "checksum_point", "schema_fingerprint")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     ROW_BLOCK_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_POINT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     request_id: _common_pb2.RequestIdPB
     ops: _containers.RepeatedCompositeFieldContainer[RowOperationPB]
     row_block: RowBlockPB
     checksum_point: bool
-    def __init__(self, request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ..., checksum_point: _Optional[bool] = ...) -> None: ...
+    schema_fingerprint: int
+    def __init__(self, request_id: _Optional[_Union[_common_pb2.RequestIdPB, _Mapping]] = ..., ops: _Optional[_Iterable[_Union[RowOperationPB, _Mapping]]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ..., checksum_point: _Optional[bool] = ..., schema_fingerprint: _Optional[int] = ...) -> None: ...
 
 class PredicatePB(_message.Message):
     __slots__ = ("column", "equals", "range", "in_list", "is_null", "is_not_null")
@@ -225,7 +229,7 @@ class PredicatePB(_message.Message):
     def __init__(self, column: _Optional[str] = ..., equals: _Optional[_Union[ValuePB, _Mapping]] = ..., range: _Optional[_Union[PredicatePB.RangePB, _Mapping]] = ..., in_list: _Optional[_Union[PredicatePB.InListPB, _Mapping]] = ..., is_null: _Optional[bool] = ..., is_not_null: _Optional[bool] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows", "row_format", "batch_size_bytes", "min_applied_index")
+    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows", "row_format", "batch_size_bytes", "min_applied_index", "schema_fingerprint")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_FIELD_NUMBER: _ClassVar[int]
     PREDICATES_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +240,7 @@ class ScanRequest(_message.Message):
     ROW_FORMAT_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MIN_APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     projection: _containers.RepeatedScalarFieldContainer[str]
     predicates: _containers.RepeatedCompositeFieldContainer[PredicatePB]
@@ -246,7 +251,8 @@ class ScanRequest(_message.Message):
     row_format: RowFormat
     batch_size_bytes: int
     min_applied_index: int
-    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ..., row_format: _Optional[_Union[RowFormat, str]] = ..., batch_size_bytes: _Optional[int] = ..., min_applied_index: _Optional[int] = ...) -> None: ...
+    schema_fingerprint: int
+    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ..., row_format: _Optional[_Union[RowFormat, str]] = ..., batch_size_bytes: _Optional[int] = ..., min_applied_index: _Optional[int] = ..., schema_fingerprint: _Optional[int] = ...) -> None: ...
 
 class RowPB(_message.Message):
     __slots__ = ("values",)

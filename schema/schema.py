@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ class Schema:
     and "id" would be one column in the store).
     """
 
-    __slots__ = ("_by_name", "_hash", "columns", "fixed_key_bytes", "key_columns")
+    __slots__ = ("_by_name", "_hash", "columns", "fingerprint", "fixed_key_bytes", "key_columns")
 
     def __init__(self, columns: Iterable[ColumnSchema]) -> None:
         cols = tuple(columns)
@@ -114,6 +115,7 @@ class Schema:
         # Schemas key many caches (row layouts, packers); hashing the columns each time
         # cost a client more than packing its row.
         self._hash = hash(cols)
+        self.fingerprint = _fingerprint(cols)
 
     @classmethod
     def from_pb(cls, pb: tablet_pb2.SchemaPB) -> Schema:
@@ -169,3 +171,15 @@ class Schema:
             flags = " KEY" if c.is_key else (" NULL" if c.nullable else " NOT NULL")
             parts.append(f"{c.name} {c.type.name}{flags}")
         return ", ".join(parts)
+
+
+def _fingerprint(cols: tuple[ColumnSchema, ...]) -> int:
+    """A nonzero 64-bit digest of what decides how a row is packed and read: each column's
+    name, type number, key and nullability, in order. Writes, their log entries and scans
+    carry it (``WriteRequest.schema_fingerprint``), so that a replica never reads rows
+    packed for another schema as its own: of the same width, they decode without an error
+    into other values. Its text is its own, not ``describe()``'s, whose wording may
+    change: servers of two versions must agree on it."""
+    text = ",".join(f"{c.name}:{int(c.type)}:{int(c.is_key)}:{int(c.nullable)}" for c in cols)
+    digest = hashlib.blake2b(text.encode(), digest_size=8, person=b"raftlet-schema").digest()
+    return int.from_bytes(digest, "little") or 1

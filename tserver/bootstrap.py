@@ -122,10 +122,12 @@ def to_apply_entry(
     was prepared), used instead of decoding them again.  Otherwise a packed row block is
     decoded here, its bad rows kept as row failures.  A block the
     leader accepted is well formed; should one not be, every replica decodes the same bytes
-    to the same single failure, so replicas still agree."""
+    to the same single failure, so replicas still agree -- if they read it by one schema:
+    an entry written for another (``SchemaMismatchedEntry``) is not applied at all."""
     write = decode_write(entry)
     if decoded is not None:
         return _apply_entry_of(entry, write, list(decoded[0]), list(decoded[1]))
+    _check_entry_schema(entry, write, schema)
     if write.HasField("row_block"):
         block = write.row_block
         outcome: BlockOutcome
@@ -147,6 +149,7 @@ def to_apply_entries(entries: Sequence[Entry], schema: Schema) -> list[ApplyEntr
         write = tablet_pb2.WriteOperationPB()
         if e.type is EntryType.NORMAL and e.data:
             write.ParseFromString(e.data)
+            _check_entry_schema(e, write, schema)
         has_block = write.HasField("row_block")
         if has_block:
             block = write.row_block
@@ -181,6 +184,23 @@ def to_apply_entries(entries: Sequence[Entry], schema: Schema) -> list[ApplyEntr
         else:
             out.append(ApplyEntry(e.index, e.term, ops, None, 0, failures))
     return out
+
+
+class SchemaMismatchedEntry(ValueError):
+    """A committed entry written by a leader whose schema of the tablet is not this
+    replica's. Its rows, read by this replica's schema, would be stored as other values
+    (of the same width, they decode without an error) or not at all; so the replica applies
+    nothing and fails, saying why, instead of diverging in silence."""
+
+
+def _check_entry_schema(entry: Entry, write: tablet_pb2.WriteOperationPB, schema: Schema) -> None:
+    if write.schema_fingerprint and write.schema_fingerprint != schema.fingerprint:
+        raise SchemaMismatchedEntry(
+            f"entry {entry.index} was written by a leader with another schema of the tablet "
+            f"than this replica's ({schema.describe()}): the servers' cluster.toml files "
+            "disagree on the table. Remove this replica (`raftlet tablet remove-replica`), "
+            "give this server the config its peers run, then `raftlet tablet add-replica`"
+        )
 
 
 def _ops_of(

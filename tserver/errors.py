@@ -9,15 +9,19 @@ status for the same situation whichever code path noticed it.
 
 from __future__ import annotations
 
+from raftlet.schema.schema import Schema
+
 __all__ = [
     "DeadlineExceeded",
     "DeadlineExceededInQueue",
     "FilesNotRemovable",
     "InvalidRequest",
+    "SchemaMismatch",
     "ServiceUnavailable",
     "StaleRequest",
     "TabletFailed",
     "UnknownTablet",
+    "check_schema",
 ]
 
 
@@ -88,6 +92,27 @@ class InvalidRequest(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class SchemaMismatch(InvalidRequest):
+    """A request made for another schema of the table than the replica's
+    (INVALID_ARGUMENT / SCHEMA_MISMATCH): rows packed for one schema read as other values
+    under another, without an error."""
+
+    def __init__(self, what: str, table: str, schema: Schema) -> None:
+        super().__init__(
+            f"{what} was made for another schema of table {table!r} than this replica's "
+            f"({schema.describe()}): the client's view of the table is out of date (the "
+            "cluster was made again with another schema: connect a new client), or the "
+            "servers' cluster.toml files disagree on the table"
+        )
+
+
+def check_schema(fingerprint: int, what: str, table: str, schema: Schema) -> None:
+    """Refuse (``SchemaMismatch``) a request whose schema fingerprint is given and is not
+    ``schema``'s."""
+    if fingerprint and fingerprint != schema.fingerprint:
+        raise SchemaMismatch(what, table, schema)
 
 
 class StaleRequest(Exception):

@@ -41,6 +41,7 @@ from raftlet.tserver.errors import (
     DeadlineExceededInQueue,
     FilesNotRemovable,
     InvalidRequest,
+    SchemaMismatch,
     ServiceUnavailable,
     StaleRequest,
     TabletFailed,
@@ -178,6 +179,8 @@ def status_for(
         return S.NOT_FOUND, msg, E(code=E.TABLET_NOT_FOUND, message=msg)
     if isinstance(exc, CopySessionNotFound):
         return S.NOT_FOUND, f"no tablet copy session {msg}", None
+    if isinstance(exc, SchemaMismatch):
+        return S.INVALID_ARGUMENT, msg, E(code=E.SCHEMA_MISMATCH, message=msg)
     if isinstance(exc, InvalidRequest | MalformedRequest):
         # A consensus request addressed to another server says so, so the caller knows its
         # address book is stale rather than its request malformed.

@@ -136,6 +136,7 @@ from raftlet.tserver.status_pages import (
 from raftlet.tserver.store_verifier import StoreVerifier
 from raftlet.tserver.table_layout import (
     LayoutMismatch,
+    check_new_tables,
     check_table_layout,
     record_table_layout,
 )
@@ -441,8 +442,12 @@ class TabletServer:
         self._replica_options = options
         self._peer_timeout_s = peer_timeout_s
         self.log_options = options.log
-        # Before any replica is opened: a table repartitioned or reshaped under its rows.
+        # Before any replica is opened: a table repartitioned or reshaped under its rows,
+        # or one new here that the servers running already have otherwise.
         known_tables = check_table_layout(s.data_dir, s.config.tables)
+        new_tables = [t for t in s.config.tables if t.name not in known_tables]
+        if new_tables and self._others:
+            check_new_tables(new_tables, await asyncio.to_thread(self._peer_configs))
         restored = recover_interrupted_copies(s.data_dir)
         if restored:
             logger.warning("tablet copies interrupted by a crash undone: %s", ", ".join(restored))
@@ -658,6 +663,18 @@ class TabletServer:
                 self._place(tid, replica)
             self._record_hosted({p.tablet_id for p, _ in opening})
             self._check_members_listed()
+
+    def _peer_configs(self) -> dict[str, tablet_pb2.GetClusterConfigResponse]:
+        """The cluster config of each other server that answers at once (one that is down
+        refuses the connection; one not serving yet is not asked again)."""
+        answers = {}
+        for sid in self._others:
+            stub = self.channels.stub(self.settings.peer_addr(sid))
+            try:
+                answers[sid] = stub.get_cluster_config(_ASK_PEERS_S)
+            except grpc.RpcError:
+                continue
+        return answers
 
     def _peer_listings(
         self, peers: Collection[str] | None = None

@@ -17,20 +17,41 @@ table's placed replicas are made from the placement (``TabletServer._tablets_to_
 Adding or removing servers moves the placement of every table, and replicas made for a
 table that existed already formed groups of their own -- two new servers elected a leader
 among their empty replicas and took writes beside the real group.
+
+A table new to this server is checked against the servers that answer first
+(``check_new_tables``): a rolling restart that adds a table passes through servers on two
+configs, and one whose config gave the table another schema made its replicas with it --
+the others' entries, read by that schema, were stored as other values, in silence. Such a
+server now refuses to start, naming the servers it disagrees with, and records nothing.
+(Should replicas of one tablet end up on two schemas all the same -- a table recorded by an
+older version -- each write's log entry carries its leader's schema fingerprint, and a
+replica of another schema fails rather than apply it: ``tserver.bootstrap``.)
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from raftlet.cluster import TableConfig
+from raftlet.cluster.placement import tablet_id
 from raftlet.consensus.log.segment import replace_durably
+from raftlet.proto import tablet_pb2
+from raftlet.schema.schema import Schema, SchemaError
 
-__all__ = ["TABLES_FILE", "LayoutMismatch", "check_table_layout", "record_table_layout"]
+__all__ = [
+    "TABLES_FILE",
+    "LayoutMismatch",
+    "check_new_tables",
+    "check_table_layout",
+    "record_table_layout",
+]
 
 TABLES_FILE = "tables.json"
+
+logger = logging.getLogger(__name__)
 
 
 class LayoutMismatch(Exception):
@@ -52,27 +73,94 @@ def _recorded(path: Path) -> dict[str, object]:
 def check_table_layout(data_dir: Path, tables: Sequence[TableConfig]) -> frozenset[str]:
     """Refuse (``LayoutMismatch``) a config whose tables differ from those recorded in
     ``data_dir``; the names of the tables recorded. ``OSError`` if the record cannot be
-    read."""
+    read.
+
+    A table of which this server holds no replica (none made, or all deleted) has no rows
+    here to misread: its record is dropped instead, and the table is new to the server
+    again -- checked against its peers (``check_new_tables``). That is the way out for a
+    server whose record is the odd one: its replicas removed (``raftlet tablet
+    remove-replica``), the config its peers run starts it."""
     path = data_dir / TABLES_FILE
     recorded = _recorded(path)
+    forgotten = []
     for table in tables:
         was = recorded.get(table.name)
         if not isinstance(was, dict):
             continue
-        if was.get("partitions") != table.partitions:
+        partitions = was.get("partitions")
+        if partitions == table.partitions and was.get("schema") == table.schema.describe():
+            continue
+        if not _replicas_of(data_dir, table.name, partitions):
+            forgotten.append(table.name)
+            continue
+        remedy = (
+            " (or, if it is this server's record that is the odd one -- its peers run this "
+            "config -- remove its replicas of the table first, running its old config: "
+            f"`raftlet tablet remove-replica {table.name}-pN SERVER --wait` for each; then "
+            "this config starts it, and `add-replica` makes them again)"
+        )
+        if partitions != table.partitions:
             raise LayoutMismatch(
                 f"table {table.name!r}: the config says {table.partitions} partitions, but "
-                f"its replicas here were made for {was.get('partitions')}; a table's "
+                f"its replicas here were made for {partitions}; a table's "
                 "partitioning cannot change under its rows (they would be sought in other "
-                f"tablets): put partitions = {was.get('partitions')} back"
+                f"tablets): put partitions = {partitions} back{remedy}"
             )
-        if was.get("schema") != table.schema.describe():
-            raise LayoutMismatch(
-                f"table {table.name!r}: the config's schema ({table.schema.describe()}) is not "
-                f"the one its replicas here were made with ({was.get('schema')}); a schema "
-                "cannot change: put it back"
+        raise LayoutMismatch(
+            f"table {table.name!r}: the config's schema ({table.schema.describe()}) is not "
+            f"the one its replicas here were made with ({was.get('schema')}); a schema "
+            f"cannot change: put it back{remedy}"
+        )
+    if forgotten:
+        for name in forgotten:
+            logger.warning(
+                "table %r: recorded here as %s, the config has it otherwise; this server "
+                "holds no replica of it, so it is taken as new to this server",
+                name,
+                recorded.pop(name),
             )
+        replace_durably(path, json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return frozenset(recorded)
+
+
+def _replicas_of(data_dir: Path, table: str, partitions: object) -> list[str]:
+    """The tablets of ``table`` with a replica (not deleted) in ``data_dir``."""
+    count = partitions if isinstance(partitions, int) else 0
+    return [
+        tid
+        for tid in (tablet_id(table, p) for p in range(count))
+        if (data_dir / tid).is_dir() and not (data_dir / tid / "tombstone").exists()
+    ]
+
+
+def check_new_tables(
+    tables: Sequence[TableConfig], peers: Mapping[str, tablet_pb2.GetClusterConfigResponse]
+) -> None:
+    """Refuse (``LayoutMismatch``) to make replicas of ``tables`` -- new to this server --
+    with another schema or partitioning than a peer that answered (``peers``: server id to
+    its config) has for the same table."""
+    for table in tables:
+        differ: dict[str, str] = {}
+        for sid, config in sorted(peers.items()):
+            theirs = next((t for t in config.tables if t.name == table.name), None)
+            if theirs is None:
+                continue
+            try:
+                schema = Schema.from_pb(theirs.schema)
+            except SchemaError:
+                continue  # a schema this version cannot read: not this check's to judge
+            if schema.fingerprint != table.schema.fingerprint:
+                differ[sid] = f"schema ({schema.describe()})"
+            elif theirs.num_partitions != table.partitions:
+                differ[sid] = f"{theirs.num_partitions} partitions"
+        if differ:
+            said = "; ".join(f"{sid} has {what}" for sid, what in differ.items())
+            raise LayoutMismatch(
+                f"table {table.name!r} is new to this server, and its config gives it "
+                f"schema ({table.schema.describe()}) in {table.partitions} partitions, but "
+                f"{said}: the servers of a cluster must agree on a table (replicas read one "
+                "another's rows by it); make this server's cluster.toml agree with theirs"
+            )
 
 
 def record_table_layout(data_dir: Path, tables: Sequence[TableConfig]) -> None:

@@ -106,6 +106,7 @@ from raftlet.tserver.errors import (
     StaleRequest,
     TabletFailed,
     UnknownTablet,
+    check_schema,
 )
 from raftlet.tserver.log_gc import LogGc
 from raftlet.tserver.result_tracker import (
@@ -752,6 +753,7 @@ class TabletReplica:
         ``block``: what decoding its row block gave (None: it has none)."""
         request = op.request
         try:
+            check_schema(request.schema_fingerprint, "the write", self.table, self.schema)
             if block is not None:
                 if isinstance(block, RowBlockError):
                     raise InvalidRequest(f"malformed row block: {block}")
@@ -1285,6 +1287,7 @@ class TabletReplica:
         an index ends before, so the caller hears why rather than its deadline passing."""
         self._check_serving()
         check_scan_request(request)
+        check_schema(request.schema_fingerprint, "the scan", self.table, self.schema)
         wanted = request.min_applied_index
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
@@ -1486,9 +1489,13 @@ def failure_status(reason: str | None) -> dict[str, object]:
 
 
 def write_entry_payload(request: tablet_pb2.WriteRequest) -> bytes:
-    """The payload of the log entry that carries ``request``: its request id and rows, so
-    never larger than the request (the size check in ``write`` counts on that)."""
-    payload = tablet_pb2.WriteOperationPB(ops=request.ops)
+    """The payload of the log entry that carries ``request``: its request id, rows and
+    schema fingerprint (checked against the leader's already: the followers check it
+    against theirs), so never larger than the request (the size check in ``write`` counts
+    on that)."""
+    payload = tablet_pb2.WriteOperationPB(
+        ops=request.ops, schema_fingerprint=request.schema_fingerprint
+    )
     if request.HasField("request_id"):  # an anonymous write's entry carries none either
         payload.request_id.CopyFrom(request.request_id)
     if request.HasField("row_block"):

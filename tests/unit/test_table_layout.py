@@ -59,6 +59,7 @@ def test_checking_records_nothing_and_says_which_tables_were_known(tmp_path: Pat
 
 def test_a_table_repartitioned_or_reshaped_is_refused(tmp_path: Path) -> None:
     start(tmp_path, [KV])
+    (tmp_path / "kv-p2").mkdir()  # a replica of it here
     with pytest.raises(
         LayoutMismatch, match="says 8 partitions, but its replicas here were made for 4"
     ):
@@ -72,7 +73,29 @@ def test_tables_added_are_recorded_and_removed_ones_stay(tmp_path: Path) -> None
     start(tmp_path, [KV])
     other = dataclasses.replace(KV, name="events", partitions=2)
     start(tmp_path, [KV, other])
+    (tmp_path / "kv-p0").mkdir()
     assert start(tmp_path, [other]) == {"kv", "events"}  # kv left the config
     # ... and cannot come back partitioned otherwise.
     with pytest.raises(LayoutMismatch, match="'kv'"):
         check_table_layout(tmp_path, [dataclasses.replace(KV, partitions=2), other])
+
+
+def test_a_table_with_no_replica_here_is_taken_as_new_when_the_config_changes_it(
+    tmp_path: Path,
+) -> None:
+    """The way out for a server whose record is the odd one (its config gave a table
+    another schema than its peers'): once its replicas of the table are removed, the
+    config its peers run starts it. It once refused that for good ("put it back")."""
+    start(tmp_path, [KV])
+    (tmp_path / "kv-p1").mkdir()
+    (tmp_path / "kv-p1" / "tombstone").touch()  # deleted (`tablet remove-replica`)
+    wider = Schema([*KV.schema.columns, ColumnSchema("n", DataType.INT32, nullable=True)])
+    changed = dataclasses.replace(KV, schema=wider)
+    assert check_table_layout(tmp_path, [changed]) == frozenset()  # new to this server
+    assert "kv" not in (tmp_path / TABLES_FILE).read_text()
+    record_table_layout(tmp_path, [changed])
+    assert start(tmp_path, [changed]) == {"kv"}
+    (tmp_path / "kv-p3").mkdir()
+    with pytest.raises(LayoutMismatch, match="remove its replicas of the table first") as e:
+        check_table_layout(tmp_path, [KV])
+    assert "`raftlet tablet remove-replica kv-pN SERVER --wait` for each" in str(e.value)

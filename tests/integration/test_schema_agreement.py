@@ -1,0 +1,146 @@
+"""One schema per table across a cluster's servers and clients.
+
+A row travels packed, and is read by whoever holds it with the schema *it* has: rows packed
+for another schema of the same width decode without an error into other values. A reviewer
+found two ways to get there: a rolling restart that adds a table, with the table's schema
+edited before the last server restarted (that server's replicas stored every write as
+other values, a leader read from it returned none of 50 acknowledged rows, and the config
+that would have fixed it was then refused); and a client kept across a cluster made again
+with a column's type changed (its write was acknowledged and stored as another number).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftlet.client import Client, InvalidArgument
+from raftlet.deploy.local import LocalCluster, NoClusterError
+from tests.integration.tserver_cluster import free_ports
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def raftlet(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAFTLET_CLUSTER", "RAFTLET_SERVERS")}
+    return subprocess.run(
+        [sys.executable, "-m", "raftlet", *args],
+        capture_output=True, text=True, timeout=180, cwd=REPO, env={**env, "NO_COLOR": "1"},
+        check=False,
+    )  # fmt: skip
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def table_t(v_type: str) -> str:
+    return (
+        '\n[[tables]]\nname = "t"\npartitions = 1\nreplication_factor = 3\n'
+        'columns = [{ name = "id", type = "INT64", key = true },'
+        f' {{ name = "v", type = "{v_type}" }}]\n'
+    )
+
+
+@contextlib.contextmanager
+def stopped_in_the_end(root: Path) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
+
+
+def seeds(root: Path) -> list[str]:
+    text = (root / "cluster.toml").read_text()
+    return [line.split('"')[1] for line in text.splitlines() if line.startswith("rpc_addr")]
+
+
+def test_a_server_that_would_give_a_table_another_schema_than_its_peers_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "1"))
+    # A client from before the table was added: it fetches the config again for it (it
+    # once said "unknown table" until the process was started again).
+    with stopped_in_the_end(root), Client(seeds(root)) as early:
+        config = root / "cluster.toml"
+        base = config.read_text()
+        # A rolling restart that adds table t: ts1 and ts2 first.
+        for sid in ("ts1", "ts2"):
+            ok(raftlet("cluster", "down", "--data-dir", str(root), "--server", sid))
+        config.write_text(base + table_t("INT64"))
+        ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        with early.new_session() as session:
+            for i in range(20):
+                session.insert("t", {"id": i, "v": 1000 + i})
+        # Before ts3 restarts, the table is edited: ts3 would read INT64 rows as DOUBLEs.
+        ok(raftlet("cluster", "down", "--data-dir", str(root), "--server", "ts3"))
+        config.write_text(base + table_t("DOUBLE"))
+        up = raftlet("cluster", "up", "--data-dir", str(root))
+        assert up.returncode == 1, up.stdout
+        assert "table 't' is new to this server" in up.stderr, up.stderr
+        assert "ts1 has schema (id INT64 KEY, v INT64 NOT NULL)" in up.stderr
+        assert "Traceback" not in up.stderr
+        # It recorded nothing: the config that agrees with its peers starts it.
+        config.write_text(base + table_t("INT64"))
+        ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        ok(raftlet("cluster", "ksck", "--data-dir", str(root), "--checksum"))
+        rows = json.loads(ok(raftlet("scan", "t", "--data-dir", str(root), "--format", "json")))
+        assert sorted(r["v"] for r in rows) == [1000 + i for i in range(20)]
+
+
+def _one_server_config(rpc: int, http: int, v_type: str) -> str:
+    return (
+        f'[cluster]\nname = "again"\n\n[[servers]]\nid = "ts1"\nrpc_addr = "127.0.0.1:{rpc}"\n'
+        f'http_addr = "127.0.0.1:{http}"\n'
+        + table_t(v_type).replace("replication_factor = 3", "replication_factor = 1")
+    )
+
+
+def test_a_client_kept_across_a_cluster_made_again_with_another_schema_is_refused(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "again"
+    root.mkdir()
+    rpc, http = free_ports(2)
+    config = root / "cluster.toml"
+    config.write_text(_one_server_config(rpc, http, "INT64"))
+    ok(raftlet("cluster", "up", "--data-dir", str(root)))
+    with (
+        stopped_in_the_end(root),
+        Client([f"127.0.0.1:{rpc}"]) as writer,
+        Client([f"127.0.0.1:{rpc}"]) as reader,
+    ):
+        with writer.new_session() as session:
+            session.insert("t", {"id": 1, "v": 7})
+        assert list(reader.scan("t")) == [{"id": 1, "v": 7}]
+        # Made again at the same address, with v a DOUBLE.
+        ok(raftlet("cluster", "down", "--data-dir", str(root)))
+        for made in root.iterdir():
+            if made != config:
+                shutil.rmtree(made) if made.is_dir() else made.unlink()
+        config.write_text(_one_server_config(rpc, http, "DOUBLE"))
+        ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        with writer.new_session() as session:
+            with pytest.raises(InvalidArgument) as refused:
+                session.insert("t", {"id": 2, "v": 42})
+            assert "made for another schema of table 't' than this replica's" in str(refused.value)
+            assert refused.value.may_have_applied is False
+            assert refused.value.cause == "SCHEMA_MISMATCH"
+            # Refused, the client fetched the config again: its next write is the table's.
+            session.insert("t", {"id": 3, "v": 42.5})
+        with pytest.raises(InvalidArgument, match="made for another schema of table 't'"):
+            list(reader.scan("t"))
+        assert list(reader.scan("t")) == [{"id": 3, "v": 42.5}]

@@ -1,0 +1,110 @@
+"""The client's config is fetched again when it proves out of date: a table it does not
+list (added by a rolling restart since the client connected: it said "unknown table" until
+the process was started again), or a call refused as made for another schema."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from raftlet.client.errors import InvalidArgument
+from raftlet.client.meta_cache import MetaCache
+from raftlet.client.retry import Cause, classify
+from raftlet.client.rpc import Router
+from raftlet.client.stats import StatsRecorder
+from raftlet.proto import tablet_pb2
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.schema.schema import ColumnSchema, Schema
+from raftlet.schema.types import DataType
+from tests.unit.client_fakes import SERVERS, FakeClock, FakeCluster, FakeRpcError, addr, config_pb
+
+EVENTS = Schema([ColumnSchema("id", DataType.INT64, is_key=True)])
+
+
+def with_events() -> tablet_pb2.GetClusterConfigResponse:
+    pb = config_pb()
+    pb.tables.add(name="events", schema=EVENTS.to_pb(), num_partitions=1, replication_factor=3)
+    pb.tablets.add(tablet_id="events-p0", table_name="events", partition=0,
+                   replica_uuids=list(SERVERS))  # fmt: skip
+    return pb
+
+
+def meta_of(cluster: FakeCluster, clock: FakeClock) -> MetaCache:
+    meta = MetaCache([addr("ts1")], cluster, StatsRecorder(), clock=clock.clock)
+    meta.install(config_pb())
+    return meta
+
+
+class Answers:
+    """A server's GetClusterConfig answer, counting the calls."""
+
+    def __init__(self, config: tablet_pb2.GetClusterConfigResponse) -> None:
+        self.config = config
+        self.calls = 0
+
+    def __call__(self, _request: object) -> tablet_pb2.GetClusterConfigResponse:
+        self.calls += 1
+        return self.config
+
+
+def test_a_table_added_since_the_client_connected_is_found() -> None:
+    cluster, clock = FakeCluster(), FakeClock()
+    cluster.servers["ts1"].script("config", with_events())
+    meta = meta_of(cluster, clock)
+    clock.now += 5
+    assert meta.table("events").schema == EVENTS
+    assert meta.table("kv").name == "kv"
+
+
+def test_a_name_that_is_no_table_costs_a_fetch_a_second_at_most() -> None:
+    cluster, clock = FakeCluster(), FakeClock()
+    answers = Answers(config_pb())
+    cluster.servers["ts1"].script("config", answers)
+    meta = meta_of(cluster, clock)
+    clock.now += 5
+    for _ in range(3):
+        with pytest.raises(InvalidArgument, match="unknown table 'nope'"):
+            meta.table("nope")
+    assert answers.calls == 1
+    clock.now += 1
+    with pytest.raises(InvalidArgument):
+        meta.table("nope")
+    assert answers.calls == 2
+
+
+def test_a_fetch_that_fails_keeps_the_view() -> None:
+    cluster, clock = FakeCluster(), FakeClock()
+    cluster.servers["ts1"].script("config", FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "no"))
+    meta = meta_of(cluster, clock)
+    clock.now += 5
+    with pytest.raises(InvalidArgument, match="unknown table 'events'"):
+        meta.table("events")
+    assert meta.table("kv").name == "kv"
+
+
+def test_a_call_refused_for_its_schema_makes_the_next_look_up_fetch_the_config() -> None:
+    cluster, clock = FakeCluster(), FakeClock()
+    changed = config_pb()
+    changed.tables[0].schema.columns[1].type = tablet_pb2.DOUBLE
+    answers = Answers(changed)
+    cluster.servers["ts1"].script("config", answers)
+    meta = meta_of(cluster, clock)
+    clock.now += 5
+    refused = classify(
+        FakeRpcError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "made for another schema",
+            ServerErrorPB(code=ServerErrorPB.SCHEMA_MISMATCH, message="made for another schema"),
+        ),
+        "ts1",
+    )
+    assert refused.cause is Cause.SCHEMA_MISMATCH
+    router = Router(meta, meta.tablet("kv-p0"), True, None)
+    with pytest.raises(InvalidArgument) as e:
+        router.failed_with(refused, "write of 1 row to tablet kv-p0")
+    assert (e.value.cause, e.value.may_have_applied) == ("SCHEMA_MISMATCH", False)
+    assert answers.calls == 0
+    assert meta.table("kv").schema.columns[1].type is DataType.DOUBLE
+    assert answers.calls == 1
+    meta.table("kv")
+    assert answers.calls == 1
