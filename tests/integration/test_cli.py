@@ -23,34 +23,10 @@ import pytest
 from raftlet.deploy.local import LocalCluster, NoClusterError, pid_alive
 from raftlet.tserver.sched_batch import sched_batch_supported
 from raftlet.tserver.worker_nice import thread_nice, worker_nice_supported
+from tests.integration.cli_run import REPO, TIMEOUT_S, ok, raftlet
 from tests.integration.tserver_cluster import START_TIMEOUT_S, _read_line, free_ports, wait_for
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 120
-
-
-def raftlet(
-    *args: str, timeout: float = TIMEOUT_S, **extra_env: str
-) -> subprocess.CompletedProcess[str]:
-    """``raftlet ARGS`` as a subprocess (stdout is a pipe: plain output, no progress bar)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAFTLET_CLUSTER", "RAFTLET_SERVERS")}
-    env.update(NO_COLOR="1", **extra_env)
-    return subprocess.run(
-        [sys.executable, "-m", "raftlet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=env,
-        check=False,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 def state(data_dir: Path) -> dict[str, Any]:

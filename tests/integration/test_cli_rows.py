@@ -24,11 +24,10 @@ import pytest
 from raftlet.client import Client
 from raftlet.deploy.local import LocalCluster, NoClusterError
 from raftlet.schema.predicates import Predicate
+from tests.integration.cli_run import REPO, ok, raftlet
 from tests.integration.tserver_cluster import free_ports, wait_for
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
 
 _TYPED_COLUMNS = """\
 columns = [
@@ -42,26 +41,6 @@ columns = [
   { name = "at", type = "UNIXTIME_MICROS", nullable = true },
 ]
 """
-
-
-def raftlet(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAFTLET_CLUSTER", "RAFTLET_SERVERS")}
-    env["NO_COLOR"] = "1"
-    return subprocess.run(
-        [sys.executable, "-m", "raftlet", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env=env,
-        check=False,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")

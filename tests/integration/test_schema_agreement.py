@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,25 +21,10 @@ import pytest
 
 from raftlet.client import Client, InvalidArgument
 from raftlet.deploy.local import LocalCluster, NoClusterError
+from tests.integration.cli_run import ok, raftlet
 from tests.integration.tserver_cluster import free_ports
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def raftlet(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAFTLET_CLUSTER", "RAFTLET_SERVERS")}
-    return subprocess.run(
-        [sys.executable, "-m", "raftlet", *args],
-        capture_output=True, text=True, timeout=180, cwd=REPO, env={**env, "NO_COLOR": "1"},
-        check=False,
-    )  # fmt: skip
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 def table_t(v_type: str) -> str:
