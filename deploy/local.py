@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raftlet.client.health import ClusterHealth, ProbeOptions, check_cluster
+from raftlet.client.health import ClusterHealth, ProbeOptions, TabletHealth, check_cluster
 from raftlet.cluster import (
     ClusterConfig,
     ClusterConfigError,
@@ -571,7 +571,19 @@ class LocalCluster:
         for old in stopped:
             self._wait_ready(old.id, ready_timeout_s)
             say(f"{old.id} ready: rpc {old.rpc_addr}, status {self.servers[old.id].status_url}")
-        self.wait_leaders(leader_timeout_s)
+        health = self.wait_leaders(leader_timeout_s, rolling=True)
+        short: dict[str, list[TabletHealth]] = {}
+        for t in health.tablets:
+            if t.leader is None:
+                short.setdefault(t.table, []).append(t)
+        for table, tablets in sorted(short.items()):
+            present = min(_present(t) for t in tablets)
+            say(
+                f"table {table}: {present} of {len(tablets[0].replicas)} replicas of its "
+                "tablets exist so far, too few to elect a leader (a table new to cluster.toml: "
+                "restart the other servers the same way, and each tablet gets a leader once "
+                "a majority of its servers run this config)"
+            )
 
     def tls_flags(self, server_id: str) -> list[str]:
         """The tserver flags of ``server_id``'s certificates; [] for a plaintext cluster."""
@@ -655,16 +667,25 @@ class LocalCluster:
                 )
             time.sleep(_POLL_S)
 
-    def wait_leaders(self, timeout: float = LEADER_TIMEOUT_S) -> ClusterHealth:
-        """Wait until every tablet has a ready leader; the health seen then."""
+    def wait_leaders(
+        self, timeout: float = LEADER_TIMEOUT_S, *, rolling: bool = False
+    ) -> ClusterHealth:
+        """Wait until every tablet has a ready leader; the health seen then. ``rolling``
+        (some servers restarted while the others run): not for a tablet with too few
+        replicas to elect one -- a table added to the config, whose replicas only the
+        servers restarted with it have made (it waited the whole timeout, then failed)."""
         deadline = time.monotonic() + timeout
         while True:
             self._check_children()
             health = self.health(ProbeOptions(timeout_s=2.0))
-            if all(t.leader is not None for t in health.tablets):
+            missing = [
+                t.tablet_id
+                for t in health.tablets
+                if t.leader is None and not (rolling and 2 * _present(t) <= len(t.replicas))
+            ]
+            if not missing:
                 return health
             if time.monotonic() > deadline:
-                missing = [t.tablet_id for t in health.tablets if t.leader is None]
                 # The servers the check could not ask: their leaders may well exist (a
                 # certificate that expired said "no ready leader" and nothing else).
                 unasked = "".join(
@@ -1252,3 +1273,8 @@ def _last_error_line(text: str) -> str:
         if "error" in ln.lower() or "Error" in ln:
             return ln
     return lines[-1] if lines else "(no output)"
+
+
+def _present(tablet: TabletHealth) -> int:
+    """How many of ``tablet``'s replicas exist on a server that answers."""
+    return sum(r.state not in ("MISSING", "DOWN") for r in tablet.replicas)
