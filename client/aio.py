@@ -314,7 +314,13 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         if timeout_s is not None:
             check_timeout(timeout_s)
         await self._meta.reload_if_stale(table)
-        op = encode_operation(self._meta, self._stats, 0, op_type_of(op_type), table, row_of(row))
+        op_type, row = op_type_of(op_type), row_of(row)
+        try:
+            op = encode_operation(self._meta, self._stats, 0, op_type, table, row)
+        except RowError:
+            if not await self._meta.table_changed(table):
+                raise
+            op = encode_operation(self._meta, self._stats, 0, op_type, table, row)
         result, errors = await self._write(op.tablet_id, [op], timeout_s)
         if errors:
             raise errors[0]

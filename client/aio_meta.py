@@ -75,6 +75,18 @@ class AsyncMetaCache(MetaState):
         except RaftletError:
             self._last_load = self._clock()  # not again at once
 
+    async def table_changed(self, table: str) -> bool:
+        """``MetaCache.table_changed``, awaited."""
+        if not self.may_fetch_again():
+            return False
+        before = self.fingerprint_of(table)
+        try:
+            await self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
+        except RaftletError:
+            self._last_load = self._clock()
+            return False
+        return self.fingerprint_of(table) != before
+
     async def load(self, deadline: float, timeout_s: float) -> ClusterView:
         """Fetch the cluster config from the seeds (then any known server), retrying until
         ``deadline``; raises ``Timeout`` if none answers."""

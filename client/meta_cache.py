@@ -219,6 +219,16 @@ class MetaState:
         """A server refused a call as made for another schema of its table."""
         self._stale = True
 
+    def fingerprint_of(self, table: str) -> int | None:
+        """The fingerprint of ``table``'s schema in the view (None: no such table)."""
+        info = self._view.tables.get(table) if self._view is not None else None
+        return info.schema.fingerprint if info is not None else None
+
+    def may_fetch_again(self) -> bool:
+        """Whether a fetch of the config is allowed now (``_RELOAD_INTERVAL_S`` since the
+        last)."""
+        return self._clock() - self._last_load >= _RELOAD_INTERVAL_S
+
     def table_view_stale(self, name: str) -> bool:
         """Whether the config should be fetched again before ``table(name)``: it was found
         out of date, or does not list the table -- at most once every
@@ -227,7 +237,7 @@ class MetaState:
         view = self._view
         if view is None or not (self._stale or name not in view.tables):
             return False
-        return self._clock() - self._last_load >= _RELOAD_INTERVAL_S
+        return self.may_fetch_again()
 
     @property
     def view(self) -> ClusterView:
@@ -369,6 +379,7 @@ class MetaCache(MetaState):
         self._refresh_interval_s = leader_refresh_interval_s
         self._refresh_lock = threading.Lock()
         self._last_refresh = float("-inf")
+        self._load_lock = threading.Lock()  # one fetch of the config again at a time
 
     def table(self, name: str) -> TableInfo:
         """``MetaState.table``, with the config fetched again first when it proved out of
@@ -379,13 +390,29 @@ class MetaCache(MetaState):
             if info is not None:
                 return info
         if self.table_view_stale(name):
-            with self._refresh_lock:
+            with self._load_lock:
                 if self.table_view_stale(name):
                     try:
                         self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
                     except RaftletError:
                         self._last_load = self._clock()  # not again at once
         return super().table(name)
+
+    def table_changed(self, table: str) -> bool:
+        """Fetch the config again (at most once a ``_RELOAD_INTERVAL_S``) and say whether
+        ``table``'s schema changed: a row the client refused by its schema may fit the
+        table's new one -- with a cluster made again with a column changed, every write
+        failed in the client, which never asked a server and so never learned."""
+        with self._load_lock:
+            if not self.may_fetch_again():
+                return False
+            before = self.fingerprint_of(table)
+            try:
+                self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
+            except RaftletError:
+                self._last_load = self._clock()
+                return False
+            return self.fingerprint_of(table) != before
 
     def load(self, deadline: float, timeout_s: float) -> ClusterView:
         """Fetch the cluster config from the seeds (then any known server), retrying until

@@ -204,10 +204,12 @@ class Session:
         # it and buffering the row is one short critical section and buffers stay in index
         # order.
         try:
-            op = encode_operation(
-                self._rpc.meta, self._rpc.stats, -1, op_type, table, row,
-                packed_rows=self.packed_rows,
-            )  # fmt: skip
+            try:
+                op = self._encode(op_type, table, row)
+            except RowError:
+                if not self._rpc.meta.table_changed(table):
+                    raise
+                op = self._encode(op_type, table, row)  # by the table's new schema
         except RowError as e:
             with self._lock:
                 index = self._take_index()
@@ -228,6 +230,11 @@ class Session:
             return result
         self._buffer_background(op)
         return None
+
+    def _encode(self, op_type: OpType, table: str, row: Mapping[str, object]) -> Operation:
+        return encode_operation(
+            self._rpc.meta, self._rpc.stats, -1, op_type, table, row, packed_rows=self.packed_rows
+        )
 
     def _check_open(self) -> None:
         if self._closing:

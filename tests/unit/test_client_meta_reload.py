@@ -4,19 +4,32 @@ the process was started again), or a call refused as made for another schema."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 import pytest
 
-from raftlet.client.errors import InvalidArgument
+from raftlet.client.errors import InvalidArgument, RowError
 from raftlet.client.meta_cache import MetaCache
+from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.retry import Cause, classify
 from raftlet.client.rpc import Router
+from raftlet.client.session import Session
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from tests.unit.client_fakes import SERVERS, FakeClock, FakeCluster, FakeRpcError, addr, config_pb
+from tests.unit.client_fakes import (
+    SERVERS,
+    FakeClock,
+    FakeCluster,
+    FakeRpcError,
+    addr,
+    config_pb,
+    make_rpc,
+    ok,
+)
 
 EVENTS = Schema([ColumnSchema("id", DataType.INT64, is_key=True)])
 
@@ -107,4 +120,29 @@ def test_a_call_refused_for_its_schema_makes_the_next_look_up_fetch_the_config()
     assert meta.table("kv").schema.columns[1].type is DataType.DOUBLE
     assert answers.calls == 1
     meta.table("kv")
+    assert answers.calls == 1
+
+
+def test_a_row_refused_by_an_old_schema_is_tried_again_by_the_tables_new_one() -> None:
+    """A cluster made again with a column changed: a row that fits only the new schema was
+    refused by the client itself on every write, which never asked a server and so never
+    learned of the change."""
+    cluster, clock = FakeCluster(), FakeClock()
+    changed = config_pb()
+    changed.tables[0].schema.columns[1].type = tablet_pb2.DOUBLE
+    answers = Answers(changed)
+    cluster.servers["ts1"].script("config", answers)
+    cluster.servers["ts1"].leads = {"kv-p0", "kv-p1"}
+    cluster.servers["ts1"].script("write", ok)
+    rpc = make_rpc(cluster, clock)
+    session = Session(rpc, RequestTracker(), ThreadPoolExecutor(1))
+    clock.now += 5
+    assert session.upsert("kv", {"key": 1, "value": 2.5}) is not None
+    (sent,) = [r for _, r in cluster.writes()]
+    assert sent.schema_fingerprint == rpc.meta.table("kv").schema.fingerprint
+    assert answers.calls == 1
+    # A row that fits neither is refused, and costs no more than a fetch a second.
+    for _ in range(3):
+        with pytest.raises(RowError, match="TYPE_MISMATCH"):
+            session.upsert("kv", {"key": 2, "value": "text"})
     assert answers.calls == 1
