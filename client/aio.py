@@ -313,7 +313,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._check_open()
         if timeout_s is not None:
             check_timeout(timeout_s)
-        await self._meta.reload_if_stale(table)
+        if self._meta.table_view_stale(table):  # checked here: no coroutine for each write
+            await self._meta.reload_if_stale(table)
         op_type, row = op_type_of(op_type), row_of(row)
         try:
             op = encode_operation(self._meta, self._stats, 0, op_type, table, row)
@@ -339,7 +340,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._check_open()
         if timeout_s is not None:
             check_timeout(timeout_s)
-        await self._meta.reload_if_stale(table)
+        if self._meta.table_view_stale(table):
+            await self._meta.reload_if_stale(table)
         self._meta.table(table)  # an unknown table fails the call, not each row
         errors: list[RaftletError] = []
         groups: dict[str, list[Operation]] = {}

@@ -753,7 +753,9 @@ class TabletReplica:
         ``block``: what decoding its row block gave (None: it has none)."""
         request = op.request
         try:
-            check_schema(request.schema_fingerprint, "the write", self.table, self.schema)
+            fingerprint = request.schema_fingerprint
+            if fingerprint and fingerprint != self.schema.fingerprint:
+                check_schema(fingerprint, "the write", self.table, self.schema)  # raises
             if block is not None:
                 if isinstance(block, RowBlockError):
                     raise InvalidRequest(f"malformed row block: {block}")
