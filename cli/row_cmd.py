@@ -286,6 +286,7 @@ def _write_file(
         return whole
 
     interrupts = _Interrupts()
+    line = 0
     try:
         for line, doc in interrupts.watching(json_rows(stream)):
             try:
@@ -309,8 +310,8 @@ def _write_file(
         out.stopped = "interrupted"
     except JsonRowError as e:
         out.stopped = str(e)
-    except RaftletError as e:
-        out.stopped = f"line {out.last_line}: {e}"
+    except RaftletError as e:  # not about the row: the session's buffer stayed full
+        out.stopped = f"line {line}: {e}"
     finally:
         if interrupts.asked and not out.stopped:
             out.stopped = "interrupted"
