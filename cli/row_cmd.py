@@ -187,7 +187,7 @@ def _write_one(client: Any, args: argparse.Namespace, table: str, row: dict[str,
     except RowError as e:
         raise CliError(f"{e.code}: {e.message}") from None
     except RaftletError as e:
-        raise CliError(f"{e}{_fate_note(e)}") from None
+        raise CliError(str(e)) from None
     finally:
         session.close()
     if args.format == "json":
@@ -209,19 +209,6 @@ def _write_one(client: Any, args: argparse.Namespace, table: str, row: dict[str,
             markup=False,
         )
     return 0
-
-
-def _fate_note(error: Exception) -> str:
-    """What the message of a failed write lacks about whether it was written (a timeout's
-    says it already)."""
-    from raftlet.client import Timeout
-
-    if isinstance(error, Timeout) or not getattr(error, "may_have_applied", False):
-        return ""
-    return (
-        "; it may have been written all the same: read it back before writing it again, "
-        "or write it with upsert"
-    )
 
 
 @dataclass
@@ -247,7 +234,7 @@ class _FileOutcome:
         if seen is not None:
             seen.rows += 1
         elif len(self.listed) < _LISTED_ERRORS:
-            self.listed[reason] = _Listed(line, reason + _fate_note(error))
+            self.listed[reason] = _Listed(line, reason)
 
     @property
     def unlisted(self) -> int:

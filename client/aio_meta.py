@@ -68,24 +68,24 @@ class AsyncMetaCache(MetaState):
     async def reload_if_stale(self, table: str) -> None:
         """Fetch the config again when it proved out of date for ``table``
         (``MetaState.table_view_stale``); a fetch that fails keeps the view there is."""
-        if not self.table_view_stale(table):
-            return
-        try:
-            await self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
-        except RaftletError:
-            self._last_load = self._clock()  # not again at once
+        if self.table_view_stale(table):
+            await self._fetch_again()
 
     async def table_changed(self, table: str) -> bool:
         """``MetaCache.table_changed``, awaited."""
         if not self.may_fetch_again():
             return False
         before = self.fingerprint_of(table)
+        return await self._fetch_again() and self.fingerprint_of(table) != before
+
+    async def _fetch_again(self) -> bool:
+        """``MetaCache._fetch_again``, awaited."""
         try:
             await self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
         except RaftletError:
             self._last_load = self._clock()
             return False
-        return self.fingerprint_of(table) != before
+        return True
 
     async def load(self, deadline: float, timeout_s: float) -> ClusterView:
         """Fetch the cluster config from the seeds (then any known server), retrying until

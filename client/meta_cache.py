@@ -392,10 +392,7 @@ class MetaCache(MetaState):
         if self.table_view_stale(name):
             with self._load_lock:
                 if self.table_view_stale(name):
-                    try:
-                        self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
-                    except RaftletError:
-                        self._last_load = self._clock()  # not again at once
+                    self._fetch_again()
         return super().table(name)
 
     def table_changed(self, table: str) -> bool:
@@ -407,12 +404,17 @@ class MetaCache(MetaState):
             if not self.may_fetch_again():
                 return False
             before = self.fingerprint_of(table)
-            try:
-                self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
-            except RaftletError:
-                self._last_load = self._clock()
-                return False
-            return self.fingerprint_of(table) != before
+            return self._fetch_again() and self.fingerprint_of(table) != before
+
+    def _fetch_again(self) -> bool:
+        """Fetch the config once more, briefly; whether it came (a fetch that fails keeps
+        the view there is, and is not tried again for ``_RELOAD_INTERVAL_S``)."""
+        try:
+            self.load(self._clock() + CONFIG_TIMEOUT_S, CONFIG_TIMEOUT_S)
+        except RaftletError:
+            self._last_load = self._clock()
+            return False
+        return True
 
     def load(self, deadline: float, timeout_s: float) -> ClusterView:
         """Fetch the cluster config from the seeds (then any known server), retrying until

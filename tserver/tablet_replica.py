@@ -102,6 +102,7 @@ from raftlet.tserver.checksum import (
 from raftlet.tserver.errors import (
     DeadlineExceeded,
     InvalidRequest,
+    SchemaMismatch,
     ServiceUnavailable,
     StaleRequest,
     TabletFailed,
@@ -755,7 +756,7 @@ class TabletReplica:
         try:
             fingerprint = request.schema_fingerprint
             if fingerprint and fingerprint != self.schema.fingerprint:
-                check_schema(fingerprint, "the write", self.table, self.schema)  # raises
+                raise SchemaMismatch("the write", self.table, self.schema)
             if block is not None:
                 if isinstance(block, RowBlockError):
                     raise InvalidRequest(f"malformed row block: {block}")

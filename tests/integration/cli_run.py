@@ -31,6 +31,12 @@ def raftlet(
     )
 
 
+def rpc_addresses(data_dir: Path) -> list[str]:
+    """The servers' RPC addresses in the ``cluster.toml`` of ``data_dir``."""
+    text = (data_dir / "cluster.toml").read_text()
+    return [line.split('"')[1] for line in text.splitlines() if line.startswith("rpc_addr")]
+
+
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
     """``proc``'s stdout, once it exited 0 (else the assertion shows all it said)."""
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"

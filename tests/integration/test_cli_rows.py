@@ -24,7 +24,7 @@ import pytest
 from raftlet.client import Client
 from raftlet.deploy.local import LocalCluster, NoClusterError
 from raftlet.schema.predicates import Predicate
-from tests.integration.cli_run import REPO, ok, raftlet
+from tests.integration.cli_run import REPO, ok, raftlet, rpc_addresses
 from tests.integration.tserver_cluster import free_ports, wait_for
 
 pytestmark = pytest.mark.integration
@@ -61,11 +61,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     finally:
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)
-
-
-def seeds_of(cluster: Path) -> list[str]:
-    config = (cluster / "cluster.toml").read_text()
-    return [line.split('"')[1] for line in config.splitlines() if line.startswith("rpc_addr")]
 
 
 def row(cluster: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -147,7 +142,7 @@ def _typed_rows() -> list[dict[str, Any]]:
 def test_a_tables_rows_go_out_as_scan_json_and_back_in_unchanged(
     cluster: Path, tmp_path: Path
 ) -> None:
-    with Client(seeds_of(cluster)) as client, client.new_session() as session:
+    with Client(rpc_addresses(cluster)) as client, client.new_session() as session:
         for r in _typed_rows():
             session.insert("typed", r)
     exported = ok(raftlet("scan", "typed", "--data-dir", str(cluster), "--format", "json"))
@@ -229,7 +224,7 @@ def test_an_interrupt_stops_a_file_between_rows_and_says_how_far_it_got(cluster:
             proc.stdin.write("".join(f'{{"key": {1000 + i}}}\n' for i in range(500)))
             proc.stdin.flush()
             written = [Predicate.range("key", lower=1000, upper=3000)]
-            with Client(seeds_of(cluster)) as client:
+            with Client(rpc_addresses(cluster)) as client:
                 wait_for(lambda: len(list(client.scan("kv", predicates=written))) == 500, 60)
             proc.send_signal(signal.SIGTERM)
             ready, _, _ = select.select([proc.stderr], [], [], 60)

@@ -21,7 +21,7 @@ import pytest
 
 from raftlet.client import Client, InvalidArgument
 from raftlet.deploy.local import LocalCluster, NoClusterError
-from tests.integration.cli_run import ok, raftlet
+from tests.integration.cli_run import ok, raftlet, rpc_addresses
 from tests.integration.tserver_cluster import free_ports
 
 pytestmark = pytest.mark.integration
@@ -44,11 +44,6 @@ def stopped_in_the_end(root: Path) -> Iterator[None]:
             LocalCluster.load(root).down(timeout=10)
 
 
-def seeds(root: Path) -> list[str]:
-    text = (root / "cluster.toml").read_text()
-    return [line.split('"')[1] for line in text.splitlines() if line.startswith("rpc_addr")]
-
-
 def test_a_server_that_would_give_a_table_another_schema_than_its_peers_refuses_to_start(
     tmp_path: Path,
 ) -> None:
@@ -56,7 +51,7 @@ def test_a_server_that_would_give_a_table_another_schema_than_its_peers_refuses_
     ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "1"))
     # A client from before the table was added: it fetches the config again for it (it
     # once said "unknown table" until the process was started again).
-    with stopped_in_the_end(root), Client(seeds(root)) as early:
+    with stopped_in_the_end(root), Client(rpc_addresses(root)) as early:
         config = root / "cluster.toml"
         base = config.read_text()
         # A rolling restart that adds table t: ts1 first, which alone cannot elect a leader
