@@ -75,7 +75,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Self
+from typing import Any, Concatenate, Self
 
 from tenacity.wait import wait_base
 
@@ -84,7 +84,7 @@ from raftlet.client.aio_meta import AsyncMetaCache
 from raftlet.client.aio_rpc import AsyncRpcContext, call_tablet_async
 from raftlet.client.arguments import check_timeout, op_type_of, row_of
 from raftlet.client.channels import CHANNEL_OPTIONS
-from raftlet.client.client import parse_seeds, seeds_from_config
+from raftlet.client.client import P, parse_seeds, seeds_from_config
 from raftlet.client.client_base import ClientBase
 from raftlet.client.errors import InvalidArgument, RaftletError, RowError
 from raftlet.client.meta_cache import ServerInfo
@@ -217,18 +217,28 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def connect(cls, seeds: str | Sequence[str], **kwargs: Any) -> _Connecting:
+    def connect(
+        cls: Callable[Concatenate[str | Sequence[str], P], AsyncClient],
+        seeds: str | Sequence[str],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> _Connecting:
         """A client of the cluster reachable through ``seeds`` ("host:port" strings, or one
         comma-separated string), its config fetched (``Timeout`` after ``timeout_s``):
         ``async with AsyncClient.connect(...) as c`` or ``c = await AsyncClient.connect(...)``.
-        ``kwargs`` are the constructor's."""
-        return _Connecting(lambda: cls(seeds, **kwargs))
+        The keywords are the constructor's (typed as them)."""
+        return _Connecting(lambda: cls(seeds, *args, **kwargs))
 
     @classmethod
-    def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> _Connecting:
+    def from_config(
+        cls: Callable[Concatenate[str | Sequence[str], P], AsyncClient],
+        path: str | os.PathLike[str],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> _Connecting:
         """``connect`` to the servers of a ``cluster.toml``."""
         seeds = seeds_from_config(path, token_ports=uses_token_ports(kwargs.get("tls")))
-        return _Connecting(lambda: cls(seeds, **kwargs))
+        return _Connecting(lambda: cls(seeds, *args, **kwargs))
 
     async def load(self) -> Self:
         """Fetch the cluster config (``connect`` does this)."""

@@ -27,7 +27,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import grpc
 from tenacity.wait import wait_base
@@ -122,6 +122,9 @@ def seeds_of_config(
 
 
 R = TypeVar("R")
+# A client class's constructor keywords, which from_config passes on (typed as them).
+P = ParamSpec("P")
+C = TypeVar("C")
 
 # A checksum waits on the server for its point to be applied; the server's own limit.
 _MAX_CHECKSUM_WAIT_MS = 60_000
@@ -199,11 +202,17 @@ class Client(ClientBase[MetaCache]):
             raise
 
     @classmethod
-    def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Client:
+    def from_config(
+        cls: Callable[Concatenate[str | Sequence[str], P], C],
+        path: str | os.PathLike[str],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> C:
         """A client for the cluster described by a ``cluster.toml`` (its servers' RPC
-        addresses are the seeds; everything else is fetched from them)."""
+        addresses are the seeds; everything else is fetched from them). The keywords are the
+        constructor's (typed as them: a misspelt one is a type checker's error)."""
         token_ports = uses_token_ports(kwargs.get("tls"))
-        return cls(seeds_from_config(path, token_ports=token_ports), **kwargs)
+        return cls(seeds_from_config(path, token_ports=token_ports), *args, **kwargs)
 
     # --- the cluster (client_id, seeds, tables, schema, tablets, tablet_for: client_base) --
 

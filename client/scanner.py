@@ -307,6 +307,12 @@ def _dicts(columns: list[str], values: list[list[Value]]) -> list[Row]:
     return list(map(dict, map(zip, repeat(columns), zip(*values, strict=True))))
 
 
+def _some(names: Sequence[str], shown: int = 4) -> str:
+    """The first ``shown`` of ``names`` and how many more (a table may have hundreds)."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f", ... ({more} more)" if more > 0 else "")
+
+
 def _min_indexes(
     min_index: int | Mapping[str, int], table: TableInfo, tablet_ids: Sequence[str]
 ) -> dict[str, int]:
@@ -322,7 +328,7 @@ def _min_indexes(
         if unknown:
             raise InvalidArgument(
                 f"min_index names {unknown[0]!r}, not a tablet of table {table.name!r} "
-                f"(its tablets: {', '.join(table.tablet_ids)})"
+                f"(its tablets: {_some(table.tablet_ids)})"
             )
         return {t: index(i, f"min_index[{t!r}]") for t, i in min_index.items()}
     n = index(min_index, "min_index")

@@ -159,10 +159,11 @@ def client_ssl_context(tls: TlsOptions) -> ssl.SSLContext:
     return context
 
 
-def uses_token_ports(tls: TlsOptions | None) -> bool:
-    """Whether a client dials the servers' token ports: TLS without a certificate of its
-    own (a server's RPC port requires one; its token port asks for none)."""
-    return tls is not None and tls.cert is None
+def uses_token_ports(tls: object) -> bool:
+    """Whether a client given ``tls`` (a constructor's keyword, None without TLS) dials the
+    servers' token ports: TLS without a certificate of its own (a server's RPC port
+    requires one; its token port asks for none)."""
+    return isinstance(tls, TlsOptions) and tls.cert is None
 
 
 def token_from_env() -> str | None:

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from raftlet.client.errors import InvalidArgument, MessageTooLarge, RemoteError
-from raftlet.client.scanner import ReadMode, RowFormat, Scanner, _dicts
+from raftlet.client.scanner import ReadMode, RowFormat, Scanner, _dicts, _some
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate
 from raftlet.schema.row_pages import encode_page
@@ -189,6 +189,12 @@ def test_min_index_is_a_bound_per_tablet() -> None:
     sent = {(r.tablet_id, r.min_applied_index) for r in requests(cluster)}
     assert sent == {("kv-p0", 0), ("kv-p1", 42)}
     assert len(list(scan(0))) == 2 * len(ROWS)  # no bound: any number of tablets
+
+
+def test_a_refusal_names_a_few_of_many_tablets() -> None:
+    """A table of 128 tablets made a 2.5 KB line of an unknown tablet's refusal."""
+    assert _some([f"t-p{i}" for i in range(128)]) == "t-p0, t-p1, t-p2, t-p3, ... (124 more)"
+    assert _some(["t-p0", "t-p1"]) == "t-p0, t-p1"
 
 
 def test_arguments_no_scan_could_take_are_refused_by_name() -> None:
