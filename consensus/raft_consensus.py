@@ -941,16 +941,18 @@ class RaftConsensus:
             ):
                 # Only term and vote must be durable before what depends on them; entries are
                 # made durable by the WAL, and the commit index rides along with these saves
-                # and a clean stop only (a restart learns it again from the leader).  Saving
-                # on every append that also moved the commit index cost a follower two
-                # fsyncs and a rename per write.  A new membership is saved before its entry
-                # goes to the WAL (see Config).
+                # and a clean stop only (a restart learns it again from the leader), as far
+                # as the WAL has made durable (``savable``).  Saving on every append that
+                # also moved the commit index cost a follower two fsyncs and a rename per
+                # write.  A new membership is saved before its entry goes to the WAL (see
+                # Config).
+                saving = None if hard is None else node.savable(hard)
                 try:
                     if conf is not None:
-                        self._storage.save_conf_state(conf, hard)
+                        self._storage.save_conf_state(conf, saving)
                     else:
-                        assert hard is not None
-                        self._storage.save_hard_state(hard)
+                        assert saving is not None
+                        self._storage.save_hard_state(saving)
                 except OSError as e:
                     # The core has moved to a term or vote that is not durable: nothing of
                     # this ready may leave.  Like a failed WAL write, it fails the replica
@@ -959,9 +961,9 @@ class RaftConsensus:
                     if self._fail_unlocked(e):
                         self._inbox.post(_REPORT_FAILURE)
                     return _NO_ANSWER
-                if hard is not None:
-                    self._saved_vote = (hard.term, hard.vote)
-                    self._saved_commit = hard.commit
+                if saving is not None:
+                    self._saved_vote = (saving.term, saving.vote)
+                    self._saved_commit = saving.commit
                 if conf is not None and conf.membership != self._membership:
                     self._membership = conf.membership
                     if self._on_membership is not None:
@@ -1079,7 +1081,7 @@ class RaftConsensus:
         fsyncs and a rename under the consensus lock, on whichever thread stepped the tick
         -- a peer link's reader, holding up every tablet behind it (docs/benchmarks.md,
         "Consensus-meta only for term and vote")."""
-        hard = self._node.hard_state()
+        hard = self._node.savable(self._node.hard_state())  # the WAL may not have caught up
         if hard.commit > self._saved_commit and self._failure is None and not self._apply_failure:
             try:
                 self._storage.save_hard_state(hard)

@@ -10,7 +10,7 @@ as persistence happens, and is acknowledged, in the order they were taken.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from raftlet.consensus.core.config import Config
 from raftlet.consensus.core.membership import ConfigChange, ConfState, Membership
@@ -135,6 +135,15 @@ class RawNode:
 
     def hard_state(self) -> HardState:
         return self.raft.hard_state()
+
+    def savable(self, hard: HardState) -> HardState:
+        """``hard`` as a driver may write it ahead of the entries still on their way to the
+        log: its commit index no further than the durable log that agrees with ours. A
+        follower's commit covers entries of this very Ready; saved beside a term change
+        before they were, a crash left a log whose entries at those indexes were another
+        term's, never committed, and the restarted replica applied them as committed."""
+        stable = self.raft.log.stable_index()
+        return hard if hard.commit <= stable else replace(hard, commit=stable)
 
     def has_ready(self) -> bool:
         r = self.raft

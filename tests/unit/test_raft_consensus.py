@@ -456,3 +456,49 @@ def test_voters_behind_names_the_voters_a_leader_knows_lack_an_entry(cluster: Cl
     assert consensus.voters_behind(1) == []
     follower = next(r for n, r in cluster.replicas.items() if n not in (leader.node_id, down))
     assert follower.consensus.voters_behind(last + 1) == []
+
+
+def test_a_saved_commit_index_never_runs_ahead_of_the_durable_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """A follower's commit index covers entries it has only handed to its WAL. Saved with a
+    term change before they were durable, a crash left consensus-meta saying "committed to
+    N" beside a log whose entries below N were missing -- or, where a new leader had just
+    overwritten a stale suffix, another term's entries never committed, which the restarted
+    replica then applied as committed."""
+    from raftlet.consensus.log.metadata import ConsensusMetadata
+
+    # Each append the follower holds keeps a transport worker waiting for its answer: enough
+    # workers that the others' heartbeats still go.
+    cluster = Cluster(tmp_path, ticker=ManualTicker(), transport=InMemoryTransport(workers=64))
+    request.addfinalizer(cluster.close)
+    leader = cluster.wait_leader()
+    follower, other = (r for r in cluster.replicas.values() if r is not leader)
+    held: list[object] = []
+    real_append = follower.storage.append_async
+
+    def holding_append(entries, callback):  # type: ignore[no-untyped-def]
+        held.append(lambda: real_append(entries, callback))
+
+    monkeypatch.setattr(follower.storage, "append_async", holding_append)
+    durable = follower.storage.last_index()
+    term = leader.consensus.check_leadership_and_bind_term()
+    for i in range(6):  # each append carries the commit of the ones before it
+        leader.consensus.replicate([b"row-%d" % i], term)
+        cluster.wait_for(lambda i=i: len(leader.data()) == i + 1, what=f"row {i} committed")
+    cluster.wait_for(
+        lambda: follower.consensus.commit_index() > durable,
+        what="the follower's commit index beyond its durable log",
+    )
+    leader.consensus.step_down(other.node_id)  # a new term, which the follower saves
+    cluster.wait_for(
+        lambda: ConsensusMetadata.load(str(follower.directory)).state.current_term > term,
+        what="the follower saves the next term",
+    )
+    saved = ConsensusMetadata.load(str(follower.directory)).state
+    assert follower.storage.last_index() == durable  # nothing held has reached the log
+    assert saved.commit_index <= durable, (saved, durable)
+    monkeypatch.setattr(follower.storage, "append_async", real_append)
+    for release in held:
+        release()  # type: ignore[operator]
+    cluster.wait_for(lambda: follower.data() == leader.data(), what="the follower catches up")
