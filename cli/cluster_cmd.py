@@ -342,11 +342,15 @@ def _up(args: argparse.Namespace) -> int:
             f"  {s.id:<5} pid {s.pid:<8} rpc {s.rpc_addr:<21} status {s.status_url}",
             markup=False,
         )
-    leaders = ", ".join(f"{t.tablet_id}={t.leader}" for t in health.tablets)
+    leaders = ", ".join(f"{t.tablet_id}={t.leader or 'none'}" for t in health.tablets)
     if leaders:
         out.print(f"  leaders   {leaders}", markup=False)
     for line in failed_replica_lines(health):
         out.print(line, style="red", markup=False, highlight=False)
+    lost = [t for t in health.tablets if t.lost_majority]
+    for t in lost:
+        why = next(i for i in t.issues if i.startswith("lost a majority"))
+        out.print(f"  ERROR     {t.tablet_id}: {why}", style="red", markup=False)
     d = cluster.data_dir
     out.print("next:", markup=False)
     first = config.tables[0].name if config.tables else None
@@ -368,6 +372,16 @@ def _up(args: argparse.Namespace) -> int:
         f"raftlet cluster down --data-dir {d}",
     ):
         out.print(f"  {cmd}", markup=False)
+    if lost:
+        # The servers keep running: their other tablets serve, and status shows the reasons.
+        whose = "its" if len(lost) == 1 else "their"
+        out.print(
+            f"{_count(len(lost), 'tablet')} lost a majority of {whose} replicas and cannot "
+            "elect a leader; the servers keep running and every other tablet serves",
+            style="red",
+            markup=False,
+        )
+        return 1
     return 0
 
 
@@ -765,7 +779,10 @@ def _down(args: argparse.Namespace) -> int:
                 "not the server's as recorded, so it is likely another program -- check it, "
                 "then remove the directory by hand"
             )
-        out.print(f"cluster in {root} is down: {len(stops)} servers, no process left", markup=False)
+        out.print(
+            f"cluster in {root} is down: {_count(len(stops), 'server')}, no process left",
+            markup=False,
+        )
     if args.remove_data:
         _remove_data(root)
         out.print(f"removed {root}", markup=False)

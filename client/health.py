@@ -219,6 +219,8 @@ class TabletHealth:
     leader_commit: int | None = None
     issues: list[str] = field(default_factory=list)
     severity: Severity = Severity.OK
+    # No leader, and a majority of its voters FAILED: it cannot elect one (nor wait for one).
+    lost_majority: bool = False
 
 
 @dataclass(slots=True)
@@ -800,6 +802,7 @@ def _check_tablet(
     failed = [r.server for r in tablet.replicas if r.state == "FAILED" and r.server in replicas]
     if leader is None and failed and len(failed) >= majority:
         # Only a leader repairs a FAILED replica (by a copy), and FAILED ones elect none.
+        tablet.lost_majority = True
         tablet.issues.insert(
             0,
             f"lost a majority of its replicas: {len(failed)} of {len(replicas)} voters are "

@@ -574,7 +574,7 @@ class LocalCluster:
         health = self.wait_leaders(leader_timeout_s, rolling=True)
         short: dict[str, list[TabletHealth]] = {}
         for t in health.tablets:
-            if t.leader is None:
+            if t.leader is None and not t.lost_majority:  # that one `up` reports itself
                 short.setdefault(t.table, []).append(t)
         for table, tablets in sorted(short.items()):
             present = min(_present(t) for t in tablets)
@@ -670,10 +670,12 @@ class LocalCluster:
     def wait_leaders(
         self, timeout: float = LEADER_TIMEOUT_S, *, rolling: bool = False
     ) -> ClusterHealth:
-        """Wait until every tablet has a ready leader; the health seen then. ``rolling``
-        (some servers restarted while the others run): not for a tablet with too few
-        replicas to elect one -- a table added to the config, whose replicas only the
-        servers restarted with it have made (it waited the whole timeout, then failed)."""
+        """Wait until every tablet has a ready leader; the health seen then. Not for a
+        tablet that lost a majority of its replicas (``TabletHealth.lost_majority``: it
+        cannot elect one; the wait took the whole timeout, then stopped every server, whose
+        other tablets would serve). ``rolling`` (some servers restarted while the others
+        run): nor for a tablet with too few replicas to elect one -- a table added to the
+        config, whose replicas only the servers restarted with it have made."""
         deadline = time.monotonic() + timeout
         while True:
             self._check_children()
@@ -681,7 +683,9 @@ class LocalCluster:
             missing = [
                 t.tablet_id
                 for t in health.tablets
-                if t.leader is None and not (rolling and 2 * _present(t) <= len(t.replicas))
+                if t.leader is None
+                and not t.lost_majority
+                and not (rolling and 2 * _present(t) <= len(t.replicas))
             ]
             if not missing:
                 return health

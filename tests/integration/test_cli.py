@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -757,3 +758,30 @@ def test_cluster_up_whose_reader_goes_away_leaves_its_cluster_running(tmp_path: 
             proc.wait()
         proc.stderr.close()
         raftlet("cluster", "down", "--data-dir", str(d), "--remove-data")
+
+
+def test_up_with_a_tablet_that_lost_a_majority_leaves_the_others_serving(tmp_path: Path) -> None:
+    """Two of a tablet's three replica directories deleted while the cluster was stopped:
+    `up` waited its whole timeout for a leader the tablet cannot elect, said only "no ready
+    leader", and stopped every server -- the other tablet's too, and with them the state
+    `cluster status` would have explained."""
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "2"))
+    try:
+        ok(raftlet("write", "--data-dir", str(root), "--rows", "50", "--threads", "1"))
+        ok(raftlet("cluster", "down", "--data-dir", str(root)))
+        for server in ("ts2", "ts3"):
+            shutil.rmtree(root / server / "kv-p0")
+        started = time.monotonic()
+        up = raftlet("cluster", "up", "--data-dir", str(root), "--timeout", "60")
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert time.monotonic() - started < 50, "it waited out the timeout"
+        assert "kv-p0: lost a majority of its replicas: 2 of 3 voters are FAILED" in up.stdout
+        assert "1 tablet lost a majority of its replicas" in up.stdout
+        assert "Traceback" not in up.stderr
+        assert "kv-p0=none, kv-p1=ts" in up.stdout  # the other tablet has its leader
+        status = raftlet("cluster", "status", "--data-dir", str(root))
+        assert "lost a majority" in status.stdout, status.stdout
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
