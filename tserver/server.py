@@ -65,6 +65,7 @@ from raftlet.cluster.placement import TabletPlacement
 from raftlet.consensus.core import Membership
 from raftlet.consensus.log import LogOptions
 from raftlet.consensus.log.metadata import FILE_NAME as CONSENSUS_META_FILE
+from raftlet.consensus.log.segment import fsync_dir, replace_durably
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
 from raftlet.consensus.rpc.receive_limits import receive_limits_for
 from raftlet.consensus.rpc.stream_transport import StreamHub
@@ -1270,7 +1271,10 @@ def _tombstone(directory: Path) -> None:
     if directory.exists():
         remove_tree(directory)
     directory.mkdir(parents=True)
-    (directory / TOMBSTONE_FILE).write_text("deleted from its group\n")
+    # Durable, directory entries too: a tombstone lost to a power cut left the replica
+    # directory empty, and the replica was opened again (`_tablets_to_open`).
+    replace_durably(directory / TOMBSTONE_FILE, "deleted from its group\n")
+    fsync_dir(directory.parent)
 
 
 def _listen(add_port: Callable[[], int], what: str, address: str) -> int:

@@ -114,3 +114,27 @@ def test_a_failed_replica_whose_copy_is_blocked_says_so_in_its_status(
     assert str(stuck) in note
     assert f"remove {leftover} by hand" in note
     assert copier.failure_note("another", "why") == "why"
+
+
+def test_a_tombstone_and_its_directory_entry_are_made_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written without an fsync, a power cut could take the tombstone back and leave an
+    empty replica directory, which the next start opened as a replica again."""
+    from raftlet.tserver import server
+
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    replica = tmp_path / "kv-p0"
+    (replica / "wal").mkdir(parents=True)
+    server._tombstone(replica)
+    assert (replica / TOMBSTONE_FILE).read_text() == "deleted from its group\n"
+    assert any(p.name.startswith(TOMBSTONE_FILE) for p in synced), synced
+    assert replica in synced, synced  # the tombstone's entry in it
+    assert tmp_path in synced, synced  # the directory's own entry
