@@ -46,10 +46,12 @@ class EntryPB(_message.Message):
     def __init__(self, term: _Optional[int] = ..., index: _Optional[int] = ..., type: _Optional[_Union[EntryType, str]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class EntryBatchPB(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "synced_end")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_END_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[EntryPB]
-    def __init__(self, entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ...) -> None: ...
+    synced_end: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., synced_end: _Optional[int] = ...) -> None: ...
 
 class UpdateConsensusRequest(_message.Message):
     __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term", "prev_log_index", "prev_log_term", "entries", "committed_index", "is_heartbeat", "read_round", "transferee_uuid", "all_replicated_index")

@@ -126,13 +126,15 @@ def split_records(
     return out
 
 
-def encode_record(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
-    """(frame header, payload) of one record holding ``entries`` (checked already).
+def encode_record(entries: Sequence[Entry], synced_end: int = 0) -> tuple[bytes, bytes]:
+    """(frame header, payload) of one record holding ``entries`` (checked already), which
+    its segment's writer had made durable up to byte ``synced_end`` (0: not said).
 
     Each entry is one element of EntryBatchPB.entries: tag 1 (length delimited), then an
-    EntryPB with term (1), index (2), type (3), payload (4).  Written by hand because it is
-    the appender's per-entry cost and this is a third cheaper than building protobuf
-    objects; the reader parses it with the generated code, and a test holds the two equal.
+    EntryPB with term (1), index (2), type (3), payload (4); ``synced_end`` follows as field
+    2.  Written by hand because it is the appender's per-entry cost and this is a third
+    cheaper than building protobuf objects; the reader parses it with the generated code,
+    and a test holds the two equal.
     """
     parts: list[bytes] = []
     for e in entries:
@@ -143,6 +145,8 @@ def encode_record(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
         body = len(vt) + len(vi) + len(vl) + len(data) + 5
         tf = _NORMAL_FIELD if e.type is NORMAL else _TYPE_FIELD[e.type]
         parts += (b"\x0a", _varint(body), b"\x08", vt, b"\x10", vi, tf, b"\x22", vl, data)
+    if synced_end:
+        parts += (b"\x10", _varint(synced_end))
     payload = b"".join(parts)
     return FRAME.pack(len(payload), crc32c.crc32c(payload)), payload
 

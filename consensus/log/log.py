@@ -18,13 +18,15 @@ truncation of a replaced suffix.  Durability is reported only through the callba
 
 Opening takes an exclusive ``flock`` on ``wal.lock`` (one ``Log`` per directory) and
 verifies every segment.  A torn write -- in the *last* segment, a record whose header or
-payload is incomplete, or whose CRC fails, with no intact record anywhere after it (a
-byte-by-byte search, cheap because only positions that start like an ``EntryBatchPB`` are
-CRC-checked) -- is cut off and logged with a warning naming the file and offset; a last
+payload is incomplete, or whose CRC fails, with no intact record after it (a byte-by-byte
+search, cheap because only positions that start like an ``EntryBatchPB`` are CRC-checked)
+but those of its own group, which say they were written before it was durable
+(``synced_end``) -- is cut off and logged with a warning naming the file and offset; a last
 segment shorter than its header (a crash while rolling over) is removed the same way.
 Everything else raises ``LogCorruptionError`` naming the file and byte offset, and nothing
 is changed on disk: a bad record in an earlier segment, a bad record with an intact one
-after it, a zero or over-64-MiB length, an intact CRC over a payload that does not parse or
+after it written once it was durable (or by a version that did not say), a zero or
+over-64-MiB length, an intact CRC over a payload that does not parse or
 is not contiguous, a bad header or sequence, a missing segment, a gap between records, a
 term going back.  The log then continues appending to the last segment.
 """
@@ -454,8 +456,12 @@ class Log:
         limit = self.options.segment_size_bytes
         chunks: list[bytes] = []
         pending = 0
+        # The previous group was synced before this one is written: every record says how
+        # far, so that reopening tells a group torn by a crash from damage to synced ones
+        # (``segment.scan_segment``).
+        synced = w.size
         for run in _pack_records(group.batches, limit):
-            head, payload = encode_record(run)
+            head, payload = encode_record(run, synced)
             n = len(head) + len(payload)
             total = w.size + pending
             # A record never straddles segments; one bigger than a whole segment gets
@@ -466,6 +472,9 @@ class Log:
                     chunks = []
                     pending = 0
                 w = self._roll()
+                synced = w.size  # the new segment's header, synced as it was made
+                head, payload = encode_record(run, synced)
+                n = len(head) + len(payload)
             # Indexed (and so readable from disk) only once _publish runs, after the sync.
             group.placed.append(Rec(run[0].index, len(run), w.sequence, w.size + pending, n))
             chunks += (head, payload)

@@ -5,7 +5,8 @@ A segment is ``header | record*``.
 - header (24 bytes): magic ``b"RLTWAL\\r\\n"`` | version (u32 LE) | sequence (u64 LE) |
   crc32c of the preceding 20 bytes (u32 LE).  The sequence must match the file name.
 - record: ``length (u32 LE) | crc32c(payload) (u32 LE) | payload``, payload a serialized
-  ``EntryBatchPB`` with at least one entry.
+  ``EntryBatchPB`` with at least one entry, and how far the segment was durable when it was
+  written (``synced_end``).
 
 Records are only ever appended; a batch that rewrites a suffix of the log is just a later
 record whose first index is at or below the last one (replay lets it win).
@@ -23,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
+from google.protobuf.message import DecodeError
 
 from raftlet.consensus.log.codec import FRAME, MAX_RECORD_BYTES, scan_record
 from raftlet.consensus.log.errors import LogCorruptionError
 from raftlet.consensus.log.prealloc import preallocate, release_unused
+from raftlet.proto import consensus_pb2 as pb
 
 __all__ = [
     "HEADER_SIZE",
@@ -102,9 +105,11 @@ def scan_segment(
 ) -> SegmentScan:
     """Verify every record of a segment image.
 
-    A bad record in the last segment with no valid record anywhere after it is a torn write
-    (reported in the result); any other damage raises LogCorruptionError naming ``path`` and
-    the offset.
+    A bad record in the last segment is a torn write (reported in the result) when no valid
+    record after it was written once it was durable: none at all, or only records of its own
+    group, whose ``synced_end`` lies at or before it -- a group's pages may reach the disk
+    in any order when a crash cuts its sync short. Any other damage raises
+    LogCorruptionError naming ``path`` and the offset.
     """
     if len(data) < HEADER_SIZE:
         if is_last:
@@ -140,9 +145,15 @@ def scan_segment(
                 raise LogCorruptionError(path, off, reason)
             after = find_valid_record(data, off + 1)
             if after is not None:
-                raise LogCorruptionError(
-                    path, off, f"{reason}, yet a valid record follows at offset {after}"
-                )
+                synced_after = _synced_past(data, off, after)
+                if synced_after is not None:
+                    raise LogCorruptionError(
+                        path, off, f"{reason}, yet a valid record follows at offset {synced_after}"
+                    )
+                # Every record after it belongs to its group, which a crash tore before its
+                # sync returned: its pages reach the disk in any order, and none of it was
+                # acknowledged.
+                reason += f", in the last group written (intact records of it follow at {after})"
             return SegmentScan(sequence, records, off, off, reason)
         length, _ = FRAME.unpack_from(data, off)
         payload = data[off + FRAME.size : off + FRAME.size + length]
@@ -155,6 +166,26 @@ def scan_segment(
         records.append(ScannedRecord(off, length, first, terms))
         off += FRAME.size + length
     return SegmentScan(sequence, records, off)
+
+
+def _synced_past(data: bytes, bad: int, after: int) -> int | None:
+    """The offset of the first intact record from ``after`` on that was written once the
+    record at ``bad`` was durable -- the damage then is corruption of a synced group --
+    or None if every one says it was written before (they are ``bad``'s own group, which
+    a crash tore). A record that does not say (an older version's) counts as later."""
+    off: int | None = after
+    while off is not None:
+        length, _ = FRAME.unpack_from(data, off)
+        payload = data[off + FRAME.size : off + FRAME.size + length]
+        try:
+            synced_end = pb.EntryBatchPB.FromString(payload).synced_end
+        except DecodeError:
+            return off  # intact by its CRC, yet not ours: refuse to guess
+        if synced_end == 0 or synced_end > bad:
+            return off
+        nxt = off + FRAME.size + length
+        off = nxt if _frame_problem(data, nxt) is None else find_valid_record(data, nxt)
+    return None
 
 
 def _frame_problem(data: bytes, off: int) -> str | None:
@@ -265,6 +296,10 @@ class SegmentWriter:
                 os.ftruncate(fd, valid_end)
                 if sync:
                     os.fsync(fd)  # the size is metadata: fdatasync alone may not keep it
+            elif sync:
+                # What a killed process wrote may be in the page cache only, and the next
+                # group's records will say it was durable (``encode_record``'s synced_end).
+                os.fdatasync(fd)
             preallocate(fd, valid_end, reserve_bytes - valid_end)
             os.lseek(fd, valid_end, os.SEEK_SET)
         except BaseException:

@@ -229,7 +229,7 @@ def test_a_raising_observer_does_not_stop_the_appender(
 def test_an_unexpected_error_in_the_appender_fails_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(entries: object) -> tuple[bytes, bytes]:
+    def broken(entries: object, synced_end: int = 0) -> tuple[bytes, bytes]:
         raise RuntimeError("encoder bug")
 
     with caplog.at_level(logging.ERROR, logger="raftlet.consensus.log"), Log.open(tmp_path) as log:

@@ -102,6 +102,57 @@ def test_bit_flip_in_an_earlier_record_of_the_last_segment(tmp_path: Path) -> No
     assert os.path.getsize(paths[-1]) == size  # nothing was cut off
 
 
+def _big(first: int, last: int) -> list[Entry]:
+    """One append big enough to be written as several records (of up to 1 MiB each)."""
+    return [entry(i, data=bytes([i % 251]) * 40_000) for i in range(first, last)]
+
+
+def test_damage_inside_the_last_group_written_is_a_torn_group(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group is one write and one fdatasync: a crash before the sync returned may leave
+    any of its pages unwritten, its first record damaged and later ones intact. None of it
+    was acknowledged, so the log is cut before it -- it was refused as corruption, and the
+    replica needed a tablet copy (every replica, after a power cut of the whole cluster)."""
+    paths = build(tmp_path, [entries(1, 4), _big(4, 64)], LogOptions())
+    offsets = record_offsets(paths[-1])
+    first_of_group = offsets[1]
+    assert len(offsets) >= 3  # the big append is several records of one group
+    flip_byte(paths[-1], first_of_group + 4096)
+    with (
+        caplog.at_level(logging.WARNING, logger="raftlet.consensus.log"),
+        Log.open(tmp_path) as log,
+    ):
+        assert log.last_index() == 3
+        log.append(entries(4, 6))  # the log goes on from there
+    assert "in the last group written" in caplog.text
+    with Log.open(tmp_path) as log:
+        assert [e.index for e in contents(log)] == [1, 2, 3, 4, 5]
+
+
+def test_damage_to_a_group_synced_before_the_last_is_corruption(tmp_path: Path) -> None:
+    """Written after the damaged group's sync, the next group says so: that damage is not a
+    crash's, and the acknowledged entries after it are not cut off in silence."""
+    paths = build(tmp_path, [entries(1, 4), _big(4, 64), entries(64, 66)], LogOptions())
+    first_of_group = record_offsets(paths[-1])[1]
+    flip_byte(paths[-1], first_of_group + 4096)
+    with pytest.raises(LogCorruptionError, match="yet a valid record follows") as exc:
+        Log.open(tmp_path)
+    assert exc.value.offset == first_of_group
+
+
+def test_damage_before_records_that_do_not_say_where_they_were_synced_is_corruption(
+    tmp_path: Path,
+) -> None:
+    """Records of an older version carry no synced_end: they are taken as written later."""
+    path = tmp_path / segment_name(1)
+    path.write_bytes(segment_image([entries(1, 4), _big(4, 64)]))
+    first_of_group = record_offsets(str(path))[1]
+    flip_byte(str(path), first_of_group + 4096)
+    with pytest.raises(LogCorruptionError, match="yet a valid record follows"):
+        Log.open(tmp_path)
+
+
 def test_bit_flip_in_an_older_segment(tmp_path: Path) -> None:
     paths = build(tmp_path, [[entry(i, data=b"z" * 60)] for i in range(1, 30)])
     assert len(paths) >= 3

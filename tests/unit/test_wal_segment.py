@@ -15,6 +15,7 @@ from raftlet.consensus.log.codec import (
     MAX_ENTRY_BYTES,
     batch_size,
     decode_batch,
+    encode_record,
     entries_from_pb,
     frame_records,
 )
@@ -146,21 +147,22 @@ def test_an_entry_too_large_for_a_record_is_refused() -> None:
     terms=st.lists(st.integers(1, 1 << 34), min_size=1, max_size=5).map(sorted),
     kinds=st.lists(st.sampled_from(EntryType), min_size=5, max_size=5),
     datas=st.lists(st.binary(max_size=300), min_size=5, max_size=5),
+    synced=st.integers(0, 1 << 40),
 )
 def test_hand_written_encoding_is_what_protobuf_parses(
-    first: int, terms: list[int], kinds: list[EntryType], datas: list[bytes]
+    first: int, terms: list[int], kinds: list[EntryType], datas: list[bytes], synced: int
 ) -> None:
     batch = [
         Entry(term=t, index=first + k, type=kinds[k], data=datas[k]) for k, t in enumerate(terms)
     ]
-    [(_, frame)] = frame_records(batch)
-    length, crc = FRAME.unpack_from(frame)
-    payload = frame[FRAME.size :]
+    head, payload = encode_record(batch, synced)
+    length, crc = FRAME.unpack_from(head)
     assert (length, crc) == (len(payload), crc32c.crc32c(payload))
     assert entries_from_pb(decode_batch(payload)) == batch
+    assert decode_batch(payload).synced_end == synced
     if all(datas[: len(batch)]):
         # With no field at its default, protobuf's own serialization is byte for byte ours.
-        pbs = EntryBatchPB()
+        pbs = EntryBatchPB(synced_end=synced)
         for e in batch:
             pbs.entries.add(term=e.term, index=e.index, type=_PB_TYPE[e.type], payload=e.data)
         assert pbs.SerializeToString() == payload
