@@ -40,7 +40,7 @@ from raftlet.schema.predicates import Predicate, PredicateError
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import DataType, Value, datetime_from_micros, normalize
 
-__all__ = ["WhereClause", "add_parser", "parse_value", "parse_where", "run"]
+__all__ = ["WhereClause", "add_parser", "parse_value", "parse_where", "print_json_rows", "run"]
 
 _EPILOG = """\
 examples:
@@ -414,7 +414,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{e}{hint}") from None
         try:
             if args.format == "json":
-                _print_json(rows, columns, schema)
+                print_json_rows(rows, columns, schema)
             else:
                 _print_table(rows, columns, schema, table.name)
         except RaftletError as e:
@@ -424,7 +424,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_json(rows: Iterator[dict[str, Value]], columns: Sequence[str], schema: Schema) -> None:
+def print_json_rows(
+    rows: Iterator[dict[str, Value]], columns: Sequence[str], schema: Schema
+) -> None:
     import sys
 
     # Streamed, one row per line inside the array, so a large scan starts printing at once

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from raftlet.cli import tablet_export_cmd
 from raftlet.cli.common import (
     CliError,
     add_target_arguments,
@@ -77,8 +78,9 @@ def _timeout(p: argparse.ArgumentParser, default: float) -> None:
 def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     tablet = commands.add_parser(
         "tablet",
-        help="move a tablet's replicas between servers",
-        description="Add, remove and move the replicas of one tablet (membership changes).",
+        help="move a tablet's replicas between servers; export a stopped server's replica",
+        description="Add, remove and move the replicas of one tablet (membership changes), "
+        "or read a stopped server's replica offline (export).",
         epilog=_EPILOG,
         formatter_class=formatter,
         allow_abbrev=False,
@@ -113,6 +115,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         add_target_arguments(p)
         p.add_argument("--wait", action="store_true", help="wait until the change is complete")
         _timeout(p, 120.0)
+    tablet_export_cmd.add_parser(sub, formatter)
 
 
 def add_replace_server_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -132,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     from raftlet.client import RaftletError
     from raftlet.client import membership as mc
 
+    if args.tablet_command == "export":  # offline: no cluster to name
+        return tablet_export_cmd.run(args)
     out = console()
 
     def say(line: str) -> None:

@@ -208,8 +208,9 @@ def lost_majority(client: Client, tablet_id: str) -> str:
         "leader and cannot elect one, and no membership change (add-replica, "
         "remove-replica, move-replica, replace-server) can work without a leader. Restore "
         "the FAILED replicas' files (fix what each reason says -- permissions, a full or "
-        "failed disk, files put back from a backup -- and restart their servers): once a "
-        "majority opens again it elects a leader, which repairs the rest by a tablet copy "
+        "failed disk -- and restart their servers): once a majority opens again it elects a "
+        "leader, which repairs the rest by a tablet copy. Files lost for good: `raftlet "
+        "tablet export` reads a surviving replica's rows from its stopped server "
         '(docs/ARCHITECTURE.md, "A tablet that lost a majority")'
     )
 

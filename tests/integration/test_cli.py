@@ -764,11 +764,12 @@ def test_up_with_a_tablet_that_lost_a_majority_leaves_the_others_serving(tmp_pat
     """Two of a tablet's three replica directories deleted while the cluster was stopped:
     `up` waited its whole timeout for a leader the tablet cannot elect, said only "no ready
     leader", and stopped every server -- the other tablet's too, and with them the state
-    `cluster status` would have explained."""
+    `cluster status` would have explained. The survivor's rows are then read offline."""
     root = tmp_path / "c"
     ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "2"))
     try:
         ok(raftlet("write", "--data-dir", str(root), "--rows", "50", "--threads", "1"))
+        scanned = json.loads(ok(raftlet("scan", "kv", "--data-dir", str(root), "--format", "json")))
         ok(raftlet("cluster", "down", "--data-dir", str(root)))
         for server in ("ts2", "ts3"):
             shutil.rmtree(root / server / "kv-p0")
@@ -782,6 +783,17 @@ def test_up_with_a_tablet_that_lost_a_majority_leaves_the_others_serving(tmp_pat
         assert "kv-p0=none, kv-p1=ts" in up.stdout  # the other tablet has its leader
         status = raftlet("cluster", "status", "--data-dir", str(root))
         assert "lost a majority" in status.stdout, status.stdout
+        # What the surviving replica holds is read from its stopped server's files.
+        refused = raftlet("tablet", "export", str(root / "ts1" / "kv-p0"))
+        assert refused.returncode == 1
+        assert "in use by a running server" in refused.stderr
+        ok(raftlet("cluster", "down", "--data-dir", str(root), "--server", "ts1"))
+        saved = []
+        for tablet in ("kv-p0", "kv-p1"):
+            export = raftlet("tablet", "export", str(root / "ts1" / tablet))
+            saved += json.loads(ok(export))
+            assert f"rows of {tablet} (table kv)" in export.stderr
+        assert sorted(saved, key=lambda r: r["key"]) == sorted(scanned, key=lambda r: r["key"])
     finally:
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)

@@ -627,7 +627,7 @@ def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
 def test_json_scan_that_fails_midway_never_parses_as_complete(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from raftlet.cli.scan_cmd import _print_json
+    from raftlet.cli.scan_cmd import print_json_rows
     from raftlet.client import Timeout
 
     schema = Schema(
@@ -643,15 +643,15 @@ def test_json_scan_that_fails_midway_never_parses_as_complete(
         raise Timeout("tablet kv-p1: no replica answered")
 
     with pytest.raises(Timeout):
-        _print_json(rows_then_failure(), ["key", "value"], schema)
+        print_json_rows(rows_then_failure(), ["key", "value"], schema)
     partial = capsys.readouterr().out
     assert '"key": 2' in partial
     with pytest.raises(json.JSONDecodeError):
         json.loads(partial)
 
-    _print_json(iter([{"key": 1, "value": "a"}]), ["key", "value"], schema)
+    print_json_rows(iter([{"key": 1, "value": "a"}]), ["key", "value"], schema)
     assert json.loads(capsys.readouterr().out) == [{"key": 1, "value": "a"}]
-    _print_json(iter([]), ["key"], schema)
+    print_json_rows(iter([]), ["key"], schema)
     assert json.loads(capsys.readouterr().out) == []
 
 

@@ -23,7 +23,7 @@ def test_the_tree_follows_the_parser() -> None:
         "status",
         "up",
     ]
-    assert tree["tablet"][:3] == ["add-replica", "move-replica", "remove-replica"]
+    assert tree["tablet"][:4] == ["add-replica", "export", "move-replica", "remove-replica"]
     assert "--wait" in tree["tablet move-replica"]
     assert "--in-flight" in tree["write"]
     assert "--data-dir" in tree["cluster up"]
