@@ -90,8 +90,8 @@ def dump_cluster_config(
 
 
 def write_cluster_config(config: ClusterConfig, path: str | os.PathLike[str]) -> ClusterConfig:
-    """Write ``config`` to ``path`` atomically (a reader never sees half a file; a crash
-    leaves the old file or the new one). Returns the config with ``path`` set."""
+    """Write ``config`` to ``path`` atomically and durably (a reader never sees half a file;
+    a crash leaves the old file or the new one). Returns the config with ``path`` set."""
     target = Path(path).absolute()
     text = dump_cluster_config(config, target.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -101,6 +101,13 @@ def write_cluster_config(config: ClusterConfig, path: str | os.PathLike[str]) ->
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+        # The rename is durable only once the directory is: a power cut could otherwise
+        # bring back the old config beside data made for the new one.
+        dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -759,12 +759,15 @@ class LocalCluster:
             "updated_at": _now(),
             "servers": [s.to_json(self.data_dir) for s in self.servers.values()],
         }
-        # Atomic, so a `down` racing an `up` never reads half a file.
+        # Atomic, so a `down` racing an `up` never reads half a file; synced, so a power cut
+        # leaves the servers' PIDs and flags of one save or the other, never an empty file.
         fd, tmp = tempfile.mkstemp(dir=self.data_dir, prefix=".cluster.json.")
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(doc, f, indent=2)
                 f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, self.state_path)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -691,3 +691,20 @@ def test_a_table_wider_than_the_store_is_refused_by_validation(tmp_path: Path) -
         parse_cluster_config(with_columns(MAX_COLUMNS + 1), tmp_path)
     assert exc.value.field == "tables[0].columns"
     assert f"at most {MAX_COLUMNS} columns" in exc.value.reason
+
+
+def test_a_written_config_and_its_directory_entry_are_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renamed into place with no fsync of the directory, a power cut could bring back the
+    old cluster.toml beside data made for the new one."""
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    write_cluster_config(cluster(3, ("kv", 2, 3)), tmp_path / "cluster.toml")
+    assert tmp_path in synced, synced
