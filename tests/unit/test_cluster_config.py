@@ -34,6 +34,7 @@ from raftlet.cluster import (
 from raftlet.proto import tablet_pb2
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
+from tests.unit.fsync_recorder import record_fsyncs
 from tests.unit.schema_strategies import key_schemas
 
 REPO = Path(__file__).resolve().parents[2]
@@ -698,13 +699,6 @@ def test_a_written_config_and_its_directory_entry_are_synced(
 ) -> None:
     """Renamed into place with no fsync of the directory, a power cut could bring back the
     old cluster.toml beside data made for the new one."""
-    synced: list[Path] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     write_cluster_config(cluster(3, ("kv", 2, 3)), tmp_path / "cluster.toml")
     assert tmp_path in synced, synced

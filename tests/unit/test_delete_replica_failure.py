@@ -21,6 +21,7 @@ from raftlet.proto import admin_pb2, tablet_pb2, tablet_pb2_grpc
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.hosted_tablets import HostedTablets
 from raftlet.tserver.tablet_copy_install import replaced_dir
+from tests.unit.fsync_recorder import record_fsyncs
 from tests.unit.test_admin_fuzz import RPC_TIMEOUT_S, InProcessServer
 from tests.waiting import wait_for
 
@@ -123,14 +124,7 @@ def test_a_tombstone_and_its_directory_entry_are_made_durable(
     empty replica directory, which the next start opened as a replica again."""
     from raftlet.tserver import server
 
-    synced: list[Path] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     replica = tmp_path / "kv-p0"
     (replica / "wal").mkdir(parents=True)
     server._tombstone(replica)

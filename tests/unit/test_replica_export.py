@@ -8,15 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
 
 from raftlet.consensus.core import Entry, EntryType, HardState
-from raftlet.schema.schema import ColumnSchema, Schema, SchemaError
-from raftlet.schema.types import DataType
+from raftlet.schema.schema import Schema, SchemaError
 from raftlet.tserver.bootstrap import apply_entries, open_replica
 from raftlet.tserver.data_dir_lock import DataDirLock
 from raftlet.tserver.replica_export import ExportError, exported_replica, schema_from_description
 from raftlet.tserver.table_layout import TABLES_FILE
 from tests.integration.storage_crash_child import SCHEMA, write_for
+from tests.unit.schema_strategies import schemas
 
 VOTERS = ["a", "b", "c"]
 
@@ -98,17 +99,12 @@ def test_what_is_no_replica_is_refused_by_name(replica: Path, tmp_path: Path) ->
         pass
 
 
-def test_a_recorded_schema_reads_back_as_itself() -> None:
-    schema = Schema(
-        [
-            ColumnSchema("id", DataType.INT64, is_key=True),
-            ColumnSchema("at", DataType.UNIXTIME_MICROS, is_key=True),
-            ColumnSchema("name", DataType.STRING, nullable=True),
-            ColumnSchema("blob", DataType.BINARY),
-            ColumnSchema("ok", DataType.BOOL, nullable=True),
-        ]
-    )
+@given(schemas())
+def test_a_recorded_schema_reads_back_as_itself(schema: Schema) -> None:
     assert schema_from_description(schema.describe()) == schema
+
+
+def test_what_is_no_recorded_schema_is_refused() -> None:
     for bad in ("", "id INT64", "id NUMBER KEY", "id INT64 KEY, v STRING MAYBE"):
         with pytest.raises(SchemaError):
             schema_from_description(bad)
