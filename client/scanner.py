@@ -1,17 +1,23 @@
 """Scans as iterators: page by page with the resume key, failing over between replicas.
 
-Scans are stateless on the server (tablet.proto, ``ScanRequest``): each page is an
-independent request carrying the ``resume_key`` of the page before, so any replica can serve
-the next page. A ``Scanner`` walks the table's tablets in partition order; each page is one
-``client.rpc.call_tablet`` call, so a replica that becomes unreachable (UNAVAILABLE,
-connection refused, an attempt's deadline) is left for the next one, a moved leader is
-followed (LEADER_LATEST), and the scan continues from the last resume key it received — no
-row is returned twice and none is skipped.
+Each page is a request carrying the ``resume_key`` of the page before, so any replica can
+serve the next page. The replica that served a page with more to come holds its read open
+for the next one (``scanner_id``, ``tserver.held_scans``), so the pages of a tablet are read
+from one state of it: a batch written meanwhile is in all of them or none (each page used to
+be read anew, and a scan saw one row of a two-row batch as before and the other as after).
+A page served elsewhere (fail-over, a moved leader) or after the replica let the read go
+(idle for 30 s, or 32 held already) is read anew from the resume key. A ``Scanner`` walks the
+table's tablets in partition order -- each tablet read at its own moment; no scan is a
+snapshot of several tablets. Each page is one ``client.rpc.call_tablet`` call, so a replica
+that becomes unreachable (UNAVAILABLE, connection refused, an attempt's deadline) is left for
+the next one, a moved leader is followed (LEADER_LATEST), and the scan continues from the
+last resume key it received — no row is returned twice and none is skipped.
 
 - ``ReadMode.LEADER_LATEST`` (default) is linearizable: the leader notes its commit index
-  when the page is asked for, confirms with a round of heartbeats that a majority still
-  follows it (ReadIndex), and answers once it has applied that index -- so a page sees every
-  write acknowledged before it was asked for. A leader cut off from the others answers no
+  when a tablet's first page is asked for, confirms with a round of heartbeats that a
+  majority still follows it (ReadIndex), and answers once it has applied that index -- so
+  the tablet's pages see every write acknowledged before the first was asked for (a page
+  read anew does the same when it is asked for). A leader cut off from the others answers no
   such page (UNAVAILABLE, retried; then NOT_LEADER once it steps down).
   (With the server's ``--leader_read_mode=lease`` the leader skips the round while its
   lease holds; the page still sees every write acknowledged before it was asked for.)
@@ -171,6 +177,8 @@ class Scanner(Iterator[Row]):
         self._replica = replica
         self._tablet_index = 0
         self._resume: bytes | None = None  # None: from the tablet's start
+        # The replica's read of the tablet the next page continues (ScanResponse.scanner_id).
+        self._scanner_id = b""
         self._page: Iterator[Row] = iter(())
         self.pages = 0
         self.failovers = 0
@@ -212,9 +220,11 @@ class Scanner(Iterator[Row]):
             # string or binary key), and the rows after it are still to come.
             if response.has_more and response.HasField("resume_key"):
                 self._resume = response.resume_key
+                self._scanner_id = response.scanner_id
             else:
                 self._tablet_index += 1
                 self._resume = None
+                self._scanner_id = b""
                 self.current_server = None
             if rows:
                 self._page = iter(rows)
@@ -236,6 +246,7 @@ class Scanner(Iterator[Row]):
             min_applied_index=self._min_indexes.get(tablet_id, 0),
             # The rows come back packed for the replica's schema and are read by ours.
             schema_fingerprint=self.table.schema.fingerprint,
+            scanner_id=self._scanner_id,
         )
 
         def scan(stub: ServerStub, timeout: float, _attempt: int) -> tablet_pb2.ScanResponse:
@@ -272,7 +283,8 @@ class Scanner(Iterator[Row]):
             ) from None
 
     def close(self) -> None:
-        """Stop early (nothing is held on the server; this only ends the iteration)."""
+        """Stop early. A replica holding the scan's read for its next page closes it once
+        it has been idle for a while (``tserver.held_scans``)."""
         self._tablet_index = len(self._tablets)
         self._page = iter(())
 

@@ -229,7 +229,7 @@ class PredicatePB(_message.Message):
     def __init__(self, column: _Optional[str] = ..., equals: _Optional[_Union[ValuePB, _Mapping]] = ..., range: _Optional[_Union[PredicatePB.RangePB, _Mapping]] = ..., in_list: _Optional[_Union[PredicatePB.InListPB, _Mapping]] = ..., is_null: _Optional[bool] = ..., is_not_null: _Optional[bool] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows", "row_format", "batch_size_bytes", "min_applied_index", "schema_fingerprint")
+    __slots__ = ("tablet_id", "projection", "predicates", "limit", "resume_key", "read_mode", "batch_size_rows", "row_format", "batch_size_bytes", "min_applied_index", "schema_fingerprint", "scanner_id")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_FIELD_NUMBER: _ClassVar[int]
     PREDICATES_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,7 @@ class ScanRequest(_message.Message):
     BATCH_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MIN_APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    SCANNER_ID_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     projection: _containers.RepeatedScalarFieldContainer[str]
     predicates: _containers.RepeatedCompositeFieldContainer[PredicatePB]
@@ -252,7 +253,8 @@ class ScanRequest(_message.Message):
     batch_size_bytes: int
     min_applied_index: int
     schema_fingerprint: int
-    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ..., row_format: _Optional[_Union[RowFormat, str]] = ..., batch_size_bytes: _Optional[int] = ..., min_applied_index: _Optional[int] = ..., schema_fingerprint: _Optional[int] = ...) -> None: ...
+    scanner_id: bytes
+    def __init__(self, tablet_id: _Optional[str] = ..., projection: _Optional[_Iterable[str]] = ..., predicates: _Optional[_Iterable[_Union[PredicatePB, _Mapping]]] = ..., limit: _Optional[int] = ..., resume_key: _Optional[bytes] = ..., read_mode: _Optional[_Union[ReadMode, str]] = ..., batch_size_rows: _Optional[int] = ..., row_format: _Optional[_Union[RowFormat, str]] = ..., batch_size_bytes: _Optional[int] = ..., min_applied_index: _Optional[int] = ..., schema_fingerprint: _Optional[int] = ..., scanner_id: _Optional[bytes] = ...) -> None: ...
 
 class RowPB(_message.Message):
     __slots__ = ("values",)
@@ -261,7 +263,7 @@ class RowPB(_message.Message):
     def __init__(self, values: _Optional[_Iterable[_Union[ValuePB, _Mapping]]] = ...) -> None: ...
 
 class ScanResponse(_message.Message):
-    __slots__ = ("columns", "rows", "has_more", "resume_key", "applied_index", "error", "row_block")
+    __slots__ = ("columns", "rows", "has_more", "resume_key", "applied_index", "error", "row_block", "scanner_id")
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     HAS_MORE_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +271,7 @@ class ScanResponse(_message.Message):
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ROW_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SCANNER_ID_FIELD_NUMBER: _ClassVar[int]
     columns: _containers.RepeatedScalarFieldContainer[str]
     rows: _containers.RepeatedCompositeFieldContainer[RowPB]
     has_more: bool
@@ -276,7 +279,8 @@ class ScanResponse(_message.Message):
     applied_index: int
     error: _common_pb2.ServerErrorPB
     row_block: RowBlockPB
-    def __init__(self, columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[RowPB, _Mapping]]] = ..., has_more: _Optional[bool] = ..., resume_key: _Optional[bytes] = ..., applied_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ...) -> None: ...
+    scanner_id: bytes
+    def __init__(self, columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[RowPB, _Mapping]]] = ..., has_more: _Optional[bool] = ..., resume_key: _Optional[bytes] = ..., applied_index: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., row_block: _Optional[_Union[RowBlockPB, _Mapping]] = ..., scanner_id: _Optional[bytes] = ...) -> None: ...
 
 class ServerPB(_message.Message):
     __slots__ = ("uuid", "rpc_addr", "http_addr", "token_rpc_addr")

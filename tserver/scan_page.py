@@ -123,6 +123,7 @@ def fill_page(
             used += size
             last = rows[n - 1]
             if n < len(rows):
+                cursor.unread(rows[n:])  # the next page's, if the scan is held open
                 more = True
                 break
             if len(rows) < ask:
@@ -136,7 +137,9 @@ def fill_page(
             if left is not None:
                 ask = min(ask, left)
         if more is None:
-            more = bool(cursor.fetch(1))
+            peek = cursor.fetch(1)
+            cursor.unread(peek)
+            more = bool(peek)
     except (RowPageError, TypeMismatch) as e:
         raise StoreError(f"a stored value does not fit its column: {e}") from e
     form.finish(response)

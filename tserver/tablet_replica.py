@@ -51,6 +51,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +110,7 @@ from raftlet.tserver.errors import (
     UnknownTablet,
     check_schema,
 )
+from raftlet.tserver.held_scans import HeldScans
 from raftlet.tserver.log_gc import LogGc
 from raftlet.tserver.result_tracker import (
     ANONYMOUS_PREFIX,
@@ -126,6 +128,7 @@ from raftlet.tserver.store import (
     ApplyEntry,
     EntryResult,
     InvalidScan,
+    ScanCursor,
     ScanDeadlineExceeded,
     StoreError,
     damage_in,
@@ -160,6 +163,8 @@ _APPLY_MAX_ENTRIES = _CATCH_UP_CHUNK
 _APPLY_MAX_BYTES = 8 * 1024 * 1024
 # What a wait inside a call leaves of the caller's deadline, for the answer to reach it.
 _ANSWER_MARGIN_S = 0.1
+# A scan's row limit SQLite takes (a signed 64-bit integer, with one more row to spare).
+_MAX_SQL_LIMIT = 2**62
 # A follower applies what it holds once it is this many entries (``_hold``).
 _HOLD_MAX_ENTRIES = 256
 # Writes wait for a round at most this long before they go on alone (``_next_round``).
@@ -446,6 +451,8 @@ class TabletReplica:
             if opts.log_gc_interval_s > 0
             else None
         )
+        # Scans read from one state across their pages (closed when idle too long).
+        self._scans = HeldScans()
         self._unregister_tick: Callable[[], None] | None = None
         # The store's failure while applying, until a retry succeeds (apply stage only).
         self._apply_error: BaseException | None = None
@@ -471,9 +478,7 @@ class TabletReplica:
 
     def start(self) -> None:
         self.consensus.start()
-        opts = self.options
-        if self._log_gc is not None or opts.follower_apply_delay_s > 0 or opts.rounds_in_flight:
-            self._unregister_tick = self.consensus.ticker.register(self._on_tick)
+        self._unregister_tick = self.consensus.ticker.register(self._on_tick)
 
     def _on_tick(self, _ticks: int) -> None:
         # On the ticker's thread: only a clock read, and when due a nudge to the apply
@@ -483,6 +488,8 @@ class TabletReplica:
         # (docs/benchmarks.md, "Holds the ticker cut short").
         if self._hold_ended() or (self._log_gc is not None and self._log_gc.due()):
             self._apply_q.post(None)
+        if self._scans.due():  # one abandoned: its read transaction ends
+            self._scans.expire()
         # Writes that waited this long for a round that does not apply (leadership lost,
         # no quorum, the store failing) go on alone: replicate refuses them if this replica
         # no longer leads, else they make a round of their own.
@@ -504,6 +511,7 @@ class TabletReplica:
         self.consensus.stop()
         self._apply_q.post(None)  # held entries into the store before it closes
         self._apply_q.close(timeout=30)
+        self._scans.close()
         if self._own_workers:
             self._workers.stop()
         with self._proposed_lock:
@@ -1287,10 +1295,91 @@ class TabletReplica:
         self, request: tablet_pb2.ScanRequest, deadline: float | None = None
     ) -> tablet_pb2.ScanResponse:
         """One page.  ``deadline`` (``time.monotonic()``): the caller's, which a wait for
-        an index ends before, so the caller hears why rather than its deadline passing."""
+        an index ends before, so the caller hears why rather than its deadline passing.
+        A page of a scan this replica holds open (``tserver.held_scans``) comes from the
+        read its first page made; any other from a new read, held open if rows are left."""
         self._check_serving()
         check_scan_request(request)
         check_schema(request.schema_fingerprint, "the scan", self.table, self.schema)
+        shape = _scan_shape(request)
+        held = self._scans.take(request.scanner_id, shape) if request.scanner_id else None
+        if held is None:
+            self._await_read(request, deadline)
+        max_rows = request.batch_size_rows or None
+        if request.limit:
+            max_rows = min(max_rows or request.limit, request.limit)
+        max_bytes = min(
+            request.batch_size_bytes or self.options.scan_page_bytes,
+            self.options.scan_max_page_bytes,
+        )
+        # Stopped when the caller gives up, with time left to say so.
+        until = None if deadline is None else deadline - _ANSWER_MARGIN_S
+        try:
+            scope, cursor = held or self._open_scan(request, until)
+        except InvalidScan as exc:  # the projection or the resume key
+            raise InvalidRequest(str(exc)) from exc
+        except ScanDeadlineExceeded as exc:
+            raise self._page_late() from exc
+        except StoreError as exc:
+            raise self._read_failed(exc) from exc
+        cursor.deadline = until
+        try:
+            page = fill_page(cursor, request.row_format, max_rows, max_bytes)
+        except ScanDeadlineExceeded as exc:
+            _end_scan(scope)
+            raise self._page_late() from exc
+        except StoreError as exc:
+            _end_scan(scope)
+            raise self._read_failed(exc) from exc
+        except BaseException:
+            _end_scan(scope)
+            raise
+        scanner_id = self._scans.hold(scope, cursor, shape) if page.has_more else None
+        if scanner_id is None:
+            _end_scan(scope)
+        else:
+            page.scanner_id = scanner_id
+        return page
+
+    def _page_late(self) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"tablet {self.tablet_id}: the scan page was not done by the call's deadline "
+            "(a smaller page, fewer IN values or a longer timeout may help)"
+        )
+
+    def _open_scan(
+        self, request: tablet_pb2.ScanRequest, until: float | None
+    ) -> tuple[AbstractContextManager[ScanCursor], ScanCursor]:
+        """A new read of the store for ``request``, open until the scan ends or its hold;
+        its SQLite work interrupted past ``until``."""
+        try:
+            predicates = [Predicate.from_pb(self.schema, p) for p in request.predicates]
+        except (PredicateError, ValueError) as exc:
+            raise InvalidRequest(str(exc)) from exc
+        scope = self.store.open_scan(
+            list(request.projection) or None,
+            predicates,
+            # Present, even empty (a key that encodes as nothing), continues a scan.
+            resume_key=request.resume_key if request.HasField("resume_key") else None,
+            # The rows the whole scan may take, and one more: whether there are more.
+            limit=request.limit + 1 if 0 < request.limit < _MAX_SQL_LIMIT else None,
+            deadline=until,
+        )
+        return scope, scope.__enter__()
+
+    def _read_failed(self, exc: StoreError) -> Exception:
+        """What a store error met by a read becomes: damage found as if by the verifier
+        (FAILED, leadership handed over, a copy from the leader, and the client reads from
+        another replica), or the error itself."""
+        damage = damage_in(exc)
+        if damage is None:
+            return exc
+        self.store_damaged(damage)
+        return TabletFailed(f"the store file is damaged ({damage})")
+
+    def _await_read(self, request: tablet_pb2.ScanRequest, deadline: float | None) -> None:
+        """What a new read waits for, by its read mode: a quorum's word that this replica
+        leads and the index it confirmed applied, or a follower's freshness."""
         wanted = request.min_applied_index
         if request.read_mode == tablet_pb2.READ_LEADER_LATEST:
             # Linearizable: fail fast off-leader, then confirm leadership with a quorum
@@ -1326,44 +1415,6 @@ class TabletReplica:
                 # Bounded staleness: whatever this replica has applied, once that includes
                 # the index asked for (a write the client saw acknowledged, say).
                 self._wait_applied(wanted, deadline)
-        max_rows = request.batch_size_rows or None
-        if request.limit:
-            max_rows = min(max_rows or request.limit, request.limit)
-        max_bytes = min(
-            request.batch_size_bytes or self.options.scan_page_bytes,
-            self.options.scan_max_page_bytes,
-        )
-        try:
-            predicates = [Predicate.from_pb(self.schema, p) for p in request.predicates]
-        except (PredicateError, ValueError) as exc:
-            raise InvalidRequest(str(exc)) from exc
-        try:
-            with self.store.open_scan(
-                list(request.projection) or None,
-                predicates,
-                # Present, even empty (a key that encodes as nothing), continues a scan.
-                resume_key=request.resume_key if request.HasField("resume_key") else None,
-                # One more row than the page can hold: whether there are more.
-                limit=max_rows + 1 if max_rows is not None else None,
-                # Stopped when the caller gives up, with time left to say so.
-                deadline=None if deadline is None else deadline - _ANSWER_MARGIN_S,
-            ) as cursor:
-                return fill_page(cursor, request.row_format, max_rows, max_bytes)
-        except InvalidScan as exc:  # the projection or the resume key
-            raise InvalidRequest(str(exc)) from exc
-        except ScanDeadlineExceeded as exc:
-            raise DeadlineExceeded(
-                f"tablet {self.tablet_id}: the scan page was not done by the call's deadline "
-                "(a smaller page, fewer IN values or a longer timeout may help)"
-            ) from exc
-        except StoreError as exc:
-            damage = damage_in(exc)
-            if damage is None:
-                raise
-            # Found by a read: as if the verifier had (FAILED, leadership handed over, a
-            # copy from the leader), and the client reads from another replica.
-            self.store_damaged(damage)
-            raise TabletFailed(f"the store file is damaged ({damage})") from exc
 
     def _wait_applied(self, index: int, deadline: float | None = None) -> None:
         """Wait up to ``read_wait_s`` -- less if the caller's ``deadline`` comes first --
@@ -1489,6 +1540,21 @@ def failure_status(reason: str | None) -> dict[str, object]:
         "failed": reason is not None,
         "failure": reason or "",
     }
+
+
+def _scan_shape(request: tablet_pb2.ScanRequest) -> tuple[object, ...]:
+    """What a held scan was opened for: a page asking for another under its id is read anew."""
+    return (
+        tuple(request.projection),
+        tuple(p.SerializeToString(deterministic=True) for p in request.predicates),
+        request.read_mode,
+        request.row_format,
+    )
+
+
+def _end_scan(scope: AbstractContextManager[ScanCursor]) -> None:
+    """End a scan's read (its transaction, its connection back to the pool)."""
+    scope.__exit__(None, None, None)
 
 
 def write_entry_payload(request: tablet_pb2.WriteRequest) -> bytes:

@@ -299,6 +299,48 @@ def test_restart_of_every_replica_keeps_acknowledged_rows(tablet: Tablet) -> Non
     assert scan.has_more
 
 
+def test_the_pages_of_a_scan_read_one_state_of_the_tablet(tablet: Tablet) -> None:
+    """Each page was read anew: a batch deleting keys 1 and 9 between two pages of a scan
+    was seen half -- key 1 as before it (on a page already sent), key 9 as after. The
+    replica now holds the first page's read open for the next ones (``scanner_id``)."""
+    leader = tablet.leader()
+    send(leader, write(list(range(1, 11)), "c1", 1)).result()
+    ask = tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], batch_size_rows=3)
+    pages = [leader.scan(ask)]
+    gone = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+    for k in (1, 9):
+        gone.ops.append(encode_row_op(SCHEMA, OpType.DELETE, {"k": k}))
+    send(leader, gone).result()
+    while pages[-1].has_more:
+        assert pages[-1].scanner_id
+        ask.resume_key = pages[-1].resume_key
+        ask.scanner_id = pages[-1].scanner_id
+        pages.append(leader.scan(ask))
+    keys = [row.values[0].int_value for page in pages for row in page.rows]
+    assert keys == list(range(1, 11))  # key 9 too: the state the first page read
+    assert len({page.applied_index for page in pages}) == 1
+    assert not pages[-1].scanner_id  # nothing left to hold
+    assert len(leader._scans) == 0
+    # A new scan reads the state after the delete.
+    after = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"]))
+    assert [row.values[0].int_value for row in after.rows] == [2, 3, 4, 5, 6, 7, 8, 10]
+    # A page whose read this replica does not hold (another's, or closed), or that asks for
+    # another scan under a held one's id, is read anew from its resume key.
+    first = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", batch_size_rows=2))
+    for scanner_id, projection in ((b"not-held", []), (first.scanner_id, ["k"])):
+        page = leader.scan(
+            tablet_pb2.ScanRequest(
+                tablet_id="kv-p0",
+                projection=projection,
+                resume_key=first.resume_key,
+                scanner_id=scanner_id,
+                batch_size_rows=2,
+            )
+        )
+        assert [row.values[0].int_value for row in page.rows] == [4, 5]
+    assert len(leader._scans) == 2  # those two pages' reads, held for their next pages
+
+
 def test_a_scan_sends_packed_pages_when_asked_and_refuses_an_unknown_row_format(
     tablet: Tablet,
 ) -> None:

@@ -174,7 +174,8 @@ class ScanCursor:
     a tuple as SQLite returns it: the key columns, then the projected columns that are not
     key columns; ``columns[j]`` (of type ``types[j]``) is at ``projected_at[j]``.
     ``applied_index`` is the state they are read from. Valid only inside the ``with``
-    block, on the thread that opened it."""
+    block, used by one thread at a time (a scan held between pages moves between them).
+    ``deadline`` (``time.monotonic()``; None: none) may be moved for each page."""
 
     def __init__(
         self,
@@ -183,6 +184,7 @@ class ScanCursor:
         types: tuple[DataType, ...],
         applied_index: int,
         cursor: sqlite3.Cursor,
+        deadline: _Deadline | None = None,
     ) -> None:
         self.columns = columns
         self.types = types
@@ -193,9 +195,25 @@ class ScanCursor:
         self._key_types = [c.type for c in store.schema.key_columns]
         self._cursor = cursor
         self._path = store.path
+        self._deadline = deadline or _Deadline(None)
+        # Rows fetched and handed back (``unread``): the next fetch returns them first.
+        self._unread: list[tuple[SqlValue, ...]] = []
+
+    @property
+    def deadline(self) -> float | None:
+        return self._deadline.at
+
+    @deadline.setter
+    def deadline(self, at: float | None) -> None:
+        self._deadline.at = at
 
     def fetch(self, n: int) -> list[tuple[SqlValue, ...]]:
         """The next ``n`` rows at most; fewer only at the end."""
+        if self._unread:
+            rows, self._unread = self._unread[:n], self._unread[n:]
+            if len(rows) == n:
+                return rows
+            return rows + self.fetch(n - len(rows))
         try:
             if n > _MAX_FETCHMANY:  # sqlite3 takes a C int; that many rows is all of them
                 return self._cursor.fetchall()
@@ -204,15 +222,35 @@ class ScanCursor:
             raise _scan_error(self._path, e) from e
 
     def fetch_all(self) -> list[tuple[SqlValue, ...]]:
+        rows, self._unread = self._unread, []
         try:
-            return self._cursor.fetchall()
+            return rows + self._cursor.fetchall()
         except sqlite3.Error as e:
             raise _scan_error(self._path, e) from e
+
+    def unread(self, rows: Sequence[tuple[SqlValue, ...]]) -> None:
+        """Hand back ``rows``, the last ones fetched: the next fetch returns them again (a
+        page that could not take them leaves them to the next, of a scan held open)."""
+        self._unread[:0] = rows
 
     def resume_key_after(self, row: Sequence[SqlValue]) -> bytes:
         """The resume key that continues a scan strictly after ``row`` (one fetched here)."""
         key = [from_sql(t, v) for t, v in zip(self._key_types, row[: self.num_keys], strict=True)]
         return encode_key(self._schema, key)
+
+
+class _Deadline:
+    """When a scan's SQLite work is interrupted (``time.monotonic()``; None: never), read
+    by the connection's progress handler, so that each page of a held scan has its own."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float | None) -> None:
+        self.at = at
+
+    def passed(self) -> bool:
+        at = self.at
+        return at is not None and time.monotonic() > at
 
 
 # Outcomes of applied write requests, for exactly-once retries (see _apply_entries).
@@ -939,9 +977,10 @@ class TabletStore:
         only tells SQLite how many rows at most will be fetched), in one read transaction
         that ends with the ``with`` block. For a caller that fills a page as it fetches,
         by its own measure of size, without reading rows it will not send. Past
-        ``deadline`` (``time.monotonic()``) SQLite is interrupted and the cursor raises
-        ``ScanDeadlineExceeded``: a slow query (IN lists over rows with large cells took
-        seconds) must not hold a service thread after its caller gave up."""
+        ``deadline`` (``time.monotonic()``; the cursor's ``deadline`` moves it) SQLite is
+        interrupted and the cursor raises ``ScanDeadlineExceeded``: a slow query (IN lists
+        over rows with large cells took seconds) must not hold a service thread after its
+        caller gave up."""
         columns = self._resolve_projection(projection)
         preds = [self._resolve_predicate(p) for p in predicates]
         resume: tuple[Value, ...] | None = None
@@ -958,21 +997,23 @@ class TabletStore:
         if limit is not None:
             params.append(limit)
         types = tuple(self.schema.column(c).type for c in columns)
+        until = _Deadline(deadline)
         try:
             with self._reader() as conn:
-                if deadline is not None:
-                    conn.set_progress_handler(
-                        lambda: time.monotonic() > deadline, _PROGRESS_EVERY_OPS
-                    )
+                conn.set_progress_handler(until.passed, _PROGRESS_EVERY_OPS)
                 conn.execute("BEGIN")
                 try:
                     applied_index = self._read_applied_index(conn)
                     yield ScanCursor(
-                        self, tuple(columns), types, applied_index, conn.execute(sql, params)
+                        self,
+                        tuple(columns),
+                        types,
+                        applied_index,
+                        conn.execute(sql, params),
+                        until,
                     )
                 finally:
-                    if deadline is not None:
-                        conn.set_progress_handler(None, 0)
+                    conn.set_progress_handler(None, 0)
                     conn.rollback()
         except sqlite3.Error as e:
             raise _scan_error(self.path, e) from e

@@ -1,0 +1,67 @@
+"""The scans a replica holds open between pages: at most so many, each for so long idle,
+all closed when the replica stops; a page asking for another scan under an id is not
+continued from it."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import cast
+
+from raftlet.tserver.held_scans import HeldScans
+from raftlet.tserver.store import ScanCursor
+
+CURSOR = cast(ScanCursor, object())
+
+
+class Scope(AbstractContextManager[ScanCursor]):
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __enter__(self) -> ScanCursor:
+        return CURSOR
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed = True
+
+
+def test_a_scan_is_taken_once_and_only_for_the_same_shape() -> None:
+    scans = HeldScans()
+    scope = Scope()
+    sid = scans.hold(scope, CURSOR, ("k",))
+    assert sid is not None
+    assert scans.take(sid, ("k",)) == (scope, CURSOR)
+    assert scans.take(sid, ("k",)) is None  # taken: the caller's now
+    assert not scope.closed
+    other = Scope()
+    sid = scans.hold(other, CURSOR, ("k",))
+    assert sid is not None
+    assert scans.take(sid, ("v",)) is None  # another scan under its id: closed
+    assert other.closed
+    assert len(scans) == 0
+
+
+def test_an_idle_scan_is_closed_and_no_more_than_max_open_are_held() -> None:
+    now = [0.0]
+    scans = HeldScans(idle_s=30.0, max_open=2, clock=lambda: now[0])
+    scopes = [Scope() for _ in range(3)]
+    ids = [scans.hold(s, CURSOR, ()) for s in scopes]
+    assert ids[2] is None  # the caller closes it: read anew next time
+    assert len(scans) == 2
+    now[0] = 29.0
+    assert not scans.due()
+    now[0] = 30.0
+    assert scans.due()
+    scans.expire()
+    assert scopes[0].closed
+    assert scopes[1].closed
+    assert len(scans) == 0
+    assert not scans.due()
+
+
+def test_closing_closes_every_held_scan_and_holds_no_more() -> None:
+    scans = HeldScans()
+    scope = Scope()
+    scans.hold(scope, CURSOR, ())
+    scans.close()
+    assert scope.closed
+    assert scans.hold(Scope(), CURSOR, ()) is None
