@@ -357,7 +357,7 @@ class ListTabletsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListTabletsResponse(_message.Message):
-    __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds", "servers_heard_from", "waiting_for_peers")
+    __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds", "servers_heard_from", "waiting_for_peers", "wiped_at_start")
     class ConfigDigestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -371,13 +371,15 @@ class ListTabletsResponse(_message.Message):
     TLS_CERT_EXPIRY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SERVERS_HEARD_FROM_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_PEERS_FIELD_NUMBER: _ClassVar[int]
+    WIPED_AT_START_FIELD_NUMBER: _ClassVar[int]
     tablets: _containers.RepeatedCompositeFieldContainer[TabletStatusPB]
     server_uuid: str
     config_digests: _containers.ScalarMap[str, str]
     tls_cert_expiry_seconds: float
     servers_heard_from: _containers.RepeatedScalarFieldContainer[str]
     waiting_for_peers: bool
-    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ..., tls_cert_expiry_seconds: _Optional[float] = ..., servers_heard_from: _Optional[_Iterable[str]] = ..., waiting_for_peers: _Optional[bool] = ...) -> None: ...
+    wiped_at_start: bool
+    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ..., tls_cert_expiry_seconds: _Optional[float] = ..., servers_heard_from: _Optional[_Iterable[str]] = ..., waiting_for_peers: _Optional[bool] = ..., wiped_at_start: _Optional[bool] = ...) -> None: ...
 
 class GetClusterConfigRequest(_message.Message):
     __slots__ = ()

@@ -16,7 +16,11 @@ a new one:
   made afresh;
 - some peers answered and none heard from it: a new server (a WARNING names those that
   did not answer; the others took in their records every 10 s, so they knew what those
-  heard unless they had been down together);
+  heard unless they had been down together). A peer that was wiped itself
+  (``wiped_at_start``) knows nothing of the time before, so its answer does not count:
+  two servers wiped at once, one a new cluster's leader, the other taken for new on its
+  word and the word of a lagging follower that had not heard from it yet, elected that
+  follower and lost every acknowledged row;
 - no answer at all within the wait: nothing is decided, and nothing made. The server
   serves with no replica of its own and asks again every second until a peer answers
   (``TabletServer._decide_when_a_peer_answers``), then decides as above. Taking itself
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 
 from raftlet.proto import consensus_pb2, tablet_pb2
 
-__all__ = ["NO_PEERS", "PeersView", "gather_answers", "read_peers"]
+__all__ = ["NO_PEERS", "PeersView", "can_decide", "counted", "gather_answers", "read_peers"]
 
 # How long to wait between two rounds of asking the peers that did not answer.
 _ASK_AGAIN_S = 1.0
@@ -101,6 +105,35 @@ def read_peers(
     )
 
 
+def counted(
+    answers: Iterable[tablet_pb2.ListTabletsResponse],
+) -> list[tablet_pb2.ListTabletsResponse]:
+    """The answers that can tell a new server: those of peers not wiped themselves."""
+    return [a for a in answers if not a.wiped_at_start]
+
+
+def can_decide(
+    server_id: str,
+    peers: int,
+    answers: Collection[tablet_pb2.ListTabletsResponse],
+    *,
+    waited: bool,
+) -> bool:
+    """Whether ``answers`` (of ``peers`` peers) tell ``server_id`` whether it ran: one heard
+    from it; or every peer, or a majority, answered that was not wiped itself -- each took
+    in the others' records while they ran, and the missing may be new servers waiting for
+    their own peers (servers added together each waited out the whole wait for the others).
+    Once the wait is over (``waited``), the word of those that answered, unless one of the
+    answers was a wiped peer's: then a majority of the others is needed, however long that
+    takes (with the majority of the servers wiped, the one left may lag)."""
+    if any(server_id in a.servers_heard_from for a in answers):
+        return True
+    knowing = counted(answers)
+    if len(knowing) == peers or 2 * len(knowing) > peers:
+        return True
+    return waited and bool(knowing) and len(knowing) == len(answers)
+
+
 def gather_answers(
     server_id: str,
     peers: Collection[str],
@@ -123,14 +156,7 @@ def gather_answers(
     while True:
         answers.update(ask([p for p in peers if p not in answers]))
         missing = sorted(p for p in peers if p not in answers)
-        if (
-            not missing
-            or any(server_id in a.servers_heard_from for a in answers.values())
-            # A majority is enough: each took in the others' records while they ran, and
-            # the missing may be new servers waiting for their own peers (servers added
-            # together each waited out the whole wait for the others).
-            or 2 * len(answers) > len(peers)
-        ):
+        if can_decide(server_id, len(peers), answers.values(), waited=False):
             break
         if stopped():
             return list(answers.values())
@@ -148,13 +174,29 @@ def gather_answers(
         sleep(min(_ASK_AGAIN_S, left))
     missing = sorted(p for p in peers if p not in answers)
     heard = any(server_id in a.servers_heard_from for a in answers.values())
+    wiped = sorted(a.server_uuid for a in answers.values() if a.wiped_at_start)
+    if wiped and wait_s > 0 and not heard:
+        logger.warning(
+            "%s started from a wiped data directory and cannot tell whether this server ran "
+            "before: only the word of the others counts",
+            ", ".join(wiped),
+        )
+    missing = sorted(set(missing) | set(wiped))
     if missing and wait_s > 0 and not heard:  # 0: the caller knows it makes a new cluster
-        if answers:
+        if can_decide(server_id, len(peers), answers.values(), waited=True):
             logger.warning(
                 "%s did not answer: this server is taken for a new one on the word of %s, "
                 "which never heard from it (nor from a peer that did)",
                 ", ".join(missing),
-                ", ".join(sorted(answers)),
+                ", ".join(sorted(a.server_uuid for a in counted(answers.values()))),
+            )
+        elif wiped:
+            logger.warning(
+                "no majority of the peers not wiped themselves answered within %g s: no "
+                "replica is made until one does (with a majority of servers wiped, the one "
+                "left may lag behind what was acknowledged); it serves meanwhile, and asks "
+                "again every second",
+                wait_s,
             )
         else:
             logger.warning(

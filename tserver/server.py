@@ -92,7 +92,13 @@ from raftlet.tserver.cert_check import check_server_tls
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
-from raftlet.tserver.empty_start import NO_PEERS, PeersView, gather_answers, read_peers
+from raftlet.tserver.empty_start import (
+    NO_PEERS,
+    PeersView,
+    can_decide,
+    gather_answers,
+    read_peers,
+)
 from raftlet.tserver.errors import (
     FilesNotRemovable,
     InvalidRequest,
@@ -324,6 +330,8 @@ class TabletServer:
         self._no_late_open = False
         # Read by ListTablets: no peer has answered this empty data directory yet.
         self.waiting_for_peers = False
+        # Found at start that its data directory was wiped (ListTablets.wiped_at_start).
+        self.wiped_at_start = False
         # Set by request_stop: ends the wait for peers at start, deciding nothing.
         self._stop_requested = threading.Event()
 
@@ -598,10 +606,16 @@ class TabletServer:
             sleep=self._stop_requested.wait,
             stopped=self._stop_requested.is_set,
         )
-        if self._others and not answers and wait_s > 0:
+        decided = can_decide(self.server_id, len(self._others), answers, waited=True)
+        if self._others and not decided and wait_s > 0:
             return None
         placed = (p.tablet_id for p in self.settings.placements())
-        return read_peers(self.server_id, placed, answers)
+        return self._peers_read(read_peers(self.server_id, placed, answers))
+
+    def _peers_read(self, peers: PeersView) -> PeersView:
+        """Note whether ``peers`` found this server wiped, which its ListTablets says."""
+        self.wiped_at_start = bool(peers.heard_by)
+        return peers
 
     async def _decide_when_a_peer_answers(
         self, record: HostedTablets, known_tables: frozenset[str]
@@ -613,9 +627,9 @@ class TabletServer:
         while True:
             await asyncio.sleep(1.0)
             answers = await asyncio.to_thread(self._peer_listings)
-            if answers:
+            if can_decide(self.server_id, len(self._others), answers.values(), waited=True):
                 break
-        peers = read_peers(self.server_id, placed, answers.values())
+        peers = self._peers_read(read_peers(self.server_id, placed, answers.values()))
         self.waiting_for_peers = False
         logger.info("%s answered: the replicas of this server are opened", ", ".join(answers))
         try:

@@ -177,6 +177,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             tls_cert_expiry_seconds=self._s.tls_expiry_seconds(),
             servers_heard_from=sorted(self._s.servers_heard.heard),
             waiting_for_peers=self._s.waiting_for_peers,
+            wiped_at_start=self._s.wiped_at_start,
         )
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot

@@ -12,7 +12,7 @@ import pytest
 
 from raftlet.proto import tablet_pb2
 from raftlet.tserver import servers_heard
-from raftlet.tserver.empty_start import gather_answers, read_peers
+from raftlet.tserver.empty_start import can_decide, gather_answers, read_peers
 from raftlet.tserver.servers_heard import SERVERS_HEARD_FILE, ServersHeard
 
 
@@ -269,3 +269,40 @@ def test_a_stop_ends_the_wait_at_once_without_a_verdict(caplog: pytest.LogCaptur
     assert answers == []
     assert peers.now == 2
     assert "no replica is made" not in caplog.text
+
+
+def _wiped(sid: str, heard: tuple[str, ...] = ()) -> tablet_pb2.ListTabletsResponse:
+    listing = _listing(sid, heard)
+    listing.wiped_at_start = True
+    return listing
+
+
+def test_a_peer_wiped_itself_does_not_tell_a_new_server(caplog: pytest.LogCaptureFixture) -> None:
+    """Two servers of three wiped at once, in a new cluster's first seconds (before the
+    followers shared whom they heard from): the one that had led came back wiped, and the
+    other was taken for new on its word and a lagging follower's, then elected that
+    follower -- every acknowledged row lost, `cluster up` OK."""
+    lagging, leader_wiped = _listing("ts3", ()), _wiped("ts2")
+    assert not can_decide("ts1", 2, [lagging, leader_wiped], waited=True)
+    assert not can_decide("ts1", 2, [leader_wiped], waited=True)
+    assert can_decide("ts1", 2, [lagging], waited=True)  # a peer down, not wiped: as before
+    assert can_decide("ts1", 2, [_wiped("ts2", ("ts1",))], waited=False)  # it heard it since
+    others = [_listing(s, ()) for s in ("ts3", "ts4", "ts5")]
+    assert can_decide("ts1", 4, [_wiped("ts2"), *others], waited=False)  # a majority besides
+
+    class WipedTs2(_Peers):
+        def ask(self, ids: Collection[str]) -> dict[str, tablet_pb2.ListTabletsResponse]:
+            answers = super().ask(ids)
+            if "ts2" in answers:
+                answers["ts2"].wiped_at_start = True
+            return answers
+
+    peers = WipedTs2({"ts2": (0, ()), "ts3": (0, ())})
+    with caplog.at_level(logging.WARNING):
+        answers = gather_answers(
+            "ts1", ["ts2", "ts3"], peers.ask, 5, clock=lambda: peers.now, sleep=peers.sleep
+        )
+    assert peers.now == 5  # it waited for a majority of peers that were not wiped
+    assert not can_decide("ts1", 2, answers, waited=True)  # so the server makes nothing
+    assert "ts2 started from a wiped data directory" in caplog.text
+    assert "no majority of the peers not wiped themselves answered" in caplog.text
