@@ -347,8 +347,7 @@ def _up(args: argparse.Namespace) -> int:
         out.print(f"  leaders   {leaders}", markup=False)
     for line in failed_replica_lines(health):
         out.print(line, style="red", markup=False, highlight=False)
-    lost = [t for t in health.tablets if t.lost_majority]
-    for t in lost:
+    for t in (t for t in health.tablets if t.lost_majority):
         why = next(i for i in t.issues if i.startswith("lost a majority"))
         out.print(f"  ERROR     {t.tablet_id}: {why}", style="red", markup=False)
     d = cluster.data_dir
@@ -365,6 +364,9 @@ def _up(args: argparse.Namespace) -> int:
         None,
     )
     table = "" if loadable == "kv" else f" --table {loadable}"
+    lost = [t for t in health.tablets if t.lost_majority]
+    if lost:  # a write or scan of the table would wait out its timeout
+        loadable = first = None
     for cmd in (
         *([f"raftlet write --data-dir {d}{table} --duration 10 --threads 8"] if loadable else []),
         *([f"raftlet scan {first} --data-dir {d} --limit 10"] if first else []),
@@ -375,9 +377,11 @@ def _up(args: argparse.Namespace) -> int:
     if lost:
         # The servers keep running: their other tablets serve, and status shows the reasons.
         whose = "its" if len(lost) == 1 else "their"
+        others = "every other tablet" if len(lost) < len(health.tablets) else "no tablet"
         out.print(
             f"{_count(len(lost), 'tablet')} lost a majority of {whose} replicas and cannot "
-            "elect a leader; the servers keep running and every other tablet serves",
+            f"elect a leader; the servers keep running ({others} serves) -- `raftlet cluster "
+            "status` says why, and `raftlet tablet export` reads a stopped server's replica",
             style="red",
             markup=False,
         )

@@ -75,18 +75,20 @@ def run(args: argparse.Namespace) -> int:
     except ExportError as e:
         raise CliError(str(e)) from None
     beyond = replica.beyond_commit
+    entries = f"{beyond} entr{'y' if beyond == 1 else 'ies'}"
     if args.all_logged:
-        note = f"; {beyond} of them logged after its last known commit" if beyond else ""
+        note = f"; {entries} of them logged after its last known commit" if beyond else ""
     elif beyond:
         note = (
-            f"; {beyond} entries logged after index {replica.commit_index} are not in it "
-            "(whether they were committed is unknown: --all-logged applies them)"
+            f"; {entries} logged after index {replica.commit_index} "
+            f"{'is' if beyond == 1 else 'are'} not in it (whether committed is unknown: "
+            "--all-logged applies them)"
         )
     else:
         note = ""
     print(
-        f"{n} rows of {replica.tablet_id} (table {replica.table}), applied through index "
-        f"{replica.applied_index}{note}",
+        f"{n} row{'s' * (n != 1)} of {replica.tablet_id} (table {replica.table}), applied "
+        f"through index {replica.applied_index}{note}",
         file=sys.stderr,
     )
     return 0

@@ -809,7 +809,7 @@ def _check_tablet(
             f"FAILED ({', '.join(failed)}), so it has no leader and cannot elect one; no "
             "membership command (add-replica, remove-replica, move-replica, replace-server) "
             "can work without a leader. Restore the FAILED replicas' files (each one's reason "
-            "below says what failed) and restart their servers; lost for good, `raftlet "
+            "says what failed) and restart their servers; lost for good, `raftlet "
             "tablet export` reads a surviving replica's rows from its stopped server: see "
             'docs/ARCHITECTURE.md, "A tablet that lost a majority"',
         )

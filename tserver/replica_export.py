@@ -76,27 +76,43 @@ def exported_replica(
     """The rows of the replica in ``replica_dir`` (``<data dir>/<tablet id>``), read from a
     copy made under ``work_dir`` (the system's temporary directory by default) and removed
     when the ``with`` block ends. ``ExportError`` when it cannot be read."""
-    source = Path(replica_dir).absolute()
+    # Resolved: the lock checked must be the one of the directory really read (a symlink's
+    # parent is another), and ``..`` names no tablet.
+    source = Path(replica_dir).resolve()
     tablet_id = source.name
     data_dir = source.parent
     if not source.is_dir():
         raise ExportError(f"{source}: no such replica directory")
     table, schema = _table_of(data_dir, tablet_id)
+    scratch_parent = _work_dir(work_dir, source)
     with (
         _server_stopped(data_dir),
-        tempfile.TemporaryDirectory(prefix="raftlet-export-", dir=work_dir) as scratch,
+        tempfile.TemporaryDirectory(prefix="raftlet-export-", dir=scratch_parent) as scratch,
     ):
         copy = Path(scratch) / tablet_id
         try:
             shutil.copytree(source, copy, ignore=shutil.ignore_patterns("wal.lock"))
+        except shutil.Error as e:
+            # One (source, destination, reason) per file that failed: the first says why.
+            failed = e.args[0] if e.args and isinstance(e.args[0], list) else []
+            why = failed[0][2] if failed and len(failed[0]) == 3 else str(e)
+            raise ExportError(
+                f"cannot copy {source} to {scratch_parent} ({len(failed) or 'some'} files "
+                f"failed; the first: {why}): --work-dir names a directory with room for it"
+            ) from None
         except OSError as e:
-            raise ExportError(f"cannot copy {source} to {copy}: {e}") from None
+            raise ExportError(
+                f"cannot copy {source} to {scratch_parent}: {e.strerror or e} "
+                "(--work-dir names a directory with room for it)"
+            ) from None
         try:
             opened = open_replica(copy, schema, (), create=False, tablet_id=tablet_id)
         except Exception as e:
             # Every refusal of a server's (damage, a lost log, a foreign file) is the
-            # operator's to read; none is a reason for a traceback.
-            raise ExportError(f"{source} cannot be opened: {e}") from None
+            # operator's to read, naming the server's files, not the copy's.
+            raise ExportError(
+                f"{source} cannot be opened: {str(e).replace(str(copy), str(source))}"
+            ) from None
         try:
             storage, store = opened.storage, opened.store
             commit = min(storage.initial_state().commit, storage.last_index())
@@ -117,6 +133,18 @@ def exported_replica(
                 )
         finally:
             opened.close()
+
+
+def _work_dir(work_dir: str | os.PathLike[str] | None, source: Path) -> Path:
+    """Where the copy is made: ``work_dir`` (or the system's temporary directory), which
+    must exist and lie outside the replica directory (a copy into itself recursed until
+    its names grew too long, writing into the server's directory)."""
+    where = Path(work_dir).resolve() if work_dir is not None else Path(tempfile.gettempdir())
+    if not where.is_dir():
+        raise ExportError(f"--work-dir {where}: no such directory")
+    if where == source or source in where.parents:
+        raise ExportError(f"--work-dir {where} lies inside the replica directory {source}")
+    return where
 
 
 def _apply_rest(store: TabletStore, storage: LogStorage, source: Path) -> None:

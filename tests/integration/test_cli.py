@@ -779,6 +779,8 @@ def test_up_with_a_tablet_that_lost_a_majority_leaves_the_others_serving(tmp_pat
         assert time.monotonic() - started < 50, "it waited out the timeout"
         assert "kv-p0: lost a majority of its replicas: 2 of 3 voters are FAILED" in up.stdout
         assert "1 tablet lost a majority of its replicas" in up.stdout
+        assert "every other tablet serves" in up.stdout
+        assert "raftlet write" not in up.stdout  # it would wait out its timeout
         assert "Traceback" not in up.stderr
         assert "kv-p0=none, kv-p1=ts" in up.stdout  # the other tablet has its leader
         status = raftlet("cluster", "status", "--data-dir", str(root))

@@ -513,9 +513,9 @@ def test_a_tablet_whose_majority_is_failed_says_it_lost_it_and_what_to_do(
         "kv-p0: lost a majority of its replicas: 2 of 3 voters are FAILED (b, c), so it has "
         "no leader and cannot elect one; no membership command (add-replica, remove-replica, "
         "move-replica, replace-server) can work without a leader. Restore the FAILED "
-        "replicas' files (each one's reason below says what failed) and restart their "
-        "servers; lost for good, `raftlet tablet export` reads a surviving replica's rows "
-        'from its stopped server: see docs/ARCHITECTURE.md, "A tablet that lost a majority"'
+        "replicas' files (each one's reason says what failed) and restart their servers; "
+        "lost for good, `raftlet tablet export` reads a surviving replica's rows from its "
+        'stopped server: see docs/ARCHITECTURE.md, "A tablet that lost a majority"'
     ]
     # One FAILED of three: the others elect a leader, which repairs it; nothing of the kind.
     listed["b"] = _listed("b", leader=1, leader_uuid="b", commit_index=9, applied_index=9)

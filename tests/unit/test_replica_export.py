@@ -108,3 +108,42 @@ def test_what_is_no_recorded_schema_is_refused() -> None:
     for bad in ("", "id INT64", "id NUMBER KEY", "id INT64 KEY, v STRING MAYBE"):
         with pytest.raises(SchemaError):
             schema_from_description(bad)
+
+
+def test_a_symlink_is_read_as_the_directory_it_names(replica: Path, tmp_path: Path) -> None:
+    """The lock checked was that of the link's parent: a running server's replica was
+    read through a link elsewhere."""
+    link = tmp_path / "elsewhere" / "t-p0"
+    link.parent.mkdir()
+    link.symlink_to(replica)
+    with exported_replica(link) as x:
+        assert x.tablet_id == "t-p0"
+    lock = DataDirLock.acquire(replica.parent, "ts1")
+    try:
+        with pytest.raises(ExportError, match="in use by a running server"), exported_replica(link):
+            pass
+    finally:
+        lock.release()
+
+
+def test_a_work_dir_that_cannot_take_the_copy_is_refused_by_name(replica: Path) -> None:
+    with (
+        pytest.raises(ExportError, match="no such directory"),
+        exported_replica(replica, work_dir=replica.parent / "nope"),
+    ):
+        pass
+    inside = replica / "scratch"
+    inside.mkdir()
+    with (
+        pytest.raises(ExportError, match="lies inside the replica directory"),
+        exported_replica(replica, work_dir=inside),
+    ):
+        pass
+
+
+def test_a_refusal_names_the_servers_files_not_the_copys(replica: Path) -> None:
+    (replica / "consensus-meta").unlink()
+    with pytest.raises(ExportError) as e, exported_replica(replica):
+        pass
+    assert "raftlet-export-" not in str(e.value)
+    assert str(replica / "consensus-meta") in str(e.value)
