@@ -31,7 +31,6 @@ from raftlet.cli.common import (
     UsageError,
     add_target_arguments,
     close_client,
-    console,
     positive_int,
     resolve_target,
     timeout_seconds,
@@ -177,7 +176,9 @@ _NULL_TEST = re.compile(
     re.IGNORECASE,
 )
 _IN_LIST = re.compile(rf"\s*{_COLUMN}\s+in\s*\((?P<values>.*)\)\s*\Z", re.IGNORECASE | re.DOTALL)
-_COMPARISON = re.compile(rf"\s*{_COLUMN}\s*(?P<op><=|>=|==|!=|<>|=|<|>)\s*(?P<value>.*?)\s*\Z")
+_COMPARISON = re.compile(
+    rf"\s*{_COLUMN}\s*(?P<op><=|>=|==|!=|<>|=|<|>)\s*(?P<value>.*?)\s*\Z", re.DOTALL
+)
 _OPS = "=, <, <=, >, >=, in (...), is-null, not-null"
 
 
@@ -488,21 +489,66 @@ def _text_value(dtype: DataType, value: Value) -> str:
 def _print_table(
     rows: Iterator[dict[str, Value]], columns: Sequence[str], schema: Schema, name: str
 ) -> None:
-    from rich.table import Table
-    from rich.text import Text
+    """Rows as aligned columns, printed as they come, a thousand at a time: built as one rich
+    table, a 300,000-row scan printed nothing for six minutes and held 2.7 GB. Each column
+    is as wide as its widest value so far (a wider one later widens it from there on)."""
+    import sys
 
-    out = console(stop_when_unread=True)
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for c in columns:
-        col = schema.column(c)
-        numeric = col.type.is_integer and col.type is not DataType.UNIXTIME_MICROS
-        numeric = numeric or col.type in (DataType.FLOAT, DataType.DOUBLE)
-        table.add_column(c, justify="right" if numeric else "left", overflow="fold")
+    types = [schema.column(c).type for c in columns]
+    table = _Columns(list(columns), [_numeric(t) for t in types])
     n = 0
+    chunk: list[list[str]] = []
     for row in rows:
-        # Text, not str: a value such as "[red]" is data, not rich markup.
-        table.add_row(*(Text(_text_value(schema.column(c).type, row.get(c))) for c in columns))
-        n += 1
-    if n:
-        out.print(table)
-    out.print(f"({n} row{'s' * (n != 1)} from {name})", markup=False)
+        chunk.append([_text_value(t, row.get(c)) for t, c in zip(types, columns, strict=True)])
+        if len(chunk) == _TABLE_CHUNK_ROWS:
+            sys.stdout.write(table.lines(chunk, header=n == 0))
+            n += len(chunk)
+            chunk = []
+    if chunk:
+        sys.stdout.write(table.lines(chunk, header=n == 0))
+        n += len(chunk)
+    sys.stdout.write(f"({n} row{'s' * (n != 1)} from {name})\n")
+    sys.stdout.flush()
+
+
+# Rows measured and printed at a time by the table format.
+_TABLE_CHUNK_ROWS = 1000
+
+
+def _numeric(t: DataType) -> bool:
+    return (t.is_integer and t is not DataType.UNIXTIME_MICROS) or t in (
+        DataType.FLOAT,
+        DataType.DOUBLE,
+    )
+
+
+class _Columns:
+    """Aligned text columns two spaces apart, numbers to the right, widths that only grow."""
+
+    def __init__(self, header: list[str], right: list[bool]) -> None:
+        from rich.cells import cell_len  # terminal cells: a CJK character takes two
+
+        self._len = cell_len
+        self.header = header
+        self.right = right
+        self.widths = [cell_len(h) for h in header]
+
+    def lines(self, rows: list[list[str]], *, header: bool) -> str:
+        """``rows`` (and the header first if asked) as lines, each ending in a newline."""
+        widths, cell_len = self.widths, self._len
+        for cells in rows:
+            for i, text in enumerate(cells):
+                w = cell_len(text)
+                if w > widths[i]:
+                    widths[i] = w
+        out = [self._line(self.header)] if header else []
+        out += [self._line(cells) for cells in rows]
+        return "\n".join(out) + "\n"
+
+    def _line(self, cells: list[str]) -> str:
+        last = len(cells) - 1
+        parts = []
+        for i, text in enumerate(cells):
+            pad = " " * (self.widths[i] - self._len(text))
+            parts.append(pad + text if self.right[i] else text if i == last else text + pad)
+        return "  ".join(parts)

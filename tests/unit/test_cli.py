@@ -278,6 +278,7 @@ SCHEMA = Schema(
         ("key > 0x10", "key", ">", ("0x10",)),
         ("key >= 7", "key", ">=", ("7",)),
         ("value = 'a b, c'", "value", "=", ("'a b, c'",)),
+        ("value = 'a\nb'", "value", "=", ("'a\nb'",)),  # as `in (...)` takes it
         ("key in (1, 2,3)", "key", "in", ("1", "2", "3")),
         ("value IN ('a,b', \"c\")", "value", "in", ("'a,b'", '"c"')),
         ("value is-null", "value", "is-null", ()),
@@ -653,6 +654,33 @@ def test_json_scan_that_fails_midway_never_parses_as_complete(
     assert json.loads(capsys.readouterr().out) == [{"key": 1, "value": "a"}]
     print_json_rows(iter([]), ["key"], schema)
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_the_table_format_prints_rows_as_they_come_aligned(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built as one rich table, a 300,000-row scan printed nothing for six minutes and held
+    2.7 GB; now a thousand rows at a time (two here), columns only ever widening."""
+    from raftlet.cli import scan_cmd
+
+    monkeypatch.setattr(scan_cmd, "_TABLE_CHUNK_ROWS", 2)
+    schema = Schema(
+        [
+            ColumnSchema("key", DataType.INT64, is_key=True),
+            ColumnSchema("value", DataType.STRING, nullable=True),
+        ]
+    )
+    printed_before: list[str] = []
+
+    def rows() -> Iterator[dict[str, Any]]:
+        yield {"key": 1, "value": "中文"}
+        yield {"key": 22, "value": None}
+        printed_before.append(capsys.readouterr().out)  # the first two are out already
+        yield {"key": 333, "value": "[red]x"}
+
+    scan_cmd._print_table(rows(), ["key", "value"], schema, "kv")
+    assert printed_before == ["key  value\n  1  中文\n 22  NULL\n"]
+    assert capsys.readouterr().out == "333  [red]x\n(3 rows from kv)\n"
 
 
 def test_metrics_server_takes_the_status_url_cluster_status_prints() -> None:
