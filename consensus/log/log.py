@@ -825,11 +825,19 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
         segments[seq] = path
         next_seq = seq + 1
         if scan.torn_offset is not None:
+            kept = ""
+            if scan.torn_holds_records:
+                # Cut as a group a crash tore; should it have been damage to a synced one
+                # (a disk's, not a crash's), its bytes are still there to look at.
+                aside = f"{path}.cut-at-{scan.torn_offset}"
+                _keep_aside(aside, data[scan.torn_offset :])
+                kept = f"; the {len(data) - scan.torn_offset} bytes cut are kept in {aside}"
             logger.warning(
-                "%s: offset %d: truncating a torn record at the end of the log (%s)",
+                "%s: offset %d: truncating a torn record at the end of the log (%s)%s",
                 path,
                 scan.torn_offset,
                 scan.torn_reason,
+                kept,
             )
         if is_last:
             writer = SegmentWriter.reopen(
@@ -845,6 +853,15 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
         )
         segments[writer.sequence] = writer.path
     return index, segments, writer
+
+
+def _keep_aside(path: str, data: bytes) -> None:
+    """``data`` in a file of its own at ``path``, durably, before the log cuts it off."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(os.path.dirname(path))
 
 
 def _pack_records(batches: list[_Batch], segment_bytes: int) -> list[Sequence[Entry]]:

@@ -126,6 +126,9 @@ def test_damage_inside_the_last_group_written_is_a_torn_group(
         assert log.last_index() == 3
         log.append(entries(4, 6))  # the log goes on from there
     assert "in the last group written" in caplog.text
+    aside = Path(f"{paths[-1]}.cut-at-{first_of_group}")
+    assert f"cut are kept in {aside}" in caplog.text
+    assert aside.stat().st_size > 2_000_000  # the whole group, kept should it be damage
     with Log.open(tmp_path) as log:
         assert [e.index for e in contents(log)] == [1, 2, 3, 4, 5]
 
