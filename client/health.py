@@ -408,8 +408,10 @@ def check_cluster(
                 waiting = True
                 issues.append(
                     f"server {s.id} started with an empty data directory and makes no "
-                    "replica until another server answers it (only they can tell a new "
-                    "server from one whose data directory was wiped): start the others"
+                    "replica until other servers answer it (only they can tell a new "
+                    "server from one whose data directory was wiped): start the others; "
+                    "if they run, a majority of them was wiped too, and what is left may "
+                    'lag (docs/ARCHITECTURE.md, "A tablet that lost a majority")'
                 )
         servers.append(health)
         if note := health.cert_note():

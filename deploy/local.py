@@ -697,6 +697,10 @@ class LocalCluster:
                     for s in health.servers
                     if s.state != "UP"
                 )
+                # A server that makes no replica until its peers tell it whether it ran.
+                unasked += "".join(
+                    f"; {i}" for i in health.issues if "started with an empty data directory" in i
+                )
                 raise LauncherError(
                     f"no ready leader within {timeout:.0f} s for {', '.join(missing)}{unasked} "
                     f"(server logs in {self.data_dir})"

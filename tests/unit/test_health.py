@@ -154,9 +154,10 @@ def test_a_server_waiting_for_its_peers_says_why_it_hosts_nothing(
     verdict = checked(listed, 100, monkeypatch)
     assert verdict.severity is health.Severity.WARN
     assert (
-        "server c started with an empty data directory and makes no replica until another "
-        "server answers it (only they can tell a new server from one whose data directory "
-        "was wiped): start the others"
+        "server c started with an empty data directory and makes no replica until other "
+        "servers answer it (only they can tell a new server from one whose data directory "
+        "was wiped): start the others; if they run, a majority of them was wiped too, and "
+        'what is left may lag (docs/ARCHITECTURE.md, "A tablet that lost a majority")'
     ) in verdict.issues
 
 
