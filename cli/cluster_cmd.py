@@ -330,8 +330,11 @@ def _up(args: argparse.Namespace) -> int:
         f"{t.name} in {_count(t.partitions, 'tablet')} x {_count(t.replication_factor, 'replica')}"
         for t in config.tables
     )
+    running = len(cluster.servers)
+    of = f"{running} of " if running < len(config.servers) else ""
+    count = of + _count(len(config.servers), "server")
     out.print(
-        f"raftlet cluster [bold]{config.name}[/] is up: {_count(len(config.servers), 'server')}, "
+        f"raftlet cluster [bold]{config.name}[/] is up: {count}, "
         + (f"table{'s' * (len(config.tables) > 1)} {tables}" if tables else "no tables"),
         highlight=False,
     )

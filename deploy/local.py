@@ -421,10 +421,20 @@ class LocalCluster:
             # One restarted by hand runs too (``_live``).
             running = [p for sid in existing.servers if (p := existing._live(sid)) is not None]
             stopped = [s for s in existing.servers.values() if s.id not in {p.id for p in running}]
+            # Servers added to cluster.toml since the cluster started: started only with
+            # the whole cluster (their flags are the start's), never beside running ones.
+            unstarted = [s.id for s in existing.config.servers if s.id not in existing.servers]
+            later = (
+                f"; {', '.join(unstarted)}, added to {CONFIG_FILE} since it started, "
+                f"{'is' if len(unstarted) == 1 else 'are'} not running: `raftlet cluster down "
+                f"--data-dir {root}` then `up` starts every server of the config"
+                if unstarted and running
+                else ""
+            )
             if running and not stopped:
                 pids = ", ".join(f"{s.id}={s.pid}" for s in running)
                 raise ClusterRunningError(
-                    f"a cluster is already running in {root} ({pids}); "
+                    f"a cluster is already running in {root} ({pids}){later}; "
                     f"stop it with: raftlet cluster down --data-dir {root}"
                 )
             if running:
@@ -445,6 +455,8 @@ class LocalCluster:
                     )
                 _check_matches(existing.config, servers, tablets, root)
                 existing._start_again(stopped, ready_timeout_s, leader_timeout_s, say)
+                if later:
+                    say(later[2:])
                 return existing
             _LaunchOptions.keep_from(root, existing.servers.values())
             (root / STATE_FILE).unlink()  # stale: every process is gone

@@ -799,3 +799,32 @@ def test_up_with_a_tablet_that_lost_a_majority_leaves_the_others_serving(tmp_pat
     finally:
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)
+
+
+def test_a_server_added_to_the_config_while_the_others_run_is_named_not_counted(
+    tmp_path: Path,
+) -> None:
+    """`up` said "is up: 4 servers" with ts4 never started, and a second `up` only that the
+    cluster was running."""
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--tablets", "1"))
+    try:
+        rpc, http = free_ports(2)
+        config = root / "cluster.toml"
+        text = config.read_text()
+        at = text.index("[[tables]]")
+        added = (
+            f'[[servers]]\nid = "ts4"\nrpc_addr = "127.0.0.1:{rpc}"\n'
+            f'http_addr = "127.0.0.1:{http}"\ndata_dir = "ts4"\n\n'
+        )
+        config.write_text(text[:at] + added + text[at:])
+        again = raftlet("cluster", "up", "--data-dir", str(root))
+        assert again.returncode == 1
+        assert "ts4, added to cluster.toml since it started, is not running" in again.stderr
+        ok(raftlet("cluster", "down", "--data-dir", str(root), "--server", "ts1"))
+        out = ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        assert "is up: 3 of 4 servers" in out
+        assert "ts4, added to cluster.toml since it started, is not running" in out
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
