@@ -26,7 +26,9 @@ store and log checked, the committed entries the store had not applied replayed)
 --work-dir, and removed afterwards. The rows go to standard output, a summary to standard
 error. The replica's log may hold entries after the last one it knew committed, which a
 lost majority may have acknowledged or never seen; the summary says how many, and
---all-logged applies them too. A tablet that has a leader is read with `raftlet scan`.
+--all-logged applies them too. A replica the server refuses to open (a damaged log, lost
+consensus metadata) may still have a readable store: --store-only reads that file alone,
+without what the log held beyond it. A tablet that has a leader is read with `raftlet scan`.
 """
 
 
@@ -49,6 +51,11 @@ def add_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="also apply the entries logged after the last one the replica knew committed",
     )
     p.add_argument(
+        "--store-only",
+        action="store_true",
+        help="read the store file alone, not the log (a replica the server refuses to open)",
+    )
+    p.add_argument(
         "--work-dir",
         metavar="DIR",
         help="where the copy is made (default: the system's temporary directory)",
@@ -60,8 +67,13 @@ def run(args: argparse.Namespace) -> int:
     from raftlet.tserver.replica_export import ExportError, exported_replica
 
     try:
+        if args.store_only and args.all_logged:
+            raise CliError("--store-only reads no log: --all-logged has nothing to apply")
         with exported_replica(
-            args.replica_dir, all_logged=args.all_logged, work_dir=args.work_dir
+            args.replica_dir,
+            all_logged=args.all_logged,
+            store_only=args.store_only,
+            work_dir=args.work_dir,
         ) as replica:
             n = 0
 
@@ -86,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         note = ""
+    if not replica.log_read:
+        note = "; the log was not read: what was committed after it is not in it"
     print(
         f"{n} row{'s' * (n != 1)} of {replica.tablet_id} (table {replica.table}), applied "
         f"through index {replica.applied_index}{note}",

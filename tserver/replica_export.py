@@ -35,7 +35,7 @@ from pathlib import Path
 from raftlet.consensus.log import LogStorage
 from raftlet.schema.schema import ColumnSchema, Schema, SchemaError
 from raftlet.schema.types import DataType, Value
-from raftlet.tserver.bootstrap import apply_entries, open_replica
+from raftlet.tserver.bootstrap import STORE_FILE, apply_entries, open_replica
 from raftlet.tserver.data_dir_lock import LOCK_FILE
 from raftlet.tserver.store.sql import SqlValue, from_sql
 from raftlet.tserver.store.tablet_store import TabletStore
@@ -64,6 +64,8 @@ class ReplicaRows:
     # Entries after the commit index the replica knew: applied with all_logged, else left.
     beyond_commit: int
     rows: Iterator[dict[str, Value]]
+    # False with store_only: the rows are the store's alone, and the log was not read.
+    log_read: bool = True
 
 
 @contextlib.contextmanager
@@ -71,11 +73,15 @@ def exported_replica(
     replica_dir: str | os.PathLike[str],
     *,
     all_logged: bool = False,
+    store_only: bool = False,
     work_dir: str | os.PathLike[str] | None = None,
 ) -> Iterator[ReplicaRows]:
     """The rows of the replica in ``replica_dir`` (``<data dir>/<tablet id>``), read from a
     copy made under ``work_dir`` (the system's temporary directory by default) and removed
-    when the ``with`` block ends. ``ExportError`` when it cannot be read."""
+    when the ``with`` block ends. ``store_only``: the store file alone, neither checked
+    against nor replayed from the log -- for a replica the server refuses to open (a damaged
+    log, lost metadata), whose store may still be read. ``ExportError`` when it cannot be
+    read."""
     # Resolved: the lock checked must be the one of the directory really read (a symlink's
     # parent is another), and ``..`` names no tablet.
     source = Path(replica_dir).resolve()
@@ -90,6 +96,10 @@ def exported_replica(
         tempfile.TemporaryDirectory(prefix="raftlet-export-", dir=scratch_parent) as scratch,
     ):
         copy = Path(scratch) / tablet_id
+        if store_only:
+            with _store_rows(source, copy, table, schema) as rows:
+                yield rows
+            return
         try:
             shutil.copytree(source, copy, ignore=shutil.ignore_patterns("wal.lock"))
         except shutil.Error as e:
@@ -133,6 +143,46 @@ def exported_replica(
                 )
         finally:
             opened.close()
+
+
+@contextlib.contextmanager
+def _store_rows(source: Path, copy: Path, table: str, schema: Schema) -> Iterator[ReplicaRows]:
+    """The rows of a copy of ``source``'s store file alone (with its SQLite journal)."""
+    copy.mkdir()
+    present = [p for p in (source / STORE_FILE, *_journals(source)) if p.is_file()]
+    if not present or present[0].name != STORE_FILE:
+        raise ExportError(f"{source} holds no {STORE_FILE}")
+    try:
+        for path in present:
+            shutil.copy2(path, copy / path.name)
+    except OSError as e:
+        raise ExportError(f"cannot copy {source}'s store to {copy.parent}: {e}") from None
+    try:
+        store = TabletStore.open(copy / STORE_FILE, schema, source.name)
+    except Exception as e:
+        raise ExportError(
+            f"{source / STORE_FILE} cannot be read: {str(e).replace(str(copy), str(source))}"
+        ) from None
+    try:
+        applied = store.applied_index()
+        with store.open_scan() as cursor:
+            yield ReplicaRows(
+                tablet_id=source.name,
+                table=table,
+                schema=schema,
+                applied_index=applied,
+                commit_index=applied,
+                last_index=applied,
+                beyond_commit=0,
+                rows=_rows(cursor.columns, cursor.types, cursor.projected_at, cursor.fetch),
+                log_read=False,
+            )
+    finally:
+        store.close()
+
+
+def _journals(source: Path) -> list[Path]:
+    return [source / f"{STORE_FILE}-wal", source / f"{STORE_FILE}-shm"]
 
 
 def _work_dir(work_dir: str | os.PathLike[str] | None, source: Path) -> Path:

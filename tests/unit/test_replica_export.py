@@ -147,3 +147,20 @@ def test_a_refusal_names_the_servers_files_not_the_copys(replica: Path) -> None:
         pass
     assert "raftlet-export-" not in str(e.value)
     assert str(replica / "consensus-meta") in str(e.value)
+
+
+def test_store_only_reads_a_replica_the_server_refuses_to_open(replica: Path) -> None:
+    """A damaged log or lost metadata: the export was refused with the server's reason,
+    and the last survivor's readable store could only be read with SQLite by hand."""
+    (replica / "consensus-meta").unlink()
+    with pytest.raises(ExportError, match="cannot be opened"), exported_replica(replica):
+        pass
+    with exported_replica(replica, store_only=True) as x:
+        assert {row["k"] for row in x.rows} == _keys(2, 4)  # what the store had applied
+        assert (x.applied_index, x.log_read) == (4, False)
+    (replica / "store.sqlite").unlink()
+    with (
+        pytest.raises(ExportError, match=r"holds no store\.sqlite"),
+        exported_replica(replica, store_only=True),
+    ):
+        pass
