@@ -97,24 +97,15 @@ def exported_replica(
     ):
         copy = Path(scratch) / tablet_id
         if store_only:
-            with _store_rows(source, copy, table, schema) as rows:
-                yield rows
+            store = _store_copy(source, copy, schema)
+            try:
+                applied = store.applied_index()
+                with _scanned(store, (tablet_id, table), applied, applied, log_read=False) as rows:
+                    yield rows
+            finally:
+                store.close()
             return
-        try:
-            shutil.copytree(source, copy, ignore=shutil.ignore_patterns("wal.lock"))
-        except shutil.Error as e:
-            # One (source, destination, reason) per file that failed: the first says why.
-            failed = e.args[0] if e.args and isinstance(e.args[0], list) else []
-            why = failed[0][2] if failed and len(failed[0]) == 3 else str(e)
-            raise ExportError(
-                f"cannot copy {source} to {scratch_parent} ({len(failed) or 'some'} files "
-                f"failed; the first: {why}): --work-dir names a directory with room for it"
-            ) from None
-        except OSError as e:
-            raise ExportError(
-                f"cannot copy {source} to {scratch_parent}: {e.strerror or e} "
-                "(--work-dir names a directory with room for it)"
-            ) from None
+        _replica_copy(source, copy, scratch_parent)
         try:
             opened = open_replica(copy, schema, (), create=False, tablet_id=tablet_id)
         except Exception as e:
@@ -127,27 +118,55 @@ def exported_replica(
             storage, store = opened.storage, opened.store
             commit = min(storage.initial_state().commit, storage.last_index())
             commit = max(commit, store.applied_index())
-            last = storage.last_index()
             if all_logged:
-                _apply_rest(opened.store, opened.storage, source)
-            with store.open_scan() as cursor:
-                yield ReplicaRows(
-                    tablet_id=tablet_id,
-                    table=table,
-                    schema=schema,
-                    applied_index=store.applied_index(),
-                    commit_index=commit,
-                    last_index=last,
-                    beyond_commit=last - commit,
-                    rows=_rows(cursor.columns, cursor.types, cursor.projected_at, cursor.fetch),
-                )
+                _apply_rest(store, storage, source)
+            last = storage.last_index()
+            with _scanned(store, (tablet_id, table), commit, last, log_read=True) as rows:
+                yield rows
         finally:
             opened.close()
 
 
 @contextlib.contextmanager
-def _store_rows(source: Path, copy: Path, table: str, schema: Schema) -> Iterator[ReplicaRows]:
-    """The rows of a copy of ``source``'s store file alone (with its SQLite journal)."""
+def _scanned(
+    store: TabletStore, tablet: tuple[str, str], commit: int, last: int, *, log_read: bool
+) -> Iterator[ReplicaRows]:
+    """``store``'s rows, read in one transaction; ``tablet``: its id and its table."""
+    with store.open_scan() as cursor:
+        yield ReplicaRows(
+            tablet_id=tablet[0],
+            table=tablet[1],
+            schema=store.schema,
+            applied_index=store.applied_index(),
+            commit_index=commit,
+            last_index=last,
+            beyond_commit=last - commit,
+            rows=_rows(cursor.columns, cursor.types, cursor.projected_at, cursor.fetch),
+            log_read=log_read,
+        )
+
+
+def _replica_copy(source: Path, copy: Path, scratch_parent: Path) -> None:
+    """Copy the replica directory ``source`` to ``copy`` (but its log's lock)."""
+    try:
+        shutil.copytree(source, copy, ignore=shutil.ignore_patterns("wal.lock"))
+    except shutil.Error as e:
+        # One (source, destination, reason) per file that failed: the first says why.
+        failed = e.args[0] if e.args and isinstance(e.args[0], list) else []
+        why = failed[0][2] if failed and len(failed[0]) == 3 else str(e)
+        raise ExportError(
+            f"cannot copy {source} to {scratch_parent} ({len(failed) or 'some'} files "
+            f"failed; the first: {why}): --work-dir names a directory with room for it"
+        ) from None
+    except OSError as e:
+        raise ExportError(
+            f"cannot copy {source} to {scratch_parent}: {e.strerror or e} "
+            "(--work-dir names a directory with room for it)"
+        ) from None
+
+
+def _store_copy(source: Path, copy: Path, schema: Schema) -> TabletStore:
+    """A copy of ``source``'s store file alone (with its SQLite journal), opened."""
     copy.mkdir()
     present = [p for p in (source / STORE_FILE, *_journals(source)) if p.is_file()]
     if not present or present[0].name != STORE_FILE:
@@ -158,27 +177,11 @@ def _store_rows(source: Path, copy: Path, table: str, schema: Schema) -> Iterato
     except OSError as e:
         raise ExportError(f"cannot copy {source}'s store to {copy.parent}: {e}") from None
     try:
-        store = TabletStore.open(copy / STORE_FILE, schema, source.name)
+        return TabletStore.open(copy / STORE_FILE, schema, source.name)
     except Exception as e:
         raise ExportError(
             f"{source / STORE_FILE} cannot be read: {str(e).replace(str(copy), str(source))}"
         ) from None
-    try:
-        applied = store.applied_index()
-        with store.open_scan() as cursor:
-            yield ReplicaRows(
-                tablet_id=source.name,
-                table=table,
-                schema=schema,
-                applied_index=applied,
-                commit_index=applied,
-                last_index=applied,
-                beyond_commit=0,
-                rows=_rows(cursor.columns, cursor.types, cursor.projected_at, cursor.fetch),
-                log_read=False,
-            )
-    finally:
-        store.close()
 
 
 def _journals(source: Path) -> list[Path]:
