@@ -13,10 +13,13 @@ cursor, and rows that did not fit the last page come first.
 What a held scan costs: a reader connection, and a read transaction that keeps SQLite from
 restarting its WAL file while it lasts (the file grows with the writes meanwhile; a
 checkpoint catches up once it ends). So a replica holds at most ``max_open`` scans, each
-for at most ``idle_s`` between two pages (a client that stopped reading, or crashed); a
-page past either limit is read at the current state from its resume key, as before, and
-says so by its new (or empty) id. A scan that moves to another replica (its server
-stopped, leadership moved) starts a new read there the same way.
+for at most ``idle_s`` between two pages (a client that stopped reading, or crashed) and
+``max_age_s`` in all (one read slowly but steadily); a page past those is read at the
+current state from its resume key, as before, and says so by its new (or empty) id. A scan
+that moves to another replica (its server stopped, leadership moved) starts a new read
+there the same way. A scan taken for a page keeps its place (``_Taken``) until it is held
+again or ended; a new scan finding no place is refused by the replica before its first
+page is sent (``TabletReplica.scan``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ __all__ = ["HeldScans"]
 
 DEFAULT_IDLE_S = 30.0
 DEFAULT_MAX_OPEN = 32
+# A scan read slowly but steadily kept its read -- and SQLite's WAL file growing with every
+# write meanwhile -- for as long as it lasted; past this its pages are read anew.
+DEFAULT_MAX_AGE_S = 600.0
 
 
 @dataclass(slots=True)
@@ -45,6 +51,8 @@ class _Held:
     # another scan under its id is not continued from it.
     shape: Hashable
     expires: float
+    # When its read began: held no longer than max_age_s in all.
+    opened: float
 
 
 class HeldScans:
@@ -55,48 +63,73 @@ class HeldScans:
         self,
         idle_s: float = DEFAULT_IDLE_S,
         max_open: int = DEFAULT_MAX_OPEN,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.idle_s = idle_s
         self.max_open = max_open
+        self.max_age_s = max_age_s
         self._clock = clock
         self._lock = threading.Lock()
         self._held: dict[bytes, _Held] = {}
+        # Taken for a page and not yet held again or ended: their places stay theirs (a
+        # new scan took the place between a page's take and hold, and the scan held since
+        # its first page lost its read halfway).
+        self._lent: dict[int, float] = {}
         self._next_expiry = float("inf")
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def take(
-        self, scanner_id: bytes, shape: Hashable
-    ) -> tuple[AbstractContextManager[ScanCursor], ScanCursor] | None:
-        """The scan held under ``scanner_id`` for a request of ``shape``, no longer held;
-        None if there is none (closed, expired, another replica's) -- or it was opened for
-        another request, which closes it."""
+    def full(self) -> bool:
+        """Whether a new scan could not be held now."""
+        with self._lock:
+            return len(self._held) + len(self._lent) >= self.max_open
+
+    def take(self, scanner_id: bytes, shape: Hashable) -> _Taken | None:
+        """The scan held under ``scanner_id`` for a request of ``shape``, lent to the
+        caller, who holds it again or ends it (``_Taken``); None if there is none (closed,
+        expired, another replica's) -- or it was opened for another request, or is older
+        than ``max_age_s``, which closes it."""
         with self._lock:
             held = self._held.pop(scanner_id, None)
-        if held is None:
-            return None
-        if held.shape != shape:
+            if held is not None:
+                too_old = self._clock() - held.opened > self.max_age_s
+                if held.shape == shape and not too_old:
+                    self._lent[id(held)] = held.opened
+                    return _Taken(self, held)
+        if held is not None:
             _close(held.scope)
-            return None
-        return held.scope, held.cursor
+        return None
 
     def hold(
-        self, scope: AbstractContextManager[ScanCursor], cursor: ScanCursor, shape: Hashable
+        self,
+        scope: AbstractContextManager[ScanCursor],
+        cursor: ScanCursor,
+        shape: Hashable,
+        taken: _Taken | None = None,
     ) -> bytes | None:
         """Hold the open scan ``scope`` (whose cursor is ``cursor``) for its next page: its
-        id, or None if no more may be held (the caller closes it)."""
+        id, or None if no more may be held (the caller closes it). A scan ``taken`` for this
+        page has its place kept."""
         self.expire()
-        expires = self._clock() + self.idle_s
+        now = self._clock()
+        expires = now + self.idle_s
         with self._lock:
-            if self._closed or len(self._held) >= self.max_open:
+            opened = now if taken is None else self._lent.pop(id(taken.held), now)
+            if self._closed or (
+                taken is None and len(self._held) + len(self._lent) >= self.max_open
+            ):
                 return None
             scanner_id = secrets.token_bytes(12)
-            self._held[scanner_id] = _Held(scope, cursor, shape, expires)
+            self._held[scanner_id] = _Held(scope, cursor, shape, expires, opened)
             self._next_expiry = min(self._next_expiry, expires)
         return scanner_id
+
+    def _give_back(self, held: _Held) -> None:
+        with self._lock:
+            self._lent.pop(id(held), None)
 
     def due(self) -> bool:
         """Whether a held scan has been idle too long (a clock read: for a ticker)."""
@@ -119,9 +152,33 @@ class HeldScans:
         with self._lock:
             self._closed = True
             ended, self._held = list(self._held.values()), {}
+            self._lent.clear()
             self._next_expiry = float("inf")
         for held in ended:
             _close(held.scope)
+
+
+class _Taken:
+    """A held scan lent for one page: ``scope``, ``cursor``; ``end`` when it is not held
+    again (its last page, or a failure)."""
+
+    __slots__ = ("_scans", "held")
+
+    def __init__(self, scans: HeldScans, held: _Held) -> None:
+        self._scans = scans
+        self.held = held
+
+    @property
+    def scope(self) -> AbstractContextManager[ScanCursor]:
+        return self.held.scope
+
+    @property
+    def cursor(self) -> ScanCursor:
+        return self.held.cursor
+
+    def end(self) -> None:
+        """Give its place back (the caller ends its read)."""
+        self._scans._give_back(self.held)
 
 
 def _close(scope: AbstractContextManager[ScanCursor]) -> None:

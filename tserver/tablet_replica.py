@@ -1302,8 +1302,8 @@ class TabletReplica:
         check_scan_request(request)
         check_schema(request.schema_fingerprint, "the scan", self.table, self.schema)
         shape = _scan_shape(request)
-        held = self._scans.take(request.scanner_id, shape) if request.scanner_id else None
-        if held is None:
+        taken = self._scans.take(request.scanner_id, shape) if request.scanner_id else None
+        if taken is None:
             self._await_read(request, deadline)
         max_rows = request.batch_size_rows or None
         if request.limit:
@@ -1314,30 +1314,43 @@ class TabletReplica:
         )
         # Stopped when the caller gives up, with time left to say so.
         until = None if deadline is None else deadline - _ANSWER_MARGIN_S
-        try:
-            scope, cursor = held or self._open_scan(request, until)
-        except InvalidScan as exc:  # the projection or the resume key
-            raise InvalidRequest(str(exc)) from exc
-        except ScanDeadlineExceeded as exc:
-            raise self._page_late() from exc
-        except StoreError as exc:
-            raise self._read_failed(exc) from exc
+        if taken is not None:
+            scope, cursor = taken.scope, taken.cursor
+        else:
+            try:
+                scope, cursor = self._open_scan(request, until)
+            except InvalidScan as exc:  # the projection or the resume key
+                raise InvalidRequest(str(exc)) from exc
+            except ScanDeadlineExceeded as exc:
+                raise self._page_late() from exc
+            except StoreError as exc:
+                raise self._read_failed(exc) from exc
         cursor.deadline = until
+        scanner_id = None
         try:
             page = fill_page(cursor, request.row_format, max_rows, max_bytes)
+            if page.has_more:
+                scanner_id = self._scans.hold(scope, cursor, shape, taken)
+                # A scan's first page with no place for its read: its later pages would each
+                # be read anew, and could show a batch written meanwhile half. Refused before
+                # any row is sent, the client tries again (or another replica) a little
+                # later. (A later page the replica holds no read for -- another replica's,
+                # or closed -- is read anew, as every page once was.)
+                if scanner_id is None and not request.HasField("resume_key"):
+                    raise ServiceUnavailable(
+                        f"tablet {self.tablet_id}: {self._scans.max_open} scans of it are "
+                        "open; try again shortly"
+                    )
         except ScanDeadlineExceeded as exc:
-            _end_scan(scope)
             raise self._page_late() from exc
         except StoreError as exc:
-            _end_scan(scope)
             raise self._read_failed(exc) from exc
-        except BaseException:
-            _end_scan(scope)
-            raise
-        scanner_id = self._scans.hold(scope, cursor, shape) if page.has_more else None
-        if scanner_id is None:
-            _end_scan(scope)
-        else:
+        finally:
+            if scanner_id is None:
+                _end_scan(scope)
+                if taken is not None:
+                    taken.end()
+        if scanner_id is not None:
             page.scanner_id = scanner_id
         return page
 

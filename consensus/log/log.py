@@ -829,8 +829,7 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
             if scan.torn_holds_records:
                 # Cut as a group a crash tore; should it have been damage to a synced one
                 # (a disk's, not a crash's), its bytes are still there to look at.
-                aside = f"{path}.cut-at-{scan.torn_offset}"
-                _keep_aside(aside, data[scan.torn_offset :])
+                aside = _keep_aside(f"{path}.cut-at-{scan.torn_offset}", data[scan.torn_offset :])
                 kept = f"; the {len(data) - scan.torn_offset} bytes cut are kept in {aside}"
             logger.warning(
                 "%s: offset %d: truncating a torn record at the end of the log (%s)%s",
@@ -855,13 +854,19 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
     return index, segments, writer
 
 
-def _keep_aside(path: str, data: bytes) -> None:
-    """``data`` in a file of its own at ``path``, durably, before the log cuts it off."""
-    with open(path, "wb") as f:
+def _keep_aside(path: str, data: bytes) -> str:
+    """``data`` in a file of its own at ``path`` (or, if that is taken by an earlier cut,
+    ``path.1``, ``path.2`` ...), durably, before the log cuts it off; the path used."""
+    n = 0
+    while os.path.exists(path if n == 0 else f"{path}.{n}"):
+        n += 1
+    path = path if n == 0 else f"{path}.{n}"
+    with open(path, "xb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(os.path.dirname(path))
+    return path
 
 
 def _pack_records(batches: list[_Batch], segment_bytes: int) -> list[Sequence[Entry]]:

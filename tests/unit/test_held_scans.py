@@ -29,7 +29,9 @@ def test_a_scan_is_taken_once_and_only_for_the_same_shape() -> None:
     scope = Scope()
     sid = scans.hold(scope, CURSOR, ("k",))
     assert sid is not None
-    assert scans.take(sid, ("k",)) == (scope, CURSOR)
+    taken = scans.take(sid, ("k",))
+    assert taken is not None
+    assert (taken.scope, taken.cursor) == (scope, CURSOR)
     assert scans.take(sid, ("k",)) is None  # taken: the caller's now
     assert not scope.closed
     other = Scope()
@@ -65,3 +67,40 @@ def test_closing_closes_every_held_scan_and_holds_no_more() -> None:
     scans.close()
     assert scope.closed
     assert scans.hold(Scope(), CURSOR, ()) is None
+
+
+def test_a_scan_taken_for_a_page_keeps_its_place() -> None:
+    """A new scan took the place between a page's take and hold: with more than 32 scans of
+    a tablet, a scan held since its first page lost its read halfway and showed a batch
+    half (found by a verifier)."""
+    scans = HeldScans(max_open=1)
+    scope = Scope()
+    sid = scans.hold(scope, CURSOR, ())
+    assert sid is not None
+    taken = scans.take(sid, ())
+    assert taken is not None
+    assert scans.full()
+    assert scans.hold(Scope(), CURSOR, ()) is None  # its place is still the taken scan's
+    assert scans.hold(scope, CURSOR, (), taken) is not None
+    assert scans.full()
+    again = scans.take(next(iter(scans._held)), ())
+    assert again is not None
+    again.end()  # its last page: the place is free
+    assert not scans.full()
+
+
+def test_a_scan_held_past_its_age_is_read_anew() -> None:
+    """Read slowly but steadily, a held scan kept SQLite's WAL file growing for as long as
+    it lasted."""
+    now = [0.0]
+    scans = HeldScans(idle_s=30.0, max_age_s=600.0, clock=lambda: now[0])
+    scope = Scope()
+    sid = scans.hold(scope, CURSOR, ())
+    for _ in range(20):  # a page every 29 s keeps it from idling out
+        now[0] += 29.0
+        taken = scans.take(sid, ())  # type: ignore[arg-type]
+        assert taken is not None
+        sid = scans.hold(scope, CURSOR, (), taken)
+    now[0] += 29.0
+    assert scans.take(sid, ()) is None  # type: ignore[arg-type]
+    assert scope.closed

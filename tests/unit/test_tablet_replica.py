@@ -341,6 +341,33 @@ def test_the_pages_of_a_scan_read_one_state_of_the_tablet(tablet: Tablet) -> Non
     assert len(leader._scans) == 2  # those two pages' reads, held for their next pages
 
 
+def test_a_scan_with_no_place_for_its_read_is_refused_before_its_first_page(
+    tablet: Tablet,
+) -> None:
+    """Past the replica's limit of held scans, a scan's pages were read anew, each at its
+    own state, and nothing said so. Now its first page is refused (UNAVAILABLE: the client
+    tries again shortly); a scan of one page needs no place, and a later page with none
+    is read anew."""
+    leader = tablet.leader()
+    send(leader, write(list(range(1, 11)), "c1", 1)).result()
+    leader._scans.max_open = 1
+    small = tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], batch_size_rows=3)
+    first = leader.scan(small)
+    assert first.scanner_id
+    with pytest.raises(ServiceUnavailable, match="1 scans of it are open; try again shortly"):
+        leader.scan(small)
+    whole = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"]))
+    assert len(whole.rows) == 10  # one page: nothing held
+    later = tablet_pb2.ScanRequest(
+        tablet_id="kv-p0", projection=["k"], batch_size_rows=3, resume_key=first.resume_key
+    )
+    page = leader.scan(later)
+    assert [row.values[0].int_value for row in page.rows] == [4, 5, 6]
+    assert not page.scanner_id  # read anew, not held
+    small.scanner_id, small.resume_key = first.scanner_id, first.resume_key
+    assert [row.values[0].int_value for row in leader.scan(small).rows] == [4, 5, 6]
+
+
 def test_a_scan_sends_packed_pages_when_asked_and_refuses_an_unknown_row_format(
     tablet: Tablet,
 ) -> None:
@@ -853,6 +880,7 @@ def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
                 tls_expiry_seconds=lambda: None,
                 servers_heard=SimpleNamespace(heard=frozenset()),
                 waiting_for_peers=False,
+                wiped_at_start=False,
             )
         )._list_tablets()
         for node, r in tablet.replicas.items()

@@ -234,3 +234,14 @@ def test_torn_tail_then_more_appends_then_reopen(tmp_path: Path) -> None:
         log.append(entries(4, 6, term=2))
     with Log.open(tmp_path) as log:
         assert [e.term for e in contents(log)] == [1, 1, 1, 2, 2]
+
+
+def test_a_second_cut_at_the_same_offset_keeps_the_first(tmp_path: Path) -> None:
+    """Opened for writing, the second cut's file replaced the first's bytes."""
+    from raftlet.consensus.log import log as log_module
+
+    base = str(tmp_path / "wal-0000000000000001.seg.cut-at-1134")
+    assert log_module._keep_aside(base, b"first") == base
+    assert log_module._keep_aside(base, b"second") == f"{base}.1"
+    assert Path(base).read_bytes() == b"first"
+    assert Path(f"{base}.1").read_bytes() == b"second"
