@@ -6,8 +6,9 @@ for the next one (``scanner_id``, ``tserver.held_scans``), so the pages of a tab
 from one state of it: a batch written meanwhile is in all of them or none (each page used to
 be read anew, and a scan saw one row of a two-row batch as before and the other as after).
 A page served elsewhere (fail-over, a moved leader) or after the replica let the read go
-(idle for 30 s, or held for 10 minutes) is read anew from the resume key; a replica holding
-32 scans of a tablet refuses a new one's first page (UNAVAILABLE, retried). A ``Scanner`` walks the
+(idle for 30 s -- or for a second, when a new scan needs its place -- or held for 10
+minutes) is read anew from the resume key; a replica holding 32 scans of a tablet, none
+idle, refuses a new one's first page (UNAVAILABLE, retried). A ``Scanner`` walks the
 table's tablets in partition order -- each tablet read at its own moment; no scan is a
 snapshot of several tablets. Each page is one ``client.rpc.call_tablet`` call, so a replica
 that becomes unreachable (UNAVAILABLE, connection refused, an attempt's deadline) is left for

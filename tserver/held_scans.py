@@ -18,8 +18,10 @@ for at most ``idle_s`` between two pages (a client that stopped reading, or cras
 current state from its resume key, as before, and says so by its new (or empty) id. A scan
 that moves to another replica (its server stopped, leadership moved) starts a new read
 there the same way. A scan taken for a page keeps its place (``_Taken``) until it is held
-again or ended; a new scan finding no place is refused by the replica before its first
-page is sent (``TabletReplica.scan``).
+again or ended. A new scan finding every place taken gets the place of the one idle
+longest, if that one has been idle for ``yield_after_s`` (a client that opened scans and
+left them blocked the others' for 30 s); if not -- so many scans read at once -- it is
+refused by the replica before its first page is sent (``TabletReplica.scan``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ DEFAULT_MAX_OPEN = 32
 # A scan read slowly but steadily kept its read -- and SQLite's WAL file growing with every
 # write meanwhile -- for as long as it lasted; past this its pages are read anew.
 DEFAULT_MAX_AGE_S = 600.0
+# With every place taken, a held scan idle this long gives its place to a new one: a
+# client that opened scans and left them blocked every other multi-page scan of the
+# tablet until they idled out.
+DEFAULT_YIELD_AFTER_S = 1.0
 
 
 @dataclass(slots=True)
@@ -64,11 +70,13 @@ class HeldScans:
         idle_s: float = DEFAULT_IDLE_S,
         max_open: int = DEFAULT_MAX_OPEN,
         max_age_s: float = DEFAULT_MAX_AGE_S,
+        yield_after_s: float = DEFAULT_YIELD_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.idle_s = idle_s
         self.max_open = max_open
         self.max_age_s = max_age_s
+        self.yield_after_s = yield_after_s
         self._clock = clock
         self._lock = threading.Lock()
         self._held: dict[bytes, _Held] = {}
@@ -81,11 +89,6 @@ class HeldScans:
 
     def __len__(self) -> int:
         return len(self._held)
-
-    def full(self) -> bool:
-        """Whether a new scan could not be held now."""
-        with self._lock:
-            return len(self._held) + len(self._lent) >= self.max_open
 
     def take(self, scanner_id: bytes, shape: Hashable) -> _Taken | None:
         """The scan held under ``scanner_id`` for a request of ``shape``, lent to the
@@ -116,15 +119,23 @@ class HeldScans:
         self.expire()
         now = self._clock()
         expires = now + self.idle_s
+        gone: _Held | None = None
         with self._lock:
             opened = now if taken is None else self._lent.pop(id(taken.held), now)
-            if self._closed or (
-                taken is None and len(self._held) + len(self._lent) >= self.max_open
-            ):
+            if self._closed:
                 return None
+            if taken is None and len(self._held) + len(self._lent) >= self.max_open:
+                # The place of the scan idle longest, if it has been idle a while.
+                oldest = min(self._held, key=lambda k: self._held[k].expires, default=None)
+                last_page = None if oldest is None else self._held[oldest].expires - self.idle_s
+                if oldest is None or last_page is None or now - last_page < self.yield_after_s:
+                    return None
+                gone = self._held.pop(oldest)
             scanner_id = secrets.token_bytes(12)
             self._held[scanner_id] = _Held(scope, cursor, shape, expires, opened)
             self._next_expiry = min(self._next_expiry, expires)
+        if gone is not None:
+            _close(gone.scope)  # its next page is read anew
         return scanner_id
 
     def _give_back(self, held: _Held) -> None:

@@ -26,7 +26,7 @@ from raftlet.schema.types import DataType, TypeMismatch, value_to_pb
 from raftlet.tserver.store import ScanCursor, StoreError
 from raftlet.tserver.store.sql import SqlValue, from_sql
 
-__all__ = ["fill_page"]
+__all__ = ["fill_page", "fill_page_counted"]
 
 # Rows fetched before anything is known of their size: a small page's worth.
 _FIRST_FETCH = 64
@@ -102,6 +102,13 @@ def fill_page(
     ``max_rows`` rows (None: no bound) and about ``max_bytes`` bytes, with ``has_more``
     and the resume key when rows are left. ``StoreError`` if the store holds a value its
     column's type cannot (nothing a client can fix)."""
+    return fill_page_counted(cursor, row_format, max_rows, max_bytes)[0]
+
+
+def fill_page_counted(
+    cursor: ScanCursor, row_format: int, max_rows: int | None, max_bytes: int
+) -> tuple[tablet_pb2.ScanResponse, int]:
+    """``fill_page``, and how many rows the page holds."""
     response = tablet_pb2.ScanResponse(columns=cursor.columns, applied_index=cursor.applied_index)
     form: _PageForm
     if row_format == tablet_pb2.ROW_FORMAT_PACKED:
@@ -146,4 +153,4 @@ def fill_page(
     if more and last is not None:
         response.has_more = True
         response.resume_key = cursor.resume_key_after(last)
-    return response
+    return response, taken

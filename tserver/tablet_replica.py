@@ -122,7 +122,7 @@ from raftlet.tserver.result_tracker import (
     check_client_id,
 )
 from raftlet.tserver.row_routing import check_rows_in_tablet
-from raftlet.tserver.scan_page import fill_page
+from raftlet.tserver.scan_page import fill_page_counted
 from raftlet.tserver.scan_request import check_scan_request
 from raftlet.tserver.store import (
     ApplyEntry,
@@ -1328,8 +1328,10 @@ class TabletReplica:
         cursor.deadline = until
         scanner_id = None
         try:
-            page = fill_page(cursor, request.row_format, max_rows, max_bytes)
-            if page.has_more:
+            page, rows = fill_page_counted(cursor, request.row_format, max_rows, max_bytes)
+            # A scan whose limit this page reaches asks for no other (its has_more only
+            # says the tablet holds more): nothing to hold.
+            if page.has_more and not (request.limit and rows >= request.limit):
                 scanner_id = self._scans.hold(scope, cursor, shape, taken)
                 # A scan's first page with no place for its read: its later pages would each
                 # be read anew, and could show a batch written meanwhile half. Refused before

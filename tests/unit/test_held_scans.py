@@ -73,20 +73,38 @@ def test_a_scan_taken_for_a_page_keeps_its_place() -> None:
     """A new scan took the place between a page's take and hold: with more than 32 scans of
     a tablet, a scan held since its first page lost its read halfway and showed a batch
     half (found by a verifier)."""
-    scans = HeldScans(max_open=1)
+    now = [0.0]
+    scans = HeldScans(max_open=1, clock=lambda: now[0])
     scope = Scope()
     sid = scans.hold(scope, CURSOR, ())
     assert sid is not None
+    now[0] = 5.0  # long idle: but taken for a page, it is no one's to take
     taken = scans.take(sid, ())
     assert taken is not None
-    assert scans.full()
     assert scans.hold(Scope(), CURSOR, ()) is None  # its place is still the taken scan's
-    assert scans.hold(scope, CURSOR, (), taken) is not None
-    assert scans.full()
-    again = scans.take(next(iter(scans._held)), ())
+    sid = scans.hold(scope, CURSOR, (), taken)
+    assert sid is not None
+    again = scans.take(sid, ())
     assert again is not None
     again.end()  # its last page: the place is free
-    assert not scans.full()
+    assert scans.hold(Scope(), CURSOR, ()) is not None
+
+
+def test_with_every_place_taken_a_scan_idle_a_while_gives_way_to_a_new_one() -> None:
+    """A client that opened scans and left them blocked every other multi-page scan of the
+    tablet for 30 s; a scan read at full speed keeps its place."""
+    now = [0.0]
+    scans = HeldScans(max_open=2, yield_after_s=1.0, clock=lambda: now[0])
+    left, busy = Scope(), Scope()
+    assert scans.hold(left, CURSOR, ()) is not None
+    now[0] = 0.5
+    assert scans.hold(busy, CURSOR, ()) is not None
+    now[0] = 0.9
+    assert scans.hold(Scope(), CURSOR, ()) is None  # none idle for a second yet
+    now[0] = 1.2
+    assert scans.hold(Scope(), CURSOR, ()) is not None  # the one left for 1.2 s gives way
+    assert left.closed
+    assert not busy.closed
 
 
 def test_a_scan_held_past_its_age_is_read_anew() -> None:

@@ -346,11 +346,13 @@ def test_a_scan_with_no_place_for_its_read_is_refused_before_its_first_page(
 ) -> None:
     """Past the replica's limit of held scans, a scan's pages were read anew, each at its
     own state, and nothing said so. Now its first page is refused (UNAVAILABLE: the client
-    tries again shortly); a scan of one page needs no place, and a later page with none
-    is read anew."""
+    tries again shortly) unless a held scan has been idle a while; a scan of one page, or
+    one whose limit its page reaches, needs no place, and a later page with none is read
+    anew."""
     leader = tablet.leader()
     send(leader, write(list(range(1, 11)), "c1", 1)).result()
     leader._scans.max_open = 1
+    leader._scans.yield_after_s = 600.0  # no held scan gives way here
     small = tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], batch_size_rows=3)
     first = leader.scan(small)
     assert first.scanner_id
@@ -358,6 +360,9 @@ def test_a_scan_with_no_place_for_its_read_is_refused_before_its_first_page(
         leader.scan(small)
     whole = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"]))
     assert len(whole.rows) == 10  # one page: nothing held
+    limited = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], limit=2))
+    assert len(limited.rows) == 2  # its limit reached: it asks for no more, nothing held
+    assert not limited.scanner_id
     later = tablet_pb2.ScanRequest(
         tablet_id="kv-p0", projection=["k"], batch_size_rows=3, resume_key=first.resume_key
     )
