@@ -56,7 +56,8 @@ class _Held:
     # What the scan was opened for (projection, predicates, format): a page that asks for
     # another scan under its id is not continued from it.
     shape: Hashable
-    expires: float
+    # When its last page was sent: closed idle_s later.
+    last_page: float
     # When its read began: held no longer than max_age_s in all.
     opened: float
 
@@ -83,7 +84,7 @@ class HeldScans:
         # Taken for a page and not yet held again or ended: their places stay theirs (a
         # new scan took the place between a page's take and hold, and the scan held since
         # its first page lost its read halfway).
-        self._lent: dict[int, float] = {}
+        self._lent: set[int] = set()
         self._next_expiry = float("inf")
         self._closed = False
 
@@ -100,7 +101,7 @@ class HeldScans:
             if held is not None:
                 too_old = self._clock() - held.opened > self.max_age_s
                 if held.shape == shape and not too_old:
-                    self._lent[id(held)] = held.opened
+                    self._lent.add(id(held))
                     return _Taken(self, held)
         if held is not None:
             _close(held.scope)
@@ -118,29 +119,29 @@ class HeldScans:
         page has its place kept."""
         self.expire()
         now = self._clock()
-        expires = now + self.idle_s
         gone: _Held | None = None
         with self._lock:
-            opened = now if taken is None else self._lent.pop(id(taken.held), now)
+            if taken is not None:
+                self._lent.discard(id(taken.held))
             if self._closed:
                 return None
             if taken is None and len(self._held) + len(self._lent) >= self.max_open:
                 # The place of the scan idle longest, if it has been idle a while.
-                oldest = min(self._held, key=lambda k: self._held[k].expires, default=None)
-                last_page = None if oldest is None else self._held[oldest].expires - self.idle_s
-                if oldest is None or last_page is None or now - last_page < self.yield_after_s:
+                oldest = min(self._held, key=lambda k: self._held[k].last_page, default=None)
+                if oldest is None or now - self._held[oldest].last_page < self.yield_after_s:
                     return None
                 gone = self._held.pop(oldest)
             scanner_id = secrets.token_bytes(12)
-            self._held[scanner_id] = _Held(scope, cursor, shape, expires, opened)
-            self._next_expiry = min(self._next_expiry, expires)
+            opened = now if taken is None else taken.held.opened
+            self._held[scanner_id] = _Held(scope, cursor, shape, now, opened)
+            self._next_expiry = min(self._next_expiry, now + self.idle_s)
         if gone is not None:
             _close(gone.scope)  # its next page is read anew
         return scanner_id
 
     def _give_back(self, held: _Held) -> None:
         with self._lock:
-            self._lent.pop(id(held), None)
+            self._lent.discard(id(held))
 
     def due(self) -> bool:
         """Whether a held scan has been idle too long (a clock read: for a ticker)."""
@@ -152,9 +153,12 @@ class HeldScans:
         with self._lock:
             if now < self._next_expiry:
                 return
-            gone = [k for k, h in self._held.items() if h.expires <= now]
+            idle_since = now - self.idle_s
+            gone = [k for k, h in self._held.items() if h.last_page <= idle_since]
             ended = [self._held.pop(k) for k in gone]
-            self._next_expiry = min((h.expires for h in self._held.values()), default=float("inf"))
+            self._next_expiry = (
+                min((h.last_page for h in self._held.values()), default=float("inf")) + self.idle_s
+            )
         for held in ended:
             _close(held.scope)
 
