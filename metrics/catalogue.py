@@ -50,6 +50,8 @@ __all__ = [
     "RPCS_QUEUE_OVERFLOW",
     "RPCS_TIMED_OUT_IN_QUEUE",
     "RPC_INCOMING_QUEUE_TIME_US",
+    "SCANS_HELD",
+    "SCANS_REFUSED_TOTAL",
     "TABLET_COPIES_INSTALLED_TOTAL",
     "TABLET_COPY_SESSIONS_TOTAL",
     "TABLET_FAILED",
@@ -349,6 +351,21 @@ RESULT_TRACKER_MEMORY_BYTES = MetricPrototype(
     "Estimated memory of the result tracker's remembered responses and clients",
     entity_type="tablet",
 )
+SCANS_HELD = MetricPrototype(
+    "scans_held",
+    GAUGE,
+    "scans",
+    "Scans the replica holds open between their pages, each one read of the tablet",
+    entity_type="tablet",
+)
+SCANS_REFUSED_TOTAL = MetricPrototype(
+    "scans_refused_total",
+    COUNTER,
+    "scans",
+    "Scans whose first page the replica refused (UNAVAILABLE) because every place for a "
+    "held scan was taken by a scan read within the last second",
+    entity_type="tablet",
+)
 
 # --- Durable log (tablet entity) -----------------------------------------------------------
 
@@ -429,6 +446,8 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     RESULT_TRACKER_EVICTIONS_TOTAL,
     RESULT_TRACKER_CLIENTS,
     RESULT_TRACKER_MEMORY_BYTES,
+    SCANS_HELD,
+    SCANS_REFUSED_TOTAL,
     RPC_AUTH_DENIALS,
     LOG_GC_SEGMENTS_DELETED_TOTAL,
     TABLET_COPIES_INSTALLED_TOTAL,

@@ -63,6 +63,7 @@ __all__ = [
     "MAX_CONCURRENT_STREAMS",
     "PER_CONNECTION_UNREAD_BYTES",
     "PER_SERVER_UNREAD_BYTES",
+    "SCAN_METHOD",
     "UnreadResponseBudget",
     "server_limit_options",
 ]
@@ -77,9 +78,10 @@ FAIR_SHARE_FLOOR_BYTES = MiB
 # Reads: a response of these may be dropped after the handler ran (RESOURCE_EXHAUSTED; the
 # client retries the stateless call). A write's response never is: the write happened, and
 # RESOURCE_EXHAUSTED tells a client that it did not.
+SCAN_METHOD = "/raftlet.TabletService/Scan"
 DROPPABLE_METHODS = frozenset(
     {
-        "/raftlet.TabletService/Scan",
+        SCAN_METHOD,
         "/raftlet.TabletService/ListTablets",
         "/raftlet.TabletService/GetClusterConfig",
         "/raftlet.AdminService/GetFlags",
@@ -103,9 +105,13 @@ class UnreadResponseBudget(grpc.aio.ServerInterceptor):  # type: ignore[misc]  #
         self,
         per_connection_bytes: int = PER_CONNECTION_UNREAD_BYTES,
         per_server_bytes: int = PER_SERVER_UNREAD_BYTES,
+        on_dropped: Callable[[str, Any, Any], None] | None = None,
     ) -> None:
         self.per_connection_bytes = per_connection_bytes
         self.per_server_bytes = per_server_bytes
+        # Told (method, request, response) of a response made and then dropped: what the
+        # handler kept for the client's next call (a held scan) is no use to it.
+        self._on_dropped = on_dropped
         self._lock = threading.Lock()
         self._by_peer: dict[str, int] = {}  # connection (client ip:port) -> unread bytes
         self._total = 0
@@ -187,6 +193,8 @@ class UnreadResponseBudget(grpc.aio.ServerInterceptor):  # type: ignore[misc]  #
                 if refusal is not None:
                     # Checked again with the size known: calls admitted together would
                     # otherwise all be held. Only a read may be dropped after it ran.
+                    if self._on_dropped is not None:
+                        self._on_dropped(handler_call_details.method, request, response)
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
                 context.add_done_callback(lambda _call: self._release(peer, nbytes))
             return response

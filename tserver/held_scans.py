@@ -21,7 +21,9 @@ there the same way. A scan taken for a page keeps its place (``_Taken``) until i
 again or ended. A new scan finding every place taken gets the place of the one idle
 longest, if that one has been idle for ``yield_after_s`` (a client that opened scans and
 left them blocked the others' for 30 s); if not -- so many scans read at once -- it is
-refused by the replica before its first page is sent (``TabletReplica.scan``).
+refused by the replica before its first page is sent (``TabletReplica.scan``). A page the
+server made but dropped (over its connection's unread-bytes budget) releases its scan at
+once (``release``): its client never learned the id.
 """
 
 from __future__ import annotations
@@ -138,6 +140,14 @@ class HeldScans:
         if gone is not None:
             _close(gone.scope)  # its next page is read anew
         return scanner_id
+
+    def release(self, scanner_id: bytes) -> None:
+        """Close the scan held under ``scanner_id``, if it is: the page that carried its id
+        never reached the client, which cannot ask for the next one."""
+        with self._lock:
+            held = self._held.pop(scanner_id, None)
+        if held is not None:
+            _close(held.scope)
 
     def _give_back(self, held: _Held) -> None:
         with self._lock:

@@ -478,7 +478,7 @@ class TabletServer:
         # response bytes, calls in all): tserver/grpc_limits.py says what each bounds and why.
         interceptors: list[grpc.aio.ServerInterceptor] = [
             MalformedRequestInterceptor(),
-            UnreadResponseBudget(),
+            UnreadResponseBudget(on_dropped=self._tablet_servicer.response_dropped),
         ]
         if self.auth is not None:
             interceptors.insert(0, AuthInterceptor(self.auth))

@@ -36,6 +36,7 @@ from raftlet.tserver.admin_limits import StepDownLimiter, StepDownRefused
 from raftlet.tserver.consensus_stream_server import StreamSession
 from raftlet.tserver.errors import InvalidRequest
 from raftlet.tserver.flag_spec import FlagError
+from raftlet.tserver.grpc_limits import SCAN_METHOD
 from raftlet.tserver.rpc_dispatch import abort_with, dispatch
 from raftlet.tserver.security import (
     AuthError,
@@ -166,6 +167,15 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             context,
             _run_sync(lambda: self._s.replica(request.tablet_id).scan(request, deadline)),
         )
+
+    def response_dropped(self, method: str, request: Any, response: Any) -> None:
+        """A response made and not sent (``tserver.grpc_limits``): the scan its page would
+        have gone on with is released, its place free for another."""
+        if method != SCAN_METHOD or not getattr(response, "scanner_id", b""):
+            return
+        replica = self._s.replicas.get(request.tablet_id)
+        if replica is not None:
+            replica.release_scan(response.scanner_id)
 
     async def ListTablets(self, request: tablet_pb2.ListTabletsRequest, context: Any) -> Any:
         return await self._dispatch("ListTablets", context, _run_sync(self._list_tablets))

@@ -77,6 +77,7 @@ def register_tablet_gauges(
     entity.function_gauge(
         cat.RESULT_TRACKER_MEMORY_BYTES, of(lambda r: float(r.tracker.memory_bytes()))
     )
+    entity.function_gauge(cat.SCANS_HELD, of(lambda r: float(r.scans_held())))
 
 
 def tablet_statuses(

@@ -251,6 +251,7 @@ class _ReplicaMetrics:
         self._row_errors: dict[str, StripedCounter] = {}
         self.log_gc_segments = counter(cat.LOG_GC_SEGMENTS_DELETED_TOTAL)
         self.tracker_evictions = counter(cat.RESULT_TRACKER_EVICTIONS_TOTAL)
+        self.scans_refused = counter(cat.SCANS_REFUSED_TOTAL)
         self.lock_contention = counter(cat.CONSENSUS_LOCK_CONTENTION_TIME_US)
         self.lock_wait = histogram(cat.CONSENSUS_LOCK_WAIT_TIME_US)
         self.consensus = ConsensusMetrics(
@@ -1339,6 +1340,7 @@ class TabletReplica:
                 # later. (A later page the replica holds no read for -- another replica's,
                 # or closed -- is read anew, as every page once was.)
                 if scanner_id is None and not request.HasField("resume_key"):
+                    self._metrics.scans_refused.increment()
                     raise ServiceUnavailable(
                         f"tablet {self.tablet_id}: {self._scans.max_open} scans of it are "
                         "open; try again shortly"
@@ -1355,6 +1357,14 @@ class TabletReplica:
         if scanner_id is not None:
             page.scanner_id = scanner_id
         return page
+
+    def release_scan(self, scanner_id: bytes) -> None:
+        """Close the scan held under ``scanner_id`` (its page was not sent)."""
+        self._scans.release(scanner_id)
+
+    def scans_held(self) -> int:
+        """How many scans this replica holds open between pages."""
+        return len(self._scans)
 
     def _page_late(self) -> DeadlineExceeded:
         return DeadlineExceeded(

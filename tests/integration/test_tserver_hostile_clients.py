@@ -73,6 +73,10 @@ def test_a_client_that_never_reads_its_scans_pins_bounded_memory(tmp_path: Path)
             )
             assert stuck.refused >= CALLS - MAX_CONCURRENT_STREAMS - stuck.finished
             assert stuck.finished >= MAX_CONCURRENT_STREAMS - held_at_most
+            # A page dropped over the budget released the scan it would have gone on with:
+            # only the pages still waiting to be read hold one (the dropped ones held every
+            # place, and other clients' scans were refused).
+            assert server.metric("scans_held") <= held_at_most
             during = _rss_mib(server.pid)
             # Unbounded, these 200 calls held ~800 MiB (each page is in memory ~3 times).
             # Bounded: 16 MiB of pages, ~100 MiB of RSS; 250 leaves room for a noisy box.

@@ -122,3 +122,18 @@ def test_a_scan_held_past_its_age_is_read_anew() -> None:
     now[0] += 29.0
     assert scans.take(sid, ()) is None  # type: ignore[arg-type]
     assert scope.closed
+
+
+def test_a_released_scan_is_closed_and_its_place_free_at_once() -> None:
+    now = [0.0]
+    scans = HeldScans(max_open=1, clock=lambda: now[0])
+    first = Scope()
+    sid = scans.hold(first, CURSOR, ())
+    assert sid is not None
+    assert scans.hold(Scope(), CURSOR, ()) is None  # its place is taken, not yet idle
+    scans.release(sid)
+    assert first.closed
+    assert scans.take(sid, ()) is None
+    assert scans.hold(Scope(), CURSOR, ()) is not None  # no idle wait for the place
+    scans.release(b"unknown")  # a scan closed already, or another replica's: nothing
+    assert len(scans) == 1

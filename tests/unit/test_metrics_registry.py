@@ -69,6 +69,8 @@ DESIGN_NAMES = {
     "result_tracker_evictions_total": MetricType.COUNTER,
     "result_tracker_clients": MetricType.GAUGE,
     "result_tracker_memory_bytes": MetricType.GAUGE,
+    "scans_held": MetricType.GAUGE,
+    "scans_refused_total": MetricType.COUNTER,
     "rpc_auth_denials": MetricType.COUNTER,
     "log_gc_segments_deleted_total": MetricType.COUNTER,
     "tablet_copies_installed_total": MetricType.COUNTER,

@@ -356,8 +356,10 @@ def test_a_scan_with_no_place_for_its_read_is_refused_before_its_first_page(
     small = tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], batch_size_rows=3)
     first = leader.scan(small)
     assert first.scanner_id
+    assert leader.scans_held() == 1
     with pytest.raises(ServiceUnavailable, match="1 scans of it are open; try again shortly"):
         leader.scan(small)
+    assert leader._metrics.scans_refused.value() == 1
     whole = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"]))
     assert len(whole.rows) == 10  # one page: nothing held
     limited = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"], limit=2))
@@ -370,7 +372,12 @@ def test_a_scan_with_no_place_for_its_read_is_refused_before_its_first_page(
     assert [row.values[0].int_value for row in page.rows] == [4, 5, 6]
     assert not page.scanner_id  # read anew, not held
     small.scanner_id, small.resume_key = first.scanner_id, first.resume_key
-    assert [row.values[0].int_value for row in leader.scan(small).rows] == [4, 5, 6]
+    second = leader.scan(small)
+    assert [row.values[0].int_value for row in second.rows] == [4, 5, 6]
+    # Its page not sent (tserver.grpc_limits dropped it): the place is free at once.
+    leader.release_scan(second.scanner_id)
+    assert leader.scans_held() == 0
+    assert leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", batch_size_rows=3)).scanner_id
 
 
 def test_a_scan_sends_packed_pages_when_asked_and_refuses_an_unknown_row_format(
