@@ -20,11 +20,13 @@ tablet server passes its own message cap and asks for keepalive pings on its pee
 
 The ``GrpcServerStub`` objects of a process keep at most ``MAX_CALLS_IN_FLIGHT`` writes and
 scans in flight to one server address between them (gRPC gives the channels of a process
-one connection per address when their options are equal); more threads wait for a slot
-within their call's timeout. The server refuses streams of a connection beyond its cap
-(``tserver.grpc_limits``), and gRPC's own holding back of calls over it counts calls ended
-when the client sees them end, while the server counts them until its core lets them go: a
-client of 60 threads on one connection had hundreds of writes refused. A refusal that still
+one connection per address when their options are equal); more threads wait in line for a
+slot (``call_slots.FairSlots``) within their attempt's timeout, and one that gets none by
+then fails DEADLINE_EXCEEDED saying so (``NoCallSlot``), never having sent. The server
+refuses streams of a connection beyond its cap (``tserver.grpc_limits``), and gRPC's own
+holding back of calls over it counts calls ended when the client sees them end, while the
+server counts them until its core lets them go: a client of 60 threads on one connection had
+hundreds of writes refused. A refusal that still
 happens (other gRPC users of the process on that connection) is retried on the same server,
 ``retry.Cause.STREAM_REFUSED``.
 
@@ -41,6 +43,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import grpc
 
+from raftlet.client.call_slots import FairSlots
 from raftlet.client.errors import ClientClosed
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
@@ -51,6 +54,7 @@ __all__ = [
     "ChannelPool",
     "ChannelsByAddress",
     "GrpcServerStub",
+    "NoCallSlot",
     "ResultFuture",
     "ServerStub",
     "StubProvider",
@@ -190,16 +194,38 @@ def _unless_closed(call: Callable[[], R]) -> R:
 # One set of slots per server address for the whole process: gRPC gives channels of equal
 # options one connection, so two clients of a process share it, and slots of their own let
 # 4 clients of 64 threads have as many refused calls as rows written (a verifier's run).
-_SLOTS: dict[str, threading.BoundedSemaphore] = {}
+_SLOTS: dict[str, FairSlots] = {}
 _SLOTS_LOCK = threading.Lock()
 
 
-def _process_slots(address: str) -> threading.BoundedSemaphore:
+def _process_slots(address: str) -> FairSlots:
     with _SLOTS_LOCK:
         slots = _SLOTS.get(address)
         if slots is None:
-            slots = _SLOTS[address] = threading.BoundedSemaphore(MAX_CALLS_IN_FLIGHT)
+            slots = _SLOTS[address] = FairSlots(MAX_CALLS_IN_FLIGHT)
         return slots
+
+
+class NoCallSlot(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
+    """No slot for a call to the server freed within its attempt's time: the client's own
+    limit, said as such (DEADLINE_EXCEEDED, retried as one), not the server's silence."""
+
+    def __init__(self, address: str, waited_s: float) -> None:
+        self._details = (
+            f"the call was never sent: this process already had {MAX_CALLS_IN_FLIGHT} "
+            f"calls in flight to {address}, and none ended within {waited_s:.1f} s (fewer "
+            "threads per client process, or a longer timeout, may help)"
+        )
+        super().__init__(self._details)
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        return ()
 
 
 class GrpcServerStub:
@@ -213,16 +239,16 @@ class GrpcServerStub:
         self._slots = _process_slots(address)
 
     def _in_slot(self, call: Callable[[float], R], timeout: float) -> R:
-        """``call(time left)`` once a slot is free; with none free by the deadline, it goes
-        anyway, to be refused or to time out like any call the server did not take."""
+        """``call(time left)`` once a slot is free (``NoCallSlot`` if none is within
+        ``timeout``)."""
         start = time.monotonic()
-        got = self._slots.acquire(timeout=max(0.0, timeout))
+        if not self._slots.acquire(timeout=timeout):
+            raise NoCallSlot(self.address, timeout)
         try:
             left = timeout - (time.monotonic() - start)
             return _unless_closed(lambda: call(max(left, 0.0)))
         finally:
-            if got:
-                self._slots.release()
+            self._slots.release()
 
     def write(self, request: tablet_pb2.WriteRequest, timeout: float) -> tablet_pb2.WriteResponse:
         return cast(

@@ -20,12 +20,14 @@ from raftlet.client.channels import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_CALLS_IN_FLIGHT,
     ChannelPool,
+    NoCallSlot,
     channel_options,
     server_options,
 )
 from raftlet.client.errors import ClientClosed
 from raftlet.proto import tablet_pb2, tablet_pb2_grpc
 from raftlet.tserver.grpc_limits import MAX_CONCURRENT_STREAMS, server_limit_options
+from tests.waiting import wait_for
 
 
 def test_channel_pool_keeps_one_channel_per_address() -> None:
@@ -191,4 +193,34 @@ def test_the_stubs_of_a_process_keep_at_most_its_calls_in_flight_and_the_rest_wa
     finally:
         for pool in pools:
             pool.close()
+        server.stop(None)
+
+
+def test_a_call_with_no_slot_by_its_deadline_fails_saying_it_was_never_sent() -> None:
+    """It used to go out with no time left, and its DEADLINE_EXCEEDED blamed the server
+    though every server thread was idle (a reviewer's 34 scanning threads)."""
+    servicer = _HeldWrites()
+    server = grpc.server(ThreadPoolExecutor(100), options=server_limit_options())
+    tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    pool = ChannelPool()
+    try:
+        stub = pool.stub(f"127.0.0.1:{port}")
+        with ThreadPoolExecutor(MAX_CALLS_IN_FLIGHT) as callers:
+            held = [
+                callers.submit(stub.write, tablet_pb2.WriteRequest(), 30.0)
+                for _ in range(MAX_CALLS_IN_FLIGHT)
+            ]
+            wait_for(lambda: servicer.now == MAX_CALLS_IN_FLIGHT, 30, "every slot taken")
+            with pytest.raises(NoCallSlot) as failed:
+                stub.write(tablet_pb2.WriteRequest(), 0.2)
+            assert failed.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "never sent" in failed.value.details()
+            assert f"{MAX_CALLS_IN_FLIGHT} calls in flight to 127.0.0.1:{port}" in str(failed.value)
+            assert servicer.most == MAX_CALLS_IN_FLIGHT  # the server never saw it
+            servicer.release.set()
+            assert all(c.result(timeout=30).op_index == 1 for c in held)
+    finally:
+        pool.close()
         server.stop(None)
