@@ -55,8 +55,9 @@ COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the co
 type: integers, floats, true/false, strings (quotes optional unless they have commas or
 spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as an integer or an ISO 8601 time
 (UTC unless it has an offset). In table output BINARY shows as 0x-hex and UNIXTIME_MICROS
-as UTC time, and characters that do not print (control and format characters, line
-separators) as \\xNN or \\uNNNN escapes; JSON keeps microseconds, base64
+as UTC time, a string that reads as NULL or starts with a quote in single quotes ('NULL';
+NULL itself is NULL), and characters that do not print (control and format characters,
+line separators) as \\xNN or \\uNNNN escapes; JSON keeps microseconds, base64
 for BINARY, and writes infinite floats as the strings "Infinity" and "-Infinity".
 JSON rows are printed as they arrive; a scan that fails midway exits 1 with the array left
 open, so that no JSON parser takes the rows before the failure for the whole result.
@@ -482,8 +483,16 @@ def _text_value(dtype: DataType, value: Value) -> str:
         except OverflowError:
             return str(value)
     if isinstance(value, str):
-        return _escape_control(value)
+        return _escape_control(_quoted_if_ambiguous(value))
     return str(value)
+
+
+def _quoted_if_ambiguous(text: str) -> str:
+    """A string that would read as NULL, or as a quoted string, in single quotes (its own
+    quotes doubled, as SQL writes them): NULL and the string 'NULL' printed the same line."""
+    if text.upper() == "NULL" or text.startswith("'"):
+        return "'" + text.replace("'", "''") + "'"
+    return text
 
 
 def _print_table(

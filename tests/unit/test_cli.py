@@ -618,6 +618,13 @@ def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
     assert _text_value(DataType.STRING, "ünï 日本") == "ünï 日本"
     # Format characters and line separators: a reversed or split row.
     assert _text_value(DataType.STRING, "a\u202eb\u2028c\u200b") == "a\\u202eb\\u2028c\\u200b"
+    # NULL and the string 'NULL' printed the same line.
+    assert _text_value(DataType.STRING, None) == "NULL"
+    assert _text_value(DataType.STRING, "NULL") == "'NULL'"
+    assert _text_value(DataType.STRING, "null") == "'null'"
+    assert _text_value(DataType.STRING, "'NULL'") == "'''NULL'''"
+    assert _text_value(DataType.STRING, "it's") == "it's"
+    assert _text_value(DataType.STRING, "NULLS") == "NULLS"
     # JSON has no infinity: json.dumps wrote the bare word, which strict parsers refuse.
     values = [_json_value(DataType.DOUBLE, v) for v in (float("inf"), float("-inf"), 1.5)]
     assert json.loads(json.dumps(values, allow_nan=False)) == ["Infinity", "-Infinity", 1.5]
