@@ -750,11 +750,13 @@ class Raft:
             self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
 
     def on_persisted(self, index: int, term: int) -> None:
-        """Entries up to (index, term) are durable locally."""
+        """The batch of entries handed out ending at (index, term) is durable locally
+        (``RaftLog.stable_to``: reported in the order handed out)."""
         if not self.log.stable_to(index, term):
             return
         leader = self.role is Role.LEADER
-        if leader and self.prs[self.id].maybe_update(index) and self._maybe_commit():
+        stable = self.log.stable_index()
+        if leader and self.prs[self.id].maybe_update(stable) and self._maybe_commit():
             self._bcast_append(send_if_empty=self.config.broadcast_commit)
             self._leave_if_removed()
 

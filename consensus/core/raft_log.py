@@ -8,10 +8,14 @@ Invariants:
   persistence; unstable_offset - 1 <= _in_progress <= last_index().
 - Committed entries are delivered only once durable (index < unstable_offset),
   so a replica never applies what a crash could take back.
+- ``_handed`` holds the batches handed out and not yet reported durable, in the order
+  handed out; the driver reports them in that order (a log writes them in that order), and
+  a report covers every batch before its own.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from raftlet.consensus.core.errors import RaftConfigError
@@ -39,6 +43,9 @@ class RaftLog:
         self._unstable: list[Entry] = []
         self._unstable_offset = last + 1
         self._in_progress = last
+        # (first index, last index, last term) of each batch handed out for persistence and
+        # not yet reported durable, oldest first.
+        self._handed: deque[tuple[int, int, int]] = deque()
         # Told of every append, with the entries written (the first one's index is where the
         # log was cut, if it overlapped): how the node follows CONFIG entries in its log.
         self.on_append: Callable[[Sequence[Entry]], None] | None = None
@@ -173,6 +180,7 @@ class RaftLog:
         self._unstable = []
         self._unstable_offset = last + 1
         self._in_progress = last
+        self._handed.clear()  # what they wrote is gone: their reports are ignored
         self.committed = max(self.committed, index)
         self.applied = self.applying = index
 
@@ -197,18 +205,34 @@ class RaftLog:
         out = self._unstable[start:]
         if out:
             self._in_progress = out[-1].index
+            self._handed.append((out[0].index, out[-1].index, out[-1].term))
         return out
 
     def has_unstable_to_persist(self) -> bool:
         return self._in_progress < self.last_index()
 
     def stable_to(self, index: int, term: int) -> bool:
-        """Entries up to (index, term) are durable.  Ignored when our log no longer
-        has that entry (it was overwritten after being handed out)."""
-        if index < self._unstable_offset or not self.match_term(index, term):
+        """The batch handed out whose last entry is (index, term) is durable, and every
+        batch before it; whether the stable index moved.
+
+        Only what no later batch rewrites counts: a batch handed out after it (or entries
+        not yet handed out) that overwrote an entry at or below ``index`` may be on disk in
+        part, so below that entry the log is durable and ours. Matching (index, term) alone
+        took entries for durable that a later batch had overwritten and a later one still
+        written back as they were (three leaders in turn, one slow fsync): the disk held the
+        middle batch's entries while the stable index -- and so the commit index saved, and
+        what was applied -- covered them."""
+        ends = ((last, last_term) for _, last, last_term in self._handed)
+        covered = next((n for n, end in enumerate(ends, 1) if end == (index, term)), 0)
+        if not covered:
+            return False  # no batch of ours (handed out before a restore)
+        for _ in range(covered):
+            self._handed.popleft()
+        upto = min(index, self._in_progress, *(first - 1 for first, _, _ in self._handed))
+        if upto < self._unstable_offset:
             return False
-        del self._unstable[: index + 1 - self._unstable_offset]
-        self._unstable_offset = index + 1
+        del self._unstable[: upto + 1 - self._unstable_offset]
+        self._unstable_offset = upto + 1
         return True
 
     def committed_to_apply(self) -> list[Entry]:

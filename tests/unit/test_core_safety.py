@@ -346,3 +346,53 @@ def test_leader_does_not_commit_on_acknowledgement_of_unpersisted_self() -> None
     leader.persist(rd)
     leader.raw.on_persisted(rd)
     assert leader.raft.log.committed == 2
+
+
+def test_a_durability_report_does_not_cover_entries_a_later_batch_rewrote() -> None:
+    """Three leaders in turn while a follower's first batch is being synced: A (term 1)
+    writes 8..10, B (term 2) overwrites 9..10, C (term 3, holding A's entries) writes 9..10
+    back as A had them and commits 11. When A is reported durable, the disk may hold B's
+    entries at 9..10 (the log writes B before A's report comes) and C not yet: only 8 is
+    durable and ours. Matching the reported (index, term) alone counted 9..10 durable, so the
+    commit index saved with a vote, and what was applied, ran ahead of the durable log."""
+    from raftlet.consensus.core.raft_log import RaftLog
+    from raftlet.consensus.core.storage import MemoryStorage
+
+    disk = MemoryStorage()
+    disk.append([Entry(1, i) for i in range(1, 8)])
+    log = RaftLog(disk, committed=7, applied=7)
+    batches = []
+    for prev, commit, entries in (
+        (7, 7, [Entry(1, 8), Entry(1, 9), Entry(1, 10)]),  # A
+        (8, 7, [Entry(2, 9), Entry(2, 10)]),  # B
+        (8, 11, [Entry(1, 9), Entry(1, 10), Entry(3, 11)]),  # C
+    ):
+        assert log.maybe_append(prev, 1, commit, entries) == entries[-1].index
+        batch = log.unstable_to_persist()
+        disk.append(batch)
+        batches.append(batch[-1])
+    a, b, c = batches
+    assert log.stable_to(a.index, a.term)
+    assert log.stable_index() == 8
+    assert [e.index for e in log.committed_to_apply()] == [8]
+    assert not log.stable_to(b.index, b.term)  # rewritten by C: nothing more is ours yet
+    assert log.stable_index() == 8
+    assert log.stable_to(c.index, c.term)
+    assert log.stable_index() == 11
+    assert [(e.index, e.term) for e in log.committed_to_apply()] == [(9, 1), (10, 1), (11, 3)]
+
+
+def test_a_report_covers_the_batches_before_it_and_one_of_no_batch_is_ignored() -> None:
+    from raftlet.consensus.core.raft_log import RaftLog
+    from raftlet.consensus.core.storage import MemoryStorage
+
+    log = RaftLog(MemoryStorage(), committed=0, applied=0)
+    log.append([Entry(1, 1)])
+    first = log.unstable_to_persist()
+    log.append([Entry(1, 2), Entry(1, 3)])
+    second = log.unstable_to_persist()
+    assert not log.stable_to(2, 1)  # the end of no batch
+    assert log.stable_index() == 0
+    assert log.stable_to(second[-1].index, second[-1].term)  # the log writes in order
+    assert log.stable_index() == 3
+    assert not log.stable_to(first[-1].index, first[-1].term)  # covered already
