@@ -39,14 +39,23 @@ class FairSlots:
             turn = threading.Lock()
             turn.acquire()
             self._waiters.append(turn)
-        if turn.acquire(timeout=timeout):
-            return True
+        try:
+            if turn.acquire(timeout=timeout):
+                return True
+        except BaseException:  # interrupted (Ctrl-C): leave the line, and any slot handed
+            if not self._leave(turn):
+                self.release()
+            raise
+        return not self._leave(turn)
+
+    def _leave(self, turn: threading.Lock) -> bool:
+        """Take ``turn`` out of the line; False if it was handed a slot already."""
         with self._lock:
             try:
                 self._waiters.remove(turn)
             except ValueError:
-                return True  # a slot was handed over just as the wait ended: it is ours
-            return False
+                return False
+            return True
 
     def release(self) -> None:
         """Give a slot back: to the longest waiting thread, if any."""

@@ -1340,6 +1340,7 @@ class TabletReplica:
                 # later. (A later page the replica holds no read for -- another replica's,
                 # or closed -- is read anew, as every page once was.)
                 if scanner_id is None and not request.HasField("resume_key"):
+                    self._check_serving()  # stopped meanwhile: no scan is held, say so
                     self._metrics.scans_refused.increment()
                     raise ServiceUnavailable(
                         f"tablet {self.tablet_id}: {self._scans.max_open} scans of it are "

@@ -62,3 +62,33 @@ def test_more_releases_than_acquires_and_no_slots_are_refused() -> None:
         slots.release()
     with pytest.raises(ValueError, match="at least 1"):
         FairSlots(0)
+
+
+def test_a_wait_interrupted_leaves_the_line_and_loses_no_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread interrupted while it waited (Ctrl-C) stayed in line, and the next slot given
+    back was handed to it, never to be given back again."""
+    slots = FairSlots(1)
+    assert slots.acquire(timeout=0)
+    real_lock = threading.Lock
+
+    class Interrupted:
+        def __init__(self) -> None:
+            self._lock = real_lock()
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            if timeout > 0:
+                raise KeyboardInterrupt
+            return self._lock.acquire(blocking)
+
+        def release(self) -> None:
+            self._lock.release()
+
+    monkeypatch.setattr("raftlet.client.call_slots.threading.Lock", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        slots.acquire(timeout=5)
+    assert _waiting(slots) == 0
+    slots.release()
+    assert slots.in_use() == 0
+    assert slots.acquire(timeout=0)

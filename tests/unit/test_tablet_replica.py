@@ -1276,3 +1276,22 @@ def test_a_key_over_the_limit_fails_the_whole_write_and_nothing_is_logged(
         assert [e.code for e in response.row_errors] == [ErrorCode.KEY_NOT_FOUND]
     finally:
         tablet.close()
+
+
+def test_a_first_page_met_by_the_replica_stopping_says_so(
+    tablet: Tablet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held scans are closed as the replica stops: a first page read meanwhile found no
+    place, and was refused as if 32 scans were open."""
+    leader = tablet.leader()
+    send(leader, write(list(range(1, 11)), "c1", 1)).result()
+
+    def stopped_meanwhile(*args: object, **kwargs: object) -> None:
+        leader._stopped = True
+
+    monkeypatch.setattr(leader._scans, "hold", stopped_meanwhile)
+    with pytest.raises(ServiceUnavailable, match="is not serving"):
+        leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", batch_size_rows=3))
+    assert leader._metrics.scans_refused.value() == 0
+    monkeypatch.undo()
+    leader._stopped = False
