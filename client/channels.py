@@ -22,7 +22,7 @@ The ``GrpcServerStub`` objects of a process keep at most ``MAX_CALLS_IN_FLIGHT``
 scans in flight to one server address between them (gRPC gives the channels of a process
 one connection per address when their options are equal); more threads wait in line for a
 slot (``call_slots.FairSlots``) within their attempt's timeout, and one that gets none by
-then fails DEADLINE_EXCEEDED saying so (``NoCallSlot``), never having sent. The server
+then fails as busy, saying so (``NoCallSlot``), never having sent. The server
 refuses streams of a connection beyond its cap (``tserver.grpc_limits``), and gRPC's own
 holding back of calls over it counts calls ended when the client sees them end, while the
 server counts them until its core lets them go: a client of 60 threads on one connection had
@@ -208,24 +208,31 @@ def _process_slots(address: str) -> FairSlots:
 
 class NoCallSlot(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
     """No slot for a call to the server freed within its attempt's time: the client's own
-    limit, said as such (DEADLINE_EXCEEDED, retried as one), not the server's silence."""
+    limit, said as such. RESOURCE_EXHAUSTED, as the server says when it is full: the same
+    server is tried again after a backoff, and the call counts as never sent. (As
+    DEADLINE_EXCEEDED it marked a healthy server down for every thread of the process, sent
+    the next attempt to a follower, and said a write never sent may have been applied.)"""
 
     def __init__(self, address: str, waited_s: float) -> None:
         self._details = (
             f"the call was never sent: this process already had {MAX_CALLS_IN_FLIGHT} "
-            f"calls in flight to {address}, and none ended within {waited_s:.1f} s (fewer "
-            "threads per client process, or a longer timeout, may help)"
+            f"calls in flight to {address}, and none ended within {_duration(waited_s)} "
+            "(fewer threads per client process, or a longer timeout, may help)"
         )
         super().__init__(self._details)
 
     def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
 
     def details(self) -> str:
         return self._details
 
     def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
         return ()
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 0.95 else f"{seconds * 1000:.0f} ms"
 
 
 class GrpcServerStub:

@@ -8,12 +8,13 @@ be read anew, and a scan saw one row of a two-row batch as before and the other 
 A page served elsewhere (fail-over, a moved leader) or after the replica let the read go
 (idle for 30 s -- or for a second, when a new scan needs its place -- or held for 10
 minutes) is read anew from the resume key; a replica holding 32 scans of a tablet, none
-idle, refuses a new one's first page (UNAVAILABLE, retried). A ``Scanner`` walks the
-table's tablets in partition order -- each tablet read at its own moment; no scan is a
-snapshot of several tablets. Each page is one ``client.rpc.call_tablet`` call, so a replica
-that becomes unreachable (UNAVAILABLE, connection refused, an attempt's deadline) is left for
-the next one, a moved leader is followed (LEADER_LATEST), and the scan continues from the
-last resume key it received — no row is returned twice and none is skipped.
+idle, refuses a new one's first page as busy (RESOURCE_EXHAUSTED, retried there). A
+``Scanner`` walks the table's tablets in partition order -- each tablet read at its own
+moment; no scan is a snapshot of several tablets. Each page is one
+``client.rpc.call_tablet`` call, so a replica that becomes unreachable (UNAVAILABLE,
+connection refused, an attempt's deadline) is left for the next one, a moved leader is
+followed (LEADER_LATEST), and the scan continues from the last resume key it received — no
+row is returned twice and none is skipped.
 
 - ``ReadMode.LEADER_LATEST`` (default) is linearizable: the leader notes its commit index
   when a tablet's first page is asked for, confirms with a round of heartbeats that a

@@ -362,8 +362,8 @@ SCANS_REFUSED_TOTAL = MetricPrototype(
     "scans_refused_total",
     COUNTER,
     "scans",
-    "Scans whose first page the replica refused (UNAVAILABLE) because every place for a "
-    "held scan was taken by a scan read within the last second",
+    "Scans whose first page the replica refused as busy (RESOURCE_EXHAUSTED) because every "
+    "place for a held scan was taken by a scan read within the last second",
     entity_type="tablet",
 )
 

@@ -16,6 +16,7 @@ __all__ = [
     "DeadlineExceededInQueue",
     "FilesNotRemovable",
     "InvalidRequest",
+    "ReplicaBusy",
     "SchemaMismatch",
     "ServiceUnavailable",
     "StaleRequest",
@@ -30,6 +31,13 @@ class ServiceUnavailable(Exception):
 
     Retriable: the client should try again later or elsewhere (UNAVAILABLE).
     """
+
+
+class ReplicaBusy(Exception):
+    """The replica is at a limit of its own for this kind of call (every place for a held
+    scan taken): RESOURCE_EXHAUSTED, so the client waits a little and tries it again.
+    UNAVAILABLE sent clients to a follower (NOT_LEADER, naming this replica) and marked this
+    server down, and a healthy leader was reported as no leader at all."""
 
 
 class TabletFailed(ServiceUnavailable):

@@ -41,6 +41,7 @@ from raftlet.tserver.errors import (
     DeadlineExceededInQueue,
     FilesNotRemovable,
     InvalidRequest,
+    ReplicaBusy,
     SchemaMismatch,
     ServiceUnavailable,
     StaleRequest,
@@ -171,6 +172,8 @@ def status_for(
         return S.DEADLINE_EXCEEDED, msg, None
     if isinstance(exc, MemoryLimitExceeded):
         return S.RESOURCE_EXHAUSTED, msg, E(code=E.MEMORY_LIMIT, message=msg)
+    if isinstance(exc, ReplicaBusy):
+        return S.RESOURCE_EXHAUSTED, msg, None
     if isinstance(exc, TabletFailed):
         return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)
     if isinstance(exc, ServiceUnavailable):

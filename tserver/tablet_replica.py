@@ -103,6 +103,7 @@ from raftlet.tserver.checksum import (
 from raftlet.tserver.errors import (
     DeadlineExceeded,
     InvalidRequest,
+    ReplicaBusy,
     SchemaMismatch,
     ServiceUnavailable,
     StaleRequest,
@@ -1335,14 +1336,14 @@ class TabletReplica:
             if page.has_more and not (request.limit and rows >= request.limit):
                 scanner_id = self._scans.hold(scope, cursor, shape, taken)
                 # A scan's first page with no place for its read: its later pages would each
-                # be read anew, and could show a batch written meanwhile half. Refused before
-                # any row is sent, the client tries again (or another replica) a little
-                # later. (A later page the replica holds no read for -- another replica's,
-                # or closed -- is read anew, as every page once was.)
+                # be read anew, and could show a batch written meanwhile half. Refused as
+                # busy before any row is sent, the client tries again a little later. (A
+                # later page the replica holds no read for -- another replica's, or closed
+                # -- is read anew, as every page once was.)
                 if scanner_id is None and not request.HasField("resume_key"):
                     self._check_serving()  # stopped meanwhile: no scan is held, say so
                     self._metrics.scans_refused.increment()
-                    raise ServiceUnavailable(
+                    raise ReplicaBusy(
                         f"tablet {self.tablet_id}: {self._scans.max_open} scans of it are "
                         "open; try again shortly"
                     )

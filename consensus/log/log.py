@@ -826,9 +826,9 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
         next_seq = seq + 1
         if scan.torn_offset is not None:
             kept = ""
-            if scan.torn_holds_records:
-                # Cut as a group a crash tore; should it have been damage to a synced one
-                # (a disk's, not a crash's), its bytes are still there to look at.
+            if scan.torn_offset < len(data):
+                # Cut as what a crash tore; should it have been damage to a synced group (a
+                # disk's, not a crash's: the same bytes), they are still there to look at.
                 aside = _keep_aside(f"{path}.cut-at-{scan.torn_offset}", data[scan.torn_offset :])
                 kept = f"; the {len(data) - scan.torn_offset} bytes cut are kept in {aside}"
             logger.warning(

@@ -98,9 +98,6 @@ class SegmentScan:
     torn_offset: int | None = None
     torn_reason: str = ""
     header_torn: bool = False
-    # The torn part holds intact records (a group a crash tore before its sync returned):
-    # kept aside when cut, should it have been damage after all.
-    torn_holds_records: bool = False
 
 
 def scan_segment(
@@ -157,7 +154,7 @@ def scan_segment(
                 # sync returned: its pages reach the disk in any order, and none of it was
                 # acknowledged.
                 reason += f", in the last group written (intact records of it follow at {after})"
-                return SegmentScan(sequence, records, off, off, reason, torn_holds_records=True)
+                return SegmentScan(sequence, records, off, off, reason)
             return SegmentScan(sequence, records, off, off, reason)
         length, _ = FRAME.unpack_from(data, off)
         payload = data[off + FRAME.size : off + FRAME.size + length]

@@ -25,6 +25,7 @@ from raftlet.client.channels import (
     server_options,
 )
 from raftlet.client.errors import ClientClosed
+from raftlet.client.retry import Action, Cause, classify, refused_before_log
 from raftlet.proto import tablet_pb2, tablet_pb2_grpc
 from raftlet.tserver.grpc_limits import MAX_CONCURRENT_STREAMS, server_limit_options
 from tests.waiting import wait_for
@@ -198,7 +199,8 @@ def test_the_stubs_of_a_process_keep_at_most_its_calls_in_flight_and_the_rest_wa
 
 def test_a_call_with_no_slot_by_its_deadline_fails_saying_it_was_never_sent() -> None:
     """It used to go out with no time left, and its DEADLINE_EXCEEDED blamed the server
-    though every server thread was idle (a reviewer's 34 scanning threads)."""
+    though every server thread was idle (a reviewer's 34 scanning threads), marked it down
+    for the whole process, and said a write never sent may have been applied."""
     servicer = _HeldWrites()
     server = grpc.server(ThreadPoolExecutor(100), options=server_limit_options())
     tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
@@ -215,8 +217,13 @@ def test_a_call_with_no_slot_by_its_deadline_fails_saying_it_was_never_sent() ->
             wait_for(lambda: servicer.now == MAX_CALLS_IN_FLIGHT, 30, "every slot taken")
             with pytest.raises(NoCallSlot) as failed:
                 stub.write(tablet_pb2.WriteRequest(), 0.2)
-            assert failed.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            # Busy, as a full server says: the same server later, and never sent.
+            assert failed.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "never sent" in failed.value.details()
+            assert "none ended within 200 ms" in failed.value.details()
+            cause = classify(failed.value)
+            assert (cause.cause, cause.action) == (Cause.RESOURCE_EXHAUSTED, Action.BACKOFF_SAME)
+            assert refused_before_log(cause)
             assert f"{MAX_CALLS_IN_FLIGHT} calls in flight to 127.0.0.1:{port}" in str(failed.value)
             assert servicer.most == MAX_CALLS_IN_FLIGHT  # the server never saw it
             servicer.release.set()

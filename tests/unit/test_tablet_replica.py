@@ -28,7 +28,7 @@ from raftlet.schema.row_pages import decode_page, page_rows
 from raftlet.schema.rows import MAX_KEY_BYTES, ErrorCode, OpType, encode_row_op, row_from_pb
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
-from raftlet.tserver.errors import InvalidRequest, ServiceUnavailable, StaleRequest
+from raftlet.tserver.errors import InvalidRequest, ReplicaBusy, ServiceUnavailable, StaleRequest
 from raftlet.tserver.servicers import TabletServicer
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica, WriteCallbacks
 from raftlet.tserver.write_memory import MemoryLimitExceeded, WriteMemory
@@ -357,7 +357,7 @@ def test_a_scan_with_no_place_for_its_read_is_refused_before_its_first_page(
     first = leader.scan(small)
     assert first.scanner_id
     assert leader.scans_held() == 1
-    with pytest.raises(ServiceUnavailable, match="1 scans of it are open; try again shortly"):
+    with pytest.raises(ReplicaBusy, match="1 scans of it are open; try again shortly"):
         leader.scan(small)
     assert leader._metrics.scans_refused.value() == 1
     whole = leader.scan(tablet_pb2.ScanRequest(tablet_id="kv-p0", projection=["k"]))
