@@ -505,7 +505,7 @@ def _status(args: argparse.Namespace) -> int:
         print_out(json.dumps(doc, indent=2))
         return 0 if ok else 1
     where = str(target.config_path or ", ".join(target.seeds))
-    _print_status(health, pids, where, target.creds.status_url)
+    _print_status(health, pids, where, target.creds.status_url, target.data_dir)
     if args.checksum:
         _print_checksums(checksums, {t.tablet_id: t.leader for t in health.tablets})
     return 0 if ok else 1
@@ -644,7 +644,11 @@ _ROLE_SHORT = {
 
 
 def _print_status(
-    health: Any, pids: dict[str, int], where: str, status_url: Callable[[str, str], str]
+    health: Any,
+    pids: dict[str, int],
+    where: str,
+    status_url: Callable[[str, str], str],
+    data_dir: Path | None = None,
 ) -> None:
     from rich.table import Table
 
@@ -681,6 +685,12 @@ def _print_status(
             note,
         )
     out.print(servers)
+    stopped = [s.id for s in health.servers if s.state == "DOWN" and s.process_alive is False]
+    if stopped and data_dir is not None:
+        out.print(
+            f"`raftlet cluster up --data-dir {data_dir}` starts {', '.join(stopped)} again",
+            markup=False,
+        )
     out.print()
     tablets = Table(title="Tablets", title_justify="left", box=None, pad_edge=False)
     for col in ("tablet", "status", "leader", "term", "commit", "replicas (role applied lag)"):
@@ -761,9 +771,19 @@ def _down(args: argparse.Namespace) -> int:
         except LauncherError as e:
             raise CliError(str(e)) from None
         out.print(f"  {stop.describe()}", markup=False)
+        stopped = sorted(s for s, up in cluster.running().items() if not up and s != args.server)
+        if not stopped:
+            out.print(
+                f"{args.server} is down, the others run; `raftlet cluster up --data-dir "
+                f"{root}` starts it again",
+                markup=False,
+            )
+            return 0
+        verb = "is" if len(stopped) == 1 else "are"
         out.print(
-            f"{args.server} is down, the others run; `raftlet cluster up --data-dir {root}` "
-            "starts it again",
+            f"{args.server} is down, and {', '.join(stopped)} {verb} not running either: "
+            "a tablet with a majority of its replicas on these servers "
+            f"has no leader until `raftlet cluster up --data-dir {root}` starts them again",
             markup=False,
         )
         return 0

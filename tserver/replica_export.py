@@ -88,7 +88,8 @@ def exported_replica(
     tablet_id = source.name
     data_dir = source.parent
     if not source.is_dir():
-        raise ExportError(f"{source}: no such replica directory")
+        what = "is a file, not a" if source.exists() else "no such"
+        raise ExportError(f"{source}: {what} replica directory (a tablet's, named TABLE-pN)")
     table, schema = _table_of(data_dir, tablet_id)
     scratch_parent = _work_dir(work_dir, source)
     with (
@@ -112,7 +113,8 @@ def exported_replica(
             # Every refusal of a server's (damage, a lost log, a foreign file) is the
             # operator's to read, naming the server's files, not the copy's.
             raise ExportError(
-                f"{source} cannot be opened: {str(e).replace(str(copy), str(source))}"
+                f"{source} cannot be opened: {str(e).replace(str(copy), str(source))} "
+                "(--store-only reads its store alone, as of the last batch it applied)"
             ) from None
         try:
             storage, store = opened.storage, opened.store

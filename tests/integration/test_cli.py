@@ -359,6 +359,7 @@ def test_status_reports_a_killed_server(data_dir: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"server {victim['id']} (" in proc.stdout
     assert "process not running" in proc.stdout
+    assert f"--data-dir {data_dir}` starts {victim['id']} again" in proc.stdout
     assert "WARN: 2/3 servers up" in proc.stdout or "ERROR:" in proc.stdout
 
     # `up` starts the one that is not running, as it was, and leaves the others alone.
@@ -401,6 +402,13 @@ def test_down_of_one_server_leaves_the_others_and_up_starts_it_again(data_dir: P
     )
     assert both.returncode == 2
     assert "--remove-data would delete the others' data" in both.stderr
+    # A second server stopped while one is down: said so, not "the others run".
+    second = sorted(before)[1]
+    ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", victim))
+    out = ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", second))
+    assert f"{second} is down, and {victim} is not running either" in out
+    assert "has no leader until" in out
+    ok(raftlet("cluster", "up", "--data-dir", str(data_dir)))
 
 
 def test_down_leaves_no_process(data_dir: Path) -> None:
