@@ -22,13 +22,12 @@ The ``GrpcServerStub`` objects of a process keep at most ``MAX_CALLS_IN_FLIGHT``
 scans in flight to one server address between them (gRPC gives the channels of a process
 one connection per address when their options are equal); more threads wait in line for a
 slot (``call_slots.FairSlots``) within their attempt's timeout, and one that gets none by
-then fails as busy, saying so (``NoCallSlot``), never having sent. The server
-refuses streams of a connection beyond its cap (``tserver.grpc_limits``), and gRPC's own
-holding back of calls over it counts calls ended when the client sees them end, while the
-server counts them until its core lets them go: a client of 60 threads on one connection had
-hundreds of writes refused. A refusal that still
-happens (other gRPC users of the process on that connection) is retried on the same server,
-``retry.Cause.STREAM_REFUSED``.
+then fails as busy, saying so (``NoCallSlot``), never having sent. The server refuses
+streams of a connection beyond its cap (``tserver.grpc_limits``), and gRPC's own holding
+back of calls over it counts calls ended when the client sees them end, while the server
+counts them until its core lets them go: a client of 60 threads on one connection had
+hundreds of writes refused. A refusal that still happens (other gRPC users of the process on
+that connection) is retried on the same server, ``retry.Cause.STREAM_REFUSED``.
 
 ``ServerStub`` / ``StubProvider`` are the seam the rest of the client uses, so unit tests can
 plug in fakes without a server.

@@ -154,7 +154,6 @@ def scan_segment(
                 # sync returned: its pages reach the disk in any order, and none of it was
                 # acknowledged.
                 reason += f", in the last group written (intact records of it follow at {after})"
-                return SegmentScan(sequence, records, off, off, reason)
             return SegmentScan(sequence, records, off, off, reason)
         length, _ = FRAME.unpack_from(data, off)
         payload = data[off + FRAME.size : off + FRAME.size + length]
