@@ -13,7 +13,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-__all__ = ["FairSlots"]
+__all__ = ["NEVER_SENT", "FairSlots"]
+
+# How a call that got no slot says so (``channels.NoCallSlot``; ``retry`` tells it by this).
+NEVER_SENT = "the call was never sent"
 
 
 class FairSlots:

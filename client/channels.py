@@ -42,7 +42,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import grpc
 
-from raftlet.client.call_slots import FairSlots
+from raftlet.client.call_slots import NEVER_SENT, FairSlots
 from raftlet.client.errors import ClientClosed
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
@@ -207,14 +207,15 @@ def _process_slots(address: str) -> FairSlots:
 
 class NoCallSlot(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
     """No slot for a call to the server freed within its attempt's time: the client's own
-    limit, said as such. RESOURCE_EXHAUSTED, as the server says when it is full: the same
-    server is tried again after a backoff, and the call counts as never sent. (As
+    limit, said as such. RESOURCE_EXHAUSTED saying it was never sent (``retry.Cause``
+    NO_CALL_SLOT): the same server is tried again after a backoff, the call counts as never
+    sent, and running out of time on it is a plain ``Timeout``, not ServerTooBusy. (As
     DEADLINE_EXCEEDED it marked a healthy server down for every thread of the process, sent
     the next attempt to a follower, and said a write never sent may have been applied.)"""
 
     def __init__(self, address: str, waited_s: float) -> None:
         self._details = (
-            f"the call was never sent: this process already had {MAX_CALLS_IN_FLIGHT} "
+            f"{NEVER_SENT}: this process already had {MAX_CALLS_IN_FLIGHT} "
             f"calls in flight to {address}, and none ended within {_duration(waited_s)} "
             "(fewer threads per client process, or a longer timeout, may help)"
         )

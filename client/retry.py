@@ -7,8 +7,12 @@ Every failed RPC is first *classified* (``classify``) from its gRPC status and t
 =====================  ================================  =================================
 cause                  when                              action
 =====================  ================================  =================================
-RESOURCE_EXHAUSTED     service queue full, or the        BACKOFF_SAME: same server, backoff
-                       server's write memory limit
+RESOURCE_EXHAUSTED     service queue full, the server's  BACKOFF_SAME: same server, backoff
+                       write memory limit, or every
+                       held-scan place of a replica
+NO_CALL_SLOT           RESOURCE_EXHAUSTED "the call was  BACKOFF_SAME: the client's own
+                       never sent ...": no slot of the   limit, never sent; its timeout is
+                       process's calls to the server     a ``Timeout``, not ServerTooBusy
 STREAM_REFUSED         UNAVAILABLE "… RST_STREAM with    BACKOFF_SAME: HTTP/2's REFUSED_STREAM,
                        error code 7": the connection's   sent before the server read anything
                        concurrent-call cap               (``tserver.grpc_limits``)
@@ -61,6 +65,7 @@ import grpc
 import tenacity
 from tenacity.wait import wait_base
 
+from raftlet.client.call_slots import NEVER_SENT
 from raftlet.client.errors import (
     InvalidArgument,
     MessageTooLarge,
@@ -102,6 +107,7 @@ FINAL_ATTEMPT_S = 0.05
 
 class Cause(enum.StrEnum):
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    NO_CALL_SLOT = "NO_CALL_SLOT"
     STREAM_REFUSED = "STREAM_REFUSED"
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     LEADER_NOT_READY = "LEADER_NOT_READY"
@@ -130,6 +136,7 @@ class Action(enum.Enum):
 _REFUSED = frozenset(
     {
         Cause.RESOURCE_EXHAUSTED,
+        Cause.NO_CALL_SLOT,
         Cause.STREAM_REFUSED,
         Cause.LEADER_NOT_READY,
         Cause.NOT_LEADER,
@@ -145,6 +152,7 @@ _REFUSED = frozenset(
 
 _RETRIABLE: dict[Cause, Action] = {
     Cause.RESOURCE_EXHAUSTED: Action.BACKOFF_SAME,
+    Cause.NO_CALL_SLOT: Action.BACKOFF_SAME,
     Cause.STREAM_REFUSED: Action.BACKOFF_SAME,
     Cause.LEADER_NOT_READY: Action.BACKOFF_SAME,
     Cause.NOT_LEADER: Action.FIND_LEADER,
@@ -185,6 +193,8 @@ def classify_status(
     ecode = error.code if error is not None else E.UNKNOWN
     if code == S.RESOURCE_EXHAUSTED and error is None and too_large(details):
         cause = Cause.MESSAGE_TOO_LARGE
+    elif code == S.RESOURCE_EXHAUSTED and error is None and details.startswith(NEVER_SENT):
+        cause = Cause.NO_CALL_SLOT
     elif code == S.RESOURCE_EXHAUSTED:
         cause = Cause.RESOURCE_EXHAUSTED
     elif code == S.UNAVAILABLE:
@@ -394,6 +404,8 @@ class RetriableFailure(Exception):
 DEFAULT_POLICIES: Mapping[Cause, wait_base] = {
     # Full jitter: refused clients must not come back in lockstep.
     Cause.RESOURCE_EXHAUSTED: tenacity.wait_random_exponential(multiplier=0.01, max=0.5),
+    # A call of this process's to the server ends soon (it waited for one already).
+    Cause.NO_CALL_SLOT: tenacity.wait_random_exponential(multiplier=0.002, max=0.1),
     # The connection is at its cap for a moment only: a call of its own ends soon.
     Cause.STREAM_REFUSED: tenacity.wait_random_exponential(multiplier=0.002, max=0.1),
     Cause.LEADER_NOT_READY: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.01),

@@ -177,6 +177,7 @@ def swap_in(live: Path, staging: Path, replaced: Path) -> None:
     """Replace the directory ``live`` by ``staging`` (see the module docstring)."""
     clear_replaced(replaced)
     if live.exists():
+        _carry_cut_bytes(live / WAL_DIR, staging / WAL_DIR)
         os.rename(live, replaced)
     os.rename(staging, live)
     fsync_dir(live.parent)
@@ -189,6 +190,27 @@ def swap_in(live: Path, staging: Path, replaced: Path) -> None:
             "place",
             replaced,
         )
+
+
+def _carry_cut_bytes(old_wal: Path, new_wal: Path) -> None:
+    """Move the bytes the old log cut at open (``wal-….seg.cut-at-OFFSET``) into the new
+    replica's log directory: kept as evidence of damage a disk may have done, they went with
+    the replaced replica -- and that damage (a synced record cut) is what ends in a copy."""
+    kept = sorted(old_wal.glob("*.cut-at-*")) if old_wal.is_dir() else []
+    if not kept or not new_wal.is_dir():
+        return
+    for path in kept:
+        target = new_wal / path.name
+        n = 0
+        while target.exists():
+            n += 1
+            target = new_wal / f"{path.name}.{n}"
+        os.rename(path, target)
+        logger.warning(
+            "tablet copy: %s, cut from the replaced replica's log, is now %s", path.name, target
+        )
+    fsync_dir(new_wal)
+    fsync_dir(old_wal)
 
 
 def recover_interrupted_copies(data_dir: Path) -> list[str]:

@@ -222,7 +222,7 @@ def test_a_call_with_no_slot_by_its_deadline_fails_saying_it_was_never_sent() ->
             assert "never sent" in failed.value.details()
             assert "none ended within 200 ms" in failed.value.details()
             cause = classify(failed.value)
-            assert (cause.cause, cause.action) == (Cause.RESOURCE_EXHAUSTED, Action.BACKOFF_SAME)
+            assert (cause.cause, cause.action) == (Cause.NO_CALL_SLOT, Action.BACKOFF_SAME)
             assert refused_before_log(cause)
             assert f"{MAX_CALLS_IN_FLIGHT} calls in flight to 127.0.0.1:{port}" in str(failed.value)
             assert servicer.most == MAX_CALLS_IN_FLIGHT  # the server never saw it

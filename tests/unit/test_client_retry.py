@@ -269,6 +269,8 @@ def test_retry_now_skips_the_backoff() -> None:
     ("cause", "error"),
     [
         (Cause.RESOURCE_EXHAUSTED, ServerTooBusy),
+        # The client's own call slots: no server was busy (it never saw the call).
+        (Cause.NO_CALL_SLOT, Timeout),
         (Cause.NOT_LEADER, NotLeader),
         (Cause.UNAVAILABLE, Timeout),
         (Cause.DEADLINE_EXCEEDED, Timeout),

@@ -13,6 +13,7 @@ import pytest
 
 from raftlet.consensus.core import Entry, EntryType
 from raftlet.consensus.log import LogOptions, PersistentState
+from raftlet.consensus.log.raft_storage import WAL_DIR
 from raftlet.tserver.bootstrap import STORE_FILE, open_replica, to_apply_entries
 from raftlet.tserver.store import TabletStore
 from raftlet.tserver.tablet_copy_install import (
@@ -97,6 +98,21 @@ def test_swap_in_replaces_the_live_directory_whole(tmp_path: Path) -> None:
     swap_in(live, staging, replaced)
     assert sorted(p.name for p in live.iterdir()) == ["new"]
     assert not staging.exists()
+    assert not replaced.exists()
+
+
+def test_the_bytes_the_old_log_cut_stay_with_the_new_replica(tmp_path: Path) -> None:
+    """The bytes a log cut at open are kept as evidence of damage a disk may have done --
+    the damage that ends in a tablet copy, which removed them with the replaced replica."""
+    live, staging, replaced = _dirs(tmp_path)
+    (live / WAL_DIR).mkdir()
+    (staging / WAL_DIR).mkdir()
+    cut = "wal-0000000000000001.seg.cut-at-251468"
+    (live / WAL_DIR / cut).write_bytes(b"damaged")
+    (staging / WAL_DIR / cut).write_bytes(b"the new log's own")  # a name taken: not lost
+    swap_in(live, staging, replaced)
+    assert (live / WAL_DIR / cut).read_bytes() == b"the new log's own"
+    assert (live / WAL_DIR / f"{cut}.1").read_bytes() == b"damaged"
     assert not replaced.exists()
 
 
