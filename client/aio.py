@@ -37,6 +37,8 @@ not the session's threads:
   (``asyncio.gather``, a pool of worker tasks); ``raftlet write --in-flight N`` does.
 - There are no reads: scan with the threaded ``Client`` (in a thread,
   ``asyncio.to_thread``), ``min_index={result.tablet_id: result.op_index}`` to see a write.
+  ``to_thread``'s default pool has ``min(32, cpus + 4)`` threads, so as many scans run at
+  once: more need an executor of their own (``loop.run_in_executor``).
 
 Cancelling a write (``task.cancel()``, ``asyncio.wait_for``, ``asyncio.timeout``, a
 cancelled ``gather``) does not withdraw it: once sent, it is applied or not whatever

@@ -33,6 +33,7 @@ import struct
 import grpc
 
 from raftlet.client.aio_write_stream import StreamedRpcError, expire, unary_call, write_result
+from raftlet.client.call_slots import NEVER_SENT
 from raftlet.proto import tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["TcpWriteStream", "TcpWritesTo", "open_tcp_write_stream"]
@@ -75,7 +76,8 @@ class TcpWritesTo:
         """The stream to write on, or None (use the gRPC stream). Opening one may take up
         to the connect timeout; a caller waits for it at most ``wait_s`` (its write's
         timeout), then gets ``DEADLINE_EXCEEDED`` -- as a call to a server that does not
-        answer would -- while the opening goes on for the writes after it."""
+        answer would, but saying it was never sent -- while the opening goes on for the
+        writes after it."""
         if (ready := self.open_stream()) is not None:
             return ready
         stream = self._stream
@@ -98,9 +100,12 @@ class TcpWritesTo:
         try:
             return await asyncio.wait_for(asyncio.shield(self._opening), wait_s)
         except TimeoutError:
+            # Still DEADLINE_EXCEEDED (a server whose port does not open is left for another
+            # replica), but said never sent: it was reported "may have been applied".
             raise StreamedRpcError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"Deadline Exceeded (opening the write port of {self.address})",
+                f"{NEVER_SENT}: the write port of {self.address} was still opening when the "
+                "attempt's time ran out",
             ) from None
 
     async def _open(self) -> TcpWriteStream | None:

@@ -4,10 +4,12 @@ Every one subclasses ``RaftletError`` and renders as one line that says what fai
 and why. The hierarchy, and when each is raised:
 
 - ``Timeout`` — the operation's deadline passed (retries included); raised within the
-  deadline plus the cost of one short RPC. Two subclasses say *why* the retries ran out:
-  ``ServerTooBusy`` (the last attempt was refused with RESOURCE_EXHAUSTED, "service queue
-  full") and ``NotLeader`` (the last attempt found no leader). ``except Timeout`` catches all
-  three.
+  deadline plus the cost of one short RPC. Two subclasses say *why* the retries ran out,
+  named by the cause most attempts failed with (the last one gets what time is left, often
+  too little to say much): ``ServerTooBusy`` (refused with RESOURCE_EXHAUSTED: a full
+  service queue, write memory, or a replica's every held-scan place) and ``NotLeader`` (no
+  leader found). The message counts the attempts by cause when they differ. ``except
+  Timeout`` catches all three.
 - ``RowError`` — one row failed (KEY_EXISTS, TYPE_MISMATCH…) while the rest of its batch was
   applied. ``row_index`` is the row's position in its *session*: the n-th ``insert``/
   ``upsert``/``update``/``delete`` call on that session, counting from 0.

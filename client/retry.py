@@ -266,6 +266,10 @@ def refused_before_log(failure: RpcFailure) -> bool:
         # Only gRPC's own "could not connect": a connection that broke after the call went
         # out leaves its fate unknown.
         return _NEVER_CONNECTED.search(failure.message) is not None
+    if failure.cause is Cause.DEADLINE_EXCEEDED:
+        # Only the client's own word that it never sent it (the asyncio client's write
+        # port still opening when the attempt's time ran out).
+        return failure.message.startswith(NEVER_SENT)
     return failure.cause in _REFUSED
 
 
@@ -429,14 +433,27 @@ def timeout_error(
     attempts: int,
     last: RpcFailure | None,
     may_have_applied: bool = True,
+    causes: Mapping[Cause, int] | None = None,
 ) -> Timeout:
-    """The ``Timeout`` (or its subclass named by the last failure) for a passed deadline;
-    ``may_have_applied`` False only when every attempt was refused before any log."""
+    """The ``Timeout`` for a passed deadline, a subclass named by the cause most attempts
+    failed with (``causes``, counted; else the last failure's); ``may_have_applied`` False
+    only when every attempt was refused before any log."""
     tail = f"; last error: {last}" if last is not None else ""
+    counted = ""
+    if causes and len(causes) > 1:
+        # The last attempt gets what time is left, often a sliver: its cause alone told a
+        # scan refused 31 times as busy to try smaller pages.
+        by_count = sorted(causes.items(), key=lambda kv: -kv[1])
+        counted = ": " + ", ".join(f"{n} {cause}" for cause, n in by_count)
     text = (
         f"{what} timed out after {timeout_s:.3g} s "
-        f"({attempts} attempt{'s' if attempts != 1 else ''}{tail})"
+        f"({attempts} attempt{'s' if attempts != 1 else ''}{counted}{tail})"
     )
+    named = last.cause if last is not None else None
+    if causes:
+        top = max(causes.values())
+        if named is None or causes.get(named, 0) < top:
+            named = next(cause for cause, n in causes.items() if n == top)
     if last is not None and last.cause is Cause.NOT_LEADER and not last.leader_uuid:
         # The retries ran out with no replica knowing a leader: no election could be won.
         text += (
@@ -452,11 +469,11 @@ def timeout_error(
             "check the client's CA, certificate and token"
         )
     error: Timeout
-    if last is not None and last.cause in (Cause.RESOURCE_EXHAUSTED, Cause.STREAM_REFUSED):
+    if named in (Cause.RESOURCE_EXHAUSTED, Cause.STREAM_REFUSED):
         # Named by its own cause: a refused stream counted as RESOURCE_EXHAUSTED sent a
         # reviewer looking for a queue or memory overload that no server counter showed.
-        error = ServerTooBusy(text, cause=last.cause.value, may_have_applied=may_have_applied)
-    elif last is not None and last.cause is Cause.NOT_LEADER:
+        error = ServerTooBusy(text, cause=named.value, may_have_applied=may_have_applied)
+    elif named is Cause.NOT_LEADER:
         error = NotLeader(text, may_have_applied=may_have_applied)
     else:
         error = Timeout(text, may_have_applied=may_have_applied)
@@ -549,6 +566,7 @@ class _RetryRun:
         self.clock = clock
         self.attempts = 0
         self.last: RpcFailure | None = None
+        self.causes: dict[Cause, int] = {}  # failed attempts by cause, in order first seen
         self.reserve = _reserve(timeout_s)
         # Some attempt's fate is unknown: it may be in a log (see client.errors).
         self.may_have_applied = False
@@ -568,6 +586,7 @@ class _RetryRun:
 
     def _failed(self, failure: RpcFailure) -> None:
         self.last = failure
+        self.causes[failure.cause] = self.causes.get(failure.cause, 0) + 1
         if not refused_before_log(failure):
             self.may_have_applied = True
 
@@ -593,7 +612,12 @@ class _RetryRun:
             if isinstance(failure, RetriableFailure):
                 self._failed(failure.failure)
         return timeout_error(
-            self.what, self.timeout_s, self.attempts, self.last, self.may_have_applied
+            self.what,
+            self.timeout_s,
+            self.attempts,
+            self.last,
+            self.may_have_applied,
+            self.causes,
         )
 
     def final(self, error: RaftletError) -> None:

@@ -543,3 +543,46 @@ def test_an_attempt_keeps_only_the_time_a_leader_look_up_left_it() -> None:
     call_tablet(rpc, "kv-p0", write, what="a write", deadline=start + 1.0, timeout_s=1.0)
     assert timeouts == [pytest.approx(0.3)]
     assert within(5.0, start + 1.0, lambda: start + 2.0) == pytest.approx(0.001)
+
+
+def test_a_timeout_is_named_by_the_cause_most_attempts_failed_with() -> None:
+    """The last attempt gets the time that is left, often a sliver: a scan refused as busy
+    31 times ended on one DEADLINE_EXCEEDED, and was told to try smaller pages."""
+    busy = RpcFailure(Cause.RESOURCE_EXHAUSTED, Action.BACKOFF_SAME, "RESOURCE_EXHAUSTED", "busy")
+    late = RpcFailure(Cause.DEADLINE_EXCEEDED, Action.NEXT_REPLICA, "DEADLINE_EXCEEDED", "late")
+    causes = {Cause.RESOURCE_EXHAUSTED: 31, Cause.DEADLINE_EXCEEDED: 1}
+    err = timeout_error("scan of tablet kv-p0", 8.0, 32, late, causes=causes)
+    assert type(err) is ServerTooBusy
+    assert "(32 attempts: 31 RESOURCE_EXHAUSTED, 1 DEADLINE_EXCEEDED; last error: " in str(err)
+    # One cause: said once, as before.
+    one = timeout_error("write", 3.0, 2, busy, causes={Cause.RESOURCE_EXHAUSTED: 2})
+    assert "(2 attempts; last error: " in str(one)
+    assert type(one) is ServerTooBusy
+    # Counted by the retry loop itself.
+    clock = FakeClock()
+    fails = [_failure(Cause.RESOURCE_EXHAUSTED)] * 3 + [_failure(Cause.DEADLINE_EXCEEDED)] * 10_000
+    _, attempt = _failing(clock, fails)
+    with pytest.raises(Timeout) as info:
+        run_with_retries(
+            attempt,
+            what="scan",
+            deadline=clock.now + 3.0,
+            timeout_s=3.0,
+            attempt_timeout_s=1.0,
+            clock=clock.clock,
+            sleep=clock.sleep,
+        )
+    counted = str(info.value).split("; last error")[0]
+    assert "DEADLINE_EXCEEDED, 3 RESOURCE_EXHAUSTED" in counted, counted
+
+
+def test_only_a_deadline_the_client_says_it_never_sent_counts_as_not_applied() -> None:
+    sent = RpcFailure(Cause.DEADLINE_EXCEEDED, Action.NEXT_REPLICA, "DEADLINE_EXCEEDED", "late")
+    never = RpcFailure(
+        Cause.DEADLINE_EXCEEDED,
+        Action.NEXT_REPLICA,
+        "DEADLINE_EXCEEDED",
+        "the call was never sent: the write port of h:1 was still opening",
+    )
+    assert not refused_before_log(sent)
+    assert refused_before_log(never)

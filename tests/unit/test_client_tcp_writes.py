@@ -11,6 +11,7 @@ import pytest
 
 from raftlet.client.aio_tcp_writes import TcpWritesTo
 from raftlet.client.aio_write_stream import StreamedRpcError
+from raftlet.client.retry import classify, refused_before_log
 from raftlet.proto import tablet_pb2
 
 ADDRESS = "127.0.0.1:1"  # what the stand-in says it is: the port comes from WriteEndpoint
@@ -81,6 +82,10 @@ def test_a_write_waits_for_the_port_to_open_no_longer_than_its_own_timeout() -> 
             await tcp.stream(0.2)
         assert timed_out.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
         assert loop.time() - started < 2.0
+        # Never sent, and said so: it was reported "may have been applied".
+        failure = classify(timed_out.value, "ts1", ADDRESS)
+        assert failure.message.startswith("the call was never sent: the write port of")
+        assert refused_before_log(failure)
         later = asyncio.ensure_future(tcp.stream(10.0))  # shares the same opening
         await asyncio.sleep(0)
         answer.set()
