@@ -189,6 +189,7 @@ def _list(text: str) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from raftlet.chaos.options import (
+        UNSAFE_SWITCHES,
         ChaosOptions,
         WorkloadOptions,
         history_path_problem,
@@ -197,6 +198,17 @@ def run(args: argparse.Namespace) -> int:
     from raftlet.chaos.run import ChaosStartError, run_chaos
     from raftlet.cli.tserver_args import build_tserver_parser
 
+    # Set by options of chaos's own, which its report and history name: given again as a
+    # server flag it won (it comes last), and a run in lease mode was reported as ReadIndex.
+    own = {"--leader_read_mode": "--leader-read-mode"}
+    own |= {flag.split("=", 1)[0]: f"--unsafe {name}" for name, flag in UNSAFE_SWITCHES.items()}
+    for flag in args.tserver_flag:
+        name = flag.split("=", 1)[0]
+        if name in own:
+            raise UsageError(
+                f"--tserver-flag={flag}: set it with {own[name]}, which the report and the "
+                "history name"
+            )
     if args.tserver_flag:
         # The server's own parser: a typo is a usage error now, not three failed starts.
         check = build_tserver_parser("raftlet chaos --tserver-flag")

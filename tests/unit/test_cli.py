@@ -165,6 +165,15 @@ USAGE_ERRORS = [
     (["cluster", "up", "--term-check-mode", "sometimes"], "invalid choice"),
     (["cluster", "up", "--tserver-flag=--bogus=1"], "unrecognized arguments: --bogus=1"),
     (["cluster", "up", "--tserver-flag=--config=x.toml"], "the launcher sets --config itself"),
+    # Chaos's own options, which its report names: as server flags they won unreported.
+    (
+        ["chaos", "--tserver-flag=--leader_read_mode=lease"],
+        "set it with --leader-read-mode, which the report and the history name",
+    ),
+    (
+        ["chaos", "--tserver-flag=--unsafe_ack_before_commit=true"],
+        "set it with --unsafe early-ack",
+    ),
     (["cluster", "up", "--cpu-affinity", "all"], "--cpu-affinity all: 'all' is not a CPU number"),
     (["cluster", "down"], "one of the arguments --data-dir --cluster is required"),
     (["metrics", "--data-dir", "x", "--format", "yaml"], "invalid choice"),
