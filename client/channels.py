@@ -42,6 +42,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import grpc
 
+from raftlet.client.aio_write_stream import StreamedRpcError
 from raftlet.client.call_slots import NEVER_SENT, FairSlots
 from raftlet.client.errors import ClientClosed
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
@@ -205,7 +206,7 @@ def _process_slots(address: str) -> FairSlots:
         return slots
 
 
-class NoCallSlot(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
+class NoCallSlot(StreamedRpcError):
     """No slot for a call to the server freed within its attempt's time: the client's own
     limit, said as such. RESOURCE_EXHAUSTED saying it was never sent (``retry.Cause``
     NO_CALL_SLOT): the same server is tried again after a backoff, the call counts as never
@@ -214,25 +215,12 @@ class NoCallSlot(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types
     the next attempt to a follower, and said a write never sent may have been applied.)"""
 
     def __init__(self, address: str, waited_s: float) -> None:
-        self._details = (
-            f"{NEVER_SENT}: this process already had {MAX_CALLS_IN_FLIGHT} "
-            f"calls in flight to {address}, and none ended within {_duration(waited_s)} "
-            "(fewer threads per client process, or a longer timeout, may help)"
+        super().__init__(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{NEVER_SENT}: this process already had {MAX_CALLS_IN_FLIGHT} calls in flight "
+            f"to {address}, and none ended within {waited_s * 1000:.0f} ms (fewer threads "
+            "per client process, or a longer timeout, may help)",
         )
-        super().__init__(self._details)
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
-        return ()
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds >= 0.95 else f"{seconds * 1000:.0f} ms"
 
 
 class GrpcServerStub:

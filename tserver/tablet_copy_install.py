@@ -33,7 +33,7 @@ from typing import NamedTuple
 from raftlet.consensus.core import Entry, EntryType
 from raftlet.consensus.log import ConsensusMetadata, LogOptions, PersistentState, write_log_start
 from raftlet.consensus.log.raft_storage import WAL_DIR
-from raftlet.consensus.log.segment import fsync_dir
+from raftlet.consensus.log.segment import fsync_dir, unused_path
 from raftlet.tserver.remove_tree import remove_tree
 
 __all__ = [
@@ -200,11 +200,7 @@ def _carry_cut_bytes(old_wal: Path, new_wal: Path) -> None:
     if not kept or not new_wal.is_dir():
         return
     for path in kept:
-        target = new_wal / path.name
-        n = 0
-        while target.exists():
-            n += 1
-            target = new_wal / f"{path.name}.{n}"
+        target = unused_path(new_wal / path.name)
         os.rename(path, target)
         logger.warning(
             "tablet copy: %s, cut from the replaced replica's log, is now %s", path.name, target

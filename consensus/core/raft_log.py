@@ -222,11 +222,10 @@ class RaftLog:
         written back as they were (three leaders in turn, one slow fsync): the disk held the
         middle batch's entries while the stable index -- and so the commit index saved, and
         what was applied -- covered them."""
-        ends = ((last, last_term) for _, last, last_term in self._handed)
-        covered = next((n for n, end in enumerate(ends, 1) if end == (index, term)), 0)
-        if not covered:
+        ends = [(last, last_term) for _, last, last_term in self._handed]
+        if (index, term) not in ends:
             return False  # no batch of ours (handed out before a restore)
-        for _ in range(covered):
+        for _ in range(ends.index((index, term)) + 1):
             self._handed.popleft()
         upto = min(index, self._in_progress, *(first - 1 for first, _, _ in self._handed))
         if upto < self._unstable_offset:

@@ -72,6 +72,7 @@ from raftlet.consensus.log.segment import (
     parse_segment_name,
     read_record,
     scan_segment,
+    unused_path,
 )
 from raftlet.consensus.workers import WorkerPool
 
@@ -857,10 +858,7 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
 def _keep_aside(path: str, data: bytes) -> str:
     """``data`` in a file of its own at ``path`` (or, if that is taken by an earlier cut,
     ``path.1``, ``path.2`` ...), durably, before the log cuts it off; the path used."""
-    n = 0
-    while os.path.exists(path if n == 0 else f"{path}.{n}"):
-        n += 1
-    path = path if n == 0 else f"{path}.{n}"
+    path = unused_path(path)
     with open(path, "xb") as f:
         f.write(data)
         f.flush()

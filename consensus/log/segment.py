@@ -44,6 +44,7 @@ __all__ = [
     "replace_durably",
     "scan_segment",
     "segment_name",
+    "unused_path",
 ]
 
 MAGIC = b"RLTWAL\r\n"  # \r\n: a text-mode copy that mangles line ends is caught at once
@@ -336,6 +337,16 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def unused_path(path: str | os.PathLike[str]) -> str:
+    """``path``, or if it is taken ``path.1``, ``path.2`` ...: the first that is not (kept
+    evidence never overwrites evidence kept before)."""
+    base = os.fspath(path)
+    n = 0
+    while os.path.exists(candidate := base if n == 0 else f"{base}.{n}"):
+        n += 1
+    return candidate
 
 
 def replace_durably(path: Path, text: str) -> None:
