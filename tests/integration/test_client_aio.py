@@ -171,7 +171,9 @@ def test_not_leader_mid_run_is_retried_and_each_write_applied_once(
     cluster: TserverCluster,
 ) -> None:
     """16 writes in flight to one tablet while its leader steps down behind the client's back.
-    Every write succeeds; NOT_LEADER answers were retried (same request id, elsewhere); and
+    Every write succeeds; the leader change was retried (same request id, elsewhere) --
+    NOT_LEADER for a write that reached the old leader after it stepped down, UNAVAILABLE
+    for one in flight there as it did (its proposal dropped), whichever the timing gave; and
     each replica applied exactly one write op per acknowledged write — a retry applied twice
     would show as an extra op (and as KEY_EXISTS, since every key is new)."""
     base = 1_200_000
@@ -228,7 +230,8 @@ def test_not_leader_mid_run_is_retried_and_each_write_applied_once(
     c = run(main())
     stats = c.stats
     assert stats.errors_by_cause == {}
-    assert stats.retries_by_cause.get("NOT_LEADER", 0) > 0, stats.retries_by_cause
+    retried = stats.retries_by_cause
+    assert retried.get("NOT_LEADER", 0) + retried.get("UNAVAILABLE", 0) > 0, retried
     assert stats.writes_acked == len(written)
     assert scan_range(cluster, base, max(written) + 1) == {k: f"v{k - base}" for k in written}
     wait_for(
