@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: $(STAMP)
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=15
 
 # Regenerates proto/*_pb2*.py(i) in place; commit the result.
 proto: $(STAMP)

@@ -45,7 +45,7 @@ def test_every_fault_kind_leaves_a_linearizable_history_and_no_lost_write(
     # behind their leader's log and are caught up by tablet copies.
     report = _run(
         tmp_path,
-        duration_s=75.0,
+        duration_s=50.0,
         seed=7,
         history_path=tmp_path / "history.jsonl",
         tserver_flags=(
@@ -131,7 +131,7 @@ def _stale_reads_run(tmp_path: Path, seed: int) -> ChaosReport:
 def test_negative_control_acknowledging_before_a_majority_is_caught(tmp_path: Path) -> None:
     report = _run(
         tmp_path,
-        duration_s=20.0,
+        duration_s=15.0,
         seed=4,
         faults=("kill", "partition-leader"),
         unsafe=("early-ack",),
@@ -145,7 +145,7 @@ def test_proxy_partitions_leave_a_linearizable_history(tmp_path: Path) -> None:
     """The backend for users without root: loopback servers behind per-link proxies."""
     report = _run(
         tmp_path,
-        duration_s=25.0,
+        duration_s=18.0,
         seed=5,
         backend="proxy",
         faults=("partition-leader", "partition-halves", "pause", "kill"),
@@ -162,7 +162,7 @@ def test_lease_reads_stay_linearizable_when_the_leader_is_paused_or_cut_off(
     while it slept, and the ticker sees it woke late)."""
     report = _run(
         tmp_path,
-        duration_s=30.0,
+        duration_s=20.0,
         seed=9,
         faults=("pause", "partition-leader"),
         leader_read_mode="lease",
