@@ -27,7 +27,9 @@ Leaders are learned lazily and cheaply:
   failing writes costs one round of ``ListTablets``, not one per write.
 
 A server whose call failed at the transport level is *down* for ``down_ttl_s``: routing
-prefers other replicas meanwhile (but still tries it when nothing else is left).
+prefers other replicas meanwhile (but still tries it when nothing else is left). So is one
+whose calls have run out of time for ``SILENCE_S`` with no answer in between (``timed_out``):
+one short deadline passing says nothing about the server.
 
 The state (view, leaders, servers down) and the decisions on it are ``MetaState``, free of
 I/O; ``MetaCache`` adds the blocking RPCs and ``aio_meta.AsyncMetaCache`` the asyncio ones.
@@ -69,6 +71,9 @@ __all__ = ["ClusterView", "MetaCache", "MetaState", "ServerInfo", "TableInfo", "
 # as good as down (for this call), and the next server is asked.
 LIST_TABLETS_TIMEOUT_S = 2.0
 CONFIG_TIMEOUT_S = 3.0
+# How long a server's calls must go unanswered, timing out, before it counts as down: longer
+# than a leader's fsync or GC stall, shorter than an election.
+SILENCE_S = 0.5
 # The config is fetched again at most this often when it proves out of date.
 _RELOAD_INTERVAL_S = 1.0
 
@@ -193,6 +198,10 @@ class MetaState:
         self._lock = threading.Lock()
         self._leaders: dict[str, str] = {}
         self._down_until: dict[str, float] = {}
+        # When each server last answered a call (``mark_up``), by uuid.
+        self._answered_at: dict[str, float] = {}
+        # The earliest send of the calls that timed out since the server's last answer.
+        self._unanswered_since: dict[str, float] = {}
         # Replicas learned since the view was installed (a moved tablet), by tablet.
         self._replicas: dict[str, tuple[str, ...]] = {}
         # A server refused a call as made for another schema: fetch the config again.
@@ -323,8 +332,34 @@ class MetaState:
                     del self._leaders[tablet]
 
     def mark_up(self, server_uuid: str) -> None:
+        now = self._clock()
         with self._lock:
+            self._answered_at[server_uuid] = now
+            self._unanswered_since.pop(server_uuid, None)
             self._down_until.pop(server_uuid, None)
+
+    def now(self) -> float:
+        """The clock that ``timed_out``'s ``sent_at`` is read from."""
+        return self._clock()
+
+    def timed_out(self, server_uuid: str, sent_at: float) -> bool:
+        """A call sent to the server at ``sent_at`` got no answer before its deadline. The
+        server is marked down (True) once it has answered nothing for ``SILENCE_S`` of calls
+        timing out; before that, or when it answered another call since this one went, it
+        is slow, not gone (False). (A short deadline of the caller's says nothing about the
+        server: marking it down at once sent every thread of the process to followers and
+        leader look-ups for ``down_ttl_s``, and 32 writers with a 30 ms timeout wrote a fifth
+        of what they could.)"""
+        now = self._clock()
+        with self._lock:
+            if self._answered_at.get(server_uuid, float("-inf")) >= sent_at:
+                return False
+            since = min(self._unanswered_since.get(server_uuid, sent_at), sent_at)
+            self._unanswered_since[server_uuid] = since
+            if now - since < SILENCE_S:
+                return False
+        self.mark_down(server_uuid)
+        return True
 
     def is_down(self, server_uuid: str) -> bool:
         with self._lock:

@@ -13,7 +13,11 @@ to the server ``Router`` picks (pure, shared with ``aio_rpc``); a failure is cla
 - NEXT_REPLICA (unreachable, timed out, not running, no such replica): the server is marked
   down (for transport failures) and the next replica in ring order is tried — at once if
   this call has not failed there yet, else after a backoff; a server without the replica
-  makes the next attempt look the tablet's replicas up again first (they may have moved);
+  makes the next attempt look the tablet's replicas up again first (they may have moved).
+  A call that ran out of time at a server that answered other calls meanwhile, or that has
+  not been silent for ``SILENCE_S`` yet, is slow, not down (``MetaState.timed_out``):
+  nothing changes for the process, and a leader's call goes to the same server again after
+  a backoff;
 - FAIL: raised at once as ``InvalidArgument`` / ``RemoteError``.
 
 ``leader_only=False`` (follower reads) starts at ``prefer`` — the replica a scan is already
@@ -83,6 +87,7 @@ class Router:
         self.leader_only = leader_only
         self.next: str | None = prefer if prefer in tablet.replicas else None
         self.last: str | None = None
+        self.sent_at = float("-inf")  # when the latest attempt went (``pick``)
         self.failed: set[str] = set()
         self.not_found: set[str] = set()
         # A server said it has no replica: look the replicas up before the next attempt.
@@ -115,7 +120,12 @@ class Router:
 
     def pick(self) -> str:
         """The next attempt's server: the one a failure chose, else the known leader that is
-        not down, else the next replica in ring order."""
+        not down, else the next replica in ring order. Call it just before the call goes."""
+        target = self._choose()
+        self.sent_at = self.meta.now()
+        return target
+
+    def _choose(self) -> str:
         if self.gone_from is not None:
             # Every replica said it has none, and a look-up followed: unless the tablet
             # moved meanwhile, there is none to find.
@@ -190,7 +200,12 @@ class Router:
                 return hint not in self.failed
             return False
         # NEXT_REPLICA
-        if f.cause in (Cause.UNAVAILABLE, Cause.DEADLINE_EXCEEDED):
+        if f.cause is Cause.DEADLINE_EXCEEDED and not self.meta.timed_out(server, self.sent_at):
+            # Slow, not gone: the process keeps its leader; a leader's call waits and goes
+            # there again, a follower read moves on.
+            self.next = server if self.leader_only else self._rotate()
+            return False
+        if f.cause is Cause.UNAVAILABLE:
             self.meta.mark_down(server)
         self.meta.forget_leader(tid, server)
         if f.cause is Cause.TABLET_NOT_FOUND:
