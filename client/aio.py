@@ -278,7 +278,9 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self._check_open()
         self._meta.tablet(tablet_id)
         if refresh or self._meta.leader(tablet_id) is None:
-            await self._meta.refresh_leaders(self._rpc.clock() + self.timeout_s, force=True)
+            await self._meta.refresh_leaders(
+                self._rpc.clock() + self.timeout_s, force=True, tablet_id=tablet_id
+            )
         return self._meta.leader(tablet_id)
 
     async def list_tablets(

@@ -5,10 +5,10 @@ client; this module only does its two kinds of I/O as coroutines, with the same 
 
 - ``load``: ``GetClusterConfig`` from the seeds in turn (then any known server), retried with
   ``retry.run_with_retries_async`` until the deadline (``Timeout``);
-- ``refresh_leaders``: ``ListTablets`` on every server at once (``asyncio.gather``), believed
-  through ``MetaState.learn_leaders``; serialized by an ``asyncio.Lock`` and rate-limited
-  (``leader_refresh_interval_s``), so 64 writes that lost their leader together cost one
-  round of ``ListTablets``.
+- ``refresh_leaders``: ``ListTablets`` on every server at once, believed through
+  ``MetaState.learn_leaders`` (and, for one tablet, done once ``MetaState.leader_settled``);
+  serialized by an ``asyncio.Lock`` and rate-limited (``leader_refresh_interval_s``), so 64
+  writes that lost their leader together cost one round of ``ListTablets``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 import grpc
 
@@ -24,6 +25,7 @@ from raftlet.client.errors import InvalidArgument, RaftletError
 from raftlet.client.meta_cache import (
     CONFIG_TIMEOUT_S,
     LIST_TABLETS_TIMEOUT_S,
+    Answers,
     ClusterView,
     MetaState,
 )
@@ -64,6 +66,8 @@ class AsyncMetaCache(MetaState):
         self._refresh_interval_s = leader_refresh_interval_s
         self._refresh_lock: asyncio.Lock | None = None  # made in the loop that uses it
         self._last_refresh = float("-inf")
+        # Look-up calls still out when the answers already settled the look-up.
+        self._unread: set[asyncio.Future[tablet_pb2.ListTabletsResponse | RpcFailure]] = set()
 
     async def reload_if_stale(self, table: str) -> None:
         """Fetch the config again when it proved out of date for ``table``
@@ -127,10 +131,10 @@ class AsyncMetaCache(MetaState):
         )
 
     async def list_tablets(
-        self, timeout: float
-    ) -> dict[str, tablet_pb2.ListTabletsResponse | RpcFailure]:
-        """``ListTablets`` on every server at once: uuid → its answer, or why it gave none."""
-        servers = list(self.view.servers.values())
+        self, timeout: float, enough: Callable[[Answers], bool] | None = None
+    ) -> Answers:
+        """``ListTablets`` on every server at once: uuid → its answer, or why it gave none.
+        Once the answers so far are ``enough``, the calls still out are left out."""
 
         async def one(uuid: str, address: str) -> tablet_pb2.ListTabletsResponse | RpcFailure:
             try:
@@ -138,13 +142,32 @@ class AsyncMetaCache(MetaState):
             except grpc.RpcError as e:
                 return classify(e, uuid, address)
 
-        answers = await asyncio.gather(*(one(s.uuid, s.rpc_addr) for s in servers))
-        return {s.uuid: answer for s, answer in zip(servers, answers, strict=True)}
+        calls = {
+            asyncio.ensure_future(one(s.uuid, s.rpc_addr)): s.uuid
+            for s in self.view.servers.values()
+        }
+        out: Answers = {}
+        pending = set(calls)
+        try:
+            while pending and not (enough is not None and enough(out)):
+                ended, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in ended:
+                    out[calls[task]] = task.result()
+        finally:
+            # Left to end by their own deadlines, unread: a grpc.aio call cancelled kept its
+            # connection open past the client's close from another loop.
+            for task in pending:
+                self._unread.add(task)
+                task.add_done_callback(self._unread.discard)
+        return out
 
-    async def refresh_leaders(self, deadline: float, *, force: bool = False) -> None:
-        """Learn every tablet's leader from the servers' own claims. Returns early — keeping
-        what is cached — when another task refreshed within ``leader_refresh_interval_s``
-        or the deadline is too close."""
+    async def refresh_leaders(
+        self, deadline: float, *, force: bool = False, tablet_id: str | None = None
+    ) -> None:
+        """Learn every tablet's leader from the servers' own claims; with ``tablet_id``,
+        without waiting for more answers once that tablet's are settled. Returns early —
+        keeping what is cached — when another task refreshed within
+        ``leader_refresh_interval_s`` or the deadline is too close."""
         left = deadline - self._clock()
         if left <= 0:
             return
@@ -163,11 +186,13 @@ class AsyncMetaCache(MetaState):
             left = deadline - now
             if left <= 0:
                 return
+            sent_at = self._clock()
             answers = await self.list_tablets(
-                min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s)
+                min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s),
+                None if tablet_id is None else partial(self.leader_settled, tablet_id),
             )
             self._stats.leader_refresh()
-            self.learn_leaders(answers)
+            self.learn_leaders(answers, sent_at)
             self._last_refresh = self._clock()
         finally:
             lock.release()

@@ -66,9 +66,10 @@ async def call_tablet_async(
 
     async def attempt(attempt_no: int, attempt_timeout: float) -> tuple[R, str]:
         if router.needs_lookup():
-            await ctx.meta.refresh_leaders(deadline)
+            await ctx.meta.refresh_leaders(deadline, tablet_id=router.tablet_id)
             # The look-up may have taken some of the time left: the call keeps the rest.
             attempt_timeout = within(attempt_timeout, deadline, ctx.clock)
+        attempt_timeout = router.time_for(attempt_no, attempt_timeout, deadline - ctx.clock())
         target = router.pick()
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)

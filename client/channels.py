@@ -145,6 +145,8 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
 class ResultFuture(Protocol):
     def result(self, timeout: float | None = None) -> Any: ...
 
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None: ...
+
 
 class ServerStub(Protocol):
     """The RPCs the client makes to one server. ``timeout`` is in seconds."""

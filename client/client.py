@@ -158,11 +158,12 @@ class Client(ClientBase[MetaCache]):
         """Connect to a cluster through ``seeds`` ("host:port" strings, or one string of
         them comma-separated) and fetch its config, retrying for up to ``timeout_s``
         (``Timeout`` if no seed answers). ``timeout_s`` is also the default deadline of
-        every operation; ``rpc_timeout_s`` caps one attempt, so a hung server is left for
-        another replica in time. ``tls`` (the CA, and this client's certificate and key)
-        and ``token`` (a bearer token) for a TLS cluster (``client.tls``); without them
-        the channels are plaintext. With a token and no certificate the client dials the
-        servers' token ports (``seeds`` are token ports too)."""
+        every operation; ``rpc_timeout_s`` caps one attempt (a follower read's first gets at
+        most half the time left, so a paused replica leaves time for another). ``tls`` (the
+        CA, and this client's certificate and key) and ``token`` (a bearer token) for a TLS
+        cluster (``client.tls``); without them the channels are plaintext. With a token and
+        no certificate the client dials the servers' token ports (``seeds`` are token ports
+        too)."""
         check_timeout(timeout_s)
         check_timeout(rpc_timeout_s, "rpc_timeout_s")
         if flush_threads < 1:
@@ -228,7 +229,9 @@ class Client(ClientBase[MetaCache]):
         none is cached); None if no replica claims it."""
         self._meta.tablet(tablet_id)
         if refresh or self._meta.leader(tablet_id) is None:
-            self._meta.refresh_leaders(time.monotonic() + self.timeout_s, force=True)
+            self._meta.refresh_leaders(
+                time.monotonic() + self.timeout_s, force=True, tablet_id=tablet_id
+            )
         return self._meta.leader(tablet_id)
 
     def list_tablets(

@@ -24,12 +24,15 @@ Leaders are learned lazily and cheaply:
   only a replica that reports *itself* leader is believed (a follower's ``leader_uuid`` may
   still name a dead leader until its election timeout), the highest term winning if two claim
   it. Refreshes are serialized and rate-limited (``leader_refresh_interval_s``), so a storm of
-  failing writes costs one round of ``ListTablets``, not one per write.
+  failing writes costs one round of ``ListTablets``, not one per write; a refresh for one
+  tablet is done once a majority of its replicas answered (``leader_settled``).
 
 A server whose call failed at the transport level is *down* for ``down_ttl_s``: routing
 prefers other replicas meanwhile (but still tries it when nothing else is left). So is one
-whose calls have run out of time for ``SILENCE_S`` with no answer in between (``timed_out``):
-one short deadline passing says nothing about the server.
+whose reads or ``ListTablets`` calls have run out of time for ``SILENCE_S`` with no answer to
+any call in between (``timed_out``): one short deadline passing says nothing about the server.
+A leader silent that long is not marked down but *in doubt* (``doubt_leader``): the next call
+to its tablet looks the leader up first, and goes back to it if it still leads (``rpc``).
 
 The state (view, leaders, servers down) and the decisions on it are ``MetaState``, free of
 I/O; ``MetaCache`` adds the blocking RPCs and ``aio_meta.AsyncMetaCache`` the asyncio ones.
@@ -40,10 +43,12 @@ server uses to place and check rows — mapped to the tablet of that partition.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import grpc
 
@@ -76,6 +81,11 @@ CONFIG_TIMEOUT_S = 3.0
 SILENCE_S = 0.5
 # The config is fetched again at most this often when it proves out of date.
 _RELOAD_INTERVAL_S = 1.0
+# How long past its own deadline a look-up waits for a gRPC call that has not ended.
+_STUCK_CALL_MARGIN_S = 5.0
+
+# Each server's ``ListTablets`` answer, or why it gave none, by uuid.
+Answers = dict[str, tablet_pb2.ListTabletsResponse | RpcFailure]
 
 
 @dataclass(frozen=True)
@@ -197,6 +207,8 @@ class MetaState:
         self._view: ClusterView | None = None
         self._lock = threading.Lock()
         self._leaders: dict[str, str] = {}
+        # Tablets whose cached leader let a call run out of time (``doubt_leader``).
+        self._in_doubt: set[str] = set()
         self._down_until: dict[str, float] = {}
         # When each server last answered a call (``mark_up``), by uuid.
         self._answered_at: dict[str, float] = {}
@@ -317,6 +329,19 @@ class MetaState:
     def set_leader(self, tablet_id: str, server_uuid: str) -> None:
         with self._lock:
             self._leaders[tablet_id] = server_uuid
+            self._in_doubt.discard(tablet_id)
+
+    def doubt_leader(self, tablet_id: str, server_uuid: str) -> None:
+        """A call to ``server_uuid``, the cached leader, ran out of time: the next call to the
+        tablet, from any thread, looks the leader up first (``leader_in_doubt``), and goes
+        back to it unless the look-up finds another. (A paused leader was otherwise asked
+        by every call until it woke, each taking its whole timeout.)"""
+        with self._lock:
+            if self._leaders.get(tablet_id) == server_uuid:
+                self._in_doubt.add(tablet_id)
+
+    def leader_in_doubt(self, tablet_id: str) -> bool:
+        return tablet_id in self._in_doubt
 
     def forget_leader(self, tablet_id: str, server_uuid: str | None = None) -> None:
         """Forget the cached leader (only if it is ``server_uuid``, when given)."""
@@ -342,22 +367,25 @@ class MetaState:
         """The clock that ``timed_out``'s ``sent_at`` is read from."""
         return self._clock()
 
-    def timed_out(self, server_uuid: str, sent_at: float) -> bool:
-        """A call sent to the server at ``sent_at`` got no answer before its deadline. The
-        server is marked down (True) once it has answered nothing for ``SILENCE_S`` of calls
-        timing out; before that, or when it answered another call since this one went, it
-        is slow, not gone (False). (A short deadline of the caller's says nothing about the
-        server: marking it down at once sent every thread of the process to followers and
-        leader look-ups for ``down_ttl_s``, and 32 writers with a 30 ms timeout wrote a fifth
-        of what they could.)"""
+    def silent(self, server_uuid: str, sent_at: float) -> bool:
+        """A call sent to the server at ``sent_at`` got no answer before its deadline: True
+        once the server has answered nothing for ``SILENCE_S`` -- counted from its last
+        answer, or from the first call since then that timed out, whichever came later;
+        False before that: slow, not gone. (A short deadline of the caller's says nothing
+        about the server; nor does a first call after a long idle time.)"""
         now = self._clock()
         with self._lock:
-            if self._answered_at.get(server_uuid, float("-inf")) >= sent_at:
-                return False
             since = min(self._unanswered_since.get(server_uuid, sent_at), sent_at)
             self._unanswered_since[server_uuid] = since
-            if now - since < SILENCE_S:
-                return False
+            quiet_from = max(since, self._answered_at.get(server_uuid, float("-inf")))
+            return now - quiet_from >= SILENCE_S
+
+    def timed_out(self, server_uuid: str, sent_at: float) -> bool:
+        """As ``silent``, and a silent server is marked down (True). (Marked down at its
+        first timeout, a busy server sent every thread of the process to the others for
+        ``down_ttl_s``: 32 writers with a 30 ms timeout wrote a fifth of what they could.)"""
+        if not self.silent(server_uuid, sent_at):
+            return False
         self.mark_down(server_uuid)
         return True
 
@@ -366,18 +394,50 @@ class MetaState:
             until = self._down_until.get(server_uuid)
         return until is not None and self._clock() < until
 
+    def leader_settled(
+        self, tablet_id: str, answers: Mapping[str, tablet_pb2.ListTabletsResponse | RpcFailure]
+    ) -> bool:
+        """Whether the ``ListTablets`` answers so far settle ``tablet_id``'s leader, so a
+        look-up need not wait for the rest: a replica claims leadership at term T, and a
+        majority of the tablet's voters answered, none at a term past T. (A leader of a
+        later term needs the votes of a majority, which would include one of these; a look-
+        up had waited its whole 2 s for a paused server after the others had elected.)"""
+        claim: tuple[int, tuple[str, ...]] | None = None
+        terms: dict[str, int] = {}
+        for uuid, answer in answers.items():
+            if isinstance(answer, RpcFailure):
+                continue
+            for t in answer.tablets:
+                if t.tablet_id != tablet_id:
+                    continue
+                terms[uuid] = t.term
+                claims_it = t.role == consensus_pb2.LEADER and t.leader_uuid == uuid
+                if claims_it and (claim is None or t.term > claim[0]):
+                    claim = (t.term, tuple(t.voters))
+        if claim is None:
+            return False
+        term, voters = claim
+        voters = voters or self.tablet(tablet_id).replicas
+        answered = [u for u in voters if u in terms]
+        return len(answered) > len(voters) // 2 and all(terms[u] <= term for u in answered)
+
     def learn_leaders(
-        self, answers: Mapping[str, tablet_pb2.ListTabletsResponse | RpcFailure]
+        self,
+        answers: Mapping[str, tablet_pb2.ListTabletsResponse | RpcFailure],
+        sent_at: float = float("-inf"),
     ) -> None:
-        """Take in every server's ``ListTablets`` answer (or why it gave none): servers that
-        did not answer at the transport level are marked down, those that did are up, and
-        each tablet's leader is the replica that claims leadership *itself* (highest term
-        wins); tablets nobody claims keep what is cached."""
+        """Take in the ``ListTablets`` answers of servers asked at ``sent_at`` (or why they
+        gave none): servers that could not be reached are marked down, or ran out of time
+        (by ``timed_out``), those that answered are up, and each tablet's leader is the
+        replica that claims leadership *itself* (highest term wins); tablets nobody claims
+        keep what is cached."""
         claims: dict[str, tuple[int, str, tuple[str, ...]]] = {}
         for uuid, answer in answers.items():
             if isinstance(answer, RpcFailure):
-                if answer.cause in (Cause.UNAVAILABLE, Cause.DEADLINE_EXCEEDED):
+                if answer.cause is Cause.UNAVAILABLE:
                     self.mark_down(uuid)
+                elif answer.cause is Cause.DEADLINE_EXCEEDED:
+                    self.timed_out(uuid, sent_at)
                 continue
             self.mark_up(uuid)
             for t in answer.tablets:
@@ -388,6 +448,7 @@ class MetaState:
         with self._lock:
             for tablet, (_, uuid, _voters) in claims.items():
                 self._leaders[tablet] = uuid
+                self._in_doubt.discard(tablet)
         for tablet, (_, _, voters) in claims.items():
             if voters and self._view is not None and tablet in self._view.tablets:
                 self.set_replicas(tablet, voters)
@@ -491,30 +552,44 @@ class MetaCache(MetaState):
         )
 
     def list_tablets(
-        self, timeout: float
-    ) -> dict[str, tablet_pb2.ListTabletsResponse | RpcFailure]:
-        """``ListTablets`` on every server at once: uuid → its answer, or why it gave none."""
-        futures: dict[str, ResultFuture | RpcFailure] = {}
+        self, timeout: float, enough: Callable[[Answers], bool] | None = None
+    ) -> Answers:
+        """``ListTablets`` on every server at once: uuid → its answer, or why it gave none.
+        Once the answers so far are ``enough``, the calls still out are left out."""
+        out: Answers = {}
+        pending: dict[str, ResultFuture] = {}
+        ended: queue.SimpleQueue[str] = queue.SimpleQueue()
         for uuid, server in self.view.servers.items():
             try:
-                futures[uuid] = self._stubs.stub(server.rpc_addr).list_tablets_future(timeout)
+                fut = self._stubs.stub(server.rpc_addr).list_tablets_future(timeout)
             except grpc.RpcError as e:
-                futures[uuid] = classify(e, uuid, server.rpc_addr)
-        out: dict[str, tablet_pb2.ListTabletsResponse | RpcFailure] = {}
-        for uuid, fut in futures.items():
-            if isinstance(fut, RpcFailure):
-                out[uuid] = fut
+                out[uuid] = classify(e, uuid, server.rpc_addr)
                 continue
+            pending[uuid] = fut
+            fut.add_done_callback(partial(_report_ended, ended, uuid))
+        while pending and not (enough is not None and enough(out)):
+            try:
+                # Every call ends by its own gRPC deadline; the margin is for a stuck one.
+                uuid = ended.get(timeout=timeout + _STUCK_CALL_MARGIN_S)
+            except queue.Empty:
+                break
+            fut = pending.pop(uuid)
             try:
                 out[uuid] = fut.result()
             except grpc.RpcError as e:
                 out[uuid] = classify(e, uuid, self.view.servers[uuid].rpc_addr)
+        # The calls still out end by their own deadlines, unread (as the asyncio client's:
+        # a grpc.aio call cancelled kept its connection open past the client's close).
         return out
 
-    def refresh_leaders(self, deadline: float, *, force: bool = False) -> None:
+    def refresh_leaders(
+        self, deadline: float, *, force: bool = False, tablet_id: str | None = None
+    ) -> None:
         """Learn every tablet's leader from the servers' own claims (see the module
-        docstring). Returns early — keeping what is cached — when another thread refreshed
-        within ``leader_refresh_interval_s`` or the deadline is too close."""
+        docstring); with ``tablet_id``, without waiting for more answers once that tablet's
+        are settled (``leader_settled``). Returns early — keeping what is cached — when
+        another thread refreshed within ``leader_refresh_interval_s`` or the deadline is
+        too close."""
         left = deadline - self._clock()
         if left <= 0 or not self._refresh_lock.acquire(timeout=left):
             return
@@ -525,9 +600,17 @@ class MetaCache(MetaState):
             left = deadline - now
             if left <= 0:
                 return
-            answers = self.list_tablets(min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s))
+            sent_at = self._clock()
+            answers = self.list_tablets(
+                min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s),
+                None if tablet_id is None else partial(self.leader_settled, tablet_id),
+            )
             self._stats.leader_refresh()
-            self.learn_leaders(answers)
+            self.learn_leaders(answers, sent_at)
             self._last_refresh = self._clock()
         finally:
             self._refresh_lock.release()
+
+
+def _report_ended(ended: queue.SimpleQueue[str], uuid: str, _future: object) -> None:
+    ended.put(uuid)

@@ -24,9 +24,9 @@ NOT_LEADER             not leader / term moved           FIND_LEADER: the hint, 
 UNAVAILABLE            connection failed, shutting down  NEXT_REPLICA (refused before any log
                                                          when gRPC could not connect at all)
 TABLET_NOT_RUNNING     replica failed or bootstrapping   NEXT_REPLICA
-DEADLINE_EXCEEDED      one attempt's deadline passed     NEXT_REPLICA (a server silent for
-                                                         less than ``SILENCE_S`` is slow,
-                                                         not down: ``MetaState.timed_out``)
+DEADLINE_EXCEEDED      one attempt's deadline passed     NEXT_REPLICA for a read; a leader's
+                                                         call goes back to it, or looks the
+                                                         leader up once it is silent (rpc)
 TABLET_NOT_FOUND       the server has no such replica    NEXT_REPLICA (TabletNotFound when
                                                          every replica says so)
 SCHEMA_MISMATCH        INVALID_ARGUMENT: made for        FAIL at once (InvalidArgument); the

@@ -14,10 +14,13 @@ to the server ``Router`` picks (pure, shared with ``aio_rpc``); a failure is cla
   down (for transport failures) and the next replica in ring order is tried — at once if
   this call has not failed there yet, else after a backoff; a server without the replica
   makes the next attempt look the tablet's replicas up again first (they may have moved).
-  A call that ran out of time at a server that answered other calls meanwhile, or that has
-  not been silent for ``SILENCE_S`` yet, is slow, not down (``MetaState.timed_out``):
-  nothing changes for the process, and a leader's call goes to the same server again after
-  a backoff;
+  A leader's call that ran out of time marks nothing down: it goes to the same server again
+  after a backoff -- unless that server has been silent for ``SILENCE_S``
+  (``MetaState.silent``); then the next attempt at the tablet, of any call, looks the leader
+  up first (done once a majority of its replicas answered, ``MetaState.leader_settled``)
+  and goes to whichever replica leads, the same one if it still does. A follower read that
+  ran out of time moves on to the next replica, and marks the server down once it has been
+  silent for ``SILENCE_S`` (``MetaState.timed_out``);
 - FAIL: raised at once as ``InvalidArgument`` / ``RemoteError``.
 
 ``leader_only=False`` (follower reads) starts at ``prefer`` — the replica a scan is already
@@ -59,6 +62,9 @@ from raftlet.proto.common_pb2 import ServerErrorPB
 __all__ = ["Router", "RpcContext", "call_tablet"]
 
 R = TypeVar("R")
+
+# The least of the time left a follower read's first attempt is cut to.
+_LEAST_SHARE_S = 0.05
 
 
 @dataclass
@@ -104,7 +110,7 @@ class Router:
         """The next attempt's server, looking the leader up first if needed (blocking)."""
         if self.needs_lookup():
             assert isinstance(self.meta, MetaCache)
-            self.meta.refresh_leaders(deadline)
+            self.meta.refresh_leaders(deadline, tablet_id=self.tablet_id)
         return self.pick()
 
     def needs_lookup(self) -> bool:
@@ -115,8 +121,10 @@ class Router:
             return True
         if self.next is not None or not self.leader_only:
             return False
-        leader = self.meta.leader(self.tablet.tablet_id)
-        return leader is None or self.meta.is_down(leader)
+        leader = self.meta.leader(self.tablet_id)
+        return (
+            leader is None or self.meta.is_down(leader) or self.meta.leader_in_doubt(self.tablet_id)
+        )
 
     def pick(self) -> str:
         """The next attempt's server: the one a failure chose, else the known leader that is
@@ -152,6 +160,14 @@ class Router:
         ring = replicas[start:] + replicas[:start]
         up = [r for r in ring if not self.meta.is_down(r)]
         return (up or ring)[0]
+
+    def time_for(self, attempt_no: int, attempt_timeout: float, left: float) -> float:
+        """The gRPC timeout of an attempt given ``attempt_timeout`` with ``left`` to the
+        deadline: a follower read's first attempt keeps half for another replica (the first
+        at a paused replica had taken all of a scan's time)."""
+        if attempt_no == 0 and not self.leader_only and len(self.tablet.replicas) > 1:
+            return min(attempt_timeout, max(left / 2, _LEAST_SHARE_S))
+        return attempt_timeout
 
     def succeeded(self, target: str, result: object, address: str, what: str) -> None:
         """Check an answer: returns when it is a success (noting the server up and, for
@@ -200,10 +216,23 @@ class Router:
                 return hint not in self.failed
             return False
         # NEXT_REPLICA
+        if f.cause is Cause.DEADLINE_EXCEEDED and self.leader_only:
+            # A busy leader gets the call again after a backoff. Whether a silent one is
+            # gone is for its group to say: the next attempt at the tablet, of this call or
+            # another, asks who leads (a look-up that ends once a majority answered) and
+            # goes back to it if it still does. (Marked down, a busy leader sent every
+            # thread of the process to followers whose hints named it, and were ignored as
+            # naming a server down.)
+            if self.meta.silent(server, self.sent_at):
+                self.meta.doubt_leader(tid, server)
+                self.relocate = True
+            else:
+                self.next = server
+            return False
         if f.cause is Cause.DEADLINE_EXCEEDED and not self.meta.timed_out(server, self.sent_at):
-            # Slow, not gone: the process keeps its leader; a leader's call waits and goes
-            # there again, a follower read moves on.
-            self.next = server if self.leader_only else self._rotate()
+            # Slow, not gone (``MetaState.timed_out``): this read moves on, the process
+            # does not.
+            self.next = self._rotate()
             return False
         if f.cause is Cause.UNAVAILABLE:
             self.meta.mark_down(server)
@@ -240,6 +269,7 @@ def call_tablet(
         target = router.target(deadline)
         # A leader look-up may have taken some of the time left: the call keeps the rest.
         attempt_timeout = within(attempt_timeout, deadline, ctx.clock)
+        attempt_timeout = router.time_for(attempt_no, attempt_timeout, deadline - ctx.clock())
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)
         try:

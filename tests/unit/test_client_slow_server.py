@@ -1,20 +1,38 @@
-"""A call that runs out of time marks its server down only when the server has gone silent
-(``MetaState.timed_out``): a caller's short deadline passing at a leader that answers other
-calls must not send every thread of the process to followers and leader look-ups."""
+"""A call that runs out of time says little about its server. A leader's call that does makes
+the next attempt ask who leads (a look-up done once a majority has answered) instead of
+marking the leader down; a server is marked down by timeouts only once it has been silent
+for ``SILENCE_S`` (``MetaState.timed_out``). A caller's short deadline passing at a busy
+leader had sent every thread of the process to followers and leader look-ups."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 import grpc
 import pytest
 
+from raftlet.client.aio_meta import AsyncMetaCache
 from raftlet.client.channels import ServerStub
 from raftlet.client.errors import Timeout
-from raftlet.client.meta_cache import SILENCE_S
+from raftlet.client.meta_cache import SILENCE_S, Answers
+from raftlet.client.retry import Action, Cause, RpcFailure
 from raftlet.client.rpc import RpcContext, call_tablet
-from raftlet.proto import tablet_pb2
-from tests.unit.client_fakes import FakeClock, FakeCluster, FakeRpcError, make_rpc, ok
+from raftlet.client.stats import StatsRecorder
+from raftlet.proto import consensus_pb2, tablet_pb2
+from tests.unit.client_fakes import (
+    FakeClock,
+    FakeCluster,
+    FakeRpcError,
+    addr,
+    config_pb,
+    make_rpc,
+    ok,
+)
+
+LEADER, FOLLOWER = consensus_pb2.LEADER, consensus_pb2.FOLLOWER
 
 
 def _timed_out() -> FakeRpcError:
@@ -42,6 +60,16 @@ def _late(clock: FakeClock, seconds: float, also: Callable[[], None] = lambda: N
     return answer
 
 
+def _listing(uuid: str, term: int, leader: str) -> tablet_pb2.ListTabletsResponse:
+    """``uuid``'s ListTablets answer: its replica of kv-p0, at ``term``, with ``leader``."""
+    resp = tablet_pb2.ListTabletsResponse(server_uuid=uuid)
+    role = LEADER if leader == uuid else FOLLOWER
+    resp.tablets.add(
+        tablet_id="kv-p0", role=role, term=term, leader_uuid=leader, voters=["ts1", "ts2", "ts3"]
+    )
+    return resp
+
+
 @pytest.fixture
 def setup() -> tuple[FakeCluster, RpcContext, FakeClock]:
     cluster = FakeCluster()
@@ -51,44 +79,153 @@ def setup() -> tuple[FakeCluster, RpcContext, FakeClock]:
     return cluster, rpc, clock
 
 
-def test_a_timeout_at_a_leader_that_answered_others_meanwhile_keeps_it_the_leader(
+def test_a_timeout_at_a_busy_leader_goes_back_to_it_and_marks_nothing_down(
     setup: tuple[FakeCluster, RpcContext, FakeClock],
 ) -> None:
     cluster, rpc, clock = setup
-    # While this write waited, another thread's call to ts1 was answered.
-    answered_meanwhile = _late(clock, 0.2, lambda: rpc.meta.mark_up("ts1"))
-    cluster.servers["ts1"].script("write", answered_meanwhile, ok)
+    cluster.servers["ts1"].script("write", _late(clock, 0.2), _late(clock, 0.2), ok)
+    cluster.servers["ts1"].leads = {"kv-p0"}
 
     assert _write(rpc, clock) == "ts1"
 
-    assert [s for s, _ in cluster.writes()] == ["ts1", "ts1"]  # no follower was asked
+    assert [s for s, _ in cluster.writes()] == ["ts1"] * 3  # no follower was asked
     assert not rpc.meta.is_down("ts1")
     assert rpc.meta.leader("kv-p0") == "ts1"
-    assert rpc.stats.snapshot().leader_refreshes == 0
 
 
-def test_a_short_silence_is_slowness_and_a_long_one_marks_the_server_down(
+def test_a_silent_leader_is_left_for_the_one_its_group_elects(
     setup: tuple[FakeCluster, RpcContext, FakeClock],
 ) -> None:
     cluster, rpc, clock = setup
-    # A leader that stopped answering: each attempt times out after 0.2 s, and nothing else
-    # it was asked is answered. Once SILENCE_S has passed, the write goes to the others.
-    cluster.servers["ts1"].script("write", _late(clock, 0.2))
-    cluster.servers["ts2"].script("write", ok)
-    start = clock.now
+    ts1, ts2 = cluster.servers["ts1"], cluster.servers["ts2"]
+
+    def elected() -> None:  # while the write waited on ts1, the others elected ts2
+        ts2.leads = {"kv-p0"}
+
+    ts1.script("write", _late(clock, 0.2, elected))
+    ts2.script("write", ok)
 
     assert _write(rpc, clock) == "ts2"
+    # Timed out after 0.2 s and 0.4 s: busy, perhaps. After the third, silent for SILENCE_S
+    # (0.5 s): the leader is in doubt, and the look-up finds the one the others elected.
+    assert [s for s, _ in cluster.writes()] == ["ts1", "ts1", "ts1", "ts2"]
+    assert rpc.meta.leader("kv-p0") == "ts2"
+    assert not rpc.meta.leader_in_doubt("kv-p0")
 
-    to_ts1 = [s for s, _ in cluster.writes()].count("ts1")
-    assert to_ts1 == 3  # 0.2 s, 0.4 s (slow, perhaps), 0.6 s plus backoffs: silent
-    assert clock.now - start >= SILENCE_S
-    assert rpc.meta.is_down("ts1")
+
+def test_a_leader_in_doubt_is_looked_up_by_the_next_call_and_kept_if_it_still_leads(
+    setup: tuple[FakeCluster, RpcContext, FakeClock],
+) -> None:
+    cluster, rpc, clock = setup
+    ts1 = cluster.servers["ts1"]
+    ts1.leads = {"kv-p0"}  # it still claims the tablet: it was only slow
+    ts1.script("write", _late(clock, 0.6), ok)
+    with pytest.raises(Timeout):
+        _write(rpc, clock, timeout_s=0.6)
+    assert rpc.meta.leader_in_doubt("kv-p0")
+    refreshes = rpc.stats.snapshot().leader_refreshes
+
+    assert _write(rpc, clock) == "ts1"  # another call: a look-up first, then ts1 again
+
+    assert rpc.stats.snapshot().leader_refreshes == refreshes + 1
+    assert not rpc.meta.leader_in_doubt("kv-p0")
+
+
+def test_a_leader_silent_with_no_election_is_a_timeout_that_may_have_applied(
+    setup: tuple[FakeCluster, RpcContext, FakeClock],
+) -> None:
+    cluster, rpc, clock = setup
+    cluster.servers["ts1"].script("write", _late(clock, 0.2))
+    with pytest.raises(Timeout) as info:
+        _write(rpc, clock, timeout_s=2.0)
+    assert info.value.may_have_applied is True
+    assert "DEADLINE_EXCEEDED from ts1" in str(info.value)
+    # Nobody else claims leadership: the followers would only have named ts1 again.
+    assert {s for s, _ in cluster.writes()} == {"ts1"}
+
+
+def test_a_leader_is_settled_by_a_majority_with_no_later_term() -> None:
+    meta = make_rpc(FakeCluster()).meta
+    claim, follower = _listing("ts2", 5, "ts2"), _listing("ts3", 5, "ts2")
+    assert meta.leader_settled("kv-p0", {"ts2": claim, "ts3": follower})
+    # The claimant alone is no majority: ts1 and ts3 may have elected another at term 6.
+    assert not meta.leader_settled("kv-p0", {"ts2": claim})
+    failed = RpcFailure(Cause.UNAVAILABLE, Action.NEXT_REPLICA, "UNAVAILABLE", "down")
+    assert not meta.leader_settled("kv-p0", {"ts2": claim, "ts1": failed})
+    # A majority answered, but one is at a later term than the claim: an election is on.
+    newer = _listing("ts3", 6, "")
+    assert not meta.leader_settled("kv-p0", {"ts2": claim, "ts3": newer})
+    # No claim at all.
+    assert not meta.leader_settled("kv-p0", {"ts3": follower, "ts1": _listing("ts1", 5, "ts2")})
+
+
+def test_a_look_up_ends_once_settled_without_waiting_for_a_paused_server() -> None:
+    cluster = FakeCluster()
+    clock = FakeClock()
+    rpc = make_rpc(cluster, clock)
+    never: Future[Any] = Future()  # ts1 is paused: its answer never comes
+
+    def answered(response: tablet_pb2.ListTabletsResponse) -> Callable[[float], Future[Any]]:
+        def list_tablets_future(_timeout: float) -> Future[Any]:
+            done: Future[Any] = Future()
+            done.set_result(response)
+            return done
+
+        return list_tablets_future
+
+    cluster.servers["ts1"].list_tablets_future = lambda _t: never  # type: ignore[method-assign]
+    cluster.servers["ts2"].list_tablets_future = answered(_listing("ts2", 3, "ts2"))  # type: ignore[method-assign]
+    cluster.servers["ts3"].list_tablets_future = answered(_listing("ts3", 3, "ts2"))  # type: ignore[method-assign]
+
+    rpc.meta.refresh_leaders(clock.now + 2.0, tablet_id="kv-p0")
+
+    assert rpc.meta.leader("kv-p0") == "ts2"
+    assert not never.done()
+    assert not rpc.meta.is_down("ts1")  # not waited for, so not judged
+
+
+class _PausedOrAnswering:
+    """An asyncio stub whose ``ListTablets`` is answered with ``listing``, or never."""
+
+    def __init__(self, listing: tablet_pb2.ListTabletsResponse | None) -> None:
+        self.listing = listing
+
+    async def list_tablets(self, timeout: float) -> tablet_pb2.ListTabletsResponse:
+        if self.listing is None:
+            await asyncio.Event().wait()  # paused: no answer, ever
+        assert self.listing is not None
+        return self.listing
+
+
+def test_an_asyncio_look_up_ends_once_settled_without_waiting_for_a_paused_server() -> None:
+    stubs = {
+        "ts1": _PausedOrAnswering(None),
+        "ts2": _PausedOrAnswering(_listing("ts2", 3, "ts2")),
+        "ts3": _PausedOrAnswering(_listing("ts3", 3, "ts2")),
+    }
+
+    async def look_up() -> AsyncMetaCache:
+        meta = AsyncMetaCache(["x:1"], _ByAddress(stubs), StatsRecorder())  # type: ignore[arg-type]
+        meta.install(config_pb())
+        async with asyncio.timeout(5):
+            await meta.refresh_leaders(meta.now() + 30.0, tablet_id="kv-p0")
+        return meta
+
+    meta = asyncio.run(look_up())
+    assert meta.leader("kv-p0") == "ts2"
+    assert not meta.is_down("ts1")
+
+
+class _ByAddress:
+    def __init__(self, stubs: dict[str, _PausedOrAnswering]) -> None:
+        self.stubs = {addr(uuid): stub for uuid, stub in stubs.items()}
+
+    def stub(self, address: str) -> _PausedOrAnswering:
+        return self.stubs[address]
 
 
 def test_the_silence_is_counted_from_the_first_unanswered_call_and_an_answer_ends_it() -> None:
-    cluster = FakeCluster()
-    clock = FakeClock()
-    meta = make_rpc(cluster, clock).meta
+    meta = make_rpc(FakeCluster(), clock := FakeClock()).meta
     t0 = clock.now
     meta.mark_up("ts1")
     clock.now += 0.01
@@ -109,13 +246,53 @@ def test_the_silence_is_counted_from_the_first_unanswered_call_and_an_answer_end
     assert not meta.is_down("ts1")
 
 
-def test_a_write_that_times_out_everywhere_is_still_a_timeout(
-    setup: tuple[FakeCluster, RpcContext, FakeClock],
-) -> None:
-    cluster, rpc, clock = setup
-    for server in cluster.servers.values():
-        server.script("write", _late(clock, 0.2))
-    with pytest.raises(Timeout) as info:
-        _write(rpc, clock, timeout_s=3.0)
-    assert info.value.may_have_applied is True
-    assert {s for s, _ in cluster.writes()} == {"ts1", "ts2", "ts3"}
+def test_a_look_up_timing_out_marks_a_server_down_only_after_its_silence() -> None:
+    meta = make_rpc(FakeCluster(), clock := FakeClock()).meta
+    late = RpcFailure(Cause.DEADLINE_EXCEEDED, Action.NEXT_REPLICA, "DEADLINE_EXCEEDED", "late")
+    answers: Answers = {"ts1": late}
+    meta.learn_leaders(answers, sent_at=clock.now - 0.01)  # a look-up with 10 ms left
+    assert not meta.is_down("ts1")
+    meta.learn_leaders(answers, sent_at=clock.now - SILENCE_S)  # one that waited long
+    assert meta.is_down("ts1")
+
+
+def test_a_follower_read_leaves_a_paused_replica_with_time_for_another() -> None:
+    cluster = FakeCluster()
+    clock = FakeClock()
+    rpc = make_rpc(cluster, clock)  # attempts capped at 10 s, more than the read's 5 s
+    paused = cluster.servers["ts1"].address
+    asked: list[tuple[str, float]] = []
+
+    def read(stub: ServerStub, attempt_timeout: float, _attempt_no: int) -> object:
+        asked.append((stub.address, attempt_timeout))
+        if stub.address == paused:  # it answers nothing: the call takes all it was given
+            clock.now += attempt_timeout
+            raise _timed_out()
+        return tablet_pb2.ScanResponse()
+
+    start = clock.now
+    _, server = call_tablet(
+        rpc, "kv-p0", read, what="scan", deadline=start + 5.0, timeout_s=5.0,
+        leader_only=False, prefer="ts1",
+    )  # fmt: skip
+
+    assert server != "ts1"
+    assert asked[0] == (paused, pytest.approx(2.5))
+    assert clock.now - start < 5.0
+
+
+def test_a_call_answered_around_is_no_alibi_for_a_silence_after_it() -> None:
+    # Another thread's call was answered just after this one went; then nothing, for the
+    # whole of this call's 3 s: the server is silent (it had been taken for slow, and every
+    # next call waited its 3 s on a paused leader too).
+    meta = make_rpc(FakeCluster(), clock := FakeClock()).meta
+    sent_at = clock.now
+    clock.now += 0.001
+    meta.mark_up("ts1")
+    clock.now += 3.0
+    assert meta.silent("ts1", sent_at) is True
+    # A call that went after a long idle time and timed out at once is no silence.
+    clock.now += 600
+    meta.mark_up("ts2")
+    clock.now += 600
+    assert meta.silent("ts2", clock.now - 0.03) is False
