@@ -69,7 +69,8 @@ async def call_tablet_async(
             await ctx.meta.refresh_leaders(deadline, tablet_id=router.tablet_id)
             # The look-up may have taken some of the time left: the call keeps the rest.
             attempt_timeout = within(attempt_timeout, deadline, ctx.clock)
-        attempt_timeout = router.time_for(attempt_no, attempt_timeout, deadline - ctx.clock())
+        if attempt_no == 0 and not router.leader_only:
+            attempt_timeout = router.time_for(attempt_timeout, deadline - ctx.clock())
         target = router.pick()
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)

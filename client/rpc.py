@@ -161,11 +161,11 @@ class Router:
         up = [r for r in ring if not self.meta.is_down(r)]
         return (up or ring)[0]
 
-    def time_for(self, attempt_no: int, attempt_timeout: float, left: float) -> float:
-        """The gRPC timeout of an attempt given ``attempt_timeout`` with ``left`` to the
-        deadline: a follower read's first attempt keeps half for another replica (the first
-        at a paused replica had taken all of a scan's time)."""
-        if attempt_no == 0 and not self.leader_only and len(self.tablet.replicas) > 1:
+    def time_for(self, attempt_timeout: float, left: float) -> float:
+        """The gRPC timeout of a follower read's first attempt, given ``attempt_timeout``
+        with ``left`` to the deadline: it keeps half for another replica (the first at a
+        paused replica had taken all of a scan's time)."""
+        if len(self.tablet.replicas) > 1:
             return min(attempt_timeout, max(left / 2, _LEAST_SHARE_S))
         return attempt_timeout
 
@@ -269,7 +269,8 @@ def call_tablet(
         target = router.target(deadline)
         # A leader look-up may have taken some of the time left: the call keeps the rest.
         attempt_timeout = within(attempt_timeout, deadline, ctx.clock)
-        attempt_timeout = router.time_for(attempt_no, attempt_timeout, deadline - ctx.clock())
+        if attempt_no == 0 and not router.leader_only:
+            attempt_timeout = router.time_for(attempt_timeout, deadline - ctx.clock())
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)
         try:
