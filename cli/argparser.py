@@ -15,6 +15,8 @@ __all__ = ["OneLineArgumentParser"]
 
 
 _ALIAS_IN_ERROR = re.compile(r"argument (--[A-Za-z0-9_]+)/--[A-Za-z0-9-]+:")
+# argparse's word when a client command names no cluster (``common.add_target_arguments``).
+_NO_CLUSTER = "one of the arguments --data-dir --cluster --servers is required"
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -28,4 +30,6 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         one_line = " ".join(message.split())
         # "argument --x_y/--x-y: ..." names the flag twice; once is clearer.
         one_line = _ALIAS_IN_ERROR.sub(r"argument \1:", one_line)
+        if one_line.startswith(_NO_CLUSTER):
+            one_line += " (or $RAFTLET_CLUSTER or $RAFTLET_SERVERS in the environment)"
         self.exit(2, f"{self.prog}: error: {one_line} (see --help)\n")

@@ -68,6 +68,7 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="make a CA and TLS certificates for servers and clients",
         description="Make the TLS certificates of a raftlet cluster.",
         formatter_class=formatter,
+        epilog=_EPILOG.split("\n\n", 1)[0] + "\n\nRun `raftlet certs create --help` for more.",
     )
     sub = certs.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
     create = sub.add_parser(

@@ -39,6 +39,17 @@ __all__ = ["add_parsers", "failed_replica_lines", "run"]
 # what is queued ahead of the checksum point.
 CHECKSUM_WAIT_S = 10.0
 
+_CLUSTER_EPILOG = """\
+examples:
+  raftlet cluster up --data-dir ./c1                     # 3 servers, table kv in 4 tablets
+  raftlet cluster status --data-dir ./c1 --checksum      # leaders, lag, every replica's rows
+  raftlet cluster replace-server ts2 --data-dir ./c1     # move ts2's replicas to the others
+  raftlet cluster balance-leaders --data-dir ./c1
+  raftlet cluster down --data-dir ./c1 --remove-data
+
+Run `raftlet cluster ACTION --help` for an action's options and more examples.
+"""
+
 _UP_EPILOG = """\
 examples:
   raftlet cluster up                          # 3 servers, table kv of 4 tablets, in a new temp dir
@@ -88,6 +99,7 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="start, check and stop a local multi-server cluster",
         description="Start, check and stop a cluster of raftlet servers on this machine.",
         formatter_class=formatter,
+        epilog=_CLUSTER_EPILOG,
     )
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
 

@@ -68,7 +68,8 @@ quick start:
   raftlet cluster down --data-dir ./c1
 
 Client commands name the cluster with exactly one of --data-dir DIR, --cluster FILE or
---servers HOST:PORT,... Exit status: 0 success, 1 the operation failed, 2 usage error.
+--servers HOST:PORT,... (or $RAFTLET_CLUSTER / $RAFTLET_SERVERS). Exit status: 0 success,
+1 the operation failed, 2 usage error, 130 interrupted (Ctrl-C or SIGTERM).
 Run `raftlet COMMAND --help` for a command's options and examples.
 """
 

@@ -212,7 +212,7 @@ class LoadSummary:
                 f"{self.threads} thread{'s' if self.threads != 1 else ''}, "
                 f"{self.batches_in_flight} batches in flight per tablet each"
             )
-        return f"{self.threads} threads"
+        return f"{self.threads} thread{'s' if self.threads != 1 else ''}"
 
     @property
     def server_cpu_ms_per_write(self) -> float | None:

@@ -80,12 +80,13 @@ def with_progress_bar(
 
 def _headline(table: str, args: argparse.Namespace) -> str:
     what = f"{args.rows:,} rows" if args.rows is not None else f"for {args.duration:g} s"
+    threads = f"{args.threads} thread{'s' if args.threads != 1 else ''}"
     if args.in_flight is not None:
         writers = f"{args.in_flight} in flight (asyncio)"
     elif getattr(args, "batches_in_flight", None) is not None:
-        writers = f"{args.threads} threads, {args.batches_in_flight} batches in flight each"
+        writers = f"{threads}, {args.batches_in_flight} batches in flight each"
     else:
-        writers = f"{args.threads} threads"
+        writers = threads
     return (
         f"writing {what} to {table}: {writers}, flush mode {args.flush_mode}, "
         f"{args.row_bytes}-byte rows"

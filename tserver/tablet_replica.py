@@ -1465,10 +1465,14 @@ class TabletReplica:
             finally:
                 self._reads_waiting -= 1
         if not applied:
+            waited = (
+                f"after {wait_s * 1000:.0f} ms"
+                if wait_s > 0
+                else "and the call's deadline left no time to wait"
+            )
             raise ServiceUnavailable(
                 f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
-                f"(applied {self.store.applied_index()}) after {wait_s:.3g} s; try another "
-                "replica"
+                f"(applied {self.store.applied_index()}) {waited}; try another replica"
             )
         self._check_serving()
 

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from raftlet.cli.common import human_count, human_us
-from raftlet.cli.main import main
+from raftlet.cli.main import build_parser, main
 from raftlet.cli.metrics_cmd import key_metrics
 from raftlet.cli.scan_cmd import _columns_arg, _json_value, _text_value, parse_value, parse_where
 from raftlet.cli.write_load import RowFactory
@@ -54,25 +54,57 @@ def test_unknown_argument_is_rejected() -> None:
     assert exc.value.code == 2
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["cluster", "up", "--help"],
-        ["cluster", "status", "--help"],
-        ["cluster", "down", "--help"],
-        ["write", "--help"],
-        ["scan", "--help"],
-        ["metrics", "--help"],
-        ["leader-step-down", "--help"],
-    ],
-)
+def _commands(parser: argparse.ArgumentParser, path: list[str]) -> Iterator[list[str]]:
+    """Every command and sub-command of ``parser``, as the words that name it."""
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if sub.prog.split()[-1] == name:  # an alias names the same parser again
+                    yield from _commands(sub, [*path, name])
+
+
+COMMANDS = [words for words in _commands(build_parser(), []) if words]
+
+
+def test_every_command_is_found() -> None:
+    assert ["cluster"] in COMMANDS
+    assert ["cluster", "up"] in COMMANDS
+    assert ["certs", "create"] in COMMANDS
+    assert ["scan"] in COMMANDS
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
 def test_every_command_has_help_with_examples(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+    words: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(argv)
+        main([*words, "--help"])
     assert exc.value.code == 0
     assert "examples:" in capsys.readouterr().out
+
+
+def test_the_top_help_names_every_exit_status_and_the_environment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "130 interrupted" in out
+    assert "$RAFTLET_CLUSTER" in out
+    assert "$RAFTLET_SERVERS" in out
+
+
+def test_a_command_given_no_cluster_says_the_environment_names_one_too(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAFTLET_CLUSTER", raising=False)
+    monkeypatch.delenv("RAFTLET_SERVERS", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["scan", "kv"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--data-dir --cluster --servers is required" in err
+    assert "$RAFTLET_CLUSTER or $RAFTLET_SERVERS" in err
 
 
 def test_replace_server_help_says_what_the_replaced_server_does_when_started_again(

@@ -657,8 +657,12 @@ def test_a_follower_read_with_a_min_index_waits_until_it_has_applied_that_index(
     # caller hears why rather than its deadline passing with no word.
     for read_wait_s, deadline in ((0.05, None), (3600, time.monotonic() + 0.2)):
         follower.options = dataclasses.replace(follower.options, read_wait_s=read_wait_s)
-        with pytest.raises(ServiceUnavailable, match=f"index {far} not yet applied"):
+        with pytest.raises(ServiceUnavailable, match=f"index {far} not yet applied") as info:
             follower.scan(too_far, deadline)
+        assert "after 0 s" not in str(info.value)
+    # A deadline that leaves no time to wait is said as such (not "after 0 s").
+    with pytest.raises(ServiceUnavailable, match="the call's deadline left no time to wait"):
+        follower.scan(too_far, time.monotonic())
     # On the leader, an index past what the tablet committed is no write it acknowledged:
     # refused at once (an index of another tablet's log, most likely).
     with pytest.raises(InvalidRequest, match=f"index {far} is past what it has committed"):
