@@ -62,7 +62,7 @@ from itertools import repeat
 
 from raftlet.client.arguments import check_timeout
 from raftlet.client.channels import ServerStub
-from raftlet.client.errors import InvalidArgument, RemoteError
+from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError
 from raftlet.client.meta_cache import TableInfo
 from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.proto import tablet_pb2
@@ -256,16 +256,20 @@ class Scanner(Iterator[Row]):
             return stub.scan(request, timeout)
 
         leader_only = self.read_mode is ReadMode.LEADER_LATEST
-        return call_tablet(
-            self._rpc,
-            tablet_id,
-            scan,
-            what=f"scan of tablet {tablet_id}",
-            deadline=self._rpc.clock() + self.timeout_s,
-            timeout_s=self.timeout_s,
-            leader_only=leader_only,
-            prefer=None if leader_only else (self.current_server or self._replica),
-        )
+        try:
+            return call_tablet(
+                self._rpc,
+                tablet_id,
+                scan,
+                what=f"scan of tablet {tablet_id}",
+                deadline=self._rpc.clock() + self.timeout_s,
+                timeout_s=self.timeout_s,
+                leader_only=leader_only,
+                prefer=None if leader_only else (self.current_server or self._replica),
+            )
+        except RaftletError as e:
+            e.may_have_applied = False  # a read applies nothing (it was True after a timeout)
+            raise
 
     def _decode(self, response: tablet_pb2.ScanResponse) -> list[Row]:
         columns = list(response.columns)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from raftlet.client.errors import InvalidArgument, MessageTooLarge, RemoteError
+from raftlet.client.errors import InvalidArgument, MessageTooLarge, RemoteError, Timeout
 from raftlet.client.scanner import ReadMode, RowFormat, Scanner, _dicts, _some
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate
@@ -17,7 +17,14 @@ from raftlet.schema.row_pages import encode_page
 from raftlet.schema.rows import row_to_pb
 from raftlet.schema.scan_bounds import MAX_PREDICATES, MAX_SCAN_LIMIT
 from raftlet.schema.types import Value
-from tests.unit.client_fakes import KV_SCHEMA, FakeCluster, FakeRpcError, make_rpc, unavailable
+from tests.unit.client_fakes import (
+    KV_SCHEMA,
+    FakeClock,
+    FakeCluster,
+    FakeRpcError,
+    make_rpc,
+    unavailable,
+)
 
 ROWS: list[tuple[Value, ...]] = [(1, "a"), (2, None), (3, "ünï"), (4, ""), (5, "x" * 300)]
 COLUMNS = ["key", "value"]
@@ -265,3 +272,23 @@ def test_an_empty_resume_key_continues_the_tablet() -> None:
     scan, _ = scanner(answer, row_format=RowFormat.CELLS)
     assert [r["value"] for r in scan] == ["first", "second"]
     assert asked == [None, b""]
+
+
+def test_a_scan_that_times_out_says_it_applied_nothing() -> None:
+    """A read applies nothing: its Timeout said ``may_have_applied`` after a DEADLINE_EXCEEDED,
+    as a write's does."""
+    cluster = FakeCluster()
+    clock = FakeClock()
+
+    def late(_request: object) -> tablet_pb2.ScanResponse:
+        clock.now += 1.0
+        raise FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    for s in cluster.servers.values():
+        s.script("scan", late)
+    rpc = make_rpc(cluster, clock)
+    scan = Scanner(rpc, rpc.meta.table("kv"), ["kv-p0"], read_mode=ReadMode.FOLLOWER_APPLIED,
+                   timeout_s=3.0)  # fmt: skip
+    with pytest.raises(Timeout) as info:
+        list(scan)
+    assert info.value.may_have_applied is False
