@@ -76,8 +76,9 @@ __all__ = ["ClusterView", "MetaCache", "MetaState", "ServerInfo", "TableInfo", "
 # as good as down (for this call), and the next server is asked.
 LIST_TABLETS_TIMEOUT_S = 2.0
 CONFIG_TIMEOUT_S = 3.0
-# How long a server's calls must go unanswered, timing out, before it counts as down: longer
-# than a leader's fsync or GC stall, shorter than an election.
+# How long a server must answer nothing, its calls timing out, before it is taken for gone
+# (marked down, or its leaderships in doubt): longer than a leader's fsync or GC stall,
+# shorter than an election.
 SILENCE_S = 0.5
 # The config is fetched again at most this often when it proves out of date.
 _RELOAD_INTERVAL_S = 1.0
@@ -364,7 +365,7 @@ class MetaState:
             self._down_until.pop(server_uuid, None)
 
     def now(self) -> float:
-        """The clock that ``timed_out``'s ``sent_at`` is read from."""
+        """The clock that ``silent``'s ``sent_at`` is read from."""
         return self._clock()
 
     def silent(self, server_uuid: str, sent_at: float) -> bool:
