@@ -25,6 +25,7 @@ from raftlet.client.errors import InvalidArgument, RaftletError
 from raftlet.client.meta_cache import (
     CONFIG_TIMEOUT_S,
     LIST_TABLETS_TIMEOUT_S,
+    STRAGGLER_S,
     Answers,
     ClusterView,
     MetaState,
@@ -131,10 +132,14 @@ class AsyncMetaCache(MetaState):
         )
 
     async def list_tablets(
-        self, timeout: float, enough: Callable[[Answers], bool] | None = None
+        self,
+        timeout: float,
+        enough: Callable[[Answers], bool] | None = None,
+        nearly: Callable[[Answers], bool] | None = None,
     ) -> Answers:
         """``ListTablets`` on every server at once: uuid → its answer, or why it gave none.
-        Once the answers so far are ``enough``, the calls still out are left out."""
+        Once the answers so far are ``enough``, or ``nearly`` so and ``STRAGGLER_S`` has
+        passed since, the calls still out are left out."""
 
         async def one(uuid: str, address: str) -> tablet_pb2.ListTabletsResponse | RpcFailure:
             try:
@@ -148,9 +153,18 @@ class AsyncMetaCache(MetaState):
         }
         out: Answers = {}
         pending = set(calls)
+        loop = asyncio.get_running_loop()
+        cut_at: float | None = None
         try:
             while pending and not (enough is not None and enough(out)):
-                ended, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if cut_at is None and nearly is not None and nearly(out):
+                    cut_at = loop.time() + STRAGGLER_S
+                wait = None if cut_at is None else max(0.0, cut_at - loop.time())
+                ended, pending = await asyncio.wait(
+                    pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not ended:
+                    break
                 for task in ended:
                     out[calls[task]] = task.result()
         finally:
@@ -190,9 +204,12 @@ class AsyncMetaCache(MetaState):
             answers = await self.list_tablets(
                 min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s),
                 None if tablet_id is None else partial(self.leader_settled, tablet_id),
+                None if tablet_id is None else partial(self.leader_heard, tablet_id),
             )
             self._stats.leader_refresh()
             self.learn_leaders(answers, sent_at)
+            if tablet_id is not None:
+                self.unanswered_doubt(tablet_id, answers)
             self._last_refresh = self._clock()
         finally:
             lock.release()

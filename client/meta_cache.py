@@ -25,7 +25,8 @@ Leaders are learned lazily and cheaply:
   still name a dead leader until its election timeout), the highest term winning if two claim
   it. Refreshes are serialized and rate-limited (``leader_refresh_interval_s``), so a storm of
   failing writes costs one round of ``ListTablets``, not one per write; a refresh for one
-  tablet is done once a majority of its replicas answered (``leader_settled``).
+  tablet is done once a majority of its replicas settled who leads (``leader_settled``), or
+  soon after they answered without settling it (``leader_heard``).
 
 A server whose call failed at the transport level is *down* for ``down_ttl_s``: routing
 prefers other replicas meanwhile (but still tries it when nothing else is left). So is one
@@ -82,6 +83,10 @@ CONFIG_TIMEOUT_S = 3.0
 SILENCE_S = 0.5
 # The config is fetched again at most this often when it proves out of date.
 _RELOAD_INTERVAL_S = 1.0
+# How long a look-up for one tablet waits for the rest once a majority of its replicas
+# answered without settling who leads: long enough for a busy leader's answer, short enough
+# that the next look-up, after an election, is not held up.
+STRAGGLER_S = 0.05
 # How long past its own deadline a look-up waits for a gRPC call that has not ended.
 _STUCK_CALL_MARGIN_S = 5.0
 
@@ -422,6 +427,35 @@ class MetaState:
         answered = [u for u in voters if u in terms]
         return len(answered) > len(voters) // 2 and all(terms[u] <= term for u in answered)
 
+    def unanswered_doubt(self, tablet_id: str, answers: Mapping[str, object]) -> None:
+        """After a look-up for ``tablet_id``: a leader in doubt that did not answer it either
+        is marked down, so the next attempts go to the others, whose NOT_LEADER answers name
+        the leader they elect. (Kept, it was asked again by every call, each waiting out its
+        whole timeout, until it woke.)"""
+        with self._lock:
+            leader = self._leaders.get(tablet_id)
+            if tablet_id not in self._in_doubt or leader is None:
+                return
+        if not isinstance(answers.get(leader), tablet_pb2.ListTabletsResponse):
+            self.mark_down(leader)
+
+    def leader_heard(
+        self, tablet_id: str, answers: Mapping[str, tablet_pb2.ListTabletsResponse | RpcFailure]
+    ) -> bool:
+        """Whether a majority of ``tablet_id``'s replicas answered a look-up: if none of them
+        claims it, the others are not waited for long (``STRAGGLER_S``) -- a paused leader's
+        answer never comes, and a look-up started during an election had waited for it
+        after the others had elected."""
+        replicas = self.tablet(tablet_id).replicas
+        heard = 0
+        for uuid in replicas:
+            answer = answers.get(uuid)
+            if isinstance(answer, tablet_pb2.ListTabletsResponse) and any(
+                t.tablet_id == tablet_id for t in answer.tablets
+            ):
+                heard += 1
+        return heard > len(replicas) // 2
+
     def learn_leaders(
         self,
         answers: Mapping[str, tablet_pb2.ListTabletsResponse | RpcFailure],
@@ -553,10 +587,14 @@ class MetaCache(MetaState):
         )
 
     def list_tablets(
-        self, timeout: float, enough: Callable[[Answers], bool] | None = None
+        self,
+        timeout: float,
+        enough: Callable[[Answers], bool] | None = None,
+        nearly: Callable[[Answers], bool] | None = None,
     ) -> Answers:
         """``ListTablets`` on every server at once: uuid → its answer, or why it gave none.
-        Once the answers so far are ``enough``, the calls still out are left out."""
+        Once the answers so far are ``enough``, or ``nearly`` so and ``STRAGGLER_S`` has
+        passed since, the calls still out are left out."""
         out: Answers = {}
         pending: dict[str, ResultFuture] = {}
         ended: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -568,10 +606,15 @@ class MetaCache(MetaState):
                 continue
             pending[uuid] = fut
             fut.add_done_callback(partial(_report_ended, ended, uuid))
+        # Every call ends by its own gRPC deadline; the margin is for a stuck one.
+        wait_until = time.monotonic() + timeout + _STUCK_CALL_MARGIN_S
+        cut = False
         while pending and not (enough is not None and enough(out)):
+            if not cut and nearly is not None and nearly(out):
+                cut = True
+                wait_until = min(wait_until, time.monotonic() + STRAGGLER_S)
             try:
-                # Every call ends by its own gRPC deadline; the margin is for a stuck one.
-                uuid = ended.get(timeout=timeout + _STUCK_CALL_MARGIN_S)
+                uuid = ended.get(timeout=max(0.0, wait_until - time.monotonic()))
             except queue.Empty:
                 break
             fut = pending.pop(uuid)
@@ -605,9 +648,12 @@ class MetaCache(MetaState):
             answers = self.list_tablets(
                 min(left, LIST_TABLETS_TIMEOUT_S, self._rpc_timeout_s),
                 None if tablet_id is None else partial(self.leader_settled, tablet_id),
+                None if tablet_id is None else partial(self.leader_heard, tablet_id),
             )
             self._stats.leader_refresh()
             self.learn_leaders(answers, sent_at)
+            if tablet_id is not None:
+                self.unanswered_doubt(tablet_id, answers)
             self._last_refresh = self._clock()
         finally:
             self._refresh_lock.release()

@@ -18,7 +18,9 @@ to the server ``Router`` picks (pure, shared with ``aio_rpc``); a failure is cla
   after a backoff -- unless that server has been silent for ``SILENCE_S``
   (``MetaState.silent``); then the next attempt at the tablet, of any call, looks the leader
   up first (done once a majority of its replicas answered, ``MetaState.leader_settled``)
-  and goes to whichever replica leads, the same one if it still does. A follower read that
+  and goes to whichever replica leads, the same one if it still does; a leader in doubt that
+  misses the look-up too is marked down, so the others are asked and their NOT_LEADER
+  answers name the leader they elect. A follower read that
   ran out of time moves on to the next replica, and marks the server down once it has been
   silent for ``SILENCE_S`` (``MetaState.timed_out``);
 - FAIL: raised at once as ``InvalidArgument`` / ``RemoteError``.

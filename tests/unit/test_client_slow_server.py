@@ -7,8 +7,10 @@ leader had sent every thread of the process to followers and leader look-ups."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import grpc
@@ -296,3 +298,70 @@ def test_a_call_answered_around_is_no_alibi_for_a_silence_after_it() -> None:
     meta.mark_up("ts2")
     clock.now += 600
     assert meta.silent("ts2", clock.now - 0.03) is False
+
+
+def test_a_look_up_during_an_election_does_not_wait_out_a_paused_server() -> None:
+    """ts1 (the old leader) is paused; ts2 and ts3 answer, neither leading yet. The look-up
+    ends soon after (``STRAGGLER_S``), not when ts1's call would time out: one started during
+    the election had held up the next, which would find the new leader."""
+    cluster = FakeCluster()
+    rpc = make_rpc(cluster, FakeClock())
+    never: Future[Any] = Future()
+
+    def answered(response: tablet_pb2.ListTabletsResponse) -> Callable[[float], Future[Any]]:
+        def list_tablets_future(_timeout: float) -> Future[Any]:
+            done: Future[Any] = Future()
+            done.set_result(response)
+            return done
+
+        return list_tablets_future
+
+    cluster.servers["ts1"].list_tablets_future = lambda _t: never  # type: ignore[method-assign]
+    cluster.servers["ts2"].list_tablets_future = answered(_listing("ts2", 4, ""))  # type: ignore[method-assign]
+    cluster.servers["ts3"].list_tablets_future = answered(_listing("ts3", 4, ""))  # type: ignore[method-assign]
+    rpc.meta.set_leader("kv-p0", "ts1")
+
+    started = time.monotonic()
+    answers = rpc.meta.list_tablets(
+        2.0,
+        partial(rpc.meta.leader_settled, "kv-p0"),
+        partial(rpc.meta.leader_heard, "kv-p0"),
+    )
+    waited = time.monotonic() - started
+
+    assert set(answers) == {"ts2", "ts3"}
+    assert waited < 2.0  # ts1's call would have been waited for 2 s, and 5 s more
+    assert rpc.meta.leader("kv-p0") == "ts1"  # nobody claims it: what is cached stays
+
+
+def test_an_asyncio_look_up_during_an_election_does_not_wait_out_a_paused_server() -> None:
+    stubs = {
+        "ts1": _PausedOrAnswering(None),
+        "ts2": _PausedOrAnswering(_listing("ts2", 4, "")),
+        "ts3": _PausedOrAnswering(_listing("ts3", 4, "")),
+    }
+
+    async def look_up() -> Answers:
+        meta = AsyncMetaCache(["x:1"], _ByAddress(stubs), StatsRecorder())  # type: ignore[arg-type]
+        meta.install(config_pb())
+        async with asyncio.timeout(1.5):  # ts1's call would end only with the loop
+            return await meta.list_tablets(
+                2.0,
+                partial(meta.leader_settled, "kv-p0"),
+                partial(meta.leader_heard, "kv-p0"),
+            )
+
+    assert set(asyncio.run(look_up())) == {"ts2", "ts3"}
+
+
+def test_a_leader_in_doubt_that_misses_a_look_up_too_is_marked_down() -> None:
+    meta = make_rpc(FakeCluster(), FakeClock()).meta
+    followers: Answers = {"ts2": _listing("ts2", 4, ""), "ts3": _listing("ts3", 4, "")}
+    meta.set_leader("kv-p0", "ts1")
+    meta.unanswered_doubt("kv-p0", followers)
+    assert not meta.is_down("ts1")  # not in doubt: a look-up it missed says nothing yet
+    meta.doubt_leader("kv-p0", "ts1")
+    meta.unanswered_doubt("kv-p0", {**followers, "ts1": _listing("ts1", 4, "ts1")})
+    assert not meta.is_down("ts1")  # it answered: slow, not gone
+    meta.unanswered_doubt("kv-p0", followers)
+    assert meta.is_down("ts1")  # silent, and silent again: the others are asked
