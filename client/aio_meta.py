@@ -137,9 +137,7 @@ class AsyncMetaCache(MetaState):
         enough: Callable[[Answers], bool] | None = None,
         nearly: Callable[[Answers], bool] | None = None,
     ) -> Answers:
-        """``ListTablets`` on every server at once: uuid → its answer, or why it gave none.
-        Once the answers so far are ``enough``, or ``nearly`` so and ``STRAGGLER_S`` has
-        passed since, the calls still out are left out."""
+        """``MetaCache.list_tablets``, awaited."""
 
         async def one(uuid: str, address: str) -> tablet_pb2.ListTabletsResponse | RpcFailure:
             try:

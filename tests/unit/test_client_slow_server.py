@@ -72,6 +72,28 @@ def _listing(uuid: str, term: int, leader: str) -> tablet_pb2.ListTabletsRespons
     return resp
 
 
+def _pause_ts1_and_answer(
+    cluster: FakeCluster,
+    never: Future[Any],
+    ts2: tablet_pb2.ListTabletsResponse,
+    ts3: tablet_pb2.ListTabletsResponse,
+) -> None:
+    """ts1's ListTablets answer is ``never`` (paused); ts2 and ts3 answer at once."""
+
+    def answered(response: tablet_pb2.ListTabletsResponse) -> Callable[[float], Future[Any]]:
+        def list_tablets_future(_timeout: float) -> Future[Any]:
+            done: Future[Any] = Future()
+            done.set_result(response)
+            return done
+
+        return list_tablets_future
+
+    servers = cluster.servers
+    servers["ts1"].list_tablets_future = lambda _t: never  # type: ignore[method-assign]
+    servers["ts2"].list_tablets_future = answered(ts2)  # type: ignore[method-assign]
+    servers["ts3"].list_tablets_future = answered(ts3)  # type: ignore[method-assign]
+
+
 @pytest.fixture
 def setup() -> tuple[FakeCluster, RpcContext, FakeClock]:
     cluster = FakeCluster()
@@ -167,17 +189,7 @@ def test_a_look_up_ends_once_settled_without_waiting_for_a_paused_server() -> No
     rpc = make_rpc(cluster, clock)
     never: Future[Any] = Future()  # ts1 is paused: its answer never comes
 
-    def answered(response: tablet_pb2.ListTabletsResponse) -> Callable[[float], Future[Any]]:
-        def list_tablets_future(_timeout: float) -> Future[Any]:
-            done: Future[Any] = Future()
-            done.set_result(response)
-            return done
-
-        return list_tablets_future
-
-    cluster.servers["ts1"].list_tablets_future = lambda _t: never  # type: ignore[method-assign]
-    cluster.servers["ts2"].list_tablets_future = answered(_listing("ts2", 3, "ts2"))  # type: ignore[method-assign]
-    cluster.servers["ts3"].list_tablets_future = answered(_listing("ts3", 3, "ts2"))  # type: ignore[method-assign]
+    _pause_ts1_and_answer(cluster, never, _listing("ts2", 3, "ts2"), _listing("ts3", 3, "ts2"))
 
     rpc.meta.refresh_leaders(clock.now + 2.0, tablet_id="kv-p0")
 
@@ -308,17 +320,7 @@ def test_a_look_up_during_an_election_does_not_wait_out_a_paused_server() -> Non
     rpc = make_rpc(cluster, FakeClock())
     never: Future[Any] = Future()
 
-    def answered(response: tablet_pb2.ListTabletsResponse) -> Callable[[float], Future[Any]]:
-        def list_tablets_future(_timeout: float) -> Future[Any]:
-            done: Future[Any] = Future()
-            done.set_result(response)
-            return done
-
-        return list_tablets_future
-
-    cluster.servers["ts1"].list_tablets_future = lambda _t: never  # type: ignore[method-assign]
-    cluster.servers["ts2"].list_tablets_future = answered(_listing("ts2", 4, ""))  # type: ignore[method-assign]
-    cluster.servers["ts3"].list_tablets_future = answered(_listing("ts3", 4, ""))  # type: ignore[method-assign]
+    _pause_ts1_and_answer(cluster, never, _listing("ts2", 4, ""), _listing("ts3", 4, ""))
     rpc.meta.set_leader("kv-p0", "ts1")
 
     started = time.monotonic()
