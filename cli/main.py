@@ -41,7 +41,7 @@ from raftlet.cli.tserver_args import (
     add_tserver_arguments,
     settings_from_args,
 )
-from raftlet.tserver.grpc_logging import set_grpc_verbosity
+from raftlet.tserver.grpc_logging import import_grpc_quietly, set_grpc_verbosity
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Before parsing: an argument's converter may import the client, and with it grpc. The
+    # options before a command take no values, so its name is the first word without a dash.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in (None, "tserver", "completion"):
+        import_grpc_quietly()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "tserver":

@@ -7,7 +7,10 @@ that appear or not by the server's ``--log_level`` alone."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,3 +45,24 @@ def test_at_debug_grpc_core_logs_too(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("GRPC_TRACE", "http")
     monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
     assert GRPC_CORE_LINE.search(_server_log(tmp_path, "DEBUG"))
+
+
+def test_a_client_command_leaves_the_choice_to_the_servers_it_starts() -> None:
+    """``import_grpc_quietly`` quiets the command's own core, not its children's: ``cluster
+    up`` and ``chaos`` start servers that choose by their ``--log_level``."""
+    probe = (
+        "import os, sys\n"
+        "from raftlet.tserver.grpc_logging import import_grpc_quietly\n"
+        "import_grpc_quietly()\n"
+        "print('grpc' in sys.modules, os.environ.get('GRPC_VERBOSITY'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "None"]
+    env["GRPC_VERBOSITY"] = "DEBUG"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False", "DEBUG"]

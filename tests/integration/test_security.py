@@ -45,6 +45,8 @@ from raftlet.proto import (
     tablet_pb2_grpc,
 )
 from tests import waiting
+from tests.integration.cli_run import raftlet
+from tests.integration.test_grpc_log_level import GRPC_CORE_LINE
 from tests.tls_certs import issue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -200,6 +202,32 @@ def test_a_certificate_of_another_ca_cannot_connect(env: Env) -> None:
         )
     finally:
         channels.close()
+
+
+@pytest.mark.parametrize("verbosity", [None, "INFO"])
+def test_the_cli_says_a_failed_handshake_in_its_own_words(
+    env: Env, verbosity: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that does not trust the server's certificate (its CA was replaced): gRPC's
+    core logged the handshake's failure at INFO, in its own format, above raftlet's one-line
+    error. A GRPC_VERBOSITY the user set still stands."""
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    other = env.cluster.data_dir.parent / "other-ca"
+    extra = {} if verbosity is None else {"GRPC_VERBOSITY": verbosity}
+    proc = raftlet(
+        "scan", "kv", "--limit", "1", "--servers", env.seeds[0], "--timeout", "3",
+        "--tls-ca", str(other / "ca.crt"),
+        "--tls-cert", str(other / "client-mallory.crt"),
+        "--tls-key", str(other / "client-mallory.key"),
+        **extra,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc
+    core_lines = GRPC_CORE_LINE.findall(proc.stderr)
+    if verbosity is None:
+        assert core_lines == [], proc.stderr
+        assert proc.stderr.startswith("raftlet scan: error:"), proc.stderr
+    else:
+        assert core_lines, proc.stderr
 
 
 def test_no_identity_or_a_wrong_token_is_unauthenticated(env: Env) -> None:
