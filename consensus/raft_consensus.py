@@ -224,6 +224,10 @@ class ConsensusOptions:
     check_quorum: bool = True
     max_inflight_msgs: int = 64
     max_size_per_msg: int = 1 << 20
+    # A follower far behind (a learner back from a pause) was sent 64 messages of up to
+    # 1 MiB each as answers came, each read from the log and encoded under the consensus
+    # lock (~65 ms a MiB): seconds without heartbeats.  Now 2 MiB and one message.
+    max_inflight_bytes: int = 2 << 20
     # See consensus.core.Config: off, a moved commit index waits for the next append or
     # heartbeat instead of costing every follower a message of its own.
     broadcast_commit: bool = False
@@ -366,6 +370,7 @@ class RaftConsensus:
             check_quorum=opts.check_quorum,
             max_inflight_msgs=opts.max_inflight_msgs,
             max_size_per_msg=opts.max_size_per_msg,
+            max_inflight_bytes=opts.max_inflight_bytes,
             broadcast_commit=opts.broadcast_commit,
             heartbeat_read_rounds=self._lease_mode,
             applied=applied_index,

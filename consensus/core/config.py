@@ -46,6 +46,10 @@ class Config:
     max_inflight_msgs: int = 256
     # Cap on the entry bytes of one APPEND message (at least one entry is sent).
     max_size_per_msg: int = 1 << 20
+    # Cap on the entry bytes of a follower's APPENDs in flight (0: none).  The leader reads
+    # and encodes what it sends under the driver's lock: a follower far behind is caught
+    # up this many bytes (and one message) at a time, not max_inflight_msgs messages.
+    max_inflight_bytes: int = 0
     # When the commit index moves, send every follower an append at once, even one with no
     # entries (etcd's behaviour).  False lets the new commit index ride on the next append
     # or heartbeat: under light load that halves the messages a follower handles per write,
@@ -89,5 +93,7 @@ class Config:
             raise RaftConfigError("max_inflight_msgs must be positive")
         if self.max_size_per_msg <= 0:
             raise RaftConfigError("max_size_per_msg must be positive")
+        if self.max_inflight_bytes < 0:
+            raise RaftConfigError("max_inflight_bytes must be >= 0 (0: no cap)")
         if self.applied < 0:
             raise RaftConfigError("applied must be >= 0")

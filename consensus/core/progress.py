@@ -4,7 +4,8 @@ A follower is in one of three states:
 - PROBE: the leader does not know where the follower's log matches its own.  It
   sends one APPEND at a time (``probe_sent``) and backs ``next`` off on rejection.
 - REPLICATE: the logs match up to ``match``; the leader streams APPENDs
-  optimistically (``next`` advances on send), at most ``max_inflight`` unacknowledged.
+  optimistically (``next`` advances on send), at most ``max_inflight`` unacknowledged
+  and, once their entries reach ``max_inflight_bytes``, no more until some are.
 - SNAPSHOT: the follower needs entries log GC discarded here, so it is getting a copy of
   the tablet instead (``pending_snapshot``: the leader's first log index when it asked);
   nothing is sent to it until the driver reports the copy done or failed.
@@ -27,38 +28,51 @@ class ProgressState(enum.Enum):
 
 
 class Inflights:
-    """Last indexes of the APPENDs sent but not yet acknowledged, oldest first."""
+    """The APPENDs sent but not yet acknowledged, oldest first: each one's last index and
+    entry bytes.  Full at ``capacity`` messages, or at ``max_bytes`` (0: no cap) -- the
+    message that crosses it is still sent, so one larger than the cap goes alone."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_bytes: int = 0) -> None:
         self.capacity = capacity
-        self._last_indexes: deque[int] = deque()
+        self.max_bytes = max_bytes
+        self._sent: deque[tuple[int, int]] = deque()
+        self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._last_indexes)
+        return len(self._sent)
 
-    def add(self, last_index: int) -> None:
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def add(self, last_index: int, size: int = 0) -> None:
         if self.full():
             raise OverflowError("inflight window is full")
-        self._last_indexes.append(last_index)
+        self._sent.append((last_index, size))
+        self._bytes += size
 
     def free_le(self, index: int) -> None:
         """Forget every APPEND whose last entry is at or below ``index``."""
-        while self._last_indexes and self._last_indexes[0] <= index:
-            self._last_indexes.popleft()
+        sent = self._sent
+        while sent and sent[0][0] <= index:
+            self._bytes -= sent.popleft()[1]
 
     def free_first_one(self) -> None:
-        if self._last_indexes:
-            self._last_indexes.popleft()
+        if self._sent:
+            self._bytes -= self._sent.popleft()[1]
 
     def full(self) -> bool:
-        return len(self._last_indexes) >= self.capacity
+        return len(self._sent) >= self.capacity or 0 < self.max_bytes <= self._bytes
 
     def reset(self) -> None:
-        self._last_indexes.clear()
+        self._sent.clear()
+        self._bytes = 0
 
 
 class Progress:
-    def __init__(self, match: int, next_index: int, max_inflight: int) -> None:
+    def __init__(
+        self, match: int, next_index: int, max_inflight: int, max_inflight_bytes: int = 0
+    ) -> None:
         self.match = match
         self.next = next_index
         self.state = ProgressState.PROBE
@@ -69,7 +83,9 @@ class Progress:
         # The leader's tick count when it last heard from this peer (None: not in this
         # leadership, or not since a stall): what a membership change is checked against.
         self.heard_tick: int | None = None
-        self.inflights = Inflights(max_inflight)
+        # The leader's tick count when a heartbeat's answer last made it send to this peer.
+        self.resent_tick: int | None = None
+        self.inflights = Inflights(max_inflight, max_inflight_bytes)
         # SNAPSHOT only: the index the copy must reach (0 otherwise).
         self.pending_snapshot = 0
 
@@ -109,12 +125,13 @@ class Progress:
             return True
         return self.inflights.full()
 
-    def sent_entries(self, last_index: int | None) -> None:
-        """Record an APPEND just sent whose last entry is ``last_index`` (None: empty)."""
+    def sent_entries(self, last_index: int | None, size: int = 0) -> None:
+        """Record an APPEND just sent whose last entry is ``last_index`` (None: empty) and
+        whose entries are ``size`` bytes."""
         if self.state is ProgressState.REPLICATE:
             if last_index is not None:
                 self.next = last_index + 1
-                self.inflights.add(last_index)
+                self.inflights.add(last_index, size)
         else:
             self.probe_sent = True
 

@@ -449,6 +449,47 @@ def test_replicate_state_pipelines_up_to_max_inflight_then_pauses() -> None:
     assert _to(more, "c") == []  # c's window is still full
 
 
+def test_replicate_state_pauses_once_max_inflight_bytes_are_in_flight() -> None:
+    """A follower far behind was sent max_inflight_msgs messages of up to max_size_per_msg
+    as answers came, each read from the log and encoded under the driver's lock. With a
+    byte cap, the message that reaches it is the last until answers free some."""
+    node = new_node("a", max_inflight_msgs=64, max_inflight_bytes=250)
+    node.elect_and_commit_noop()
+    out: list[Message] = []
+    for _ in range(10):
+        node.raw.propose(b"x" * 16)  # 40 bytes by Entry.size
+        out += node.drain()
+    to_b = _to(out, "b")
+    assert [[e.index for e in m.entries] for m in to_b] == [[i] for i in range(2, 9)]
+    pr = node.raft.prs["b"]
+    assert (pr.is_paused(), pr.inflights.bytes) == (True, 7 * 40)
+    more = node.step(accept(to_b[1]))  # frees two: 200 bytes left, 50 to go
+    assert [[e.index for e in m.entries] for m in _to(more, "b")] == [[9, 10, 11]]
+    assert pr.is_paused()
+
+
+def test_a_burst_of_heartbeat_answers_sends_one_append_a_tick() -> None:
+    """A follower back from a pause answers every heartbeat queued for it at once. Each
+    answer freed a slot of its full window and sent one more APPEND of up to
+    max_size_per_msg, read from the log and encoded under the consensus lock: ~80 answers
+    held a leader's lock for 14.6 s (review r26a). One a tick still unsticks a window
+    whose messages were all lost."""
+    node = new_node("a", max_inflight_msgs=3)
+    node.elect_and_commit_noop()
+    for i in range(10):
+        node.raw.propose(f"x{i}".encode())
+        node.drain()
+    assert node.raft.prs["b"].is_paused()
+    burst: list[Message] = []
+    for _ in range(20):
+        burst += node.step(Message(HBR, src="b", dst="a", term=1))
+    assert [[e.index for e in m.entries] for m in _to(burst, "b")] == [[5, 6, 7, 8, 9, 10, 11]]
+    node.tick()
+    more = node.step(Message(HBR, src="b", dst="a", term=1))
+    more += node.step(Message(HBR, src="b", dst="a", term=1))
+    assert len(_to(more, "b")) == 1  # the next tick's first answer: the next resend
+
+
 def test_append_batches_entries_up_to_max_size_per_msg() -> None:
     """docs/core API: "Cap on the entry bytes of one APPEND message (at least one entry is
     sent)" — a follower that is behind is caught up with several entries per APPEND."""
