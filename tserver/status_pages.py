@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Iterable, Mapping
 
+from raftlet.consensus.core.types import Role
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics.human import human_bytes
 from raftlet.metrics.registry import MetricEntity
@@ -24,6 +25,7 @@ __all__ = [
     "register_tablet_gauges",
     "register_tablet_pages",
     "tablet_statuses",
+    "tablets_table_html",
 ]
 
 _HTML_COLUMNS = [
@@ -42,6 +44,12 @@ _HTML_COLUMNS = [
     "last_election",
     "failure",
 ]
+
+# What a non-leader's row shows under leader_ready. The field says "this replica is a ready
+# leader", so it is False on every follower; next to the `leader` column a False there read
+# as "the leader is not ready" while that leader was taking writes. /tablets.json keeps the
+# bool: a program reads it by its name, not beside another column.
+NOT_LEADER_CELL = "-"
 
 
 def register_tablet_gauges(
@@ -88,6 +96,22 @@ def tablet_statuses(
     return [r.published_status() for r in replicas] + [f.status() for f in failed]
 
 
+def tablets_table_html(statuses: Iterable[Mapping[str, object]]) -> str:
+    """The ``/tablets`` table of ``statuses`` (``tablet_statuses``): log size in human
+    units, and ``NOT_LEADER_CELL`` under leader_ready on every row that is not a leader's."""
+    rows = []
+    for status in statuses:
+        st = dict(status)
+        size = st.get("log_bytes")
+        st["log_bytes"] = human_bytes(size) if isinstance(size, int) else ""
+        if st.get("role") != Role.LEADER.value:
+            st["leader_ready"] = NOT_LEADER_CELL
+        cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in _HTML_COLUMNS)
+        rows.append(f"<tr>{cells}</tr>")
+    head = "".join(f"<th>{c}</th>" for c in _HTML_COLUMNS)
+    return f"<table border=1><tr>{head}</tr>{''.join(rows)}</table>"
+
+
 def register_tablet_pages(
     status: StatusServer,
     server_id: str,
@@ -105,16 +129,9 @@ def register_tablet_pages(
         return PageResponse.json({"server": server_id, "tablets": statuses()})
 
     def tablets_html(request: PageRequest) -> PageResponse:
-        rows = []
-        for st in statuses():
-            size = st.get("log_bytes")
-            st["log_bytes"] = human_bytes(size) if isinstance(size, int) else ""
-            cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in _HTML_COLUMNS)
-            rows.append(f"<tr>{cells}</tr>")
-        head = "".join(f"<th>{c}</th>" for c in _HTML_COLUMNS)
         body = (
-            f"<table border=1><tr>{head}</tr>{''.join(rows)}</table>"
-            "<p><a href='/tablets.json'>JSON</a> · <a href='/metrics'>metrics</a></p>"
+            tablets_table_html(statuses())
+            + "<p><a href='/tablets.json'>JSON</a> · <a href='/metrics'>metrics</a></p>"
         )
         return status.html_page(f"Tablets on {server_id}", body)
 
