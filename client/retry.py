@@ -325,6 +325,7 @@ _STATUS_OF_ERROR = {
     ServerErrorPB.MEMORY_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ServerErrorPB.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ServerErrorPB.WRONG_SERVER_UUID: grpc.StatusCode.INVALID_ARGUMENT,
+    ServerErrorPB.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

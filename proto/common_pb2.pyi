@@ -42,6 +42,7 @@ class ServerErrorPB(_message.Message):
         TABLET_NOT_RUNNING: _ClassVar[ServerErrorPB.Code]
         MEMORY_LIMIT: _ClassVar[ServerErrorPB.Code]
         SCHEMA_MISMATCH: _ClassVar[ServerErrorPB.Code]
+        PERMISSION_DENIED: _ClassVar[ServerErrorPB.Code]
     UNKNOWN: ServerErrorPB.Code
     NOT_LEADER: ServerErrorPB.Code
     LEADER_NOT_READY: ServerErrorPB.Code
@@ -54,6 +55,7 @@ class ServerErrorPB(_message.Message):
     TABLET_NOT_RUNNING: ServerErrorPB.Code
     MEMORY_LIMIT: ServerErrorPB.Code
     SCHEMA_MISMATCH: ServerErrorPB.Code
+    PERMISSION_DENIED: ServerErrorPB.Code
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_UUID_FIELD_NUMBER: _ClassVar[int]

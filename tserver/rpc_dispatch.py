@@ -162,8 +162,10 @@ def status_for(
     E = ServerErrorPB
     msg = bounded_message(str(exc) or type(exc).__name__)
     if isinstance(exc, SenderMismatch):
-        # A peer's certificate and its request disagree about who sends it: a forgery.
-        return S.PERMISSION_DENIED, msg, None
+        # A peer's certificate and its request disagree about who sends it: a forgery. The
+        # error carries the code too, for answers that have no gRPC status of their own (a
+        # consensus stream's or tcp port's ``failed`` item).
+        return S.PERMISSION_DENIED, msg, E(code=E.PERMISSION_DENIED, message=msg)
     if isinstance(exc, FilesNotRemovable):
         # The server answered and the operator must act: not UNAVAILABLE, which is what a
         # server that is down gives, and which membership commands ride over.

@@ -27,8 +27,8 @@ from raftlet.client.tls import channel_credentials
 from raftlet.cluster.identity import AccessRole
 from raftlet.deploy.certs import ClientSpec, create_certs
 from raftlet.deploy.local import LocalCluster
+from raftlet.proto import common_pb2, consensus_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 from raftlet.proto import consensus_pb2 as pb
-from raftlet.proto import consensus_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 from tests import waiting
 from tests.integration.raw_frames import closed_by_server, read_frame, send_frame
 
@@ -201,6 +201,8 @@ def test_a_server_claiming_another_servers_id_is_refused(env: Env) -> None:
         (answer,) = pb.ConsensusFramePB.FromString(read_frame(sock)).items
     assert answer.seq == 7
     assert answer.HasField("failed")
+    # README, Security: a forged sender is PERMISSION_DENIED (it was UNKNOWN here).
+    assert answer.failed.code == common_pb2.ServerErrorPB.PERMISSION_DENIED
     assert "certificate" in answer.failed.message
     waiting.wait_for(
         lambda: env.total("rpc_auth_denials_total", reason="sender_mismatch") > before,

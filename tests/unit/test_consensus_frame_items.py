@@ -1,7 +1,8 @@
 """The consensus port (tserver/consensus_tcp_server.py) takes one request per frame, as a
 peer sends them: a frame of more closes the connection with none of it stepped or answered
 (a million empty items in a 2 MB frame had each answered ``failed``, the server growing by
-~500 times the frame)."""
+~500 times the frame). With TLS a request claiming a sender other than the caller's
+certificate is answered ``failed`` PERMISSION_DENIED and counted."""
 
 from __future__ import annotations
 
@@ -13,9 +14,14 @@ from typing import Any
 
 import pytest
 
+from raftlet.cluster.identity import AccessRole, Identity
 from raftlet.consensus.rpc.frame_link import FrameLink
+from raftlet.metrics.catalogue import RPC_AUTH_DENIALS
+from raftlet.metrics.registry import MetricRegistry
+from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_tcp_server import consensus_links
+from raftlet.tserver.security import Authenticator
 from tests.waiting import wait_for
 
 LIMIT = 1 << 20
@@ -30,14 +36,20 @@ class Handler:
         done(pb.UpdateConsensusResponse(responder_term=request.caller_term))
 
 
-def _link(handler: Handler, closed: list[FrameLink]) -> tuple[FrameLink, socket.socket]:
+def _link(
+    handler: Handler,
+    closed: list[FrameLink],
+    auth: Authenticator | None = None,
+    peer: Identity | None = None,
+) -> tuple[FrameLink, socket.socket]:
     make = consensus_links(
         handler,  # type: ignore[arg-type]
         max_frame_bytes=LIMIT,
         send_timeout_s=10.0,
+        auth=auth,
     )
     server, client = socket.socketpair()
-    link = make(server, "consensus from test", closed.append, None).start()
+    link = make(server, "consensus from test", closed.append, peer).start()
     client.settimeout(20.0)
     return link, client
 
@@ -96,3 +108,41 @@ def test_one_request_per_frame_is_answered_as_ever() -> None:
         client.close()
         link.close()
         link.join(5.0)
+
+
+def test_a_forged_sender_is_answered_permission_denied_and_counted() -> None:
+    """README, Security: a forged Raft sender is refused PERMISSION_DENIED and counted in
+    rpc_auth_denials{reason}; the tcp port answered it with code UNKNOWN (0)."""
+    entity = MetricRegistry().entity("server", "ts3")
+    auth = Authenticator(None, entity)
+    handler = Handler()
+    closed: list[FrameLink] = []
+    link, client = _link(handler, closed, auth, Identity("ts3", AccessRole.SERVER))
+    try:
+        forged = pb.UpdateConsensusRequest(caller_uuid="ts1", dest_uuid="ts2", caller_term=9)
+        frame = pb.ConsensusFramePB(items=[pb.ConsensusItemPB(seq=7, update=forged)])
+        client.sendall(_frame(frame.SerializeToString()))
+        header = _recv_exactly(client, 4)
+        body = _recv_exactly(client, struct.unpack(">I", header)[0])
+        (answer,) = pb.ConsensusFramePB.FromString(body).items
+        assert answer.seq == 7
+        assert answer.WhichOneof("kind") == "failed"
+        assert answer.failed.code == common_pb2.ServerErrorPB.PERMISSION_DENIED
+        assert "certificate" in answer.failed.message
+        assert handler.started == []
+        denials = entity.counter(RPC_AUTH_DENIALS, reason="sender_mismatch").value()
+        assert denials == 1
+        assert not closed
+    finally:
+        client.close()
+        link.close()
+        link.join(5.0)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        assert chunk, "the server closed the connection"
+        buf += chunk
+    return buf

@@ -38,6 +38,7 @@ from raftlet.tserver.errors import (
     UnknownTablet,
 )
 from raftlet.tserver.rpc_dispatch import dispatch, status_for
+from raftlet.tserver.security import SenderMismatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 
 WAIT = 5.0
@@ -89,6 +90,9 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
             E.LEADER_NOT_READY,
         ),
         (ConfigChangeRefused("a change is in progress"), S.FAILED_PRECONDITION, E.UNKNOWN),
+        # A forged Raft sender: the code rides in the error too, for a stream's or tcp
+        # port's ``failed`` item, which has no gRPC status.
+        (SenderMismatch("claims ts1, is ts3"), S.PERMISSION_DENIED, E.PERMISSION_DENIED),
     ],
 )
 def test_status_for_maps_typed_errors(
