@@ -187,10 +187,17 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "failed_calls",
-        "calls answered with an error",
+        "calls answered with an error (not counting redirects)",
         "rpcs_failed",
         "count",
-        _sum("rpcs_failed", "server"),
+        lambda doc: _failed_calls(doc)[0],
+    ),
+    KeyMetric(
+        "redirects",
+        "calls redirected to the leader (NOT_LEADER)",
+        "rpcs_failed",
+        "count",
+        lambda doc: _failed_calls(doc)[1],
     ),
     KeyMetric(
         "row_errors",
@@ -351,6 +358,26 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
         _sum("result_tracker_replays_total", "tablet"),
     ),
 )
+
+
+# The rpcs_failed `error` label of the answer that sends a client to the leader. It is
+# FAILED_PRECONDITION, as a stale retry is, so the gRPC code alone cannot tell them apart.
+NOT_LEADER_ERROR = "NOT_LEADER"
+
+
+def _failed_calls(doc: list[Entity]) -> tuple[float, float | None]:
+    """Calls answered with an error, and NOT_LEADER redirects, apart. A redirect is no error:
+    the client follows it to the leader and its write succeeds; counting them as errors made
+    the row jump by a hundred on every leader change while clients saw none. A server too old
+    to label the answers (no `error` label): all its failures are errors, redirects unknown."""
+    series = _metrics(doc, "rpcs_failed", "server")
+    total = float(sum(m.get("value") or 0 for m in series))
+    if any("error" not in m.get("labels", {}) for m in series):
+        return total, None
+    redirects = float(
+        sum(m.get("value") or 0 for m in series if m["labels"]["error"] == NOT_LEADER_ERROR)
+    )
+    return total - redirects, redirects
 
 
 def _best_mean(doc: list[Entity], name: str) -> float | None:

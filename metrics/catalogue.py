@@ -91,10 +91,12 @@ RPCS_FAILED = MetricPrototype(
     COUNTER,
     "requests",
     "Calls answered with an error, by gRPC status code (NOT_LEADER is FAILED_PRECONDITION, a "
-    "full queue RESOURCE_EXHAUSTED, a failed tablet UNAVAILABLE, bad input INVALID_ARGUMENT); "
-    "each write of a WriteStream or of the tcp write port counts as a call. Rows refused "
+    "full queue RESOURCE_EXHAUSTED, a failed tablet UNAVAILABLE, bad input INVALID_ARGUMENT) "
+    "and by the ServerErrorPB code the answer carries (error; empty when none): "
+    "error=NOT_LEADER is the redirect a client follows to the leader, not a failure it sees. "
+    "Each write of a WriteStream or of the tcp write port counts as a call. Rows refused "
     "inside a write that succeeded are write_row_errors_total",
-    label_names=("service", "method", "code"),
+    label_names=("service", "method", "code", "error"),
     entity_type="server",
 )
 WRITE_ROW_ERRORS_TOTAL = MetricPrototype(

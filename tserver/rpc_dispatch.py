@@ -58,6 +58,7 @@ __all__ = [
     "abort_with",
     "bounded_message",
     "dispatch",
+    "error_name",
     "status_for",
 ]
 
@@ -102,7 +103,7 @@ async def dispatch(
         if pool.stopped:
             pool.metrics.failed_for(method, "UNAVAILABLE").increment()
             await abort_with(context, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN_MESSAGE, None)
-        pool.metrics.failed_for(method, "RESOURCE_EXHAUSTED").increment()
+        pool.metrics.failed_for(method, "RESOURCE_EXHAUSTED", "SERVICE_QUEUE_FULL").increment()
         await abort_with(
             context,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -116,7 +117,7 @@ async def dispatch(
         return await fut
     except Exception as exc:
         code, message, error = status_for(exc, leader_addr_lookup)
-        pool.metrics.failed_for(method, code.name).increment()
+        pool.metrics.failed_for(method, code.name, error_name(error)).increment()
         await abort_with(context, code, message, error)
 
 
@@ -225,6 +226,12 @@ def status_for(
     # A bug or an unexpected failure: the traceback goes to the log, not to the client.
     logger.error("internal error answering an RPC", exc_info=(type(exc), exc, exc.__traceback__))
     return S.INTERNAL, f"internal server error ({type(exc).__name__})", None
+
+
+def error_name(error: ServerErrorPB | None) -> str:
+    """The ``error`` label of ``rpcs_failed`` for an answer carrying ``error``: its code's
+    name, "" when it carries none."""
+    return "" if error is None else ServerErrorPB.Code.Name(error.code)
 
 
 def _leader_addr(leader_uuid: str, lookup: LeaderAddrLookup | None) -> str:

@@ -177,7 +177,7 @@ class ServicePoolMetrics:
         self._lock = threading.Lock()
         self._overflow_by_method: dict[str, StripedCounter] = {}
         self._latency_by_method: dict[str, Histogram] = {}
-        self._failed_by_code: dict[tuple[str, str], StripedCounter] = {}
+        self._failed_by_code: dict[tuple[str, str, str], StripedCounter] = {}
         for method in methods:
             self.queue_overflow_for(method)
 
@@ -202,17 +202,25 @@ class ServicePoolMetrics:
                     self._overflow_by_method[method] = counter
         return counter
 
-    def failed_for(self, method: str, code: str) -> StripedCounter:
-        """The count of ``method``'s calls answered with status ``code`` (its name)."""
-        counter = self._failed_by_code.get((method, code))
+    def failed_for(self, method: str, code: str, error: str = "") -> StripedCounter:
+        """The count of ``method``'s calls answered with status ``code`` (its name) carrying
+        the ``ServerErrorPB`` code ``error`` (its name; "" when the answer carries none).
+        ``error`` is what tells a not-leader redirect (FAILED_PRECONDITION, NOT_LEADER) from
+        a refusal a client sees with the same status (STALE_REQUEST, a refused change)."""
+        key = (method, code, error)
+        counter = self._failed_by_code.get(key)
         if counter is None:
             with self._lock:
-                counter = self._failed_by_code.get((method, code))
+                counter = self._failed_by_code.get(key)
                 if counter is None:
                     counter = self.entity.counter(
-                        catalogue.RPCS_FAILED, service=self.service, method=method, code=code
+                        catalogue.RPCS_FAILED,
+                        service=self.service,
+                        method=method,
+                        code=code,
+                        error=error,
                     )
-                    self._failed_by_code[(method, code)] = counter
+                    self._failed_by_code[key] = counter
         return counter
 
     def handler_latency_for(self, method: str) -> Histogram:

@@ -46,6 +46,7 @@ from raftlet.tserver.rpc_dispatch import (
     QUEUE_FULL_MESSAGE,
     SHUTTING_DOWN_MESSAGE,
     LeaderAddrLookup,
+    error_name,
     status_for,
 )
 from raftlet.tserver.service_pool import InboundCall, ServicePool
@@ -390,7 +391,7 @@ def _failed(
         )
     else:
         code, details, error = status_for(exc, leader_addr)
-    pool.metrics.failed_for("WriteStream", code.name).increment()
+    pool.metrics.failed_for("WriteStream", code.name, error_name(error)).increment()
     result = tablet_pb2.WriteStreamResultPB(
         id=write_id, status_code=code.value[0], status_message=details
     )
