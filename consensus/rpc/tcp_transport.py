@@ -19,7 +19,9 @@ server's own certificate as the client certificate -- the peer admits only a ser
 the host of its address, as the gRPC channels verify it.  Until a connection is up, and
 whenever it is not, requests go on the gRPC stream (``StreamHub``), which always works; a
 broken connection is Raft's lost message for what was in flight on it, and is dialed again
-after a backoff.
+after a backoff. The backoff starts over, and the traffic is said to be on tcp, only once a
+connection brought a frame back: a peer whose port is full accepts and closes at once, and a
+connect alone proves nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class _TcpPeer:
         self._connecting = False
         self._next_attempt = 0.0
         self._backoff = _BACKOFF_INITIAL_S
+        # The current link brought a frame: the peer takes our traffic on it.
+        self._proven = False
         self._closed = False
 
     @property
@@ -102,7 +106,7 @@ class _TcpPeer:
         self._hub.fallback.stream_to(self.addr).send(seq, item, pending)
 
     def _maybe_connect(self) -> None:
-        now = time.monotonic()
+        now = self._hub.clock()
         with self._lock:
             # A send that saw no link may get here just after a dial succeeded: one
             # connection per peer, never a second (it would leak, open and unused).
@@ -145,28 +149,43 @@ class _TcpPeer:
         with self._lock:
             self._connecting = False
             if link is not None and not self._closed and self._link is None:
+                # Neither the backoff reset nor "on plain tcp" yet: a peer whose port is full
+                # accepts and closes at once, which reset it every dial and logged each one
+                # (``_on_frame`` does both once the peer answers).
+                self._proven = False
                 self._link = link.start()
-                self._backoff = _BACKOFF_INITIAL_S
-                logger.info("consensus traffic to %s now on plain tcp", self.addr)
                 return
-            self._next_attempt = time.monotonic() + self._backoff
+            self._next_attempt = self._hub.clock() + self._backoff
             self._backoff = min(self._backoff * 2, _BACKOFF_MAX_S)
         if link is not None:  # closed meanwhile
             link.start().close()
 
     def _on_frame(self, body: bytes) -> None:
         """The link's reader thread: answers, each to its request."""
+        if not self._proven:
+            self._prove()
         for item in pb.ConsensusFramePB.FromString(body).items:
             with self._lock:
                 pending = self._pending.pop(item.seq, None)
             if pending is not None:  # else overdue and dropped already
                 deliver(pending, answer_of(pending, item))
 
+    def _prove(self) -> None:
+        with self._lock:
+            if self._proven or self._link is None:
+                return
+            self._proven = True
+            self._backoff = _BACKOFF_INITIAL_S
+        logger.info("consensus traffic to %s now on plain tcp", self.addr)
+
     def _on_close(self, link: FrameLink) -> None:
         with self._lock:
             if self._link is link:
                 self._link = None
-                self._next_attempt = time.monotonic() + self._backoff
+                # Grows as after a failed dial: a link closed before it brought a frame is
+                # one; after one that did (the backoff reset), the first retry is prompt.
+                self._next_attempt = self._hub.clock() + self._backoff
+                self._backoff = min(self._backoff * 2, _BACKOFF_MAX_S)
             lost, self._pending = self._pending, {}
         for pending in lost.values():
             deliver(pending, None)
@@ -201,8 +220,11 @@ class TcpHub:
         fallback: StreamHub,
         lookup: Callable[[str], Endpoint | None],
         ssl_context: ssl.SSLContext | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fallback = fallback
+        self.clock = clock  # when to dial a peer again (the backoff)
         self.lookup = lookup
         self.ssl_context = ssl_context  # None: plain TCP (the cluster runs without TLS)
         self.timeout_s = fallback.timeout_s
