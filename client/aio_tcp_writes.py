@@ -34,7 +34,7 @@ import grpc
 
 from raftlet.client.aio_write_stream import StreamedRpcError, expire, unary_call, write_result
 from raftlet.client.call_slots import NEVER_SENT
-from raftlet.proto import tablet_pb2, tablet_pb2_grpc
+from raftlet.proto import MAX_WRITES_PER_MESSAGE, tablet_pb2, tablet_pb2_grpc
 
 __all__ = ["TcpWriteStream", "TcpWritesTo", "open_tcp_write_stream"]
 
@@ -43,9 +43,6 @@ _CONNECT_TIMEOUT_S = 5.0
 # After the server had no tcp port for us, or could not be reached on it: when to ask again.
 _RETRY_INITIAL_S = 1.0
 _RETRY_MAX_S = 60.0
-# Writes in one frame: the server closes a connection that sends more than it lets one
-# connection have unanswered (tserver.write_stream.MAX_OUTSTANDING_WRITES).
-_MAX_FRAME_WRITES = 4096
 
 
 class TcpWritesTo:
@@ -242,8 +239,8 @@ class TcpWriteStream:
 
     def _flush(self) -> None:
         """Once per loop turn: everything queued, as few frames as the limits allow (bytes,
-        and ``_MAX_FRAME_WRITES`` writes; a frame's entries concatenate into one
-        ``WriteStreamRequestPB``)."""
+        and ``MAX_WRITES_PER_MESSAGE`` writes: the server closes a connection that sends
+        more in one frame; a frame's entries concatenate into one ``WriteStreamRequestPB``)."""
         self._flush_due = False
         entries, self._queue = self._queue, []
         if self._failure is not None or not entries:
@@ -252,7 +249,7 @@ class TcpWriteStream:
         start, size = 0, 0
         for k, entry in enumerate(entries):
             if k > start and (
-                size + len(entry) > self._max_frame_bytes or k - start == _MAX_FRAME_WRITES
+                size + len(entry) > self._max_frame_bytes or k - start == MAX_WRITES_PER_MESSAGE
             ):
                 out.append(_HEADER.pack(size))
                 out.extend(entries[start:k])

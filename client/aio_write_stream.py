@@ -17,7 +17,9 @@ A frame over a gRPC message limit breaks the stream with RESOURCE_EXHAUSTED "mes
 than max (size vs. limit)". The stream then knows the limit: a waiting write that would not
 fit a frame of its own fails with that error (the retry policy does not retry it: it would
 fail again), the others with UNAVAILABLE as above, and from then on frames are cut to the
-limit, so writes that fit alone never break the stream together.
+limit, so writes that fit alone never break the stream together. A frame carries at most
+``MAX_WRITES_PER_MESSAGE`` writes however small they are: the server ends a stream that
+sends more in one message (INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, TypeVar
 import grpc
 
 from raftlet.client.retry import CREDENTIALS_REFUSED, too_large
-from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2
+from raftlet.proto import ERROR_METADATA_KEY, MAX_WRITES_PER_MESSAGE, tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 
 __all__ = [
@@ -162,17 +164,22 @@ async def _status_or(
 def _frames(
     items: list[tablet_pb2.WriteStreamItemPB], limit: int | None
 ) -> list[tablet_pb2.WriteStreamRequestPB]:
-    """``items`` in frames of at most ``limit`` bytes (one frame when no limit is known);
-    an item too large for any frame goes alone, and fails as it must."""
+    """``items`` in frames of at most ``MAX_WRITES_PER_MESSAGE`` writes and ``limit`` bytes
+    (by count alone when no limit is known); an item too large for any frame goes alone,
+    and fails as it must."""
+    per = MAX_WRITES_PER_MESSAGE
     if limit is None:
-        return [tablet_pb2.WriteStreamRequestPB(items=items)]
+        return [
+            tablet_pb2.WriteStreamRequestPB(items=items[i : i + per])
+            for i in range(0, len(items), per)
+        ]
     frames: list[tablet_pb2.WriteStreamRequestPB] = []
     frame = tablet_pb2.WriteStreamRequestPB()
     used = 0
     for item in items:
         # An item's field tag and length prefix: at most 6 bytes below 2 GiB.
         size = item.ByteSize() + 6
-        if frame.items and used + size > limit:
+        if frame.items and (used + size > limit or len(frame.items) == per):
             frames.append(frame)
             frame, used = tablet_pb2.WriteStreamRequestPB(), 0
         frame.items.append(item)

@@ -9,6 +9,13 @@ drift from the sources. Do not edit them by hand. Imports nothing of the project
 # fails a call with a non-OK gRPC status (gRPC requires binary keys to end in "-bin").
 ERROR_METADATA_KEY = "raftlet-error-bin"
 
+# The most writes one WriteStreamRequestPB may carry, on the gRPC WriteStream and on the tcp
+# write port alike: a server refuses a message with more before it builds anything from its
+# writes (an empty write is ~2 bytes on the wire, and ~2 million of them in one 4 MB
+# message took a server to 1.3 GB and minutes of work), and the clients cut their messages
+# at it. Far more than one turn of a client's event loop starts in practice.
+MAX_WRITES_PER_MESSAGE = 4096
+
 from raftlet import require_namespaced  # noqa: E402
 
 require_namespaced(__name__)
