@@ -55,6 +55,7 @@ __all__ = [
     "TABLET_COPIES_INSTALLED_TOTAL",
     "TABLET_COPY_SESSIONS_TOTAL",
     "TABLET_FAILED",
+    "TCP_CONNECTIONS_REFUSED_TOTAL",
     "TERM_CHECKS_TOTAL",
     "TLS_CERT_EXPIRY_SECONDS",
     "WRITE_MEMORY_HELD_BYTES",
@@ -266,6 +267,16 @@ WRITE_TCP_CONNECTIONS = MetricPrototype(
     "outside gRPC)",
     entity_type="server",
 )
+TCP_CONNECTIONS_REFUSED_TOTAL = MetricPrototype(
+    "tcp_connections_refused_total",
+    COUNTER,
+    "connections",
+    "Connections a tcp port closed as soon as it accepted them because it had as many open "
+    "as it takes (consensus: 64 from peers; write: 1,024 from clients); its log says so "
+    "at most once a minute",
+    entity_type="server",
+    label_names=("port",),
+)
 TLS_CERT_EXPIRY_SECONDS = MetricPrototype(
     "tls_cert_expiry_seconds",
     GAUGE,
@@ -456,6 +467,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     TABLET_COPY_SESSIONS_TOTAL,
     CONSENSUS_TCP_CONNECTIONS,
     WRITE_TCP_CONNECTIONS,
+    TCP_CONNECTIONS_REFUSED_TOTAL,
     WRITE_MEMORY_HELD_BYTES,
     WRITE_MEMORY_REFUSALS_TOTAL,
     TLS_CERT_EXPIRY_SECONDS,

@@ -428,6 +428,7 @@ class TabletServer:
             ),
             max_connections=MAX_PEER_CONNECTIONS,
             admission=self._admission(server_tls, AccessRole.SERVER, CONSENSUS_TCP_METHOD),
+            refusals=self.entity.counter(cat.TCP_CONNECTIONS_REFUSED_TOTAL, port="consensus"),
         )
         self.entity.function_gauge(
             cat.CONSENSUS_TCP_CONNECTIONS, self.tcp_listener.connections, direction="in"
@@ -446,6 +447,7 @@ class TabletServer:
             ),
             max_connections=MAX_WRITE_CONNECTIONS,
             admission=self._admission(server_tls, AccessRole.WRITER, WRITE_TCP_METHOD),
+            refusals=self.entity.counter(cat.TCP_CONNECTIONS_REFUSED_TOTAL, port="write"),
         )
         self.entity.function_gauge(cat.WRITE_TCP_CONNECTIONS, self.write_listener.connections)
         self._replica_options = options

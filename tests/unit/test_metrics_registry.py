@@ -77,6 +77,7 @@ DESIGN_NAMES = {
     "tablet_copy_sessions_total": MetricType.COUNTER,
     "consensus_tcp_connections": MetricType.GAUGE,
     "write_tcp_connections": MetricType.GAUGE,
+    "tcp_connections_refused_total": MetricType.COUNTER,
     "write_memory_held_bytes": MetricType.GAUGE,
     "write_memory_refusals_total": MetricType.COUNTER,
     "tls_cert_expiry_seconds": MetricType.GAUGE,
