@@ -4,10 +4,16 @@ Leadership stays where elections put it. After rolling restarts and step-downs a
 long-running review found all four leaders of a cluster on one server, which then did twice
 the work of the others: nothing moved them back. This command reads where the leaders are
 (``client.health``, the same probe as ``cluster status``), plans moves that leave no
-server leading two tablets more than another (``plan_moves``, pure), and carries them out
-one tablet at a time: a leadership transfer to the chosen voter, then a wait until it leads.
-Only servers that answer take leaders, and only voters whose replica is healthy and caught
-up (state OK); a move that does not happen is reported and the rest go on.
+server leading two tablets more than another where the replicas' placement allows it
+(``plan_moves``, pure), and carries them out one tablet at a time: a leadership transfer
+to the chosen voter, then a wait until it leads. Only servers that answer take leaders,
+and only voters whose replica is healthy and caught up (state OK); a move that does not
+happen is reported and the rest go on. Where the placement leaves a server leading two
+more than another, the output says so and why (``imbalance_left``).
+
+A move may be a chain: with leaders ts1 1, ts2 1, ts3 2, ts4 0 and no replica on ts4 of
+ts3's tablets, ts1 passes one of its tablets to ts4 and ts3 one of its to ts1. Planning only
+direct moves stopped there and reported ts3 2, ts4 0 as balanced.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from raftlet.cli.common import (
     timeout_seconds,
 )
 
-__all__ = ["add_parser", "plan_moves", "run"]
+__all__ = ["add_parser", "imbalance_left", "plan_moves", "run"]
 
 _EPILOG = """\
 examples:
@@ -48,7 +54,10 @@ def add_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="move tablet leaderships so that every server leads about as many",
         description=(
             "Move leaderships (Raft leadership transfers) until no server leads two "
-            "tablets more than another, among the servers that answer."
+            "tablets more than another, among the servers that answer, as far as where "
+            "the tablets' replicas are allows: a leadership moves only to a server holding "
+            "a caught-up voter replica of its tablet, possibly through a chain of moves "
+            "over other servers. What it could not even out is printed with the reason."
         ),
         epilog=_EPILOG,
         formatter_class=formatter,
@@ -68,39 +77,102 @@ def plan_moves(
     leaders: Mapping[str, str], voters: Mapping[str, Sequence[str]], servers: Sequence[str]
 ) -> list[Move]:
     """The moves that leave no server of ``servers`` leading two tablets more than another,
-    as far as each tablet's ``voters`` allow: each goes from a server leading the most to
-    the one leading the fewest among its tablet's voters, and only where that one leads at
-    least two fewer (so every move lowers the sum of squared counts, and the loop ends).
-    Leaders on servers not in ``servers`` stay, and count for nothing."""
+    as far as each tablet's ``voters`` allow. Each step takes one leadership off a server
+    leading the most and gives one to a server leading at least two fewer: directly, or
+    where no tablet of the first has a voter on the second, by a chain of moves through
+    other servers (``_one_chain``), which keep their count. So every step lowers the sum of
+    squared counts, and the loop ends: when no chain is left from any server to one leading
+    two fewer. Leaders on servers not in ``servers`` stay, and count for nothing."""
     counts = dict.fromkeys(servers, 0)
     led = {t: s for t, s in leaders.items() if s in counts}
     for server in led.values():
         counts[server] += 1
     moves: list[Move] = []
     while True:
-        move = _one_move(led, voters, counts)
-        if move is None:
+        chain = _one_chain(led, voters, counts)
+        if not chain:
             return moves
-        tablet, src, dst = move
-        counts[src] -= 1
-        counts[dst] += 1
-        led[tablet] = dst
-        moves.append(move)
+        counts[chain[-1][1]] -= 1  # the first giver (the chain runs from the taker back)
+        counts[chain[0][2]] += 1
+        for tablet, _, dst in chain:
+            led[tablet] = dst
+        moves.extend(chain)
 
 
-def _one_move(
+def _one_chain(
     led: Mapping[str, str], voters: Mapping[str, Sequence[str]], counts: Mapping[str, int]
-) -> Move | None:
+) -> list[Move]:
+    """Moves carrying one leadership from a server leading the most to one leading at least
+    two fewer, [] if there is none. Ordered from the taker's end: each server in between
+    first gives a leadership away and then takes one, so none of them ever leads more than
+    it did, and a chain cut short by a failed move leaves no server leading more than the
+    busiest did."""
     for src in sorted(counts, key=lambda s: (-counts[s], s)):
-        for tablet in sorted(t for t, s in led.items() if s == src):
-            options = [
-                v
-                for v in voters.get(tablet, ())
-                if v in counts and v != src and counts[v] <= counts[src] - 2
-            ]
-            if options:
-                return tablet, src, min(options, key=lambda v: (counts[v], v))
-    return None
+        reached = _reachable(src, led, voters, counts)
+        takers = [d for d in reached if counts[d] <= counts[src] - 2]
+        if not takers:
+            continue
+        dst = min(takers, key=lambda d: (counts[d], len(_path(reached, d)), d))
+        return list(reversed(_path(reached, dst)))
+    return []
+
+
+# For each server reached, the move that reached it: (tablet, from server, to server).
+Reached = dict[str, Move]
+
+
+def _reachable(
+    src: str, led: Mapping[str, str], voters: Mapping[str, Sequence[str]], counts: Mapping[str, int]
+) -> Reached:
+    """Every server a leadership of ``src`` can reach by moves, breadth first (so by the
+    fewest moves), each with the move that reached it."""
+    by_leader: dict[str, list[str]] = {}
+    for tablet, server in sorted(led.items()):
+        by_leader.setdefault(server, []).append(tablet)
+    reached: Reached = {}
+    frontier = [src]
+    while frontier:
+        following = []
+        for server in frontier:
+            for tablet in by_leader.get(server, ()):
+                for v in sorted(voters.get(tablet, ())):
+                    if v in counts and v != src and v not in reached:
+                        reached[v] = (tablet, server, v)
+                        following.append(v)
+        frontier = following
+    return reached
+
+
+def _path(reached: Reached, dst: str) -> list[Move]:
+    """The moves from the search's start to ``dst``, in order."""
+    path = [reached[dst]]
+    while path[-1][1] in reached:
+        path.append(reached[path[-1][1]])
+    return list(reversed(path))
+
+
+def imbalance_left(
+    leaders: Mapping[str, str], voters: Mapping[str, Sequence[str]], servers: Sequence[str]
+) -> str | None:
+    """Why ``leaders`` (as ``plan_moves`` leaves them) still has a server of ``servers``
+    leading two more than another, or None if none does: no chain of moves reaches the
+    server leading the fewest from the one leading the most."""
+    counts = dict.fromkeys(servers, 0)
+    led = {t: s for t, s in leaders.items() if s in counts}
+    for server in led.values():
+        counts[server] += 1
+    if not counts:
+        return None
+    most = min(counts, key=lambda s: (-counts[s], s))
+    fewest = min(counts, key=lambda s: (counts[s], s))
+    if counts[most] - counts[fewest] < 2:
+        return None
+    return (
+        f"{most} still leads {counts[most]} and {fewest} {counts[fewest]}: no leadership can "
+        f"pass from {most} to {fewest}, directly or through other servers ({fewest} holds no "
+        f"caught-up voter replica of a tablet led by {most} or by a server it could hand one "
+        "to); add a replica there (raftlet tablet add-replica) to even them out"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,13 +198,21 @@ def run(args: argparse.Namespace) -> int:
     note = f" ({', '.join(away)} not answering: given no leader)" if away else ""
     out.print(f"leaders now: {_spread(leaders, up)}{note}", markup=False)
     moves = plan_moves(leaders, voters, up)
+    planned = {**leaders, **{tablet: dst for tablet, _, dst in moves}}
+    left = imbalance_left(planned, voters, up)
     if not moves:
-        out.print("balanced: no move would even them out further", markup=False)
+        if left is None:
+            out.print("balanced: no move would even them out further", markup=False)
+        else:
+            out.print(f"not balanced, and no move can change that: {left}", markup=False)
         return 0
     for tablet, src, dst in moves:
         verb = "would move" if args.dry_run else "moving"
         out.print(f"{verb} {tablet}: {src} -> {dst}", markup=False)
+    if left is not None:
+        out.print(f"the moves leave it unbalanced: {left}", markup=False)
     if args.dry_run:
+        out.print(f"leaders after them: {_spread(planned, up)}", markup=False)
         return 0
     client = target.client(timeout_s=args.timeout)
     failed: list[str] = []
@@ -160,9 +240,23 @@ def run(args: argparse.Namespace) -> int:
     after = check_cluster(config, options)
     now_leaders = {t.tablet_id: t.leader for t in after.tablets if t.leader is not None}
     out.print(f"leaders after: {_spread(now_leaders, up)}", markup=False)
+    if not failed and left is None and _uneven(now_leaders, up):
+        # Every move was made, yet an election elsewhere (a server restarting, a step-down)
+        # moved a leadership meanwhile: say so rather than leave "leaders after" unexplained.
+        out.print(
+            "leaders changed while moving (an election elsewhere): run it again", markup=False
+        )
     if failed:
         raise CliError("some leaderships did not move: " + "; ".join(failed))
     return 0
+
+
+def _uneven(leaders: Mapping[str, str], servers: Sequence[str]) -> bool:
+    counts = dict.fromkeys(servers, 0)
+    for server in leaders.values():
+        if server in counts:
+            counts[server] += 1
+    return bool(counts) and max(counts.values()) - min(counts.values()) >= 2
 
 
 def _spread(leaders: Mapping[str, str], servers: Sequence[str]) -> str:

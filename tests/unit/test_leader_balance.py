@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
+from functools import partial
+from types import SimpleNamespace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftlet.cli.leader_balance import plan_moves
+from raftlet.cli import leader_balance
+from raftlet.cli.leader_balance import imbalance_left, plan_moves
 
 SERVERS = ["ts1", "ts2", "ts3"]
 ANY = [*SERVERS, "ts4"]  # ts4 is no member of the cluster above
@@ -47,6 +52,54 @@ def test_a_leader_moves_only_to_a_voter_of_its_tablet() -> None:
     assert plan_moves(leaders, voters, SERVERS) == [("kv-p1", "ts1", "ts2")]
 
 
+# Review r26a's cluster: four servers, no replica on ts4 of the two tablets ts3 leads.
+FOUR = ["ts1", "ts2", "ts3", "ts4"]
+R26A_VOTERS = {
+    "kv-p0": ["ts1", "ts2", "ts4"],
+    "kv-p1": ["ts1", "ts2", "ts3"],
+    "kv-p2": ["ts1", "ts2", "ts3"],
+    "kv-p3": ["ts1", "ts2", "ts3"],
+}
+R26A_LEADERS = {"kv-p0": "ts1", "kv-p1": "ts2", "kv-p2": "ts3", "kv-p3": "ts3"}
+
+
+def test_a_leadership_reaches_a_server_through_another_when_no_direct_move_can() -> None:
+    """r26a ended with `leaders after: ts1 1, ts2 1, ts3 2, ts4 0` (exit 0): no tablet of
+    ts3 has a replica on ts4, and only direct moves were planned. ts1 hands kv-p0 to ts4
+    first, then takes kv-p2 from ts3, so ts1 never leads more than it did."""
+    moves = plan_moves(R26A_LEADERS, R26A_VOTERS, FOUR)
+    assert moves == [("kv-p0", "ts1", "ts4"), ("kv-p2", "ts3", "ts1")]
+    after = _after(R26A_LEADERS, moves)
+    assert Counter(after.values()) == Counter(dict.fromkeys(FOUR, 1))
+    assert imbalance_left(after, R26A_VOTERS, FOUR) is None
+
+
+def test_what_the_placement_leaves_uneven_is_said_with_the_reason() -> None:
+    """ts4 holds no replica at all: nothing can reach it, and the output must say so rather
+    than call the cluster balanced."""
+    voters = {t: ["ts1", "ts2", "ts3"] for t in R26A_LEADERS}
+    moves = plan_moves(R26A_LEADERS, voters, FOUR)
+    assert moves == []
+    why = imbalance_left(R26A_LEADERS, voters, FOUR)
+    assert why is not None
+    assert why.startswith("ts3 still leads 2 and ts4 0: no leadership can pass from ts3 to ts4")
+    assert imbalance_left(R26A_LEADERS, voters, ["ts1", "ts2", "ts3"]) is None
+
+
+def _reach(src: str, led: dict[str, str], voters: dict[str, list[str]], up: set[str]) -> set[str]:
+    """Every server up that a leadership of ``src`` can get to by one move or a chain."""
+    seen, todo = {src}, [src]
+    while todo:
+        server = todo.pop()
+        for tablet, leader in led.items():
+            if leader == server:
+                for v in voters[tablet]:
+                    if v in up and v not in seen:
+                        seen.add(v)
+                        todo.append(v)
+    return seen - {src}
+
+
 @given(
     st.lists(
         st.tuples(st.sampled_from(ANY), st.sets(st.sampled_from(ANY))),
@@ -73,3 +126,69 @@ def test_after_the_moves_no_move_is_left_that_would_even_them_out(
             continue
         for v in voters[tablet]:
             assert not (v in up and counts[v] <= counts[src] - 2), (tablet, src, v, counts)
+    # Nor a chain of moves: what is left uneven is what the placement allows no better.
+    for src in up:
+        for dst in _reach(src, led, voters, up):
+            assert counts[dst] > counts[src] - 2, (src, dst, counts)
+    assert (imbalance_left(led, voters, servers) is None) == (
+        not counts or max(counts[s] for s in up) - min(counts[s] for s in up) < 2
+    )
+
+
+# --- what the command prints -------------------------------------------------------------
+
+
+class _Creds:
+    tls = None
+
+    def channel_credentials(self) -> None:
+        return None
+
+
+def _health(leaders: dict[str, str], voters: dict[str, list[str]]) -> SimpleNamespace:
+    replica = partial(SimpleNamespace, state="OK", role="FOLLOWER")
+    return SimpleNamespace(
+        servers=[SimpleNamespace(id=s, state="UP") for s in FOUR],
+        tablets=[
+            SimpleNamespace(
+                tablet_id=t, leader=leaders[t], replicas=[replica(server=v) for v in voters[t]]
+            )
+            for t in sorted(leaders)
+        ],
+    )
+
+
+def _dry_run(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    voters: dict[str, list[str]],
+) -> tuple[int, str]:
+    target = SimpleNamespace(config=object(), creds=_Creds())
+    monkeypatch.setattr(leader_balance, "resolve_target", lambda args: target)
+    monkeypatch.setattr(
+        "raftlet.client.health.check_cluster", lambda config, options: _health(R26A_LEADERS, voters)
+    )
+    code = leader_balance.run(argparse.Namespace(dry_run=True, timeout=1.0))
+    return code, capsys.readouterr().out
+
+
+def test_a_dry_run_prints_the_chain_and_the_leaders_it_leaves(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = _dry_run(monkeypatch, capsys, R26A_VOTERS)
+    assert code == 0
+    assert out.splitlines() == [
+        "leaders now: ts1 1, ts2 1, ts3 2, ts4 0",
+        "would move kv-p0: ts1 -> ts4",
+        "would move kv-p2: ts3 -> ts1",
+        "leaders after them: ts1 1, ts2 1, ts3 1, ts4 1",
+    ]
+
+
+def test_an_imbalance_no_move_can_fix_is_not_called_balanced(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = _dry_run(monkeypatch, capsys, {t: ["ts1", "ts2", "ts3"] for t in R26A_LEADERS})
+    assert code == 0
+    assert "balanced: no move" not in out
+    assert "not balanced, and no move can change that: ts3 still leads 2 and ts4 0" in out
