@@ -655,6 +655,28 @@ class RaftConsensus:
             self._process_ready_unlocked()
         return target
 
+    def hand_over(self) -> str:
+        """Before this server stops: hand leadership to the most caught-up voter heard from
+        within the last heartbeats, if this replica leads and one is.  Returns it, or
+        NO_NODE (nothing to hand over, or no follower that would take it now)."""
+        with self._lock:
+            self._step_ticks_unlocked()
+            # A follower answers every heartbeat: silent for more than two has stopped, or
+            # is stopping too, and TIMEOUT_NOW would be lost on it.
+            target = self._node.answering_successor(2 * self.options.heartbeat_ticks + 1)
+            if not target:
+                return NO_NODE
+            logger.info(
+                "%s: %s hands leadership of term %d to %s (stopping)",
+                self.group_id,
+                self.node_id,
+                self._snapshot.term,
+                target,
+            )
+            self._node.transfer_leadership(target)
+            self._process_ready_unlocked()
+        return target
+
     # --- peers ---------------------------------------------------------------------------
 
     def handle_request(self, message: Message) -> Message | None:

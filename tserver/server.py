@@ -28,9 +28,10 @@ A tablet whose replica fails to open (damaged or missing files) is FAILED
 (``tserver.failed_tablet``): the server starts and serves its other tablets, and every RPC
 for the failed one is answered UNAVAILABLE "tablet failed: <why>".
 
-Shutdown (SIGTERM): stop accepting RPCs, let in-flight ones finish within a grace period,
-stop the pools, stop every replica (consensus first, then the apply path, then the files),
-close channels, exit 0.  A restart recovers every replica from its directory.
+Shutdown (SIGTERM): hand the tablets led here to followers that answer
+(``tserver.leader_handover``), stop accepting RPCs, let in-flight ones finish within a grace
+period, stop the pools, stop every replica (consensus first, then the apply path, then the
+files), close channels, exit 0.  A restart recovers every replica from its directory.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ from raftlet.tserver.grpc_limits import (
     server_limit_options,
 )
 from raftlet.tserver.hosted_tablets import HostedTablets
+from raftlet.tserver.leader_handover import hand_over_leaderships
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.message_limits import MessageLimits
 from raftlet.tserver.peer_contact import CHECK_INTERVAL_S, PeerContact
@@ -1140,6 +1142,9 @@ class TabletServer:
         elsewhere (with the same request id) instead of seeing their calls cancelled."""
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        # While peers still hear from us: the tablets led here elect no leader for an
+        # election timeout otherwise (tserver.leader_handover).
+        await hand_over_leaderships([r.consensus for r in list(self.replicas.values())])
         for task in (self._sharing, self._watching, self._deciding):
             if task is not None:
                 task.cancel()

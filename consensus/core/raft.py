@@ -663,6 +663,21 @@ class Raft:
         if self._round_wanted and confirmed >= self.read_round:
             self._start_read_round()  # the reads that arrived meanwhile: their round now
 
+    def answering_successor(self, heard_within: int) -> str:
+        """The voter other than this leader with the longest log among those heard from
+        within ``heard_within`` ticks: where leadership can go at once.  NO_NODE if this
+        node does not lead or no other voter answers."""
+        if self.role is not Role.LEADER:
+            return NO_NODE
+        best, best_match = NO_NODE, -1
+        for v in self.voters:
+            pr = self.prs.get(v)
+            if v == self.id or pr is None or pr.heard_tick is None:
+                continue
+            if self.ticks - pr.heard_tick <= heard_within and pr.match > best_match:
+                best, best_match = v, pr.match
+        return best
+
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to ``target`` (thesis §3.10): stop accepting proposals,
         bring the target up to date, then tell it to campaign at once."""

@@ -92,6 +92,10 @@ class RawNode:
     def transfer_leadership(self, target: str) -> None:
         self.raft.transfer_leadership(target)
 
+    def answering_successor(self, heard_within: int) -> str:
+        """See ``Raft.answering_successor``."""
+        return self.raft.answering_successor(heard_within)
+
     def set_promotable(self, promotable: bool) -> None:
         """Whether this node may campaign and lead (see ``Raft.set_promotable``): the
         driver's verdict on its replica's health, an input like any other."""

@@ -10,6 +10,7 @@ cluster SIGKILLed and restarted with nothing acknowledged lost; a graceful SIGTE
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -210,7 +211,21 @@ def test_sigterm_exits_zero_restart_recovers_and_status_endpoints(tmp_path: Path
             stopped_at = time.monotonic()
             assert leader.terminate(timeout=30) == 0
             assert "stopped cleanly" in leader.log_tail()
-            cluster.new_leader_of(tid, leader.id)
+            # It handed the tablet to a follower before it stopped, which asked for its vote
+            # in the next term (a crash, or a stop without the hand-over, leaves the tablet
+            # without a leader for an election timeout, and no such lines).
+            log = leader.log_path.read_text(errors="replace")
+            handed = re.search(
+                rf"{tid}: {leader.id} hands leadership of term (\d+) to (\S+) \(stopping\)", log
+            )
+            assert handed is not None, log[-3000:]
+            term, successor = int(handed[1]), handed[2]
+            assert (
+                f"{tid}: {leader.id} no longer leads (was leader of term {term}; now follower "
+                f"in term {term + 1}"
+            ) in log
+            new_leader = cluster.new_leader_of(tid, leader.id)
+            assert new_leader.id == successor
             load.wait_acked(10, timeout=30, tablet_id=tid, after=stopped_at)
             # Restarted, it recovers its replicas from disk and catches up.
             leader.start()

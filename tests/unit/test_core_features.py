@@ -363,6 +363,27 @@ def test_transfer_to_unreachable_target_is_abandoned_after_an_election_timeout()
     assert net.propose("a", b"y").data == b"y"
 
 
+def test_the_answering_successor_is_the_longest_log_among_voters_that_answer() -> None:
+    """What a stopping server hands leadership to: TIMEOUT_NOW to a voter that stopped
+    answering would be lost, and the tablet would wait out the abandoned transfer."""
+    net = Network.create(check_quorum=True, pre_vote=True)
+    net.campaign("a")
+    a = net["a"]
+    assert net["b"].raw.answering_successor(2) == NO_NODE  # a follower hands nothing over
+    assert a.raw.answering_successor(2) in ("b", "c")
+    net.isolate("b")
+    net.propose("a", b"x")  # c's log is now the longer, b's answers stop
+    net.tick("a", 3)
+    assert a.raw.answering_successor(2) == "c"
+    net.heal()
+    net.isolate("c")
+    net.tick("a", 3)  # b answers the heartbeats and catches up; c has not answered for 3
+    assert a.raw.answering_successor(2) == "b"
+    net.isolate("b")
+    net.tick("a", 3)
+    assert a.raw.answering_successor(2) == NO_NODE
+
+
 # --- fast backtracking (§5.3 "optimization") ---------------------------------------------
 
 _BACKTRACK_CASES = {
