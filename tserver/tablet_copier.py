@@ -14,6 +14,10 @@ Three jobs, one object per server:
   anything failed before the swap -- and end the session with the outcome. A replica that
   knows a newer term than the source's, or has committed as far as the copy reaches,
   refuses it (``CopyRefused``): a copy never takes back what a replica holds committed.
+- **Resuming**: a copy this server's crash cut short is begun again as the server starts
+  (its note, ``tablet_copy_install.note_copy_under_way``), from the source it came from: no
+  leader asks again before the abandoned session times out at the source (60 s), since
+  the replica looks healthy; the new session replaces the old one there.
 - **Repair**: every ``repair_interval_s`` (rounded up to whole seconds: the loop turns once
   a second; the flag takes 0 or >= 1), a tablet that is FAILED here (it failed to open,
   or its store was found damaged, or its log failed) copies itself from the leader among its
@@ -26,6 +30,7 @@ one never holds a service or Raft thread.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -55,7 +60,10 @@ from raftlet.tserver.tablet_copy_install import (
     CopyRefused,
     build_replica_dir,
     clear_replaced,
+    copy_ended,
     installed_term_and_vote,
+    interrupted_copies,
+    note_copy_under_way,
     replaced_dir,
     staging_dir,
     swap_in,
@@ -177,11 +185,13 @@ class TabletCopier:
         return True
 
     def _copy(self, tablet_id: str, sources: list[str]) -> bool:
-        staging = staging_dir(self._s.settings.data_dir, tablet_id)
+        data_dir = self._s.settings.data_dir
+        staging = staging_dir(data_dir, tablet_id)
         try:
-            clear_replaced(replaced_dir(self._s.settings.data_dir, tablet_id))
+            clear_replaced(replaced_dir(data_dir, tablet_id))
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
+            note_copy_under_way(data_dir, tablet_id, sources)
             done = self._copy_into(tablet_id, sources, staging)
             if done:
                 self._copy_failures.pop(tablet_id, None)
@@ -196,6 +206,8 @@ class TabletCopier:
             return False
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                copy_ended(data_dir, tablet_id)
             with self._lock:
                 self._copying.discard(tablet_id)
                 self._next_sources.pop(tablet_id, None)
@@ -290,6 +302,10 @@ class TabletCopier:
     # --- the janitor and repair loop ----------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self.resume_interrupted()
+        except Exception:
+            logger.exception("tablet copy: resuming interrupted copies failed")
         # The first repair pass comes one janitor turn after start, not a whole repair
         # interval: a replica found FAILED as the server opened it (a wiped directory, a
         # damaged file) is copied back at once; later passes retry every interval.
@@ -303,6 +319,31 @@ class TabletCopier:
             if self._repair_interval_s > 0 and waited >= self._repair_interval_s:
                 waited = 0.0
                 self.repair_failed()
+
+    def resume_interrupted(self) -> list[str]:
+        """Begin again every copy a crash of this server cut short (the note it left); the
+        ids of the tablets whose copy started. Its sources first, then the tablet's voters
+        (a non-leader names the leader), so a leader that changed meanwhile is found."""
+        known = set(self._s.settings.config.server_ids)
+        started = []
+        for tablet_id, noted in interrupted_copies(self._s.settings.data_dir).items():
+            hosted = self._s.hosted(tablet_id)
+            if hosted is None:
+                continue  # deleted here since: nothing to copy into
+            if isinstance(hosted, TabletReplica):
+                voters = tuple(hosted.consensus.membership.voters)
+            else:
+                voters = hosted.voters
+            sources = list(dict.fromkeys(s for s in (*noted, *voters) if s in known))
+            sources = [s for s in sources if s != self._s.server_id]
+            if sources and self._begin_copy(tablet_id, sources):
+                logger.info(
+                    "tablet %s: a copy from %s was cut short by a crash; beginning it again",
+                    tablet_id,
+                    ", ".join(noted) or "?",
+                )
+                started.append(tablet_id)
+        return started
 
     def repair_failed(self) -> list[str]:
         """Start a copy for every tablet FAILED here that is not copying yet; their ids."""

@@ -18,7 +18,10 @@ with the old one kept under ``.tablet-copy/<tablet>.replaced`` until the new one
 place. A crash at any point leaves either the old replica or the new one, never a mix:
 ``recover_interrupted_copies`` (at server start) puts the old directory back if the new one
 never arrived, and removes half-built staging directories and source snapshots. So the old
-state stays intact unless a complete, verified copy replaced it.
+state stays intact unless a complete, verified copy replaced it. It keeps the note a copy
+leaves while it runs (``note_copy_under_way``): a copy a crash cut short is begun again at
+start (``interrupted_copies``), since no leader asks a replica that looks healthy again
+before its abandoned session times out at the source.
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ __all__ = [
     "SnapshotInfo",
     "build_replica_dir",
     "clear_replaced",
+    "copy_ended",
     "installed_term_and_vote",
+    "interrupted_copies",
+    "note_copy_under_way",
     "outgoing_snapshot",
     "recover_interrupted_copies",
     "replaced_dir",
@@ -60,6 +66,7 @@ COPY_DIR = ".tablet-copy"
 _STAGING = ".staging"
 _REPLACED = ".replaced"
 _OUTGOING_PREFIX = "out-"
+_UNDER_WAY = ".copying"
 
 
 class CopyRefused(Exception):
@@ -113,6 +120,36 @@ def replaced_dir(data_dir: Path, tablet_id: str) -> Path:
 
 def outgoing_snapshot(data_dir: Path, session_id: str) -> Path:
     return data_dir / COPY_DIR / f"{_OUTGOING_PREFIX}{session_id}.sqlite"
+
+
+def note_copy_under_way(data_dir: Path, tablet_id: str, sources: list[str]) -> None:
+    """Leave a note that ``tablet_id`` is being copied from ``sources`` (removed by
+    ``copy_ended``): one a crash leaves behind names a copy to begin again at start."""
+    note = data_dir / COPY_DIR / (tablet_id + _UNDER_WAY)
+    tmp = note.with_name(note.name + ".tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text("".join(s + "\n" for s in sources))
+    os.replace(tmp, note)  # never a torn note
+
+
+def copy_ended(data_dir: Path, tablet_id: str) -> None:
+    (data_dir / COPY_DIR / (tablet_id + _UNDER_WAY)).unlink(missing_ok=True)
+
+
+def interrupted_copies(data_dir: Path) -> dict[str, list[str]]:
+    """Tablet -> the sources of every copy a crash cut short (their notes are removed)."""
+    root = data_dir / COPY_DIR
+    if not root.is_dir():
+        return {}
+    found: dict[str, list[str]] = {}
+    for note in sorted(root.glob("*" + _UNDER_WAY)):
+        try:
+            sources = [line for line in note.read_text().split() if line]
+        except (OSError, UnicodeDecodeError):
+            sources = []
+        note.unlink(missing_ok=True)
+        found[note.name[: -len(_UNDER_WAY)]] = sources
+    return found
 
 
 def installed_term_and_vote(own: PersistentState | None, copied: CopiedState) -> tuple[int, str]:
@@ -232,6 +269,8 @@ def recover_interrupted_copies(data_dir: Path) -> list[str]:
                     "is back in place",
                     tablet_id,
                 )
+        elif name.endswith(_UNDER_WAY):
+            continue  # for the copier, which begins that copy again (interrupted_copies)
         elif entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)  # a copy that never completed
         else:

@@ -10,9 +10,12 @@ chunk lost or damaged on the way is simply fetched again, so a copy resumes wher
 off -- and ``EndTabletCopySession`` carries the outcome, which the leader's core learns
 (``report_snapshot``) before the file is removed.
 
-Sessions are bounded: one per (tablet, requester) -- a new Begin replaces the old one --
-and one that sees no call for ``idle_timeout_s`` ends as failed (``expire``, called by the
-server's copy janitor), as does a copy the leader asked for whose session never began.
+Sessions are bounded: one per (tablet, requester) -- a new Begin replaces the old one at
+once, ended as "replaced": a follower runs one copy of a tablet at a time, so its new Begin
+means the old session is dead (it crashed mid-copy and started over; a live download whose
+session vanished begins again and resumes) -- and one that sees no call for
+``idle_timeout_s`` ends as failed (``expire``, called by the server's copy janitor), as does
+a copy the leader asked for whose session never began.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ class CopySessions:
         on_ended: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``on_ended(outcome)``: a session ended -- "installed", "failed" or "expired"."""
+        """``on_ended(outcome)``: a session ended -- "installed", "failed", "expired" or
+        "replaced" (its requester began another)."""
         self._data_dir = data_dir
         self._source_of = source_of
         self._on_ended = on_ended or (lambda _outcome: None)
@@ -105,12 +109,13 @@ class CopySessions:
 
     def await_begin(self, tablet_id: str, peer: str) -> bool:
         """Note that ``peer`` was asked to copy ``tablet_id``; False if it already was and
-        the request is still outstanding (the leader asks again only when that one ends)."""
+        the request is still outstanding (the leader asks again only when that one ends).
+        A session ``peer`` has already does not stop the request: the core asks anew only
+        once it stopped waiting for that copy (the peer answered as one that lost its
+        data: restarted), and a peer still copying answers that it is."""
         key = (tablet_id, peer)
         with self._lock:
-            if key in self._awaited or any(
-                s.tablet_id == tablet_id and s.requester == peer for s in self._sessions.values()
-            ):
+            if key in self._awaited:
                 return False
             self._awaited[key] = self._clock() + self.idle_timeout_s
             return True
@@ -172,6 +177,16 @@ class CopySessions:
             self._sessions[session_id] = session
         for old in replaced:
             old.path.unlink(missing_ok=True)
+            # Not reported to the core: the copy it waits for goes on in the new session.
+            logger.info(
+                "tablet %s: %s began a new copy session; its old one %s (last call %.1f s "
+                "ago) is dropped",
+                tablet_id,
+                requester,
+                old.session_id,
+                session.last_used - old.last_used,
+            )
+            self._on_ended("replaced")
         return session
 
     def fetch(self, session_id: str, offset: int, max_bytes: int, requester: str) -> bytes:
@@ -196,6 +211,8 @@ class CopySessions:
         session = self._touch(session_id, requester)
         with self._lock:
             self._sessions.pop(session_id, None)
+            # A request to the peer made meanwhile is answered by this end's report.
+            self._awaited.pop((session.tablet_id, session.requester), None)
         session.path.unlink(missing_ok=True)
         index = max(session.index, installed_index)
         self._report(session.tablet_id, session.requester, success, index)
@@ -212,9 +229,14 @@ class CopySessions:
             idle = [s for s in self._sessions.values() if now - s.last_used > self.idle_timeout_s]
             for s in idle:
                 del self._sessions[s.session_id]
+                self._awaited.pop((s.tablet_id, s.requester), None)  # one report, not two
             late = [key for key, deadline in self._awaited.items() if now > deadline]
             for key in late:
                 del self._awaited[key]
+            # A peer asked again while it copies (it said so) is not late: its session's
+            # end is the report the core waits for.
+            copying = {(s.tablet_id, s.requester) for s in self._sessions.values()}
+            late = [key for key in late if key not in copying]
         for s in idle:
             s.path.unlink(missing_ok=True)
             self._report(s.tablet_id, s.requester, False, 0)

@@ -21,7 +21,10 @@ from raftlet.tserver.tablet_copy_install import (
     CopyRefused,
     build_replica_dir,
     clear_replaced,
+    copy_ended,
     installed_term_and_vote,
+    interrupted_copies,
+    note_copy_under_way,
     recover_interrupted_copies,
     replaced_dir,
     staging_dir,
@@ -170,4 +173,18 @@ def test_a_crash_during_the_download_leaves_the_old_replica_alone(tmp_path: Path
     assert recover_interrupted_copies(tmp_path) == []
     assert sorted(p.name for p in live.iterdir()) == ["old"]
     assert not staging.exists()
+    assert list((tmp_path / ".tablet-copy").iterdir()) == []
+
+
+def test_a_copy_a_crash_cut_short_is_found_at_start_with_its_sources(tmp_path: Path) -> None:
+    """A learner killed mid-copy looked healthy when back: nobody began its copy again until
+    the source's session timed out (60 s). Its note survives the start's cleanup."""
+    _, staging, _ = _dirs(tmp_path)
+    note_copy_under_way(tmp_path, "t1", ["a", "b"])
+    note_copy_under_way(tmp_path, "t2", ["c"])
+    copy_ended(tmp_path, "t2")  # that one finished
+    assert recover_interrupted_copies(tmp_path) == []
+    assert not staging.exists()
+    assert interrupted_copies(tmp_path) == {"t1": ["a", "b"]}
+    assert interrupted_copies(tmp_path) == {}  # begun again once, not at every start
     assert list((tmp_path / ".tablet-copy").iterdir()) == []

@@ -70,13 +70,53 @@ def test_a_session_serves_its_snapshot_in_chunks_and_reports_its_end(tmp_path: P
 
 
 def test_a_new_begin_replaces_the_requesters_old_session(tmp_path: Path) -> None:
-    sessions, replica, _, _ = _sessions(tmp_path)
+    sessions, replica, _, ended = _sessions(tmp_path)
     old = sessions.begin("t1", "c")
     new = sessions.begin("t1", "c")
     assert sessions.active() == 1
     assert not old.path.exists()
     assert new.path.exists()
     assert replica.reports == []  # not an end: the copy goes on in the new session
+    assert ended == ["replaced"]
+
+
+def test_a_follower_that_died_mid_copy_is_asked_and_served_again_at_once(tmp_path: Path) -> None:
+    """A learner killed mid-copy was back in 18 s, but its next copy began only when its
+    abandoned session expired (60 s): the leader would not ask a peer with a session."""
+    sessions, replica, clock, ended = _sessions(tmp_path)
+    assert sessions.await_begin("t1", "c")
+    old = sessions.begin("t1", "c")
+    sessions.fetch(old.session_id, 0, 4096, "c")
+    # c dies without ending the session; back well within the timeout, the core asks again.
+    clock.now = 3
+    assert sessions.await_begin("t1", "c")
+    assert not sessions.await_begin("t1", "c")  # still one request at a time
+    new = sessions.begin("t1", "c")
+    assert sessions.active() == 1
+    assert not old.path.exists()
+    assert ended == ["replaced"]
+    assert sessions.fetch(new.session_id, 0, 10, "c")
+    with pytest.raises(CopySessionNotFound):  # the old one is gone for good
+        sessions.fetch(old.session_id, 4096, 10, "c")
+    sessions.end(new.session_id, True, "c")
+    assert replica.reports == [("c", True, 40)]  # one end, no failure for the dead session
+    clock.now = 100
+    assert sessions.expire() == 0
+
+
+def test_a_peer_asked_again_while_it_copies_is_not_reported_late(tmp_path: Path) -> None:
+    sessions, replica, clock, ended = _sessions(tmp_path)
+    s = sessions.begin("t1", "c")
+    assert sessions.await_begin("t1", "c")  # c answers that its copy is under way
+    for now in (6.0, 12.0):  # the request's deadline passes; the session stays in use
+        clock.now = now
+        sessions.fetch(s.session_id, 0, 10, "c")
+        assert sessions.expire() == 0
+    assert replica.reports == []
+    sessions.end(s.session_id, False, "c")
+    assert replica.reports == [("c", False, 40)]
+    assert ended == ["failed"]
+    assert sessions.await_begin("t1", "c")  # that end answered the request
 
 
 def test_idle_sessions_and_copies_never_begun_expire_as_failed(tmp_path: Path) -> None:
@@ -84,7 +124,6 @@ def test_idle_sessions_and_copies_never_begun_expire_as_failed(tmp_path: Path) -
     s = sessions.begin("t1", "c")
     assert sessions.await_begin("t1", "b")
     assert not sessions.await_begin("t1", "b")  # one request at a time
-    assert not sessions.await_begin("t1", "c")  # c has a session already
     clock.now = 5
     sessions.fetch(s.session_id, 0, 10, "c")  # a call keeps it alive
     clock.now = 12

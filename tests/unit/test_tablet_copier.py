@@ -1,0 +1,70 @@
+"""The copying server's side of a copy a crash cut short: the note it leaves while it
+copies, and the copy begun again from it at the next start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from raftlet.tserver.tablet_copier import TabletCopier
+from raftlet.tserver.tablet_copy_install import (
+    interrupted_copies,
+    note_copy_under_way,
+    recover_interrupted_copies,
+)
+
+
+class _Entity:
+    def counter(self, *_args: Any, **_labels: Any) -> Any:
+        return SimpleNamespace(increment=lambda: None)
+
+
+def _server(tmp_path: Path, hosted: dict[str, Any]) -> Any:
+    config = SimpleNamespace(server_ids=("ts1", "ts2", "ts3"))
+    return SimpleNamespace(
+        entity=_Entity(),
+        server_id="ts2",
+        settings=SimpleNamespace(data_dir=tmp_path, config=config),
+        hosted=hosted.get,
+    )
+
+
+def test_a_copy_leaves_a_note_while_it_runs_and_removes_it_when_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copier = TabletCopier(_server(tmp_path, {}), chunk_bytes=4096, repair_interval_s=0)
+    seen: list[dict[str, list[str]]] = []
+
+    def copy_into(tablet_id: str, sources: list[str], staging: Path) -> bool:
+        # What a kill -9 here leaves behind, as the next start finds it.
+        recover_interrupted_copies(tmp_path)
+        seen.append(interrupted_copies(tmp_path))
+        note_copy_under_way(tmp_path, tablet_id, sources)  # as it was
+        return True
+
+    monkeypatch.setattr(copier, "_copy_into", copy_into)
+    assert copier._copy("t1", ["ts1"])
+    assert seen == [{"t1": ["ts1"]}]
+    assert interrupted_copies(tmp_path) == {}  # ended: nothing to begin again
+
+
+def test_a_copy_cut_short_by_a_crash_begins_again_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A learner killed mid-copy was back in 18 s but healthy-looking: no leader asked it
+    again until its abandoned session timed out at the source, 60 s after."""
+    # A FAILED replica's voters, as the copier reads them.
+    hosted: dict[str, Any] = {"t1": SimpleNamespace(voters=("ts1", "ts2", "ts3"))}
+    copier = TabletCopier(_server(tmp_path, hosted), chunk_bytes=4096, repair_interval_s=0)
+    begun: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(copier, "_begin_copy", lambda t, s: begun.append((t, s)) or True)
+    note_copy_under_way(tmp_path, "t1", ["ts3"])
+    note_copy_under_way(tmp_path, "gone", ["ts1"])  # deleted here since
+    recover_interrupted_copies(tmp_path)
+    assert copier.resume_interrupted() == ["t1"]
+    # Its source first, then the voters (the leader may have moved); never itself.
+    assert begun == [("t1", ["ts3", "ts1"])]
+    assert copier.resume_interrupted() == []
