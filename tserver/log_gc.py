@@ -17,10 +17,19 @@ would pin the log of every replica of its tablet until it returns, so past
 it returns the leader finds what it needs gone and has it copy the tablet instead
 (``tserver.tablet_copier``), as Kudu does.
 
-Runs in the replica's apply worker, at most every ``interval_s``: a flush is two fsyncs and
-the GC a few unlinks, cheap at that rate, and in that thread no apply races the flush. After
-a batch is applied, or -- so an idle tablet GCs too, e.g. once a returning follower caught
-up -- when the ticker finds it due and posts an empty batch to the apply mailbox.
+Runs in the replica's apply worker, every ``interval_s``, and also as soon as the log has
+rolled over into more than ``max_segments`` segments since the last pass: with only the
+interval, a log taking a segment every few seconds held the cap plus whatever it wrote in
+one interval (16-20 segments with a cap of 16). A pass is a flush (a checkpoint and a few
+fsyncs) and a few unlinks: cheap at either rate -- past the cap, one pass per segment
+written -- and in that thread no apply races the flush. After a batch is applied, or -- so
+an idle tablet GCs too, e.g. once a returning follower caught up -- when the ticker finds it
+due and posts an empty batch to the apply mailbox.
+
+The cap holds, then, but for a moment after each roll-over (one segment more until the next
+batch is applied), and for as long as the store has not applied the entries of the newest
+``max_segments`` segments (a follower catching up, an apply failing): a restart replays
+those from the log, so they stay.
 """
 
 from __future__ import annotations
@@ -66,17 +75,29 @@ class LogGc:
         # GC has gone past what a voter holds, and that voter has not caught up since: said
         # once, not at every pass.
         self._past_voter = False
+        # Segments the log had after the last pass. A pass the cap calls for is due only when
+        # the log grew past this: one that could delete nothing (the store behind) is not
+        # tried again, at a flush each, until another segment comes.
+        self._segments_after = 0
+
+    def _over_cap(self) -> bool:
+        if self._max_segments <= 0:
+            return False
+        n = self._log.segment_count()
+        return n > self._max_segments and n > self._segments_after
 
     def due(self) -> bool:
-        """Whether ``interval_s`` passed since the last ``collect``."""
-        return self._clock() >= self._next
+        """Whether ``interval_s`` passed since the last ``collect``, or the log rolled over
+        past ``max_segments`` segments since."""
+        return self._clock() >= self._next or self._over_cap()
 
     def maybe_collect(self) -> int:
-        """``collect`` if ``interval_s`` passed since the last one; segments deleted."""
+        """``collect`` if it is ``due``; segments deleted."""
         now = self._clock()
-        if now < self._next:
+        if now >= self._next:
+            self._next = now + self._interval_s
+        elif not self._over_cap():
             return 0
-        self._next = now + self._interval_s
         return self.collect()
 
     def collect(self) -> int:
@@ -86,8 +107,23 @@ class LogGc:
         ``StoreFilesGone``) and that the store can checkpoint (``StoreError``): a tablet
         directory deleted under a running replica, or a store file made read-only, went
         unnoticed while the replica acknowledged writes into files no restart finds."""
+        # Before anything can fail: a pass that fails is not retried at every applied batch.
+        self._segments_after = self._log.segment_count()
         self._log.check_present()
-        flushed = self._store.flush()
+        deleted = self._collect(self._store.flush())
+        if deleted:
+            self._segments_after = self._log.segment_count()
+            logger.debug(
+                "%s: log GC deleted %d segment(s); the log now starts at %d",
+                self._name,
+                deleted,
+                self._log.first_index(),
+            )
+            if self._on_collected is not None:
+                self._on_collected(deleted)
+        return deleted
+
+    def _collect(self, flushed: int) -> int:
         all_replicated = self._all_replicated()
         if self._past_voter and all_replicated + 1 >= self._log.first_index():
             self._past_voter = False  # caught up (by a tablet copy, most likely)
@@ -115,13 +151,4 @@ class LogGc:
                 self._max_segments,
                 ", ".join(behind) if behind else "that voter",
             )
-        if deleted:
-            logger.debug(
-                "%s: log GC deleted %d segment(s); the log now starts at %d",
-                self._name,
-                deleted,
-                self._log.first_index(),
-            )
-            if self._on_collected is not None:
-                self._on_collected(deleted)
         return deleted

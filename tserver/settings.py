@@ -831,7 +831,10 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"A replica's log keeps at most this many segments for a lagging voter (default "
         f"{_D('log_max_segments_retained')}; 0: no cap, a voter that is down holds the log "
         f"back for as long as it is down). Past the cap, log GC goes on without that voter, "
-        f"which is then brought up by a tablet copy instead of the log.",
+        f"which is then brought up by a tablet copy instead of the log. GC runs as soon as "
+        f"the log rolls over past the cap, not only every --log_gc_interval_s; the log holds "
+        f"one segment more until the next applied batch, and more only while its store has "
+        f"not applied the entries of the newest N segments (a restart replays them).",
         convert=int_value, check=int_in_range(0),
     ),
     FlagSpec(

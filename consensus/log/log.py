@@ -705,6 +705,11 @@ class Log:
         with self._lock:
             return list(self._segments.values())
 
+    def segment_count(self) -> int:
+        """Segments on disk, the active one included."""
+        with self._lock:
+            return len(self._segments)
+
     @property
     def failure(self) -> BaseException | None:
         """The I/O error that failed the log, if one did."""
