@@ -6,12 +6,14 @@ Each prints a line per step taken. Errors an operator can act on (unknown tablet
 a change already in progress, a target that holds a replica, no server left to move to, a
 removed replica whose server could not remove its files) end the command with exit 1 and
 the reason; a removed replica whose server is down is left for a rerun, with a line saying
-so.
+so. A remove-replica that leaves the tablet fewer voters than its table's replication factor
+is done all the same (an operator may mean it), with a warning on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from raftlet.cli import tablet_export_cmd
@@ -20,6 +22,7 @@ from raftlet.cli.common import (
     add_target_arguments,
     close_client,
     console,
+    print_out,
     resolve_target,
     timeout_seconds,
 )
@@ -38,8 +41,9 @@ leader catches up); with --wait it waits until the learner caught up and promote
 voter. remove-replica hands leadership to another voter first if SERVER leads; with --wait
 it waits for the removal to commit and deletes the replica from SERVER if SERVER answers
 (exit 1 if SERVER says it could not remove the files; a rerun once they are fixed deletes
-them). move-replica adds TO (caught up and promoted), then removes FROM. One change at a time: a
-tablet whose last change is not committed yet refuses another. A change of voters that would
+them), and warns on stderr when the tablet is left fewer voters than its table's replication
+factor. move-replica adds TO (caught up and promoted), then removes FROM. One change at a time:
+a tablet whose last change is not committed yet refuses another. A change of voters that would
 leave the group without a majority of voters its leader heard from within an election timeout
 is refused, naming the silent ones: removing a healthy voter while another is down would leave
 a group that can commit nothing, not even the change that undoes it. Remove the one that is
@@ -143,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(line, markup=False)
 
     client = resolve_target(args).client(timeout_s=min(args.timeout, 30.0))
+    short = ""  # why the voters left are too few, for remove-replica alone: a move adds first
     try:
         if args.tablet_command == "add-replica":
             m = mc.add_replica(
@@ -152,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
             m = mc.remove_replica(
                 client, args.tablet, args.server, wait=args.wait, timeout_s=args.timeout, say=say
             )
+            short = _short_of_factor(client, args.tablet, len(m.voters))
         else:
             m = mc.move_replica(
                 client,
@@ -168,7 +174,39 @@ def run(args: argparse.Namespace) -> int:
         close_client(client)
     learners = f"; learners {', '.join(m.learners)}" if m.learners else ""
     say(f"{args.tablet}: voters {', '.join(m.voters)}{learners} (leader {m.leader})")
+    if short:
+        # One line, unwrapped, as the CLI's errors are: a warning a log keeps whole.
+        print_out(f"raftlet tablet remove-replica: warning: {short}", file=sys.stderr)
     return 0
+
+
+def _short_of_factor(client: Any, tablet: str, voters: int) -> str:
+    """Why ``voters`` are too few for ``tablet`` ("" if they are not): a removal that went
+    below the replication factor printed only the voters left and exit 0, and one more
+    failure then left the tablet without a leader."""
+    from raftlet.client import RaftletError
+
+    try:
+        table = client.table_of(tablet)
+        factor = int(client.replication_factor(table))
+    except RaftletError:
+        return ""  # the removal is done: a failed look-up must not turn it into a failure
+    if voters >= factor:
+        return ""
+    # A majority of n voters survives (n - 1) // 2 of them failing.
+    spare = (voters - 1) // 2
+    if spare == 0:
+        stops = "one more failed voter leaves it without a majority, and its writes stop"
+    else:
+        stops = (
+            f"{spare + 1} more failed voters stop its writes "
+            f"(with {factor} it would take {(factor - 1) // 2 + 1})"
+        )
+    return (
+        f"{tablet} now has {voters} voter{'s' if voters != 1 else ''}, fewer than the "
+        f"replication factor {factor} of table {table}: {stops}. "
+        f"`raftlet tablet add-replica {tablet} SERVER` adds one back"
+    )
 
 
 def run_replace_server(args: argparse.Namespace) -> int:
