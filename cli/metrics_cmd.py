@@ -4,7 +4,8 @@ Reads each server's ``/metrics.json`` (the Kudu-style JSON of its registry) and 
 hundreds of series down to the figures that tell whether a server is healthy under load
 and where it is contended: queue overflows and queue time (is the service pool keeping
 up?), consensus lock contention and term checks (KUDU-2727: do writes wait for the
-consensus lock?), write ops, WAL fsync latency, elections.
+consensus lock?), write ops, WAL fsync latency, elections, and what the tablets' WAL and
+row stores take on disk.
 
 Aggregation, per server: counters are summed over tablets and labels; for latency, the
 server-level histograms (queue time, handler latency) are shown as they are, while the
@@ -39,6 +40,7 @@ from raftlet.cli.common import (
     timeout_seconds,
 )
 from raftlet.cluster import ServerConfig
+from raftlet.metrics.human import human_bytes
 
 __all__ = ["KEY_METRICS", "KeyMetric", "add_parser", "key_metrics", "run"]
 
@@ -62,7 +64,8 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="key server metrics in human units (contention, queues, writes)",
         description=(
             "Show each server's key metrics: RPC queue overflows and queue time, consensus "
-            "lock contention, term checks, write ops, WAL fsync latency, elections."
+            "lock contention, term checks, write ops, WAL fsync latency, elections, WAL and "
+            "store bytes on disk."
         ),
         epilog=_EPILOG,
         formatter_class=formatter,
@@ -160,7 +163,7 @@ class KeyMetric:
     key: str  # stable name for --format json and --filter
     label: str
     metric: str  # the underlying catalogue name, also matched by --filter
-    unit: str  # "count", "us" or "ratio"
+    unit: str  # "count", "us", "ratio" or "bytes"
     get: Callable[[list[Entity]], float | None]
     # Across servers: counters add up; percentiles and means of different servers cannot,
     # so the cluster column shows the worst server's.
@@ -215,6 +218,29 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
             _sum(f"rows_{verb}_total", "tablet"),
         )
         for verb in ("inserted", "upserted", "updated", "deleted")
+    ),
+    # Disk: summed over the server's replicas (each holds its own copy of the tablet's WAL
+    # and rows, so the cluster column is what the cluster's disks hold, not the data's size).
+    KeyMetric(
+        "wal_bytes",
+        "disk: WAL (all replicas)",
+        "tablet_log_bytes",
+        "bytes",
+        _sum("tablet_log_bytes", "tablet"),
+    ),
+    KeyMetric(
+        "wal_segments",
+        "disk: WAL segments (all replicas)",
+        "tablet_log_segments",
+        "count",
+        _sum("tablet_log_segments", "tablet"),
+    ),
+    KeyMetric(
+        "store_bytes",
+        "disk: row stores (all replicas)",
+        "tablet_store_bytes",
+        "bytes",
+        _sum("tablet_store_bytes", "tablet"),
     ),
     KeyMetric(
         "tablet_queue_overflows",
@@ -410,6 +436,8 @@ def _format(unit: str, value: float | None) -> str:
         return human_us(value)
     if unit == "ratio":
         return f"{value:.1f}"
+    if unit == "bytes":
+        return human_bytes(value)
     return human_count(value)
 
 

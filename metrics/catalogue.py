@@ -52,9 +52,13 @@ __all__ = [
     "RPC_INCOMING_QUEUE_TIME_US",
     "SCANS_HELD",
     "SCANS_REFUSED_TOTAL",
+    "TABLETS_DISK_BYTES",
     "TABLET_COPIES_INSTALLED_TOTAL",
     "TABLET_COPY_SESSIONS_TOTAL",
     "TABLET_FAILED",
+    "TABLET_LOG_BYTES",
+    "TABLET_LOG_SEGMENTS",
+    "TABLET_STORE_BYTES",
     "TCP_CONNECTIONS_REFUSED_TOTAL",
     "TERM_CHECKS_TOTAL",
     "TLS_CERT_EXPIRY_SECONDS",
@@ -405,6 +409,43 @@ LOG_GROUP_COMMIT_ENTRIES = MetricPrototype(
     entity_type="tablet",
 )
 
+# --- Disk (read at scrape time: one stat per file, nothing on the write path) ------------
+
+TABLET_LOG_BYTES = MetricPrototype(
+    "tablet_log_bytes",
+    GAUGE,
+    "bytes",
+    "Bytes of this replica's WAL segment files (/tablets log_bytes). Log GC deletes only "
+    "segments every voter holds, so a voter that lags or is down makes it grow, up to "
+    "--log_max_segments_retained segments; the segment being written also has up to "
+    "--log_segment_size_bytes reserved on disk, not counted",
+    entity_type="tablet",
+)
+TABLET_LOG_SEGMENTS = MetricPrototype(
+    "tablet_log_segments",
+    GAUGE,
+    "segments",
+    "WAL segment files this replica holds, the one being written included",
+    entity_type="tablet",
+)
+TABLET_STORE_BYTES = MetricPrototype(
+    "tablet_store_bytes",
+    GAUGE,
+    "bytes",
+    "Bytes of this replica's SQLite row store: the main file, its -wal and its -shm "
+    "(/tablets store_bytes)",
+    entity_type="tablet",
+)
+TABLETS_DISK_BYTES = MetricPrototype(
+    "tablets_disk_bytes",
+    GAUGE,
+    "bytes",
+    "Bytes of the WAL segments and row stores of every replica this server hosts, running or "
+    "FAILED: the sum of tablet_log_bytes and tablet_store_bytes over its tablets (the data "
+    "directory's small metadata files and tablet copies being received are not counted)",
+    entity_type="server",
+)
+
 # --- Process (read by the status server at scrape time, not instantiated on an entity) ----
 
 PROCESS_CPU_SECONDS = MetricPrototype(
@@ -471,6 +512,10 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     WRITE_MEMORY_HELD_BYTES,
     WRITE_MEMORY_REFUSALS_TOTAL,
     TLS_CERT_EXPIRY_SECONDS,
+    TABLET_LOG_BYTES,
+    TABLET_LOG_SEGMENTS,
+    TABLET_STORE_BYTES,
+    TABLETS_DISK_BYTES,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

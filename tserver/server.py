@@ -138,6 +138,7 @@ from raftlet.tserver.servicers import (
 )
 from raftlet.tserver.settings import ServerSettings
 from raftlet.tserver.status_pages import (
+    register_disk_total_gauge,
     register_tablet_gauges,
     register_tablet_pages,
     tablet_statuses,
@@ -548,6 +549,7 @@ class TabletServer:
             )
             self._verifier.start()
         register_tablet_pages(self.status, self.server_id, self.replicas, self.failed_tablets)
+        register_disk_total_gauge(self.entity, self.replicas, self.failed_tablets)
         try:
             self.status.start()
         except OSError as e:

@@ -1,6 +1,7 @@
 """What a tablet server shows about its tablets: the ``/tablets`` and ``/tablets.json``
-status pages, and each tablet's Raft gauges (term, role, commit and applied index) on
-``/metrics``.
+status pages, each tablet's Raft gauges (term, role, commit and applied index) and disk
+gauges (WAL and store bytes, ``tserver.disk_usage``) on ``/metrics``, and the server's
+total of the latter.
 
 Kept apart from the process (``tserver.server``: start, stop, the wiring) because these
 are views of the replicas, not part of running them. Everything here reads what a replica
@@ -18,12 +19,15 @@ from raftlet.metrics import catalogue as cat
 from raftlet.metrics.human import human_bytes
 from raftlet.metrics.registry import MetricEntity
 from raftlet.metrics.status_server import PageRequest, PageResponse, StatusServer
+from raftlet.tserver.disk_usage import DiskUsage, directory_usage, files_bytes, store_bytes
 from raftlet.tserver.failed_tablet import FailedTablet
 from raftlet.tserver.tablet_replica import TabletReplica
 
 __all__ = [
+    "register_disk_total_gauge",
     "register_tablet_gauges",
     "register_tablet_pages",
+    "replica_disk_usage",
     "tablet_statuses",
     "tablets_table_html",
 ]
@@ -41,6 +45,7 @@ _HTML_COLUMNS = [
     "applied_index",
     "last_index",
     "log_bytes",
+    "store_bytes",
     "last_election",
     "failure",
 ]
@@ -87,23 +92,86 @@ def register_tablet_gauges(
     )
     entity.function_gauge(cat.SCANS_HELD, of(lambda r: float(r.scans_held())))
 
+    # A FAILED replica's files are on disk all the same (until a copy replaces them), so the
+    # disk gauges read them from its directory where the Raft gauges read 0.
+    def disk(
+        running: Callable[[TabletReplica], int], failed: Callable[[DiskUsage], int]
+    ) -> Callable[[], float]:
+        def value() -> float:
+            replica = current()
+            if isinstance(replica, TabletReplica):
+                return float(running(replica))
+            if isinstance(replica, FailedTablet):
+                return float(failed(directory_usage(replica.directory)))
+            return 0.0
+
+        return value
+
+    entity.function_gauge(
+        cat.TABLET_LOG_BYTES,
+        disk(lambda r: files_bytes(r.consensus_log().segment_paths()), lambda u: u.log_bytes),
+    )
+    entity.function_gauge(
+        cat.TABLET_LOG_SEGMENTS,
+        disk(lambda r: len(r.consensus_log().segment_paths()), lambda u: u.log_segments),
+    )
+    entity.function_gauge(
+        cat.TABLET_STORE_BYTES,
+        disk(lambda r: store_bytes(r.store.path), lambda u: u.store_bytes),
+    )
+
+
+def replica_disk_usage(replica: TabletReplica | FailedTablet) -> DiskUsage:
+    """What ``replica``'s WAL and store take on disk (one stat per file)."""
+    if isinstance(replica, FailedTablet):
+        return directory_usage(replica.directory)
+    segments = replica.consensus_log().segment_paths()
+    return DiskUsage(files_bytes(segments), len(segments), store_bytes(replica.store.path))
+
+
+def register_disk_total_gauge(
+    entity: MetricEntity,
+    replicas: Mapping[str, TabletReplica],
+    failed: Mapping[str, FailedTablet],
+) -> None:
+    """Export ``tablets_disk_bytes`` on the server's ``entity``: the WAL and store bytes of
+    every replica in ``replicas`` and ``failed`` at the time of each scrape."""
+
+    def total() -> float:
+        hosted: list[TabletReplica | FailedTablet] = [*replicas.values(), *failed.values()]
+        return float(sum(replica_disk_usage(r).total_bytes for r in hosted))
+
+    entity.function_gauge(cat.TABLETS_DISK_BYTES, total)
+
 
 def tablet_statuses(
     replicas: Iterable[TabletReplica], failed: Iterable[FailedTablet] = ()
 ) -> list[dict[str, object]]:
     """Every replica's published status (see the module docstring: no consensus lock), then
-    every tablet that failed to open."""
-    return [r.published_status() for r in replicas] + [f.status() for f in failed]
+    every tablet that failed to open, with what its files take on disk."""
+    return [r.published_status() for r in replicas] + [_failed_status(f) for f in failed]
+
+
+def _failed_status(tablet: FailedTablet) -> dict[str, object]:
+    usage = directory_usage(tablet.directory)
+    return {
+        **tablet.status(),
+        "log_bytes": usage.log_bytes,
+        "log_segments": usage.log_segments,
+        "store_bytes": usage.store_bytes,
+    }
 
 
 def tablets_table_html(statuses: Iterable[Mapping[str, object]]) -> str:
-    """The ``/tablets`` table of ``statuses`` (``tablet_statuses``): log size in human
-    units, and ``NOT_LEADER_CELL`` under leader_ready on every row that is not a leader's."""
+    """The ``/tablets`` table of ``statuses`` (``tablet_statuses``): log and store sizes in
+    human units, and ``NOT_LEADER_CELL`` under leader_ready on every row that is not a
+    leader's."""
     rows = []
     for status in statuses:
         st = dict(status)
-        size = st.get("log_bytes")
-        st["log_bytes"] = human_bytes(size) if isinstance(size, int) else ""
+        for column in ("log_bytes", "store_bytes"):
+            size = st.get(column)
+            st[column] = human_bytes(size) if isinstance(size, int) else ""
         if st.get("role") != Role.LEADER.value:
             st["leader_ready"] = NOT_LEADER_CELL
         cells = "".join(f"<td>{html.escape(str(st.get(c, '')))}</td>" for c in _HTML_COLUMNS)

@@ -44,10 +44,8 @@ then delete it.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -100,6 +98,7 @@ from raftlet.tserver.checksum import (
     is_checksum_point,
     split_after_checksum_points,
 )
+from raftlet.tserver.disk_usage import files_bytes, store_bytes
 from raftlet.tserver.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -1547,12 +1546,11 @@ class TabletReplica:
         return self.consensus.failure_reason()
 
     def _status_extras(self) -> dict[str, object]:
-        log_bytes = 0
-        for path in self._opened.storage.log.segment_paths():
-            with contextlib.suppress(OSError):
-                log_bytes += os.path.getsize(path)
+        segments = self._opened.storage.log.segment_paths()
         return {
-            "log_bytes": log_bytes,
+            "log_bytes": files_bytes(segments),
+            "log_segments": len(segments),
+            "store_bytes": store_bytes(self.store.path),
             "last_election": utc_time(self.consensus.last_election()),
             "tablet_id": self.tablet_id,
             "table": self.table,

@@ -27,6 +27,35 @@ def _segments(cluster: TserverCluster, server: str, tablet: str) -> list[Path]:
     return sorted(wal.glob("*.seg"))
 
 
+def _disk_shown_is_on_disk(cluster: TserverCluster, server: str, tablet: str) -> bool:
+    """Whether one scrape of ``server``'s /metrics, and its /tablets.json, show what its
+    replica's files take now: WAL bytes and segments, the store with its -wal and -shm, and
+    the server's total."""
+    s = cluster.servers[server]
+    (status,) = [t for t in s.tablets_json() if t["tablet_id"] == tablet]
+    shown = {
+        sample.name: sample.value
+        for family in s.metric_families()
+        for sample in family.samples
+        if sample.labels.get("tablet") == tablet or sample.name == "tablets_disk_bytes"
+    }
+    directory = s.config.data_dir / tablet
+    segments = _segments(cluster, server, tablet)
+    store = [directory / f"store.sqlite{x}" for x in ("", "-wal", "-shm")]
+    log_bytes = sum(p.stat().st_size for p in segments)
+    store_bytes = sum(p.stat().st_size for p in store if p.exists())
+    assert log_bytes > 0
+    assert store_bytes > 0
+    return (
+        shown.get("tablet_log_bytes"),
+        shown.get("tablet_log_segments"),
+        shown.get("tablet_store_bytes"),
+        shown.get("tablets_disk_bytes"),
+        status["log_bytes"],
+        status["store_bytes"],
+    ) == (log_bytes, len(segments), store_bytes, log_bytes + store_bytes, log_bytes, store_bytes)
+
+
 def _first_index(cluster: TserverCluster, server: str, tablet: str) -> int:
     (status,) = [t for t in cluster.servers[server].tablets_json() if t["tablet_id"] == tablet]
     return int(status["first_index"])
@@ -73,6 +102,13 @@ def test_the_wal_stays_bounded_and_a_stopped_follower_holds_gc_back(tmp_path: Pa
                 f"GC past index {stopped_at} on {sid}",
             )
             assert len(_segments(cluster, sid, tablet)) <= 8, sid
+            # /metrics shows the WAL and the store as their files are (GC, which may delete a
+            # segment between a scrape and the listing, moves on: the two agree once it is done).
+            wait_for(
+                lambda sid=sid: _disk_shown_is_on_disk(cluster, sid, tablet),
+                30,
+                f"/metrics of {sid} showing its files",
+            )
 
 
 def test_restarts_and_a_leader_change_on_collected_logs_lose_nothing(tmp_path: Path) -> None:

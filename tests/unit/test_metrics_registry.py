@@ -81,6 +81,10 @@ DESIGN_NAMES = {
     "write_memory_held_bytes": MetricType.GAUGE,
     "write_memory_refusals_total": MetricType.COUNTER,
     "tls_cert_expiry_seconds": MetricType.GAUGE,
+    "tablet_log_bytes": MetricType.GAUGE,
+    "tablet_log_segments": MetricType.GAUGE,
+    "tablet_store_bytes": MetricType.GAUGE,
+    "tablets_disk_bytes": MetricType.GAUGE,
 }
 
 DEBUG_GAUGE = MetricPrototype(

@@ -44,6 +44,7 @@ def _row(tablet_id: str, role: str, leader: str, ready: bool) -> _Published:
         applied_index=9,
         last_index=9,
         log_bytes=2048,
+        store_bytes=47 << 20,
     )
 
 
@@ -98,6 +99,9 @@ def test_leader_ready_is_blank_on_rows_of_replicas_that_do_not_lead(
     assert rows["kv-p0"]["leader_ready"] == "True"
     assert rows["kv-p2"]["leader_ready"] == "False"
     assert rows["kv-p0"]["log_bytes"] == "2.0 KiB"
+    assert rows["kv-p0"]["store_bytes"] == "47.0 MiB"
+    # A FAILED tablet's files are read from its directory (none here).
+    assert (rows["kv-p3"]["log_bytes"], rows["kv-p3"]["store_bytes"]) == ("0 B", "0 B")
 
 
 def test_the_json_page_keeps_the_bool_on_every_row(server: StatusServer) -> None:
@@ -106,3 +110,5 @@ def test_the_json_page_keeps_the_bool_on_every_row(server: StatusServer) -> None
     assert tablets["kv-p1"]["leader_ready"] is False
     assert tablets["kv-p0"]["leader_ready"] is True
     assert tablets["kv-p1"]["log_bytes"] == 2048
+    assert tablets["kv-p1"]["store_bytes"] == 47 << 20
+    assert tablets["kv-p3"]["store_bytes"] == 0
