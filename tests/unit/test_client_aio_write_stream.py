@@ -15,6 +15,7 @@ from raftlet.client.aio_write_stream import StreamedRpcError
 from raftlet.client.retry import Action, Cause, classify
 from raftlet.proto import ERROR_METADATA_KEY, tablet_pb2, tablet_pb2_grpc
 from raftlet.proto.common_pb2 import ServerErrorPB
+from tests.unit.aio_tablet_server import with_tablet_server, write_request
 
 
 class StreamingServer(tablet_pb2_grpc.TabletServiceServicer):
@@ -61,75 +62,49 @@ class UnaryOnlyServer(tablet_pb2_grpc.TabletServiceServicer):
         return tablet_pb2.WriteResponse(op_index=request.request_id.seq_no)
 
 
-def _request(seq: int) -> tablet_pb2.WriteRequest:
-    req = tablet_pb2.WriteRequest(tablet_id="t1")
-    req.request_id.client_id = "c"
-    req.request_id.seq_no = seq
-    return req
-
-
-async def _with_server(servicer: Any, body: Any, receive_limit: int | None = None) -> None:
-    """Serve ``servicer`` on loopback and run ``body`` with a stub of it; ``receive_limit``:
-    the largest message the server takes (gRPC's default if None)."""
-    options = [] if receive_limit is None else [("grpc.max_receive_message_length", receive_limit)]
-    server = grpc.aio.server(options=options)
-    tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = GrpcAsyncServerStub(f"127.0.0.1:{port}", channel)
-    try:
-        async with asyncio.timeout(30):
-            await body(stub)
-    finally:
-        await stub.close()
-        await channel.close()
-        await server.stop(0)
-
-
 def test_writes_started_together_share_a_frame_and_get_their_own_answers() -> None:
     servicer = StreamingServer()
 
     async def body(stub: GrpcAsyncServerStub) -> None:
-        responses = await asyncio.gather(*(stub.write(_request(s), 10) for s in range(1, 51)))
+        responses = await asyncio.gather(*(stub.write(write_request(s), 10) for s in range(1, 51)))
         assert [r.op_index for r in responses] == list(range(1, 51))
         assert servicer.frames == 1
         assert servicer.unary == 0
         # The stream stays open: the next write is one more frame, not a new call.
-        assert (await stub.write(_request(77), 10)).op_index == 77
+        assert (await stub.write(write_request(77), 10)).op_index == 77
         assert servicer.frames == 2
 
-    asyncio.run(_with_server(servicer, body))
+    asyncio.run(with_tablet_server(servicer, body))
 
 
 def test_a_refused_write_raises_what_the_unary_call_would() -> None:
     async def body(stub: GrpcAsyncServerStub) -> None:
         with pytest.raises(StreamedRpcError) as refused:
-            await stub.write(_request(0), 10)
+            await stub.write(write_request(0), 10)
         assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert refused.value.details() == "not the leader"
         ((key, raw),) = refused.value.trailing_metadata()
         assert key == ERROR_METADATA_KEY
         assert ServerErrorPB.FromString(raw).leader_uuid == "ts9"
         # The stream is still good for the next write.
-        assert (await stub.write(_request(5), 10)).op_index == 5
+        assert (await stub.write(write_request(5), 10)).op_index == 5
 
-    asyncio.run(_with_server(StreamingServer(), body))
+    asyncio.run(with_tablet_server(StreamingServer(), body))
 
 
 def test_a_server_without_write_stream_gets_unary_writes() -> None:
     servicer = UnaryOnlyServer()
 
     async def body(stub: GrpcAsyncServerStub) -> None:
-        assert (await stub.write(_request(3), 10)).op_index == 3
-        assert (await stub.write(_request(4), 10)).op_index == 4
+        assert (await stub.write(write_request(3), 10)).op_index == 3
+        assert (await stub.write(write_request(4), 10)).op_index == 4
         assert servicer.unary == 2
 
-    asyncio.run(_with_server(servicer, body))
+    asyncio.run(with_tablet_server(servicer, body))
 
 
 def _sized(seq: int, size: int) -> tablet_pb2.WriteRequest:
-    req = _request(seq)
+    req = write_request(seq)
     req.row_block.rows = b"x" * size
     return req
 
@@ -159,7 +134,7 @@ def test_a_frame_over_the_servers_limit_fails_only_the_write_that_never_fits() -
         assert classify(small).action is Action.NEXT_REPLICA
         assert (await stub.write(_sized(2, 100), 10)).op_index == 2
 
-    asyncio.run(_with_server(servicer, body, receive_limit=limit))
+    asyncio.run(with_tablet_server(servicer, body, receive_limit=limit))
 
 
 def test_after_a_size_error_frames_are_cut_to_the_servers_limit() -> None:
@@ -181,7 +156,7 @@ def test_after_a_size_error_frames_are_cut_to_the_servers_limit() -> None:
         assert [r.op_index for r in again] == list(range(1, 11))
         assert servicer.frames >= 2
 
-    asyncio.run(_with_server(servicer, body, receive_limit=limit))
+    asyncio.run(with_tablet_server(servicer, body, receive_limit=limit))
 
 
 class _EndedCall:
@@ -238,7 +213,7 @@ def test_a_write_on_a_stream_the_server_refused_reports_the_servers_status(
     async def body() -> None:
         stream = AsyncWriteStream("127.0.0.1:1", _EndedChannel(write_error))  # type: ignore[arg-type]
         with pytest.raises(StreamedRpcError) as failed:
-            await stream.write(_request(1), 10)
+            await stream.write(write_request(1), 10)
         assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
         await stream.close()
 
@@ -259,7 +234,7 @@ def test_a_stream_refused_to_the_caller_fails_its_write_with_that_refusal(
         ended = _EndedChannel(asyncio.InvalidStateError("RPC already finished."), status)
         stream = AsyncWriteStream("127.0.0.1:1", ended)  # type: ignore[arg-type]
         with pytest.raises(StreamedRpcError) as failed:
-            await stream.write(_request(1), 10)
+            await stream.write(write_request(1), 10)
         assert failed.value.code() == status
         await stream.close()
 

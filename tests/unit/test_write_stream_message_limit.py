@@ -16,6 +16,7 @@ from raftlet.client.aio_channels import GrpcAsyncServerStub
 from raftlet.proto import MAX_WRITES_PER_MESSAGE, tablet_pb2, tablet_pb2_grpc
 from raftlet.tserver.tablet_replica import WriteCallbacks
 from raftlet.tserver.write_stream import StreamWindows, WriteStreamSession
+from tests.unit.aio_tablet_server import with_tablet_server, write_request
 from tests.unit.inline_pool import InlinePool
 
 LIMIT = 16 * 1024 * 1024
@@ -169,31 +170,13 @@ def test_the_async_client_cuts_its_messages_at_the_limit() -> None:
     n = MAX_WRITES_PER_MESSAGE + 904
     servicer = SessionServicer(Replica())
 
-    def request(seq: int) -> tablet_pb2.WriteRequest:
-        req = tablet_pb2.WriteRequest(tablet_id="t1")
-        req.request_id.client_id = "c"
-        req.request_id.seq_no = seq
-        return req
-
-    async def run() -> None:
-        server = grpc.aio.server()
-        tablet_pb2_grpc.add_TabletServiceServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        stub = GrpcAsyncServerStub(f"127.0.0.1:{port}", channel)
-        try:
-            async with asyncio.timeout(60):
-                responses = await asyncio.gather(
-                    *(stub.write(request(s), 30) for s in range(1, n + 1))
-                )
-        finally:
-            await stub.close()
-            await channel.close()
-            await server.stop(0)
+    async def run(stub: GrpcAsyncServerStub) -> None:
+        responses = await asyncio.gather(
+            *(stub.write(write_request(s), 30) for s in range(1, n + 1))
+        )
         assert [r.op_index for r in responses] == list(range(1, n + 1))
         assert sum(servicer.frame_sizes) == n
         assert max(servicer.frame_sizes) == MAX_WRITES_PER_MESSAGE
         assert servicer.pool.metrics.failed_for("WriteStream", "INVALID_ARGUMENT").value() == 0
 
-    asyncio.run(run())
+    asyncio.run(with_tablet_server(servicer, run, timeout_s=60))
