@@ -39,12 +39,14 @@ async def hand_over_leaderships(
     replicas: Iterable[RaftConsensus], wait_s: float = HANDOVER_WAIT_S
 ) -> int:
     """Ask every replica that leads to hand leadership to a follower that answers, and wait
-    until each has stepped down or given up, or ``wait_s`` passed.  Returns how many
-    stepped down."""
+    until each has stepped down or given up, or ``wait_s`` passed.  Returns how many a
+    successor took over."""
     loop = asyncio.get_running_loop()
     asked: list[RaftConsensus] = []
+    terms: dict[str, int] = {}  # group -> the term it led when asked
     for consensus in replicas:
-        if consensus.snapshot.role is not Role.LEADER:
+        snapshot = consensus.snapshot
+        if snapshot.role is not Role.LEADER:
             continue
         try:
             # Takes the consensus lock: off the event loop, which answers peers meanwhile.
@@ -54,6 +56,7 @@ async def hand_over_leaderships(
             continue
         if target:
             asked.append(consensus)
+            terms[consensus.group_id] = snapshot.term
     deadline = loop.time() + wait_s
     pending = asked
     while pending and loop.time() < deadline:
@@ -64,21 +67,28 @@ async def hand_over_leaderships(
         pending = [c for c in pending if _handing_over(c)]
         if pending:
             await asyncio.sleep(_POLL_S)
-    handed = [c for c in asked if c.snapshot.role is not Role.LEADER]
+    # Handed over: it follows in a later term, the one its successor campaigned in.  A
+    # leader that stepped down in its own term lost its quorum (the others silent).
+    handed = [c.group_id for c in asked if _followed_on(c, terms[c.group_id])]
     if handed:
         logger.info(
             "handed leadership of %d tablet(s) over before stopping: %s",
             len(handed),
-            ", ".join(c.group_id for c in handed),
+            ", ".join(handed),
         )
-    kept = [c.group_id for c in asked if c.snapshot.role is Role.LEADER]
+    kept = [c.group_id for c in asked if c.group_id not in handed]
     if kept:
         logger.warning(
-            "still leading %s (no follower took over): stopping anyway, and their followers "
-            "elect a leader after an election timeout",
+            "no follower took over %s: stopping anyway, and their followers elect a leader "
+            "after an election timeout",
             ", ".join(kept),
         )
     return len(handed)
+
+
+def _followed_on(consensus: RaftConsensus, term: int) -> bool:
+    snapshot = consensus.snapshot
+    return snapshot.role is not Role.LEADER and snapshot.term > term
 
 
 def _handing_over(consensus: RaftConsensus) -> bool:
