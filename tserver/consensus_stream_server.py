@@ -38,6 +38,9 @@ from raftlet.tserver.rpc_dispatch import status_for
 __all__ = ["StreamSession", "item_byte_size", "step_item"]
 
 _sessions = itertools.count(1)
+# How long a stream that ends waits for a write of its under way (see ``serve``): a message
+# to a peer that reads takes milliseconds; one that does not read is not waited for longer.
+_WRITE_END_WAIT_S = 1.0
 
 
 class StreamSession:
@@ -66,13 +69,20 @@ class StreamSession:
         Cancelling the task that runs this (the server is stopping) ends the call normally,
         so the peer sees its stream end at once and treats what was in flight as lost."""
 
+        idle = asyncio.Event()  # no write of this call under way
+        idle.set()
+
         async def write(items: list[pb.ConsensusItemPB]) -> None:
-            frame = pb.ConsensusFramePB(items=items)
-            if frame.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
-                await context.write(frame)
-                return
-            for chunk in chunks_by_size(items, item_byte_size, self._max_frame_bytes):
-                await context.write(pb.ConsensusFramePB(items=chunk))
+            idle.clear()
+            try:
+                frame = pb.ConsensusFramePB(items=items)
+                if frame.ByteSize() <= self._max_frame_bytes:  # one C call: the usual case
+                    await context.write(frame)
+                    return
+                for chunk in chunks_by_size(items, item_byte_size, self._max_frame_bytes):
+                    await context.write(pb.ConsensusFramePB(items=chunk))
+            finally:
+                idle.set()
 
         writer = asyncio.ensure_future(self._outbox.drain_to(write))
         try:
@@ -88,6 +98,13 @@ class StreamSession:
         finally:
             self._inbox.close(timeout=0)  # what was read is still stepped; nothing more
             self._outbox.close()
+            if not idle.is_set():
+                # A write cancelled under way left gRPC's core sending a message as the call
+                # ended: it refused the call's status (ExecuteBatchError, "too many
+                # operations"), the call never finished, and a stopping server waited out its
+                # whole 5 s grace.  Let the write end first -- unless the peer reads nothing.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(idle.wait(), _WRITE_END_WAIT_S)
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
