@@ -190,14 +190,14 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "failed_calls",
-        "calls answered with an error (not counting redirects)",
+        "calls answered with an error (not counting those sent elsewhere)",
         "rpcs_failed",
         "count",
         lambda doc: _failed_calls(doc)[0],
     ),
     KeyMetric(
         "redirects",
-        "calls redirected to the leader (NOT_LEADER)",
+        "calls sent elsewhere (leader moved: NOT_LEADER, LEADER_NOT_READY)",
         "rpcs_failed",
         "count",
         lambda doc: _failed_calls(doc)[1],
@@ -386,24 +386,29 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
 )
 
 
-# The rpcs_failed `error` label of the answer that sends a client to the leader. It is
-# FAILED_PRECONDITION, as a stale retry is, so the gRPC code alone cannot tell them apart.
-NOT_LEADER_ERROR = "NOT_LEADER"
+# The rpcs_failed `error` labels of the answers that are part of leadership moving, which a
+# client retries elsewhere or a moment later: NOT_LEADER (FAILED_PRECONDITION, as a stale
+# retry is, so the gRPC code alone cannot tell them apart), and LEADER_NOT_READY (a leader
+# not ready yet or handing leadership over, and a write it dropped meanwhile: UNAVAILABLE,
+# as a failed tablet is). TABLET_NOT_FOUND is not one: a client's stale location after a
+# replica moved gets it, but so does a tablet id that is wrong, and the server cannot tell.
+LEADER_MOVED_ERRORS = frozenset({"NOT_LEADER", "LEADER_NOT_READY"})
 
 
 def _failed_calls(doc: list[Entity]) -> tuple[float, float | None]:
-    """Calls answered with an error, and NOT_LEADER redirects, apart. A redirect is no error:
-    the client follows it to the leader and its write succeeds; counting them as errors made
-    the row jump by a hundred on every leader change while clients saw none. A server too old
-    to label the answers (no `error` label): all its failures are errors, redirects unknown."""
+    """Calls answered with an error, and calls sent elsewhere because leadership moved,
+    apart. Those are no errors: the client retries at the (next) leader and its write
+    succeeds; counting them as errors made the row jump on every leader change while
+    clients saw none. A server too old to label the answers (no `error` label): all its
+    failures are errors, those sent elsewhere unknown."""
     series = _metrics(doc, "rpcs_failed", "server")
     total = float(sum(m.get("value") or 0 for m in series))
     if any("error" not in m.get("labels", {}) for m in series):
         return total, None
-    redirects = float(
-        sum(m.get("value") or 0 for m in series if m["labels"]["error"] == NOT_LEADER_ERROR)
+    moved = float(
+        sum(m.get("value") or 0 for m in series if m["labels"]["error"] in LEADER_MOVED_ERRORS)
     )
-    return total - redirects, redirects
+    return total - moved, moved
 
 
 def _best_mean(doc: list[Entity], name: str) -> float | None:

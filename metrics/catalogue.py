@@ -98,7 +98,9 @@ RPCS_FAILED = MetricPrototype(
     "Calls answered with an error, by gRPC status code (NOT_LEADER is FAILED_PRECONDITION, a "
     "full queue RESOURCE_EXHAUSTED, a failed tablet UNAVAILABLE, bad input INVALID_ARGUMENT) "
     "and by the ServerErrorPB code the answer carries (error; empty when none): "
-    "error=NOT_LEADER is the redirect a client follows to the leader, not a failure it sees. "
+    "error=NOT_LEADER and error=LEADER_NOT_READY are answers of leadership moving, which a "
+    "client retries at the (next) leader, not failures it sees; TABLET_NOT_FOUND stays a "
+    "failure: a stale location after a replica moved gets it, as a wrong tablet id does. "
     "Each write of a WriteStream or of the tcp write port counts as a call. Rows refused "
     "inside a write that succeeded are write_row_errors_total",
     label_names=("service", "method", "code", "error"),

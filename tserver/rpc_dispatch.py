@@ -222,7 +222,10 @@ def status_for(
     if isinstance(exc, ReplicaFailed):
         return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)
     if isinstance(exc, ProposalDropped):
-        return S.UNAVAILABLE, msg, None
+        # Only the core's own refusals are left: it is handing leadership over, or has not
+        # committed an entry of its term -- what LeaderNotReady says when the lock-free check
+        # sees it first. Unlabelled, a write caught by a leader change counted as an error.
+        return S.UNAVAILABLE, msg, E(code=E.LEADER_NOT_READY, message=msg)
     # A bug or an unexpected failure: the traceback goes to the log, not to the client.
     logger.error("internal error answering an RPC", exc_info=(type(exc), exc, exc.__traceback__))
     return S.INTERNAL, f"internal server error ({type(exc).__name__})", None

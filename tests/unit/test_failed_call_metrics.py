@@ -1,7 +1,8 @@
-"""``rpcs_failed`` tells a not-leader redirect from an error by its ``error`` label, and
-``raftlet metrics`` shows the two on rows of their own (review r26c: "calls answered with
-an error" read 113 / 0 / 32 while clients saw no errors -- every one was a NOT_LEADER
-redirect after leadership moved, so an alert on the row fired on every leader change)."""
+"""``rpcs_failed`` tells an answer of a leader change (NOT_LEADER, LEADER_NOT_READY) from an
+error by its ``error`` label, and ``raftlet metrics`` shows the two on rows of their own
+(review r26c: "calls answered with an error" read 113 / 0 / 32 while clients saw no errors
+-- every one was a NOT_LEADER redirect after leadership moved, so an alert on the row fired
+on every leader change; review r26v: LEADER_NOT_READY still did)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ import grpc
 import pytest
 
 from raftlet.cli.metrics_cmd import key_metrics
-from raftlet.consensus.core import ConfigChangeRefused, NotLeaderError, TermMismatch
+from raftlet.consensus.core import (
+    ConfigChangeRefused,
+    NotLeaderError,
+    ProposalDropped,
+    TermMismatch,
+)
+from raftlet.consensus.raft_consensus import LeaderNotReady
 from raftlet.metrics.export_json import generate_json
 from raftlet.metrics.registry import MetricRegistry
-from raftlet.tserver.errors import InvalidRequest, StaleRequest
+from raftlet.tserver.errors import InvalidRequest, StaleRequest, UnknownTablet
 from raftlet.tserver.rpc_dispatch import dispatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
 
@@ -120,3 +127,40 @@ def test_a_server_that_does_not_label_its_answers_shows_no_redirect_count() -> N
     known) rather than 0."""
     shown = key_metrics(_doc(_failed(113, method="Write", code="FAILED_PRECONDITION")))
     assert (shown["failed_calls"], shown["redirects"]) == (113, None)
+
+
+def test_answers_of_a_leader_change_are_not_errors() -> None:
+    """Review r26v: three rounds of leader-step-down during `raftlet write` took the error
+    row from 4 to 30 while the writer saw none -- LEADER_NOT_READY (handing leadership over)
+    and the core's own refusal of a write bound before the transfer began (no error label
+    then) were counted as errors."""
+    registry = MetricRegistry()
+    metrics = ServicePoolMetrics(registry.entity("server", "ts1"), "tablet")
+    pool = ServicePool("tablet", num_threads=1, queue_length=8, metrics=metrics)
+    _answer_all(
+        pool,
+        "Write",
+        [
+            LeaderNotReady("leader of term 4 is handing leadership over"),
+            ProposalDropped("leadership is being transferred to ts3"),
+            NotLeaderError("ts3", 5),
+            # A stale location and a wrong tablet id get the same answer: still an error.
+            UnknownTablet("kv-p9"),
+        ],
+    )
+    assert metrics.failed_for("Write", "UNAVAILABLE", "LEADER_NOT_READY").value() == 2
+    assert metrics.failed_for("Write", "UNAVAILABLE", "").value() == 0
+    shown = key_metrics(generate_json(registry))
+    assert (shown["failed_calls"], shown["redirects"]) == (1, 3)
+
+
+def test_the_rows_as_review_r26v_saw_them() -> None:
+    shown = key_metrics(
+        _doc(
+            _failed(6, method="Write", code="UNAVAILABLE", error="LEADER_NOT_READY"),
+            _failed(26, method="Write", code="FAILED_PRECONDITION", error="NOT_LEADER"),
+            _failed(3, method="Write", code="NOT_FOUND", error="TABLET_NOT_FOUND"),
+            _failed(1, method="Write", code="UNAVAILABLE", error="TABLET_NOT_RUNNING"),
+        )
+    )
+    assert (shown["failed_calls"], shown["redirects"]) == (4, 32)

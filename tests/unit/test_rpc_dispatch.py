@@ -82,7 +82,12 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
         (TermMismatch(4, 5, "ts-2"), S.FAILED_PRECONDITION, E.NOT_LEADER),
         (LeaderNotReady("no-op not committed"), S.UNAVAILABLE, E.LEADER_NOT_READY),
         (ReplicaFailed("log failed"), S.UNAVAILABLE, E.TABLET_NOT_RUNNING),
-        (ProposalDropped("no follower"), S.UNAVAILABLE, None),
+        # The core's own refusal while it hands leadership over: a leader change, retried.
+        (
+            ProposalDropped("leadership is being transferred to ts-2"),
+            S.UNAVAILABLE,
+            E.LEADER_NOT_READY,
+        ),
         # Retried on the same leader; another operator's change in progress is not.
         (
             ConfigChangeDeferred("leadership is being transferred"),
