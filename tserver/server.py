@@ -157,6 +157,7 @@ from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 from raftlet.tserver.tcp_admission import TcpAdmission, tcp_server_ssl_context
 from raftlet.tserver.tcp_listener import TcpListener
 from raftlet.tserver.worker_nice import nicer_thread_start
+from raftlet.tserver.write_frame_guard import WriteFrameGuard
 from raftlet.tserver.write_memory import WriteMemory
 from raftlet.tserver.write_tcp_server import WRITE_TCP_METHOD, write_links
 
@@ -484,6 +485,7 @@ class TabletServer:
         interceptors: list[grpc.aio.ServerInterceptor] = [
             MalformedRequestInterceptor(),
             UnreadResponseBudget(on_dropped=self._tablet_servicer.response_dropped),
+            WriteFrameGuard(),  # a WriteStream message's writes counted before it is parsed
         ]
         if self.auth is not None:
             interceptors.insert(0, AuthInterceptor(self.auth))

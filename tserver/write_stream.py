@@ -57,6 +57,7 @@ from raftlet.tserver.rpc_dispatch import (
 )
 from raftlet.tserver.service_pool import InboundCall, ServicePool
 from raftlet.tserver.tablet_replica import TabletReplica, WriteCallbacks
+from raftlet.tserver.write_frame_guard import TooManyWrites
 
 __all__ = [
     "MAX_OUTSTANDING_WRITES",
@@ -266,8 +267,10 @@ class WriteStreamSession:
                 frame = await context.read()
                 if frame is grpc.aio.EOF:
                     break
+                if isinstance(frame, TooManyWrites):  # counted, never parsed
+                    await self._refuse(context, f"more than {MAX_WRITES_PER_MESSAGE}")
                 if len(frame.items) > MAX_WRITES_PER_MESSAGE:
-                    await self._refuse(context, len(frame.items))
+                    await self._refuse(context, str(len(frame.items)))
                 self._receive(frame)
             # The client is done writing: answer everything it sent before ending the call.
             await self._idle.wait()
@@ -302,17 +305,18 @@ class WriteStreamSession:
             self._pool, list(frame.items), self._replica_of, self._leader_addr, self._outbox.post
         )
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, count: int) -> None:
-        """End the stream: its frame has more writes than one message may carry. Counted
-        by the frame's length alone (a C call on the parsed message): no write of it
-        becomes a Python object, a pool task or an answer. Writes of earlier frames still
-        unanswered go unanswered, as when the tcp port closes such a frame's connection;
-        the client retries them with the same request ids."""
+    async def _refuse(self, context: grpc.aio.ServicerContext, count: str) -> None:
+        """End the stream: its frame has more writes than one message may carry (``count``
+        of them). Counted before the message was parsed (``tserver.write_frame_guard``), or
+        by the parsed frame's length: no write of it becomes a Python object, a pool task
+        or an answer. Writes of earlier frames still unanswered go unanswered, as when the
+        tcp port closes such a frame's connection; the client retries them with the same
+        request ids."""
         self._pool.metrics.failed_for(
             "WriteStream", grpc.StatusCode.INVALID_ARGUMENT.name
         ).increment()
         logger.warning(
-            "write stream %s: a message of %d writes, over the %d one message may carry: "
+            "write stream %s: a message of %s writes, over the %d one message may carry: "
             "ending the stream without answering it",
             context.peer(),
             count,
