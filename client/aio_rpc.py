@@ -4,7 +4,10 @@ The routing (``rpc.Router``: hinted leader, leader look-up, next replica, server
 down), the classification of failures (``retry.classify``) and the deadline-bounded,
 per-cause backoff (``retry.run_with_retries_async``) are the threaded client's own; only the
 attempt and the backoff are awaited instead of blocking a thread, so many RPCs can be in
-flight from one event loop.
+flight from one event loop. A leader-only attempt is cut short as the threaded client's is
+(``rpc._Watch``): awaited alongside a watch (``_watch``) that, once the server has been
+silent for ``SILENCE_S``, looks the leader up and, if another replica leads now, cancels the
+call, which is retried there with the same request id.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from tenacity.wait import wait_base
 
 from raftlet.client.aio_channels import AsyncServerStub, AsyncStubProvider
 from raftlet.client.aio_meta import AsyncMetaCache
+from raftlet.client.channels import AttemptCutShort
+from raftlet.client.meta_cache import SILENCE_S
 from raftlet.client.retry import (
     DEFAULT_POLICIES,
     Cause,
@@ -27,7 +32,7 @@ from raftlet.client.retry import (
     run_with_retries_async,
     within,
 )
-from raftlet.client.rpc import Router
+from raftlet.client.rpc import RECHECK_S, Router
 from raftlet.client.stats import StatsRecorder
 
 __all__ = ["AsyncRpcContext", "call_tablet_async"]
@@ -46,6 +51,50 @@ class AsyncRpcContext:
     policies: Mapping[Cause, wait_base] = field(default_factory=lambda: dict(DEFAULT_POLICIES))
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    # How a call's watch waits (``_watch``): not ``sleep``, a backoff's, which tests fake.
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+
+async def _watch(ctx: AsyncRpcContext, router: Router, deadline: float, target: str) -> str:
+    """Returns the replica that leads the tablet instead of ``target`` once a look-up, made
+    after ``target`` has been silent for ``SILENCE_S``, finds one; waits on while ``target``
+    still leads (slow is not gone)."""
+    meta, sent_at = ctx.meta, router.sent_at
+    while True:
+        quiet = meta.quiet_left(target, sent_at)
+        if quiet > 0:
+            await ctx.pause(quiet)
+            continue
+        meta.doubt_leader(router.tablet_id, target)
+        await meta.refresh_leaders(deadline, tablet_id=router.tablet_id)
+        leader = router.replaced(target)
+        if leader is not None:
+            return leader
+        await ctx.pause(RECHECK_S)
+
+
+async def _watched(
+    ctx: AsyncRpcContext, router: Router, deadline: float, target: str, call: Awaitable[R]
+) -> R:
+    """``call``'s answer, or ``AttemptCutShort`` once ``_watch`` found another leader (the
+    call cancelled). (Writes in flight to a paused leader each waited out their 10 s.)"""
+    answer = asyncio.ensure_future(call)
+    watch = asyncio.ensure_future(_watch(ctx, router, deadline, target))
+    try:
+        await asyncio.wait((answer, watch), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        answer.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if answer.done():
+        return answer.result()
+    answer.cancel()
+    leader = watch.result()
+    raise AttemptCutShort(
+        f"no answer from {target} for {SILENCE_S} s, and {leader} leads the tablet now: cut short",
+        leader,
+    )
 
 
 async def call_tablet_async(
@@ -74,13 +123,23 @@ async def call_tablet_async(
         target = router.pick()
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)
+        cut: AttemptCutShort | None = None
         try:
-            result = await call(stub, attempt_timeout, attempt_no)
+            if router.leader_only:
+                result = await _watched(
+                    ctx, router, deadline, target, call(stub, attempt_timeout, attempt_no)
+                )
+            else:
+                result = await call(stub, attempt_timeout, attempt_no)
+        except AttemptCutShort as e:
+            cut = e
         except grpc.RpcError as e:
             failure = classify(e, target, address)
         else:
             router.succeeded(target, result, address, what)
             return result, target
+        if cut is not None:
+            router.cut_short(cut, target, address)
         router.failed_with(failure, what)
 
     return await run_with_retries_async(

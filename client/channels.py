@@ -31,6 +31,11 @@ that connection) is retried on the same server, ``retry.Cause.STREAM_REFUSED``.
 
 ``ServerStub`` / ``StubProvider`` are the seam the rest of the client uses, so unit tests can
 plug in fakes without a server.
+
+A write or scan made as an attempt of ``rpc.call_tablet`` is waited for by that attempt's
+``AnswerWatch`` (``ANSWER_WATCH``, set around the attempt): the call is made as a future, so
+the attempt can be cut short (cancelled) when its leader went silent and another was elected;
+outside an attempt it is a plain blocking call.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
+from contextvars import ContextVar
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 import grpc
@@ -48,9 +55,13 @@ from raftlet.client.errors import ClientClosed
 from raftlet.proto import admin_pb2, admin_pb2_grpc, tablet_pb2, tablet_pb2_grpc
 
 __all__ = [
+    "ANSWER_WATCH",
     "CHANNEL_OPTIONS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "MAX_CALLS_IN_FLIGHT",
+    "AnswerWatch",
+    "AttemptCutShort",
+    "CallFuture",
     "ChannelPool",
     "ChannelsByAddress",
     "GrpcServerStub",
@@ -58,8 +69,10 @@ __all__ = [
     "ResultFuture",
     "ServerStub",
     "StubProvider",
+    "answer_of",
     "channel_options",
     "server_options",
+    "wait_for_answer",
 ]
 
 MAX_RECONNECT_BACKOFF_MS = 1000
@@ -148,6 +161,57 @@ class ResultFuture(Protocol):
     def add_done_callback(self, fn: Callable[[Any], object]) -> None: ...
 
 
+class CallFuture(ResultFuture, Protocol):
+    """A call in flight (``grpc.Future``, or ``concurrent.futures.Future`` in tests)."""
+
+    def done(self) -> bool: ...
+
+    def cancel(self) -> bool: ...
+
+    def exception(self, timeout: float | None = None) -> BaseException | None: ...
+
+
+class AnswerWatch(Protocol):
+    """Waits for an attempt's call to end (``rpc._Watch``): returns once ``future`` is done,
+    or cancels it and raises ``AttemptCutShort``."""
+
+    def __call__(self, future: CallFuture) -> None: ...
+
+
+# The watch of the tablet attempt this thread (or task) is making, if any.
+ANSWER_WATCH: ContextVar[AnswerWatch | None] = ContextVar("raftlet_answer_watch", default=None)
+
+
+class AttemptCutShort(StreamedRpcError):
+    """An attempt at a leader silent for ``SILENCE_S``, cancelled once a look-up found another
+    replica leading: retried as the DEADLINE_EXCEEDED it would have become, with the same
+    request id."""
+
+    def __init__(self, details: str, leader: str) -> None:
+        super().__init__(grpc.StatusCode.DEADLINE_EXCEEDED, details)
+        self.leader = leader
+
+
+def wait_for_answer(future: CallFuture, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``future`` to end; whether it has."""
+    try:
+        future.exception(timeout=seconds)
+    except (grpc.FutureTimeoutError, TimeoutError):
+        return False
+    except (grpc.FutureCancelledError, CancelledError):
+        pass
+    return True
+
+
+def answer_of(future: CallFuture) -> Any:
+    """The call's answer (or its error raised), waited for as the attempt in progress says
+    (``ANSWER_WATCH``), else plainly."""
+    watch = ANSWER_WATCH.get()
+    if watch is not None:
+        watch(future)
+    return future.result()
+
+
 class ServerStub(Protocol):
     """The RPCs the client makes to one server. ``timeout`` is in seconds."""
 
@@ -225,6 +289,14 @@ class NoCallSlot(StreamedRpcError):
         )
 
 
+def _unary(method: Any, request: object, timeout: float) -> Any:
+    """One unary call: blocking, or as a future its attempt's watch waits for (so it can be
+    cut short: a blocking call to a paused leader held its thread for the whole timeout)."""
+    if ANSWER_WATCH.get() is None:
+        return method(request, timeout=timeout)
+    return answer_of(method.future(request, timeout=timeout))
+
+
 class GrpcServerStub:
     """``ServerStub`` over a shared ``grpc.Channel``; its writes and scans take the
     process's slots for its address (``MAX_CALLS_IN_FLIGHT``)."""
@@ -248,15 +320,17 @@ class GrpcServerStub:
             self._slots.release()
 
     def write(self, request: tablet_pb2.WriteRequest, timeout: float) -> tablet_pb2.WriteResponse:
+        method = self._tablet.Write
         return cast(
             tablet_pb2.WriteResponse,
-            self._in_slot(lambda left: self._tablet.Write(request, timeout=left), timeout),
+            self._in_slot(lambda left: _unary(method, request, left), timeout),
         )
 
     def scan(self, request: tablet_pb2.ScanRequest, timeout: float) -> tablet_pb2.ScanResponse:
+        method = self._tablet.Scan
         return cast(
             tablet_pb2.ScanResponse,
-            self._in_slot(lambda left: self._tablet.Scan(request, timeout=left), timeout),
+            self._in_slot(lambda left: _unary(method, request, left), timeout),
         )
 
     def list_tablets_future(self, timeout: float) -> ResultFuture:

@@ -33,7 +33,8 @@ prefers other replicas meanwhile (but still tries it when nothing else is left).
 whose reads or ``ListTablets`` calls have run out of time for ``SILENCE_S`` with no answer to
 any call in between (``timed_out``): one short deadline passing says nothing about the server.
 A leader silent that long is not marked down but *in doubt* (``doubt_leader``): the next call
-to its tablet looks the leader up first, and goes back to it if it still leads (``rpc``).
+to its tablet looks the leader up first, and goes back to it if it still leads (``rpc``); so
+does a call still in flight to it (``quiet_left``), which is cut short if another leads.
 
 The state (view, leaders, servers down) and the decisions on it are ``MetaState``, free of
 I/O; ``MetaCache`` adds the blocking RPCs and ``aio_meta.AsyncMetaCache`` the asyncio ones.
@@ -385,6 +386,16 @@ class MetaState:
             self._unanswered_since[server_uuid] = since
             quiet_from = max(since, self._answered_at.get(server_uuid, float("-inf")))
             return now - quiet_from >= SILENCE_S
+
+    def quiet_left(self, server_uuid: str, sent_at: float) -> float:
+        """How long until the server, with a call out since ``sent_at``, has been silent for
+        ``SILENCE_S`` as ``silent`` counts it (0 or less: it has been) -- without noting the
+        call as unanswered: it is still out, and may yet be answered."""
+        now = self._clock()
+        with self._lock:
+            since = min(self._unanswered_since.get(server_uuid, sent_at), sent_at)
+            quiet_from = max(since, self._answered_at.get(server_uuid, float("-inf")))
+        return quiet_from + SILENCE_S - now
 
     def timed_out(self, server_uuid: str, sent_at: float) -> bool:
         """As ``silent``, and a silent server is marked down (True). (Marked down at its

@@ -20,9 +20,13 @@ to the server ``Router`` picks (pure, shared with ``aio_rpc``); a failure is cla
   up first (done once a majority of its replicas answered, ``MetaState.leader_settled``)
   and goes to whichever replica leads, the same one if it still does; a leader in doubt that
   misses the look-up too is marked down, so the others are asked and their NOT_LEADER
-  answers name the leader they elect. A follower read that
-  ran out of time moves on to the next replica, and marks the server down once it has been
-  silent for ``SILENCE_S`` (``MetaState.timed_out``);
+  answers name the leader they elect. An attempt still in flight to a leader is cut short
+  the same way (``_Watch``): once that server has been silent for ``SILENCE_S`` it looks the
+  leader up (the one look-up at a time all threads share), and if another replica leads now
+  the attempt is cancelled and retried there at once, as a DEADLINE_EXCEEDED with the same
+  request id; if the server still leads, the attempt waits on (slow is not gone). A follower
+  read that ran out of time moves on to the next replica, and marks the server down once it
+  has been silent for ``SILENCE_S`` (``MetaState.timed_out``);
 - FAIL: raised at once as ``InvalidArgument`` / ``RemoteError``.
 
 ``leader_only=False`` (follower reads) starts at ``prefer`` — the replica a scan is already
@@ -43,9 +47,16 @@ from typing import NoReturn, TypeVar
 import grpc
 from tenacity.wait import wait_base
 
-from raftlet.client.channels import ServerStub, StubProvider
+from raftlet.client.channels import (
+    ANSWER_WATCH,
+    AttemptCutShort,
+    CallFuture,
+    ServerStub,
+    StubProvider,
+    wait_for_answer,
+)
 from raftlet.client.errors import TabletNotFound
-from raftlet.client.meta_cache import MetaCache, MetaState, TabletInfo
+from raftlet.client.meta_cache import SILENCE_S, MetaCache, MetaState, TabletInfo
 from raftlet.client.retry import (
     DEFAULT_POLICIES,
     Action,
@@ -67,6 +78,10 @@ R = TypeVar("R")
 
 # The least of the time left a follower read's first attempt is cut to.
 _LEAST_SHARE_S = 0.05
+# How soon an attempt at a silent leader asks again after a look-up that found nobody else
+# leading (an election under way): the look-ups of all threads are one per
+# ``leader_refresh_interval_s`` anyway.
+RECHECK_S = 0.05
 
 
 @dataclass
@@ -81,6 +96,8 @@ class RpcContext:
     policies: Mapping[Cause, wait_base] = field(default_factory=lambda: dict(DEFAULT_POLICIES))
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # Waits up to the seconds given for a call in flight to end; whether it has.
+    wait: Callable[[CallFuture, float], bool] = wait_for_answer
 
 
 class Router:
@@ -162,6 +179,24 @@ class Router:
         ring = replicas[start:] + replicas[:start]
         up = [r for r in ring if not self.meta.is_down(r)]
         return (up or ring)[0]
+
+    def replaced(self, server: str) -> str | None:
+        """The replica a look-up settled as the tablet's leader instead of ``server`` (where
+        an attempt is in flight), if any."""
+        tid = self.tablet_id
+        leader = self.meta.leader(tid)
+        if leader is None or leader == server or self.meta.leader_in_doubt(tid):
+            return None
+        return leader
+
+    def cut_short(self, cut: AttemptCutShort, server: str, address: str) -> NoReturn:
+        """An attempt at ``server`` was cancelled for the leader elected in its place: the
+        next goes there, at once the first time this call does."""
+        failure = classify(cut, server, address)
+        self.last = server
+        self.failed.add(server)
+        self.next = cut.leader
+        raise RetriableFailure(failure, retry_now=cut.leader not in self.failed)
 
     def time_for(self, attempt_timeout: float, left: float) -> float:
         """The gRPC timeout of a follower read's first attempt, given ``attempt_timeout``
@@ -251,6 +286,40 @@ class Router:
         return first_time and self.next not in self.failed
 
 
+class _Watch:
+    """Waits for a leader-only attempt's call (``channels.answer_of``) and cuts it short once
+    its server has been silent for ``SILENCE_S`` and a look-up found another replica leading.
+    (Calls in flight to a paused leader each waited out their whole 10 s timeout, though a
+    new leader was elected 1.5 s after the pause.)"""
+
+    def __init__(self, ctx: RpcContext, router: Router, deadline: float) -> None:
+        self.ctx = ctx
+        self.router = router
+        self.deadline = deadline
+        self.target = ""
+
+    def __call__(self, future: CallFuture) -> None:
+        ctx, router, target = self.ctx, self.router, self.target
+        meta, sent_at = ctx.meta, router.sent_at
+        while not future.done():
+            quiet = meta.quiet_left(target, sent_at)
+            if quiet > 0:
+                ctx.wait(future, quiet)
+                continue
+            # Whether it still leads is for its group to say; a slow leader that still claims
+            # the tablet keeps the call (cancelled, it would only be sent again).
+            meta.doubt_leader(router.tablet_id, target)
+            meta.refresh_leaders(self.deadline, tablet_id=router.tablet_id)
+            leader = router.replaced(target)
+            if leader is not None and future.cancel():
+                raise AttemptCutShort(
+                    f"no answer from {target} for {SILENCE_S} s, and {leader} leads the "
+                    "tablet now: cut short",
+                    leader,
+                )
+            ctx.wait(future, RECHECK_S)
+
+
 def call_tablet(
     ctx: RpcContext,
     tablet_id: str,
@@ -266,6 +335,7 @@ def call_tablet(
     result and the uuid of the server that answered. Raises ``Timeout`` (or a subclass) when
     ``deadline`` passes, ``TabletNotFound``, ``InvalidArgument`` or ``RemoteError``."""
     router = Router(ctx.meta, ctx.meta.tablet(tablet_id), leader_only, prefer)
+    watch = _Watch(ctx, router, deadline) if leader_only else None
 
     def attempt(attempt_no: int, attempt_timeout: float) -> tuple[R, str]:
         target = router.target(deadline)
@@ -275,13 +345,23 @@ def call_tablet(
             attempt_timeout = router.time_for(attempt_timeout, deadline - ctx.clock())
         address = ctx.meta.address(target)
         stub = ctx.stubs.stub(address)
+        cut: AttemptCutShort | None = None
+        if watch is not None:
+            watch.target = target
+        token = ANSWER_WATCH.set(watch)
         try:
             result = call(stub, attempt_timeout, attempt_no)
+        except AttemptCutShort as e:
+            cut = e
         except grpc.RpcError as e:
             failure = classify(e, target, address)
         else:
             router.succeeded(target, result, address, what)
             return result, target
+        finally:
+            ANSWER_WATCH.reset(token)
+        if cut is not None:
+            router.cut_short(cut, target, address)
         router.failed_with(failure, what)
 
     return run_with_retries(

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from raftlet.client.channels import ResultFuture
+from raftlet.client.channels import CallFuture, ResultFuture, answer_of, wait_for_answer
 from raftlet.client.meta_cache import MetaCache
 from raftlet.client.request_tracker import RequestTracker
 from raftlet.client.rpc import RpcContext
@@ -138,8 +138,10 @@ class FakeServer:
 
     # ServerStub
     def write(self, request: tablet_pb2.WriteRequest, timeout: float) -> tablet_pb2.WriteResponse:
-        result: tablet_pb2.WriteResponse = self._answer("write", request)
-        return result
+        result = self._answer("write", request)
+        if isinstance(result, Future):  # a call in flight (``FakeCall``), waited for
+            result = answer_of(result)
+        return result  # type: ignore[no-any-return]
 
     def scan(self, request: tablet_pb2.ScanRequest, timeout: float) -> tablet_pb2.ScanResponse:
         result: tablet_pb2.ScanResponse = self._answer("scan", request)
@@ -180,7 +182,9 @@ class FakeCluster:
 
 
 class FakeClock:
-    """``clock``/``sleep`` pair: sleeping advances the clock; nothing really waits."""
+    """``clock``/``sleep`` pair: sleeping advances the clock; nothing really waits. ``wait``
+    is ``RpcContext.wait``: it advances the clock too, and ends a ``FakeCall`` whose deadline
+    it passes."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -193,6 +197,37 @@ class FakeClock:
         assert seconds >= 0
         self.sleeps.append(seconds)
         self.now += seconds
+
+    def wait(self, future: CallFuture, seconds: float) -> bool:
+        if future.done():
+            return True
+        if isinstance(future, FakeCall):
+            seconds = min(seconds, max(0.0, future.deadline - self.now))
+            self.now += seconds
+            future.expire()
+        else:
+            self.now += seconds
+        return future.done()
+
+
+class FakeCall(Future[Any]):
+    """A call in flight to a server that does not answer (paused) unless the test sets its
+    result: it ends DEADLINE_EXCEEDED by the fake clock at its deadline, as gRPC's do."""
+
+    def __init__(self, clock: FakeClock, timeout: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.deadline = clock.now + timeout
+
+    def expire(self) -> None:
+        if self.clock.now >= self.deadline and not self.done():
+            self.set_exception(FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():  # waited for plainly: until its deadline
+            self.clock.now = max(self.clock.now, self.deadline)
+            self.expire()
+        return super().result(0)
 
 
 def make_rpc(
@@ -209,6 +244,8 @@ def make_rpc(
         attempt_timeout_s=attempt_timeout_s,
         clock=clk,
         sleep=clock.sleep if clock else (lambda _s: None),
+        # Only a fake clock's wait ends a ``FakeCall`` by its deadline.
+        wait=clock.wait if isinstance(clock, FakeClock) else wait_for_answer,
     )
 
 
@@ -218,6 +255,7 @@ def ok(request: tablet_pb2.WriteRequest | None = None) -> tablet_pb2.WriteRespon
 
 __all__ = [
     "KV_SCHEMA",
+    "FakeCall",
     "FakeClock",
     "FakeCluster",
     "FakeRpcError",

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from raftlet.client.aio_meta import AsyncMetaCache
+from raftlet.client.aio_rpc import AsyncRpcContext, call_tablet_async
 from raftlet.client.channels import ServerStub
 from raftlet.client.errors import Timeout
 from raftlet.client.meta_cache import SILENCE_S, Answers
@@ -25,6 +26,7 @@ from raftlet.client.rpc import RpcContext, call_tablet
 from raftlet.client.stats import StatsRecorder
 from raftlet.proto import consensus_pb2, tablet_pb2
 from tests.unit.client_fakes import (
+    FakeCall,
     FakeClock,
     FakeCluster,
     FakeRpcError,
@@ -367,3 +369,219 @@ def test_a_leader_in_doubt_that_misses_a_look_up_too_is_marked_down() -> None:
     assert not meta.is_down("ts1")  # it answered: slow, not gone
     meta.unanswered_doubt("kv-p0", followers)
     assert meta.is_down("ts1")  # silent, and silent again: the others are asked
+
+
+def _write_with_id(rpc: RpcContext, clock: FakeClock, timeout_s: float = 30.0) -> str:
+    """A write as a session makes it: one request id, ``attempt_no`` counting up."""
+    request = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+    request.request_id.client_id, request.request_id.seq_no = "c1", 7
+
+    def call(stub: ServerStub, attempt_timeout: float, attempt_no: int) -> object:
+        request.request_id.attempt_no = attempt_no
+        return stub.write(request, attempt_timeout)
+
+    _, server = call_tablet(
+        rpc, "kv-p0", call, what="write", deadline=clock.now + timeout_s, timeout_s=timeout_s
+    )
+    return server
+
+
+def test_a_write_in_flight_to_a_leader_that_went_silent_goes_to_the_one_elected() -> None:
+    cluster = FakeCluster()
+    clock = FakeClock()
+    rpc = make_rpc(cluster, clock)  # attempts of 10 s
+    rpc.meta.set_leader("kv-p0", "ts1")
+    rpc.meta.mark_up("ts1")
+    paused: list[FakeCall] = []
+
+    def pause(_request: object) -> FakeCall:  # ts1 takes the write in, then is paused
+        paused.append(FakeCall(clock, 10.0))
+        _pause_ts1_and_answer(
+            cluster, Future(), _listing("ts2", 2, "ts2"), _listing("ts3", 2, "ts2")
+        )
+        return paused[-1]
+
+    cluster.servers["ts1"].script("write", pause)
+    cluster.servers["ts2"].script("write", ok)
+    start = clock.now
+
+    assert _write_with_id(rpc, clock) == "ts2"
+
+    # Cut short once ts1 had been silent for SILENCE_S and the look-up found ts2 leading, not
+    # when its 10 s ran out.
+    assert clock.now - start == pytest.approx(SILENCE_S)
+    assert paused[0].cancelled()
+    sent = cluster.writes()
+    assert [s for s, _ in sent] == ["ts1", "ts2"]
+    ids = [(r.request_id.client_id, r.request_id.seq_no) for _, r in sent]
+    assert ids == [("c1", 7), ("c1", 7)]  # the same request: applied once wherever it lands
+    assert rpc.stats.snapshot().leader_refreshes == 1
+    assert rpc.meta.leader("kv-p0") == "ts2"
+
+
+def test_a_write_in_flight_to_a_slow_leader_that_still_leads_waits_for_its_answer() -> None:
+    cluster = FakeCluster()
+    clock = FakeClock()
+    rpc = make_rpc(cluster, clock)
+    rpc.meta.set_leader("kv-p0", "ts1")
+    ts1 = cluster.servers["ts1"]
+    ts1.leads = {"kv-p0"}  # it answers look-ups as the leader: busy, not gone
+    calls: list[FakeCall] = []
+    look_ups: list[float] = []
+    listed = ts1.list_tablets_future
+
+    def list_tablets_future(timeout: float) -> Any:
+        look_ups.append(clock.now)
+        if len(look_ups) == 2:  # the write's answer comes after the second look-up
+            calls[0].set_result(ok())
+        return listed(timeout)
+
+    def slow(_request: object) -> FakeCall:
+        calls.append(FakeCall(clock, 10.0))
+        return calls[-1]
+
+    ts1.list_tablets_future = list_tablets_future  # type: ignore[method-assign]
+    ts1.script("write", slow)
+    start = clock.now
+
+    assert _write_with_id(rpc, clock) == "ts1"
+
+    assert not calls[0].cancelled()
+    assert [s for s, _ in cluster.writes()] == ["ts1"]  # sent once, never elsewhere
+    # A look-up after each SILENCE_S it said nothing; it answered them as the leader.
+    assert look_ups == pytest.approx([start + SILENCE_S, start + 2 * SILENCE_S])
+    assert rpc.meta.leader("kv-p0") == "ts1"
+    assert not rpc.meta.is_down("ts1")
+
+
+class _AsyncLeader:
+    """An asyncio stub of kv-p0's replica on ``uuid``: ``ListTablets`` answered with
+    ``listing`` (or never), writes answered ``ok`` -- or, while ``paused``, only once
+    ``answer`` is set."""
+
+    def __init__(
+        self, uuid: str, listing: tablet_pb2.ListTabletsResponse | None, clock: FakeClock
+    ) -> None:
+        self.uuid = uuid
+        self.listing = listing
+        self.clock = clock
+        self.written_at: list[float] = []
+        self.paused = False
+        self.answer = asyncio.Event()
+        self.writes: list[tablet_pb2.WriteRequest] = []
+        self.cancelled = 0
+        self.looked_up_at: list[float] = []
+
+    async def list_tablets(self, timeout: float) -> tablet_pb2.ListTabletsResponse:
+        self.looked_up_at.append(self.clock.now)
+        if self.listing is None:
+            await asyncio.Event().wait()  # paused: no answer, ever
+        assert self.listing is not None
+        return self.listing
+
+    async def write(
+        self, request: tablet_pb2.WriteRequest, timeout: float
+    ) -> tablet_pb2.WriteResponse:
+        copy = tablet_pb2.WriteRequest()
+        copy.CopyFrom(request)
+        self.writes.append(copy)
+        self.written_at.append(self.clock.now)
+        if self.paused:
+            try:
+                await self.answer.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return ok()
+
+
+class _AsyncWatchClock(FakeClock):
+    """The fake clock of an asyncio call's watch: a pause advances it, and yields."""
+
+    async def pause(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+    async def backoff(self, seconds: float) -> None:
+        self.sleep(seconds)
+        await asyncio.sleep(0)
+
+
+def _async_write(
+    stubs: dict[str, _AsyncLeader], clock: _AsyncWatchClock
+) -> tuple[str, StatsRecorder]:
+    """A write of an asyncio client to kv-p0, ts1 its leader; the server that took it."""
+
+    async def write() -> tuple[str, StatsRecorder]:
+        stats = StatsRecorder()
+        by_address: Any = _ByAddress(stubs)  # type: ignore[arg-type]
+        meta = AsyncMetaCache(["x:1"], by_address, stats, clock=clock.clock)
+        meta.install(config_pb())
+        meta.set_leader("kv-p0", "ts1")
+        meta.mark_up("ts1")
+        ctx = AsyncRpcContext(
+            meta, by_address, stats, clock=clock.clock, sleep=clock.backoff, pause=clock.pause
+        )
+        request = tablet_pb2.WriteRequest(tablet_id="kv-p0")
+        request.request_id.client_id, request.request_id.seq_no = "c1", 7
+
+        async def call(stub: Any, attempt_timeout: float, attempt_no: int) -> object:
+            request.request_id.attempt_no = attempt_no
+            return await stub.write(request, attempt_timeout)
+
+        async with asyncio.timeout(5):  # a call left waiting would end only with the loop
+            _, server = await call_tablet_async(
+                ctx, "kv-p0", call, what="write", deadline=clock.now + 30.0, timeout_s=30.0
+            )
+        return server, stats
+
+    return asyncio.run(write())
+
+
+def test_an_asyncio_write_in_flight_to_a_leader_that_went_silent_goes_to_the_elected() -> None:
+    clock = _AsyncWatchClock()
+    ts1 = _AsyncLeader("ts1", None, clock)  # paused: neither the write nor a look-up answered
+    ts1.paused = True
+    ts2 = _AsyncLeader("ts2", _listing("ts2", 2, "ts2"), clock)
+    stubs = {"ts1": ts1, "ts2": ts2, "ts3": _AsyncLeader("ts3", _listing("ts3", 2, "ts2"), clock)}
+    start = clock.now
+
+    server, stats = _async_write(stubs, clock)
+
+    assert server == "ts2"
+    # Cut short once ts1 had been silent for SILENCE_S and the look-up found ts2 leading.
+    assert ts2.written_at == [pytest.approx(start + SILENCE_S)]
+    assert ts1.cancelled == 1
+    ids = [(w.request_id.client_id, w.request_id.seq_no) for w in ts1.writes + ts2.writes]
+    assert ids == [("c1", 7), ("c1", 7)]
+    assert stats.snapshot().leader_refreshes == 1
+
+
+def test_an_asyncio_write_in_flight_to_a_slow_leader_that_still_leads_waits_for_it() -> None:
+    clock = _AsyncWatchClock()
+    ts1 = _AsyncLeader("ts1", _listing("ts1", 1, "ts1"), clock)  # look-ups: it leads
+    ts1.paused = True
+    stubs = {
+        "ts1": ts1,
+        "ts2": _AsyncLeader("ts2", _listing("ts2", 1, "ts1"), clock),
+        "ts3": _AsyncLeader("ts3", _listing("ts3", 1, "ts1"), clock),
+    }
+    listed = ts1.list_tablets
+
+    async def list_tablets(timeout: float) -> tablet_pb2.ListTabletsResponse:
+        if ts1.looked_up_at:  # the write's answer comes after the second look-up
+            ts1.answer.set()
+        return await listed(timeout)
+
+    ts1.list_tablets = list_tablets  # type: ignore[method-assign]
+    start = clock.now
+
+    server, _stats = _async_write(stubs, clock)
+
+    assert server == "ts1"
+    assert ts1.cancelled == 0
+    assert len(ts1.writes) == 1  # sent once, never elsewhere
+    assert not stubs["ts2"].writes
+    assert not stubs["ts3"].writes
+    # A look-up after each SILENCE_S it said nothing; it answered them as the leader.
+    assert ts1.looked_up_at == pytest.approx([start + SILENCE_S, start + 2 * SILENCE_S])
