@@ -29,7 +29,7 @@ import grpc
 
 from raftlet.client.client import Client
 from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, Timeout
-from raftlet.client.retry import CREDENTIALS_REFUSED
+from raftlet.client.retry import CREDENTIALS_REFUSED, certificate_unverified
 from raftlet.proto import admin_pb2, admin_pb2_grpc, consensus_pb2, tablet_pb2
 
 __all__ = [
@@ -88,7 +88,8 @@ def _state(
 
 
 # Answers no wait changes: the caller's credentials refused (a reader's or writer's
-# certificate, say), or a request the server cannot take.
+# certificate, say), or a request the server cannot take. So is a server certificate this
+# client cannot verify (``retry.certificate_unverified``), though its status is UNAVAILABLE.
 _NOT_WAITED_OUT = CREDENTIALS_REFUSED | {grpc.StatusCode.INVALID_ARGUMENT}
 
 
@@ -96,6 +97,11 @@ def _refused(e: grpc.RpcError, server: str, tablet_id: str) -> RemoteError | Non
     """The error for a refusal that polling again would only repeat; None for one that may
     pass (no leader yet, a server restarting). A reader's membership command polled its
     refusals for its whole timeout, then said "timed out waiting for a ready leader"."""
+    if certificate_unverified(e.details() or ""):
+        return RemoteError(
+            f"this client could not verify {server}'s certificate (is its CA, --tls-ca, the "
+            f"cluster's, and the certificate not expired?): {e.code().name}: {e.details()}"
+        )
     if e.code() not in _NOT_WAITED_OUT:
         return None
     return RemoteError(

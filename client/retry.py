@@ -33,6 +33,9 @@ SCHEMA_MISMATCH        INVALID_ARGUMENT: made for        FAIL at once (InvalidAr
                        another schema than the tablet's  client fetches the config again
 PERMISSION_DENIED,     the server refused the caller:    FAIL at once (RemoteError, refused
 UNAUTHENTICATED        a role, a token, a certificate    before any log)
+CERTIFICATE_           UNAVAILABLE "…CERTIFICATE_VERIFY  FAIL at once (RemoteError, refused
+UNVERIFIED             _FAILED": the client cannot       before any log): another CA, an
+                       verify the server's certificate   expired certificate stay so
 (anything else)        INVALID_ARGUMENT, INTERNAL, …     FAIL at once (InvalidArgument,
                                                          RemoteError)
 =====================  ================================  =================================
@@ -87,6 +90,7 @@ __all__ = [
     "Cause",
     "RetriableFailure",
     "RpcFailure",
+    "certificate_unverified",
     "classify",
     "classify_error_pb",
     "classify_status",
@@ -123,6 +127,7 @@ class Cause(enum.StrEnum):
     SCHEMA_MISMATCH = "SCHEMA_MISMATCH"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    CERTIFICATE_UNVERIFIED = "CERTIFICATE_UNVERIFIED"
     REMOTE_ERROR = "REMOTE_ERROR"
 
 
@@ -149,6 +154,8 @@ _REFUSED = frozenset(
         # Refused by the server's interceptors, before any handler.
         Cause.PERMISSION_DENIED,
         Cause.UNAUTHENTICATED,
+        # The TLS handshake failed: no call was sent.
+        Cause.CERTIFICATE_UNVERIFIED,
     }
 )
 
@@ -177,6 +184,16 @@ _NEVER_CONNECTED = re.compile(r"\bfailed to connect to all addresses\b|\bDNS res
 # A connection closed at once by the server, or a failed handshake: what a TLS server does
 # to a plaintext client, or to a certificate (or none) it does not accept.
 _CLOSED_AT_CONNECT = re.compile(r"Socket closed|[Hh]andshake failed|CERTIFICATE_VERIFY_FAILED")
+# OpenSSL's words when this client could not verify the server's certificate (signed by
+# another CA than the client's --tls-ca, expired): no retry changes that, and every server
+# of a cluster has a certificate of the same CA.
+_CERTIFICATE_UNVERIFIED = re.compile(r"\bCERTIFICATE_VERIFY_FAILED\b")
+
+
+def certificate_unverified(details: str) -> bool:
+    """Whether ``details`` (a failed call's) say the client could not verify the server's
+    certificate."""
+    return _CERTIFICATE_UNVERIFIED.search(details) is not None
 
 
 def too_large(details: str) -> tuple[str, int, int] | None:
@@ -206,6 +223,10 @@ def classify_status(
             cause = Cause.TABLET_NOT_RUNNING
         elif error is None and _REFUSED_STREAM.search(details):
             cause = Cause.STREAM_REFUSED
+        elif error is None and certificate_unverified(details):
+            # Retried as UNAVAILABLE, a membership command said "timed out after 30 s (36
+            # attempts ...)" where every other command failed at once.
+            cause = Cause.CERTIFICATE_UNVERIFIED
         else:
             cause = Cause.UNAVAILABLE
     elif code == S.FAILED_PRECONDITION and ecode in (E.NOT_LEADER, E.TERM_MOVED):
@@ -363,8 +384,12 @@ CREDENTIALS_REFUSED = frozenset(
 
 
 def credentials_refused(failure: RpcFailure) -> bool:
-    """Whether ``failure`` is the server refusing the caller itself (``CREDENTIALS_REFUSED``)."""
-    return failure.status in {code.name for code in CREDENTIALS_REFUSED}
+    """Whether ``failure`` is the server refusing the caller itself (``CREDENTIALS_REFUSED``),
+    or the caller refusing the server's certificate: either way no other server differs."""
+    return (
+        failure.status in {code.name for code in CREDENTIALS_REFUSED}
+        or failure.cause is Cause.CERTIFICATE_UNVERIFIED
+    )
 
 
 def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
@@ -376,6 +401,11 @@ def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
         return InvalidArgument(text, cause=str(failure.cause))
     if failure.cause is Cause.MESSAGE_TOO_LARGE:
         return _message_too_large(failure, what)
+    if failure.cause is Cause.CERTIFICATE_UNVERIFIED:
+        text += (
+            " -- this client could not verify the server's certificate: is its CA (--tls-ca) "
+            "the cluster's, and the certificate not expired?"
+        )
     return RemoteError(
         text, cause=str(failure.cause), may_have_applied=not refused_before_log(failure)
     )

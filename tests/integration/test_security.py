@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -228,6 +229,36 @@ def test_the_cli_says_a_failed_handshake_in_its_own_words(
         assert proc.stderr.startswith("raftlet scan: error:"), proc.stderr
     else:
         assert core_lines, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("tablet", "add-replica", "kv-p0", "ts1"),
+        ("tablet", "remove-replica", "kv-p0", "ts1"),
+        ("tablet", "move-replica", "kv-p0", "ts1", "ts2"),
+    ],
+)
+def test_a_membership_command_that_cannot_verify_the_server_fails_at_once(
+    env: Env, command: tuple[str, ...]
+) -> None:
+    """Review r26v: with another CA's --tls-ca, add-replica retried for 30 s ("timed out
+    after 30 s (36 attempts ... CERTIFICATE_VERIFY_FAILED)") where scan, write and
+    leader-step-down failed at once with a one-line error."""
+    other = env.cluster.data_dir.parent / "other-ca"
+    start = time.monotonic()
+    proc = raftlet(
+        *command, "--data-dir", str(env.cluster.data_dir), "--timeout", "30",
+        "--tls-ca", str(other / "ca.crt"),
+        "--tls-cert", str(other / "client-mallory.crt"),
+        "--tls-key", str(other / "client-mallory.key"),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc
+    assert time.monotonic() - start < 15, proc
+    assert proc.stderr.startswith(f"raftlet tablet {command[1]}: error:"), proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in proc.stderr
+    assert "timed out" not in proc.stderr
 
 
 def test_no_identity_or_a_wrong_token_is_unauthenticated(env: Env) -> None:

@@ -696,3 +696,37 @@ def test_a_membership_command_without_the_role_fails_at_once(
     said = str(caught.value)
     assert said.startswith("ts1 refused to show kv-p0's Raft state: PERMISSION_DENIED: ")
     assert "needs role admin" in said
+
+
+class _Unverified(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7050: "
+            "Ssl handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL "
+            "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED"
+        )
+
+
+def test_a_server_certificate_the_client_cannot_verify_fails_a_membership_command_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review r26v: with another CA's --tls-ca, add-replica polled for 30 s and said "timed
+    out", where scan, write and leader-step-down failed at once. Every membership command
+    (add, remove, move, cluster replace-server) finds the leader's membership this way."""
+    client = SimpleNamespace(replicas=lambda _t: ("ts1",), leader_of=lambda _t, refresh: "ts1")
+    asked: list[str] = []
+
+    def unverified(_c: Any, server: str, _t: str, _timeout: float) -> Any:
+        asked.append(server)
+        raise _Unverified()
+
+    monkeypatch.setattr(membership, "_state", unverified)
+    with pytest.raises(RemoteError) as caught:
+        membership.leader_membership(client, "kv-p0", timeout_s=60.0)  # type: ignore[arg-type]
+    assert asked == ["ts1"]
+    said = str(caught.value)
+    assert said.startswith("this client could not verify ts1's certificate (is its CA, ")
+    assert "CERTIFICATE_VERIFY_FAILED" in said

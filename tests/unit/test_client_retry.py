@@ -38,6 +38,7 @@ from raftlet.client.retry import (
     RpcFailure,
     classify,
     classify_error_pb,
+    credentials_refused,
     fatal_error,
     refused_before_log,
     run_with_retries,
@@ -175,6 +176,33 @@ def test_a_timeout_of_connections_closed_at_once_says_to_check_tls() -> None:
     assert "TLS" not in str(timeout_error("write", 3.0, 9, refused, may_have_applied=False))
     lost = classify(FakeRpcError(S.UNAVAILABLE, "Socket closed"), "ts1")
     assert "TLS" not in str(timeout_error("write", 3.0, 9, lost))
+
+
+# What gRPC says when the client's --tls-ca is another CA than the one that signed the
+# server's certificate (review r26v).
+_CERTIFICATE_UNVERIFIED = (
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7050: Ssl "
+    "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL "
+    "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED"
+)
+
+
+def test_a_server_certificate_the_client_cannot_verify_fails_at_once() -> None:
+    """Review r26v: a membership command retried it as UNAVAILABLE for 30 s (36 attempts)
+    where the other commands failed at once; no retry makes another CA's certificate
+    verify."""
+    failure = classify(FakeRpcError(S.UNAVAILABLE, _CERTIFICATE_UNVERIFIED), "ts1")
+    assert (failure.cause, failure.action) == (Cause.CERTIFICATE_UNVERIFIED, Action.FAIL)
+    assert credentials_refused(failure)  # a config fetch tries no other seed
+    err = fatal_error(failure, "membership change of tablet kv-p0")
+    assert isinstance(err, RemoteError)
+    assert (err.cause, err.may_have_applied) == ("CERTIFICATE_UNVERIFIED", False)
+    assert "--tls-ca" in str(err)
+    assert "\n" not in str(err)
+    # A connection closed by the server (a plaintext client of a TLS server) is still
+    # retried: a server restarting does that too.
+    closed = classify(FakeRpcError(S.UNAVAILABLE, _CLOSED_AT_HANDSHAKE), "ts1")
+    assert (closed.cause, closed.action) == (Cause.UNAVAILABLE, Action.NEXT_REPLICA)
 
 
 def test_a_write_timed_out_before_any_attempt_says_it_was_not_sent() -> None:
