@@ -77,24 +77,40 @@ async def _watched(
     ctx: AsyncRpcContext, router: Router, deadline: float, target: str, call: Awaitable[R]
 ) -> R:
     """``call``'s answer, or ``AttemptCutShort`` once ``_watch`` found another leader (the
-    call cancelled). (Writes in flight to a paused leader each waited out their 10 s.)"""
-    answer = asyncio.ensure_future(call)
-    watch = asyncio.ensure_future(_watch(ctx, router, deadline, target))
+    call cancelled). (Writes in flight to a paused leader each waited out their 10 s.)
+
+    ``call`` is awaited in the caller's task, and the watch starts only once ``target``
+    could have been silent for ``SILENCE_S``: a timer, not two tasks per call -- those cost
+    the asyncio writer 0.04 ms of CPU a write at 64 in flight, a third more."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    found: list[str] = []
+    watch: asyncio.Task[None] | None = None
+
+    async def look() -> None:
+        found.append(await _watch(ctx, router, deadline, target))
+        task.cancel()  # the call; told apart from the caller's own cancel below
+
+    def start_watch() -> None:
+        nonlocal watch
+        watch = loop.create_task(look())
+
+    timer = loop.call_later(max(0.0, ctx.meta.quiet_left(target, router.sent_at)), start_watch)
     try:
-        await asyncio.wait((answer, watch), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        answer.cancel()
+        return await call
+    except asyncio.CancelledError:
+        if found and task.uncancel() == 0:
+            raise AttemptCutShort(
+                f"no answer from {target} for {SILENCE_S} s, and {found[0]} leads the tablet "
+                "now: cut short",
+                found[0],
+            ) from None
         raise
     finally:
-        watch.cancel()
-    if answer.done():
-        return answer.result()
-    answer.cancel()
-    leader = watch.result()
-    raise AttemptCutShort(
-        f"no answer from {target} for {SILENCE_S} s, and {leader} leads the tablet now: cut short",
-        leader,
-    )
+        timer.cancel()
+        if watch is not None and not watch.done():
+            watch.cancel()
 
 
 async def call_tablet_async(
