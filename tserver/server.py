@@ -1148,7 +1148,11 @@ class TabletServer:
             await self._health.enter_graceful_shutdown()
         # While peers still hear from us: the tablets led here elect no leader for an
         # election timeout otherwise (tserver.leader_handover).
-        await hand_over_leaderships([r.consensus for r in list(self.replicas.values())])
+        if self.settings.leader_handover_wait_s > 0:
+            await hand_over_leaderships(
+                [r.consensus for r in list(self.replicas.values())],
+                self.settings.leader_handover_wait_s,
+            )
         for task in (self._sharing, self._watching, self._deciding):
             if task is not None:
                 task.cancel()

@@ -134,6 +134,7 @@ class ServerSettings:
     tablet_copy_session_timeout_s: float = 60.0
     tablet_copy_repair_interval_s: float = 10.0
     empty_dir_wait_s: float = 30.0
+    leader_handover_wait_s: float = 3.0
     lock_contention_trace_threshold_ms: float = 100.0
     max_message_bytes: int = 16 * MiB
     max_batch_rows: int = 10_000
@@ -512,6 +513,15 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"start ('raftlet cluster up' passes 0 when it makes a new cluster: it takes the "
         f"server for new at once).",
         convert=float_value, check=at_least(0, 3600),
+    ),
+    FlagSpec(
+        "leader_handover_wait_s", _CLUSTER, "S",
+        f"On SIGTERM, how long a server waits for the tablets it leads to be taken over by "
+        f"followers it asked (TIMEOUT_NOW to the most caught-up voter that answered the last "
+        f"heartbeats) before it stops anyway (default {_D('leader_handover_wait_s'):g}; 0 to "
+        f"60; 0: no hand-over, and the tablets elect a leader after an election timeout, as "
+        f"after a crash).",
+        convert=float_value, check=at_least(0, 60),
     ),
     FlagSpec(
         "rpc_addr", _CLUSTER, "HOST:PORT",

@@ -201,7 +201,8 @@ def test_whole_cluster_sigkill_and_restart_recovers_acknowledged_writes(tmp_path
 
 
 def test_sigterm_exits_zero_restart_recovers_and_status_endpoints(tmp_path: Path) -> None:
-    with running_cluster(tmp_path, partitions=2) as cluster:
+    handover = ["--leader_handover_wait_s=3"]  # the harness turns it off
+    with running_cluster(tmp_path, partitions=2, flags=handover) as cluster:
         leaders = cluster.wait_leaders()
         tid = "kv-p0"
         leader = cluster.servers[leaders[tid]]

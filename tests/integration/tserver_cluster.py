@@ -139,8 +139,12 @@ class Server:
         assert self.proc is None or self.proc.poll() is not None
         # The servers of a new cluster start one by one here: the first would wait out
         # --empty_dir_wait_s for peers not yet started. A test that wants the wait says so.
+        # And no hand-over on SIGTERM: the last server a test stops waited out the transfer
+        # to a peer that had just stopped (0.5-1 s a cluster); the tests of the hand-over
+        # turn it on.
         flags = [
             "--empty_dir_wait_s=0",
+            "--leader_handover_wait_s=0",
             *self.cluster.flags,
             *self.cluster.server_flags.get(self.id, ()),
             *extra_flags,
