@@ -644,15 +644,7 @@ class RaftConsensus:
                 target = max(voters, key=lambda v: status.progress[v][0])  # never a learner
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")
-            logger.info(
-                "%s: %s hands leadership of term %d to %s (asked to step down)",
-                self.group_id,
-                self.node_id,
-                status.soft_state.term,
-                target,
-            )
-            self._node.transfer_leadership(target)
-            self._process_ready_unlocked()
+            self._transfer_unlocked(target, "asked to step down")
         return target
 
     def hand_over(self) -> str:
@@ -666,16 +658,20 @@ class RaftConsensus:
             target = self._node.answering_successor(2 * self.options.heartbeat_ticks + 1)
             if not target:
                 return NO_NODE
-            logger.info(
-                "%s: %s hands leadership of term %d to %s (stopping)",
-                self.group_id,
-                self.node_id,
-                self._snapshot.term,
-                target,
-            )
-            self._node.transfer_leadership(target)
-            self._process_ready_unlocked()
+            self._transfer_unlocked(target, "stopping")
         return target
+
+    def _transfer_unlocked(self, target: str, why: str) -> None:
+        logger.info(
+            "%s: %s hands leadership of term %d to %s (%s)",
+            self.group_id,
+            self.node_id,
+            self._node.soft_state().term,
+            target,
+            why,
+        )
+        self._node.transfer_leadership(target)
+        self._process_ready_unlocked()
 
     # --- peers ---------------------------------------------------------------------------
 

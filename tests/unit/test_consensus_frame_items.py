@@ -22,6 +22,7 @@ from raftlet.proto import common_pb2
 from raftlet.proto import consensus_pb2 as pb
 from raftlet.tserver.consensus_tcp_server import consensus_links
 from raftlet.tserver.security import Authenticator
+from tests.integration.raw_frames import read_frame
 from tests.waiting import wait_for
 
 LIMIT = 1 << 20
@@ -122,9 +123,7 @@ def test_a_forged_sender_is_answered_permission_denied_and_counted() -> None:
         forged = pb.UpdateConsensusRequest(caller_uuid="ts1", dest_uuid="ts2", caller_term=9)
         frame = pb.ConsensusFramePB(items=[pb.ConsensusItemPB(seq=7, update=forged)])
         client.sendall(_frame(frame.SerializeToString()))
-        header = _recv_exactly(client, 4)
-        body = _recv_exactly(client, struct.unpack(">I", header)[0])
-        (answer,) = pb.ConsensusFramePB.FromString(body).items
+        (answer,) = pb.ConsensusFramePB.FromString(read_frame(client)).items
         assert answer.seq == 7
         assert answer.WhichOneof("kind") == "failed"
         assert answer.failed.code == common_pb2.ServerErrorPB.PERMISSION_DENIED
@@ -137,12 +136,3 @@ def test_a_forged_sender_is_answered_permission_denied_and_counted() -> None:
         client.close()
         link.close()
         link.join(5.0)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        assert chunk, "the server closed the connection"
-        buf += chunk
-    return buf
