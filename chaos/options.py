@@ -30,9 +30,15 @@ BACKENDS = ("auto", "netns", "proxy")
 # How the servers' leaders serve linearizable reads (the tserver's --leader_read_mode).
 LEADER_READ_MODES = ("read_index", "lease")
 # Negative controls: server flags that break a guarantee, so a run can show it is caught.
-UNSAFE_SWITCHES = {
-    "stale-reads": "--unsafe_leader_reads_without_quorum=true",
-    "early-ack": "--unsafe_ack_before_commit=true",
+# Stale reads: a leader reads from its own state, and one cut off keeps believing it leads
+# (no check-quorum), so its stale window is the whole cut less the others' election, not
+# the few hundred ms between their first write and its own step-down.
+UNSAFE_SWITCHES: dict[str, tuple[str, ...]] = {
+    "stale-reads": (
+        "--unsafe_leader_reads_without_quorum=true",
+        "--unsafe_leader_keeps_lost_quorum=true",
+    ),
+    "early-ack": ("--unsafe_ack_before_commit=true",),
 }
 # A majority must survive any one fault. The tablets have 3 replicas whatever the count, so
 # more servers only add idle processes, and the proxy backend holds n * (n - 1) link proxies
@@ -113,6 +119,11 @@ class ChaosOptions:
         unknown = sorted(set(self.unsafe) - set(UNSAFE_SWITCHES))
         if unknown:
             raise ValueError(f"unknown unsafe switches {unknown}; have {sorted(UNSAFE_SWITCHES)}")
+        if "stale-reads" in self.unsafe and self.leader_read_mode == "lease":
+            raise ValueError(
+                "the stale-reads control turns check-quorum off, and a leader lease needs it: "
+                "run it with leader_read_mode read_index"
+            )
         if self.servers < MIN_SERVERS:
             raise ValueError(
                 f"a chaos run needs at least {MIN_SERVERS} servers (a majority to survive "

@@ -193,7 +193,7 @@ def open_cluster(options: ChaosOptions, root: Path) -> ChaosCluster:
         backend = "netns" if netns_available()[0] else "proxy"
     tables = chaos_tables(replication=3)
     flags = [f"--leader_read_mode={options.leader_read_mode}"]
-    flags += [UNSAFE_SWITCHES[name] for name in options.unsafe]
+    flags += [flag for name in options.unsafe for flag in UNSAFE_SWITCHES[name]]
     flags += list(options.tserver_flags)
     cluster: ChaosCluster
     if backend == "netns":

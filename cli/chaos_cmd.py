@@ -201,7 +201,11 @@ def run(args: argparse.Namespace) -> int:
     # Set by options of chaos's own, which its report and history name: given again as a
     # server flag it won (it comes last), and a run in lease mode was reported as ReadIndex.
     own = {"--leader_read_mode": "--leader-read-mode"}
-    own |= {flag.split("=", 1)[0]: f"--unsafe {name}" for name, flag in UNSAFE_SWITCHES.items()}
+    own |= {
+        flag.split("=", 1)[0]: f"--unsafe {name}"
+        for name, flags in UNSAFE_SWITCHES.items()
+        for flag in flags
+    }
     for flag in args.tserver_flag:
         name = flag.split("=", 1)[0]
         if name in own:

@@ -381,7 +381,12 @@ class TabletServer:
             unsafe_leader_reads_without_quorum=s.unsafe_leader_reads_without_quorum,
             unsafe_ack_before_commit=s.unsafe_ack_before_commit,
         )
-        for name in ("unsafe_leader_reads_without_quorum", "unsafe_ack_before_commit"):
+        unsafe = (
+            "unsafe_leader_reads_without_quorum",
+            "unsafe_leader_keeps_lost_quorum",
+            "unsafe_ack_before_commit",
+        )
+        for name in unsafe:
             if getattr(s, name):
                 logger.warning("--%s is set: this server breaks a guarantee on purpose", name)
         # Every heartbeat's worth of ticks at once: see consensus.ticker.

@@ -149,6 +149,7 @@ class ServerSettings:
     rpc_handoff_yield: bool = True
     peer_addresses: Mapping[str, str] = field(default_factory=dict)
     unsafe_leader_reads_without_quorum: bool = False
+    unsafe_leader_keeps_lost_quorum: bool = False
     unsafe_ack_before_commit: bool = False
     # Transport security (tserver.security): "" = not given.
     tls_cert: str = ""
@@ -178,6 +179,11 @@ class ServerSettings:
                     spec.check(value)
                 except ValueError as e:
                     raise FlagError(f"--{spec.name}: {e}") from None
+        if self.unsafe_leader_keeps_lost_quorum and self.leader_read_mode is LeaderReadMode.LEASE:
+            raise FlagError(
+                "--unsafe_leader_keeps_lost_quorum: not with --leader_read_mode=lease (a "
+                "lease holds only while a leader steps down when it loses its quorum)"
+            )
         try:
             self.consensus_options().validate()
         except ValueError as e:
@@ -323,6 +329,7 @@ class ServerSettings:
             leader_read_mode=self.leader_read_mode,
             lease_clock_drift=self.lease_clock_drift,
             log_stall_s=self.log_stall_timeout_ms / 1000.0,
+            check_quorum=not self.unsafe_leader_keeps_lost_quorum,
         )
 
     def stall_margin_s(self) -> float | None:
@@ -934,6 +941,15 @@ FLAGS: tuple[FlagSpec, ...] = (
         "true: a leader-latest read is served from the leader's own state without asking a "
         "quorum (no ReadIndex round), so a deposed leader that has not noticed yet serves "
         "stale rows (default false).",
+        convert=bool_value, check=is_bool,
+    ),
+    FlagSpec(
+        "unsafe_leader_keeps_lost_quorum", _UNSAFE, "BOOL",
+        "true: a leader that has heard from no majority for an election timeout keeps "
+        "leading (no check-quorum) until a message of a later term reaches it, so a leader "
+        "cut off from its peers believes it leads for as long as the cut lasts; with "
+        "--unsafe_leader_reads_without_quorum it serves stale rows all that time (default "
+        "false; not with --leader_read_mode=lease).",
         convert=bool_value, check=is_bool,
     ),
     FlagSpec(

@@ -96,6 +96,10 @@ def test_the_report_shows_the_shortest_counter_example() -> None:
         ({"servers": 10}, "at most 9 servers"),
         ({"duration_s": 0}, "duration must be positive"),
         ({"leader_read_mode": "gossip"}, "leader_read_mode must be one of"),
+        (
+            {"unsafe": ("stale-reads",), "leader_read_mode": "lease"},
+            "a leader lease needs it",
+        ),
     ],
 )
 def test_bad_options_are_refused_with_the_reason(kwargs: dict[str, object], message: str) -> None:
@@ -126,6 +130,8 @@ def test_bad_workloads_are_refused_with_the_reason(kwargs: dict[str, object], me
     [
         (["--faults", "kill,flood"], "unknown fault kinds ['flood']"),
         (["--unsafe", "no-fsync"], "unknown unsafe switches"),
+        (["--unsafe", "stale-reads", "--leader-read-mode", "lease"], "a leader lease needs it"),
+        (["--tserver-flag=--unsafe_leader_keeps_lost_quorum=true"], "set it with --unsafe"),
         (["--keys", "0"], "keys must be at least 1"),
     ],
 )

@@ -193,3 +193,16 @@ def test_a_lease_the_raft_timings_leave_no_room_for_is_refused(
         parse(config_path, "--leader_read_mode", "sometimes")
     with pytest.raises(SystemExit):
         parse(config_path, "--lease_clock_drift", "0.7")
+
+
+def test_the_lost_quorum_switch_turns_check_quorum_off_and_is_refused_with_a_lease(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert parse(config_path).consensus_options().check_quorum is True
+    unsafe = parse(config_path, "--unsafe_leader_keeps_lost_quorum=true")
+    assert unsafe.consensus_options().check_quorum is False
+    with pytest.raises(SystemExit):
+        parse(config_path, "--unsafe_leader_keeps_lost_quorum=true", "--leader_read_mode", "lease")
+    assert "--unsafe_leader_keeps_lost_quorum: not with --leader_read_mode=lease" in (
+        capsys.readouterr().err
+    )
