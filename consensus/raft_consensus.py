@@ -241,6 +241,11 @@ class ConsensusOptions:
     # A log write not durable after this long (a hung or failing disk) makes the replica
     # give up leadership and stop campaigning until its log writes again; 0: never.
     log_stall_s: float = 5.0
+    # A replica that starts counts all but one tick of an election timeout as passed (as
+    # etcd's initial election tick advance): it knows no leader yet, and a new or restarted
+    # cluster otherwise sat out a whole timeout before its first vote.  A leader's message
+    # still resets the count, and pre-vote keeps an early campaign from disrupting one.
+    boot_tick_advance: bool = True
 
     def lease_duration_s(self) -> float:
         """How long after the send time of a heartbeat round a majority acknowledged this
@@ -432,6 +437,12 @@ class RaftConsensus:
         """Start ticking.  Committed entries above the applied index are handed to the
         applier as soon as they are known (the first Ready may already hold some)."""
         self._started = True
+        if self.options.boot_tick_advance:
+            with self._tick_lock:
+                # Short of the shortest randomized timeout: the next ticks decide.
+                advance = self.options.election_ticks - 1
+                self._pending_ticks += advance
+                self._quiet_ticks += advance
         self._unregister_tick = self._ticker.register(self._on_tick, self._on_stall)
         if self._own_ticker:
             self._ticker.start()

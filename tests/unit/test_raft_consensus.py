@@ -3,6 +3,7 @@ check (KUDU-2727) against the locked one, leadership transfer, failover and rest
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -11,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from raftlet.consensus.core import Message, NotLeaderError, ProposalDropped, Role, TermMismatch
-from raftlet.consensus.raft_consensus import LeaderNotReady, TermCheckMode
+from raftlet.consensus.log import LogOptions, LogStorage, PersistentState
+from raftlet.consensus.raft_consensus import LeaderNotReady, RaftConsensus, TermCheckMode
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport, ResponseCallback
-from tests.unit.consensus_cluster import Cluster
+from tests.unit.consensus_cluster import FAST, Cluster
 from tests.waiting import WAIT_S, wait_for
 
 
@@ -502,3 +504,43 @@ def test_a_saved_commit_index_never_runs_ahead_of_the_durable_log(
     for release in held:
         release()  # type: ignore[operator]
     cluster.wait_for(lambda: follower.data() == leader.data(), what="the follower catches up")
+
+
+@pytest.mark.parametrize("advance", [True, False])
+def test_a_replica_that_starts_asks_for_votes_within_one_election_timeout(
+    tmp_path: Path, advance: bool
+) -> None:
+    """A replica that starts knows no leader: it counts all but one tick of an election
+    timeout as passed (``boot_tick_advance``), so the first vote of a new or restarted
+    cluster no longer waits one to two timeouts.  A lone voter of three: one timeout's
+    worth of ticks, and it has asked both others -- or, without the advance, not yet (its
+    randomized timeout, seeded, is longer than one)."""
+    storage = LogStorage.open(tmp_path / "a", LogOptions(segment_size_bytes=1 << 20))
+    storage.save_metadata(PersistentState(voters=("a", "b", "c")))
+    options = dataclasses.replace(FAST, seed=1, boot_tick_advance=advance)
+    ticker = ManualTicker(ticks_per_call=options.election_ticks)
+    asked: list[str] = []
+    transport = InMemoryTransport()
+    consensus = RaftConsensus(
+        group_id="t1",
+        node_id="a",
+        storage=storage,
+        transport=transport,
+        apply_committed=lambda entries: None,
+        options=options,
+        ticker=ticker,
+        on_peer_asked=asked.append,
+    )
+    transport.register("a", consensus.handle_request)
+    consensus.start()
+    try:
+        ticker.tick()
+        if advance:
+            wait_for(lambda: sorted(set(asked)) == ["b", "c"], what="vote requests to b and c")
+        else:
+            # The driver's count of the ticks it stepped into the core: no public figure.
+            wait_for(lambda: consensus._ticks == options.election_ticks, what="ticks stepped")
+            assert asked == []
+    finally:
+        consensus.stop()
+        storage.close()
