@@ -388,11 +388,13 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
 
 # The rpcs_failed `error` labels of the answers that are part of leadership moving, which a
 # client retries elsewhere or a moment later: NOT_LEADER (FAILED_PRECONDITION, as a stale
-# retry is, so the gRPC code alone cannot tell them apart), and LEADER_NOT_READY (a leader
-# not ready yet or handing leadership over, and a write it dropped meanwhile: UNAVAILABLE,
-# as a failed tablet is). TABLET_NOT_FOUND is not one: a client's stale location after a
-# replica moved gets it, but so does a tablet id that is wrong, and the server cannot tell.
-LEADER_MOVED_ERRORS = frozenset({"NOT_LEADER", "LEADER_NOT_READY"})
+# retry is, so the gRPC code alone cannot tell them apart), LEADER_NOT_READY (a leader not
+# ready yet or handing leadership over, and a write it dropped meanwhile: UNAVAILABLE, as a
+# failed tablet is), and LEADERSHIP_LOST (a write in flight when its leader stepped down,
+# retried with its request id: UNAVAILABLE, as a server shutting down is). TABLET_NOT_FOUND
+# is not one: a client's stale location after a replica moved gets it, but so does a
+# tablet id that is wrong, and the server cannot tell.
+LEADER_MOVED_ERRORS = frozenset({"NOT_LEADER", "LEADER_NOT_READY", "LEADERSHIP_LOST"})
 
 
 def _failed_calls(doc: list[Entity]) -> tuple[float, float | None]:

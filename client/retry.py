@@ -21,6 +21,8 @@ MESSAGE_TOO_LARGE      RESOURCE_EXHAUSTED "… message     FAIL at once (Message
                        gRPC, either side, either way     is no overload to wait out
 LEADER_NOT_READY       leader elected, not yet ready     BACKOFF_SAME
 NOT_LEADER             not leader / term moved           FIND_LEADER: the hint, else refresh
+LEADERSHIP_LOST        UNAVAILABLE: the leader stepped   FIND_LEADER; its fate unknown (the
+                       down with the write in flight     next leader may commit it)
 UNAVAILABLE            connection failed, shutting down  NEXT_REPLICA (refused before any log
                                                          when gRPC could not connect at all)
 TABLET_NOT_RUNNING     replica failed or bootstrapping   NEXT_REPLICA
@@ -118,6 +120,7 @@ class Cause(enum.StrEnum):
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     LEADER_NOT_READY = "LEADER_NOT_READY"
     NOT_LEADER = "NOT_LEADER"
+    LEADERSHIP_LOST = "LEADERSHIP_LOST"
     UNAVAILABLE = "UNAVAILABLE"
     TABLET_NOT_RUNNING = "TABLET_NOT_RUNNING"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
@@ -165,6 +168,8 @@ _RETRIABLE: dict[Cause, Action] = {
     Cause.STREAM_REFUSED: Action.BACKOFF_SAME,
     Cause.LEADER_NOT_READY: Action.BACKOFF_SAME,
     Cause.NOT_LEADER: Action.FIND_LEADER,
+    # Not NEXT_REPLICA, as a plain UNAVAILABLE: that marked a healthy server down.
+    Cause.LEADERSHIP_LOST: Action.FIND_LEADER,
     Cause.UNAVAILABLE: Action.NEXT_REPLICA,
     Cause.TABLET_NOT_RUNNING: Action.NEXT_REPLICA,
     Cause.DEADLINE_EXCEEDED: Action.NEXT_REPLICA,
@@ -219,6 +224,8 @@ def classify_status(
     elif code == S.UNAVAILABLE:
         if ecode == E.LEADER_NOT_READY:
             cause = Cause.LEADER_NOT_READY
+        elif ecode == E.LEADERSHIP_LOST:
+            cause = Cause.LEADERSHIP_LOST
         elif ecode == E.TABLET_NOT_RUNNING:
             cause = Cause.TABLET_NOT_RUNNING
         elif error is None and _REFUSED_STREAM.search(details):
@@ -340,6 +347,7 @@ _STATUS_OF_ERROR = {
     ServerErrorPB.TERM_MOVED: grpc.StatusCode.FAILED_PRECONDITION,
     ServerErrorPB.STALE_REQUEST: grpc.StatusCode.FAILED_PRECONDITION,
     ServerErrorPB.LEADER_NOT_READY: grpc.StatusCode.UNAVAILABLE,
+    ServerErrorPB.LEADERSHIP_LOST: grpc.StatusCode.UNAVAILABLE,
     ServerErrorPB.TABLET_NOT_RUNNING: grpc.StatusCode.UNAVAILABLE,
     ServerErrorPB.TABLET_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ServerErrorPB.SERVICE_QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -448,6 +456,7 @@ DEFAULT_POLICIES: Mapping[Cause, wait_base] = {
     Cause.LEADER_NOT_READY: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.01),
     # An election takes one election timeout or two; poll for its result politely.
     Cause.NOT_LEADER: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.02),
+    Cause.LEADERSHIP_LOST: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.02),
     Cause.UNAVAILABLE: tenacity.wait_exponential_jitter(multiplier=0.02, max=1.0, jitter=0.02),
     Cause.TABLET_NOT_RUNNING: tenacity.wait_exponential_jitter(
         multiplier=0.02, max=1.0, jitter=0.02

@@ -43,6 +43,7 @@ class ServerErrorPB(_message.Message):
         MEMORY_LIMIT: _ClassVar[ServerErrorPB.Code]
         SCHEMA_MISMATCH: _ClassVar[ServerErrorPB.Code]
         PERMISSION_DENIED: _ClassVar[ServerErrorPB.Code]
+        LEADERSHIP_LOST: _ClassVar[ServerErrorPB.Code]
     UNKNOWN: ServerErrorPB.Code
     NOT_LEADER: ServerErrorPB.Code
     LEADER_NOT_READY: ServerErrorPB.Code
@@ -56,6 +57,7 @@ class ServerErrorPB(_message.Message):
     MEMORY_LIMIT: ServerErrorPB.Code
     SCHEMA_MISMATCH: ServerErrorPB.Code
     PERMISSION_DENIED: ServerErrorPB.Code
+    LEADERSHIP_LOST: ServerErrorPB.Code
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_UUID_FIELD_NUMBER: _ClassVar[int]

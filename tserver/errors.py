@@ -16,6 +16,7 @@ __all__ = [
     "DeadlineExceededInQueue",
     "FilesNotRemovable",
     "InvalidRequest",
+    "LeadershipLost",
     "ReplicaBusy",
     "SchemaMismatch",
     "ServiceUnavailable",
@@ -31,6 +32,19 @@ class ServiceUnavailable(Exception):
 
     Retriable: the client should try again later or elsewhere (UNAVAILABLE).
     """
+
+
+class LeadershipLost(ServiceUnavailable):
+    """The replica stopped leading while a write was in flight, before the write committed:
+    UNAVAILABLE with LEADERSHIP_LOST.  Its fate is unknown (the next leader may still commit
+    it); a retry with the same request id is applied at most once.  A code of its own, so
+    that ``raftlet metrics`` counts it with the leader changes, not as an error, and the
+    client looks for the new leader (``leader_id``, if this replica knows it) rather than
+    marking a healthy server down."""
+
+    def __init__(self, message: str, leader_id: str = "") -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
 
 
 class ReplicaBusy(Exception):

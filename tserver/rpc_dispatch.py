@@ -41,6 +41,7 @@ from raftlet.tserver.errors import (
     DeadlineExceededInQueue,
     FilesNotRemovable,
     InvalidRequest,
+    LeadershipLost,
     ReplicaBusy,
     SchemaMismatch,
     ServiceUnavailable,
@@ -179,6 +180,18 @@ def status_for(
         return S.RESOURCE_EXHAUSTED, msg, None
     if isinstance(exc, TabletFailed):
         return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)
+    if isinstance(exc, LeadershipLost):
+        leader = exc.leader_id
+        return (
+            S.UNAVAILABLE,
+            msg,
+            E(
+                code=E.LEADERSHIP_LOST,
+                message=msg,
+                leader_uuid=leader,
+                leader_addr=_leader_addr(leader, leader_addr_lookup),
+            ),
+        )
     if isinstance(exc, ServiceUnavailable):
         return S.UNAVAILABLE, msg, None
     if isinstance(exc, UnknownTablet):

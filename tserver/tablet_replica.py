@@ -102,6 +102,7 @@ from raftlet.tserver.disk_usage import files_bytes, store_bytes
 from raftlet.tserver.errors import (
     DeadlineExceeded,
     InvalidRequest,
+    LeadershipLost,
     ReplicaBusy,
     SchemaMismatch,
     ServiceUnavailable,
@@ -1165,10 +1166,11 @@ class TabletReplica:
                 top = max(undecided)
                 self._rounds = collections.deque(i for i in self._rounds if i > top)
         if keys:
-            error = ServiceUnavailable(
+            error = LeadershipLost(
                 f"tablet {self.tablet_id}: this replica stopped leading (term {snap.term}) "
                 "before the write was committed; the next leader may still commit it -- a "
-                "retry with the same request id is applied at most once"
+                "retry with the same request id is applied at most once",
+                leader_id=snap.leader_id,
             )
             for key in keys:
                 self.tracker.abort(key, error)

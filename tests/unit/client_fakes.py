@@ -71,6 +71,16 @@ def not_leader(hint: str = "") -> FakeRpcError:
     )
 
 
+def leadership_lost(hint: str = "") -> FakeRpcError:
+    """A write in flight when its leader stepped down: its fate unknown."""
+    msg = "this replica stopped leading before the write was committed"
+    return FakeRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        msg,
+        ServerErrorPB(code=ServerErrorPB.LEADERSHIP_LOST, message=msg, leader_uuid=hint),
+    )
+
+
 def queue_full() -> FakeRpcError:
     return FakeRpcError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -262,6 +272,7 @@ __all__ = [
     "FakeServer",
     "RequestTracker",
     "config_pb",
+    "leadership_lost",
     "make_rpc",
     "not_leader",
     "ok",

@@ -29,6 +29,7 @@ from tests.unit.client_fakes import (
     FakeClock,
     FakeCluster,
     FakeRpcError,
+    leadership_lost,
     make_rpc,
     not_leader,
     ok,
@@ -122,6 +123,27 @@ def test_a_retried_write_keeps_its_request_id_across_servers() -> None:
     last = cluster.servers["ts3"].requests["write"][-1]
     assert (last.request_id.seq_no, last.request_id.attempt_no) == (2, 0)
     assert last.request_id.first_incomplete_seq_no == 2
+    assert tracker.outstanding() == 0
+
+
+def test_a_write_whose_leader_stepped_down_goes_to_the_next_leader_with_its_request_id() -> None:
+    """ts1 stepped down with the write in flight (LEADERSHIP_LOST, naming ts2): the retry
+    goes to ts2 with the same request id, and ts1 is not marked down -- as a plain
+    UNAVAILABLE it was, and the client's next calls avoided a healthy server."""
+    cluster = FakeCluster()
+    cluster.servers["ts1"].script("write", leadership_lost("ts2"))
+    cluster.servers["ts2"].script("write", ok)
+    session, tracker, _ = _session(cluster)
+    session._rpc.meta.set_leader("kv-p0", "ts1")
+    session._rpc.meta.set_leader("kv-p1", "ts1")
+
+    session.insert("kv", {"key": 1, "value": "a"})
+
+    sent = cluster.writes()
+    assert [s for s, _ in sent] == ["ts1", "ts2"]
+    assert {(r.request_id.seq_no, r.request_id.attempt_no) for _, r in sent} == {(1, 0), (1, 1)}
+    assert session._rpc.stats.snapshot().retries_by_cause == {"LEADERSHIP_LOST": 1}
+    assert not session._rpc.meta.is_down("ts1")
     assert tracker.outstanding() == 0
 
 
@@ -263,6 +285,8 @@ def _timed_out() -> FakeRpcError:
         # last attempt was refused -- or failed for good.
         (_timed_out(), queue_full(), ServerTooBusy, True),
         (_connection_lost(), not_leader(), NotLeader, True),
+        # Its leader stepped down with it in flight: the next leader may commit it.
+        (leadership_lost(), not_leader(), NotLeader, True),
         # gRPC could not connect: the call never left the client.
         (unavailable(), unavailable(), Timeout, False),
         (unavailable(), _connection_lost(), Timeout, True),

@@ -73,6 +73,8 @@ E = ServerErrorPB
         (S.FAILED_PRECONDITION, E.NOT_LEADER, Cause.NOT_LEADER, Action.FIND_LEADER),
         (S.FAILED_PRECONDITION, E.TERM_MOVED, Cause.NOT_LEADER, Action.FIND_LEADER),
         (S.UNAVAILABLE, None, Cause.UNAVAILABLE, Action.NEXT_REPLICA),
+        # The leader stepped down with the write in flight: look for the next one.
+        (S.UNAVAILABLE, E.LEADERSHIP_LOST, Cause.LEADERSHIP_LOST, Action.FIND_LEADER),
         (S.UNAVAILABLE, E.TABLET_NOT_RUNNING, Cause.TABLET_NOT_RUNNING, Action.NEXT_REPLICA),
         (S.DEADLINE_EXCEEDED, None, Cause.DEADLINE_EXCEEDED, Action.NEXT_REPLICA),
         # A server shutting down cancels the calls it took in but had not started.

@@ -22,7 +22,13 @@ from raftlet.consensus.core import (
 from raftlet.consensus.raft_consensus import LeaderNotReady
 from raftlet.metrics.export_json import generate_json
 from raftlet.metrics.registry import MetricRegistry
-from raftlet.tserver.errors import InvalidRequest, StaleRequest, UnknownTablet
+from raftlet.tserver.errors import (
+    InvalidRequest,
+    LeadershipLost,
+    ServiceUnavailable,
+    StaleRequest,
+    UnknownTablet,
+)
 from raftlet.tserver.rpc_dispatch import dispatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool, ServicePoolMetrics
 
@@ -144,14 +150,18 @@ def test_answers_of_a_leader_change_are_not_errors() -> None:
             LeaderNotReady("leader of term 4 is handing leadership over"),
             ProposalDropped("leadership is being transferred to ts3"),
             NotLeaderError("ts3", 5),
+            # In flight when the leader stepped down: it was counted with "shutting down".
+            LeadershipLost("tablet kv-p0: this replica stopped leading (term 5)"),
             # A stale location and a wrong tablet id get the same answer: still an error.
             UnknownTablet("kv-p9"),
+            ServiceUnavailable("the tablet server is shutting down"),
         ],
     )
     assert metrics.failed_for("Write", "UNAVAILABLE", "LEADER_NOT_READY").value() == 2
-    assert metrics.failed_for("Write", "UNAVAILABLE", "").value() == 0
+    assert metrics.failed_for("Write", "UNAVAILABLE", "LEADERSHIP_LOST").value() == 1
+    assert metrics.failed_for("Write", "UNAVAILABLE", "").value() == 1
     shown = key_metrics(generate_json(registry))
-    assert (shown["failed_calls"], shown["redirects"]) == (1, 3)
+    assert (shown["failed_calls"], shown["redirects"]) == (2, 4)
 
 
 def test_the_rows_as_review_r26v_saw_them() -> None:

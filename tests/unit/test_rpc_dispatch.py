@@ -32,6 +32,7 @@ from raftlet.tserver.errors import (
     DeadlineExceeded,
     DeadlineExceededInQueue,
     InvalidRequest,
+    LeadershipLost,
     ReplicaBusy,
     ServiceUnavailable,
     StaleRequest,
@@ -71,6 +72,8 @@ def run_async(coro: Coroutine[Any, Any, None]) -> None:
         (DeadlineExceededInQueue("tablet", "Write", 0.5), S.DEADLINE_EXCEEDED, None),
         (DeadlineExceeded("tablet kv-p0: the scan page was not done"), S.DEADLINE_EXCEEDED, None),
         (ServiceUnavailable("server shutting down"), S.UNAVAILABLE, None),
+        # Its fate unknown, as a server shutting down leaves it, but a leader change.
+        (LeadershipLost("stopped leading before it committed"), S.UNAVAILABLE, E.LEADERSHIP_LOST),
         # Retried on the same replica after a backoff: not sent to a follower, nor marked down.
         (ReplicaBusy("tablet kv-p0: 32 scans of it are open"), S.RESOURCE_EXHAUSTED, None),
         (UnknownTablet("t-1"), S.NOT_FOUND, E.TABLET_NOT_FOUND),
