@@ -27,6 +27,7 @@ from raftlet.cli.common import (
 )
 from raftlet.cli.tserver_args import build_tserver_parser
 from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.metrics.human import human_bytes
 from raftlet.schema.types import DataType
 from raftlet.tserver.cpu_affinity import check_cpu_affinity
 
@@ -483,6 +484,7 @@ def _status(args: argparse.Namespace) -> int:
         max_lag=args.max_lag,
         credentials=target.creds.channel_credentials(),
         token_ports=uses_token_ports(target.creds.tls),
+        disk_usage=True,
     )
     pids: dict[str, int] = {}
     processes: dict[str, bool] | None = None
@@ -674,7 +676,7 @@ def _print_status(
 
     out.print(f"Cluster [bold]{health.name}[/] ({where})", highlight=False)
     servers = Table(title="Servers", title_justify="left", box=None, pad_edge=False)
-    for col in ("server", "state", "pid", "rpc address", "status page", "replicas", "note"):
+    for col in ("server", "state", "pid", "rpc address", "status page", "replicas", "disk", "note"):
         servers.add_column(col)
     for s in health.servers:
         note = s.error
@@ -694,6 +696,7 @@ def _print_status(
             s.rpc_addr,
             status_url(s.http_addr, "/"),
             str(s.tablets) if s.state == "UP" else "-",
+            "-" if s.disk_bytes is None else human_bytes(s.disk_bytes),
             note,
         )
     out.print(servers)

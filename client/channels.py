@@ -223,8 +223,9 @@ class ServerStub(Protocol):
 
     def scan(self, request: tablet_pb2.ScanRequest, timeout: float) -> tablet_pb2.ScanResponse: ...
 
-    def list_tablets_future(self, timeout: float) -> ResultFuture:
-        """Starts ListTablets; ``result()`` is a ``ListTabletsResponse`` or raises."""
+    def list_tablets_future(self, timeout: float, *, disk_usage: bool = False) -> ResultFuture:
+        """Starts ListTablets; ``result()`` is a ``ListTabletsResponse`` or raises.
+        ``disk_usage``: with each replica's ``disk_bytes``."""
         ...
 
     def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse: ...
@@ -333,8 +334,8 @@ class GrpcServerStub:
             self._in_slot(lambda left: _unary(method, request, left), timeout),
         )
 
-    def list_tablets_future(self, timeout: float) -> ResultFuture:
-        request = tablet_pb2.ListTabletsRequest()
+    def list_tablets_future(self, timeout: float, *, disk_usage: bool = False) -> ResultFuture:
+        request = tablet_pb2.ListTabletsRequest(with_disk_usage=disk_usage)
         future = _unless_closed(lambda: self._tablet.ListTablets.future(request, timeout=timeout))
         return cast(ResultFuture, future)
 

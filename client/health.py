@@ -135,6 +135,9 @@ class ProbeOptions:
     # Entries a replica may trail the leader's commit index by, not counting those on their
     # way into its store, before it is reported as lagging (see the module docstring).
     max_lag: int = 100
+    # Ask each server what its replicas' files take (a stat per file on the server): for
+    # `raftlet cluster status`, not for the polls of `cluster up`.
+    disk_usage: bool = False
 
 
 @dataclass(slots=True)
@@ -152,6 +155,9 @@ class ServerHealth:
     # Seconds until its TLS certificate or that certificate's CA expires (negative:
     # expired); None without TLS, or when it did not say.
     cert_expiry_s: float | None = None
+    # What its replicas' WAL and store files take (``ProbeOptions.disk_usage``); None when
+    # not asked, or from a server too old to say.
+    disk_bytes: int | None = None
 
     @property
     def severity(self) -> Severity:
@@ -205,6 +211,7 @@ class ReplicaHealth:
     commit_index: int = 0
     applying_index: int = 0  # entries up to here are on their way into its store
     lag: int | None = None
+    disk_bytes: int | None = None  # its WAL and store files, when asked and said
 
 
 @dataclass(slots=True)
@@ -265,6 +272,7 @@ class ClusterHealth:
                     "replicas": s.tablets,
                     "config_differs": list(s.config_differs),
                     "tls_cert_expiry_seconds": s.cert_expiry_s,
+                    "disk_bytes": s.disk_bytes,
                 }
                 for s in self.servers
             ],
@@ -287,6 +295,7 @@ class ClusterHealth:
                             "applied_index": r.applied_index,
                             "applying_index": r.applying_index,
                             "lag": r.lag,
+                            "disk_bytes": r.disk_bytes,
                         }
                         for r in t.replicas
                     ],
@@ -354,9 +363,11 @@ def probe_servers(
     *,
     token_ports: bool = False,
     only: Collection[str] | None = None,
+    disk_usage: bool = False,
 ) -> dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]]:
     """Server id -> (ListTablets answer or None, state, error), asked of all (or those in
-    ``only``) in parallel, at the addresses ``server_addresses`` gives."""
+    ``only``) in parallel, at the addresses ``server_addresses`` gives; ``disk_usage``: with
+    each replica's ``disk_bytes``."""
     addresses = server_addresses(config, token_ports)
     if only is not None:
         addresses = {sid: addr for sid, addr in addresses.items() if sid in only}
@@ -365,7 +376,11 @@ def probe_servers(
     channels = ChannelPool(_CHECK_CHANNEL_OPTIONS, credentials=credentials)
     try:
         calls = {
-            sid: channels.stub(addr).list_tablets_future(timeout_s)
+            sid: (
+                channels.stub(addr).list_tablets_future(timeout_s, disk_usage=True)
+                if disk_usage
+                else channels.stub(addr).list_tablets_future(timeout_s)
+            )
             for sid, addr in addresses.items()
         }
         out = {}
@@ -389,7 +404,13 @@ def check_cluster(
     """
     opts = options or ProbeOptions()
     addresses = server_addresses(config, opts.token_ports)
-    probes = probe_servers(config, opts.timeout_s, opts.credentials, token_ports=opts.token_ports)
+    probes = probe_servers(
+        config,
+        opts.timeout_s,
+        opts.credentials,
+        token_ports=opts.token_ports,
+        disk_usage=opts.disk_usage,
+    )
     issues: list[str] = []
     waiting = False  # a server that makes no replica until a peer answers it
     servers: list[ServerHealth] = []
@@ -402,6 +423,8 @@ def check_cluster(
         if resp is not None:
             statuses[s.id] = {t.tablet_id: t for t in resp.tablets}
             health.tablets = len(resp.tablets)
+            if opts.disk_usage and all(t.HasField("disk_bytes") for t in resp.tablets):
+                health.disk_bytes = sum(t.disk_bytes for t in resp.tablets)
             if resp.HasField("tls_cert_expiry_seconds"):
                 health.cert_expiry_s = resp.tls_cert_expiry_seconds
             if resp.waiting_for_peers:
@@ -697,6 +720,8 @@ def _check_tablet(
         r = ReplicaHealth(
             sid, "OK", role, st.term, st.applied_index, st.commit_index, st.applying_index
         )
+        if st.HasField("disk_bytes"):
+            r.disk_bytes = st.disk_bytes
         if not voter:
             # A replica being added (add-replica, move-replica) that was never promoted:
             # rerunning the command with --wait finishes it.

@@ -321,7 +321,7 @@ class TabletPB(_message.Message):
     def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., replica_uuids: _Optional[_Iterable[str]] = ..., voters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TabletStatusPB(_message.Message):
-    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason", "voters", "learners", "applying_index")
+    __slots__ = ("tablet_id", "table_name", "partition", "role", "term", "leader_uuid", "leader_ready", "commit_index", "applied_index", "state", "failure_reason", "voters", "learners", "applying_index", "disk_bytes")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +336,7 @@ class TabletStatusPB(_message.Message):
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
     APPLYING_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     table_name: str
     partition: int
@@ -350,11 +351,14 @@ class TabletStatusPB(_message.Message):
     voters: _containers.RepeatedScalarFieldContainer[str]
     learners: _containers.RepeatedScalarFieldContainer[str]
     applying_index: int
-    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state: _Optional[_Union[TabletState, str]] = ..., failure_reason: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., applying_index: _Optional[int] = ...) -> None: ...
+    disk_bytes: int
+    def __init__(self, tablet_id: _Optional[str] = ..., table_name: _Optional[str] = ..., partition: _Optional[int] = ..., role: _Optional[_Union[_consensus_pb2.RaftRole, str]] = ..., term: _Optional[int] = ..., leader_uuid: _Optional[str] = ..., leader_ready: _Optional[bool] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state: _Optional[_Union[TabletState, str]] = ..., failure_reason: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., applying_index: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class ListTabletsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("with_disk_usage",)
+    WITH_DISK_USAGE_FIELD_NUMBER: _ClassVar[int]
+    with_disk_usage: bool
+    def __init__(self, with_disk_usage: _Optional[bool] = ...) -> None: ...
 
 class ListTabletsResponse(_message.Message):
     __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds", "servers_heard_from", "waiting_for_peers", "wiped_at_start")

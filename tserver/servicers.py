@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ from raftlet.tserver.security import (
     sender_check,
 )
 from raftlet.tserver.service_pool import InboundCall, ServicePool
+from raftlet.tserver.status_pages import replica_disk_usage
 from raftlet.tserver.tablet_replica import TabletReplica, WriteCallbacks
 from raftlet.tserver.write_stream import StreamWindows, WriteStreamSession
 
@@ -178,9 +180,13 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             replica.release_scan(response.scanner_id)
 
     async def ListTablets(self, request: tablet_pb2.ListTabletsRequest, context: Any) -> Any:
-        return await self._dispatch("ListTablets", context, _run_sync(self._list_tablets))
+        return await self._dispatch(
+            "ListTablets",
+            context,
+            _run_sync(functools.partial(self._list_tablets, request.with_disk_usage)),
+        )
 
-    def _list_tablets(self) -> tablet_pb2.ListTabletsResponse:
+    def _list_tablets(self, with_disk_usage: bool) -> tablet_pb2.ListTabletsResponse:
         response = tablet_pb2.ListTabletsResponse(
             server_uuid=self._s.server_id,
             config_digests=self._s.config_digests,
@@ -194,7 +200,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             why = replica.failure_reason()
             if why is not None:
                 why = self._s.copier.failure_note(replica.tablet_id, why)
-            response.tablets.add(
+            status = response.tablets.add(
                 tablet_id=replica.tablet_id,
                 table_name=replica.table,
                 partition=replica.partition,
@@ -212,8 +218,10 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
                 voters=replica.consensus.membership.voters,
                 learners=replica.consensus.membership.learners,
             )
+            if with_disk_usage:
+                status.disk_bytes = replica_disk_usage(replica).total_bytes
         for failed in self._s.failed_tablets.values():
-            response.tablets.add(
+            status = response.tablets.add(
                 tablet_id=failed.tablet_id,
                 table_name=failed.table,
                 partition=failed.partition,
@@ -221,6 +229,8 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
                 state=tablet_pb2.TABLET_STATE_FAILED,
                 failure_reason=self._s.copier.failure_note(failed.tablet_id, failed.reason),
             )
+            if with_disk_usage:
+                status.disk_bytes = replica_disk_usage(failed).total_bytes
         return response
 
     async def GetClusterConfig(

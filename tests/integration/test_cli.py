@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -105,11 +106,23 @@ def test_the_write_pipeline_runs_ten_nice_levels_below_the_rest(data_dir: Path) 
 def test_status_is_ok_on_a_healthy_cluster(data_dir: Path) -> None:
     out = ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
     assert "OK: 3/3 servers up, 2/2 tablets with a ready leader" in out
+    assert re.search(r"^server +state .* replicas +disk +note", out, re.M), out
     doc = json.loads(
         ok(raftlet("cluster", "status", "--data-dir", str(data_dir), "--format", "json"))
     )
     assert doc["status"] == "OK"
     assert all(t["leader"] for t in doc["tablets"])
+    # What each server's replicas' WAL segments and store files take (an idle cluster: the
+    # files stay as they are between the answer and this count).
+    for server in doc["servers"]:
+        files = [
+            p
+            for pattern in ("*/wal/wal-*.seg", "*/store.sqlite", "*/store.sqlite-*")
+            for p in (data_dir / server["id"]).glob(pattern)
+        ]
+        assert server["disk_bytes"] == sum(p.stat().st_size for p in files) > 0, server
+        mine = [r for t in doc["tablets"] for r in t["replicas"] if r["server"] == server["id"]]
+        assert sum(r["disk_bytes"] for r in mine) == server["disk_bytes"]
 
 
 def scan_json(data_dir: Path, *args: str) -> list[dict[str, Any]]:

@@ -752,3 +752,33 @@ def test_cluster_up_names_each_failed_replica_with_its_reason(
     ]
     listed["b"] = _listed("b", commit_index=150, applied_index=150)
     assert failed_replica_lines(checked(listed, 100, monkeypatch)) == []
+
+
+def test_disk_usage_is_asked_for_only_when_wanted_and_summed_per_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cluster status` shows what each server's replicas take on disk; `cluster up`'s
+    polls do not ask (a stat per file on every server).  A server too old to say shows
+    none, rather than 0."""
+    listed = {
+        "a": _listed("a", leader=1, commit_index=5, applied_index=5, disk_bytes=1500),
+        "b": _listed("b", commit_index=5, applied_index=5, disk_bytes=700),
+        "c": _listed("c", commit_index=5, applied_index=5),  # older: no field
+    }
+    asked: list[bool] = []
+
+    def probe(*_a: object, disk_usage: bool = False, **_k: object) -> dict[str, object]:
+        asked.append(disk_usage)
+        return {n: (r, "UP", "") for n, r in listed.items()}
+
+    monkeypatch.setattr(health, "probe_servers", probe)
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions(disk_usage=True))
+    assert asked == [True]
+    assert [s.disk_bytes for s in verdict.servers] == [1500, 700, None]
+    assert [r.disk_bytes for r in verdict.tablets[0].replicas] == [1500, 700, None]
+    doc = verdict.to_json()
+    assert [s["disk_bytes"] for s in doc["servers"]] == [1500, 700, None]
+    assert doc["tablets"][0]["replicas"][0]["disk_bytes"] == 1500
+    plain = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert asked == [True, False]
+    assert [s.disk_bytes for s in plain.servers] == [None, None, None]
