@@ -243,6 +243,13 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
         _sum("tablet_store_bytes", "tablet"),
     ),
     KeyMetric(
+        "copy_bytes",
+        "disk: tablet copies in progress",
+        "tablet_copy_disk_bytes",
+        "bytes",
+        _sum("tablet_copy_disk_bytes", "server"),
+    ),
+    KeyMetric(
         "tablet_queue_overflows",
         "tablet service queue overflows",
         "rpcs_queue_overflow",

@@ -54,6 +54,7 @@ __all__ = [
     "SCANS_REFUSED_TOTAL",
     "TABLETS_DISK_BYTES",
     "TABLET_COPIES_INSTALLED_TOTAL",
+    "TABLET_COPY_DISK_BYTES",
     "TABLET_COPY_SESSIONS_TOTAL",
     "TABLET_FAILED",
     "TABLET_LOG_BYTES",
@@ -438,13 +439,23 @@ TABLET_STORE_BYTES = MetricPrototype(
     "(/tablets store_bytes)",
     entity_type="tablet",
 )
+TABLET_COPY_DISK_BYTES = MetricPrototype(
+    "tablet_copy_disk_bytes",
+    GAUGE,
+    "bytes",
+    "Bytes in the server's tablet-copy area (<data_dir>/.tablet-copy): copies being received, "
+    "store snapshots being sent to other servers, and a replaced replica kept until its copy "
+    "is in -- none of them in tablets_disk_bytes; 0 when no copy runs",
+    entity_type="server",
+)
 TABLETS_DISK_BYTES = MetricPrototype(
     "tablets_disk_bytes",
     GAUGE,
     "bytes",
     "Bytes of the WAL segments and row stores of every replica this server hosts, running or "
     "FAILED: the sum of tablet_log_bytes and tablet_store_bytes over its tablets (the data "
-    "directory's small metadata files and tablet copies being received are not counted)",
+    "directory's small metadata files are not counted, nor copies in progress: "
+    "tablet_copy_disk_bytes)",
     entity_type="server",
 )
 
@@ -518,6 +529,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     TABLET_LOG_SEGMENTS,
     TABLET_STORE_BYTES,
     TABLETS_DISK_BYTES,
+    TABLET_COPY_DISK_BYTES,
 )
 
 _BY_NAME: Mapping[str, MetricPrototype] = MappingProxyType({p.name: p for p in ALL_PROTOTYPES})

@@ -29,6 +29,7 @@ __all__ = [
     "files_bytes",
     "store_bytes",
     "store_files",
+    "tree_bytes",
 ]
 
 # SQLite in WAL mode keeps the store in three files; its own -wal grows between checkpoints
@@ -82,3 +83,23 @@ def directory_usage(directory: Path) -> DiskUsage:
         log_segments=len(names),
         store_bytes=store_bytes(directory / STORE_FILE),
     )
+
+
+def tree_bytes(root: Path) -> int:
+    """What the files under ``root`` take (0 if it does not exist): for the tablet-copy
+    area, a handful of directories while copies run, empty otherwise.  A file or directory
+    removed during the walk (a copy ending) counts 0."""
+    total = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                total += tree_bytes(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total

@@ -151,7 +151,7 @@ from raftlet.tserver.table_layout import (
     record_table_layout,
 )
 from raftlet.tserver.tablet_copier import TabletCopier
-from raftlet.tserver.tablet_copy_install import recover_interrupted_copies
+from raftlet.tserver.tablet_copy_install import COPY_DIR, recover_interrupted_copies
 from raftlet.tserver.tablet_copy_source import CopySessions
 from raftlet.tserver.tablet_replica import ReplicaOptions, TabletReplica
 from raftlet.tserver.tcp_admission import TcpAdmission, tcp_server_ssl_context
@@ -556,7 +556,9 @@ class TabletServer:
             )
             self._verifier.start()
         register_tablet_pages(self.status, self.server_id, self.replicas, self.failed_tablets)
-        register_disk_total_gauge(self.entity, self.replicas, self.failed_tablets)
+        register_disk_total_gauge(
+            self.entity, self.replicas, self.failed_tablets, s.data_dir / COPY_DIR
+        )
         try:
             self.status.start()
         except OSError as e:

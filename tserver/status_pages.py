@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from raftlet.consensus.core.types import Role
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics.human import human_bytes
 from raftlet.metrics.registry import MetricEntity
 from raftlet.metrics.status_server import PageRequest, PageResponse, StatusServer
-from raftlet.tserver.disk_usage import DiskUsage, directory_usage, files_bytes, store_bytes
+from raftlet.tserver.disk_usage import (
+    DiskUsage,
+    directory_usage,
+    files_bytes,
+    store_bytes,
+    tree_bytes,
+)
 from raftlet.tserver.failed_tablet import FailedTablet
 from raftlet.tserver.tablet_replica import TabletReplica
 
@@ -133,15 +140,18 @@ def register_disk_total_gauge(
     entity: MetricEntity,
     replicas: Mapping[str, TabletReplica],
     failed: Mapping[str, FailedTablet],
+    copy_area: Path,
 ) -> None:
     """Export ``tablets_disk_bytes`` on the server's ``entity``: the WAL and store bytes of
-    every replica in ``replicas`` and ``failed`` at the time of each scrape."""
+    every replica in ``replicas`` and ``failed`` at the time of each scrape; and
+    ``tablet_copy_disk_bytes``, what ``copy_area`` holds (copies on their way in or out)."""
 
     def total() -> float:
         hosted: list[TabletReplica | FailedTablet] = [*replicas.values(), *failed.values()]
         return float(sum(replica_disk_usage(r).total_bytes for r in hosted))
 
     entity.function_gauge(cat.TABLETS_DISK_BYTES, total)
+    entity.function_gauge(cat.TABLET_COPY_DISK_BYTES, lambda: float(tree_bytes(copy_area)))
 
 
 def tablet_statuses(

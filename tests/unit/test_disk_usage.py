@@ -74,7 +74,7 @@ def test_tablet_disk_gauges_and_status_are_the_sizes_of_the_replicas_files(
     registry = MetricRegistry()
     register_tablet_gauges(registry.entity("tablet", "kv-p0", {}), lambda: leader)
     server = registry.entity("server", "ts1", {})
-    register_disk_total_gauge(server, {"kv-p0": leader}, {})
+    register_disk_total_gauge(server, {"kv-p0": leader}, {}, tablet.root / "no-copy-area")
 
     log_bytes, segments, store = _real(leader.directory)
     assert segments >= 3, "the writes rolled the WAL over"
@@ -104,7 +104,9 @@ def test_a_failed_replicas_files_are_read_from_its_directory(tablet: Tablet) -> 
     failed = FailedTablet("kv-p0", "kv", 0, ("a", "b", "c"), directory, "bad")
     registry = MetricRegistry()
     register_tablet_gauges(registry.entity("tablet", "kv-p0", {}), lambda: failed)
-    register_disk_total_gauge(registry.entity("server", "ts1", {}), {}, {"kv-p0": failed})
+    register_disk_total_gauge(
+        registry.entity("server", "ts1", {}), {}, {"kv-p0": failed}, directory / "none"
+    )
 
     log_bytes, segments, store = _real(directory)
     assert min(log_bytes, segments, store) > 0
@@ -130,6 +132,30 @@ def test_no_replica_and_no_directory_read_as_zero(tmp_path: Path) -> None:
         gauges = _gauges(registry, tid)
         assert gauges["tablet_log_bytes"] == gauges["tablet_store_bytes"] == 0
         assert gauges["tablet_log_segments"] == 0
+
+
+def test_the_copy_area_is_counted_apart_from_the_replicas(tmp_path: Path) -> None:
+    """A copy on its way in (a staging directory with the store's part and a WAL), a
+    snapshot on its way out: neither is a replica yet, and tablets_disk_bytes leaves them
+    out, so they have a gauge of their own -- 0 when no copy runs, or no area exists."""
+    area = tmp_path / ".tablet-copy"
+    registry = MetricRegistry()
+    register_disk_total_gauge(registry.entity("server", "ts1", {}), {}, {}, area)
+    assert _gauges(registry, "ts1")["tablet_copy_disk_bytes"] == 0
+    (area / "kv-p0.staging" / "wal").mkdir(parents=True)
+    (area / "kv-p0.staging" / "store.sqlite.part").write_bytes(b"s" * 3000)
+    (area / "kv-p0.staging" / "wal" / "wal-0000000000000001.seg").write_bytes(b"w" * 500)
+    (area / "out-9.sqlite").write_bytes(b"o" * 70)
+    (area / "kv-p1.copying").write_bytes(b"")
+    gauges = _gauges(registry, "ts1")
+    assert gauges["tablet_copy_disk_bytes"] == 3570
+    assert gauges["tablets_disk_bytes"] == 0
+    assert key_metrics(_server_doc(3570))["copy_bytes"] == 3570
+
+
+def _server_doc(copy_bytes: int) -> list[dict[str, Any]]:
+    metric = {"name": "tablet_copy_disk_bytes", "value": copy_bytes}
+    return [{"type": "server", "id": "ts1", "attributes": {}, "metrics": [metric]}]
 
 
 def test_raftlet_metrics_shows_each_servers_wal_and_store_bytes_in_human_units() -> None:

@@ -85,6 +85,7 @@ DESIGN_NAMES = {
     "tablet_log_segments": MetricType.GAUGE,
     "tablet_store_bytes": MetricType.GAUGE,
     "tablets_disk_bytes": MetricType.GAUGE,
+    "tablet_copy_disk_bytes": MetricType.GAUGE,
 }
 
 DEBUG_GAUGE = MetricPrototype(
