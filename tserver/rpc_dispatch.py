@@ -181,17 +181,8 @@ def status_for(
     if isinstance(exc, TabletFailed):
         return S.UNAVAILABLE, msg, E(code=E.TABLET_NOT_RUNNING, message=msg)
     if isinstance(exc, LeadershipLost):
-        leader = exc.leader_id
-        return (
-            S.UNAVAILABLE,
-            msg,
-            E(
-                code=E.LEADERSHIP_LOST,
-                message=msg,
-                leader_uuid=leader,
-                leader_addr=_leader_addr(leader, leader_addr_lookup),
-            ),
-        )
+        hint = _with_leader(E.LEADERSHIP_LOST, msg, exc.leader_id, leader_addr_lookup)
+        return S.UNAVAILABLE, msg, hint
     if isinstance(exc, ServiceUnavailable):
         return S.UNAVAILABLE, msg, None
     if isinstance(exc, UnknownTablet):
@@ -211,17 +202,8 @@ def status_for(
     if isinstance(exc, NotLeaderError | TermMismatch):
         # A moved term means the same to a client as "not leader": find the leader again.
         # Both carry the leader this replica believes in, so the client can skip a lookup.
-        leader = exc.leader_id
-        return (
-            S.FAILED_PRECONDITION,
-            msg,
-            E(
-                code=E.NOT_LEADER,
-                message=msg,
-                leader_uuid=leader,
-                leader_addr=_leader_addr(leader, leader_addr_lookup),
-            ),
-        )
+        hint = _with_leader(E.NOT_LEADER, msg, exc.leader_id, leader_addr_lookup)
+        return S.FAILED_PRECONDITION, msg, hint
     if isinstance(exc, ConfigChangeDeferred):
         # In a moment it will take it (a transfer ends, the no-op commits): retried on the
         # same server, as a leader not ready yet is.
@@ -248,6 +230,21 @@ def error_name(error: ServerErrorPB | None) -> str:
     """The ``error`` label of ``rpcs_failed`` for an answer carrying ``error``: its code's
     name, "" when it carries none."""
     return "" if error is None else ServerErrorPB.Code.Name(error.code)
+
+
+def _with_leader(
+    code: ServerErrorPB.Code,
+    message: str,
+    leader_uuid: str,
+    lookup: LeaderAddrLookup | None,
+) -> ServerErrorPB:
+    """An error naming the leader this replica believes in, and its address if known."""
+    return ServerErrorPB(
+        code=code,
+        message=message,
+        leader_uuid=leader_uuid,
+        leader_addr=_leader_addr(leader_uuid, lookup),
+    )
 
 
 def _leader_addr(leader_uuid: str, lookup: LeaderAddrLookup | None) -> str:

@@ -95,6 +95,12 @@ def _session(
     return session, tracker, clock
 
 
+def _cache_leader(session: Session, server: str) -> None:
+    """The client takes ``server`` for the leader of both tablets, as after a look-up."""
+    for tablet in ("kv-p0", "kv-p1"):
+        session._rpc.meta.set_leader(tablet, server)
+
+
 def test_a_retried_write_keeps_its_request_id_across_servers() -> None:
     """ts1 (cached leader) says NOT_LEADER → ts2; ts2 is full, then unreachable → ts3
     succeeds. One seq_no throughout; attempt_no 0, 1, 2, 3."""
@@ -103,8 +109,7 @@ def test_a_retried_write_keeps_its_request_id_across_servers() -> None:
     cluster.servers["ts2"].script("write", queue_full(), unavailable())
     cluster.servers["ts3"].script("write", ok)
     session, tracker, _ = _session(cluster)
-    session._rpc.meta.set_leader("kv-p0", "ts1")
-    session._rpc.meta.set_leader("kv-p1", "ts1")
+    _cache_leader(session, "ts1")
 
     session.insert("kv", {"key": 1, "value": "a"})
 
@@ -134,8 +139,7 @@ def test_a_write_whose_leader_stepped_down_goes_to_the_next_leader_with_its_requ
     cluster.servers["ts1"].script("write", leadership_lost("ts2"))
     cluster.servers["ts2"].script("write", ok)
     session, tracker, _ = _session(cluster)
-    session._rpc.meta.set_leader("kv-p0", "ts1")
-    session._rpc.meta.set_leader("kv-p1", "ts1")
+    _cache_leader(session, "ts1")
 
     session.insert("kv", {"key": 1, "value": "a"})
 
@@ -228,8 +232,7 @@ def test_a_refused_stream_is_retried_on_the_same_server_and_not_taken_for_it_dow
     cluster = FakeCluster()
     cluster.servers["ts1"].script("write", stream_refused(), stream_refused(), ok)
     session, _, clock = _session(cluster)
-    session._rpc.meta.set_leader("kv-p0", "ts1")
-    session._rpc.meta.set_leader("kv-p1", "ts1")
+    _cache_leader(session, "ts1")
     start = clock.now
 
     session.insert("kv", {"key": 1, "value": "a"})
