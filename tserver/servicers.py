@@ -186,7 +186,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             _run_sync(functools.partial(self._list_tablets, request.with_disk_usage)),
         )
 
-    def _list_tablets(self, with_disk_usage: bool) -> tablet_pb2.ListTabletsResponse:
+    def _list_tablets(self, with_disk_usage: bool = False) -> tablet_pb2.ListTabletsResponse:
         response = tablet_pb2.ListTabletsResponse(
             server_uuid=self._s.server_id,
             config_digests=self._s.config_digests,
