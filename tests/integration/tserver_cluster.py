@@ -499,8 +499,10 @@ class TserverCluster:
 
     def wait_caught_up(self, timeout: float = 30.0) -> None:
         """Wait until every replica of every tablet has applied what its leader had
-        committed when the wait began: a server started last may take a reconnect backoff
-        or two to be reached, and until then ``cluster status`` rightly calls it lagging."""
+        committed when the wait began, and has heard from a leader: a server started
+        last may take a reconnect backoff or two to be reached, and until then ``cluster
+        status`` rightly calls it lagging.  (A restarted one may have applied everything
+        from its own files, yet know no leader, and refuse follower reads.)"""
         leaders = self.wait_leaders(timeout)
         target: dict[str, int] = {}
         for sid in set(leaders.values()):  # one ListTablets per leading server
@@ -522,6 +524,8 @@ class TserverCluster:
                 for t in tablets:
                     st = listed.get(t)
                     if st is None or st.applied_index < target[t]:
+                        return False
+                    if not st.leader_uuid:  # none heard from since it opened
                         return False
             return True
 
