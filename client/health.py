@@ -376,11 +376,7 @@ def probe_servers(
     channels = ChannelPool(_CHECK_CHANNEL_OPTIONS, credentials=credentials)
     try:
         calls = {
-            sid: (
-                channels.stub(addr).list_tablets_future(timeout_s, disk_usage=True)
-                if disk_usage
-                else channels.stub(addr).list_tablets_future(timeout_s)
-            )
+            sid: channels.stub(addr).list_tablets_future(timeout_s, disk_usage=disk_usage)
             for sid, addr in addresses.items()
         }
         out = {}

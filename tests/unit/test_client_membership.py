@@ -677,27 +677,6 @@ class _Denied(grpc.RpcError):
         return "/raftlet.AdminService/GetConsensusStatus needs role admin; reader 'rd' may not"
 
 
-def test_a_membership_command_without_the_role_fails_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A reader's remove-replica polled its refusals for its whole timeout (120 s), then
-    said "timed out waiting for a ready leader" of a tablet that had one."""
-    client = SimpleNamespace(replicas=lambda _t: ("ts1",), leader_of=lambda _t, refresh: "ts1")
-    asked: list[str] = []
-
-    def denied(_c: Any, server: str, _t: str, _timeout: float) -> Any:
-        asked.append(server)
-        raise _Denied()
-
-    monkeypatch.setattr(membership, "_state", denied)
-    with pytest.raises(RemoteError) as caught:
-        membership.leader_membership(client, "kv-p0", timeout_s=60.0)  # type: ignore[arg-type]
-    assert asked == ["ts1"]  # asked once: no polling of a refusal
-    said = str(caught.value)
-    assert said.startswith("ts1 refused to show kv-p0's Raft state: PERMISSION_DENIED: ")
-    assert "needs role admin" in said
-
-
 class _Unverified(grpc.RpcError):
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.UNAVAILABLE
@@ -710,23 +689,41 @@ class _Unverified(grpc.RpcError):
         )
 
 
-def test_a_server_certificate_the_client_cannot_verify_fails_a_membership_command_at_once(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("error", "starts", "names"),
+    [
+        # A reader's remove-replica polled its refusals for its whole timeout (120 s), then
+        # said "timed out waiting for a ready leader" of a tablet that had one.
+        (
+            _Denied,
+            "ts1 refused to show kv-p0's Raft state: PERMISSION_DENIED: ",
+            "needs role admin",
+        ),
+        # Review r26v: with another CA's --tls-ca, add-replica polled for 30 s and said
+        # "timed out", where scan, write and leader-step-down failed at once.
+        (
+            _Unverified,
+            "this client could not verify ts1's certificate (is its CA, ",
+            "CERTIFICATE_VERIFY_FAILED",
+        ),
+    ],
+)
+def test_a_membership_command_the_server_refuses_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch, error: type[grpc.RpcError], starts: str, names: str
 ) -> None:
-    """Review r26v: with another CA's --tls-ca, add-replica polled for 30 s and said "timed
-    out", where scan, write and leader-step-down failed at once. Every membership command
-    (add, remove, move, cluster replace-server) finds the leader's membership this way."""
+    """Every membership command (add, remove, move, cluster replace-server) finds the
+    leader's membership this way: a refusal that will not change is not polled."""
     client = SimpleNamespace(replicas=lambda _t: ("ts1",), leader_of=lambda _t, refresh: "ts1")
     asked: list[str] = []
 
-    def unverified(_c: Any, server: str, _t: str, _timeout: float) -> Any:
+    def refused(_c: Any, server: str, _t: str, _timeout: float) -> Any:
         asked.append(server)
-        raise _Unverified()
+        raise error()
 
-    monkeypatch.setattr(membership, "_state", unverified)
+    monkeypatch.setattr(membership, "_state", refused)
     with pytest.raises(RemoteError) as caught:
         membership.leader_membership(client, "kv-p0", timeout_s=60.0)  # type: ignore[arg-type]
-    assert asked == ["ts1"]
+    assert asked == ["ts1"]  # asked once: no polling of a refusal
     said = str(caught.value)
-    assert said.startswith("this client could not verify ts1's certificate (is its CA, ")
-    assert "CERTIFICATE_VERIFY_FAILED" in said
+    assert said.startswith(starts)
+    assert names in said

@@ -58,7 +58,15 @@ def _failing(exc: BaseException) -> Any:
     return run
 
 
-def _answer_all(pool: ServicePool, method: str, errors: list[BaseException]) -> None:
+def _answer_all(
+    service: str, method: str, errors: list[BaseException]
+) -> tuple[MetricRegistry, ServicePoolMetrics]:
+    """Answer one call of ``method`` with each of ``errors`` through a server's ``service``
+    pool; its registry and the pool's metrics."""
+    registry = MetricRegistry()
+    metrics = ServicePoolMetrics(registry.entity("server", "ts1"), service)
+    pool = ServicePool(service, num_threads=1, queue_length=8, metrics=metrics)
+
     async def main() -> None:
         for exc in errors:
             with pytest.raises(Aborted):
@@ -69,14 +77,12 @@ def _answer_all(pool: ServicePool, method: str, errors: list[BaseException]) -> 
         asyncio.run(asyncio.wait_for(main(), WAIT))
     finally:
         assert pool.stop(timeout=WAIT)
+    return registry, metrics
 
 
 def test_not_leader_answers_are_counted_apart_from_errors_of_the_same_status() -> None:
-    registry = MetricRegistry()
-    metrics = ServicePoolMetrics(registry.entity("server", "ts1"), "tablet")
-    pool = ServicePool("tablet", num_threads=1, queue_length=8, metrics=metrics)
-    _answer_all(
-        pool,
+    registry, metrics = _answer_all(
+        "tablet",
         "Write",
         [
             NotLeaderError("ts3", 4),
@@ -98,10 +104,9 @@ def test_not_leader_answers_are_counted_apart_from_errors_of_the_same_status() -
 
 def test_a_refused_membership_change_is_an_error_not_a_redirect() -> None:
     """FAILED_PRECONDITION is not only NOT_LEADER: the operator must see these."""
-    registry = MetricRegistry()
-    metrics = ServicePoolMetrics(registry.entity("server", "ts1"), "admin")
-    pool = ServicePool("admin", num_threads=1, queue_length=8, metrics=metrics)
-    _answer_all(pool, "ChangeConfig", [ConfigChangeRefused("a change is in progress")])
+    registry, _ = _answer_all(
+        "admin", "ChangeConfig", [ConfigChangeRefused("a change is in progress")]
+    )
     shown = key_metrics(generate_json(registry))
     assert (shown["failed_calls"], shown["redirects"]) == (1, 0)
 
@@ -114,18 +119,37 @@ def _failed(value: int, **labels: str) -> dict[str, Any]:
     return {"name": "rpcs_failed", "labels": {"service": "tablet", **labels}, "value": value}
 
 
-def test_the_rows_as_the_review_saw_them() -> None:
-    shown = key_metrics(
-        _doc(
-            _failed(113, method="Write", code="FAILED_PRECONDITION", error="NOT_LEADER"),
-            _failed(7, method="WriteStream", code="FAILED_PRECONDITION", error="NOT_LEADER"),
-            _failed(2, method="Write", code="RESOURCE_EXHAUSTED", error="SERVICE_QUEUE_FULL"),
-            _failed(1, method="Scan", code="UNAVAILABLE", error=""),
-        )
-    )
-    assert (shown["failed_calls"], shown["redirects"]) == (3, 120)
-    none = key_metrics(_doc())
-    assert (none["failed_calls"], none["redirects"]) == (0, 0)
+@pytest.mark.parametrize(
+    ("series", "rows"),
+    [
+        # As review r26c saw them.
+        (
+            [
+                _failed(113, method="Write", code="FAILED_PRECONDITION", error="NOT_LEADER"),
+                _failed(7, method="WriteStream", code="FAILED_PRECONDITION", error="NOT_LEADER"),
+                _failed(2, method="Write", code="RESOURCE_EXHAUSTED", error="SERVICE_QUEUE_FULL"),
+                _failed(1, method="Scan", code="UNAVAILABLE", error=""),
+            ],
+            (3, 120),
+        ),
+        # As review r26v saw them.
+        (
+            [
+                _failed(6, method="Write", code="UNAVAILABLE", error="LEADER_NOT_READY"),
+                _failed(26, method="Write", code="FAILED_PRECONDITION", error="NOT_LEADER"),
+                _failed(3, method="Write", code="NOT_FOUND", error="TABLET_NOT_FOUND"),
+                _failed(1, method="Write", code="UNAVAILABLE", error="TABLET_NOT_RUNNING"),
+            ],
+            (4, 32),
+        ),
+        ([], (0, 0)),
+    ],
+)
+def test_the_rows_as_the_reviews_saw_them(
+    series: list[dict[str, Any]], rows: tuple[int, int]
+) -> None:
+    shown = key_metrics(_doc(*series))
+    assert (shown["failed_calls"], shown["redirects"]) == rows
 
 
 def test_a_server_that_does_not_label_its_answers_shows_no_redirect_count() -> None:
@@ -140,11 +164,8 @@ def test_answers_of_a_leader_change_are_not_errors() -> None:
     row from 4 to 30 while the writer saw none -- LEADER_NOT_READY (handing leadership over)
     and the core's own refusal of a write bound before the transfer began (no error label
     then) were counted as errors."""
-    registry = MetricRegistry()
-    metrics = ServicePoolMetrics(registry.entity("server", "ts1"), "tablet")
-    pool = ServicePool("tablet", num_threads=1, queue_length=8, metrics=metrics)
-    _answer_all(
-        pool,
+    registry, metrics = _answer_all(
+        "tablet",
         "Write",
         [
             LeaderNotReady("leader of term 4 is handing leadership over"),
@@ -162,15 +183,3 @@ def test_answers_of_a_leader_change_are_not_errors() -> None:
     assert metrics.failed_for("Write", "UNAVAILABLE", "").value() == 1
     shown = key_metrics(generate_json(registry))
     assert (shown["failed_calls"], shown["redirects"]) == (2, 4)
-
-
-def test_the_rows_as_review_r26v_saw_them() -> None:
-    shown = key_metrics(
-        _doc(
-            _failed(6, method="Write", code="UNAVAILABLE", error="LEADER_NOT_READY"),
-            _failed(26, method="Write", code="FAILED_PRECONDITION", error="NOT_LEADER"),
-            _failed(3, method="Write", code="NOT_FOUND", error="TABLET_NOT_FOUND"),
-            _failed(1, method="Write", code="UNAVAILABLE", error="TABLET_NOT_RUNNING"),
-        )
-    )
-    assert (shown["failed_calls"], shown["redirects"]) == (4, 32)

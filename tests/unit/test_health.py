@@ -540,7 +540,9 @@ class _Pool:
 
     def stub(self, addr: str) -> SimpleNamespace:
         self.dialed.append(addr)
-        return SimpleNamespace(list_tablets_future=lambda _timeout: _Answer(addr in self.answering))
+        return SimpleNamespace(
+            list_tablets_future=lambda _timeout, **_k: _Answer(addr in self.answering)
+        )
 
     def close(self) -> None:
         pass
