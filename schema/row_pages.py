@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import struct
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, reduce
@@ -102,12 +102,15 @@ def encode_page(
     *,
     max_bytes: int | None = None,
     base: int = 0,
+    cap: int | None = None,
 ) -> EncodedPage:
     """Pack rows given column-wise: ``columns[j][i]`` is row i's value of column j, a value
     as the store returns it (int, also for BOOL; float or int for FLOAT/DOUBLE; str; bytes;
     None for NULL). ``max_bytes``: stop after the row that brings the page (fixed-width
-    rows plus side buffer) to that size, so a page holds at least one row. ``base``: where
-    this part's side buffer will start, when parts are joined into one page.
+    rows plus side buffer) to that size, so a page holds at least one row. ``cap``: but
+    stop before a row that would take the page past it -- none at all if the first would
+    (the caller, which knows whether its page is empty, decides). ``base``: where this
+    part's side buffer will start, when parts are joined into one page.
     ``RowPageError`` for a value its column's cell cannot hold."""
     layout = page_layout(types)
     if len(columns) != len(types):
@@ -123,7 +126,7 @@ def encode_page(
                 varlen[j] = _encode_varlen(dtype, columns[j])
             except (TypeError, UnicodeEncodeError) as e:
                 raise RowPageError(f"column {j} ({dtype.name}): {e}") from None
-    count = _rows_within(n, width, [v.lengths for v in varlen.values()], max_bytes)
+    count = _rows_within(n, width, [v.lengths for v in varlen.values()], max_bytes, cap)
     nulls = [j for j, c in enumerate(columns) if None in c]
     fields: list[Iterable[Any]] = [repeat(PAGE_OP), repeat(_all_bits(len(types)))]
     fields.append(_null_bitmaps(columns, nulls, count, layout.bitmap_bytes))
@@ -169,16 +172,20 @@ def _encode_varlen(dtype: DataType, col: Sequence[Any]) -> _Varlen:
     return _Varlen(b"".join(encoded), list(map(len, encoded)))
 
 
-def _rows_within(n: int, width: int, lengths: list[list[int]], max_bytes: int | None) -> int:
+def _rows_within(
+    n: int, width: int, lengths: list[list[int]], max_bytes: int | None, cap: int | None
+) -> int:
     """How many of the n rows fill a page up to ``max_bytes``: up to and including the row
-    that reaches it."""
-    if max_bytes is None or n == 0:
+    that reaches it, but none that would take it past ``cap``."""
+    if (max_bytes is None and cap is None) or n == 0:
         return n
     if not lengths:
-        return min(n, max(1, -(-max_bytes // width)))
+        count = n if max_bytes is None else min(n, max(1, -(-max_bytes // width)))
+        return count if cap is None else min(count, cap // width)
     per_row = lengths[0] if len(lengths) == 1 else list(map(sum, zip(*lengths, strict=True)))
     totals = list(map(add, accumulate(per_row), range(width, width * (n + 1), width)))
-    return min(n, bisect_left(totals, max_bytes) + 1)
+    count = n if max_bytes is None else min(n, bisect_left(totals, max_bytes) + 1)
+    return count if cap is None else min(count, bisect_right(totals, cap))
 
 
 def _null_bitmaps(

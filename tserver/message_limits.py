@@ -27,7 +27,11 @@ The rule (``MessageLimits``):
   also cuts a frame of several items at ``peer_bytes`` and drops (with an error in the
   log) an item it could never send, rather than break the stream every tablet shares.
   Every server of a cluster must run with the same M, as with its Raft timings.
-- **Scans** (server → client): pages of at most M / 2 (``tserver.server``).
+- **Scans** (server → client): a page's budget is at most M / 2 and it ends with the row
+  that reaches it -- but before a row that would take it past ``scan_page_cap_bytes`` = M:
+  the row, no larger than the write that put it there, begins the next page. With the
+  columns and the resume key (a key is at most 16 KiB) a response stays under
+  ``peer_bytes``, the limit the server sends and the client receives with.
 
 A client request between M and ``peer_bytes`` therefore passes gRPC: a write is refused
 by the check above; the other requests are small, and their fields are checked on their own.
@@ -87,6 +91,11 @@ class MessageLimits:
     def append_batch_bytes(self) -> int:
         """The core's ``max_size_per_msg``: entry bytes of an APPEND of several entries."""
         return min(_APPEND_BATCH_BYTES, max(1, self.client_bytes // 2))
+
+    @property
+    def scan_page_cap_bytes(self) -> int:
+        """The most a scan page's rows may take (``tserver.scan_page``)."""
+        return self.client_bytes
 
     @property
     def peer_bytes(self) -> int:

@@ -5,8 +5,11 @@ The page is filled as it is fetched, so the server reads from SQLite only about 
 sends: a first small fetch tells how big this table's rows are, the next fetch asks for the
 rows that should fill the rest of the byte budget (at most ``_MAX_FETCH``), and so on until
 the page holds ``max_rows`` rows or reaches ``max_bytes`` -- it ends with the row that
-reaches it, so a page always makes progress. Bytes are those of the form sent: the packed
-rows and side buffer (``schema.row_pages``), or the ``RowPB`` messages.
+reaches it, so a page always makes progress. Unless that row would take the page past
+``cap``, the most a response may carry: then the page ends before it, and the row begins
+the next page (a page's first row is always taken: no row is larger than the write that
+put it there, and a write is no larger than the cap). Bytes are those of the form sent:
+the packed rows and side buffer (``schema.row_pages``), or the ``RowPB`` messages.
 
 The packed form takes the store's tuples as they are -- no ``from_sql`` per cell, no
 ``ValuePB``: each fetched chunk is transposed into columns and packed with the
@@ -17,6 +20,7 @@ that do not ask for packed rows.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -38,9 +42,12 @@ _ROW_PB_FRAMING = 3
 
 
 class _PageForm(Protocol):
-    def add(self, rows: list[tuple[SqlValue, ...]], budget: int) -> tuple[int, int]:
+    def add(
+        self, rows: list[tuple[SqlValue, ...]], budget: int, cap: int, empty: bool
+    ) -> tuple[int, int]:
         """Put rows in the page up to and including the one that uses up ``budget``
-        bytes; returns (rows taken, bytes used)."""
+        bytes, but none that would use more than ``cap`` -- except the first row of an
+        ``empty`` page, taken whatever its size; returns (rows taken, bytes used)."""
         ...
 
     def finish(self, response: tablet_pb2.ScanResponse) -> None: ...
@@ -54,10 +61,14 @@ class _Packed:
         self._indirect: list[bytes] = []
         self._side = 0
 
-    def add(self, rows: list[tuple[SqlValue, ...]], budget: int) -> tuple[int, int]:
+    def add(
+        self, rows: list[tuple[SqlValue, ...]], budget: int, cap: int, empty: bool
+    ) -> tuple[int, int]:
         fetched = list(zip(*rows, strict=True))
         columns = [fetched[at] for at in self._at]
-        part = encode_page(self._types, columns, max_bytes=budget, base=self._side)
+        part = encode_page(self._types, columns, max_bytes=budget, base=self._side, cap=cap)
+        if part.count == 0 and empty:
+            part = encode_page(self._types, columns, max_bytes=1, base=self._side)
         self._rows.append(part.rows)
         self._indirect.append(part.indirect)
         self._side += len(part.indirect)
@@ -80,13 +91,19 @@ class _Cells:
         self._out = response.rows
         self._cells = list(zip(types, projected_at, strict=True))
 
-    def add(self, rows: list[tuple[SqlValue, ...]], budget: int) -> tuple[int, int]:
+    def add(
+        self, rows: list[tuple[SqlValue, ...]], budget: int, cap: int, empty: bool
+    ) -> tuple[int, int]:
         used = 0
         for n, raw in enumerate(rows, 1):
             pb = self._out.add()
             for dtype, at in self._cells:
                 value_to_pb(dtype, from_sql(dtype, raw[at]), pb.values.add())
-            used += pb.ByteSize() + _ROW_PB_FRAMING
+            size = pb.ByteSize() + _ROW_PB_FRAMING
+            if used + size > cap and not (empty and n == 1):
+                del self._out[-1]
+                return n - 1, used
+            used += size
             if used >= budget:
                 return n, used
         return len(rows), used
@@ -96,17 +113,26 @@ class _Cells:
 
 
 def fill_page(
-    cursor: ScanCursor, row_format: int, max_rows: int | None, max_bytes: int
+    cursor: ScanCursor,
+    row_format: int,
+    max_rows: int | None,
+    max_bytes: int,
+    cap: int | None = None,
 ) -> tablet_pb2.ScanResponse:
     """The next page of ``cursor`` in ``row_format`` (a ``tablet_pb2.RowFormat``): at most
-    ``max_rows`` rows (None: no bound) and about ``max_bytes`` bytes, with ``has_more``
-    and the resume key when rows are left. ``StoreError`` if the store holds a value its
-    column's type cannot (nothing a client can fix)."""
-    return fill_page_counted(cursor, row_format, max_rows, max_bytes)[0]
+    ``max_rows`` rows (None: no bound), about ``max_bytes`` bytes and, but for a first row
+    larger on its own, at most ``cap`` (None: no cap), with ``has_more`` and the resume key
+    when rows are left. ``StoreError`` if the store holds a value its column's type cannot
+    (nothing a client can fix)."""
+    return fill_page_counted(cursor, row_format, max_rows, max_bytes, cap)[0]
 
 
 def fill_page_counted(
-    cursor: ScanCursor, row_format: int, max_rows: int | None, max_bytes: int
+    cursor: ScanCursor,
+    row_format: int,
+    max_rows: int | None,
+    max_bytes: int,
+    cap: int | None = None,
 ) -> tuple[tablet_pb2.ScanResponse, int]:
     """``fill_page``, and how many rows the page holds."""
     response = tablet_pb2.ScanResponse(columns=cursor.columns, applied_index=cursor.applied_index)
@@ -115,6 +141,7 @@ def fill_page_counted(
         form = _Packed(cursor.types, cursor.projected_at)
     else:
         form = _Cells(response, cursor.types, cursor.projected_at)
+    hard = sys.maxsize if cap is None else cap
     taken = used = 0
     last: tuple[SqlValue, ...] | None = None
     more: bool | None = None  # None: not known without one more fetch
@@ -125,10 +152,11 @@ def fill_page_counted(
             if not rows:
                 more = False
                 break
-            n, size = form.add(rows, max_bytes - used)
+            n, size = form.add(rows, max_bytes - used, hard - used, taken == 0)
             taken += n
             used += size
-            last = rows[n - 1]
+            if n:
+                last = rows[n - 1]
             if n < len(rows):
                 cursor.unread(rows[n:])  # the next page's, if the scan is held open
                 more = True

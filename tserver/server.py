@@ -374,8 +374,8 @@ class TabletServer:
             rounds_in_flight=s.write_rounds_in_flight,
             round_linger_s=s.write_round_linger_ms / 1000,
             log_max_segments_retained=s.log_max_segments_retained,
-            # Room for the row that crosses a page's budget, under gRPC's message limit.
             scan_max_page_bytes=s.max_message_bytes // 2,
+            scan_page_cap_bytes=self.limits.scan_page_cap_bytes,
             result_tracker_max_clients=s.result_tracker_max_clients,
             result_tracker_max_bytes=s.result_tracker_max_bytes,
             unsafe_leader_reads_without_quorum=s.unsafe_leader_reads_without_quorum,

@@ -903,8 +903,9 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "scan_page_bytes", _LIMITS, "BYTES",
         f"Bytes of rows in a scan page when the request does not say (default "
-        f"{_size(_D('scan_page_bytes'))}): a page ends with the row that reaches it. A "
-        "request may ask for up to half of --max_message_bytes.",
+        f"{_size(_D('scan_page_bytes'))}): a page ends with the row that reaches it, or "
+        "before a row that would take it past --max_message_bytes. A request may ask for up "
+        "to half of --max_message_bytes.",
         convert=int_value, check=int_in_range(KiB, _MAX_GRPC_MESSAGE),
     ),
     FlagSpec(

@@ -205,9 +205,13 @@ class ReplicaOptions:
     follower_apply_delay_s: float = 0.5
     # Segments log GC keeps for a lagging voter at most (tserver.log_gc); 0: no cap.
     log_max_segments_retained: int = 64
-    # A scan page's bytes when the request leaves it to the server, and at most.
+    # A scan page's bytes when the request leaves it to the server, and at most; a page
+    # ends with the row that reaches them, unless that row would take it past the cap
+    # (what a response may carry: a page's rows, its columns and resume key under gRPC's
+    # send limit, ``tserver.message_limits``).
     scan_page_bytes: int = 1 << 20
     scan_max_page_bytes: int = 8 << 20
+    scan_page_cap_bytes: int = 16 << 20
     # The result tracker's bounds (``tserver.result_tracker``).
     result_tracker_max_clients: int = DEFAULT_MAX_CLIENTS
     result_tracker_max_bytes: int = DEFAULT_MAX_BYTES
@@ -1331,7 +1335,13 @@ class TabletReplica:
         cursor.deadline = until
         scanner_id = None
         try:
-            page, rows = fill_page_counted(cursor, request.row_format, max_rows, max_bytes)
+            page, rows = fill_page_counted(
+                cursor,
+                request.row_format,
+                max_rows,
+                max_bytes,
+                self.options.scan_page_cap_bytes,
+            )
             # A scan whose limit this page reaches asks for no other (its has_more only
             # says the tablet holds more): nothing to hold.
             if page.has_more and not (request.limit and rows >= request.limit):

@@ -27,6 +27,7 @@ from raftlet.client import Client, MessageTooLarge, RowFormat
 from raftlet.client.channels import channel_options
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate
+from raftlet.schema.rows import OpType, encode_row_op
 from raftlet.schema.scan_bounds import MAX_PREDICATES
 from raftlet.tserver.result_tracker import MAX_CLIENT_ID_BYTES
 from tests.integration.tserver_cluster import (
@@ -104,6 +105,33 @@ def test_the_cli_scans_big_rows_without_a_limit(cluster: TserverCluster) -> None
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)
     _big({r["key"]: r["value"] for r in rows})
+
+
+@pytest.mark.parametrize("row_format", [RowFormat.PACKED, RowFormat.CELLS])
+def test_a_row_near_the_message_limit_after_smaller_ones_is_scanned(
+    cluster: TserverCluster, row_format: RowFormat
+) -> None:
+    # The last two 1 MiB rows, then one of 15 MiB: a page that ended with the row that
+    # reaches its 3 MiB budget would carry 17 MiB, over what gRPC lets a response carry,
+    # and every scan of the tablet failed on it until the row was deleted.
+    huge_key, huge = BIG_BASE + BIG_ROWS, "z" * (15 * MiB)
+    seq = 100 + int(row_format)
+    write_with_retry(cluster, write_request(TABLET, [kv_op(huge_key, huge)], "huge", seq))
+    try:
+        with Client(addresses(cluster), timeout_s=30) as client:
+            scan = client.scan(
+                "kv",
+                predicates=[Predicate.range("key", lower=huge_key - 2)],
+                row_format=row_format,
+                batch_size_bytes=3 * MiB,
+            )
+            rows = {r["key"]: r["value"] for r in scan}
+        assert sorted(rows) == [huge_key - 2, huge_key - 1, huge_key]
+        assert rows[huge_key] == huge
+        assert scan.pages == 2  # the huge row begins a page of its own
+    finally:
+        gone = encode_row_op(KV_SCHEMA, OpType.DELETE, {"key": huge_key})
+        write_with_retry(cluster, write_request(TABLET, [gone], "huge", seq + 10))
 
 
 def test_a_row_over_the_clients_message_limit_is_one_clear_error(cluster: TserverCluster) -> None:

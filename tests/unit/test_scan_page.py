@@ -134,6 +134,64 @@ def test_a_page_ends_with_the_row_that_reaches_its_bytes(store: TabletStore, fmt
         assert size < budget + biggest_row
 
 
+def values_of(schema: Schema, page: tablet_pb2.ScanResponse) -> list[tuple[Value, ...]]:
+    types = [schema.column(c).type for c in page.columns]
+    if page.HasField("row_block"):
+        return page_rows(decode_page(types, page.row_block.rows, page.row_block.indirect))
+    return [row_from_pb(schema, list(page.columns), pb) for pb in page.rows]
+
+
+def page_bytes(page: tablet_pb2.ScanResponse) -> int:
+    """The bytes a page's rows take in its form, as the page filler counts them."""
+    if page.HasField("row_block"):
+        return len(page.row_block.rows) + len(page.row_block.indirect)
+    return sum(r.ByteSize() + 3 for r in page.rows)
+
+
+@pytest.mark.parametrize("fmt", [PACKED, CELLS])
+def test_a_row_that_would_take_a_page_past_its_cap_begins_the_next_page(
+    tmp_path: Path, fmt: int
+) -> None:
+    # Small rows up to the budget, then a row nearly the cap on its own: ending the page
+    # with it (it reaches the budget) would send budget + cap bytes, more than gRPC lets a
+    # response carry, and every scan of the tablet would fail on it.
+    schema = Schema(
+        [ColumnSchema("k", DataType.INT64, is_key=True), ColumnSchema("v", DataType.BINARY)]
+    )
+    budget, cap = 4000, 10_000
+    sizes = [100] * 30 + [9_900] + [100] * 5 + [9_900, 9_900] + [100] * 3
+    with TabletStore.open(tmp_path / "t.db", schema) as s:
+        s.apply_batch(
+            [(1, 1, insert(schema, *({"k": i, "v": b"x" * n} for i, n in enumerate(sizes))))]
+        )
+        got: list[int] = []
+        resume: bytes | None = None
+        for _ in range(len(sizes) + 1):  # a scan that never ends fails here, not hangs
+            with s.open_scan(None, (), resume) as cursor:
+                page = fill_page(cursor, fmt, None, budget, cap)
+            keys = [r[0] for r in values_of(schema, page)]
+            assert keys, "every page makes progress"
+            assert page_bytes(page) <= cap or len(keys) == 1
+            got += keys
+            if not page.has_more:
+                break
+            resume = page.resume_key
+    assert got == list(range(len(sizes)))
+
+
+@pytest.mark.parametrize("fmt", [PACKED, CELLS])
+def test_a_row_larger_than_the_cap_is_a_page_of_its_own(tmp_path: Path, fmt: int) -> None:
+    schema = Schema(
+        [ColumnSchema("k", DataType.INT64, is_key=True), ColumnSchema("v", DataType.BINARY)]
+    )
+    with TabletStore.open(tmp_path / "t.db", schema) as s:
+        s.apply_batch([(1, 1, insert(schema, *({"k": i, "v": b"x" * 500} for i in range(3))))])
+        with s.open_scan(None, ()) as cursor:
+            page = fill_page(cursor, fmt, None, 100, 200)
+    assert page.has_more
+    assert page_bytes(page) > 200  # one row, over the cap on its own, rather than no progress
+
+
 def test_a_page_of_exactly_the_rows_left_says_there_are_no_more(store: TabletStore) -> None:
     with store.open_scan(["id"], [], None, N + 1) as cursor:
         page = fill_page(cursor, PACKED, N, 1 << 20)

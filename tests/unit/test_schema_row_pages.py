@@ -130,6 +130,21 @@ def test_a_byte_budget_ends_the_page_with_the_row_that_reaches_it(page: Page, bu
     assert got == page_rows(decode_page(types, whole.rows, whole.indirect))[: cut.count]
 
 
+@settings(max_examples=200, deadline=None)
+@given(pages(max_rows=20), st.integers(1, 400), st.integers(0, 600))
+def test_a_cap_ends_the_page_before_the_row_that_would_pass_it(
+    page: Page, budget: int, cap: int
+) -> None:
+    types, rows = page
+    cols = columns_of(types, rows)
+    capped = encode_page(types, cols, max_bytes=budget, cap=cap)
+    budget_only = encode_page(types, cols, max_bytes=budget)
+    assert capped.size <= cap
+    assert capped.count <= budget_only.count
+    if capped.count < budget_only.count:  # one more row would have passed the cap
+        assert encode_page(types, [c[: capped.count + 1] for c in cols]).size > cap
+
+
 @settings(max_examples=100, deadline=None)
 @given(pages(max_rows=20), st.integers(0, 20))
 def test_parts_encoded_with_a_base_join_into_one_page(page: Page, split: int) -> None:
