@@ -34,6 +34,9 @@ __all__ = ["JsonRowError", "json_rows", "keys_only", "row_from_assignments", "ro
 MAX_ROW_TEXT = 64 * 1024 * 1024
 # How much of a line is read at a time.
 _CHUNK = 1024 * 1024
+_FLOATS = (DataType.FLOAT, DataType.DOUBLE)
+# A longer integer is beyond every column's range, DOUBLE's too (309 digits).
+_MAX_INT_TEXT = 400
 
 
 class JsonRowError(ValueError):
@@ -93,9 +96,38 @@ def keys_only(schema: Schema, row: Mapping[str, Value]) -> dict[str, Value]:
     return {c.name: row[c.name] for c in schema.key_columns if c.name in row}
 
 
+class _Overflowed(float):
+    """A JSON number beyond any float (``1e400``), which ``float()`` makes infinite: kept
+    apart so that it is refused, not stored as infinity."""
+
+    text: str
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isinf(value):
+        return value
+    overflowed = _Overflowed(value)
+    overflowed.text = text
+    return overflowed
+
+
+class _HugeNumber(ValueError):
+    pass
+
+
+def _json_int(text: str) -> int:
+    if len(text) > _MAX_INT_TEXT:  # int() refuses past 4,300 digits, in its own words
+        raise _HugeNumber(f"an integer of {len(text)} digits is out of every column's range")
+    return int(text)
+
+
 def _cell(dtype: DataType, value: object) -> Value:
     """A JSON value as a value of ``dtype`` (``normalize`` checks the type and range);
     ValueError saying why not."""
+    if isinstance(value, _Overflowed):
+        hint = ' (write "inf" or "-inf" for infinity)' if dtype in _FLOATS else ""
+        raise ValueError(f"{value.text[:40]} is out of range for {dtype.name}{hint}")
     if dtype is DataType.BINARY and value is not None:
         if not isinstance(value, str):
             raise ValueError(f"BINARY is a base64 string, got {json.dumps(value)[:40]}")
@@ -103,7 +135,7 @@ def _cell(dtype: DataType, value: object) -> Value:
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
             raise ValueError(f"{value[:40]!r} is not base64 (BINARY column)") from None
-    if dtype in (DataType.FLOAT, DataType.DOUBLE) and isinstance(value, str):
+    if dtype in _FLOATS and isinstance(value, str):
         word = value.strip().lower().lstrip("+")
         if word not in ("infinity", "inf", "-infinity", "-inf"):
             raise ValueError(f"{value[:40]!r} is not a number ({dtype.name} column)")
@@ -116,7 +148,7 @@ def _cell(dtype: DataType, value: object) -> Value:
 def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
     """The JSON values in ``stream`` with the line each starts on: one array's items, or
     values one after another (JSON lines). ``JsonRowError`` for text that is not that."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_float=_json_float, parse_int=_json_int)
     text = ""
     pos = 0  # where unread text starts in ``text``
     line = 1  # the line ``pos`` is on
@@ -175,6 +207,8 @@ def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
             try:
                 value, end = decoder.raw_decode(text, pos)
                 break
+            except _HugeNumber as e:
+                raise JsonRowError(start, str(e)) from None
             except json.JSONDecodeError as e:
                 if len(text) - pos > MAX_ROW_TEXT:
                     raise JsonRowError(

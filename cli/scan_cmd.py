@@ -53,12 +53,15 @@ examples:
 --where syntax: COLUMN OP VALUE with OP one of = < <= > >=; COLUMN in (V1, V2, ...);
 COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the column's
 type: integers, floats, true/false, strings (quotes optional unless they have commas or
-spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as an integer or an ISO 8601 time
-(UTC unless it has an offset). In table output BINARY shows as 0x-hex and UNIXTIME_MICROS
-as UTC time, a string that reads as NULL or starts with a quote in single quotes ('NULL';
-NULL itself is NULL), and characters that do not print (control and format characters,
-line separators) as \\xNN or \\uNNNN escapes; JSON keeps microseconds, base64
-for BINARY, and writes infinite floats as the strings "Infinity" and "-Infinity".
+spaces at the ends; in single quotes '' is one quote), BINARY as 0x-hex, UNIXTIME_MICROS as
+an integer or an ISO 8601 time (UTC unless it has an offset; at most microseconds). In
+table output BINARY shows as 0x-hex and UNIXTIME_MICROS as UTC time; a string that could
+be read as something else -- NULL, empty or blank, starting with a quote, or with
+characters that do not print (control and format characters, line separators: shown as
+\\xNN or \\uNNNN escapes) -- in single quotes with its quotes doubled ('NULL', '',
+'it''s'; NULL itself is NULL), which --where reads back, escapes aside; JSON keeps
+microseconds, base64 for BINARY, and writes infinite floats as the strings "Infinity" and
+"-Infinity".
 JSON rows are printed as they arrive; a scan that fails midway exits 1 with the array left
 open, so that no JSON parser takes the rows before the failure for the whole result.
 """
@@ -296,13 +299,18 @@ def _split_list(text: str) -> list[str]:
 
 
 def _unquote(text: str) -> str:
+    """A value's text without its quotes; in single quotes a doubled one is one quote, as SQL
+    writes it (and as the table format prints a string that needs quotes)."""
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
+        inner = text[1:-1]
+        return inner.replace("''", "'") if text[0] == "'" else inner
     return text
 
 
 # The largest finite value of each floating-point column type.
 _MAX_FINITE = {DataType.DOUBLE: sys.float_info.max, DataType.FLOAT: 3.4028234663852886e38}
+# Longer integer text is beyond every integer column's range, with zeros to spare.
+_MAX_INT_TEXT = 64
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
 
@@ -322,6 +330,10 @@ def _literal(dtype: DataType, text: str) -> Value:
         if not _looks_int(raw):
             raise ValueError(f"{text!r} is not an integer ({dtype.name} column)")
         digits = raw.replace("_", "")
+        if len(digits) > _MAX_INT_TEXT:  # int() refuses past 4,300 digits, in its own words
+            raise ValueError(
+                f"an integer of {len(digits)} characters is out of range ({dtype.name} column)"
+            )
         try:
             number = int(digits, 0)
         except ValueError:
@@ -361,6 +373,10 @@ def _literal(dtype: DataType, text: str) -> Value:
     return normalize(dtype, raw)
 
 
+# The fraction of an ISO 8601 time's seconds.
+_FRACTION = re.compile(r"\d:\d\d[.,](\d+)")
+
+
 def _looks_int(text: str) -> bool:
     return re.fullmatch(r"[+-]?(0[xX][0-9a-fA-F_]+|[0-9][0-9_]*)", text) is not None
 
@@ -373,6 +389,13 @@ def _parse_time(text: str) -> _dt.datetime:
             f"{text!r} is neither microseconds since the epoch nor an ISO 8601 time "
             "(UNIXTIME_MICROS column)"
         ) from None
+    # fromisoformat drops the digits of a fraction past the sixth: a time the column cannot
+    # hold would be stored as another one.
+    fraction = _FRACTION.search(text)
+    if fraction and fraction.group(1)[6:].strip("0"):
+        raise ValueError(
+            f"{text!r} is finer than a microsecond, which is what UNIXTIME_MICROS holds"
+        )
     # A time without an offset means UTC: the column stores UTC, and the local zone of the
     # machine running the CLI is an accident.
     return t if t.tzinfo is not None else t.replace(tzinfo=_dt.UTC)
@@ -483,16 +506,24 @@ def _text_value(dtype: DataType, value: Value) -> str:
         except OverflowError:
             return str(value)
     if isinstance(value, str):
-        return _escape_control(_quoted_if_ambiguous(value))
+        return _shown_string(value)
     return str(value)
 
 
-def _quoted_if_ambiguous(text: str) -> str:
-    """A string that would read as NULL, or as a quoted string, in single quotes (its own
-    quotes doubled, as SQL writes them): NULL and the string 'NULL' printed the same line."""
-    if text.upper() == "NULL" or text.startswith("'"):
-        return "'" + text.replace("'", "''") + "'"
-    return text
+def _shown_string(text: str) -> str:
+    """A string as the table shows it: as it is, unless it could be read as something else
+    -- NULL, a quoted string, an empty or blank cell, escapes (a NUL and the four characters
+    ``\x00`` printed alike). Those are shown in single quotes with their own quotes doubled,
+    as SQL writes them and ``--where`` reads them."""
+    if (
+        text.isprintable()
+        and text
+        and text == text.strip()
+        and text.upper() != "NULL"
+        and not text.startswith("'")
+    ):
+        return text
+    return "'" + _escape_control(text).replace("'", "''") + "'"
 
 
 def _print_table(

@@ -105,6 +105,16 @@ def _float32(value: float) -> float:
         raise TypeMismatch(f"{value!r} is out of range for FLOAT") from None
 
 
+def _int_text(value: float) -> str:
+    """``value`` for an error message -- an int of thousands of digits as its size: Python
+    refuses to print it at all (``sys.set_int_max_str_digits``), which turned the error into
+    a ValueError of its own."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return str(value)
+
+
 def normalize(dtype: DataType, value: object) -> Value:
     """The canonical Python value of ``value`` in a column of type ``dtype``.
 
@@ -122,7 +132,7 @@ def normalize(dtype: DataType, value: object) -> Value:
             raise TypeMismatch(f"{dtype.name} needs an int, got {type(value).__name__}")
         lo, hi = INTEGER_RANGES[dtype]
         if not lo <= value <= hi:
-            raise TypeMismatch(f"{value} is out of range for {dtype.name} [{lo}, {hi}]")
+            raise TypeMismatch(f"{_int_text(value)} is out of range for {dtype.name} [{lo}, {hi}]")
         return int(value)
     if dtype is DataType.FLOAT or dtype is DataType.DOUBLE:
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -130,7 +140,7 @@ def normalize(dtype: DataType, value: object) -> Value:
         try:
             f = float(value)
         except OverflowError:
-            raise TypeMismatch(f"{value} is out of range for {dtype.name}") from None
+            raise TypeMismatch(f"{_int_text(value)} is out of range for {dtype.name}") from None
         if math.isnan(f):
             raise TypeMismatch(f"NaN is not supported in {dtype.name} (SQLite stores it as NULL)")
         if dtype is DataType.FLOAT:

@@ -391,6 +391,20 @@ def test_parse_value_by_type() -> None:
             parse_value(dtype, text)
 
 
+def test_a_time_finer_than_a_microsecond_is_refused_not_cut() -> None:
+    # fromisoformat drops the seventh digit on: .1234567 was stored as .123456.
+    with pytest.raises(ValueError, match="finer than a microsecond"):
+        parse_value(DataType.UNIXTIME_MICROS, "1970-01-01T00:00:01.1234567Z")
+    assert parse_value(DataType.UNIXTIME_MICROS, "1970-01-01T00:00:01.1234560Z") == 1_123_456
+    assert parse_value(DataType.UNIXTIME_MICROS, "1970-01-01 00:00:01,5") == 1_500_000
+
+
+def test_an_integer_of_thousands_of_digits_is_out_of_range() -> None:
+    # int() refuses text past 4,300 digits with a message about Python, not the column.
+    with pytest.raises(ValueError, match=r"an integer of 5000 characters is out of range \(INT64"):
+        parse_value(DataType.INT64, "7" * 5000)
+
+
 NUMBERS = Schema(
     [
         ColumnSchema("i", DataType.INT64, is_key=True),
@@ -655,10 +669,17 @@ def test_up_refuses_a_mismatched_existing_cluster(tmp_path: Path) -> None:
 
 def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
     # A stored escape sequence must not reach the terminal as one.
-    assert _text_value(DataType.STRING, "a\x1b[31mb\nc\x9b") == "a\\x1b[31mb\\x0ac\\x9b"
+    assert _text_value(DataType.STRING, "a\x1b[31mb\nc\x9b") == "'a\\x1b[31mb\\x0ac\\x9b'"
     assert _text_value(DataType.STRING, "ünï 日本") == "ünï 日本"
     # Format characters and line separators: a reversed or split row.
-    assert _text_value(DataType.STRING, "a\u202eb\u2028c\u200b") == "a\\u202eb\\u2028c\\u200b"
+    assert _text_value(DataType.STRING, "a\u202eb\u2028c\u200b") == "'a\\u202eb\\u2028c\\u200b'"
+    # An escaped NUL in quotes: the four characters \x00 are printed as they are.
+    assert _text_value(DataType.STRING, "\x00") == "'\\x00'"
+    assert _text_value(DataType.STRING, "\\x00") == "\\x00"
+    # Empty and blank strings, which left a cell that looked empty.
+    assert _text_value(DataType.STRING, "") == "''"
+    assert _text_value(DataType.STRING, "  ") == "'  '"
+    assert _text_value(DataType.STRING, " a") == "' a'"
     # NULL and the string 'NULL' printed the same line.
     assert _text_value(DataType.STRING, None) == "NULL"
     assert _text_value(DataType.STRING, "NULL") == "'NULL'"
@@ -666,6 +687,9 @@ def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
     assert _text_value(DataType.STRING, "'NULL'") == "'''NULL'''"
     assert _text_value(DataType.STRING, "it's") == "it's"
     assert _text_value(DataType.STRING, "NULLS") == "NULLS"
+    # What the table shows in quotes reads back, in --where or row, as the same string.
+    for text in ["'", "''", "'NULL'", "it's", "", "  ", "NULL"]:
+        assert parse_value(DataType.STRING, _text_value(DataType.STRING, text)) == text
     # JSON has no infinity: json.dumps wrote the bare word, which strict parsers refuse.
     values = [_json_value(DataType.DOUBLE, v) for v in (float("inf"), float("-inf"), 1.5)]
     assert json.loads(json.dumps(values, allow_nan=False)) == ["Infinity", "-Infinity", 1.5]

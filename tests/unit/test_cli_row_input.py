@@ -154,6 +154,29 @@ def test_a_scans_json_reads_back_as_the_row_it_printed(row: dict[str, object]) -
     assert row_from_json(SCHEMA, doc) == row
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        # json reads a number beyond any float as infinity: it was stored as one.
+        ('{"score": 1e400}', "column 'score': 1e400 is out of range for DOUBLE (write \"inf\""),
+        ('{"ratio": -1e400}', "column 'ratio': -1e400 is out of range for FLOAT"),
+        ('{"id": 1e400}', "column 'id': 1e400 is out of range for INT64"),
+    ],
+)
+def test_a_json_number_beyond_every_float_is_refused_not_infinity(text: str, said: str) -> None:
+    [(_, doc)] = rows(text)
+    with pytest.raises(ValueError, match="out of range") as e:
+        row_from_json(SCHEMA, doc)
+    assert said in str(e.value)
+    assert row_from_json(SCHEMA, rows('{"score": 1e300}')[0][1]) == {"score": 1e300}
+
+
+def test_a_json_integer_of_thousands_of_digits_says_the_line() -> None:
+    # int() refuses past 4,300 digits: a bare ValueError came out of the reader.
+    with pytest.raises(JsonRowError, match="line 2: an integer of 5000 digits is out of"):
+        rows('{"id": 1}\n{"id": ' + "7" * 5000 + "}\n")
+
+
 def test_a_delete_keeps_the_key_columns_alone() -> None:
     assert keys_only(SCHEMA, {"id": 1, "name": "a", "ok": True}) == {"id": 1, "name": "a"}
 

@@ -93,6 +93,17 @@ def test_float_range_and_specials() -> None:
         normalize(DataType.DOUBLE, 10**400)
 
 
+@pytest.mark.parametrize("dtype", [DataType.INT64, DataType.INT8, DataType.DOUBLE])
+def test_an_int_too_long_to_print_is_a_type_mismatch(dtype: DataType) -> None:
+    # Python will not print an int of over 4,300 digits: the error's own message raised
+    # a ValueError that was no TypeMismatch (so no RowError to the client's caller).
+    for value in (10**5000, -(10**5000)):
+        with pytest.raises(
+            TypeMismatch, match=f"integer of about 5001 digits is out of range for {dtype.name}"
+        ):
+            normalize(dtype, value)
+
+
 @pytest.mark.parametrize("dtype", [DataType.FLOAT, DataType.DOUBLE])
 def test_nan_is_rejected_because_sqlite_would_store_null(dtype: DataType) -> None:
     with pytest.raises(TypeMismatch, match="NaN"):
