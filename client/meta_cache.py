@@ -64,6 +64,7 @@ from raftlet.client.retry import (
     classify,
     credentials_refused,
     fatal_error,
+    no_certificate_verified,
     run_with_retries,
 )
 from raftlet.client.stats import StatsRecorder
@@ -565,7 +566,9 @@ class MetaCache(MetaState):
         def attempt(_n: int, attempt_timeout: float) -> ClusterView:
             end = self._clock() + attempt_timeout
             last: RpcFailure | None = None
-            for addr in self.config_addresses():
+            addresses = self.config_addresses()
+            failures: list[RpcFailure] = []
+            for addr in addresses:
                 left = end - self._clock()
                 if left <= 0:
                     break
@@ -575,7 +578,10 @@ class MetaCache(MetaState):
                     )
                 except grpc.RpcError as e:
                     last = classify(e, address=addr)
-                    if credentials_refused(last):
+                    failures.append(last)
+                    if credentials_refused(last) or (
+                        len(failures) == len(addresses) and no_certificate_verified(failures)
+                    ):
                         # Not retried until the deadline (30 s of "invalid bearer token").
                         raise fatal_error(last, "fetching the cluster config") from None
                     continue

@@ -64,7 +64,7 @@ import asyncio
 import enum
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -97,6 +97,7 @@ __all__ = [
     "classify_error_pb",
     "classify_status",
     "fatal_error",
+    "no_certificate_verified",
     "run_with_retries",
     "run_with_retries_async",
     "server_error_of",
@@ -174,6 +175,10 @@ _RETRIABLE: dict[Cause, Action] = {
     Cause.TABLET_NOT_RUNNING: Action.NEXT_REPLICA,
     Cause.DEADLINE_EXCEEDED: Action.NEXT_REPLICA,
     Cause.TABLET_NOT_FOUND: Action.NEXT_REPLICA,
+    # That server's certificate (expired, say): the others' may verify. A config fetch that
+    # no server's certificate passes fails at once (``MetaCache.load``): then it is the
+    # client's CA.
+    Cause.CERTIFICATE_UNVERIFIED: Action.NEXT_REPLICA,
 }
 
 
@@ -190,8 +195,7 @@ _NEVER_CONNECTED = re.compile(r"\bfailed to connect to all addresses\b|\bDNS res
 # to a plaintext client, or to a certificate (or none) it does not accept.
 _CLOSED_AT_CONNECT = re.compile(r"Socket closed|[Hh]andshake failed|CERTIFICATE_VERIFY_FAILED")
 # OpenSSL's words when this client could not verify the server's certificate (signed by
-# another CA than the client's --tls-ca, expired): no retry changes that, and every server
-# of a cluster has a certificate of the same CA.
+# another CA than the client's --tls-ca, expired): no retry to that server changes that.
 _CERTIFICATE_UNVERIFIED = re.compile(r"\bCERTIFICATE_VERIFY_FAILED\b")
 
 
@@ -392,12 +396,17 @@ CREDENTIALS_REFUSED = frozenset(
 
 
 def credentials_refused(failure: RpcFailure) -> bool:
-    """Whether ``failure`` is the server refusing the caller itself (``CREDENTIALS_REFUSED``),
-    or the caller refusing the server's certificate: either way no other server differs."""
-    return (
-        failure.status in {code.name for code in CREDENTIALS_REFUSED}
-        or failure.cause is Cause.CERTIFICATE_UNVERIFIED
-    )
+    """Whether ``failure`` is the server refusing the caller itself (``CREDENTIALS_REFUSED``):
+    every server takes the same tokens and CA, so no other server differs. (A server
+    certificate the caller cannot verify may be that server's alone: one that expired.)"""
+    return failure.status in {code.name for code in CREDENTIALS_REFUSED}
+
+
+def no_certificate_verified(failures: Sequence[RpcFailure]) -> bool:
+    """Whether ``failures`` -- one from each server a config fetch asked -- are all of a
+    certificate this client could not verify: its CA is not the cluster's, which no retry
+    changes."""
+    return bool(failures) and all(f.cause is Cause.CERTIFICATE_UNVERIFIED for f in failures)
 
 
 def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
@@ -458,6 +467,9 @@ DEFAULT_POLICIES: Mapping[Cause, wait_base] = {
     Cause.NOT_LEADER: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.02),
     Cause.LEADERSHIP_LOST: tenacity.wait_exponential_jitter(multiplier=0.01, max=0.5, jitter=0.02),
     Cause.UNAVAILABLE: tenacity.wait_exponential_jitter(multiplier=0.02, max=1.0, jitter=0.02),
+    Cause.CERTIFICATE_UNVERIFIED: tenacity.wait_exponential_jitter(
+        multiplier=0.02, max=1.0, jitter=0.02
+    ),
     Cause.TABLET_NOT_RUNNING: tenacity.wait_exponential_jitter(
         multiplier=0.02, max=1.0, jitter=0.02
     ),
@@ -501,6 +513,11 @@ def timeout_error(
         text += (
             ": the tablet has no leader, as when fewer than a majority of its replicas run "
             "(`raftlet cluster status` says which)"
+        )
+    if last is not None and last.cause is Cause.CERTIFICATE_UNVERIFIED:
+        text += (
+            f": this client could not verify the certificate of {last.server or last.address}"
+            " -- expired, or of another CA than --tls-ca? (`raftlet cluster status` says)"
         )
     if last is not None and _closed_at_connect(last):
         # Retried to the deadline, it read like an outage (a reviewer's plaintext client

@@ -101,6 +101,16 @@ def unavailable() -> FakeRpcError:
     return FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
 
 
+def certificate_unverified() -> FakeRpcError:
+    """What gRPC says when the client cannot verify a server's certificate (expired)."""
+    return FakeRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7050: Ssl "
+        "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:"
+        "OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: certificate has expired",
+    )
+
+
 def config_pb(partitions: int = 2) -> tablet_pb2.GetClusterConfigResponse:
     pb = tablet_pb2.GetClusterConfigResponse()
     for s in SERVERS:

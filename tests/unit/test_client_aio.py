@@ -34,6 +34,7 @@ from tests.unit.client_aio_fakes import AsyncFakeClock, AsyncFakeCluster, fake_c
 from tests.unit.client_fakes import (
     FakeRpcError,
     addr,
+    certificate_unverified,
     config_pb,
     not_leader,
     ok,
@@ -397,6 +398,54 @@ def test_credentials_a_server_refuses_fail_the_config_fetch_at_once() -> None:
     # end in a Timeout after 2 s).
     meta = MetaCache([addr("ts1")], cluster.cluster, StatsRecorder())
     with pytest.raises(RemoteError, match="invalid bearer token"):
+        meta.load(time.monotonic() + 2.0, 2.0)
+
+
+def test_a_server_whose_certificate_does_not_verify_is_passed_over_for_the_config() -> None:
+    """Review r27a: ts1's certificate expired, and every new client failed at once on it
+    (the first seed) while ts2 and ts3 served every tablet."""
+    cluster = AsyncFakeCluster()
+    clock = AsyncFakeClock()
+    cluster.servers["ts1"].script("config", certificate_unverified())
+    cluster.servers["ts2"].script("config", config_pb())
+
+    async def main() -> None:
+        client = await AsyncClient.connect(
+            [addr("ts1"), addr("ts2")],
+            stubs=cluster,
+            clock=clock.clock,
+            sleep=clock.async_sleep,
+            timeout_s=30.0,
+        )
+        await client.close()
+
+    run(main())
+    assert clock.sleeps == []
+    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
+    meta.load(time.monotonic() + 2.0, 2.0)
+
+
+def test_no_server_certificate_verifying_fails_the_config_fetch_at_once() -> None:
+    """Then it is the client's CA (--tls-ca), which no retry changes."""
+    cluster = AsyncFakeCluster()
+    clock = AsyncFakeClock()
+    for s in cluster.servers.values():
+        s.script("config", certificate_unverified())
+
+    async def main() -> None:
+        with pytest.raises(RemoteError, match="could not verify the server's certificate"):
+            await AsyncClient.connect(
+                [addr("ts1"), addr("ts2")],
+                stubs=cluster,
+                clock=clock.clock,
+                sleep=clock.async_sleep,
+                timeout_s=30.0,
+            )
+
+    run(main())
+    assert clock.sleeps == []  # refused at once: no backoff
+    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
+    with pytest.raises(RemoteError, match="could not verify the server's certificate"):
         meta.load(time.monotonic() + 2.0, 2.0)
 
 
