@@ -59,6 +59,7 @@ def check_server_tls(
         )
     _check_dates(issuer, f"--tls_ca {ca}", now)
     _check_dates(own, f"--tls_cert {cert}", now)
+    _warn_if_shared(key)
     uris = _san_uris(own)
     wanted = SERVER_URI_PREFIX + server_id
     if wanted not in uris:
@@ -93,6 +94,22 @@ def check_server_tls(
             "it to clients and, as a client, to its peers"
         )
     return min(own.not_valid_after_utc, issuer.not_valid_after_utc)
+
+
+def _warn_if_shared(key: str) -> None:
+    """A WARNING if other users may read the private key (as for the tokens file): not
+    fatal, a mounted secret's mode is not always the server's to choose."""
+    try:
+        mode = Path(key).stat().st_mode
+    except OSError:
+        return  # load_cert_chain read it a moment ago; a file gone since fails later
+    if mode & 0o077:
+        logger.warning(
+            "--tls_key %s is readable by other users (mode %o): anyone who reads it can pose "
+            "as this server; chmod 600 it",
+            key,
+            mode & 0o777,
+        )
 
 
 def _load(path: str, flag: str) -> list[x509.Certificate]:

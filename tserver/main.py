@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import sys
 
@@ -26,6 +27,8 @@ logger = logging.getLogger(__name__)
 def run(settings: ServerSettings) -> int:
     """Serve until asked to stop; 0 after a graceful shutdown, 1 if the server failed, 2 if
     its settings cannot work on this machine or with its data directory."""
+    # Before any file is made: rows, logs and metadata are the server's user's alone.
+    os.umask(int(settings.umask, 8))
     logging.basicConfig(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",

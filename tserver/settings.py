@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -156,6 +157,7 @@ class ServerSettings:
     tls_key: str = ""
     tls_ca: str = ""
     auth_tokens_file: str = ""
+    umask: str = "077"  # octal, as written
     insecure: bool = False
     # The token port (TLS, no client certificate asked for); "" = none.
     token_rpc_addr: str = ""
@@ -445,6 +447,11 @@ def _mode_check(value: Any) -> None:
 
 def _default(name: str) -> Any:
     return next(f.default for f in dataclasses.fields(ServerSettings) if f.name == name)
+
+
+def _check_octal(value: Any) -> None:
+    if not isinstance(value, str) or re.fullmatch(r"0?[0-7]{1,3}", value) is None:
+        raise ValueError(f"expected an octal mask such as 077, got {value!r}")
 
 
 def _size(n: int) -> str:
@@ -978,6 +985,15 @@ FLAGS: tuple[FlagSpec, ...] = (
         "The cluster's CA certificate (PEM): client and peer certificates must be signed "
         "by it, and peers' server certificates are checked against it (default none).",
         convert=str,
+    ),
+    FlagSpec(
+        "umask", _SECURITY, "OCTAL",
+        f"File mode creation mask of the server process, in octal (default {_D('umask')}): "
+        "the rows, "
+        "write-ahead logs and metadata it writes are its own user's alone, whatever the "
+        "shell's umask -- roles guard the RPCs, not the files. 027 lets the group read them "
+        "(a backup user, say). Read at startup only.",
+        convert=str, check=_check_octal,
     ),
     FlagSpec(
         "auth_tokens_file", _SECURITY, "PATH",

@@ -125,6 +125,16 @@ def test_status_is_ok_on_a_healthy_cluster(data_dir: Path) -> None:
         assert sum(r["disk_bytes"] for r in mine) == server["disk_bytes"]
 
 
+def test_a_servers_files_are_its_users_alone(data_dir: Path) -> None:
+    # Review r27a: under the shell's umask 022 every row and log was world-readable,
+    # around the roles that guard the RPCs (the servers' --umask, 077 by default).
+    made = [p for s in ("ts1", "ts2", "ts3") for p in (data_dir / s).rglob("*")]
+    made += [data_dir / f"{s}.log" for s in ("ts1", "ts2", "ts3")]
+    assert any(p.name == "store.sqlite" for p in made)
+    shared = [f"{p} {p.stat().st_mode & 0o777:o}" for p in made if p.stat().st_mode & 0o077]
+    assert shared == []
+
+
 def scan_json(data_dir: Path, *args: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = json.loads(
         ok(raftlet("scan", "kv", "--data-dir", str(data_dir), "--format", "json", *args))

@@ -37,6 +37,19 @@ def test_a_servers_own_files_pass(certs: Path, caplog: pytest.LogCaptureFixture)
     assert not caplog.records
 
 
+def test_a_key_other_users_may_read_is_warned_of(
+    certs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Review r27a: a 644 tokens file was warned of, a 644 private key was not.
+    caplog.set_level(logging.WARNING)
+    (certs / "server-ts1.key").chmod(0o644)
+    _check(certs, "server-ts1.crt", "server-ts1.key")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--tls_key {certs / 'server-ts1.key'} is readable by other users (mode 644): anyone "
+        "who reads it can pose as this server; chmod 600 it"
+    ]
+
+
 def test_files_that_cannot_work_are_refused_naming_the_file_and_the_fault(certs: Path) -> None:
     with pytest.raises(
         OSError, match=r"server-ts2\.crt is not this server's .*raftlet://server/ts2"

@@ -89,6 +89,7 @@ OVERRIDES: list[tuple[list[str], str, object]] = [
     (["--max_message_bytes", "1048576"], "max_message_bytes", MiB),
     (["--max-batch-rows", "5"], "max_batch_rows", 5),
     (["--log_level", "debug"], "log_level", "DEBUG"),
+    (["--umask", "027"], "umask", "027"),
 ]
 
 
@@ -159,6 +160,9 @@ def test_settings_validate_when_built_directly(config_path: Path) -> None:
         dataclasses.replace(base, replica_worker_max_threads=1)
     with pytest.raises(FlagError, match=r"^--log_appender_threads: must be in 1\.\.1024, got 0$"):
         dataclasses.replace(base, log_appender_threads=0)
+    for mask in ("8", "0777x", "1777", "", "rw"):
+        with pytest.raises(FlagError, match=r"^--umask: expected an octal mask such as 077"):
+            dataclasses.replace(base, umask=mask)
 
 
 # --- leader reads ------------------------------------------------------------------------
