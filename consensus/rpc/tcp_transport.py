@@ -149,7 +149,7 @@ class _TcpPeer:
         with self._lock:
             self._connecting = False
             if link is not None and not self._closed and self._link is None:
-                # Neither the backoff reset nor "on plain tcp" yet: a peer whose port is full
+                # Neither the backoff reset nor "now on tcp" yet: a peer whose port is full
                 # accepts and closes at once, which reset it every dial and logged each one
                 # (``_on_frame`` does both once the peer answers).
                 self._proven = False
@@ -176,7 +176,10 @@ class _TcpPeer:
                 return
             self._proven = True
             self._backoff = _BACKOFF_INITIAL_S
-        logger.info("consensus traffic to %s now on plain tcp", self.addr)
+        # "tcp over TLS" or "tcp without TLS": "plain tcp" (meaning "not gRPC") read to an
+        # auditor as "unencrypted" on a TLS cluster.
+        how = "tcp over TLS" if self._hub.ssl_context is not None else "tcp without TLS"
+        logger.info("consensus traffic to %s now on %s", self.addr, how)
 
     def _on_close(self, link: FrameLink) -> None:
         with self._lock:

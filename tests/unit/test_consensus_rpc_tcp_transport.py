@@ -23,7 +23,7 @@ from raftlet.tserver.tcp_listener import TcpListener
 from tests.waiting import WAIT_S, wait_for
 
 PEER = "127.0.0.1:7050"
-ON_TCP = "now on plain tcp"
+ON_TCP = "now on tcp without TLS"
 
 
 class _Clock:
