@@ -68,8 +68,11 @@ def current_leader(
     timeout_s: float,
     credentials: Any = None,
     token_ports: bool = False,
+    why: list[str] | None = None,
 ) -> tuple[str, int] | None:
-    """(leader id, term) of ``tablet_id`` as the servers report it, or None."""
+    """(leader id, term) of ``tablet_id`` as the servers report it, or None -- and then
+    what the check says of the servers, added to ``why``: a client certificate every
+    server refused read only as "no ready leader" (review r27a)."""
     from raftlet.client.health import ProbeOptions, check_cluster
 
     options = ProbeOptions(timeout_s=timeout_s, credentials=credentials, token_ports=token_ports)
@@ -77,6 +80,8 @@ def current_leader(
     for t in health.tablets:
         if t.tablet_id == tablet_id and t.leader is not None:
             return t.leader, t.term
+    if why is not None:
+        why += [i for i in health.issues if i.startswith("server ")]
     return None
 
 
@@ -134,9 +139,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--to {args.to}: no such server ({', '.join(config.server_ids)})")
     credentials = target.creds.channel_credentials()
     token_ports = uses_token_ports(target.creds.tls)
-    before = current_leader(config, args.tablet, 3.0, credentials, token_ports)
+    why: list[str] = []
+    before = current_leader(config, args.tablet, 3.0, credentials, token_ports, why)
     if before is None:
-        raise CliError(f"{args.tablet} has no ready leader to step down")
+        note = f" ({'; '.join(why)})" if why else ""
+        raise CliError(f"{args.tablet} has no ready leader to step down{note}")
     old, old_term = before
     if args.to == old:
         raise CliError(f"{args.to} already leads {args.tablet} (term {old_term})")

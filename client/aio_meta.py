@@ -37,6 +37,7 @@ from raftlet.client.retry import (
     RpcFailure,
     classify,
     credentials_refused,
+    every_handshake_refused,
     fatal_error,
     no_certificate_verified,
     run_with_retries_async,
@@ -97,7 +98,11 @@ class AsyncMetaCache(MetaState):
         """Fetch the cluster config from the seeds (then any known server), retrying until
         ``deadline``; raises ``Timeout`` if none answers."""
 
+        # Whether every server of the round before closed the connection at once.
+        closed_before = False
+
         async def attempt(_n: int, attempt_timeout: float) -> ClusterView:
+            nonlocal closed_before
             end = self._clock() + attempt_timeout
             last: RpcFailure | None = None
             addresses = self.config_addresses()
@@ -113,11 +118,20 @@ class AsyncMetaCache(MetaState):
                 except grpc.RpcError as e:
                     last = classify(e, address=addr)
                     failures.append(last)
-                    if credentials_refused(last) or (
-                        len(failures) == len(addresses) and no_certificate_verified(failures)
+                    every = len(failures) == len(addresses)
+                    refused = every and every_handshake_refused(failures)
+                    if (
+                        credentials_refused(last)
+                        or (every and no_certificate_verified(failures))
+                        or (refused and closed_before)
                     ):
-                        # Not retried until the deadline (30 s of "invalid bearer token").
+                        # Not retried until the deadline (30 s of "invalid bearer token";
+                        # of "Socket closed" from servers that refuse this client's
+                        # certificate -- two rounds of it, not one: a server may close a
+                        # connection as it stops).
                         raise fatal_error(last, "fetching the cluster config") from None
+                    if every:
+                        closed_before = refused
                     continue
                 self._stats.config_fetch()
                 return self.install(pb)

@@ -53,7 +53,7 @@ import grpc
 
 from raftlet.client.channels import ChannelPool, ResultFuture, channel_options
 from raftlet.client.errors import InvalidArgument
-from raftlet.client.retry import CREDENTIALS_REFUSED
+from raftlet.client.retry import CREDENTIALS_REFUSED, closed_at_connect
 from raftlet.cluster import ClusterConfig
 from raftlet.cluster.digest import SECTIONS, config_digests
 from raftlet.cluster.identity import EXPIRY_WARNING_DAYS
@@ -437,6 +437,13 @@ def check_cluster(
             issues.append(f"server {s.id}: {note}")
         if state == "DOWN":
             why = "process not running" if alive is False else error
+            if alive is not False and not health.cert_expired and closed_at_connect(error):
+                # A review's wrong client certificate read as three servers down.
+                why += (
+                    " -- it closed the connection at the handshake, as a TLS server does to "
+                    "a client certificate it does not accept (or to no TLS): check this "
+                    "command's --tls-cert, --tls-key and --tls-ca"
+                )
             issues.append(f"server {s.id} ({addr}) is down: {why}")
         elif state == "BUSY":
             issues.append(f"server {s.id} is overloaded: {error}")

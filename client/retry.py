@@ -96,6 +96,8 @@ __all__ = [
     "classify",
     "classify_error_pb",
     "classify_status",
+    "closed_at_connect",
+    "every_handshake_refused",
     "fatal_error",
     "no_certificate_verified",
     "run_with_retries",
@@ -402,6 +404,13 @@ def credentials_refused(failure: RpcFailure) -> bool:
     return failure.status in {code.name for code in CREDENTIALS_REFUSED}
 
 
+def every_handshake_refused(failures: Sequence[RpcFailure]) -> bool:
+    """Whether ``failures`` -- one from each server a config fetch asked -- are all of a
+    connection closed before any call: every server refusing this client's TLS handshake
+    (a certificate of another CA, or none), or a plaintext client of a TLS cluster."""
+    return bool(failures) and all(_closed_at_connect(f) for f in failures)
+
+
 def no_certificate_verified(failures: Sequence[RpcFailure]) -> bool:
     """Whether ``failures`` -- one from each server a config fetch asked -- are all of a
     certificate this client could not verify: its CA is not the cluster's, which no retry
@@ -423,6 +432,8 @@ def fatal_error(failure: RpcFailure, what: str) -> RaftletError:
             " -- this client could not verify the server's certificate: is its CA (--tls-ca) "
             "the cluster's, and the certificate not expired?"
         )
+    elif _closed_at_connect(failure):
+        text += f" -- {_CLOSED_HINT}"
     return RemoteError(
         text, cause=str(failure.cause), may_have_applied=not refused_before_log(failure)
     )
@@ -522,11 +533,7 @@ def timeout_error(
     if last is not None and _closed_at_connect(last):
         # Retried to the deadline, it read like an outage (a reviewer's plaintext client
         # of a TLS cluster waited 30 s for "Socket closed").
-        text += (
-            ": the server closed each connection before any call, as a TLS server does to a "
-            "client without TLS, or with a certificate (or token port) it does not accept: "
-            "check the client's CA, certificate and token"
-        )
+        text += f": {_CLOSED_HINT}"
     error: Timeout
     if named in (Cause.RESOURCE_EXHAUSTED, Cause.STREAM_REFUSED):
         # Named by its own cause: a refused stream counted as RESOURCE_EXHAUSTED sent a
@@ -540,11 +547,23 @@ def timeout_error(
     return error
 
 
+_CLOSED_HINT = (
+    "the server closed each connection before any call, as a TLS server does to a client "
+    "without TLS, or with a certificate (or token port) it does not accept: check the "
+    "client's CA, certificate and token"
+)
+
+
 def _closed_at_connect(failure: RpcFailure) -> bool:
+    return failure.cause is Cause.UNAVAILABLE and closed_at_connect(failure.message)
+
+
+def closed_at_connect(details: str) -> bool:
+    """Whether ``details`` (of an UNAVAILABLE call) say the server closed the connection
+    before any call: a TLS server refusing the client's handshake, not a server down."""
     return (
-        failure.cause is Cause.UNAVAILABLE
-        and _NEVER_CONNECTED.search(failure.message) is not None
-        and _CLOSED_AT_CONNECT.search(failure.message) is not None
+        _NEVER_CONNECTED.search(details) is not None
+        and _CLOSED_AT_CONNECT.search(details) is not None
     )
 
 

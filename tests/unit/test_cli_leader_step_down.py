@@ -117,3 +117,24 @@ def test_a_target_whose_replica_is_failed_is_refused_with_its_reason(
         health, "check_cluster", lambda *_a, **_k: SimpleNamespace(tablets=[tablet])
     )
     assert _step_down(capsys, "ts2") == f"raftlet leader-step-down: error: --to ts2: {why}"
+
+
+def test_no_leader_found_says_what_the_check_said_of_the_servers(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review r27a: with a client certificate every server refused, the command said only
+    "kv-p0 has no ready leader to step down", of a tablet that had one."""
+    refused = (
+        "server ts1 (127.0.0.1:1) is down: UNAVAILABLE: Socket closed -- it closed the "
+        "connection at the handshake"
+    )
+    config = SimpleNamespace(
+        placement=lambda _tablet: None, server_ids=("ts1", "ts2", "ts3"), placements=list
+    )
+    target = SimpleNamespace(config=config, creds=Credentials())
+    monkeypatch.setattr(admin_cmd, "resolve_target", lambda _args: target)
+    checked = SimpleNamespace(tablets=[], issues=[refused, "kv-p0: no replica answers"])
+    monkeypatch.setattr(health, "check_cluster", lambda *_a, **_k: checked)
+    assert _step_down(capsys) == (
+        f"raftlet leader-step-down: error: kv-p0 has no ready leader to step down ({refused})"
+    )

@@ -449,6 +449,41 @@ def test_no_server_certificate_verifying_fails_the_config_fetch_at_once() -> Non
         meta.load(time.monotonic() + 2.0, 2.0)
 
 
+def test_every_server_closing_the_handshake_twice_fails_the_config_fetch() -> None:
+    """Review r27a: a client certificate of another CA (every server closes the connection
+    at the handshake) retried for the whole 30 s. Two rounds, not one: a server closes
+    connections as it stops."""
+    closed = FakeRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:x: Socket closed",
+    )
+    cluster = AsyncFakeCluster()
+    clock = AsyncFakeClock()
+    for s in cluster.servers.values():
+        s.script("config", closed)
+
+    async def main() -> None:
+        with pytest.raises(RemoteError, match="check the client's CA, certificate and token"):
+            await AsyncClient.connect(
+                [addr("ts1"), addr("ts2")],
+                stubs=cluster,
+                clock=clock.clock,
+                sleep=clock.async_sleep,
+                timeout_s=30.0,
+            )
+
+    run(main())
+    assert len(clock.sleeps) == 1  # one backoff, between the two rounds
+    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
+    with pytest.raises(RemoteError, match="closed each connection before any call"):
+        meta.load(time.monotonic() + 30.0, 30.0)
+    # One server closing, another only down: retried (a stop, not this client's certificate).
+    cluster.servers["ts2"].script("config", unavailable())
+    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
+    with pytest.raises(Timeout):
+        meta.load(time.monotonic() + 0.3, 0.3)
+
+
 def test_leader_step_down_goes_to_the_leader() -> None:
     from raftlet.proto import admin_pb2
 

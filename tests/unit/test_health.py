@@ -397,6 +397,28 @@ def test_a_server_whose_certificate_expired_is_an_error_that_says_so(
     ) in verdict.issues
 
 
+@pytest.mark.parametrize(
+    ("error", "hinted"),
+    [
+        ("UNAVAILABLE: failed to connect to all addresses; last error: UNAVAILABLE: "
+         "ipv4:127.0.0.1:7050: Socket closed", True),
+        ("UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
+         "ipv4:127.0.0.1:7050: Failed to connect to remote host: Connection refused", False),
+    ],
+)  # fmt: skip
+def test_a_server_that_closes_the_handshake_is_down_with_a_hint_at_the_certificate(
+    monkeypatch: pytest.MonkeyPatch, error: str, hinted: bool
+) -> None:
+    """Review r27a: a client certificate the servers refuse read as three servers down."""
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in ("a", "c")}
+    probes = {n: (r, "UP", "") for n, r in listed.items()} | {"b": (None, "DOWN", error)}
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    (down,) = [i for i in verdict.issues if i.startswith("server b ")]
+    assert ("closed the connection at the handshake" in down) is hinted
+    assert ("check this command's --tls-cert, --tls-key and --tls-ca" in down) is hinted
+
+
 # --- the checker's own copy of cluster.toml --------------------------------------------------
 
 TS = ("ts1", "ts2", "ts3")
