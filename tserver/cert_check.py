@@ -15,6 +15,7 @@ import datetime
 import ipaddress
 import logging
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
@@ -23,9 +24,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from raftlet.cluster.identity import CLIENT_URI_PREFIX, EXPIRY_WARNING_DAYS, SERVER_URI_PREFIX
 
-__all__ = ["EXPIRY_WARNING_DAYS", "check_server_tls", "is_ca", "validity_fault"]
+__all__ = ["EXPIRY_WARNING_DAYS", "ExpiryWatch", "check_server_tls", "is_ca", "validity_fault"]
 
 logger = logging.getLogger(__name__)
+
+# A running server warns of its certificate's expiry once this close to it.
+_LAST_DAY_S = 86400.0
 
 
 def check_server_tls(
@@ -94,6 +98,43 @@ def check_server_tls(
             "it to clients and, as a client, to its peers"
         )
     return min(own.not_valid_after_utc, issuer.not_valid_after_utc)
+
+
+class ExpiryWatch:
+    """What a running server says of its certificate (or CA) as it nears and passes its
+    expiry: a WARNING a day before, an ERROR once it has expired -- each once. The start-up
+    check warns only as a server starts, and one that ran on past its certificate's expiry
+    said nothing while every new connection to it failed (review r27a)."""
+
+    def __init__(
+        self,
+        expires: datetime.datetime,
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    ) -> None:
+        self._expires = expires
+        self._clock = clock
+        self._said = ""
+
+    def check(self) -> None:
+        left = (self._expires - self._clock()).total_seconds()
+        stage = "expired" if left <= 0 else "soon" if left <= _LAST_DAY_S else ""
+        if not stage or stage == self._said:
+            return
+        self._said = stage
+        at = f"{self._expires:%Y-%m-%d %H:%M} UTC"
+        if stage == "expired":
+            logger.error(
+                "TLS certificate (or its CA) expired at %s: clients and peers that connect "
+                "anew refuse this server; renew it and restart the server",
+                at,
+            )
+        else:
+            logger.warning(
+                "TLS certificate (or its CA) expires at %s, in %.0f hours: renew it and "
+                "restart the server before then",
+                at,
+                left / 3600,
+            )
 
 
 def _warn_if_shared(key: str) -> None:

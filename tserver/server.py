@@ -89,7 +89,7 @@ from raftlet.proto import (
     tablet_pb2_grpc,
 )
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
-from raftlet.tserver.cert_check import check_server_tls
+from raftlet.tserver.cert_check import ExpiryWatch, check_server_tls
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
@@ -738,12 +738,16 @@ class TabletServer:
                 logger.exception("taking in the peers' records of servers heard from")
 
     async def _watch_peer_contact(self) -> None:
-        """Log which peers stopped answering, every ``CHECK_INTERVAL_S``
-        (``tserver.peer_contact``)."""
+        """Log which peers stopped answering (``tserver.peer_contact``), and a certificate
+        about to expire or expired (``cert_check.ExpiryWatch``), every
+        ``CHECK_INTERVAL_S``."""
+        expiry = None if self.tls_expires is None else ExpiryWatch(self.tls_expires)
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
             try:
                 self.peer_contact.check()
+                if expiry is not None:
+                    expiry.check()
             except Exception:  # the next pass looks again; a server is not stopped for this
                 logger.exception("checking which peers answer")
 

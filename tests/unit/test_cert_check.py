@@ -13,7 +13,7 @@ import pytest
 
 from raftlet.cluster.identity import AccessRole
 from raftlet.deploy.certs import CertError, ClientSpec, create_certs
-from raftlet.tserver.cert_check import check_server_tls
+from raftlet.tserver.cert_check import ExpiryWatch, check_server_tls
 from tests.tls_certs import issue
 
 DAY = datetime.timedelta(days=1)
@@ -151,3 +151,33 @@ def test_a_client_whose_certificate_cannot_work_is_told_at_once(certs: Path) -> 
     with pytest.raises(InvalidArgument, match=r"old\.crt expired on .*the servers refuse it"):
         TlsOptions(certs / "ca.crt", cert, key).credentials()
     TlsOptions(certs / "ca.crt", certs / "client-app.crt", certs / "client-app.key").credentials()
+
+
+def test_a_running_server_says_once_when_its_certificate_nears_and_passes_expiry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review r27a: a server that ran on past its certificate's expiry logged nothing while
+    every new connection to it failed."""
+    caplog.set_level(logging.WARNING)
+    expires = datetime.datetime(2026, 12, 8, 6, 0, tzinfo=datetime.UTC)
+    now = [expires - 3 * DAY]
+    watch = ExpiryWatch(expires, clock=lambda: now[0])
+    said: list[str] = []
+
+    def check_at(moment: datetime.datetime) -> None:
+        now[0] = moment
+        watch.check()
+        said.extend(f"{r.levelname} {r.getMessage()}" for r in caplog.records)
+        caplog.clear()
+
+    check_at(expires - 2 * DAY)
+    check_at(expires - DAY / 2)
+    check_at(expires - DAY / 4)
+    check_at(expires)
+    check_at(expires + DAY)
+    assert said == [
+        "WARNING TLS certificate (or its CA) expires at 2026-12-08 06:00 UTC, in 12 hours: "
+        "renew it and restart the server before then",
+        "ERROR TLS certificate (or its CA) expired at 2026-12-08 06:00 UTC: clients and peers "
+        "that connect anew refuse this server; renew it and restart the server",
+    ]
