@@ -59,13 +59,11 @@ from raftlet.client.errors import InvalidArgument, RaftletError, RemoteError, Ta
 from raftlet.client.retry import (
     Action,
     Cause,
+    ConfigFetchRefusals,
     RetriableFailure,
     RpcFailure,
     classify,
-    credentials_refused,
-    every_handshake_refused,
     fatal_error,
-    no_certificate_verified,
     run_with_retries,
 )
 from raftlet.client.stats import StatsRecorder
@@ -564,15 +562,13 @@ class MetaCache(MetaState):
         """Fetch the cluster config from the seeds (then any known server), retrying until
         ``deadline``; raises ``Timeout`` if none answers."""
 
-        # Whether every server of the round before closed the connection at once.
-        closed_before = False
+        refusals = ConfigFetchRefusals()
 
         def attempt(_n: int, attempt_timeout: float) -> ClusterView:
-            nonlocal closed_before
             end = self._clock() + attempt_timeout
             last: RpcFailure | None = None
             addresses = self.config_addresses()
-            failures: list[RpcFailure] = []
+            refusals.new_round(len(addresses))
             for addr in addresses:
                 left = end - self._clock()
                 if left <= 0:
@@ -583,21 +579,9 @@ class MetaCache(MetaState):
                     )
                 except grpc.RpcError as e:
                     last = classify(e, address=addr)
-                    failures.append(last)
-                    every = len(failures) == len(addresses)
-                    refused = every and every_handshake_refused(failures)
-                    if (
-                        credentials_refused(last)
-                        or (every and no_certificate_verified(failures))
-                        or (refused and closed_before)
-                    ):
-                        # Not retried until the deadline (30 s of "invalid bearer token";
-                        # of "Socket closed" from servers that refuse this client's
-                        # certificate -- two rounds of it, not one: a server may close a
-                        # connection as it stops).
+                    if refusals.final(last):
+                        # Not retried until the deadline (30 s of "invalid bearer token").
                         raise fatal_error(last, "fetching the cluster config") from None
-                    if every:
-                        closed_before = refused
                     continue
                 self._stats.config_fetch()
                 return self.install(pb)

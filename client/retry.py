@@ -64,7 +64,7 @@ import asyncio
 import enum
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -90,6 +90,7 @@ __all__ = [
     "DEFAULT_POLICIES",
     "Action",
     "Cause",
+    "ConfigFetchRefusals",
     "RetriableFailure",
     "RpcFailure",
     "certificate_unverified",
@@ -97,9 +98,7 @@ __all__ = [
     "classify_error_pb",
     "classify_status",
     "closed_at_connect",
-    "every_handshake_refused",
     "fatal_error",
-    "no_certificate_verified",
     "run_with_retries",
     "run_with_retries_async",
     "server_error_of",
@@ -404,18 +403,35 @@ def credentials_refused(failure: RpcFailure) -> bool:
     return failure.status in {code.name for code in CREDENTIALS_REFUSED}
 
 
-def every_handshake_refused(failures: Sequence[RpcFailure]) -> bool:
-    """Whether ``failures`` -- one from each server a config fetch asked -- are all of a
-    connection closed before any call: every server refusing this client's TLS handshake
-    (a certificate of another CA, or none), or a plaintext client of a TLS cluster."""
-    return bool(failures) and all(_closed_at_connect(f) for f in failures)
+class ConfigFetchRefusals:
+    """The failures of a config fetch, round by round (a round asks every server it knows
+    once): whether the last one is an answer no retry changes. So it is when a server
+    refuses the caller itself (``credentials_refused``); when no server's certificate
+    verifies (the client's CA is not the cluster's -- one server's alone may have expired);
+    and when every server closed the connection at the handshake in two rounds running (a
+    client certificate of another CA was retried for 30 s; one round is not enough, as a
+    server that stops closes connections too)."""
 
+    def __init__(self) -> None:
+        self._failures: list[RpcFailure] = []
+        self._servers = 0
+        self._closed_before = False
 
-def no_certificate_verified(failures: Sequence[RpcFailure]) -> bool:
-    """Whether ``failures`` -- one from each server a config fetch asked -- are all of a
-    certificate this client could not verify: its CA is not the cluster's, which no retry
-    changes."""
-    return bool(failures) and all(f.cause is Cause.CERTIFICATE_UNVERIFIED for f in failures)
+    def new_round(self, servers: int) -> None:
+        self._failures = []
+        self._servers = servers
+
+    def final(self, failure: RpcFailure) -> bool:
+        self._failures.append(failure)
+        if credentials_refused(failure):
+            return True
+        if len(self._failures) < self._servers:
+            return False
+        if all(f.cause is Cause.CERTIFICATE_UNVERIFIED for f in self._failures):
+            return True
+        closed = all(_closed_at_connect(f) for f in self._failures)
+        closed_twice, self._closed_before = closed and self._closed_before, closed
+        return closed_twice
 
 
 def fatal_error(failure: RpcFailure, what: str) -> RaftletError:

@@ -373,32 +373,61 @@ def test_no_seed_answers_times_out() -> None:
     run(main())
 
 
-def test_credentials_a_server_refuses_fail_the_config_fetch_at_once() -> None:
-    """Every server of a cluster takes the same tokens and certificates: the first refusal
-    is the answer, not something to retry until the deadline (30 s of "invalid bearer
-    token" in a review)."""
+async def connect_to_two(cluster: AsyncFakeCluster, clock: AsyncFakeClock) -> AsyncClient:
+    return await AsyncClient.connect(
+        [addr("ts1"), addr("ts2")],
+        stubs=cluster,
+        clock=clock.clock,
+        sleep=clock.async_sleep,
+        timeout_s=30.0,
+    )
+
+
+_SOCKET_CLOSED = "failed to connect to all addresses; last error: UNAVAILABLE: x: Socket closed"
+
+
+@pytest.mark.parametrize(
+    ("refusal", "said", "rounds"),
+    [
+        # Every server of a cluster takes the same tokens and certificates: the first
+        # refusal is the answer, not something to retry until the deadline (30 s of
+        # "invalid bearer token" in a review).
+        (FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token"), "invalid", 1),
+        # No server's certificate verifying: the client's CA (--tls-ca), which no retry
+        # changes (one server's alone may have expired: the next test).
+        (certificate_unverified(), "could not verify the server's certificate", 1),
+        # Review r27a: a client certificate of another CA (every server closes the
+        # connection at the handshake) retried for the whole 30 s. Two rounds, not one: a
+        # server closes connections as it stops.
+        (FakeRpcError(grpc.StatusCode.UNAVAILABLE, _SOCKET_CLOSED), "check the client's CA", 2),
+    ],
+)
+def test_a_refusal_from_every_server_fails_the_config_fetch_at_once(
+    refusal: FakeRpcError, said: str, rounds: int
+) -> None:
     cluster = AsyncFakeCluster()
     clock = AsyncFakeClock()
     for s in cluster.servers.values():
-        s.script("config", FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token"))
+        s.script("config", refusal)
+    with pytest.raises(RemoteError, match=said):
+        run(connect_to_two(cluster, clock))
+    assert len(clock.sleeps) == rounds - 1  # a backoff between rounds, if any
+    # The threaded client's meta cache, the same (retried, it would end in a Timeout).
+    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
+    with pytest.raises(RemoteError, match=said):
+        meta.load(time.monotonic() + 30.0, 30.0)
 
-    async def main() -> None:
-        with pytest.raises(RemoteError, match="invalid bearer token"):
-            await AsyncClient.connect(
-                [addr("ts1"), addr("ts2")],
-                stubs=cluster,
-                clock=clock.clock,
-                sleep=clock.async_sleep,
-                timeout_s=30.0,
-            )
 
-    run(main())
-    assert clock.sleeps == []  # refused at once: no backoff
-    # The threaded client's meta cache, the same (on the real clock: retried, it would
-    # end in a Timeout after 2 s).
-    meta = MetaCache([addr("ts1")], cluster.cluster, StatsRecorder())
-    with pytest.raises(RemoteError, match="invalid bearer token"):
-        meta.load(time.monotonic() + 2.0, 2.0)
+def test_one_server_closing_the_handshake_while_another_is_down_is_retried() -> None:
+    """A server stopping closes connections too: not taken for a refused certificate."""
+    cluster = AsyncFakeCluster()
+    cluster.servers["ts1"].script(
+        "config", FakeRpcError(grpc.StatusCode.UNAVAILABLE, _SOCKET_CLOSED)
+    )
+    cluster.servers["ts2"].script("config", unavailable())
+    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
+    with pytest.raises(Timeout):
+        meta.load(time.monotonic() + 0.3, 0.3)
 
 
 def test_a_server_whose_certificate_does_not_verify_is_passed_over_for_the_config() -> None:
@@ -410,78 +439,12 @@ def test_a_server_whose_certificate_does_not_verify_is_passed_over_for_the_confi
     cluster.servers["ts2"].script("config", config_pb())
 
     async def main() -> None:
-        client = await AsyncClient.connect(
-            [addr("ts1"), addr("ts2")],
-            stubs=cluster,
-            clock=clock.clock,
-            sleep=clock.async_sleep,
-            timeout_s=30.0,
-        )
-        await client.close()
+        await (await connect_to_two(cluster, clock)).close()
 
     run(main())
     assert clock.sleeps == []
     meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
     meta.load(time.monotonic() + 2.0, 2.0)
-
-
-def test_no_server_certificate_verifying_fails_the_config_fetch_at_once() -> None:
-    """Then it is the client's CA (--tls-ca), which no retry changes."""
-    cluster = AsyncFakeCluster()
-    clock = AsyncFakeClock()
-    for s in cluster.servers.values():
-        s.script("config", certificate_unverified())
-
-    async def main() -> None:
-        with pytest.raises(RemoteError, match="could not verify the server's certificate"):
-            await AsyncClient.connect(
-                [addr("ts1"), addr("ts2")],
-                stubs=cluster,
-                clock=clock.clock,
-                sleep=clock.async_sleep,
-                timeout_s=30.0,
-            )
-
-    run(main())
-    assert clock.sleeps == []  # refused at once: no backoff
-    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
-    with pytest.raises(RemoteError, match="could not verify the server's certificate"):
-        meta.load(time.monotonic() + 2.0, 2.0)
-
-
-def test_every_server_closing_the_handshake_twice_fails_the_config_fetch() -> None:
-    """Review r27a: a client certificate of another CA (every server closes the connection
-    at the handshake) retried for the whole 30 s. Two rounds, not one: a server closes
-    connections as it stops."""
-    closed = FakeRpcError(
-        grpc.StatusCode.UNAVAILABLE,
-        "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:x: Socket closed",
-    )
-    cluster = AsyncFakeCluster()
-    clock = AsyncFakeClock()
-    for s in cluster.servers.values():
-        s.script("config", closed)
-
-    async def main() -> None:
-        with pytest.raises(RemoteError, match="check the client's CA, certificate and token"):
-            await AsyncClient.connect(
-                [addr("ts1"), addr("ts2")],
-                stubs=cluster,
-                clock=clock.clock,
-                sleep=clock.async_sleep,
-                timeout_s=30.0,
-            )
-
-    run(main())
-    assert len(clock.sleeps) == 1  # one backoff, between the two rounds
-    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
-    with pytest.raises(RemoteError, match="closed each connection before any call"):
-        meta.load(time.monotonic() + 30.0, 30.0)
-    # One server closing, another only down: retried (a stop, not this client's certificate).
-    cluster.servers["ts2"].script("config", unavailable())
-    meta = MetaCache([addr("ts1"), addr("ts2")], cluster.cluster, StatsRecorder())
-    with pytest.raises(Timeout):
-        meta.load(time.monotonic() + 0.3, 0.3)
 
 
 def test_leader_step_down_goes_to_the_leader() -> None:
