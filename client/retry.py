@@ -542,9 +542,17 @@ def timeout_error(
             "(`raftlet cluster status` says which)"
         )
     if last is not None and last.cause is Cause.CERTIFICATE_UNVERIFIED:
+        whose = f"the certificate of {last.server or last.address}"
+    elif causes and Cause.CERTIFICATE_UNVERIFIED in causes:
+        # The leader's, most likely: the others answer NOT_LEADER naming it (a review's
+        # timeout named only that, and the expired certificate went unsaid).
+        whose = "a server's certificate"
+    else:
+        whose = ""
+    if whose:
         text += (
-            f": this client could not verify the certificate of {last.server or last.address}"
-            " -- expired, or of another CA than --tls-ca? (`raftlet cluster status` says)"
+            f": this client could not verify {whose} -- expired, or of another CA than "
+            "--tls-ca? (`raftlet cluster status` says)"
         )
     if last is not None and _closed_at_connect(last):
         # Retried to the deadline, it read like an outage (a reviewer's plaintext client

@@ -115,26 +115,29 @@ class ExpiryWatch:
         self._clock = clock
         self._said = ""
 
-    def check(self) -> None:
+    def check(self) -> bool:
+        """Log what is new; whether the certificate has expired."""
         left = (self._expires - self._clock()).total_seconds()
         stage = "expired" if left <= 0 else "soon" if left <= _LAST_DAY_S else ""
         if not stage or stage == self._said:
-            return
+            return stage == "expired"
         self._said = stage
         at = f"{self._expires:%Y-%m-%d %H:%M} UTC"
         if stage == "expired":
             logger.error(
                 "TLS certificate (or its CA) expired at %s: clients and peers that connect "
-                "anew refuse this server; renew it and restart the server",
+                "anew refuse this server, which hands over the tablets it leads; renew it "
+                "and restart the server",
                 at,
             )
-        else:
-            logger.warning(
-                "TLS certificate (or its CA) expires at %s, in %.0f hours: renew it and "
-                "restart the server before then",
-                at,
-                left / 3600,
-            )
+            return True
+        logger.warning(
+            "TLS certificate (or its CA) expires at %s, in %.0f hours: renew it and "
+            "restart the server before then",
+            at,
+            left / 3600,
+        )
+        return False
 
 
 def _warn_if_shared(key: str) -> None:

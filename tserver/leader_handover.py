@@ -36,11 +36,12 @@ _POLL_S = 0.01
 
 
 async def hand_over_leaderships(
-    replicas: Iterable[RaftConsensus], wait_s: float = HANDOVER_WAIT_S
+    replicas: Iterable[RaftConsensus], wait_s: float = HANDOVER_WAIT_S, why: str = ""
 ) -> int:
     """Ask every replica that leads to hand leadership to a follower that answers, and wait
     until each has stepped down or given up, or ``wait_s`` passed.  Returns how many a
-    successor took over."""
+    successor took over. ``why``: the reason, when the server is not stopping (its logs
+    say so then, and a tablet no follower took is asked again, not warned of)."""
     loop = asyncio.get_running_loop()
     asked: list[RaftConsensus] = []
     terms: dict[str, int] = {}  # group -> the term it led when asked
@@ -72,12 +73,15 @@ async def hand_over_leaderships(
     handed = [c.group_id for c in asked if _followed_on(c, terms[c.group_id])]
     if handed:
         logger.info(
-            "handed leadership of %d tablet(s) over before stopping: %s",
+            "handed leadership of %d tablet(s) over %s: %s",
             len(handed),
+            f"({why})" if why else "before stopping",
             ", ".join(handed),
         )
     kept = [c.group_id for c in asked if c.group_id not in handed]
-    if kept:
+    if kept and why:
+        logger.info("no follower took over %s yet (%s)", ", ".join(kept), why)
+    elif kept:
         logger.warning(
             "no follower took over %s: stopping anyway, and their followers elect a leader "
             "after an election timeout",

@@ -114,7 +114,7 @@ from raftlet.tserver.grpc_limits import (
     server_limit_options,
 )
 from raftlet.tserver.hosted_tablets import HostedTablets
-from raftlet.tserver.leader_handover import hand_over_leaderships
+from raftlet.tserver.leader_handover import HANDOVER_WAIT_S, hand_over_leaderships
 from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.message_limits import MessageLimits
 from raftlet.tserver.peer_contact import CHECK_INTERVAL_S, PeerContact
@@ -740,14 +740,22 @@ class TabletServer:
     async def _watch_peer_contact(self) -> None:
         """Log which peers stopped answering (``tserver.peer_contact``), and a certificate
         about to expire or expired (``cert_check.ExpiryWatch``), every
-        ``CHECK_INTERVAL_S``."""
+        ``CHECK_INTERVAL_S``. Once it has expired, the tablets led here are handed to
+        followers (``tserver.leader_handover``), again whenever one is led here: no new
+        client can connect to this server, and a review's writes to a tablet it led waited
+        out their whole timeout while its peers, over the connections they had, kept it
+        leader."""
         expiry = None if self.tls_expires is None else ExpiryWatch(self.tls_expires)
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
             try:
                 self.peer_contact.check()
-                if expiry is not None:
-                    expiry.check()
+                if expiry is not None and expiry.check():
+                    await hand_over_leaderships(
+                        [r.consensus for r in list(self.replicas.values())],
+                        self.settings.leader_handover_wait_s or HANDOVER_WAIT_S,
+                        why="this server's TLS certificate expired",
+                    )
             except Exception:  # the next pass looks again; a server is not stopped for this
                 logger.exception("checking which peers answer")
 

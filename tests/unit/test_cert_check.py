@@ -164,20 +164,22 @@ def test_a_running_server_says_once_when_its_certificate_nears_and_passes_expiry
     watch = ExpiryWatch(expires, clock=lambda: now[0])
     said: list[str] = []
 
-    def check_at(moment: datetime.datetime) -> None:
+    def check_at(moment: datetime.datetime) -> bool:
         now[0] = moment
-        watch.check()
+        expired = watch.check()
         said.extend(f"{r.levelname} {r.getMessage()}" for r in caplog.records)
         caplog.clear()
+        return expired
 
-    check_at(expires - 2 * DAY)
-    check_at(expires - DAY / 2)
-    check_at(expires - DAY / 4)
-    check_at(expires)
-    check_at(expires + DAY)
+    assert not check_at(expires - 2 * DAY)
+    assert not check_at(expires - DAY / 2)
+    assert not check_at(expires - DAY / 4)
+    assert check_at(expires)
+    assert check_at(expires + DAY)  # the server hands over what it leads at every pass
     assert said == [
         "WARNING TLS certificate (or its CA) expires at 2026-12-08 06:00 UTC, in 12 hours: "
         "renew it and restart the server before then",
         "ERROR TLS certificate (or its CA) expired at 2026-12-08 06:00 UTC: clients and peers "
-        "that connect anew refuse this server; renew it and restart the server",
+        "that connect anew refuse this server, which hands over the tablets it leads; renew "
+        "it and restart the server",
     ]

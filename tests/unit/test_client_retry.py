@@ -204,6 +204,12 @@ def test_a_server_certificate_the_client_cannot_verify_sends_the_call_elsewhere(
     assert "\n" not in str(err)
     late = timeout_error("write of 1 row", 3.0, 9, failure, may_have_applied=False)
     assert "could not verify the certificate of ts1 -- expired, or of another CA" in str(late)
+    # The leader's certificate, and the followers naming it: the last attempt's NOT_LEADER
+    # was all the timeout said (review r27v).
+    causes = {Cause.CERTIFICATE_UNVERIFIED: 23, Cause.NOT_LEADER: 23}
+    redirected = classify(not_leader("ts1"), "ts2")
+    late = timeout_error("write of 1 row", 30.0, 46, redirected, False, causes)
+    assert "could not verify a server's certificate -- expired, or of another CA" in str(late)
     # A connection closed by the server (a plaintext client of a TLS server) is still
     # retried: a server restarting does that too.
     closed = classify(FakeRpcError(S.UNAVAILABLE, _CLOSED_AT_HANDSHAKE), "ts1")
