@@ -27,8 +27,9 @@ reflection; ``writer`` + Write, WriteStream; ``admin`` + LeaderStepDown, SetFlag
 GetConsensusStatus, GetConsensusState, ChecksumTablet, and the membership RPCs
 CreateReplica, ChangeConfig, CheckConfigChange, DeleteReplica; ``server`` (a peer's server
 certificate, and nothing else) UpdateConsensus, RequestVote, TimeoutNow and the consensus
-Stream. A server certificate is good for consensus only, and ListTablets (a server new to a
-cluster asks its peers which groups run without it before it makes replicas). Health
+Stream. A server certificate is good for consensus only, and ListTablets and
+GetClusterConfig (a server new to a cluster asks its peers which groups run without it
+before it makes replicas, and a server compares its config's tables with its peers'). Health
 checking stays open (it says SERVING or not, nothing else), so orchestrators can probe.
 
 **Raft's sender is the certificate's.** ``check_sender`` refuses a consensus request whose
@@ -148,8 +149,10 @@ def required_role(method: str) -> AccessRole | None:
 
 
 # What a server may call besides consensus: a server new to a cluster asks its peers which
-# tables they host before it makes replicas of its own (``TabletServer._tables_peers_host``).
-_SERVERS_MAY_CALL = frozenset({_TABLET + "ListTablets"})
+# tables they host before it makes replicas of its own (``TabletServer._tables_peers_host``),
+# and compares its tables' schemas with theirs (``TabletServer._peer_configs``: refused, the
+# check saw no peer under TLS, and a server started on another schema made replicas).
+_SERVERS_MAY_CALL = frozenset({_TABLET + "ListTablets", _TABLET + "GetClusterConfig"})
 
 
 def permits(identity: Identity, required: AccessRole, method: str = "") -> bool:
