@@ -68,7 +68,8 @@ def row_from_assignments(schema: Schema, assignments: Iterable[str]) -> dict[str
         try:
             row[name] = parse_value(schema.column(name).type, value)
         except ValueError as e:
-            raise UsageError(f"{text!r}: {e}") from None
+            shown = text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
+            raise UsageError(f"{shown!r}: {e}") from None
     if not row:
         raise UsageError("give the row as COLUMN=VALUE arguments, or --json FILE")
     return row

@@ -58,8 +58,9 @@ an integer or an ISO 8601 time (UTC unless it has an offset; at most microsecond
 table output BINARY shows as 0x-hex and UNIXTIME_MICROS as UTC time; a string that could
 be read as something else -- NULL, empty or blank, starting with a quote, or with
 characters that do not print (control and format characters, line separators: shown as
-\\xNN or \\uNNNN escapes) -- in single quotes with its quotes doubled ('NULL', '',
-'it''s'; NULL itself is NULL), which --where reads back, escapes aside; JSON keeps
+\\xNN or \\uNNNN escapes) -- in single quotes with its quotes and backslashes doubled
+('NULL', '', 'it''s'; NULL itself is NULL), which --where reads back, escapes and
+backslashes aside; JSON keeps
 microseconds, base64 for BINARY, and writes infinite floats as the strings "Infinity" and
 "-Infinity".
 JSON rows are printed as they arrive; a scan that fails midway exits 1 with the array left
@@ -373,8 +374,9 @@ def _literal(dtype: DataType, text: str) -> Value:
     return normalize(dtype, raw)
 
 
-# The fraction of an ISO 8601 time's seconds.
-_FRACTION = re.compile(r"\d:\d\d[.,](\d+)")
+# The fraction of an ISO 8601 time's seconds, extended (12:00:00.5) or basic (120000.5):
+# the date has none.
+_FRACTION = re.compile(r"\d[.,](\d+)")
 
 
 def _looks_int(text: str) -> bool:
@@ -523,7 +525,9 @@ def _shown_string(text: str) -> str:
         and not text.startswith("'")
     ):
         return text
-    return "'" + _escape_control(text).replace("'", "''") + "'"
+    # In quotes a backslash is doubled: an escape there is one (a NUL and the text " \x00"
+    # were both shown ' \x00').
+    return "'" + _escape_control(text.replace("\\", "\\\\")).replace("'", "''") + "'"
 
 
 def _print_table(

@@ -397,6 +397,8 @@ def test_a_time_finer_than_a_microsecond_is_refused_not_cut() -> None:
         parse_value(DataType.UNIXTIME_MICROS, "1970-01-01T00:00:01.1234567Z")
     assert parse_value(DataType.UNIXTIME_MICROS, "1970-01-01T00:00:01.1234560Z") == 1_123_456
     assert parse_value(DataType.UNIXTIME_MICROS, "1970-01-01 00:00:01,5") == 1_500_000
+    with pytest.raises(ValueError, match="finer than a microsecond"):  # ISO's basic format
+        parse_value(DataType.UNIXTIME_MICROS, "19700101T000001.9999999Z")
 
 
 def test_an_integer_of_thousands_of_digits_is_out_of_range() -> None:
@@ -676,6 +678,9 @@ def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
     # An escaped NUL in quotes: the four characters \x00 are printed as they are.
     assert _text_value(DataType.STRING, "\x00") == "'\\x00'"
     assert _text_value(DataType.STRING, "\\x00") == "\\x00"
+    # In quotes a backslash is doubled: " \x00" (text) and " " + NUL differed in nothing.
+    assert _text_value(DataType.STRING, " \\x00") == "' \\\\x00'"
+    assert _text_value(DataType.STRING, " \x00") == "' \\x00'"
     # Empty and blank strings, which left a cell that looked empty.
     assert _text_value(DataType.STRING, "") == "''"
     assert _text_value(DataType.STRING, "  ") == "'  '"

@@ -77,6 +77,11 @@ def test_a_bare_null_is_null_and_a_quoted_one_the_string() -> None:
         (["idd=5"], "no column 'idd' (columns: id, name, small"),
         (["id=5", "id=6"], "column 'id' given twice"),
         (["small=200"], "out of range for INT8"),
+        # The argument is echoed cut short: 5,000 digits were repeated whole.
+        (
+            ["small=" + "7" * 5000],
+            "'small=" + "7" * 54 + "...(5006 characters)': an integer of 5000 characters",
+        ),
         (["id=five"], "'five' is not an integer (INT64 column)"),
         (["blob=0xzz"], "is not valid hex"),
         ([], "give the row as COLUMN=VALUE arguments, or --json FILE"),
