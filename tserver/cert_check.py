@@ -24,7 +24,14 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from raftlet.cluster.identity import CLIENT_URI_PREFIX, EXPIRY_WARNING_DAYS, SERVER_URI_PREFIX
 
-__all__ = ["EXPIRY_WARNING_DAYS", "ExpiryWatch", "check_server_tls", "is_ca", "validity_fault"]
+__all__ = [
+    "EXPIRY_WARNING_DAYS",
+    "ExpiryWatch",
+    "FilesRefused",
+    "check_server_tls",
+    "is_ca",
+    "validity_fault",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +57,16 @@ def check_server_tls(
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
     except ssl.SSLError as e:
-        raise OSError(f"--tls_key {key} is not the key of --tls_cert {cert} ({e.reason})") from None
+        raise FilesRefused(
+            f"--tls_key {key} is not the key of --tls_cert {cert} ({e.reason})"
+        ) from None
     except OSError as e:
         raise OSError(f"--tls_key {key}: {e.strerror or e}") from None
     # The CA file may hold several (a bundle, while a cluster moves to a new CA): ours
     # must have signed it, and be valid.
     issuer = next((a for a in authorities if _issued(own, a)), None)
     if issuer is None:
-        raise OSError(
+        raise FilesRefused(
             f"--tls_cert {cert} was not signed by --tls_ca {ca}: peers and clients that "
             "trust that CA refuse it"
         )
@@ -73,12 +82,12 @@ def check_server_tls(
             if any(u.startswith(CLIENT_URI_PREFIX) for u in uris)
             else "not this server's"
         )
-        raise OSError(
+        raise FilesRefused(
             f"--tls_cert {cert} is {what} ({names}); server {server_id} needs one naming "
             f"{wanted} (`raftlet certs create --servers {server_id}`)"
         )
     if host and not _names_host(own, host):
-        raise OSError(
+        raise FilesRefused(
             f"--tls_cert {cert} does not name {host}, the host clients and peers dial "
             f"{server_id} by: their host name check refuses it (`raftlet certs create "
             f"--servers {server_id} --hosts {host}`)"
@@ -93,11 +102,19 @@ def check_server_tls(
         if usages is not None and oid not in usages
     ]
     if missing:
-        raise OSError(
+        raise FilesRefused(
             f"--tls_cert {cert} may not be used for {' or '.join(missing)}: a server presents "
             "it to clients and, as a client, to its peers"
         )
     return min(own.not_valid_after_utc, issuer.not_valid_after_utc)
+
+
+class FilesRefused(OSError):
+    """TLS or token files that are there but cannot work as they are (another server's
+    certificate, an expired one, a key of another certificate): the operator must change
+    them, which no restart does -- the server exits 2, which supervisors do not restart on
+    (a review's systemd unit restarted one five times, compose for ever). A file missing
+    or unreadable stays a plain ``OSError`` (exit 1): a secret not mounted yet, say."""
 
 
 class ExpiryWatch:
@@ -141,16 +158,16 @@ class ExpiryWatch:
 
 
 def _warn_if_shared(key: str) -> None:
-    """A WARNING if other users may read the private key (as for the tokens file): not
+    """A WARNING if every user may read the private key (as for the tokens file): not
     fatal, a mounted secret's mode is not always the server's to choose."""
     try:
         mode = Path(key).stat().st_mode
     except OSError:
         return  # load_cert_chain read it a moment ago; a file gone since fails later
-    if mode & 0o077:
+    if mode & 0o007:  # not for the group: a Kubernetes secret is mounted 0440 for it
         logger.warning(
-            "--tls_key %s is readable by other users (mode %o): anyone who reads it can pose "
-            "as this server; chmod 600 it",
+            "--tls_key %s is readable by every user (mode %o): anyone who reads it can pose "
+            "as this server; chmod o-rwx it",
             key,
             mode & 0o777,
         )
@@ -164,7 +181,7 @@ def _load(path: str, flag: str) -> list[x509.Certificate]:
     try:
         return x509.load_pem_x509_certificates(data)
     except ValueError as e:
-        raise OSError(f"--{flag} {path} holds no PEM certificate ({e})") from None
+        raise FilesRefused(f"--{flag} {path} holds no PEM certificate ({e})") from None
 
 
 def _issued(cert: x509.Certificate, authority: x509.Certificate) -> bool:
@@ -202,7 +219,7 @@ def _check_dates(cert: x509.Certificate, what: str, now: datetime.datetime) -> N
     fault = validity_fault(cert, now)
     if fault is not None:
         renew = ": renew it" if fault.startswith("expired") else ""
-        raise OSError(f"{what} {fault}{renew}")
+        raise FilesRefused(f"{what} {fault}{renew}")
     end = cert.not_valid_after_utc
     left = end - now
     if left < datetime.timedelta(days=EXPIRY_WARNING_DAYS):

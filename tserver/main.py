@@ -11,6 +11,7 @@ import sys
 
 from raftlet.cluster import bare_host, parse_host_port
 from raftlet.metrics.status_server import StatusServer
+from raftlet.tserver.cert_check import FilesRefused
 from raftlet.tserver.cpu_affinity import apply_cpu_affinity
 from raftlet.tserver.data_dir_lock import ForeignDataDir
 from raftlet.tserver.open_files import raise_open_files_limit
@@ -56,8 +57,9 @@ def run(settings: ServerSettings) -> int:
         _apply_sched_batch()
     try:
         asyncio.run(_serve(settings))
-    except (LayoutMismatch, ForeignDataDir) as e:
-        # The config is wrong, not the machine: 2, which a supervisor does not restart on.
+    except (LayoutMismatch, ForeignDataDir, FilesRefused) as e:
+        # The config or its files are wrong, not the machine: 2, which a supervisor does
+        # not restart on.
         print(f"raftlet tserver: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -236,10 +236,16 @@ def load_tokens_file(path: str) -> TokenTable:
     try:
         text = p.read_text()
     except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
-    if p.stat().st_mode & 0o077:
-        # Not fatal (a mounted secret's mode is not always ours to choose), but say it.
-        logger.warning("%s is readable by other users: tokens in it are secrets", path)
+        raise OSError(f"--auth_tokens_file {path}: cannot read ({e.strerror})") from None
+    if p.stat().st_mode & 0o007:
+        # Not fatal (a mounted secret's mode is not always ours to choose), but say it. Not
+        # for the group: a Kubernetes secret mounted 0440 for the pod's fsGroup warned at
+        # every start.
+        logger.warning(
+            "%s is readable by every user (mode %o): tokens in it are secrets",
+            path,
+            p.stat().st_mode & 0o777,
+        )
     return parse_tokens(text, path)
 
 

@@ -89,7 +89,7 @@ from raftlet.proto import (
     tablet_pb2_grpc,
 )
 from raftlet.tserver.bootstrap import TOMBSTONE_FILE
-from raftlet.tserver.cert_check import ExpiryWatch, check_server_tls
+from raftlet.tserver.cert_check import ExpiryWatch, FilesRefused, check_server_tls
 from raftlet.tserver.consensus_handler import ConsensusRequestHandler
 from raftlet.tserver.consensus_tcp_server import CONSENSUS_TCP_METHOD, consensus_links
 from raftlet.tserver.data_dir_lock import DataDirLock
@@ -220,8 +220,8 @@ class TabletServer:
         if s.tls:
             try:
                 tokens = load_tokens_file(s.auth_tokens_file) if s.auth_tokens_file else None
-            except ValueError as e:
-                raise OSError(f"--auth_tokens_file: {e}") from None
+            except ValueError as e:  # there, but not tokens: no restart mends it
+                raise FilesRefused(f"--auth_tokens_file: {e}") from None
             self.auth = Authenticator(tokens, self.entity)
         self.channels = ChannelPool(self.peer_channel_options, credentials=self.peer_credentials)
         # Copy-on-write: replicas are created and deleted while the server runs.
