@@ -196,6 +196,8 @@ class AsyncMetaCache(MetaState):
         except TimeoutError:
             return
         try:
+            if self.view_outdated():
+                await self._fetch_again()
             now = self._clock()
             if not force and now - self._last_refresh < self._refresh_interval_s:
                 return

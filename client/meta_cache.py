@@ -84,6 +84,8 @@ CONFIG_TIMEOUT_S = 3.0
 SILENCE_S = 0.5
 # The config is fetched again at most this often when it proves out of date.
 _RELOAD_INTERVAL_S = 1.0
+# Addresses of unlisted leaders kept to ask for the config first.
+_MAX_HINTED = 4
 # How long a look-up for one tablet waits for the rest once a majority of its replicas
 # answered without settling who leads: long enough for a busy leader's answer, short enough
 # that the next look-up, after an election, is not held up.
@@ -223,14 +225,32 @@ class MetaState:
         self._unanswered_since: dict[str, float] = {}
         # Replicas learned since the view was installed (a moved tablet), by tablet.
         self._replicas: dict[str, tuple[str, ...]] = {}
-        # A server refused a call as made for another schema: fetch the config again.
+        # A server refused a call as made for another schema, or named a leader the view
+        # does not list: fetch the config again.
         self._stale = False
         self._last_load = float("-inf")
+        # Where leaders the view does not list were said to be (``leader_unlisted``).
+        self._hinted: list[str] = []
 
     def config_addresses(self) -> list[str]:
-        """Where to ask for the config: the seeds, then every server already known."""
+        """Where to ask for the config: leaders the view does not list, the seeds, then
+        every server already known."""
         known = [s.rpc_addr for s in self._view.servers.values()] if self._view else []
-        return list(dict.fromkeys([*self.seeds, *known]))
+        return list(dict.fromkeys([*self._hinted, *self.seeds, *known]))
+
+    def leader_unlisted(self, address: str) -> None:
+        """A replica named, at ``address``, a leader of its tablet that the view does not
+        list: the view is out of date -- a seed running an older cluster.toml gave it, and
+        a review's client, told of the new leader by every other server, wrote nothing for
+        ten minutes. The next look-up fetches the config again, from there first."""
+        with self._lock:
+            if address:
+                self._hinted = list(dict.fromkeys([address, *self._hinted]))[:_MAX_HINTED]
+            self._stale = True
+
+    def view_outdated(self) -> bool:
+        """Whether a look-up should fetch the config again first (``leader_unlisted``)."""
+        return self._stale and bool(self._hinted) and self.may_fetch_again()
 
     # --- the config ------------------------------------------------------------------------
 
@@ -653,6 +673,10 @@ class MetaCache(MetaState):
         if left <= 0 or not self._refresh_lock.acquire(timeout=left):
             return
         try:
+            if self.view_outdated():
+                with self._load_lock:
+                    if self.view_outdated():
+                        self._fetch_again()
             now = self._clock()
             if not force and now - self._last_refresh < self._refresh_interval_s:
                 return

@@ -242,6 +242,11 @@ class Router:
         if f.action is Action.FIND_LEADER:
             self.meta.forget_leader(tid, server)
             hint = f.leader_uuid
+            if hint and hint not in self.meta.view.servers:
+                # A leader the view does not list: the view is out of date.
+                self.meta.leader_unlisted(f.leader_addr)
+                self.relocate = True
+                return False
             if (
                 hint
                 and hint != server

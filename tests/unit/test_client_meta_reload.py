@@ -4,6 +4,7 @@ the process was started again), or a call refused as made for another schema."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -20,11 +21,13 @@ from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
+from tests.unit.client_aio_fakes import AsyncFakeClock, AsyncFakeCluster, fake_client
 from tests.unit.client_fakes import (
     SERVERS,
     FakeClock,
     FakeCluster,
     FakeRpcError,
+    FakeServer,
     addr,
     config_pb,
     make_rpc,
@@ -146,3 +149,55 @@ def test_a_row_refused_by_an_old_schema_is_tried_again_by_the_tables_new_one() -
         with pytest.raises(RowError, match="TYPE_MISMATCH"):
             session.upsert("kv", {"key": 2, "value": "text"})
     assert answers.calls == 1
+
+
+def grown_cluster() -> FakeCluster:
+    """Three servers on the config of three, each naming ts4 -- listed only in ts4's own
+    config -- the leader of every tablet."""
+    cluster = FakeCluster()
+    ts4 = FakeServer("ts4")
+    cluster.servers["ts4"] = ts4
+    cluster._by_addr[ts4.address] = ts4
+    grown = config_pb()
+    grown.servers.add(uuid="ts4", rpc_addr=ts4.address, http_addr="ts4.fake:8051")
+    for tablet in grown.tablets:
+        tablet.replica_uuids[:] = ["ts2", "ts3", "ts4"]
+    ts4.script("config", Answers(grown))
+    ts4.leads = {"kv-p0", "kv-p1"}
+    ts4.script("write", ok)
+    hint = ServerErrorPB(
+        code=ServerErrorPB.NOT_LEADER, message="not the leader", leader_uuid="ts4",
+        leader_addr=ts4.address,
+    )  # fmt: skip
+    for sid in SERVERS:
+        cluster.servers[sid].script("config", config_pb())
+        cluster.servers[sid].script(
+            "write", FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "not the leader", hint)
+        )
+    return cluster
+
+
+def test_a_leader_the_view_does_not_list_makes_the_next_look_up_fetch_the_config_there() -> None:
+    """Review r27c: a seed left on an older cluster.toml gave the client a server list
+    without ts4, which had since taken a tablet over; every other server named ts4 as the
+    leader, and the client, ignoring a hint outside its view, wrote nothing for minutes."""
+    cluster, clock = grown_cluster(), FakeClock()
+    rpc = make_rpc(cluster, clock)
+    session = Session(rpc, RequestTracker(), ThreadPoolExecutor(1))
+    clock.now += 5
+    session.insert("kv", {"key": 0, "value": "v"})
+    assert [sid for sid, _ in cluster.writes()][-1] == "ts4"
+    assert rpc.meta.config_addresses()[0] == addr("ts4")
+
+
+def test_the_asyncio_client_too_fetches_the_config_where_an_unlisted_leader_is() -> None:
+    cluster, clock = AsyncFakeCluster(grown_cluster()), AsyncFakeClock()
+
+    async def main() -> None:
+        c = await fake_client(cluster, clock)
+        clock.now += 5
+        await c.insert("kv", {"key": 0, "value": "v"})
+        await c.close()
+
+    asyncio.run(main())
+    assert [sid for sid, _ in cluster.writes()][-1] == "ts4"
