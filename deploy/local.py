@@ -636,6 +636,7 @@ class LocalCluster:
         # The server's user's alone, as the files the server makes (its --umask): a log
         # names keys and values of failed writes.
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # a log made before (by an older launcher) too
         with os.fdopen(fd, "ab") as log:  # the child keeps its own descriptor
             log.write(f"\n==== {_now()} raftlet cluster up: starting {server.id}\n".encode())
             log.flush()

@@ -14,6 +14,7 @@ from raftlet.metrics.status_server import StatusServer
 from raftlet.tserver.cert_check import FilesRefused
 from raftlet.tserver.cpu_affinity import apply_cpu_affinity
 from raftlet.tserver.data_dir_lock import ForeignDataDir
+from raftlet.tserver.file_modes import apply_umask
 from raftlet.tserver.open_files import raise_open_files_limit
 from raftlet.tserver.sched_batch import apply_sched_batch, sched_batch_supported
 from raftlet.tserver.server import TabletServer
@@ -28,8 +29,10 @@ logger = logging.getLogger(__name__)
 def run(settings: ServerSettings) -> int:
     """Serve until asked to stop; 0 after a graceful shutdown, 1 if the server failed, 2 if
     its settings cannot work on this machine or with its data directory."""
-    # Before any file is made: rows, logs and metadata are the server's user's alone.
-    os.umask(int(settings.umask, 8))
+    # Before any file is made: rows, logs and metadata are the server's user's alone --
+    # those made before the mask was set too (tserver.file_modes).
+    umask = int(settings.umask, 8)
+    os.umask(umask)
     logging.basicConfig(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
@@ -41,6 +44,7 @@ def run(settings: ServerSettings) -> int:
         print(f"raftlet tserver: error: {e}", file=sys.stderr)
         return 1
     logger.debug("open-file limit %d", open_files)
+    apply_umask(settings.data_dir, umask)
     position = settings.config.server_ids.index(settings.server_id)
     try:
         cpus = apply_cpu_affinity(settings.cpu_affinity, position)

@@ -898,7 +898,9 @@ FLAGS: tuple[FlagSpec, ...] = (
         f"is replicated, one over this plus {PEER_FRAMING_BYTES // KiB} KiB is refused by "
         "gRPC (RESOURCE_EXHAUSTED). Servers accept and send each other messages up to this "
         "plus that framing margin, so every server of a cluster needs the same value; scan "
-        "pages are at most half of it. Raise it for very large write batches or rows.",
+        "pages are at most half of it. Raise it for very large write batches or rows; "
+        "lowered, a row stored under the larger value that is over the new one can no "
+        "longer be scanned.",
         convert=int_value, check=int_in_range(KiB, MAX_CLIENT_MESSAGE_BYTES),
     ),
     FlagSpec(
