@@ -86,7 +86,9 @@ def test_files_that_cannot_work_stop_the_server_with_status_2(
     monkeypatch.setattr(main, "_serve", refused)
     umask = os.umask(0o022)  # run() sets the process's umask: this test's process
     try:
-        assert main.run(parse(write_config(tmp_path))) == status
+        # Not under SCHED_BATCH: the pytest process's children would inherit it.
+        settings = parse(write_config(tmp_path), "--sched_batch=false")
+        assert main.run(settings) == status
     finally:
         os.umask(umask)
 
