@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from raftlet.consensus.core import RaftConfigError
-from raftlet.consensus.log.errors import LogError
+from raftlet.consensus.log.errors import LogError, NewerFormat
 from raftlet.tserver.bootstrap import ReplicaOpenError
 from raftlet.tserver.errors import TabletFailed
 from raftlet.tserver.store import StoreError
@@ -55,6 +55,8 @@ class FailedTablet:
     voters: tuple[str, ...]
     directory: Path
     reason: str
+    # False for files a newer release wrote (``NewerFormat``): a copy would replace them.
+    repairable: bool = True
 
     def error(self) -> TabletFailed:
         """What every RPC for this tablet is answered with."""
@@ -99,7 +101,8 @@ def open_or_fail(
             reason,
         )
         logger.debug("tablet %s: %s", tablet_id, "".join(traceback.format_exception(exc)))
-        return FailedTablet(tablet_id, table, partition, voters, directory, reason)
+        repairable = not isinstance(exc, NewerFormat)
+        return FailedTablet(tablet_id, table, partition, voters, directory, reason, repairable)
 
 
 # Less free space than this where a replica failed to open is named in the reason: SQLite

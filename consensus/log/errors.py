@@ -13,7 +13,11 @@ __all__ = [
     "LogEntryCompactedError",
     "LogError",
     "LogFailedError",
+    "LogNewerFormat",
     "MetadataCorruptionError",
+    "MetadataNewerFormat",
+    "NewerFormat",
+    "newer_release",
 ]
 
 
@@ -33,6 +37,30 @@ class LogCorruptionError(LogError):
 
 class MetadataCorruptionError(LogCorruptionError):
     """The consensus metadata file is damaged; term and vote cannot be trusted."""
+
+
+class NewerFormat(Exception):
+    """Mixed into an error about a file whose format version is above what this build
+    reads: written by a newer release (one rolled back from, say), not damaged. A replica
+    that fails to open with it is FAILED and is not repaired by a tablet copy -- taken for
+    damage, its files were replaced by a copy in this release's format, which after a
+    rollback of every server would leave nothing newer to return to."""
+
+
+def newer_release(version: int, known: int) -> str:
+    """What a ``NewerFormat`` error says of the file."""
+    return (
+        f"format version {version}, written by a newer release (this one reads {known}): "
+        "run that release on it again; this one leaves it as it is"
+    )
+
+
+class LogNewerFormat(LogCorruptionError, NewerFormat):
+    """A WAL segment written by a newer release."""
+
+
+class MetadataNewerFormat(MetadataCorruptionError, NewerFormat):
+    """Consensus metadata written by a newer release."""
 
 
 class LogFailedError(LogError):

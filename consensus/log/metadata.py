@@ -22,7 +22,11 @@ from google.protobuf.message import DecodeError
 
 from raftlet.consensus.core.membership import ConfState, Membership
 from raftlet.consensus.core.types import NO_NODE, HardState
-from raftlet.consensus.log.errors import MetadataCorruptionError
+from raftlet.consensus.log.errors import (
+    MetadataCorruptionError,
+    MetadataNewerFormat,
+    newer_release,
+)
 from raftlet.consensus.log.segment import fsync_dir
 from raftlet.proto import consensus_pb2 as pb
 
@@ -175,6 +179,8 @@ def decode(data: bytes, path: str) -> PersistentState:
     magic, version, length, crc = _HEAD.unpack_from(data, 0)
     if magic != _MAGIC:
         raise MetadataCorruptionError(path, 0, f"bad magic {magic!r}")
+    if version > _VERSION:
+        raise MetadataNewerFormat(path, 8, newer_release(version, _VERSION))
     if version != _VERSION:
         raise MetadataCorruptionError(path, 8, f"unsupported version {version}")
     if length > _MAX_PAYLOAD or _HEAD.size + length != len(data):

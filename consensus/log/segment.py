@@ -27,7 +27,7 @@ import crc32c
 from google.protobuf.message import DecodeError
 
 from raftlet.consensus.log.codec import FRAME, MAX_RECORD_BYTES, scan_record
-from raftlet.consensus.log.errors import LogCorruptionError
+from raftlet.consensus.log.errors import LogCorruptionError, LogNewerFormat, newer_release
 from raftlet.consensus.log.prealloc import preallocate, release_unused
 from raftlet.proto import consensus_pb2 as pb
 
@@ -129,6 +129,8 @@ def scan_segment(
     (header_crc,) = _HEADER_CRC.unpack_from(data, _HEADER.size)
     if crc32c.crc32c(data[: _HEADER.size]) != header_crc:
         raise LogCorruptionError(path, 0, "header checksum mismatch")
+    if version > VERSION:
+        raise LogNewerFormat(path, 8, newer_release(version, VERSION))
     if version != VERSION:
         raise LogCorruptionError(path, 8, f"unsupported segment version {version}")
     if expected_sequence is not None and sequence != expected_sequence:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
+import crc32c
 import pytest
 
 from raftlet.consensus.core import ConfState, Entry, EntryType, HardState, Membership
 from raftlet.consensus.log import LogOptions
+from raftlet.consensus.log import segment as segment_format
 from raftlet.consensus.log.metadata import FILE_NAME as META_FILE
 from raftlet.tserver.bootstrap import (
     STORE_FILE,
@@ -224,3 +227,47 @@ def test_a_membership_change_cut_by_a_crash_opens(tmp_path: Path) -> None:
         assert opened.storage.metadata.state.config_index == 0
     finally:
         opened.close()
+
+
+def _newer_meta(directory: Path) -> None:
+    meta = directory / META_FILE
+    data = bytearray(meta.read_bytes())
+    data[8:12] = (2).to_bytes(4, "little")  # the format version: one this build does not know
+    meta.write_bytes(bytes(data))
+
+
+def _newer_segment(directory: Path) -> None:
+    (segment,) = sorted((directory / "wal").glob("wal-*.seg"))[:1]
+    data = bytearray(segment.read_bytes())
+    data[8:12] = (9).to_bytes(4, "little")
+    # The header's checksum, as a newer release would have written it.
+    size = segment_format._HEADER.size
+    segment_format._HEADER_CRC.pack_into(data, size, crc32c.crc32c(bytes(data[:size])))
+    segment.write_bytes(bytes(data))
+
+
+def _newer_store(directory: Path) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(directory / STORE_FILE)
+    conn.execute("UPDATE raftlet_meta SET value = 2 WHERE key = 'format_version'")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("newer", [_newer_meta, _newer_segment, _newer_store])
+def test_files_a_newer_release_wrote_fail_the_replica_but_are_not_repaired(
+    tmp_path: Path, newer: Any
+) -> None:
+    """Review r28a: a consensus-meta of a newer version was taken for damage, and a tablet
+    copy replaced the replica's files a second later -- after a rollback of every server,
+    with nothing newer left to return to."""
+    directory = tmp_path / "kv-p0"
+    _replica(directory, last=3, term=1, applied=3)
+    newer(directory)
+    failed = _open_or_fail(directory)
+    assert isinstance(failed, FailedTablet)
+    assert "written by a newer release" in failed.reason, failed.reason
+    assert not failed.repairable
+    # Damage of the same field is still damage, which a copy repairs.
+    assert FailedTablet("t", "kv", 0, VOTERS, directory, "x").repairable

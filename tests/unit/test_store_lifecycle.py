@@ -21,7 +21,7 @@ from raftlet.tserver.store import (
     TabletStore,
     damage_in,
 )
-from raftlet.tserver.store.errors import StoreFilesGone
+from raftlet.tserver.store.errors import StoreFilesGone, StoreNewerFormat
 from tests.unit.store_helpers import SIMPLE, RefusedCheckpoints, insert
 
 
@@ -151,7 +151,8 @@ def test_newer_format_is_refused(tmp_path: Path) -> None:
     conn.execute("UPDATE raftlet_meta SET value = 99 WHERE key = 'format_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(StoreError, match="format version 99, this build reads 1"):
+    newer = r"format version 99, written by a newer release \(this one reads 1\)"
+    with pytest.raises(StoreNewerFormat, match=newer):
         TabletStore.open(path, SIMPLE)
 
 

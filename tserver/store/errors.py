@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from raftlet.consensus.log.errors import NewerFormat
+
 __all__ = [
     "InvalidScan",
     "ScanDeadlineExceeded",
@@ -12,6 +14,7 @@ __all__ = [
     "StoreClosedError",
     "StoreError",
     "StoreFilesGone",
+    "StoreNewerFormat",
     "damage_in",
 ]
 
@@ -28,6 +31,10 @@ class StoreFilesGone(StoreError):
     """The store's file or its -wal was deleted or replaced while the store had them open:
     what it writes goes nowhere a restart would find, so no retry mends it; a copy of the
     tablet does."""
+
+
+class StoreNewerFormat(StoreError, NewerFormat):
+    """A store whose format version is above what this build reads (a newer release's)."""
 
 
 class SchemaMismatchError(StoreError):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from raftlet.consensus.log.errors import newer_release
 from raftlet.proto import tablet_pb2
 from raftlet.schema.keys import KeyDecodeError, decode_key, encode_key
 from raftlet.schema.predicates import Predicate, PredicateError
@@ -47,6 +48,7 @@ from raftlet.tserver.store.errors import (
     StoreClosedError,
     StoreError,
     StoreFilesGone,
+    StoreNewerFormat,
 )
 from raftlet.tserver.store.request_records import (
     BOUNDS_TABLE,
@@ -486,7 +488,10 @@ class TabletStore:
         missing = {"format_version", "schema", "applied_index", "applied_term"} - rows.keys()
         if missing:
             raise StoreError(f"tablet store {path}: metadata lacks {sorted(missing)}")
-        if rows["format_version"] != FORMAT_VERSION:
+        version = rows["format_version"]
+        if isinstance(version, int) and version > FORMAT_VERSION:
+            raise StoreNewerFormat(f"tablet store {path}: {newer_release(version, FORMAT_VERSION)}")
+        if version != FORMAT_VERSION:
             raise StoreError(
                 f"tablet store {path}: format version {rows['format_version']!r}, "
                 f"this build reads {FORMAT_VERSION}"
