@@ -53,16 +53,15 @@ examples:
 --where syntax: COLUMN OP VALUE with OP one of = < <= > >=; COLUMN in (V1, V2, ...);
 COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the column's
 type: integers, floats, true/false, strings (quotes optional unless they have commas or
-spaces at the ends; in single quotes '' is one quote), BINARY as 0x-hex, UNIXTIME_MICROS as
-an integer or an ISO 8601 time (UTC unless it has an offset; at most microseconds). In
-table output BINARY shows as 0x-hex and UNIXTIME_MICROS as UTC time; a string that could
-be read as something else -- NULL, empty or blank, starting with a quote, or with
-characters that do not print (control and format characters, line separators: shown as
-\\xNN or \\uNNNN escapes) -- in single quotes with its quotes and backslashes doubled
-('NULL', '', 'it''s'; NULL itself is NULL), which --where reads back, escapes and
-backslashes aside; JSON keeps
-microseconds, base64 for BINARY, and writes infinite floats as the strings "Infinity" and
-"-Infinity".
+spaces at the ends; in single quotes '' is one quote and \\\\ one backslash), BINARY as
+0x-hex, UNIXTIME_MICROS as an integer or an ISO 8601 time (UTC unless it has an offset; at
+most microseconds). In table output BINARY shows as 0x-hex and UNIXTIME_MICROS as UTC
+time; a string that could be read as something else -- NULL, empty or blank, starting with
+a quote, or with characters that do not print (control and format characters, line
+separators: shown as \\xNN or \\uNNNN escapes) -- in single quotes with its quotes and
+backslashes doubled ('NULL', '', 'it''s'; NULL itself is NULL), which --where reads back,
+escapes aside; JSON keeps microseconds, base64 for BINARY, and writes infinite floats as
+the strings "Infinity" and "-Infinity".
 JSON rows are printed as they arrive; a scan that fails midway exits 1 with the array left
 open, so that no JSON parser takes the rows before the failure for the whole result.
 """
@@ -245,21 +244,23 @@ def parse_where(text: str) -> WhereClause:
     if m:
         values = _split_list(m["values"])
         if not values:
-            raise ValueError(f"{text!r}: the IN list is empty")
+            raise ValueError(f"{_cut(text)!r}: the IN list is empty")
         return WhereClause(text, m["col"], "in", tuple(values))
     m = _COMPARISON.match(text)
     if m:
         op = m["op"]
         if op in ("!=", "<>"):
-            raise ValueError(f"{text!r}: {op} is not supported (operators: {_OPS})")
+            raise ValueError(f"{_cut(text)!r}: {op} is not supported (operators: {_OPS})")
         if not m["value"]:
-            raise ValueError(f"{text!r}: no value after {op!r}")
+            raise ValueError(f"{_cut(text)!r}: no value after {op!r}")
         value = m["value"]
         if value.lower() == "null":
-            raise ValueError(f"{text!r}: nothing compares equal to NULL; use '{m['col']} is-null'")
+            raise ValueError(
+                f"{_cut(text)!r}: nothing compares equal to NULL; use '{m['col']} is-null'"
+            )
         return WhereClause(text, m["col"], "=" if op == "==" else op, (value,))
     raise ValueError(
-        f"{text!r} is not a condition: expected COLUMN OP VALUE with OP one of {_OPS} "
+        f"{_cut(text)!r} is not a condition: expected COLUMN OP VALUE with OP one of {_OPS} "
         '(e.g. "key < 100")'
     )
 
@@ -300,12 +301,17 @@ def _split_list(text: str) -> list[str]:
 
 
 def _unquote(text: str) -> str:
-    """A value's text without its quotes; in single quotes a doubled one is one quote, as SQL
-    writes it (and as the table format prints a string that needs quotes)."""
+    """A value's text without its quotes; in single quotes a doubled quote is one, as SQL
+    writes it, and a doubled backslash one -- as the table format prints a string that
+    needs quotes."""
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         inner = text[1:-1]
-        return inner.replace("''", "'") if text[0] == "'" else inner
+        return _UNDOUBLE.sub(lambda m: m.group(0)[0], inner) if text[0] == "'" else inner
     return text
+
+
+# A doubled quote or backslash in a single-quoted value.
+_UNDOUBLE = re.compile(r"''|\\\\")
 
 
 # The largest finite value of each floating-point column type.
@@ -314,6 +320,11 @@ _MAX_FINITE = {DataType.DOUBLE: sys.float_info.max, DataType.FLOAT: 3.4028234663
 _MAX_INT_TEXT = 64
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
+
+
+def _cut(text: str) -> str:
+    """``text`` for an error message: a value of thousands of characters was echoed whole."""
+    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
 
 
 def parse_value(dtype: DataType, text: str) -> Value:
@@ -329,7 +340,7 @@ def _literal(dtype: DataType, text: str) -> Value:
         return normalize(dtype, _parse_time(raw))
     if dtype.is_integer:
         if not _looks_int(raw):
-            raise ValueError(f"{text!r} is not an integer ({dtype.name} column)")
+            raise ValueError(f"{_cut(text)!r} is not an integer ({dtype.name} column)")
         digits = raw.replace("_", "")
         if len(digits) > _MAX_INT_TEXT:  # int() refuses past 4,300 digits, in its own words
             raise ValueError(
@@ -341,7 +352,7 @@ def _literal(dtype: DataType, text: str) -> Value:
             # Only a decimal with a leading zero gets here: Python refuses it, as a C
             # reader would take it for octal.
             raise ValueError(
-                f"{text!r}: a decimal integer cannot start with 0 "
+                f"{_cut(text)!r}: a decimal integer cannot start with 0 "
                 f"(write {int(digits, 10)}, or 0x... for hex)"
             ) from None
         return normalize(dtype, number)
@@ -351,11 +362,11 @@ def _literal(dtype: DataType, text: str) -> Value:
         try:
             real = float(raw)
         except ValueError:
-            raise ValueError(f"{text!r} is not a number ({dtype.name} column)") from None
+            raise ValueError(f"{_cut(text)!r} is not a number ({dtype.name} column)") from None
         if math.isinf(real) and raw.lstrip("+-").lower() not in ("inf", "infinity"):
             raise ValueError(
-                f"{text!r} is out of range for {dtype.name} (beyond +-{_MAX_FINITE[dtype]:.6g}; "
-                "write inf or -inf for infinity)"
+                f"{_cut(text)!r} is out of range for {dtype.name} "
+                f"(beyond +-{_MAX_FINITE[dtype]:.6g}; write inf or -inf for infinity)"
             )
         normalize(dtype, real)
         return real
@@ -363,13 +374,13 @@ def _literal(dtype: DataType, text: str) -> Value:
         low = raw.lower()
         if low in _TRUE or low in _FALSE:
             return low in _TRUE
-        raise ValueError(f"{text!r} is not true or false (BOOL column)")
+        raise ValueError(f"{_cut(text)!r} is not true or false (BOOL column)")
     if dtype is DataType.BINARY:
         if raw[:2].lower() == "0x":
             try:
                 return bytes.fromhex(raw[2:])
             except ValueError:
-                raise ValueError(f"{text!r} is not valid hex (BINARY column)") from None
+                raise ValueError(f"{_cut(text)!r} is not valid hex (BINARY column)") from None
         return raw.encode()
     return normalize(dtype, raw)
 
@@ -388,7 +399,7 @@ def _parse_time(text: str) -> _dt.datetime:
         t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(
-            f"{text!r} is neither microseconds since the epoch nor an ISO 8601 time "
+            f"{_cut(text)!r} is neither microseconds since the epoch nor an ISO 8601 time "
             "(UNIXTIME_MICROS column)"
         ) from None
     # fromisoformat drops the digits of a fraction past the sixth: a time the column cannot
@@ -396,7 +407,7 @@ def _parse_time(text: str) -> _dt.datetime:
     fraction = _FRACTION.search(text)
     if fraction and fraction.group(1)[6:].strip("0"):
         raise ValueError(
-            f"{text!r} is finer than a microsecond, which is what UNIXTIME_MICROS holds"
+            f"{_cut(text)!r} is finer than a microsecond, which is what UNIXTIME_MICROS holds"
         )
     # A time without an offset means UTC: the column stores UTC, and the local zone of the
     # machine running the CLI is an accident.
@@ -525,8 +536,8 @@ def _shown_string(text: str) -> str:
         and not text.startswith("'")
     ):
         return text
-    # In quotes a backslash is doubled: an escape there is one (a NUL and the text " \x00"
-    # were both shown ' \x00').
+    # In quotes a backslash is doubled, so that an escape is one (a NUL and the text
+    # " \x00" were both shown ' \x00'); --where reads it back as one (``_unquote``).
     return "'" + _escape_control(text.replace("\\", "\\\\")).replace("'", "''") + "'"
 
 

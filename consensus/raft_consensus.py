@@ -658,10 +658,11 @@ class RaftConsensus:
             self._transfer_unlocked(target, "asked to step down")
         return target
 
-    def hand_over(self) -> str:
-        """Before this server stops: hand leadership to the most caught-up voter heard from
-        within the last heartbeats, if this replica leads and one is.  Returns it, or
-        NO_NODE (nothing to hand over, or no follower that would take it now)."""
+    def hand_over(self, why: str = "stopping") -> str:
+        """Before this server stops (or as ``why`` says): hand leadership to the most
+        caught-up voter heard from within the last heartbeats, if this replica leads and
+        one is.  Returns it, or NO_NODE (nothing to hand over, or no follower that would
+        take it now)."""
         with self._lock:
             self._step_ticks_unlocked()
             # A follower answers every heartbeat: silent for more than two has stopped, or
@@ -669,7 +670,7 @@ class RaftConsensus:
             target = self._node.answering_successor(2 * self.options.heartbeat_ticks + 1)
             if not target:
                 return NO_NODE
-            self._transfer_unlocked(target, "stopping")
+            self._transfer_unlocked(target, why)
         return target
 
     def _transfer_unlocked(self, target: str, why: str) -> None:

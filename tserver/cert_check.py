@@ -58,7 +58,7 @@ def check_server_tls(
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
     except ssl.SSLError as e:
         raise FilesRefused(
-            f"--tls_key {key} is not the key of --tls_cert {cert} ({e.reason})"
+            f"--tls_key {key} is not the key of --tls_cert {cert} ({e.reason or e})"
         ) from None
     except OSError as e:
         raise OSError(f"--tls_key {key}: {e.strerror or e}") from None

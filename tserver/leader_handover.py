@@ -51,7 +51,7 @@ async def hand_over_leaderships(
             continue
         try:
             # Takes the consensus lock: off the event loop, which answers peers meanwhile.
-            target = await loop.run_in_executor(None, consensus.hand_over)
+            target = await loop.run_in_executor(None, consensus.hand_over, why or "stopping")
         except Exception as e:  # a failed replica: stop anyway
             logger.info("%s: not handing leadership over: %s", consensus.group_id, e)
             continue

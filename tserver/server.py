@@ -702,7 +702,17 @@ class TabletServer:
             stub = self.channels.stub(self.settings.peer_addr(sid))
             try:
                 answers[sid] = stub.get_cluster_config(_ASK_PEERS_S)
-            except grpc.RpcError:
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    # A release from before servers could ask (an upgrade under way):
+                    # said, where the check once passed in silence (review r28a).
+                    logger.warning(
+                        "%s refused to show this server its cluster config (an older "
+                        "release?): the schemas of tables new to this server are not "
+                        "compared with %s's",
+                        sid,
+                        sid,
+                    )
                 continue
         return answers
 
@@ -1149,7 +1159,8 @@ class TabletServer:
     def tablets_needing_repair(self) -> list[tuple[str, tuple[str, ...]]]:
         """(tablet, peers to copy from) of every tablet FAILED here that a copy may repair:
         one that failed to open, or whose store was found damaged or whose log failed."""
-        out = [(t, f.voters) for t, f in self.failed_tablets.items()]
+        # Files of a newer release are left alone: a copy would replace them.
+        out = [(t, f.voters) for t, f in self.failed_tablets.items() if f.repairable]
         for t, r in self.replicas.items():
             if r.needs_repair():
                 out.append((t, tuple(r.consensus.membership.voters)))

@@ -138,3 +138,14 @@ def test_no_leader_found_says_what_the_check_said_of_the_servers(
     assert _step_down(capsys) == (
         f"raftlet leader-step-down: error: kv-p0 has no ready leader to step down ({refused})"
     )
+
+
+def test_a_target_that_already_leads_is_success(
+    looks: list[tuple[str, int] | None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review r28a: it exited 1, so an upgrade script moving leaders had to tell that apart
+    from a failure itself."""
+    looks[:] = [("ts2", 3)]
+    argv = ["leader-step-down", "kv-p0", "--servers", "127.0.0.1:1", "--to", "ts2"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip() == "kv-p0: ts2 already leads it (term 3)"

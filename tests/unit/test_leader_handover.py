@@ -41,7 +41,7 @@ class FakeConsensus:
             self._polls -= 1
         return self._snap
 
-    def hand_over(self) -> str:
+    def hand_over(self, _why: str = "stopping") -> str:
         self._asked = True
         if self._successor:
             self._snap = replace(self._snap, transferring=True)
