@@ -52,6 +52,7 @@ __all__ = [
     "UsageError",
     "add_target_arguments",
     "console",
+    "cut",
     "err_console",
     "human_bytes",
     "human_count",
@@ -533,3 +534,9 @@ def close_client(client: Any) -> None:
     closer = threading.Thread(target=client.close, name="close-after-interrupt", daemon=True)
     closer.start()
     closer.join(_CLOSE_AFTER_INTERRUPT_S)
+
+
+def cut(text: str) -> str:
+    """``text`` for an error message: a value or name of thousands of characters was
+    echoed whole (review r28v, r29v)."""
+    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"

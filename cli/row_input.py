@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO
 
-from raftlet.cli.common import UsageError
+from raftlet.cli.common import UsageError, cut
 from raftlet.cli.scan_cmd import parse_value
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import DataType, Value, normalize
@@ -55,21 +55,21 @@ def row_from_assignments(schema: Schema, assignments: Iterable[str]) -> dict[str
         name, eq, value = text.partition("=")
         name = name.strip()
         if not eq or not name:
-            raise UsageError(f"{text!r} is not COLUMN=VALUE (e.g. key=5, value=hello)")
+            raise UsageError(f"{cut(text)!r} is not COLUMN=VALUE (e.g. key=5, value=hello)")
         if not schema.has_column(name):
             raise UsageError(
-                f"{text!r}: no column {name!r} (columns: {', '.join(schema.column_names)})"
+                f"{cut(text)!r}: no column {cut(name)!r} "
+                f"(columns: {', '.join(schema.column_names)})"
             )
         if name in row:
-            raise UsageError(f"column {name!r} given twice")
+            raise UsageError(f"column {cut(name)!r} given twice")
         if value.strip() == "null":
             row[name] = None
             continue
         try:
             row[name] = parse_value(schema.column(name).type, value)
         except ValueError as e:
-            shown = text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
-            raise UsageError(f"{shown!r}: {e}") from None
+            raise UsageError(f"{cut(text)!r}: {e}") from None
     if not row:
         raise UsageError("give the row as COLUMN=VALUE arguments, or --json FILE")
     return row
@@ -82,7 +82,7 @@ def row_from_json(schema: Schema, doc: object) -> dict[str, Value]:
     row: dict[str, Value] = {}
     for name, value in doc.items():
         if not schema.has_column(name):
-            raise ValueError(f"no column {name!r} (columns: {', '.join(schema.column_names)})")
+            raise ValueError(f"no column {cut(name)!r} (columns: {', '.join(schema.column_names)})")
         try:
             row[name] = _cell(schema.column(name).type, value)
         except ValueError as e:

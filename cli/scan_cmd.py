@@ -31,6 +31,7 @@ from raftlet.cli.common import (
     UsageError,
     add_target_arguments,
     close_client,
+    cut,
     positive_int,
     resolve_target,
     timeout_seconds,
@@ -199,16 +200,13 @@ class WhereClause:
     @property
     def shown(self) -> str:
         """The clause as an error quotes it: an IN list of thousands cut short."""
-        text = (
-            self.text if len(self.text) <= 80 else f"{self.text[:60]}... ({len(self.text)} chars)"
-        )
-        return repr(text)
+        return repr(cut(self.text))
 
     def predicate(self, schema: Schema) -> Predicate:
         """The validated predicate; ``UsageError`` naming this clause if it does not fit."""
         if not schema.has_column(self.column):
             raise UsageError(
-                f"--where {self.shown}: no column {self.column!r} "
+                f"--where {self.shown}: no column {cut(self.column)!r} "
                 f"(columns: {', '.join(schema.column_names)})"
             )
         col = schema.column(self.column)
@@ -244,23 +242,23 @@ def parse_where(text: str) -> WhereClause:
     if m:
         values = _split_list(m["values"])
         if not values:
-            raise ValueError(f"{_cut(text)!r}: the IN list is empty")
+            raise ValueError(f"{cut(text)!r}: the IN list is empty")
         return WhereClause(text, m["col"], "in", tuple(values))
     m = _COMPARISON.match(text)
     if m:
         op = m["op"]
         if op in ("!=", "<>"):
-            raise ValueError(f"{_cut(text)!r}: {op} is not supported (operators: {_OPS})")
+            raise ValueError(f"{cut(text)!r}: {op} is not supported (operators: {_OPS})")
         if not m["value"]:
-            raise ValueError(f"{_cut(text)!r}: no value after {op!r}")
+            raise ValueError(f"{cut(text)!r}: no value after {op!r}")
         value = m["value"]
         if value.lower() == "null":
             raise ValueError(
-                f"{_cut(text)!r}: nothing compares equal to NULL; use '{m['col']} is-null'"
+                f"{cut(text)!r}: nothing compares equal to NULL; use '{m['col']} is-null'"
             )
         return WhereClause(text, m["col"], "=" if op == "==" else op, (value,))
     raise ValueError(
-        f"{_cut(text)!r} is not a condition: expected COLUMN OP VALUE with OP one of {_OPS} "
+        f"{cut(text)!r} is not a condition: expected COLUMN OP VALUE with OP one of {_OPS} "
         '(e.g. "key < 100")'
     )
 
@@ -322,11 +320,6 @@ _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
 
 
-def _cut(text: str) -> str:
-    """``text`` for an error message: a value of thousands of characters was echoed whole."""
-    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
-
-
 def parse_value(dtype: DataType, text: str) -> Value:
     """``text`` as a value of a column of type ``dtype``; ValueError saying why not."""
     return normalize(dtype, _literal(dtype, text))
@@ -340,7 +333,7 @@ def _literal(dtype: DataType, text: str) -> Value:
         return normalize(dtype, _parse_time(raw))
     if dtype.is_integer:
         if not _looks_int(raw):
-            raise ValueError(f"{_cut(text)!r} is not an integer ({dtype.name} column)")
+            raise ValueError(f"{cut(text)!r} is not an integer ({dtype.name} column)")
         digits = raw.replace("_", "")
         if len(digits) > _MAX_INT_TEXT:  # int() refuses past 4,300 digits, in its own words
             raise ValueError(
@@ -352,7 +345,7 @@ def _literal(dtype: DataType, text: str) -> Value:
             # Only a decimal with a leading zero gets here: Python refuses it, as a C
             # reader would take it for octal.
             raise ValueError(
-                f"{_cut(text)!r}: a decimal integer cannot start with 0 "
+                f"{cut(text)!r}: a decimal integer cannot start with 0 "
                 f"(write {int(digits, 10)}, or 0x... for hex)"
             ) from None
         return normalize(dtype, number)
@@ -362,10 +355,10 @@ def _literal(dtype: DataType, text: str) -> Value:
         try:
             real = float(raw)
         except ValueError:
-            raise ValueError(f"{_cut(text)!r} is not a number ({dtype.name} column)") from None
+            raise ValueError(f"{cut(text)!r} is not a number ({dtype.name} column)") from None
         if math.isinf(real) and raw.lstrip("+-").lower() not in ("inf", "infinity"):
             raise ValueError(
-                f"{_cut(text)!r} is out of range for {dtype.name} "
+                f"{cut(text)!r} is out of range for {dtype.name} "
                 f"(beyond +-{_MAX_FINITE[dtype]:.6g}; write inf or -inf for infinity)"
             )
         normalize(dtype, real)
@@ -374,13 +367,13 @@ def _literal(dtype: DataType, text: str) -> Value:
         low = raw.lower()
         if low in _TRUE or low in _FALSE:
             return low in _TRUE
-        raise ValueError(f"{_cut(text)!r} is not true or false (BOOL column)")
+        raise ValueError(f"{cut(text)!r} is not true or false (BOOL column)")
     if dtype is DataType.BINARY:
         if raw[:2].lower() == "0x":
             try:
                 return bytes.fromhex(raw[2:])
             except ValueError:
-                raise ValueError(f"{_cut(text)!r} is not valid hex (BINARY column)") from None
+                raise ValueError(f"{cut(text)!r} is not valid hex (BINARY column)") from None
         return raw.encode()
     return normalize(dtype, raw)
 
@@ -399,7 +392,7 @@ def _parse_time(text: str) -> _dt.datetime:
         t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(
-            f"{_cut(text)!r} is neither microseconds since the epoch nor an ISO 8601 time "
+            f"{cut(text)!r} is neither microseconds since the epoch nor an ISO 8601 time "
             "(UNIXTIME_MICROS column)"
         ) from None
     # fromisoformat drops the digits of a fraction past the sixth: a time the column cannot
@@ -407,7 +400,7 @@ def _parse_time(text: str) -> _dt.datetime:
     fraction = _FRACTION.search(text)
     if fraction and fraction.group(1)[6:].strip("0"):
         raise ValueError(
-            f"{_cut(text)!r} is finer than a microsecond, which is what UNIXTIME_MICROS holds"
+            f"{cut(text)!r} is finer than a microsecond, which is what UNIXTIME_MICROS holds"
         )
     # A time without an offset means UTC: the column stores UTC, and the local zone of the
     # machine running the CLI is an accident.
@@ -427,7 +420,7 @@ def run(args: argparse.Namespace) -> int:
         unknown = [c for c in args.columns if not schema.has_column(c)]
         if unknown:
             raise UsageError(
-                f"--columns: no column {unknown[0]!r} in {table.name} "
+                f"--columns: no column {cut(unknown[0])!r} in {table.name} "
                 f"(columns: {', '.join(schema.column_names)})"
             )
     predicates = [w.predicate(schema) for w in args.where]

@@ -302,7 +302,8 @@ class MetaState:
         tables = self.view.tables
         info = tables.get(name)
         if info is None:
-            raise InvalidArgument(f"unknown table {name!r} (tables: {', '.join(sorted(tables))})")
+            shown = name if len(name) <= 80 else f"{name[:60]}...({len(name)} characters)"
+            raise InvalidArgument(f"unknown table {shown!r} (tables: {', '.join(sorted(tables))})")
         return info
 
     def tablet(self, tablet_id: str) -> TabletInfo:

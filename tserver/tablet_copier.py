@@ -164,6 +164,10 @@ class TabletCopier:
             term = hosted.consensus.snapshot.term
             if term > source_term:
                 return False, f"this replica is at term {term}, past {source} at {source_term}"
+        elif not hosted.repairable:
+            # Files a newer release wrote: only the repair loop left them alone, and a
+            # leader's request replaced them (review r29v).
+            return False, f"this replica's files are not this release's to replace: {hosted.reason}"
         if not self._begin_copy(tablet_id, [source]):
             with self._lock:
                 if tablet_id in self._copying:
@@ -172,6 +176,9 @@ class TabletCopier:
         return True, ""
 
     def _begin_copy(self, tablet_id: str, sources: list[str]) -> bool:
+        hosted = self._s.hosted(tablet_id)
+        if isinstance(hosted, FailedTablet) and not hosted.repairable:
+            return False  # files a newer release wrote (``NewerFormat``): never copied over
         with self._lock:
             if tablet_id in self._copying or self._stop.is_set():
                 return False

@@ -83,6 +83,8 @@ def test_a_bare_null_is_null_and_a_quoted_one_the_string() -> None:
             "'small=" + "7" * 54 + "...(5006 characters)': an integer of 5000 characters",
         ),
         (["id=five"], "'five' is not an integer (INT64 column)"),
+        # A name of thousands of characters, cut short too (it was echoed twice, whole).
+        (["n" * 5000 + "=1"], "no column '" + "n" * 60 + "...(5000 characters)' (columns"),
         (["blob=0xzz"], "is not valid hex"),
         ([], "give the row as COLUMN=VALUE arguments, or --json FILE"),
     ],

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from raftlet.tserver.failed_tablet import FailedTablet
 from raftlet.tserver.tablet_copier import TabletCopier
 from raftlet.tserver.tablet_copy_install import (
     interrupted_copies,
@@ -68,3 +69,28 @@ def test_a_copy_cut_short_by_a_crash_begins_again_at_start(
     # Its source first, then the voters (the leader may have moved); never itself.
     assert begun == [("t1", ["ts3", "ts1"])]
     assert copier.resume_interrupted() == []
+
+
+def test_a_replica_a_newer_release_wrote_is_copied_over_by_no_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review r29v: the repair loop left such a replica alone, but a leader's
+    StartTabletCopy replaced its files (consensus-meta, store and WAL), keeping nothing."""
+    newer = FailedTablet(
+        "t1", "kv", 0, ("ts1", "ts2", "ts3"), tmp_path / "t1",
+        "MetadataNewerFormat: ...: written by a newer release", repairable=False,
+    )  # fmt: skip
+    damaged = FailedTablet("t2", "kv", 1, ("ts1", "ts2", "ts3"), tmp_path / "t2", "damaged")
+    copier = TabletCopier(
+        _server(tmp_path, {"t1": newer, "t2": damaged}), chunk_bytes=4096, repair_interval_s=0
+    )
+    copied: list[str] = []
+    monkeypatch.setattr(copier, "_copy", lambda t, _s: copied.append(t) or True)
+    started, why = copier.copy_from("t1", "ts1", 1)
+    assert not started
+    assert "not this release's to replace" in why
+    assert "written by a newer release" in why
+    assert not copier._begin_copy("t1", ["ts1"])  # nor by a resumed copy or the loop
+    assert copier.copy_from("t2", "ts1", 1) == (True, "")  # damage is still repaired
+    copier.stop()
+    assert copied == ["t2"]
