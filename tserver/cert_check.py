@@ -23,6 +23,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from raftlet.cluster.identity import CLIENT_URI_PREFIX, EXPIRY_WARNING_DAYS, SERVER_URI_PREFIX
+from raftlet.tserver.file_modes import warn_if_world_readable
 
 __all__ = [
     "EXPIRY_WARNING_DAYS",
@@ -72,7 +73,11 @@ def check_server_tls(
         )
     _check_dates(issuer, f"--tls_ca {ca}", now)
     _check_dates(own, f"--tls_cert {cert}", now)
-    _warn_if_shared(key)
+    warn_if_world_readable(
+        key,
+        f"--tls_key {key}",
+        "anyone who reads it can pose as this server; chmod o-rwx it",
+    )
     uris = _san_uris(own)
     wanted = SERVER_URI_PREFIX + server_id
     if wanted not in uris:
@@ -155,22 +160,6 @@ class ExpiryWatch:
             left / 3600,
         )
         return False
-
-
-def _warn_if_shared(key: str) -> None:
-    """A WARNING if every user may read the private key (as for the tokens file): not
-    fatal, a mounted secret's mode is not always the server's to choose."""
-    try:
-        mode = Path(key).stat().st_mode
-    except OSError:
-        return  # load_cert_chain read it a moment ago; a file gone since fails later
-    if mode & 0o007:  # not for the group: a Kubernetes secret is mounted 0440 for it
-        logger.warning(
-            "--tls_key %s is readable by every user (mode %o): anyone who reads it can pose "
-            "as this server; chmod o-rwx it",
-            key,
-            mode & 0o777,
-        )
 
 
 def _load(path: str, flag: str) -> list[x509.Certificate]:

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["apply_umask"]
+__all__ = ["apply_umask", "warn_if_world_readable"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +60,16 @@ def _tree(root: Path) -> list[str]:
     for top, dirs, files in os.walk(root):
         paths += [os.path.join(top, name) for name in (*dirs, *files)]
     return paths
+
+
+def warn_if_world_readable(path: str, name: str, why: str) -> None:
+    """A WARNING, "``name`` is readable by every user (mode ...): ``why``", if every user may
+    read the secret at ``path`` (a private key, a tokens file). Not fatal: a mounted
+    secret's mode is not always the server's to choose. Not for the group: Kubernetes
+    mounts a secret 0440 for the pod's, which warned at every start."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return  # read a moment ago; a file gone since fails where it is used
+    if mode & 0o007:
+        logger.warning("%s is readable by every user (mode %o): %s", name, mode, why)

@@ -73,6 +73,7 @@ from raftlet.metrics.catalogue import RPC_AUTH_DENIALS
 from raftlet.metrics.registry import MetricEntity
 from raftlet.metrics.status_server import HttpError, PageRequest
 from raftlet.proto import consensus_pb2 as cpb
+from raftlet.tserver.file_modes import warn_if_world_readable
 
 __all__ = [
     "AuthInterceptor",
@@ -237,15 +238,7 @@ def load_tokens_file(path: str) -> TokenTable:
         text = p.read_text()
     except OSError as e:
         raise OSError(f"--auth_tokens_file {path}: cannot read ({e.strerror})") from None
-    if p.stat().st_mode & 0o007:
-        # Not fatal (a mounted secret's mode is not always ours to choose), but say it. Not
-        # for the group: a Kubernetes secret mounted 0440 for the pod's fsGroup warned at
-        # every start.
-        logger.warning(
-            "%s is readable by every user (mode %o): tokens in it are secrets",
-            path,
-            p.stat().st_mode & 0o777,
-        )
+    warn_if_world_readable(path, path, "tokens in it are secrets")
     return parse_tokens(text, path)
 
 
