@@ -166,6 +166,8 @@ class Raft:
         # leader announced in this term (what vouches for that target's transfer vote); or
         # NO_NODE.
         self.lead_transferee = NO_NODE
+        # The tick a TIMEOUT_NOW last left in: it is resent at most once a tick.
+        self.timeout_now_tick = -1
         # Every voter holds every entry up to here (a leader's minimum match, or what a
         # leader said it was, never above our commit). Only grows: a committed entry a voter
         # holds is never removed from it. Log GC may discard entries below it.
@@ -691,9 +693,13 @@ class Raft:
         # under their leader lease when it campaigns.
         self._bcast_heartbeat()
         if self.prs[target].match == self.log.last_index():
-            self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
+            self._send_timeout_now(target)
         else:
             self._send_append(target)
+
+    def _send_timeout_now(self, target: str) -> None:
+        self.timeout_now_tick = self.ticks
+        self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
 
     def set_promotable(self, promotable: bool) -> None:
         """Whether this node may campaign and lead.  Made not promotable, a leader hands
@@ -763,7 +769,7 @@ class Raft:
             target = min(caught_up)  # deterministic: the simulator replays runs
             self.lead_transferee = target
             self._bcast_heartbeat()
-            self._send(Message(MessageType.TIMEOUT_NOW, self.id, target, self.term))
+            self._send_timeout_now(target)
 
     def on_persisted(self, index: int, term: int) -> None:
         """The batch of entries handed out ending at (index, term) is durable locally
@@ -941,7 +947,7 @@ class Raft:
             while self._send_append(m.src, send_if_empty=False):
                 pass
             if m.src == self.lead_transferee and pr.match == self.log.last_index():
-                self._send(Message(MessageType.TIMEOUT_NOW, self.id, m.src, self.term))
+                self._send_timeout_now(m.src)
         elif m.type is MessageType.HEARTBEAT_RESPONSE:
             pr.recent_active = True
             if m.reject and m.reject_hint < pr.match:
@@ -962,6 +968,16 @@ class Raft:
                 if pr.state is ProgressState.REPLICATE and pr.inflights.full():
                     pr.inflights.free_first_one()
                 self._send_append(m.src)
+            if (
+                m.src == self.lead_transferee
+                and pr.match == self.log.last_index()
+                and self.timeout_now_tick != self.ticks
+            ):
+                # The TIMEOUT_NOW of the transfer's start may have been lost: sent to a
+                # server that had just restarted, it met a link still down, and the
+                # transfer was abandoned while its caught-up target kept answering.
+                # Another is harmless: a target that campaigned is past this term.
+                self._send_timeout_now(m.src)
 
     def _step_candidate(self, m: Message) -> None:
         my_response = (

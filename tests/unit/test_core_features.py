@@ -347,6 +347,25 @@ def test_transfer_waits_until_the_target_has_caught_up() -> None:
     assert data_entries(net["c"].raft.log.all_entries()) == [b"x0", b"x1", b"x2"]
 
 
+def test_a_lost_timeout_now_is_sent_again_when_the_target_answers_a_heartbeat() -> None:
+    """A TIMEOUT_NOW to a caught-up target can be lost (a link to a server just restarted
+    was still down); the target's next heartbeat answer brings another, and the transfer
+    completes instead of being abandoned after an election timeout (CI: a step-down to a
+    server that had just restarted never happened)."""
+    net = Network.create(check_quorum=True, pre_vote=True)
+    net.campaign("a")
+    a = net["a"]
+    a.raw.transfer_leadership("b")
+    first = a.drain()
+    assert len(_to(first, "b", TN)) == 1
+    net.deliver(m for m in first if m.type is not TN)
+    assert net.leaders() == ["a"]
+    assert a.raw.soft_state().transferring is True
+    net.tick("a")  # a heartbeat, answered by b
+    assert net.sent(TN, "a", "b") == 1
+    assert (net.leaders(), net["b"].term) == (["b"], 2)
+
+
 def test_transfer_to_unreachable_target_is_abandoned_after_an_election_timeout() -> None:
     """Thesis §3.10 (paraphrased): if the transfer does not complete within an election
     timeout, the prior leader aborts it and resumes accepting client requests."""
