@@ -148,6 +148,7 @@ from raftlet.tserver.table_layout import (
     LayoutMismatch,
     check_new_tables,
     check_table_layout,
+    peer_configs,
     record_table_layout,
 )
 from raftlet.tserver.tablet_copier import TabletCopier
@@ -697,24 +698,8 @@ class TabletServer:
     def _peer_configs(self) -> dict[str, tablet_pb2.GetClusterConfigResponse]:
         """The cluster config of each other server that answers at once (one that is down
         refuses the connection; one not serving yet is not asked again)."""
-        answers = {}
-        for sid in self._others:
-            stub = self.channels.stub(self.settings.peer_addr(sid))
-            try:
-                answers[sid] = stub.get_cluster_config(_ASK_PEERS_S)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.PERMISSION_DENIED:
-                    # A release from before servers could ask (an upgrade under way):
-                    # said, where the check once passed in silence (review r28a).
-                    logger.warning(
-                        "%s refused to show this server its cluster config (an older "
-                        "release?): the schemas of tables new to this server are not "
-                        "compared with %s's",
-                        sid,
-                        sid,
-                    )
-                continue
-        return answers
+        stubs = {sid: self.channels.stub(self.settings.peer_addr(sid)) for sid in self._others}
+        return peer_configs(stubs, _ASK_PEERS_S)
 
     def _peer_listings(
         self, peers: Collection[str] | None = None

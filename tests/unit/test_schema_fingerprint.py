@@ -6,7 +6,9 @@ than its group's stored every write so, in silence."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
+import grpc
 import pytest
 from hypothesis import given
 
@@ -19,8 +21,9 @@ from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.bootstrap import SchemaMismatchedEntry, to_apply_entries, to_apply_entry
 from raftlet.tserver.errors import SchemaMismatch, check_schema
-from raftlet.tserver.table_layout import LayoutMismatch, check_new_tables
+from raftlet.tserver.table_layout import LayoutMismatch, check_new_tables, peer_configs
 from raftlet.tserver.tablet_replica import write_entry_payload
+from tests.unit.client_fakes import FakeRpcError
 from tests.unit.schema_strategies import schemas
 
 INTS = Schema([ColumnSchema("id", DataType.INT64, is_key=True), ColumnSchema("v", DataType.INT64)])
@@ -115,3 +118,36 @@ def test_a_table_new_here_must_be_what_the_running_servers_have() -> None:
         "(replicas read one another's rows by it); make this server's cluster.toml agree "
         "with theirs"
     )
+
+
+class _Peer:
+    def __init__(self, answer: tablet_pb2.GetClusterConfigResponse | grpc.StatusCode) -> None:
+        self._answer = answer
+
+    def get_cluster_config(self, timeout: float) -> tablet_pb2.GetClusterConfigResponse:
+        if isinstance(self._answer, grpc.StatusCode):
+            raise FakeRpcError(self._answer)
+        return self._answer
+
+
+def test_peers_of_an_older_release_are_left_out_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A peer that refuses the call (a release whose servers could not ask) or does not know
+    it is not compared with, and the log says so; one down or busy is left out quietly."""
+    peers = {
+        "ts1": _Peer(_config(INTS)),
+        "ts2": _Peer(grpc.StatusCode.PERMISSION_DENIED),
+        "ts3": _Peer(grpc.StatusCode.UNIMPLEMENTED),
+        "ts4": _Peer(grpc.StatusCode.UNAVAILABLE),
+        "ts5": _Peer(grpc.StatusCode.DEADLINE_EXCEEDED),
+    }
+    with caplog.at_level(logging.WARNING, logger="raftlet.tserver.table_layout"):
+        answers = peer_configs(peers, 2.0)
+    assert list(answers) == ["ts1"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ts2 refused to show this server its cluster config (an older release?): the schemas "
+        "of tables new to this server are not compared with ts2's",
+        "ts3 does not know the cluster-config call (an older release?): the schemas of tables "
+        "new to this server are not compared with ts3's",
+    ]
