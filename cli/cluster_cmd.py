@@ -676,7 +676,8 @@ def _print_status(
 
     out.print(f"Cluster [bold]{health.name}[/] ({where})", highlight=False)
     servers = Table(title="Servers", title_justify="left", box=None, pad_edge=False)
-    for col in ("server", "state", "pid", "rpc address", "status page", "replicas", "disk", "note"):
+    columns = ("server", "state", "pid", "rpc address", "status page", "replicas", "disk")
+    for col in (*columns, "release", "note"):
         servers.add_column(col)
     for s in health.servers:
         note = s.error
@@ -697,9 +698,15 @@ def _print_status(
             status_url(s.http_addr, "/"),
             str(s.tablets) if s.state == "UP" else "-",
             "-" if s.disk_bytes is None else human_bytes(s.disk_bytes),
+            s.release,
             note,
         )
     out.print(servers)
+    releases = health.releases()
+    if len(releases) > 1:
+        # Not an issue: a rolling upgrade runs two releases side by side on purpose.
+        said = "; ".join(f"{r} on {', '.join(ids)}" for r, ids in sorted(releases.items()))
+        out.print(f"servers run {len(releases)} releases: {said}", markup=False)
     stopped = [s.id for s in health.servers if s.state == "DOWN" and s.process_alive is False]
     if stopped and data_dir is not None:
         out.print(

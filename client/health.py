@@ -158,6 +158,15 @@ class ServerHealth:
     # What its replicas' WAL and store files take (``ProbeOptions.disk_usage``); None when
     # not asked, or from a server too old to say.
     disk_bytes: int | None = None
+    # The release it runs; "" from a server too old to say, None when it did not answer.
+    version: str | None = None
+
+    @property
+    def release(self) -> str:
+        """Its release as an operator reads it ("-" when it did not answer)."""
+        if self.version is None:
+            return "-"
+        return self.version or f"before {_FIRST_TO_SAY_ITS_VERSION}"
 
     @property
     def severity(self) -> Severity:
@@ -242,6 +251,15 @@ class ClusterHealth:
     def ok(self) -> bool:
         return self.severity is Severity.OK
 
+    def releases(self) -> dict[str, list[str]]:
+        """The releases the servers that answered run, each with its servers: more than one
+        while a rolling upgrade (or rollback) is under way."""
+        found: dict[str, list[str]] = {}
+        for s in self.servers:
+            if s.version is not None:
+                found.setdefault(s.release, []).append(s.id)
+        return found
+
     def summary(self) -> str:
         """The one-line verdict: ``OK: …``, ``WARN: …`` or ``ERROR: …``."""
         up = sum(s.state == "UP" for s in self.servers)
@@ -273,6 +291,7 @@ class ClusterHealth:
                     "config_differs": list(s.config_differs),
                     "tls_cert_expiry_seconds": s.cert_expiry_s,
                     "disk_bytes": s.disk_bytes,
+                    "version": s.version,
                 }
                 for s in self.servers
             ],
@@ -330,6 +349,8 @@ def _outcome(call: ResultFuture) -> _Probe:
 _EXPIRY_WARNING_S = EXPIRY_WARNING_DAYS * 86400.0
 # What a client's failed handshake says of a server whose certificate (or CA) has expired.
 _HANDSHAKE_EXPIRED = "certificate has expired"
+# The first release whose servers say which release they run (ListTablets.server_version).
+_FIRST_TO_SAY_ITS_VERSION = "0.2.0"
 
 
 def _duration(seconds: float) -> str:
@@ -423,6 +444,7 @@ def check_cluster(
                 health.disk_bytes = sum(t.disk_bytes for t in resp.tablets)
             if resp.HasField("tls_cert_expiry_seconds"):
                 health.cert_expiry_s = resp.tls_cert_expiry_seconds
+            health.version = resp.server_version
             if resp.waiting_for_peers:
                 waiting = True
                 issues.append(

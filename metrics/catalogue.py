@@ -20,6 +20,7 @@ from raftlet.metrics.registry import MetricPrototype, MetricType
 
 __all__ = [
     "ALL_PROTOTYPES",
+    "BUILD_INFO",
     "CONSENSUS_LOCK_CONTENTION_TIME_US",
     "CONSENSUS_LOCK_WAIT_TIME_US",
     "CONSENSUS_TCP_CONNECTIONS",
@@ -284,6 +285,15 @@ TCP_CONNECTIONS_REFUSED_TOTAL = MetricPrototype(
     entity_type="server",
     label_names=("port",),
 )
+BUILD_INFO = MetricPrototype(
+    "build_info",
+    GAUGE,
+    "state",
+    "Always 1; its version label is the raftlet release this server runs (a rolling upgrade "
+    "shows two across a cluster)",
+    label_names=("version",),
+    entity_type="server",
+)
 TLS_CERT_EXPIRY_SECONDS = MetricPrototype(
     "tls_cert_expiry_seconds",
     GAUGE,
@@ -525,6 +535,7 @@ ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     WRITE_MEMORY_HELD_BYTES,
     WRITE_MEMORY_REFUSALS_TOTAL,
     TLS_CERT_EXPIRY_SECONDS,
+    BUILD_INFO,
     TABLET_LOG_BYTES,
     TABLET_LOG_SEGMENTS,
     TABLET_STORE_BYTES,

@@ -55,6 +55,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+import raftlet
 from raftlet.client.aio_channels import AsyncChannelPool
 from raftlet.client.channels import ChannelPool, channel_options, server_options
 from raftlet.client.errors import InvalidArgument
@@ -202,6 +203,7 @@ class TabletServer:
         self.peer_channel_options = channel_options(
             max_message_bytes=self.limits.peer_bytes, keepalive=True
         )
+        self.entity.gauge(cat.BUILD_INFO, version=raftlet.__version__).set(1)
         # When the first of its certificate and that certificate's CA expires; None: no TLS.
         self.tls_expires: datetime.datetime | None = None
         if s.tls:  # before anything listens: files that cannot work stop the server here
@@ -573,8 +575,9 @@ class TabletServer:
             if listener is not None
         )
         logger.info(
-            "tablet server %s serving RPCs on %s (%s)%s, status on %s (%d tablets%s)",
+            "tablet server %s (raftlet %s) serving RPCs on %s (%s)%s, status on %s (%d tablets%s)",
             self.server_id,
+            raftlet.__version__,
             s.rpc_addr,
             ("mutual TLS" if s.tls else "plaintext, no authentication")
             + (f"; bearer tokens on {s.token_rpc_addr}" if s.token_rpc_addr else ""),

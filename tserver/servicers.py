@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c
 import grpc
 
+import raftlet
 from raftlet.consensus.core import NO_NODE, ConfigChange, ConfigChangeType
 from raftlet.proto import (
     admin_pb2,
@@ -194,6 +195,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             servers_heard_from=sorted(self._s.servers_heard.heard),
             waiting_for_peers=self._s.waiting_for_peers,
             wiped_at_start=self._s.wiped_at_start,
+            server_version=raftlet.__version__,
         )
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,11 +107,19 @@ def test_the_write_pipeline_runs_ten_nice_levels_below_the_rest(data_dir: Path) 
 def test_status_is_ok_on_a_healthy_cluster(data_dir: Path) -> None:
     out = ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
     assert "OK: 3/3 servers up, 2/2 tablets with a ready leader" in out
-    assert re.search(r"^server +state .* replicas +disk +note", out, re.M), out
+    assert re.search(r"^server +state .* replicas +disk +release +note", out, re.M), out
+    assert "releases:" not in out  # said only when servers run more than one
     doc = json.loads(
         ok(raftlet("cluster", "status", "--data-dir", str(data_dir), "--format", "json"))
     )
     assert doc["status"] == "OK"
+    # Each server runs the release `raftlet --version` names; /metrics says so too.
+    release = ok(raftlet("--version")).split()[-1]
+    assert {s["version"] for s in doc["servers"]} == {release}
+    assert re.search(rf"^ts1 +UP .* {re.escape(release)} *$", out, re.M), out
+    ts1 = doc["servers"][0]
+    with urllib.request.urlopen(f"http://{ts1['http_addr']}/metrics", timeout=10) as page:
+        assert f'build_info{{server="ts1",version="{release}"}} 1.0' in page.read().decode()
     assert all(t["leader"] for t in doc["tablets"])
     # What each server's replicas' WAL segments and store files take (an idle cluster: the
     # files stay as they are between the answer and this count).

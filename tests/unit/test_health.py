@@ -376,6 +376,23 @@ def test_a_certificate_near_its_end_is_named_before_clients_refuse_it(
     assert verdict.to_json()["servers"][1]["tls_cert_expiry_seconds"] == left_s
 
 
+def test_each_servers_release_is_shown_and_two_at_once_are_no_issue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rolling upgrade runs two releases side by side (review r28a: every server said
+    0.1.0, and nothing told which one ran what): the check names each server's release, one
+    too old to say as such, and judges the cluster by its replicas alone."""
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in IDS}
+    listed["a"].server_version = "0.3.0"
+    listed["b"].server_version = "0.2.0"  # c says nothing: a release before the field
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.OK, verdict.issues
+    assert [s.release for s in verdict.servers] == ["0.3.0", "0.2.0", "before 0.2.0"]
+    assert verdict.releases() == {"0.3.0": ["a"], "0.2.0": ["b"], "before 0.2.0": ["c"]}
+    assert [s["version"] for s in verdict.to_json()["servers"]] == ["0.3.0", "0.2.0", ""]
+    assert health.ServerHealth("d", "d", "d", "DOWN").release == "-"
+
+
 def test_a_server_whose_certificate_expired_is_an_error_that_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -806,3 +823,20 @@ def test_disk_usage_is_asked_for_only_when_wanted_and_summed_per_server(
     plain = health.check_cluster(LAYOUT, health.ProbeOptions())
     assert asked == [True, False]
     assert [s.disk_bytes for s in plain.servers] == [None, None, None]
+
+
+def test_status_names_the_releases_only_when_servers_run_more_than_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raftlet.cli.cluster_cmd import _print_status
+
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in IDS}
+    for n in IDS:
+        listed[n].server_version = "0.2.0"
+    _print_status(checked(listed, 100, monkeypatch), {}, "here", lambda a, p: a + p)
+    assert "releases" not in capsys.readouterr().out
+    listed["a"].server_version = "0.3.0"
+    _print_status(checked(listed, 100, monkeypatch), {}, "here", lambda a, p: a + p)
+    out = capsys.readouterr().out
+    assert "servers run 2 releases: 0.2.0 on b, c; 0.3.0 on a\n" in out
+    assert out.rstrip().endswith("OK: 3/3 servers up, 1/1 tablets with a ready leader")

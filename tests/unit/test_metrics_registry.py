@@ -81,6 +81,7 @@ DESIGN_NAMES = {
     "write_memory_held_bytes": MetricType.GAUGE,
     "write_memory_refusals_total": MetricType.COUNTER,
     "tls_cert_expiry_seconds": MetricType.GAUGE,
+    "build_info": MetricType.GAUGE,
     "tablet_log_bytes": MetricType.GAUGE,
     "tablet_log_segments": MetricType.GAUGE,
     "tablet_store_bytes": MetricType.GAUGE,
