@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from typing import Any
 
 import grpc
 
@@ -167,6 +168,12 @@ class AsyncMetaCache(MetaState):
                 )
                 if not ended:
                     break
+                # Every task that ended is read, even after one failed (the client closed
+                # under it): asyncio logs each exception never read, thousands at a close
+                # with writes in flight (review r30b).
+                failed = [e for e in map(_failure, ended) if e is not None]
+                if failed:
+                    raise failed[0]
                 for task in ended:
                     out[calls[task]] = task.result()
         finally:
@@ -174,8 +181,12 @@ class AsyncMetaCache(MetaState):
             # connection open past the client's close from another loop.
             for task in pending:
                 self._unread.add(task)
-                task.add_done_callback(self._unread.discard)
+                task.add_done_callback(self._forget)
         return out
+
+    def _forget(self, task: asyncio.Future[tablet_pb2.ListTabletsResponse | RpcFailure]) -> None:
+        self._unread.discard(task)
+        _failure(task)
 
     async def refresh_leaders(
         self, deadline: float, *, force: bool = False, tablet_id: str | None = None
@@ -217,3 +228,9 @@ class AsyncMetaCache(MetaState):
             self._last_refresh = self._clock()
         finally:
             lock.release()
+
+
+def _failure(task: asyncio.Future[Any]) -> BaseException | None:
+    """What ``task``, done, raised (so asyncio counts it as read); None if it returned or
+    was cancelled."""
+    return None if task.cancelled() else task.exception()

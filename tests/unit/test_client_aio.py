@@ -4,6 +4,7 @@ errors and exactly-once request ids, with many writes in flight from one event l
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Coroutine
@@ -650,3 +651,37 @@ def test_async_with_a_client_not_yet_connected_connects_it() -> None:
         assert client.closed
 
     run(main())
+
+
+def test_a_look_up_the_close_cut_short_leaves_no_exception_unread() -> None:
+    """Closing an AsyncClient under thousands of writes logged thousands of "Task exception
+    was never retrieved" (review r30b): a look-up read the first ClientClosed and left the
+    other servers' calls, ended or still out, unread."""
+    cluster = AsyncFakeCluster()
+    unread: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unread.append(ctx))
+        client = await fake_client(cluster)
+        late = asyncio.Event()
+
+        async def closed(_timeout: float) -> tablet_pb2.ListTabletsResponse:
+            raise ClientClosed("the client is closed")
+
+        async def closed_later(_timeout: float) -> tablet_pb2.ListTabletsResponse:
+            await late.wait()
+            raise ClientClosed("the client is closed")
+
+        stubs = cluster._stubs
+        stubs[addr("ts1")].list_tablets = closed  # type: ignore[method-assign]
+        stubs[addr("ts2")].list_tablets = closed  # type: ignore[method-assign]
+        stubs[addr("ts3")].list_tablets = closed_later  # type: ignore[method-assign]
+        with pytest.raises(ClientClosed):
+            await client._meta.list_tablets(1.0)
+        late.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gc.collect()
+
+    run(go())
+    assert [c.get("message") for c in unread] == []
