@@ -231,9 +231,16 @@ def _change_request(tablet_id: str, kind: int, server: str) -> admin_pb2.ChangeC
 
 
 def _change(
-    client: Client, tablet_id: str, kind: int, server: str, timeout_s: float
+    client: Client,
+    tablet_id: str,
+    kind: int,
+    server: str,
+    timeout_s: float,
+    cas_config_index: int | None = None,
 ) -> admin_pb2.ChangeConfigResponse:
     request = _change_request(tablet_id, kind, server)
+    if cas_config_index is not None:
+        request.cas_config_index = cas_config_index
     response, _ = client.on_leader(
         tablet_id,
         lambda stub, timeout: stub.ChangeConfig(request, timeout=timeout),
@@ -513,6 +520,11 @@ class _NotAMember(InvalidArgument):
     """The server to remove is no member of the group (another operator's change?)."""
 
 
+class _TooFewLeft(RemoteError):
+    """A move's removal would leave fewer voters than the move keeps (another change came
+    first)."""
+
+
 def remove_replica(
     client: Client,
     tablet_id: str,
@@ -522,12 +534,15 @@ def remove_replica(
     timeout_s: float = 120.0,
     say: Callable[[str], None] = lambda _: None,
     leftovers: bool = True,
+    least_voters: int | None = None,
 ) -> TabletMembership:
     """Remove ``server``'s replica of ``tablet_id`` from the group (handing leadership to
     another voter first if it leads); with ``wait``, wait for the removal to commit and
     delete the replica from its server if that server answers. A server that is no member
     has its leftover replica deleted -- unless not ``leftovers`` (a move's own removal): then
-    ``_NotAMember``, as when another operator removes it meanwhile."""
+    ``_NotAMember``, as when another operator removes it meanwhile. With ``least_voters``
+    (a move's), refuse (``_TooFewLeft``) a removal that would leave fewer voters, judged on
+    a membership the leader then changes only if no other change came first."""
     _check_server(client, server)
     deadline = time.monotonic() + timeout_s
     m = leader_membership(client, tablet_id, timeout_s)
@@ -567,6 +582,17 @@ def remove_replica(
         say(f"{tablet_id}: the leftover replica on {server} (no member of the group) was deleted")
         return m
     _refuse_if_pending(m, tablet_id)
+    cas = None
+    if least_voters is not None:
+        left = [v for v in m.voters if v != server]
+        if len(left) < least_voters:
+            raise _TooFewLeft(
+                f"removing {server} would leave {tablet_id} {len(left)} voter(s) "
+                f"({', '.join(left) or 'none'}), fewer than the {least_voters} this move keeps: "
+                "another change ran meanwhile (another operator's move or removal?), so "
+                f"{server} stays -- see `raftlet cluster status`"
+            )
+        cas = m.config_index
     if m.leader == server:
         others = [v for v in m.voters if v != server]
         if not others:
@@ -596,7 +622,7 @@ def remove_replica(
                 raise gone()
             raise InvalidArgument(f"{server} left {tablet_id}'s group meanwhile: nothing to do")
     try:
-        removed = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s)
+        removed = _change(client, tablet_id, admin_pb2.CONFIG_CHANGE_REMOVE, server, timeout_s, cas)
     except RemoteError:
         if not leftovers:
             after = _membership_by(client, tablet_id, deadline)
@@ -727,23 +753,41 @@ def move_replica(
         # add-replica: what is left of the move is the removal, and a rerun refused it.
         say(f"{tablet_id}: {target} is a voter already; removing {source}")
         return remove_replica(
-            client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say, leftovers=False
+            client,
+            tablet_id,
+            source,
+            wait=wait,
+            timeout_s=timeout_s,
+            say=say,
+            leftovers=False,
+            least_voters=factor,
         )
+    # What the move keeps: two moves onto one server at once each removed a voter, and left
+    # a tablet of three voters with one (review r30a).
+    keep = min(len(m.voters), client.replication_factor(client.table_of(tablet_id)))
     added = add_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
     try:
         if source not in added.members():
             raise _NotAMember(source)
         try:
             return remove_replica(
-                client, tablet_id, source, wait=wait, timeout_s=timeout_s, say=say, leftovers=False
+                client,
+                tablet_id,
+                source,
+                wait=wait,
+                timeout_s=timeout_s,
+                say=say,
+                leftovers=False,
+                least_voters=keep,
             )
-        except (_NotAMember, ReplicaNotDeleted):
+        except (_NotAMember, ReplicaNotDeleted, _TooFewLeft):
             raise
         except RaftletError as e:
             raise e.with_message(
-                f"{e} -- {target} was added to {tablet_id} and {source} not yet removed: run "
+                f"{e} -- {target} is a voter of {tablet_id} and {source} not yet removed: run "
                 f"the same `raftlet tablet move-replica {tablet_id} {source} {target}` again "
-                "to finish the move"
+                "to finish the move (it removes the source if the tablet has a voter to spare "
+                "by then: another operator's move may have taken it)"
             ) from e
     except _NotAMember:
         after = leader_membership(client, tablet_id, timeout_s)

@@ -80,6 +80,7 @@ from raftlet.consensus.core import (
     NO_NODE,
     Config,
     ConfigChange,
+    ConfigChangeRefused,
     Entry,
     Membership,
     Message,
@@ -497,13 +498,22 @@ class RaftConsensus:
     def voters(self) -> tuple[str, ...]:
         return self._membership.voters
 
-    def change_config(self, change: ConfigChange) -> tuple[Entry, Membership]:
+    def change_config(
+        self, change: ConfigChange, cas_config_index: int | None = None
+    ) -> tuple[Entry, Membership]:
         """On the leader: append the membership change and start replicating it; returns
         its entry (which commits later) and the membership it makes.  Raises
-        NotLeaderError, ConfigChangeRefused (another change is not committed yet, ...)."""
+        NotLeaderError, ConfigChangeRefused (another change is not committed yet; or the
+        membership is no longer that of entry ``cas_config_index``, when given, ...)."""
         self._raise_if_failed()
         with self._lock:
             self._step_ticks_unlocked()
+            now = self._node.raft.conf_state().index
+            if cas_config_index is not None and now != cas_config_index:
+                raise ConfigChangeRefused(
+                    f"the group changed since (its membership is now that of entry {now}, "
+                    f"not {cas_config_index}): decide the change again on what it is now"
+                )
             entry = self._node.propose_config_change(change)
             membership = self._node.raft.membership
             self._process_ready_unlocked()

@@ -111,14 +111,16 @@ class CreateReplicaResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
 
 class ChangeConfigRequest(_message.Message):
-    __slots__ = ("tablet_id", "type", "server_uuid")
+    __slots__ = ("tablet_id", "type", "server_uuid", "cas_config_index")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SERVER_UUID_FIELD_NUMBER: _ClassVar[int]
+    CAS_CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     type: ConfigChangeTypePB
     server_uuid: str
-    def __init__(self, tablet_id: _Optional[str] = ..., type: _Optional[_Union[ConfigChangeTypePB, str]] = ..., server_uuid: _Optional[str] = ...) -> None: ...
+    cas_config_index: int
+    def __init__(self, tablet_id: _Optional[str] = ..., type: _Optional[_Union[ConfigChangeTypePB, str]] = ..., server_uuid: _Optional[str] = ..., cas_config_index: _Optional[int] = ...) -> None: ...
 
 class ChangeConfigResponse(_message.Message):
     __slots__ = ("index", "voters", "learners", "error")

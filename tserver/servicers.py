@@ -422,7 +422,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ChangeConfig(self, request: admin_pb2.ChangeConfigRequest, context: Any) -> Any:
         def change() -> admin_pb2.ChangeConfigResponse:
             replica, config_change = self._config_change(request)
-            entry, membership = replica.consensus.change_config(config_change)
+            cas = request.cas_config_index if request.HasField("cas_config_index") else None
+            entry, membership = replica.consensus.change_config(config_change, cas)
             return admin_pb2.ChangeConfigResponse(
                 index=entry.index, voters=membership.voters, learners=membership.learners
             )

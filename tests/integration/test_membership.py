@@ -362,3 +362,20 @@ def test_removing_a_healthy_voter_while_another_is_down_is_refused(
             assert sorted(leader_membership(client, tid, 30.0).voters) == sorted(
                 (leader.id, healthy.id)
             )
+            # A change decided on the membership from before that removal is not made (two
+            # operators' moves at once each removed a voter: review r30a).
+            stale = admin_pb2.ChangeConfigRequest(
+                tablet_id=tid,
+                type=admin_pb2.CONFIG_CHANGE_REMOVE,
+                server_uuid=healthy.id,
+                cas_config_index=m.config_index,
+            )
+            with pytest.raises(RaftletError, match=r"the group changed since \(its membership"):
+                client.on_leader(
+                    tid,
+                    lambda stub, timeout: stub.ChangeConfig(stale, timeout=timeout),
+                    what="a stale change",
+                )
+            assert sorted(leader_membership(client, tid, 30.0).voters) == sorted(
+                (leader.id, healthy.id)
+            )

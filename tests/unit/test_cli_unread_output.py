@@ -178,7 +178,11 @@ def test_a_move_into_a_closed_pipe_finishes_after_its_add(
     monkeypatch.setattr(membership, "add_replica", add)
     monkeypatch.setattr(membership, "remove_replica", remove)
     closed: list[bool] = []
-    client = SimpleNamespace(close=lambda: closed.append(True))
+    client = SimpleNamespace(
+        close=lambda: closed.append(True),
+        table_of=lambda _tablet: "kv",
+        replication_factor=lambda _table: 3,
+    )
     monkeypatch.setattr(
         tablet_cmd, "resolve_target", lambda _args: SimpleNamespace(client=lambda **_k: client)
     )

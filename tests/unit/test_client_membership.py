@@ -196,6 +196,49 @@ def test_the_same_move_made_by_two_operators_at_once_keeps_the_target(
     assert "ts3 left the group meanwhile (another operator's move?)" in said[-1]
 
 
+def test_two_moves_onto_one_server_at_once_remove_one_voter_not_two(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review r30a: ts1->ts4 and ts2->ts4 at once both exited 0, and kv-p2 was left with
+    two voters (from there, one). Here the other move removed ts1 after this one's add: the
+    removal of ts2 would leave two voters, fewer than the three the move began with, and is
+    refused; and a removal is made only on the membership it was judged on."""
+    changes: list[tuple[str, Any]] = []
+    monkeypatch.setattr(
+        membership,
+        "_change",
+        lambda _c, _t, _k, server, _s, cas=None: (
+            changes.append((server, cas)) or SimpleNamespace(index=60)
+        ),
+    )
+    monkeypatch.setattr(
+        membership, "add_replica", lambda *_a, **_k: _group(("ts1", "ts2", "ts3", "ts4"), 40, 40)
+    )
+    scripted["answers"] = [
+        _group(("ts1", "ts2", "ts3"), 21, 1),  # the move begins
+        _group(("ts2", "ts3", "ts4"), 50, 50),  # its removal: the other move took ts1 out
+    ]
+    with pytest.raises(RemoteError) as refused:
+        membership.move_replica(FACTOR_3, "kv-p0", "ts2", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "removing ts2 would leave kv-p0 2 voter(s) (ts3, ts4), fewer than the 3 this move "
+        "keeps: another change ran meanwhile (another operator's move or removal?), so ts2 "
+        "stays -- see `raftlet cluster status`"
+    )
+    assert changes == []
+    assert scripted["deleted"] == []
+    # Alone, the same move removes ts2 -- on the membership of entry 40, which the leader
+    # refuses to change if another change came first.
+    scripted["answers"] = [
+        _group(("ts1", "ts2", "ts3"), 21, 1),
+        _group(("ts1", "ts2", "ts3", "ts4"), 40, 40),
+        _group(("ts1", "ts3", "ts4"), 60, 60),
+    ]
+    m = membership.move_replica(FACTOR_3, "kv-p0", "ts2", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+    assert m.voters == ("ts1", "ts3", "ts4")
+    assert changes == [("ts2", 40)]
+
+
 def test_a_move_stopped_after_its_add_is_finished_by_running_it_again(
     scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -241,7 +284,7 @@ def test_a_move_whose_removal_fails_says_what_it_left_and_how_to_finish(
     with pytest.raises(Timeout) as caught:
         membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
     said = str(caught.value)
-    assert said.startswith("kv-p0: timed out waiting for a ready leader of kv-p0 -- ts4 was added")
+    assert said.startswith("kv-p0: timed out waiting for a ready leader of kv-p0 -- ts4 is a voter")
     assert "run the same `raftlet tablet move-replica kv-p0 ts3 ts4` again" in said
 
 
