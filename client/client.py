@@ -451,7 +451,11 @@ class Client(ClientBase[MetaCache]):
         at = admin_pb2.ChecksumTabletRequest(
             tablet_id=tablet_id, index=first.index, timeout_ms=wait_ms
         )
-        others = [r for r in self._meta.tablet(tablet_id).replicas if r != leader]
+        # The leader's members: after a move, the client's list (the placement, for a tablet
+        # the server it asked does not host) left the new replica unchecked and asked the
+        # old one, NOT_FOUND (review r30a). An older leader names none.
+        members = list(first.members) or self._meta.tablet(tablet_id).replicas
+        others = [r for r in members if r != leader]
         futures = {
             uuid: self._executor.submit(self._checksum_at, uuid, at, timeout) for uuid in others
         }

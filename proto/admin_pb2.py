@@ -27,7 +27,7 @@ from raftlet.proto import common_pb2 as raftlet_dot_proto_dot_common__pb2
 from raftlet.proto import consensus_pb2 as raftlet_dot_proto_dot_consensus__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raftlet/proto/admin.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\x1a\x1draftlet/proto/consensus.proto\"C\n\x15LeaderStepDownRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x17\n\x0fnew_leader_uuid\x18\x02 \x01(\t\"?\n\x16LeaderStepDownResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\" \n\x0fGetFlagsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"u\n\x10GetFlagsResponse\x12\x33\n\x05\x66lags\x18\x01 \x03(\x0b\x32$.raftlet.GetFlagsResponse.FlagsEntry\x1a,\n\nFlagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"-\n\x0eSetFlagRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"K\n\x0fSetFlagResponse\x12\x11\n\told_value\x18\x01 \x01(\t\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"M\n\x15\x43hecksumTabletRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"\x7f\n\x16\x43hecksumTabletResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x04 \x01(\t\x12%\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"K\n\x14\x43reateReplicaRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x0e\n\x06voters\x18\x02 \x03(\t\x12\x10\n\x08learners\x18\x03 \x03(\t\">\n\x15\x43reateReplicaResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\x9c\x01\n\x13\x43hangeConfigRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.raftlet.ConfigChangeTypePB\x12\x13\n\x0bserver_uuid\x18\x03 \x01(\t\x12\x1d\n\x10\x63\x61s_config_index\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_cas_config_index\"n\n\x14\x43hangeConfigResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0e\n\x06voters\x18\x02 \x03(\t\x12\x10\n\x08learners\x18\x03 \x03(\t\x12%\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"8\n\x14\x44\x65leteReplicaRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\">\n\x15\x44\x65leteReplicaResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB*\x88\x01\n\x12\x43onfigChangeTypePB\x12\x1e\n\x1a\x43ONFIG_CHANGE_TYPE_UNKNOWN\x10\x00\x12\x1d\n\x19\x43ONFIG_CHANGE_ADD_LEARNER\x10\x01\x12\x19\n\x15\x43ONFIG_CHANGE_PROMOTE\x10\x02\x12\x18\n\x14\x43ONFIG_CHANGE_REMOVE\x10\x03\x32\xcf\x05\n\x0c\x41\x64minService\x12Q\n\x0eLeaderStepDown\x12\x1e.raftlet.LeaderStepDownRequest\x1a\x1f.raftlet.LeaderStepDownResponse\x12[\n\x12GetConsensusStatus\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponse\x12?\n\x08GetFlags\x12\x18.raftlet.GetFlagsRequest\x1a\x19.raftlet.GetFlagsResponse\x12<\n\x07SetFlag\x12\x17.raftlet.SetFlagRequest\x1a\x18.raftlet.SetFlagResponse\x12Q\n\x0e\x43hecksumTablet\x12\x1e.raftlet.ChecksumTabletRequest\x1a\x1f.raftlet.ChecksumTabletResponse\x12N\n\rCreateReplica\x12\x1d.raftlet.CreateReplicaRequest\x1a\x1e.raftlet.CreateReplicaResponse\x12K\n\x0c\x43hangeConfig\x12\x1c.raftlet.ChangeConfigRequest\x1a\x1d.raftlet.ChangeConfigResponse\x12P\n\x11\x43heckConfigChange\x12\x1c.raftlet.ChangeConfigRequest\x1a\x1d.raftlet.ChangeConfigResponse\x12N\n\rDeleteReplica\x12\x1d.raftlet.DeleteReplicaRequest\x1a\x1e.raftlet.DeleteReplicaResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raftlet/proto/admin.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\x1a\x1draftlet/proto/consensus.proto\"C\n\x15LeaderStepDownRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x17\n\x0fnew_leader_uuid\x18\x02 \x01(\t\"?\n\x16LeaderStepDownResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\" \n\x0fGetFlagsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"u\n\x10GetFlagsResponse\x12\x33\n\x05\x66lags\x18\x01 \x03(\x0b\x32$.raftlet.GetFlagsResponse.FlagsEntry\x1a,\n\nFlagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"-\n\x0eSetFlagRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"K\n\x0fSetFlagResponse\x12\x11\n\told_value\x18\x01 \x01(\t\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"M\n\x15\x43hecksumTabletRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"\x90\x01\n\x16\x43hecksumTabletResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\x04 \x01(\t\x12%\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\x12\x0f\n\x07members\x18\x06 \x03(\t\"K\n\x14\x43reateReplicaRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x0e\n\x06voters\x18\x02 \x03(\t\x12\x10\n\x08learners\x18\x03 \x03(\t\">\n\x15\x43reateReplicaResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\x9c\x01\n\x13\x43hangeConfigRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.raftlet.ConfigChangeTypePB\x12\x13\n\x0bserver_uuid\x18\x03 \x01(\t\x12\x1d\n\x10\x63\x61s_config_index\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x13\n\x11_cas_config_index\"n\n\x14\x43hangeConfigResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0e\n\x06voters\x18\x02 \x03(\t\x12\x10\n\x08learners\x18\x03 \x03(\t\x12%\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"8\n\x14\x44\x65leteReplicaRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\">\n\x15\x44\x65leteReplicaResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB*\x88\x01\n\x12\x43onfigChangeTypePB\x12\x1e\n\x1a\x43ONFIG_CHANGE_TYPE_UNKNOWN\x10\x00\x12\x1d\n\x19\x43ONFIG_CHANGE_ADD_LEARNER\x10\x01\x12\x19\n\x15\x43ONFIG_CHANGE_PROMOTE\x10\x02\x12\x18\n\x14\x43ONFIG_CHANGE_REMOVE\x10\x03\x32\xcf\x05\n\x0c\x41\x64minService\x12Q\n\x0eLeaderStepDown\x12\x1e.raftlet.LeaderStepDownRequest\x1a\x1f.raftlet.LeaderStepDownResponse\x12[\n\x12GetConsensusStatus\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponse\x12?\n\x08GetFlags\x12\x18.raftlet.GetFlagsRequest\x1a\x19.raftlet.GetFlagsResponse\x12<\n\x07SetFlag\x12\x17.raftlet.SetFlagRequest\x1a\x18.raftlet.SetFlagResponse\x12Q\n\x0e\x43hecksumTablet\x12\x1e.raftlet.ChecksumTabletRequest\x1a\x1f.raftlet.ChecksumTabletResponse\x12N\n\rCreateReplica\x12\x1d.raftlet.CreateReplicaRequest\x1a\x1e.raftlet.CreateReplicaResponse\x12K\n\x0c\x43hangeConfig\x12\x1c.raftlet.ChangeConfigRequest\x1a\x1d.raftlet.ChangeConfigResponse\x12P\n\x11\x43heckConfigChange\x12\x1c.raftlet.ChangeConfigRequest\x1a\x1d.raftlet.ChangeConfigResponse\x12N\n\rDeleteReplica\x12\x1d.raftlet.DeleteReplicaRequest\x1a\x1e.raftlet.DeleteReplicaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETFLAGSRESPONSE_FLAGSENTRY']._loaded_options = None
   _globals['_GETFLAGSRESPONSE_FLAGSENTRY']._serialized_options = b'8\001'
-  _globals['_CONFIGCHANGETYPEPB']._serialized_start=1251
-  _globals['_CONFIGCHANGETYPEPB']._serialized_end=1387
+  _globals['_CONFIGCHANGETYPEPB']._serialized_start=1269
+  _globals['_CONFIGCHANGETYPEPB']._serialized_end=1405
   _globals['_LEADERSTEPDOWNREQUEST']._serialized_start=97
   _globals['_LEADERSTEPDOWNREQUEST']._serialized_end=164
   _globals['_LEADERSTEPDOWNRESPONSE']._serialized_start=166
@@ -54,20 +54,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETFLAGRESPONSE']._serialized_end=506
   _globals['_CHECKSUMTABLETREQUEST']._serialized_start=508
   _globals['_CHECKSUMTABLETREQUEST']._serialized_end=585
-  _globals['_CHECKSUMTABLETRESPONSE']._serialized_start=587
-  _globals['_CHECKSUMTABLETRESPONSE']._serialized_end=714
-  _globals['_CREATEREPLICAREQUEST']._serialized_start=716
-  _globals['_CREATEREPLICAREQUEST']._serialized_end=791
-  _globals['_CREATEREPLICARESPONSE']._serialized_start=793
-  _globals['_CREATEREPLICARESPONSE']._serialized_end=855
-  _globals['_CHANGECONFIGREQUEST']._serialized_start=858
-  _globals['_CHANGECONFIGREQUEST']._serialized_end=1014
-  _globals['_CHANGECONFIGRESPONSE']._serialized_start=1016
-  _globals['_CHANGECONFIGRESPONSE']._serialized_end=1126
-  _globals['_DELETEREPLICAREQUEST']._serialized_start=1128
-  _globals['_DELETEREPLICAREQUEST']._serialized_end=1184
-  _globals['_DELETEREPLICARESPONSE']._serialized_start=1186
-  _globals['_DELETEREPLICARESPONSE']._serialized_end=1248
-  _globals['_ADMINSERVICE']._serialized_start=1390
-  _globals['_ADMINSERVICE']._serialized_end=2109
+  _globals['_CHECKSUMTABLETRESPONSE']._serialized_start=588
+  _globals['_CHECKSUMTABLETRESPONSE']._serialized_end=732
+  _globals['_CREATEREPLICAREQUEST']._serialized_start=734
+  _globals['_CREATEREPLICAREQUEST']._serialized_end=809
+  _globals['_CREATEREPLICARESPONSE']._serialized_start=811
+  _globals['_CREATEREPLICARESPONSE']._serialized_end=873
+  _globals['_CHANGECONFIGREQUEST']._serialized_start=876
+  _globals['_CHANGECONFIGREQUEST']._serialized_end=1032
+  _globals['_CHANGECONFIGRESPONSE']._serialized_start=1034
+  _globals['_CHANGECONFIGRESPONSE']._serialized_end=1144
+  _globals['_DELETEREPLICAREQUEST']._serialized_start=1146
+  _globals['_DELETEREPLICAREQUEST']._serialized_end=1202
+  _globals['_DELETEREPLICARESPONSE']._serialized_start=1204
+  _globals['_DELETEREPLICARESPONSE']._serialized_end=1266
+  _globals['_ADMINSERVICE']._serialized_start=1408
+  _globals['_ADMINSERVICE']._serialized_end=2127
 # @@protoc_insertion_point(module_scope)

@@ -81,18 +81,20 @@ class ChecksumTabletRequest(_message.Message):
     def __init__(self, tablet_id: _Optional[str] = ..., index: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ChecksumTabletResponse(_message.Message):
-    __slots__ = ("index", "rows", "checksum", "failure", "error")
+    __slots__ = ("index", "rows", "checksum", "failure", "error", "members")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     index: int
     rows: int
     checksum: str
     failure: str
     error: _common_pb2.ServerErrorPB
-    def __init__(self, index: _Optional[int] = ..., rows: _Optional[int] = ..., checksum: _Optional[str] = ..., failure: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, index: _Optional[int] = ..., rows: _Optional[int] = ..., checksum: _Optional[str] = ..., failure: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ServerErrorPB, _Mapping]] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CreateReplicaRequest(_message.Message):
     __slots__ = ("tablet_id", "voters", "learners")

@@ -396,7 +396,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             if request.index >= 2**63:
                 raise InvalidRequest(f"index {request.index} is above 2^63-1")
             replica = self._s.replica(request.tablet_id)
+            members: tuple[str, ...] = ()
             if request.index == 0:
+                members = replica.consensus.membership.members()
                 result = replica.place_checksum_point(timeout_ms / 1000)
             else:
                 result = replica.checksum_at(request.index, timeout_ms / 1000)
@@ -405,6 +407,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 rows=result.rows,
                 checksum=result.checksum,
                 failure=result.failure,
+                members=members,
             )
 
         return await self._call("ChecksumTablet", context, checksum)
