@@ -163,7 +163,9 @@ class Client(ClientBase[MetaCache]):
         CA, and this client's certificate and key) and ``token`` (a bearer token) for a TLS
         cluster (``client.tls``); without them the channels are plaintext. With a token and
         no certificate the client dials the servers' token ports (``seeds`` are token ports
-        too)."""
+        too). ``flush_threads`` is how many batches all of this client's sessions have in
+        flight at once, whatever their ``max_batches_in_flight``: size it to what they ask
+        together (`raftlet write` gives twice its threads, up to 64)."""
         check_timeout(timeout_s)
         check_timeout(rpc_timeout_s, "rpc_timeout_s")
         if flush_threads < 1:
@@ -263,12 +265,16 @@ class Client(ClientBase[MetaCache]):
         """A session (see ``client.session``); ``timeout_s`` (default the client's) bounds
         each write, retries included. A batch holds at most ``max_batch_rows`` rows and
         ``max_batch_bytes`` bytes; each tablet has at most ``max_batches_in_flight`` of a
-        session's batches in flight. In ``AUTO_FLUSH_BACKGROUND`` a call blocks while
+        session's batches in flight -- within the client's ``flush_threads``, which every
+        session's batches share (4 by default: raise it for more in flight). In
+        ``AUTO_FLUSH_BACKGROUND`` a call blocks while
         ``max_buffered_rows`` rows (default twice the batches in flight's rows) or
         ``max_buffered_bytes`` (default twice their bytes) are unacknowledged.
         ``packed_rows=False`` sends rows in the per-cell form
         (one ``RowOperationPB`` per row) instead of a packed row block: the older wire form,
-        kept for servers and comparisons that need it."""
+        kept for servers and comparisons that need it. The client keeps every session until
+        it is closed (``close()``, or ``with client.new_session() as s:``), an
+        ``AUTO_FLUSH_SYNC`` one too: a session per request must be closed."""
         with self._lock:
             self._check_open()
             session = Session(

@@ -8,19 +8,23 @@ routed to its tablet (``MetaCache.route``) — and sends them in one of three mo
   ``WriteResult`` (the Raft index and term of the write's entry); a row error is raised as
   ``RowError``, a failure after retries as ``Timeout`` (or a subclass).
 - ``MANUAL_FLUSH``: calls only buffer; ``flush()`` sends the buffer and returns when every
-  row has an outcome. Failures are collected, not raised: ``errors()``.
+  row has an outcome. Failures are collected, not raised: ``errors()`` -- except a row the
+  client refuses itself (a wrong type, an unknown column), which the call raises at once
+  as ``RowError``, in every mode, and which ``error_count`` does not count.
 - ``AUTO_FLUSH_BACKGROUND``: calls buffer and return. Each tablet's rows collect in an open
   batch that is sent as soon as it holds ``max_batch_rows`` rows or ``max_batch_bytes``
   bytes, or its oldest row has waited ``flush_interval_s``. While ``max_buffered_rows`` rows
   are unacknowledged, or a row would take those unacknowledged past ``max_buffered_bytes``
   (one row alone always goes), a call blocks (backpressure) — for at most ``timeout_s``,
   then it raises ``Timeout``. ``flush()`` sends what is open and waits until every row given before
-  it has an outcome. Failures are collected: ``errors()``.
+  it has an outcome. Failures are collected: ``errors()`` (a row the client refuses is
+  raised, as above).
 
 Batches go out through ``client.batch_pipeline``: per tablet, up to
 ``max_batches_in_flight`` at once, started in call order, and a batch that writes a key a
 batch in flight also writes waits for it, so two writes of one key are applied in the
-order they were made. Tablets proceed independently, on the client's thread pool. Each
+order they were made. Tablets proceed independently, on the client's thread pool
+(``flush_threads`` senders shared by all its sessions, which caps what is in flight). Each
 batch is one Write RPC with its own request id, retried by ``client.rpc.call_tablet`` with
 that same id until ``timeout_s`` has passed.
 
