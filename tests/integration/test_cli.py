@@ -393,6 +393,15 @@ def test_status_reports_a_killed_server(data_dir: Path) -> None:
     assert "process not running" in proc.stdout
     assert f"--data-dir {data_dir}` starts {victim['id']} again" in proc.stdout
     assert "WARN: 2/3 servers up" in proc.stdout or "ERROR:" in proc.stdout
+    # Stopping one more would leave every tablet without a majority: refused, as said, and
+    # nothing stopped (review r30a: it said "stopped gracefully", and writes stalled).
+    other = next(s for s in state(data_dir)["servers"] if s["id"] != victim["id"])
+    refused = raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", other["id"])
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"stopping {other['id']} would leave 2 tablet(s) without a majority" in refused.stderr
+    assert f"{victim['id']} not answering" in refused.stderr
+    assert "or pass --force" in refused.stderr
+    assert pid_alive(other["pid"])
 
     # `up` starts the one that is not running, as it was, and leaves the others alone.
     others = {s["id"]: s["pid"] for s in state(data_dir)["servers"] if s["id"] != victim["id"]}
@@ -434,10 +443,14 @@ def test_down_of_one_server_leaves_the_others_and_up_starts_it_again(data_dir: P
     )
     assert both.returncode == 2
     assert "--remove-data would delete the others' data" in both.stderr
-    # A second server stopped while one is down: said so, not "the others run".
+    # A second server stopped while one is down: refused, as it leaves no majority; forced,
+    # said so, not "the others run".
     second = sorted(before)[1]
     ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", victim))
-    out = ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", second))
+    refused = raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", second)
+    assert refused.returncode == 1
+    assert "without a majority of answering voters" in refused.stderr
+    out = ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", second, "--force"))
     assert f"{second} is down, and {victim} is not running either" in out
     assert "has no leader until" in out
     ok(raftlet("cluster", "up", "--data-dir", str(data_dir)))

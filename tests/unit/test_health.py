@@ -840,3 +840,25 @@ def test_status_names_the_releases_only_when_servers_run_more_than_one(
     out = capsys.readouterr().out
     assert "servers run 2 releases: 0.2.0 on b, c; 0.3.0 on a\n" in out
     assert out.rstrip().endswith("OK: 3/3 servers up, 1/1 tablets with a ready leader")
+
+
+def test_stopping_a_server_that_holds_a_tablets_last_majority_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cluster down --server` refuses what would leave a tablet without a majority of
+    answering voters (review r30a), and only that: a server already silent changes nothing."""
+    from raftlet.cli.cluster_cmd import majority_lost_without
+
+    listed = {n: _listed(n, leader=int(n == "a"), commit_index=9) for n in IDS}
+    healthy = checked(listed, 100, monkeypatch)
+    assert [majority_lost_without(healthy, n) for n in IDS] == [[], [], []]
+    probes = {n: (listed[n], "UP", "") for n in ("a", "b")}
+    probes["c"] = (None, "DOWN", "UNAVAILABLE: failed to connect")
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    one_down = health.check_cluster(LAYOUT, health.ProbeOptions())
+    said = ["kv-p0: voters a, b, c; c not answering"]
+    assert [majority_lost_without(one_down, n) for n in IDS] == [said, said, []]
+    # With two of three silent, the tablet has no majority to lose: the survivor may stop.
+    probes["b"] = (None, "DOWN", "UNAVAILABLE: failed to connect")
+    two_down = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert [majority_lost_without(two_down, n) for n in IDS] == [[], [], []]
