@@ -745,13 +745,9 @@ def move_replica(
             _deleted_leftover(client, tablet_id, source, min(10.0, timeout_s), say)
             return m
         raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
-    if target in m.voters:
-        factor = client.replication_factor(client.table_of(tablet_id))
-        if len(m.voters) - (source in m.voters) < factor:
-            raise InvalidArgument(f"{target} already holds a replica of {tablet_id}")
-        # A move stopped after its add (interrupted, or its removal timed out), or an
-        # add-replica: what is left of the move is the removal, and a rerun refused it.
-        say(f"{tablet_id}: {target} is a voter already; removing {source}")
+    factor = client.replication_factor(client.table_of(tablet_id))
+
+    def remove_source(least_voters: int) -> TabletMembership:
         return remove_replica(
             client,
             tablet_id,
@@ -760,26 +756,24 @@ def move_replica(
             timeout_s=timeout_s,
             say=say,
             leftovers=False,
-            least_voters=factor,
+            least_voters=least_voters,
         )
-    # What the move keeps: two moves onto one server at once each removed a voter, and left
-    # a tablet of three voters with one (review r30a).
-    keep = min(len(m.voters), client.replication_factor(client.table_of(tablet_id)))
+
+    if target in m.voters:
+        if len(m.voters) - (source in m.voters) < factor:
+            raise InvalidArgument(f"{target} already holds a replica of {tablet_id}")
+        # A move stopped after its add (interrupted, or its removal timed out), or an
+        # add-replica: what is left of the move is the removal, and a rerun refused it.
+        say(f"{tablet_id}: {target} is a voter already; removing {source}")
+        return remove_source(factor)
     added = add_replica(client, tablet_id, target, wait=True, timeout_s=timeout_s, say=say)
     try:
         if source not in added.members():
             raise _NotAMember(source)
         try:
-            return remove_replica(
-                client,
-                tablet_id,
-                source,
-                wait=wait,
-                timeout_s=timeout_s,
-                say=say,
-                leftovers=False,
-                least_voters=keep,
-            )
+            # What the move keeps: two moves onto one server at once each removed a voter,
+            # and left a tablet of three voters with one (review r30a).
+            return remove_source(min(len(m.voters), factor))
         except (_NotAMember, ReplicaNotDeleted, _TooFewLeft):
             raise
         except RaftletError as e:
@@ -791,7 +785,6 @@ def move_replica(
             ) from e
     except _NotAMember:
         after = leader_membership(client, tablet_id, timeout_s)
-        factor = client.replication_factor(client.table_of(tablet_id))
         if target in after.voters and len(after.voters) <= factor:
             # Another operator made this very move meanwhile: ``target`` is wanted. Undoing
             # the add left the tablet a voter short (and said "nothing moved").
