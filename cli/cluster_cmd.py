@@ -261,8 +261,8 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 def majority_lost_without(health: Any, server: str) -> list[str]:
     """The tablets that still have a majority of answering voters, and would not without
-    ``server``, as lines naming who answers (review r30a: with ts3 frozen, `down --server
-    ts2` left a tablet without a leader and said "stopped gracefully")."""
+    ``server``, as lines naming their voters and those that do not answer (review r30a: with
+    ts3 frozen, `down --server ts2` left a tablet without a leader, "stopped gracefully")."""
     lost = []
     for t in health.tablets:
         voters = [r for r in t.replicas if r.role != "LEARNER"]
