@@ -38,7 +38,7 @@ from raftlet.cluster import (
     load_cluster_config,
     parse_host_port,
 )
-from raftlet.metrics.human import human_bytes
+from raftlet.metrics.human import cut, human_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -534,9 +534,3 @@ def close_client(client: Any) -> None:
     closer = threading.Thread(target=client.close, name="close-after-interrupt", daemon=True)
     closer.start()
     closer.join(_CLOSE_AFTER_INTERRUPT_S)
-
-
-def cut(text: str) -> str:
-    """``text`` for an error message: a value or name of thousands of characters was
-    echoed whole (review r28v, r29v)."""
-    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"

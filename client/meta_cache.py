@@ -67,6 +67,7 @@ from raftlet.client.retry import (
     run_with_retries,
 )
 from raftlet.client.stats import StatsRecorder
+from raftlet.metrics.human import cut
 from raftlet.proto import consensus_pb2, tablet_pb2
 from raftlet.schema.keys import KeyEncodeError
 from raftlet.schema.partition import key_router
@@ -302,8 +303,8 @@ class MetaState:
         tables = self.view.tables
         info = tables.get(name)
         if info is None:
-            shown = name if len(name) <= 80 else f"{name[:60]}...({len(name)} characters)"
-            raise InvalidArgument(f"unknown table {shown!r} (tables: {', '.join(sorted(tables))})")
+            known = ", ".join(sorted(tables))
+            raise InvalidArgument(f"unknown table {cut(name)!r} (tables: {known})")
         return info
 
     def tablet(self, tablet_id: str) -> TabletInfo:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 
-__all__ = ["human_bytes", "human_duration", "utc_time"]
+__all__ = ["cut", "human_bytes", "human_duration", "utc_time"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -34,3 +34,9 @@ def utc_time(epoch_s: float) -> str:
         return ""
     moment = datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def cut(text: str) -> str:
+    """``text`` for an error message: a value or name of thousands of characters was
+    echoed whole (review r28v, r29v)."""
+    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
