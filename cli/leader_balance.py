@@ -6,7 +6,8 @@ the work of the others: nothing moved them back. This command reads where the le
 (``client.health``, the same probe as ``cluster status``), plans moves that leave no
 server leading two tablets more than another where the replicas' placement allows it
 (``plan_moves``, pure), and carries them out one tablet at a time: a leadership transfer
-to the chosen voter, then a wait until it leads. Only servers that answer take leaders,
+to the chosen voter, then a wait until it leads (ended early, saying so, if the voter
+stops answering). Only servers that answer and hold a voter count and take leaders,
 and only voters whose replica is healthy and caught up (state OK); a move that does not
 happen is reported and the rest go on. Where the placement leaves a server leading two
 more than another, the output says so and why (``imbalance_left``).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftlet.cli.common import (
     CliError,
@@ -31,6 +32,9 @@ from raftlet.cli.common import (
     resolve_target,
     timeout_seconds,
 )
+
+if TYPE_CHECKING:
+    from raftlet.client.health import ClusterLayout, ProbeOptions
 
 __all__ = ["add_parser", "imbalance_left", "plan_moves", "run"]
 
@@ -43,6 +47,10 @@ Leaders end up unevenly spread after restarts and step-downs (an election picks 
 times out first); a server leading more tablets does more of the work. Writes in flight
 during a move are retried by clients (NOT_LEADER) and not lost.
 """
+
+# A move's target that has not answered the probe for this long is taken for down: a
+# transfer to it cannot happen, and a restart is shorter.
+_SILENT_TARGET_S = 5.0
 
 # A move is (tablet, from server, to server).
 Move = tuple[str, str, str]
@@ -176,7 +184,6 @@ def imbalance_left(
 
 
 def run(args: argparse.Namespace) -> int:
-    from raftlet.cli.admin_cmd import current_leader
     from raftlet.client import RaftletError
     from raftlet.client.health import ProbeOptions, check_cluster
     from raftlet.client.tls import uses_token_ports
@@ -193,9 +200,21 @@ def run(args: argparse.Namespace) -> int:
         t.tablet_id: [r.server for r in t.replicas if r.state == "OK" and r.role != "LEARNER"]
         for t in health.tablets
     }
+    # A server that holds no voter (one a replace-server emptied) can lead nothing: counted,
+    # its 0 leaders read as an imbalance to fix by adding replicas back (review r30a).
+    holding = {
+        r.server
+        for t in health.tablets
+        for r in t.replicas
+        if r.role != "LEARNER" and r.state not in ("MISSING", "DOWN")
+    }
+    empty = [s for s in up if s not in holding]
+    up = [s for s in up if s in holding]
     out = console()
     away = [s.id for s in health.servers if s.state != "UP"]
-    note = f" ({', '.join(away)} not answering: given no leader)" if away else ""
+    notes = [f"{', '.join(away)} not answering: given no leader"] if away else []
+    notes += [f"{', '.join(empty)} holding no voter: left out"] if empty else []
+    note = f" ({'; '.join(notes)})" if notes else ""
     out.print(f"leaders now: {_spread(leaders, up)}{note}", markup=False)
     moves = plan_moves(leaders, voters, up)
     planned = {**leaders, **{tablet: dst for tablet, _, dst in moves}}
@@ -215,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"leaders after them: {_spread(planned, up)}", markup=False)
         return 0
     client = target.client(timeout_s=args.timeout)
+    probe = ProbeOptions(timeout_s=2.0, credentials=credentials, token_ports=token_ports)
     failed: list[str] = []
     try:
         for tablet, src, dst in moves:
@@ -223,18 +243,8 @@ def run(args: argparse.Namespace) -> int:
             except RaftletError as e:
                 failed.append(f"{tablet} ({src} -> {dst}): {e}")
                 continue
-            deadline = time.monotonic() + args.timeout
-            now = None
-            while time.monotonic() < deadline:
-                now = current_leader(config, tablet, 2.0, credentials, token_ports)
-                if now is not None and now[0] == dst:
-                    break
-                time.sleep(0.1)
-            else:
-                who = now[0] if now is not None else "no replica"
-                failed.append(
-                    f"{tablet}: {dst} did not take over within {args.timeout:g} s ({who} leads)"
-                )
+            if (why := _wait_taken_over(config, tablet, dst, args.timeout, probe)) is not None:
+                failed.append(f"{tablet}: {why}")
     finally:
         close_client(client)
     after = check_cluster(config, options)
@@ -249,6 +259,33 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         raise CliError("some leaderships did not move: " + "; ".join(failed))
     return 0
+
+
+def _wait_taken_over(
+    config: ClusterLayout, tablet: str, dst: str, timeout_s: float, probe: ProbeOptions
+) -> str | None:
+    """None once ``dst`` leads ``tablet``, else why not: it did not within ``timeout_s``, or
+    it stopped answering for ``_SILENT_TARGET_S`` (a move to a killed server waited out the
+    whole timeout and did not say the server was down: review r30a)."""
+    from raftlet.client.health import check_cluster
+
+    deadline = time.monotonic() + timeout_s
+    answered = time.monotonic()
+    who = "no replica"
+    while True:
+        health = check_cluster(config, probe)
+        leader = next((t.leader for t in health.tablets if t.tablet_id == tablet), None)
+        if leader == dst:
+            return None
+        who = leader or "no replica"
+        target = next(s for s in health.servers if s.id == dst)
+        if target.state != "DOWN":
+            answered = time.monotonic()
+        elif time.monotonic() - answered >= _SILENT_TARGET_S:
+            return f"{dst} stopped answering ({target.error}): is it down? ({who} leads)"
+        if time.monotonic() >= deadline:
+            return f"{dst} did not take over within {timeout_s:g} s ({who} leads)"
+        time.sleep(0.1)
 
 
 def _uneven(leaders: Mapping[str, str], servers: Sequence[str]) -> bool:

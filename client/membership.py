@@ -51,6 +51,10 @@ _PROBE_S = 2.0
 # (then no leader can come, and waiting out the timeout only hides why); a few election
 # timeouts, so an election under way is not mistaken for it.
 _LEADERLESS_CHECK_S = 2.0
+# A learner's server that has not answered for this long is taken for down, and a wait for
+# it to catch up ends saying so (it waited out its whole timeout, silent, while `cluster
+# status` said at once that the server was down: review r30a). Longer than a restart.
+_SILENT_LEARNER_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,14 +313,26 @@ def _wait_caught_up(client: Client, tablet_id: str, server: str, deadline: float
     is made again -- unless its server holds one after all (a tablet copy was being
     installed in it, which answers as no replica for a moment): then the wait goes on."""
     target = _membership_by(client, tablet_id, deadline)
+    answered = time.monotonic()
     while True:
         try:
             st = _state(client, server, tablet_id, 5.0)
+            answered = time.monotonic()
             if st.last_log_index >= target.commit_index and st.applied_index >= target.commit_index:
                 return
         except grpc.RpcError as e:
             if (refusal := _refused(e, server, tablet_id)) is not None:
                 raise refusal from None
+            silent = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            if silent and time.monotonic() - answered >= _SILENT_LEARNER_S:
+                address = client.servers()[server].rpc_addr
+                raise RemoteError(
+                    f"{server} ({address}) has not answered for {_SILENT_LEARNER_S:g} s "
+                    f"({e.code().name}: {e.details()}) -- is it down? It stays a learner of "
+                    f"{tablet_id}: once it runs, `raftlet tablet add-replica {tablet_id} "
+                    f"{server} --wait` finishes the add; `raftlet tablet remove-replica "
+                    f"{tablet_id} {server}` undoes it"
+                ) from None
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 m = _membership_by(client, tablet_id, deadline)
                 if server not in m.learners:

@@ -527,6 +527,54 @@ class _Refused(grpc.RpcError):
         return self._details
 
 
+def _learner_server_answers(
+    monkeypatch: pytest.MonkeyPatch, answers: list[Any]
+) -> tuple[Any, list[Any]]:
+    """A client whose learner ts4 answers GetConsensusStatus with ``answers`` in turn (the
+    last one for ever)."""
+
+    def state(*_a: Any, **_k: Any) -> Any:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(membership, "_state", state)
+    servers = {"ts4": SimpleNamespace(rpc_addr="127.0.0.1:7054")}
+    return SimpleNamespace(servers=lambda: servers), answers
+
+
+def test_a_wait_for_a_learner_whose_server_went_silent_ends_naming_it(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review r30a: with ts4 killed after it was added, `add-replica --wait` was silent for
+    its whole 120 s, then timed out, while `cluster status` said at once ts4 was down."""
+    scripted["answers"] = [_with_learner(("ts1", "ts2", "ts3"), "ts4")]
+    refused = _Refused(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+    client, _ = _learner_server_answers(monkeypatch, [refused])
+    monkeypatch.setattr(membership, "_SILENT_LEARNER_S", 0.3)
+    began = time.monotonic()
+    with pytest.raises(RemoteError) as raised:
+        membership._wait_caught_up(client, "kv-p0", "ts4", time.monotonic() + 60)
+    assert time.monotonic() - began < 10
+    said = str(raised.value)
+    assert "ts4 (127.0.0.1:7054) has not answered for 0.3 s (UNAVAILABLE" in said
+    assert "add-replica kv-p0 ts4 --wait" in said
+    assert "remove-replica kv-p0 ts4" in said
+
+
+def test_a_learner_server_silent_for_a_moment_is_waited_for(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart is shorter than the silence that ends the wait: the add goes on."""
+    scripted["answers"] = [_with_learner(("ts1", "ts2", "ts3"), "ts4")]
+    silent = _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    caught_up = SimpleNamespace(last_log_index=30, applied_index=30)
+    client, left = _learner_server_answers(monkeypatch, [silent, silent, caught_up])
+    membership._wait_caught_up(client, "kv-p0", "ts4", time.monotonic() + 60)
+    assert left == [caught_up]
+
+
 def test_a_learner_being_filled_by_a_tablet_copy_is_waited_for_not_made_again(
     scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

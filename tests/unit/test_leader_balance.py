@@ -162,11 +162,12 @@ def _dry_run(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     voters: dict[str, list[str]],
+    leaders: dict[str, str] = R26A_LEADERS,
 ) -> tuple[int, str]:
     target = SimpleNamespace(config=object(), creds=_Creds())
     monkeypatch.setattr(leader_balance, "resolve_target", lambda args: target)
     monkeypatch.setattr(
-        "raftlet.client.health.check_cluster", lambda config, options: _health(R26A_LEADERS, voters)
+        "raftlet.client.health.check_cluster", lambda config, options: _health(leaders, voters)
     )
     code = leader_balance.run(argparse.Namespace(dry_run=True, timeout=1.0))
     return code, capsys.readouterr().out
@@ -188,7 +189,62 @@ def test_a_dry_run_prints_the_chain_and_the_leaders_it_leaves(
 def test_an_imbalance_no_move_can_fix_is_not_called_balanced(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = _dry_run(monkeypatch, capsys, {t: ["ts1", "ts2", "ts3"] for t in R26A_LEADERS})
+    """ts4 holds a voter only of the tablet it leads: no leadership can reach it."""
+    leaders = {f"kv-p{i}": SERVERS[i % 3] for i in range(9)} | {"kv-p9": "ts4"}
+    voters = dict.fromkeys(leaders, SERVERS) | {"kv-p9": ["ts1", "ts2", "ts4"]}
+    code, out = _dry_run(monkeypatch, capsys, voters, leaders)
     assert code == 0
     assert "balanced: no move" not in out
-    assert "not balanced, and no move can change that: ts3 still leads 2 and ts4 0" in out
+    assert "not balanced, and no move can change that: ts1 still leads 3 and ts4 1" in out
+
+
+def test_a_server_holding_no_voter_is_left_out_not_called_unbalanced(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review r30a: after `replace-server` emptied a server, the command said it led 0,
+    called that unbalanced, and advised adding replicas back to it."""
+    code, out = _dry_run(monkeypatch, capsys, {t: ["ts1", "ts2", "ts3"] for t in R26A_LEADERS})
+    assert code == 0
+    assert out.splitlines() == [
+        "leaders now: ts1 1, ts2 1, ts3 2 (ts4 holding no voter: left out)",
+        "balanced: no move would even them out further",
+    ]
+
+
+def _probed(
+    monkeypatch: pytest.MonkeyPatch, answers: list[tuple[str | None, str]]
+) -> list[tuple[str | None, str]]:
+    """check_cluster answers, in turn (the last for ever): kv-p0's leader, ts4's state."""
+
+    def check(_config: object, _options: object) -> SimpleNamespace:
+        leader, state = answers.pop(0) if len(answers) > 1 else answers[0]
+        return SimpleNamespace(
+            servers=[SimpleNamespace(id="ts4", state=state, error="UNAVAILABLE: refused")],
+            tablets=[SimpleNamespace(tablet_id="kv-p0", leader=leader)],
+        )
+
+    monkeypatch.setattr("raftlet.client.health.check_cluster", check)
+    return answers
+
+
+def test_a_move_ends_once_its_target_leads(monkeypatch: pytest.MonkeyPatch) -> None:
+    left = _probed(monkeypatch, [("ts1", "UP"), ("ts1", "DOWN"), ("ts4", "UP")])
+    assert leader_balance._wait_taken_over(object(), "kv-p0", "ts4", 30.0, object()) is None
+    assert left == [("ts4", "UP")]
+
+
+def test_a_move_to_a_server_gone_silent_ends_saying_so_before_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review r30a: a move whose target was killed waited out the whole timeout, and its
+    message did not say the target was down."""
+    _probed(monkeypatch, [("ts1", "UP"), ("ts1", "DOWN")])
+    monkeypatch.setattr(leader_balance, "_SILENT_TARGET_S", 0.2)
+    why = leader_balance._wait_taken_over(object(), "kv-p0", "ts4", 30.0, object())
+    assert why == "ts4 stopped answering (UNAVAILABLE: refused): is it down? (ts1 leads)"
+
+
+def test_a_move_its_target_does_not_take_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    _probed(monkeypatch, [(None, "UP")])
+    why = leader_balance._wait_taken_over(object(), "kv-p0", "ts4", 0.2, object())
+    assert why == "ts4 did not take over within 0.2 s (no replica leads)"
