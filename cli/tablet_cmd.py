@@ -170,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
             )
     except RaftletError as e:
         raise CliError(f"{args.tablet}: {e}") from None
+    except KeyboardInterrupt:
+        _say_where_left(f"tablet {args.tablet_command}", f"{args.tablet}'s group")
+        raise
     finally:
         close_client(client)
     learners = f"; learners {', '.join(m.learners)}" if m.learners else ""
@@ -178,6 +181,17 @@ def run(args: argparse.Namespace) -> int:
         # One line, unwrapped, as the CLI's errors are: a warning a log keeps whole.
         print_out(f"raftlet tablet remove-replica: warning: {short}", file=sys.stderr)
     return 0
+
+
+def _say_where_left(command: str, group: str) -> None:
+    """What an interrupted membership command may leave (an interrupt said only
+    "interrupted", though a learner may have been left behind: review r30a)."""
+    print_out(
+        f"raftlet {command}: note: {group} may be left mid-change (a learner added, a "
+        "replica not yet removed): `raftlet cluster status` shows it, and the same command "
+        "run again finishes it",
+        file=sys.stderr,
+    )
 
 
 def _short_of_factor(client: Any, tablet: str, voters: int) -> str:
@@ -223,6 +237,9 @@ def run_replace_server(args: argparse.Namespace) -> int:
         moved = mc.replace_server(client, args.server, timeout_s=args.timeout, say=say)
     except RaftletError as e:
         raise CliError(f"replacing {args.server}: {e}") from None
+    except KeyboardInterrupt:
+        _say_where_left("cluster replace-server", f"a group of {args.server}'s tablets")
+        raise
     finally:
         close_client(client)
     # "" for a replica only removed: one too many, or a leftover no member of its group.

@@ -848,9 +848,11 @@ def _check_tablet(
         )
         severity = Severity.ERROR
     elif reachable < len(replicas):
-        tablet.issues.insert(
-            0, f"under-replicated: {reachable} of {len(replicas)} replicas working{out}"
-        )
+        # More voters than the factor (a move halfway) with one down still meets the
+        # factor: "under-replicated" beside "over-replicated" read as a contradiction.
+        factor = len(placement.replicas)
+        said = "under-replicated" if reachable < factor else "a voter down"
+        tablet.issues.insert(0, f"{said}: {reachable} of {len(replicas)} replicas working{out}")
     failed = [r.server for r in tablet.replicas if r.state == "FAILED" and r.server in replicas]
     if leader is None and failed and len(failed) >= majority:
         # Only a leader repairs a FAILED replica (by a copy), and FAILED ones elect none.

@@ -584,6 +584,17 @@ class LocalCluster:
             self._wait_ready(old.id, ready_timeout_s)
             say(f"{old.id} ready: rpc {old.rpc_addr}, status {self.servers[old.id].status_url}")
         health = self.wait_leaders(leader_timeout_s, rolling=True)
+        restarted = {old.id for old in stopped}
+        for server in health.servers:
+            if server.state == "DOWN" and server.id not in restarted:
+                # Its process runs, so `up` left it alone and called the cluster up: a
+                # paused (SIGSTOP) or hung server read as one of the servers up (r30a).
+                pid = self.servers[server.id].pid
+                say(
+                    f"{server.id} (pid {pid}) runs but does not answer ({server.error}): "
+                    f"paused or hung? `raftlet cluster status --data-dir {self.data_dir}` "
+                    "shows it; stopping it (`cluster down --server`) and `up` starts it again"
+                )
         short: dict[str, list[TabletHealth]] = {}
         for t in health.tablets:
             if t.leader is None and not t.lost_majority:  # that one `up` reports itself

@@ -113,3 +113,23 @@ def test_replace_server_says_nothing_on_stderr(
     out, err = capsys.readouterr()
     assert "ts3: 1 replica(s) moved" in out
     assert err == ""
+
+
+def test_an_interrupted_move_says_what_it_may_leave_and_how_to_finish_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review r30a: an interrupted move said only "interrupted", though it may have left a
+    learner behind."""
+    _cluster(monkeypatch, 3, ("ts1", "ts2", "ts3"))
+
+    def cut_short(*_a: Any, **_k: Any) -> TabletMembership:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(membership, "move_replica", cut_short)
+    assert main(["tablet", "move-replica", "kv-p0", "ts3", "ts4", *SERVERS]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "raftlet tablet move-replica: note: kv-p0's group may be left mid-change (a learner "
+        "added, a replica not yet removed): `raftlet cluster status` shows it, and the same "
+        "command run again finishes it",
+        "raftlet tablet move-replica: error: interrupted",
+    ]

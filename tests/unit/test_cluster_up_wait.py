@@ -71,3 +71,36 @@ def test_a_start_cut_short_names_no_marker_as_its_last_words() -> None:
     assert _last_error_line(this_start) == "(no output)"
     assert _exited(-9) == "was killed by SIGKILL"
     assert _exited(2) == "exited with status 2"
+
+
+def test_up_names_a_running_server_that_does_not_answer() -> None:
+    """Review r30a: with ts3 paused (SIGSTOP), `up` restarted ts1, left ts3 alone as a
+    running process, and called the cluster up without a word about it."""
+    health = ClusterHealth(
+        "c1",
+        [
+            ServerHealth("ts1", "a:1", "a:2", "UP"),
+            ServerHealth("ts2", "b:1", "b:2", "UP"),
+            ServerHealth("ts3", "c:1", "c:2", "DOWN", error="DEADLINE_EXCEEDED"),
+        ],
+        [],
+        [],
+        Severity.WARN,
+    )
+    said: list[str] = []
+    cluster = SimpleNamespace(
+        config=SimpleNamespace(server=lambda sid: sid),
+        servers={"ts1": SimpleNamespace(status_url="u1"), "ts3": SimpleNamespace(pid=628)},
+        data_dir="/d/c1",
+        _spawn=lambda *_a: None,
+        _wait_ready=lambda *_a: None,
+        wait_leaders=lambda *_a, **_k: health,
+    )
+    stopped = [SimpleNamespace(id="ts1", pid=11, rpc_addr="a:1", argv=["tserver", "ts1"])]
+    LocalCluster._start_again(cluster, stopped, 1.0, 1.0, said.append)  # type: ignore[arg-type]
+    assert said[-1] == (
+        "ts3 (pid 628) runs but does not answer (DEADLINE_EXCEEDED): paused or hung? "
+        "`raftlet cluster status --data-dir /d/c1` shows it; stopping it (`cluster down "
+        "--server`) and `up` starts it again"
+    )
+    assert not any(line.startswith(("ts1 (", "ts2 (")) for line in said)

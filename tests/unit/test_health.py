@@ -862,3 +862,19 @@ def test_stopping_a_server_that_holds_a_tablets_last_majority_is_named(
     probes["b"] = (None, "DOWN", "UNAVAILABLE: failed to connect")
     two_down = health.check_cluster(LAYOUT, health.ProbeOptions())
     assert [majority_lost_without(two_down, n) for n in IDS] == [[], [], []]
+
+
+def test_four_voters_with_one_down_still_meet_a_factor_of_three(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review r30a: "under-replicated: 3 of 4 replicas working" stood beside
+    "over-replicated: 4 voters, the table asks for 3"."""
+    probes: dict[str, tuple[tablet_pb2.ListTabletsResponse | None, str, str]] = {
+        n: (_listed(n, voters=FOUR, leader=int(n == "a"), commit_index=9), "UP", "") for n in IDS
+    }
+    probes["d"] = (None, "DOWN", "UNAVAILABLE")
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    (tablet,) = health.check_cluster(FOUR_LAYOUT, health.ProbeOptions()).tablets
+    assert tablet.issues[0] == "a voter down: 3 of 4 replicas working (d DOWN)"
+    assert not any("under-replicated" in i for i in tablet.issues)
+    assert any(i.startswith("over-replicated: 4 voters") for i in tablet.issues)
