@@ -1216,6 +1216,11 @@ class RaftConsensus:
         logger.error(
             "%s: the log failed, the replica stops until it is reopened: %r", self.group_id, error
         )
+        # Published before the failure is: whoever sees the failure (``failure_reason`` is
+        # lock-free) sees this replica no longer leading.
+        self._snapshot = ConsensusSnapshot(
+            self._snapshot.term, Role.FOLLOWER, NO_NODE, False, False
+        )
         self._failure = error
         # Hand leadership over if a follower holds our whole log, else just step down.  Only
         # the messages of what follows are carried out: nothing can be made durable now,
@@ -1224,9 +1229,6 @@ class RaftConsensus:
         while self._node.has_ready():
             for m in self._node.ready().messages:
                 self._send_unlocked(m)
-        self._snapshot = ConsensusSnapshot(
-            self._snapshot.term, Role.FOLLOWER, NO_NODE, False, False
-        )
         self._finish_reads_unlocked()
         self._published_status = self._status_unlocked()
         return True

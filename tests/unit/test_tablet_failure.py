@@ -228,6 +228,11 @@ def test_files_deleted_under_a_running_leader_fail_it_and_another_leads(
                 (directory / name).unlink()
         tablet.wait_for(lambda: leader.failure_reason() is not None, what="the replica fails")
         assert "deleted" in str(leader.failure_reason())
+        # A store that failed hands leadership over (set_promotable), a moment after it says
+        # it failed; a failed log publishes a follower's snapshot before its failure.
+        tablet.wait_for(
+            lambda: not leader.consensus.snapshot.leader_ready, what="the old leader steps down"
+        )
         new = tablet.leader()
         assert new is not leader
         send(new, write([4], "c5", 4)).result()
