@@ -48,13 +48,13 @@ from raftlet.client.errors import (
     Timeout,
 )
 from raftlet.client.meta_cache import ServerInfo
+from raftlet.client.predicates import Predicate
 from raftlet.client.retry import DEFAULT_POLICIES, Cause
 from raftlet.client.scanner import ReadMode, Row, RowFormat, Scanner
 from raftlet.client.session import FlushMode, Operation, Session
 from raftlet.client.stats import ClientStats
 from raftlet.client.tls import TlsOptions
 from raftlet.client.write_batch import WriteResult
-from raftlet.schema.predicates import Predicate
 from raftlet.schema.rows import OpType
 
 __all__ = [
