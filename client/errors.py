@@ -19,8 +19,9 @@ and why. The hierarchy, and when each is raised:
 - ``ClientClosed`` — the client or session was closed.
 - ``RemoteError`` — any other server failure (INTERNAL, STALE_REQUEST, PERMISSION_DENIED…).
   Its subclass ``MessageTooLarge``: a request or response was over a gRPC message limit
-  (the server's ``--max_message_bytes`` or the client channel's); never retried, since the
-  same message fails again.
+  (the server's ``--max_message_bytes`` or the client channel's), or a write larger than
+  the server replicates (``--max_message_bytes`` too); never retried, since the same
+  message fails again.
 
 Whether a failed write may still have been applied is ``may_have_applied``: False when no
 attempt can have reached a replica's log (refused at admission -- RESOURCE_EXHAUSTED,
@@ -157,8 +158,8 @@ class RemoteError(RaftletError):
 
 
 class MessageTooLarge(RemoteError):
-    """A message was larger than a gRPC message limit (``size`` and ``limit`` in bytes, 0
-    when gRPC did not say)."""
+    """A message was larger than a gRPC message limit, or a write larger than the server
+    replicates (``size`` and ``limit`` in bytes, 0 when gRPC did not say)."""
 
     cause = "MESSAGE_TOO_LARGE"
 

@@ -212,6 +212,10 @@ def too_large(details: str) -> tuple[str, int, int] | None:
     return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
 
 
+# A server's refusal of a write larger than it replicates (``WRITE_TOO_LARGE``).
+_WRITE_TOO_LARGE = re.compile(r"\ba write of (\d+) bytes exceeds (\d+) bytes\b")
+
+
 def classify_status(
     code: grpc.StatusCode, error: ServerErrorPB | None, details: str = ""
 ) -> tuple[Cause, Action]:
@@ -257,6 +261,10 @@ def classify_status(
         cause = Cause.TABLET_NOT_FOUND
     elif code == S.INVALID_ARGUMENT and ecode == E.SCHEMA_MISMATCH:
         cause = Cause.SCHEMA_MISMATCH
+    elif code == S.INVALID_ARGUMENT and ecode == E.WRITE_TOO_LARGE:
+        # The server's own cap on what it replicates: the same failure as a request over
+        # gRPC's limit (the asyncio client's write stream meets that one first).
+        cause = Cause.MESSAGE_TOO_LARGE
     elif code == S.INVALID_ARGUMENT:
         cause = Cause.INVALID_ARGUMENT
     elif code == S.PERMISSION_DENIED:
@@ -309,7 +317,11 @@ def refused_before_log(failure: RpcFailure) -> bool:
 
 
 def _request_too_large(details: str) -> bool:
-    return "CLIENT: Sent message" in details or "SERVER: Received message" in details
+    return (
+        "CLIENT: Sent message" in details
+        or "SERVER: Received message" in details
+        or _WRITE_TOO_LARGE.search(details) is not None
+    )
 
 
 def server_error_of(err: grpc.RpcError) -> ServerErrorPB | None:
@@ -460,8 +472,12 @@ def _message_too_large(failure: RpcFailure, what: str) -> MessageTooLarge:
     _, size, limit = found if found else ("", 0, 0)
     request = _request_too_large(failure.message)
     which = "request" if request else "response"
+    kind = "gRPC message limit"
+    if (refused := _WRITE_TOO_LARGE.search(failure.message)) is not None:
+        size, limit = int(refused.group(1)), int(refused.group(2))
+        kind = "largest write the server replicates"
     text = (
-        f"{what} failed: its {which} of {size} bytes is over the gRPC message limit of "
+        f"{what} failed: its {which} of {size} bytes is over the {kind} of "
         f"{limit} bytes (the server's --max_message_bytes, or the client channel's "
         f"max_message_bytes); not retried, the same message fails again "
         f"[{failure.status}{' from ' + failure.server if failure.server else ''}: "

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1araftlet/proto/common.proto\x12\x07raftlet\"e\n\x0bRequestIdPB\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06seq_no\x18\x02 \x01(\x03\x12\x1f\n\x17\x66irst_incomplete_seq_no\x18\x03 \x01(\x03\x12\x12\n\nattempt_no\x18\x04 \x01(\x03\"(\n\nHostPortPB\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"\x9a\x03\n\rServerErrorPB\x12)\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1b.raftlet.ServerErrorPB.Code\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_uuid\x18\x03 \x01(\t\x12\x13\n\x0bleader_addr\x18\x04 \x01(\t\"\xa2\x02\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0e\n\nNOT_LEADER\x10\x01\x12\x14\n\x10LEADER_NOT_READY\x10\x02\x12\x14\n\x10TABLET_NOT_FOUND\x10\x03\x12\x16\n\x12SERVICE_QUEUE_FULL\x10\x04\x12\x14\n\x10INVALID_ARGUMENT\x10\x05\x12\x11\n\rSTALE_REQUEST\x10\x06\x12\x0e\n\nTERM_MOVED\x10\x07\x12\x15\n\x11WRONG_SERVER_UUID\x10\x08\x12\x16\n\x12TABLET_NOT_RUNNING\x10\t\x12\x10\n\x0cMEMORY_LIMIT\x10\n\x12\x13\n\x0fSCHEMA_MISMATCH\x10\x0b\x12\x15\n\x11PERMISSION_DENIED\x10\x0c\x12\x13\n\x0fLEADERSHIP_LOST\x10\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1araftlet/proto/common.proto\x12\x07raftlet\"e\n\x0bRequestIdPB\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06seq_no\x18\x02 \x01(\x03\x12\x1f\n\x17\x66irst_incomplete_seq_no\x18\x03 \x01(\x03\x12\x12\n\nattempt_no\x18\x04 \x01(\x03\"(\n\nHostPortPB\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"\xaf\x03\n\rServerErrorPB\x12)\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1b.raftlet.ServerErrorPB.Code\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_uuid\x18\x03 \x01(\t\x12\x13\n\x0bleader_addr\x18\x04 \x01(\t\"\xb7\x02\n\x04\x43ode\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0e\n\nNOT_LEADER\x10\x01\x12\x14\n\x10LEADER_NOT_READY\x10\x02\x12\x14\n\x10TABLET_NOT_FOUND\x10\x03\x12\x16\n\x12SERVICE_QUEUE_FULL\x10\x04\x12\x14\n\x10INVALID_ARGUMENT\x10\x05\x12\x11\n\rSTALE_REQUEST\x10\x06\x12\x0e\n\nTERM_MOVED\x10\x07\x12\x15\n\x11WRONG_SERVER_UUID\x10\x08\x12\x16\n\x12TABLET_NOT_RUNNING\x10\t\x12\x10\n\x0cMEMORY_LIMIT\x10\n\x12\x13\n\x0fSCHEMA_MISMATCH\x10\x0b\x12\x15\n\x11PERMISSION_DENIED\x10\x0c\x12\x13\n\x0fLEADERSHIP_LOST\x10\r\x12\x13\n\x0fWRITE_TOO_LARGE\x10\x0e\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,7 +37,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HOSTPORTPB']._serialized_start=142
   _globals['_HOSTPORTPB']._serialized_end=182
   _globals['_SERVERERRORPB']._serialized_start=185
-  _globals['_SERVERERRORPB']._serialized_end=595
+  _globals['_SERVERERRORPB']._serialized_end=616
   _globals['_SERVERERRORPB_CODE']._serialized_start=305
-  _globals['_SERVERERRORPB_CODE']._serialized_end=595
+  _globals['_SERVERERRORPB_CODE']._serialized_end=616
 # @@protoc_insertion_point(module_scope)

@@ -44,6 +44,7 @@ class ServerErrorPB(_message.Message):
         SCHEMA_MISMATCH: _ClassVar[ServerErrorPB.Code]
         PERMISSION_DENIED: _ClassVar[ServerErrorPB.Code]
         LEADERSHIP_LOST: _ClassVar[ServerErrorPB.Code]
+        WRITE_TOO_LARGE: _ClassVar[ServerErrorPB.Code]
     UNKNOWN: ServerErrorPB.Code
     NOT_LEADER: ServerErrorPB.Code
     LEADER_NOT_READY: ServerErrorPB.Code
@@ -58,6 +59,7 @@ class ServerErrorPB(_message.Message):
     SCHEMA_MISMATCH: ServerErrorPB.Code
     PERMISSION_DENIED: ServerErrorPB.Code
     LEADERSHIP_LOST: ServerErrorPB.Code
+    WRITE_TOO_LARGE: ServerErrorPB.Code
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_UUID_FIELD_NUMBER: _ClassVar[int]

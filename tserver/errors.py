@@ -116,6 +116,17 @@ class InvalidRequest(Exception):
         self.message = message
 
 
+class WriteTooLarge(InvalidRequest):
+    """A write larger than the server replicates (INVALID_ARGUMENT / WRITE_TOO_LARGE: the
+    client's MessageTooLarge, as a write over gRPC's message limit is)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"a write of {size} bytes exceeds {limit} bytes, the largest this server "
+            "replicates (--max_message_bytes); split it"
+        )
+
+
 class SchemaMismatch(InvalidRequest):
     """A request made for another schema of the table than the replica's
     (INVALID_ARGUMENT / SCHEMA_MISMATCH): rows packed for one schema read as other values

@@ -48,6 +48,7 @@ from raftlet.tserver.errors import (
     StaleRequest,
     TabletFailed,
     UnknownTablet,
+    WriteTooLarge,
 )
 from raftlet.tserver.security import SenderMismatch
 from raftlet.tserver.service_pool import InboundCall, ServicePool
@@ -191,6 +192,8 @@ def status_for(
         return S.NOT_FOUND, f"no tablet copy session {msg}", None
     if isinstance(exc, SchemaMismatch):
         return S.INVALID_ARGUMENT, msg, E(code=E.SCHEMA_MISMATCH, message=msg)
+    if isinstance(exc, WriteTooLarge):
+        return S.INVALID_ARGUMENT, msg, E(code=E.WRITE_TOO_LARGE, message=msg)
     if isinstance(exc, InvalidRequest | MalformedRequest):
         # A consensus request addressed to another server says so, so the caller knows its
         # address book is stale rather than its request malformed.

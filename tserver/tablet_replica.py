@@ -109,6 +109,7 @@ from raftlet.tserver.errors import (
     StaleRequest,
     TabletFailed,
     UnknownTablet,
+    WriteTooLarge,
     check_schema,
 )
 from raftlet.tserver.held_scans import HeldScans
@@ -546,10 +547,7 @@ class TabletReplica:
             )
         size = request.ByteSize()  # bounds its entry's payload: the request less its tablet id
         if size > self.options.max_write_bytes:
-            raise InvalidRequest(
-                f"a write of {size} bytes exceeds {self.options.max_write_bytes} bytes, the "
-                "largest this server replicates (--max_message_bytes); split it"
-            )
+            raise WriteTooLarge(size, self.options.max_write_bytes)
         term = self.consensus.check_leadership_and_bind_term()
         rid = request.request_id
         if rid.client_id:

@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from raftlet.client import Client
-from raftlet.client.errors import InvalidArgument
+from raftlet.client.errors import MessageTooLarge
 from raftlet.proto import tablet_pb2
 from raftlet.proto.common_pb2 import ServerErrorPB
 from raftlet.schema.partition import partition_for_key
@@ -235,9 +235,14 @@ def test_writes_over_the_limit_are_refused_up_front_and_the_tablet_keeps_serving
     err = _refusal(leader.tablet.Write, _sized(tablet, over, CLIENT_LIMIT + 1, 1), timeout=30)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert f"a write of {CLIENT_LIMIT + 1} bytes exceeds {CLIENT_LIMIT} bytes" in err.details()
+    # Its own code: the clients raise MessageTooLarge for it, as for gRPC's limit (r30b).
+    detail = server_error(err)
+    assert detail is not None
+    assert detail.code == ServerErrorPB.WRITE_TOO_LARGE
     result = _stream_result(leader, _sized(tablet, streamed, CLIENT_LIMIT + 1, 2))
     assert result.status_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert f"exceeds {CLIENT_LIMIT} bytes" in result.status_message
+    assert result.error.code == ServerErrorPB.WRITE_TOO_LARGE
     # Over the peers' limit too: gRPC itself refuses it.
     err = _refusal(
         leader.tablet.Write, _sized(tablet, far_over, CLIENT_LIMIT + PEER_MARGIN + 1, 3), timeout=30
@@ -251,13 +256,16 @@ def test_writes_over_the_limit_are_refused_up_front_and_the_tablet_keeps_serving
     assert cluster.leader_of(tablet).id == leader.id
     assert leader.list_tablets()[tablet].term == term
 
-    # The client library reports the refusal at once rather than retrying it.
+    # The client library reports the refusal at once rather than retrying it, as the
+    # asyncio client's write stream does a write over gRPC's limit (MessageTooLarge).
     with Client([s.rpc_addr for s in cluster.config.servers], timeout_s=30.0) as client:
         session = client.new_session()
         start = time.monotonic()
-        with pytest.raises(InvalidArgument, match=f"exceeds {CLIENT_LIMIT} bytes"):
+        with pytest.raises(MessageTooLarge, match=f"of {CLIENT_LIMIT} bytes") as raised:
             session.insert("kv", {"key": over, "value": "y" * CLIENT_LIMIT})
         assert time.monotonic() - start < PROMPT_S
+        assert raised.value.limit == CLIENT_LIMIT
+        assert raised.value.may_have_applied is False
 
 
 @pytest.mark.parametrize("nbytes", [CLIENT_LIMIT - 16, CLIENT_LIMIT], ids=["16MiB-16", "16MiB"])

@@ -448,6 +448,25 @@ def test_a_message_over_the_size_limit_is_not_overload_and_is_not_retried(
     assert err.may_have_applied is not request_side
 
 
+def test_a_write_larger_than_the_server_replicates_is_a_message_too_large() -> None:
+    """Review r30b: a write just over 16 MiB was InvalidArgument from the threaded client
+    (the server's own cap) and MessageTooLarge from the asyncio one (gRPC's)."""
+    said = (
+        "a write of 16780087 bytes exceeds 16777216 bytes, the largest this server replicates "
+        "(--max_message_bytes); split it"
+    )
+    error = ServerErrorPB(code=ServerErrorPB.WRITE_TOO_LARGE, message=said)
+    failure = classify(FakeRpcError(S.INVALID_ARGUMENT, said, error), "ts1")
+    assert (failure.cause, failure.action) == (Cause.MESSAGE_TOO_LARGE, Action.FAIL)
+    err = fatal_error(failure, "write to tablet kv-p0")
+    assert isinstance(err, MessageTooLarge)
+    assert (err.size, err.limit) == (16780087, 16777216)
+    assert "its request of 16780087 bytes is over the largest write the server replicates" in str(
+        err
+    )
+    assert err.may_have_applied is False  # refused before its log
+
+
 def test_a_full_queue_is_still_overload_whatever_its_words() -> None:
     # The server's own refusal carries its ServerErrorPB: that decides, not the text.
     words = "service queue full (Received message larger than max (1 vs. 0))"
