@@ -39,6 +39,8 @@ not the session's threads:
   ``asyncio.to_thread``), ``min_index={result.tablet_id: result.op_index}`` to see a write.
   ``to_thread``'s default pool has ``min(32, cpus + 4)`` threads, so as many scans run at
   once: more need an executor of their own (``loop.run_in_executor``).
+- Nor the threaded client's admin and checking methods (``checksum``, ``scan_tablet``,
+  ``on_leader``, ``admin_stub``, ``leader_step_down``): use a threaded ``Client`` for them.
 
 Cancelling a write (``task.cancel()``, ``asyncio.wait_for``, ``asyncio.timeout``, a
 cancelled ``gather``) does not withdraw it: once sent, it is applied or not whatever
@@ -274,7 +276,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
 
     async def leader_of(self, tablet_id: str, *, refresh: bool = False) -> str | None:
         """The cached leader of ``tablet_id`` (after asking every server if ``refresh`` or
-        none is cached); None if no replica claims it."""
+        none is cached); None if no replica claims it, or no server answered
+        (``list_tablets`` says which answer)."""
         self._check_open()
         self._meta.tablet(tablet_id)
         if refresh or self._meta.leader(tablet_id) is None:

@@ -228,7 +228,9 @@ class Client(ClientBase[MetaCache]):
 
     def leader_of(self, tablet_id: str, *, refresh: bool = False) -> str | None:
         """The cached leader of ``tablet_id`` (after asking every server if ``refresh`` or
-        none is cached); None if no replica claims it."""
+        none is cached); None if no replica claims it, or no server answered
+        (``list_tablets`` says which answer)."""
+        self._check_open()
         self._meta.tablet(tablet_id)
         if refresh or self._meta.leader(tablet_id) is None:
             self._meta.refresh_leaders(

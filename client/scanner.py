@@ -108,7 +108,8 @@ def check_predicates(predicates: object) -> None:
 
 class Scanner(Iterator[Row]):
     """The rows of one scan (``Client.scan``), fetched a page at a time as they are
-    iterated, tablet after tablet, failing over between replicas."""
+    iterated, tablet after tablet, failing over between replicas. An iterator, read once
+    as a file or a generator is: a second loop over it yields nothing (scan again)."""
 
     def __init__(
         self,

@@ -136,7 +136,8 @@ class SchemaMismatch(InvalidRequest):
         super().__init__(
             f"{what} was made for another schema of table {table!r} than this replica's "
             f"({schema.describe()}): the client's view of the table is out of date (the "
-            "cluster was made again with another schema: connect a new client), or the "
+            "cluster was made again with another schema; raftlet's clients fetch it again "
+            "and use it from their next call), or the "
             "servers' cluster.toml files disagree on the table"
         )
 

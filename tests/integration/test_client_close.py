@@ -116,6 +116,9 @@ def test_the_threaded_clients_writes_in_flight_fail_as_client_closed(
     assert len(writers.errors) == 8
     assert {type(e) for e in writers.errors} == {ClientClosed}, writers.errors[:3]
     assert _present(cluster, writers.acked) == set(writers.acked)
+    # A look-up too (it answered from its cache: review r30b), as the asyncio client's does.
+    with pytest.raises(ClientClosed):
+        client.leader_of(cluster.tablet_ids()[0])
 
 
 def test_a_leader_stopped_gracefully_under_writes_fails_none_of_them(
