@@ -57,7 +57,7 @@ __all__ = ["add_parser", "run"]
 
 _ACTIONS = {
     "insert": ("inserted", "add a row (KEY_EXISTS if its key is there)"),
-    "upsert": ("upserted", "add a row, or replace the one with its key"),
+    "upsert": ("upserted", "add a row, or set the given columns of the one with its key"),
     "update": ("updated", "change columns of the row with this key (KEY_NOT_FOUND if none)"),
     "delete": ("deleted", "delete the row with this key (KEY_NOT_FOUND if none)"),
 }
@@ -77,11 +77,14 @@ examples:
   raftlet row upsert kv --json kv.json --data-dir ./c2         # ... written to another cluster
   raftlet row delete kv --json kv.json --data-dir ./c1         # deletes by the rows' keys
 
-VALUE is read by the column's type, as `raftlet scan --where` reads it: integers, floats,
-true/false, strings (quote them for spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS
-as microseconds or an ISO 8601 time (UTC unless it has an offset); a bare null is NULL.
-An insert or upsert leaves out nullable columns as NULL; an update gives the key and the
-columns to change; a delete gives the key (with --json, a row's other columns are ignored).
+VALUE is read by the column's type, as `raftlet scan --where` reads it: integers (also
+0x-hex, and _ between digits), floats, true/false (also t/f, yes/no, y/n, 1/0), strings
+(quote them for spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as microseconds or
+an ISO 8601 time or date (UTC unless it has an offset); a bare null is NULL.
+An insert leaves out nullable columns as NULL. An upsert of a new key does too; of a key
+that exists it sets the columns given and keeps the others' values (it does not replace
+the row: give a column as null to clear it). An update gives the key and the columns to
+change; a delete gives the key (with --json, a row's other columns are ignored).
 
 --json FILE (- for stdin) holds one JSON array of row objects, or objects one after another
 (JSON lines), as `raftlet scan --format json` writes them: BINARY in base64,

@@ -304,6 +304,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
     async def upsert(
         self, table: str, row: Mapping[str, object], *, timeout_s: float | None = None
     ) -> WriteResult:
+        """Insert ``row``, or, if its key exists, set the columns ``row`` gives (the others
+        keep their values: give a column as None to clear it)."""
         return await self.apply(OpType.UPSERT, table, row, timeout_s=timeout_s)
 
     async def update(

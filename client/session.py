@@ -188,6 +188,8 @@ class Session:
         return self.apply(OpType.INSERT, table, row)
 
     def upsert(self, table: str, row: Mapping[str, object]) -> WriteResult | None:
+        """Insert ``row``, or, if its key exists, set the columns ``row`` gives (the others
+        keep their values: give a column as None to clear it)."""
         return self.apply(OpType.UPSERT, table, row)
 
     def update(self, table: str, row: Mapping[str, object]) -> WriteResult | None:
