@@ -113,13 +113,25 @@ def _json_float(text: str) -> float:
     return overflowed
 
 
-class _HugeNumber(ValueError):
-    pass
+class _Unreadable(ValueError):
+    """JSON text no row can be made of (a number beyond every column, a key given twice)."""
+
+
+def _one_of_each_key(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object's members, refusing a key given twice: the last one won, and the row
+    of the first was never written (review r31b), where `row insert` refuses a column
+    given twice."""
+    row: dict[str, object] = {}
+    for key, value in pairs:
+        if key in row:
+            raise _Unreadable(f"column {key!r} given twice")
+        row[key] = value
+    return row
 
 
 def _json_int(text: str) -> int:
     if len(text) > _MAX_INT_TEXT:  # int() refuses past 4,300 digits, in its own words
-        raise _HugeNumber(f"an integer of {len(text)} digits is out of every column's range")
+        raise _Unreadable(f"an integer of {len(text)} digits is out of every column's range")
     return int(text)
 
 
@@ -149,7 +161,9 @@ def _cell(dtype: DataType, value: object) -> Value:
 def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
     """The JSON values in ``stream`` with the line each starts on: one array's items, or
     values one after another (JSON lines). ``JsonRowError`` for text that is not that."""
-    decoder = json.JSONDecoder(parse_float=_json_float, parse_int=_json_int)
+    decoder = json.JSONDecoder(
+        parse_float=_json_float, parse_int=_json_int, object_pairs_hook=_one_of_each_key
+    )
     text = ""
     pos = 0  # where unread text starts in ``text``
     line = 1  # the line ``pos`` is on
@@ -208,7 +222,7 @@ def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
             try:
                 value, end = decoder.raw_decode(text, pos)
                 break
-            except _HugeNumber as e:
+            except _Unreadable as e:
                 raise JsonRowError(start, str(e)) from None
             except json.JSONDecodeError as e:
                 if len(text) - pos > MAX_ROW_TEXT:

@@ -53,13 +53,17 @@ examples:
 
 --where syntax: COLUMN OP VALUE with OP one of = < <= > >=; COLUMN in (V1, V2, ...);
 COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the column's
-type: integers, floats, true/false, strings (quotes optional unless they have commas or
-spaces at the ends; in single quotes '' is one quote and \\\\ one backslash), BINARY as
-0x-hex, UNIXTIME_MICROS as an integer or an ISO 8601 time (UTC unless it has an offset; at
-most microseconds). In table output BINARY shows as 0x-hex and UNIXTIME_MICROS as UTC
-time; a string that could be read as something else -- NULL, empty or blank, starting with
-a quote, or with characters that do not print (control and format characters, line
-separators: shown as \\xNN or \\uNNNN escapes) -- in single quotes with its quotes and
+type: integers (also 0x-hex, and _ between digits), floats, true/false (also t/f, yes/no,
+y/n, 1/0), strings (quotes optional unless they have commas or spaces at the ends; in
+single quotes '' is one quote and \\\\ one backslash), BINARY as 0x-hex, UNIXTIME_MICROS as
+an integer or an ISO 8601 time or date (UTC unless it has an offset; at most
+microseconds). A FLOAT value means the float32 the column would store for it: f = 0.1
+and f <= 0.1 find a FLOAT written as 0.1, and f > 0.4999999999 is f > 0.5. An integer
+bound beyond the column's type matches all rows or none (i8 < 1000: all but NULLs).
+In table output BINARY shows as 0x-hex and UNIXTIME_MICROS as UTC time; a string that
+could be read as something else -- NULL, empty or blank, starting with a quote (' or "),
+or with characters that do not print (control and format characters, line separators:
+shown as \\xNN or \\uNNNN escapes) -- in single quotes with its quotes and
 backslashes doubled ('NULL', '', 'it''s'; NULL itself is NULL), which --where reads back,
 escapes aside; JSON keeps microseconds, base64 for BINARY, and writes infinite floats as
 the strings "Infinity" and "-Infinity".
@@ -211,7 +215,10 @@ class WhereClause:
             )
         col = schema.column(self.column)
         try:
-            vals = [_literal(col.type, v) for v in self.values]  # validate() normalizes
+            # validate() normalizes; a range's integer bound may lie beyond the column's
+            # type (``i8 < 1000`` is every row: ``predicates._clamped``).
+            ranged = self.op in ("<", "<=", ">", ">=")
+            vals = [_literal(col.type, v, in_range=not ranged) for v in self.values]
         except ValueError as e:
             raise UsageError(f"--where {self.shown}: {e}") from None
         if self.op == "is-null":
@@ -325,9 +332,10 @@ def parse_value(dtype: DataType, text: str) -> Value:
     return normalize(dtype, _literal(dtype, text))
 
 
-def _literal(dtype: DataType, text: str) -> Value:
-    """The value ``text`` denotes, checked against ``dtype`` (range, NaN) but a FLOAT not
-    rounded to float32; ValueError saying why not."""
+def _literal(dtype: DataType, text: str, *, in_range: bool = True) -> Value:
+    """The value ``text`` denotes, checked against ``dtype`` (range -- unless not
+    ``in_range``, for an integer --, NaN) but a FLOAT not rounded to float32; ValueError
+    saying why not."""
     raw = _unquote(text.strip())
     if dtype is DataType.UNIXTIME_MICROS and not _looks_int(raw):
         return normalize(dtype, _parse_time(raw))
@@ -348,7 +356,7 @@ def _literal(dtype: DataType, text: str) -> Value:
                 f"{cut(text)!r}: a decimal integer cannot start with 0 "
                 f"(write {int(digits, 10)}, or 0x... for hex)"
             ) from None
-        return normalize(dtype, number)
+        return normalize(dtype, number) if in_range else number
     if dtype in (DataType.FLOAT, DataType.DOUBLE):
         # Only float() in the try: normalize's TypeMismatch (NaN, out of FLOAT's range) is
         # a ValueError too, and says the real reason.
@@ -526,7 +534,7 @@ def _shown_string(text: str) -> str:
         and text
         and text == text.strip()
         and text.upper() != "NULL"
-        and not text.startswith("'")
+        and not text.startswith(("'", '"'))
     ):
         return text
     # In quotes a backslash is doubled, so that an escape is one (a NUL and the text

@@ -45,7 +45,10 @@ class ScanPredicate(predicates.Predicate):
         upper_inclusive: bool = False,
     ) -> ScanPredicate:
         """``lower <= column < upper`` by default; pass the flags for other bounds. One
-        bound may be None (open on that side), not both."""
+        bound may be None (open on that side), not both. A FLOAT bound means the float32
+        the column would store for it (``range("f", upper=0.1, upper_inclusive=True)``
+        finds a FLOAT written as 0.1); an integer bound beyond the column's type matches
+        every row or none."""
         _named(column)
         if lower is None and upper is None:
             raise InvalidArgument(

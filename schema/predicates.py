@@ -5,8 +5,10 @@ EQUALS, RANGE and IN_LIST never return a row whose column is NULL; IS_NULL / IS_
 test for it. A bound or list value is normalized to the column type first (FLOAT rounds to
 float32, as the stored values did), so comparisons happen between like values: a literal
 means the value the column would store for it, as in Kudu. So ``k = 0.1`` finds the FLOAT
-written as 0.1, and ``k > 0.4999999999`` is ``k > 0.5`` (the float32 nearest), which a
-stored 0.5 does not match.
+written as 0.1 (and so does ``k <= 0.1``), and ``k > 0.4999999999`` is ``k > 0.5`` (the
+float32 nearest), which a stored 0.5 does not match. An integer range bound beyond its
+column type's range matches what it would in the integers (``i8 < 1000``: every row but
+NULLs; ``i8 > 1000``: none): it is moved to the range's end (``_clamped``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from dataclasses import dataclass
 
 from raftlet.proto import tablet_pb2
 from raftlet.schema.schema import Schema
-from raftlet.schema.types import TypeMismatch, Value, normalize, value_from_pb, value_to_pb
+from raftlet.schema.types import (
+    INTEGER_RANGES,
+    DataType,
+    TypeMismatch,
+    Value,
+    normalize,
+    value_from_pb,
+    value_to_pb,
+)
 
 __all__ = ["MAX_IN_LIST", "Predicate", "PredicateError", "PredicateKind"]
 
@@ -27,6 +37,21 @@ MAX_IN_LIST = 10_000
 
 class PredicateError(ValueError):
     """A predicate does not fit the schema (unknown column, wrong value type, bad shape)."""
+
+
+def _clamped(dtype: DataType, bound: Value, inclusive: bool, *, lower: bool) -> tuple[Value, bool]:
+    """An integer bound beyond its column type's range as the bound at that end of the range
+    that matches the same rows: ``i8 < 1000`` is ``i8 <= 127`` (every row), ``i8 > 1000`` is
+    ``i8 > 127`` (none). A program building predicates from its users' input had to clamp
+    them per column type itself: such a bound was an error (review r31b)."""
+    if dtype not in INTEGER_RANGES or not isinstance(bound, int) or isinstance(bound, bool):
+        return bound, inclusive
+    lo, hi = INTEGER_RANGES[dtype]
+    if bound > hi:
+        return hi, not lower
+    if bound < lo:
+        return lo, lower
+    return bound, inclusive
 
 
 class PredicateKind(enum.Enum):
@@ -140,16 +165,18 @@ class Predicate:
                         f"predicate on {col.name!r}: {side}_inclusive must be True or False, "
                         f"got {flag!r}"
                     )
-            lower = None if self.lower is None else norm(self.lower, "lower bound")
-            upper = None if self.upper is None else norm(self.upper, "upper bound")
+            low, low_in = _clamped(col.type, self.lower, self.lower_inclusive, lower=True)
+            high, high_in = _clamped(col.type, self.upper, self.upper_inclusive, lower=False)
+            lower = None if low is None else norm(low, "lower bound")
+            upper = None if high is None else norm(high, "upper bound")
             # An open side's flag means nothing; False (the proto default) keeps equality exact.
             return Predicate(
                 col.name,
                 kind,
                 lower=lower,
-                lower_inclusive=lower is not None and bool(self.lower_inclusive),
+                lower_inclusive=lower is not None and bool(low_in),
                 upper=upper,
-                upper_inclusive=upper is not None and bool(self.upper_inclusive),
+                upper_inclusive=upper is not None and bool(high_in),
             )
         if kind in (PredicateKind.IS_NULL, PredicateKind.IS_NOT_NULL):
             return Predicate(col.name, kind)

@@ -695,7 +695,11 @@ def test_scan_output_is_safe_for_terminals_and_strict_json_parsers() -> None:
     # What the table shows in quotes reads back, in --where or row, as the same string.
     # Backslashes too (review r28v: 'C:\\dir ' shown with its backslash doubled found no
     # row, as --where read the pair as two).
+    # A double quote too (review r31b: '"q"' was printed bare, and read back as q).
+    assert _text_value(DataType.STRING, '"q"') == "'\"q\"'"
     for text in ["'", "''", "'NULL'", "it's", "", "  ", "NULL", "C:\\dir ", " \\x00", "\\'"]:
+        assert parse_value(DataType.STRING, _text_value(DataType.STRING, text)) == text
+    for text in ['"q"', '"', '""', '"a b"']:
         assert parse_value(DataType.STRING, _text_value(DataType.STRING, text)) == text
     # A value of thousands of characters is echoed cut short.
     with pytest.raises(ValueError, match=r"^'x{60}\.\.\.\(5000 characters\)' is not an int"):
@@ -966,3 +970,11 @@ def test_an_interrupted_command_does_not_wait_for_good_on_its_clients_close(
 
     common.close_client(Quick())  # no interrupt: closed here, and waited for
     assert closes[-1] == threading.current_thread().name
+
+
+def test_a_where_range_beyond_a_columns_type_matches_all_or_none() -> None:
+    """Review r31b: `--where "i8 < 1000"` exited 2 (out of range for INT8)."""
+    every = parse_where(f"key < {2**70}").predicate(SCHEMA)
+    assert (every.upper, every.upper_inclusive) == (2**63 - 1, True)
+    none = parse_where(f"key >= {2**64}").predicate(SCHEMA)
+    assert (none.lower, none.lower_inclusive) == (2**63 - 1, False)

@@ -184,6 +184,12 @@ def test_a_json_integer_of_thousands_of_digits_says_the_line() -> None:
         rows('{"id": 1}\n{"id": ' + "7" * 5000 + "}\n")
 
 
+def test_a_json_row_giving_a_column_twice_is_refused_with_its_line() -> None:
+    """Review r31b: the last value won, and the row of the first was never written."""
+    with pytest.raises(JsonRowError, match="line 2: column 'id' given twice"):
+        rows('{"id": 1}\n{"id": 20014, "name": "x", "id": 20015}\n')
+
+
 def test_a_delete_keeps_the_key_columns_alone() -> None:
     assert keys_only(SCHEMA, {"id": 1, "name": "a", "ok": True}) == {"id": 1, "name": "a"}
 

@@ -125,3 +125,27 @@ def test_misused_builders_are_refused_clearly(build: object, message: str) -> No
     lower_inclusive="no" was taken as True."""
     with pytest.raises(PredicateError, match=message):
         build()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("pred", "lower", "upper"),
+    [
+        # (bound, inclusive) of each side after validate; INT16 is [-32768, 32767].
+        (Predicate.range("id", upper=1 << 20), None, (32767, True)),  # every row
+        (Predicate.range("id", upper=-(1 << 20)), None, (-32768, False)),  # none
+        (Predicate.range("id", lower=1 << 20), (32767, False), None),  # none
+        (Predicate.range("id", lower=-(1 << 20), lower_inclusive=False), (-32768, True), None),
+        (Predicate.range("id", 5, 1 << 70, upper_inclusive=False), (5, True), (32767, True)),
+        (Predicate.range("t", lower=-(1 << 64)), (-(1 << 63), True), None),
+        (Predicate.range("id", 3, 7), (3, True), (7, False)),  # in range: as given
+    ],
+    ids=repr,
+)
+def test_an_integer_bound_beyond_its_type_matches_what_it_would_in_the_integers(
+    pred: Predicate, lower: tuple[int, bool] | None, upper: tuple[int, bool] | None
+) -> None:
+    """Review r31b: ``i8 < 1000`` was an error, where every row matches."""
+    p = pred.validate(S)
+    assert (p.lower, p.lower_inclusive) == (lower or (None, False))
+    assert (p.upper, p.upper_inclusive) == (upper or (None, False))
+    assert Predicate.from_pb(S, p.to_pb(S)) == p
