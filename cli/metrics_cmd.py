@@ -53,6 +53,10 @@ examples:
 
 All of every server's metrics: http://<status address>/metrics.json (or /metrics for
 Prometheus); `raftlet cluster status` prints the status addresses.
+Counters count since each server process started: a server restarted since counts from
+zero again, and the cluster column, their sum, then counts less than the cluster did
+(Prometheus's process_start_time_seconds on /metrics tells when each started).
+Exit status: 0 when every server answered, 1 when one did not (the others are shown).
 """
 
 Entity = dict[str, Any]
@@ -497,7 +501,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(rows, values, total, failed, [s.id for s in servers])
     for sid, why in failed.items():
-        err_console().print(f"raftlet metrics: warning: {sid} did not answer: {why}", markup=False)
+        err_console().print(f"raftlet metrics: error: {sid} did not answer: {why}", markup=False)
     return 1 if failed else 0
 
 

@@ -28,7 +28,8 @@ are the same whatever the flush mode):
   rows that failed (a RowError's code, TIMEOUT, …) as the application saw them;
 - server CPU: every server's ``process_cpu_seconds_total`` (its ``/metrics``) read just
   before and just after the run, the difference summed over the servers and divided by the
-  acknowledged writes (``cli.server_cpu``): CPU per write on all replicas together;
+  acknowledged writes (``cli.server_cpu``): CPU per write on all replicas together; a
+  server restarted during the run has none, and the summary names it;
 - client CPU: this process's CPU time (every thread's) from the first write to the last
   answer, divided by the acknowledged writes: what the client's side of a write costs.
 """
@@ -255,6 +256,7 @@ class LoadSummary:
             "server_cpu_s_by_server": {
                 sid: _round(v, 4) for sid, v in (cpu.by_server.items() if cpu else ())
             },
+            "server_cpu_restarted": list(cpu.restarted) if cpu else [],
             "client_cpu_s": _round(self.client_cpu_s, 4),
             "client_cpu_ms_per_write": _round(self.client_cpu_ms_per_write, 4),
         }

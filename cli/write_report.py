@@ -16,6 +16,7 @@ from raftlet.cli.common import human_count, human_us, stdout_gone
 from raftlet.cli.write_load import LoadState, LoadSummary, OnTick
 
 if TYPE_CHECKING:
+    from raftlet.cli.server_cpu import ServerCpu
     from raftlet.client import ClientStats
 
 __all__ = ["print_summary", "with_plain_progress", "with_progress_bar"]
@@ -185,17 +186,23 @@ def _cpu_cells(s: LoadSummary) -> tuple[str, str]:
     if total is None:
         if not cpu.by_server:
             return "-", "unknown (no server to read it from)"
-        # Every server exports the figure (metrics.process), so a server without one missed
-        # a reading (read_cpu_seconds keeps no error to say why) or its counter started again.
-        return "-", (
-            f"unknown: {', '.join(cpu.missing)} missed a /metrics reading (before or after "
-            "the run) or restarted during it"
-        )
+        return "-", f"unknown: {_without(cpu)}"
     per_write = s.server_cpu_ms_per_write
     rate = f"{per_write:.3f} ms/write" if per_write is not None else "-"
     if cpu.missing:
-        rate += f" (without {', '.join(cpu.missing)})"
+        rate += f" (without {_without(cpu)})"
     return f"{total:,.2f} s", rate
+
+
+def _without(cpu: ServerCpu) -> str:
+    """Why servers have no figure: every server exports it (metrics.process), so one
+    without missed a reading (read_cpu_seconds keeps no error to say why) or restarted."""
+    parts = []
+    if cpu.restarted:
+        parts.append(f"{', '.join(cpu.restarted)} restarted during the run")
+    if cpu.unread:
+        parts.append(f"{', '.join(cpu.unread)} missed a /metrics reading (before or after it)")
+    return "; ".join(parts)
 
 
 def _by_cause(counts: dict[str, int]) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "OP_PREPARE_RUN_TIME_US",
     "PROCESS_CPU_SECONDS",
     "PROCESS_PROTOTYPES",
+    "PROCESS_START_TIME_SECONDS",
     "RAFT_APPLIED_INDEX",
     "RAFT_COMMIT_INDEX",
     "RAFT_ROLE",
@@ -478,6 +479,14 @@ PROCESS_CPU_SECONDS = MetricPrototype(
     "CPU time (user + system, all threads) this server process has used since it started",
     entity_type="server",
 )
+PROCESS_START_TIME_SECONDS = MetricPrototype(
+    "process_start_time_seconds",
+    GAUGE,
+    "seconds",
+    "When this server process started (Unix time): a new value is a restart, after which "
+    "its counters start again from zero",
+    entity_type="server",
+)
 RPC_AUTH_DENIALS = MetricPrototype(
     "rpc_auth_denials",
     COUNTER,
@@ -491,7 +500,10 @@ RPC_AUTH_DENIALS = MetricPrototype(
 )
 # Not in ALL_PROTOTYPES (what components instantiate): `metrics.process`
 # reads these from the OS whenever /metrics is scraped.
-PROCESS_PROTOTYPES: tuple[MetricPrototype, ...] = (PROCESS_CPU_SECONDS,)
+PROCESS_PROTOTYPES: tuple[MetricPrototype, ...] = (
+    PROCESS_CPU_SECONDS,
+    PROCESS_START_TIME_SECONDS,
+)
 
 ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (
     RPCS_QUEUE_OVERFLOW,

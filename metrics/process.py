@@ -1,4 +1,5 @@
-"""Process-wide figures read from the OS at scrape time: the server's CPU time.
+"""Process-wide figures read from the OS at scrape time: the server's CPU time, and when
+the process started.
 
 ``ProcessCollector`` is a prometheus_client custom collector that the status server appends
 to ``/metrics``: ``process_cpu_seconds_total`` (``catalogue.PROCESS_CPU_SECONDS``; the usual
@@ -6,9 +7,12 @@ Prometheus name for it), the user + system CPU time of every thread of this proc
 with ``time.process_time()`` (``CLOCK_PROCESS_CPUTIME_ID``: nanosecond resolution, unlike the
 10 ms ticks of ``/proc/self/stat``) when the page is built. Nothing counts anything on a hot
 path. The sample carries ``server="<id>"`` when the registry holds exactly one server entity
-(a tablet server's), so it joins the server's other series.
+(a tablet server's), so it joins the server's other series. ``process_start_time_seconds``
+(``catalogue.PROCESS_START_TIME_SECONDS``, Prometheus's name too) tells a restart: the
+counters of the process after it start again from zero.
 
-``raftlet write`` reads it before and after a run for the server CPU per acknowledged write.
+``raftlet write`` reads both before and after a run for the server CPU per acknowledged
+write (a server restarted meanwhile has no figure: its first process's CPU is gone).
 """
 
 from __future__ import annotations
@@ -16,12 +20,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from raftlet.metrics.catalogue import PROCESS_CPU_SECONDS
+from raftlet.metrics.catalogue import PROCESS_CPU_SECONDS, PROCESS_START_TIME_SECONDS
 from raftlet.metrics.registry import MetricRegistry
 
 __all__ = ["ProcessCollector"]
+
+# When this process started, to a millisecond (time.time() at import: before the server
+# serves anything, and unique to the process).
+_STARTED = round(time.time(), 3)
 
 
 class ProcessCollector:
@@ -45,3 +53,8 @@ class ProcessCollector:
         )
         family.add_metric(list(labels.values()), float(self._cpu_seconds()))
         yield family
+        started = GaugeMetricFamily(
+            PROCESS_START_TIME_SECONDS.name, PROCESS_START_TIME_SECONDS.help, labels=list(labels)
+        )
+        started.add_metric(list(labels.values()), _STARTED)
+        yield started

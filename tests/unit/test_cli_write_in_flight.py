@@ -12,7 +12,7 @@ import pytest
 from raftlet.cli import write_async
 from raftlet.cli.common import Target, UsageError
 from raftlet.cli.main import build_parser
-from raftlet.cli.server_cpu import ServerCpu, parse_cpu_seconds
+from raftlet.cli.server_cpu import CpuReading, ServerCpu, parse_cpu_reading, parse_cpu_seconds
 from raftlet.cli.write_cmd import check_writers
 from raftlet.cli.write_load import LoadSummary
 from raftlet.client.aio import AsyncClient
@@ -34,16 +34,38 @@ def test_parse_cpu_seconds_finds_the_sample_with_or_without_labels() -> None:
 
 
 def test_server_cpu_between_two_readings() -> None:
+    old = CpuReading  # a server too old to say when it started: a counter gone down
     cpu = ServerCpu.between(
-        {"ts1": 1.0, "ts2": 2.0, "ts3": None, "ts4": 9.0},
-        {"ts1": 1.5, "ts2": 3.0, "ts3": 4.0, "ts4": 0.5},  # ts4 restarted: unknown
+        {"ts1": old(1.0), "ts2": old(2.0), "ts3": None, "ts4": old(9.0)},
+        {"ts1": old(1.5), "ts2": old(3.0), "ts3": old(4.0), "ts4": old(0.5)},
     )
     assert cpu.by_server == {"ts1": 0.5, "ts2": 1.0, "ts3": None, "ts4": None}
     assert cpu.total_s == 1.5
     assert cpu.missing == ["ts3", "ts4"]
+    assert (cpu.restarted, cpu.unread) == (("ts4",), ["ts3"])
     assert cpu.ms_per_write(1000) == pytest.approx(1.5)
     assert cpu.ms_per_write(0) is None
-    assert ServerCpu.between({"ts1": None}, {"ts1": 2.0}).total_s is None
+    assert ServerCpu.between({"ts1": None}, {"ts1": old(2.0)}).total_s is None
+
+
+def test_a_server_restarted_during_the_run_has_no_cpu_figure() -> None:
+    """Review r31a: the new process's counter less the old one's first reading passed for
+    the server's CPU (44 s where it used ~134 s), and the summary said nothing."""
+    cpu = ServerCpu.between(
+        {"ts1": CpuReading(1.5, 100.0), "ts3": CpuReading(1.48, 100.0)},
+        {"ts1": CpuReading(90.0, 100.0), "ts3": CpuReading(42.85, 400.0)},
+    )
+    assert cpu.by_server == {"ts1": 88.5, "ts3": None}
+    assert cpu.restarted == ("ts3",)
+    text = (
+        "# TYPE process_cpu_seconds counter\n"
+        'process_cpu_seconds_total{server="ts1"} 12.5\n'
+        "# TYPE process_start_time_seconds gauge\n"
+        'process_start_time_seconds{server="ts1"} 1.7e9\n'
+    )
+    assert parse_cpu_reading(text) == CpuReading(12.5, 1.7e9)
+    assert parse_cpu_reading("process_cpu_seconds_total 3.25\n") == CpuReading(3.25)
+    assert parse_cpu_reading("process_start_time_seconds 3\n") is None
 
 
 def _summary(**kwargs: object) -> LoadSummary:
@@ -66,12 +88,21 @@ def _summary(**kwargs: object) -> LoadSummary:
 
 
 def test_summary_json_has_the_in_flight_and_server_cpu_figures() -> None:
-    cpu = ServerCpu.between({"ts1": 1.0, "ts2": 1.0}, {"ts1": 1.6, "ts2": 1.2})
+    one = CpuReading(1.0, 5.0)
+    cpu = ServerCpu.between(
+        {"ts1": one, "ts2": one, "ts3": one},
+        {"ts1": CpuReading(1.6, 5.0), "ts2": CpuReading(1.2, 5.0), "ts3": CpuReading(0.1, 9.0)},
+    )
     doc = _summary(in_flight=16, server_cpu=cpu).to_json()
     assert (doc["threads"], doc["in_flight"], doc["client"]) == (None, 16, "asyncio")
     assert doc["server_cpu_s"] == pytest.approx(0.8)
     assert doc["server_cpu_ms_per_write"] == pytest.approx(2.0)
-    assert doc["server_cpu_s_by_server"] == {"ts1": pytest.approx(0.6), "ts2": pytest.approx(0.2)}
+    assert doc["server_cpu_s_by_server"] == {
+        "ts1": pytest.approx(0.6),
+        "ts2": pytest.approx(0.2),
+        "ts3": None,
+    }
+    assert doc["server_cpu_restarted"] == ["ts3"]
     threaded = _summary(threads=4).to_json()
     assert (threaded["threads"], threaded["in_flight"], threaded["client"]) == (4, None, "threads")
     assert threaded["server_cpu_s"] is None

@@ -7,6 +7,7 @@ import json
 import re
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,6 +143,13 @@ def test_metrics_page_exposes_the_process_cpu_time(server: StatusServer) -> None
     first = cpu()
     assert first > 0
     wait_for(lambda: cpu() > first, WAIT, "the process's CPU time to grow")
+    # And when the process started, which tells a restart (its counters start again).
+    fams = {
+        f.name: f for f in text_string_to_metric_families(fetch(server, "/metrics")[2].decode())
+    }
+    (started,) = fams["process_start_time_seconds"].samples
+    assert started.labels == {"server": "ts-1"}
+    assert time.time() - 3600 < started.value <= time.time()
 
 
 def test_metrics_page_names_only_the_metrics_asked_for(server: StatusServer) -> None:
@@ -163,7 +171,7 @@ def test_metrics_page_names_only_the_metrics_asked_for(server: StatusServer) -> 
     assert names("/metrics?other=1") == everything  # not a filter: everything
 
 
-def test_server_cpu_reading_asks_for_the_cpu_figure_alone(server: StatusServer) -> None:
+def test_server_cpu_reading_asks_for_the_cpu_figures_alone(server: StatusServer) -> None:
     from raftlet.cli import server_cpu
     from raftlet.cli.common import Credentials
     from raftlet.cluster import ServerConfig
@@ -182,8 +190,9 @@ def test_server_cpu_reading_asks_for_the_cpu_figure_alone(server: StatusServer) 
     seconds = server_cpu.read_cpu_seconds([config], creds=Credentials())
     cpu = seconds["ts-1"]
     assert cpu is not None
-    assert cpu > 0
-    assert seen == ["process_cpu_seconds_total"]
+    assert cpu.seconds > 0
+    assert cpu.started is not None  # a restart is told by it
+    assert seen == ["process_cpu_seconds_total,process_start_time_seconds"]
 
 
 def test_process_collector_reads_its_clock_at_collect_time() -> None:
@@ -191,10 +200,11 @@ def test_process_collector_reads_its_clock_at_collect_time() -> None:
 
     seconds = [1.5]
     collector = ProcessCollector(MetricRegistry(), cpu_seconds=lambda: seconds[0])
-    (family,) = collector.collect()
+    family, started = collector.collect()
     assert [(s.name, s.labels, s.value) for s in family.samples] == [
         ("process_cpu_seconds_total", {}, 1.5)
     ]
+    assert [s.name for s in started.samples] == ["process_start_time_seconds"]
     seconds[0] = 2.25
     assert next(iter(collector.collect())).samples[0].value == 2.25
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from raftlet.cli.server_cpu import ServerCpu
+from raftlet.cli.server_cpu import CpuReading, ServerCpu
 from raftlet.cli.write_load import LoadSummary
 from raftlet.cli.write_report import print_summary
 
@@ -41,18 +41,28 @@ def _printed(cpu: ServerCpu | None) -> str:
 
 def test_unknown_server_cpu_names_the_servers_without_a_reading() -> None:
     # The cluster was stopped during the run: nobody answered the reading after it.
+    one = CpuReading(1.0, started=100.0)
     cpu = ServerCpu.between(
-        {"ts1": 1.0, "ts2": 1.0, "ts3": 1.0}, dict.fromkeys(("ts1", "ts2", "ts3"))
+        dict.fromkeys(("ts1", "ts2", "ts3"), one), dict.fromkeys(("ts1", "ts2", "ts3"))
     )
     assert _printed(cpu) == (
-        "server CPU - unknown: ts1, ts2, ts3 missed a /metrics reading (before or after the "
-        "run) or restarted during it"
+        "server CPU - unknown: ts1, ts2, ts3 missed a /metrics reading (before or after it)"
     )
     assert _printed(ServerCpu({})) == "server CPU - unknown (no server to read it from)"
     assert _printed(None) == "server CPU - not read"
-    # With some readings, the figure is theirs, and says whom it leaves out.
-    cpu = ServerCpu.between({"ts1": 1.0, "ts2": 1.0, "ts3": 1.0}, {"ts1": 1.6, "ts2": 1.2})
-    assert _printed(cpu) == "server CPU 0.80 s 2.000 ms/write (without ts3)"
+    # With some readings, the figure is theirs, and says whom it leaves out and why.
+    cpu = ServerCpu.between(
+        dict.fromkeys(("ts1", "ts2", "ts3", "ts4"), one),
+        {
+            "ts1": CpuReading(1.6, 100.0),
+            "ts2": CpuReading(1.2, 100.0),
+            "ts4": CpuReading(9.0, 250.0),  # a new process: its 9 s are not the run's
+        },
+    )
+    assert _printed(cpu) == (
+        "server CPU 0.80 s 2.000 ms/write (without ts4 restarted during the run; ts3 missed a "
+        "/metrics reading (before or after it))"
+    )
 
 
 def test_failed_rows_whose_outcome_is_unknown_are_told_apart() -> None:
