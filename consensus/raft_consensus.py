@@ -229,6 +229,10 @@ class ConsensusOptions:
     # 1 MiB each as answers came, each read from the log and encoded under the consensus
     # lock (~65 ms a MiB): seconds without heartbeats.  Now 2 MiB and one message.
     max_inflight_bytes: int = 2 << 20
+    # Committed entries handed to the applier and not yet applied, at most (by entry bytes):
+    # a follower back from an outage was handed its whole backlog at once, and held it in
+    # memory while its store applied it (review r31a: 93 -> 459 MiB for 225,000 entries).
+    max_applying_bytes: int = 16 << 20
     # See consensus.core.Config: off, a moved commit index waits for the next append or
     # heartbeat instead of costing every follower a message of its own.
     broadcast_commit: bool = False
@@ -377,6 +381,7 @@ class RaftConsensus:
             max_inflight_msgs=opts.max_inflight_msgs,
             max_size_per_msg=opts.max_size_per_msg,
             max_inflight_bytes=opts.max_inflight_bytes,
+            max_applying_bytes=opts.max_applying_bytes,
             broadcast_commit=opts.broadcast_commit,
             heartbeat_read_rounds=self._lease_mode,
             applied=applied_index,
@@ -636,9 +641,13 @@ class RaftConsensus:
             return max(0.0, self._lease_until - self._clock())
 
     def on_applied(self, index: int) -> None:
-        """The applier applied every committed entry up to ``index``."""
+        """The applier applied every committed entry up to ``index``; committed entries
+        that waited for room under ``max_applying_bytes`` are handed over now."""
         with self._lock:
+            spent = self._node.applying_budget_spent()
             self._node.on_applied(index)
+            if spent and self._failure is None and not self._stopping.is_set():
+                self._process_ready_unlocked()
 
     def step_down(self, new_leader: str = NO_NODE) -> str:
         """Hand leadership to ``new_leader``, or to the most caught-up follower.

@@ -58,6 +58,11 @@ class Config:
     # Every heartbeat starts a new read round (see Raft.read_index), so a quorum's answers
     # confirm rounds -- and a driver can renew a leader lease -- without any read.
     heartbeat_read_rounds: bool = False
+    # Cap on the entry bytes handed out for applying and not yet reported applied (0: none,
+    # and handing entries out is taking them as applied). With a cap, the driver reports
+    # what its state machine applied (``RawNode.on_applied``): a follower far behind was
+    # handed every committed entry at once, its whole backlog held in memory.
+    max_applying_bytes: int = 0
     # Index already applied to the state machine before this start (the store's
     # applied index): committed entries are delivered from applied + 1.
     applied: int = 0
@@ -97,3 +102,5 @@ class Config:
             raise RaftConfigError("max_inflight_bytes must be >= 0 (0: no cap)")
         if self.applied < 0:
             raise RaftConfigError("applied must be >= 0")
+        if self.max_applying_bytes < 0:
+            raise RaftConfigError("max_applying_bytes must be >= 0 (0: no cap)")

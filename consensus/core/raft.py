@@ -127,7 +127,7 @@ class Raft:
         self.id = config.id
         self._rand = random.Random(config.seed)
         hard = storage.initial_state()
-        self.log = RaftLog(storage, hard.commit, config.applied)
+        self.log = RaftLog(storage, hard.commit, config.applied, config.max_applying_bytes)
         # Every CONFIG entry that may still matter, as (index, membership), oldest first: the
         # latest known committed (or the initial one, index 0), then any above the commit
         # index.  The last is the membership in use (thesis §4.1: the latest in the log,

@@ -26,7 +26,9 @@ __all__ = ["RaftLog"]
 
 
 class RaftLog:
-    def __init__(self, storage: Storage, committed: int, applied: int) -> None:
+    def __init__(
+        self, storage: Storage, committed: int, applied: int, max_applying_bytes: int = 0
+    ) -> None:
         self.storage = storage
         last = storage.last_index()
         if applied > last:
@@ -40,6 +42,11 @@ class RaftLog:
         self.applied = applied
         # Highest index handed out for applying (>= applied).
         self.applying = self.applied
+        # With a cap (Config.max_applying_bytes), the entry bytes handed out for applying
+        # and not reported applied, and each hand-out's (last index, bytes), oldest first.
+        self.max_applying_bytes = max_applying_bytes
+        self.applying_bytes = 0
+        self._applying_handouts: deque[tuple[int, int]] = deque()
         self._unstable: list[Entry] = []
         self._unstable_offset = last + 1
         self._in_progress = last
@@ -183,6 +190,8 @@ class RaftLog:
         self._handed.clear()  # what they wrote is gone: their reports are ignored
         self.committed = max(self.committed, index)
         self.applied = self.applying = index
+        self.applying_bytes = 0
+        self._applying_handouts.clear()
 
     # --- commit, persistence, application -----------------------------------------
 
@@ -235,15 +244,30 @@ class RaftLog:
         return True
 
     def committed_to_apply(self) -> list[Entry]:
-        """Committed, durable entries not yet handed out for applying; marks them."""
+        """Committed, durable entries not yet handed out for applying; marks them. With a
+        cap, no more than it allows beyond what is not reported applied (one entry at
+        least, when nothing is outstanding)."""
         hi = min(self.committed, self.stable_index())
         if hi <= self.applying:
             return []
-        out = self.storage.entries(self.applying + 1, hi + 1)
-        self.applying = hi
+        cap = self.max_applying_bytes
+        if not cap:
+            out = self.storage.entries(self.applying + 1, hi + 1)
+            self.applying = hi
+            return out
+        room = cap - self.applying_bytes
+        if room <= 0:
+            return []
+        out = self.storage.entries(self.applying + 1, hi + 1, room)
+        size = sum(e.size() for e in out)
+        self.applying = out[-1].index
+        self.applying_bytes += size
+        self._applying_handouts.append((self.applying, size))
         return out
 
     def has_committed_to_apply(self) -> bool:
+        if self.max_applying_bytes and self.applying_bytes >= self.max_applying_bytes:
+            return False
         return min(self.committed, self.stable_index()) > self.applying
 
     def applied_to(self, index: int) -> None:
@@ -253,3 +277,6 @@ class RaftLog:
             )
         self.applied = index
         self.applying = max(self.applying, index)
+        handouts = self._applying_handouts
+        while handouts and handouts[0][0] <= index:
+            self.applying_bytes -= handouts.popleft()[1]

@@ -208,11 +208,20 @@ class RawNode:
             self.raft.on_persisted(last.index, last.term)
 
     def on_applied(self, index: int) -> None:
+        """The state machine applied every entry up to ``index``."""
         self.raft.log.applied_to(index)
 
+    def applying_budget_spent(self) -> bool:
+        """Whether committed entries wait for ``on_applied`` to free room under
+        ``Config.max_applying_bytes`` (then ``on_applied`` may make a Ready)."""
+        log = self.raft.log
+        return bool(log.max_applying_bytes) and log.applying_bytes >= log.max_applying_bytes
+
     def advance(self, ready: Ready) -> None:
+        """``ready`` is durable, and -- without ``Config.max_applying_bytes``, whose driver
+        reports it with ``on_applied`` -- its committed entries applied."""
         self.on_persisted(ready)
-        if ready.committed_entries:
+        if ready.committed_entries and not self.raft.log.max_applying_bytes:
             self.on_applied(ready.committed_entries[-1].index)
 
     def status(self) -> Status:
