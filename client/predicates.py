@@ -9,6 +9,7 @@ checks, also raising ``InvalidArgument``."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Self
 
 from raftlet.client.errors import InvalidArgument
 from raftlet.schema import predicates
@@ -30,9 +31,9 @@ class ScanPredicate(predicates.Predicate):
     __slots__ = ()
 
     @classmethod
-    def equals(cls, column: str, value: Value) -> ScanPredicate:
+    def equals(cls, column: str, value: Value) -> Self:
         _named(column)
-        return cls(column, predicates.PredicateKind.EQUALS, values=(value,))
+        return super().equals(column, value)
 
     @classmethod
     def range(
@@ -43,7 +44,7 @@ class ScanPredicate(predicates.Predicate):
         *,
         lower_inclusive: bool = True,
         upper_inclusive: bool = False,
-    ) -> ScanPredicate:
+    ) -> Self:
         """``lower <= column < upper`` by default; pass the flags for other bounds. One
         bound may be None (open on that side), not both. A FLOAT bound means the float32
         the column would store for it (``range("f", upper=0.1, upper_inclusive=True)``
@@ -54,35 +55,29 @@ class ScanPredicate(predicates.Predicate):
             raise InvalidArgument(
                 f"predicate on {column!r}: a range needs a lower or an upper bound"
             )
-        return cls(
-            column,
-            predicates.PredicateKind.RANGE,
-            lower=lower,
-            lower_inclusive=lower_inclusive,
-            upper=upper,
-            upper_inclusive=upper_inclusive,
+        return super().range(
+            column, lower, upper, lower_inclusive=lower_inclusive, upper_inclusive=upper_inclusive
         )
 
     @classmethod
-    def in_list(cls, column: str, values: Iterable[Value]) -> ScanPredicate:
+    def in_list(cls, column: str, values: Iterable[Value]) -> Self:
         """``column IN values``; ``values`` is a list (or any iterable) of values, not one
         value: a str would otherwise be taken as the list of its characters."""
         _named(column)
         try:
-            made = super().in_list(column, values)
+            return super().in_list(column, values)
         except PredicateError as e:
             raise InvalidArgument(str(e)) from None
-        return cls(column, made.kind, values=made.values)
 
     @classmethod
-    def is_null(cls, column: str) -> ScanPredicate:
+    def is_null(cls, column: str) -> Self:
         _named(column)
-        return cls(column, predicates.PredicateKind.IS_NULL)
+        return super().is_null(column)
 
     @classmethod
-    def is_not_null(cls, column: str) -> ScanPredicate:
+    def is_not_null(cls, column: str) -> Self:
         _named(column)
-        return cls(column, predicates.PredicateKind.IS_NOT_NULL)
+        return super().is_not_null(column)
 
 
 Predicate = ScanPredicate

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Self
 
 from raftlet.proto import tablet_pb2
 from raftlet.schema.schema import Schema
@@ -79,7 +80,7 @@ class Predicate:
     upper_inclusive: bool = False
 
     @classmethod
-    def equals(cls, column: str, value: Value) -> Predicate:
+    def equals(cls, column: str, value: Value) -> Self:
         return cls(column, PredicateKind.EQUALS, values=(value,))
 
     @classmethod
@@ -91,7 +92,7 @@ class Predicate:
         *,
         lower_inclusive: bool = True,
         upper_inclusive: bool = False,
-    ) -> Predicate:
+    ) -> Self:
         """``lower <= column < upper`` by default; pass the flags for other bounds."""
         return cls(
             column,
@@ -103,7 +104,7 @@ class Predicate:
         )
 
     @classmethod
-    def in_list(cls, column: str, values: Iterable[Value]) -> Predicate:
+    def in_list(cls, column: str, values: Iterable[Value]) -> Self:
         """``column IN values``; ``values`` is a list (or any iterable) of values, not one
         value: a str would otherwise be taken as the list of its characters."""
         if isinstance(values, str | bytes | bytearray | memoryview) or not isinstance(
@@ -116,11 +117,11 @@ class Predicate:
         return cls(column, PredicateKind.IN_LIST, values=tuple(values))
 
     @classmethod
-    def is_null(cls, column: str) -> Predicate:
+    def is_null(cls, column: str) -> Self:
         return cls(column, PredicateKind.IS_NULL)
 
     @classmethod
-    def is_not_null(cls, column: str) -> Predicate:
+    def is_not_null(cls, column: str) -> Self:
         return cls(column, PredicateKind.IS_NOT_NULL)
 
     def validate(self, schema: Schema) -> Predicate:
