@@ -271,7 +271,6 @@ def _wait_taken_over(
 
     deadline = time.monotonic() + timeout_s
     answered = time.monotonic()
-    who = "no replica"
     while True:
         health = check_cluster(config, probe)
         leader = next((t.leader for t in health.tablets if t.tablet_id == tablet), None)

@@ -586,7 +586,8 @@ class LocalCluster:
         health = self.wait_leaders(leader_timeout_s, rolling=True)
         restarted = {old.id for old in stopped}
         for server in health.servers:
-            if server.state == "DOWN" and server.id not in restarted:
+            # Not one of this start's, nor one added to the config since (it never ran).
+            if server.state == "DOWN" and server.id in self.servers.keys() - restarted:
                 # Its process runs, so `up` left it alone and called the cluster up: a
                 # paused (SIGSTOP) or hung server read as one of the servers up (r30a).
                 pid = self.servers[server.id].pid
