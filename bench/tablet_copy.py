@@ -50,7 +50,8 @@ def _metric(http_addr: str, name: str) -> float:
 
 
 def _cpu(cluster: LocalCluster, server_id: str) -> float:
-    return read_cpu_seconds([cluster.config.server(server_id)])[server_id] or 0.0
+    reading = read_cpu_seconds([cluster.config.server(server_id)])[server_id]
+    return reading.seconds if reading is not None else 0.0
 
 
 def _tablet(http_addr: str) -> dict[str, object]:
