@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --disable-pip-version-check -e '.[cli,test,dev]'
 	touch $@
 
+# The unit tests and the simulation as two runs at once (CPU-bound), then the integration
+# tests alone (tools/run_tests.py says why).
 test: $(STAMP)
-	$(PYTHON) -m pytest -q --durations=15
+	$(PYTHON) tools/run_tests.py
 
 # Regenerates proto/*_pb2*.py(i) in place; commit the result.
 proto: $(STAMP)
