@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --disable-pip-version-check -e '.[cli,test,dev]'
 	touch $@
 
-# The unit tests and the simulation as two runs at once (CPU-bound), then the integration
-# tests alone (tools/run_tests.py says why).
+# The test files in jobs run two or more at a time, then the tests marked alone
+# (tools/run_tests.py says why).
 test: $(STAMP)
 	$(PYTHON) tools/run_tests.py
 

@@ -22,7 +22,9 @@ import pytest
 
 from tests.integration.contention import Scenario, markdown_table, run_mode, write_report
 
-pytestmark = pytest.mark.integration
+# It compares two modes run one after the other: load beside one and not the other would
+# decide the comparison.
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 SCENARIO = Scenario(seconds=float(os.environ.get("RAFTLET_CONTENTION_SECONDS", "10")))
 # Fewer than this many overflows in locked mode: the reproduction reproduced nothing.
