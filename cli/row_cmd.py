@@ -9,8 +9,8 @@ writes, sent in batches by a background session. Arguments and rows are read by
 Outcomes a user acts on:
 - a row the servers refuse (KEY_EXISTS for an insert, KEY_NOT_FOUND for an update or
   delete)
-  is a failed row: the command says which (the line, for a file), carries on with the
-  others, and exits 1;
+  is a failed row: the command says which (for a file, its line; in an array, its number
+  and line), carries on with the others, and exits 1;
 - a write whose fate is unknown (a deadline, a lost connection) says the row may have been
   written all the same;
 - a failure that is not about one row (the cluster does not answer) stops a file at the
@@ -46,6 +46,7 @@ from raftlet.cli.common import (
 )
 from raftlet.cli.row_input import (
     JsonRowError,
+    RowPlace,
     json_rows,
     keys_only,
     row_from_assignments,
@@ -90,9 +91,10 @@ change; a delete gives the key (with --json, a row's other columns are ignored).
 (JSON lines), as `raftlet scan --format json` writes them: BINARY in base64,
 UNIXTIME_MICROS in microseconds, infinite floats as "Infinity" and "-Infinity". Rows go in
 batches, each acknowledged by its tablet's majority, in file order for each key. A row the
-servers refuse is listed with its line and the others carry on; a line that cannot be read,
-or a failure that is not about one row (the cluster stopped answering), stops the file
-there, after the rows before it. Exit status: 0 when every row was written, 1 otherwise.
+servers refuse is listed with its line (in an array: its number among the array's rows, and
+its line) and the others carry on; a row that cannot be read, or a failure that is not
+about one row (the cluster stopped answering), stops the file there, after the rows before
+it. Exit status: 0 when every row was written, 1 otherwise.
 """
 
 
@@ -222,13 +224,13 @@ class _FileOutcome:
     failed: int = 0
     maybe_applied: int = 0  # failed rows that may have been written all the same
     by_code: Counter[str] = field(default_factory=Counter)
-    # Reasons listed one by one, with the first line each failed and how many rows did: a
+    # Reasons listed one by one, with the first row each failed and how many rows did: a
     # write that failed as a whole fails each of its rows with one reason.
     listed: dict[str, _Listed] = field(default_factory=dict)
     stopped: str = ""  # why the file stopped before its end
-    last_line: int = 0  # the line of the last row given to the session
+    last_given: RowPlace | None = None  # the last row given to the session
 
-    def failure(self, line: int, code: str, reason: str, error: Exception) -> None:
+    def failure(self, place: RowPlace, code: str, reason: str, error: Exception) -> None:
         maybe = bool(getattr(error, "may_have_applied", False))
         self.failed += 1
         self.maybe_applied += maybe
@@ -237,7 +239,7 @@ class _FileOutcome:
         if seen is not None:
             seen.rows += 1
         elif len(self.listed) < _LISTED_ERRORS:
-            self.listed[reason] = _Listed(line, reason)
+            self.listed[reason] = _Listed(place, reason)
 
     @property
     def unlisted(self) -> int:
@@ -246,7 +248,7 @@ class _FileOutcome:
 
 @dataclass
 class _Listed:
-    line: int
+    place: RowPlace
     reason: str
     rows: int = 1
 
@@ -259,7 +261,10 @@ def _write_file(
     action = args.row_command
     op = OpType[action.upper()]
     out = _FileOutcome()
-    lines = array("Q")  # the line of each row the session was given, by its row index
+    # Where each row the session was given is in the file, by its row index.
+    rows_at = array("Q")
+    lines = array("Q")
+    in_array = False
     started = time.monotonic()
     session = client.new_session(FlushMode.AUTO_FLUSH_BACKGROUND)
 
@@ -267,32 +272,38 @@ def _write_file(
         """Count the failed rows so far; whether a write failed as a whole."""
         whole = False
         for e in session.errors():
-            line = lines[e.row_index] if e.row_index is not None else 0
+            i = e.row_index
+            place = (
+                RowPlace(rows_at[i], lines[i], in_array) if i is not None else RowPlace(0, 0, False)
+            )
             if isinstance(e, RowError):
-                out.failure(line, e.code, f"{e.code}: {e.message}", e)
+                out.failure(place, e.code, f"{e.code}: {e.message}", e)
             else:
-                out.failure(line, e.cause, f"{e.cause}: {e}", e)
+                out.failure(place, e.cause, f"{e.cause}: {e}", e)
                 whole = True
         return whole
 
     interrupts = _Interrupts()
-    line = 0
+    place: RowPlace | None = None
     try:
-        for line, doc in interrupts.watching(json_rows(stream)):
+        for at, doc in interrupts.watching(json_rows(stream)):
+            place = at
             try:
                 row = row_from_json(schema, doc)
             except ValueError as e:
-                out.stopped = f"line {line}: {e}"
+                out.stopped = f"{at}: {e}"
                 break
             if op is OpType.DELETE:
                 row = keys_only(schema, row)
-            lines.append(line)
+            rows_at.append(at.row)
+            lines.append(at.line)
+            in_array = at.in_array
             try:
                 session.apply(op, table, row)
             except RowError as e:  # refused by the client: the server would refuse it too
-                out.failure(line, e.code, f"{e.code}: {e.message}", e)
+                out.failure(at, e.code, f"{e.code}: {e.message}", e)
             out.read += 1
-            out.last_line = line
+            out.last_given = at
             if out.read % _COLLECT_EVERY == 0 and collect():
                 out.stopped = "a write failed as a whole (above)"
                 break
@@ -301,7 +312,7 @@ def _write_file(
     except JsonRowError as e:
         out.stopped = str(e)
     except RaftletError as e:  # not about the row: the session's buffer stayed full
-        out.stopped = f"line {line}: {e}"
+        out.stopped = f"{place}: {e}" if place is not None else str(e)
     finally:
         if interrupts.asked and not out.stopped:
             out.stopped = "interrupted"
@@ -325,7 +336,9 @@ class _Interrupts:
     def __init__(self) -> None:
         self.asked = False
 
-    def watching(self, rows: Iterator[tuple[int, object]]) -> Iterator[tuple[int, object]]:
+    def watching(
+        self, rows: Iterator[tuple[RowPlace, object]]
+    ) -> Iterator[tuple[RowPlace, object]]:
         """``rows`` until an interrupt is asked for."""
         if threading.current_thread() is not threading.main_thread():
             yield from rows
@@ -363,7 +376,8 @@ def _report_file(args: argparse.Namespace, table: str, out: _FileOutcome, second
             "failed_maybe_applied": out.maybe_applied,
             "errors_by_code": dict(out.by_code),
             "first_errors": [
-                {"line": e.line, "rows": e.rows, "error": e.reason} for e in out.listed.values()
+                {"row": e.place.row, "line": e.place.line, "rows": e.rows, "error": e.reason}
+                for e in out.listed.values()
             ],
             "stopped": out.stopped or None,
             "seconds": round(seconds, 3),
@@ -382,7 +396,7 @@ def _report_file(args: argparse.Namespace, table: str, out: _FileOutcome, second
         con.print(f"{out.failed:,} failed ({codes}):", markup=False)
         for e in out.listed.values():
             more = f" (and {e.rows - 1:,} more rows)" if e.rows > 1 else ""
-            con.print(f"  line {e.line}{more}: {e.reason}", markup=False)
+            con.print(f"  {e.place}{more}: {e.reason}", markup=False)
         if out.unlisted:
             con.print(f"  ... and {out.unlisted:,} more", markup=False)
         if out.maybe_applied:
@@ -391,5 +405,5 @@ def _report_file(args: argparse.Namespace, table: str, out: _FileOutcome, second
                 markup=False,
             )
     if out.stopped:
-        after = f"line {out.last_line}" if out.last_line else "the start"
+        after = str(out.last_given) if out.last_given else "the start"
         con.print(f"stopped: {out.stopped}; no row after {after} was sent", markup=False)

@@ -20,14 +20,21 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import IO
+from typing import IO, NamedTuple
 
 from raftlet.cli.common import UsageError, cut
 from raftlet.cli.scan_cmd import parse_value
 from raftlet.schema.schema import Schema
 from raftlet.schema.types import DataType, Value, normalize
 
-__all__ = ["JsonRowError", "json_rows", "keys_only", "row_from_assignments", "row_from_json"]
+__all__ = [
+    "JsonRowError",
+    "RowPlace",
+    "json_rows",
+    "keys_only",
+    "row_from_assignments",
+    "row_from_json",
+]
 
 # A row object larger than this is refused rather than buffered without end (a file with an
 # unclosed brace would otherwise be read whole into memory).
@@ -39,12 +46,29 @@ _FLOATS = (DataType.FLOAT, DataType.DOUBLE)
 _MAX_INT_TEXT = 400
 
 
-class JsonRowError(ValueError):
-    """A JSON row that cannot be read; ``line`` is where its text starts (1-based)."""
+class RowPlace(NamedTuple):
+    """Where a row of a file is: its number among the file's rows and the line its text
+    starts on (both 1-based)."""
 
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(f"line {line}: {message}")
+    row: int
+    line: int
+    in_array: bool
+
+    def __str__(self) -> str:
+        # The rows of an array can share a line (a compact array is one line); rows one
+        # after another are told apart by their lines.
+        return f"row {self.row} (line {self.line})" if self.in_array else f"line {self.line}"
+
+
+class JsonRowError(ValueError):
+    """A JSON row that cannot be read; ``line`` is where its text starts (1-based), ``row``
+    which of an array's rows it is (None for rows one after another, or no row at all)."""
+
+    def __init__(self, line: int, message: str, *, row: int | None = None) -> None:
+        where = RowPlace(row, line, True) if row is not None else f"line {line}"
+        super().__init__(f"{where}: {message}")
         self.line = line
+        self.row = row
 
 
 def row_from_assignments(schema: Schema, assignments: Iterable[str]) -> dict[str, Value]:
@@ -158,9 +182,9 @@ def _cell(dtype: DataType, value: object) -> Value:
     return normalize(dtype, value)
 
 
-def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
-    """The JSON values in ``stream`` with the line each starts on: one array's items, or
-    values one after another (JSON lines). ``JsonRowError`` for text that is not that."""
+def json_rows(stream: IO[str]) -> Iterator[tuple[RowPlace, object]]:
+    """The JSON values in ``stream``, each with its place: one array's items, or values one
+    after another (JSON lines). ``JsonRowError`` for text that is not that."""
     decoder = json.JSONDecoder(
         parse_float=_json_float, parse_int=_json_int, object_pairs_hook=_one_of_each_key
     )
@@ -170,6 +194,7 @@ def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
     eof = False
     in_array: bool | None = None  # None until the first value or '[' is seen
     need_comma = False
+    rows = 0  # values read so far
 
     def more() -> bool:
         nonlocal text, pos, eof
@@ -218,31 +243,35 @@ def json_rows(stream: IO[str]) -> Iterator[tuple[int, object]]:
             need_comma = False
             continue
         start = line
+        row = rows + 1 if in_array else None
         while True:
             try:
                 value, end = decoder.raw_decode(text, pos)
                 break
             except _Unreadable as e:
-                raise JsonRowError(start, str(e)) from None
+                raise JsonRowError(start, str(e), row=row) from None
             except json.JSONDecodeError as e:
                 if len(text) - pos > MAX_ROW_TEXT:
                     raise JsonRowError(
-                        start, f"a row over {MAX_ROW_TEXT} bytes, or not valid JSON: {e.msg}"
+                        start,
+                        f"a row over {MAX_ROW_TEXT} bytes, or not valid JSON: {e.msg}",
+                        row=row,
                     ) from None
                 if _unfinished(text, e.pos) and more():
                     continue
                 if not text[e.pos :].strip():
                     raise JsonRowError(
-                        start, "the input ends inside this row: truncated?"
+                        start, "the input ends inside this row: truncated?", row=row
                     ) from None
                 before = text.count("\n", 0, pos)  # lines of ``text`` before the row
                 raise JsonRowError(
-                    start + e.lineno - 1 - before, f"not valid JSON: {e.msg}"
+                    start + e.lineno - 1 - before, f"not valid JSON: {e.msg}", row=row
                 ) from None
         line += text.count("\n", pos, end)
         pos = end
         need_comma = bool(in_array)
-        yield start, value
+        rows += 1
+        yield RowPlace(rows, start, bool(in_array)), value
 
 
 def _unfinished(text: str, at: int) -> bool:

@@ -185,17 +185,27 @@ def test_a_file_goes_on_past_refused_rows_and_stops_at_one_it_cannot_read(
     proc = row(cluster, "insert", "kv", "--json", str(path))
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.startswith("inserted 3 of 4 rows in kv")
-    assert "  line 4: KEY_EXISTS: key (102,) already present" in proc.stdout
+    assert "  row 3 (line 4): KEY_EXISTS: key (102,) already present" in proc.stdout
     assert (
-        "stopped: line 6: column 'value': STRING needs a str, got int; no row after line 5 "
-        "was sent" in proc.stdout
+        "stopped: row 5 (line 6): column 'value': STRING needs a str, got int; no row after "
+        "row 4 (line 5) was sent" in proc.stdout
     )
+    # A compact array is one line: its rows are told apart by their numbers.
+    compact = '[{"key": 110, "value": "a"}, {"key": 102}, {"key": 111, "x": 1}]'
+    proc = row(cluster, "insert", "kv", "--json", "-", stdin=compact)
+    assert proc.returncode == 1, proc.stderr
+    assert "  row 2 (line 1): KEY_EXISTS: key (102,) already present" in proc.stdout
+    assert "stopped: row 3 (line 1): no column 'x'" in proc.stdout
+    assert "no row after row 2 (line 1) was sent" in proc.stdout
     got = scan(cluster, "kv", "--where", "key >= 100", "--where", "key <= 105")
     assert got == [
         {"key": 100, "value": "a"},
         {"key": 101, "value": None},
         {"key": 102, "value": "there before"},
         {"key": 103, "value": "c"},
+    ]
+    assert scan(cluster, "kv", "--where", "key >= 110", "--where", "key <= 111") == [
+        {"key": 110, "value": "a"}
     ]
 
 

@@ -38,8 +38,9 @@ SCHEMA = Schema(
 )
 
 
-def rows(text: str) -> list[tuple[int, object]]:
-    return list(json_rows(io.StringIO(text)))
+def rows(text: str) -> list[tuple[str, object]]:
+    """Each row of ``text`` with its place as messages name it."""
+    return [(str(place), doc) for place, doc in json_rows(io.StringIO(text))]
 
 
 # --- COLUMN=VALUE -----------------------------------------------------------------------------
@@ -156,8 +157,8 @@ def test_a_scans_json_reads_back_as_the_row_it_printed(row: dict[str, object]) -
     printed = json.dumps(
         {c.name: _json_value(c.type, row[c.name]) for c in SCHEMA}, ensure_ascii=False
     )
-    [(line, doc)] = rows(printed + "\n")
-    assert line == 1
+    [(place, doc)] = rows(printed + "\n")
+    assert place == "line 1"
     assert row_from_json(SCHEMA, doc) == row
 
 
@@ -200,10 +201,30 @@ def test_a_delete_keeps_the_key_columns_alone() -> None:
 def test_an_array_as_scan_prints_it_and_json_lines_give_the_same_rows() -> None:
     array = '[\n{"id": 1},\n{"id": 2,\n "name": "x"}\n]\n'
     lines = '{"id": 1}\n\n{"id": 2,\n "name": "x"}\n'
-    assert rows(array) == [(2, {"id": 1}), (3, {"id": 2, "name": "x"})]
-    assert rows(lines) == [(1, {"id": 1}), (3, {"id": 2, "name": "x"})]
+    assert rows(array) == [
+        ("row 1 (line 2)", {"id": 1}),
+        ("row 2 (line 3)", {"id": 2, "name": "x"}),
+    ]
+    assert rows(lines) == [("line 1", {"id": 1}), ("line 3", {"id": 2, "name": "x"})]
     assert rows("[]") == rows("[\n]\n") == rows("") == rows("\n  \n") == []
-    assert rows('[{"id": 1}, {"id": 2}]') == [(1, {"id": 1}), (1, {"id": 2})]
+    # A compact array is one line: its rows are told apart by their numbers.
+    compact = rows('[{"id": 1}, {"id": 2}]')
+    assert compact == [("row 1 (line 1)", {"id": 1}), ("row 2 (line 1)", {"id": 2})]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('[{"id": 1}, {"id": 2}, {"id": 3,, "x": 1}]', "row 3 (line 1): not valid JSON"),
+        ('[{"id": 1}, {"id": 2, "id": 3}]', "row 2 (line 1): column 'id' given twice"),
+        ('[{"id": 1},\n {"id": 2}, {"id":', "row 3 (line 2): the input ends inside this row"),
+        ('[{"id": 1}, {"id": 2}', "line 1: the array is not closed"),
+    ],
+)
+def test_an_arrays_unreadable_row_is_named_by_its_number(text: str, said: str) -> None:
+    with pytest.raises(JsonRowError) as e:
+        rows(text)
+    assert str(e.value).startswith(said), str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -253,8 +274,7 @@ def test_an_error_inside_a_line_is_said_without_reading_on() -> None:
 
 def test_rows_before_a_broken_one_are_given_first() -> None:
     reader = json_rows(io.StringIO('{"id": 1}\n{"id": 2}\n{"id": \n'))
-    assert next(reader) == (1, {"id": 1})
-    assert next(reader) == (2, {"id": 2})
+    assert [str(p) for p, _ in (next(reader), next(reader))] == ["line 1", "line 2"]
     with pytest.raises(JsonRowError, match="line 3: the input ends inside this row"):
         next(reader)
 
