@@ -4,7 +4,11 @@ Commands:
 
 - ``tserver``: run one tablet server in the foreground (``tserver.main``);
 - ``cluster up | status | down``: a local multi-server cluster (``cli.cluster_cmd``,
-  ``deploy.local``) and a ksck-style health check (``client.health``);
+  ``deploy.local``) and a ksck-style health check (``client.health``); ``cluster
+  replace-server`` (``cli.tablet_cmd``) and ``cluster balance-leaders``
+  (``cli.leader_balance``);
+- ``tablet add-replica | remove-replica | move-replica | export``: move a tablet's replicas
+  (``cli.tablet_cmd``), read a stopped server's replica offline (``cli.tablet_export_cmd``);
 - ``write``: a load generator (``cli.write_cmd``); ``row``: write chosen rows
   (``cli.row_cmd``); ``scan``: read rows (``cli.scan_cmd``);
 - ``metrics``: key server metrics in human units (``cli.metrics_cmd``);

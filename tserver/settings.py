@@ -885,8 +885,9 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(
         "lock_contention_trace_threshold_ms", _LIMITS, "MS",
         f"A thread that waits longer than this for a profiled lock (e.g. 'consensus') logs a "
-        f"WARNING with its stack and the holder's acquisition site, at most once a second "
-        f"per lock (default {_D('lock_contention_trace_threshold_ms'):g}; 0 traces every "
+        f"WARNING with the holder's acquisition site (its own stack at DEBUG), at most one "
+        f"report per 10 s for the whole process, counting the waits it held back (default "
+        f"{_D('lock_contention_trace_threshold_ms'):g}; 0 traces every "
         f"contended acquire; at most {int(_MAX_TRACE_THRESHOLD_MS)}, an hour). Settable at runtime "
         "(admin SetFlag).",
         convert=float_value, check=at_least(0, _MAX_TRACE_THRESHOLD_MS), runtime=True,
