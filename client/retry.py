@@ -35,9 +35,10 @@ SCHEMA_MISMATCH        INVALID_ARGUMENT: made for        FAIL at once (InvalidAr
                        another schema than the tablet's  client fetches the config again
 PERMISSION_DENIED,     the server refused the caller:    FAIL at once (RemoteError, refused
 UNAUTHENTICATED        a role, a token, a certificate    before any log)
-CERTIFICATE_           UNAVAILABLE "…CERTIFICATE_VERIFY  FAIL at once (RemoteError, refused
-UNVERIFIED             _FAILED": the client cannot       before any log): another CA, an
-                       verify the server's certificate   expired certificate stay so
+CERTIFICATE_           UNAVAILABLE "…CERTIFICATE_VERIFY  NEXT_REPLICA: that server's certificate
+UNVERIFIED             _FAILED": the client cannot       (expired, say) -- the others' may
+                       verify the server's certificate   verify; a config fetch no server's
+                                                         passes fails at once (the client's CA)
 (anything else)        INVALID_ARGUMENT, INTERNAL, …     FAIL at once (InvalidArgument,
                                                          RemoteError)
 =====================  ================================  =================================

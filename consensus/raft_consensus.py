@@ -7,7 +7,7 @@ Threads and the one lock
   saved (fsync) before anything that depends on them, entries handed to the WAL's group
   commit (``append_async``, which BLOCKS while the WAL's bounded queue is full -- with a slow
   disk, that is exactly where the lock holder waits, as in KUDU-2727), the leader's appends
-  queued to the peer senders, committed entries handed to the applier.
+  handed to the transport, committed entries handed to the applier.
 - the replica's inputs are posted to its mailbox (``consensus.workers``), which the
   server's shared worker pool runs -- one batch at a time, never two at once: the
   "worker" below is whichever pool thread runs it.
@@ -21,7 +21,9 @@ Threads and the one lock
   blocks); peers' answers are queued to the same worker, which steps all
   that is queued -- answers and durability reports alike -- under one lock acquisition.
 - a ``consensus.ticker`` (one per server, shared by its replicas) turns wall time into
-  ticks; each tick is queued to the worker like any other input (at most one pending).
+  ticks; a leader's or candidate's tick is queued to the worker like any other input (at
+  most one pending), a follower's only once it has been quiet for an election timeout
+  (``_on_tick``).
 - a peer's request (UpdateConsensus, RequestVote) is stepped on the caller's thread
   (``handle_request_async``), which returns at once; the answer goes to the caller's
   ``reply`` callback from the worker once what it acknowledges is durable,

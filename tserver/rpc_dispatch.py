@@ -2,7 +2,7 @@
 
 A servicer method on the event loop (the reactor) does nothing but
 
-    return await dispatch(pool, "Write", context, lambda call: handle_write(request, call))
+    return await dispatch(pool, "Write", context, lambda call: replica.write(request, call))
 
 `dispatch` offers the call to the service's pool (never blocking: a full queue is answered
 RESOURCE_EXHAUSTED at once), then awaits a future that the call's completion resolves — from

@@ -150,7 +150,7 @@ def required_role(method: str) -> AccessRole | None:
 
 
 # What a server may call besides consensus: a server new to a cluster asks its peers which
-# tables they host before it makes replicas of its own (``TabletServer._tables_peers_host``),
+# tables they host before it makes replicas of its own (``TabletServer._peer_listings``),
 # and compares its tables' schemas with theirs (``TabletServer._peer_configs``: refused, the
 # check saw no peer under TLS, and a server started on another schema made replicas).
 _SERVERS_MAY_CALL = frozenset({_TABLET + "ListTablets", _TABLET + "GetClusterConfig"})

@@ -1,9 +1,9 @@
 """Bounded service pools: the hand-off from the gRPC event loop to service threads.
 
-Kudu's shape: every gRPC service has its own pool — one bounded queue
-(a deque behind one lock and one condition) feeding N worker threads. The event loop only
-`offer`s a call, which never blocks: when the queue is full the call is refused at once
-(RESOURCE_EXHAUSTED "service queue full") and `rpcs_queue_overflow` counts it, so overload
+Kudu's shape: every gRPC service has its own pool — one bounded queue (a deque behind one
+lock; an idle worker sleeps on a wake lock of its own) feeding N worker threads. The event
+loop only `offer`s a call, which never blocks: when the queue is full the call is refused at
+once (RESOURCE_EXHAUSTED "service queue full") and `rpcs_queue_overflow` counts it, so overload
 shows up as a number and a fast, retriable error instead of an ever-growing backlog whose
 calls all time out. Separate pools keep a storm of client writes from starving consensus.
 

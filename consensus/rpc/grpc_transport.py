@@ -1,7 +1,7 @@
 """The unary consensus transport: one gRPC call per Raft message.
 
 ``GrpcTransport`` is the transport of ``--consensus_transport=unary`` (the default is
-``stream_transport``), one per tablet replica; it implements the consensus ``Transport`` by
+``tcp_transport``), one per tablet replica; it implements the consensus ``Transport`` by
 turning each core request into its RPC, sent with the stub's ``.future()`` so the caller
 (holding the consensus lock) never waits on the network, and stepping the answer back
 through ``on_response`` from gRPC's callback thread.  Its channels come from the server's

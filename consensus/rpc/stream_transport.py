@@ -7,10 +7,11 @@ appends and heartbeats of all tablets together -- so a busy server sends few, la
 and gRPC creates no thread and no call per message.
 
 Client side (``StreamHub``, one per server, living on the server's event loop):
-- ``StreamTransport`` is one replica's ``consensus.transport.Transport``.  ``send`` runs on
-  the replica's sender thread: it serializes the request there (``seq`` plus the request,
-  as the bytes of one ``ConsensusItemPB``), appends it to the peer's outbox and wakes the
-  loop only if it is not already due to look.  It never blocks.
+- ``StreamTransport`` is one replica's ``consensus.transport.Transport``.  ``send`` runs
+  under the replica's consensus lock, on whichever thread steps it: it serializes the
+  request there (``seq`` plus the request, as the bytes of one ``ConsensusItemPB``),
+  appends it to the peer's outbox and wakes the loop only if it is not already due to
+  look.  It never blocks.
 - ``_PeerStream`` (one per peer address) owns the stream on the loop: it writes everything
   queued as one frame, matches answers to requests by ``seq`` and hands each answer to its
   ``on_response``.  A broken stream is Raft's lost message: every request in flight on it

@@ -6,8 +6,8 @@ retry of one already applied?), and the deletion of a client's records below its
 ``first_incomplete_seq_no``. Done per entry that was three statements per write -- more than
 the write itself for a single row. Instead an apply batch reads every record it could repeat
 with one query up front (``read_records``), works out in memory which of its entries repeat
-a request and which records it leaves (``plan_requests``), and writes those with two
-``executemany`` at the end (``write_records``).
+a request and which records it leaves (``plan_requests``), and writes those with one
+``executemany`` per table and kind at the end (``write_records``).
 
 The outcome must be exactly that of applying the entries one after another (replicas group
 entries into apply batches differently, and must agree), so the plan follows the same order:

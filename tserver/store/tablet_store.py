@@ -1,9 +1,11 @@
 """One tablet replica's rows in one SQLite database file.
 
-The file holds two tables: ``tablet_rows`` (the schema's columns, ``PRIMARY KEY(key columns)
-WITHOUT ROWID``, so rows are stored clustered in key order and a scan in key order is a walk
-of the primary-key b-tree) and ``raftlet_meta`` (the schema, the format version, the id of
-the tablet it belongs to, and the Raft index and term of the last applied entry).
+The file holds the rows and the replica's bookkeeping: ``tablet_rows`` (the schema's
+columns, ``PRIMARY KEY(key columns) WITHOUT ROWID``, so rows are stored clustered in key
+order and a scan in key order is a walk of the primary-key b-tree), ``raftlet_meta`` (the
+schema, the format version, the id of the tablet it belongs to, and the Raft index and term
+of the last applied entry), and the clients' request records for exactly-once writes
+(``raftlet_requests``, ``raftlet_request_bounds``: ``request_records``).
 
 Durability. The database runs in WAL journal mode with ``synchronous=NORMAL``: a commit is
 atomic and survives a process crash, but a power loss may take back the last few commits.
