@@ -8,7 +8,7 @@
 
     async def main() -> None:
         async with AsyncClient.connect(["127.0.0.1:7051"]) as c:   # or from_config(path)
-            await c.insert("kv", {"key": 1, "value": "one"})      # one row, one Write RPC
+            await c.insert("kv", {"key": 1, "value": "one"})      # one row, one write
             await asyncio.gather(*(c.insert("kv", {"key": k}) for k in range(2, 66)))
             errors = await c.write("kv", [(OpType.UPSERT, {"key": 1, "value": "uno"}),
                                           (OpType.DELETE, {"key": 2})])
@@ -22,11 +22,12 @@ then ``await c.close()``). The shape is the threaded ``Client`` with an
 not the session's threads:
 
 - ``await insert/upsert/update/delete(table, row, timeout_s=None)`` (or ``apply(op_type,
-  table, row)``): one row, one Write RPC; returns when it is acknowledged, raises
-  ``RowError`` (refused by the client before sending, or by the server), ``Timeout`` /
-  ``ServerTooBusy`` / ``NotLeader`` when the deadline passed, ``InvalidArgument``,
-  ``TabletNotFound``, ``RemoteError``, ``ClientClosed`` — the exceptions of
-  ``raftlet.client``.
+  table, row)``): one row, one write (an item on the server's TCP write port or gRPC
+  ``WriteStream``, a unary ``Write`` where neither is offered); returns when it is
+  acknowledged, raises ``RowError`` (refused by the client before sending, or by the
+  server), ``Timeout`` / ``ServerTooBusy`` / ``NotLeader`` when the deadline passed,
+  ``InvalidArgument``, ``TabletNotFound``, ``RemoteError``, ``ClientClosed`` — the
+  exceptions of ``raftlet.client``.
   ``RowError.row_index`` is 0.
 - ``await write(table, ops)`` (``ops``: ``(OpType, row)`` pairs): ``MANUAL_FLUSH`` in one
   call — rows grouped by tablet in batches of ``max_batch_rows`` rows and at most
@@ -62,7 +63,8 @@ applied once), row encoding and errors (``write_batch``), and ``stats`` (``Clien
 
 Use a client from the event loop it was connected in (its channels are bound to it).
 ``close()`` closes the channels; writes still in flight then fail. Modules:
-``aio_channels`` (one ``grpc.aio`` channel per server), ``aio_meta``, ``aio_rpc``.
+``aio_channels`` (one ``grpc.aio`` channel per server, and how a write reaches it:
+``aio_tcp_writes``, ``aio_write_stream``), ``aio_meta``, ``aio_rpc``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ parallel, each with a short deadline, over one ``ChannelPool`` per round, so one
 costs the check one timeout, not one per server. From the answers:
 
 - **servers**: UP (answered), BUSY (answered RESOURCE_EXHAUSTED: its tablet service queue is
-  full, so it is alive but its replicas could not be listed), DOWN (no answer; with the
-  local launcher's state, whether the process still exists tells "crashed" from "hung").
+  full, so it is alive but its replicas could not be listed), DENIED (answered, but refused
+  the check's credentials), DOWN (no answer; with the local launcher's state, whether the
+  process still exists tells "crashed" from "hung").
 - **tablets**: the leader is the replica that reports itself LEADER with ``leader_ready``
   (the highest term wins if two do, as after a partition heals). A tablet's replicas are its
   leader's voters (memberships change: ``raftlet tablet move-replica``), or the config's

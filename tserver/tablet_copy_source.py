@@ -7,8 +7,8 @@ serves one: what it copies is committed, its term is what the installed replica 
 its log holds the snapshot's entry (GC never passes the store's flushed index), so it can
 go on from there with appends. ``FetchTabletCopyData`` reads a chunk at any offset -- a
 chunk lost or damaged on the way is simply fetched again, so a copy resumes where it broke
-off -- and ``EndTabletCopySession`` carries the outcome, which the leader's core learns
-(``report_snapshot``) before the file is removed.
+off -- and ``EndTabletCopySession`` carries the outcome: the file is removed, then the leader's core
+learns it (``report_snapshot``).
 
 Sessions are bounded: one per (tablet, requester) -- a new Begin replaces the old one at
 once, ended as "replaced": a follower runs one copy of a tablet at a time, so its new Begin

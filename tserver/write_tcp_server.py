@@ -6,9 +6,10 @@ poller, the event loop, and back for the answer -- was most of the CPU a write c
 peers' traffic had left gRPC (docs/benchmarks.md, "Client writes over tcp"). Here a
 connection's reader thread decodes each frame (a ``WriteStreamRequestPB``) and hands its
 writes to the tablet service pool as one call (``offer_writes``, exactly what the gRPC
-stream does: the bounded pool and its overflow accounting stay in the path), and each
-write's result is sent as its own frame (a ``WriteStreamResponsePB``) by the thread that
-finishes it -- the apply stage, with one non-blocking ``send``.
+stream does: the bounded pool and its overflow accounting stay in the path), and the
+results go back from the thread that finishes them -- the apply stage, with one
+non-blocking ``send`` per connection per pass: a round's answers to one connection leave as
+one frame (a ``WriteStreamResponsePB``; ``tserver.deferred_answers``).
 
 A client that sends writes faster than it reads their answers is held back by its window
 (``tserver.write_stream``, shared with the gRPC stream): once ``max_outstanding`` writes of

@@ -22,8 +22,9 @@ class ProposalDropped(Exception):
 
 class ConfigChangeRefused(ProposalDropped):
     """A membership change was refused: another is not committed yet, this leader has not
-    committed an entry of its term, or the change does not fit the current membership (the
-    message says which).  Nothing was appended."""
+    committed an entry of its term, a leadership transfer is under way, the voters that
+    answer lately would be no majority of the new membership, or the change does not fit
+    the current membership (the message says which).  Nothing was appended."""
 
 
 class ConfigChangeDeferred(ConfigChangeRefused):

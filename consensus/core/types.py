@@ -1,9 +1,9 @@
 """Values that flow in and out of the Raft core.
 
 Every value here is immutable (a frozen dataclass, or for ``Entry`` a named tuple): the
-core hands them to the driver and the driver may pass them to other threads (peer
-senders, the log appender) without copying. Indexes start at 1; index 0 / term 0 is the
-empty log's sentinel.
+core hands them to the driver and the driver may pass them to other threads (the
+transports' connection threads, the log appender) without copying. Indexes start at 1;
+index 0 / term 0 is the empty log's sentinel.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ class Message:
       ``transfer`` vote -- and its first message as the next term's leader -- despite the
       leader lease; nothing else vouches for a transfer.
     - SNAPSHOT: ``index`` is the least index the copy must hold (the leader's first log
-      index less one: entries after it can then be sent from the log).
+      index: the next APPEND's previous entry, whose term the copy then supplies; the
+      entries after it are sent from the log).
     - VOTE / PRE_VOTE: ``index``/``log_term`` are the candidate's last entry.
       A PRE_VOTE's ``term`` is the term the candidate *would* campaign in.
     - *_RESPONSE: ``reject`` says whether the request was refused.
@@ -222,7 +223,8 @@ class Ready:
     # round's heartbeats leave may hold a lease from when a quorum confirmed it.
     read_round: int = 0
     read_round_confirmed: int = 0
-    # Whether anything at all is in this ready (soft-state changes included).
+    # The soft state (role, leader, lease) changed since the last ready; ``is_empty`` says
+    # whether anything at all is in it.
     soft_state_changed: bool = field(default=False)
     # The membership changed (a CONFIG entry appended, truncated or committed): persist it
     # with ``hard_state``, before ``entries``, so a restart never uses an older membership
