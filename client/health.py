@@ -22,16 +22,15 @@ costs the check one timeout, not one per server. From the answers:
   ERROR: no ready leader, or fewer than a majority of replicas working (writes fail), or
   a replica (of the leader's group or not) that applied past the leader's commit: two
   groups claim the tablet, and no replica removal is advised.
-  WARN: a server down or busy, a replica missing or lagging more than ``max_lag`` entries,
-  a leader elected but not ready yet (writes wait for it; a leader stays so only while it
-  cannot commit with a majority, so a WARN of this kind that lasts is an outage), a server
-  running another cluster config than most (``ListTablets`` carries digests of its shared
-  parts, ``cluster.digest``: cluster name, servers, tables, Raft timings), or the checker's
-  own ``ClusterConfig`` differing from what most servers run in its name, servers or tables
-  (a stale or edited copy of ``cluster.toml``; its Raft timings are not compared, as server
-  flags may override the file's). A tablet of such a copy that no server hosts is a WARN
-  saying so, not ERROR "no leader": the cluster is not what is wrong.
-  OK otherwise.
+  WARN: a server down, busy or denying the check, a replica missing or lagging more than ``max_lag``
+  entries, a leader elected but not ready yet (writes wait for it; a leader stays so only while it
+  cannot commit with a majority, so a WARN of this kind that lasts is an outage), a server running
+  another cluster config than most (``ListTablets`` carries digests of its shared parts,
+  ``cluster.digest``: cluster name, servers, tables, Raft timings), or the checker's own
+  ``ClusterConfig`` differing from what most servers run in its name, servers or tables (a stale or
+  edited copy of ``cluster.toml``; its Raft timings are not compared, as server flags may override
+  the file's). A tablet of such a copy that no server hosts is a WARN saying so, not ERROR "no
+  leader": the cluster is not what is wrong. OK otherwise.
 
 With a bearer token and no client certificate (``tls.uses_token_ports``: ``ProbeOptions``'s
 ``token_ports``) every server is asked at its token port, as the client's meta cache does:
