@@ -22,8 +22,10 @@ Rules this module keeps, and why:
   ``cluster.json``; ``LocalCluster.load(data_dir)`` reads it back.
 - **Never signal a process that is not ours.** PIDs are recycled: a PID from a stale state
   file may now belong to anything. Before any signal the process's command line must hold
-  ``tserver``, this cluster's config path and the server id (``owns``), checked again just
-  before SIGKILL; anything else is left alone and reported.
+  ``tserver``, this cluster's config path and the server id (``owns``) -- or, for a server
+  restarted by hand, ``tserver`` and the server id while it holds the server's data
+  directory's lock (``_holder``) -- checked again just before SIGKILL; anything else is
+  left alone and reported.
 - **No half-started clusters.** The state file is written after every spawn, so a launcher
   killed mid-start leaves PIDs that ``down`` can still stop; and a start that fails (a server
   exits, no ready line, no leader in time) stops everything it started before raising.
@@ -32,9 +34,10 @@ Rules this module keeps, and why:
   as gone: it holds no ports or files) before removing the state file. If one survives
   even SIGKILL, the state file stays so a later ``down`` can try again.
 - **TLS is a property of the directory.** ``create(tls=True)`` makes ``tls/`` once; any
-  later start of a directory holding ``tls/ca.crt`` starts the servers with TLS again, and
-  client commands given ``--data-dir`` find the admin certificate there
-  (``local_tls_files``), so nobody has to remember which clusters are TLS.
+  later start of a directory holding its CA and the admin certificate and key
+  (``local_tls_files``) starts the servers with TLS again, and client commands given
+  ``--data-dir`` find the admin certificate there, so nobody has to remember which
+  clusters are TLS.
 - **Ports come from the kernel.** With ``base_port=None`` each address is bound to port 0
   and released just before the server binds it (the integration tests do the same), so two
   clusters, or a cluster and a test run, never fight over fixed ports.
@@ -917,9 +920,12 @@ class LocalCluster:
             if pending:
                 time.sleep(_POLL_S)
         for sid, s in pending.items():
-            # Re-check ownership: in the timeout the process may have exited and its PID
-            # been reused.
-            if self.owns(s):
+            # Re-check ownership as it was found (the PID recorded, or the holder of the
+            # data directory's lock): in the timeout the process may have exited and its
+            # PID been reused. ``owns`` alone would spare a server restarted by hand, whose
+            # command line need not name the config as `up` did.
+            again = self._live(sid)
+            if again is not None and again.pid == s.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(s.pid, signal.SIGKILL)
             results[sid] = ServerStop(sid, s.pid, "killed", timeout)

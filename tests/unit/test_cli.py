@@ -659,6 +659,52 @@ def test_down_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
         stranger.wait(timeout=10)
 
 
+# A server restarted by hand: it holds ts1's data directory's lock, its command line names
+# tserver and ts1 but not the config as `up` passed it, and it ignores SIGTERM.
+_HAND_RESTARTED = """
+import fcntl, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_down_kills_a_server_restarted_by_hand_that_ignores_sigterm(tmp_path: Path) -> None:
+    config = write_cluster_config(
+        new_config(tmp_path, servers=1, tablets=1), tmp_path / "cluster.toml"
+    )
+    data_dir = config.servers[0].data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=10)  # the PID the state file recorded: that process is gone
+    recorded = ["python", "-m", "raftlet", "tserver", "--config",
+                str(tmp_path / "cluster.toml"), "--server_id", "ts1"]  # fmt: skip
+    addrs = {"rpc_addr": config.servers[0].rpc_addr, "http_addr": config.servers[0].http_addr}
+    server = {"id": "ts1", "pid": gone.pid, **addrs, "log": "ts1.log", "argv": recorded}
+    state = {"format": 1, "config": "cluster.toml", "servers": [server]}
+    (tmp_path / STATE_FILE).write_text(json.dumps(state))
+    lock = str(data_dir / "server.lock")
+    argv = [sys.executable, "-c", _HAND_RESTARTED, lock, "tserver", "--server_id", "ts1"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as by_hand:
+        try:
+            assert by_hand.stdout is not None
+            assert by_hand.stdout.readline().strip() == "ready"
+            cluster = LocalCluster.load(tmp_path)
+            assert cluster.pids() == {"ts1": by_hand.pid}
+            # SIGTERM is ignored; the SIGKILL after the timeout must reach it (it was
+            # spared, and down then said it survived SIGKILL).
+            (stop,) = cluster.down(timeout=0.5)
+            assert (stop.pid, stop.outcome) == (by_hand.pid, "killed")
+            assert by_hand.wait(timeout=10) == -signal.SIGKILL
+            assert not (tmp_path / STATE_FILE).exists()
+        finally:
+            if by_hand.poll() is None:
+                by_hand.kill()
+
+
 def test_up_refuses_a_mismatched_existing_cluster(tmp_path: Path) -> None:
     from raftlet.deploy.local import LauncherError
 
