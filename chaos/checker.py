@@ -78,7 +78,7 @@ _WRITE, _READ, _CAS = 0, 1, 2
 class CheckResult(StrEnum):
     LINEARIZABLE = "linearizable"
     NOT_LINEARIZABLE = "not linearizable"
-    # The search ran out of its time budget: no verdict either way.
+    # The search ran out of its time budget or its memory cap: no verdict either way.
     UNKNOWN = "unknown"
 
 

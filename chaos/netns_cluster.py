@@ -21,7 +21,7 @@ __all__ = ["NetnsChaosCluster"]
 
 
 class NetnsChaosCluster(ProcessCluster):
-    """``n_servers`` servers, each in its own namespace; implements ``nemesis.ChaosCluster``."""
+    """``n_servers`` servers, each in its own namespace (a ``chaos.cluster.ChaosCluster``)."""
 
     backend = "netns"
 

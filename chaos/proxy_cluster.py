@@ -161,7 +161,8 @@ class ProxyChaosCluster(ProcessCluster):
             sys.executable, "-m", "raftlet", "tserver",
             "--config", str(self.config_path), "--server_id", sid,
             "--peer_addresses", self._network.peer_addresses_flag(sid),
-            # A new cluster, started one server at a time (see raftlet cluster up).
+            # Its servers start together (as raftlet cluster up starts them): none waits for
+            # peers on an empty directory, at the first start or a nemesis restart.
             "--empty_dir_wait_s=0",
             *self._flags,
         ]  # fmt: skip

@@ -14,7 +14,8 @@ Two tables, created by the run's cluster config:
 - ``inserts (id INT64, process INT64)``: insert workers INSERT ids no one else uses; after
   the run every acknowledged id must be there and none reported failed may be.
 
-Every operation goes through the public client library and is recorded in a ``History`` with
+Every operation goes through the public client library, but for direct reads and writes to
+one chosen server (``ServerProbe``'s stubs), and is recorded in a ``History`` with
 its outcome: OK; FAIL when the client says it cannot have been applied
 (``may_have_applied`` False); INFO when nobody knows (a deadline, a lost connection). After
 an INFO a worker continues as a new *process*: its old operation may still take effect at any
@@ -86,7 +87,7 @@ class Workload:
         history: History,
         probe: ServerProbe | None = None,
     ) -> None:
-        """``probe`` (the servers, one by one) is needed for direct reads."""
+        """``probe`` (the servers, one by one) is needed for direct reads and writes."""
         self.client = client
         self.probe = probe
         self._servers = [s.id for s in probe.config.servers] if probe is not None else []

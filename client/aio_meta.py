@@ -3,7 +3,8 @@
 The state and every decision on it are ``meta_cache.MetaState``, shared with the threaded
 client; this module only does its two kinds of I/O as coroutines, with the same rules:
 
-- ``load``: ``GetClusterConfig`` from the seeds in turn (then any known server), retried with
+- ``load``: ``GetClusterConfig`` from leaders the view does not list, the seeds, then
+  any known server (``MetaCache.config_addresses``), retried with
   ``retry.run_with_retries_async`` until the deadline (``Timeout``);
 - ``refresh_leaders``: ``ListTablets`` on every server at once, believed through
   ``MetaState.learn_leaders`` (and, for one tablet, done once ``MetaState.leader_settled``);
@@ -94,7 +95,7 @@ class AsyncMetaCache(MetaState):
         return True
 
     async def load(self, deadline: float, timeout_s: float) -> ClusterView:
-        """Fetch the cluster config from the seeds (then any known server), retrying until
+        """Fetch the cluster config (``MetaCache.config_addresses``' order), retrying until
         ``deadline``; raises ``Timeout`` if none answers."""
 
         refusals = ConfigFetchRefusals()

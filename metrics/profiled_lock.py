@@ -49,7 +49,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# The future --lock_contention_trace_threshold_ms flag. Read on each slow acquire (not
+# The --lock_contention_trace_threshold_ms flag (tserver.settings). Read on each slow acquire (not
 # copied into locks), so setting it after locks exist still takes effect.
 _trace_threshold_ms: float = 100.0
 

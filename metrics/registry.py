@@ -5,7 +5,7 @@ The Kudu shape: a metric is *declared* once, as a `MetricPrototype` in `metrics.
 the server, or one tablet replica — with label values:
 
     server = registry.entity("server", "ts-1", {})
-    overflow = server.counter(catalogue.RPCS_QUEUE_OVERFLOW, service="tablet")
+    overflow = server.counter(catalogue.RPCS_QUEUE_OVERFLOW, service="tablet", method="Write")
     overflow.increment()          # hot path: the StripedCounter itself, no registry involved
 
 Rules this module keeps:

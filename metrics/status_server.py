@@ -33,7 +33,8 @@ Safety rules -- a bad or slow request must never hurt the server, nor hold up `/
 - `inline` pages (`/healthz`) are answered by the loop thread itself, as soon as their head
   is in, whatever the request threads are doing: such a handler must be instant and must not
   block. The answer is written without blocking (it fits any socket buffer).
-- nothing is printed to stderr: request and error logs go to `logging` at debug level.
+- nothing is printed to stderr: request and error logs go to `logging` (at debug level; a
+  page that fails, at warning).
 """
 
 from __future__ import annotations
