@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,14 +101,6 @@ def compile_bytecode() -> None:
     compileall.compile_dir(ROOT / "tests", quiet=1)
 
 
-@dataclasses.dataclass
-class Running:
-    job: Job
-    proc: subprocess.Popen[bytes]
-    log: Path
-    started: float
-
-
 def pytest_argv(scratch: Path, tag: str, extra: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -116,64 +109,56 @@ def pytest_argv(scratch: Path, tag: str, extra: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
+def run_job(i: int, job: Job, scratch: Path, extra: list[str]) -> tuple[int, float, Path]:
+    """One job's pytest run: its exit status, seconds and log."""
+    started = time.monotonic()
+    log = scratch / f"job{i}.log"
+    argv = [*pytest_argv(scratch, f"job{i}", extra), "-m", NOT_ALONE, *job.files]
+    with log.open("wb") as out:
+        code = subprocess.call(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    return (0 if code == NO_TESTS else code), time.monotonic() - started, log
+
+
 def run_jobs(jobs: list[Job], workers: int, scratch: Path, extra: list[str]) -> list[int]:
-    """Runs ``jobs`` ``workers`` at a time; prints each one's output as it ends."""
-    pending = list(enumerate(jobs))
-    running: list[Running] = []
+    """Runs ``jobs`` ``workers`` at a time, in their order; prints each one's output as it
+    ends."""
     codes: list[int] = []
-    done = 0
-    while pending or running:
-        while pending and len(running) < workers:
-            i, job = pending.pop(0)
-            log = scratch / f"job{i}.log"
-            argv = [*pytest_argv(scratch, f"job{i}", extra), "-m", NOT_ALONE, *job.files]
-            with log.open("wb") as out:
-                proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-            running.append(Running(job, proc, log, time.monotonic()))
-        ended = _wait_any(running)
-        running.remove(ended)
-        done += 1
-        code = ended.proc.returncode
-        code = 0 if code == NO_TESTS else code
-        codes.append(code)
-        verdict = "passed" if code == 0 else f"FAILED (exit status {code})"
-        took = time.monotonic() - ended.started
-        print(f"== [{done}/{len(jobs)}] {ended.job.name()}: {verdict} in {took:.0f} s")
-        print(ended.log.read_text(errors="replace"), end="", flush=True)
+    with ThreadPoolExecutor(workers) as pool:
+        running = {pool.submit(run_job, i, job, scratch, extra): job for i, job in enumerate(jobs)}
+        for done, future in enumerate(as_completed(running), 1):
+            code, took, log = future.result()
+            codes.append(code)
+            verdict = "passed" if code == 0 else f"FAILED (exit status {code})"
+            print(f"== [{done}/{len(jobs)}] {running[future].name()}: {verdict} in {took:.0f} s")
+            print(log.read_text(errors="replace"), end="", flush=True)
     return codes
 
 
-def _wait_any(running: list[Running]) -> Running:
-    while True:
-        for r in running:
-            if r.proc.poll() is not None:
-                return r
-        time.sleep(0.2)  # polling a handful of children; os.wait would reap theirs too
+def junit_cases(scratch: Path) -> list[ET.Element]:
+    """Every test case of the runs' JUnit reports."""
+    return [case for report in scratch.glob("*.xml") for case in ET.parse(report).iter("testcase")]
 
 
-def file_seconds(scratch: Path) -> dict[str, float]:
-    """Per test file, the seconds its tests took (setup and teardown included), from the
-    runs' JUnit reports."""
+def file_seconds(cases: list[ET.Element]) -> dict[str, float]:
+    """Per test file, the seconds its tests took (setup and teardown included)."""
     seconds: dict[str, float] = {}
-    for report in scratch.glob("*.xml"):
-        for case in ET.parse(report).iter("testcase"):
-            parts = case.get("classname", "").split(".")
-            # classname is the module's dotted path, then any classes in it.
-            while parts and not (ROOT / Path(*parts)).with_suffix(".py").is_file():
-                parts.pop()
-            if parts:
-                f = str(Path(*parts).with_suffix(".py"))
-                seconds[f] = seconds.get(f, 0.0) + float(case.get("time", 0.0))
+    for case in cases:
+        parts = case.get("classname", "").split(".")
+        # classname is the module's dotted path, then any classes in it.
+        while parts and not (ROOT / Path(*parts)).with_suffix(".py").is_file():
+            parts.pop()
+        if parts:
+            f = str(Path(*parts).with_suffix(".py"))
+            seconds[f] = seconds.get(f, 0.0) + float(case.get("time", 0.0))
     return seconds
 
 
-def slowest_tests(scratch: Path, n: int = 15) -> list[tuple[float, str]]:
-    cases = [
+def slowest_tests(cases: list[ET.Element], n: int = 15) -> list[tuple[float, str]]:
+    timed = [
         (float(case.get("time", 0.0)), f"{case.get('classname')}::{case.get('name')}")
-        for report in scratch.glob("*.xml")
-        for case in ET.parse(report).iter("testcase")
+        for case in cases
     ]
-    return sorted(cases, reverse=True)[:n]
+    return sorted(timed, reverse=True)[:n]
 
 
 def main(argv: list[str]) -> int:
@@ -193,11 +178,12 @@ def main(argv: list[str]) -> int:
         alone = [*pytest_argv(scratch, "alone", extra), "-m", "alone", "tests/integration"]
         code = subprocess.call(alone, cwd=ROOT)
         codes.append(0 if code == NO_TESTS else code)
+        cases = junit_cases(scratch)
         print("== slowest tests")
-        for seconds, test in slowest_tests(scratch):
+        for seconds, test in slowest_tests(cases):
             print(f"{seconds:8.1f} s  {test}")
         if opts.record_durations:
-            recorded = {**load_durations(), **file_seconds(scratch)}
+            recorded = {**load_durations(), **file_seconds(cases)}
             rounded = {f: round(s, 1) for f, s in sorted(recorded.items()) if (ROOT / f).is_file()}
             DURATIONS.write_text(json.dumps(rounded, indent=1) + "\n")
             print(f"recorded {DURATIONS.relative_to(ROOT)}")
