@@ -620,7 +620,8 @@ def test_down_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
     config = write_cluster_config(
         new_config(tmp_path, servers=1, tablets=1), tmp_path / "cluster.toml"
     )
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # It waits for a signal: had it been sent one, it would exit at once.
+    stranger = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     try:
         state = {
             "format": 1,
@@ -662,13 +663,14 @@ def test_down_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
 # A server restarted by hand: it holds ts1's data directory's lock, its command line names
 # tserver and ts1 but not the config as `up` passed it, and it ignores SIGTERM.
 _HAND_RESTARTED = """
-import fcntl, os, signal, sys, time
+import fcntl, os, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
 print("ready", flush=True)
-time.sleep(60)
+while True:
+    signal.pause()  # SIGTERM is ignored; SIGKILL ends it
 """
 
 
