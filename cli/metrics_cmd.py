@@ -13,7 +13,8 @@ per-tablet ones (lock wait, fsync) show the worst tablet's figure, because histo
 percentiles of different tablets cannot be added. The JSON has no median (it keeps
 Kudu's histogram fields: mean, p75, p95, p99, …, pinned by a test), so the typical queue
 time shown is the mean, labelled as such. The cluster column sums counters and takes the
-worst server's latency.
+worst server's latency. Uptime and CPU time come from the server entity's process figures
+(a server older than them shows "-").
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -40,7 +42,7 @@ from raftlet.cli.common import (
     timeout_seconds,
 )
 from raftlet.cluster import ServerConfig
-from raftlet.metrics.human import human_bytes
+from raftlet.metrics.human import human_bytes, human_duration
 
 __all__ = ["KEY_METRICS", "KeyMetric", "add_parser", "key_metrics", "run"]
 
@@ -53,9 +55,9 @@ examples:
 
 All of every server's metrics: http://<status address>/metrics.json (or /metrics for
 Prometheus); `raftlet cluster status` prints the status addresses.
-Counters count since each server process started: a server restarted since counts from
-zero again, and the cluster column, their sum, then counts less than the cluster did
-(Prometheus's process_start_time_seconds on /metrics tells when each started).
+Counters count since each server process started (the uptime row): a server restarted
+since counts from zero again, and the cluster column, their sum, then counts less than the
+cluster did (its uptime is the youngest server's).
 Exit status: 0 when every server answered, 1 when one did not (the others are shown).
 """
 
@@ -157,6 +159,18 @@ def _hist(
     return get
 
 
+def _uptime(doc: list[Entity]) -> float | None:
+    started = [m.get("value") for m in _metrics(doc, "process_start_time_seconds", "server")]
+    if not started or started[0] is None:
+        return None
+    return max(0.0, time.time() - float(started[0]))
+
+
+def _process_cpu(doc: list[Entity]) -> float | None:
+    series = _metrics(doc, "process_cpu_seconds", "server")
+    return float(series[0].get("value") or 0) if series else None
+
+
 def _leaders(doc: list[Entity]) -> float:
     # raft_role 3 = LEADER (metrics.catalogue.RAFT_ROLE_VALUES).
     return float(sum(1 for m in _metrics(doc, "raft_role", "tablet") if m.get("value") == 3))
@@ -167,16 +181,26 @@ class KeyMetric:
     key: str  # stable name for --format json and --filter
     label: str
     metric: str  # the underlying catalogue name, also matched by --filter
-    unit: str  # "count", "us", "ratio" or "bytes"
+    unit: str  # "count", "us", "ratio", "bytes" or "seconds"
     get: Callable[[list[Entity]], float | None]
     # Across servers: counters add up; percentiles and means of different servers cannot,
-    # so the cluster column shows the worst server's.
+    # so the cluster column shows the worst server's ("max"), and uptime the youngest's
+    # ("min": the sums count from then at least).
     aggregate: str = "sum"
 
 
 # The rows, in display order. Labels say "worst tablet" where a per-tablet histogram is
 # reduced to its maximum, so nobody reads it as a server-wide percentile.
 KEY_METRICS: tuple[KeyMetric, ...] = (
+    KeyMetric(
+        "uptime",
+        "uptime (counters count from its start)",
+        "process_start_time_seconds",
+        "seconds",
+        _uptime,
+        aggregate="min",
+    ),
+    KeyMetric("cpu_time", "CPU time used", "process_cpu_seconds", "seconds", _process_cpu),
     KeyMetric("leaders", "tablet leaders hosted", "raft_role", "count", _leaders),
     KeyMetric(
         "failed_replicas",
@@ -269,9 +293,9 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
     ),
     KeyMetric(
         "write_memory_held",
-        "write memory held, bytes (admitted writes not answered)",
+        "write memory held (admitted writes not answered)",
         "write_memory_held_bytes",
-        "count",
+        "bytes",
         _sum("write_memory_held_bytes", "server"),
     ),
     KeyMetric(
@@ -456,6 +480,8 @@ def _format(unit: str, value: float | None) -> str:
         return f"{value:.1f}"
     if unit == "bytes":
         return human_bytes(value)
+    if unit == "seconds":  # tenths below a minute: a young server's CPU is not "0s"
+        return f"{value:.1f}s" if value < 60 else human_duration(value)
     return human_count(value)
 
 
@@ -505,6 +531,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+_AGGREGATES: dict[str, Callable[[list[float]], float]] = {"sum": sum, "max": max, "min": min}
+
+
 def _totals(rows: list[KeyMetric], values: dict[str, dict[str, float | None]]) -> dict[str, Any]:
     out: dict[str, float | None] = {}
     for k in rows:
@@ -512,7 +541,7 @@ def _totals(rows: list[KeyMetric], values: dict[str, dict[str, float | None]]) -
         if not vs:
             out[k.key] = None
         else:
-            out[k.key] = sum(vs) if k.aggregate == "sum" else max(vs)
+            out[k.key] = _AGGREGATES[k.aggregate](vs)
     return out
 
 

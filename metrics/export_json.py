@@ -20,6 +20,10 @@ Filters, as query parameters of `/metrics.json` (all optional, comma-separated l
 - `types=tablet`, `ids=t-1,t-2` — keep entities of those types / ids (exact match).
 - `level=info` — only info-level metrics; `level=debug` (the default) shows all.
 - `include_schema=1` — add each metric's `type`, `unit`, `description` and `level`.
+
+`server_figures` are figures kept outside the registry (the process's CPU time and start
+time, read when the page is built: `metrics.process`), shown in the server entity as its
+own metrics are, filters included.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftlet.metrics.histogram import Histogram
-from raftlet.metrics.registry import LEVELS, MetricInstance, MetricRegistry
+from raftlet.metrics.registry import LEVELS, MetricInstance, MetricPrototype, MetricRegistry
 
 __all__ = [
     "CONTENT_TYPE",
@@ -106,16 +110,23 @@ def _number(value: float) -> float | int | None:
     return int(value) if value.is_integer() else value
 
 
-def _metric_json(inst: MetricInstance, include_schema: bool) -> dict[str, Any]:
-    proto = inst.prototype
+def _head_json(
+    proto: MetricPrototype, labels: dict[str, str] | None, include_schema: bool
+) -> dict[str, Any]:
     out: dict[str, Any] = {"name": proto.name}
-    if proto.label_names:
-        out["labels"] = dict(inst.labels)
+    if labels is not None:
+        out["labels"] = labels
     if include_schema:
         out["type"] = proto.type.value
         out["unit"] = proto.unit
         out["description"] = proto.help
         out["level"] = proto.level
+    return out
+
+
+def _metric_json(inst: MetricInstance, include_schema: bool) -> dict[str, Any]:
+    proto = inst.prototype
+    out = _head_json(proto, dict(inst.labels) if proto.label_names else None, include_schema)
     metric = inst.metric
     if isinstance(metric, Histogram):
         snap = metric.snapshot()
@@ -128,10 +139,16 @@ def _metric_json(inst: MetricInstance, include_schema: bool) -> dict[str, Any]:
 
 
 def generate_json(
-    registry: MetricRegistry, options: JsonOptions | None = None
+    registry: MetricRegistry,
+    options: JsonOptions | None = None,
+    server_figures: Sequence[tuple[MetricPrototype, float]] = (),
 ) -> list[dict[str, Any]]:
     """The registry as Kudu-style JSON-able objects (see the module docstring)."""
     opts = options or JsonOptions()
+
+    def wanted(proto: MetricPrototype) -> bool:
+        return (opts.level != "info" or proto.level == "info") and opts.wants_metric(proto.name)
+
     result: list[dict[str, Any]] = []
     filtering = bool(opts.metrics)
     for entity in registry.entities():
@@ -139,14 +156,17 @@ def generate_json(
             continue
         if opts.ids and entity.id not in opts.ids:
             continue
-        metrics: list[dict[str, Any]] = []
-        for inst in entity.instances():
-            proto = inst.prototype
-            if opts.level == "info" and proto.level != "info":
-                continue
-            if not opts.wants_metric(proto.name):
-                continue
-            metrics.append(_metric_json(inst, opts.include_schema))
+        metrics = [
+            _metric_json(inst, opts.include_schema)
+            for inst in entity.instances()
+            if wanted(inst.prototype)
+        ]
+        if entity.type == "server":
+            for proto, value in server_figures:
+                if wanted(proto):
+                    metrics.append(
+                        _head_json(proto, None, opts.include_schema) | {"value": _number(value)}
+                    )
         if filtering and not metrics:
             continue
         result.append(
@@ -160,6 +180,11 @@ def generate_json(
     return result
 
 
-def generate_json_text(registry: MetricRegistry, options: JsonOptions | None = None) -> bytes:
+def generate_json_text(
+    registry: MetricRegistry,
+    options: JsonOptions | None = None,
+    server_figures: Sequence[tuple[MetricPrototype, float]] = (),
+) -> bytes:
     """`generate_json` serialized (indented, like Kudu's page, for humans with curl)."""
-    return (json.dumps(generate_json(registry, options), indent=2) + "\n").encode()
+    doc = generate_json(registry, options, server_figures)
+    return (json.dumps(doc, indent=2) + "\n").encode()

@@ -13,6 +13,8 @@ counters of the process after it start again from zero.
 
 ``raftlet write`` reads both before and after a run for the server CPU per acknowledged
 write (a server restarted meanwhile has no figure: its first process's CPU is gone).
+``/metrics.json`` carries the same two figures in the server entity (``figures``), so
+``raftlet metrics`` shows each server's uptime and CPU time from the one page it reads.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from raftlet.metrics.catalogue import PROCESS_CPU_SECONDS, PROCESS_START_TIME_SECONDS
-from raftlet.metrics.registry import MetricRegistry
+from raftlet.metrics.registry import MetricPrototype, MetricRegistry
 
 __all__ = ["ProcessCollector"]
 
@@ -41,6 +43,13 @@ class ProcessCollector:
         self._registry = registry
         self._cpu_seconds = cpu_seconds
 
+    def figures(self) -> tuple[tuple[MetricPrototype, float], ...]:
+        """Each process figure's prototype and value, read now."""
+        return (
+            (PROCESS_CPU_SECONDS, float(self._cpu_seconds())),
+            (PROCESS_START_TIME_SECONDS, _STARTED),
+        )
+
     def collect(self) -> Iterator[Metric]:
         servers = (
             [e for e in self._registry.entities() if e.type == "server"]
@@ -48,13 +57,8 @@ class ProcessCollector:
             else []
         )
         labels = {"server": servers[0].id} if len(servers) == 1 else {}
-        family = CounterMetricFamily(
-            PROCESS_CPU_SECONDS.name, PROCESS_CPU_SECONDS.help, labels=list(labels)
-        )
-        family.add_metric(list(labels.values()), float(self._cpu_seconds()))
-        yield family
-        started = GaugeMetricFamily(
-            PROCESS_START_TIME_SECONDS.name, PROCESS_START_TIME_SECONDS.help, labels=list(labels)
-        )
-        started.add_metric(list(labels.values()), _STARTED)
-        yield started
+        for proto, value in self.figures():
+            kind = CounterMetricFamily if proto is PROCESS_CPU_SECONDS else GaugeMetricFamily
+            family = kind(proto.name, proto.help, labels=list(labels))
+            family.add_metric(list(labels.values()), value)
+            yield family

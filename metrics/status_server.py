@@ -787,7 +787,7 @@ class StatusServer:
             options = export_json.options_from_query(request.query)
         except ValueError as e:
             raise HttpError(HTTPStatus.BAD_REQUEST, str(e)) from e
-        body = export_json.generate_json_text(self.registry, options)
+        body = export_json.generate_json_text(self.registry, options, self._process.figures())
         return PageResponse(body, export_json.CONTENT_TYPE)
 
     def _stacks_page(self, request: PageRequest) -> PageResponse:

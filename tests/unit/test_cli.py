@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -589,6 +590,36 @@ def test_key_metrics_aggregate_per_server() -> None:
     assert m["lock_wait_p99"] == 70.0  # the worst tablet
     assert (m["term_checks_lockfree"], m["term_checks_locked"]) == (14, 0)
     assert m["wal_fsync_p99"] is None  # never observed: shown as "-"
+
+
+def test_metrics_show_uptime_and_cpu_time_and_the_youngest_server_for_the_cluster() -> None:
+    """A restarted server's counters start from zero: its uptime says so (review r31a)."""
+    from raftlet.cli.metrics_cmd import KEY_METRICS, _format, _totals
+    from raftlet.metrics.catalogue import PROCESS_CPU_SECONDS, PROCESS_START_TIME_SECONDS
+    from raftlet.metrics.export_json import generate_json
+    from raftlet.metrics.registry import MetricRegistry
+
+    registry = MetricRegistry()
+    registry.entity("server", "ts1")
+
+    def shown(started_ago: float, cpu: float) -> dict[str, float | None]:
+        figures = (
+            (PROCESS_CPU_SECONDS, cpu),
+            (PROCESS_START_TIME_SECONDS, time.time() - started_ago),
+        )
+        return key_metrics(generate_json(registry, server_figures=figures))
+
+    old, young = shown(7200, 95.5), shown(30, 1.25)
+    assert 7199 <= (old["uptime"] or 0) < 7300
+    assert old["cpu_time"] == 95.5
+    assert _format("seconds", old["uptime"]).startswith("2h")
+    total = _totals(list(KEY_METRICS), {"ts1": old, "ts2": young})
+    assert 29 <= total["uptime"] < 130  # the youngest: the sums count from its start
+    assert total["cpu_time"] == 96.75
+    # A server too old to send the figures shows "-", not zero.
+    none = key_metrics(generate_json(registry))
+    assert (none["uptime"], none["cpu_time"]) == (None, None)
+    assert _format("seconds", none["uptime"]) == "-"
 
 
 def test_human_units() -> None:

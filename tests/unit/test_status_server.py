@@ -237,6 +237,17 @@ def test_metrics_json_page_and_filter(server: StatusServer) -> None:
     assert b"level" in body
 
 
+def test_metrics_json_has_the_process_figures_in_the_server_entity(server: StatusServer) -> None:
+    """Uptime and CPU time for `raftlet metrics`, which reads /metrics.json only."""
+    (entity,) = [e for e in json.loads(fetch(server, "/metrics.json")[2]) if e["type"] == "server"]
+    figures = {m["name"]: m["value"] for m in entity["metrics"]}
+    assert time.time() - 3600 < figures["process_start_time_seconds"] <= time.time()
+    assert figures["process_cpu_seconds"] > 0
+    # Filtered as the registry's own metrics are.
+    doc = json.loads(fetch(server, "/metrics.json?metrics=process_start")[2])
+    assert [[m["name"] for m in e["metrics"]] for e in doc] == [["process_start_time_seconds"]]
+
+
 def test_stacks_shows_every_thread_by_name(server: StatusServer) -> None:
     release = threading.Event()
 
