@@ -19,13 +19,10 @@ installs them here. Each subpackage refuses to import under its bare folder name
 module is ever loaded twice under two names.
 """
 
-
-from importlib import metadata as _metadata
-
-try:
-    __version__ = _metadata.version("raftlet")
-except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "unknown"
+# The release, defined once in _version.py (pyproject.toml reads it from there): asking
+# importlib.metadata instead cost every process that imports raftlet ~50 ms of CPU
+# (email, zipfile and friends) before it did anything.
+from raftlet._version import __version__ as __version__
 
 
 def require_namespaced(name: str) -> None:
