@@ -25,8 +25,7 @@ from raftlet.cli.common import (
     resolve_target,
     timeout_seconds,
 )
-from raftlet.cli.tserver_args import build_tserver_parser
-from raftlet.consensus.raft_consensus import TermCheckMode
+from raftlet.consensus.modes import TermCheckMode
 from raftlet.metrics.human import human_bytes
 from raftlet.schema.types import DataType
 from raftlet.tserver.cpu_affinity import check_cpu_affinity
@@ -348,6 +347,8 @@ def _up(args: argparse.Namespace) -> int:
                 raise UsageError(
                     f"--tserver-flag {flag}: the launcher sets {flag.split('=', 1)[0]} itself"
                 )
+        from raftlet.cli.tserver_args import build_tserver_parser
+
         # Checked here, with the server's own parser, so a typo is a usage error now
         # rather than three servers failing to start.
         check = build_tserver_parser("raftlet cluster up --tserver-flag")
@@ -453,6 +454,7 @@ def _check_server_settings(args: argparse.Namespace) -> None:
     below its min) are a usage error naming them, not servers that exit 2 one by one and
     an `up` that fails after them. Where the config cannot be built yet (a bad --servers,
     an invalid cluster.toml), ``LocalCluster.create`` reports that instead."""
+    from raftlet.cli.tserver_args import build_tserver_parser
     from raftlet.cluster import ClusterConfigError, load_cluster_config
     from raftlet.deploy.local import (
         CONFIG_FILE,

@@ -69,7 +69,6 @@ Two ways a running replica fails, both made known to the core as ``set_promotabl
 
 from __future__ import annotations
 
-import enum
 import errno
 import logging
 import threading
@@ -95,6 +94,7 @@ from raftlet.consensus.core import (
     SoftState,
 )
 from raftlet.consensus.log.raft_storage import LogStorage
+from raftlet.consensus.modes import LeaderReadMode, TermCheckMode
 from raftlet.consensus.ticker import Ticker, TickSource
 from raftlet.consensus.transport import Transport
 from raftlet.consensus.workers import WorkerPool
@@ -155,19 +155,6 @@ class _Stall:
     """The ticker saw this process stop for ``ticks`` ticks' worth of time."""
 
     ticks: int
-
-
-class TermCheckMode(enum.Enum):
-    LOCKFREE = "lockfree"
-    LOCKED = "locked"
-
-
-class LeaderReadMode(enum.Enum):
-    """How a leader confirms a linearizable read: a quorum round per read (batched), or a
-    lease renewed by heartbeats (see ``ConsensusOptions.lease_duration_s``)."""
-
-    READ_INDEX = "read_index"
-    LEASE = "lease"
 
 
 class LeaderNotReady(ProposalDropped):

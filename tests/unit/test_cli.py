@@ -592,6 +592,29 @@ def test_key_metrics_aggregate_per_server() -> None:
     assert m["wal_fsync_p99"] is None  # never observed: shown as "-"
 
 
+def test_a_client_command_does_not_load_the_servers_settings() -> None:
+    """The server's flags come with the consensus driver and the log: ~0.1 s of CPU that
+    every `raftlet row` or `scan` paid before it did anything. `tserver --help` keeps them."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from raftlet.cli.main import main\n"
+        "for argv in (['row', '--help'], ['cluster', 'up', '--help'], ['--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main(argv)\n"
+        "print(sorted(m for m in ('raftlet.tserver.settings', 'raftlet.consensus.raft_consensus',"
+        " 'raftlet.consensus.log') if m in sys.modules))\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "    main(['tserver', '--help'])\n"
+        "print('--heartbeat_ticks' in out.getvalue())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "True"]
+
+
 def test_metrics_show_uptime_and_cpu_time_and_the_youngest_server_for_the_cluster() -> None:
     """A restarted server's counters start from zero: its uptime says so (review r31a)."""
     from raftlet.cli.metrics_cmd import KEY_METRICS, _format, _totals
