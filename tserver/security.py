@@ -53,6 +53,7 @@ loopback cluster (the settings refuse plaintext on any other address without
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hmac
 import inspect
@@ -60,7 +61,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -361,13 +362,31 @@ def _cert_uris(context: grpc.aio.ServicerContext) -> list[str]:
     return [v.decode(errors="replace") for v in values]
 
 
+# Calls of the open methods (health checking) whose request is being read at once, and the
+# largest such request decoded: one is read whole, up to --max_message_bytes (16 MiB), from
+# anyone who can reach a port, for a request of a few bytes -- and one that the handler
+# refused stayed in memory until the cyclic collector next ran (3.5 GB after 256 of them).
+_OPEN_READS = 4
+_OPEN_REQUEST_BYTES = 64 * 1024
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # untyped grpc
     """Authenticates and authorizes every RPC before its servicer runs, and publishes the
     caller for it (``caller_identity``). Refusals abort with UNAUTHENTICATED or
-    PERMISSION_DENIED."""
+    PERMISSION_DENIED.
+
+    Before the request is read, too: gRPC takes a unary request in whole (up to the
+    message limit, 16 MiB) before the handler runs, and anyone who reaches the token port
+    had 128 calls of 16 MiB refused only after the server held 2.7 GB for them (review
+    r32a). So a unary-request handler is served as a request-streaming one, which reads
+    its one message only once the caller is admitted; a refused call's body is never taken
+    in beyond the transport's flow-control window. The open methods have no caller to
+    admit: at most ``_OPEN_READS`` of their requests are read at once, the rest refused
+    RESOURCE_EXHAUSTED, and one over ``_OPEN_REQUEST_BYTES`` is refused undecoded."""
 
     def __init__(self, auth: Authenticator) -> None:
         self._auth = auth
+        self._open_reads = asyncio.Semaphore(_OPEN_READS)
 
     async def intercept_service(
         self,
@@ -380,7 +399,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # unty
         method = details.method
         required = required_role(method)
         if required is None:
-            return handler
+            return handler if handler.request_streaming else self._open(handler, method)
         auth = self._auth
 
         async def admit(context: grpc.aio.ServicerContext) -> None:
@@ -393,6 +412,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # unty
                 await context.abort(e.code, e.message)
             else:
                 _CALLER.set(identity)
+
+        if not handler.request_streaming:
+            return _read_after(admit, handler, method)
 
         def wrap(behaviour: Callable[..., Any]) -> Callable[..., Any]:
             if inspect.isasyncgenfunction(behaviour):
@@ -412,13 +434,103 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # unty
             return call
 
         # grpc.experimental.wrap_server_method_handler, without the experimental import.
-        if handler.request_streaming and handler.response_streaming:
-            return handler._replace(stream_stream=wrap(handler.stream_stream))
-        if handler.request_streaming:
-            return handler._replace(stream_unary=wrap(handler.stream_unary))
         if handler.response_streaming:
-            return handler._replace(unary_stream=wrap(handler.unary_stream))
-        return handler._replace(unary_unary=wrap(handler.unary_unary))
+            return handler._replace(stream_stream=wrap(handler.stream_stream))
+        return handler._replace(stream_unary=wrap(handler.stream_unary))
+
+    def _open(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        reads = self._open_reads
+        handler = _bounded(handler, method)
+
+        async def admit(context: grpc.aio.ServicerContext) -> None:
+            if reads.locked():
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{method}: {_OPEN_READS} such calls are being read; retry",
+                )
+            await reads.acquire()
+
+        return _read_after(admit, handler, method, done=reads.release)
+
+
+def _read_after(
+    admit: Callable[[grpc.aio.ServicerContext], Awaitable[None]],
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    done: Callable[[], None] | None = None,
+) -> grpc.RpcMethodHandler:
+    """``handler`` (unary request) as a request-streaming handler that awaits ``admit``,
+    then reads the one request message and runs the unary behaviour with it. ``done``, when
+    given, runs once the message is read (or the read failed) after ``admit`` succeeded."""
+
+    async def one_request(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = await anext(requests, _NO_REQUEST)
+        finally:
+            if done is not None:
+                done()
+        if request is _NO_REQUEST:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: no request")
+        return request
+
+    behaviour = handler.unary_stream if handler.response_streaming else handler.unary_unary
+
+    async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        await admit(context)
+        result = behaviour(await one_request(requests, context), context)
+        return await result if inspect.isawaitable(result) else result
+
+    async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        await admit(context)
+        async for item in behaviour(await one_request(requests, context), context):
+            yield item
+
+    if not handler.response_streaming:
+        return handler._replace(request_streaming=True, unary_unary=None, stream_unary=call)
+    # A streaming answer is yielded by an async generator, or written with context.write
+    # by a coroutine (the health service's Watch): each is served as it is written.
+    wrapped = stream if inspect.isasyncgenfunction(behaviour) else call
+    return handler._replace(request_streaming=True, unary_stream=None, stream_stream=wrapped)
+
+
+_NO_REQUEST = object()
+_TOO_LARGE = object()
+
+
+def _bounded(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """``handler`` (unary request) refusing, undecoded, a request over
+    ``_OPEN_REQUEST_BYTES``: its bytes are let go at once."""
+    decode = handler.request_deserializer
+    streaming = handler.response_streaming
+    behaviour = handler.unary_stream if streaming else handler.unary_unary
+
+    def bounded_decode(data: bytes) -> Any:
+        if len(data) > _OPEN_REQUEST_BYTES:
+            return _TOO_LARGE
+        return decode(data) if decode is not None else data
+
+    async def refuse(context: grpc.aio.ServicerContext) -> None:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{method}: a request of more than {_OPEN_REQUEST_BYTES} bytes",
+        )
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request is _TOO_LARGE:
+            await refuse(context)
+        result = behaviour(request, context)
+        return await result if inspect.isawaitable(result) else result
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request is _TOO_LARGE:
+            await refuse(context)
+        async for item in behaviour(request, context):
+            yield item
+
+    if not streaming:
+        return handler._replace(request_deserializer=bounded_decode, unary_unary=call)
+    wrapped = stream if inspect.isasyncgenfunction(behaviour) else call
+    return handler._replace(request_deserializer=bounded_decode, unary_stream=wrapped)
 
 
 # --- consensus senders ------------------------------------------------------------------------
