@@ -7,7 +7,14 @@ its frames do and returns the link, not yet started. At most ``max_connections``
 once (counting those still in their TLS handshake): one more is closed as soon as it is
 accepted, counted in ``refusals`` and logged at most once a minute with how many were
 refused since the last line (a client reopening each refused connection at once made a line
-each: 19,438 in 50 s). What the links hold while frames arrive is bounded by the factory's
+each: 19,438 in 50 s). At most ``max_handshakes`` of them are still in their TLS handshake:
+a new connection past that closes the oldest such one, also counted in ``refusals``. Before
+its handshake a connection has shown nothing, yet held a thread for up to 10 s, and a
+storm of them from anyone who could reach the write port -- 1,024 before the cap, a
+thousand threads -- stalled a server for seconds and cost it its leaderships, and on the
+consensus port kept real peers out (review r32a). Closing the oldest rather than refusing
+the newest lets a peer whose handshake takes milliseconds in while a storm goes on.
+What the links hold while frames arrive is bounded by the factory's
 ``consensus.rpc.receive_limits``; a connection whose other end vanished is found out by
 TCP keepalive.
 
@@ -49,6 +56,12 @@ LinkFactory = Callable[
 ]
 
 _connections = itertools.count(1)
+
+
+def _handshakes_for(max_connections: int) -> int:
+    """How many connections may be in their TLS handshake at once: a handshake takes a few
+    milliseconds, so a quarter of the port's connections, at most 64, is plenty."""
+    return max(1, min(64, max_connections // 4))
 
 
 # Where a port the kernel would not hand out by itself starts (below its ephemeral range).
@@ -147,6 +160,7 @@ class TcpListener:
         make_link: LinkFactory,
         *,
         max_connections: int,
+        max_handshakes: int | None = None,
         admission: TcpAdmission | None = None,
         refusals: StripedCounter | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -156,12 +170,16 @@ class TcpListener:
         self.refusals = refusals if refusals is not None else StripedCounter()
         self._make_link = make_link
         self._max_connections = max_connections
+        self._max_handshakes = (
+            max_handshakes if max_handshakes is not None else _handshakes_for(max_connections)
+        )
         self._admission = admission
         self._sock = bind_listener(host, port)
         self.port: int = self._sock.getsockname()[1]
         self._lock = threading.Lock()
         self._links: set[FrameLink] = set()
-        self._handshaking: set[ssl.SSLSocket] = set()  # accepted, not yet admitted (TLS)
+        # Accepted, not yet admitted (TLS), oldest first.
+        self._handshaking: dict[ssl.SSLSocket, None] = {}
         self._closed = False
         self._closing = threading.Event()  # wakes an acceptor waiting out a resource error
         self._resource_error_log = _EveryInterval(_RESOURCE_ERROR_LOG_S, clock)
@@ -197,12 +215,22 @@ class TcpListener:
                 logger.debug("%s tcp: %s: %s", self.what, name, e)
                 conn.close()
                 continue
+            oldest: ssl.SSLSocket | None = None
             with self._lock:
+                if len(self._handshaking) >= self._max_handshakes:
+                    oldest = next(iter(self._handshaking))
+                    del self._handshaking[oldest]
                 if self._has_room():
-                    self._handshaking.add(tls)
+                    self._handshaking[tls] = None
                     admitting = True
                 else:
                     admitting = False
+            if oldest is not None:
+                self.refusals.increment()
+                # Its thread's handshake fails at once, and the thread ends.
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(oldest, socket.SHUT_RDWR)  # the TCP's, not TLS's
+                self._say_refused(f"a handshake pending when {name} came")
             if not admitting:
                 self._refuse(tls, name)
                 continue
@@ -219,15 +247,20 @@ class TcpListener:
     def _refuse(self, conn: socket.socket, name: str) -> None:
         conn.close()
         self.refusals.increment()
+        self._say_refused(name)
+
+    def _say_refused(self, latest: str) -> None:
         refused = self._refusal_log.due()
         if refused is not None:
             logger.warning(
                 "%s tcp: refused %d connection(s) since the last such line, the latest %s: "
-                "%d connections open, the most it takes (said at most once a minute)",
+                "it takes at most %d connections, %d of them in their TLS handshake "
+                "(said at most once a minute)",
                 self.what,
                 refused,
-                name,
+                latest,
                 self._max_connections,
+                self._max_handshakes,
             )
 
     def _admit(self, tls: ssl.SSLSocket, name: str) -> None:
@@ -237,7 +270,7 @@ class TcpListener:
             identity = self._admission.admit(tls, name)
         finally:
             with self._lock:
-                self._handshaking.discard(tls)
+                self._handshaking.pop(tls, None)
         if identity is not None:
             self._link(tls, name, identity)
 
