@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from raftlet.cli.common import CliError
+from raftlet.cli.common import CliError, UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.store_only and args.all_logged:
-            raise CliError("--store-only reads no log: --all-logged has nothing to apply")
+            raise UsageError("--store-only reads no log: --all-logged has nothing to apply")
         with exported_replica(
             args.replica_dir,
             all_logged=args.all_logged,

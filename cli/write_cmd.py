@@ -72,7 +72,9 @@ in flight from one event loop (the asyncio client) instead of threads. With --ba
 flight; --threads then defaults to 1. Latency is per acknowledged write RPC, retries
 included; server CPU per write is read from every server's /metrics, client CPU per write
 from this process's own.
-Exit status: 0 when every row was written, 1 if any failed, 2 for usage errors.
+Exit status: 0 when every row was written, 1 if any failed, 2 for usage errors. Output into
+a pipe whose reader left (`| head`) does not stop the load: it runs to its end (Ctrl-C stops
+it, with its summary).
 """
 
 

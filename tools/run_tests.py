@@ -162,10 +162,23 @@ def slowest_tests(cases: list[ET.Element], n: int = 15) -> list[tuple[float, str
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    # add_help=False: any other argument is pytest's, and `--help` is answered here rather
+    # than by every job's pytest (which ran the suite's jobs to print pytest's help).
+    ap = argparse.ArgumentParser(
+        prog="tools/run_tests.py",
+        allow_abbrev=False,
+        add_help=False,
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="Any other argument goes to every pytest run (e.g. -x, -k EXPR).",
+    )
     cores = os.cpu_count() or 2
-    ap.add_argument("--jobs", type=int, default=max(2, min(4, cores)))
-    ap.add_argument("--record-durations", action="store_true")
+    ap.add_argument("--jobs", type=int, default=max(2, min(4, cores)), help="runs at a time")
+    ap.add_argument(
+        "--record-durations",
+        action="store_true",
+        help="rewrite tests/durations.json from this run's times",
+    )
+    ap.add_argument("-h", "--help", action="help", help="show this help and exit")
     opts, extra = ap.parse_known_args(argv)
     started = time.monotonic()
     compile_bytecode()
