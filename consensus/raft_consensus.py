@@ -107,6 +107,7 @@ __all__ = [
     "ConsensusSnapshot",
     "LeaderNotReady",
     "LeaderReadMode",
+    "NoAnsweringFollower",
     "RaftConsensus",
     "ReplicaFailed",
     "TermCheckMode",
@@ -155,6 +156,11 @@ class _Stall:
     """The ticker saw this process stop for ``ticks`` ticks' worth of time."""
 
     ticks: int
+
+
+class NoAnsweringFollower(ProposalDropped):
+    """A step-down without a target found no voter that answers: none would take
+    leadership now (UNAVAILABLE, retried: a follower may come back)."""
 
 
 class LeaderNotReady(ProposalDropped):
@@ -660,7 +666,17 @@ class RaftConsensus:
                         "leadership to: add a replica first (`raftlet tablet add-replica "
                         f"{self.group_id} SERVER`)"
                     )
-                target = max(voters, key=lambda v: status.progress[v][0])  # never a learner
+                # The most caught-up voter heard from lately: one paused or dead would not
+                # take leadership, and writes wait while a transfer to it runs out (an idle
+                # tablet's followers all match, and the first of them was picked, review
+                # r32c). Never a learner.
+                target = self._node.answering_successor(2 * self.options.heartbeat_ticks + 1)
+                if not target:
+                    raise NoAnsweringFollower(
+                        f"{self.group_id}: no other voter answered within the last "
+                        f"{2 * self.options.heartbeat_ticks + 1} ticks, so none could take "
+                        "leadership now; name one to hand it to anyway"
+                    )
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")
             self._transfer_unlocked(target, "asked to step down")

@@ -13,10 +13,15 @@ import pytest
 
 from raftlet.consensus.core import Message, NotLeaderError, ProposalDropped, Role, TermMismatch
 from raftlet.consensus.log import LogOptions, LogStorage, PersistentState
-from raftlet.consensus.raft_consensus import LeaderNotReady, RaftConsensus, TermCheckMode
+from raftlet.consensus.raft_consensus import (
+    LeaderNotReady,
+    NoAnsweringFollower,
+    RaftConsensus,
+    TermCheckMode,
+)
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport, ResponseCallback
-from tests.unit.consensus_cluster import FAST, Cluster
+from tests.unit.consensus_cluster import FAST, Cluster, Replica
 from tests.waiting import WAIT_S, wait_for
 
 
@@ -423,6 +428,34 @@ def test_a_leadership_change_is_logged_by_the_old_leader_and_its_followers(
         m.startswith(f"{group}: leader of term ") and f"is {target} (was {leader.node_id})" in m
         for m in lines
     ), lines
+
+
+def test_a_step_down_hands_leadership_only_to_a_follower_that_answers(cluster: Cluster) -> None:
+    """On an idle tablet every follower matches the leader, and the first was picked even
+    when its server was dead: the transfer ran out while writes waited (review r32c)."""
+
+    def past_the_window(replica: Replica) -> None:
+        # Stepped, not only counted (a tick counted while one waits is dropped), and short
+        # of check-quorum's election timeout.
+        start = replica.consensus._ticks
+        window = 2 * FAST.heartbeat_ticks + 1
+        cluster.wait_for(lambda: replica.consensus._ticks > start + window, what="ticks")
+
+    leader = cluster.wait_leader()
+    first, second = (n for n in cluster.ids if n != leader.node_id)
+    cluster.wait_for(
+        lambda: {first, second} <= set(cluster.heard[leader.node_id]), what="both heard from"
+    )
+    cluster.crash(first)
+    past_the_window(leader)
+    assert leader.consensus.step_down() == second
+    cluster.wait_for(lambda: getattr(cluster.leader(), "node_id", None) == second, what="moved")
+    new = cluster.replicas[second]
+    cluster.crash(leader.node_id)
+    past_the_window(new)
+    with pytest.raises(NoAnsweringFollower, match="no other voter answered within the last 3"):
+        new.consensus.step_down()
+    assert new.consensus.snapshot.role is Role.LEADER  # nothing moved, writes not held
 
 
 def test_a_group_of_one_refuses_a_step_down_as_a_request_that_cannot_succeed(
