@@ -32,8 +32,9 @@ row is returned twice and none is skipped.
   read wait, else fails UNAVAILABLE and the scanner tries another replica.  Given a
   ``WriteResult`` (what a session's write returns: its ``tablet_id`` and ``op_index``),
   every page of that tablet sees that write and everything before it: read-your-writes from
-  any replica.  A Raft index belongs to one tablet's log, so ``min_index`` is a mapping
-  ``{tablet_id: index}`` (tablets it does not name: no bound), or a plain index for a scan
+  any replica: pass ``{result.tablet_id: result.op_index}``.  A Raft index belongs to one
+  tablet's log, so ``min_index`` is a mapping ``{tablet_id: index}`` (tablets it does not
+  name: no bound), or a plain index for a scan
   that visits one tablet only; a plain index on a scan of several tablets is refused
   (``InvalidArgument``) -- the other tablets' logs may never reach it.
 
@@ -44,7 +45,8 @@ Rows are dicts (column name → value) in the projection's order (None or empty:
 column, the table's order). ``limit`` bounds the rows of
 the whole scan; ``timeout_s`` bounds each page, retries included. Counters for tests and
 tools: ``pages``, ``failovers`` (pages of a tablet answered by another server than the page
-before), ``current_server``, ``current_tablet``.
+before), ``current_server`` (the server of the page whose rows are being handed out),
+``current_tablet``.
 
 Pages. ``batch_size_rows`` and ``batch_size_bytes`` bound a page (0: the server chooses --
 by bytes, ``--scan_page_bytes``, 1 MiB by default). ``row_format`` says how its rows travel:
@@ -187,7 +189,11 @@ class Scanner(Iterator[Row]):
         self.pages = 0
         self.failovers = 0
         self.rows_returned = 0
+        # The server of the page whose rows are being handed out.
         self.current_server: str | None = None
+        # The server the tablet being read sticks to; None between tablets, whose first
+        # page goes to the leader (or the pinned replica) and is no fail-over.
+        self._sticky: str | None = None
         self.current_tablet: str | None = self._tablets[0] if self._tablets else None
         self.columns: list[str] = []
 
@@ -212,9 +218,9 @@ class Scanner(Iterator[Row]):
             tablet_id = self._tablets[self._tablet_index]
             self.current_tablet = tablet_id
             response, server = self._fetch_page(tablet_id)
-            if self.current_server is not None and server != self.current_server:
+            if self._sticky is not None and server != self._sticky:
                 self.failovers += 1
-            self.current_server = server
+            self._sticky = self.current_server = server
             self.pages += 1
             rows = self._decode(response)
             if self._limit_left is not None:
@@ -229,7 +235,7 @@ class Scanner(Iterator[Row]):
                 self._tablet_index += 1
                 self._resume = None
                 self._scanner_id = b""
-                self.current_server = None
+                self._sticky = None
             if rows:
                 self._page = iter(rows)
                 return True
@@ -266,7 +272,7 @@ class Scanner(Iterator[Row]):
                 deadline=self._rpc.clock() + self.timeout_s,
                 timeout_s=self.timeout_s,
                 leader_only=leader_only,
-                prefer=None if leader_only else (self.current_server or self._replica),
+                prefer=None if leader_only else (self._sticky or self._replica),
             )
         except RaftletError as e:
             e.may_have_applied = False  # a read applies nothing (it was True after a timeout)

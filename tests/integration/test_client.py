@@ -341,7 +341,7 @@ def test_scan_pages_and_fails_over(client: Client, healed: TserverCluster) -> No
     got = [r["key"] for r in seen]
     assert got == keys  # all, in key order, none twice
     assert scanner.failovers >= 1
-    assert scanner.current_server is None  # the tablet is done
+    assert scanner.current_server not in (None, reading)  # the last page, from another
     assert scanner.pages >= len(keys) // 20
     # Follower reads work too, and a limit bounds the whole scan.
     follower_rows = list(

@@ -292,3 +292,16 @@ def test_a_scan_that_times_out_says_it_applied_nothing() -> None:
     with pytest.raises(Timeout) as info:
         list(scan)
     assert info.value.may_have_applied is False
+
+
+def test_current_server_names_the_server_of_the_rows_being_handed_out() -> None:
+    """It was None while the rows of each tablet's last page were handed out (review r32c);
+    a tablet's first page is no fail-over, whatever server the page before came from."""
+    sc, cluster = scanner(serve(ROWS, page_rows=2))
+    servers = set()
+    for _ in sc:
+        servers.add(sc.current_server)
+    assert None not in servers
+    assert len(servers) == 1
+    assert servers <= set(cluster.servers)
+    assert (sc.pages, sc.failovers) == (3, 0)
