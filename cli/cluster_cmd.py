@@ -700,6 +700,12 @@ _ROLE_SHORT = {
 }
 
 
+def _stopped(pid: int | None) -> bool:
+    from raftlet.deploy.local import pid_stopped
+
+    return pid is not None and pid_stopped(pid)
+
+
 def _print_status(
     health: Any,
     pids: dict[str, int],
@@ -726,6 +732,9 @@ def _print_status(
         note = s.error
         if s.state == "DOWN" and s.process_alive is False:
             note = "process not running"
+        elif s.state == "DOWN" and s.process_alive and _stopped(pids.get(s.id)):
+            pid = pids[s.id]
+            note = f"process stopped (SIGSTOP or a debugger: `kill -CONT {pid}` resumes it)"
         elif s.state == "DOWN" and s.process_alive:
             note = f"process running but not answering ({s.error})"
         elif s.config_differs:

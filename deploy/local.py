@@ -92,6 +92,7 @@ __all__ = [
     "free_ports",
     "launch_flags",
     "pid_alive",
+    "pid_stopped",
     "reserved_ports",
 ]
 
@@ -182,6 +183,12 @@ def _proc_state(pid: int) -> str | None:
         return None
     # The command name (field 2) is in parentheses and may contain spaces or ')'.
     return stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else None
+
+
+def pid_stopped(pid: int) -> bool:
+    """True if ``pid`` is stopped (SIGSTOP, or a debugger holds it): alive, and answering
+    nothing until it is continued."""
+    return _proc_state(pid) in ("T", "t")
 
 
 def pid_alive(pid: int) -> bool:

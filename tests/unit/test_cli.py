@@ -32,6 +32,7 @@ from raftlet.deploy.local import STATE_FILE, LocalCluster, new_config
 from raftlet.schema.predicates import PredicateKind
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
+from tests.waiting import WAIT_S, wait_for
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -667,6 +668,26 @@ def test_health_of_a_cluster_that_is_not_running(tmp_path: Path) -> None:
     assert health.summary().startswith("ERROR: 0/3 servers up, 0/2 tablets")
     assert any("process not running" in i for i in health.issues)
     json.dumps(health.to_json())  # serializable for --format json
+
+
+def test_a_stopped_process_is_told_from_a_running_one() -> None:
+    """`cluster status` says a server is stopped (SIGSTOP), not just "running but not
+    answering" (review r32c)."""
+    from raftlet.deploy.local import pid_alive, pid_stopped
+
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    try:
+        wait_for(lambda: pid_alive(child.pid), WAIT_S, "the child to run")
+        assert not pid_stopped(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_for(lambda: pid_stopped(child.pid), WAIT_S, "the child stopped")
+        assert pid_alive(child.pid)
+        os.kill(child.pid, signal.SIGCONT)
+        wait_for(lambda: not pid_stopped(child.pid), WAIT_S, "the child continued")
+    finally:
+        child.kill()
+        child.wait(WAIT_S)
+    assert not pid_stopped(child.pid)
 
 
 def test_down_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
