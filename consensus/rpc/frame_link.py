@@ -15,7 +15,9 @@ A frame is a 4-byte big-endian length and that many bytes.  ``FrameLink``:
 - sends from the caller's thread without ever blocking it: a frame goes out with one
   non-blocking ``send`` when nothing is queued before it (the usual case: no thread is
   woken); whatever the kernel does not take at once is queued for the link's writer
-  thread, which waits for the socket to drain.  So ``send`` is safe under a lock, as
+  thread, which waits for the socket to drain (started by the first send that needs it,
+  so a link that never queues a byte costs one thread, its reader).  So ``send`` is safe
+  under a lock, as
   ``consensus.transport.Transport.send`` must be.  A peer that takes nothing for
   ``send_timeout_s`` (stopped, or behind a partition) breaks the link;
 - ``send(lazy=True)`` lets a frame wait up to ``LAZY_DELAY_S`` for others to join it, so
@@ -129,14 +131,26 @@ class FrameLink:
         self._unsent = 0
         self._closed = False
         self._shut = False  # the socket was shut down
-        self._threads_left = 2
+        self._threads_left = 1  # the reader; the writer once it starts
         self._reader = threading.Thread(target=self._read, name=f"link-read:{name}", daemon=True)
+        # Started by the first send that needs it: most links never queue a byte, and a
+        # thousand idle client connections held a thousand idle writers (review r32a).
         self._writer = threading.Thread(target=self._write, name=f"link-write:{name}", daemon=True)
+        self._writer_started = False
 
     def start(self) -> FrameLink:
         self._reader.start()
-        self._writer.start()
         return self
+
+    def _wake_writer_unlocked(self) -> None:
+        """Tell the writer thread there is work, starting it the first time (caller holds
+        ``_lock``, and the link is not closed)."""
+        if not self._writer_started:
+            self._writer_started = True
+            self._threads_left += 1
+            self._writer.start()  # it waits for the lock, then sees the work
+        else:
+            self._wake_writer.notify()
 
     @property
     def closed(self) -> bool:
@@ -176,7 +190,7 @@ class FrameLink:
                 self._unsent += len(data)
                 if not self._lazy_due:
                     self._lazy_due = True
-                    self._wake_writer.notify()
+                    self._wake_writer_unlocked()
                 return
             counted = 0  # of data's bytes, already in _unsent (lazy frames taken along)
             if self._lazy:  # what waits goes first, in this same send
@@ -214,7 +228,7 @@ class FrameLink:
                 self._backlog.append(memoryview(data)[sent:])
                 self._unsent += len(data) - sent - counted
                 self._writing = True
-                self._wake_writer.notify()
+                self._wake_writer_unlocked()
                 return
         logger.debug("link %s: send failed: %s", self.name, error)
         self._shutdown()

@@ -415,3 +415,36 @@ def test_a_budget_grants_a_frame_larger_than_itself_once_nothing_else_is_held() 
     assert budget.reserve(60, 0.0)
     assert not budget.reserve(60, 0.05)
     assert budget.held() == 60
+
+
+def _link_threads(name: str) -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.endswith(f":{name}")}
+
+
+def test_a_link_starts_its_writer_only_when_a_send_must_wait(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """A thousand idle client connections held a thousand idle writer threads besides their
+    readers (review r32a): a link whose sends the kernel takes at once needs no writer."""
+    a = End(pair[0], "idle-a")
+    b: End | None = None
+    try:
+        a.link.send(frame(b"small"))
+        assert _link_threads("idle-a") == {"link-read:idle-a"}
+        # Nobody reads the other end yet: the kernel's buffers take a part of this frame at
+        # most, and the rest is queued for the writer, which starts for it.
+        big = os.urandom(32 * 1024 * 1024 - 64)
+        a.link.send(frame(big))
+        assert "link-write:idle-a" in _link_threads("idle-a")
+        b = End(pair[1], "idle-b")
+        assert b.wait_frames(2) == [b"small", big]
+    finally:
+        a.link.close()
+        if b is not None:
+            b.link.close()
+    assert b is not None
+    a.wait_closed()
+    b.wait_closed()
+    a.link.join(5)
+    assert not _link_threads("idle-a")
+    assert pair[0].fileno() == -1  # closed once both of its threads ended
