@@ -95,6 +95,13 @@ _LINGER_S = 2.0
 _LINGER_BYTES = 1 << 20
 
 
+def _address(client_address: object) -> str:
+    if isinstance(client_address, tuple) and len(client_address) >= 2:
+        host, port = client_address[0], client_address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(client_address)
+
+
 @dataclass(frozen=True, slots=True)
 class PageRequest:
     """What a page handler sees of a request."""
@@ -105,6 +112,8 @@ class PageRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     # The URIs in the subjectAltName of the client's verified TLS certificate (HTTPS only).
     peer_uris: Sequence[str] = ()
+    # The client's address, "host:port" (for logs: who asked).
+    peer: str = ""
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """The last value of query parameter `name`, or `default`."""
@@ -542,6 +551,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             query=parse_qs(parts.query, keep_blank_values=True),
             headers=dict(self.headers.items()),
             peer_uris=peer_cert_uris(self.connection),
+            peer=_address(self.client_address),
         )
         try:
             guard = self.server.status_server.guard

@@ -297,7 +297,8 @@ class Authenticator:
             raise AuthError(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "no_credentials",
-                "no client certificate or bearer token",
+                "no client certificate or bearer token (a token port never asks for a "
+                "certificate: send a token there, or a certificate to the server's rpc_addr)",
             )
         raise AuthError(
             grpc.StatusCode.UNAUTHENTICATED,
@@ -342,7 +343,7 @@ class Authenticator:
             identity = self.identify(request.peer_uris, bearer)
             self.authorize(identity, required, what)
         except AuthError as e:
-            self.denied(e, what, _who_http(request))
+            self.denied(e, what, _who_http(request, bearer))
             status = 401 if e.code == grpc.StatusCode.UNAUTHENTICATED else 403
             raise HttpError(status, e.message) from None
 
@@ -351,8 +352,11 @@ def _role_words(role: AccessRole) -> str:
     return "a server certificate" if role is AccessRole.SERVER else f"role {role.label}"
 
 
-def _who_http(request: PageRequest) -> str:
-    return ",".join(request.peer_uris) or "an anonymous client"
+def _who_http(request: PageRequest, bearer: str | None) -> str:
+    """Who asked, for a refusal's log line: its certificate's URIs, or that it sent a token
+    (never the token), and its address."""
+    who = ",".join(request.peer_uris) or ("a token caller" if bearer else "an anonymous client")
+    return f"{who} at {request.peer}" if request.peer else who
 
 
 def _cert_uris(context: grpc.aio.ServicerContext) -> list[str]:

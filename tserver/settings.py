@@ -240,13 +240,16 @@ class ServerSettings:
             )
         if self.tls or self.insecure:
             return
+        risks = {
+            "rpc_addr": "write, step leaders down or forge Raft messages",
+            "http_addr": "read every metric and page, /stacks included",
+        }
         for flag, addr in (("rpc_addr", self.rpc_addr), ("http_addr", self.http_addr)):
             if not is_loopback_addr(addr):
                 raise FlagError(
                     f"--{flag}: {addr} is not a loopback address and TLS is off, so anyone "
-                    "who can reach it could write, step leaders down or forge Raft "
-                    "messages; give --tls_cert, --tls_key and --tls_ca (raftlet certs "
-                    "create), or --insecure to serve plaintext anyway"
+                    f"who can reach it could {risks[flag]}; give --tls_cert, --tls_key and "
+                    "--tls_ca (raftlet certs create), or --insecure to serve plaintext anyway"
                 )
 
     @classmethod

@@ -3,6 +3,7 @@ table (``tserver.security``), and the settings' refusal of plaintext beyond loop
 
 from __future__ import annotations
 
+import logging
 import stat
 from pathlib import Path
 
@@ -302,3 +303,21 @@ def test_a_tls_server_says_how_long_its_certificate_has_left(tmp_path: Path) -> 
     # ... and a status check hears the same from ListTablets.
     listed = TabletServicer(server)._list_tablets()
     assert 9.9 * 86400 < listed.tls_cert_expiry_seconds <= 10 * 86400
+
+
+def test_a_refused_status_page_names_the_caller_by_its_token_and_address(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It said "from an anonymous client" of a caller with a valid token, and never where
+    the request came from (review r32a)."""
+    from raftlet.metrics.status_server import HttpError, PageRequest
+
+    auth = Authenticator(parse_tokens(f"{GOOD} reader dash"))
+    caplog.set_level(logging.WARNING, logger="raftlet.tserver.security")
+    for bearer, who in ((GOOD, "a token caller"), (None, "an anonymous client")):
+        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        request = PageRequest("GET", "/stacks", {}, headers, peer="127.0.0.1:4242")
+        with pytest.raises(HttpError):
+            auth.check_page(request)
+        assert f"from {who} at 127.0.0.1:4242" in caplog.records[-1].getMessage()
+    assert GOOD not in caplog.text
