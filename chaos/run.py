@@ -95,6 +95,8 @@ class ChaosReport:
     problems: list[str] = field(default_factory=list)  # the run itself could not finish
     history_note: str = ""  # where the history was saved, or why it could not be
     kept_dir: Path | None = None  # the temporary directory kept after a FAIL
+    # kind -> why an operation was not ok (fail or info: the status code or cause) -> count
+    not_ok: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def linearizable(self) -> bool | None:
@@ -132,6 +134,14 @@ class ChaosReport:
                 f"  {kind:<12}{total:>11}{outcomes.get('ok', 0):>8}"
                 f"{outcomes.get('fail', 0):>8}{outcomes.get('info', 0):>8}"
             )
+        # Most of them are refusals the workload expects (a read off-leader is
+        # FAILED_PRECONDITION, one during an election UNAVAILABLE): say which, so a reader
+        # need not open the history to tell them from trouble.
+        for kind, causes in sorted(self.not_ok.items()):
+            top = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
+            shown = ", ".join(f"{c} {n}" for c, n in top[:5])
+            more = f", {len(top) - 5} other causes" if len(top) > 5 else ""
+            lines.append(f"    {kind} not ok, why: {shown}{more}")
         counts: dict[str, int] = {}
         for e in self.faults:
             counts[e.kind] = counts.get(e.kind, 0) + 1
@@ -418,6 +428,7 @@ def _run(
         seed=options.seed,
         duration_s=options.duration_s,
         ops=_op_counts(ops),
+        not_ok=_not_ok_causes(ops),
         faults=nemesis.events,
         terms_advanced=sum(terms_after.get(t, 0) - n for t, n in terms_before.items()),
         verdicts=verdicts,
@@ -438,6 +449,27 @@ def _op_counts(ops: Sequence[Op]) -> dict[str, dict[str, int]]:
         by_outcome = out.setdefault(op.kind.value, {})
         by_outcome[op.outcome.value] = by_outcome.get(op.outcome.value, 0) + 1
     return out
+
+
+def _not_ok_causes(ops: Sequence[Op]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for op in ops:
+        if op.outcome.value == "ok":
+            continue
+        by_cause = out.setdefault(op.kind.value, {})
+        cause = _cause_of(op.error)
+        by_cause[cause] = by_cause.get(cause, 0) + 1
+    return out
+
+
+def _cause_of(error: str) -> str:
+    """An operation's error, as the workload records it ("ts2: FAILED_PRECONDITION",
+    "NOT_LEADER: ...", a row error), cut to its status code or cause."""
+    words = error.split(": ")
+    if len(words) > 1 and words[0].startswith("ts") and " " not in words[0]:
+        words = words[1:]  # the server it came from
+    cause = words[0].strip() if words and words[0].strip() else "no error recorded"
+    return cause if len(cause) <= 40 else cause[:37] + "..."
 
 
 def _make_whole(cluster: ChaosCluster, problems: list[str]) -> None:

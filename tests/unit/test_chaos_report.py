@@ -49,6 +49,27 @@ STALE = [
 ]
 
 
+def test_the_report_says_why_operations_were_not_ok() -> None:
+    """18% of reads showed as "fail" with no reason: expected refusals, but only the
+    history said which (review r32c)."""
+    ops = [
+        Op(1, 0, OpKind.READ, 0, None, 0, 1, Outcome.FAIL, "ts2: FAILED_PRECONDITION"),
+        Op(2, 0, OpKind.READ, 0, None, 0, 1, Outcome.FAIL, "ts3: FAILED_PRECONDITION"),
+        Op(3, 0, OpKind.READ, 0, None, 0, 1, Outcome.INFO, "ts1: DEADLINE_EXCEEDED"),
+        Op(4, 0, OpKind.WRITE, 0, 1, 0, 1, Outcome.INFO, "NOT_LEADER: not the leader"),
+        Op(5, 0, OpKind.WRITE, 0, 2, 0, 1, Outcome.OK),
+    ]
+    not_ok = run_mod._not_ok_causes(ops)
+    assert not_ok == {
+        "read": {"FAILED_PRECONDITION": 2, "DEADLINE_EXCEEDED": 1},
+        "write": {"NOT_LEADER": 1},
+    }
+    text = _report({0: _verdict(0, CheckResult.LINEARIZABLE)}, not_ok=not_ok).format()
+    assert "    read not ok, why: FAILED_PRECONDITION 2, DEADLINE_EXCEEDED 1" in text
+    assert "    write not ok, why: NOT_LEADER 1" in text
+    assert run_mod._cause_of("") == "no error recorded"
+
+
 def test_a_clean_run_passes_and_says_so() -> None:
     report = _report({0: _verdict(0, CheckResult.LINEARIZABLE)})
     assert report.ok
