@@ -101,23 +101,9 @@ def build_parser(*, server_flags: bool = True) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     server_help = "run one tablet server in the foreground"
     if server_flags:
-        from raftlet.cli.tserver_args import (
-            TSERVER_DESCRIPTION,
-            TSERVER_EPILOG,
-            add_tserver_arguments,
-        )
+        from raftlet.cli.tserver_args import add_tserver_command
 
-        tserver = commands.add_parser(
-            "tserver",
-            help=server_help,
-            description=TSERVER_DESCRIPTION,
-            epilog=TSERVER_EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            allow_abbrev=False,
-        )
-        add_tserver_arguments(tserver)
-        # Errors in the tserver's flags are reported by its own parser (usage, exit 2).
-        tserver.set_defaults(subparser=tserver)
+        add_tserver_command(commands, server_help)
     else:
         commands.add_parser("tserver", help=server_help)
     cluster_cmd.add_parsers(commands, _Formatter)

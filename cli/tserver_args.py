@@ -29,6 +29,7 @@ __all__ = [
     "TSERVER_DESCRIPTION",
     "TSERVER_EPILOG",
     "add_tserver_arguments",
+    "add_tserver_command",
     "build_tserver_parser",
     "parse_tserver_args",
     "settings_from_args",
@@ -91,17 +92,28 @@ cluster up`.
 """
 
 
+_PARSER_TEXT: dict[str, Any] = {
+    "description": TSERVER_DESCRIPTION,
+    "epilog": TSERVER_EPILOG,
+    "formatter_class": argparse.RawDescriptionHelpFormatter,
+    # Abbreviations (--rpc for --rpc_addr) break silently when a flag is added later.
+    "allow_abbrev": False,
+}
+
+
 def build_tserver_parser(prog: str = "raftlet tserver") -> OneLineArgumentParser:
     """A standalone parser with the tserver flags (the CLI adds them to its subcommand)."""
-    parser = OneLineArgumentParser(
-        prog=prog,
-        description=TSERVER_DESCRIPTION,
-        epilog=TSERVER_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        # Abbreviations (--rpc for --rpc_addr) break silently when a flag is added later.
-        allow_abbrev=False,
-    )
+    parser = OneLineArgumentParser(prog=prog, **_PARSER_TEXT)
     add_tserver_arguments(parser)
+    return parser
+
+
+def add_tserver_command(commands: Any, help_text: str) -> argparse.ArgumentParser:
+    """The ``tserver`` command with its flags, under ``commands`` (argparse subparsers)."""
+    parser: argparse.ArgumentParser = commands.add_parser("tserver", help=help_text, **_PARSER_TEXT)
+    add_tserver_arguments(parser)
+    # Errors in the tserver's flags are reported by its own parser (usage, exit 2).
+    parser.set_defaults(subparser=parser)
     return parser
 
 
