@@ -94,7 +94,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     add_target_arguments(p)
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--rows", type=positive_int, metavar="N", help="insert N rows in all")
-    amount.add_argument("--duration", type=positive_float, metavar="S", help="insert for S seconds")
+    amount.add_argument(
+        "--duration",
+        type=positive_float,
+        metavar="S",
+        help="insert for S seconds (with --flush-mode background, the rows the sessions hold "
+        "buffered then are written before the summary, whose time and rate count them)",
+    )
     p.add_argument(
         "--threads",
         type=_threads,
