@@ -1477,11 +1477,20 @@ class TabletReplica:
             waited = (
                 f"after {wait_s * 1000:.0f} ms"
                 if wait_s > 0
-                else "and the call's deadline left no time to wait"
+                else "with no time left before the call's deadline"
+            )
+            committed = self.consensus.commit_index_seen()
+            # A follower's commit index trails its leader's, so past it is only a hint: but a
+            # bound from another tablet's write (review r32c) waited out every replica.
+            hint = (
+                f"; it is past what this replica knows committed ({committed}): an index from "
+                "another tablet's write never comes (a Raft index belongs to one tablet)"
+                if index > committed
+                else "; try another replica"
             )
             raise ServiceUnavailable(
                 f"tablet {self.tablet_id}: index {index} not yet applied on this replica "
-                f"(applied {self.store.applied_index()}) {waited}; try another replica"
+                f"(applied {self.store.applied_index()}) {waited}{hint}"
             )
         self._check_serving()
 
