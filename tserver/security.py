@@ -257,8 +257,22 @@ def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
 # --- who is calling ---------------------------------------------------------------------------
 
 
+# Every rpc_auth_denials reason: each series exists from the start, at 0, so an alert on
+# its rate has a series to watch before the first refusal (review r32a).
+DENIAL_REASONS = (
+    "invalid_token",
+    "no_credentials",
+    "no_identity",
+    "role_too_low",
+    "sender_mismatch",
+    "tls_handshake",
+)
+
+
 class AuthError(Exception):
     def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        if reason not in DENIAL_REASONS:
+            raise ValueError(f"{reason!r} is not one of DENIAL_REASONS")
         super().__init__(message)
         self.code = code
         self.reason = reason  # the rpc_auth_denials label
@@ -275,6 +289,9 @@ class Authenticator:
     def __init__(self, tokens: TokenTable | None, metrics: MetricEntity | None = None) -> None:
         self.tokens = tokens or TokenTable()
         self._metrics = metrics
+        if metrics is not None:
+            for reason in DENIAL_REASONS:
+                metrics.counter(RPC_AUTH_DENIALS, reason=reason)
         self._lock = threading.Lock()
         # Log a refusal at most once a second per (reason, who): a misconfigured client
         # retrying in a loop must not flood the log.

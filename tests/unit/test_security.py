@@ -7,6 +7,7 @@ import logging
 import stat
 from pathlib import Path
 
+import grpc
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -321,3 +322,24 @@ def test_a_refused_status_page_names_the_caller_by_its_token_and_address(
             auth.check_page(request)
         assert f"from {who} at 127.0.0.1:4242" in caplog.records[-1].getMessage()
     assert GOOD not in caplog.text
+
+
+def test_every_denial_reason_is_a_series_from_the_start() -> None:
+    """An alert on the rate of rpc_auth_denials_total had no series to watch until the
+    first refusal (review r32a)."""
+    from raftlet.metrics.catalogue import RPC_AUTH_DENIALS
+    from raftlet.metrics.export_json import generate_json
+    from raftlet.metrics.registry import MetricRegistry
+    from raftlet.tserver.security import DENIAL_REASONS
+
+    registry = MetricRegistry()
+    Authenticator(None, registry.entity("server", "ts1"))
+    series = {
+        m["labels"]["reason"]: m["value"]
+        for e in generate_json(registry)
+        for m in e["metrics"]
+        if m["name"] == RPC_AUTH_DENIALS.name
+    }
+    assert series == dict.fromkeys(DENIAL_REASONS, 0)
+    with pytest.raises(ValueError, match="not one of DENIAL_REASONS"):
+        AuthError(grpc.StatusCode.UNAUTHENTICATED, "made_up", "no")
