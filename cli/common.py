@@ -354,7 +354,9 @@ def fetch_config(
                 raise CliError(f"{addr} sent an invalid cluster config: {e}") from None
     finally:
         channels.close()
-    raise CliError(f"no server answered ({'; '.join(failures)}){_closed_hint(failures, creds)}")
+    raise CliError(
+        f"no server gave the cluster config ({'; '.join(failures)})" + _closed_hint(failures, creds)
+    )
 
 
 def _closed_hint(failures: Sequence[str], creds: Credentials | None) -> str:
