@@ -44,6 +44,7 @@ from raftlet.client.errors import RaftletError
 from raftlet.client.retry import classify, refused_before_log
 from raftlet.client.scanner import ReadMode
 from raftlet.cluster import TableConfig
+from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
@@ -148,7 +149,8 @@ class Workload:
             )
         except RaftletError as e:
             # A read changes nothing: whatever happened, it carries no information.
-            self.history.done(started, process, OpKind.READ, key, None, Outcome.FAIL, str(e))
+            error = f"{e.cause}: {e}"  # the cause first, as every other record has it
+            self.history.done(started, process, OpKind.READ, key, None, Outcome.FAIL, error)
             return Outcome.FAIL
         value = rows[0]["value"] if rows else None
         self.history.done(started, process, OpKind.READ, key, value, Outcome.OK)
@@ -183,7 +185,7 @@ class Workload:
             )  # fmt: skip
             # An UPSERT of a valid row has no row error to give: any would be a refusal.
             outcome = Outcome.FAIL if response.row_errors else Outcome.OK
-            error = str(response.row_errors[0]) if response.row_errors else ""
+            error = _row_error(response.row_errors[0]) if response.row_errors else ""
         except grpc.RpcError as e:
             failure = classify(e, sid)
             outcome = Outcome.FAIL if refused_before_log(failure) else Outcome.INFO
@@ -281,3 +283,8 @@ class Workload:
             error = f"{failure.cause}: {failure}"
         self.history.done(started, process, kind, key, value, outcome, error)
         return self._next(self._processes) if outcome is Outcome.INFO else process
+
+
+def _row_error(error: tablet_pb2.RowErrorPB) -> str:
+    """A row error as the history records it: its code first, as every other cause is."""
+    return f"{tablet_pb2.RowErrorPB.Code.Name(error.code)}: {error.message}"

@@ -28,7 +28,7 @@ on to its own exit status: one that changes something never stops halfway for it
 ``scan``, ``metrics`` and ``completion``, which merely print what they read, stop then,
 with exit 0. A command's heavy imports wait until it runs, so ``raftlet tserver`` does
 not load rich or the client, and the other commands do not load the server's settings
-(the consensus driver and the log: ~0.2 s of a command's ~0.5 s start-up).
+(the consensus driver and the log: ~0.1 s of CPU, a fifth of a command's start-up).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ Run `raftlet COMMAND --help` for a command's options and examples.
 def build_parser(*, server_flags: bool = True) -> argparse.ArgumentParser:
     """The whole command line. Without ``server_flags`` the ``tserver`` command is listed
     but takes no flags: they come from the server's settings, whose imports (the consensus
-    driver, the log) were half of every other command's start-up."""
+    driver, the log) were a fifth of every other command's start-up."""
     from raftlet.cli import (
         admin_cmd,
         certs_cmd,

@@ -160,6 +160,7 @@ def _hist(
 
 
 def _uptime(doc: list[Entity]) -> float | None:
+    # This machine's clock against the server's start: skew between them shows in it.
     started = [m.get("value") for m in _metrics(doc, "process_start_time_seconds", "server")]
     if not started or started[0] is None:
         return None
@@ -168,7 +169,8 @@ def _uptime(doc: list[Entity]) -> float | None:
 
 def _process_cpu(doc: list[Entity]) -> float | None:
     series = _metrics(doc, "process_cpu_seconds", "server")
-    return float(series[0].get("value") or 0) if series else None
+    value = series[0].get("value") if series else None
+    return None if value is None else float(value)
 
 
 def _leaders(doc: list[Entity]) -> float:

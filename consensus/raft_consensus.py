@@ -645,11 +645,15 @@ class RaftConsensus:
                 self._process_ready_unlocked()
 
     def step_down(self, new_leader: str = NO_NODE) -> str:
-        """Hand leadership to ``new_leader``, or to the most caught-up follower.
+        """Hand leadership to ``new_leader``, or to the most caught-up follower heard from
+        within the last ``2 * heartbeat_ticks + 1`` ticks.
 
         ``ValueError`` (the request cannot succeed as it stands, however often it is asked:
         INVALID_ARGUMENT to a client) when ``new_leader`` is no other voter, or when the
-        group has no other voter at all."""
+        group has no other voter at all; ``NoAnsweringFollower`` (UNAVAILABLE, retried)
+        when no follower answered within that window. A leader whose worker was held up
+        steps the ticks it missed before the answers queued behind them, and may say so
+        of followers that did answer: the client's retry then finds them heard from."""
         with self._lock:
             self._step_ticks_unlocked()
             status = self._node.status()

@@ -281,7 +281,8 @@ TCP_CONNECTIONS_REFUSED_TOTAL = MetricPrototype(
     COUNTER,
     "connections",
     "Connections a tcp port closed as soon as it accepted them because it had as many open "
-    "as it takes (consensus: 64 from peers; write: 1,024 from clients); its log says so "
+    "as it takes (consensus: 64 from peers; write: 1,024 from clients), or closed in their "
+    "TLS handshake to make room for a newer one (16 and 64 may wait in it); its log says so "
     "at most once a minute",
     entity_type="server",
     label_names=("port",),

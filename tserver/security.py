@@ -58,6 +58,7 @@ import contextvars
 import hmac
 import inspect
 import logging
+import re
 import ssl
 import threading
 import time
@@ -283,6 +284,11 @@ class AuthError(Exception):
         return cls(grpc.StatusCode.PERMISSION_DENIED, "sender_mismatch", message)
 
 
+# ":43322" of "ipv4:127.0.0.1:43322", "127.0.0.1:4242", "[::1]:4242", and a tcp
+# connection's number ("#67").
+_PORTS = re.compile(r":\d+(?=$|[,#\s])|#\d+")
+
+
 class Authenticator:
     """Resolves and authorizes callers; counts and logs refusals. Thread-safe."""
 
@@ -336,7 +342,9 @@ class Authenticator:
         if self._metrics is not None:
             self._metrics.counter(RPC_AUTH_DENIALS, reason=error.reason).increment()
         now = time.monotonic()
-        key = (error.reason, who)
+        # Keyed by where the caller is, not its port: a client reconnecting in a loop makes a
+        # new port each time, and a line each (review of r32a's fixes).
+        key = (error.reason, _PORTS.sub("", who))
         with self._lock:
             if now - self._last_logged.get(key, -1e9) < 1.0:
                 return
@@ -389,6 +397,9 @@ def _cert_uris(context: grpc.aio.ServicerContext) -> list[str]:
 # refused stayed in memory until the cyclic collector next ran (3.5 GB after 256 of them).
 _OPEN_READS = 4
 _OPEN_REQUEST_BYTES = 64 * 1024
+# How long one of those reads may take: a caller that sent the call's headers and never its
+# body held a place for good, and four such calls from anyone refused every health check.
+_OPEN_READ_TIMEOUT_S = 2.0
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # untyped grpc
@@ -471,7 +482,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # unty
                 )
             await reads.acquire()
 
-        return _read_after(admit, handler, method, done=reads.release)
+        return _read_after(
+            admit, handler, method, done=reads.release, read_timeout_s=_OPEN_READ_TIMEOUT_S
+        )
 
 
 def _read_after(
@@ -479,17 +492,30 @@ def _read_after(
     handler: grpc.RpcMethodHandler,
     method: str,
     done: Callable[[], None] | None = None,
+    read_timeout_s: float | None = None,
 ) -> grpc.RpcMethodHandler:
     """``handler`` (unary request) as a request-streaming handler that awaits ``admit``,
     then reads the one request message and runs the unary behaviour with it. ``done``, when
-    given, runs once the message is read (or the read failed) after ``admit`` succeeded."""
+    given, runs once the message is read (or the read failed) after ``admit`` succeeded; a
+    read not done within ``read_timeout_s`` (when given) is DEADLINE_EXCEEDED."""
 
     async def one_request(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         try:
-            request = await anext(requests, _NO_REQUEST)
+            reading = anext(requests, _NO_REQUEST)
+            if read_timeout_s is None:  # an admitted caller's: no task of its own
+                request = await reading
+            else:
+                request = await asyncio.wait_for(reading, read_timeout_s)
+        except TimeoutError:
+            request = _TIMED_OUT
         finally:
             if done is not None:
                 done()
+        if request is _TIMED_OUT:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{method}: the request did not arrive within {read_timeout_s:g} s",
+            )
         if request is _NO_REQUEST:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: no request")
         return request
@@ -515,6 +541,7 @@ def _read_after(
 
 
 _NO_REQUEST = object()
+_TIMED_OUT = object()
 _TOO_LARGE = object()
 
 

@@ -1483,8 +1483,9 @@ class TabletReplica:
             # A follower's commit index trails its leader's, so past it is only a hint: but a
             # bound from another tablet's write (review r32c) waited out every replica.
             hint = (
-                f"; it is past what this replica knows committed ({committed}): an index from "
-                "another tablet's write never comes (a Raft index belongs to one tablet)"
+                f"; it is past what this replica knows committed ({committed}): if it came "
+                "from another tablet's write it never comes here (a Raft index belongs to "
+                "one tablet); else try another replica"
                 if index > committed
                 else "; try another replica"
             )

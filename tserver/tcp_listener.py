@@ -13,7 +13,8 @@ its handshake a connection has shown nothing, yet held a thread for up to 10 s, 
 storm of them from anyone who could reach the write port -- 1,024 before the cap, a
 thousand threads -- stalled a server for seconds and cost it its leaderships, and on the
 consensus port kept real peers out (review r32a). Closing the oldest rather than refusing
-the newest lets a peer whose handshake takes milliseconds in while a storm goes on.
+the newest lets a peer whose handshake takes milliseconds in while a storm goes on, as
+long as fewer than ``max_handshakes`` newer connections come meanwhile.
 What the links hold while frames arrive is bounded by the factory's
 ``consensus.rpc.receive_limits``; a connection whose other end vanished is found out by
 TCP keepalive.
@@ -166,7 +167,8 @@ class TcpListener:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.what = what
-        # Connections closed as soon as accepted because ``max_connections`` were open.
+        # Connections closed as soon as accepted because ``max_connections`` were open, or
+        # in their handshake to make room for a newer one.
         self.refusals = refusals if refusals is not None else StripedCounter()
         self._make_link = make_link
         self._max_connections = max_connections

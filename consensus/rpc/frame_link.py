@@ -15,8 +15,8 @@ A frame is a 4-byte big-endian length and that many bytes.  ``FrameLink``:
 - sends from the caller's thread without ever blocking it: a frame goes out with one
   non-blocking ``send`` when nothing is queued before it (the usual case: no thread is
   woken); whatever the kernel does not take at once is queued for the link's writer
-  thread, which waits for the socket to drain (started by the first send that needs it,
-  so a link that never queues a byte costs one thread, its reader).  So ``send`` is safe
+  thread, which waits for the socket to drain (started by the first frame queued, a lazy
+  one included, so a link that never queues one costs one thread, its reader).  So ``send`` is safe
   under a lock, as
   ``consensus.transport.Transport.send`` must be.  A peer that takes nothing for
   ``send_timeout_s`` (stopped, or behind a partition) breaks the link;
@@ -142,15 +142,23 @@ class FrameLink:
         self._reader.start()
         return self
 
-    def _wake_writer_unlocked(self) -> None:
+    def _wake_writer_unlocked(self) -> bool:
         """Tell the writer thread there is work, starting it the first time (caller holds
-        ``_lock``, and the link is not closed)."""
-        if not self._writer_started:
-            self._writer_started = True
-            self._threads_left += 1
-            self._writer.start()  # it waits for the lock, then sees the work
-        else:
+        ``_lock``, and the link is not closed). False: it could not be started (no thread
+        to be had), and the link is closed -- the caller raises ``LinkClosed``."""
+        if self._writer_started:
             self._wake_writer.notify()
+            return True
+        try:
+            # Once per link: it waits for the lock, then sees the work.
+            self._writer.start()
+        except RuntimeError as e:  # can't start new thread
+            logger.warning("link %s: no writer thread (%s): closing it", self.name, e)
+            self._closed = True
+            return False
+        self._writer_started = True
+        self._threads_left += 1
+        return True
 
     @property
     def closed(self) -> bool:
@@ -185,54 +193,60 @@ class FrameLink:
         with self._lock:
             if self._closed:
                 raise LinkClosed(f"link {self.name} is closed")
-            if lazy:
-                self._lazy.append(data)
-                self._unsent += len(data)
-                if not self._lazy_due:
-                    self._lazy_due = True
-                    self._wake_writer_unlocked()
-                return
-            counted = 0  # of data's bytes, already in _unsent (lazy frames taken along)
-            if self._lazy:  # what waits goes first, in this same send
-                new = len(data)
-                data = b"".join(self._lazy) + data
-                self._lazy.clear()
-                counted = len(data) - new
-            if self._writing:  # the writer has bytes queued: these go after them
-                self._backlog.append(memoryview(data))
-                self._unsent += len(data) - counted
-                return
-            try:
-                if self._tls:  # non-blocking; flags are refused on an SSLSocket
-                    sent = self._sock.send(data)
-                else:
-                    sent = self._sock.send(data, socket.MSG_DONTWAIT)
-            except (
-                BlockingIOError,
-                InterruptedError,
-                ssl.SSLWantWriteError,
-                ssl.SSLWantReadError,
-            ):
-                # The kernel took nothing now (over TLS the writer must also retry with the
-                # same bytes, OpenSSL's rule for a write that wanted to wait): all of it is
-                # queued for the writer.
-                sent = 0
-            except OSError as exc:
-                self._closed = True
-                error = exc
-            else:
-                if sent == len(data):
-                    self._unsent -= counted
-                    return
-            if not self._closed:
-                self._backlog.append(memoryview(data)[sent:])
-                self._unsent += len(data) - sent - counted
-                self._writing = True
-                self._wake_writer_unlocked()
-                return
+            error = self._send_locked(data, lazy)
+        if error is None:
+            return
         logger.debug("link %s: send failed: %s", self.name, error)
         self._shutdown()
         raise LinkClosed(f"link {self.name}: {error}")
+
+    def _send_locked(self, data: bytes, lazy: bool) -> OSError | None:
+        """``send`` under ``_lock``, on an open link; the error that closed it, if one did."""
+        if lazy:
+            self._lazy.append(data)
+            self._unsent += len(data)
+            if not self._lazy_due:
+                self._lazy_due = True
+                if not self._wake_writer_unlocked():
+                    return OSError("no writer thread")
+            return None
+        counted = 0  # of data's bytes, already in _unsent (lazy frames taken along)
+        if self._lazy:  # what waits goes first, in this same send
+            new = len(data)
+            data = b"".join(self._lazy) + data
+            self._lazy.clear()
+            counted = len(data) - new
+        if self._writing:  # the writer has bytes queued: these go after them
+            self._backlog.append(memoryview(data))
+            self._unsent += len(data) - counted
+            return None
+        try:
+            if self._tls:  # non-blocking; flags are refused on an SSLSocket
+                sent = self._sock.send(data)
+            else:
+                sent = self._sock.send(data, socket.MSG_DONTWAIT)
+        except (
+            BlockingIOError,
+            InterruptedError,
+            ssl.SSLWantWriteError,
+            ssl.SSLWantReadError,
+        ):
+            # The kernel took nothing now (over TLS the writer must also retry with the
+            # same bytes, OpenSSL's rule for a write that wanted to wait): all of it is
+            # queued for the writer.
+            sent = 0
+        except OSError as exc:
+            self._closed = True
+            return exc
+        if sent == len(data):
+            self._unsent -= counted
+            return None
+        self._backlog.append(memoryview(data)[sent:])
+        self._unsent += len(data) - sent - counted
+        self._writing = True
+        if self._wake_writer_unlocked():
+            return None
+        return OSError("no writer thread")
 
     def _write(self) -> None:
         """Writer thread: drain the backlog whenever a send could not go out at once."""

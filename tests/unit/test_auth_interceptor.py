@@ -208,5 +208,26 @@ def test_only_a_few_open_calls_are_read_at_once() -> None:
         blocked.clear()
         blocked.set()
         assert await wrapped.stream_unary(requests(), _Context()) == b"r"
+        # A body that never comes holds its place for a bounded time only: four such calls
+        # from anyone made every health check RESOURCE_EXHAUSTED for good.
+        security_timeout = security._OPEN_READ_TIMEOUT_S
+        security._OPEN_READ_TIMEOUT_S = 0.05
+        try:
+            never = asyncio.Event()
+
+            async def silent() -> Any:
+                await never.wait()
+                yield b"never"
+
+            timed = await interceptor.intercept_service(continuation, Details())
+            stuck = [timed.stream_unary(silent(), _Context()) for _ in range(security._OPEN_READS)]
+            results = await asyncio.gather(*stuck, return_exceptions=True)
+            assert all(
+                isinstance(r, _Refused) and r.args[0] is grpc.StatusCode.DEADLINE_EXCEEDED
+                for r in results
+            ), results
+            assert await timed.stream_unary(requests(), _Context()) == b"r"
+        finally:
+            security._OPEN_READ_TIMEOUT_S = security_timeout
 
     asyncio.run(body())

@@ -68,6 +68,15 @@ def test_the_report_says_why_operations_were_not_ok() -> None:
     assert "    read not ok, why: FAILED_PRECONDITION 2, DEADLINE_EXCEEDED 1" in text
     assert "    write not ok, why: NOT_LEADER 1" in text
     assert run_mod._cause_of("") == "no error recorded"
+    # As the workload records them: a client read's failure and a row error, cause first.
+    from raftlet.chaos.workload import _row_error
+    from raftlet.client.errors import Timeout
+    from raftlet.proto import tablet_pb2
+
+    timeout = Timeout("scan of tablet registers-p3 timed out after 2 s (5 attempts)")
+    assert run_mod._cause_of(f"{timeout.cause}: {timeout}") == "TIMEOUT"
+    refused = tablet_pb2.RowErrorPB(code=tablet_pb2.RowErrorPB.KEY_EXISTS, message="key 7")
+    assert run_mod._cause_of(_row_error(refused)) == "KEY_EXISTS"
 
 
 def test_a_clean_run_passes_and_says_so() -> None:

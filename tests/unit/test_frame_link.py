@@ -448,3 +448,26 @@ def test_a_link_starts_its_writer_only_when_a_send_must_wait(
     a.link.join(5)
     assert not _link_threads("idle-a")
     assert pair[0].fileno() == -1  # closed once both of its threads ended
+
+
+def test_a_writer_that_cannot_start_closes_the_link() -> None:
+    """Out of threads (the condition a connection storm makes), the queued bytes had no one
+    to send them, the socket was never closed, and the send raised a RuntimeError."""
+    left, right = socket.socketpair()
+    a = End(left, "no-writer")
+    try:
+
+        def refuse() -> None:
+            raise RuntimeError("can't start new thread")
+
+        a.link._writer.start = refuse  # type: ignore[method-assign]
+        with pytest.raises(LinkClosed, match="no writer thread"):
+            a.link.send(frame(os.urandom(32 * 1024 * 1024 - 64)))  # nobody reads right
+        a.wait_closed()
+        a.link.join(5)
+        wait_for(lambda: left.fileno() == -1, 5, "the socket closed")
+        with pytest.raises(LinkClosed):
+            a.link.send(frame(b"late"))
+    finally:
+        right.close()
+        left.close()

@@ -322,6 +322,13 @@ def test_a_refused_status_page_names_the_caller_by_its_token_and_address(
             auth.check_page(request)
         assert f"from {who} at 127.0.0.1:4242" in caplog.records[-1].getMessage()
     assert GOOD not in caplog.text
+    # Rate-limited by where the caller is, not by its port: a client reconnecting in a loop
+    # comes from a new port each time.
+    lines = len(caplog.records)
+    for port in range(5000, 5010):
+        with pytest.raises(HttpError):
+            auth.check_page(PageRequest("GET", "/stacks", {}, {}, peer=f"127.0.0.1:{port}"))
+    assert len(caplog.records) == lines
 
 
 def test_every_denial_reason_is_a_series_from_the_start() -> None:

@@ -216,7 +216,6 @@ def test_connections_that_never_handshake_make_way_for_one_that_does(tmp_path: P
         with dialer.wrap_socket(raw, server_hostname="127.0.0.1"):
             wait_for(lambda: linked, WAIT_S, "the writer linked")
         assert linked == [Identity("app", AccessRole.WRITER)]
-        assert len(listener._handshaking) <= 2
     finally:
         for s in silent:
             s.close()
