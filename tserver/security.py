@@ -448,31 +448,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # unty
         if not handler.request_streaming:
             return _read_after(admit, handler, method)
 
-        def wrap(behaviour: Callable[..., Any]) -> Callable[..., Any]:
-            if inspect.isasyncgenfunction(behaviour):
-
-                async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                    await admit(context)
-                    async for item in behaviour(request, context):
-                        yield item
-
-                return stream
-
-            async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                await admit(context)
-                result = behaviour(request, context)
-                return await result if inspect.isawaitable(result) else result
-
-            return call
+        async def admitted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await admit(context)
+            return request
 
         # grpc.experimental.wrap_server_method_handler, without the experimental import.
         if handler.response_streaming:
-            return handler._replace(stream_stream=wrap(handler.stream_stream))
-        return handler._replace(stream_unary=wrap(handler.stream_unary))
+            return handler._replace(stream_stream=_after(admitted, handler.stream_stream))
+        return handler._replace(stream_unary=_after(admitted, handler.stream_unary))
 
     def _open(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         reads = self._open_reads
-        handler = _bounded(handler, method)
+        decode = handler.request_deserializer
+
+        def bounded_decode(data: bytes) -> Any:
+            # Refused undecoded: its bytes are let go at once.
+            if len(data) > _OPEN_REQUEST_BYTES:
+                return _TOO_LARGE
+            return decode(data) if decode is not None else data
 
         async def admit(context: grpc.aio.ServicerContext) -> None:
             if reads.locked():
@@ -483,8 +476,37 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # unty
             await reads.acquire()
 
         return _read_after(
-            admit, handler, method, done=reads.release, read_timeout_s=_OPEN_READ_TIMEOUT_S
+            admit,
+            handler._replace(request_deserializer=bounded_decode),
+            method,
+            done=reads.release,
+            read_timeout_s=_OPEN_READ_TIMEOUT_S,
         )
+
+
+Behaviour = Callable[..., Any]
+
+
+def _after(
+    prelude: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], behaviour: Behaviour
+) -> Behaviour:
+    """``behaviour`` run with what ``await prelude(request, context)`` returns (which may
+    abort the call): an async generator stays one, and a coroutine -- or a function --
+    becomes a coroutine (a streaming answer written with context.write, as the health
+    service's Watch does, is one)."""
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async for item in behaviour(await prelude(request, context), context):
+                yield item
+
+        return stream
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        result = behaviour(await prelude(request, context), context)
+        return await result if inspect.isawaitable(result) else result
+
+    return call
 
 
 def _read_after(
@@ -500,6 +522,7 @@ def _read_after(
     read not done within ``read_timeout_s`` (when given) is DEADLINE_EXCEEDED."""
 
     async def one_request(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        await admit(context)
         try:
             reading = anext(requests, _NO_REQUEST)
             if read_timeout_s is None:  # an admitted caller's: no task of its own
@@ -516,69 +539,25 @@ def _read_after(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"{method}: the request did not arrive within {read_timeout_s:g} s",
             )
+        if request is _TOO_LARGE:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{method}: a request of more than {_OPEN_REQUEST_BYTES} bytes",
+            )
         if request is _NO_REQUEST:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: no request")
         return request
 
-    behaviour = handler.unary_stream if handler.response_streaming else handler.unary_unary
-
-    async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-        await admit(context)
-        result = behaviour(await one_request(requests, context), context)
-        return await result if inspect.isawaitable(result) else result
-
-    async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-        await admit(context)
-        async for item in behaviour(await one_request(requests, context), context):
-            yield item
-
     if not handler.response_streaming:
+        call = _after(one_request, handler.unary_unary)
         return handler._replace(request_streaming=True, unary_unary=None, stream_unary=call)
-    # A streaming answer is yielded by an async generator, or written with context.write
-    # by a coroutine (the health service's Watch): each is served as it is written.
-    wrapped = stream if inspect.isasyncgenfunction(behaviour) else call
-    return handler._replace(request_streaming=True, unary_stream=None, stream_stream=wrapped)
+    stream = _after(one_request, handler.unary_stream)
+    return handler._replace(request_streaming=True, unary_stream=None, stream_stream=stream)
 
 
 _NO_REQUEST = object()
 _TIMED_OUT = object()
-_TOO_LARGE = object()
-
-
-def _bounded(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """``handler`` (unary request) refusing, undecoded, a request over
-    ``_OPEN_REQUEST_BYTES``: its bytes are let go at once."""
-    decode = handler.request_deserializer
-    streaming = handler.response_streaming
-    behaviour = handler.unary_stream if streaming else handler.unary_unary
-
-    def bounded_decode(data: bytes) -> Any:
-        if len(data) > _OPEN_REQUEST_BYTES:
-            return _TOO_LARGE
-        return decode(data) if decode is not None else data
-
-    async def refuse(context: grpc.aio.ServicerContext) -> None:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{method}: a request of more than {_OPEN_REQUEST_BYTES} bytes",
-        )
-
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if request is _TOO_LARGE:
-            await refuse(context)
-        result = behaviour(request, context)
-        return await result if inspect.isawaitable(result) else result
-
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if request is _TOO_LARGE:
-            await refuse(context)
-        async for item in behaviour(request, context):
-            yield item
-
-    if not streaming:
-        return handler._replace(request_deserializer=bounded_decode, unary_unary=call)
-    wrapped = stream if inspect.isasyncgenfunction(behaviour) else call
-    return handler._replace(request_deserializer=bounded_decode, unary_stream=wrapped)
+_TOO_LARGE = object()  # an open method's request over _OPEN_REQUEST_BYTES
 
 
 # --- consensus senders ------------------------------------------------------------------------
