@@ -674,11 +674,11 @@ class RaftConsensus:
                 # take leadership, and writes wait while a transfer to it runs out (an idle
                 # tablet's followers all match, and the first of them was picked, review
                 # r32c). Never a learner.
-                target = self._node.answering_successor(2 * self.options.heartbeat_ticks + 1)
+                target = self._answering_successor_unlocked()
                 if not target:
                     raise NoAnsweringFollower(
                         f"{self.group_id}: no other voter answered within the last "
-                        f"{2 * self.options.heartbeat_ticks + 1} ticks, so none could take "
+                        f"{self._answer_window_ticks} ticks, so none could take "
                         "leadership now; name one to hand it to anyway"
                     )
             if target not in self.voters or target == self.node_id:
@@ -693,13 +693,20 @@ class RaftConsensus:
         take it now)."""
         with self._lock:
             self._step_ticks_unlocked()
-            # A follower answers every heartbeat: silent for more than two has stopped, or
-            # is stopping too, and TIMEOUT_NOW would be lost on it.
-            target = self._node.answering_successor(2 * self.options.heartbeat_ticks + 1)
+            target = self._answering_successor_unlocked()
             if not target:
                 return NO_NODE
             self._transfer_unlocked(target, why)
         return target
+
+    @property
+    def _answer_window_ticks(self) -> int:
+        # A follower answers every heartbeat: silent for more than two has stopped, or is
+        # stopping too, and TIMEOUT_NOW would be lost on it.
+        return 2 * self.options.heartbeat_ticks + 1
+
+    def _answering_successor_unlocked(self) -> str:
+        return self._node.answering_successor(self._answer_window_ticks)
 
     def _transfer_unlocked(self, target: str, why: str) -> None:
         logger.info(
