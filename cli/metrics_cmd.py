@@ -159,18 +159,21 @@ def _hist(
     return get
 
 
+def _server_value(name: str) -> Callable[[list[Entity]], float | None]:
+    """The server entity's ``name``; None if it has none (a server older than it)."""
+
+    def get(doc: list[Entity]) -> float | None:
+        series = _metrics(doc, name, "server")
+        value = series[0].get("value") if series else None
+        return None if value is None else float(value)
+
+    return get
+
+
 def _uptime(doc: list[Entity]) -> float | None:
     # This machine's clock against the server's start: skew between them shows in it.
-    started = [m.get("value") for m in _metrics(doc, "process_start_time_seconds", "server")]
-    if not started or started[0] is None:
-        return None
-    return max(0.0, time.time() - float(started[0]))
-
-
-def _process_cpu(doc: list[Entity]) -> float | None:
-    series = _metrics(doc, "process_cpu_seconds", "server")
-    value = series[0].get("value") if series else None
-    return None if value is None else float(value)
+    started = _server_value("process_start_time_seconds")(doc)
+    return None if started is None else max(0.0, time.time() - started)
 
 
 def _leaders(doc: list[Entity]) -> float:
@@ -202,7 +205,13 @@ KEY_METRICS: tuple[KeyMetric, ...] = (
         _uptime,
         aggregate="min",
     ),
-    KeyMetric("cpu_time", "CPU time used", "process_cpu_seconds", "seconds", _process_cpu),
+    KeyMetric(
+        "cpu_time",
+        "CPU time used",
+        "process_cpu_seconds",
+        "seconds",
+        _server_value("process_cpu_seconds"),
+    ),
     KeyMetric("leaders", "tablet leaders hosted", "raft_role", "count", _leaders),
     KeyMetric(
         "failed_replicas",
