@@ -65,8 +65,7 @@ class JsonRowError(ValueError):
     which of an array's rows it is (None for rows one after another, or no row at all)."""
 
     def __init__(self, line: int, message: str, *, row: int | None = None) -> None:
-        where = RowPlace(row, line, True) if row is not None else f"line {line}"
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{RowPlace(row or 0, line, row is not None)}: {message}")
         self.line = line
         self.row = row
 
