@@ -44,7 +44,9 @@ def test_the_pass_cpu_benchmark_runs_briefly_with_its_timeline_and_gaps(tmp_path
     # top-level rows), each with calls in some gap bucket.
     for rows, gap_rows in zip(per_server, by_gap, strict=True):
         passes_timed = {row[0] for row in rows}
-        assert {row[0] for row in gap_rows} >= {"WAL appender turn", "apply stage"}
+        # The WAL appender runs every round; a follower on a loaded machine may apply all a
+        # one-second run committed in a single pass, which has no gap to show (CI once).
+        assert "WAL appender turn" in {row[0] for row in gap_rows}
         for name, *cells in gap_rows:
             assert name in passes_timed
             counts = [int(c.split("(")[1].strip(")").replace(",", "")) for c in cells if c != "-"]

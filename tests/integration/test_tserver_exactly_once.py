@@ -213,6 +213,10 @@ def test_retry_at_new_leader_that_has_not_applied_the_original_gets_the_same_ans
             20,
             "the write replicated everywhere",
         )
+        # Committed on the old leader too, as the docstring has it: stepped down first, on a
+        # loaded machine, before its own fsync of the write, it answered "stopped leading
+        # before the write was committed" (CI once).
+        wait_for(lambda: _state(old).commit_index >= base + 3, 20, "the write committed")
         old.admin.LeaderStepDown(admin_pb2.LeaderStepDownRequest(tablet_id=TABLET), timeout=10)
         # The client did not hear back in time and retries with the same request id.
         retry = write_with_retry(cluster, write, timeout=30, attempt_timeout=30)
