@@ -184,7 +184,8 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         description=(
             "Ask every server for its replicas and report: which servers are up, each "
             "tablet's leader, term and replicas, replicas that lag the leader, and one "
-            "overall OK / WARN / ERROR line."
+            "overall OK / WARN / ERROR line. `raftlet cluster ksck` is another name for "
+            "this command."
         ),
         epilog=_STATUS_EPILOG,
         formatter_class=formatter,

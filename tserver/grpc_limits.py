@@ -45,6 +45,19 @@ counted: their flow is the stream's own business (the write stream stops reading
 past its window of unanswered writes and bytes, ``tserver.write_stream``; a consensus stream
 belongs to a peer).
 
+- ``MAX_CONNECTIONS_PER_PORT`` (``grpc.max_allowed_incoming_connections``) and
+  ``HANDSHAKE_TIMEOUT_MS`` (``grpc.server_handshake_timeout_ms``): connections, not calls.
+  Each open connection costs the server a descriptor and ~40 KB, and the token port takes
+  them from anyone (its caller shows a token only with a call): 4,000 held-open anonymous
+  connections grew a server by ~160 MiB and 4,000 descriptors, and nothing stopped more but
+  the process's descriptor limit -- which its WAL segments and peer links share, so running
+  out would fail far more than new calls. gRPC counts the cap per listening port and closes
+  a connection over it as soon as it is accepted, before any byte is read; one that has not
+  finished its TLS handshake and HTTP/2 preface within 10 s (gRPC's default is 120 s) is
+  closed too, so connections that never handshake free their place in the time the tcp
+  ports give them (``tserver.tcp_admission``). Legitimate use is far below the cap: a
+  client process holds one connection per server, a peer one or two.
+
 Limits these do not remove: a client with many connections multiplies the per-connection
 bounds until the server-wide ones refuse everyone's new calls, which trades memory for
 availability; authentication (TLS and roles) is what keeps such a client out.
@@ -59,8 +72,10 @@ from typing import Any
 import grpc
 
 __all__ = [
+    "HANDSHAKE_TIMEOUT_MS",
     "MAX_CONCURRENT_RPCS",
     "MAX_CONCURRENT_STREAMS",
+    "MAX_CONNECTIONS_PER_PORT",
     "PER_CONNECTION_UNREAD_BYTES",
     "PER_SERVER_UNREAD_BYTES",
     "SCAN_METHOD",
@@ -71,6 +86,8 @@ __all__ = [
 MiB = 1 << 20
 MAX_CONCURRENT_STREAMS = 64
 MAX_CONCURRENT_RPCS = 1024
+MAX_CONNECTIONS_PER_PORT = 2048
+HANDSHAKE_TIMEOUT_MS = 10_000
 PER_CONNECTION_UNREAD_BYTES = 16 * MiB
 PER_SERVER_UNREAD_BYTES = 128 * MiB
 # While the server is over its budget, connections holding less than this are still served.
@@ -92,9 +109,16 @@ DROPPABLE_METHODS = frozenset(
 
 def server_limit_options(
     max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
+    max_connections_per_port: int = MAX_CONNECTIONS_PER_PORT,
+    handshake_timeout_ms: int = HANDSHAKE_TIMEOUT_MS,
 ) -> list[tuple[str, int]]:
-    """gRPC server options for the per-connection limits (added to ``server_options``)."""
-    return [("grpc.max_concurrent_streams", max_concurrent_streams)]
+    """gRPC server options for the per-connection and per-port limits (added to
+    ``server_options``)."""
+    return [
+        ("grpc.max_concurrent_streams", max_concurrent_streams),
+        ("grpc.max_allowed_incoming_connections", max_connections_per_port),
+        ("grpc.server_handshake_timeout_ms", handshake_timeout_ms),
+    ]
 
 
 class UnreadResponseBudget(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # untyped grpc
