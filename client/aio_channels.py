@@ -151,7 +151,11 @@ class AsyncChannelPool:
         tcp_writes: bool = True,
         tcp_ssl: ssl.SSLContext | None = None,
     ) -> None:
-        self._options = list(options)
+        # A connection of its own per pool: gRPC otherwise puts every channel of a process
+        # to one address with equal options on one connection, and each AsyncClient keeps a
+        # write stream per server open -- a process's 65th client found all 64 streams a
+        # server allows a connection taken, and its writes waited out their deadline.
+        self._options = [*options, ("grpc.use_local_subchannel_pool", 1)]
         self._credentials = credentials  # None: plaintext (client.tls)
         self._write_stream = write_stream
         # A TLS client (credentials) uses the tcp write ports only with their TLS, tcp_ssl:

@@ -22,6 +22,7 @@ from raftlet.client import Client, Predicate
 from raftlet.client.aio import AsyncClient
 from raftlet.client.errors import MessageTooLarge
 from raftlet.proto import admin_pb2
+from raftlet.tserver.grpc_limits import MAX_CONCURRENT_STREAMS
 from tests.integration.tserver_cluster import REPO, TserverCluster, running_cluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -114,6 +115,46 @@ def test_writes_take_the_tcp_port_unless_told_not_to(
     assert connections == want
     assert scan_range(cluster, base, base + 32) == {base + i: f"t{i}" for i in range(32)}
     wait_for(lambda: _write_connections(cluster) == 0, 30, "the closed client's connections gone")
+
+
+def test_more_clients_in_one_process_than_a_connection_has_streams_all_write(
+    cluster: TserverCluster,
+) -> None:
+    """Each client keeps a write stream open to each server it writes to. On one connection
+    shared by the process, the clients past the server's streams per connection waited out
+    their deadline (a reviewer's 100 clients: 64 wrote); each client's connections are its
+    own."""
+    base = 1_080_000
+    clients = MAX_CONCURRENT_STREAMS + 6
+
+    async def main() -> tuple[list[AsyncClient], dict[int, str]]:
+        connecting = (
+            AsyncClient.connect(addresses(cluster), timeout_s=60.0, tcp_writes=False)
+            for _ in range(clients)
+        )
+        opened = list(await asyncio.gather(*connecting))
+        # Each client writes a key of every tablet: a stream to every leader.
+        by_tablet: dict[str, list[int]] = {}
+        key = base
+        while len(by_tablet) < PARTITIONS or any(len(k) < clients for k in by_tablet.values()):
+            by_tablet.setdefault(opened[0].tablet_for("kv", {"key": key}), []).append(key)
+            key += 1
+        rows = {keys[i]: f"m{i}" for keys in by_tablet.values() for i in range(clients)}
+        try:
+            await asyncio.gather(
+                *(
+                    c.insert("kv", {"key": keys[i], "value": f"m{i}"})
+                    for i, c in enumerate(opened)
+                    for keys in by_tablet.values()
+                )
+            )
+        finally:
+            await asyncio.gather(*(c.close() for c in opened))
+        return opened, rows
+
+    done, rows = run(main())
+    assert [c.stats.writes_acked for c in done] == [PARTITIONS] * clients
+    assert scan_range(cluster, base, max(rows) + 1) == rows
 
 
 def test_a_write_too_large_for_a_frame_fails_alone(cluster: TserverCluster) -> None:
