@@ -458,7 +458,8 @@ class AsyncClient(ClientBase[AsyncMetaCache]):
         self, tablet_id: str, new_leader: str = "", *, timeout_s: float | None = None
     ) -> str:
         """Ask the leader of ``tablet_id`` to hand leadership to ``new_leader`` (or its most
-        caught-up follower that answers); returns the uuid of the server that stepped down."""
+        caught-up follower), if that one answers the leader (retried until the timeout while
+        it does not); returns the uuid of the server that stepped down."""
         self._check_open()
         if new_leader and new_leader not in self._meta.tablet(tablet_id).replicas:
             raise InvalidArgument(f"{new_leader!r} hosts no replica of tablet {tablet_id}")

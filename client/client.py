@@ -390,9 +390,10 @@ class Client(ClientBase[MetaCache]):
         self, tablet_id: str, new_leader: str = "", *, timeout_s: float | None = None
     ) -> str:
         """Ask the leader of ``tablet_id`` to hand leadership to ``new_leader`` (a server
-        uuid), or to its most caught-up follower among those that answer (retried until the
-        timeout while none does); returns the uuid of the server that stepped down. The new
-        leader is found by the next operation on the tablet."""
+        uuid), or to its most caught-up follower among those that answer -- a named one must
+        answer the leader too (retried until the timeout while it, or any, does not); returns
+        the uuid of the server that stepped down. The new leader is found by the next
+        operation on the tablet."""
         self._check_open()
         if new_leader and new_leader not in self._meta.tablet(tablet_id).replicas:
             raise InvalidArgument(f"{new_leader!r} hosts no replica of tablet {tablet_id}")

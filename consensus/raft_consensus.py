@@ -159,8 +159,8 @@ class _Stall:
 
 
 class NoAnsweringFollower(ProposalDropped):
-    """A step-down without a target found no voter that answers: none would take
-    leadership now (UNAVAILABLE, retried: a follower may come back)."""
+    """A step-down found no voter that answers, or the one it named has not answered: none
+    would take leadership now (UNAVAILABLE, retried: a follower may come back)."""
 
 
 class LeaderNotReady(ProposalDropped):
@@ -645,13 +645,14 @@ class RaftConsensus:
                 self._process_ready_unlocked()
 
     def step_down(self, new_leader: str = NO_NODE) -> str:
-        """Hand leadership to ``new_leader``, or to the most caught-up follower heard from
-        within the last ``2 * heartbeat_ticks + 1`` ticks.
+        """Hand leadership to ``new_leader``, or to the most caught-up follower, if it was
+        heard from within the last ``2 * heartbeat_ticks + 1`` ticks.
 
         ``ValueError`` (the request cannot succeed as it stands, however often it is asked:
         INVALID_ARGUMENT to a client) when ``new_leader`` is no other voter, or when the
         group has no other voter at all; ``NoAnsweringFollower`` (UNAVAILABLE, retried)
-        when no follower answered within that window. A leader whose worker was held up
+        when ``new_leader``, or without it every follower, has not answered within that
+        window. A leader whose worker was held up
         steps the ticks it missed before the answers queued behind them, and may say so
         of followers that did answer: the client's retry then finds them heard from."""
         with self._lock:
@@ -679,10 +680,17 @@ class RaftConsensus:
                     raise NoAnsweringFollower(
                         f"{self.group_id}: no other voter answered within the last "
                         f"{self._answer_window_ticks} ticks, so none could take "
-                        "leadership now; name one to hand it to anyway"
+                        "leadership now"
                     )
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")
+            if not self._node.answered_within(target, self._answer_window_ticks):
+                # A transfer to it would run out, unheard, while writes wait on it: the
+                # call said leadership moved, and nothing did (review r33b).
+                raise NoAnsweringFollower(
+                    f"{self.group_id}: {target} has not answered within the last "
+                    f"{self._answer_window_ticks} ticks, so it could not take leadership now"
+                )
             self._transfer_unlocked(target, "asked to step down")
         return target
 

@@ -673,12 +673,17 @@ class Raft:
             return NO_NODE
         best, best_match = NO_NODE, -1
         for v in self.voters:
-            pr = self.prs.get(v)
-            if v == self.id or pr is None or pr.heard_tick is None:
-                continue
-            if self.ticks - pr.heard_tick <= heard_within and pr.match > best_match:
-                best, best_match = v, pr.match
+            answers = v != self.id and self.answered_within(v, heard_within)
+            if answers and self.prs[v].match > best_match:
+                best, best_match = v, self.prs[v].match
         return best
+
+    def answered_within(self, voter: str, heard_within: int) -> bool:
+        """Whether this leader heard from ``voter`` within the last ``heard_within`` ticks."""
+        pr = self.prs.get(voter)
+        if self.role is not Role.LEADER or pr is None or pr.heard_tick is None:
+            return False
+        return self.ticks - pr.heard_tick <= heard_within
 
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to ``target`` (thesis §3.10): stop accepting proposals,

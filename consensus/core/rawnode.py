@@ -96,6 +96,10 @@ class RawNode:
         """See ``Raft.answering_successor``."""
         return self.raft.answering_successor(heard_within)
 
+    def answered_within(self, voter: str, heard_within: int) -> bool:
+        """See ``Raft.answered_within``."""
+        return self.raft.answered_within(voter, heard_within)
+
     def set_promotable(self, promotable: bool) -> None:
         """Whether this node may campaign and lead (see ``Raft.set_promotable``): the
         driver's verdict on its replica's health, an input like any other."""

@@ -432,7 +432,8 @@ def test_a_leadership_change_is_logged_by_the_old_leader_and_its_followers(
 
 def test_a_step_down_hands_leadership_only_to_a_follower_that_answers(cluster: Cluster) -> None:
     """On an idle tablet every follower matches the leader, and the first was picked even
-    when its server was dead: the transfer ran out while writes waited (review r32c)."""
+    when its server was dead: the transfer ran out while writes waited (review r32c). One
+    named that does not answer is refused alike."""
 
     def past_the_window(replica: Replica) -> None:
         # Stepped, not only counted (a tick counted while one waits is dropped), and short
@@ -448,6 +449,11 @@ def test_a_step_down_hands_leadership_only_to_a_follower_that_answers(cluster: C
     )
     cluster.crash(first)
     past_the_window(leader)
+    # Named, it is refused too: the call said it had stepped down, and nothing moved while
+    # writes waited on the transfer (review r33b).
+    with pytest.raises(NoAnsweringFollower, match=f"{first} has not answered within the last 3"):
+        leader.consensus.step_down(first)
+    assert leader.consensus.snapshot.role is Role.LEADER
     assert leader.consensus.step_down() == second
     cluster.wait_for(lambda: getattr(cluster.leader(), "node_id", None) == second, what="moved")
     new = cluster.replicas[second]
