@@ -532,6 +532,7 @@ def _status(args: argparse.Namespace) -> int:
     )
     pids: dict[str, int] = {}
     processes: dict[str, bool] | None = None
+    local = None
     if target.data_dir is not None and (target.data_dir / "cluster.json").exists():
         try:
             local = LocalCluster.load(target.data_dir)
@@ -543,6 +544,8 @@ def _status(args: argparse.Namespace) -> int:
             pids = local.pids()
             processes = {sid: sid in pids for sid in local.servers}
     health = check_cluster(target.config, options, processes=processes)
+    if local is not None and processes is not None:
+        local.note_dropped(health, processes)
     checksums = _checksums(target, args.timeout, health) if args.checksum else []
     ok = health.ok and all(c.ok for c in checksums)
     if args.format == "json":
@@ -850,7 +853,12 @@ def _down(args: argparse.Namespace) -> int:
         except LauncherError as e:
             raise CliError(str(e)) from None
         out.print(f"  {stop.describe()}", markup=False)
-        stopped = sorted(s for s, up in cluster.running().items() if not up and s != args.server)
+        dropped = cluster.dropped()  # not in cluster.toml: `up` does not start them
+        stopped = sorted(
+            s
+            for s, up in cluster.running().items()
+            if not up and s != args.server and s not in dropped
+        )
         if not stopped:
             out.print(
                 f"{args.server} is down, the others run; `raftlet cluster up --data-dir "

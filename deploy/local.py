@@ -58,12 +58,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raftlet.client.health import ClusterHealth, ProbeOptions, TabletHealth, check_cluster
+from raftlet.client.health import (
+    ClusterHealth,
+    ProbeOptions,
+    Severity,
+    TabletHealth,
+    check_cluster,
+)
 from raftlet.cluster import (
     ClusterConfig,
     ClusterConfigError,
@@ -428,6 +434,7 @@ class LocalCluster:
             )
         if (root / STATE_FILE).exists():
             existing = cls.load(root)
+            existing._forget_dropped(say)
             # One restarted by hand runs too (``_live``).
             running = [p for sid in existing.servers if (p := existing._live(sid)) is not None]
             stopped = [s for s in existing.servers.values() if s.id not in {p.id for p in running}]
@@ -551,6 +558,19 @@ class LocalCluster:
             else:
                 return cluster
         raise AssertionError("unreachable")
+
+    def _forget_dropped(self, say: Callable[[str], None]) -> None:
+        """Before an `up`: servers taken out of cluster.toml are not started again; one that
+        still runs is left running, and said so (`down` stops it)."""
+        gone = [sid for sid in self.dropped() if self._live(sid) is None]
+        for sid in self.dropped():
+            if sid not in gone:
+                say(self._dropped_but_running(sid))
+        if gone:
+            for sid in gone:
+                del self.servers[sid]
+            self._save()
+            say(f"{', '.join(gone)}, no longer in {CONFIG_FILE}, not started again")
 
     def _start_all(
         self,
@@ -846,6 +866,8 @@ class LocalCluster:
         is this cluster's tserver ``server_id`` (``owns``) under another PID than the one
         recorded; None otherwise."""
         s = self.servers[server_id]
+        if server_id not in self.config.server_ids:
+            return None  # taken out of cluster.toml: its recorded PID is all there is
         pid = data_dir_in_use(self.config.server(server_id).data_dir)
         if pid is None or pid <= 0 or pid == s.pid:
             return None
@@ -878,7 +900,30 @@ class LocalCluster:
         options = options or ProbeOptions()
         if options.credentials is None:
             options = dataclasses.replace(options, credentials=self.probe_credentials)
-        return check_cluster(self.config, options, processes=self.running())
+        running = self.running()
+        health = check_cluster(self.config, options, processes=running)
+        self.note_dropped(health, running)
+        return health
+
+    def note_dropped(self, health: ClusterHealth, running: Mapping[str, bool]) -> None:
+        """Add to ``health`` (a check of this cluster's config) the servers ``dropped`` from
+        it that still run (``running``: server id -> process alive): a WARN each."""
+        for sid in self.dropped():
+            if running.get(sid):
+                health.issues.append(self._dropped_but_running(sid))
+                health.severity = max(health.severity, Severity.WARN)
+
+    def dropped(self) -> list[str]:
+        """Servers this cluster started that its cluster.toml no longer lists (taken out
+        after `replace-server` emptied them): stopped by `down`, never started again."""
+        return [sid for sid in self.servers if sid not in self.config.server_ids]
+
+    def _dropped_but_running(self, server_id: str) -> str:
+        return (
+            f"server {server_id} (pid {self.servers[server_id].pid}) still runs but is no "
+            f"longer in {CONFIG_FILE}: `raftlet cluster down --data-dir {self.data_dir} "
+            f"--server {server_id}` stops it"
+        )
 
     def status(self, options: ProbeOptions | None = None) -> ClusterHealth:
         """Alias of ``health`` (the name ``raftlet cluster status`` uses)."""

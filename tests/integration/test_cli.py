@@ -881,3 +881,43 @@ def test_a_server_added_to_the_config_while_the_others_run_is_named_not_counted(
     finally:
         with contextlib.suppress(NoClusterError):
             LocalCluster.load(root).down(timeout=10)
+
+
+def test_a_server_taken_out_of_the_config_is_stopped_by_down_and_not_started_again(
+    tmp_path: Path,
+) -> None:
+    """The way to retire a server (empty it, take it out of cluster.toml) made `status`,
+    `up` and `down` fail with a traceback on the server the state file still named, and
+    `down` left the others running (review r33a)."""
+    from raftlet.cluster import load_cluster_config
+
+    root = tmp_path / "c"
+    ok(raftlet("cluster", "up", "--data-dir", str(root), "--servers", "4", "--tablets", "1"))
+    try:
+        config = root / "cluster.toml"
+        (placement,) = load_cluster_config(config).placements()
+        (empty,) = {"ts1", "ts2", "ts3", "ts4"} - set(placement.replicas)
+        pids = LocalCluster.load(root).pids()
+        text = config.read_text()
+        start = text.index(f'[[servers]]\nid = "{empty}"')
+        end = text.index("[[", start + 2)
+        config.write_text(text[:start] + text[end:])
+
+        status = raftlet("cluster", "status", "--data-dir", str(root))
+        assert "Traceback" not in status.stderr, status.stderr
+        said = " ".join(status.stdout.split())  # the console wraps long lines
+        assert f"server {empty} (pid {pids[empty]}) still runs but is no longer in" in said
+        stop = ok(raftlet("cluster", "down", "--data-dir", str(root), "--server", empty))
+        assert f"{empty} is down, the others run" in stop
+        again = raftlet("cluster", "up", "--data-dir", str(root))
+        assert again.returncode == 1, again.stdout + again.stderr
+        assert f"{empty}, no longer in cluster.toml, not started again" in again.stdout
+        assert "a cluster is already running" in again.stderr
+        ok(raftlet("cluster", "down", "--data-dir", str(root)))
+        assert not any(pid_alive(pid) for pid in pids.values())
+        up = ok(raftlet("cluster", "up", "--data-dir", str(root)))
+        assert set(LocalCluster.load(root).pids()) == set(placement.replicas)
+        assert "Traceback" not in up
+    finally:
+        with contextlib.suppress(NoClusterError):
+            LocalCluster.load(root).down(timeout=10)
