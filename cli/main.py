@@ -34,6 +34,7 @@ not load rich or the client, and the other commands do not load the server's set
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 from collections.abc import Sequence
@@ -158,7 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 # Commands whose whole job is to print what they read: once nobody reads, they may stop
 # (`raftlet scan … | head`) with exit 0. Every other command -- all that change something,
 # and `cluster status`, whose exit status is its verdict -- carries on, its output dropped.
-_STOP_WHEN_UNREAD = frozenset({"scan", "metrics"})
+_STOP_WHEN_UNREAD = frozenset({"scan", "metrics", "tablet export"})
+# A write that failed for want of room or a device: the output (`scan --format json >
+# file` on a full disk) or a file the command writes. Said in one line, not a traceback.
+_WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -210,7 +214,7 @@ def _run_command(args: argparse.Namespace) -> int:
         _fail(name, "interrupted")
         return 130
     except BrokenPipeError:
-        if args.command not in _STOP_WHEN_UNREAD:
+        if name not in _STOP_WHEN_UNREAD:
             # Every other command's output carries on into /dev/null once unread
             # (common.console, print_out): a broken pipe here is not stdout's, and no
             # success -- it once turned `cluster up | head -1`, whose servers were stopped
@@ -219,6 +223,13 @@ def _run_command(args: argparse.Namespace) -> int:
         # `raftlet scan … | head`: the reader left; that is not an error of ours.
         stdout_gone()
         return 0
+    except OSError as e:
+        if e.errno not in _WRITE_FAILED:
+            raise
+        stdout_gone()  # what is still buffered would fail again at exit
+        where = f" ({e.filename})" if e.filename else " (its output, or a file it writes)"
+        _fail(name, f"a write failed{where}: {e.strerror}")
+        return 1
     except Exception as e:
         # A client error that escaped a command's handling is still one line; anything
         # else is a bug and keeps its traceback.

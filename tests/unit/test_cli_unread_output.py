@@ -104,6 +104,43 @@ def test_main_answers_0_for_an_unread_scan_but_not_for_a_command_that_changes_so
         main(["certs", "create", "--dir", "/nonexistent", "--servers", "ts1"])
 
 
+def test_an_unread_tablet_export_stops_with_0(
+    monkeypatch: pytest.MonkeyPatch, unread_stdout: Callable[[], IO[str]]
+) -> None:
+    """`tablet export DIR | head` ended in a BrokenPipeError traceback (review r33a): like
+    scan, it only prints what it reads."""
+
+    def broken(_args: Any) -> int:
+        raise BrokenPipeError
+
+    monkeypatch.setattr(tablet_cmd, "run", broken)
+    unread_stdout()
+    assert main(["tablet", "export", "/nonexistent/kv-p0"]) == 0
+    with pytest.raises(BrokenPipeError):
+        main(["tablet", "remove-replica", "kv-p0", "ts1", "--servers", "127.0.0.1:1"])
+
+
+def test_output_onto_a_full_disk_fails_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`scan --format json > file` on a full disk printed a traceback (review r33b)."""
+
+    def prints(_args: Any) -> int:
+        for i in range(10_000):
+            print(f'{{"key": {i}}}')
+        return 0
+
+    monkeypatch.setattr(scan_cmd, "run", prints)
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        assert main(["scan", "kv", "--servers", "127.0.0.1:1"]) == 1
+        monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert "raftlet scan: error: a write failed (its output, or a file it writes): " in err
+    assert "No space left on device" in err
+    assert "Traceback" not in err
+
+
 # --- cluster status: its verdict's exit status ----------------------------------------------
 
 
