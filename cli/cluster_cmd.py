@@ -248,9 +248,10 @@ def add_parsers(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     down.add_argument(
         "--server",
         metavar="ID",
-        help="stop only this server (a rolling restart: new flags or certificates), leaving "
-        "the others running; `raftlet cluster up` starts it again. Refused when a tablet "
-        "would be left without a majority of answering voters",
+        help="stop only this server (a rolling restart: new certificates, a new release), "
+        "leaving the others running; `raftlet cluster up` starts it again, with the flags it "
+        "had (new flags need a full down and up). Refused when a tablet would be left "
+        "without a majority of answering voters",
     )
     down.add_argument(
         "--force",

@@ -80,12 +80,14 @@ examples:
 
 VALUE is read by the column's type, as `raftlet scan --where` reads it: integers (also
 0x-hex, and _ between digits), floats, true/false (also t/f, yes/no, y/n, 1/0), strings
-(quote them for spaces at the ends), BINARY as 0x-hex, UNIXTIME_MICROS as microseconds or
-an ISO 8601 time or date (UTC unless it has an offset); a bare null is NULL.
+(quote them for spaces at the ends), BINARY as 0x-hex (other text as its UTF-8 bytes),
+UNIXTIME_MICROS as microseconds or an ISO 8601 time or date (UTC unless it has an offset);
+a bare null is NULL.
 An insert leaves out nullable columns as NULL. An upsert of a new key does too; of a key
 that exists it sets the columns given and keeps the others' values (it does not replace
-the row: give a column as null to clear it). An update gives the key and the columns to
-change; a delete gives the key (with --json, a row's other columns are ignored).
+the row: give a column as null to clear it) -- but, as an insert, it must give every
+non-nullable column. An update gives the key and the columns to change; a delete gives the
+key (with --json, a row's other columns are ignored).
 
 --json FILE (- for stdin) holds one JSON array of row objects, or objects one after another
 (JSON lines), as `raftlet scan --format json` writes them: BINARY in base64,
@@ -289,12 +291,10 @@ def _write_file(
         for at, doc in interrupts.watching(json_rows(stream)):
             place = at
             try:
-                row = row_from_json(schema, doc)
+                row = row_from_json(schema, keys_only(schema, doc) if op is OpType.DELETE else doc)
             except ValueError as e:
                 out.stopped = f"{at}: {e}"
                 break
-            if op is OpType.DELETE:
-                row = keys_only(schema, row)
             rows_at.append(at.row)
             lines.append(at.line)
             in_array = at.in_array

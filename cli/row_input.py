@@ -19,7 +19,7 @@ import binascii
 import itertools
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import IO, NamedTuple
 
 from raftlet.cli.common import UsageError, cut
@@ -115,9 +115,17 @@ def row_from_json(schema: Schema, doc: object) -> dict[str, Value]:
     return row
 
 
-def keys_only(schema: Schema, row: Mapping[str, Value]) -> dict[str, Value]:
-    """The key columns of ``row`` (a DELETE takes nothing else)."""
-    return {c.name: row[c.name] for c in schema.key_columns if c.name in row}
+def keys_only(schema: Schema, doc: object) -> object:
+    """The key columns of a JSON row, before it is read (``row_from_json``): a DELETE takes
+    nothing else, so a value it would not use must not stop the file. ValueError if the row
+    gives no key column."""
+    if not isinstance(doc, dict):
+        return doc
+    names = [c.name for c in schema.key_columns]
+    keys = {name: value for name, value in doc.items() if name in names}
+    if doc and not keys:
+        raise ValueError(f"a delete takes the key ({', '.join(names)}), and this row has none")
+    return keys
 
 
 class _Overflowed(float):

@@ -55,11 +55,12 @@ examples:
 COLUMN is-null; COLUMN not-null. Conditions are ANDed. Values are read by the column's
 type: integers (also 0x-hex, and _ between digits), floats, true/false (also t/f, yes/no,
 y/n, 1/0), strings (quotes optional unless they have commas or spaces at the ends; in
-single quotes '' is one quote and \\\\ one backslash), BINARY as 0x-hex, UNIXTIME_MICROS as
-an integer or an ISO 8601 time or date (UTC unless it has an offset; at most
-microseconds). A FLOAT value means the float32 the column would store for it: f = 0.1
-and f <= 0.1 find a FLOAT written as 0.1, and f > 0.4999999999 is f > 0.5. An integer
-bound beyond the column's type matches all rows or none (i8 < 1000: all but NULLs).
+single quotes '' is one quote and \\\\ one backslash), BINARY as 0x-hex (other text
+as its UTF-8 bytes), UNIXTIME_MICROS as an integer or an ISO 8601 time or date (UTC unless
+it has an offset; at most microseconds). A FLOAT value means the float32 the column would
+store for it: f = 0.1 and f <= 0.1 find a FLOAT written as 0.1, and f > 0.4999999999 is
+f > 0.5. An integer bound beyond the column's type matches all rows or none (i8 < 1000:
+all but NULLs).
 In table output BINARY shows as 0x-hex and UNIXTIME_MICROS as UTC time; a string that
 could be read as something else -- NULL, empty or blank, starting with a quote (' or "),
 or with characters that do not print (control and format characters, line separators:

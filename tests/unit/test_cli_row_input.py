@@ -191,8 +191,13 @@ def test_a_json_row_giving_a_column_twice_is_refused_with_its_line() -> None:
         rows('{"id": 1}\n{"id": 20014, "name": "x", "id": 20015}\n')
 
 
-def test_a_delete_keeps_the_key_columns_alone() -> None:
-    assert keys_only(SCHEMA, {"id": 1, "name": "a", "ok": True}) == {"id": 1, "name": "a"}
+def test_a_delete_keeps_the_key_columns_alone_before_reading_the_row() -> None:
+    """A value the delete does not use stopped the file (review r33b), though --help says
+    a delete's other columns are ignored."""
+    doc = {"id": 1, "name": "a", "ok": "not a bool"}
+    assert row_from_json(SCHEMA, keys_only(SCHEMA, doc)) == {"id": 1, "name": "a"}
+    with pytest.raises(ValueError, match=r"a delete takes the key \(id, name\), and this row"):
+        keys_only(SCHEMA, {"ok": True})
 
 
 # --- JSON files -------------------------------------------------------------------------------
