@@ -147,6 +147,16 @@ class _Connecting:
         if self._client is not None:
             await self._client.close()
 
+    def __getattr__(self, name: str) -> Any:
+        if hasattr(AsyncClient, name):
+            # `c = AsyncClient.connect(...)` without await: c is this, not a client.
+            raise AttributeError(
+                f"{name!r}: AsyncClient.connect() and from_config() give the client once "
+                "awaited -- `client = await AsyncClient.connect(...)`, or `async with "
+                "AsyncClient.connect(...) as client:`"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 class AsyncClient(ClientBase[AsyncMetaCache]):
     """A connection to a raftlet cluster for asyncio code, made with ``await

@@ -85,10 +85,20 @@ def _say_unwritten_rows() -> None:
 
 def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
     items = seeds.split(",") if isinstance(seeds, str) else list(seeds)
-    out = [s.strip() for s in items if isinstance(s, str) and s.strip()]
+    wrong = next((s for s in items if not isinstance(s, str)), None)
+    if wrong is not None:
+        raise InvalidArgument(
+            f"a server address is a string 'host:port', got {type(wrong).__name__} {wrong!r}"
+        )
+    out = [s.strip() for s in items if s.strip()]
     if not out:
         raise InvalidArgument(f"no server address given (got {seeds!r}); expected host:port")
     for addr in out:
+        if "://" in addr:
+            # gRPC would take it as a host name and retry its resolution until the timeout.
+            raise InvalidArgument(
+                f"server address {addr!r}: give host:port, without a scheme (e.g. 127.0.0.1:7051)"
+            )
         host, sep, port = addr.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise InvalidArgument(f"server address {addr!r} is not host:port")

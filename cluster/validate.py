@@ -91,6 +91,8 @@ def parse_host_port(addr: str) -> tuple[str, int]:
     """
     if not isinstance(addr, str):
         raise ValueError(f"must be a string 'host:port', got {type(addr).__name__}")
+    if "://" in addr:
+        raise ValueError(f"{addr!r}: give host:port, without a scheme (e.g. 127.0.0.1:7051)")
     host, sep, port = addr.rpartition(":")
     if not sep or not host:
         raise ValueError(f"{addr!r} is not host:port (e.g. 127.0.0.1:7051)")

@@ -185,6 +185,7 @@ USAGE_ERRORS = [
         "use --flush-mode background (or just --batch-rows N) for batches in flight",
     ),
     (["scan", "kv", "--servers", "nohostport"], "is not host:port"),
+    (["scan", "kv", "--servers", "http://127.0.0.1:7051"], "without a scheme"),
     (["scan", "kv", "--data-dir", "x", "--where", "key ~ 3"], "is not a condition"),
     (["scan", "kv", "--data-dir", "x", "--where", "key != 3"], "!= is not supported"),
     (["scan", "kv", "--data-dir", "x", "--where", "key = null"], "use 'key is-null'"),

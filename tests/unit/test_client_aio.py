@@ -633,6 +633,15 @@ def test_malformed_operations_are_invalid_arguments_not_tracebacks() -> None:
     run(main())
 
 
+def test_a_connect_not_awaited_says_to_await_it() -> None:
+    """It raised a bare AttributeError naming a private class (review r33b)."""
+    connecting = AsyncClient.connect([addr("ts1")], stubs=AsyncFakeCluster())
+    with pytest.raises(AttributeError, match=r"'insert': AsyncClient.connect\(\) and "):
+        connecting.insert  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'no_such'"):
+        connecting.no_such  # noqa: B018
+
+
 def test_async_with_a_client_not_yet_connected_connects_it() -> None:
     cluster = AsyncFakeCluster()
     cluster.servers["ts1"].script("config", config_pb())

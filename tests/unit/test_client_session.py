@@ -4,6 +4,7 @@ when every row has an outcome, and errors in row order."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -240,6 +241,24 @@ def test_a_seed_port_out_of_range_is_refused(port: str) -> None:
     with pytest.raises(InvalidArgument, match=r"port must be 1 to 65535|is not host:port"):
         parse_seeds(f"127.0.0.1:{port}")
     assert parse_seeds("127.0.0.1:65535, [::1]:1") == ["127.0.0.1:65535", "[::1]:1"]
+
+
+@pytest.mark.parametrize(
+    ("seeds", "said"),
+    [
+        (["http://127.0.0.1:7051"], "without a scheme"),
+        ("grpc://h:1,h:2", "without a scheme"),
+        ([7051], "a server address is a string 'host:port', got int 7051"),
+    ],
+)
+def test_a_seed_that_is_no_host_port_is_refused_at_once(seeds: object, said: str) -> None:
+    """An http:// seed passed the check, then gRPC retried its name for the whole timeout;
+    an int was said to be no address at all (review r33b)."""
+    from raftlet.client.client import parse_seeds
+    from raftlet.client.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=re.escape(said)):
+        parse_seeds(seeds)  # type: ignore[arg-type]
 
 
 SKV_SCHEMA = Schema(
