@@ -94,8 +94,9 @@ from raftlet.tserver.checksum import (
     CHECKSUM_MARKER,
     ChecksumResult,
     RecentChecksums,
-    checksum_rows,
+    checksum_workers,
     is_checksum_point,
+    pin_checksum,
     split_after_checksum_points,
 )
 from raftlet.tserver.disk_usage import files_bytes, store_bytes
@@ -971,16 +972,29 @@ class TabletReplica:
 
     def _apply_pieces(self, entries: list[Entry]) -> bool:
         """Apply ``entries``; False (and the replica FAILED) if the store failed."""
-        # A checksum point ends a piece: the rows are checksummed between two applies.
+        # A checksum point ends a piece: the rows are pinned between two applies, and read
+        # on a checksum worker while the applies go on.
         for piece in split_after_checksum_points(entries):
             for chunk in _bounded_transactions(piece):
                 if not self._apply(chunk):
                     return False
             if is_checksum_point(piece[-1]):
-                self._checksums.record(
-                    checksum_rows(self.store, piece[-1].index, on_damage=self.store_damaged)
-                )
+                self._start_checksum(piece[-1].index)
         return True
+
+    def _start_checksum(self, index: int) -> None:
+        read = pin_checksum(self.store, index, on_damage=self.store_damaged)
+        self._checksums.begin(index)
+
+        def run() -> None:
+            try:
+                result = read()
+            except Exception as e:  # recorded, so that nobody waits for it in vain
+                logger.exception("%s: the checksum at index %d failed", self.tablet_id, index)
+                result = ChecksumResult(index, 0, "", f"the checksum failed: {e!r}")
+            self._checksums.record(result)
+
+        checksum_workers().submit(run)
 
     def _catch_up(self) -> None:
         """Retry after a failure: apply what was handed over and not applied, read back
@@ -1283,6 +1297,11 @@ class TabletReplica:
         if result is not None:
             return result
         self._check_serving()
+        if self._checksums.reading(index):
+            raise ServiceUnavailable(
+                f"tablet {self.tablet_id}: the checksum at index {index} is still being read "
+                f"after {timeout_s:g} s (a large tablet: ask with a longer timeout)"
+            )
         applied = self.store.applied_index()
         if applied >= index:
             raise InvalidRequest(
