@@ -3,6 +3,7 @@ idempotent replay."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import sqlite3
@@ -20,6 +21,7 @@ from raftlet.schema.rows import OpType, RowOp, decode_row_op, encode_row_op
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import INTEGER_RANGES, DataType, Value
 from raftlet.tserver.store import ApplyEntry, EntryResult, StoreError, TabletStore
+from raftlet.tserver.store.sql import SqlBuilder
 from tests.unit.schema_strategies import key_schemas, keys_of, values_of
 from tests.unit.store_helpers import SIMPLE, WIDE, insert, ops
 
@@ -384,3 +386,40 @@ def test_a_batch_applied_in_runs_ends_as_it_would_row_by_row(
     assert bulk_rows == single_rows
     assert codes(whole) == [(i, name) for i, r in enumerate(one_by_one) for _, name in codes(r)]
     assert whole.rows_applied == sum(r.rows_applied for r in one_by_one)
+
+
+@contextlib.contextmanager
+def _made_without_rowid() -> Iterator[None]:
+    """Stores opened new inside make ``tablet_rows`` as builds before 2026-12-07 did."""
+    made = SqlBuilder.create_table
+    SqlBuilder.create_table = lambda self: made(self) + " WITHOUT ROWID"  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SqlBuilder.create_table = made  # type: ignore[method-assign]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed_ops())
+def test_a_store_made_without_rowid_applies_as_a_new_one(
+    batch: list[tuple[OpType, dict[str, object]]],
+) -> None:
+    """New stores keep rows in a rowid table beside the key's index; those made before kept
+    them in the key's b-tree (WITHOUT ROWID) and must go on working the same: same rows in
+    the same order, same per-row errors."""
+    pbs = [encode_row_op(SIMPLE, kind, row) for kind, row in batch]
+    with tempfile.TemporaryDirectory() as tmp:
+        with _made_without_rowid(), TabletStore.open(Path(tmp) / "old.db", SIMPLE) as old:
+            pass
+        ddl = sqlite3.connect(Path(tmp) / "old.db").execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'tablet_rows'"
+        )
+        assert "WITHOUT ROWID" in ddl.fetchone()[0]
+        with TabletStore.open(Path(tmp) / "old.db", SIMPLE) as old:
+            old_results = old.apply_batch([ApplyEntry(i + 1, 1, [pb]) for i, pb in enumerate(pbs)])
+            old_rows = all_rows(old)
+        with TabletStore.open(Path(tmp) / "new.db", SIMPLE) as new:
+            new_results = new.apply_batch([ApplyEntry(i + 1, 1, [pb]) for i, pb in enumerate(pbs)])
+            new_rows = all_rows(new)
+    assert old_rows == new_rows
+    assert [codes(r) for r in old_results] == [codes(r) for r in new_results]
