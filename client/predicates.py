@@ -32,6 +32,9 @@ class ScanPredicate(predicates.Predicate):
 
     @classmethod
     def equals(cls, column: str, value: Value) -> Self:
+        """``column = value``. A value no row of the column could hold (300 for an INT8) is
+        InvalidArgument when the scan is sent, as in ``in_list`` -- unlike a ``range``
+        bound, which is clamped."""
         _named(column)
         return super().equals(column, value)
 
@@ -62,7 +65,8 @@ class ScanPredicate(predicates.Predicate):
     @classmethod
     def in_list(cls, column: str, values: Iterable[Value]) -> Self:
         """``column IN values``; ``values`` is a list (or any iterable) of values, not one
-        value: a str would otherwise be taken as the list of its characters."""
+        value: a str would otherwise be taken as the list of its characters. A value no row
+        of the column could hold is InvalidArgument, as in ``equals``."""
         _named(column)
         try:
             return super().in_list(column, values)
