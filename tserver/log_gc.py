@@ -149,6 +149,7 @@ class LogGc:
                 all_replicated,
                 first,
                 self._max_segments,
-                ", ".join(behind) if behind else "that voter",
+                # Only a leader knows who holds what: a follower says where to look.
+                ", ".join(behind) if behind else "that voter (the leader's log names it)",
             )
         return deleted
