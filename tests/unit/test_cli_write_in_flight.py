@@ -103,6 +103,11 @@ def test_summary_json_has_the_in_flight_and_server_cpu_figures() -> None:
         "ts3": None,
     }
     assert doc["server_cpu_restarted"] == ["ts3"]
+    assert doc["server_cpu_unread"] == []
+    # One killed and still starting at the end: no reading after, named apart (review r33a).
+    unread = ServerCpu.between({"ts1": one, "ts2": one}, {"ts1": CpuReading(1.5, 5.0), "ts2": None})
+    unread_doc = _summary(in_flight=16, server_cpu=unread).to_json()
+    assert (unread_doc["server_cpu_restarted"], unread_doc["server_cpu_unread"]) == ([], ["ts2"])
     threaded = _summary(threads=4).to_json()
     assert (threaded["threads"], threaded["in_flight"], threaded["client"]) == (4, None, "threads")
     assert threaded["server_cpu_s"] is None
