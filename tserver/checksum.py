@@ -7,12 +7,13 @@ them while writes go on, the leader replicates a *checksum point*: an entry with
 (``WriteOperationPB.checksum_point``). Every replica checksums its rows right after it
 applies that entry: its apply thread -- the store's only writer -- opens a read transaction
 right then, between two applies, so each checksum is of exactly the state at that index,
-however far the replicas are apart in time, and the rows are read under it on a checksum
-worker (``checksum_workers``) while the replica goes on applying. What it costs: the reading
-(about a second per 30-60 MB of store file, the process's CPU shared with the writes), and
-while the read transaction lasts SQLite cannot start its WAL file over (it grows); an
-operator's check, not something to run in a loop. (Read in the apply thread, a checksum
-held a tablet's writes for as long: 14 s for 320,000 rows of 1 KB, review r33a.)
+however far the replicas are apart in time, and the rows are read under it on a thread of
+its own while the replica goes on applying (a daemon: a server that stops does not wait for
+it, and it ends early once its replica stops). What it costs: the reading (about a second
+per 30-60 MB of store file, the process's CPU shared with the writes), and while the read
+transaction lasts SQLite cannot start its WAL file over (it grows); an operator's check,
+not something to run in a loop. (Read in the apply thread, a checksum held a tablet's
+writes for as long: 14 s for 320,000 rows of 1 KB, review r33a.)
 
 A replica keeps the results of its last few points in memory. One that applied a point
 while replaying its log after a restart took no checksum there and says so.
@@ -28,7 +29,6 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from raftlet.consensus.core.types import Entry, EntryType
@@ -37,10 +37,10 @@ from raftlet.tserver.store import StoreError, TabletStore, damage_in
 
 __all__ = [
     "CHECKSUM_MARKER",
+    "STOPPED",
     "ChecksumResult",
     "RecentChecksums",
     "checksum_rows",
-    "checksum_workers",
     "is_checksum_point",
     "pin_checksum",
     "split_after_checksum_points",
@@ -52,20 +52,7 @@ CHECKSUM_MARKER = tablet_pb2.WriteOperationPB(checksum_point=True).SerializeToSt
 
 _FETCH_ROWS = 1000
 _KEPT = 16
-# Checksums read on this many threads per process: the reading is mostly Python (the GIL),
-# so more would not finish sooner, only hold more read transactions open at once.
-_WORKERS = 2
-_workers: ThreadPoolExecutor | None = None
-_workers_lock = threading.Lock()
-
-
-def checksum_workers() -> ThreadPoolExecutor:
-    """The process's checksum threads (made on first use)."""
-    global _workers
-    with _workers_lock:
-        if _workers is None:
-            _workers = ThreadPoolExecutor(_WORKERS, thread_name_prefix="checksum")
-        return _workers
+STOPPED = "the replica stopped while its rows were read"
 
 
 def is_checksum_point(entry: Entry) -> bool:
@@ -93,13 +80,16 @@ class ChecksumResult:
 
 
 def pin_checksum(
-    store: TabletStore, index: int, on_damage: Callable[[str], None] | None = None
+    store: TabletStore,
+    index: int,
+    on_damage: Callable[[str], None] | None = None,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> Callable[[], ChecksumResult]:
     """Pin the rows of ``store``, which must have applied exactly ``index`` (the caller is
     its only writer), in a read transaction now; returns the checksum of them, to be called
     once, on any thread, while the store goes on. A store that cannot be read gives a result
     whose ``failure`` says why: that is what the check is for; ``on_damage`` hears it too
-    when the file is damaged."""
+    when the file is damaged. Once ``stopped()`` the reading ends, its result a failure."""
 
     def failed(e: StoreError, rows: int = 0) -> ChecksumResult:
         damage = damage_in(e)
@@ -126,6 +116,8 @@ def pin_checksum(
         with held:
             try:
                 while batch := cursor.fetch(_FETCH_ROWS):
+                    if stopped():
+                        return ChecksumResult(index, rows, "", STOPPED)
                     for row in batch:
                         digest.update(repr(row).encode())
                         digest.update(b"\n")

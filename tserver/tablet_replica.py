@@ -94,7 +94,6 @@ from raftlet.tserver.checksum import (
     CHECKSUM_MARKER,
     ChecksumResult,
     RecentChecksums,
-    checksum_workers,
     is_checksum_point,
     pin_checksum,
     split_after_checksum_points,
@@ -973,18 +972,27 @@ class TabletReplica:
     def _apply_pieces(self, entries: list[Entry]) -> bool:
         """Apply ``entries``; False (and the replica FAILED) if the store failed."""
         # A checksum point ends a piece: the rows are pinned between two applies, and read
-        # on a checksum worker while the applies go on.
+        # on a thread of their own while the applies go on.
         for piece in split_after_checksum_points(entries):
+            point = piece[-1].index if is_checksum_point(piece[-1]) else None
+            if point is not None:
+                # Before the apply: a wait for it that runs out in between must not find the
+                # point applied and no checksum begun, and call it no point at all.
+                self._checksums.begin(point)
             for chunk in _bounded_transactions(piece):
                 if not self._apply(chunk):
+                    if point is not None:
+                        failed = "the replica failed before it applied the checksum point"
+                        self._checksums.record(ChecksumResult(point, 0, "", failed))
                     return False
-            if is_checksum_point(piece[-1]):
-                self._start_checksum(piece[-1].index)
+            if point is not None:
+                self._start_checksum(point)
         return True
 
     def _start_checksum(self, index: int) -> None:
-        read = pin_checksum(self.store, index, on_damage=self.store_damaged)
-        self._checksums.begin(index)
+        read = pin_checksum(
+            self.store, index, on_damage=self.store_damaged, stopped=lambda: self._stopped
+        )
 
         def run() -> None:
             try:
@@ -994,7 +1002,10 @@ class TabletReplica:
                 result = ChecksumResult(index, 0, "", f"the checksum failed: {e!r}")
             self._checksums.record(result)
 
-        checksum_workers().submit(run)
+        try:
+            threading.Thread(target=run, name=f"checksum-{self.tablet_id}", daemon=True).start()
+        except RuntimeError:  # no thread to be had: read it here, as it used to be
+            run()
 
     def _catch_up(self) -> None:
         """Retry after a failure: apply what was handed over and not applied, read back

@@ -16,6 +16,7 @@ from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
 from raftlet.tserver.checksum import (
     CHECKSUM_MARKER,
+    STOPPED,
     ChecksumResult,
     RecentChecksums,
     checksum_rows,
@@ -113,6 +114,21 @@ def test_a_pinned_checksum_is_of_its_index_while_the_store_applies_on(tmp_path: 
     finally:
         store.close()
         alone.close()
+
+
+def test_a_pinned_checksum_ends_early_once_its_replica_stops(tmp_path: Path) -> None:
+    """Its read transaction would otherwise last the whole read after the replica stopped
+    (and a deleted tablet's file would be kept that long)."""
+    store = _store(tmp_path / "a.sqlite", {i: f"value {i}" for i in range(2500)})
+    try:
+        stopping = threading.Event()
+        read = pin_checksum(store, 1, stopped=stopping.is_set)
+        stopping.set()
+        result = read()
+        assert (result.checksum, result.failure) == ("", STOPPED)
+        assert result.rows < 2500
+    finally:
+        store.close()
 
 
 def test_results_are_kept_for_the_last_points_and_waited_for() -> None:
