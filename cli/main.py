@@ -160,9 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 # (`raftlet scan … | head`) with exit 0. Every other command -- all that change something,
 # and `cluster status`, whose exit status is its verdict -- carries on, its output dropped.
 _STOP_WHEN_UNREAD = frozenset({"scan", "metrics", "tablet export"})
-# A write that failed for want of room or a device: the output (`scan --format json >
-# file` on a full disk) or a file the command writes. Said in one line, not a traceback.
-_WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+# A write that failed for want of room, or a device that failed: the output (`scan
+# --format json > file` on a full disk) or a file the command uses. One line, no traceback.
+_DEVICE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -224,11 +224,13 @@ def _run_command(args: argparse.Namespace) -> int:
         stdout_gone()
         return 0
     except OSError as e:
-        if e.errno not in _WRITE_FAILED:
+        if e.errno not in _DEVICE_FAILED:
             raise
-        stdout_gone()  # what is still buffered would fail again at exit
-        where = f" ({e.filename})" if e.filename else " (its output, or a file it writes)"
-        _fail(name, f"a write failed{where}: {e.strerror}")
+        if e.filename:
+            _fail(name, f"{e.filename}: {e.strerror}")
+        else:
+            stdout_gone()  # most likely the output: what is still buffered would fail at exit
+            _fail(name, f"{e.strerror} (writing its output, or a file it uses)")
         return 1
     except Exception as e:
         # A client error that escaped a command's handling is still one line; anything

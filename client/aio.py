@@ -81,7 +81,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Concatenate, Self
+from typing import TYPE_CHECKING, Any, Concatenate, Self
 
 from tenacity.wait import wait_base
 
@@ -147,15 +147,17 @@ class _Connecting:
         if self._client is not None:
             await self._client.close()
 
-    def __getattr__(self, name: str) -> Any:
-        if hasattr(AsyncClient, name):
-            # `c = AsyncClient.connect(...)` without await: c is this, not a client.
-            raise AttributeError(
-                f"{name!r}: AsyncClient.connect() and from_config() give the client once "
-                "awaited -- `client = await AsyncClient.connect(...)`, or `async with "
-                "AsyncClient.connect(...) as client:`"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    if not TYPE_CHECKING:  # a type checker must still flag `connect(...).insert`
+
+        def __getattr__(self, name: str) -> Any:
+            if hasattr(AsyncClient, name):
+                # `c = AsyncClient.connect(...)` without await: c is this, not a client.
+                raise AttributeError(
+                    f"{name!r}: AsyncClient.connect() and from_config() give the client once "
+                    "awaited -- `client = await AsyncClient.connect(...)`, or `async with "
+                    "AsyncClient.connect(...) as client:`"
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 class AsyncClient(ClientBase[AsyncMetaCache]):

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -84,6 +84,12 @@ def _say_unwritten_rows() -> None:
 
 
 def parse_seeds(seeds: str | Sequence[str]) -> list[str]:
+    given: object = seeds  # callers without types pass anything
+    if isinstance(given, bytes | bytearray) or not isinstance(given, str | Iterable):
+        raise InvalidArgument(
+            "server addresses are 'host:port' strings (a list, or one comma-separated "
+            f"string), got {type(seeds).__name__} {seeds!r:.60}"
+        )
     items = seeds.split(",") if isinstance(seeds, str) else list(seeds)
     wrong = next((s for s in items if not isinstance(s, str)), None)
     if wrong is not None:

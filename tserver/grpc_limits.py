@@ -55,8 +55,9 @@ belongs to a peer).
   a connection over it as soon as it is accepted, before any byte is read; one that has not
   finished its TLS handshake and HTTP/2 preface within 10 s (gRPC's default is 120 s) is
   closed too, so connections that never handshake free their place in the time the tcp
-  ports give them (``tserver.tcp_admission``). Legitimate use is far below the cap: a
-  client process holds one connection per server, a peer one or two.
+  ports give them (``tserver.tcp_admission``). Legitimate use is far below the cap: the
+  threaded clients of a process share one connection per server, each asyncio client holds
+  one of its own (``client.aio_channels``), a peer server two.
 
 Limits these do not remove: a client with many connections multiplies the per-connection
 bounds until the server-wide ones refuse everyone's new calls, which trades memory for

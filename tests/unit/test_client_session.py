@@ -249,6 +249,8 @@ def test_a_seed_port_out_of_range_is_refused(port: str) -> None:
         (["http://127.0.0.1:7051"], "without a scheme"),
         ("grpc://h:1,h:2", "without a scheme"),
         ([7051], "a server address is a string 'host:port', got int 7051"),
+        (7051, "server addresses are 'host:port' strings"),
+        (b"127.0.0.1:7051", "server addresses are 'host:port' strings"),
     ],
 )
 def test_a_seed_that_is_no_host_port_is_refused_at_once(seeds: object, said: str) -> None:
