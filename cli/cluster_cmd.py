@@ -861,6 +861,13 @@ def _down(args: argparse.Namespace) -> int:
             for s, up in cluster.running().items()
             if not up and s != args.server and s not in dropped
         )
+        if args.server in dropped:
+            out.print(
+                f"{args.server} is down; it is no longer in cluster.toml, so `raftlet cluster "
+                "up` does not start it again",
+                markup=False,
+            )
+            return 0
         if not stopped:
             out.print(
                 f"{args.server} is down, the others run; `raftlet cluster up --data-dir "

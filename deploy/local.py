@@ -560,12 +560,13 @@ class LocalCluster:
         raise AssertionError("unreachable")
 
     def _forget_dropped(self, say: Callable[[str], None]) -> None:
-        """Before an `up`: servers taken out of cluster.toml are not started again; one that
-        still runs is left running, and said so (`down` stops it)."""
+        """Before an `up`: servers taken out of cluster.toml are not started again, and one
+        that still runs must be stopped first (``ClusterRunningError``): counted with the
+        config's servers, it would pass for one of them."""
         gone = [sid for sid in self.dropped() if self._live(sid) is None]
-        for sid in self.dropped():
-            if sid not in gone:
-                say(self._dropped_but_running(sid))
+        running = [sid for sid in self.dropped() if sid not in gone]
+        if running:
+            raise ClusterRunningError("; ".join(self._dropped_but_running(s) for s in running))
         if gone:
             for sid in gone:
                 del self.servers[sid]
