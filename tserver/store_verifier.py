@@ -13,7 +13,9 @@ leadership over and answers "tablet failed"; unlike a full disk it does not come
 itself, as nothing it could retry would mend the file.
 
 What it cannot see: a changed value in an intact page (SQLite keeps no checksums of
-values); ``raftlet cluster ksck --checksum`` compares the replicas' rows for that.
+values), nor a key index that no longer matches its table (``quick_check`` does not compare
+them; stores keep rows in a rowid table beside the key's index, ``store.sql``);
+``raftlet cluster ksck --checksum`` compares the replicas' rows for that.
 """
 
 from __future__ import annotations

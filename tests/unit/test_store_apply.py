@@ -399,27 +399,45 @@ def _made_without_rowid() -> Iterator[None]:
         SqlBuilder.create_table = made  # type: ignore[method-assign]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mixed_ops())
+# A key of two columns, one a string: the rowid table's key is then an index beside it
+# (SIMPLE's one integer key is the rowid itself).
+TWO_KEYS = Schema(
+    [
+        ColumnSchema("tenant", DataType.STRING, is_key=True),
+        ColumnSchema("id", DataType.INT32, is_key=True),
+        ColumnSchema("name", DataType.STRING),
+        ColumnSchema("score", DataType.DOUBLE, nullable=True),
+    ]
+)
+
+
+@pytest.mark.parametrize("schema", [SIMPLE, TWO_KEYS], ids=["integer key", "two keys"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=mixed_ops())
 def test_a_store_made_without_rowid_applies_as_a_new_one(
-    batch: list[tuple[OpType, dict[str, object]]],
+    schema: Schema, batch: list[tuple[OpType, dict[str, object]]]
 ) -> None:
-    """New stores keep rows in a rowid table beside the key's index; those made before kept
-    them in the key's b-tree (WITHOUT ROWID) and must go on working the same: same rows in
-    the same order, same per-row errors."""
-    pbs = [encode_row_op(SIMPLE, kind, row) for kind, row in batch]
+    """New stores keep rows in a rowid table; those made before kept them in the key's
+    b-tree (WITHOUT ROWID) and must go on working the same: same rows in the same order,
+    same per-row errors."""
+    if schema is TWO_KEYS:
+        batch = [(kind, {"tenant": f"t{row['id'] % 2}", **row}) for kind, row in batch]
+    pbs = [encode_row_op(schema, kind, row) for kind, row in batch]
     with tempfile.TemporaryDirectory() as tmp:
-        with _made_without_rowid(), TabletStore.open(Path(tmp) / "old.db", SIMPLE) as old:
+        with _made_without_rowid(), TabletStore.open(Path(tmp) / "old.db", schema):
             pass
-        ddl = sqlite3.connect(Path(tmp) / "old.db").execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'tablet_rows'"
-        )
-        assert "WITHOUT ROWID" in ddl.fetchone()[0]
-        with TabletStore.open(Path(tmp) / "old.db", SIMPLE) as old:
-            old_results = old.apply_batch([ApplyEntry(i + 1, 1, [pb]) for i, pb in enumerate(pbs)])
+        conn = sqlite3.connect(Path(tmp) / "old.db")
+        try:
+            ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tablet_rows'")
+            assert "WITHOUT ROWID" in ddl.fetchone()[0]
+        finally:
+            conn.close()
+        entries = [ApplyEntry(i + 1, 1, [pb]) for i, pb in enumerate(pbs)]
+        with TabletStore.open(Path(tmp) / "old.db", schema) as old:
+            old_results = old.apply_batch(entries)
             old_rows = all_rows(old)
-        with TabletStore.open(Path(tmp) / "new.db", SIMPLE) as new:
-            new_results = new.apply_batch([ApplyEntry(i + 1, 1, [pb]) for i, pb in enumerate(pbs)])
+        with TabletStore.open(Path(tmp) / "new.db", schema) as new:
+            new_results = new.apply_batch(entries)
             new_rows = all_rows(new)
     assert old_rows == new_rows
     assert [codes(r) for r in old_results] == [codes(r) for r in new_results]

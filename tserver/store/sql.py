@@ -84,11 +84,12 @@ class SqlBuilder:
             f"{quote_ident(c.name)} {SQL_TYPES[c.type]}{'' if c.nullable else ' NOT NULL'}"
             for c in self.schema.columns
         ]
-        # An ordinary rowid table, the key a unique index beside it. WITHOUT ROWID keeps rows
-        # in the key's b-tree, whose cells hold at most ~1,000 bytes of a 4 KiB page: a 1 KB
-        # row put its last bytes on an overflow page of their own, and such a store took 4.7
-        # times its rows' size (review r33a). A rowid table's cells fill their pages; the
-        # statements are the same for both, and stores made WITHOUT ROWID keep working.
+        # An ordinary rowid table: a single integer key is the rowid itself, any other key a
+        # unique index beside the table. WITHOUT ROWID keeps rows in the key's b-tree, whose
+        # cells hold at most ~1,000 bytes of a 4 KiB page: a 1 KB row put its last bytes on
+        # an overflow page of their own, and such a store took 4.7 times its rows' size
+        # (review r33a). A rowid table's cells fill their pages; the statements are the same
+        # for both, and stores made WITHOUT ROWID keep working.
         return f"CREATE TABLE {self._table} ({', '.join(cols)}, PRIMARY KEY ({self._key_list}))"
 
     def insert(self, value_columns: tuple[str, ...]) -> str:

@@ -1,9 +1,10 @@
 """One tablet replica's rows in one SQLite database file.
 
 The file holds the rows and the replica's bookkeeping: ``tablet_rows`` (the schema's
-columns, ``PRIMARY KEY(key columns)``: a rowid table and the key's unique index, which a
-scan in key order walks; stores made before were ``WITHOUT ROWID``, the rows clustered in
-the key's b-tree, and work the same, ``sql.SqlBuilder.create_table`` says why it changed),
+columns, ``PRIMARY KEY(key columns)``: a rowid table -- a single integer key is the rowid,
+any other key a unique index beside it, which a scan in key order walks; stores made before
+were ``WITHOUT ROWID``, the rows clustered in the key's b-tree, and work the same,
+``sql.SqlBuilder.create_table`` says why it changed),
 ``raftlet_meta`` (the
 schema, the format version, the id of the tablet it belongs to, and the Raft index and term
 of the last applied entry), and the clients' request records for exactly-once writes
