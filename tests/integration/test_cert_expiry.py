@@ -10,6 +10,7 @@ client writes to that tablet through the leader ts1 handed it to.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from raftlet.client import Client, FlushMode, TlsOptions
+from raftlet.client import Client, FlushMode, RaftletError, TlsOptions
 from raftlet.cluster.identity import server_uri
 from raftlet.deploy.local import LocalCluster
 from tests.tls_certs import issue
@@ -79,11 +80,13 @@ def test_a_leader_whose_certificate_expires_hands_its_tablets_over(cluster: Loca
         asked = [-1.0]
 
         def ts1_leads() -> bool:
-            # Asked again if a transfer was abandoned (ts1's peers may not reach it yet).
+            # Asked again if a transfer was abandoned, or refused while the leader has not
+            # heard from ts1 yet (its peers may not reach it yet): one short try each time.
             leader = _leader(cluster)
             if leader not in (None, "ts1") and time.monotonic() - asked[0] > 2.0:
                 asked[0] = time.monotonic()
-                admin.leader_step_down(TABLET, "ts1")
+                with contextlib.suppress(RaftletError):
+                    admin.leader_step_down(TABLET, "ts1", timeout_s=2.0)
             return leader == "ts1"
 
         wait_for(ts1_leads, timeout=VALID_S, what="ts1 leading", poll_s=POLL_S)

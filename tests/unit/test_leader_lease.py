@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from raftlet.consensus.core import Message, MessageType, Role
-from raftlet.consensus.raft_consensus import ConsensusOptions, LeaderNotReady, LeaderReadMode
+from raftlet.consensus.raft_consensus import (
+    ConsensusOptions,
+    LeaderNotReady,
+    LeaderReadMode,
+    NoAnsweringFollower,
+)
 from raftlet.consensus.ticker import ManualTicker
 from raftlet.consensus.transport import InMemoryTransport
 from tests.unit.consensus_cluster import FAST, Cluster, Replica
@@ -166,7 +171,17 @@ def test_no_lease_before_the_leader_has_committed_its_no_op(
         return m.type is MessageType.APPEND and m.src == new.node_id
 
     transport.drop = drop
-    old.consensus.step_down(new.node_id)
+
+    def handed_over() -> bool:
+        # The lease needed one follower's answer: b's may not have come yet, and a step-down
+        # to a follower not heard from is refused.
+        try:
+            old.consensus.step_down(new.node_id)
+        except NoAnsweringFollower:
+            return False
+        return True
+
+    cluster.wait_for(handed_over, what="b heard from and asked to take over")
     cluster.wait_for(lambda: new.consensus.snapshot.role is Role.LEADER, what="b leads")
     assert old.consensus.lease_remaining_s() == 0
     rounds = new.consensus.metrics.read_index_reads.value()
