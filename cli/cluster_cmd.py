@@ -724,6 +724,7 @@ def _print_status(
     out = console()
     style = {"OK": "green", "UP": "green", "WARN": "yellow", "BUSY": "yellow", "LAGGING": "yellow"}
     style |= {"ERROR": "red", "DOWN": "red", "MISSING": "red", "FAILED": "red", "UNKNOWN": "yellow"}
+    style["COPYING"] = "yellow"
     style["DENIED"] = "red"
 
     def mark(word: str) -> str:
@@ -778,7 +779,7 @@ def _print_status(
     for t in health.tablets:
         reps = []
         for r in t.replicas:
-            if r.state in ("DOWN", "MISSING", "UNKNOWN", "FAILED"):
+            if r.state in ("DOWN", "MISSING", "UNKNOWN", "FAILED", "COPYING"):
                 reps.append(f"{r.server} {mark(r.state)}")
                 continue
             role = _ROLE_SHORT.get(r.role, r.role.lower())

@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         r.server
         for t in health.tablets
         for r in t.replicas
-        if r.role != "LEARNER" and r.state not in ("MISSING", "DOWN")
+        if r.role != "LEARNER" and r.state not in ("MISSING", "DOWN", "COPYING")
     }
     empty = [s for s in up if s not in holding]
     up = [s for s in up if s in holding]

@@ -1375,4 +1375,4 @@ def _last_error_line(text: str) -> str:
 
 def _present(tablet: TabletHealth) -> int:
     """How many of ``tablet``'s replicas exist on a server that answers."""
-    return sum(r.state not in ("MISSING", "DOWN") for r in tablet.replicas)
+    return sum(r.state not in ("MISSING", "DOWN", "COPYING") for r in tablet.replicas)

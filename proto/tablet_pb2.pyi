@@ -361,7 +361,7 @@ class ListTabletsRequest(_message.Message):
     def __init__(self, with_disk_usage: _Optional[bool] = ...) -> None: ...
 
 class ListTabletsResponse(_message.Message):
-    __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds", "servers_heard_from", "waiting_for_peers", "wiped_at_start", "server_version")
+    __slots__ = ("tablets", "server_uuid", "config_digests", "tls_cert_expiry_seconds", "servers_heard_from", "waiting_for_peers", "wiped_at_start", "server_version", "copying_tablets")
     class ConfigDigestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +377,7 @@ class ListTabletsResponse(_message.Message):
     WAITING_FOR_PEERS_FIELD_NUMBER: _ClassVar[int]
     WIPED_AT_START_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COPYING_TABLETS_FIELD_NUMBER: _ClassVar[int]
     tablets: _containers.RepeatedCompositeFieldContainer[TabletStatusPB]
     server_uuid: str
     config_digests: _containers.ScalarMap[str, str]
@@ -385,7 +386,8 @@ class ListTabletsResponse(_message.Message):
     waiting_for_peers: bool
     wiped_at_start: bool
     server_version: str
-    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ..., tls_cert_expiry_seconds: _Optional[float] = ..., servers_heard_from: _Optional[_Iterable[str]] = ..., waiting_for_peers: _Optional[bool] = ..., wiped_at_start: _Optional[bool] = ..., server_version: _Optional[str] = ...) -> None: ...
+    copying_tablets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tablets: _Optional[_Iterable[_Union[TabletStatusPB, _Mapping]]] = ..., server_uuid: _Optional[str] = ..., config_digests: _Optional[_Mapping[str, str]] = ..., tls_cert_expiry_seconds: _Optional[float] = ..., servers_heard_from: _Optional[_Iterable[str]] = ..., waiting_for_peers: _Optional[bool] = ..., wiped_at_start: _Optional[bool] = ..., server_version: _Optional[str] = ..., copying_tablets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetClusterConfigRequest(_message.Message):
     __slots__ = ()

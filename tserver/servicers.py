@@ -196,6 +196,7 @@ class TabletServicer(tablet_pb2_grpc.TabletServiceServicer):
             waiting_for_peers=self._s.waiting_for_peers,
             wiped_at_start=self._s.wiped_at_start,
             server_version=raftlet.__version__,
+            copying_tablets=self._s.copier.copies_under_way(),
         )
         for replica in self._s.replicas.values():
             snap = replica.consensus.snapshot

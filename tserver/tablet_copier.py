@@ -121,6 +121,11 @@ class TabletCopier:
         with self._lock:
             return tablet_id in self._copying
 
+    def copies_under_way(self) -> list[str]:
+        """The tablets this server is copying now (``ListTablets.copying_tablets``)."""
+        with self._lock:
+            return sorted(self._copying)
+
     # --- the leader asks ---------------------------------------------------------------------
 
     def request_copy(self, tablet_id: str, peer: str, term: int) -> None:

@@ -535,6 +535,27 @@ def test_no_replica_repair_is_advised_for_a_tablet_without_a_leader(
     ) in verdict.issues
 
 
+def test_a_replica_being_copied_is_said_to_be_and_no_repair_is_advised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica on its way by tablet copy read MISSING, with the advice to remove and add
+    it again -- which would start the copy over (review r33a)."""
+    copying = tablet_pb2.ListTabletsResponse(server_uuid="c", copying_tablets=["kv-p0"])
+    probes = {
+        "a": (_listed("a", leader=1, commit_index=9), "UP", ""),
+        "b": (_listed("b", commit_index=9), "UP", ""),
+        "c": (copying, "UP", ""),
+    }
+    monkeypatch.setattr(health, "probe_servers", lambda *_a, **_k: probes)
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    (tablet,) = verdict.tablets
+    assert [r.state for r in tablet.replicas if r.server == "c"] == ["COPYING"]
+    assert "kv-p0: replica on c is being made by a tablet copy from the leader" in verdict.issues
+    assert not any("remove-replica" in i for i in verdict.issues), verdict.issues
+    assert verdict.severity is health.Severity.WARN
+    assert any("c COPYING" in i for i in verdict.issues), verdict.issues
+
+
 def test_a_tablet_whose_majority_is_failed_says_it_lost_it_and_what_to_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

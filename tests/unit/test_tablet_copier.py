@@ -3,6 +3,7 @@ copies, and the copy begun again from it at the next start."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +17,7 @@ from raftlet.tserver.tablet_copy_install import (
     note_copy_under_way,
     recover_interrupted_copies,
 )
+from tests.waiting import wait_for
 
 
 class _Entity:
@@ -94,3 +96,29 @@ def test_a_replica_a_newer_release_wrote_is_copied_over_by_no_request(
     assert copier.copy_from("t2", "ts1", 1) == (True, "")  # damage is still repaired
     copier.stop()
     assert copied == ["t2"]
+
+
+def test_the_copies_under_way_are_named_while_they_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ListTablets.copying_tablets``: a replica on its way by tablet copy read MISSING in
+    `cluster status`, with the advice to remove and add it again (review r33a)."""
+    copier = TabletCopier(_server(tmp_path, {}), chunk_bytes=4096, repair_interval_s=0)
+    release = threading.Event()
+    running = threading.Event()
+
+    def copy_into(_tablet_id: str, _sources: list[str], _staging: Path) -> bool:
+        running.set()
+        return release.wait(30)
+
+    monkeypatch.setattr(copier, "_copy_into", copy_into)
+    try:
+        assert copier.copies_under_way() == []
+        assert copier._begin_copy("t1", ["ts1"])
+        assert running.wait(30)
+        assert copier.copies_under_way() == ["t1"]
+        release.set()
+        wait_for(lambda: copier.copies_under_way() == [], 30, "the copy ended")
+    finally:
+        release.set()
+        copier.stop()
