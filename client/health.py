@@ -753,7 +753,8 @@ def _check_tablet(
         if st.state == tablet_pb2.TABLET_STATE_FAILED:
             # Its server answers; the replica serves nothing and votes in no election.
             tablet.replicas.append(ReplicaHealth(sid, "FAILED"))
-            tablet.issues.append(f"replica on {sid} is FAILED: {st.failure_reason}")
+            under_way = "; a tablet copy is under way" if _copying(probes[sid][0], tid) else ""
+            tablet.issues.append(f"replica on {sid} is FAILED: {st.failure_reason}{under_way}")
             continue
         role = RaftRole.Name(st.role) if voter else "LEARNER"
         r = ReplicaHealth(

@@ -554,6 +554,19 @@ def test_a_replica_being_copied_is_said_to_be_and_no_repair_is_advised(
     assert not any("remove-replica" in i for i in verdict.issues), verdict.issues
     assert verdict.severity is health.Severity.WARN
     assert any("c COPYING" in i for i in verdict.issues), verdict.issues
+    # A wiped replica is listed FAILED while the copy that repairs it runs: said too.
+    failed = tablet_pb2.ListTabletsResponse(server_uuid="c", copying_tablets=["kv-p0"])
+    failed.tablets.add(
+        tablet_id="kv-p0",
+        table_name="kv",
+        state=tablet_pb2.TABLET_STATE_FAILED,
+        failure_reason="ReplicaOpenError: wiped",
+    )
+    probes["c"] = (failed, "UP", "")
+    verdict = health.check_cluster(LAYOUT, health.ProbeOptions())
+    assert (
+        "kv-p0: replica on c is FAILED: ReplicaOpenError: wiped; a tablet copy is under way"
+    ) in verdict.issues
 
 
 def test_a_tablet_whose_majority_is_failed_says_it_lost_it_and_what_to_do(
