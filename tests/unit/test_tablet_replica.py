@@ -907,7 +907,7 @@ def _listed(tablet: Tablet) -> dict[str, tablet_pb2.ListTabletsResponse]:
                 servers_heard=SimpleNamespace(heard=frozenset()),
                 waiting_for_peers=False,
                 wiped_at_start=False,
-                copier=SimpleNamespace(copies_under_way=lambda: []),
+                copier=SimpleNamespace(copies_under_way=list),
             )
         )._list_tablets()
         for node, r in tablet.replicas.items()
