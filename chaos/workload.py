@@ -43,6 +43,7 @@ from raftlet.client.aio import AsyncClient
 from raftlet.client.errors import RaftletError
 from raftlet.client.retry import classify, refused_before_log
 from raftlet.client.scanner import ReadMode
+from raftlet.client.write_batch import code_name
 from raftlet.cluster import TableConfig
 from raftlet.proto import tablet_pb2
 from raftlet.schema.predicates import Predicate
@@ -287,4 +288,4 @@ class Workload:
 
 def _row_error(error: tablet_pb2.RowErrorPB) -> str:
     """A row error as the history records it: its code first, as every other cause is."""
-    return f"{tablet_pb2.RowErrorPB.Code.Name(error.code)}: {error.message}"
+    return f"{code_name(error.code)}: {error.message}"

@@ -779,7 +779,7 @@ def _print_status(
     for t in health.tablets:
         reps = []
         for r in t.replicas:
-            if r.state in ("DOWN", "MISSING", "UNKNOWN", "FAILED", "COPYING"):
+            if r.state in ("UNKNOWN", "FAILED") or not r.present:  # no role nor index to show
                 reps.append(f"{r.server} {mark(r.state)}")
                 continue
             role = _ROLE_SHORT.get(r.role, r.role.lower())

@@ -185,7 +185,7 @@ def imbalance_left(
 
 def run(args: argparse.Namespace) -> int:
     from raftlet.client import RaftletError
-    from raftlet.client.health import ProbeOptions, check_cluster
+    from raftlet.client.health import ProbeOptions, check_cluster, replica_present
     from raftlet.client.tls import uses_token_ports
 
     target = resolve_target(args)
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         r.server
         for t in health.tablets
         for r in t.replicas
-        if r.role != "LEARNER" and r.state not in ("MISSING", "DOWN", "COPYING")
+        if r.role != "LEARNER" and replica_present(r.state)
     }
     empty = [s for s in up if s not in holding]
     up = [s for s in up if s in holding]

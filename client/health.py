@@ -70,6 +70,7 @@ __all__ = [
     "TabletHealth",
     "check_cluster",
     "probe_servers",
+    "replica_present",
 ]
 
 
@@ -222,6 +223,21 @@ class ReplicaHealth:
     applying_index: int = 0  # entries up to here are on their way into its store
     lag: int | None = None
     disk_bytes: int | None = None  # its WAL and store files, when asked and said
+
+    @property
+    def present(self) -> bool:
+        return replica_present(self.state)
+
+
+# Replica states of no replica on a server that answers: its server is down, or answers
+# without it, or is still copying it in.
+_ABSENT = frozenset({"DOWN", "MISSING", "COPYING"})
+
+
+def replica_present(state: str) -> bool:
+    """Whether a replica in ``state`` exists on a server that answers (a FAILED or UNKNOWN
+    one too)."""
+    return state not in _ABSENT
 
 
 @dataclass(slots=True)
@@ -852,7 +868,7 @@ def _check_tablet(
     out = ", ".join(
         f"{r.server} {r.state}"
         for r in tablet.replicas
-        if r.server in replicas and r.state in ("DOWN", "MISSING", "FAILED", "COPYING")
+        if r.server in replicas and (r.state == "FAILED" or not r.present)
     )
     out = f" ({out})" if out else ""
     if reachable < majority:

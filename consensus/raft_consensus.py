@@ -684,7 +684,7 @@ class RaftConsensus:
                     )
             if target not in self.voters or target == self.node_id:
                 raise ValueError(f"{target!r} is not another voter of {self.group_id}")
-            if not self._node.answered_within(target, self._answer_window_ticks):
+            if new_leader and not self._node.answered_within(target, self._answer_window_ticks):
                 # A transfer to it would run out, unheard, while writes wait on it: the
                 # call said leadership moved, and nothing did (review r33b).
                 raise NoAnsweringFollower(

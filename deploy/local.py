@@ -563,15 +563,15 @@ class LocalCluster:
         """Before an `up`: servers taken out of cluster.toml are not started again, and one
         that still runs must be stopped first (``ClusterRunningError``): counted with the
         config's servers, it would pass for one of them."""
-        gone = [sid for sid in self.dropped() if self._live(sid) is None]
-        running = [sid for sid in self.dropped() if sid not in gone]
+        dropped = self.dropped()
+        running = [sid for sid in dropped if self._live(sid) is not None]
         if running:
             raise ClusterRunningError("; ".join(self._dropped_but_running(s) for s in running))
-        if gone:
-            for sid in gone:
+        if dropped:
+            for sid in dropped:
                 del self.servers[sid]
             self._save()
-            say(f"{', '.join(gone)}, no longer in {CONFIG_FILE}, not started again")
+            say(f"{', '.join(dropped)}, no longer in {CONFIG_FILE}, not started again")
 
     def _start_all(
         self,
@@ -1375,4 +1375,4 @@ def _last_error_line(text: str) -> str:
 
 def _present(tablet: TabletHealth) -> int:
     """How many of ``tablet``'s replicas exist on a server that answers."""
-    return sum(r.state not in ("MISSING", "DOWN", "COPYING") for r in tablet.replicas)
+    return sum(r.present for r in tablet.replicas)

@@ -294,10 +294,12 @@ class Authenticator:
 
     def __init__(self, tokens: TokenTable | None, metrics: MetricEntity | None = None) -> None:
         self.tokens = tokens or TokenTable()
-        self._metrics = metrics
-        if metrics is not None:
-            for reason in DENIAL_REASONS:
-                metrics.counter(RPC_AUTH_DENIALS, reason=reason)
+        # Every reason's series from the start, and no look-up per refusal (a flood is many).
+        self._denials = (
+            {reason: metrics.counter(RPC_AUTH_DENIALS, reason=reason) for reason in DENIAL_REASONS}
+            if metrics is not None
+            else {}
+        )
         self._lock = threading.Lock()
         # Log a refusal at most once a second per (reason, who): a misconfigured client
         # retrying in a loop must not flood the log.
@@ -339,8 +341,9 @@ class Authenticator:
 
     def denied(self, error: AuthError, what: str, who: str) -> None:
         """Count and (rate-limited) log a refusal. ``who`` must hold no secret."""
-        if self._metrics is not None:
-            self._metrics.counter(RPC_AUTH_DENIALS, reason=error.reason).increment()
+        counter = self._denials.get(error.reason)
+        if counter is not None:
+            counter.increment()
         now = time.monotonic()
         # Keyed by where the caller is, not its port: a client reconnecting in a loop makes a
         # new port each time, and a line each (review of r32a's fixes).
