@@ -101,18 +101,22 @@ def test_writes_take_the_tcp_port_unless_told_not_to(
             await asyncio.gather(
                 *(c.insert("kv", {"key": base + i, "value": f"t{i}"}) for i in range(32))
             )
+            # One per server written to: the leaders now, and any that led a tablet when
+            # the client first wrote to it (a module's cluster may elect again under load:
+            # a CI run saw 3 connections where the leaders were on 2 servers).
             leaders = {c._meta.leader(t) for t in cluster.tablet_ids()}
-            want = len(leaders) if tcp_writes else 0
+            fewest = len(leaders) if tcp_writes else 0
+            most = len(cluster.servers) if tcp_writes else 0
             await asyncio.to_thread(
                 wait_for,
-                lambda: _write_connections(cluster) == want,
+                lambda: fewest <= _write_connections(cluster) <= most,
                 30,
-                f"{want} connections (one per leader written to, if tcp)",
+                f"{fewest} to {most} connections (one per server written to, if tcp)",
             )
-            return _write_connections(cluster), want
+            return _write_connections(cluster), (fewest, most)
 
-    connections, want = run(main())
-    assert connections == want
+    connections, (fewest, most) = run(main())
+    assert fewest <= connections <= most
     assert scan_range(cluster, base, base + 32) == {base + i: f"t{i}" for i in range(32)}
     wait_for(lambda: _write_connections(cluster) == 0, 30, "the closed client's connections gone")
 
