@@ -48,7 +48,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TypeVar
 
-from raftlet.cluster import ClusterConfig, parse_host_port
+from raftlet.cluster import ClusterConfig, host_port, parse_host_port
 
 __all__ = ["LinkProxy", "ProxyLoop", "ProxyNetwork"]
 
@@ -373,7 +373,7 @@ class LinkProxy:
             self._listener.setblocking(False)
             host, port = self._listener.getsockname()[:2]
             self.port: int = port
-            self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self.address = host_port(host, port)
             self.loop.call(self._start)
         except BaseException:
             self._listener.close()

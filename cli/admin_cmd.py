@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from raftlet.cli.common import (
     CliError,
-    UsageError,
     add_target_arguments,
     close_client,
     console,
@@ -130,13 +129,9 @@ def run(args: argparse.Namespace) -> int:
 
     target = resolve_target(args)
     config = target.config
-    try:
-        config.placement(args.tablet)
-    except LookupError:
-        known = ", ".join(p.tablet_id for p in config.placements())
-        raise UsageError(f"no tablet {args.tablet!r} (tablets: {known})") from None
-    if args.to is not None and args.to not in config.server_ids:
-        raise UsageError(f"--to {args.to}: no such server ({', '.join(config.server_ids)})")
+    target.check_tablet(args.tablet)
+    if args.to is not None:
+        target.check_server(args.to, "--to: ")
     credentials = target.creds.channel_credentials()
     token_ports = uses_token_ports(target.creds.tls)
     why: list[str] = []

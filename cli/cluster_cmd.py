@@ -849,6 +849,9 @@ def _down(args: argparse.Namespace) -> int:
     if args.force and args.server is None:
         raise UsageError("--force goes with --server (it stops one server whatever it costs)")
     if cluster is not None and args.server is not None:
+        if args.server not in cluster.servers:  # a usage error, as elsewhere (review r33a)
+            known = ", ".join(cluster.servers)
+            raise UsageError(f"--server: no server {args.server!r} in {root} (servers: {known})")
         if not args.force:
             _refuse_if_majority_lost(cluster, args.server)
         try:

@@ -259,6 +259,21 @@ class Target:
             names = ", ".join(t.name for t in self.config.tables) or "none"
             raise UsageError(f"{option}no table {name!r} (tables: {names})") from None
 
+    def check_tablet(self, tablet_id: str) -> None:
+        """A ``UsageError`` naming the tablets there are, unless ``tablet_id`` is one."""
+        try:
+            self.config.placement(tablet_id)
+        except LookupError:
+            known = ", ".join(p.tablet_id for p in self.config.placements())
+            raise UsageError(f"no tablet {tablet_id!r} (tablets: {known})") from None
+
+    def check_server(self, server_id: str, option: str = "") -> None:
+        """A ``UsageError`` (prefixed ``option``) naming the servers there are, unless
+        ``server_id`` is one of the config's."""
+        if server_id not in self.config.server_ids:
+            known = ", ".join(self.config.server_ids)
+            raise UsageError(f"{option}no server {server_id!r} (servers: {known})")
+
     def client_seeds(self) -> list[str]:
         """Where a client starts: ``--servers`` as given, else the config's servers (from
         the config read already: ``--cluster <(…)`` is a pipe, read once)."""

@@ -19,6 +19,7 @@ from typing import Any
 from raftlet.cli import tablet_export_cmd
 from raftlet.cli.common import (
     CliError,
+    UsageError,
     add_target_arguments,
     close_client,
     console,
@@ -34,7 +35,7 @@ examples:
   raftlet cluster up --data-dir ./c1 --servers 4   # kv-p2 on ts1, ts2, ts3; not on ts4
   raftlet tablet add-replica kv-p2 ts4 --data-dir ./c1 --wait
   raftlet tablet remove-replica kv-p2 ts1 --data-dir ./c1 --wait
-  raftlet tablet move-replica kv-p2 ts4 ts1 --data-dir ./c1 --wait
+  raftlet tablet move-replica kv-p2 ts4 ts1 --data-dir ./c1
 
 add-replica creates an empty replica on SERVER and adds it as a learner (a non-voter the
 leader catches up); with --wait it waits until the learner caught up and promotes it to a
@@ -42,12 +43,13 @@ voter. remove-replica hands leadership to another voter first if SERVER leads; w
 it waits for the removal to commit and deletes the replica from SERVER if SERVER answers
 (exit 1 if SERVER says it could not remove the files; a rerun once they are fixed deletes
 them), and warns on stderr when the tablet is left fewer voters than its table's replication
-factor. move-replica adds TO (caught up and promoted), then removes FROM. One change at a time:
-a tablet whose last change is not committed yet refuses another. A change of voters that would
-leave the group without a majority of voters its leader heard from within an election timeout
-is refused, naming the silent ones: removing a healthy voter while another is down would leave
-a group that can commit nothing, not even the change that undoes it. Remove the one that is
-down instead, or bring it back first.
+factor. move-replica adds TO (caught up and promoted), then removes FROM and deletes its
+replica, with or without --wait. One change at a time: a tablet whose last change is not
+committed yet refuses another. A change of voters that would leave the group without a
+majority of voters its leader heard from within an election timeout is refused, naming the
+silent ones: removing a healthy voter while another is down would leave a group that can
+commit nothing, not even the change that undoes it. Remove the one that is down instead, or
+bring it back first.
 """
 
 _REPLACE_EPILOG = """\
@@ -117,7 +119,13 @@ def add_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     move.add_argument("target", metavar="TO", help="server id the replica moves to")
     for p in (add, remove, move):
         add_target_arguments(p)
-        p.add_argument("--wait", action="store_true", help="wait until the change is complete")
+        p.add_argument(
+            "--wait",
+            action="store_true",
+            help="wait until the change is complete"
+            if p is not move
+            else "accepted for scripts: a move always waits until FROM is removed and deleted",
+        )
         _timeout(p, 120.0)
     tablet_export_cmd.add_parser(sub, formatter)
 
@@ -146,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         out.print(line, markup=False)
 
-    client = resolve_target(args).client(timeout_s=min(args.timeout, 30.0))
+    target = resolve_target(args)
+    # Names no config knows are usage errors (exit 2), as with leader-step-down and
+    # --table: they exited 1 here (review r33a). Servers are judged by the config the
+    # servers run (UnknownServer), which may be newer than a cluster.toml given here.
+    target.check_tablet(args.tablet)
+    client = target.client(timeout_s=min(args.timeout, 30.0))
     short = ""  # why the voters left are too few, for remove-replica alone: a move adds first
     try:
         if args.tablet_command == "add-replica":
@@ -159,15 +172,20 @@ def run(args: argparse.Namespace) -> int:
             )
             short = _short_of_factor(client, args.tablet, len(m.voters))
         else:
+            # A move waits for its source's removal whatever --wait says: it waits for the
+            # add's catch-up anyway, the slow part, and one that stopped short left the source
+            # replica on its server for another command to delete (review r33a).
             m = mc.move_replica(
                 client,
                 args.tablet,
                 args.source,
                 args.target,
-                wait=args.wait,
+                wait=True,
                 timeout_s=args.timeout,
                 say=say,
             )
+    except mc.UnknownServer as e:
+        raise UsageError(str(e)) from None
     except RaftletError as e:
         raise CliError(f"{args.tablet}: {e}") from None
     except KeyboardInterrupt:
@@ -235,6 +253,8 @@ def run_replace_server(args: argparse.Namespace) -> int:
     client = resolve_target(args).client(timeout_s=min(args.timeout, 30.0))
     try:
         moved = mc.replace_server(client, args.server, timeout_s=args.timeout, say=say)
+    except mc.UnknownServer as e:
+        raise UsageError(str(e)) from None
     except RaftletError as e:
         raise CliError(f"replacing {args.server}: {e}") from None
     except KeyboardInterrupt:

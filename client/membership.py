@@ -35,6 +35,7 @@ from raftlet.proto import admin_pb2, admin_pb2_grpc, consensus_pb2, tablet_pb2
 __all__ = [
     "ReplicaNotDeleted",
     "TabletMembership",
+    "UnknownServer",
     "add_replica",
     "leader_membership",
     "lost_majority",
@@ -443,10 +444,14 @@ def _refuse_if_pending(m: TabletMembership, tablet_id: str) -> None:
         )
 
 
+class UnknownServer(InvalidArgument):
+    """A server the cluster config the servers run does not list."""
+
+
 def _check_server(client: Client, server: str) -> None:
     servers = client.servers()
     if server not in servers:
-        raise InvalidArgument(
+        raise UnknownServer(
             f"unknown server {server!r}: the cluster config the servers run lists "
             f"{', '.join(sorted(servers))} (a server added to cluster.toml is known once the "
             "servers run that file: restart them on it)"
@@ -710,15 +715,15 @@ def _undo_create(client: Client, tablet_id: str, server: str, why: RaftletError)
 
 def _deleted_leftover(
     client: Client, tablet_id: str, server: str, timeout_s: float, say: Callable[[str], None]
-) -> str:
+) -> str | None:
     """Delete what ``server`` may still run of a group it left (removed while it was down, or
-    a move stopped before its deletion): "" when it is gone (or was never there), else why
-    it is not -- said, not raised, so the caller's other work goes on."""
+    a move stopped before its deletion): "" when it was deleted, None when there was none,
+    else why it is not -- said, not raised, so the caller's other work goes on."""
     try:
         _delete_replica(client, tablet_id, server, timeout_s)
     except grpc.RpcError as e:
         if e.code() == grpc.StatusCode.NOT_FOUND:
-            return ""
+            return None
         why = (
             f"deleting the leftover replica on {server} failed ({_said(client, server, e)}): "
             f"`raftlet tablet remove-replica {tablet_id} {server}` deletes it"
@@ -757,8 +762,15 @@ def move_replica(
     m = leader_membership(client, tablet_id, timeout_s)
     if source not in m.members():
         if target in m.voters:  # a rerun of a move that finished, but perhaps its deletion
-            say(f"{tablet_id}: {target} is a voter and {source} no member: moved already")
-            _deleted_leftover(client, tablet_id, source, min(10.0, timeout_s), say)
+            if _deleted_leftover(client, tablet_id, source, min(10.0, timeout_s), say) is None:
+                # Nothing on the source either: a finished move run again, or a mistyped
+                # FROM, which was reported as a move done (review r33a).
+                say(
+                    f"{tablet_id}: {target} is a voter and {source} holds no replica of it: "
+                    f"nothing to move (moved already, or is {source} the wrong FROM?)"
+                )
+            else:
+                say(f"{tablet_id}: {target} is a voter and {source} no member: moved already")
             return m
         raise InvalidArgument(f"{source} holds no replica of {tablet_id}")
     factor = client.replication_factor(client.table_of(tablet_id))

@@ -28,6 +28,7 @@ from raftlet.cluster.toml_write import dump_cluster_config, write_cluster_config
 from raftlet.cluster.validate import (
     MAX_PARTITIONS,
     bare_host,
+    host_port,
     is_loopback_addr,
     parse_host_port,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "TabletPlacement",
     "bare_host",
     "dump_cluster_config",
+    "host_port",
     "is_loopback_addr",
     "load_cluster_config",
     "parse_cluster_config",

@@ -71,6 +71,13 @@ def bare_host(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as an address is written, an IPv6 literal in brackets (``[::1]:7051``):
+    the inverse of ``parse_host_port``."""
+    host = bare_host(host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def is_loopback_addr(addr: str) -> bool:
     """Whether ``host:port`` binds only loopback: ``localhost`` or a loopback IP. Any other
     name could resolve anywhere, so it counts as not loopback."""

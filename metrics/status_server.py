@@ -59,7 +59,7 @@ from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import raftlet
-from raftlet.cluster import bare_host
+from raftlet.cluster import bare_host, host_port
 from raftlet.cluster.identity import peer_cert_uris
 from raftlet.metrics import export_json, export_prometheus
 from raftlet.metrics.human import human_duration, utc_time
@@ -98,7 +98,7 @@ _LINGER_BYTES = 1 << 20
 def _address(client_address: object) -> str:
     if isinstance(client_address, tuple) and len(client_address) >= 2:
         host, port = client_address[0], client_address[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        return host_port(str(host), port)
     return str(client_address)
 
 
@@ -726,10 +726,8 @@ class StatusServer:
     def url(self, path: str = "/", *, host: str | None = None) -> str:
         """The URL of ``path`` here: https under TLS. ``host`` names the server instead of the
         address it is bound to (which may be 0.0.0.0: no one can dial that)."""
-        host = bare_host(self.host if host is None else host)
-        host = f"[{host}]" if ":" in host else host
         scheme = "https" if self.ssl_context is not None else "http"
-        return f"{scheme}://{host}:{self.port}{path}"
+        return f"{scheme}://{host_port(self.host if host is None else host, self.port)}{path}"
 
     # --- pages -------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from raftlet.cluster import bare_host
+from raftlet.cluster import bare_host, host_port
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink
 from raftlet.metrics.counter import StripedCounter
@@ -205,8 +205,7 @@ class TcpListener:
                 else:
                     logger.exception("%s tcp: accept failed", self.what)
                 continue
-            where = f"[{peer[0]}]" if ":" in peer[0] else peer[0]  # an IPv6 peer, as in URLs
-            name = f"{self.what} from {where}:{peer[1]}#{next(_connections)}"
+            name = f"{self.what} from {host_port(peer[0], peer[1])}#{next(_connections)}"
             _keep_alive(conn)
             if self._admission is None:
                 self._link(conn, name, None)

@@ -436,7 +436,7 @@ def test_down_of_one_server_leaves_the_others_and_up_starts_it_again(data_dir: P
     assert "--empty_dir_wait_s=0" in argv[sorted(before)[0]]
     assert "--empty_dir_wait_s=0" not in argv[victim]
     bad = raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", "ts9")
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # a name no config knows is a usage error, as elsewhere
     assert "no server 'ts9'" in bad.stderr
     both = raftlet(
         "cluster", "down", "--data-dir", str(data_dir), "--server", victim, "--remove-data"

@@ -182,10 +182,13 @@ def test_move_a_replica_to_a_fourth_server_under_write_load(
     assert not (four.servers[spare].config.data_dir / tid).exists()
     assert cli(["tablet", "add-replica", tid, placed[0], *target, "--wait"]) == 1
     assert "already holds a replica" in capsys.readouterr().err
-    assert cli(["tablet", "add-replica", tid, "ts9", *target]) == 1
+    # Names no config knows are usage errors, as with leader-step-down (review r33a: 1).
+    assert cli(["tablet", "add-replica", tid, "ts9", *target]) == 2
     assert "unknown server 'ts9'" in capsys.readouterr().err
-    assert cli(["tablet", "remove-replica", "kv-p7", placed[0], *target]) == 1
-    assert "kv-p7" in capsys.readouterr().err
+    assert cli(["cluster", "replace-server", "ts9", *target]) == 2
+    assert "unknown server 'ts9'" in capsys.readouterr().err
+    assert cli(["tablet", "remove-replica", "kv-p7", placed[0], *target]) == 2
+    assert "no tablet 'kv-p7' (tablets: kv-p0, " in capsys.readouterr().err
     assert cli(["tablet", "remove-replica", tid, spare, *target]) == 1
     assert f"{spare} holds no replica" in capsys.readouterr().err
 
@@ -194,10 +197,12 @@ def test_move_a_replica_to_a_fourth_server_under_write_load(
         _gc_past_the_start(four, tid, load)
         # Still the leader's replica that leaves, whatever an election did in the meantime.
         four.move_leader(tid, source)
-        assert cli(["tablet", "move-replica", tid, source, spare, *target, "--wait"]) == 0
+        # Without --wait, too, a move ends with its source's replica deleted (review r33a).
+        assert cli(["tablet", "move-replica", tid, source, spare, *target]) == 0
         out = capsys.readouterr().out
         assert f"leadership moved from {source}" in out
         assert f"{spare} caught up and promoted to voter" in out
+        assert f"{tid}: the replica on {source} was deleted" in out
         # Checksums compare the replicas the group has now, even where the client's view is
         # from before the move -- as a look-up cut short left ksck's (review r30a: it asked
         # the old replica, NOT_FOUND, and never the new one).

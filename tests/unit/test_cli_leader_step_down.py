@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from raftlet.cli import admin_cmd
-from raftlet.cli.common import Credentials
+from raftlet.cli.common import Credentials, Target
 from raftlet.cli.main import main
 from raftlet.client import health
 
@@ -32,7 +32,14 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int] | None]:
         placement=lambda _tablet: None, server_ids=("ts1", "ts2", "ts3"), placements=list
     )
     client = SimpleNamespace(leader_step_down=lambda *_a, **_k: None, close=lambda: None)
-    target = SimpleNamespace(config=config, creds=Credentials(), client=lambda **_k: client)
+    names = Target(config, None, ())  # type: ignore[arg-type]  # its checks of the names
+    target = SimpleNamespace(
+        config=config,
+        creds=Credentials(),
+        client=lambda **_k: client,
+        check_tablet=names.check_tablet,
+        check_server=names.check_server,
+    )
     monkeypatch.setattr(admin_cmd, "resolve_target", lambda _args: target)
     monkeypatch.setattr(admin_cmd, "_check_voter", lambda *_a: None)
     monkeypatch.setattr(health, "check_cluster", lambda *_a, **_k: SimpleNamespace(tablets=[]))
@@ -131,7 +138,7 @@ def test_no_leader_found_says_what_the_check_said_of_the_servers(
     config = SimpleNamespace(
         placement=lambda _tablet: None, server_ids=("ts1", "ts2", "ts3"), placements=list
     )
-    target = SimpleNamespace(config=config, creds=Credentials())
+    target = Target(config, None, ())  # type: ignore[arg-type]
     monkeypatch.setattr(admin_cmd, "resolve_target", lambda _args: target)
     checked = SimpleNamespace(tablets=[], issues=[refused, "kv-p0: no replica answers"])
     monkeypatch.setattr(health, "check_cluster", lambda *_a, **_k: checked)

@@ -49,7 +49,9 @@ def _cluster(monkeypatch: pytest.MonkeyPatch, factor: int, before: tuple[str, ..
         replication_factor=lambda table: {"kv": factor}[table],
     )
     monkeypatch.setattr(
-        tablet_cmd, "resolve_target", lambda _args: SimpleNamespace(client=lambda **_k: client)
+        tablet_cmd,
+        "resolve_target",
+        lambda _args: SimpleNamespace(client=lambda **_k: client, check_tablet=str),
     )
 
 

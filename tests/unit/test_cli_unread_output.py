@@ -220,7 +220,9 @@ def test_a_move_into_a_closed_pipe_finishes_after_its_add(
         replication_factor=lambda _table: 3,
     )
     monkeypatch.setattr(
-        tablet_cmd, "resolve_target", lambda _args: SimpleNamespace(client=lambda **_k: client)
+        tablet_cmd,
+        "resolve_target",
+        lambda _args: SimpleNamespace(client=lambda **_k: client, check_tablet=str),
     )
     stdout = unread_stdout()
     argv = ["tablet", "move-replica", "kv-p0", "ts3", "ts4", "--servers", "127.0.0.1:1", "--wait"]

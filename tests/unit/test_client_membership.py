@@ -261,12 +261,34 @@ def test_a_move_stopped_after_its_add_is_finished_by_running_it_again(
     scripted["answers"] = [_group(("ts1", "ts2", "ts4"), 41, 41)]
     m = membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0, say=said.append)  # type: ignore[arg-type]
     assert (removed, m.voters) == (["ts3"], ("ts1", "ts2", "ts4"))
-    assert said[-2] == "kv-p0: ts4 is a voter and ts3 no member: moved already"
+    assert said[-2:] == [
+        "kv-p0: the leftover replica on ts3 (no member of the group) was deleted",
+        "kv-p0: ts4 is a voter and ts3 no member: moved already",
+    ]
     assert scripted["deleted"] == [("kv-p0", "ts3")]
     # A target that is a voter where the group has no voter to spare: still refused.
     scripted["answers"] = [_group(("ts1", "ts3", "ts4"), 40, 40)]
     with pytest.raises(InvalidArgument, match="ts4 already holds a replica of kv-p0"):
         membership.move_replica(FACTOR_3, "kv-p0", "ts3", "ts4", timeout_s=5.0)  # type: ignore[arg-type]
+
+
+def test_a_move_from_a_server_without_the_replica_is_not_called_done(
+    scripted: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review r33a: a mistyped FROM (ts5 never held kv-p0) printed "moved already"."""
+    scripted["answers"] = [_group(("ts1", "ts2", "ts4"), 41, 41)]
+
+    def not_there(*_a: Any, **_k: Any) -> None:
+        raise _NotFound()
+
+    monkeypatch.setattr(membership, "_delete_replica", not_there)
+    said: list[str] = []
+    m = membership.move_replica(FACTOR_3, "kv-p0", "ts5", "ts4", timeout_s=5.0, say=said.append)  # type: ignore[arg-type]
+    assert m.voters == ("ts1", "ts2", "ts4")
+    assert said == [
+        "kv-p0: ts4 is a voter and ts5 holds no replica of it: nothing to move (moved "
+        "already, or is ts5 the wrong FROM?)"
+    ]
 
 
 def test_a_move_whose_removal_fails_says_what_it_left_and_how_to_finish(

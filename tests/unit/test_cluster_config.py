@@ -25,6 +25,7 @@ from raftlet.cluster import (
     TableConfig,
     TabletPlacement,
     dump_cluster_config,
+    host_port,
     load_cluster_config,
     parse_cluster_config,
     parse_host_port,
@@ -374,6 +375,9 @@ def test_constructors_validate_too() -> None:
 )  # fmt: skip
 def test_parse_host_port_accepts(addr: str, expected: tuple[str, int]) -> None:
     assert parse_host_port(addr) == expected
+    # And back: an address the sockets API gives (IPv6 without brackets) reads the same.
+    assert host_port(expected[0].strip("[]"), expected[1]) == addr
+    assert host_port(*expected) == addr
 
 
 @pytest.mark.parametrize(
