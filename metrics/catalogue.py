@@ -90,7 +90,8 @@ RPCS_QUEUE_OVERFLOW = MetricPrototype(
     "rpcs_queue_overflow",
     COUNTER,
     "requests",
-    "RPCs rejected with RESOURCE_EXHAUSTED because the service queue was full",
+    "Requests rejected with RESOURCE_EXHAUSTED because the service queue was full (each "
+    "write of a write stream's frame counts)",
     label_names=("service", "method"),
     entity_type="server",
 )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import add
 
 from raftlet.metrics._thread_cells import PerThreadCells
@@ -80,11 +81,17 @@ def _bucket_bounds(index: int) -> tuple[float, float]:
     return (_SUB_BUCKETS + sub) * step, (_SUB_BUCKETS + sub + 1) * step
 
 
-def _bucket_midpoint(index: int) -> float:
+def _midpoint_of(index: int) -> float:
     if index == _OVERFLOW:
         return _HIGH  # unbounded above: the lower edge is the only honest point
     lower, upper = _bucket_bounds(index)
     return (lower + upper) / 2
+
+
+_INDEXES = range(_NUM_BUCKETS)
+# Looked up, not computed: a scrape asks for every non-empty bucket's of every histogram.
+_MIDPOINTS = tuple(_midpoint_of(i) for i in range(_NUM_BUCKETS))
+_bucket_midpoint = _MIDPOINTS.__getitem__
 
 
 class _Cell:
@@ -231,20 +238,37 @@ class Histogram(PerThreadCells[_Cell]):
 
     def snapshot(self) -> HistogramSnapshot:
         """Merge every thread's cell (and the folded cells of ended threads)."""
-        merged = _Cell()
         with self._lock:
             self._fold_dead_locked()
             cells = [self._base] + [cell for cell, _ in self._cells.values()]
         # Merging outside the lock: live cells are only read, and the base cell is replaced
-        # (never mutated in place) by _fold_dead_locked, so this list stays valid.
-        for cell in cells:
-            cell.merge_into(merged)
-        counts = tuple((i, n) for i, n in enumerate(merged.counts) if n)
+        # (never mutated in place) by _fold_dead_locked, so this list stays valid. Cells that
+        # saw nothing (max untouched) are skipped, one alone is read where it is, and the
+        # non-empty buckets are picked in C: a scrape snapshots every histogram of every
+        # tablet, and merging and walking 2,562 buckets each in Python took half of a
+        # 64-tablet server's scrape (review r34b).
+        seen = [cell for cell in cells if cell.max != -math.inf]
+        if not seen:
+            return HistogramSnapshot()
+        if len(seen) == 1:
+            only = seen[0].counts
+            counts = tuple((i, only[i]) for i in compress(_INDEXES, only))
+        else:
+            merged: dict[int, int] = {}
+            for cell in seen:
+                these = cell.counts
+                for i in compress(_INDEXES, these):
+                    merged[i] = merged.get(i, 0) + these[i]
+            counts = tuple(sorted(merged.items()))
         total = sum(n for _, n in counts)
         if total == 0:
             return HistogramSnapshot()
         return HistogramSnapshot(
-            count=total, sum=merged.sum, min=merged.min, max=merged.max, _counts=counts
+            count=total,
+            sum=sum(cell.sum for cell in seen),
+            min=min(cell.min for cell in seen),
+            max=max(cell.max for cell in seen),
+            _counts=counts,
         )
 
     def _fold_dead_locked(self) -> None:

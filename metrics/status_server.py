@@ -40,6 +40,7 @@ Safety rules -- a bad or slow request must never hurt the server, nor hold up `/
 from __future__ import annotations
 
 import contextlib
+import gzip
 import html
 import io
 import json
@@ -569,7 +570,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
             )
             return
         self.send_response(response.status)
-        self._send_body(response.body, response.content_type)
+        body, extra = response.body, {}
+        if len(body) >= _GZIP_LEAST_BYTES and _accepts_gzip(self.headers.get("Accept-Encoding")):
+            # Prometheus asks for gzip; a 64-tablet server's /metrics is 1 MB of text that
+            # compresses twentyfold (review r34b).
+            body = gzip.compress(body, compresslevel=_GZIP_LEVEL)
+            extra = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+        self._send_body(body, response.content_type, extra)
 
     def _send_body(
         self, body: bytes, content_type: str, extra_headers: Mapping[str, str] | None = None
@@ -592,6 +599,29 @@ class _RequestHandler(BaseHTTPRequestHandler):
         # Every request and every error response passes through here; the standard library
         # writes them to stderr.
         _log.debug("status server %s: " + format, self.address_string(), *args)
+
+
+# Pages smaller than this go as they are: compressing them saves less than it costs.
+_GZIP_LEAST_BYTES = 4096
+# zlib's fastest level: a 64-tablet /metrics page shrinks to about a twentieth anyway.
+_GZIP_LEVEL = 1
+
+
+def _accepts_gzip(header: str | None) -> bool:
+    """Whether an Accept-Encoding header takes gzip (``gzip``, ``gzip;q=0.5``, ``*``), and
+    not with ``q=0``."""
+    for part in (header or "").split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                return float(q[2:]) > 0
+            except ValueError:
+                return False
+        return True
+    return False
 
 
 def _one_line(message: str) -> str:
@@ -782,8 +812,8 @@ class StatusServer:
 
     def _metrics_page(self, request: PageRequest) -> PageResponse:
         # ``name[]=...`` (repeatable) asks for those metrics only, as a Prometheus
-        # federation or a CPU reading (``raftlet write``) does: the whole page costs tens
-        # of ms of a server's CPU with many tablets.
+        # federation or a CPU reading (``raftlet write``) does: the whole page of a server
+        # of 64 tablets is 12,000 lines (most of them histogram buckets).
         names = request.query.get("name[]")
         body = export_prometheus.generate_prometheus_text(
             self.registry, [self._process], frozenset(names) if names else None

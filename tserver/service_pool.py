@@ -304,11 +304,14 @@ class ServicePool:
         for t in self._threads:
             t.start()
 
-    def offer(self, call: InboundCall) -> bool:
+    def offer(self, call: InboundCall, requests: int = 1) -> bool:
         """Queue `call` if there is room. Never blocks; False means it was not queued.
 
         A refusal because the queue is full is counted in `rpcs_queue_overflow` (total and
-        per method); a refusal because the pool is stopping is not — it is no overload.
+        per method), as `requests` refusals: a write stream's frame is one call for all its
+        writes, each refused to its client (counted once, the overflows of asyncio clients
+        read a fifth of the refusals they met: review r34b). A refusal because the pool is
+        stopping is not counted -- it is no overload.
         """
         call.enqueued_at = time.monotonic()
         with self._mutex:
@@ -327,8 +330,8 @@ class ServicePool:
                     self._yield()  # let the woken worker start the call now
             return True
         # Counted outside the lock: the counters need none, and the lock is the queue's.
-        self.metrics.queue_overflow.increment()
-        self.metrics.queue_overflow_for(call.method).increment()
+        self.metrics.queue_overflow.increment(requests)
+        self.metrics.queue_overflow_for(call.method).increment(requests)
         return False
 
     def stop(self, timeout: float | None = None) -> bool:

@@ -381,7 +381,7 @@ def offer_writes(
             _start(item, replica_of, leader_addr, post, pool)
         call.respond(None)
 
-    if not pool.offer(InboundCall("WriteStream", start_all)):
+    if not pool.offer(InboundCall("WriteStream", start_all), requests=len(items)):
         refusal = (
             ServiceUnavailable(SHUTTING_DOWN_MESSAGE)
             if pool.stopped

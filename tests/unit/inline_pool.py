@@ -13,6 +13,6 @@ class InlinePool:
     def __init__(self) -> None:
         self.metrics = ServicePoolMetrics.standalone("tablet")
 
-    def offer(self, call: InboundCall) -> bool:
+    def offer(self, call: InboundCall, requests: int = 1) -> bool:
         call.run(call)
         return True

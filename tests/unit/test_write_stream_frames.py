@@ -11,8 +11,10 @@ import grpc
 
 from raftlet.consensus.core import NotLeaderError
 from raftlet.proto import tablet_pb2
+from raftlet.proto.common_pb2 import ServerErrorPB
+from raftlet.tserver.service_pool import InboundCall, ServicePool
 from raftlet.tserver.tablet_replica import WriteCallbacks
-from raftlet.tserver.write_stream import WriteStreamSession
+from raftlet.tserver.write_stream import WriteStreamSession, offer_writes
 from tests.unit.inline_pool import InlinePool
 
 LIMIT = 4096
@@ -100,3 +102,19 @@ def test_a_refused_write_of_a_stream_is_counted_by_its_status() -> None:
     # Counted as redirects (error=NOT_LEADER), which `raftlet metrics` keeps off its errors.
     assert pool.metrics.failed_for("WriteStream", "FAILED_PRECONDITION", "NOT_LEADER").value() == 3
     assert pool.metrics.failed_for("WriteStream", "FAILED_PRECONDITION").value() == 0
+
+
+def test_a_frame_refused_for_a_full_queue_counts_an_overflow_per_write() -> None:
+    """Review r34b: the overflow counter said 126 where clients had 592 writes refused --
+    a frame of writes is one call for the pool, and it counted the call."""
+    pool = ServicePool("tablet", num_threads=1, queue_length=1)  # not started: nothing drains
+    assert pool.offer(InboundCall("Write", lambda _call: None))  # the one place taken
+    posted: list[tablet_pb2.WriteStreamResultPB] = []
+    items = [tablet_pb2.WriteStreamItemPB(id=i) for i in range(5)]
+    offer_writes(pool, items, lambda _tablet: None, lambda _server: "", posted.append)
+    assert [r.error.code for r in posted] == [ServerErrorPB.SERVICE_QUEUE_FULL] * 5
+    assert pool.metrics.queue_overflow_for("WriteStream").value() == 5
+    assert pool.metrics.queue_overflow.value() == 5
+    full = pool.metrics.failed_for("WriteStream", "RESOURCE_EXHAUSTED", "SERVICE_QUEUE_FULL")
+    assert full.value() == 5  # the two counters agree
+    pool.stop()
