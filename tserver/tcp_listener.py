@@ -44,6 +44,7 @@ from raftlet.cluster import bare_host, host_port
 from raftlet.cluster.identity import Identity
 from raftlet.consensus.rpc.frame_link import FrameLink
 from raftlet.metrics.counter import StripedCounter
+from raftlet.metrics.every_interval import EveryInterval
 from raftlet.tserver.tcp_admission import TcpAdmission
 
 __all__ = ["LinkFactory", "TcpListener"]
@@ -129,29 +130,6 @@ _RESOURCE_ERROR_LOG_S = 60.0
 _REFUSAL_LOG_S = 60.0
 
 
-class _EveryInterval:
-    """When a line that each event would repeat is due: at most one per ``interval_s`` of
-    ``clock``, the events in between only counted. Thread-safe."""
-
-    def __init__(self, interval_s: float, clock: Callable[[], float]) -> None:
-        self._interval_s = interval_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._next: float | None = None  # None: the first event is said at once
-        self._unsaid = 0
-
-    def due(self) -> int | None:
-        """An event: None if its line is not due (it is counted), else how many events the
-        line stands for -- this one and those held back since the last line."""
-        now = self._clock()
-        with self._lock:
-            if self._next is not None and now < self._next:
-                self._unsaid += 1
-                return None
-            events, self._unsaid, self._next = self._unsaid + 1, 0, now + self._interval_s
-        return events
-
-
 class TcpListener:
     def __init__(
         self,
@@ -184,8 +162,8 @@ class TcpListener:
         self._handshaking: dict[ssl.SSLSocket, None] = {}
         self._closed = False
         self._closing = threading.Event()  # wakes an acceptor waiting out a resource error
-        self._resource_error_log = _EveryInterval(_RESOURCE_ERROR_LOG_S, clock)
-        self._refusal_log = _EveryInterval(_REFUSAL_LOG_S, clock)
+        self._resource_error_log = EveryInterval(_RESOURCE_ERROR_LOG_S, clock)
+        self._refusal_log = EveryInterval(_REFUSAL_LOG_S, clock)
         self._acceptor = threading.Thread(
             target=self._accept, name=f"{what}-tcp:{self.port}", daemon=True
         )

@@ -58,12 +58,16 @@ from collections import deque
 from collections.abc import Callable
 
 from raftlet.consensus.rpc.receive_limits import ReceiveLimits
+from raftlet.metrics.every_interval import EveryInterval
 
 __all__ = ["FrameLink", "LinkClosed", "frame"]
 
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
+# Links closed for a frame over the limit: anyone who reaches a plaintext port can open them
+# at will, so the line is said at most once a minute for all of them (review r34b).
+_OVERSIZED_LOG = EveryInterval(60.0)
 # How long a lazy frame may wait for others to join it (a burst of heartbeats, one per
 # tablet, leaves as one write instead of one each).
 LAZY_DELAY_S = 0.005
@@ -348,6 +352,7 @@ class FrameLink:
         limits = self._receive_limits
         reserved = 0  # of limits.budget, for the frame at the start of buf
         begun = 0.0  # when the frame at the start of buf began to arrive
+        framed = False  # a frame came whole: the peer speaks raftlet's framing
         receive = self._receive_tls if self._tls else self._receive_plain
         try:
             while True:
@@ -363,12 +368,7 @@ class FrameLink:
                 while len(buf) - start >= _HEADER.size:
                     (length,) = _HEADER.unpack_from(buf, start)
                     if length > self._max_frame_bytes:
-                        logger.warning(
-                            "link %s: a frame of %d bytes exceeds the limit of %d: closing",
-                            self.name,
-                            length,
-                            self._max_frame_bytes,
-                        )
+                        self._refuse_oversized(buf, start, length, first=not framed)
                         return
                     end = start + _HEADER.size + length
                     if len(buf) < end:
@@ -382,6 +382,7 @@ class FrameLink:
                     if self._closed:  # closed by a frame before it: the rest is not handled
                         return
                     self._on_frame(body)
+                    framed = True
                 if start:
                     del buf[:start]
                     if self._on_burst_end is not None:
@@ -411,6 +412,33 @@ class FrameLink:
             except Exception:
                 logger.exception("link %s: on_close failed", self.name)
             self._thread_done()
+
+    def _refuse_oversized(self, buf: bytearray, start: int, length: int, first: bool) -> None:
+        """Say, at most once a minute for all links, why a link closes on a frame over the
+        limit. As the first bytes of a connection, text (an HTTP request, a port scanner's
+        probe) reads as a length of a gigabyte: said as what it is, not as a frame."""
+        said = _OVERSIZED_LOG.due()
+        if said is None:
+            return
+        head = bytes(buf[start : start + 8])
+        more = f" ({said - 1} more such link(s) closed since the last line)" if said > 1 else ""
+        if first and all(32 <= b < 127 or b in b"\r\n\t" for b in head):
+            logger.warning(
+                "link %s: what it sent is not raftlet's framing (it begins %r, as text or an "
+                "HTTP request would): closing; said at most once a minute%s",
+                self.name,
+                head,
+                more,
+            )
+            return
+        logger.warning(
+            "link %s: a frame of %d bytes exceeds the limit of %d: closing; said at most once "
+            "a minute%s",
+            self.name,
+            length,
+            self._max_frame_bytes,
+            more,
+        )
 
     def _reserve(self, limits: ReceiveLimits, buf: bytearray) -> int:
         """Room in the port's budget for the frame at the start of ``buf``: the bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import socket
 import ssl
@@ -15,9 +16,11 @@ from collections.abc import Iterator
 import pytest
 
 from raftlet.cluster.identity import AccessRole
+from raftlet.consensus.rpc import frame_link
 from raftlet.consensus.rpc.frame_link import FrameLink, LinkClosed, frame
 from raftlet.consensus.rpc.receive_limits import ReceiveBudget, ReceiveLimits
 from raftlet.deploy.certs import ClientSpec, CreatedCerts, create_certs
+from raftlet.metrics.every_interval import EveryInterval
 from tests.waiting import wait_for
 
 LIMIT = 32 * 1024 * 1024
@@ -134,6 +137,38 @@ def test_a_frame_over_the_limit_is_refused_by_the_sender_and_closes_the_reader(
     pair[1].sendall(struct.pack(">I", 101) + b"x" * 101)
     a.wait_closed()
     assert a.frames == []
+
+
+def test_links_closed_on_what_is_no_frame_are_said_once_a_minute_and_text_as_text(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review r34b: each HTTP request or junk line sent to a plaintext consensus or write
+    port logged a WARNING of "a frame of 1195725856 bytes": 400 lines in a second."""
+    now = [0.0]
+    monkeypatch.setattr(frame_link, "_OVERSIZED_LOG", EveryInterval(60.0, lambda: now[0]))
+    caplog.set_level(logging.WARNING, logger=frame_link.__name__)
+
+    def refused(payload: bytes) -> None:
+        a, b = socket.socketpair()
+        end = End(a, "port from 127.0.0.1:5#1", limit=100)
+        b.sendall(payload)
+        end.wait_closed()
+        for s in (a, b):
+            s.close()
+
+    for _ in range(5):
+        refused(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "link port from 127.0.0.1:5#1: what it sent is not raftlet's framing (it begins "
+        "b'GET / HT', as text or an HTTP request would): closing; said at most once a minute"
+    ]
+    now[0] += 61
+    refused(frame(b"x" * 5) + struct.pack(">I", 101))  # a frame, then one over the limit
+    assert caplog.records[-1].getMessage() == (
+        "link port from 127.0.0.1:5#1: a frame of 101 bytes exceeds the limit of 100: "
+        "closing; said at most once a minute (4 more such link(s) closed since the last line)"
+    )
 
 
 def test_a_peer_that_reads_nothing_breaks_the_link_after_the_send_timeout(
