@@ -4,16 +4,26 @@ gRPC decodes a request before any servicer runs; bytes that are not the method's
 would otherwise surface as an UNKNOWN status from inside grpc.  This interceptor wraps
 every unary-unary handler's deserializer: a request that fails to decode becomes a marker,
 and the wrapped handler answers it INVALID_ARGUMENT without running the servicer.
+
+Each is counted (``on_malformed``, the server's ``rpcs_failed{code="INVALID_ARGUMENT",
+error="INVALID_ARGUMENT"}`` of the method) and logged at most once a minute with the
+caller: a client built against other protos (a rolling upgrade gone wrong) failed every
+call while the server showed no trace of it (review r34b).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from raftlet.metrics.every_interval import EveryInterval
+
 __all__ = ["MalformedRequestInterceptor"]
+
+logger = logging.getLogger(__name__)
 
 
 class _Malformed:
@@ -24,6 +34,27 @@ class _Malformed:
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # untyped grpc
+    def __init__(self, on_malformed: Callable[[str], None] | None = None) -> None:
+        """``on_malformed(method)``: a request of ``method`` (its full gRPC name) did not
+        decode."""
+        self._on_malformed = on_malformed
+        self._log = EveryInterval(60.0)
+
+    def _refused(self, method: str, reason: str, peer: str) -> None:
+        if self._on_malformed is not None:
+            self._on_malformed(method)
+        said = self._log.due()
+        if said is not None:
+            more = f" ({said - 1} more since the last such line)" if said > 1 else ""
+            logger.warning(
+                "refused a request from %s that does not decode: %s -- a client of another "
+                "raftlet version's protos, or not a raftlet client; said at most once a "
+                "minute%s",
+                peer,
+                reason,
+                more,
+            )
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -44,6 +75,7 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[m
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, _Malformed):
+                self._refused(method, request.reason, context.peer())
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
             return await behaviour(request, context)
 

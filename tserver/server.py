@@ -352,6 +352,16 @@ class TabletServer:
             yield_on_wake=self.settings.rpc_handoff_yield,
         )
 
+    def _count_malformed(self, method: str) -> None:
+        """Count an undecodable request of ``method`` (``/raftlet.TabletService/Write``) as
+        its service pool counts the method's other failures."""
+        service, _, name = method.lstrip("/").rpartition("/")
+        for pool_name, descriptor in _POOL_SERVICES.items():
+            if descriptor.full_name == service:
+                failed = self.pools[pool_name].metrics.failed_for
+                failed(name, "INVALID_ARGUMENT", "INVALID_ARGUMENT").increment()
+                return
+
     # --- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -491,7 +501,7 @@ class TabletServer:
         # bytes do not decode. Then the hostile-client limits (streams per connection, unread
         # response bytes, calls in all): tserver/grpc_limits.py says what each bounds and why.
         interceptors: list[grpc.aio.ServerInterceptor] = [
-            MalformedRequestInterceptor(),
+            MalformedRequestInterceptor(self._count_malformed),
             UnreadResponseBudget(on_dropped=self._tablet_servicer.response_dropped),
             WriteFrameGuard(),  # a WriteStream message's writes counted before it is parsed
         ]

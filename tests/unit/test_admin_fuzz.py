@@ -12,6 +12,7 @@ what a valid request changes (a runtime flag, set to exactly the value sent).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from raftlet.cluster import ClusterConfig, RaftTimings, ServerConfig, TableConfi
 from raftlet.proto import admin_pb2, admin_pb2_grpc, consensus_pb2
 from raftlet.schema.schema import ColumnSchema, Schema
 from raftlet.schema.types import DataType
+from raftlet.tserver.malformed import MalformedRequestInterceptor
 from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import FLAGS, ServerSettings
 from tests.integration.tserver_cluster import free_ports
@@ -300,3 +302,34 @@ def test_undecodable_admin_requests_are_invalid_argument(
     if method == "SetFlag":
         return  # a payload may decode as a valid SetFlag; the test above covers its effect
     assert _flags(ts) == before
+
+
+def test_undecodable_requests_are_counted_as_the_methods_failures(ts: InProcessServer) -> None:
+    """Review r34b: 100 undecodable Write and Scan calls left no log line and no count."""
+    failed = ts.server.pools["tablet"].metrics.failed_for
+    counted = failed("Write", "INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    before = counted.value()
+    write = ts.channel.unary_unary(
+        "/raftlet.TabletService/Write",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    for _ in range(3):
+        assert _call(write, b"\xff\xff\xff") is grpc.StatusCode.INVALID_ARGUMENT
+    assert counted.value() == before + 3
+
+
+def test_an_undecodable_request_is_logged_with_its_caller_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="raftlet.tserver.malformed")
+    methods: list[str] = []
+    interceptor = MalformedRequestInterceptor(methods.append)
+    reason = "/raftlet.TabletService/Write: request does not decode (DecodeError)"
+    for _ in range(3):
+        interceptor._refused("/raftlet.TabletService/Write", reason, "ipv4:127.0.0.1:5")
+    assert methods == ["/raftlet.TabletService/Write"] * 3
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(
+        f"refused a request from ipv4:127.0.0.1:5 that does not decode: {reason}"
+    )
