@@ -150,12 +150,17 @@ def print_summary(s: LoadSummary, out: Any) -> None:
     t.add_row("write RPCs", f"{s.writes:,}", f"{s.writes / el:,.0f} writes/s")
     if s.writes:
         t.add_row("rows per write", f"{s.rows / s.writes:,.1f}", "")
-    t.add_row("server CPU", *_cpu_cells(s))
+    cpu_value, cpu_rate, cpu_note = _cpu_cells(s)
+    t.add_row("server CPU", cpu_value, cpu_rate)
     if s.client_cpu_s is not None:
         per_write = s.client_cpu_ms_per_write
         rate = f"{per_write:.3f} ms/write" if per_write is not None else "-"
         t.add_row("client CPU", f"{s.client_cpu_s:,.2f} s", rate)
     out.print(t)
+    if cpu_note:
+        # Under the table, not in its cell: a sentence there widened the column of every
+        # row (review r34b).
+        out.print(cpu_note, markup=False)
     out.print(Text("Latency per acknowledged write RPC, retries included:", style="bold"))
     lat = Table(box=None, pad_edge=False)
     for k in s.latency_us:
@@ -178,31 +183,29 @@ def print_summary(s: LoadSummary, out: Any) -> None:
         out.print(Text(f"first error: {s.first_error}", style="red"))
 
 
-def _cpu_cells(s: LoadSummary) -> tuple[str, str]:
+def _cpu_cells(s: LoadSummary) -> tuple[str, str, str]:
+    """The server CPU row's value and rate, and a note for under the table ("" if none)."""
     cpu = s.server_cpu
     if cpu is None:
-        return "-", "not read"
+        return "-", "not read", ""
     total = cpu.total_s
     if total is None:
         if not cpu.by_server:
-            return "-", "unknown (no server to read it from)"
-        return "-", f"unknown: {_without(cpu)}"
+            return "-", "unknown (no server to read it from)", ""
+        return "-", "unknown", f"server CPU is unknown: {_without(cpu)}"
     per_write = s.server_cpu_ms_per_write
     rate = f"{per_write:.3f} ms/write" if per_write is not None else "-"
     if cpu.missing:
-        rate += f" (without {_without(cpu)})"
-    return f"{total:,.2f} s", rate
+        return f"{total:,.2f} s", rate + " *", f"* server CPU leaves out {_without(cpu)}"
+    return f"{total:,.2f} s", rate, ""
 
 
 def _without(cpu: ServerCpu) -> str:
     """Why servers have no figure: every server exports it (metrics.process), so one
     without missed a reading (read_cpu_seconds keeps no error to say why) or restarted."""
-    parts = []
-    if cpu.restarted:
-        parts.append(f"{', '.join(cpu.restarted)} restarted during the run")
-    if cpu.unread:
-        parts.append(f"{', '.join(cpu.unread)} missed a /metrics reading (before or after it)")
-    return "; ".join(parts)
+    parts = [f"{sid} (restarted during the run)" for sid in cpu.restarted]
+    parts += [f"{sid} (missed a /metrics reading before or after the run)" for sid in cpu.unread]
+    return ", ".join(parts)
 
 
 def _by_cause(counts: dict[str, int]) -> str:

@@ -31,12 +31,15 @@ def _summary(**given: Any) -> LoadSummary:
 
 
 def _printed(cpu: ServerCpu | None) -> str:
+    """The server CPU row, and the note under the table if there is one."""
     summary = _summary(server_cpu=cpu)
     out = io.StringIO()
     # Wide enough that no cell wraps: the lines are matched whole.
     print_summary(summary, Console(file=out, width=400, color_system=None))
-    (line,) = [row for row in out.getvalue().splitlines() if row.startswith("server CPU")]
-    return " ".join(line.split())
+    lines = out.getvalue().splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("server CPU"))
+    notes = [line for line in lines[row + 1 :] if "server CPU" in line]
+    return " | ".join(" ".join(line.split()) for line in [lines[row], *notes])
 
 
 def test_unknown_server_cpu_names_the_servers_without_a_reading() -> None:
@@ -46,10 +49,16 @@ def test_unknown_server_cpu_names_the_servers_without_a_reading() -> None:
         dict.fromkeys(("ts1", "ts2", "ts3"), one), dict.fromkeys(("ts1", "ts2", "ts3"))
     )
     assert _printed(cpu) == (
-        "server CPU - unknown: ts1, ts2, ts3 missed a /metrics reading (before or after it)"
+        "server CPU - unknown | server CPU is unknown: ts1 (missed a /metrics reading before "
+        "or after the run), ts2 (missed a /metrics reading before or after the run), ts3 "
+        "(missed a /metrics reading before or after the run)"
     )
     assert _printed(ServerCpu({})) == "server CPU - unknown (no server to read it from)"
     assert _printed(None) == "server CPU - not read"
+    # The note is under the table: the rate column is as wide as its widest figure.
+    out = io.StringIO()
+    print_summary(_summary(server_cpu=cpu), Console(file=out, width=400, color_system=None))
+    assert max(len(line) for line in out.getvalue().splitlines() if "rows/s" in line) < 60
     # With some readings, the figure is theirs, and says whom it leaves out and why.
     cpu = ServerCpu.between(
         dict.fromkeys(("ts1", "ts2", "ts3", "ts4"), one),
@@ -60,8 +69,8 @@ def test_unknown_server_cpu_names_the_servers_without_a_reading() -> None:
         },
     )
     assert _printed(cpu) == (
-        "server CPU 0.80 s 2.000 ms/write (without ts4 restarted during the run; ts3 missed a "
-        "/metrics reading (before or after it))"
+        "server CPU 0.80 s 2.000 ms/write * | * server CPU leaves out ts4 (restarted during the "
+        "run), ts3 (missed a /metrics reading before or after the run)"
     )
 
 
