@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from raftlet.cluster import bare_host, parse_host_port
 from raftlet.metrics.status_server import StatusServer
@@ -21,9 +22,23 @@ from raftlet.tserver.server import TabletServer
 from raftlet.tserver.settings import ServerSettings
 from raftlet.tserver.table_layout import LayoutMismatch
 
-__all__ = ["run", "status_url"]
+__all__ = ["LOG_FORMAT", "UtcFormatter", "run", "status_url"]
 
 logger = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
+
+
+class UtcFormatter(logging.Formatter):
+    """Times in UTC, ISO 8601 with the zone said (``2026-12-08T00:30:24.291Z``): local time
+    without an offset had to be guessed at on a host in another zone, next to the
+    launcher's ISO lines and Prometheus's UTC (review r34b)."""
+
+    def converter(self, seconds: float | None) -> time.struct_time:
+        return time.gmtime(seconds)
+
+    default_time_format = "%Y-%m-%dT%H:%M:%S"
+    default_msec_format = "%s.%03dZ"
 
 
 def run(settings: ServerSettings) -> int:
@@ -33,11 +48,9 @@ def run(settings: ServerSettings) -> int:
     # those made before the mask was set too (tserver.file_modes).
     umask = int(settings.umask, 8)
     os.umask(umask)
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(UtcFormatter(LOG_FORMAT))
+    logging.basicConfig(level=settings.log_level, handlers=[handler])
     try:
         open_files = raise_open_files_limit()
     except OSError as e:
