@@ -33,7 +33,10 @@ __all__ = [
     "OP_APPLY_RUN_TIME_US",
     "OP_PREPARE_RUN_TIME_US",
     "PROCESS_CPU_SECONDS",
+    "PROCESS_MAX_FDS",
+    "PROCESS_OPEN_FDS",
     "PROCESS_PROTOTYPES",
+    "PROCESS_RESIDENT_MEMORY_BYTES",
     "PROCESS_START_TIME_SECONDS",
     "RAFT_APPLIED_INDEX",
     "RAFT_COMMIT_INDEX",
@@ -489,6 +492,27 @@ PROCESS_START_TIME_SECONDS = MetricPrototype(
     "its counters start again from zero",
     entity_type="server",
 )
+PROCESS_RESIDENT_MEMORY_BYTES = MetricPrototype(
+    "process_resident_memory_bytes",
+    GAUGE,
+    "bytes",
+    "Memory of this server process resident in RAM (RSS)",
+    entity_type="server",
+)
+PROCESS_OPEN_FDS = MetricPrototype(
+    "process_open_fds",
+    GAUGE,
+    "files",
+    "File descriptors this server process holds open (WAL segments, stores, sockets)",
+    entity_type="server",
+)
+PROCESS_MAX_FDS = MetricPrototype(
+    "process_max_fds",
+    GAUGE,
+    "files",
+    "The process's open-file limit (RLIMIT_NOFILE, soft): at it, new connections and files fail",
+    entity_type="server",
+)
 RPC_AUTH_DENIALS = MetricPrototype(
     "rpc_auth_denials",
     COUNTER,
@@ -505,6 +529,9 @@ RPC_AUTH_DENIALS = MetricPrototype(
 PROCESS_PROTOTYPES: tuple[MetricPrototype, ...] = (
     PROCESS_CPU_SECONDS,
     PROCESS_START_TIME_SECONDS,
+    PROCESS_RESIDENT_MEMORY_BYTES,
+    PROCESS_OPEN_FDS,
+    PROCESS_MAX_FDS,
 )
 
 ALL_PROTOTYPES: tuple[MetricPrototype, ...] = (

@@ -1,5 +1,5 @@
-"""Process-wide figures read from the OS at scrape time: the server's CPU time, and when
-the process started.
+"""Process-wide figures read from the OS at scrape time: the server's CPU time, when the
+process started, its resident memory, and its open files and their limit.
 
 ``ProcessCollector`` is a prometheus_client custom collector that the status server appends
 to ``/metrics``: ``process_cpu_seconds_total`` (``catalogue.PROCESS_CPU_SECONDS``; the usual
@@ -13,18 +13,29 @@ counters of the process after it start again from zero.
 
 ``raftlet write`` reads both before and after a run for the server CPU per acknowledged
 write (a server restarted meanwhile has no figure: its first process's CPU is gone).
-``/metrics.json`` carries the same two figures in the server entity (``figures``), so
+``/metrics.json`` carries the same figures in the server entity (``figures``), so
 ``raftlet metrics`` shows each server's uptime and CPU time from the one page it reads.
+``process_resident_memory_bytes``, ``process_open_fds`` and ``process_max_fds`` (the
+standard process collector's names) let an alert see memory grow or descriptors run out
+before writes fail (review r34b: the README sizes memory, and nothing exported it).
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from raftlet.metrics.catalogue import PROCESS_CPU_SECONDS, PROCESS_START_TIME_SECONDS
+from raftlet.metrics.catalogue import (
+    PROCESS_CPU_SECONDS,
+    PROCESS_MAX_FDS,
+    PROCESS_OPEN_FDS,
+    PROCESS_RESIDENT_MEMORY_BYTES,
+    PROCESS_START_TIME_SECONDS,
+)
 from raftlet.metrics.registry import MetricPrototype, MetricRegistry
 
 __all__ = ["ProcessCollector"]
@@ -44,11 +55,16 @@ class ProcessCollector:
         self._cpu_seconds = cpu_seconds
 
     def figures(self) -> tuple[tuple[MetricPrototype, float], ...]:
-        """Each process figure's prototype and value, read now."""
-        return (
+        """Each process figure's prototype and value, read now (those the OS does not
+        offer -- no /proc -- left out)."""
+        read: list[tuple[MetricPrototype, float | None]] = [
             (PROCESS_CPU_SECONDS, float(self._cpu_seconds())),
             (PROCESS_START_TIME_SECONDS, _STARTED),
-        )
+            (PROCESS_RESIDENT_MEMORY_BYTES, _resident_bytes()),
+            (PROCESS_OPEN_FDS, _open_fds()),
+            (PROCESS_MAX_FDS, float(resource.getrlimit(resource.RLIMIT_NOFILE)[0])),
+        ]
+        return tuple((proto, value) for proto, value in read if value is not None)
 
     def collect(self) -> Iterator[Metric]:
         servers = (
@@ -62,3 +78,21 @@ class ProcessCollector:
             family = kind(proto.name, proto.help, labels=list(labels))
             family.add_metric(list(labels.values()), value)
             yield family
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_bytes() -> float | None:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return float(int(f.read().split()[1]) * _PAGE_BYTES)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _open_fds() -> float | None:
+    try:
+        return float(len(os.listdir("/proc/self/fd")) - 1)  # not the one listdir opened
+    except OSError:
+        return None

@@ -160,7 +160,9 @@ def test_a_large_page_goes_gzipped_to_whoever_asks_for_it(registry: MetricRegist
 
 
 def _without_cpu(page: bytes) -> list[bytes]:
-    return [line for line in page.splitlines() if not line.startswith(b"process_cpu")]
+    """The page but for what changes from one read to the next: CPU time and memory."""
+    moving = (b"process_cpu", b"process_resident", b"process_open_fds")
+    return [line for line in page.splitlines() if not line.startswith(moving)]
 
 
 def test_metrics_page_exposes_the_process_cpu_time(server: StatusServer) -> None:
@@ -236,13 +238,19 @@ def test_process_collector_reads_its_clock_at_collect_time() -> None:
 
     seconds = [1.5]
     collector = ProcessCollector(MetricRegistry(), cpu_seconds=lambda: seconds[0])
-    family, started = collector.collect()
+    family, started, resident, open_fds, max_fds = collector.collect()
     assert [(s.name, s.labels, s.value) for s in family.samples] == [
         ("process_cpu_seconds_total", {}, 1.5)
     ]
     assert [s.name for s in started.samples] == ["process_start_time_seconds"]
     seconds[0] = 2.25
     assert next(iter(collector.collect())).samples[0].value == 2.25
+    # Memory and descriptors, as a standard process collector names them.
+    assert 1 << 20 < resident.samples[0].value < 64 << 30
+    with open(__file__) as one_more:
+        assert one_more.fileno() >= 0
+        (_, _, _, more, _) = collector.collect()
+    assert 3 <= open_fds.samples[0].value < more.samples[0].value <= max_fds.samples[0].value
 
 
 def test_head_sends_headers_only(server: StatusServer) -> None:
