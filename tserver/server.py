@@ -46,6 +46,7 @@ import logging
 import shutil
 import ssl
 import threading
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,9 @@ _POOL_SERVICES = {
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+# A stop whose RPCs have not all ended by this long after the replicas stopped says why
+# it waits on.
+_QUIET_STOP_S = 0.5
 # How long a server new to a cluster waits for each peer's list of tablets at start.
 _ASK_PEERS_S = 2.0
 
@@ -1192,6 +1196,7 @@ class TabletServer:
         self._consensus_servicer.end_streams()
         if self._grpc is not None:
             grpc_stopped = asyncio.ensure_future(self._grpc.stop(grace_s))
+            graced_until = time.monotonic() + grace_s
         loop = asyncio.get_running_loop()
         if self.tcp_listener is not None:
             await loop.run_in_executor(None, self.tcp_listener.close)
@@ -1202,6 +1207,14 @@ class TabletServer:
         if self.write_listener is not None:
             await loop.run_in_executor(None, self.write_listener.close)
         if grpc_stopped is not None:
+            done, _ = await asyncio.wait({grpc_stopped}, timeout=_QUIET_STOP_S)
+            if not done:
+                # Else the log went quiet for seconds after the handover (review r34b).
+                logger.info(
+                    "waiting up to %.1f s more for the RPCs still open to end: a caller that "
+                    "reads no answers (a paused peer or client) holds its call open until then",
+                    max(0.0, graced_until - time.monotonic()),
+                )
             await grpc_stopped
         if self.tcp_hub is not None:
             await self.tcp_hub.close()  # and the streams it falls back on
