@@ -979,6 +979,10 @@ class RaftConsensus:
             "last_index": st.last_index,
             "first_index": st.first_index,
             "all_replicated": st.all_replicated,
+            "leader_commit": st.leader_commit,
+            # Whose word leader_commit is: a status published before this replica heard
+            # its leader says nothing of how far behind that leader it is.
+            "leader_commit_of": st.soft_state.leader_id,
             "voters": list(st.voters),
             "learners": list(st.learners),
             "config_index": st.config_index,

@@ -26,49 +26,49 @@ _sym_db = _symbol_database.Default()
 from raftlet.proto import common_pb2 as raftlet_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1draftlet/proto/consensus.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\"Y\n\x07\x45ntryPB\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.raftlet.EntryType\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"E\n\x0c\x45ntryBatchPB\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.raftlet.EntryPB\x12\x12\n\nsynced_end\x18\x02 \x01(\x04\"\xb4\x02\n\x16UpdateConsensusRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x04\x12\x16\n\x0eprev_log_index\x18\x05 \x01(\x04\x12\x15\n\rprev_log_term\x18\x06 \x01(\x04\x12!\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x10.raftlet.EntryPB\x12\x17\n\x0f\x63ommitted_index\x18\x08 \x01(\x04\x12\x14\n\x0cis_heartbeat\x18\t \x01(\x08\x12\x12\n\nread_round\x18\n \x01(\x04\x12\x17\n\x0ftransferee_uuid\x18\x0b \x01(\t\x12\x1c\n\x14\x61ll_replicated_index\x18\x0c \x01(\x04\"\xf3\x01\n\x17UpdateConsensusResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x01(\x08\x12\x16\n\x0elast_log_index\x18\x04 \x01(\x04\x12\x15\n\rconflict_term\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onflict_index\x18\x06 \x01(\x04\x12%\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\x12\x14\n\x0cis_heartbeat\x18\x08 \x01(\x08\x12\x12\n\nread_round\x18\t \x01(\x04\"\xc7\x01\n\x12RequestVoteRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_term\x18\x04 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x05 \x01(\x04\x12\x15\n\rlast_log_term\x18\x06 \x01(\x04\x12\x13\n\x0bis_pre_vote\x18\x07 \x01(\x08\x12\x17\n\x0fleader_transfer\x18\x08 \x01(\x08\"\xa7\x01\n\x13RequestVoteResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x14\n\x0cvote_granted\x18\x03 \x01(\x08\x12\x13\n\x0bis_pre_vote\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12%\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"c\n\x11TimeoutNowRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x04\";\n\x12TimeoutNowResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\x97\x02\n\x10\x43onsensusStatePB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x02 \x01(\x04\x12\x1f\n\x04role\x18\x03 \x01(\x0e\x32\x11.raftlet.RaftRole\x12\x13\n\x0bleader_uuid\x18\x04 \x01(\t\x12\x14\n\x0cleader_ready\x18\x05 \x01(\x08\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12\x0e\n\x06voters\x18\t \x03(\t\x12\x11\n\tvoted_for\x18\n \x01(\t\x12\x10\n\x08learners\x18\x0b \x03(\t\x12\x14\n\x0c\x63onfig_index\x18\x0c \x01(\x04\"\xe2\x01\n\x13\x43onsensusMetadataPB\x12\x14\n\x0c\x63urrent_term\x18\x01 \x01(\x04\x12\x11\n\tvoted_for\x18\x02 \x01(\t\x12\x0e\n\x06voters\x18\x03 \x03(\t\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x10\n\x08learners\x18\x05 \x03(\t\x12\x14\n\x0c\x63onfig_index\x18\x06 \x01(\x04\x12\x18\n\x10\x63ommitted_voters\x18\x07 \x03(\t\x12\x1a\n\x12\x63ommitted_learners\x18\x08 \x03(\t\x12\x1e\n\x16\x63ommitted_config_index\x18\t \x01(\x04\"-\n\x18GetConsensusStateRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\"l\n\x19GetConsensusStateResponse\x12(\n\x05state\x18\x01 \x01(\x0b\x32\x19.raftlet.ConsensusStatePB\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\x94\x03\n\x0f\x43onsensusItemPB\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x31\n\x06update\x18\x02 \x01(\x0b\x32\x1f.raftlet.UpdateConsensusRequestH\x00\x12+\n\x04vote\x18\x03 \x01(\x0b\x32\x1b.raftlet.RequestVoteRequestH\x00\x12\x31\n\x0btimeout_now\x18\x04 \x01(\x0b\x32\x1a.raftlet.TimeoutNowRequestH\x00\x12;\n\x0fupdate_response\x18\x05 \x01(\x0b\x32 .raftlet.UpdateConsensusResponseH\x00\x12\x35\n\rvote_response\x18\x06 \x01(\x0b\x32\x1c.raftlet.RequestVoteResponseH\x00\x12;\n\x14timeout_now_response\x18\x07 \x01(\x0b\x32\x1b.raftlet.TimeoutNowResponseH\x00\x12(\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x16.raftlet.ServerErrorPBH\x00\x42\x06\n\x04kind\";\n\x10\x43onsensusFramePB\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.raftlet.ConsensusItemPB\"\x15\n\x13PeerEndpointRequest\"@\n\x14PeerEndpointResponse\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x1a\n\x12\x61\x64vertised_address\x18\x02 \x01(\t*H\n\tEntryType\x12\x11\n\rENTRY_UNKNOWN\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\t\n\x05NO_OP\x10\x02\x12\x11\n\rCONFIG_CHANGE\x10\x03*X\n\x08RaftRole\x12\x10\n\x0cROLE_UNKNOWN\x10\x00\x12\x0c\n\x08\x46OLLOWER\x10\x01\x12\x11\n\rPRE_CANDIDATE\x10\x02\x12\r\n\tCANDIDATE\x10\x03\x12\n\n\x06LEADER\x10\x04\x32\xe6\x03\n\x10\x43onsensusService\x12\x42\n\x06Stream\x12\x19.raftlet.ConsensusFramePB\x1a\x19.raftlet.ConsensusFramePB(\x01\x30\x01\x12T\n\x0fUpdateConsensus\x12\x1f.raftlet.UpdateConsensusRequest\x1a .raftlet.UpdateConsensusResponse\x12H\n\x0bRequestVote\x12\x1b.raftlet.RequestVoteRequest\x1a\x1c.raftlet.RequestVoteResponse\x12Z\n\x11GetConsensusState\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponse\x12\x45\n\nTimeoutNow\x12\x1a.raftlet.TimeoutNowRequest\x1a\x1b.raftlet.TimeoutNowResponse\x12K\n\x0cPeerEndpoint\x12\x1c.raftlet.PeerEndpointRequest\x1a\x1d.raftlet.PeerEndpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1draftlet/proto/consensus.proto\x12\x07raftlet\x1a\x1araftlet/proto/common.proto\"Y\n\x07\x45ntryPB\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.raftlet.EntryType\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"E\n\x0c\x45ntryBatchPB\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.raftlet.EntryPB\x12\x12\n\nsynced_end\x18\x02 \x01(\x04\"\xd4\x02\n\x16UpdateConsensusRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x04\x12\x16\n\x0eprev_log_index\x18\x05 \x01(\x04\x12\x15\n\rprev_log_term\x18\x06 \x01(\x04\x12!\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x10.raftlet.EntryPB\x12\x17\n\x0f\x63ommitted_index\x18\x08 \x01(\x04\x12\x14\n\x0cis_heartbeat\x18\t \x01(\x08\x12\x12\n\nread_round\x18\n \x01(\x04\x12\x17\n\x0ftransferee_uuid\x18\x0b \x01(\t\x12\x1c\n\x14\x61ll_replicated_index\x18\x0c \x01(\x04\x12\x1e\n\x16leader_committed_index\x18\r \x01(\x04\"\xf3\x01\n\x17UpdateConsensusResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x01(\x08\x12\x16\n\x0elast_log_index\x18\x04 \x01(\x04\x12\x15\n\rconflict_term\x18\x05 \x01(\x04\x12\x16\n\x0e\x63onflict_index\x18\x06 \x01(\x04\x12%\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\x12\x14\n\x0cis_heartbeat\x18\x08 \x01(\x08\x12\x12\n\nread_round\x18\t \x01(\x04\"\xc7\x01\n\x12RequestVoteRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61ndidate_term\x18\x04 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x05 \x01(\x04\x12\x15\n\rlast_log_term\x18\x06 \x01(\x04\x12\x13\n\x0bis_pre_vote\x18\x07 \x01(\x08\x12\x17\n\x0fleader_transfer\x18\x08 \x01(\x08\"\xa7\x01\n\x13RequestVoteResponse\x12\x16\n\x0eresponder_uuid\x18\x01 \x01(\t\x12\x16\n\x0eresponder_term\x18\x02 \x01(\x04\x12\x14\n\x0cvote_granted\x18\x03 \x01(\x08\x12\x13\n\x0bis_pre_vote\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12%\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"c\n\x11TimeoutNowRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63\x61ller_uuid\x18\x02 \x01(\t\x12\x11\n\tdest_uuid\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61ller_term\x18\x04 \x01(\x04\";\n\x12TimeoutNowResponse\x12%\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\x97\x02\n\x10\x43onsensusStatePB\x12\x11\n\ttablet_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x02 \x01(\x04\x12\x1f\n\x04role\x18\x03 \x01(\x0e\x32\x11.raftlet.RaftRole\x12\x13\n\x0bleader_uuid\x18\x04 \x01(\t\x12\x14\n\x0cleader_ready\x18\x05 \x01(\x08\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x08 \x01(\x04\x12\x0e\n\x06voters\x18\t \x03(\t\x12\x11\n\tvoted_for\x18\n \x01(\t\x12\x10\n\x08learners\x18\x0b \x03(\t\x12\x14\n\x0c\x63onfig_index\x18\x0c \x01(\x04\"\xe2\x01\n\x13\x43onsensusMetadataPB\x12\x14\n\x0c\x63urrent_term\x18\x01 \x01(\x04\x12\x11\n\tvoted_for\x18\x02 \x01(\t\x12\x0e\n\x06voters\x18\x03 \x03(\t\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x10\n\x08learners\x18\x05 \x03(\t\x12\x14\n\x0c\x63onfig_index\x18\x06 \x01(\x04\x12\x18\n\x10\x63ommitted_voters\x18\x07 \x03(\t\x12\x1a\n\x12\x63ommitted_learners\x18\x08 \x03(\t\x12\x1e\n\x16\x63ommitted_config_index\x18\t \x01(\x04\"-\n\x18GetConsensusStateRequest\x12\x11\n\ttablet_id\x18\x01 \x01(\t\"l\n\x19GetConsensusStateResponse\x12(\n\x05state\x18\x01 \x01(\x0b\x32\x19.raftlet.ConsensusStatePB\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftlet.ServerErrorPB\"\x94\x03\n\x0f\x43onsensusItemPB\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x31\n\x06update\x18\x02 \x01(\x0b\x32\x1f.raftlet.UpdateConsensusRequestH\x00\x12+\n\x04vote\x18\x03 \x01(\x0b\x32\x1b.raftlet.RequestVoteRequestH\x00\x12\x31\n\x0btimeout_now\x18\x04 \x01(\x0b\x32\x1a.raftlet.TimeoutNowRequestH\x00\x12;\n\x0fupdate_response\x18\x05 \x01(\x0b\x32 .raftlet.UpdateConsensusResponseH\x00\x12\x35\n\rvote_response\x18\x06 \x01(\x0b\x32\x1c.raftlet.RequestVoteResponseH\x00\x12;\n\x14timeout_now_response\x18\x07 \x01(\x0b\x32\x1b.raftlet.TimeoutNowResponseH\x00\x12(\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x16.raftlet.ServerErrorPBH\x00\x42\x06\n\x04kind\";\n\x10\x43onsensusFramePB\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.raftlet.ConsensusItemPB\"\x15\n\x13PeerEndpointRequest\"@\n\x14PeerEndpointResponse\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x1a\n\x12\x61\x64vertised_address\x18\x02 \x01(\t*H\n\tEntryType\x12\x11\n\rENTRY_UNKNOWN\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\t\n\x05NO_OP\x10\x02\x12\x11\n\rCONFIG_CHANGE\x10\x03*X\n\x08RaftRole\x12\x10\n\x0cROLE_UNKNOWN\x10\x00\x12\x0c\n\x08\x46OLLOWER\x10\x01\x12\x11\n\rPRE_CANDIDATE\x10\x02\x12\r\n\tCANDIDATE\x10\x03\x12\n\n\x06LEADER\x10\x04\x32\xe6\x03\n\x10\x43onsensusService\x12\x42\n\x06Stream\x12\x19.raftlet.ConsensusFramePB\x1a\x19.raftlet.ConsensusFramePB(\x01\x30\x01\x12T\n\x0fUpdateConsensus\x12\x1f.raftlet.UpdateConsensusRequest\x1a .raftlet.UpdateConsensusResponse\x12H\n\x0bRequestVote\x12\x1b.raftlet.RequestVoteRequest\x1a\x1c.raftlet.RequestVoteResponse\x12Z\n\x11GetConsensusState\x12!.raftlet.GetConsensusStateRequest\x1a\".raftlet.GetConsensusStateResponse\x12\x45\n\nTimeoutNow\x12\x1a.raftlet.TimeoutNowRequest\x1a\x1b.raftlet.TimeoutNowResponse\x12K\n\x0cPeerEndpoint\x12\x1c.raftlet.PeerEndpointRequest\x1a\x1d.raftlet.PeerEndpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftlet.proto.consensus_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENTRYTYPE']._serialized_start=2548
-  _globals['_ENTRYTYPE']._serialized_end=2620
-  _globals['_RAFTROLE']._serialized_start=2622
-  _globals['_RAFTROLE']._serialized_end=2710
+  _globals['_ENTRYTYPE']._serialized_start=2580
+  _globals['_ENTRYTYPE']._serialized_end=2652
+  _globals['_RAFTROLE']._serialized_start=2654
+  _globals['_RAFTROLE']._serialized_end=2742
   _globals['_ENTRYPB']._serialized_start=70
   _globals['_ENTRYPB']._serialized_end=159
   _globals['_ENTRYBATCHPB']._serialized_start=161
   _globals['_ENTRYBATCHPB']._serialized_end=230
   _globals['_UPDATECONSENSUSREQUEST']._serialized_start=233
-  _globals['_UPDATECONSENSUSREQUEST']._serialized_end=541
-  _globals['_UPDATECONSENSUSRESPONSE']._serialized_start=544
-  _globals['_UPDATECONSENSUSRESPONSE']._serialized_end=787
-  _globals['_REQUESTVOTEREQUEST']._serialized_start=790
-  _globals['_REQUESTVOTEREQUEST']._serialized_end=989
-  _globals['_REQUESTVOTERESPONSE']._serialized_start=992
-  _globals['_REQUESTVOTERESPONSE']._serialized_end=1159
-  _globals['_TIMEOUTNOWREQUEST']._serialized_start=1161
-  _globals['_TIMEOUTNOWREQUEST']._serialized_end=1260
-  _globals['_TIMEOUTNOWRESPONSE']._serialized_start=1262
-  _globals['_TIMEOUTNOWRESPONSE']._serialized_end=1321
-  _globals['_CONSENSUSSTATEPB']._serialized_start=1324
-  _globals['_CONSENSUSSTATEPB']._serialized_end=1603
-  _globals['_CONSENSUSMETADATAPB']._serialized_start=1606
-  _globals['_CONSENSUSMETADATAPB']._serialized_end=1832
-  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_start=1834
-  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_end=1879
-  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_start=1881
-  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_end=1989
-  _globals['_CONSENSUSITEMPB']._serialized_start=1992
-  _globals['_CONSENSUSITEMPB']._serialized_end=2396
-  _globals['_CONSENSUSFRAMEPB']._serialized_start=2398
-  _globals['_CONSENSUSFRAMEPB']._serialized_end=2457
-  _globals['_PEERENDPOINTREQUEST']._serialized_start=2459
-  _globals['_PEERENDPOINTREQUEST']._serialized_end=2480
-  _globals['_PEERENDPOINTRESPONSE']._serialized_start=2482
-  _globals['_PEERENDPOINTRESPONSE']._serialized_end=2546
-  _globals['_CONSENSUSSERVICE']._serialized_start=2713
-  _globals['_CONSENSUSSERVICE']._serialized_end=3199
+  _globals['_UPDATECONSENSUSREQUEST']._serialized_end=573
+  _globals['_UPDATECONSENSUSRESPONSE']._serialized_start=576
+  _globals['_UPDATECONSENSUSRESPONSE']._serialized_end=819
+  _globals['_REQUESTVOTEREQUEST']._serialized_start=822
+  _globals['_REQUESTVOTEREQUEST']._serialized_end=1021
+  _globals['_REQUESTVOTERESPONSE']._serialized_start=1024
+  _globals['_REQUESTVOTERESPONSE']._serialized_end=1191
+  _globals['_TIMEOUTNOWREQUEST']._serialized_start=1193
+  _globals['_TIMEOUTNOWREQUEST']._serialized_end=1292
+  _globals['_TIMEOUTNOWRESPONSE']._serialized_start=1294
+  _globals['_TIMEOUTNOWRESPONSE']._serialized_end=1353
+  _globals['_CONSENSUSSTATEPB']._serialized_start=1356
+  _globals['_CONSENSUSSTATEPB']._serialized_end=1635
+  _globals['_CONSENSUSMETADATAPB']._serialized_start=1638
+  _globals['_CONSENSUSMETADATAPB']._serialized_end=1864
+  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_start=1866
+  _globals['_GETCONSENSUSSTATEREQUEST']._serialized_end=1911
+  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_start=1913
+  _globals['_GETCONSENSUSSTATERESPONSE']._serialized_end=2021
+  _globals['_CONSENSUSITEMPB']._serialized_start=2024
+  _globals['_CONSENSUSITEMPB']._serialized_end=2428
+  _globals['_CONSENSUSFRAMEPB']._serialized_start=2430
+  _globals['_CONSENSUSFRAMEPB']._serialized_end=2489
+  _globals['_PEERENDPOINTREQUEST']._serialized_start=2491
+  _globals['_PEERENDPOINTREQUEST']._serialized_end=2512
+  _globals['_PEERENDPOINTRESPONSE']._serialized_start=2514
+  _globals['_PEERENDPOINTRESPONSE']._serialized_end=2578
+  _globals['_CONSENSUSSERVICE']._serialized_start=2745
+  _globals['_CONSENSUSSERVICE']._serialized_end=3231
 # @@protoc_insertion_point(module_scope)

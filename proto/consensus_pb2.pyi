@@ -54,7 +54,7 @@ class EntryBatchPB(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., synced_end: _Optional[int] = ...) -> None: ...
 
 class UpdateConsensusRequest(_message.Message):
-    __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term", "prev_log_index", "prev_log_term", "entries", "committed_index", "is_heartbeat", "read_round", "transferee_uuid", "all_replicated_index")
+    __slots__ = ("tablet_id", "caller_uuid", "dest_uuid", "caller_term", "prev_log_index", "prev_log_term", "entries", "committed_index", "is_heartbeat", "read_round", "transferee_uuid", "all_replicated_index", "leader_committed_index")
     TABLET_ID_FIELD_NUMBER: _ClassVar[int]
     CALLER_UUID_FIELD_NUMBER: _ClassVar[int]
     DEST_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class UpdateConsensusRequest(_message.Message):
     READ_ROUND_FIELD_NUMBER: _ClassVar[int]
     TRANSFEREE_UUID_FIELD_NUMBER: _ClassVar[int]
     ALL_REPLICATED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEADER_COMMITTED_INDEX_FIELD_NUMBER: _ClassVar[int]
     tablet_id: str
     caller_uuid: str
     dest_uuid: str
@@ -79,7 +80,8 @@ class UpdateConsensusRequest(_message.Message):
     read_round: int
     transferee_uuid: str
     all_replicated_index: int
-    def __init__(self, tablet_id: _Optional[str] = ..., caller_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., caller_term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., committed_index: _Optional[int] = ..., is_heartbeat: _Optional[bool] = ..., read_round: _Optional[int] = ..., transferee_uuid: _Optional[str] = ..., all_replicated_index: _Optional[int] = ...) -> None: ...
+    leader_committed_index: int
+    def __init__(self, tablet_id: _Optional[str] = ..., caller_uuid: _Optional[str] = ..., dest_uuid: _Optional[str] = ..., caller_term: _Optional[int] = ..., prev_log_index: _Optional[int] = ..., prev_log_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[EntryPB, _Mapping]]] = ..., committed_index: _Optional[int] = ..., is_heartbeat: _Optional[bool] = ..., read_round: _Optional[int] = ..., transferee_uuid: _Optional[str] = ..., all_replicated_index: _Optional[int] = ..., leader_committed_index: _Optional[int] = ...) -> None: ...
 
 class UpdateConsensusResponse(_message.Message):
     __slots__ = ("responder_uuid", "responder_term", "rejected", "last_log_index", "conflict_term", "conflict_index", "error", "is_heartbeat", "read_round")

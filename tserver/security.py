@@ -359,9 +359,10 @@ class Authenticator:
     # --- the status server --------------------------------------------------------------
 
     def check_page(self, request: PageRequest) -> None:
-        """The status server's guard: ``/healthz`` is open; ``/stacks`` needs admin; every
-        other page reader. Raises ``HttpError`` 401 or 403."""
-        if request.path == "/healthz":
+        """The status server's guard: ``/healthz`` and ``/readyz`` are open (probes carry no
+        credentials); ``/stacks`` needs admin; every other page reader. Raises ``HttpError``
+        401 or 403."""
+        if request.path in ("/healthz", "/readyz"):
             return
         required = AccessRole.ADMIN if request.path == "/stacks" else AccessRole.READER
         header = {k.lower(): v for k, v in request.headers.items()}.get("authorization")

@@ -572,7 +572,13 @@ class TabletServer:
                 lambda: list(self.replicas.values()), s.store_verify_interval_s
             )
             self._verifier.start()
-        register_tablet_pages(self.status, self.server_id, self.replicas, self.failed_tablets)
+        register_tablet_pages(
+            self.status,
+            self.server_id,
+            self.replicas,
+            self.failed_tablets,
+            self.copier.copies_under_way,
+        )
         register_disk_total_gauge(
             self.entity, self.replicas, self.failed_tablets, s.data_dir / COPY_DIR
         )

@@ -549,7 +549,7 @@ FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec(
         "http_addr", _CLUSTER, "HOST:PORT",
-        "Address of the HTTP status server (/metrics, /tablets, /stacks, /healthz). "
+        "Address of the HTTP status server (/metrics, /tablets, /stacks, /healthz, /readyz). "
         "Default: the server's http_addr in --config.",
         convert=str, check=_addr_check,
     ),

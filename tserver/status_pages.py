@@ -28,6 +28,7 @@ from raftlet.tserver.disk_usage import (
     tree_bytes,
 )
 from raftlet.tserver.failed_tablet import FailedTablet
+from raftlet.tserver.readiness import not_ready
 from raftlet.tserver.tablet_replica import TabletReplica
 
 __all__ = [
@@ -195,9 +196,12 @@ def register_tablet_pages(
     server_id: str,
     replicas: Mapping[str, TabletReplica],
     failed: Mapping[str, FailedTablet] | None = None,
+    copying: Callable[[], Iterable[str]] = tuple,
 ) -> None:
     """Serve ``/tablets`` (HTML) and ``/tablets.json`` on ``status``, showing the replicas
-    in ``replicas`` and the tablets in ``failed`` at the time of each request."""
+    in ``replicas`` and the tablets in ``failed`` at the time of each request, and
+    ``/readyz`` (``tserver.readiness``; ``copying()``: the tablets a copy is bringing here):
+    200 "ready", or 503 with a line per replica that is not."""
     failed = failed if failed is not None else {}
 
     def statuses() -> list[dict[str, object]]:
@@ -213,5 +217,13 @@ def register_tablet_pages(
         )
         return status.html_page(f"Tablets on {server_id}", body)
 
+    def readyz(request: PageRequest) -> PageResponse:
+        reasons = not_ready(server_id, statuses(), copying())
+        if not reasons:
+            return PageResponse.text("ready\n")
+        lines = "".join(f"{r}\n" for r in reasons)
+        return PageResponse.text(f"not ready: {len(reasons)} replica(s)\n{lines}", status=503)
+
     status.register_page("/tablets", tablets_html)
     status.register_page("/tablets.json", tablets_json)
+    status.register_page("/readyz", readyz)

@@ -240,6 +240,7 @@ class Raft:
             self.term = term
             self.vote = NO_NODE
         self.lead = NO_NODE
+        self.leader_commit = 0  # as its leader says it, once it hears from one
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_election_timeout = self._rand.randrange(
@@ -1035,6 +1036,7 @@ class Raft:
                 )
             )
             return
+        self.leader_commit = max(self.leader_commit, m.commit)  # an append's is uncapped
         last_new = self.log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if last_new is not None:
             self._learn_all_replicated(m.all_replicated)
@@ -1061,6 +1063,7 @@ class Raft:
         )
 
     def _handle_heartbeat(self, m: Message) -> None:
+        self.leader_commit = max(self.leader_commit, m.leader_commit)
         last = self.log.last_index()
         self.log.commit_to(min(m.commit, last))
         self._learn_all_replicated(m.all_replicated)
@@ -1118,6 +1121,7 @@ class Raft:
                         transferee=self.lead_transferee,
                         all_replicated=all_replicated,
                         routine=routine and self.lead_transferee == NO_NODE,
+                        leader_commit=self.log.committed,
                     )
                 )
 

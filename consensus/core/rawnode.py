@@ -58,6 +58,8 @@ class Status:
     voters: tuple[str, ...] = ()
     learners: tuple[str, ...] = ()
     config_index: int = 0
+    # A follower's: the leader's commit index as its leader last said it (0: not heard).
+    leader_commit: int = 0
 
 
 class RawNode:
@@ -247,4 +249,5 @@ class RawNode:
             voters=r.voters,
             learners=r.learners,
             config_index=r.conf_state().index,
+            leader_commit=r.leader_commit,
         )

@@ -111,6 +111,8 @@ class Message:
       term of its entry there (fast backtracking, §5.3 "optimization").
     - HEARTBEAT: ``commit`` is min(leader commit, follower's match index); ``context``
       the leader's latest read round (ReadIndex), which the response echoes.
+    - HEARTBEAT: ``leader_commit`` is the leader's commit index itself (``commit`` is
+      capped at the follower's match): a follower whose log ends below it is catching up.
     - APPEND / HEARTBEAT: ``all_replicated`` is an index every voter holds every entry up
       to (the leader's minimum match, Kudu's all_replicated_index): below it a replica may
       discard its log (log GC), as nobody will ever need those entries from it.
@@ -148,6 +150,8 @@ class Message:
     # HEARTBEAT: sent by the heartbeat timer with no read or transfer waiting on it, so a
     # transport may hold it a moment to send it with other tablets' (never on the wire).
     routine: bool = False
+    # HEARTBEAT: the leader's commit index, uncapped (readiness: is this follower behind?).
+    leader_commit: int = 0
 
 
 @dataclass(frozen=True, slots=True)

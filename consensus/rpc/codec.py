@@ -179,6 +179,7 @@ _LIMITS = (
     ("reject_hint", MAX_INDEX),
     ("context", MAX_INDEX),
     ("all_replicated", MAX_INDEX),
+    ("leader_commit", MAX_INDEX),
 )
 
 
@@ -199,6 +200,8 @@ def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensu
     _require_default(m, ("reject", "reject_hint", "transfer"))
     if heartbeat and m.entries:
         raise ValueError("a HEARTBEAT carries no entries")
+    if not heartbeat:
+        _require_default(m, ("leader_commit",))  # an APPEND's commit is the leader's
     _check_int63(m)
     return pb.UpdateConsensusRequest(
         tablet_id=tablet_id,
@@ -213,13 +216,16 @@ def update_request_from_message(m: Message, tablet_id: str) -> pb.UpdateConsensu
         read_round=m.context,
         transferee_uuid=m.transferee,
         all_replicated_index=m.all_replicated,
+        leader_committed_index=m.leader_commit,
     )
 
 
 def update_response_from_message(m: Message) -> pb.UpdateConsensusResponse:
     if m.type not in (MessageType.APPEND_RESPONSE, MessageType.HEARTBEAT_RESPONSE):
         raise ValueError(f"{m.type.value} is not an UpdateConsensus answer")
-    _require_default(m, ("entries", "commit", "transfer", "transferee", "all_replicated"))
+    _require_default(
+        m, ("entries", "commit", "transfer", "transferee", "all_replicated", "leader_commit")
+    )
     _check_int63(m)
     return pb.UpdateConsensusResponse(
         responder_uuid=m.src,
@@ -237,7 +243,17 @@ def vote_request_from_message(m: Message, tablet_id: str) -> pb.RequestVoteReque
     if m.type not in (MessageType.VOTE, MessageType.PRE_VOTE):
         raise ValueError(f"{m.type.value} is not sent as RequestVote")
     _require_default(
-        m, ("entries", "commit", "reject", "reject_hint", "context", "transferee", "all_replicated")
+        m,
+        (
+            "entries",
+            "commit",
+            "reject",
+            "reject_hint",
+            "context",
+            "transferee",
+            "all_replicated",
+            "leader_commit",
+        ),
     )
     _check_int63(m)
     return pb.RequestVoteRequest(
@@ -267,6 +283,7 @@ def vote_response_from_message(m: Message) -> pb.RequestVoteResponse:
             "context",
             "transferee",
             "all_replicated",
+            "leader_commit",
         ),
     )
     _check_int63(m)
@@ -293,6 +310,7 @@ def timeout_now_request_from_message(m: Message, tablet_id: str) -> pb.TimeoutNo
             "transfer",
             "transferee",
             "all_replicated",
+            "leader_commit",
         ),
     )
     _check_int63(m)
@@ -375,6 +393,7 @@ def message_from_update_request(
     commit = req.committed_index
     read_round = req.read_round
     all_replicated = req.all_replicated_index
+    leader_commit = req.leader_committed_index
     heartbeat = req.is_heartbeat
     transferee = req.transferee_uuid
     wire_entries = req.entries
@@ -391,6 +410,7 @@ def message_from_update_request(
         and 0 <= commit <= MAX_INDEX
         and 0 <= read_round <= MAX_INDEX
         and 0 <= all_replicated <= MAX_INDEX
+        and 0 <= leader_commit <= MAX_INDEX
         and transferee != caller
         and not (heartbeat and (wire_entries or prev_index))
     ):
@@ -427,6 +447,7 @@ def message_from_update_request(
         context=read_round if heartbeat else 0,
         transferee=transferee or NO_NODE,
         all_replicated=all_replicated,
+        leader_commit=leader_commit if heartbeat else 0,
     )
 
 
@@ -445,6 +466,11 @@ def _checked_update_request(
     _check_range(req.read_round, MAX_INDEX, f"read_round {req.read_round}")
     _check_range(
         req.all_replicated_index, MAX_INDEX, f"all_replicated_index {req.all_replicated_index}"
+    )
+    _check_range(
+        req.leader_committed_index,
+        MAX_INDEX,
+        f"leader_committed_index {req.leader_committed_index}",
     )
     if req.is_heartbeat and req.entries:
         raise MalformedRequest(f"a heartbeat carries no entries (got {len(req.entries)})")
@@ -467,6 +493,7 @@ def _checked_update_request(
         context=req.read_round if req.is_heartbeat else 0,
         transferee=req.transferee_uuid or NO_NODE,
         all_replicated=req.all_replicated_index,
+        leader_commit=req.leader_committed_index if req.is_heartbeat else 0,
     )
 
 

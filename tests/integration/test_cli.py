@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -430,6 +431,9 @@ def test_down_of_one_server_leaves_the_others_and_up_starts_it_again(data_dir: P
     out = ok(raftlet("cluster", "up", "--data-dir", str(data_dir)))
     assert f"{victim} is not running (pid {before[victim]}): starting it again" in out
     ok(raftlet("cluster", "status", "--data-dir", str(data_dir)))
+    http = {s["id"]: s["http_addr"] for s in state(data_dir)["servers"]}
+    for sid in before:  # what a rolling restart waits for before the next server
+        wait_for(lambda sid=sid: readyz(http[sid]) == (200, "ready\n"), 60, f"{sid} ready")
     # A new cluster's first start takes an empty data directory for new at once; a restart
     # must not (its directory may have been wiped meanwhile: it waits for its peers' word).
     argv = {s["id"]: s["argv"] for s in state(data_dir)["servers"]}
@@ -453,7 +457,22 @@ def test_down_of_one_server_leaves_the_others_and_up_starts_it_again(data_dir: P
     out = ok(raftlet("cluster", "down", "--data-dir", str(data_dir), "--server", second, "--force"))
     assert f"{second} is down, and {victim} is not running either" in out
     assert "has no leader until" in out
+    # The one left has no working group: not ready, saying so of every tablet.
+    alone = sorted(before)[0]
+    wait_for(lambda: "no leader known" in readyz(http[alone])[1], 60, f"{alone} not ready")
+    assert readyz(http[alone])[0] == 503
     ok(raftlet("cluster", "up", "--data-dir", str(data_dir)))
+
+
+def readyz(addr: str) -> tuple[int, str]:
+    """A server's /readyz: its status and text (0, "" when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{addr}/readyz", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
 
 
 def test_down_leaves_no_process(data_dir: Path) -> None:

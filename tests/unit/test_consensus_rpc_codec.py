@@ -104,6 +104,7 @@ def appends(draw: st.DrawFn, heartbeat: bool = False) -> Message:
         commit=draw(u63),
         context=draw(u63) if heartbeat else 0,  # a heartbeat's read round
         transferee=draw(st.one_of(st.just(NO_NODE), uuids.filter(lambda u: u != src))),
+        leader_commit=draw(u63) if heartbeat else 0,  # an append's commit is the leader's
     )
 
 
@@ -230,10 +231,10 @@ def test_field_mapping_follows_the_proto_names() -> None:
         (3, 9, pb.NORMAL, b"row"),
     ]
 
-    heartbeat = Message(MessageType.HEARTBEAT, "a", "b", 3, commit=5)
+    heartbeat = Message(MessageType.HEARTBEAT, "a", "b", 3, commit=5, leader_commit=9)
     hb = update_request_from_message(heartbeat, TABLET)
     assert hb.is_heartbeat
-    assert hb.committed_index == 5
+    assert (hb.committed_index, hb.leader_committed_index) == (5, 9)
     assert not hb.entries
 
     rejected = Message(
@@ -279,6 +280,9 @@ def test_field_mapping_follows_the_proto_names() -> None:
         (Message(MessageType.APPEND, "a", "b", 1, commit=I63 + 1), "outside"),
         (Message(MessageType.APPEND, "a", "b", 1, entries=(Entry(1, I63 + 1),)), "out of range"),
         (Message(MessageType.VOTE, "a", "b", 1, transferee="c"), "transferee"),
+        (Message(MessageType.APPEND, "a", "b", 1, leader_commit=3), "leader_commit"),
+        (Message(MessageType.VOTE, "a", "b", 1, leader_commit=3), "leader_commit"),
+        (Message(MessageType.HEARTBEAT, "a", "b", 1, leader_commit=I63 + 1), "outside"),
     ],
 )
 def test_encoding_refuses_fields_the_wire_cannot_carry(message: Message, needle: str) -> None:
@@ -401,6 +405,7 @@ def near_valid_updates(draw: st.DrawFn) -> pb.UpdateConsensusRequest:
         committed_index=draw(_mostly(3, *_EDGE_INDEXES)),
         read_round=draw(_mostly(0, *_EDGE_INDEXES)),
         all_replicated_index=draw(_mostly(2, *_EDGE_INDEXES)),
+        leader_committed_index=draw(_mostly(4, *_EDGE_INDEXES)),
         is_heartbeat=draw(_mostly(False, True)),
         transferee_uuid=draw(_mostly("", "a", "c")),
         entries=entries,

@@ -35,6 +35,7 @@ from raftlet.metrics.export_prometheus import exposed_name
 from raftlet.metrics.registry import MetricRegistry, MetricType
 from raftlet.metrics.status_server import StatusServer
 from raftlet.tserver.settings import ServerSettings
+from raftlet.tserver.status_pages import register_tablet_pages
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -66,8 +67,10 @@ def port(addr: str) -> int:
 
 
 def status_pages() -> set[str]:
-    """The HTTP paths the server's status server answers (/healthz, /metrics, …)."""
-    return set(StatusServer(MetricRegistry()).pages())
+    """The HTTP paths a tablet server's status server answers (/healthz, /readyz, …)."""
+    status = StatusServer(MetricRegistry())
+    register_tablet_pages(status, "ts1", {})
+    return set(status.pages())
 
 
 def console_script(program: str) -> str:
@@ -433,11 +436,12 @@ def test_k8s_statefulset_args_parse_and_name_servers_of_the_configmap() -> None:
         claims = {c["metadata"]["name"] for c in spec["volumeClaimTemplates"]}
         assert mounts[data_mount] in claims
 
-    # Probes hit the status server's /healthz on the http port; scrapes its /metrics.
+    # Probes hit the status server on the http port: readiness /readyz (every replica here
+    # working: a rolling update waits for it), the others /healthz; scrapes its /metrics.
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = container[probe]["httpGet"]
         assert get["path"] in status_pages()
-        assert get["path"] == "/healthz"
+        assert get["path"] == ("/readyz" if probe == "readinessProbe" else "/healthz")
         assert get["port"] in ports
     annotations = spec["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == ports["http"]

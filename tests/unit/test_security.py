@@ -331,6 +331,18 @@ def test_a_refused_status_page_names_the_caller_by_its_token_and_address(
     assert len(caplog.records) == lines
 
 
+def test_the_probes_pages_are_open_and_the_others_need_a_reader() -> None:
+    """Kubernetes' probes carry no credentials: /healthz and /readyz answer anyone."""
+    from raftlet.metrics.status_server import HttpError, PageRequest
+
+    auth = Authenticator(parse_tokens(f"{GOOD} reader dash"))
+    for path in ("/healthz", "/readyz"):
+        auth.check_page(PageRequest("GET", path, {}, {}, peer="127.0.0.1:1"))
+    for path in ("/tablets", "/metrics"):
+        with pytest.raises(HttpError):
+            auth.check_page(PageRequest("GET", path, {}, {}, peer="127.0.0.1:1"))
+
+
 def test_every_denial_reason_is_a_series_from_the_start() -> None:
     """An alert on the rate of rpc_auth_denials_total had no series to watch until the
     first refusal (review r32a)."""

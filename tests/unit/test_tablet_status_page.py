@@ -112,3 +112,31 @@ def test_the_json_page_keeps_the_bool_on_every_row(server: StatusServer) -> None
     assert tablets["kv-p1"]["log_bytes"] == 2048
     assert tablets["kv-p1"]["store_bytes"] == 47 << 20
     assert tablets["kv-p3"]["store_bytes"] == 0
+
+
+def test_readyz_is_503_naming_each_replica_not_working_then_200() -> None:
+    s = StatusServer(MetricRegistry(), HOST, 0)
+    follower = _row("kv-p1", "FOLLOWER", "ts3", False)
+    follower.status.update(
+        voters=["ts1", "ts2", "ts3"], leader_commit=50_000, leader_commit_of="ts3"
+    )
+    copying = ["kv-p5"]
+    register_tablet_pages(
+        s, "ts2", cast(Mapping[str, TabletReplica], {"kv-p1": follower}), {}, lambda: copying
+    )
+    s.start()
+    try:
+        conn = http.client.HTTPConnection(HOST, s.port, timeout=30)
+        conn.request("GET", "/readyz")
+        resp = conn.getresponse()
+        assert (resp.status, resp.read().decode()) == (
+            503,
+            "not ready: 2 replica(s)\nkv-p5: a tablet copy is under way\n"
+            "kv-p1: catching up, 49,991 entries behind its leader ts3\n",
+        )
+        conn.close()
+        copying.clear()
+        follower.status["last_index"] = 50_000
+        assert _get(s, "/readyz") == "ready\n"
+    finally:
+        s.stop()
