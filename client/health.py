@@ -885,7 +885,19 @@ def _check_tablet(
         said = "under-replicated" if reachable < factor else "a voter down"
         tablet.issues.insert(0, f"{said}: {reachable} of {len(replicas)} replicas working{out}")
     failed = [r.server for r in tablet.replicas if r.state == "FAILED" and r.server in replicas]
-    if leader is None and failed and len(failed) >= majority:
+    full = [sid for sid in failed if sid in seen and _out_of_space(seen[sid].failure_reason)]
+    if leader is None and failed and len(failed) >= majority and full == failed:
+        # Disks that filled together (the usual case: the same data on each) lose no data:
+        # the advice below read as a loss, and named no action that helps (review r34a).
+        tablet.issues.insert(
+            0,
+            f"no leader: {len(failed)} of {len(replicas)} voters are FAILED for want of disk "
+            f"space ({', '.join(failed)}). Free space on their servers: each reopens such a "
+            "log by itself once its data directory has room for two log segments (or restart "
+            "it), and the tablet elects a leader; nothing acknowledged is lost",
+        )
+        severity = Severity.ERROR
+    elif leader is None and failed and len(failed) >= majority:
         # Only a leader repairs a FAILED replica (by a copy), and FAILED ones elect none.
         tablet.lost_majority = True
         tablet.issues.insert(
@@ -953,3 +965,11 @@ def _busy_leader(
         return None
     (uuid,) = named
     return (uuid, term) if uuid in probes and probes[uuid][1] == "BUSY" else None
+
+
+# How a FAILED replica's reason says its disk was full (``consensus.describe_error``).
+_NO_SPACE = ("ENOSPC", "EDQUOT", "SQLITE_FULL", "No space left", "disk is full")
+
+
+def _out_of_space(reason: str) -> bool:
+    return any(word in reason for word in _NO_SPACE)

@@ -112,6 +112,7 @@ __all__ = [
     "ReplicaFailed",
     "TermCheckMode",
     "describe_error",
+    "out_of_space",
 ]
 
 logger = logging.getLogger(__name__)
@@ -897,6 +898,10 @@ class RaftConsensus:
         """Whether the log failed (set by the durability thread at any time)."""
         return self._failure is not None
 
+    def log_failure(self) -> BaseException | None:
+        """What failed the log (None: it works); lock-free."""
+        return self._failure
+
     def failure_reason(self) -> str | None:
         """Why this replica is failed (its log, else its applier), or None; lock-free."""
         log_failure, apply_failure = self._failure, self._apply_failure
@@ -1006,6 +1011,14 @@ class RaftConsensus:
         outside the lock; ``_NO_ANSWER`` if the core answered nothing."""
         answer: Message | None = None
         node = self._node
+        unreadable = node.take_read_failure()
+        if unreadable is not None:
+            # The log holds entries it cannot read: failed, as a log found damaged at open
+            # is -- leadership handed over, repaired by a copy. Nothing of what this step
+            # made may leave now (its proposals are indeterminate, not failed).
+            if self._fail_unlocked(unreadable):
+                self._inbox.post(_REPORT_FAILURE)
+            return _NO_ANSWER
         while node.has_ready():
             rd = node.ready()
             # The commit first: a reader that sees the leader ready (its term's first entry
@@ -1319,6 +1332,21 @@ class RaftConsensus:
         )
         self._node.set_promotable(False)
         self._published_status = self._status_unlocked()
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` (or what it wraps, by ``__cause__`` or ``__context__``) is a disk
+    out of space or quota: ENOSPC, EDQUOT, or SQLite's SQLITE_FULL."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a short chain: never a cycle's worth
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if getattr(seen, "sqlite_errorname", None) == "SQLITE_FULL":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def describe_error(error: BaseException) -> str:

@@ -69,6 +69,7 @@ from raftlet.consensus.core import Membership
 from raftlet.consensus.log import LogOptions
 from raftlet.consensus.log.metadata import FILE_NAME as CONSENSUS_META_FILE
 from raftlet.consensus.log.segment import fsync_dir, replace_durably
+from raftlet.consensus.raft_consensus import describe_error, out_of_space
 from raftlet.consensus.rpc.grpc_transport import GrpcTransport
 from raftlet.consensus.rpc.receive_limits import receive_limits_for
 from raftlet.consensus.rpc.stream_transport import StreamHub
@@ -78,6 +79,7 @@ from raftlet.consensus.transport import Transport
 from raftlet.consensus.workers import WorkerPool
 from raftlet.metrics import catalogue as cat
 from raftlet.metrics import set_lock_contention_trace_threshold_ms
+from raftlet.metrics.human import human_bytes
 from raftlet.metrics.registry import MetricRegistry
 from raftlet.metrics.status_server import StatusServer
 from raftlet.proto import (
@@ -1163,6 +1165,40 @@ class TabletServer:
                     "the config no longer lists: put it back, move its replicas off with "
                     f"`raftlet cluster replace-server {missing[0]}`, then remove it"
                 )
+
+    def reopen_logs_failed_for_space(self) -> list[str]:
+        """Open again, as a restart would, every replica whose log failed for want of disk
+        space, once the data directory has room for two segments; the ids reopened.
+
+        A log that failed fails for good (what it holds past the failure is uncertain), and
+        waits for a tablet copy from its leader. When the disks of a majority filled
+        together -- the usual case, their data being the same -- there was no leader to
+        copy from, and the tablet stayed down after space was freed until someone restarted
+        the servers (review r34a). Reopening reads the log from disk, cutting a torn tail,
+        exactly as a restart does."""
+        room = 2 * self.log_options.segment_size_bytes
+        reopened = []
+        for tablet_id, replica in list(self.replicas.items()):
+            failure = replica.consensus.log_failure()
+            if failure is None or not out_of_space(failure) or self.copier.copying(tablet_id):
+                continue
+            try:
+                free = shutil.disk_usage(replica.directory).free
+            except OSError:
+                continue
+            if free < room:
+                continue
+            logger.warning(
+                "%s: its log failed for want of space (%s); %s free now: reopening it",
+                tablet_id,
+                describe_error(failure),
+                human_bytes(free),
+            )
+            self.take_replica(tablet_id)
+            self.reopen_replica(tablet_id)
+            self.copier.forget_failure(tablet_id)
+            reopened.append(tablet_id)
+        return reopened
 
     def tablets_needing_repair(self) -> list[tuple[str, tuple[str, ...]]]:
         """(tablet, peers to copy from) of every tablet FAILED here that a copy may repair:

@@ -224,6 +224,11 @@ class TabletCopier:
                 self._copying.discard(tablet_id)
                 self._next_sources.pop(tablet_id, None)
 
+    def forget_failure(self, tablet_id: str) -> None:
+        """The replica was mended otherwise (reopened once its disk had room): why its last
+        copy failed is no news any more."""
+        self._copy_failures.pop(tablet_id, None)
+
     def failure_note(self, tablet_id: str, reason: str) -> str:
         """``reason`` (a FAILED replica's), and why the copy that would repair it failed
         here, if the last one did."""
@@ -330,6 +335,10 @@ class TabletCopier:
             waited += self._janitor_interval_s
             if self._repair_interval_s > 0 and waited >= self._repair_interval_s:
                 waited = 0.0
+                try:
+                    self._s.reopen_logs_failed_for_space()
+                except Exception:
+                    logger.exception("reopening logs that failed for want of space failed")
                 self.repair_failed()
 
     def resume_interrupted(self) -> list[str]:

@@ -25,7 +25,7 @@ from raftlet.consensus.core.progress import Progress, ProgressState
 from raftlet.consensus.core.raft import Raft
 from raftlet.consensus.core.raft_log import RaftLog
 from raftlet.consensus.core.rawnode import RawNode, Status
-from raftlet.consensus.core.storage import MemoryStorage, Storage
+from raftlet.consensus.core.storage import EntriesUnreadable, MemoryStorage, Storage
 from raftlet.consensus.core.types import (
     NO_NODE,
     Entry,
@@ -47,6 +47,7 @@ __all__ = [
     "ConfigChangeDeferred",
     "ConfigChangeRefused",
     "ConfigChangeType",
+    "EntriesUnreadable",
     "Entry",
     "EntryType",
     "HardState",

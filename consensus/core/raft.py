@@ -82,7 +82,7 @@ from raftlet.consensus.core.membership import ConfigChange, ConfState, Membershi
 from raftlet.consensus.core.progress import Progress, ProgressState
 from raftlet.consensus.core.quorum import VoteResult, committed_index, vote_result
 from raftlet.consensus.core.raft_log import RaftLog
-from raftlet.consensus.core.storage import Storage
+from raftlet.consensus.core.storage import EntriesUnreadable, Storage
 from raftlet.consensus.core.types import (
     MAX_INDEX,
     MAX_TERM,
@@ -172,6 +172,8 @@ class Raft:
         # leader said it was, never above our commit). Only grows: a committed entry a voter
         # holds is never removed from it. Log GC may discard entries below it.
         self.all_replicated = 0
+        # The first read of this log that failed (``EntriesUnreadable``), for the driver.
+        self.read_failure: EntriesUnreadable | None = None
         # False: never campaign, never lead (see set_promotable).
         self.promotable = True
         self.become_follower(hard.term, NO_NODE)
@@ -1137,17 +1139,26 @@ class Raft:
             pr.become_snapshot(first)
             self._send(Message(MessageType.SNAPSHOT, self.id, to, self.term, index=first))
             return True
-        entries = self.log.entries(pr.next, self.config.max_size_per_msg)
+        prev = pr.next - 1
+        try:
+            entries = self.log.entries(pr.next, self.config.max_size_per_msg)
+            prev_term = self.log.term(prev)
+        except EntriesUnreadable as e:
+            # Nothing more goes to it from this log; the driver fails the replica, which
+            # hands leadership to a voter that holds its whole log.
+            if self.read_failure is None:
+                self.read_failure = e
+            pr.become_snapshot(max(pr.next, self.log.committed))
+            return False
         if not entries and not send_if_empty:
             return False
-        prev = pr.next - 1
         self._send(
             Message(
                 MessageType.APPEND,
                 self.id,
                 to,
                 self.term,
-                log_term=self.log.term(prev),
+                log_term=prev_term,
                 index=prev,
                 entries=tuple(entries),
                 commit=self.log.committed,

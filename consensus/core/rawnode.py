@@ -16,7 +16,7 @@ from raftlet.consensus.core.config import Config
 from raftlet.consensus.core.membership import ConfigChange, ConfState, Membership
 from raftlet.consensus.core.progress import ProgressState
 from raftlet.consensus.core.raft import Raft
-from raftlet.consensus.core.storage import Storage
+from raftlet.consensus.core.storage import EntriesUnreadable, Storage
 from raftlet.consensus.core.types import (
     Entry,
     HardState,
@@ -101,6 +101,12 @@ class RawNode:
     def answered_within(self, voter: str, heard_within: int) -> bool:
         """See ``Raft.answered_within``."""
         return self.raft.answered_within(voter, heard_within)
+
+    def take_read_failure(self) -> EntriesUnreadable | None:
+        """The first read of the log that failed since the last call (None: none): the
+        driver fails the replica on it."""
+        failure, self.raft.read_failure = self.raft.read_failure, None
+        return failure
 
     def set_promotable(self, promotable: bool) -> None:
         """Whether this node may campaign and lead (see ``Raft.set_promotable``): the

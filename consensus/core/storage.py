@@ -14,7 +14,16 @@ from typing import Protocol
 
 from raftlet.consensus.core.types import Entry, EntryType, HardState
 
-__all__ = ["MemoryStorage", "Storage"]
+__all__ = ["EntriesUnreadable", "MemoryStorage", "Storage"]
+
+
+class EntriesUnreadable(Exception):
+    """``Storage.entries`` or ``term`` could not read entries the storage holds: a file of
+    the log damaged or gone under it. A leader does not send a peer what it cannot read:
+    it stops sending to that peer and keeps the first such error for its driver
+    (``RawNode.take_read_failure``), which fails the replica -- its log is damaged, as one
+    found damaged at open is. Raised through a step, it had failed the step's proposals
+    though they were committed (review r34a)."""
 
 
 class Storage(Protocol):
@@ -40,7 +49,8 @@ class Storage(Protocol):
 
     def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
         """Entries with lo <= index < hi, at least one if any, at most ``max_size``
-        bytes (by ``Entry.size``) after the first."""
+        bytes (by ``Entry.size``) after the first. ``EntriesUnreadable`` when they are held
+        but cannot be read."""
         ...
 
 

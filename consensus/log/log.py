@@ -667,19 +667,30 @@ class Log:
         return len(doomed)
 
     def check_present(self) -> None:
-        """Fail the log (``LogFailedError``) if its active segment is gone from its
-        directory -- deleted by hand, with the directory, say: records written since would
-        be acknowledged as durable, and lost to every restart. (Called from the thread that
-        also runs ``gc``; a segment it rolls away from keeps its name.)"""
+        """Fail the log (``LogFailedError``) if a segment is gone from its directory. The
+        active one -- deleted by hand, with the directory, say: records written since would
+        be acknowledged as durable, and lost to every restart. An older one: its entries
+        could no longer be sent to a follower that needs them, nor replayed at the next
+        open (review r34a: found only when a returning follower needed them). (Called from
+        the thread that also runs ``gc``; a segment it rolls away from keeps its name.)"""
         with self._lock:
             if self._failure is not None:
                 return
             writer = self._writer
+            older = list(self._segments.values())[:-1]
         if writer.still_at_path():
-            return
-        lost = FileNotFoundError(
-            errno.ENOENT, "deleted or replaced while the log was writing it", writer.path
-        )
+            missing = [p for p in older if not os.path.exists(p)]
+            with self._lock:  # a tail cut meanwhile removes its segments on purpose
+                missing = [p for p in missing if p in self._segments.values()]
+            if not missing:
+                return
+            lost = FileNotFoundError(
+                errno.ENOENT, "deleted while the log held entries in it", missing[0]
+            )
+        else:
+            lost = FileNotFoundError(
+                errno.ENOENT, "deleted or replaced while the log was writing it", writer.path
+            )
         with self._lock:
             if self._failure is None:
                 logger.error("log %s: no more appends: %s", self.directory, lost)

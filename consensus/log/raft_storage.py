@@ -14,7 +14,9 @@ import os
 from collections.abc import Sequence
 
 from raftlet.consensus.core.membership import ConfState
+from raftlet.consensus.core.storage import EntriesUnreadable
 from raftlet.consensus.core.types import Entry, HardState
+from raftlet.consensus.log.errors import LogCorruptionError
 from raftlet.consensus.log.log import AppendCallback, Log
 from raftlet.consensus.log.metadata import ConsensusMetadata, PersistentState
 from raftlet.consensus.log.options import LogObserver, LogOptions
@@ -58,10 +60,20 @@ class LogStorage:
     def term(self, index: int) -> int:
         if index == 0:
             return 0  # the empty log's sentinel, whatever was compacted
-        return self.log.term(index)
+        try:
+            return self.log.term(index)
+        except (LogCorruptionError, OSError) as e:
+            raise EntriesUnreadable(f"the term of entry {index} cannot be read: {e!r}") from e
 
     def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
-        return self.log.entries(lo, hi, max_size)
+        try:
+            return self.log.entries(lo, hi, max_size)
+        except (LogCorruptionError, OSError) as e:
+            # A segment damaged or removed since the log was opened (a bad sector, an
+            # operator's rm): the core stops sending them, the driver fails the replica.
+            raise EntriesUnreadable(
+                f"entries {lo}..{hi - 1} of the log cannot be read: {e!r}"
+            ) from e
 
     # --- the driver's side ------------------------------------------------------------
 

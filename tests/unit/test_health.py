@@ -598,6 +598,33 @@ def test_a_tablet_whose_majority_is_failed_says_it_lost_it_and_what_to_do(
     assert not any("lost a majority" in i for i in verdict.issues), verdict.issues
 
 
+def test_a_majority_failed_for_want_of_space_is_told_to_free_space_not_restore_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review r34a: two servers' disks filled together; status said the replicas were
+    lost, advising restored files and `tablet export`, where freeing space was all it
+    took."""
+    full = {
+        "state": tablet_pb2.TABLET_STATE_FAILED,
+        "failure_reason": "the log failed: ENOSPC: log /d/kv-p0/wal: [Errno 28] No space left",
+    }
+    listed = {
+        "a": _listed("a", leader_ready=False, leader_uuid="", commit_index=9, applied_index=9),
+        "b": _listed("b", leader_ready=False, leader_uuid="", **full),
+        "c": _listed("c", leader_ready=False, leader_uuid="", **full),
+    }
+    verdict = checked(listed, 100, monkeypatch)
+    assert verdict.severity is health.Severity.ERROR
+    assert not any("lost a majority" in i for i in verdict.issues), verdict.issues
+    assert (
+        "kv-p0: no leader: 2 of 3 voters are FAILED for want of disk space (b, c). Free space "
+        "on their servers: each reopens such a log by itself once its data directory has room "
+        "for two log segments (or restart it), and the tablet elects a leader; nothing "
+        "acknowledged is lost"
+    ) in verdict.issues
+    assert not verdict.tablets[0].lost_majority
+
+
 # --- a bearer token and no client certificate -----------------------------------------------
 
 

@@ -421,3 +421,42 @@ def test_a_store_found_damaged_by_a_read_or_an_apply_fails_for_good_and_asks_for
     assert follower.needs_repair()  # a copy mends it; no retry would
     for i in range(5, 8):
         send(leader, write([i], "c3", i)).result()
+
+
+def test_a_leader_that_cannot_read_the_entries_a_follower_needs_fails_and_hands_over(
+    tablet: Tablet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review r34a: a WAL segment gone from under a leader, needed to catch a returning
+    follower up, made every write of the tablet answer "internal server error
+    (FileNotFoundError)" though each was committed; the leader never handed over and
+    logged 30 tracebacks a second. Now its log counts as failed, as one found damaged at
+    open does: it hands over to a voter holding its whole log, which catches the follower
+    up."""
+    leader = tablet.leader()
+    for i in range(1, 4):
+        send(leader, write([i], "c9", i)).result()
+    lagging = next(n for n in tablet.replicas if n != leader.server_id)
+    tablet.stop(lagging)
+    for i in range(4, 21):
+        send(leader, write([i], "c9", i)).result()
+    log = leader.consensus_log()
+    real = log.entries
+    gone = log.last_index() - 5  # what the follower needs, not what the leader applies
+
+    def entries(lo: int, hi: int, max_size: int | None = None) -> Any:
+        if lo <= gone:
+            raise FileNotFoundError(errno.ENOENT, "No such file", "wal-0000000000000001.seg")
+        return real(lo, hi, max_size)
+
+    log.entries = entries  # type: ignore[method-assign]
+    caplog.set_level(logging.ERROR)
+    back = tablet.open(lagging)
+    tablet.wait_for(lambda: leader.failure_reason() is not None, what="the leader's log fails")
+    assert "cannot be read" in str(leader.failure_reason())
+    assert "wal-0000000000000001.seg" in str(leader.failure_reason())
+    new = tablet.leader()
+    assert new is not leader
+    assert new is not back  # it lacks entries: only the voter with the whole log may lead
+    send(new, write([21], "c9", 21)).result()
+    tablet.wait_for(lambda: keys_on(back) == list(range(1, 22)), what="the follower catches up")
+    assert not [r for r in caplog.records if "handler failed" in r.getMessage()]

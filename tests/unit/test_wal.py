@@ -228,6 +228,22 @@ def test_a_log_whose_active_segment_is_gone_fails_instead_of_writing_nowhere(
             log.append(entries(3, 4))
 
 
+def test_an_older_segment_gone_under_a_running_log_fails_it(tmp_path: Path) -> None:
+    """Review r34a: one removed by hand went unnoticed until a returning follower needed
+    its entries (and a restart would refuse the log)."""
+    with Log.open(tmp_path, SMALL) as log:
+        fill(log, 60)
+        assert log.gc(20) > 0
+        log.check_present()  # GC's own deletions are no damage
+        paths = log.segment_paths()
+        assert len(paths) > 2
+        os.unlink(paths[1])
+        with pytest.raises(LogError, match=r"deleted while the log held entries in it"):
+            log.check_present()
+        with pytest.raises(LogError, match="has failed"):
+            log.append(entries(61, 62))
+
+
 def test_gc_deletes_whole_old_segments_and_reopen_knows_the_first_index(tmp_path: Path) -> None:
     with Log.open(tmp_path, SMALL) as log:
         fill(log, 60)
