@@ -2,4 +2,4 @@
 it). The deploy files name their image by it too (deploy/docker, deploy/k8s): change them
 with it."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

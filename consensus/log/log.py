@@ -33,6 +33,7 @@ term going back.  The log then continues appending to the last segment.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -793,6 +794,7 @@ def _lock_directory(directory: str) -> int:
 
 def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, str], SegmentWriter]:
     """Replay every segment into a fresh index; cut off a torn tail; open the active one."""
+    _expire_cut_bytes(directory, time.time())
     found = sorted(
         (seq, name)
         for name in os.listdir(directory)
@@ -869,6 +871,24 @@ def _recover(directory: str, options: LogOptions) -> tuple[LogIndex, dict[int, s
         )
         segments[writer.sequence] = writer.path
     return index, segments, writer
+
+
+# How long the bytes a cut kept aside stay: evidence for whoever looks into the warning
+# that named them, not for ever (each up to a segment, carried into every tablet copy).
+CUT_BYTES_KEPT_S = 30 * 86400.0
+
+
+def _expire_cut_bytes(directory: str, now: float) -> None:
+    """Remove the ``.cut-at-`` files of ``directory`` older than ``CUT_BYTES_KEPT_S``."""
+    for name in os.listdir(directory):
+        if ".cut-at-" not in name:
+            continue
+        path = os.path.join(directory, name)
+        with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime > CUT_BYTES_KEPT_S:
+                os.unlink(path)
+                days = CUT_BYTES_KEPT_S // 86400
+                logger.info("%s: removed, kept %d days since its cut", path, days)
 
 
 def _keep_aside(path: str, data: bytes) -> str:

@@ -77,7 +77,7 @@ def test_another_threads_answers_are_not_held() -> None:
 class _InlinePool:
     stopped = False
 
-    def offer(self, call: InboundCall) -> bool:
+    def offer(self, call: InboundCall, requests: int = 1) -> bool:
         call.run(call)
         return True
 

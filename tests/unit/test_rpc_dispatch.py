@@ -167,7 +167,7 @@ class SignallingPool(ServicePool):
         super().__init__(name, **kwargs)
         self.offers: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
 
-    def offer(self, call: InboundCall) -> bool:
+    def offer(self, call: InboundCall, requests: int = 1) -> bool:
         accepted = super().offer(call)
         self.offers.put_nowait((call.method, accepted))
         return accepted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from raftlet.consensus.log import (
 )
 from raftlet.consensus.log import log as log_module
 from raftlet.consensus.log import segment as segment_module
+from raftlet.consensus.log.log import CUT_BYTES_KEPT_S
 from raftlet.consensus.log.segment import parse_segment_name
 from tests.unit.wal_helpers import RecordingObserver, entries, entry, no_op
 
@@ -242,6 +244,22 @@ def test_an_older_segment_gone_under_a_running_log_fails_it(tmp_path: Path) -> N
             log.check_present()
         with pytest.raises(LogError, match="has failed"):
             log.append(entries(61, 62))
+
+
+def test_bytes_a_cut_kept_aside_go_after_thirty_days(tmp_path: Path) -> None:
+    """Review r34a: they stayed for good, up to a segment each, and every tablet copy
+    carried them into the new replica."""
+    with Log.open(tmp_path, SMALL) as log:
+        log.append(entries(1, 3))
+    old = tmp_path / "wal-0000000000000001.seg.cut-at-40"
+    fresh = tmp_path / "wal-0000000000000001.seg.cut-at-90"
+    for path in (old, fresh):
+        path.write_bytes(b"torn")
+    month = time.time() - CUT_BYTES_KEPT_S - 60
+    os.utime(old, (month, month))
+    with Log.open(tmp_path, SMALL) as log:
+        assert log.last_index() == 2
+    assert (old.exists(), fresh.exists()) == (False, True)
 
 
 def test_gc_deletes_whole_old_segments_and_reopen_knows_the_first_index(tmp_path: Path) -> None:
