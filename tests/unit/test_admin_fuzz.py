@@ -12,6 +12,7 @@ what a valid request changes (a runtime flag, set to exactly the value sent).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
@@ -107,14 +108,21 @@ class InProcessServer:
         self.loop.close()
 
 
-@pytest.fixture(scope="module")
-def ts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
-    server = InProcessServer(tmp_path_factory.mktemp("admin-fuzz"))
+@contextlib.contextmanager
+def leading_server(root: Path) -> Iterator[InProcessServer]:
+    """An ``InProcessServer`` in ``root`` once it leads its tablet; closed at the end."""
+    server = InProcessServer(root)
     try:
         wait_for(lambda: server.consensus_state().leader_uuid == "ts1", what="ts1 leads")
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def ts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
+    with leading_server(tmp_path_factory.mktemp("admin-fuzz")) as server:
+        yield server
 
 
 def _call(fn: object, request: object) -> grpc.StatusCode:

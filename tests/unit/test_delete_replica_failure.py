@@ -22,18 +22,13 @@ from raftlet.tserver.bootstrap import TOMBSTONE_FILE
 from raftlet.tserver.hosted_tablets import HostedTablets
 from raftlet.tserver.tablet_copy_install import replaced_dir
 from tests.unit.fsync_recorder import record_fsyncs
-from tests.unit.test_admin_fuzz import RPC_TIMEOUT_S, InProcessServer
-from tests.waiting import wait_for
+from tests.unit.test_admin_fuzz import RPC_TIMEOUT_S, InProcessServer, leading_server
 
 
 @pytest.fixture
 def ts(tmp_path: Path) -> Iterator[InProcessServer]:
-    server = InProcessServer(tmp_path)
-    try:
-        wait_for(lambda: server.consensus_state().leader_uuid == "ts1", what="ts1 leads")
+    with leading_server(tmp_path) as server:
         yield server
-    finally:
-        server.close()
 
 
 def _listed(ts: InProcessServer) -> dict[str, tablet_pb2.TabletStatusPB]:

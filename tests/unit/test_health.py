@@ -569,17 +569,22 @@ def test_a_replica_being_copied_is_said_to_be_and_no_repair_is_advised(
     ) in verdict.issues
 
 
+def _two_of_three_failed(reason: str) -> dict[str, tablet_pb2.ListTabletsResponse]:
+    """What the servers list when b's and c's replicas are FAILED for ``reason``."""
+    failed = {"state": tablet_pb2.TABLET_STATE_FAILED, "failure_reason": reason}
+    return {
+        "a": _listed("a", leader_ready=False, leader_uuid="", commit_index=9, applied_index=9),
+        "b": _listed("b", leader_ready=False, leader_uuid="", **failed),
+        "c": _listed("c", leader_ready=False, leader_uuid="", **failed),
+    }
+
+
 def test_a_tablet_whose_majority_is_failed_says_it_lost_it_and_what_to_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two of three replicas FAILED: no leader can come (a FAILED replica never votes, and
     only a leader repairs one), and the membership commands waited out their timeouts."""
-    failed = {"state": tablet_pb2.TABLET_STATE_FAILED, "failure_reason": "OSError: [Errno 1]"}
-    listed = {
-        "a": _listed("a", leader_ready=False, leader_uuid="", commit_index=9, applied_index=9),
-        "b": _listed("b", leader_ready=False, leader_uuid="", **failed),
-        "c": _listed("c", leader_ready=False, leader_uuid="", **failed),
-    }
+    listed = _two_of_three_failed("OSError: [Errno 1]")
     verdict = checked(listed, 100, monkeypatch)
     assert verdict.severity is health.Severity.ERROR
     lost = [i for i in verdict.issues if "lost a majority" in i]
@@ -604,15 +609,9 @@ def test_a_majority_failed_for_want_of_space_is_told_to_free_space_not_restore_f
     """Review r34a: two servers' disks filled together; status said the replicas were
     lost, advising restored files and `tablet export`, where freeing space was all it
     took."""
-    full = {
-        "state": tablet_pb2.TABLET_STATE_FAILED,
-        "failure_reason": "the log failed: ENOSPC: log /d/kv-p0/wal: [Errno 28] No space left",
-    }
-    listed = {
-        "a": _listed("a", leader_ready=False, leader_uuid="", commit_index=9, applied_index=9),
-        "b": _listed("b", leader_ready=False, leader_uuid="", **full),
-        "c": _listed("c", leader_ready=False, leader_uuid="", **full),
-    }
+    listed = _two_of_three_failed(
+        "the log failed: ENOSPC: log /d/kv-p0/wal: [Errno 28] No space left"
+    )
     verdict = checked(listed, 100, monkeypatch)
     assert verdict.severity is health.Severity.ERROR
     assert not any("lost a majority" in i for i in verdict.issues), verdict.issues

@@ -16,7 +16,7 @@ import pytest
 from raftlet.consensus.log.errors import LogFailedError
 from raftlet.consensus.raft_consensus import out_of_space
 from raftlet.tserver import server as server_module
-from tests.unit.test_admin_fuzz import InProcessServer
+from tests.unit.test_admin_fuzz import InProcessServer, leading_server
 from tests.waiting import wait_for
 
 
@@ -42,12 +42,8 @@ def test_out_of_space_is_told_through_wrappers() -> None:
 
 @pytest.fixture
 def ts(tmp_path: Path) -> Iterator[InProcessServer]:
-    server = InProcessServer(tmp_path)
-    try:
-        wait_for(lambda: server.consensus_state().leader_uuid == "ts1", what="ts1 leads")
+    with leading_server(tmp_path) as server:
         yield server
-    finally:
-        server.close()
 
 
 def test_a_log_failed_for_want_of_space_is_reopened_once_there_is_room(
