@@ -892,9 +892,9 @@ def _check_tablet(
         tablet.issues.insert(
             0,
             f"no leader: {len(failed)} of {len(replicas)} voters are FAILED for want of disk "
-            f"space ({', '.join(failed)}). Free space on their servers: each reopens such a "
-            "log by itself once its data directory has room for two log segments (or restart "
-            "it), and the tablet elects a leader; nothing acknowledged is lost",
+            f"space ({', '.join(failed)}). Free space on their servers: each opens such a "
+            "replica again by itself once its data directory has room for two log segments "
+            "(or restart it), and the tablet elects a leader; nothing acknowledged is lost",
         )
         severity = Severity.ERROR
     elif leader is None and failed and len(failed) >= majority:

@@ -69,6 +69,7 @@ Two ways a running replica fails, both made known to the core as ``set_promotabl
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
@@ -82,6 +83,7 @@ from raftlet.consensus.core import (
     Config,
     ConfigChange,
     ConfigChangeRefused,
+    EntriesUnreadable,
     Entry,
     Membership,
     Message,
@@ -1020,7 +1022,14 @@ class RaftConsensus:
                 self._inbox.post(_REPORT_FAILURE)
             return _NO_ANSWER
         while node.has_ready():
-            rd = node.ready()
+            try:
+                rd = node.ready()
+            except EntriesUnreadable as e:  # committed entries to apply, read back
+                if e.transient:
+                    return _NO_ANSWER  # the next step reads them again
+                if self._fail_unlocked(e):
+                    self._inbox.post(_REPORT_FAILURE)
+                return _NO_ANSWER
             # The commit first: a reader that sees the leader ready (its term's first entry
             # committed) then sees a commit index at least that far.
             if rd.hard_state is not None:
@@ -1276,9 +1285,10 @@ class RaftConsensus:
         # the messages of what follows are carried out: nothing can be made durable now,
         # and a step-down in our own term changes nothing that would have to be.
         self._node.set_promotable(False)
-        while self._node.has_ready():
-            for m in self._node.ready().messages:
-                self._send_unlocked(m)
+        with contextlib.suppress(EntriesUnreadable):  # what could be said has been
+            while self._node.has_ready():
+                for m in self._node.ready().messages:
+                    self._send_unlocked(m)
         self._finish_reads_unlocked()
         self._published_status = self._status_unlocked()
         return True

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from raftlet.consensus.core import RaftConfigError
+from raftlet.consensus.core import EntriesUnreadable, RaftConfigError
 from raftlet.consensus.log.errors import LogError, NewerFormat
+from raftlet.consensus.raft_consensus import out_of_space
 from raftlet.tserver.bootstrap import ReplicaOpenError
 from raftlet.tserver.errors import TabletFailed
 from raftlet.tserver.store import StoreError
@@ -38,6 +39,8 @@ OPEN_FAILURES: tuple[type[BaseException], ...] = (
     # A membership in the metadata the core will not take (written by an older build).
     RaftConfigError,
     LogError,
+    # The log's entries read back at open (replayed into the store): damaged or gone.
+    EntriesUnreadable,
     StoreError,
     OSError,
 )
@@ -57,6 +60,8 @@ class FailedTablet:
     reason: str
     # False for files a newer release wrote (``NewerFormat``): a copy would replace them.
     repairable: bool = True
+    # It failed for want of disk space: its server opens it again once there is room.
+    out_of_space: bool = False
 
     def error(self) -> TabletFailed:
         """What every RPC for this tablet is answered with."""
@@ -102,7 +107,9 @@ def open_or_fail(
         )
         logger.debug("tablet %s: %s", tablet_id, "".join(traceback.format_exception(exc)))
         repairable = not isinstance(exc, NewerFormat)
-        return FailedTablet(tablet_id, table, partition, voters, directory, reason, repairable)
+        return FailedTablet(
+            tablet_id, table, partition, voters, directory, reason, repairable, out_of_space(exc)
+        )
 
 
 # Less free space than this where a replica failed to open is named in the reason: SQLite

@@ -36,14 +36,14 @@ def not_ready(
     reasons = [f"{tid}: a tablet copy is under way" for tid in copying]
     for st in statuses:
         tid = st.get("tablet_id")
+        members = [*_ids(st.get("voters")), *_ids(st.get("learners"))]
+        if members and server_id not in members:
+            continue  # a leftover, FAILED or not: no group counts on it
         if st.get("failed"):
             # Not why: the page is open to anyone (probes carry no credentials), and a
             # failure names files; /tablets says it to readers.
             reasons.append(f"{tid}: FAILED (/tablets says why)")
             continue
-        members = [*_ids(st.get("voters")), *_ids(st.get("learners"))]
-        if members and server_id not in members:
-            continue  # a leftover: no group counts on it
         role, leader = st.get("role"), st.get("leader")
         if role == Role.LEADER.value:
             if not st.get("leader_ready"):

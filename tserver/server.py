@@ -580,6 +580,7 @@ class TabletServer:
             self.replicas,
             self.failed_tablets,
             self.copier.copies_under_way,
+            self._unsettled,
         )
         register_disk_total_gauge(
             self.entity, self.replicas, self.failed_tablets, s.data_dir / COPY_DIR
@@ -1166,9 +1167,19 @@ class TabletServer:
                     f"`raftlet cluster replace-server {missing[0]}`, then remove it"
                 )
 
+    def _unsettled(self) -> list[str]:
+        """Why the replicas this server runs are not all there to be judged (``/readyz``):
+        one being installed or reopened is in neither map, and a server with an empty data
+        directory makes none until its peers answer -- it had nothing, so it was "ready"."""
+        out = [f"{t}: being installed or reopened" for t in sorted(self._installing)]
+        if self.waiting_for_peers:
+            out.append("waiting for its peers to say which replicas it holds (empty data dir)")
+        return out
+
     def reopen_logs_failed_for_space(self) -> list[str]:
         """Open again, as a restart would, every replica whose log failed for want of disk
-        space, once the data directory has room for two segments; the ids reopened.
+        space, or that failed to open for it, once the data directory has room for two
+        segments; the ids reopened.
 
         A log that failed fails for good (what it holds past the failure is uncertain), and
         waits for a tablet copy from its leader. When the disks of a majority filled
@@ -1178,26 +1189,37 @@ class TabletServer:
         exactly as a restart does."""
         room = 2 * self.log_options.segment_size_bytes
         reopened = []
-        for tablet_id, replica in list(self.replicas.items()):
-            failure = replica.consensus.log_failure()
-            if failure is None or not out_of_space(failure) or self.copier.copying(tablet_id):
-                continue
+        short: list[tuple[str, TabletReplica | FailedTablet, str]] = [
+            (t, f, f.reason) for t, f in self.failed_tablets.items() if f.out_of_space
+        ]
+        for t, r in self.replicas.items():
+            failure = r.consensus.log_failure()
+            if failure is not None and out_of_space(failure):
+                short.append((t, r, describe_error(failure)))
+        for tablet_id, replica, why in short:
             try:
                 free = shutil.disk_usage(replica.directory).free
             except OSError:
                 continue
             if free < room:
                 continue
-            logger.warning(
-                "%s: its log failed for want of space (%s); %s free now: reopening it",
-                tablet_id,
-                describe_error(failure),
-                human_bytes(free),
-            )
-            self.take_replica(tablet_id)
-            self.reopen_replica(tablet_id)
-            self.copier.forget_failure(tablet_id)
-            reopened.append(tablet_id)
+            # No copy installs meanwhile, and no stop passes by it (a replica opened once
+            # the others stopped would run on).
+            with self.copier.holding(tablet_id) as free_of_copies, self._late_open_lock:
+                if not free_of_copies or self._no_late_open:
+                    continue
+                if self.hosted(tablet_id) is not replica:
+                    continue  # replaced meanwhile
+                logger.warning(
+                    "%s: it failed for want of space (%s); %s free now: reopening it",
+                    tablet_id,
+                    why,
+                    human_bytes(free),
+                )
+                self.take_replica(tablet_id)
+                self.reopen_replica(tablet_id)
+                self.copier.forget_failure(tablet_id)
+                reopened.append(tablet_id)
         return reopened
 
     def tablets_needing_repair(self) -> list[tuple[str, tuple[str, ...]]]:

@@ -197,10 +197,12 @@ def register_tablet_pages(
     replicas: Mapping[str, TabletReplica],
     failed: Mapping[str, FailedTablet] | None = None,
     copying: Callable[[], Iterable[str]] = tuple,
+    unsettled: Callable[[], Iterable[str]] = tuple,
 ) -> None:
     """Serve ``/tablets`` (HTML) and ``/tablets.json`` on ``status``, showing the replicas
     in ``replicas`` and the tablets in ``failed`` at the time of each request, and
-    ``/readyz`` (``tserver.readiness``; ``copying()``: the tablets a copy is bringing here):
+    ``/readyz`` (``tserver.readiness``; ``copying()``: the tablets a copy is bringing here;
+    ``unsettled()``: why the server's set of replicas is not settled yet, a line each):
     200 "ready", or 503 with a line per replica that is not."""
     failed = failed if failed is not None else {}
 
@@ -218,11 +220,11 @@ def register_tablet_pages(
         return status.html_page(f"Tablets on {server_id}", body)
 
     def readyz(request: PageRequest) -> PageResponse:
-        reasons = not_ready(server_id, statuses(), copying())
+        reasons = [*unsettled(), *not_ready(server_id, statuses(), copying())]
         if not reasons:
             return PageResponse.text("ready\n")
         lines = "".join(f"{r}\n" for r in reasons)
-        return PageResponse.text(f"not ready: {len(reasons)} replica(s)\n{lines}", status=503)
+        return PageResponse.text(f"not ready, {len(reasons)} reason(s):\n{lines}", status=503)
 
     status.register_page("/tablets", tablets_html)
     status.register_page("/tablets.json", tablets_json)

@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import shutil
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,6 +97,8 @@ class TabletCopier:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tablet-copy")
         self._lock = threading.Lock()
         self._copying: set[str] = set()
+        # Tablets a reopen holds (``holding``): no copy begins for them meanwhile.
+        self._held: set[str] = set()
         # Leaders that asked for a copy of a tablet while one was under way from another
         # source: tried next if that one fails (its source died, say), not a session
         # timeout later.
@@ -180,12 +183,29 @@ class TabletCopier:
             return True, "a copy of this tablet is already under way; tried from here next"
         return True, ""
 
+    @contextlib.contextmanager
+    def holding(self, tablet_id: str) -> Iterator[bool]:
+        """Whether ``tablet_id`` is free of copies (none under way, none beginning, the
+        copier not stopping); while the block runs, none begins. For a replica reopened in
+        place, which a copy's install must not race."""
+        with self._lock:
+            free = not (tablet_id in self._copying or tablet_id in self._held)
+            free = free and not self._stop.is_set()
+            if free:
+                self._held.add(tablet_id)
+        try:
+            yield free
+        finally:
+            if free:
+                with self._lock:
+                    self._held.discard(tablet_id)
+
     def _begin_copy(self, tablet_id: str, sources: list[str]) -> bool:
         hosted = self._s.hosted(tablet_id)
         if isinstance(hosted, FailedTablet) and not hosted.repairable:
             return False  # files a newer release wrote (``NewerFormat``): never copied over
         with self._lock:
-            if tablet_id in self._copying or self._stop.is_set():
+            if tablet_id in self._copying or tablet_id in self._held or self._stop.is_set():
                 return False
             self._copying.add(tablet_id)
         try:

@@ -1144,6 +1144,8 @@ class Raft:
             entries = self.log.entries(pr.next, self.config.max_size_per_msg)
             prev_term = self.log.term(prev)
         except EntriesUnreadable as e:
+            if e.transient:
+                return False  # sent to at its next chance: a heartbeat's answer, say
             # Nothing more goes to it from this log; the driver fails the replica, which
             # hands leadership to a voter that holds its whole log.
             if self.read_failure is None:

@@ -23,7 +23,13 @@ class EntriesUnreadable(Exception):
     it stops sending to that peer and keeps the first such error for its driver
     (``RawNode.take_read_failure``), which fails the replica -- its log is damaged, as one
     found damaged at open is. Raised through a step, it had failed the step's proposals
-    though they were committed (review r34a)."""
+    though they were committed (review r34a). ``transient``: the read may work when tried
+    again (no file descriptor to be had, say): nothing is recorded, the peer is sent to
+    again at its next chance."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class Storage(Protocol):

@@ -10,6 +10,7 @@ and below that point accepted and durable agree.  On open they are the same.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 
@@ -63,7 +64,7 @@ class LogStorage:
         try:
             return self.log.term(index)
         except (LogCorruptionError, OSError) as e:
-            raise EntriesUnreadable(f"the term of entry {index} cannot be read: {e!r}") from e
+            raise _unreadable(f"the term of entry {index}", e) from e
 
     def entries(self, lo: int, hi: int, max_size: int | None = None) -> list[Entry]:
         try:
@@ -71,9 +72,7 @@ class LogStorage:
         except (LogCorruptionError, OSError) as e:
             # A segment damaged or removed since the log was opened (a bad sector, an
             # operator's rm): the core stops sending them, the driver fails the replica.
-            raise EntriesUnreadable(
-                f"entries {lo}..{hi - 1} of the log cannot be read: {e!r}"
-            ) from e
+            raise _unreadable(f"entries {lo}..{hi - 1}", e) from e
 
     # --- the driver's side ------------------------------------------------------------
 
@@ -105,3 +104,13 @@ class LogStorage:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Errors of a read that say nothing of the log's files: no descriptor or memory to be had
+# now. The read is tried again later; the log is not taken for damaged.
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN})
+
+
+def _unreadable(what: str, error: BaseException) -> EntriesUnreadable:
+    transient = isinstance(error, OSError) and error.errno in _TRANSIENT
+    return EntriesUnreadable(f"{what} of the log cannot be read: {error!r}", transient=transient)

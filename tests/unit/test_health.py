@@ -617,9 +617,9 @@ def test_a_majority_failed_for_want_of_space_is_told_to_free_space_not_restore_f
     assert not any("lost a majority" in i for i in verdict.issues), verdict.issues
     assert (
         "kv-p0: no leader: 2 of 3 voters are FAILED for want of disk space (b, c). Free space "
-        "on their servers: each reopens such a log by itself once its data directory has room "
-        "for two log segments (or restart it), and the tablet elects a leader; nothing "
-        "acknowledged is lost"
+        "on their servers: each opens such a replica again by itself once its data directory "
+        "has room for two log segments (or restart it), and the tablet elects a leader; "
+        "nothing acknowledged is lost"
     ) in verdict.issues
     assert not verdict.tablets[0].lost_majority
 

@@ -34,6 +34,7 @@ def test_caught_up_followers_and_ready_leaders_make_a_ready_server() -> None:
         _replica("kv-p2", role="LEADER", leader="ts2", leader_ready=True),
         _replica("kv-p3", voters=["ts1", "ts3", "ts4"]),  # a leftover: no group's
         _replica("kv-p4", leader_commit=0),  # a leader that predates the field
+        _replica("kv-p6", voters=["ts1", "ts3"], failed=True),  # a FAILED leftover
     ]
     assert not_ready("ts2", statuses) == []
 

@@ -121,8 +121,14 @@ def test_readyz_is_503_naming_each_replica_not_working_then_200() -> None:
         voters=["ts1", "ts2", "ts3"], leader_commit=50_000, leader_commit_of="ts3"
     )
     copying = ["kv-p5"]
+    unsettled = ["kv-p7: being installed or reopened"]
     register_tablet_pages(
-        s, "ts2", cast(Mapping[str, TabletReplica], {"kv-p1": follower}), {}, lambda: copying
+        s,
+        "ts2",
+        cast(Mapping[str, TabletReplica], {"kv-p1": follower}),
+        {},
+        lambda: copying,
+        lambda: unsettled,
     )
     s.start()
     try:
@@ -131,11 +137,13 @@ def test_readyz_is_503_naming_each_replica_not_working_then_200() -> None:
         resp = conn.getresponse()
         assert (resp.status, resp.read().decode()) == (
             503,
-            "not ready: 2 replica(s)\nkv-p5: a tablet copy is under way\n"
+            "not ready, 3 reason(s):\nkv-p7: being installed or reopened\n"
+            "kv-p5: a tablet copy is under way\n"
             "kv-p1: catching up, 49,991 entries behind its leader ts3\n",
         )
         conn.close()
         copying.clear()
+        unsettled.clear()
         follower.status["last_index"] = 50_000
         assert _get(s, "/readyz") == "ready\n"
     finally:
