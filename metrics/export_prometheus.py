@@ -6,7 +6,7 @@ itself, each instance's label text escaped once for all its lines. (Built as
 prometheus_client `*MetricFamily` objects and rendered by its `generate_latest`, which
 escapes and validates every label of every line, a scrape of a server of 64 tablets --
 12,000 lines, most of them histogram buckets -- took 0.5 s of the server's CPU: review
-r34b.) `RegistryCollector` offers the same families to prometheus_client's collector API.
+r34b; that rendering is the unit tests' reference for this one.)
 Extra collectors (the process figures) are rendered by `generate_latest`.
 
 Exposed names (the contract dashboards and tests rely on; docs/ARCHITECTURE.md lists them):
@@ -43,26 +43,19 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import cast
 
 from prometheus_client import exposition, utils
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from raftlet.metrics.counter import StripedCounter
 from raftlet.metrics.gauge import FunctionGauge, Gauge
-from raftlet.metrics.histogram import Histogram, HistogramSnapshot
+from raftlet.metrics.histogram import Histogram
 from raftlet.metrics.registry import MetricEntity, MetricInstance, MetricPrototype, MetricRegistry
 
 __all__ = [
     "CONTENT_TYPE",
     "EXPORT_BUCKET_BOUNDS",
-    "RegistryCollector",
     "exposed_name",
     "generate_prometheus_text",
-    "prometheus_buckets",
     "sample_labels",
 ]
 
@@ -95,38 +88,12 @@ def sample_labels(entity: MetricEntity, instance: MetricInstance) -> dict[str, s
     return labels
 
 
-def prometheus_buckets(snap: HistogramSnapshot) -> list[tuple[str, float]]:
-    """The snapshot's cumulative buckets on `EXPORT_BUCKET_BOUNDS`, as prometheus_client
-    wants them: `(le as text, cumulative count)`, ending with `("+Inf", count)`."""
-    return [(_le_text(bound), float(n)) for bound, n in snap.buckets(EXPORT_BUCKET_BOUNDS)]
-
-
 def _asked(proto: MetricPrototype, names: Collection[str]) -> bool:
     """Whether ``names`` holds ``proto``'s name or one of the sample names it exports."""
     samples: tuple[str, ...] = (exposed_name(proto),)
     if proto.type.value == "histogram":
         samples = (f"{proto.name}_bucket", f"{proto.name}_sum", f"{proto.name}_count")
     return proto.name in names or _any_in(samples, names)
-
-
-class RegistryCollector:
-    """A prometheus_client `Collector` over a `MetricRegistry`, built fresh at every scrape.
-
-    ``names``: only the metrics named (by family or sample name, as Prometheus's ``name[]``
-    parameter), so a reader of one figure does not pay for every histogram."""
-
-    def __init__(self, registry: MetricRegistry, names: Collection[str] | None = None) -> None:
-        self._registry = registry
-        self._names = names
-
-    def collect(self) -> Iterator[Metric]:
-        groups = _groups(self._registry)
-        for name in sorted(groups):
-            if self._names is not None and not _asked(groups[name][0][1].prototype, self._names):
-                continue  # filtered before its family is built, the costly part
-            family = _family(groups[name])
-            if family is not None:
-                yield family
 
 
 _Members = list[tuple[MetricEntity, MetricInstance]]
@@ -193,35 +160,6 @@ def _number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(value)
-
-
-def _family(members: _Members) -> Metric | None:
-    proto = members[0][1].prototype
-    rows = [(sample_labels(e, i), i) for e, i in members]
-    label_names = sorted({k for labels, _ in rows for k in labels})
-
-    def values(labels: dict[str, str]) -> list[str]:
-        return [labels.get(k, "") for k in label_names]
-
-    family: CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
-    if proto.type.value == "counter":
-        family = CounterMetricFamily(proto.name, proto.help, labels=label_names)
-        for labels, inst in rows:
-            assert isinstance(inst.metric, StripedCounter)
-            family.add_metric(values(labels), float(inst.metric.value()))
-    elif proto.type.value == "gauge":
-        family = GaugeMetricFamily(proto.name, proto.help, labels=label_names)
-        for labels, inst in rows:
-            assert isinstance(inst.metric, Gauge | FunctionGauge)
-            # A FunctionGauge whose function raises reads as NaN (and logs): the scrape goes on.
-            family.add_metric(values(labels), float(inst.metric.value()))
-    else:
-        family = HistogramMetricFamily(proto.name, proto.help, labels=label_names)
-        for labels, inst in rows:
-            assert isinstance(inst.metric, Histogram)
-            snap = inst.metric.snapshot()
-            family.add_metric(values(labels), prometheus_buckets(snap), float(snap.sum))
-    return family if family.samples else None
 
 
 def generate_prometheus_text(

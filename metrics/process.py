@@ -22,6 +22,7 @@ before writes fail (review r34b: the README sizes memory, and nothing exported i
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -62,7 +63,7 @@ class ProcessCollector:
             (PROCESS_START_TIME_SECONDS, _STARTED),
             (PROCESS_RESIDENT_MEMORY_BYTES, _resident_bytes()),
             (PROCESS_OPEN_FDS, _open_fds()),
-            (PROCESS_MAX_FDS, float(resource.getrlimit(resource.RLIMIT_NOFILE)[0])),
+            (PROCESS_MAX_FDS, _max_fds()),
         ]
         return tuple((proto, value) for proto, value in read if value is not None)
 
@@ -96,3 +97,8 @@ def _open_fds() -> float | None:
         return float(len(os.listdir("/proc/self/fd")) - 1)  # not the one listdir opened
     except OSError:
         return None
+
+
+def _max_fds() -> float:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return math.inf if soft == resource.RLIM_INFINITY else float(soft)

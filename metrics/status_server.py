@@ -609,19 +609,18 @@ _GZIP_LEVEL = 1
 
 def _accepts_gzip(header: str | None) -> bool:
     """Whether an Accept-Encoding header takes gzip (``gzip``, ``gzip;q=0.5``, ``*``), and
-    not with ``q=0``."""
+    not with ``q=0``: gzip named takes precedence over ``*``."""
+    weights: dict[str, float] = {}
     for part in (header or "").split(","):
         coding, _, params = part.strip().partition(";")
-        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
-            continue
         q = params.strip().lower()
-        if q.startswith("q="):
-            try:
-                return float(q[2:]) > 0
-            except ValueError:
-                return False
-        return True
-    return False
+        try:
+            weight = float(q[2:]) if q.startswith("q=") else 1.0
+        except ValueError:
+            weight = 0.0
+        weights[coding.strip().lower()] = weight
+    named = [weights[c] for c in ("gzip", "x-gzip") if c in weights]
+    return max(named) > 0 if named else weights.get("*", 0.0) > 0
 
 
 def _one_line(message: str) -> str:
