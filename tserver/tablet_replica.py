@@ -1185,9 +1185,18 @@ class TabletReplica:
         snap = self.consensus.snapshot
         if snap.role is Role.LEADER:
             return
+        # Those committed are decided, though the apply stage may not have them yet (a
+        # Ready hands committed entries over a budget's worth at a time): they are applied
+        # and answered in turn. Answered "stopped leading before the write was committed",
+        # a write committed behind two large batches was told its fate was unknown.
+        committed = self.consensus.commit_index_seen()
         with self._proposed_lock:
             # Not those of a term it leads in now (it may have been elected since the read).
-            undecided = [i for i, (term, _, _) in self._proposed.items() if term <= snap.term]
+            undecided = [
+                i
+                for i, (term, _, _) in self._proposed.items()
+                if term <= snap.term and i > committed
+            ]
             keys = [self._proposed.pop(i)[1] for i in undecided]
             if undecided:
                 top = max(undecided)
