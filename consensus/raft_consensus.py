@@ -1013,23 +1013,14 @@ class RaftConsensus:
         outside the lock; ``_NO_ANSWER`` if the core answered nothing."""
         answer: Message | None = None
         node = self._node
-        unreadable = node.take_read_failure()
+        unreadable = node.take_read_failure()  # entries to send a peer
         if unreadable is not None:
-            # The log holds entries it cannot read: failed, as a log found damaged at open
-            # is -- leadership handed over, repaired by a copy. Nothing of what this step
-            # made may leave now (its proposals are indeterminate, not failed).
-            if self._fail_unlocked(unreadable):
-                self._inbox.post(_REPORT_FAILURE)
-            return _NO_ANSWER
+            return self._log_unreadable_unlocked(unreadable)
         while node.has_ready():
             try:
                 rd = node.ready()
             except EntriesUnreadable as e:  # committed entries to apply, read back
-                if e.transient:
-                    return _NO_ANSWER  # the next step reads them again
-                if self._fail_unlocked(e):
-                    self._inbox.post(_REPORT_FAILURE)
-                return _NO_ANSWER
+                return self._log_unreadable_unlocked(e)
             # The commit first: a reader that sees the leader ready (its term's first entry
             # committed) then sees a commit index at least that far.
             if rd.hard_state is not None:
@@ -1267,6 +1258,15 @@ class RaftConsensus:
         reason = self.failure_reason()
         if self._on_log_failed is not None and reason is not None:
             self._on_log_failed(reason)
+
+    def _log_unreadable_unlocked(self, error: EntriesUnreadable) -> object:
+        """The log holds entries it cannot read: failed, as a log found damaged at open is
+        -- leadership handed over, repaired by a copy -- unless the read may work when tried
+        again. Nothing of what this step made leaves now (its proposals are indeterminate,
+        not failed). ``_NO_ANSWER``, for ``_process_ready_unlocked`` to return."""
+        if not error.transient and self._fail_unlocked(error):
+            self._inbox.post(_REPORT_FAILURE)
+        return _NO_ANSWER
 
     def _fail_unlocked(self, error: BaseException) -> bool:
         """Fail the replica for good; True if this call did."""

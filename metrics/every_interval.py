@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["EveryInterval"]
+__all__ = ["EveryInterval", "held_back"]
 
 
 class EveryInterval:
@@ -33,3 +33,11 @@ class EveryInterval:
                 return None
             events, self._unsaid, self._next = self._unsaid + 1, 0, now + self._interval_s
         return events
+
+
+def held_back(events: int, what: str = "") -> str:
+    """What a due line adds for the ``events`` it stands for (``EveryInterval.due``): ""
+    for itself alone, else " (N more[ what] since the last line)"."""
+    if events <= 1:
+        return ""
+    return f" ({events - 1} more{' ' + what if what else ''} since the last line)"

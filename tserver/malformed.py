@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from raftlet.metrics.every_interval import EveryInterval
+from raftlet.metrics.every_interval import EveryInterval, held_back
 
 __all__ = ["MalformedRequestInterceptor"]
 
@@ -45,7 +45,7 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[m
             self._on_malformed(method)
         said = self._log.due()
         if said is not None:
-            more = f" ({said - 1} more since the last such line)" if said > 1 else ""
+            more = held_back(said)
             logger.warning(
                 "refused a request from %s that does not decode: %s -- a client of another "
                 "raftlet version's protos, or not a raftlet client; said at most once a "

@@ -10,8 +10,8 @@ to take writes, or one it heard from, whose log it holds to within ``READY_LAG_E
 of the commit index that leader last told it (``leader_commit``, from its heartbeats; a
 leader that predates the field tells 0, and its followers count as caught up).
 A leftover (a replica no member of its group) does not count. Everything is read from what
-the replicas published (``TabletReplica.published_status``, at most a second or so old),
-never under a consensus lock: a probe must not hang behind a slow disk.
+the replicas published (``TabletReplica.ready_status``, at most a second or so old), never
+under a consensus lock nor from a file: a probe must not hang behind a slow disk.
 """
 
 from __future__ import annotations

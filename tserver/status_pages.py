@@ -220,7 +220,9 @@ def register_tablet_pages(
         return status.html_page(f"Tablets on {server_id}", body)
 
     def readyz(request: PageRequest) -> PageResponse:
-        reasons = [*unsettled(), *not_ready(server_id, statuses(), copying())]
+        judged = [r.ready_status() for r in replicas.values()]
+        judged += [f.status() for f in failed.values()]
+        reasons = [*unsettled(), *not_ready(server_id, judged, copying())]
         if not reasons:
             return PageResponse.text("ready\n")
         lines = "".join(f"{r}\n" for r in reasons)

@@ -1600,6 +1600,16 @@ class TabletReplica:
         )
         return st
 
+    def ready_status(self) -> dict[str, object]:
+        """What ``/readyz`` judges (``tserver.readiness``): the Raft part as published --
+        its last index of the same publication as its leader's commit -- and whether it is
+        FAILED. No file is looked at: a probe must not wait behind a slow disk."""
+        return {
+            **self.consensus.published_status(),
+            "tablet_id": self.tablet_id,
+            **failure_status(self.failure_reason()),
+        }
+
     def failure_reason(self) -> str | None:
         """Why this replica is FAILED (its log, or its store while applying), or None."""
         return self.consensus.failure_reason()

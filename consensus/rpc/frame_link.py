@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable
 
 from raftlet.consensus.rpc.receive_limits import ReceiveLimits
-from raftlet.metrics.every_interval import EveryInterval
+from raftlet.metrics.every_interval import EveryInterval, held_back
 
 __all__ = ["FrameLink", "LinkClosed", "frame"]
 
@@ -421,7 +421,7 @@ class FrameLink:
         if said is None:
             return
         head = bytes(buf[start : start + 8])
-        more = f" ({said - 1} more such link(s) closed since the last line)" if said > 1 else ""
+        more = held_back(said, "such link(s) closed")
         if first and all(32 <= b < 127 or b in b"\r\n\t" for b in head):
             logger.warning(
                 "link %s: what it sent is not raftlet's framing (it begins %r, as text or an "

@@ -29,6 +29,8 @@ class _Published:
     def published_status(self) -> dict[str, object]:
         return dict(self.status)
 
+    ready_status = published_status
+
 
 def _row(tablet_id: str, role: str, leader: str, ready: bool) -> _Published:
     return _Published(
